@@ -1,0 +1,134 @@
+"""Member heads: one linear classifier per member over shared features."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from snens.nn.norms import check_num_members
+
+__all__ = ["MemberLinear"]
+
+
+class MemberLinear(nn.Module):
+    """M independent linear layers applied to their members' rows.
+
+    Member m computes ``x_m @ weight[m].T + bias[m]`` on rows [m·B, (m+1)·B) of a member-major
+    input, as one batched matmul.
+
+    Args:
+        in_features: D, input features.
+        out_features: K, output features (classes).
+        num_members: M.
+        bias: whether each member has a bias.
+
+    Shape:
+        Input: (M·B, *, D), member-major. Output: (M·B, *, K).
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        num_members: int,
+        bias: bool = True,
+        *,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        self.num_members = check_num_members(num_members)
+        self.in_features = in_features
+        self.out_features = out_features
+        factory = {"device": device, "dtype": dtype}
+        self.weight = nn.Parameter(torch.empty(num_members, out_features, in_features, **factory))
+        if bias:
+            self.bias = nn.Parameter(torch.empty(num_members, out_features, **factory))
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Each member gets its own draw of ``nn.Linear``'s default initialization."""
+        bound = 1.0 / math.sqrt(self.in_features) if self.in_features > 0 else 0.0
+        with torch.no_grad():
+            # kaiming_uniform_(a=sqrt(5)) on a (K, D) weight is U(-1/sqrt(D), 1/sqrt(D)).
+            self.weight.uniform_(-bound, bound)
+            if self.bias is not None:
+                self.bias.uniform_(-bound, bound)
+
+    @torch.no_grad()
+    def load_plain(self, linear: nn.Linear) -> None:
+        """Copy a plain linear layer into every member."""
+        self.weight.copy_(linear.weight.detach().unsqueeze(0).expand_as(self.weight))
+        if self.bias is not None:
+            if linear.bias is None:
+                self.bias.zero_()
+            else:
+                self.bias.copy_(linear.bias.detach().unsqueeze(0).expand_as(self.bias))
+
+    def forward(self, x: Tensor) -> Tensor:
+        M = self.num_members
+        if x.dim() < 2 or x.shape[0] % M or x.shape[-1] != self.in_features:
+            raise ValueError(
+                f"MemberLinear expects a member-major input (M·B, *, {self.in_features}) with "
+                f"M={M}, got shape {tuple(x.shape)}"
+            )
+        lead = x.shape[:-1]
+        xm = x.reshape(M, -1, self.in_features)  # (M, B·*, D)
+        if self.bias is None:
+            out = torch.bmm(xm, self.weight.transpose(1, 2))
+        else:
+            out = torch.baddbmm(self.bias.unsqueeze(1), xm, self.weight.transpose(1, 2))
+        return out.reshape(*lead, self.out_features)  # (M·B, *, K)
+
+    def to_plain(self, member: int) -> nn.Linear:
+        """Member ``member`` as a plain ``nn.Linear``."""
+        if isinstance(member, bool) or not isinstance(member, int):
+            raise TypeError(f"member must be an int, got {member!r}")
+        if not 0 <= member < self.num_members:
+            raise ValueError(
+                f"member {member} is out of range for num_members={self.num_members}; "
+                f"use 0 <= member <= {self.num_members - 1}"
+            )
+        plain = nn.Linear(
+            self.in_features,
+            self.out_features,
+            bias=self.bias is not None,
+            device=self.weight.device,
+            dtype=self.weight.dtype,
+        )
+        with torch.no_grad():
+            plain.weight.copy_(self.weight[member])
+            if self.bias is not None:
+                plain.bias.copy_(self.bias[member])
+        return plain.train(self.training)
+
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+    ):
+        # A plain nn.Linear's state_dict: every member starts as a copy of it.
+        for key in ("weight", "bias"):
+            value = state_dict.get(prefix + key)
+            param = getattr(self, key)
+            if value is None or param is None:
+                continue
+            if value.dim() == param.dim() - 1:
+                state_dict[prefix + key] = value.unsqueeze(0).expand_as(param).clone()
+            elif value.shape[0] != self.num_members:
+                raise ValueError(
+                    f"cannot load {prefix}{key} of shape {tuple(value.shape)} into MemberLinear "
+                    f"with num_members={self.num_members}: it comes from an ensemble with "
+                    f"num_members={value.shape[0]}"
+                )
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"num_members={self.num_members}, bias={self.bias is not None}"
+        )

@@ -1,0 +1,638 @@
+"""Member norms: M member-specific, sigmoid-scaled normalization layers (σNorm).
+
+For member m, with its own statistics and its own affine,
+
+    σNorm_m(x) = sigmoid(gamma_m) ⊙ (weight_m ⊙ x̂_m + bias_m)
+
+where x̂_m is x normalized as the plain layer would normalize it. Inputs are member-major:
+rows [m·B, (m+1)·B) of an (M·B, …) tensor belong to member m. The sigmoid scale and the affine
+are folded into one per-member scale and shift before they touch the activations, so a member
+norm costs what the plain norm costs plus a few (M, C) element-wise ops.
+
+Loading a plain norm's state_dict (weight of shape (C,) instead of (M, C)) into a member norm is
+output-preserving: every member is set so that it reproduces the plain layer exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = [
+    "MemberNorm",
+    "MemberBatchNorm1d",
+    "MemberBatchNorm2d",
+    "MemberBatchNorm3d",
+    "MemberLayerNorm",
+    "MemberGroupNorm",
+    "MemberRMSNorm",
+    "check_num_members",
+]
+
+
+def check_num_members(num_members: Any) -> int:
+    """Validate a member count and return it unchanged.
+
+    Raises:
+        TypeError: if ``num_members`` is not an int (bools are refused too).
+        ValueError: if ``num_members < 1``.
+    """
+    if isinstance(num_members, bool) or not isinstance(num_members, int):
+        raise TypeError(
+            f"num_members must be an int, got {num_members!r} ({type(num_members).__name__}); "
+            "pass a whole number such as num_members=4"
+        )
+    if num_members < 1:
+        raise ValueError(f"num_members must be >= 1, got {num_members}; use e.g. num_members=4")
+    return num_members
+
+
+class MemberNorm(nn.Module):
+    """Base class of the member norms: owns gamma, the per-member affine and the state migration.
+
+    Subclasses set ``_stat_shape`` (the shape of one member's affine, e.g. ``(C,)``) and
+    implement ``_normalize(x, scale, shift)``.
+
+    Attributes:
+        gamma: importance logits, shape (M, *feature_shape); importance = sigmoid(gamma).
+        weight, bias: per-member affine, shape (M, *feature_shape) (no bias for RMSNorm).
+    """
+
+    plain_type: type[nn.Module]
+    has_bias: bool = True
+
+    def __init__(
+        self,
+        feature_shape: Sequence[int],
+        num_members: int,
+        *,
+        gamma_mean: float = 0.0,
+        gamma_std: float = 1.0,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        self.num_members = check_num_members(num_members)
+        self.feature_shape = tuple(int(s) for s in feature_shape)
+        if gamma_std < 0 or not math.isfinite(gamma_std) or not math.isfinite(gamma_mean):
+            raise ValueError(
+                f"gamma_mean={gamma_mean} and gamma_std={gamma_std} must be finite, gamma_std >= 0"
+            )
+        self.gamma_mean = float(gamma_mean)
+        self.gamma_std = float(gamma_std)
+        factory = {"device": device, "dtype": dtype}
+        shape = (self.num_members, *self.feature_shape)
+        self.gamma = nn.Parameter(torch.empty(shape, **factory))
+        self.weight = nn.Parameter(torch.empty(shape, **factory))
+        if self.has_bias:
+            self.bias = nn.Parameter(torch.empty(shape, **factory))
+        else:
+            self.register_parameter("bias", None)
+
+    # -- parameters ------------------------------------------------------------------------
+    def reset_parameters(self) -> None:
+        """gamma ~ N(gamma_mean, gamma_std²) (asymmetric, so the regularizer has a gradient);
+        weight = 1, bias = 0."""
+        with torch.no_grad():
+            self.gamma.normal_(self.gamma_mean, self.gamma_std)
+            self.weight.fill_(1.0)
+            if self.bias is not None:
+                self.bias.zero_()
+
+    def importances(self) -> Tensor:
+        """sigmoid(gamma) flattened to (M, C): the per-feature importance of each member."""
+        return torch.sigmoid(self.gamma).reshape(self.num_members, -1)
+
+    def scale_and_shift(self) -> tuple[Tensor, Tensor | None]:
+        """The folded per-member affine: (sigmoid(gamma)·weight, sigmoid(gamma)·bias)."""
+        s = torch.sigmoid(self.gamma)
+        return s * self.weight, (s * self.bias if self.bias is not None else None)
+
+    @torch.no_grad()
+    def load_plain_affine(self, weight: Tensor | None, bias: Tensor | None) -> None:
+        """Set every member so that it reproduces a plain norm with this weight and bias.
+
+        weight_m = weight / sigmoid(gamma_m), bias_m = bias / sigmoid(gamma_m), so that
+        sigmoid(gamma_m)·(weight_m x̂ + bias_m) = weight x̂ + bias for every member m.
+        """
+        s = torch.sigmoid(self.gamma)
+        w = torch.ones(self.feature_shape) if weight is None else weight.detach()
+        self.weight.copy_(w.to(s) / s)
+        if self.bias is not None:
+            b = torch.zeros(self.feature_shape) if bias is None else bias.detach()
+            self.bias.copy_(b.to(s) / s)
+
+    # -- input checks ------------------------------------------------------------------------
+    def _check_rows(self, x: Tensor) -> None:
+        if x.dim() == 0 or x.shape[0] % self.num_members:
+            rows = x.shape[0] if x.dim() else "a scalar"
+            raise ValueError(
+                f"{type(self).__name__} expects a member-major input of M·B rows with "
+                f"M={self.num_members}, got {rows} rows (shape {tuple(x.shape)}); run the model "
+                "through snens.Ensemble, which repeats (B, …) inputs to (M·B, …)"
+            )
+
+    def forward(self, x: Tensor) -> Tensor:
+        self._check_input(x)
+        self._check_rows(x)
+        scale, shift = self.scale_and_shift()
+        return self._normalize(x, scale, shift)
+
+    def _check_input(self, x: Tensor) -> None:
+        raise NotImplementedError
+
+    def _normalize(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
+        raise NotImplementedError
+
+    def _apply_member_affine(self, y: Tensor, scale: Tensor, shift: Tensor | None, dim: int):
+        """y (M·B, …) with features at ``dim`` (and after, for multi-dim feature shapes)."""
+        M = self.num_members
+        # (M·B, …) -> (M, B, …); parameters broadcast as (M, 1, …, C, 1, …)
+        ym = y.reshape(M, y.shape[0] // M, *y.shape[1:])
+        trailing = y.dim() - dim - len(self.feature_shape)
+        view = (M,) + (1,) * dim + self.feature_shape + (1,) * trailing
+        if shift is None:
+            out = ym * scale.reshape(view)
+        else:
+            out = torch.addcmul(shift.reshape(view), ym, scale.reshape(view))
+        return out.reshape(y.shape)
+
+    # -- state_dict migration -----------------------------------------------------------------
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+    ):
+        gamma_key, weight_key = prefix + "gamma", prefix + "weight"
+        if gamma_key in state_dict:
+            got = state_dict[gamma_key].shape
+            if tuple(got) != tuple(self.gamma.shape):
+                raise ValueError(
+                    f"cannot load {gamma_key} of shape {tuple(got)} into {type(self).__name__} "
+                    f"with gamma {tuple(self.gamma.shape)}: the state_dict comes from an ensemble "
+                    f"with num_members={got[0]}, this one has num_members={self.num_members}; "
+                    f"convert with num_members={got[0]} or use snens.extract_member to get one "
+                    "member as a plain model"
+                )
+        elif weight_key in state_dict or self._is_plain_state(state_dict, prefix):
+            self._migrate_plain_state(state_dict, prefix, local_metadata)
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
+
+    def _is_plain_state(self, state_dict, prefix) -> bool:
+        return False
+
+    def _migrate_plain_state(self, state_dict, prefix, local_metadata) -> None:
+        """Rewrite a plain norm's entries in place into this layer's member layout."""
+        weight = state_dict.pop(prefix + "weight", None)
+        bias = state_dict.pop(prefix + "bias", None)
+        expected = self.feature_shape
+        for name, value in (("weight", weight), ("bias", bias)):
+            if value is not None and tuple(value.shape) != expected:
+                raise ValueError(
+                    f"cannot load {prefix}{name} of shape {tuple(value.shape)} into "
+                    f"{type(self).__name__} with feature shape {expected}; the plain layer "
+                    "must have the same number of features"
+                )
+        self.load_plain_affine(weight, bias if self.bias is not None else None)
+        state_dict[prefix + "gamma"] = self.gamma.detach().clone()
+        state_dict[prefix + "weight"] = self.weight.detach().clone()
+        if self.bias is not None:
+            state_dict[prefix + "bias"] = self.bias.detach().clone()
+
+    def to_plain(self, member: int) -> nn.Module:
+        """A plain norm equal to member ``member`` (sigmoid(gamma) folded into its affine)."""
+        raise NotImplementedError
+
+    def _check_member(self, member: int) -> None:
+        if isinstance(member, bool) or not isinstance(member, int):
+            raise TypeError(f"member must be an int, got {member!r}")
+        if not 0 <= member < self.num_members:
+            raise ValueError(
+                f"member {member} is out of range for num_members={self.num_members}; "
+                f"use 0 <= member <= {self.num_members - 1}"
+            )
+
+    def extra_repr(self) -> str:
+        return f"{self.feature_shape}, num_members={self.num_members}"
+
+
+# ------------------------------------------------------------------------------------------------
+# Batch norms
+# ------------------------------------------------------------------------------------------------
+
+
+class _MemberBatchNorm(MemberNorm):
+    """Batch norm with per-member batch statistics and per-member running mean/var."""
+
+    _input_dims: tuple[int, ...]
+
+    def __init__(
+        self,
+        num_features: int,
+        num_members: int,
+        eps: float = 1e-5,
+        momentum: float | None = 0.1,
+        track_running_stats: bool = True,
+        *,
+        gamma_mean: float = 0.0,
+        gamma_std: float = 1.0,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__(
+            (num_features,),
+            num_members,
+            gamma_mean=gamma_mean,
+            gamma_std=gamma_std,
+            device=device,
+            dtype=dtype,
+        )
+        self.num_features = num_features
+        self.eps = eps
+        self.momentum = momentum
+        self.track_running_stats = track_running_stats
+        factory = {"device": device, "dtype": dtype}
+        if track_running_stats:
+            M = self.num_members
+            self.register_buffer("running_mean", torch.zeros(M, num_features, **factory))
+            self.register_buffer("running_var", torch.ones(M, num_features, **factory))
+            self.register_buffer(
+                "num_batches_tracked", torch.tensor(0, dtype=torch.long, device=device)
+            )
+        else:
+            self.register_buffer("running_mean", None)
+            self.register_buffer("running_var", None)
+            self.register_buffer("num_batches_tracked", None)
+        self.reset_parameters()
+
+    def reset_running_stats(self) -> None:
+        if self.track_running_stats:
+            self.running_mean.zero_()
+            self.running_var.fill_(1)
+            self.num_batches_tracked.zero_()
+
+    def reset_parameters(self) -> None:
+        self.reset_running_stats()
+        super().reset_parameters()
+
+    def _check_input(self, x: Tensor) -> None:
+        if x.dim() not in self._input_dims:
+            raise ValueError(
+                f"{type(self).__name__} expects a {' or '.join(map(str, self._input_dims))}D "
+                f"input, got shape {tuple(x.shape)}"
+            )
+        if x.shape[1] != self.num_features:
+            raise ValueError(
+                f"{type(self).__name__} was built for {self.num_features} channels, got input "
+                f"of shape {tuple(x.shape)} with {x.shape[1]} at dim 1"
+            )
+
+    def _momentum(self) -> float:
+        # Same convention as torch.nn.BatchNorm: momentum=None means a cumulative average.
+        if not (self.training and self.track_running_stats):
+            return 0.0
+        self.num_batches_tracked.add_(1)
+        if self.momentum is None:
+            return 1.0 / float(self.num_batches_tracked)
+        return self.momentum
+
+    def _normalize(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
+        use_batch_stats = self.training or not self.track_running_stats
+        if not use_batch_stats:
+            return self._normalize_eval(x, scale, shift)
+        momentum = self._momentum()
+        M = self.num_members
+        rows = x.shape[0] // M
+        # One native batch_norm per member chunk: measured 1.1-1.2x a plain BatchNorm on the
+        # same tensor, faster than vectorized var_mean variants (1.6-2.5x).
+        outs = []
+        for m in range(M):
+            chunk = x[m * rows : (m + 1) * rows]
+            outs.append(
+                F.batch_norm(
+                    chunk,
+                    self.running_mean[m] if self.track_running_stats else None,
+                    self.running_var[m] if self.track_running_stats else None,
+                    scale[m],
+                    shift[m],
+                    True,
+                    momentum,
+                    self.eps,
+                )
+            )
+        return torch.cat(outs, dim=0)
+
+    def _normalize_eval(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
+        # Running statistics fold into one per-member affine: a single fused op for all members.
+        inv_std = torch.rsqrt(self.running_var + self.eps)
+        eval_scale = scale * inv_std
+        eval_shift = shift - self.running_mean * eval_scale
+        return self._apply_member_affine(x, eval_scale, eval_shift, dim=1)
+
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+    ):
+        for key in ("running_mean", "running_var"):
+            value = state_dict.get(prefix + key)
+            if value is not None and value.dim() == 1 and self.track_running_stats:
+                # A plain BatchNorm's running stats: every member starts from them.
+                state_dict[prefix + key] = value.unsqueeze(0).expand(self.num_members, -1).clone()
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
+
+    def _is_plain_state(self, state_dict, prefix) -> bool:
+        return prefix + "running_mean" in state_dict
+
+    def to_plain(self, member: int) -> nn.Module:
+        self._check_member(member)
+        plain = self.plain_type(
+            self.num_features,
+            eps=self.eps,
+            momentum=self.momentum,
+            affine=True,
+            track_running_stats=self.track_running_stats,
+            device=self.weight.device,
+            dtype=self.weight.dtype,
+        )
+        scale, shift = self.scale_and_shift()
+        with torch.no_grad():
+            plain.weight.copy_(scale[member])
+            plain.bias.copy_(shift[member])
+            if self.track_running_stats:
+                plain.running_mean.copy_(self.running_mean[member])
+                plain.running_var.copy_(self.running_var[member])
+                plain.num_batches_tracked.copy_(self.num_batches_tracked)
+        return plain.train(self.training)
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.num_features}, num_members={self.num_members}, eps={self.eps}, "
+            f"momentum={self.momentum}, track_running_stats={self.track_running_stats}"
+        )
+
+
+class MemberBatchNorm1d(_MemberBatchNorm):
+    """σNorm over ``nn.BatchNorm1d``: per-member batch statistics and running mean/var.
+
+    Args:
+        num_features: C, channels of the input.
+        num_members: M, ensemble members.
+        eps, momentum, track_running_stats: as in ``torch.nn.BatchNorm1d``.
+        gamma_mean, gamma_std: gamma ~ N(gamma_mean, gamma_std²) at reset; N(0, 1) puts the
+            importances where the sigmoid is steepest, so they can move.
+
+    Shape:
+        Input: (M·B, C) or (M·B, C, L), member-major. Output: same shape.
+    """
+
+    plain_type = nn.BatchNorm1d
+    _input_dims = (2, 3)
+
+
+class MemberBatchNorm2d(_MemberBatchNorm):
+    """σNorm over ``nn.BatchNorm2d``: per-member batch statistics and running mean/var.
+
+    Args: as :class:`MemberBatchNorm1d`.
+
+    Shape:
+        Input: (M·B, C, H, W), member-major. Output: same shape.
+    """
+
+    plain_type = nn.BatchNorm2d
+    _input_dims = (4,)
+
+
+class MemberBatchNorm3d(_MemberBatchNorm):
+    """σNorm over ``nn.BatchNorm3d``.
+
+    Shape:
+        Input: (M·B, C, D, H, W), member-major. Output: same shape.
+    """
+
+    plain_type = nn.BatchNorm3d
+    _input_dims = (5,)
+
+
+# ------------------------------------------------------------------------------------------------
+# Per-example norms: statistics are per row, so one plain call serves every member and only
+# the affine is per member.
+# ------------------------------------------------------------------------------------------------
+
+
+def _as_shape(normalized_shape: int | Sequence[int]) -> tuple[int, ...]:
+    if isinstance(normalized_shape, int):
+        return (normalized_shape,)
+    return tuple(int(s) for s in normalized_shape)
+
+
+class MemberLayerNorm(MemberNorm):
+    """σNorm over ``nn.LayerNorm``: one layer_norm over all rows, then per-member affine.
+
+    Args:
+        normalized_shape: trailing shape to normalize over, as in ``torch.nn.LayerNorm``.
+        num_members: M.
+        eps: as in ``torch.nn.LayerNorm``.
+        bias: whether the member affine has a bias (default True).
+
+    Shape:
+        Input: (M·B, *, *normalized_shape), member-major. Output: same shape.
+    """
+
+    plain_type = nn.LayerNorm
+
+    def __init__(
+        self,
+        normalized_shape: int | Sequence[int],
+        num_members: int,
+        eps: float = 1e-5,
+        bias: bool = True,
+        *,
+        gamma_mean: float = 0.0,
+        gamma_std: float = 1.0,
+        device=None,
+        dtype=None,
+    ) -> None:
+        self.has_bias = bias
+        super().__init__(
+            _as_shape(normalized_shape),
+            num_members,
+            gamma_mean=gamma_mean,
+            gamma_std=gamma_std,
+            device=device,
+            dtype=dtype,
+        )
+        self.normalized_shape = self.feature_shape
+        self.eps = eps
+        self.reset_parameters()
+
+    def _check_input(self, x: Tensor) -> None:
+        n = len(self.normalized_shape)
+        if x.dim() < n + 1 or tuple(x.shape[-n:]) != self.normalized_shape:
+            raise ValueError(
+                f"{type(self).__name__} normalizes over the trailing shape "
+                f"{self.normalized_shape}, got input of shape {tuple(x.shape)}"
+            )
+
+    def _normalize(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
+        y = F.layer_norm(x, self.normalized_shape, None, None, self.eps)
+        return self._apply_member_affine(y, scale, shift, dim=x.dim() - len(self.normalized_shape))
+
+    def to_plain(self, member: int) -> nn.Module:
+        self._check_member(member)
+        plain = nn.LayerNorm(
+            self.normalized_shape,
+            eps=self.eps,
+            bias=self.bias is not None,
+            device=self.weight.device,
+            dtype=self.weight.dtype,
+        )
+        scale, shift = self.scale_and_shift()
+        with torch.no_grad():
+            plain.weight.copy_(scale[member])
+            if shift is not None:
+                plain.bias.copy_(shift[member])
+        return plain.train(self.training)
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, num_members={self.num_members}, eps={self.eps}"
+
+
+class MemberRMSNorm(MemberNorm):
+    """σNorm over ``nn.RMSNorm``: one rms_norm over all rows, then a per-member scale.
+
+    RMSNorm has no bias, so member m computes sigmoid(gamma_m) ⊙ weight_m ⊙ x / rms(x).
+
+    Args:
+        normalized_shape: trailing shape to normalize over.
+        num_members: M.
+        eps: as in ``torch.nn.RMSNorm`` (None: the dtype's machine epsilon).
+
+    Shape:
+        Input: (M·B, *, *normalized_shape), member-major. Output: same shape.
+    """
+
+    plain_type = nn.RMSNorm
+    has_bias = False
+
+    def __init__(
+        self,
+        normalized_shape: int | Sequence[int],
+        num_members: int,
+        eps: float | None = None,
+        *,
+        gamma_mean: float = 0.0,
+        gamma_std: float = 1.0,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__(
+            _as_shape(normalized_shape),
+            num_members,
+            gamma_mean=gamma_mean,
+            gamma_std=gamma_std,
+            device=device,
+            dtype=dtype,
+        )
+        self.normalized_shape = self.feature_shape
+        self.eps = eps
+        self.reset_parameters()
+
+    _check_input = MemberLayerNorm._check_input
+
+    def _normalize(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
+        y = F.rms_norm(x, self.normalized_shape, None, self.eps)
+        return self._apply_member_affine(y, scale, None, dim=x.dim() - len(self.normalized_shape))
+
+    def to_plain(self, member: int) -> nn.Module:
+        self._check_member(member)
+        plain = nn.RMSNorm(
+            self.normalized_shape, eps=self.eps, device=self.weight.device, dtype=self.weight.dtype
+        )
+        with torch.no_grad():
+            plain.weight.copy_(self.scale_and_shift()[0][member])
+        return plain.train(self.training)
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, num_members={self.num_members}, eps={self.eps}"
+
+
+class MemberGroupNorm(MemberNorm):
+    """σNorm over ``nn.GroupNorm``: one group_norm over all rows, then per-member affine.
+
+    Args:
+        num_groups: groups to separate the channels into, as in ``torch.nn.GroupNorm``.
+        num_channels: C.
+        num_members: M.
+        eps: as in ``torch.nn.GroupNorm``.
+
+    Shape:
+        Input: (M·B, C, *), member-major. Output: same shape.
+    """
+
+    plain_type = nn.GroupNorm
+
+    def __init__(
+        self,
+        num_groups: int,
+        num_channels: int,
+        num_members: int,
+        eps: float = 1e-5,
+        *,
+        gamma_mean: float = 0.0,
+        gamma_std: float = 1.0,
+        device=None,
+        dtype=None,
+    ) -> None:
+        if num_channels % num_groups:
+            raise ValueError(
+                f"num_channels={num_channels} must be divisible by num_groups={num_groups}"
+            )
+        super().__init__(
+            (num_channels,),
+            num_members,
+            gamma_mean=gamma_mean,
+            gamma_std=gamma_std,
+            device=device,
+            dtype=dtype,
+        )
+        self.num_groups = num_groups
+        self.num_channels = num_channels
+        self.eps = eps
+        self.reset_parameters()
+
+    def _check_input(self, x: Tensor) -> None:
+        if x.dim() < 2 or x.shape[1] != self.num_channels:
+            raise ValueError(
+                f"{type(self).__name__} was built for {self.num_channels} channels at dim 1, "
+                f"got input of shape {tuple(x.shape)}"
+            )
+
+    def _normalize(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
+        y = F.group_norm(x, self.num_groups, None, None, self.eps)
+        return self._apply_member_affine(y, scale, shift, dim=1)
+
+    def to_plain(self, member: int) -> nn.Module:
+        self._check_member(member)
+        plain = nn.GroupNorm(
+            self.num_groups,
+            self.num_channels,
+            eps=self.eps,
+            device=self.weight.device,
+            dtype=self.weight.dtype,
+        )
+        scale, shift = self.scale_and_shift()
+        with torch.no_grad():
+            plain.weight.copy_(scale[member])
+            plain.bias.copy_(shift[member])
+        return plain.train(self.training)
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.num_groups}, {self.num_channels}, num_members={self.num_members}, "
+            f"eps={self.eps}"
+        )
