@@ -16,19 +16,20 @@ output-preserving: every member is set so that it reproduces the plain layer exa
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 __all__ = [
-    "MemberNorm",
     "MemberBatchNorm1d",
     "MemberBatchNorm2d",
     "MemberBatchNorm3d",
-    "MemberLayerNorm",
     "MemberGroupNorm",
+    "MemberLayerNorm",
+    "MemberNorm",
     "MemberRMSNorm",
     "check_num_members",
 ]
@@ -207,6 +208,48 @@ class MemberNorm(nn.Module):
         """A plain norm equal to member ``member`` (sigmoid(gamma) folded into its affine)."""
         raise NotImplementedError
 
+    @classmethod
+    def from_plain(
+        cls, plain: nn.Module, num_members: int, *, generator: torch.Generator | None = None, **kw
+    ) -> MemberNorm:
+        """A member norm whose every member reproduces ``plain`` (same statistics and output).
+
+        gamma is drawn from N(gamma_mean, gamma_std²) (``generator`` for reproducibility), then
+        each member's affine is set to the plain affine divided by sigmoid(gamma_m).
+
+        Args:
+            plain: a norm of exactly ``cls.plain_type``.
+            num_members: M.
+            generator: optional ``torch.Generator`` for gamma.
+            **kw: ``gamma_mean``, ``gamma_std``.
+        """
+        if type(plain) is not cls.plain_type:
+            raise TypeError(
+                f"{cls.__name__}.from_plain expects {cls.plain_type.__name__}, "
+                f"got {type(plain).__name__}"
+            )
+        tensors = [*plain.parameters(recurse=False), *plain.buffers(recurse=False)]
+        floats = [t for t in tensors if t.is_floating_point()]
+        factory = {
+            "device": tensors[0].device if tensors else None,
+            "dtype": floats[0].dtype if floats else None,
+        }
+        member = cls(**cls._plain_config(plain), num_members=num_members, **kw, **factory)
+        with torch.no_grad():
+            if generator is not None:
+                noise = torch.randn(member.gamma.shape, generator=generator, dtype=torch.float32)
+                member.gamma.copy_(noise.mul_(member.gamma_std).add_(member.gamma_mean))
+            member.load_plain_affine(plain.weight, getattr(plain, "bias", None))
+            member._copy_plain_stats(plain)
+        return member.train(plain.training)
+
+    @staticmethod
+    def _plain_config(plain: nn.Module) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _copy_plain_stats(self, plain: nn.Module) -> None:
+        """Copy a plain norm's running statistics into every member (batch norms only)."""
+
     def _check_member(self, member: int) -> None:
         if isinstance(member, bool) or not isinstance(member, int):
             raise TypeError(f"member must be an int, got {member!r}")
@@ -348,6 +391,21 @@ class _MemberBatchNorm(MemberNorm):
     def _is_plain_state(self, state_dict, prefix) -> bool:
         return prefix + "running_mean" in state_dict
 
+    @staticmethod
+    def _plain_config(plain: nn.Module) -> dict[str, Any]:
+        return {
+            "num_features": plain.num_features,
+            "eps": plain.eps,
+            "momentum": plain.momentum,
+            "track_running_stats": plain.track_running_stats,
+        }
+
+    def _copy_plain_stats(self, plain: nn.Module) -> None:
+        if self.track_running_stats and plain.running_mean is not None:
+            self.running_mean.copy_(plain.running_mean.unsqueeze(0).expand_as(self.running_mean))
+            self.running_var.copy_(plain.running_var.unsqueeze(0).expand_as(self.running_var))
+            self.num_batches_tracked.copy_(plain.num_batches_tracked)
+
     def to_plain(self, member: int) -> nn.Module:
         self._check_member(member)
         plain = self.plain_type(
@@ -482,6 +540,14 @@ class MemberLayerNorm(MemberNorm):
         y = F.layer_norm(x, self.normalized_shape, None, None, self.eps)
         return self._apply_member_affine(y, scale, shift, dim=x.dim() - len(self.normalized_shape))
 
+    @staticmethod
+    def _plain_config(plain: nn.Module) -> dict[str, Any]:
+        return {
+            "normalized_shape": plain.normalized_shape,
+            "eps": plain.eps,
+            "bias": plain.bias is not None or plain.weight is None,
+        }
+
     def to_plain(self, member: int) -> nn.Module:
         self._check_member(member)
         plain = nn.LayerNorm(
@@ -547,6 +613,10 @@ class MemberRMSNorm(MemberNorm):
     def _normalize(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
         y = F.rms_norm(x, self.normalized_shape, None, self.eps)
         return self._apply_member_affine(y, scale, None, dim=x.dim() - len(self.normalized_shape))
+
+    @staticmethod
+    def _plain_config(plain: nn.Module) -> dict[str, Any]:
+        return {"normalized_shape": plain.normalized_shape, "eps": plain.eps}
 
     def to_plain(self, member: int) -> nn.Module:
         self._check_member(member)
@@ -615,6 +685,14 @@ class MemberGroupNorm(MemberNorm):
     def _normalize(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
         y = F.group_norm(x, self.num_groups, None, None, self.eps)
         return self._apply_member_affine(y, scale, shift, dim=1)
+
+    @staticmethod
+    def _plain_config(plain: nn.Module) -> dict[str, Any]:
+        return {
+            "num_groups": plain.num_groups,
+            "num_channels": plain.num_channels,
+            "eps": plain.eps,
+        }
 
     def to_plain(self, member: int) -> nn.Module:
         self._check_member(member)

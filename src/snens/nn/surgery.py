@@ -1,0 +1,296 @@
+"""Model surgery: replace a model's norms by member norms and its head by a member head.
+
+Targets are collected first, then replaced through their parent modules, so nested models,
+``nn.Sequential``/``nn.ModuleList`` children and modules registered under several names are
+all handled. A module object shared by several parents becomes one member module shared by
+the same parents: the surgery never aliases state that was not aliased before, and never
+splits state that was.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from torch import nn
+
+from snens.nn.factory import MEMBER_NORMS
+from snens.nn.linear import MemberLinear
+from snens.nn.norms import MemberNorm, check_num_members
+
+__all__ = [
+    "ConversionReport",
+    "convert_modules",
+    "is_unsupported_norm",
+    "member_modules",
+    "replace_modules",
+]
+
+HeadInit = Literal["copy", "reset"]
+
+# Norm families torch ships that have no member version (InstanceNorm, LocalResponseNorm, …).
+_NORM_BASES: tuple[type[nn.Module], ...] = (
+    nn.modules.batchnorm._NormBase,
+    nn.LayerNorm,
+    nn.GroupNorm,
+    nn.RMSNorm,
+    nn.LocalResponseNorm,
+    nn.CrossMapLRN2d,
+)
+
+# "LayerNorm", "T5LayerNorm", "FrozenBatchNorm2d", "RMSNormGated" — but not "Normalize".
+_NORM_NAME = re.compile(r"Norm(?:$|[A-Z0-9])")
+
+
+@dataclass(frozen=True)
+class ConversionReport:
+    """What :func:`convert_modules` changed.
+
+    Attributes:
+        num_members: M.
+        converted: (module name, plain type, member type) per replaced norm.
+        head: name of the replicated head, or None.
+        skipped: (module name, type) of unsupported norms left as they were.
+        params_before, params_after: parameter counts around the surgery.
+    """
+
+    num_members: int
+    converted: tuple[tuple[str, str, str], ...]
+    head: str | None
+    skipped: tuple[tuple[str, str], ...] = ()
+    params_before: int = 0
+    params_after: int = 0
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def params_added(self) -> int:
+        return self.params_after - self.params_before
+
+    @property
+    def params_ratio(self) -> float:
+        """params_after / params_before (≈ 1.006 for a CIFAR ResNet-18 at M=4)."""
+        return self.params_after / max(self.params_before, 1)
+
+    def __str__(self) -> str:
+        counts: dict[str, int] = {}
+        for _, plain, member in self.converted:
+            key = f"{plain} -> {member}"
+            counts[key] = counts.get(key, 0) + 1
+        lines = [f"snens conversion, num_members={self.num_members}"]
+        lines += [f"  {n:4d} × {key}" for key, n in counts.items()]
+        lines.append(f"  head: {self.head or 'none (shared output layer)'}")
+        if self.skipped:
+            names = ", ".join(f"{n} ({t})" for n, t in self.skipped)
+            lines.append(f"  skipped unsupported norms: {names}")
+        lines += [f"  note: {note}" for note in self.notes]
+        lines.append(
+            f"  parameters: {self.params_before:,} -> {self.params_after:,} "
+            f"(+{self.params_added:,}, ×{self.params_ratio:.4f})"
+        )
+        return "\n".join(lines)
+
+
+def member_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(name, module) of every member norm and member head, in registration order."""
+    return [
+        (name, m) for name, m in model.named_modules() if isinstance(m, (MemberNorm, MemberLinear))
+    ]
+
+
+def is_unsupported_norm(module: nn.Module) -> bool:
+    """True for a normalization layer that has no member version.
+
+    Torch norm families other than the exact supported types (subclasses may change forward),
+    and leaf modules whose class name says "…Norm" (e.g. a Hugging Face ``T5LayerNorm``).
+    """
+    if isinstance(module, (MemberNorm, MemberLinear)) or type(module) in MEMBER_NORMS:
+        return False
+    if isinstance(module, _NORM_BASES):
+        return True
+    has_children = next(module.children(), None) is not None
+    return not has_children and _NORM_NAME.search(type(module).__name__) is not None
+
+
+def _count_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def replace_modules(
+    model: nn.Module, make: Callable[[str, nn.Module], nn.Module | None]
+) -> list[tuple[str, nn.Module, nn.Module]]:
+    """Replace, through their parents, every module for which ``make(name, module)`` returns
+    a new module. Targets are collected before anything changes; a module registered under
+    several names is replaced by one new module under all of them.
+
+    Returns:
+        (first name, old module, new module) per replaced module, in registration order.
+    """
+    new_of: dict[int, nn.Module] = {}
+    replaced = []
+    for name, module in model.named_modules():
+        new = make(name, module)
+        if new is not None:
+            new_of[id(module)] = new
+            replaced.append((name, module, new))
+    for _, parent in list(model.named_modules(remove_duplicate=False)):
+        for attr, child in list(parent.named_children()):
+            if id(child) in new_of:
+                setattr(parent, attr, new_of[id(child)])
+    return replaced
+
+
+def _find_head(model: nn.Module, head: str | None) -> tuple[str, nn.Module] | None:
+    linears = [(n, m) for n, m in model.named_modules() if type(m) is nn.Linear]
+    if head is None:
+        return None
+    if head == "auto":
+        # The last registered nn.Linear; exact type, so attention's out_proj
+        # (a NonDynamicallyQuantizableLinear) is never mistaken for the head.
+        return linears[-1] if linears else None
+    if not isinstance(head, str):
+        raise TypeError(f"head must be 'auto', a module name or None, got {head!r}")
+    try:
+        module = model.get_submodule(head)
+    except AttributeError:
+        names = ", ".join(n for n, _ in linears[-5:]) or "none"
+        raise ValueError(
+            f"head={head!r} is not a submodule of {type(model).__name__}; its last linear "
+            f"layers are: {names}"
+        ) from None
+    if type(module) is not nn.Linear:
+        raise TypeError(
+            f"head={head!r} is a {type(module).__name__}; the head must be an nn.Linear "
+            "(pass head=None to share the output layer between members)"
+        )
+    return head, module
+
+
+def convert_modules(
+    model: nn.Module,
+    num_members: int,
+    *,
+    head: str | None = "auto",
+    head_init: HeadInit = "copy",
+    skip_unsupported: bool = False,
+    gamma_mean: float = 0.0,
+    gamma_std: float = 1.0,
+    generator: torch.Generator | None = None,
+) -> ConversionReport:
+    """Replace, in place, every supported norm by its member norm and the head by a member head.
+
+    Every member is set to reproduce the plain layer it replaces (see
+    ``MemberNorm.from_plain``); with ``head_init="copy"`` each member head is a copy of the
+    plain head, so right after conversion every member computes the original function.
+
+    Args:
+        model: any ``nn.Module``; modified in place.
+        num_members: M.
+        head: ``"auto"`` (the last registered ``nn.Linear``), a module name, or None (share
+            the output layer between members).
+        head_init: ``"copy"`` the plain head into every member, or ``"reset"`` every member
+            head to an independent fresh initialization.
+        skip_unsupported: leave norms with no member version as they are instead of raising.
+        gamma_mean, gamma_std: gamma ~ N(gamma_mean, gamma_std²).
+        generator: optional ``torch.Generator`` for gamma and reset heads.
+
+    Returns:
+        A :class:`ConversionReport`.
+
+    Raises:
+        TypeError: on a bad ``num_members``, an unsupported norm (its name and type in the
+            message) unless ``skip_unsupported``, or a head that is not ``nn.Linear``.
+        ValueError: if the model has no supported norm, already holds member modules with a
+            different M, or ``head_init`` is unknown.
+    """
+    check_num_members(num_members)
+    if head_init not in ("copy", "reset"):
+        raise ValueError(f"head_init must be 'copy' or 'reset', got {head_init!r}")
+    params_before = _count_params(model)
+
+    existing = member_modules(model)
+    for name, m in existing:
+        if m.num_members != num_members:
+            raise ValueError(
+                f"{name} is already a {type(m).__name__} with num_members={m.num_members}, "
+                f"but num_members={num_members} was asked for; build the model with "
+                f"member_norm({num_members}) or convert with num_members={m.num_members}"
+            )
+
+    norms: list[tuple[str, nn.Module]] = []
+    unsupported: list[tuple[str, str]] = []
+    for name, m in model.named_modules():
+        if type(m) in MEMBER_NORMS:
+            norms.append((name, m))
+        elif is_unsupported_norm(m):
+            unsupported.append((name, type(m).__name__))
+    if unsupported and not skip_unsupported:
+        listed = ", ".join(f"{n} ({t})" for n, t in unsupported[:8])
+        more = f" and {len(unsupported) - 8} more" if len(unsupported) > 8 else ""
+        supported = ", ".join(t.__name__ for t in MEMBER_NORMS)
+        raise TypeError(
+            f"{type(model).__name__} has norms with no member version: {listed}{more}. "
+            f"Supported: {supported}. Pass skip_unsupported=True to leave them shared, or "
+            "replace them with a supported norm first"
+        )
+    has_member_norms = any(isinstance(m, MemberNorm) for _, m in existing)
+    if not norms and not has_member_norms:
+        raise ValueError(
+            f"{type(model).__name__} has no supported norm layer to convert (looked for "
+            f"{', '.join(t.__name__ for t in MEMBER_NORMS)}); σN-Ens members live in the "
+            "norms, so the model needs at least one"
+        )
+
+    targets = {id(m) for _, m in norms}
+
+    def member_norm(name: str, module: nn.Module) -> MemberNorm | None:
+        if id(module) not in targets:
+            return None
+        return MEMBER_NORMS[type(module)].from_plain(
+            module, num_members, gamma_mean=gamma_mean, gamma_std=gamma_std, generator=generator
+        )
+
+    converted = [
+        (name, type(old).__name__, type(new).__name__)
+        for name, old, new in replace_modules(model, member_norm)
+    ]
+
+    notes = []
+    found = (
+        None if any(isinstance(m, MemberLinear) for _, m in existing) else _find_head(model, head)
+    )
+    if found is None and head == "auto" and not existing:
+        notes.append("no nn.Linear found: members share the output layer")
+    head_name = None
+    if found is not None:
+        head_name, plain_head = found
+        member_head = MemberLinear(
+            plain_head.in_features,
+            plain_head.out_features,
+            num_members,
+            bias=plain_head.bias is not None,
+            device=plain_head.weight.device,
+            dtype=plain_head.weight.dtype,
+        )
+        if head_init == "copy":
+            member_head.load_plain(plain_head)
+        elif generator is not None:
+            bound = plain_head.in_features**-0.5
+            with torch.no_grad():
+                for p in member_head.parameters():
+                    noise = torch.rand(p.shape, generator=generator, dtype=torch.float32)
+                    p.copy_(noise.mul_(2 * bound).sub_(bound))
+        member_head.train(plain_head.training)
+        replace_modules(model, lambda _, m: member_head if m is plain_head else None)
+
+    return ConversionReport(
+        num_members=num_members,
+        converted=tuple(converted),
+        head=head_name,
+        skipped=tuple(unsupported),
+        params_before=params_before,
+        params_after=_count_params(model),
+        notes=tuple(notes),
+    )
