@@ -136,7 +136,8 @@ def replace_modules(
             new_of[id(module)] = new
             replaced.append((name, module, new))
     for _, parent in list(model.named_modules(remove_duplicate=False)):
-        for attr, child in list(parent.named_children()):
+        # _modules, not named_children(): the latter skips a child registered twice.
+        for attr, child in list(parent._modules.items()):
             if id(child) in new_of:
                 setattr(parent, attr, new_of[id(child)])
     return replaced

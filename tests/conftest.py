@@ -1,0 +1,122 @@
+"""Small models shared by the tests: a ResNet-style CNN and a pre-norm transformer."""
+
+import os
+
+import pytest
+import torch
+from torch import nn
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, c_in: int, c_out: int, stride: int = 1) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c_out)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(c_out)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or c_in != c_out:
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(c_in, c_out, 1, stride, bias=False), nn.BatchNorm2d(c_out)
+            )
+
+    def forward(self, x):
+        out = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
+
+
+class TinyResNet(nn.Module):
+    """A nested ResNet: stem, two stages of basic blocks, pooled linear head."""
+
+    def __init__(self, num_classes: int = 5, width: int = 8) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width))
+        self.layers = nn.ModuleList(
+            [
+                nn.Sequential(BasicBlock(width, width)),
+                nn.Sequential(BasicBlock(width, 2 * width, stride=2)),
+            ]
+        )
+        self.fc = nn.Linear(2 * width, num_classes)
+
+    def forward(self, x):
+        x = torch.relu(self.stem(x))
+        for layer in self.layers:
+            x = layer(x)
+        return self.fc(x.mean(dim=(2, 3)))
+
+
+class PreNormBlock(nn.Module):
+    def __init__(self, dim: int, heads: int = 2) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = nn.MultiheadAttention(dim, heads, batch_first=True)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim))
+
+    def forward(self, x, key_padding_mask=None):
+        h = self.norm1(x)
+        x = x + self.attn(h, h, h, key_padding_mask=key_padding_mask, need_weights=False)[0]
+        return x + self.mlp(self.norm2(x))
+
+
+class TinyTransformer(nn.Module):
+    """A pre-norm text classifier taking ``input_ids`` and an ``attention_mask`` keyword."""
+
+    def __init__(self, vocab: int = 50, dim: int = 16, depth: int = 2, num_classes: int = 3):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.blocks = nn.ModuleList([PreNormBlock(dim) for _ in range(depth)])
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, num_classes)
+
+    def forward(self, input_ids, attention_mask=None):
+        x = self.embed(input_ids)
+        pad = None if attention_mask is None else attention_mask == 0
+        for block in self.blocks:
+            x = block(x, key_padding_mask=pad)
+        x = self.norm(x)
+        if attention_mask is None:
+            pooled = x.mean(dim=1)
+        else:
+            w = attention_mask.unsqueeze(-1).to(x.dtype)
+            pooled = (x * w).sum(1) / w.sum(1)
+        return self.head(pooled)
+
+
+def randomize_norms(model: nn.Module, seed: int = 0) -> nn.Module:
+    """Random norm affine and running statistics, as a trained model would have."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d | nn.LayerNorm):
+                m.weight.copy_(torch.rand(m.weight.shape, generator=g) + 0.5)
+                m.bias.copy_(torch.randn(m.bias.shape, generator=g) * 0.2)
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.copy_(torch.randn(m.running_mean.shape, generator=g) * 0.1)
+                m.running_var.copy_(torch.rand(m.running_var.shape, generator=g) + 0.5)
+    return model
+
+
+@pytest.fixture
+def resnet():
+    torch.manual_seed(0)
+    return randomize_norms(TinyResNet()).eval()
+
+
+@pytest.fixture
+def transformer():
+    torch.manual_seed(0)
+    return randomize_norms(TinyTransformer()).eval()
+
+
+@pytest.fixture
+def text_batch():
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 50, (5, 7), generator=g)
+    mask = torch.ones(5, 7, dtype=torch.long)
+    mask[1, 4:] = 0
+    mask[3, 2:] = 0
+    return ids, mask

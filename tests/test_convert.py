@@ -1,0 +1,183 @@
+"""snens.convert: any model in, an output-preserving ensemble out, with a report."""
+
+import pytest
+import torch
+from conftest import TinyResNet, TinyTransformer
+from torch import nn
+
+import snens
+import snens.nn as snn
+
+TOL = {"rtol": 1e-5, "atol": 1e-5}
+
+
+def test_converted_resnet_reproduces_the_original_in_every_member(resnet):
+    x = torch.randn(6, 3, 8, 8)
+    ref = resnet(x)
+    ens = snens.convert(resnet, num_members=4).eval()
+    out = ens(x)
+    assert out.shape == (4, 6, 5)
+    for m in range(4):
+        torch.testing.assert_close(out[m], ref, **TOL)
+
+
+def test_converted_transformer_reproduces_the_original_in_every_member(transformer, text_batch):
+    ids, mask = text_batch
+    ref = transformer(ids, attention_mask=mask)
+    ens = snens.convert(transformer, num_members=3).eval()
+    out = ens(ids, attention_mask=mask)
+    assert out.shape == (3, 5, 3)
+    for m in range(3):
+        torch.testing.assert_close(out[m], ref, **TOL)
+
+
+def test_report_counts_layers_and_parameters(resnet):
+    before = sum(p.numel() for p in resnet.parameters())
+    ens = snens.convert(resnet, num_members=4)
+    report = ens.report
+    bn_channels = [m.num_features for m in resnet.modules() if isinstance(m, nn.BatchNorm2d)]
+    assert len(report.converted) == len(bn_channels) == 6
+    assert {c[1:] for c in report.converted} == {("BatchNorm2d", "MemberBatchNorm2d")}
+    assert report.head == "fc"
+    # per norm: M·C gamma plus (M-1)·2C extra affine; head: (M-1)·(K·D + K)
+    expected = sum(4 * c + 3 * 2 * c for c in bn_channels) + 3 * (5 * 16 + 5)
+    assert report.params_before == before
+    assert report.params_added == expected
+    assert report.params_after == sum(p.numel() for p in ens.parameters())
+    text = str(report)
+    assert "6 × BatchNorm2d -> MemberBatchNorm2d" in text and "head: fc" in text
+
+
+def test_convert_copies_by_default_and_never_aliases_members(resnet):
+    state = {k: v.clone() for k, v in resnet.state_dict().items()}
+    ens = snens.convert(resnet, num_members=3)
+    for k, v in resnet.state_dict().items():
+        torch.testing.assert_close(v, state[k], rtol=0, atol=0)
+    assert isinstance(resnet.stem[1], nn.BatchNorm2d)
+    bn = ens.model.stem[1]
+    with torch.no_grad():
+        bn.weight[0].add_(1.0)
+        bn.running_mean[0].add_(1.0)
+    # only member 0 moved: no storage shared between members
+    assert (bn.weight[1] != bn.weight[0]).all()
+    assert (bn.running_mean[1] != bn.running_mean[0]).all()
+    storages = {p.untyped_storage().data_ptr() for p in ens.parameters()}
+    assert len(storages) == len(list(ens.parameters()))
+
+
+def test_inplace_conversion_and_shared_modules_stay_shared():
+    shared = nn.BatchNorm1d(4)
+    model = nn.Sequential(nn.Linear(3, 4), shared, nn.Linear(4, 4), shared, nn.Linear(4, 2))
+    ens = snens.convert(model, num_members=2, inplace=True)
+    assert ens.model is model
+    assert isinstance(model[1], snn.MemberBatchNorm1d) and model[1] is model[3]
+    assert len(ens.report.converted) == 1
+
+
+def test_head_selection():
+    ens = snens.convert(TinyResNet(), num_members=2, head="fc")
+    assert isinstance(ens.model.fc, snn.MemberLinear)
+    ens = snens.convert(TinyResNet(), num_members=2, head=None)
+    assert type(ens.model.fc) is nn.Linear and ens.report.head is None
+    # auto never picks attention's out_proj: the head is the last *plain* nn.Linear
+    ens = snens.convert(TinyTransformer(), num_members=2)
+    assert ens.report.head == "head"
+    with pytest.raises(ValueError, match="head='nope' is not a submodule.*fc"):
+        snens.convert(TinyResNet(), num_members=2, head="nope")
+    with pytest.raises(TypeError, match="head='stem' is a Sequential"):
+        snens.convert(TinyResNet(), num_members=2, head="stem")
+
+
+def test_reset_heads_differ_between_members():
+    g = torch.Generator().manual_seed(0)
+    ens = snens.convert(TinyResNet(), num_members=3, head_init="reset", generator=g)
+    w = ens.model.fc.weight
+    assert (w[0] - w[1]).abs().max() > 1e-3
+    with pytest.raises(ValueError, match="head_init must be 'copy' or 'reset'"):
+        snens.convert(TinyResNet(), num_members=3, head_init="zeros")
+
+
+def test_generator_makes_gamma_reproducible():
+    a = snens.convert(TinyResNet(), 2, generator=torch.Generator().manual_seed(5))
+    b = snens.convert(TinyResNet(), 2, generator=torch.Generator().manual_seed(5))
+    torch.testing.assert_close(a.model.stem[1].gamma, b.model.stem[1].gamma, rtol=0, atol=0)
+
+
+def test_unsupported_norm_is_named_and_can_be_skipped():
+    model = nn.Sequential(
+        nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.InstanceNorm2d(4, affine=True), nn.Flatten()
+    )
+    with pytest.raises(TypeError, match=r"2 \(InstanceNorm2d\).*skip_unsupported=True"):
+        snens.convert(model, num_members=2)
+    ens = snens.convert(model, num_members=2, skip_unsupported=True)
+    assert ens.report.skipped == (("2", "InstanceNorm2d"),)
+    assert type(ens.model[2]) is nn.InstanceNorm2d
+
+
+def test_custom_norm_classes_are_refused_but_normalize_is_not():
+    class T5LayerNorm(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(4))
+
+        def forward(self, x):
+            return self.weight * x
+
+    class Normalize(nn.Module):  # input normalization, not a norm layer
+        def forward(self, x):
+            return (x - 0.5) / 0.25
+
+    class MyBatchNorm(nn.BatchNorm1d):  # a subclass may change forward
+        pass
+
+    with pytest.raises(TypeError, match=r"1 \(T5LayerNorm\)"):
+        snens.convert(nn.Sequential(nn.BatchNorm1d(4), T5LayerNorm()), num_members=2)
+    with pytest.raises(TypeError, match=r"0 \(MyBatchNorm\)"):
+        snens.convert(nn.Sequential(MyBatchNorm(4), nn.BatchNorm1d(4)), num_members=2)
+    ens = snens.convert(nn.Sequential(Normalize(), nn.BatchNorm1d(4)), num_members=2)
+    assert ens.report.skipped == ()
+
+
+def test_model_without_norms_is_refused():
+    with pytest.raises(ValueError, match="no supported norm layer"):
+        snens.convert(nn.Sequential(nn.Linear(3, 2)), num_members=2)
+
+
+@pytest.mark.parametrize(
+    ("bad", "error", "pattern"),
+    [
+        (0, ValueError, "num_members must be >= 1, got 0"),
+        (-2, ValueError, "num_members must be >= 1, got -2"),
+        (2.5, TypeError, "num_members must be an int, got 2.5"),
+        ("4", TypeError, "num_members must be an int, got '4'"),
+        (True, TypeError, "num_members must be an int, got True"),
+    ],
+)
+def test_bad_num_members(bad, error, pattern):
+    with pytest.raises(error, match=pattern):
+        snens.convert(TinyResNet(), num_members=bad)
+
+
+def test_not_a_module():
+    with pytest.raises(TypeError, match="must be a torch.nn.Module, got function"):
+        snens.convert(lambda x: x, num_members=2)
+
+
+def test_models_built_with_member_norms_convert_their_head_only():
+    norm = snn.member_norm(3, nn.BatchNorm1d)
+    model = nn.Sequential(nn.Linear(4, 8), norm(8), nn.ReLU(), nn.Linear(8, 2))
+    ens = snens.convert(model, num_members=3)
+    assert ens.report.converted == () and ens.report.head == "3"
+    assert ens(torch.randn(5, 4)).shape == (3, 5, 2)
+    with pytest.raises(ValueError, match="num_members=3, but num_members=2 was asked"):
+        snens.convert(model, num_members=2)
+
+
+def test_converted_model_trains(resnet):
+    ens = snens.convert(resnet, num_members=2).train()
+    x, y = torch.randn(8, 3, 8, 8), torch.randint(0, 5, (8,))
+    loss = snens.ensemble_loss(ens(x), y)
+    loss.backward()
+    grads = {n: p.grad for n, p in ens.named_parameters()}
+    assert all(g is not None and torch.isfinite(g).all() for g in grads.values())
+    assert grads["model.stem.1.gamma"].abs().sum(dim=1).min() > 0
