@@ -5,14 +5,34 @@
     probs = snens.predictive_probs(ens(x))         # (B, K)
 """
 
+from snens import nn
+from snens.allocation import LayerAllocation, allocation, mean_effective_members
 from snens.ensemble import Ensemble, convert, ensemble_loss, extract_member, predictive_probs
+from snens.optim import param_groups
+from snens.regularizer import (
+    diversity_gain,
+    diversity_loss,
+    diversity_penalty,
+    optimal_k,
+    tau_for_k,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Ensemble",
+    "LayerAllocation",
+    "allocation",
     "convert",
+    "diversity_gain",
+    "diversity_loss",
+    "diversity_penalty",
     "ensemble_loss",
     "extract_member",
+    "mean_effective_members",
+    "nn",
+    "optimal_k",
+    "param_groups",
     "predictive_probs",
+    "tau_for_k",
 ]

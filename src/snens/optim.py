@@ -1,0 +1,81 @@
+"""Parameter groups by one visible rule: gamma apart, no weight decay on norms and biases.
+
+gamma gets its own group with a larger learning rate and no weight decay (DESIGN §1):
+with Adam a parameter moves about lr per step, so at lr 3e-3 for a few hundred steps gamma
+barely moves and no allocation forms (measured: 3.3–3.4 effective members of 4 at every τ);
+weight decay pulls sigmoid(gamma) to 0.5 and fights the regularizer.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from snens.nn.norms import MemberNorm
+
+__all__ = ["GAMMA_LR_MULTIPLIER", "param_groups"]
+
+#: Default learning-rate multiplier of gamma, relative to the base learning rate.
+GAMMA_LR_MULTIPLIER = 30.0
+
+_PLAIN_NORMS = (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm, nn.RMSNorm)
+
+
+def param_groups(
+    model: nn.Module,
+    lr: float,
+    weight_decay: float = 0.0,
+    gamma_lr_multiplier: float = GAMMA_LR_MULTIPLIER,
+) -> list[dict]:
+    """Optimizer parameter groups for a σN-Ens model (or any model).
+
+    The rule, applied to every trainable parameter once:
+
+    * ``gamma`` of a member norm -> group "gamma": lr × gamma_lr_multiplier, no weight decay;
+    * other parameters of norm layers, and every bias -> group "no_decay": lr, no decay;
+    * everything else (conv, linear, attention, embedding, head weights) -> group "decay".
+
+    Args:
+        model: the model whose parameters to group.
+        lr: base learning rate.
+        weight_decay: weight decay of the "decay" group.
+        gamma_lr_multiplier: gamma's learning rate over ``lr``.
+
+    Returns:
+        Non-empty groups as dicts for ``torch.optim``, each with a "name" key.
+
+    Raises:
+        ValueError: on a negative or non-finite lr, weight decay or multiplier.
+    """
+    for name, value in (
+        ("lr", lr),
+        ("weight_decay", weight_decay),
+        ("gamma_lr_multiplier", gamma_lr_multiplier),
+    ):
+        if not isinstance(value, int | float) or isinstance(value, bool) or not value >= 0:
+            raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+        if value == float("inf"):
+            raise ValueError(f"{name} must be finite, got {value!r}")
+    groups: dict[str, list] = {"decay": [], "no_decay": [], "gamma": []}
+    seen: set[int] = set()
+    for module in model.modules():
+        is_norm = isinstance(module, (MemberNorm, *_PLAIN_NORMS))
+        for pname, p in module.named_parameters(recurse=False):
+            if not p.requires_grad or id(p) in seen:
+                continue
+            seen.add(id(p))
+            if isinstance(module, MemberNorm) and pname == "gamma":
+                groups["gamma"].append(p)
+            elif is_norm or pname == "bias":
+                groups["no_decay"].append(p)
+            else:
+                groups["decay"].append(p)
+    settings = {
+        "decay": {"lr": lr, "weight_decay": weight_decay},
+        "no_decay": {"lr": lr, "weight_decay": 0.0},
+        "gamma": {"lr": lr * gamma_lr_multiplier, "weight_decay": 0.0},
+    }
+    return [
+        {"name": name, "params": params, **settings[name]}
+        for name, params in groups.items()
+        if params
+    ]
