@@ -2,11 +2,12 @@
 
 import pytest
 import torch
-from conftest import TinyResNet, TinyTransformer
 from torch import nn
 
 import snens
 import snens.nn as snn
+
+from conftest import TinyResNet, TinyTransformer
 
 TOL = {"rtol": 1e-5, "atol": 1e-5}
 

@@ -5,10 +5,11 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import TinyResNet, randomize_norms
 from torch import nn
 
 import snens
+
+from conftest import TinyResNet, randomize_norms
 
 M = 4
 TOL = {"rtol": 1e-5, "atol": 1e-5}

@@ -15,7 +15,7 @@ def _randomize(module: nn.Module, seed: int = 0) -> nn.Module:
     """Random affine and running stats, so identity-like defaults cannot hide a bug."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for name, p in module.named_parameters():
+        for p in module.parameters():
             p.copy_(torch.randn(p.shape, generator=g))
         for name, b in module.named_buffers():
             if name.endswith("running_mean"):

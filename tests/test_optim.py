@@ -1,8 +1,9 @@
 import pytest
 import torch
-from conftest import TinyResNet
 
 import snens
+
+from conftest import TinyResNet
 
 
 def test_param_groups_follow_one_rule():

@@ -1,0 +1,5 @@
+"""Baselines under the (B, …) -> (M, B, K) contract."""
+
+from snens.baselines.single import SingleModel
+
+__all__ = ["SingleModel"]
