@@ -240,3 +240,26 @@ def test_converted_model_keeps_pretrained_weights_in_a_deep_nest():
     ens = snens.convert(model, M).eval()
     torch.testing.assert_close(ens(x), model(x).expand(M, -1, -1), **TOL)
     assert ens.report.head == "0.0.0.fc"
+
+
+class TwoInputs(nn.Module):
+    """Two image tensors through separate stems, fused before a shared trunk."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4))
+        self.b = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4))
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x, depth, *, scale=1.0):
+        return self.head(scale * (self.a(x) + self.b(depth)).mean(dim=(2, 3)))
+
+
+@pytest.mark.parametrize("replication", ["lazy", "eager"])
+def test_several_positional_tensors_and_keywords(replication):
+    torch.manual_seed(0)
+    model = randomize_norms(TwoInputs()).eval()
+    x, depth = torch.randn(5, 3, 6, 6), torch.randn(5, 1, 6, 6)
+    ens = snens.convert(model, M, replication=replication).eval()
+    out = ens(x, depth, scale=2.0)
+    torch.testing.assert_close(out, model(x, depth, scale=2.0).expand(M, -1, -1), **TOL)
