@@ -155,6 +155,12 @@ def _provenance(config: DemoConfig) -> str:
     )
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from snens import benchmark
+
+    return benchmark.main(args.rest)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="snens",
@@ -169,12 +175,21 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--full", action="store_true", help="all 60k training images, 10 epochs")
     demo.add_argument("--out", default="runs/demo", help="directory for report.md, results.json")
     demo.set_defaults(run=_demo)
+    bench = sub.add_parser(
+        "bench",
+        add_help=False,
+        help="measure σN-Ens's cost against one model at M·B and a deep ensemble (ratios)",
+    )
+    bench.set_defaults(run=_bench)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    args = build_parser().parse_args(argv)
+    args, rest = build_parser().parse_known_args(argv)
+    if rest and args.command != "bench":
+        build_parser().parse_args(argv)  # reports the unknown arguments and exits
+    args.rest = rest
     return args.run(args)
 
 
