@@ -5,9 +5,11 @@ loss = snens.ensemble_loss(ens(x), y) + snens.diversity_loss(ens, temperature=1.
 probs = snens.predictive_probs(ens(x))         # (B, K)
 """
 
-from snens import nn
+from snens import metrics, nn
 from snens.allocation import LayerAllocation, allocation, mean_effective_members
+from snens.calibration import TemperatureScaled, fit_temperature
 from snens.ensemble import Ensemble, convert, ensemble_loss, extract_member, predictive_probs
+from snens.evaluate import evaluate
 from snens.optim import param_groups
 from snens.regularizer import (
     diversity_gain,
@@ -22,14 +24,18 @@ __version__ = "0.1.0"
 __all__ = [
     "Ensemble",
     "LayerAllocation",
+    "TemperatureScaled",
     "allocation",
     "convert",
     "diversity_gain",
     "diversity_loss",
     "diversity_penalty",
     "ensemble_loss",
+    "evaluate",
     "extract_member",
+    "fit_temperature",
     "mean_effective_members",
+    "metrics",
     "nn",
     "optimal_k",
     "param_groups",

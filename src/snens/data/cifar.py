@@ -1,0 +1,412 @@
+"""CIFAR-10 and CIFAR-100 (Krizhevsky 2009) and their corrupted test sets CIFAR-10-C and
+CIFAR-100-C (Hendrycks & Dietterich 2019), from the official files.
+
+Layout under the data root (``root=``, else ``$SNENS_DATA``, else ``~/.cache/snens``)::
+
+    cifar-10/cifar-10-python.tar.gz     official archive, kept after extraction
+    cifar-10/cifar-10-batches-py/       its batches (torchvision's layout, the folder
+                                        directly under the root, is read too)
+    cifar-100/cifar-100-python.tar.gz   and cifar-100/cifar-100-python/
+    cifar-10-c/CIFAR-10-C.tar           and cifar-10-c/CIFAR-10-C/<corruption>.npy, labels.npy
+    cifar-100-c/CIFAR-100-C.tar         and cifar-100-c/CIFAR-100-C/...
+
+Safety. The CIFAR batches are Python pickles, and unpickling runs whatever code the file
+names. Each batch file is therefore read into memory and its MD5 compared with the official
+value **before** it is unpickled; a file that does not match is refused with a
+:class:`ChecksumError`. Archives are MD5-checked before extraction, every member must be a
+plain file or directory inside the archive's one top folder (no absolute paths, no ``..``, no
+links or devices), and extraction uses ``tarfile``'s ``"data"`` filter into a temporary folder
+that is renamed into place only when complete. The CIFAR-C arrays are ``.npy`` files read with
+``allow_pickle=False``, which cannot run code.
+
+Checksums: the archive MD5s are those published with the data (Toronto's page, Zenodo); the
+per-batch MD5s are the ones torchvision pins.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import shutil
+import tarfile
+import tempfile
+from pathlib import Path, PurePosixPath
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from .download import ChecksumError, data_root, download_url, verify_checksum
+
+__all__ = [
+    "CIFAR100_MEAN",
+    "CIFAR100_STD",
+    "CIFAR10_CLASSES",
+    "CIFAR10_MEAN",
+    "CIFAR10_STD",
+    "CIFAR_C_CORRUPTIONS",
+    "CIFAR_C_EXTRA_CORRUPTIONS",
+    "load_cifar10",
+    "load_cifar100",
+    "load_cifar_c",
+]
+
+CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
+CIFAR10_MD5 = "c58f30108f718f92721af3b95e74349a"
+CIFAR10_FILE_MD5 = {
+    "data_batch_1": "c99cafc152244af753f735de768cd75f",
+    "data_batch_2": "d4bba439e000b95fd0a9bffe97cbabec",
+    "data_batch_3": "54ebc095f3ab1f0389bbae665268c751",
+    "data_batch_4": "634d18415352ddfa80567beed471001a",
+    "data_batch_5": "482c414d41f54cd18b22e5b47cb7c3cb",
+    "test_batch": "40351d587109b95175f43aff81a1287e",
+}
+CIFAR100_URL = "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz"
+CIFAR100_MD5 = "eb9058c3a382ffc7106e4002c42a8d85"
+CIFAR100_FILE_MD5 = {
+    "train": "16019d7e3df5f24257cddd939b257f8d",
+    "test": "f0ef6b0ae62326f3e7ffdfab6717acfc",
+}
+CIFAR10_C_URL = "https://zenodo.org/records/2535967/files/CIFAR-10-C.tar"
+CIFAR10_C_MD5 = "56bf5dcef84df0e2308c6dcbcbbd8499"
+CIFAR100_C_URL = "https://zenodo.org/records/3555552/files/CIFAR-100-C.tar"
+CIFAR100_C_MD5 = "11f0ed0f1191edbf9fa23466ae6021d3"
+
+CIFAR10_CLASSES = (
+    "airplane",
+    "automobile",
+    "bird",
+    "cat",
+    "deer",
+    "dog",
+    "frog",
+    "horse",
+    "ship",
+    "truck",
+)
+# Per-channel mean and std of the training images in [0, 1] (the values the literature uses).
+CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
+CIFAR10_STD = (0.2470, 0.2435, 0.2616)
+CIFAR100_MEAN = (0.5071, 0.4865, 0.4409)
+CIFAR100_STD = (0.2673, 0.2564, 0.2762)
+
+# The 15 corruptions of the benchmark, in the order of Hendrycks & Dietterich (2019), Fig. 1.
+CIFAR_C_CORRUPTIONS = (
+    "gaussian_noise",
+    "shot_noise",
+    "impulse_noise",
+    "defocus_blur",
+    "glass_blur",
+    "motion_blur",
+    "zoom_blur",
+    "snow",
+    "frost",
+    "fog",
+    "brightness",
+    "contrast",
+    "elastic_transform",
+    "pixelate",
+    "jpeg_compression",
+)
+# Released alongside, held out of the benchmark average ("validation" corruptions).
+CIFAR_C_EXTRA_CORRUPTIONS = ("speckle_noise", "gaussian_blur", "spatter", "saturate")
+_SEVERITIES = (1, 2, 3, 4, 5)
+_FILTER_ERROR = getattr(tarfile, "FilterError", ())  # () catches nothing before Python 3.10.12
+_IMAGE_BYTES = 3 * 32 * 32
+
+
+class _Source(NamedTuple):
+    """Where one data set comes from and where it lands under the data root."""
+
+    title: str
+    url: str
+    md5: str
+    subdir: str  # folder under the data root holding the archive and its extraction
+    top: str  # the archive's single top-level folder
+
+
+def _source(dataset: str) -> _Source:
+    # Looked up at call time so that tests (and mirrors) can replace the module constants.
+    sources = {
+        "cifar10": _Source("CIFAR-10", CIFAR10_URL, CIFAR10_MD5, "cifar-10", "cifar-10-batches-py"),
+        "cifar100": _Source(
+            "CIFAR-100", CIFAR100_URL, CIFAR100_MD5, "cifar-100", "cifar-100-python"
+        ),
+        "cifar10-c": _Source(
+            "CIFAR-10-C", CIFAR10_C_URL, CIFAR10_C_MD5, "cifar-10-c", "CIFAR-10-C"
+        ),
+        "cifar100-c": _Source(
+            "CIFAR-100-C", CIFAR100_C_URL, CIFAR100_C_MD5, "cifar-100-c", "CIFAR-100-C"
+        ),
+    }
+    return sources[dataset]
+
+
+def _archive_name(source: _Source) -> str:
+    return source.url.rsplit("/", 1)[-1]
+
+
+def _check_members(tar: tarfile.TarFile, archive: Path, top: str) -> list[tarfile.TarInfo]:
+    """The archive's members, after refusing anything that could land outside ``top/``."""
+    members = tar.getmembers()
+    for member in members:
+        parts = PurePosixPath(member.name).parts
+        if member.name.startswith(("/", "\\")) or ".." in parts or not parts or parts[0] != top:
+            raise ValueError(
+                f"refusing to extract {archive}: member {member.name!r} lies outside the "
+                f"expected top folder {top!r}. The archive is not the official one; delete it."
+            )
+        if not (member.isfile() or member.isdir()):
+            raise ValueError(
+                f"refusing to extract {archive}: member {member.name!r} is a link or special "
+                "file, which the official archive does not contain; delete it."
+            )
+    return members
+
+
+def _extract(archive: Path, top: str) -> Path:
+    """Extract ``archive`` (whose single top folder is ``top``) next to it; return that folder.
+
+    Extraction goes to a temporary folder beside the archive and is renamed into place, so an
+    interrupted or refused extraction leaves no partial ``top`` folder.
+    """
+    target = archive.parent / top
+    staging = Path(tempfile.mkdtemp(prefix=f".{top}-", dir=archive.parent))
+    try:
+        with tarfile.open(archive) as tar:
+            members = _check_members(tar, archive, top)
+            if hasattr(tarfile, "data_filter"):
+                tar.extractall(staging, members=members, filter="data")
+            else:  # Python < 3.10.12 has no filters; _check_members already vetted every path
+                tar.extractall(staging, members=members)
+        extracted = staging / top
+        if not extracted.is_dir():
+            raise ValueError(f"{archive} holds no {top}/ folder; it is not the official archive")
+        if not target.exists():
+            os.replace(extracted, target)
+    except _FILTER_ERROR as err:
+        raise ValueError(f"refusing to extract {archive}: {err}; delete it") from err
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _locate(dataset: str, root, download: bool, required: tuple[str, ...]) -> Path:
+    """Folder holding the extracted files ``required``: found, extracted, or downloaded.
+
+    Search order: ``<data root>/<subdir>/<top>/``, then ``<data root>/<top>/``; then an
+    archive at ``<data root>/<subdir>/<archive>`` (MD5-checked, then extracted); then, with
+    ``download=True``, the official URL.
+    """
+    source = _source(dataset)
+    base = data_root(root)
+    candidates = (base / source.subdir / source.top, base / source.top)
+    for folder in candidates:
+        if all((folder / name).is_file() for name in required):
+            return folder
+    archive = base / source.subdir / _archive_name(source)
+    if download:
+        download_url(source.url, archive, md5=source.md5)
+    elif archive.is_file():
+        verify_checksum(archive, md5=source.md5)
+    else:
+        raise FileNotFoundError(
+            f"{source.title} not found: looked for {list(required)} in "
+            f"{' and '.join(str(c) for c in candidates)}, and for the archive {archive}. Fix: "
+            f"pass download=True to fetch {source.url} (MD5 checked), or set SNENS_DATA (or "
+            f"root=) to a folder that has it, or download it yourself and put "
+            f"{archive.name} at {archive}."
+        )
+    folder = _extract(archive, source.top)
+    missing = [name for name in required if not (folder / name).is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"{folder} lacks {missing} after extracting {archive}; delete {folder} and call "
+            "again to extract a fresh copy."
+        )
+    return folder
+
+
+def _unpickle_verified(path: Path, md5: str) -> dict:
+    """Unpickle ``path`` only if its bytes have the official MD5."""
+    raw = path.read_bytes()  # hash and unpickle the same bytes: no swap between check and load
+    got = hashlib.md5(raw).hexdigest()
+    if got != md5:
+        raise ChecksumError(
+            f"md5 mismatch for {path}: expected {md5}, got {got}. Refusing to unpickle it (a "
+            f"pickle can run code). Delete {path.parent} and call again (with download=True if "
+            "the archive is gone) to extract a fresh copy."
+        )
+    batch = pickle.loads(raw, encoding="bytes")
+    if not isinstance(batch, dict):
+        raise ValueError(f"{path}: expected a dict batch, got {type(batch).__name__}")
+    return batch
+
+
+def _read_batches(
+    folder: Path, names: tuple[str, ...], md5s: dict[str, str], label_key: bytes
+) -> tuple[torch.Tensor, torch.Tensor]:
+    images, labels = [], []
+    for name in names:
+        path = folder / name
+        batch = _unpickle_verified(path, md5s[name])
+        missing = [k for k in (b"data", label_key) if k not in batch]
+        if missing:
+            raise ValueError(f"{path}: batch lacks keys {missing}, has {sorted(batch)}")
+        data = np.asarray(batch[b"data"])
+        label = np.asarray(batch[label_key], dtype=np.int64)
+        if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != _IMAGE_BYTES:
+            raise ValueError(
+                f"{path}: expected uint8 data (N, {_IMAGE_BYTES}), got {data.dtype} {data.shape}"
+            )
+        if label.shape != (data.shape[0],):
+            raise ValueError(f"{path}: {data.shape[0]} images but labels of shape {label.shape}")
+        # Each row is 1024 red, 1024 green, 1024 blue bytes, each plane row-major 32×32.
+        images.append(data.reshape(-1, 3, 32, 32))  # (N, 3072) -> (N, 3, 32, 32)
+        labels.append(label)
+    return torch.from_numpy(np.concatenate(images)), torch.from_numpy(np.concatenate(labels))
+
+
+def _check_split(split: str, splits: dict) -> None:
+    if split not in splits:
+        raise ValueError(f"split must be one of {sorted(splits)}, got {split!r}")
+
+
+def load_cifar10(
+    split: str = "train", root: str | os.PathLike | None = None, download: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Load CIFAR-10: 50 000 train / 10 000 test 32×32 colour images, 10 balanced classes.
+
+    Reads the official python version (``cifar-10-python.tar.gz``, 163 MiB). See the module
+    docstring for the file layout and why each batch's MD5 is checked before unpickling.
+
+    Args:
+        split: ``"train"`` (``data_batch_1`` … ``data_batch_5``) or ``"test"``.
+        root: data root, see :func:`snens.data.data_root`.
+        download: fetch and extract the archive when no local copy exists.
+
+    Returns:
+        ``(images, labels)``; class names in :data:`CIFAR10_CLASSES`.
+
+    Shape:
+        images: ``(N, 3, 32, 32)`` uint8 RGB; labels: ``(N,)`` int64 in [0, 9].
+
+    Raises:
+        ValueError: unknown ``split``; an archive with members outside its top folder.
+        FileNotFoundError: no local copy and ``download=False``; the message says how to get it.
+        ChecksumError: the archive or a batch file differs from the official one.
+    """
+    splits = {"train": tuple(f"data_batch_{i}" for i in range(1, 6)), "test": ("test_batch",)}
+    _check_split(split, splits)
+    folder = _locate("cifar10", root, download, splits[split])
+    return _read_batches(folder, splits[split], CIFAR10_FILE_MD5, b"labels")
+
+
+def load_cifar100(
+    split: str = "train",
+    root: str | os.PathLike | None = None,
+    download: bool = False,
+    *,
+    coarse: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Load CIFAR-100: 50 000 train / 10 000 test 32×32 colour images, 100 fine classes.
+
+    Reads the official python version (``cifar-100-python.tar.gz``, 161 MiB), checked as
+    :func:`load_cifar10` is.
+
+    Args:
+        split: ``"train"`` or ``"test"``.
+        root: data root, see :func:`snens.data.data_root`.
+        download: fetch and extract the archive when no local copy exists.
+        coarse: return the 20 superclass labels instead of the 100 fine ones.
+
+    Returns:
+        ``(images, labels)``.
+
+    Shape:
+        images: ``(N, 3, 32, 32)`` uint8 RGB; labels: ``(N,)`` int64 in [0, 99] (or [0, 19]).
+
+    Raises:
+        ValueError: unknown ``split``; an archive with members outside its top folder.
+        FileNotFoundError: no local copy and ``download=False``; the message says how to get it.
+        ChecksumError: the archive or a batch file differs from the official one.
+    """
+    splits = {"train": ("train",), "test": ("test",)}
+    _check_split(split, splits)
+    folder = _locate("cifar100", root, download, splits[split])
+    label_key = b"coarse_labels" if coarse else b"fine_labels"
+    return _read_batches(folder, splits[split], CIFAR100_FILE_MD5, label_key)
+
+
+def load_cifar_c(
+    name: str,
+    severity: int,
+    root: str | os.PathLike | None = None,
+    dataset: str = "cifar10",
+    download: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Load one corruption at one severity of the released CIFAR-10-C or CIFAR-100-C.
+
+    Each ``<name>.npy`` holds the 10 000 test images corrupted at severity 1, then 2, … 5
+    (50 000 × 32 × 32 × 3 uint8, channels last); ``labels.npy`` holds their labels, repeated
+    five times. Severity s is rows ``[(s − 1)·n, s·n)`` with n = rows / 5. The file is
+    memory-mapped, so only that slice is read. The archives are large (2.9 GB each) and are
+    extracted whole, once.
+
+    Args:
+        name: one of :data:`CIFAR_C_CORRUPTIONS` (the 15 of the benchmark) or
+            :data:`CIFAR_C_EXTRA_CORRUPTIONS`.
+        severity: 1 (mildest) to 5.
+        root: data root, see :func:`snens.data.data_root`.
+        dataset: ``"cifar10"`` or ``"cifar100"``.
+        download: fetch and extract the archive from Zenodo when no local copy exists.
+
+    Returns:
+        ``(images, labels)``.
+
+    Shape:
+        images: ``(n, 3, 32, 32)`` uint8 RGB (n = 10 000 for the released files);
+        labels: ``(n,)`` int64.
+
+    Raises:
+        ValueError: unknown ``name``, ``dataset`` or ``severity``; arrays of the wrong shape
+            or dtype, or ``.npy`` files holding Python objects.
+        FileNotFoundError: no local copy and ``download=False``; the message says how to get it.
+        ChecksumError: the archive differs from the official one.
+    """
+    datasets = {"cifar10": "cifar10-c", "cifar100": "cifar100-c"}
+    if dataset not in datasets:
+        raise ValueError(f"dataset must be one of {sorted(datasets)}, got {dataset!r}")
+    names = CIFAR_C_CORRUPTIONS + CIFAR_C_EXTRA_CORRUPTIONS
+    if name not in names:
+        raise ValueError(f"unknown corruption {name!r}; choose from {list(names)}")
+    if not isinstance(severity, (int, np.integer)) or isinstance(severity, bool):
+        raise ValueError(f"severity must be an int in {list(_SEVERITIES)}, got {severity!r}")
+    if severity not in _SEVERITIES:
+        raise ValueError(f"severity must be an int in {list(_SEVERITIES)}, got {severity!r}")
+    folder = _locate(datasets[dataset], root, download, (f"{name}.npy", "labels.npy"))
+    images = _load_npy(folder / f"{name}.npy")
+    labels = _load_npy(folder / "labels.npy")
+    if images.ndim != 4 or images.shape[1:] != (32, 32, 3) or images.dtype != np.uint8:
+        raise ValueError(
+            f"{folder / name}.npy: expected uint8 (5·n, 32, 32, 3), got {images.dtype} "
+            f"{images.shape}"
+        )
+    if images.shape[0] % len(_SEVERITIES) or labels.shape != (images.shape[0],):
+        raise ValueError(
+            f"{folder}: {name}.npy has {images.shape[0]} images and labels.npy shape "
+            f"{labels.shape}; expected 5·n images (one block per severity) and as many labels"
+        )
+    n = images.shape[0] // len(_SEVERITIES)
+    rows = slice((severity - 1) * n, severity * n)
+    chosen = np.ascontiguousarray(images[rows].transpose(0, 3, 1, 2))  # NHWC -> NCHW
+    return torch.from_numpy(chosen), torch.from_numpy(labels[rows].astype(np.int64))
+
+
+def _load_npy(path: Path) -> np.ndarray:
+    try:
+        return np.load(path, mmap_mode="r", allow_pickle=False)
+    except ValueError as err:
+        # numpy refuses object arrays without allow_pickle, which the released files never need.
+        raise ValueError(f"{path}: not a plain numeric .npy file ({err})") from err

@@ -1,0 +1,100 @@
+"""SST-2, the binary Stanford Sentiment Treebank task of GLUE (Socher et al. 2013).
+
+The GLUE archive ``SST-2.zip`` holds ``SST-2/train.tsv`` (67 349 phrases), ``SST-2/dev.tsv``
+(872 sentences) and ``SST-2/test.tsv`` (1 821, labels hidden, so not offered here). Each
+labelled file is tab-separated with the header ``sentence<TAB>label``, label 0 (negative) or
+1 (positive). The text is not quoted: a ``"`` is part of the sentence, so the files are parsed
+with ``csv.QUOTE_NONE``.
+
+The TSVs are read straight from the zip (nothing is extracted). Looked up in
+``<data root>/sst-2/`` (the zip, or an extracted ``SST-2/`` folder), then an extracted
+``SST-2/`` directly under the data root.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import zipfile
+from pathlib import Path
+
+from .download import data_root, download_url
+
+__all__ = ["SST2_CLASSES", "load_sst2"]
+
+SST2_URL = "https://dl.fbaipublicfiles.com/glue/data/SST-2.zip"
+# The MD5 that torchtext and other GLUE loaders pin for this URL.
+SST2_MD5 = "9f81648d4199384278b86e315dac217c"
+SST2_CLASSES = ("negative", "positive")
+_SPLIT_FILES = {"train": "train.tsv", "validation": "dev.tsv"}
+_HEADER = ["sentence", "label"]
+
+
+def _parse_tsv(stream: io.TextIOBase, source: str) -> tuple[list[str], list[int]]:
+    reader = csv.reader(stream, delimiter="\t", quoting=csv.QUOTE_NONE)
+    header = next(reader, None)
+    if header != _HEADER:
+        raise ValueError(f"{source}: expected the header {_HEADER}, got {header}")
+    texts, labels = [], []
+    for line, row in enumerate(reader, start=2):
+        if len(row) != 2 or row[1] not in ("0", "1"):
+            raise ValueError(f"{source} line {line}: expected 'sentence<TAB>0|1', got {row!r}")
+        texts.append(row[0].strip())
+        labels.append(int(row[1]))
+    return texts, labels
+
+
+def load_sst2(
+    split: str = "train", root: str | os.PathLike | None = None, download: bool = False
+) -> tuple[list[str], list[int]]:
+    """Load the SST-2 sentences and their sentiment labels (1 = positive).
+
+    Args:
+        split: ``"train"`` or ``"validation"`` (GLUE's ``dev.tsv``; the usual test set).
+        root: data root, see :func:`snens.data.data_root`.
+        download: fetch ``SST-2.zip`` from the GLUE mirror when no local copy exists (MD5
+            checked; an existing zip is re-checked and replaced if it fails).
+
+    Returns:
+        ``(texts, labels)``: sentences stripped of surrounding whitespace, in file order,
+        and their labels; class names in :data:`SST2_CLASSES`.
+
+    Raises:
+        ValueError: unknown ``split``; a file without the ``sentence/label`` layout.
+        FileNotFoundError: no local copy and ``download=False``; the message says how to get it.
+        ChecksumError: the downloaded zip differs from the official one (nothing is kept).
+    """
+    if split not in _SPLIT_FILES:
+        raise ValueError(f"split must be one of {sorted(_SPLIT_FILES)}, got {split!r}")
+    tsv = _SPLIT_FILES[split]
+    base = data_root(root)
+    archive = base / "sst-2" / "SST-2.zip"
+    folders = (base / "sst-2" / "SST-2", base / "SST-2")
+    for folder in folders:
+        if (folder / tsv).is_file():
+            with open(folder / tsv, encoding="utf-8", newline="") as f:
+                return _parse_tsv(f, str(folder / tsv))
+    if download:
+        download_url(SST2_URL, archive, md5=SST2_MD5)
+    if not archive.is_file():
+        raise FileNotFoundError(
+            f"SST-2 not found: looked for {archive} and for {tsv} in "
+            f"{' and '.join(str(f) for f in folders)}. Fix: pass download=True to fetch "
+            f"{SST2_URL} (MD5 checked), or set SNENS_DATA (or root=) to a folder that has it, "
+            f"or download it yourself and put it at {archive}."
+        )
+    return _read_zip(archive, f"SST-2/{tsv}")
+
+
+def _read_zip(archive: Path, member: str) -> tuple[list[str], list[int]]:
+    with zipfile.ZipFile(archive) as zf:
+        try:
+            raw = zf.open(member)
+        except KeyError as err:
+            raise ValueError(
+                f"{archive} has no {member}; it is not GLUE's SST-2.zip (delete it and "
+                "download again)"
+            ) from err
+        with raw, io.TextIOWrapper(raw, encoding="utf-8", newline="") as text:
+            return _parse_tsv(text, f"{archive}:{member}")

@@ -1,0 +1,378 @@
+"""The evaluation protocol (DESIGN.md §3) for any model honouring (B, …) -> logits (M, B, K).
+
+One pass per data set: :func:`collect` runs the model batch by batch in eval mode and keeps
+only the members' float32 probabilities (M, N, K) on the CPU, never the inputs, so a test set
+of ImageNet size (50 000 × 1 000 classes × M=4: 800 MB) is evaluated without holding its
+images. Every number is then computed from those probabilities by :mod:`snens.metrics`:
+
+* ``test/…``: accuracy, NLL, Brier, ECE (equal-width bins), adaptive and class-wise ECE, AURC
+  of the ensemble mean (the mean of member softmaxes); disagreement, predictive (total) and
+  expected (aleatoric) entropy, mutual information (epistemic: in σN-Ens the modulation
+  uncertainty), member correlation (NaN for one member); member accuracy, NLL and ECE
+  averaged over members; the number of members.
+* ``ood/<name>/…``: AUROC, AUPR and FPR@95%TPR of the test set against each OOD set, OOD the
+  positive class, with one score of :data:`snens.metrics.OOD_SCORES`.
+* ``shift/<name>/<severity>/…``: accuracy, NLL, ECE, Brier on each corrupted copy of the test
+  set; ``shift/severity/<s>/…`` their mean over corruption names at severity s, and
+  ``shift/mean/…`` the mean over every (name, severity).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from snens import metrics
+
+__all__ = ["SHIFT_METRICS", "collect", "evaluate"]
+
+SHIFT_METRICS = ("accuracy", "nll", "ece", "brier")
+"""The metrics reported per corruption, per severity and on average."""
+
+_SEVERITIES = range(1, 6)
+# Names a corruption cannot take: "shift/severity/…" and "shift/mean/…" hold the averages.
+_RESERVED_SHIFT_NAMES = ("severity", "mean")
+
+
+# ------------------------------------------------------------------------------------------------
+# Collecting predictions
+# ------------------------------------------------------------------------------------------------
+
+
+def _model_device(model: nn.Module) -> torch.device | None:
+    for tensor in (*model.parameters(), *model.buffers()):
+        return tensor.device
+    return None
+
+
+def _to_device(x: Any, device: torch.device | None) -> Any:
+    if device is None:
+        return x
+    if isinstance(x, Tensor):
+        return x.to(device, non_blocking=True)
+    if isinstance(x, Mapping):
+        return {k: _to_device(v, device) for k, v in x.items()}
+    return x
+
+
+def _split_batch(batch: Any, what: str) -> tuple[Any, Any]:
+    if isinstance(batch, (tuple, list)) and len(batch) in (1, 2):
+        return batch[0], (batch[1] if len(batch) == 2 else None)
+    raise TypeError(
+        f"{what}: a batch must be a pair (x, y), got {type(batch).__name__}"
+        + (f" of length {len(batch)}" if isinstance(batch, (tuple, list)) else "")
+    )
+
+
+def _check_logits(logits: Any, model: nn.Module, what: str) -> Tensor:
+    if not isinstance(logits, Tensor) or logits.dim() != 3:
+        got = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
+        raise ValueError(
+            f"{what}: {type(model).__name__} returned {got}, but evaluation needs the ensemble "
+            "contract, inputs (B, …) -> logits (M, B, K). Wrap a plain classifier in "
+            "snens.baselines.SingleModel(model) (M = 1), or convert it with "
+            "snens.convert(model, num_members=M)"
+        )
+    return logits
+
+
+def _collect(
+    model: nn.Module,
+    loader: Iterable[Any],
+    device: torch.device | str | None,
+    *,
+    what: str,
+    logits: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Member probabilities (or logits) and labels over ``loader``; see :func:`collect`."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    device = torch.device(device) if device is not None else _model_device(model)
+    modes = {module: module.training for module in model.modules()}
+    outputs: list[Tensor] = []
+    labels: list[Tensor] = []
+    model.eval()
+    try:
+        with torch.no_grad():
+            for batch in loader:
+                x, y = _split_batch(batch, what)
+                x = _to_device(x, device)
+                out = model(**x) if isinstance(x, Mapping) else model(x)
+                out = _check_logits(out, model, what).float()
+                if outputs and out.shape[::2] != outputs[0].shape[::2]:
+                    raise ValueError(
+                        f"{what}: the model's logits changed from (M, K) = "
+                        f"{tuple(outputs[0].shape[::2])} to {tuple(out.shape[::2])} between "
+                        "batches"
+                    )
+                out = out if logits else out.softmax(dim=-1)
+                outputs.append(out.cpu())  # (M, B, K)
+                if y is not None:
+                    labels.append(torch.as_tensor(y).detach().reshape(-1).cpu())
+    finally:
+        for module, training in modes.items():
+            module.training = training
+    if not outputs:
+        raise ValueError(f"{what}: the loader yielded no batch; the data set is empty")
+    member_out = torch.cat(outputs, dim=1)  # (M, N, K)
+    if len(labels) != len(outputs):
+        return member_out, None
+    label_tensor = torch.cat(labels)
+    if label_tensor.shape[0] != member_out.shape[1]:
+        raise ValueError(
+            f"{what}: the loader yielded {label_tensor.shape[0]} labels for "
+            f"{member_out.shape[1]} examples; yield one label per example"
+        )
+    return member_out, label_tensor
+
+
+def collect(
+    model: nn.Module,
+    loader: Iterable[Any],
+    device: torch.device | str | None = None,
+    *,
+    logits: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """The members' probabilities and the labels over a whole data set, one batch at a time.
+
+        member_probs[m, i] = softmax(model(x_i)[m])
+
+    The model runs in eval mode under ``torch.no_grad``; the training flag of each of its
+    modules is restored afterwards. Only the float32 outputs are kept, on the CPU.
+
+    Args:
+        model: returns logits (M, B, K) from inputs (B, …); a batch ``x`` that is a mapping
+            (a text model's ``input_ids``, ``attention_mask``) is passed as ``model(**x)``.
+        loader: re-iterable or one-shot ``(x, y)`` batches, e.g. a ``snens.data.TensorLoader``.
+        device: where the inputs are moved before the forward pass; default the device of the
+            model's first parameter (the model itself is never moved).
+        logits: return the members' logits instead of their softmax, e.g. for
+            :func:`snens.calibration.fit_temperature`.
+
+    Returns:
+        ``(member_probs, labels)``; member logits instead with ``logits=True``.
+
+    Shape:
+        member_probs: (M, N, K) float32. labels: (N,).
+
+    Raises:
+        ValueError: if the loader is empty, the model does not return (M, B, K), M or K
+            changes between batches, or the labels are not one per example.
+        TypeError: if a batch is not an ``(x, y)`` pair.
+    """
+    out, labels = _collect(model, loader, device, what="data set", logits=logits)
+    if labels is None:
+        raise ValueError("the loader yielded batches without labels; yield (x, y) pairs")
+    return out, labels
+
+
+# ------------------------------------------------------------------------------------------------
+# Metrics of one data set
+# ------------------------------------------------------------------------------------------------
+
+
+def _test_metrics(member_probs: Tensor, labels: Tensor, num_bins: int) -> dict[str, float]:
+    probs = member_probs.mean(0)  # (N, K): the ensemble's prediction
+    M = member_probs.shape[0]
+    members = metrics.per_member(member_probs, labels)
+    member_ece = [metrics.ece(p, labels, num_bins=num_bins) for p in member_probs]
+    return {
+        "accuracy": metrics.accuracy(probs, labels),
+        "nll": metrics.nll(probs, labels),
+        "brier": metrics.brier(probs, labels),
+        "ece": metrics.ece(probs, labels, num_bins=num_bins),
+        "adaptive_ece": metrics.adaptive_ece(probs, labels, num_bins=num_bins),
+        "classwise_ece": metrics.classwise_ece(probs, labels, num_bins=num_bins),
+        "aurc": metrics.aurc(probs, labels),
+        "disagreement": metrics.disagreement(member_probs).mean().item(),
+        "predictive_entropy": metrics.predictive_entropy(member_probs).mean().item(),
+        "expected_entropy": metrics.expected_entropy(member_probs).mean().item(),
+        "mutual_information": metrics.mutual_information(member_probs).mean().item(),
+        # one member has no pairs to correlate
+        "member_correlation": math.nan if M < 2 else metrics.member_correlation(member_probs),
+        "member_accuracy_mean": members["accuracy"].mean().item(),
+        "member_nll_mean": members["nll"].mean().item(),
+        "member_ece_mean": sum(member_ece) / M,
+        "num_members": float(M),
+    }
+
+
+def _shift_metrics(member_probs: Tensor, labels: Tensor, num_bins: int) -> dict[str, float]:
+    probs = member_probs.mean(0)
+    return {
+        "accuracy": metrics.accuracy(probs, labels),
+        "nll": metrics.nll(probs, labels),
+        "ece": metrics.ece(probs, labels, num_bins=num_bins),
+        "brier": metrics.brier(probs, labels),
+    }
+
+
+# ------------------------------------------------------------------------------------------------
+# Validation of the arguments, before any forward pass
+# ------------------------------------------------------------------------------------------------
+
+
+def _check_name(name: Any, what: str) -> str:
+    if not isinstance(name, str) or not name or "/" in name:
+        raise ValueError(
+            f"{what} names must be non-empty strings without '/', got {name!r} (they become "
+            "parts of keys such as 'ood/<name>/auroc')"
+        )
+    return name
+
+
+def _check_ood_sets(ood: Mapping[str, Any] | None) -> dict[str, Any]:
+    if ood is None:
+        return {}
+    if not isinstance(ood, Mapping):
+        raise TypeError(
+            f"ood must be a mapping {{name: loader}}, got {type(ood).__name__}; e.g. "
+            "ood={'mnist': mnist_loader}"
+        )
+    return {_check_name(name, "OOD set"): loader for name, loader in ood.items()}
+
+
+def _check_corruptions(
+    corruptions: Mapping[tuple[str, int], Any] | None,
+) -> dict[tuple[str, int], Any]:
+    if corruptions is None:
+        return {}
+    if not isinstance(corruptions, Mapping):
+        raise TypeError(
+            "corruptions must be a mapping {(name, severity): loader}, got "
+            f"{type(corruptions).__name__}"
+        )
+    checked = {}
+    for key, loader in corruptions.items():
+        if not isinstance(key, tuple) or len(key) != 2:
+            raise ValueError(
+                f"corruptions keys must be (name, severity) pairs, got {key!r}; e.g. "
+                "{('gaussian_noise', 3): loader}"
+            )
+        name, severity = key
+        _check_name(name, "corruption")
+        if name in _RESERVED_SHIFT_NAMES:
+            raise ValueError(
+                f"corruption name {name!r} is reserved for the averages 'shift/severity/…' and "
+                "'shift/mean/…'; rename it"
+            )
+        is_int = isinstance(severity, numbers.Integral) and not isinstance(severity, bool)
+        if not is_int or severity not in _SEVERITIES:
+            raise ValueError(
+                f"corruption {name!r}: severity must be an int in 1..5, got {severity!r}"
+            )
+        checked[(name, int(severity))] = loader
+    return checked
+
+
+# ------------------------------------------------------------------------------------------------
+# The protocol
+# ------------------------------------------------------------------------------------------------
+
+
+def evaluate(
+    model: nn.Module,
+    test_loader: Iterable[Any],
+    *,
+    ood: Mapping[str, Iterable[Any]] | None = None,
+    corruptions: Mapping[tuple[str, int], Iterable[Any]] | None = None,
+    ood_score: str = "msp",
+    num_bins: int = 15,
+    device: torch.device | str | None = None,
+) -> dict[str, float]:
+    """Evaluate an ensemble (or any model under the (M, B, K) contract) on the full protocol.
+
+    Calibration and accuracy are measured on the ensemble mean p̄ = (1/M) Σ_m softmax(z_m);
+    OOD detection flags high scores s(x) of ``ood_score`` (OOD positive); shift metrics are
+    averaged as
+
+        shift/severity/s/metric = mean over names n of shift/n/s/metric
+        shift/mean/metric       = mean over every (n, s) given
+
+    Each data set is run once (see :func:`collect`); the model's training flags are restored.
+
+    Args:
+        model: returns logits (M, B, K) from inputs (B, …); wrap a plain classifier in
+            ``snens.baselines.SingleModel``.
+        test_loader: in-distribution ``(x, y)`` batches.
+        ood: ``{name: loader}`` of OOD sets; their labels are ignored.
+        corruptions: ``{(name, severity): loader}`` of corrupted test sets, severity in 1..5
+            (e.g. built with ``snens.data.corruptions``).
+        ood_score: one of ``snens.metrics.OOD_SCORES``: ``"msp"`` (1 − max p̄),
+            ``"entropy"`` (H[p̄]) or ``"mutual_information"``.
+        num_bins: bins of the ECEs; 15 is the field's convention.
+        device: where inputs go, by default the model's device.
+
+    Returns:
+        A flat ``{key: float}``: ``"test/<metric>"``, ``"ood/<name>/{auroc,aupr,fpr95}"``,
+        ``"shift/<name>/<severity>/<metric>"``, ``"shift/severity/<s>/<metric>"``,
+        ``"shift/mean/<metric>"`` (metrics of :data:`SHIFT_METRICS`).
+        ``"test/member_correlation"`` is NaN for a single member.
+
+    Raises:
+        ValueError: an unknown ``ood_score``; a severity outside 1..5 or a malformed
+            corruption key; an empty data set (named); a model that does not return
+            (M, B, K); M or K differing between data sets.
+        TypeError: ``ood`` or ``corruptions`` not a mapping.
+    """
+    if ood_score not in metrics.OOD_SCORES:
+        raise ValueError(
+            f"unknown ood_score {ood_score!r}; choose one of {sorted(metrics.OOD_SCORES)}"
+        )
+    if isinstance(num_bins, bool) or not isinstance(num_bins, numbers.Integral) or num_bins < 1:
+        raise ValueError(f"num_bins must be an int >= 1, got {num_bins!r}; use e.g. num_bins=15")
+    ood_sets = _check_ood_sets(ood)
+    shifted = _check_corruptions(corruptions)
+
+    member_probs, labels = _collect(model, test_loader, device, what="test set")
+    if labels is None:
+        raise ValueError("test set: the loader yielded batches without labels; yield (x, y)")
+    M, _, K = member_probs.shape
+    results = {f"test/{k}": v for k, v in _test_metrics(member_probs, labels, num_bins).items()}
+
+    score = metrics.OOD_SCORES[ood_score]
+    in_scores = score(member_probs) if ood_sets else None
+    for name, loader in ood_sets.items():
+        out_probs, _ = _collect(model, loader, device, what=f"OOD set {name!r}")
+        _check_same_members(out_probs, M, K, f"OOD set {name!r}")
+        out_scores = score(out_probs)
+        results[f"ood/{name}/auroc"] = metrics.auroc(in_scores, out_scores)
+        results[f"ood/{name}/aupr"] = metrics.aupr(in_scores, out_scores)
+        results[f"ood/{name}/fpr95"] = metrics.fpr_at_95_tpr(in_scores, out_scores)
+
+    per_set: dict[tuple[str, int], dict[str, float]] = {}
+    for (name, severity), loader in shifted.items():
+        what = f"corruption {name!r} at severity {severity}"
+        probs, shift_labels = _collect(model, loader, device, what=what)
+        if shift_labels is None:
+            raise ValueError(f"{what}: the loader yielded batches without labels")
+        _check_same_members(probs, M, K, what)
+        per_set[(name, severity)] = _shift_metrics(probs, shift_labels, num_bins)
+    for (name, severity), values in sorted(per_set.items()):
+        for metric, value in values.items():
+            results[f"shift/{name}/{severity}/{metric}"] = value
+    for severity in sorted({s for _, s in per_set}):
+        at_severity = [v for (_, s), v in per_set.items() if s == severity]
+        for metric in SHIFT_METRICS:
+            results[f"shift/severity/{severity}/{metric}"] = _mean(at_severity, metric)
+    if per_set:
+        for metric in SHIFT_METRICS:
+            results[f"shift/mean/{metric}"] = _mean(list(per_set.values()), metric)
+    return results
+
+
+def _mean(rows: list[dict[str, float]], metric: str) -> float:
+    return sum(row[metric] for row in rows) / len(rows)
+
+
+def _check_same_members(member_probs: Tensor, num_members: int, num_classes: int, what: str):
+    if member_probs.shape[0] != num_members or member_probs.shape[2] != num_classes:
+        raise ValueError(
+            f"{what}: the model returned (M, K) = ({member_probs.shape[0]}, "
+            f"{member_probs.shape[2]}) but ({num_members}, {num_classes}) on the test set"
+        )

@@ -1,0 +1,521 @@
+"""Figures of the evaluation, written as PNG files: reliability diagram, metrics under shift,
+OOD score histograms, the σN-Ens importance allocation, and accuracy–NLL Pareto plots.
+
+matplotlib is an optional dependency (``pip install snens[plot]``), imported when a function
+is called. Figures are drawn on the Agg canvas directly, without pyplot, so a call neither
+opens a window nor changes the backend of an interactive session. Each function returns the
+path it wrote.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from snens import metrics
+from snens.allocation import LayerAllocation, allocation
+
+__all__ = [
+    "allocation_heatmap",
+    "ood_histograms",
+    "pareto_plot",
+    "reliability_bins",
+    "reliability_diagram",
+    "shift_plot",
+]
+
+_DPI = 120
+_SEVERITIES = range(1, 6)
+
+
+def _figure(width: float, height: float) -> Any:
+    """A matplotlib Figure on an Agg canvas, or an ImportError saying how to install it."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as error:
+        raise ImportError(
+            "snens.plots needs matplotlib: `pip install matplotlib` or `pip install snens[plot]`"
+        ) from error
+    figure = Figure(figsize=(width, height), dpi=_DPI, layout="constrained")
+    FigureCanvasAgg(figure)
+    return figure
+
+
+def _save(figure: Any, path: str | os.PathLike) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, format="png")
+    return path
+
+
+def _as_tensor(x: Any, name: str) -> Tensor:
+    if isinstance(x, Tensor):
+        return x.detach().cpu()
+    try:
+        return torch.as_tensor(x)
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise TypeError(f"{name} must be a tensor or array, got {type(x).__name__}") from error
+
+
+# ------------------------------------------------------------------------------------------------
+# Reliability diagram
+# ------------------------------------------------------------------------------------------------
+
+
+def _ensemble_mean(probs: Any) -> Tensor:
+    p = _as_tensor(probs, "probs")
+    return p.mean(0) if p.dim() == 3 else p  # (M, B, K) -> (B, K)
+
+
+def reliability_bins(probs: Any, labels: Any, *, num_bins: int = 15) -> dict[str, Tensor]:
+    """Per confidence bin: the count, accuracy and mean confidence behind the ECE.
+
+    Bins are those of :func:`snens.metrics.ece`: (b/n, (b+1)/n], bin 0 also holding 0, so
+
+        ECE = Σ_b (count_b / N) · |accuracy_b − confidence_b|
+
+    Args:
+        probs: predictive probabilities, or member probabilities (averaged over members).
+        labels: class indices.
+        num_bins: n.
+
+    Returns:
+        ``{"count", "accuracy", "confidence"}``; accuracy and confidence are NaN in empty
+        bins.
+
+    Shape:
+        probs: (B, K) or (M, B, K). labels: (B,). Outputs: (n,) each.
+
+    Raises:
+        ValueError, TypeError: as :func:`snens.metrics.ece`.
+    """
+    p = _ensemble_mean(probs)
+    metrics.ece(p, labels, num_bins=num_bins)  # validates probs, labels and num_bins
+    p = p.double()
+    y = _as_tensor(labels, "labels").long().to(p.device)
+    confidence, prediction = p.max(-1)
+    edges = torch.linspace(0, 1, num_bins + 1, dtype=torch.float64)
+    bins = torch.bucketize(confidence, edges[1:-1], right=False)
+    count = torch.bincount(bins, minlength=num_bins).double()
+    hits = torch.bincount(bins, weights=(prediction == y).double(), minlength=num_bins)
+    conf = torch.bincount(bins, weights=confidence, minlength=num_bins)
+    return {"count": count, "accuracy": hits / count, "confidence": conf / count}
+
+
+def reliability_diagram(
+    probs: Any,
+    labels: Any,
+    path: str | os.PathLike,
+    num_bins: int = 15,
+    title: str | None = None,
+) -> Path:
+    """Accuracy against confidence per equal-width bin, the gap to the diagonal, and the ECE.
+
+    Top panel: bars of accuracy per confidence bin, red bars from accuracy to mean confidence
+    (the gap: above the bar = overconfident), the diagonal of perfect calibration; the title
+    holds the ECE of :func:`snens.metrics.ece`. Bottom panel: the fraction of examples per bin.
+
+    Args:
+        probs: predictive probabilities, or member probabilities (averaged over members).
+        labels: class indices.
+        path: PNG file to write (parent folders are created).
+        num_bins: n, 15 by convention.
+        title: text before the ECE in the title; default "Reliability".
+
+    Returns:
+        ``path`` as a ``pathlib.Path``.
+
+    Shape:
+        probs: (B, K) or (M, B, K). labels: (B,).
+
+    Raises:
+        ImportError: matplotlib is missing.
+        ValueError, TypeError: as :func:`snens.metrics.ece`.
+    """
+    p = _ensemble_mean(probs)
+    ece = metrics.ece(p, labels, num_bins=num_bins)
+    acc = metrics.accuracy(p, labels)
+    bins = reliability_bins(p, labels, num_bins=num_bins)
+    count, accuracy, confidence = (bins[k].numpy() for k in ("count", "accuracy", "confidence"))
+    filled = count > 0
+    width = 1 / num_bins
+    centers = (torch.arange(num_bins, dtype=torch.float64).numpy() + 0.5) * width
+
+    figure = _figure(5.0, 6.0)
+    top, bottom = figure.subplots(2, 1, sharex=True, height_ratios=(3, 1))
+    top.bar(
+        centers[filled],
+        accuracy[filled],
+        width=width,
+        color="#4C72B0",
+        edgecolor="black",
+        linewidth=0.5,
+        label="accuracy",
+    )
+    gap = confidence[filled] - accuracy[filled]
+    top.bar(
+        centers[filled],
+        gap,
+        bottom=accuracy[filled],
+        width=width,
+        color="#DD4444",
+        alpha=0.45,
+        edgecolor="#AA0000",
+        linewidth=0.5,
+        hatch="//",
+        label="gap: confidence − accuracy",
+    )
+    top.plot([0, 1], [0, 1], "--", color="gray", linewidth=1, label="perfect calibration")
+    top.set(xlim=(0, 1), ylim=(0, 1), ylabel="accuracy")
+    top.set_title(
+        f"{title or 'Reliability'}\nECE {ece:.4f} ({num_bins} bins), accuracy {acc:.4f}, "
+        f"N = {int(count.sum())}",
+        fontsize=10,
+    )
+    top.legend(loc="upper left", fontsize=8)
+    bottom.bar(centers, count / count.sum(), width=width, color="gray", edgecolor="black")
+    bottom.set(xlim=(0, 1), xlabel="confidence (max probability)", ylabel="fraction")
+    return _save(figure, path)
+
+
+# ------------------------------------------------------------------------------------------------
+# Metrics under distribution shift
+# ------------------------------------------------------------------------------------------------
+
+
+def _severity_curve(
+    result: Mapping[str, float], metric: str, method: str
+) -> tuple[list[int], list[float], list[float], list[float]]:
+    """Severities, the mean metric, and its min and max over corruption names."""
+    severities, mean, low, high = [], [], [], []
+    clean = result.get(f"test/{metric}")
+    if clean is not None:
+        severities.append(0)
+        mean.append(clean)
+        low.append(clean)
+        high.append(clean)
+    for s in _SEVERITIES:
+        key = f"shift/severity/{s}/{metric}"
+        if key not in result:
+            continue
+        per_name = [
+            v
+            for k, v in result.items()
+            if k.startswith("shift/")
+            and k.endswith(f"/{s}/{metric}")
+            and k.count("/") == 3
+            and not k.startswith("shift/severity/")
+        ]
+        severities.append(s)
+        mean.append(result[key])
+        low.append(min(per_name, default=result[key]))
+        high.append(max(per_name, default=result[key]))
+    if not severities or severities[-1] == 0:
+        raise ValueError(
+            f"method {method!r} has no 'shift/severity/<s>/{metric}' keys; pass the dict "
+            "snens.evaluate(..., corruptions=...) returned"
+        )
+    return severities, mean, low, high
+
+
+def shift_plot(
+    results: Mapping[str, Mapping[str, float]],
+    path: str | os.PathLike,
+    metric: str = "ece",
+) -> Path:
+    """Accuracy and ``metric`` against corruption severity, 0 (clean) to 5, one line per method.
+
+    A point at severity s is the mean over corruption names (``shift/severity/<s>/<metric>``);
+    the band around it spans the min to max over names; severity 0 is the clean test set.
+
+    Args:
+        results: ``{method: flat dict of snens.evaluate}``, each run with ``corruptions``.
+        path: PNG file to write.
+        metric: the second panel's metric, one of ``snens.evaluate.SHIFT_METRICS``.
+
+    Returns:
+        ``path`` as a ``pathlib.Path``.
+
+    Raises:
+        ImportError: matplotlib is missing.
+        ValueError: no methods, or a method without shift results for a panel's metric.
+    """
+    if not isinstance(results, Mapping) or not results:
+        raise ValueError("results must be a non-empty mapping {method: snens.evaluate(...) dict}")
+    panels = list(dict.fromkeys(("accuracy", metric)))
+    curves = {
+        panel: {method: _severity_curve(r, panel, method) for method, r in results.items()}
+        for panel in panels
+    }
+    figure = _figure(5.0 * len(panels), 4.0)
+    axes = figure.subplots(1, len(panels), squeeze=False)[0]
+    colors = [f"C{i % 10}" for i in range(len(results))]
+    for ax, panel in zip(axes, panels):
+        for color, (method, (sev, mean, low, high)) in zip(colors, curves[panel].items()):
+            ax.plot(sev, mean, "o-", color=color, label=method)
+            ax.fill_between(sev, low, high, color=color, alpha=0.15, linewidth=0)
+        ax.set_xticks(range(0, 6), ["clean", "1", "2", "3", "4", "5"])
+        ax.set(xlabel="corruption severity", ylabel=panel.replace("_", " "))
+        ax.set_title(f"{panel.replace('_', ' ')} under shift (band: min–max over corruptions)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    return _save(figure, path)
+
+
+# ------------------------------------------------------------------------------------------------
+# OOD detection
+# ------------------------------------------------------------------------------------------------
+
+
+def ood_histograms(
+    in_scores: Any,
+    out_scores: Any,
+    path: str | os.PathLike,
+    score_name: str,
+) -> Path:
+    """Overlaid density histograms of an OOD score on in-distribution and OOD data.
+
+    The legend gives each OOD set's AUROC (:func:`snens.metrics.auroc`, OOD positive).
+
+    Args:
+        in_scores: scores of the in-distribution test set, higher = more likely OOD.
+        out_scores: scores of the OOD set, or ``{name: scores}`` of several.
+        path: PNG file to write.
+        score_name: the score's name for the axis label, e.g. ``"msp"``.
+
+    Returns:
+        ``path`` as a ``pathlib.Path``.
+
+    Shape:
+        in_scores: (N_in,). out_scores: (N_out,).
+
+    Raises:
+        ImportError: matplotlib is missing.
+        ValueError, TypeError: as :func:`snens.metrics.auroc` (empty, non-finite, not 1-D).
+    """
+    if isinstance(out_scores, Mapping):
+        out_sets = dict(out_scores)
+    else:
+        out_sets = {"OOD": out_scores}
+    if not out_sets:
+        raise ValueError("out_scores is an empty mapping; pass at least one OOD set's scores")
+    aurocs = {name: metrics.auroc(in_scores, s) for name, s in out_sets.items()}
+    s_in = _as_tensor(in_scores, "in_scores").double()
+    s_out = {name: _as_tensor(s, name).double() for name, s in out_sets.items()}
+    everything = torch.cat([s_in, *s_out.values()])
+    low, high = everything.min().item(), everything.max().item()
+    if low == high:
+        low, high = low - 0.5, high + 0.5
+    edges = torch.linspace(low, high, 41).numpy()
+
+    figure = _figure(6.0, 4.0)
+    ax = figure.subplots()
+    ax.hist(
+        s_in.numpy(),
+        bins=edges,
+        density=True,
+        alpha=0.5,
+        color="#4C72B0",
+        label=f"in-distribution (N = {s_in.numel()})",
+    )
+    for i, (name, scores) in enumerate(s_out.items()):
+        ax.hist(
+            scores.numpy(),
+            bins=edges,
+            density=True,
+            alpha=0.45,
+            color=f"C{(i + 1) % 10}",
+            label=f"{name} (N = {scores.numel()}), AUROC {aurocs[name]:.3f}",
+        )
+    ax.set(xlabel=f"{score_name} (higher = more likely OOD)", ylabel="density")
+    ax.set_title(f"OOD detection by {score_name}")
+    ax.legend(fontsize=8)
+    return _save(figure, path)
+
+
+# ------------------------------------------------------------------------------------------------
+# Importance allocation of a σN-Ens model
+# ------------------------------------------------------------------------------------------------
+
+
+def _by_owner(importances: Tensor, max_features: int) -> Tensor:
+    """Feature order for display: grouped by owner (argmax member), strongest first; at most
+    ``max_features`` of them, taken evenly along that order so each owner keeps its share."""
+    owner = importances.argmax(0)
+    strength = importances.max(0).values
+    # sort by owner, then by decreasing strength; owner dominates since strength is in (0, 1)
+    order = torch.argsort(owner.double() * 2 - strength.double(), stable=True)
+    if order.numel() > max_features:
+        keep = torch.linspace(0, order.numel() - 1, max_features).round().long()
+        order = order[keep]
+    return order
+
+
+def allocation_heatmap(
+    model_or_allocation: nn.Module | Mapping[str, LayerAllocation],
+    path: str | os.PathLike,
+    max_features: int = 64,
+) -> Path:
+    """Importance σ(γ) of every feature for every member, one heatmap row per member norm.
+
+    Each panel is members × features of one layer, features grouped by their owner (the member
+    of highest importance) and sorted by strength, so a hard partition shows as a block
+    diagonal and full sharing as a uniform panel. Layers wider than ``max_features`` show
+    ``max_features`` features taken evenly along that order. The panel title gives the layer's
+    mean effective members per feature (1 = one owner, M = equal sharing).
+
+    Args:
+        model_or_allocation: a model holding member norms, or ``snens.allocation(model)``.
+        path: PNG file to write.
+        max_features: at most this many feature columns per layer.
+
+    Returns:
+        ``path`` as a ``pathlib.Path``.
+
+    Raises:
+        ImportError: matplotlib is missing.
+        ValueError: no member norms, or ``max_features < 1``.
+    """
+    if isinstance(max_features, bool) or not isinstance(max_features, int) or max_features < 1:
+        raise ValueError(f"max_features must be an int >= 1, got {max_features!r}")
+    if isinstance(model_or_allocation, nn.Module):
+        layers = allocation(model_or_allocation)
+    elif isinstance(model_or_allocation, Mapping):
+        layers = dict(model_or_allocation)
+    else:
+        raise TypeError(
+            "allocation_heatmap takes a model or the dict from snens.allocation(model), got "
+            f"{type(model_or_allocation).__name__}"
+        )
+    if not layers:
+        raise ValueError("the allocation is empty: it holds no member norm layers")
+    M = max(a.num_members for a in layers.values())
+    row_height = 0.35 + 0.22 * M
+    figure = _figure(8.0, 0.6 + row_height * len(layers))
+    axes = figure.subplots(len(layers), 1, squeeze=False)[:, 0]
+    image = None
+    for ax, (name, layer) in zip(axes, layers.items()):
+        s = layer.importances.float().reshape(layer.num_members, -1)  # (M, C)
+        order = _by_owner(s, max_features)
+        image = ax.imshow(
+            s[:, order].numpy(),
+            aspect="auto",
+            interpolation="nearest",
+            cmap="viridis",
+            vmin=0.0,
+            vmax=1.0,
+        )
+        shown = f"{order.numel()} of {s.shape[1]}" if order.numel() < s.shape[1] else s.shape[1]
+        ax.set_title(
+            f"{name or '(root)'}: {shown} features, "
+            f"{layer.mean_effective_members:.2f} effective members of {layer.num_members}",
+            fontsize=8,
+            loc="left",
+        )
+        ax.set_yticks(range(layer.num_members))
+        ax.set_ylabel("member", fontsize=8)
+        ax.tick_params(labelsize=7)
+    axes[-1].set_xlabel("feature (grouped by owner, strongest first)")
+    figure.colorbar(image, ax=list(axes), label="importance σ(γ)", shrink=min(1.0, 6 / len(axes)))
+    figure.suptitle("Importance allocation of members to features", fontsize=10)
+    return _save(figure, path)
+
+
+# ------------------------------------------------------------------------------------------------
+# Trade-offs between methods
+# ------------------------------------------------------------------------------------------------
+
+
+def _pareto_front(
+    points: list[tuple[float, float]], lower_x: bool, higher_y: bool
+) -> list[tuple[float, float]]:
+    """The points no other point beats on both axes, ordered by x."""
+    sx, sy = (1 if lower_x else -1), (-1 if higher_y else 1)
+    ranked = sorted(points, key=lambda p: (sx * p[0], sy * p[1]))  # best x first
+    front, best_y = [], math.inf
+    for x, y in ranked:
+        if sy * y < best_y:
+            front.append((x, y))
+            best_y = sy * y
+    return sorted(front)
+
+
+def pareto_plot(
+    rows: Sequence[Mapping[str, Any]],
+    path: str | os.PathLike,
+    x: str = "nll",
+    y: str = "accuracy",
+    label: str = "method",
+    *,
+    annotate: str | None = None,
+    lower_x_is_better: bool = True,
+    higher_y_is_better: bool = True,
+) -> Path:
+    """Scatter of one metric against another, one colour per ``label``, with the Pareto front.
+
+    Args:
+        rows: one mapping per run, e.g. ``{"method": "σN-Ens", "nll": 0.21, "accuracy": 0.93,
+            "tau": 0.5}``; flat ``snens.evaluate`` dicts with a label added work with
+            ``x="test/nll"``.
+        path: PNG file to write.
+        x: key of the horizontal metric.
+        y: key of the vertical metric.
+        label: key naming the method; rows sharing it share a colour and a legend entry.
+        annotate: key whose value is written beside each point (e.g. ``"tau"``).
+        lower_x_is_better: direction of ``x`` for the front (NLL: lower is better).
+        higher_y_is_better: direction of ``y`` for the front (accuracy: higher is better).
+
+    Returns:
+        ``path`` as a ``pathlib.Path``.
+
+    Raises:
+        ImportError: matplotlib is missing.
+        ValueError: no rows, or a row missing a key (the keys it has are listed).
+    """
+    if not rows:
+        raise ValueError("rows is empty; pass one mapping per run")
+    needed = [x, y, label] + ([annotate] if annotate else [])
+    for i, row in enumerate(rows):
+        missing = [k for k in needed if k not in row]
+        if missing:
+            raise ValueError(f"row {i} lacks {missing}; it has keys {sorted(row)}")
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault(str(row[label]), []).append(row)
+
+    figure = _figure(6.0, 4.5)
+    ax = figure.subplots()
+    for i, (name, group) in enumerate(groups.items()):
+        xs = [float(r[x]) for r in group]
+        ys = [float(r[y]) for r in group]
+        ax.scatter(xs, ys, s=40, color=f"C{i % 10}", edgecolor="black", linewidth=0.5, label=name)
+        if annotate:
+            for r, px, py in zip(group, xs, ys):
+                ax.annotate(
+                    f"{annotate}={r[annotate]}",
+                    (px, py),
+                    textcoords="offset points",
+                    xytext=(4, 4),
+                    fontsize=7,
+                )
+    points = [(float(r[x]), float(r[y])) for r in rows]
+    front = _pareto_front(points, lower_x_is_better, higher_y_is_better)
+    if len(front) > 1:
+        fx, fy = zip(*front)
+        ax.plot(fx, fy, "--", color="gray", linewidth=1, label="Pareto front", zorder=0)
+    better = (
+        f"{'←' if lower_x_is_better else '→'} {x} better, "
+        f"{'↑' if higher_y_is_better else '↓'} {y} better"
+    )
+    ax.set(xlabel=x, ylabel=y)
+    ax.set_title(f"{y} vs {x} ({better})", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(figure, path)
