@@ -1,5 +1,73 @@
-"""Baselines under the (B, …) -> (M, B, K) contract."""
+"""Baselines under the (B, …) -> (M, B, K) contract, and one factory that builds any of them.
 
+    net = snens.baselines.create("packed", "resnet18", num_classes=10, num_members=4)
+
+* :class:`SingleModel` — one model, M = 1.
+* :class:`DeepEnsemble` — M independently initialized copies, trained jointly.
+* :func:`batch_ensemble` / :class:`BatchEnsemble` — rank-1 fast weights (Wen et al., 2020).
+* :func:`packed_resnet18`, :func:`packed_resnet50` — Packed-Ensembles (Laurent et al., 2023).
+* :func:`film` — FiLM-Ensemble, per-member norm affine, shared head (Turkoglu et al., 2022).
+* :class:`MCDropout` — M dropout samples (Gal & Ghahramani, 2016).
+"""
+
+from snens.baselines.batch_ensemble import (
+    BatchEnsemble,
+    BatchEnsembleConv2d,
+    BatchEnsembleLinear,
+    batch_ensemble,
+)
+from snens.baselines.deep_ensemble import DeepEnsemble, reinitialized_copy
+from snens.baselines.factory import DEFAULT_NUM_MEMBERS, METHODS, create
+from snens.baselines.film import (
+    FILM_NORMS,
+    FiLMBatchNorm1d,
+    FiLMBatchNorm2d,
+    FiLMBatchNorm3d,
+    FiLMGroupNorm,
+    FiLMLayerNorm,
+    FiLMRMSNorm,
+    film,
+    film_norm,
+)
+from snens.baselines.mc_dropout import MCDropout, MCDropoutLayer
+from snens.baselines.packed import (
+    PackedBasicBlock,
+    PackedBottleneck,
+    PackedConv2d,
+    PackedLinear,
+    PackedResNet,
+    packed_resnet18,
+    packed_resnet50,
+)
 from snens.baselines.single import SingleModel
 
-__all__ = ["SingleModel"]
+__all__ = [
+    "DEFAULT_NUM_MEMBERS",
+    "FILM_NORMS",
+    "METHODS",
+    "BatchEnsemble",
+    "BatchEnsembleConv2d",
+    "BatchEnsembleLinear",
+    "DeepEnsemble",
+    "FiLMBatchNorm1d",
+    "FiLMBatchNorm2d",
+    "FiLMBatchNorm3d",
+    "FiLMGroupNorm",
+    "FiLMLayerNorm",
+    "FiLMRMSNorm",
+    "MCDropout",
+    "MCDropoutLayer",
+    "PackedBasicBlock",
+    "PackedBottleneck",
+    "PackedConv2d",
+    "PackedLinear",
+    "PackedResNet",
+    "SingleModel",
+    "batch_ensemble",
+    "create",
+    "film",
+    "film_norm",
+    "packed_resnet18",
+    "packed_resnet50",
+    "reinitialized_copy",
+]

@@ -1,0 +1,465 @@
+"""BatchEnsemble (Wen et al., 2020): rank-1 fast weights on shared convolutions and linears.
+
+Member m of a layer with shared weight W (out × in) uses
+
+    W_m = W ⊙ (s_m r_mᵀ),     y_m = ((x_m ⊙ r_m) W ⊙ s_m) + b_m
+
+computed exactly like that: scale the input by r_m, run the shared layer once for all members,
+scale its output by s_m and add the member bias b_m. Every ``nn.Conv2d`` and ``nn.Linear``
+(the classification head included) becomes such a layer; r and s ~ N(1, 0.5²) as in the paper's
+CIFAR setting (``random_sign=True`` draws ±1 instead). Activations are member-major (M·B, …):
+the (B, …) input is repeated M times at the start.
+
+**Norms stay shared**, as in the paper: a BatchNorm normalizes all M·B rows with one set of
+statistics and one affine. In evaluation (running statistics) members are therefore
+independent; in training the batch statistics couple them, as they do in the reference. This is
+the difference to σN-Ens, whose members each own their norms (statistics, affine and
+importance) while convolutions are shared without any per-member factor.
+
+Conversion by surgery (:func:`batch_ensemble`) keeps every pretrained weight: the shared weight
+*is* the plain layer's weight (the same parameter object, so weight tying survives) and every
+member's bias starts as the plain bias; with ``init_std=0`` (r = s = 1) the converted model
+computes the original function.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from snens.ensemble import _default_output, _repeat_rows
+from snens.nn.norms import check_num_members
+from snens.nn.surgery import ConversionReport, replace_modules
+
+__all__ = [
+    "BatchEnsemble",
+    "BatchEnsembleConv2d",
+    "BatchEnsembleLinear",
+    "batch_ensemble",
+]
+
+
+def _check_rows(layer: nn.Module, x: Tensor, num_members: int) -> None:
+    if x.dim() < 2 or x.shape[0] % num_members:
+        raise ValueError(
+            f"{type(layer).__name__} expects a member-major input of M·B rows with "
+            f"M={num_members}, got shape {tuple(x.shape)}; run the model through "
+            "snens.baselines.BatchEnsemble, which repeats (B, …) inputs to (M·B, …)"
+        )
+
+
+def _member_affine(x: Tensor, scale: Tensor, shift: Tensor | None, dim: int) -> Tensor:
+    """x (M·B, …) with features at ``dim`` times scale[m] (+ shift[m]) on member m's rows."""
+    M, C = scale.shape
+    xm = x.reshape(M, x.shape[0] // M, *x.shape[1:])  # (M, B, …)
+    view = (M,) + (1,) * dim + (C,) + (1,) * (x.dim() - dim - 1)
+    if shift is None:
+        out = xm * scale.reshape(view)
+    else:
+        out = torch.addcmul(shift.reshape(view), xm, scale.reshape(view))
+    return out.reshape(x.shape)
+
+
+class _FastWeights:
+    """r (M, in), s (M, out) and the per-member bias (M, out), shared by both layer types.
+
+    Mixed in before ``nn.Linear`` / ``nn.Conv2d``, whose ``weight`` is the shared weight.
+    """
+
+    num_members: int
+    init_std: float
+    random_sign: bool
+
+    def _make_fast_weights(
+        self, in_features: int, out_features: int, bias: bool, factory: dict
+    ) -> None:
+        M = self.num_members
+        self.r = nn.Parameter(torch.empty(M, in_features, **factory))
+        self.s = nn.Parameter(torch.empty(M, out_features, **factory))
+        if bias:
+            self.bias = nn.Parameter(torch.empty(M, out_features, **factory))
+        else:
+            self.register_parameter("bias", None)
+        self._reset_members()
+
+    def reset_parameters(self) -> None:
+        """The plain layer's initialization of the shared weight, then r, s and member biases."""
+        super().reset_parameters()
+        if "r" in self._parameters:  # not yet during the plain layer's __init__
+            self._reset_members()
+
+    @torch.no_grad()
+    def _reset_members(self) -> None:
+        if self.bias is not None:  # the plain layer's rule, drawn per member
+            fan_in, _ = nn.init._calculate_fan_in_and_fan_out(self.weight)
+            bound = fan_in**-0.5 if fan_in > 0 else 0.0
+            self.bias.uniform_(-bound, bound)
+        self.reset_fast_weights()
+
+    @torch.no_grad()
+    def reset_fast_weights(
+        self,
+        init_std: float | None = None,
+        random_sign: bool | None = None,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        """r, s ~ N(1, init_std²), or ±1 with probability 1/2 each with ``random_sign``.
+
+        ``init_std=0`` gives r = s = 1: every member computes the shared layer. Arguments left
+        None take the layer's own settings.
+        """
+        init_std = self.init_std if init_std is None else init_std
+        random_sign = self.random_sign if random_sign is None else random_sign
+        if not init_std >= 0:
+            raise ValueError(f"init_std must be >= 0, got {init_std}")
+        for p in (self.r, self.s):
+            if random_sign:
+                draw = torch.rand(p.shape, generator=generator).lt(0.5).float().mul(2).sub(1)
+            else:
+                draw = torch.randn(p.shape, generator=generator).mul(init_std).add(1)
+            p.copy_(draw.to(p))
+
+    def _fast_weights_repr(self) -> str:
+        return f"num_members={self.num_members}, bias={self.bias is not None}"
+
+
+class BatchEnsembleLinear(_FastWeights, nn.Linear):
+    """``nn.Linear`` with rank-1 fast weights: y_m = ((x_m ⊙ r_m) Wᵀ) ⊙ s_m + b_m.
+
+    ``weight`` (K, D) is shared; ``r`` (M, D), ``s`` (M, K) and ``bias`` (M, K) are per member.
+
+    Args:
+        in_features: D.
+        out_features: K.
+        num_members: M.
+        bias: whether each member has a bias.
+        init_std: r, s ~ N(1, init_std²).
+        random_sign: draw r, s as ±1 instead.
+
+    Shape:
+        Input: (M·B, *, D), member-major. Output: (M·B, *, K).
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        num_members: int,
+        bias: bool = True,
+        *,
+        init_std: float = 0.5,
+        random_sign: bool = False,
+        device=None,
+        dtype=None,
+    ) -> None:
+        factory = {"device": device, "dtype": dtype}
+        nn.Linear.__init__(self, in_features, out_features, bias=False, **factory)
+        self.num_members = check_num_members(num_members)
+        self.init_std, self.random_sign = init_std, random_sign
+        self._make_fast_weights(in_features, out_features, bias, factory)
+
+    def forward(self, x: Tensor) -> Tensor:
+        _check_rows(self, x, self.num_members)
+        y = F.linear(_member_affine(x, self.r, None, dim=x.dim() - 1), self.weight)
+        return _member_affine(y, self.s, self.bias, dim=y.dim() - 1)
+
+    @classmethod
+    def from_plain(
+        cls,
+        linear: nn.Linear,
+        num_members: int,
+        *,
+        init_std: float = 0.5,
+        random_sign: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> BatchEnsembleLinear:
+        """A BatchEnsemble layer sharing ``linear.weight`` (the same parameter), every member's
+        bias a copy of ``linear.bias``."""
+        layer = cls(
+            linear.in_features,
+            linear.out_features,
+            num_members,
+            bias=linear.bias is not None,
+            init_std=init_std,
+            random_sign=random_sign,
+            device=linear.weight.device,
+            dtype=linear.weight.dtype,
+        )
+        _adopt(layer, linear, generator)
+        return layer
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            + self._fast_weights_repr()
+        )
+
+
+class BatchEnsembleConv2d(_FastWeights, nn.Conv2d):
+    """``nn.Conv2d`` with rank-1 fast weights: y_m = conv(x_m ⊙ r_m, W) ⊙ s_m + b_m.
+
+    ``weight`` is shared; ``r`` (M, C_in), ``s`` (M, C_out) and ``bias`` (M, C_out) are per
+    member, applied per channel.
+
+    Args:
+        in_channels, out_channels, kernel_size, stride, padding, dilation, groups,
+            padding_mode: as in ``torch.nn.Conv2d``.
+        num_members: M.
+        bias: whether each member has a bias.
+        init_std: r, s ~ N(1, init_std²).
+        random_sign: draw r, s as ±1 instead.
+
+    Shape:
+        Input: (M·B, C_in, H, W), member-major. Output: (M·B, C_out, H', W').
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int | tuple[int, int],
+        num_members: int,
+        stride: int | tuple[int, int] = 1,
+        padding: int | tuple[int, int] | str = 0,
+        dilation: int | tuple[int, int] = 1,
+        groups: int = 1,
+        bias: bool = True,
+        padding_mode: str = "zeros",
+        *,
+        init_std: float = 0.5,
+        random_sign: bool = False,
+        device=None,
+        dtype=None,
+    ) -> None:
+        factory = {"device": device, "dtype": dtype}
+        nn.Conv2d.__init__(
+            self,
+            in_channels,
+            out_channels,
+            kernel_size,
+            stride=stride,
+            padding=padding,
+            dilation=dilation,
+            groups=groups,
+            bias=False,
+            padding_mode=padding_mode,
+            **factory,
+        )
+        self.num_members = check_num_members(num_members)
+        self.init_std, self.random_sign = init_std, random_sign
+        self._make_fast_weights(in_channels, out_channels, bias, factory)
+
+    def forward(self, x: Tensor) -> Tensor:
+        _check_rows(self, x, self.num_members)
+        y = self._conv_forward(_member_affine(x, self.r, None, dim=1), self.weight, None)
+        return _member_affine(y, self.s, self.bias, dim=1)
+
+    @classmethod
+    def from_plain(
+        cls,
+        conv: nn.Conv2d,
+        num_members: int,
+        *,
+        init_std: float = 0.5,
+        random_sign: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> BatchEnsembleConv2d:
+        """A BatchEnsemble layer sharing ``conv.weight`` (the same parameter), every member's
+        bias a copy of ``conv.bias``."""
+        layer = cls(
+            conv.in_channels,
+            conv.out_channels,
+            conv.kernel_size,
+            num_members,
+            stride=conv.stride,
+            padding=conv.padding,
+            dilation=conv.dilation,
+            groups=conv.groups,
+            bias=conv.bias is not None,
+            padding_mode=conv.padding_mode,
+            init_std=init_std,
+            random_sign=random_sign,
+            device=conv.weight.device,
+            dtype=conv.weight.dtype,
+        )
+        _adopt(layer, conv, generator)
+        return layer
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
+            f"stride={self.stride}, " + self._fast_weights_repr()
+        )
+
+
+def _adopt(
+    layer: BatchEnsembleLinear | BatchEnsembleConv2d,
+    plain: nn.Linear | nn.Conv2d,
+    generator: torch.Generator | None,
+) -> None:
+    layer.weight = plain.weight  # the same parameter: pretrained, and tied if it was tied
+    with torch.no_grad():
+        if layer.bias is not None:
+            layer.bias.copy_(plain.bias.detach().unsqueeze(0).expand_as(layer.bias))
+    layer.reset_fast_weights(generator=generator)
+    layer.train(plain.training)
+
+
+def forward_repeated(
+    model: nn.Module,
+    num_members: int,
+    args: tuple,
+    kwargs: dict,
+    output: Callable[[Any], Tensor] | None = None,
+) -> Tensor:
+    """Run ``model`` on its inputs repeated M times, member-major, and unfold the logits.
+
+    Every tensor argument whose leading dimension is B (the first such tensor's) is repeated
+    to (M·B, …); others pass as they are.
+
+    Shape:
+        Inputs: (B, …). Output: (M, B, K).
+    """
+    M = num_members
+    sizes = [v.shape[0] for v in (*args, *kwargs.values()) if isinstance(v, Tensor) and v.dim()]
+    if not sizes:
+        raise TypeError("the ensemble's input holds no tensor with a batch dimension")
+    batch = sizes[0]
+
+    def rep(v: Any) -> Any:
+        per_example = isinstance(v, Tensor) and v.dim() > 0 and v.shape[0] == batch
+        return _repeat_rows(v, M) if per_example and M > 1 else v
+
+    out = model(*(rep(a) for a in args), **{k: rep(v) for k, v in kwargs.items()})
+    logits = (output or _default_output)(out)  # (M·B, K)
+    if logits.shape[0] != M * batch:
+        raise RuntimeError(
+            f"the model returned logits of shape {tuple(logits.shape)}, expected {M * batch} "
+            f"member-major rows (M={M} × B={batch})"
+        )
+    return logits.reshape(M, batch, *logits.shape[1:])  # (M, B, K)
+
+
+class BatchEnsemble(nn.Module):
+    """A model whose layers are BatchEnsemble layers, run so that it returns (M, B, K).
+
+    Every tensor argument with B rows is repeated M times, member-major, at the input.
+
+    Args:
+        model: a model holding :class:`BatchEnsembleConv2d` / :class:`BatchEnsembleLinear`
+            layers with ``num_members`` members (e.g. from :func:`batch_ensemble`).
+        num_members: M.
+        output: callable picking the logits from the model's output (default: a tensor, a
+            Hugging Face ``.logits``, or the first element of a tuple).
+        report: the conversion report, when built by :func:`batch_ensemble`.
+
+    Shape:
+        Input: (B, …). Output: (M, B, K).
+
+    Raises:
+        ValueError: if the model holds no BatchEnsemble layer or one with a different M.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        num_members: int,
+        *,
+        output: Callable[[Any], Tensor] | None = None,
+        report: ConversionReport | None = None,
+    ) -> None:
+        super().__init__()
+        self.num_members = check_num_members(num_members)
+        layers = [(n, m) for n, m in model.named_modules() if isinstance(m, _FastWeights)]
+        if not layers:
+            raise ValueError(
+                f"{type(model).__name__} holds no BatchEnsemble layer; use "
+                f"snens.baselines.batch_ensemble(model, num_members={num_members})"
+            )
+        for name, m in layers:
+            if m.num_members != num_members:
+                raise ValueError(
+                    f"{name} has num_members={m.num_members}, the ensemble num_members="
+                    f"{num_members}; build every layer with the same M"
+                )
+        self.model = model
+        self.output = output
+        self.report = report
+
+    def forward(self, *args: Any, **kwargs: Any) -> Tensor:
+        return forward_repeated(self.model, self.num_members, args, kwargs, self.output)
+
+    def extra_repr(self) -> str:
+        return f"num_members={self.num_members}"
+
+
+def batch_ensemble(
+    model: nn.Module,
+    num_members: int,
+    *,
+    init_std: float = 0.5,
+    random_sign: bool = False,
+    generator: torch.Generator | None = None,
+    output: Callable[[Any], Tensor] | None = None,
+    inplace: bool = False,
+) -> BatchEnsemble:
+    """Turn any model into a BatchEnsemble by replacing every ``nn.Conv2d`` and ``nn.Linear``.
+
+    Exact types only: subclasses (e.g. ``nn.MultiheadAttention``'s ``out_proj``, whose weight
+    the attention reads directly) are left as they are. Targets are collected first and replaced
+    through their parents, so nested models and layers registered under several names work;
+    pretrained weights are kept (see the module docstring).
+
+    Args:
+        model: any ``nn.Module``.
+        num_members: M.
+        init_std: r, s ~ N(1, init_std²); 0 makes every member the original model.
+        random_sign: draw r, s as ±1 instead.
+        generator: optional ``torch.Generator`` for r and s.
+        output: see :class:`BatchEnsemble`.
+        inplace: convert ``model`` itself instead of a deep copy.
+
+    Returns:
+        A :class:`BatchEnsemble`; its ``report`` lists the converted layers and the parameters
+        added.
+
+    Raises:
+        ValueError: if the model has no ``nn.Conv2d`` or ``nn.Linear``.
+    """
+    check_num_members(num_members)
+    target = model if inplace else copy.deepcopy(model)
+    params_before = sum(p.numel() for p in target.parameters())
+    kinds = {nn.Conv2d: BatchEnsembleConv2d, nn.Linear: BatchEnsembleLinear}
+
+    def make(name: str, module: nn.Module) -> nn.Module | None:
+        cls = kinds.get(type(module))
+        if cls is None:
+            return None
+        return cls.from_plain(
+            module,
+            num_members,
+            init_std=init_std,
+            random_sign=random_sign,
+            generator=generator,
+        )
+
+    replaced = replace_modules(target, make)
+    if not replaced:
+        raise ValueError(
+            f"{type(model).__name__} has no nn.Conv2d or nn.Linear layer for BatchEnsemble to share"
+        )
+    linears = [n for n, _, new in replaced if isinstance(new, BatchEnsembleLinear)]
+    report = ConversionReport(
+        num_members=num_members,
+        converted=tuple((n, type(old).__name__, type(new).__name__) for n, old, new in replaced),
+        head=linears[-1] if linears else None,
+        params_before=params_before,
+        params_after=sum(p.numel() for p in target.parameters()),
+        notes=("rank-1 fast weights on every layer above; norms stay shared between members",),
+    )
+    return BatchEnsemble(target, num_members, output=output, report=report)

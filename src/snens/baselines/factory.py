@@ -1,0 +1,141 @@
+"""One factory for every method, for sweeps and the CLI.
+
+    net = snens.baselines.create("batch_ensemble", "resnet18", num_classes=10, num_members=4)
+    logits = net(x)  # (M, B, K), whatever the method
+
+``backbone`` is a name for :func:`snens.models.create` (the network is built fresh), or an
+``nn.Module`` (converted or copied; it is never modified). Packed-Ensembles build their own
+widened network, so they take only the names ``resnet18`` and ``resnet50``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from snens import models
+from snens.baselines.batch_ensemble import batch_ensemble
+from snens.baselines.deep_ensemble import DeepEnsemble, reinitialized_copy
+from snens.baselines.film import film
+from snens.baselines.mc_dropout import MCDropout
+from snens.baselines.packed import packed_resnet18, packed_resnet50
+from snens.baselines.single import SingleModel
+from snens.ensemble import convert
+from snens.nn.norms import check_num_members
+
+__all__ = ["DEFAULT_NUM_MEMBERS", "METHODS", "create"]
+
+#: Every method :func:`create` builds.
+METHODS = (
+    "single",
+    "deep_ensemble",
+    "batch_ensemble",
+    "packed",
+    "film",
+    "mc_dropout",
+    "snens",
+)
+
+#: M when ``num_members`` is not given (the field's standard, DESIGN §4).
+DEFAULT_NUM_MEMBERS = 4
+
+_PACKED = {"resnet18": packed_resnet18, "resnet50": packed_resnet50}
+
+
+def create(
+    method: str,
+    backbone: str | nn.Module,
+    num_classes: int | None = None,
+    num_members: int | None = None,
+    *,
+    backbone_options: dict[str, Any] | None = None,
+    **options: Any,
+) -> nn.Module:
+    """Build ``method`` over ``backbone``; the result maps (B, …) to logits (M, B, K).
+
+    ====================  ===========================================================
+    method                built as
+    ====================  ===========================================================
+    ``single``            ``SingleModel(model)``, M = 1
+    ``deep_ensemble``     ``DeepEnsemble``: M members, each built under its own seed
+                          (a module backbone is copied and re-initialized per member)
+    ``batch_ensemble``    ``batch_ensemble(model, M, **options)``
+    ``packed``            ``packed_resnet18/50(num_classes, M, **options)``
+    ``film``              ``film(model, M, **options)``
+    ``mc_dropout``        ``MCDropout(model, M, **options)``
+    ``snens``             ``snens.convert(model, M, **options)``
+    ====================  ===========================================================
+
+    Args:
+        method: one of :data:`METHODS`.
+        backbone: a name from :func:`snens.models.available`, or an ``nn.Module``.
+        num_classes: K, for a backbone built by name (and ``packed``).
+        num_members: M; default 4 (1 for ``single``, which accepts no other value).
+        backbone_options: keyword arguments for :func:`snens.models.create` (``in_channels``,
+            ``width``, ``pretrained``, …); for ``packed`` they join ``options``.
+        **options: passed to the method (e.g. ``init_std`` for ``batch_ensemble``, ``alpha``
+            and ``gamma`` for ``packed``, ``spread`` for ``film``, ``p`` for ``mc_dropout``,
+            ``seed`` and ``vectorize`` for ``deep_ensemble``, ``head_init`` for ``snens``).
+
+    Raises:
+        ValueError: an unknown method (the message lists them), ``num_members != 1`` for
+            ``single``, or a ``packed`` backbone other than ``resnet18``/``resnet50``.
+        TypeError: a backbone that is neither a name nor an ``nn.Module``.
+    """
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
+    if not isinstance(backbone, (str, nn.Module)):
+        raise TypeError(
+            f"backbone must be a model name ({', '.join(models.available())}) or an nn.Module, "
+            f"got {type(backbone).__name__}"
+        )
+    backbone_options = dict(backbone_options or {})
+
+    if method == "single":
+        if num_members not in (None, 1):
+            raise ValueError(
+                f"method 'single' has one member, got num_members={num_members}; leave it out "
+                "or pass 1"
+            )
+        return SingleModel(_build(backbone, num_classes, backbone_options), **options)
+
+    M = check_num_members(DEFAULT_NUM_MEMBERS if num_members is None else num_members)
+    if method == "packed":
+        if not isinstance(backbone, str) or backbone not in _PACKED:
+            raise ValueError(
+                "Packed-Ensembles build their own widened network: backbone must be 'resnet18' "
+                f"or 'resnet50', got {backbone!r}"
+            )
+        kwargs = {**backbone_options, **options}
+        if num_classes is not None:
+            kwargs["num_classes"] = num_classes
+        return _PACKED[backbone](num_members=M, **kwargs)
+    if method == "deep_ensemble":
+        if isinstance(backbone, nn.Module):
+            return DeepEnsemble(lambda: reinitialized_copy(backbone), M, **options)
+        return DeepEnsemble(
+            lambda: models.create(backbone, num_classes=num_classes, **backbone_options),
+            M,
+            **options,
+        )
+
+    model = _build(backbone, num_classes, backbone_options)
+    fresh = isinstance(backbone, str)  # built here: convert in place, no copy needed
+    if method == "batch_ensemble":
+        return batch_ensemble(model, M, inplace=fresh, **options)
+    if method == "film":
+        return film(model, M, inplace=fresh, **options)
+    if method == "mc_dropout":
+        return MCDropout(model, M, inplace=fresh, **options)
+    return convert(model, M, inplace=fresh, **options)  # "snens"
+
+
+def _build(backbone: str | nn.Module, num_classes: int | None, options: dict) -> nn.Module:
+    if isinstance(backbone, nn.Module):
+        if options:
+            raise ValueError(
+                "backbone_options apply to a backbone built by name; the module was given built"
+            )
+        return backbone
+    return models.create(backbone, num_classes=num_classes, **options)

@@ -1,0 +1,282 @@
+"""FiLM-Ensemble (Turkoglu et al., 2022): members differ only in their norms' affine.
+
+Every norm becomes M member norms with their own statistics and their own affine
+(a feature-wise linear modulation, FiLM), everything else — convolutions, attention and the
+classification head — is shared:
+
+    FiLM_m(x) = weight_m ⊙ norm_m(x) + bias_m
+
+**Difference to σN-Ens.** σN-Ens multiplies each member's normalized features by an importance
+sigmoid(gamma_m) ∈ (0, 1) that the diversity regularizer drives towards ownership, and gives each
+member its own head. A FiLM norm is a σN-Ens member norm with gamma fixed at +∞ (importance 1,
+stored as a buffer, not trained) and the head shared. So every snens tool applies: the
+:class:`snens.Ensemble` contract (with lazy replication of the stem), :func:`snens.extract_member`,
+and :func:`snens.allocation`, which reports M effective members per feature (nothing is
+partitioned); :func:`snens.diversity_loss` is a constant with no gradient. Diversity comes only
+from the initialization and from training: members whose affines start equal see the same
+inputs and gradients and never diverge, so the affine is drawn around the plain one,
+
+    weight_m = weight ⊙ (1 + spread·ε),  bias_m = bias + spread·ε',  ε, ε' ~ N(0, 1),
+
+i.e. N(1, spread²) and N(0, spread²) for a freshly built network (the reference repository draws
+them Xavier-uniform instead, with a gain as its diversity knob). ``spread=0`` makes every member
+the plain model — the way to check a pretrained conversion, not to train.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from snens.ensemble import Ensemble, Replication
+from snens.nn.norms import (
+    MemberBatchNorm1d,
+    MemberBatchNorm2d,
+    MemberBatchNorm3d,
+    MemberGroupNorm,
+    MemberLayerNorm,
+    MemberNorm,
+    MemberRMSNorm,
+    check_num_members,
+)
+from snens.nn.surgery import ConversionReport, is_unsupported_norm, replace_modules
+
+__all__ = [
+    "FILM_NORMS",
+    "FiLMBatchNorm1d",
+    "FiLMBatchNorm2d",
+    "FiLMBatchNorm3d",
+    "FiLMGroupNorm",
+    "FiLMLayerNorm",
+    "FiLMRMSNorm",
+    "film",
+    "film_norm",
+]
+
+
+def _check_spread(spread: float) -> float:
+    if not isinstance(spread, (int, float)) or isinstance(spread, bool) or not spread >= 0:
+        raise ValueError(f"spread must be a number >= 0, got {spread!r}; e.g. spread=0.5")
+    if math.isinf(spread):
+        raise ValueError("spread must be finite")
+    return float(spread)
+
+
+class _FiLM:
+    """Turns a member norm into a FiLM norm: gamma fixed at +∞, affine drawn with ``spread``.
+
+    Mixed in before a :class:`~snens.nn.MemberNorm` class, whose constructor arguments it takes
+    (plus ``spread``).
+    """
+
+    gamma: Tensor
+    weight: nn.Parameter
+    bias: nn.Parameter | None
+
+    def __init__(self, *args: Any, spread: float = 0.5, **kwargs: Any) -> None:
+        self.spread = _check_spread(spread)
+        super().__init__(*args, **kwargs)
+        gamma = self.gamma.detach()
+        del self.gamma
+        self.register_buffer("gamma", gamma)  # +∞: sigmoid(gamma) = 1, not trained
+
+    def reset_parameters(self) -> None:
+        """Statistics reset; weight ~ N(1, spread²), bias ~ N(0, spread²)."""
+        super().reset_parameters()
+        with torch.no_grad():
+            self.gamma.fill_(math.inf)
+        self.perturb(self.spread)
+
+    @torch.no_grad()
+    def perturb(self, spread: float, generator: torch.Generator | None = None) -> None:
+        """weight ⊙= 1 + spread·ε, bias += spread·ε' with ε, ε' ~ N(0, 1) per member."""
+        if spread == 0:
+            return
+        noise = torch.randn(self.weight.shape, generator=generator).mul_(spread).add_(1)
+        self.weight.mul_(noise.to(self.weight))
+        if self.bias is not None:
+            noise = torch.randn(self.bias.shape, generator=generator).mul_(spread)
+            self.bias.add_(noise.to(self.bias))
+
+    def scale_and_shift(self) -> tuple[Tensor, Tensor | None]:
+        """The member affine as it is: no importance scale."""
+        return self.weight, self.bias
+
+    @classmethod
+    def from_plain(
+        cls,
+        plain: nn.Module,
+        num_members: int,
+        *,
+        spread: float = 0.5,
+        generator: torch.Generator | None = None,
+    ) -> MemberNorm:
+        """A FiLM norm whose members start at ``plain`` (statistics and affine), then perturbed
+        with ``spread`` (0: every member reproduces ``plain``)."""
+        member = super().from_plain(plain, num_members, spread=spread)
+        member.perturb(spread, generator)
+        return member
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", spread={self.spread}"
+
+
+class FiLMBatchNorm1d(_FiLM, MemberBatchNorm1d):
+    """FiLM over ``nn.BatchNorm1d``: per-member statistics and affine, no importance scale.
+
+    Args: as :class:`snens.nn.MemberBatchNorm1d`, plus ``spread``.
+
+    Shape:
+        Input: (M·B, C) or (M·B, C, L), member-major. Output: same shape.
+    """
+
+
+class FiLMBatchNorm2d(_FiLM, MemberBatchNorm2d):
+    """FiLM over ``nn.BatchNorm2d``: per-member statistics and affine, no importance scale.
+
+    Args:
+        num_features: C.
+        num_members: M.
+        eps, momentum, track_running_stats: as in ``torch.nn.BatchNorm2d``.
+        spread: weight ~ N(1, spread²), bias ~ N(0, spread²), per member.
+
+    Shape:
+        Input: (M·B, C, H, W), member-major. Output: same shape.
+    """
+
+
+class FiLMBatchNorm3d(_FiLM, MemberBatchNorm3d):
+    """FiLM over ``nn.BatchNorm3d``.
+
+    Shape:
+        Input: (M·B, C, D, H, W), member-major. Output: same shape.
+    """
+
+
+class FiLMLayerNorm(_FiLM, MemberLayerNorm):
+    """FiLM over ``nn.LayerNorm``: one layer_norm over all rows, then the member affine.
+
+    Shape:
+        Input: (M·B, *, *normalized_shape), member-major. Output: same shape.
+    """
+
+
+class FiLMGroupNorm(_FiLM, MemberGroupNorm):
+    """FiLM over ``nn.GroupNorm``.
+
+    Shape:
+        Input: (M·B, C, *), member-major. Output: same shape.
+    """
+
+
+class FiLMRMSNorm(_FiLM, MemberRMSNorm):
+    """FiLM over ``nn.RMSNorm`` (a per-member scale; RMSNorm has no shift).
+
+    Shape:
+        Input: (M·B, *, *normalized_shape), member-major. Output: same shape.
+    """
+
+
+#: Plain norm type -> its FiLM counterpart (exact types, as for the member norms).
+FILM_NORMS: dict[type[nn.Module], type[MemberNorm]] = {
+    nn.BatchNorm1d: FiLMBatchNorm1d,
+    nn.BatchNorm2d: FiLMBatchNorm2d,
+    nn.BatchNorm3d: FiLMBatchNorm3d,
+    nn.LayerNorm: FiLMLayerNorm,
+    nn.GroupNorm: FiLMGroupNorm,
+    nn.RMSNorm: FiLMRMSNorm,
+}
+
+
+def film_norm(
+    num_members: int, norm: type[nn.Module] = nn.BatchNorm2d, **defaults: Any
+) -> Callable[..., MemberNorm]:
+    """A ``norm_layer=`` factory: ``film_norm(4)(64)`` builds ``FiLMBatchNorm2d(64, 4)``.
+
+    Raises:
+        TypeError: on a norm type with no FiLM version.
+    """
+    check_num_members(num_members)
+    if norm not in FILM_NORMS:
+        supported = ", ".join(t.__name__ for t in FILM_NORMS)
+        raise TypeError(f"no FiLM version of {norm!r}; supported norms: {supported}")
+    return functools.partial(FILM_NORMS[norm], num_members=num_members, **defaults)
+
+
+def film(
+    model: nn.Module,
+    num_members: int,
+    *,
+    spread: float = 0.5,
+    generator: torch.Generator | None = None,
+    skip_unsupported: bool = False,
+    replication: Replication = "auto",
+    output: Callable[[Any], Tensor] | None = None,
+    inplace: bool = False,
+) -> Ensemble:
+    """Turn any model with norm layers into a FiLM-Ensemble of ``num_members`` members.
+
+    Every supported norm becomes a FiLM norm starting from the plain norm's statistics and
+    affine, perturbed with ``spread``; the head and all other layers stay shared.
+
+    Args:
+        model: any ``nn.Module`` with norm layers.
+        num_members: M.
+        spread: see the module docstring; 0 keeps every member equal to ``model``.
+        generator: optional ``torch.Generator`` for the perturbation.
+        skip_unsupported: leave norms with no FiLM version shared instead of raising.
+        replication, output: see :class:`snens.Ensemble`.
+        inplace: convert ``model`` itself instead of a deep copy.
+
+    Returns:
+        An :class:`snens.Ensemble`, (B, …) -> (M, B, K); its ``report`` lists the converted norms.
+
+    Raises:
+        TypeError: an unsupported norm (named), unless ``skip_unsupported``.
+        ValueError: no supported norm in the model; a bad ``spread``.
+    """
+    check_num_members(num_members)
+    _check_spread(spread)
+    target = model if inplace else copy.deepcopy(model)
+    params_before = sum(p.numel() for p in target.parameters())
+    unsupported = [(n, type(m).__name__) for n, m in target.named_modules() if _unsupported(m)]
+    if unsupported and not skip_unsupported:
+        listed = ", ".join(f"{n} ({t})" for n, t in unsupported[:8])
+        supported = ", ".join(t.__name__ for t in FILM_NORMS)
+        raise TypeError(
+            f"{type(model).__name__} has norms with no FiLM version: {listed}. Supported: "
+            f"{supported}. Pass skip_unsupported=True to leave them shared"
+        )
+
+    def make(name: str, module: nn.Module) -> nn.Module | None:
+        cls = FILM_NORMS.get(type(module))
+        if cls is None:
+            return None
+        return cls.from_plain(module, num_members, spread=spread, generator=generator)
+
+    replaced = replace_modules(target, make)
+    if not replaced:
+        raise ValueError(
+            f"{type(model).__name__} has no norm layer for FiLM to modulate (looked for "
+            f"{', '.join(t.__name__ for t in FILM_NORMS)})"
+        )
+    report = ConversionReport(
+        num_members=num_members,
+        converted=tuple((n, type(old).__name__, type(new).__name__) for n, old, new in replaced),
+        head=None,
+        skipped=tuple(unsupported),
+        params_before=params_before,
+        params_after=sum(p.numel() for p in target.parameters()),
+        notes=("FiLM-Ensemble: per-member norm affine without importance scale",),
+    )
+    return Ensemble(target, num_members, replication=replication, output=output, report=report)
+
+
+def _unsupported(module: nn.Module) -> bool:
+    return type(module) not in FILM_NORMS and is_unsupported_norm(module)

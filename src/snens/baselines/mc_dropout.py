@@ -1,0 +1,133 @@
+"""MC-dropout (Gal & Ghahramani, 2016): M stochastic forward passes with dropout left on.
+
+Every dropout module of the model is replaced by one that drops in evaluation too; norms and
+everything else follow the model's mode. If the model has no dropout with p > 0, one is inserted
+before the head (the last ``nn.Linear``), by option. The M passes run as one pass over the input
+repeated M times, member-major (M·B, …): every row draws its own masks, so member m is one
+dropout sample, and with running-statistics norms in evaluation the result has the same
+distribution as M separate passes. Under ``torch.manual_seed`` the output is reproducible.
+
+Training through :class:`MCDropout` averages the loss over M dropout samples per example
+("multi-sample dropout") at M× the cost; the usual recipe trains the plain model with dropout
+(e.g. as :class:`~snens.baselines.SingleModel`) and wraps it for evaluation.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from snens.baselines.batch_ensemble import forward_repeated
+from snens.nn.norms import check_num_members
+from snens.nn.surgery import replace_modules
+
+__all__ = ["MCDropout", "MCDropoutLayer"]
+
+_DROPOUT_FUNCTIONS: dict[type[nn.Module], Callable[..., Tensor]] = {
+    nn.Dropout: F.dropout,
+    nn.Dropout1d: F.dropout1d,
+    nn.Dropout2d: F.dropout2d,
+    nn.Dropout3d: F.dropout3d,
+    nn.AlphaDropout: F.alpha_dropout,
+    nn.FeatureAlphaDropout: F.feature_alpha_dropout,
+}
+
+
+class MCDropoutLayer(nn.Module):
+    """Dropout that stays on in evaluation mode.
+
+    Args:
+        p: drop probability.
+        kind: the dropout type it replaces (``nn.Dropout``, ``nn.Dropout2d``, …).
+
+    Shape:
+        Input: any shape the dropout type accepts. Output: same shape.
+    """
+
+    def __init__(self, p: float, kind: type[nn.Module] = nn.Dropout) -> None:
+        super().__init__()
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+        if kind not in _DROPOUT_FUNCTIONS:
+            raise TypeError(f"no MC version of {kind.__name__}")
+        self.p = p
+        self.kind = kind
+
+    def forward(self, x: Tensor) -> Tensor:
+        return _DROPOUT_FUNCTIONS[self.kind](x, self.p, True)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}, kind={self.kind.__name__}"
+
+
+class MCDropout(nn.Module):
+    """A model with always-on dropout, sampled M times: (B, …) -> logits (M, B, K).
+
+    Args:
+        model: any classifier; copied unless ``inplace``.
+        num_members: M, dropout samples per input.
+        p: drop probability of the dropout inserted before the head.
+        insert: insert dropout before the head — ``None``: only if the model has no dropout
+            with p > 0; ``True``: always; ``False``: never.
+        output: callable picking the logits from the model's output.
+        inplace: modify ``model`` itself instead of a deep copy.
+
+    Shape:
+        Input: (B, …). Output: (M, B, K).
+
+    Raises:
+        ValueError: if no dropout would be active (``insert=False`` on a model without one),
+            or the head to insert before cannot be found.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        num_members: int = 4,
+        *,
+        p: float = 0.1,
+        insert: bool | None = None,
+        output: Callable[[Any], Tensor] | None = None,
+        inplace: bool = False,
+    ) -> None:
+        super().__init__()
+        self.num_members = check_num_members(num_members)
+        target = model if inplace else copy.deepcopy(model)
+        active = [
+            m
+            for m in target.modules()
+            if (type(m) in _DROPOUT_FUNCTIONS or isinstance(m, MCDropoutLayer)) and m.p > 0
+        ]
+        replace_modules(
+            target,
+            lambda _, m: MCDropoutLayer(m.p, type(m)) if type(m) in _DROPOUT_FUNCTIONS else None,
+        )
+        if insert or (insert is None and not active):
+            heads = [m for m in target.modules() if type(m) is nn.Linear]
+            if not heads:
+                raise ValueError(
+                    f"{type(model).__name__} has no nn.Linear head to put dropout before; add a "
+                    "dropout layer to the model and pass insert=False"
+                )
+            head = heads[-1]
+            replace_modules(
+                target,
+                lambda _, m: nn.Sequential(MCDropoutLayer(p), head) if m is head else None,
+            )
+        elif not active:
+            raise ValueError(
+                f"{type(model).__name__} has no dropout with p > 0; pass insert=True (or leave "
+                "insert=None) to put one before the head"
+            )
+        self.model = target
+        self.output = output
+
+    def forward(self, *args: Any, **kwargs: Any) -> Tensor:
+        return forward_repeated(self.model, self.num_members, args, kwargs, self.output)
+
+    def extra_repr(self) -> str:
+        return f"num_members={self.num_members}"

@@ -1,0 +1,449 @@
+"""Packed-Ensembles (Laurent et al., 2023): M narrow members packed into grouped convolutions.
+
+A Packed-Ensemble of a network scales every hidden width C by α (all members together hold α·C
+channels, so each member has α·C/M) and splits every convolution into M·γ groups: the members'
+channels never mix, and γ extra groups inside each member cut parameters further. Channels are
+member-major: member m owns channels [m·c, (m+1)·c) of every hidden layer.
+
+As in the reference (torch-uncertainty):
+
+* the first convolution is not grouped: its M·c output channels all read the C input channels,
+  which is exactly M members each reading their own copy of the image (the same function and
+  parameter count as repeating the input M times into a convolution with M groups), so the
+  (B, C, H, W) input goes in as it is;
+* the first convolution of every residual block uses γ = 1 (its other layers and the shortcut
+  use γ);
+* γ is lowered, layer by layer, until each group has at least ``minimum_channels_per_group``
+  (64) input channels: with α=2, M=4, γ=2 on a CIFAR ResNet the 64- and 128-wide stages run
+  with γ=1 and the 256- and 512-wide stages with γ=2;
+* the last layer is a grouped linear from the M·c pooled features to M·K logits, read out as
+  (M, B, K).
+
+Parameters at 10 classes, α=2, γ=2, M=4 (pinned in the tests): ResNet-18 8,175,784 (0.73× one
+CIFAR ResNet-18, 11,173,962); ResNet-50 14,552,232 (0.62× one ResNet-50, 23,520,842), which
+matches the 14.6 M the paper lists for its CIFAR-10 ResNet-50 Packed-Ensemble.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+from snens.nn.norms import check_num_members
+
+__all__ = [
+    "PackedBasicBlock",
+    "PackedBottleneck",
+    "PackedConv2d",
+    "PackedLinear",
+    "PackedResNet",
+    "packed_resnet18",
+    "packed_resnet50",
+]
+
+NormLayer = Callable[[int], nn.Module]
+
+
+def _check_packing(num_members: int, alpha: float, gamma: int) -> None:
+    check_num_members(num_members)
+    if not (isinstance(alpha, (int, float)) and not isinstance(alpha, bool) and alpha > 0):
+        raise ValueError(f"alpha must be a number > 0, got {alpha!r}; the paper uses alpha=2")
+    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
+        raise ValueError(f"gamma must be an int >= 1, got {gamma!r}; the paper uses gamma=2")
+
+
+def member_width(channels: int, num_members: int, alpha: float) -> int:
+    """Channels of one member where a single model has ``channels``: ⌈α·C / M⌉."""
+    return math.ceil(alpha * channels / num_members)
+
+
+def _groups_per_member(member_in: int, member_out: int, gamma: int, minimum: int) -> int:
+    """The largest g ≤ γ that divides both widths and leaves ≥ ``minimum`` inputs per group."""
+    for g in range(gamma, 1, -1):
+        if member_in % g == 0 and member_out % g == 0 and member_in // g >= minimum:
+            return g
+    return 1
+
+
+class PackedConv2d(nn.Conv2d):
+    """A convolution of M packed members: a ``nn.Conv2d`` with M·γ groups over widened channels.
+
+    ``in_channels`` and ``out_channels`` are the single model's widths; the layer holds
+    M·⌈α·C/M⌉ of each (``first``: the input channels as given, ungrouped; ``last``: M·out
+    channels).
+
+    Args:
+        in_channels, out_channels: C_in, C_out of the single model.
+        kernel_size, stride, padding, dilation, bias, padding_mode: as in ``torch.nn.Conv2d``.
+        num_members: M.
+        alpha: width factor α.
+        gamma: extra groups per member γ (lowered where a group would get fewer than
+            ``minimum_channels_per_group`` input channels).
+        first: the network's first layer (takes the plain input, not grouped).
+        last: the network's last layer (each member produces ``out_channels``).
+        minimum_channels_per_group: see ``gamma``; 64 as in the reference.
+
+    Shape:
+        Input: (B, M·c_in, H, W) (``first``: (B, C_in, H, W)). Output: (B, M·c_out, H', W'),
+        member-major channels.
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int | tuple[int, int],
+        num_members: int = 4,
+        alpha: float = 2,
+        gamma: int = 2,
+        stride: int | tuple[int, int] = 1,
+        padding: int | tuple[int, int] | str = 0,
+        dilation: int | tuple[int, int] = 1,
+        bias: bool = True,
+        padding_mode: str = "zeros",
+        *,
+        first: bool = False,
+        last: bool = False,
+        minimum_channels_per_group: int = 64,
+        device=None,
+        dtype=None,
+    ) -> None:
+        _check_packing(num_members, alpha, gamma)
+        M = num_members
+        member_in = in_channels if first else member_width(in_channels, M, alpha)
+        member_out = out_channels if last else member_width(out_channels, M, alpha)
+        if first:
+            groups, gamma = 1, 1
+            total_in = in_channels
+        else:
+            gamma = _groups_per_member(member_in, member_out, gamma, minimum_channels_per_group)
+            groups = M * gamma
+            total_in = M * member_in
+        super().__init__(
+            total_in,
+            M * member_out,
+            kernel_size,
+            stride=stride,
+            padding=padding,
+            dilation=dilation,
+            groups=groups,
+            bias=bias,
+            padding_mode=padding_mode,
+            device=device,
+            dtype=dtype,
+        )
+        self.num_members = M
+        self.alpha = alpha
+        self.gamma = gamma  # after lowering
+        self.first = first
+        self.last = last
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + (
+            f", num_members={self.num_members}, alpha={self.alpha}, gamma={self.gamma}"
+            + (", first=True" if self.first else "")
+            + (", last=True" if self.last else "")
+        )
+
+
+class PackedLinear(nn.Module):
+    """A linear layer of M packed members: block-diagonal over M·γ groups of features.
+
+    Args:
+        in_features, out_features: D, K of the single model.
+        num_members: M.
+        alpha: width factor α.
+        gamma: extra groups per member.
+        bias: whether the layer has a bias.
+        first: the network's first layer (takes the plain features, not grouped).
+        last: the network's last layer (each member produces ``out_features``).
+
+    Shape:
+        Input: (B, *, M·d) (``first``: (B, *, D)). Output: (B, *, M·k), member-major.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        num_members: int = 4,
+        alpha: float = 2,
+        gamma: int = 1,
+        bias: bool = True,
+        *,
+        first: bool = False,
+        last: bool = False,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        _check_packing(num_members, alpha, gamma)
+        M = num_members
+        member_in = in_features if first else member_width(in_features, M, alpha)
+        member_out = out_features if last else member_width(out_features, M, alpha)
+        if first:
+            self.groups, self.in_features = 1, in_features
+        else:
+            self.groups = M * _groups_per_member(member_in, member_out, gamma, 1)
+            self.in_features = M * member_in
+        self.out_features = M * member_out
+        self.num_members = M
+        self.alpha, self.first, self.last = alpha, first, last
+        factory = {"device": device, "dtype": dtype}
+        G = self.groups
+        self.weight = nn.Parameter(
+            torch.empty(G, self.out_features // G, self.in_features // G, **factory)
+        )
+        self.bias = nn.Parameter(torch.empty(self.out_features, **factory)) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """``nn.Linear``'s rule per group: U(−1/√d_g, 1/√d_g), d_g the group's inputs."""
+        bound = (self.in_features // self.groups) ** -0.5
+        with torch.no_grad():
+            self.weight.uniform_(-bound, bound)
+            if self.bias is not None:
+                self.bias.uniform_(-bound, bound)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.shape[-1] != self.in_features:
+            raise ValueError(
+                f"PackedLinear expects {self.in_features} features (M={self.num_members} "
+                f"members × {self.in_features // self.num_members}), got shape {tuple(x.shape)}"
+            )
+        G = self.groups
+        xg = x.reshape(*x.shape[:-1], G, self.in_features // G)  # (…, G, d_g)
+        y = torch.einsum("...gi,goi->...go", xg, self.weight).flatten(-2)  # (…, M·k)
+        return y if self.bias is None else y + self.bias
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"groups={self.groups}, num_members={self.num_members}, bias={self.bias is not None}"
+        )
+
+
+class PackedBasicBlock(nn.Module):
+    """ResNet basic block of packed members: conv3×3 (γ=1) – norm – ReLU – conv3×3 (γ) – norm.
+
+    Args:
+        in_planes, planes: the single model's widths (the layer holds M·⌈α·C/M⌉ channels).
+        stride: stride of the first convolution.
+        norm_layer: a per-channel norm factory, called with the packed channel count.
+        **packing: ``num_members``, ``alpha``, ``gamma``, ``minimum_channels_per_group``.
+
+    Shape:
+        Input: (B, M·c_in, H, W). Output: (B, M·c, H / stride, W / stride).
+    """
+
+    expansion = 1
+
+    def __init__(
+        self,
+        in_planes: int,
+        planes: int,
+        stride: int = 1,
+        norm_layer: NormLayer = nn.BatchNorm2d,
+        **packing,
+    ) -> None:
+        super().__init__()
+        no_gamma = {**packing, "gamma": 1}  # the block's first convolution is not sub-grouped
+        self.conv1 = PackedConv2d(
+            in_planes, planes, 3, stride=stride, padding=1, bias=False, **no_gamma
+        )
+        self.bn1 = norm_layer(self.conv1.out_channels)
+        self.relu = nn.ReLU(inplace=True)
+        self.conv2 = PackedConv2d(planes, planes, 3, padding=1, bias=False, **packing)
+        self.bn2 = norm_layer(self.conv2.out_channels)
+        self.downsample = _packed_downsample(in_planes, planes, stride, norm_layer, packing)
+
+    def forward(self, x: Tensor) -> Tensor:
+        identity = x if self.downsample is None else self.downsample(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return self.relu(out + identity)
+
+
+class PackedBottleneck(nn.Module):
+    """ResNet bottleneck of packed members: 1×1 (γ=1), 3×3 (γ, stride), 1×1 ×4 (γ), each normed.
+
+    Args: as :class:`PackedBasicBlock`; C_out = 4 · planes.
+
+    Shape:
+        Input: (B, M·c_in, H, W). Output: (B, M·c_out, H / stride, W / stride).
+    """
+
+    expansion = 4
+
+    def __init__(
+        self,
+        in_planes: int,
+        planes: int,
+        stride: int = 1,
+        norm_layer: NormLayer = nn.BatchNorm2d,
+        **packing,
+    ) -> None:
+        super().__init__()
+        out_planes = planes * self.expansion
+        self.conv1 = PackedConv2d(in_planes, planes, 1, bias=False, **{**packing, "gamma": 1})
+        self.bn1 = norm_layer(self.conv1.out_channels)
+        self.conv2 = PackedConv2d(
+            planes, planes, 3, stride=stride, padding=1, bias=False, **packing
+        )
+        self.bn2 = norm_layer(self.conv2.out_channels)
+        self.conv3 = PackedConv2d(planes, out_planes, 1, bias=False, **packing)
+        self.bn3 = norm_layer(self.conv3.out_channels)
+        self.relu = nn.ReLU(inplace=True)
+        self.downsample = _packed_downsample(in_planes, out_planes, stride, norm_layer, packing)
+
+    def forward(self, x: Tensor) -> Tensor:
+        identity = x if self.downsample is None else self.downsample(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        return self.relu(out + identity)
+
+
+def _packed_downsample(
+    in_planes: int, out_planes: int, stride: int, norm_layer: NormLayer, packing: dict
+) -> nn.Sequential | None:
+    if stride == 1 and in_planes == out_planes:
+        return None
+    conv = PackedConv2d(in_planes, out_planes, 1, stride=stride, bias=False, **packing)
+    return nn.Sequential(conv, norm_layer(conv.out_channels))
+
+
+class PackedResNet(nn.Module):
+    """CIFAR ResNet of M packed members (3×3 stem, stride 1, no max pool): (B, …) -> (M, B, K).
+
+    Same layout and names as :class:`snens.models.ResNet` (``conv1``, ``bn1``, ``layer1``…
+    ``layer4``, ``fc``), every convolution a :class:`PackedConv2d`, the head a
+    :class:`PackedLinear`. Each member is initialized as a plain ResNet would be: Kaiming-normal
+    convolutions with the fan-out of its own group.
+
+    Args:
+        block: :class:`PackedBasicBlock` or :class:`PackedBottleneck`.
+        layers: blocks per stage, e.g. (2, 2, 2, 2) for ResNet-18.
+        num_classes: K.
+        num_members: M.
+        alpha: width factor α.
+        gamma: extra groups per member γ.
+        in_channels: C of the input image.
+        norm_layer: per-channel norm factory (channels of different members must not mix).
+        minimum_channels_per_group: see :class:`PackedConv2d`.
+
+    Shape:
+        Input: (B, C, H, W). Output: (M, B, K).
+    """
+
+    def __init__(
+        self,
+        block: type[PackedBasicBlock | PackedBottleneck],
+        layers: tuple[int, int, int, int],
+        num_classes: int = 10,
+        num_members: int = 4,
+        alpha: float = 2,
+        gamma: int = 2,
+        in_channels: int = 3,
+        norm_layer: NormLayer = nn.BatchNorm2d,
+        minimum_channels_per_group: int = 64,
+    ) -> None:
+        super().__init__()
+        _check_packing(num_members, alpha, gamma)
+        self.num_members = num_members
+        self.alpha, self.gamma = alpha, gamma
+        packing = {
+            "num_members": num_members,
+            "alpha": alpha,
+            "gamma": gamma,
+            "minimum_channels_per_group": minimum_channels_per_group,
+        }
+        self.conv1 = PackedConv2d(in_channels, 64, 3, padding=1, bias=False, first=True, **packing)
+        self.bn1 = norm_layer(self.conv1.out_channels)
+        self.relu = nn.ReLU(inplace=True)
+        planes_in = 64
+        stages = []
+        for planes, num_blocks, stride in zip((64, 128, 256, 512), layers, (1, 2, 2, 2)):
+            blocks = []
+            for i in range(num_blocks):
+                blocks.append(
+                    block(planes_in, planes, stride if i == 0 else 1, norm_layer, **packing)
+                )
+                planes_in = planes * block.expansion
+            stages.append(nn.Sequential(*blocks))
+        self.layer1, self.layer2, self.layer3, self.layer4 = stages
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.fc = PackedLinear(planes_in, num_classes, num_members, alpha, gamma=1, last=True)
+        for module in self.modules():
+            if isinstance(module, PackedConv2d):
+                # Kaiming-normal (fan-out, ReLU) of one group: what a plain member would get.
+                fan_out = module.out_channels // module.groups * math.prod(module.kernel_size)
+                nn.init.normal_(module.weight, 0.0, math.sqrt(2.0 / fan_out))
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.relu(self.bn1(self.conv1(x)))  # (B, M·c, H, W)
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))  # (B, M·c·8·e, H/8, W/8)
+        x = torch.flatten(self.avgpool(x), 1)  # (B, M·c·8·e)
+        logits = self.fc(x)  # (B, M·K), member-major
+        return logits.reshape(x.shape[0], self.num_members, -1).transpose(0, 1)  # (M, B, K)
+
+
+def packed_resnet18(
+    num_classes: int = 10,
+    num_members: int = 4,
+    alpha: float = 2,
+    gamma: int = 2,
+    in_channels: int = 3,
+    norm_layer: NormLayer = nn.BatchNorm2d,
+    minimum_channels_per_group: int = 64,
+) -> PackedResNet:
+    """Packed-Ensembles of the CIFAR ResNet-18: 8,175,784 parameters at K=10, α=2, γ=2, M=4.
+
+    Args: see :class:`PackedResNet`.
+
+    Shape:
+        Input: (B, C, H, W). Output: (M, B, K).
+    """
+    return PackedResNet(
+        PackedBasicBlock,
+        (2, 2, 2, 2),
+        num_classes,
+        num_members,
+        alpha,
+        gamma,
+        in_channels,
+        norm_layer,
+        minimum_channels_per_group,
+    )
+
+
+def packed_resnet50(
+    num_classes: int = 10,
+    num_members: int = 4,
+    alpha: float = 2,
+    gamma: int = 2,
+    in_channels: int = 3,
+    norm_layer: NormLayer = nn.BatchNorm2d,
+    minimum_channels_per_group: int = 64,
+) -> PackedResNet:
+    """Packed-Ensembles of the CIFAR ResNet-50: 14,552,232 parameters at K=10, α=2, γ=2, M=4.
+
+    Args: see :class:`PackedResNet`.
+
+    Shape:
+        Input: (B, C, H, W). Output: (M, B, K).
+    """
+    return PackedResNet(
+        PackedBottleneck,
+        (3, 4, 6, 3),
+        num_classes,
+        num_members,
+        alpha,
+        gamma,
+        in_channels,
+        norm_layer,
+        minimum_channels_per_group,
+    )
