@@ -23,6 +23,7 @@ from snens.models.mobilenet_v2 import (
 )
 from snens.models.resnet import ResNet, resnet18, resnet50
 from snens.models.small_cnn import SmallCNN, small_cnn
+from snens.models.text import TextClassifier, minilm, minilm_path
 from snens.models.vit import VisionTransformer, vit_small
 from snens.models.wide_resnet import WideResNet, wrn28_10
 
@@ -32,10 +33,13 @@ __all__ = [
     "MobileNetV2",
     "ResNet",
     "SmallCNN",
+    "TextClassifier",
     "VisionTransformer",
     "WideResNet",
     "available",
     "create",
+    "minilm",
+    "minilm_path",
     "mobilenet_v2",
     "pretrained_weights_path",
     "register",
@@ -49,6 +53,7 @@ __all__ = [
 Builder = Callable[..., nn.Module]
 
 _BUILDERS: dict[str, Builder] = {
+    "minilm": minilm,
     "mobilenet_v2": mobilenet_v2,
     "resnet18": resnet18,
     "resnet50": resnet50,
