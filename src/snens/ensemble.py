@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from snens.nn.linear import MemberLinear
-from snens.nn.norms import MemberNorm, check_num_members
+from snens.nn.norms import MemberNorm, check_member, check_num_members
 from snens.nn.surgery import ConversionReport, convert_modules, member_modules, replace_modules
 
 __all__ = [
@@ -363,13 +363,7 @@ def extract_member(ensemble: Ensemble, member: int) -> nn.Module:
     """
     if not isinstance(ensemble, Ensemble):
         raise TypeError(f"extract_member expects a snens.Ensemble, got {type(ensemble).__name__}")
-    if isinstance(member, bool) or not isinstance(member, int):
-        raise TypeError(f"member must be an int, got {member!r}")
-    if not 0 <= member < ensemble.num_members:
-        raise ValueError(
-            f"member {member} is out of range for num_members={ensemble.num_members}; "
-            f"use 0 <= member <= {ensemble.num_members - 1}"
-        )
+    check_member(member, ensemble.num_members)
     plain = copy.deepcopy(ensemble.model)
     replace_modules(
         plain,

@@ -37,6 +37,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from .corruptions import CORRUPTIONS, SEVERITIES
 from .download import ChecksumError, data_root, download_url, verify_checksum
 
 __all__ = [
@@ -92,26 +93,9 @@ CIFAR100_MEAN = (0.5071, 0.4865, 0.4409)
 CIFAR100_STD = (0.2673, 0.2564, 0.2762)
 
 # The 15 corruptions of the benchmark, in the order of Hendrycks & Dietterich (2019), Fig. 1.
-CIFAR_C_CORRUPTIONS = (
-    "gaussian_noise",
-    "shot_noise",
-    "impulse_noise",
-    "defocus_blur",
-    "glass_blur",
-    "motion_blur",
-    "zoom_blur",
-    "snow",
-    "frost",
-    "fog",
-    "brightness",
-    "contrast",
-    "elastic_transform",
-    "pixelate",
-    "jpeg_compression",
-)
+CIFAR_C_CORRUPTIONS = CORRUPTIONS
 # Released alongside, held out of the benchmark average ("validation" corruptions).
 CIFAR_C_EXTRA_CORRUPTIONS = ("speckle_noise", "gaussian_blur", "spatter", "saturate")
-_SEVERITIES = (1, 2, 3, 4, 5)
 _FILTER_ERROR = getattr(tarfile, "FilterError", ())  # () catches nothing before Python 3.10.12
 _IMAGE_BYTES = 3 * 32 * 32
 
@@ -382,9 +366,9 @@ def load_cifar_c(
     if name not in names:
         raise ValueError(f"unknown corruption {name!r}; choose from {list(names)}")
     if not isinstance(severity, (int, np.integer)) or isinstance(severity, bool):
-        raise ValueError(f"severity must be an int in {list(_SEVERITIES)}, got {severity!r}")
-    if severity not in _SEVERITIES:
-        raise ValueError(f"severity must be an int in {list(_SEVERITIES)}, got {severity!r}")
+        raise ValueError(f"severity must be an int in {list(SEVERITIES)}, got {severity!r}")
+    if severity not in SEVERITIES:
+        raise ValueError(f"severity must be an int in {list(SEVERITIES)}, got {severity!r}")
     folder = _locate(datasets[dataset], root, download, (f"{name}.npy", "labels.npy"))
     images = _load_npy(folder / f"{name}.npy")
     labels = _load_npy(folder / "labels.npy")
@@ -393,12 +377,12 @@ def load_cifar_c(
             f"{folder / name}.npy: expected uint8 (5·n, 32, 32, 3), got {images.dtype} "
             f"{images.shape}"
         )
-    if images.shape[0] % len(_SEVERITIES) or labels.shape != (images.shape[0],):
+    if images.shape[0] % len(SEVERITIES) or labels.shape != (images.shape[0],):
         raise ValueError(
             f"{folder}: {name}.npy has {images.shape[0]} images and labels.npy shape "
             f"{labels.shape}; expected 5·n images (one block per severity) and as many labels"
         )
-    n = images.shape[0] // len(_SEVERITIES)
+    n = images.shape[0] // len(SEVERITIES)
     rows = slice((severity - 1) * n, severity * n)
     chosen = np.ascontiguousarray(images[rows].transpose(0, 3, 1, 2))  # NHWC -> NCHW
     return torch.from_numpy(chosen), torch.from_numpy(labels[rows].astype(np.int64))

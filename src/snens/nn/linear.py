@@ -7,7 +7,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from snens.nn.norms import check_num_members
+from snens.nn.norms import check_member, check_num_members
 
 __all__ = ["MemberLinear"]
 
@@ -86,13 +86,7 @@ class MemberLinear(nn.Module):
 
     def to_plain(self, member: int) -> nn.Linear:
         """Member ``member`` as a plain ``nn.Linear``."""
-        if isinstance(member, bool) or not isinstance(member, int):
-            raise TypeError(f"member must be an int, got {member!r}")
-        if not 0 <= member < self.num_members:
-            raise ValueError(
-                f"member {member} is out of range for num_members={self.num_members}; "
-                f"use 0 <= member <= {self.num_members - 1}"
-            )
+        check_member(member, self.num_members)
         plain = nn.Linear(
             self.in_features,
             self.out_features,

@@ -32,6 +32,7 @@ __all__ = [
     "MemberLayerNorm",
     "MemberNorm",
     "MemberRMSNorm",
+    "check_member",
     "check_num_members",
 ]
 
@@ -51,6 +52,23 @@ def check_num_members(num_members: Any) -> int:
     if num_members < 1:
         raise ValueError(f"num_members must be >= 1, got {num_members}; use e.g. num_members=4")
     return num_members
+
+
+def check_member(member: Any, num_members: int) -> int:
+    """Validate a member index against M and return it unchanged.
+
+    Raises:
+        TypeError: if ``member`` is not an int (bools are refused too).
+        ValueError: if ``member`` is outside 0 <= member < num_members.
+    """
+    if isinstance(member, bool) or not isinstance(member, int):
+        raise TypeError(f"member must be an int, got {member!r}")
+    if not 0 <= member < num_members:
+        raise ValueError(
+            f"member {member} is out of range for num_members={num_members}; "
+            f"use 0 <= member <= {num_members - 1}"
+        )
+    return member
 
 
 class MemberNorm(nn.Module):
@@ -257,13 +275,7 @@ class MemberNorm(nn.Module):
         """Copy a plain norm's running statistics into every member (batch norms only)."""
 
     def _check_member(self, member: int) -> None:
-        if isinstance(member, bool) or not isinstance(member, int):
-            raise TypeError(f"member must be an int, got {member!r}")
-        if not 0 <= member < self.num_members:
-            raise ValueError(
-                f"member {member} is out of range for num_members={self.num_members}; "
-                f"use 0 <= member <= {self.num_members - 1}"
-            )
+        check_member(member, self.num_members)
 
     def extra_repr(self) -> str:
         return f"{self.feature_shape}, num_members={self.num_members}"
