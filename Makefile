@@ -29,8 +29,8 @@ demo: setup
 	$(BIN)/snens demo
 
 lint: setup
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks experiments
+	$(BIN)/ruff format --check src tests benchmarks experiments
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
