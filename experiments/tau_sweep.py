@@ -133,8 +133,11 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--diversity-weight", type=float, default=0.1)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
     parser.add_argument("--out", type=Path, default=Path("results/tau_sweep.csv"))
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     start = time.perf_counter()
     rows = run(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
