@@ -1,25 +1,846 @@
-"""A readable training loop for any model honouring the (B, …) -> (M, B, K) contract.
+"""The training engine: one readable function from a :class:`~snens.config.RunConfig` to a run.
 
-build optimizer (parameter groups by one rule) -> cosine schedule -> per batch: forward ->
-ensemble loss + diversity loss -> backward -> step; one line of metrics per epoch.
+:func:`train` reads top to bottom, as nanoGPT's loop does:
+
+    seed → data → model (snens.baselines.create) → parameter groups (one rule, printed)
+    → optimizer → schedule (linear warm-up, then cosine or multistep, per step)
+    → per epoch: per batch: forward (bf16 autocast if set) → ensemble loss + diversity loss
+      (σN-Ens only) → a non-finite loss stops (or skips the step) → backward → clip → step
+      → one line of metrics.jsonl → checkpoint (atomic) → at the end: snens.evaluate → final.json
+
+Reproducibility. Everything random is seeded from ``config.seed``: Python, NumPy and torch
+(every device), the model's initialization, and the data order and augmentation (epoch e of
+the loader depends only on (seed, e)). A checkpoint holds the model, optimizer, schedule, all
+RNG states, epoch and step, so ``train(config, resume=True)`` continues an interrupted run
+from its last checkpoint and ends with the same final metrics as a run never interrupted —
+bitwise on the CPU with ``deterministic = true`` and the same ``threads``.
+
+On a GPU, ``deterministic = true`` also turns off cuDNN benchmarking and sets
+``CUBLAS_WORKSPACE_CONFIG=:4096:8`` (unless set); with it, runs on the same GPU model, driver
+and library versions repeat exactly. bf16 autocast and ``torch.compile`` may pick different
+kernels on other hardware, so compare such runs within a tolerance. An operation without a
+deterministic implementation then raises an error naming it rather than running silently.
+
+:func:`fit` and :func:`predict` are the small helpers for a model and batches you built
+yourself; :func:`fit` runs the same step as the engine.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
+import os
+import random
+import re
 import time
-from collections.abc import Callable, Iterable
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
+from snens import baselines, data
+from snens.allocation import mean_effective_members
+from snens.checkpoint import (
+    load_checkpoint,
+    load_model_state,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from snens.config import DataConfig, OptimConfig, RunConfig, load_config, to_dict
 from snens.ensemble import ensemble_loss
+from snens.evaluate import evaluate
+from snens.nn.linear import MemberLinear
 from snens.nn.norms import MemberNorm
 from snens.optim import GAMMA_LR_MULTIPLIER, param_groups
-from snens.regularizer import diversity_gain, diversity_loss
+from snens.regularizer import diversity_gain, diversity_loss, optimal_k
+from snens.runs import CONFIG, Run, RunDirError, check_new_run, create_run, open_run
 
-__all__ = ["TrainResult", "fit", "predict"]
+__all__ = [
+    "Data",
+    "EpochStats",
+    "NonFiniteLossError",
+    "StepSettings",
+    "TrainResult",
+    "build_data",
+    "build_model",
+    "build_optimizer",
+    "build_schedule",
+    "evaluate_run",
+    "fit",
+    "lr_factor",
+    "predict",
+    "run_epoch",
+    "seed_everything",
+    "select_finetune",
+    "train",
+]
+
+
+class NonFiniteLossError(ValueError):
+    """The loss or the gradient became NaN or infinite; the message names epoch, step and cause."""
+
+
+# ------------------------------------------------------------------------------------------------
+# Data
+# ------------------------------------------------------------------------------------------------
+
+
+class _ImageSet(NamedTuple):
+    load: Callable[..., tuple[Tensor, Tensor]]  # (split, root, download) -> (N, C, H, W) uint8
+    num_classes: int
+    channels: int
+    mean: float | tuple[float, ...]
+    std: float | tuple[float, ...]
+
+
+_IMAGE_SETS = {
+    "fashion_mnist": _ImageSet(
+        data.load_fashion_mnist, 10, 1, data.FASHION_MNIST_MEAN, data.FASHION_MNIST_STD
+    ),
+    "cifar10": _ImageSet(data.load_cifar10, 10, 3, data.CIFAR10_MEAN, data.CIFAR10_STD),
+    "cifar100": _ImageSet(data.load_cifar100, 100, 3, data.CIFAR100_MEAN, data.CIFAR100_STD),
+    "svhn": _ImageSet(data.load_svhn, 10, 3, data.SVHN_MEAN, data.SVHN_STD),
+}
+
+
+def _load_ood(name: str, root: str | None, download: bool) -> tuple[Tensor, Tensor]:
+    if name == "mnist_5k":
+        return data.load_mnist_5k(root)
+    return _IMAGE_SETS[name].load("test", root, download)
+
+
+class _CorruptedLoader:
+    """Batches of one corrupted copy of the test images, generated when iterated.
+
+    Generating all 15 × 5 corrupted sets up front would hold 75 copies of the test set; this
+    holds one at a time.
+    """
+
+    def __init__(self, images, labels, name, severity, *, corruption_seed, batch_size, **options):
+        self.images, self.labels = images, labels
+        self.name, self.severity, self.seed = name, severity, corruption_seed
+        self.options = options  # mean, std, device, seed of the TensorLoader
+        self.batch_size = batch_size
+
+    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+        _, _, x, y = next(
+            data.corrupted(self.images, self.labels, self.name, self.severity, seed=self.seed)
+        )
+        yield from data.TensorLoader(x, y, self.batch_size, **self.options)
+
+
+@dataclass
+class Data:
+    """Everything :func:`train` reads: loaders and the data set's shape."""
+
+    train: data.TensorLoader
+    test: data.TensorLoader
+    ood: dict[str, data.TensorLoader]
+    corruptions: dict[tuple[str, int], Iterable[tuple[Tensor, Tensor]]]
+    num_classes: int
+    channels: int
+
+
+def _head(x: Tensor, y: Tensor, n: int) -> tuple[Tensor, Tensor]:
+    return (x[:n], y[:n]) if n else (x, y)
+
+
+def build_data(config: DataConfig, *, seed: int, device: torch.device | str = "cpu") -> Data:
+    """Load the data set named by ``config`` into memory and wrap it in loaders.
+
+    Training batches are shuffled and augmented from ``seed`` (epoch e depends only on
+    (seed, e)); test, OOD and corrupted sets are normalized with the training set's statistics.
+    An OOD subset is a fixed random one (MNIST-5k is sorted by class).
+
+    Raises:
+        ValueError: a data set the engine does not train on (ImageNet folders and text sets,
+            for now), an OOD set whose channels differ from the data set's.
+        FileNotFoundError: the data is not on disk and ``download`` is off (says how to get it).
+    """
+    if config.dataset not in _IMAGE_SETS:
+        raise ValueError(
+            f"snens train does not train on data.dataset {config.dataset!r} yet: the engine "
+            f"holds a whole image set in memory ({', '.join(_IMAGE_SETS)}). Build that data "
+            "set's loaders yourself and use snens.train.fit, or snens.evaluate"
+        )
+    spec = _IMAGE_SETS[config.dataset]
+    root = config.root or None
+    # A loader given no seed draws one from torch's global generator; give every loader one
+    # so that building the data leaves the generator (and so the model's init) untouched.
+    norm = {"mean": spec.mean, "std": spec.std, "device": device, "seed": seed}
+    x, y = _head(*spec.load("train", root, config.download), config.train_examples)
+    xt, yt = _head(*spec.load("test", root, config.download), config.test_examples)
+    train_loader = data.TensorLoader(
+        x,
+        y,
+        config.batch_size,
+        shuffle=True,
+        drop_last=True,
+        augment=config.augment,
+        **norm,
+    )
+    test_loader = data.TensorLoader(xt, yt, config.eval_batch_size, **norm)
+
+    ood = {}
+    for name in config.ood:
+        xo, yo = _load_ood(name, root, config.download)
+        if xo.shape[1] != spec.channels:
+            raise ValueError(
+                f"data.ood {name!r} has {xo.shape[1]} channel(s), {config.dataset} has "
+                f"{spec.channels}; choose an OOD set with the same channels"
+            )
+        if config.ood_examples and config.ood_examples < len(xo):
+            keep = torch.randperm(len(xo), generator=torch.Generator().manual_seed(0))
+            xo, yo = xo[keep[: config.ood_examples]], yo[keep[: config.ood_examples]]
+        ood[name] = data.TensorLoader(xo, yo, config.eval_batch_size, **norm)
+
+    corruptions = {}
+    if config.corruptions:
+        xc, yc = _head(xt, yt, config.corruption_examples)
+        for name in config.corruption_names or data.CORRUPTIONS:
+            for severity in config.severities:
+                corruptions[(name, severity)] = _CorruptedLoader(
+                    xc,
+                    yc,
+                    name,
+                    severity,
+                    corruption_seed=config.corruption_seed,
+                    batch_size=config.eval_batch_size,
+                    **norm,
+                )
+    return Data(train_loader, test_loader, ood, corruptions, spec.num_classes, spec.channels)
+
+
+# ------------------------------------------------------------------------------------------------
+# Model, parameter groups, optimizer, schedule
+# ------------------------------------------------------------------------------------------------
+
+
+def build_model(config: RunConfig, *, num_classes: int, channels: int) -> nn.Module:
+    """The method of ``config.method`` over the backbone of ``config.model``, freshly built.
+
+    ``in_channels`` and ``num_classes`` come from the data set unless the config sets them.
+    """
+    backbone_options = {"in_channels": channels, **config.model.options}
+    options = dict(config.method.options)
+    if config.method.name == "snens":
+        options.setdefault("input_policy", config.method.input_policy)
+    single = config.method.name == "single"
+    return baselines.create(
+        config.method.name,
+        config.model.backbone,
+        num_classes=config.model.num_classes or num_classes,
+        num_members=None if single else config.method.num_members,
+        backbone_options=backbone_options,
+        **options,
+    )
+
+
+_PLAIN_NORMS = (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm, nn.RMSNorm)
+_NORM_NAME = re.compile(r"Norm(?:$|[A-Z0-9])")  # LayerNorm, T5LayerNorm, FrozenBatchNorm2d
+
+
+def _is_norm(module: nn.Module) -> bool:
+    return isinstance(module, (MemberNorm, *_PLAIN_NORMS)) or bool(
+        _NORM_NAME.search(type(module).__name__)
+    )
+
+
+def _is_head(module: nn.Module, num_classes: int) -> bool:
+    # A member head, or any linear layer with K outputs (each deep-ensemble member's head).
+    if isinstance(module, MemberLinear):
+        return True
+    linear = isinstance(module, nn.Linear) or type(module).__name__.endswith("Linear")
+    return linear and getattr(module, "out_features", None) == num_classes
+
+
+def select_finetune(model: nn.Module, mode: str, num_classes: int) -> int:
+    """Freeze what ``mode`` does not train; return the number of trainable parameters.
+
+    ``"all"`` trains everything. ``"norms_and_heads"`` trains the parameters of every norm
+    layer (member norms with their gamma, plain norms) and of the heads (member heads, and
+    every linear layer with K outputs); everything else is frozen.
+
+    Raises:
+        ValueError: ``norms_and_heads`` found no norm and no head to train.
+    """
+    if mode == "norms_and_heads":
+        keep = {
+            id(p)
+            for module in model.modules()
+            if _is_norm(module) or _is_head(module, num_classes)
+            for p in module.parameters(recurse=False)
+        }
+        if not keep:
+            raise ValueError(
+                "optim.finetune 'norms_and_heads' found no norm layer and no head with "
+                f"{num_classes} outputs in {type(model).__name__}; use finetune 'all'"
+            )
+        for p in model.parameters():
+            p.requires_grad_(id(p) in keep)
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def build_optimizer(config: OptimConfig, groups: list[dict]) -> torch.optim.Optimizer:
+    """SGD (momentum, optionally Nesterov) or AdamW over the given parameter groups."""
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(
+            groups, lr=config.lr, momentum=config.momentum, nesterov=config.nesterov
+        )
+    return torch.optim.AdamW(groups, lr=config.lr, betas=tuple(config.betas))
+
+
+def lr_factor(
+    step: int,
+    *,
+    total_steps: int,
+    warmup_steps: int = 0,
+    schedule: str = "cosine",
+    steps_per_epoch: int = 1,
+    milestones: tuple[int, ...] = (),
+    decay: float = 0.1,
+) -> float:
+    """The learning rate of step ``step`` (0-based) over the base learning rate.
+
+    warm-up:    (step + 1) / warmup_steps                     for step < warmup_steps
+    cosine:     ½·(1 + cos(π·t)),  t = (step − warmup) / (total − warmup) ∈ [0, 1]
+    multistep:  decay ** (number of milestones ≤ the step's epoch)
+    constant:   1
+    """
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "cosine":
+        t = (step - warmup_steps) / max(total_steps - warmup_steps, 1)
+        return 0.5 * (1.0 + math.cos(math.pi * min(t, 1.0)))
+    if schedule == "multistep":
+        epoch = step // steps_per_epoch
+        return decay ** sum(epoch >= m for m in milestones)
+    return 1.0
+
+
+def build_schedule(
+    config: OptimConfig, optimizer: torch.optim.Optimizer, steps_per_epoch: int
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """A per-step schedule of :func:`lr_factor` (stepped after every optimizer step)."""
+    factor = functools.partial(
+        lr_factor,
+        total_steps=config.epochs * steps_per_epoch,
+        warmup_steps=config.warmup_epochs * steps_per_epoch,
+        schedule=config.schedule,
+        steps_per_epoch=steps_per_epoch,
+        milestones=config.milestones,
+        decay=config.lr_decay,
+    )
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+# ------------------------------------------------------------------------------------------------
+# One epoch
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StepSettings:
+    """What a training step does besides forward, backward and the optimizer step."""
+
+    temperature: float = 1.0  # τ of the diversity loss
+    diversity_weight: float = 0.0  # λ; 0 = no diversity loss
+    label_smoothing: float = 0.0
+    grad_clip: float = 0.0  # max global gradient L2 norm; 0 = none
+    bf16: bool = False  # bfloat16 autocast of forward and task loss
+    channels_last: bool = False  # 4-d inputs in channels-last memory format
+    on_nonfinite: str = "stop"  # "stop": raise NonFiniteLossError; "skip": drop the step
+
+
+@dataclass(frozen=True)
+class EpochStats:
+    """Means over one epoch's steps (losses weighted by examples); skipped steps excluded."""
+
+    task_loss: float
+    diversity_loss: float
+    grad_norm: float
+    lr: float  # base learning rate of the epoch's last step
+    steps: int  # steps taken, skipped ones included
+    skipped: int
+    seconds: float
+
+
+def _to_device(x: Any, device: torch.device) -> Any:
+    if isinstance(x, Tensor):
+        return x.to(device, non_blocking=True)
+    if isinstance(x, Mapping):
+        return {k: _to_device(v, device) for k, v in x.items()}
+    return x
+
+
+def _model_device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _norm_buffers(model: nn.Module) -> list[tuple[Tensor, Tensor]]:
+    """(buffer, copy) of every buffer (running statistics), to undo a skipped step's forward."""
+    return [(b, b.detach().clone()) for b in model.buffers()]
+
+
+def _diagnose(x: Any, task: Tensor, div: Tensor, model: nn.Module, settings: StepSettings) -> str:
+    if isinstance(x, Tensor) and x.is_floating_point() and not torch.isfinite(x).all():
+        return "the input batch holds NaN or inf values; check the data"
+    if any(not torch.isfinite(p).all() for p in model.parameters()):
+        return (
+            "the parameters hold NaN or inf values: an earlier update diverged; lower optim.lr "
+            "or set optim.grad_clip"
+        )
+    if not torch.isfinite(task):
+        return (
+            f"the task loss is {task.item()} with finite inputs and parameters: the logits "
+            "overflowed; lower optim.lr, set optim.grad_clip"
+            + (", or turn off optim.bf16" if settings.bf16 else "")
+        )
+    return f"the diversity loss is {div.item()} at temperature {settings.temperature}"
+
+
+def run_epoch(
+    model: nn.Module,
+    batches: Iterable[tuple[Any, Tensor]],
+    optimizer: torch.optim.Optimizer,
+    schedule: torch.optim.lr_scheduler.LRScheduler,
+    settings: StepSettings,
+    *,
+    epoch: int,
+    step: int = 0,
+    forward: Callable[[Any], Tensor] | None = None,
+) -> EpochStats:
+    """One pass over ``batches``: forward → loss → backward → clip → optimizer and schedule step.
+
+        loss = ensemble_loss(model(x), y) + diversity_loss(model, τ, λ)    (second term if λ > 0)
+
+    Args:
+        model: returns logits (M, B, K) from inputs (B, …); trained in place.
+        batches: ``(x, y)`` batches; ``x`` may be a mapping of model keyword arguments.
+        optimizer, schedule: stepped once per batch.
+        settings: see :class:`StepSettings`.
+        epoch: 0-based epoch, for messages.
+        step: steps taken before this epoch, for messages.
+        forward: what computes the logits (a compiled model); default ``model``.
+
+    Raises:
+        NonFiniteLossError: with ``on_nonfinite="stop"``, a NaN or infinite loss or gradient
+            norm, naming the epoch (1-based), the step and the likely cause. Nothing of that
+            step is applied. With ``"skip"`` the step is dropped instead: no update, and the
+            norm statistics its forward pass changed are restored.
+    """
+    forward = forward or model
+    device = _model_device(model)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    regularize = settings.diversity_weight > 0
+    zero = torch.zeros((), device=device)
+    model.train()
+    start = time.perf_counter()
+    total = div_total = norm_total = 0.0
+    count = taken = skipped = 0
+    lr = optimizer.param_groups[0]["lr"]
+    per_epoch = len(batches) if hasattr(batches, "__len__") else "?"
+    for i, (x, y) in enumerate(batches):
+        x, y = _to_device(x, device), _to_device(y, device)
+        if settings.channels_last and isinstance(x, Tensor) and x.dim() == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
+        saved = _norm_buffers(model) if settings.on_nonfinite == "skip" else None
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=settings.bf16):
+            logits = forward(**x) if isinstance(x, Mapping) else forward(x)  # (M, B, K)
+            task = ensemble_loss(logits.float(), y, label_smoothing=settings.label_smoothing)
+        div = (
+            diversity_loss(model, settings.temperature, settings.diversity_weight)
+            if regularize
+            else zero
+        )
+        loss = task + div
+        # One host sync per step: the decision to step must see the value.
+        problem = None if torch.isfinite(loss) else _diagnose(x, task, div, model, settings)
+        optimizer.zero_grad(set_to_none=True)
+        if problem is None:
+            loss.backward()
+            if settings.grad_clip > 0:
+                norm = torch.nn.utils.clip_grad_norm_(trainable, settings.grad_clip)
+            else:
+                grads = [p.grad for p in trainable if p.grad is not None]
+                norm = torch.nn.utils.get_total_norm(grads) if grads else zero
+            if not torch.isfinite(norm):
+                problem = (
+                    f"the gradient norm is {norm.item()} with a finite loss {loss.item():.4g}; "
+                    "lower optim.lr or set optim.grad_clip"
+                )
+        where = f"epoch {epoch + 1}, step {i + 1} of {per_epoch} (global step {step + i + 1})"
+        if problem is not None and settings.on_nonfinite == "stop":
+            raise NonFiniteLossError(
+                f"non-finite loss at {where}: loss {loss.item()}, task loss {task.item()}, "
+                f"diversity loss {div.item()}; cause: {problem}"
+            )
+        lr = optimizer.param_groups[0]["lr"]
+        if problem is not None:  # skip: undo what the forward pass changed, take no step
+            optimizer.zero_grad(set_to_none=True)
+            with torch.no_grad():
+                for buffer, copy in saved or ():
+                    buffer.copy_(copy)
+            warnings.warn(f"skipped the step at {where}: {problem}", stacklevel=2)
+            skipped += 1
+        else:
+            optimizer.step()
+            taken += 1
+            batch = len(y)
+            total, count = total + task.item() * batch, count + batch
+            div_total += div.item()
+            norm_total += norm.item()
+        schedule.step()  # the schedule follows the batch position, skipped or not
+    return EpochStats(
+        task_loss=total / count if count else math.nan,
+        diversity_loss=div_total / taken if taken else math.nan,
+        grad_norm=norm_total / taken if taken else math.nan,
+        lr=lr,
+        steps=taken + skipped,
+        skipped=skipped,
+        seconds=time.perf_counter() - start,
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# The engine
+# ------------------------------------------------------------------------------------------------
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's global generators (torch: every device)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+@contextlib.contextmanager
+def _reproducibility(config: RunConfig) -> Iterator[None]:
+    """Set threads and deterministic algorithms for the run; restore the process's after."""
+    threads = torch.get_num_threads()
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    benchmark = torch.backends.cudnn.benchmark
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    if config.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic)
+        torch.backends.cudnn.benchmark = benchmark
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} asked for, but CUDA is not available; use 'cpu'")
+    return device
+
+
+class _CompiledOrEager:
+    """``torch.compile(model)``, falling back to the eager model (with a warning) if it fails."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        try:
+            self.compiled: Callable | None = torch.compile(model)
+        except Exception as error:  # noqa: BLE001 - any failure means: run eagerly
+            warnings.warn(f"torch.compile failed, training eagerly: {error}", stacklevel=3)
+            self.compiled = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Tensor:
+        if self.compiled is not None:
+            try:
+                return self.compiled(*args, **kwargs)
+            except Exception as error:  # noqa: BLE001 - e.g. no C++ compiler for inductor
+                warnings.warn(f"torch.compile failed, training eagerly: {error}", stacklevel=2)
+                self.compiled = None
+        return self.model(*args, **kwargs)
+
+
+def _progress(batches: Iterable, enabled: bool, description: str) -> Iterable:
+    if not enabled:
+        return batches
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return batches
+    return tqdm(batches, desc=description, leave=False, dynamic_ncols=True)
+
+
+def _describe_groups(groups: list[dict]) -> str:
+    return "; ".join(
+        f"{g['name']}: {len(g['params'])} tensors, {sum(p.numel() for p in g['params']):,} "
+        f"params, lr {g['lr']:.3g}, weight decay {g['weight_decay']:g}"
+        for g in groups
+    )
+
+
+def _run_path(config: RunConfig, run_dir: str | os.PathLike | None) -> Path:
+    if run_dir is not None:
+        return Path(run_dir)
+    if config.name:
+        return Path(config.out_dir) / config.name
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    base = f"{config.data.dataset}-{config.model.backbone}-{config.method.name}-{stamp}"
+    return Path(config.out_dir) / base
+
+
+def train(
+    config: RunConfig,
+    *,
+    resume: bool = False,
+    progress: bool = True,
+    run_dir: str | os.PathLike | None = None,
+    log: Callable[[str], None] | None = print,
+) -> Path:
+    """Train and evaluate one run; return its directory (see :mod:`snens.runs`).
+
+    Args:
+        config: the resolved run config.
+        resume: continue the run in ``run_dir`` (default ``out_dir/name``) from its
+            ``last.pt``: model, optimizer, schedule, RNG states, epoch and step are restored
+            and training goes on with the epoch after the checkpoint. ``config`` must equal the
+            run's saved config.
+        progress: a progress bar per epoch (when tqdm is installed).
+        run_dir: the run directory, instead of ``out_dir/name``.
+        log: called with one line per epoch and a few setup lines; None for silence.
+
+    Returns:
+        The run directory, holding config.toml, provenance.json, metrics.jsonl, last.pt,
+        prev.pt and final.json.
+
+    Raises:
+        RunDirError: the output directory is not writable (before anything else), or a new
+            run's directory already holds a run.
+        NonFiniteLossError: a NaN/inf loss with ``on_nonfinite = "stop"``; the message names
+            epoch, step and cause, and the last good checkpoint is kept.
+        CheckpointError: on resume, ``last.pt`` is truncated, modified or does not fit (the
+            previous one, ``prev.pt``, is kept beside it: copy it over ``last.pt`` to resume
+            from there).
+        ValueError: on resume, a config that differs from the run's.
+    """
+    say = log or (lambda line: None)
+    path = _run_path(config, run_dir)
+    # Fail before loading anything: an unwritable output directory, a name already taken.
+    if resume:
+        config = open_run(path, config).config
+    else:
+        check_new_run(path)
+
+    with _reproducibility(config):
+        seed_everything(config.seed)
+        device = _device(config.device)
+
+        # -- data
+        loaded = build_data(config.data, seed=config.seed, device=device)
+        steps_per_epoch = len(loaded.train)
+
+        # -- model
+        model = build_model(config, num_classes=loaded.num_classes, channels=loaded.channels)
+        model.to(device)
+        if config.optim.channels_last:
+            model.to(memory_format=torch.channels_last)
+        num_classes = config.model.num_classes or loaded.num_classes
+        trainable = select_finetune(model, config.optim.finetune, num_classes)
+        snens_method = config.method.name == "snens"
+
+        # -- optimizer and schedule: parameter groups by one rule (snens.param_groups)
+        groups = param_groups(
+            model, config.optim.lr, config.optim.weight_decay, config.method.gamma_lr_multiplier
+        )
+        optimizer = build_optimizer(config.optim, groups)
+        schedule = build_schedule(config.optim, optimizer, steps_per_epoch)
+        settings = StepSettings(
+            temperature=config.method.temperature,
+            diversity_weight=config.method.diversity_weight if snens_method else 0.0,
+            label_smoothing=config.optim.label_smoothing,
+            grad_clip=config.optim.grad_clip,
+            bf16=config.optim.bf16,
+            channels_last=config.optim.channels_last,
+            on_nonfinite=config.on_nonfinite,
+        )
+
+        # -- run directory, or the state of the interrupted run
+        epoch = step = skipped_total = 0
+        seconds = 0.0
+        if resume:
+            run = Run(path, config)
+            if run.checkpoint.is_file():
+                state = load_checkpoint(run.checkpoint)
+                if state["config"] != to_dict(config):
+                    raise ValueError(f"{run.checkpoint} was saved by another config than {path}")
+                load_model_state(model, state["model"])
+                optimizer.load_state_dict(state["optimizer"])
+                schedule.load_state_dict(state["schedule"])
+                set_rng_state(state["rng"])
+                epoch, step = state["epoch"], state["step"]
+                seconds, skipped_total = state.get("seconds", 0.0), state.get("skipped_steps", 0)
+                say(f"resuming {path} after epoch {epoch} (step {step})")
+            else:  # stopped before its first checkpoint: the fresh start above is that run's
+                say(f"resuming {path}: no checkpoint yet, starting from epoch 1")
+            run.truncate_metrics(epoch)
+        else:
+            run = create_run(config, path)
+        params = sum(p.numel() for p in model.parameters())
+        say(
+            f"run {run.path}: {config.method.name} over {config.model.backbone}, {params:,} "
+            f"parameters ({trainable:,} trainable), {steps_per_epoch} steps per epoch on {device}"
+        )
+        say(f"parameter groups: {_describe_groups(groups)}")
+        forward = _CompiledOrEager(model) if config.optim.compile else model
+
+        # -- training
+        while epoch < config.optim.epochs:
+            loaded.train.set_epoch(epoch)
+            batches = _progress(loaded.train, progress, f"epoch {epoch + 1}/{config.optim.epochs}")
+            try:
+                stats = run_epoch(
+                    model,
+                    batches,
+                    optimizer,
+                    schedule,
+                    settings,
+                    epoch=epoch,
+                    step=step,
+                    forward=forward,
+                )
+            except NonFiniteLossError as error:
+                kept = (
+                    f"the last good checkpoint is {run.checkpoint}"
+                    if run.checkpoint.is_file()
+                    else "no checkpoint was saved before it"
+                )
+                raise NonFiniteLossError(f"{error}. Training stopped; {kept}.") from error
+            epoch, step = epoch + 1, step + stats.steps
+            seconds, skipped_total = seconds + stats.seconds, skipped_total + stats.skipped
+            record: dict[str, Any] = {
+                "epoch": epoch,
+                "step": step,
+                "task_loss": stats.task_loss,
+                "lr": stats.lr,
+                "grad_norm": stats.grad_norm,
+                "skipped_steps": stats.skipped,
+                "seconds": stats.seconds,
+            }
+            if snens_method:  # the realized allocation, to report next to k*(τ)
+                record["diversity_loss"] = stats.diversity_loss
+                record["diversity_gain"] = diversity_gain(model, config.method.temperature)
+                record["effective_members"] = mean_effective_members(model)
+            if config.eval_every and epoch % config.eval_every == 0:
+                quick = evaluate(model, loaded.test)
+                record.update({k: quick[k] for k in ("test/accuracy", "test/nll", "test/ece")})
+            run.log(record)
+            say(_epoch_line(record, config.optim.epochs))
+            if epoch % config.checkpoint_every == 0 or epoch == config.optim.epochs:
+                save_checkpoint(
+                    run.checkpoint,
+                    {
+                        "model": model.state_dict(),
+                        "optimizer": optimizer.state_dict(),
+                        "schedule": schedule.state_dict(),
+                        "rng": rng_state(),
+                        "epoch": epoch,
+                        "step": step,
+                        "config": to_dict(config),
+                        "seconds": seconds,
+                        "skipped_steps": skipped_total,
+                    },
+                )
+
+        # -- evaluation
+        results = evaluate(model, loaded.test, ood=loaded.ood, corruptions=loaded.corruptions)
+        run.write_final(
+            {
+                "metrics": results,
+                "model": _model_summary(model, config),
+                "train": {
+                    "epochs": epoch,
+                    "steps": step,
+                    "skipped_steps": skipped_total,
+                    "seconds": seconds,
+                },
+            }
+        )
+        say(
+            f"done: test accuracy {results['test/accuracy']:.4f}, NLL {results['test/nll']:.4f}, "
+            f"ECE {results['test/ece']:.4f}; {run.path / 'final.json'}"
+        )
+    return run.path
+
+
+def _epoch_line(record: Mapping[str, Any], epochs: int) -> str:
+    line = f"epoch {record['epoch']}/{epochs}  loss {record['task_loss']:.4f}"
+    if "diversity_gain" in record:
+        line += (
+            f"  gain over uniform {record['diversity_gain']:.4f}"
+            f"  effective members {record['effective_members']:.2f}"
+        )
+    if "test/accuracy" in record:
+        line += f"  test acc {record['test/accuracy']:.4f}  NLL {record['test/nll']:.4f}"
+    line += f"  lr {record['lr']:.3g}  {record['seconds']:.1f}s"
+    if record["skipped_steps"]:
+        line += f"  ({record['skipped_steps']} steps skipped)"
+    return line
+
+
+def _model_summary(model: nn.Module, config: RunConfig) -> dict[str, Any]:
+    summary: dict[str, Any] = {
+        "params": sum(p.numel() for p in model.parameters()),
+        "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
+    }
+    if config.method.name == "snens":
+        summary["effective_members"] = mean_effective_members(model)
+        summary["k_star"] = optimal_k(config.method.temperature, config.method.num_members)
+    return summary
+
+
+def evaluate_run(run_dir: str | os.PathLike) -> tuple[dict[str, float], dict[str, Any]]:
+    """Re-evaluate a run: rebuild model and data from its config.toml, load its last.pt.
+
+    The checkpoint is verified and loaded with ``weights_only=True``; the evaluation runs with
+    the run's threads and determinism settings, so it reproduces ``final.json``'s metrics.
+
+    Returns:
+        ``(metrics, state)``: what :func:`snens.evaluate` returns, and the checkpoint.
+
+    Raises:
+        RunDirError: not a run directory.
+        FileNotFoundError: the run has no last.pt.
+        CheckpointError: last.pt is truncated, modified or does not fit the model.
+    """
+    path = Path(run_dir)
+    if not (path / CONFIG).is_file():
+        raise RunDirError(f"{path} is not a run directory (no {CONFIG})")
+    config = load_config(path / CONFIG)
+    state = load_checkpoint(path / "last.pt")
+    with _reproducibility(config):
+        device = _device(config.device)
+        loaded = build_data(config.data, seed=config.seed, device=device)
+        torch.manual_seed(config.seed)
+        model = build_model(config, num_classes=loaded.num_classes, channels=loaded.channels)
+        load_model_state(model, state["model"])
+        model.to(device)
+        metrics = evaluate(model, loaded.test, ood=loaded.ood, corruptions=loaded.corruptions)
+    return metrics, state
+
+
+# ------------------------------------------------------------------------------------------------
+# Helpers for a model and batches built by hand
+# ------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -50,7 +871,7 @@ def fit(
     """Train ``model`` with AdamW and a cosine schedule; add the diversity loss for σN-Ens.
 
     Loss per batch: ``ensemble_loss(model(x), y) + diversity_loss(model, τ, λ)`` (the second
-    term only when the model holds member norms).
+    term only when the model holds member norms). The step is :func:`run_epoch`'s.
 
     Args:
         model: returns logits (M, B, K) from inputs (B, …).
@@ -64,7 +885,8 @@ def fit(
         log: called with one line per epoch; None for silence.
 
     Raises:
-        ValueError: on ``epochs < 1`` or a non-finite loss (naming the epoch and step).
+        ValueError: on ``epochs < 1``; :class:`NonFiniteLossError` (a ``ValueError``) on a
+            non-finite loss, naming the epoch and step.
     """
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
         raise ValueError(f"epochs must be an int >= 1, got {epochs!r}")
@@ -72,29 +894,17 @@ def fit(
     optimizer = torch.optim.AdamW(param_groups(model, lr, weight_decay, gamma_lr_multiplier), lr=lr)
     steps = epochs * len(batches)  # type: ignore[arg-type]
     schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: 0.5 * (1 + math.cos(math.pi * min(step, steps) / steps))
+        optimizer, functools.partial(lr_factor, total_steps=steps, schedule="cosine")
     )
-    losses, gains = [], []
+    settings = StepSettings(
+        temperature=temperature, diversity_weight=diversity_weight if regularize else 0.0
+    )
+    losses, gains, step = [], [], 0
     start = time.perf_counter()
     for epoch in range(epochs):
-        model.train()
-        total, count = 0.0, 0
-        for step, (x, y) in enumerate(batches):
-            task = ensemble_loss(model(x), y)
-            loss = task
-            if regularize:
-                loss = loss + diversity_loss(model, temperature, diversity_weight)
-            if not torch.isfinite(loss):
-                raise ValueError(
-                    f"non-finite loss {loss.item()} at epoch {epoch}, step {step} "
-                    f"(task loss {task.item()}); lower the learning rate"
-                )
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            schedule.step()
-            total, count = total + task.item() * len(y), count + len(y)
-        losses.append(total / count)
+        stats = run_epoch(model, batches, optimizer, schedule, settings, epoch=epoch, step=step)
+        step += stats.steps
+        losses.append(stats.task_loss)
         gains.append(diversity_gain(model, temperature) if regularize else 0.0)
         if log is not None:
             log(

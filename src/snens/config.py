@@ -1,0 +1,774 @@
+"""Typed, frozen run configurations, read from TOML, with named presets.
+
+A run is described by one :class:`RunConfig`: run-level settings (seed, output directory,
+determinism, checkpointing) and four sections, each a frozen dataclass::
+
+    seed = 0
+    out_dir = "runs"
+
+    [data]      # DataConfig: data set, subset sizes, batch size, augmentation, OOD, corruptions
+    [model]     # ModelConfig: backbone name and its builder options
+    [method]    # MethodConfig: ensemble method, M, τ, λ, input policy
+    [optim]     # OptimConfig: optimizer, schedule, epochs, clipping, bf16, fine-tuning mode
+
+Every value is checked when a config is built, in Python or from TOML: unknown keys are
+refused with the list of valid ones, a wrong type raises ``TypeError`` and an out-of-range
+value ``ValueError``, each naming the key (``optim.lr``). Sizes that read "0 = all" use 0
+because TOML has no null.
+
+    config = load_config("my.toml", ["method.temperature=0.5", "optim.epochs=3"])
+    config = preset("cifar10_resnet18")
+    text = to_toml(config)            # load_config(tomllib.loads(text)) == config
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib
+
+from snens.baselines.factory import METHODS
+from snens.data.corruptions import CORRUPTIONS, EXTRA_CORRUPTIONS, SEVERITIES
+from snens.optim import GAMMA_LR_MULTIPLIER
+
+__all__ = [
+    "DATASETS",
+    "OOD_SETS",
+    "PRESETS",
+    "DataConfig",
+    "MethodConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "RunConfig",
+    "from_dict",
+    "load_config",
+    "preset",
+    "to_dict",
+    "to_toml",
+]
+
+#: Data sets a config may name. The engine trains on the image sets; ``imagenet``, ``sst2`` and
+#: ``rotten_tomatoes`` are accepted so their presets validate (see ``snens.train``).
+DATASETS = (
+    "fashion_mnist",
+    "cifar10",
+    "cifar100",
+    "svhn",
+    "imagenet",
+    "sst2",
+    "rotten_tomatoes",
+)
+
+#: Out-of-distribution test sets a config may name in ``data.ood``.
+OOD_SETS = ("mnist_5k", "fashion_mnist", "cifar10", "cifar100", "svhn")
+
+Dataset = Literal[
+    "fashion_mnist", "cifar10", "cifar100", "svhn", "imagenet", "sst2", "rotten_tomatoes"
+]
+
+
+# ------------------------------------------------------------------------------------------------
+# Checking and coercing values
+# ------------------------------------------------------------------------------------------------
+
+
+def _type_name(hint: Any) -> str:
+    origin = typing.get_origin(hint)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(hint))
+    if origin is tuple:
+        return f"a list of {_type_name(typing.get_args(hint)[0])}"
+    if origin is dict:
+        return "a table"
+    return {bool: "a bool", int: "an int", float: "a number", str: "a string"}.get(hint, str(hint))
+
+
+def _coerce(value: Any, hint: Any, key: str) -> Any:
+    """``value`` checked against the type ``hint``; ints become floats, lists tuples."""
+    origin = typing.get_origin(hint)
+    if origin is Literal:
+        choices = typing.get_args(hint)
+        if value not in choices or isinstance(value, bool):
+            raise ValueError(
+                f"{key} must be one of {', '.join(repr(c) for c in choices)}, got {value!r}"
+            )
+        return value
+    if origin is tuple:
+        if isinstance(value, str) or not isinstance(value, Sequence):
+            raise TypeError(f"{key} must be {_type_name(hint)}, got {value!r}")
+        item = typing.get_args(hint)[0]
+        return tuple(_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value))
+    if origin is dict:
+        if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+            raise TypeError(f"{key} must be a table of named values, got {value!r}")
+        for name, item in value.items():
+            _check_toml_value(item, f"{key}.{name}")
+        return dict(value)
+    ok = {
+        bool: isinstance(value, bool),
+        int: isinstance(value, int) and not isinstance(value, bool),
+        float: isinstance(value, int | float) and not isinstance(value, bool),
+        str: isinstance(value, str),
+    }[hint]
+    if not ok:
+        raise TypeError(f"{key} must be {_type_name(hint)}, got {type(value).__name__} {value!r}")
+    if hint is float:
+        try:
+            return float(value)
+        except OverflowError:
+            raise ValueError(f"{key} is too large for a float: {value}") from None
+    return value
+
+
+def _check_toml_value(value: Any, key: str) -> None:
+    """Options must survive the trip to config.toml: TOML scalars, lists and tables only."""
+    if isinstance(value, bool | int | float | str):
+        return
+    if isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            _check_toml_value(item, f"{key}[{i}]")
+        return
+    if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
+        for name, item in value.items():
+            _check_toml_value(item, f"{key}.{name}")
+        return
+    raise TypeError(
+        f"{key} must be a string, number, bool, list or table (what TOML holds), got "
+        f"{type(value).__name__} {value!r}"
+    )
+
+
+def _require(ok: bool, key: str, what: str, value: Any) -> None:
+    if not ok:
+        raise ValueError(f"{key} must be {what}, got {value!r}")
+
+
+class _Section:
+    """Shared by the config dataclasses: type-checks and coerces every field at construction."""
+
+    section: ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            if f.name in _SECTIONS:
+                continue
+            key = f"{self.section}.{f.name}" if self.section else f.name
+            object.__setattr__(self, f.name, _coerce(getattr(self, f.name), hints[f.name], key))
+        self.validate()
+
+    def key(self, name: str) -> str:
+        return f"{self.section}.{name}" if self.section else name
+
+    def validate(self) -> None:
+        """Range checks of a section; raise ``ValueError`` naming the key."""
+
+
+# ------------------------------------------------------------------------------------------------
+# The sections
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DataConfig(_Section):
+    """What to train and evaluate on."""
+
+    section: ClassVar[str] = "data"
+
+    dataset: Dataset = "fashion_mnist"
+    root: str = ""  # data root; "" = $SNENS_DATA, else ~/.cache/snens
+    download: bool = False  # fetch missing data sets (checksums verified)
+    train_examples: int = 0  # first N training examples; 0 = all
+    test_examples: int = 0  # first N test examples; 0 = all
+    batch_size: int = 128  # examples per optimizer step ("split": B/M per member)
+    eval_batch_size: int = 1000  # examples per forward pass in evaluation
+    augment: tuple[str, ...] = ("crop", "flip")  # random crop (pad 2 px < 32 px, else 4) / flip
+    ood: tuple[str, ...] = ()  # OOD test sets, from OOD_SETS
+    ood_examples: int = 0  # examples per OOD set (a fixed random subset); 0 = all
+    corruptions: bool = False  # evaluate on generated CIFAR-C-style corruptions of the test set
+    corruption_names: tuple[str, ...] = ()  # () = the 15 CIFAR-10-C corruptions
+    severities: tuple[int, ...] = SEVERITIES  # each in 1..5
+    corruption_examples: int = 1000  # first N test images corrupted; 0 = all
+    corruption_seed: int = 0  # fixed across runs so every method sees the same corruptions
+
+    def validate(self) -> None:
+        for name in ("train_examples", "test_examples", "ood_examples", "corruption_examples"):
+            value = getattr(self, name)
+            _require(value >= 0, self.key(name), "an int >= 0 (0 = all)", value)
+        for name in ("batch_size", "eval_batch_size"):
+            value = getattr(self, name)
+            _require(value >= 1, self.key(name), "an int >= 1", value)
+        for a in self.augment:
+            _require(a in ("crop", "flip"), self.key("augment"), "a list of 'crop', 'flip'", a)
+        for name in self.ood:
+            _require(name in OOD_SETS, self.key("ood"), f"a list of {OOD_SETS}", name)
+        known = CORRUPTIONS + EXTRA_CORRUPTIONS
+        for name in self.corruption_names:
+            _require(name in known, self.key("corruption_names"), f"a list of {known}", name)
+        for s in self.severities:
+            _require(1 <= s <= 5, self.key("severities"), "a list of ints in 1..5", s)
+        seed = self.corruption_seed
+        _require(seed >= 0, self.key("corruption_seed"), "an int >= 0", seed)
+
+
+@dataclass(frozen=True)
+class ModelConfig(_Section):
+    """The backbone network, built by name with ``snens.models.create``."""
+
+    section: ClassVar[str] = "model"
+
+    backbone: str = "small_cnn"  # a name of snens.models.available()
+    num_classes: int = 0  # K; 0 = the data set's number of classes
+    options: dict[str, Any] = field(default_factory=dict)  # builder kwargs: width, pretrained, …
+
+    def validate(self) -> None:
+        _require(bool(self.backbone), self.key("backbone"), "a model name", self.backbone)
+        _require(self.num_classes >= 0, self.key("num_classes"), "an int >= 0", self.num_classes)
+
+
+@dataclass(frozen=True)
+class MethodConfig(_Section):
+    """The ensemble method over the backbone, built with ``snens.baselines.create``."""
+
+    section: ClassVar[str] = "method"
+
+    name: Literal[METHODS] = "snens"  # type: ignore[valid-type]
+    num_members: int = 4  # M (1 for "single")
+    temperature: float = 1.0  # τ of the diversity regularizer (σN-Ens only)
+    diversity_weight: float = 0.1  # λ, on the sum over features (σN-Ens only)
+    input_policy: Literal["repeat", "split"] = "repeat"  # "split": member m sees B/M examples
+    gamma_lr_multiplier: float = GAMMA_LR_MULTIPLIER  # lr of gamma over the base lr
+    options: dict[str, Any] = field(default_factory=dict)  # method kwargs: head_init, alpha, …
+
+    def validate(self) -> None:
+        _require(self.num_members >= 1, self.key("num_members"), "an int >= 1", self.num_members)
+        if self.name == "single" and self.num_members != 1:
+            raise ValueError(
+                f"method.num_members must be 1 for method 'single', got {self.num_members}; "
+                "set method.num_members=1"
+            )
+        tau = self.temperature
+        _require(math.isfinite(tau) and tau > 0, self.key("temperature"), "finite and > 0", tau)
+        lam = self.diversity_weight
+        _require(math.isfinite(lam) and lam >= 0, self.key("diversity_weight"), ">= 0", lam)
+        mult = self.gamma_lr_multiplier
+        _require(math.isfinite(mult) and mult >= 0, self.key("gamma_lr_multiplier"), ">= 0", mult)
+        if self.input_policy == "split" and self.name != "snens":
+            raise ValueError(
+                f"method.input_policy 'split' is implemented for method 'snens' only, got "
+                f"method.name {self.name!r}; use input_policy 'repeat'"
+            )
+
+
+@dataclass(frozen=True)
+class OptimConfig(_Section):
+    """Optimizer, learning-rate schedule and the numerics of a training step."""
+
+    section: ClassVar[str] = "optim"
+
+    optimizer: Literal["sgd", "adamw"] = "adamw"
+    lr: float = 3e-3  # base learning rate (gamma: lr × method.gamma_lr_multiplier)
+    momentum: float = 0.9  # SGD momentum
+    nesterov: bool = False  # SGD Nesterov momentum
+    betas: tuple[float, ...] = (0.9, 0.999)  # AdamW (beta1, beta2)
+    weight_decay: float = 0.0  # on conv/linear weights only (never norms, biases, gamma)
+    schedule: Literal["cosine", "multistep", "constant"] = "cosine"  # per step, after warm-up
+    milestones: tuple[int, ...] = ()  # multistep: epochs at which lr is multiplied by lr_decay
+    lr_decay: float = 0.1  # multistep factor per milestone
+    warmup_epochs: int = 0  # linear warm-up from lr/warmup_steps to lr, in epochs
+    epochs: int = 10
+    grad_clip: float = 0.0  # max global L2 norm of the gradients; 0 = no clipping
+    label_smoothing: float = 0.0  # of the cross-entropy of every member
+    bf16: bool = False  # bfloat16 autocast of forward and loss
+    compile: bool = False  # torch.compile the model (falls back to eager with a warning)
+    channels_last: bool = False  # channels-last memory format for model and 4-d inputs
+    finetune: Literal["all", "norms_and_heads"] = "all"  # which parameters train
+
+    def validate(self) -> None:
+        finite = ("lr", "weight_decay", "grad_clip", "momentum", "lr_decay")
+        for name in finite:
+            value = getattr(self, name)
+            _require(math.isfinite(value) and value >= 0, self.key(name), "finite, >= 0", value)
+        _require(self.momentum < 1, self.key("momentum"), "in [0, 1)", self.momentum)
+        _require(
+            len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
+            self.key("betas"),
+            "two numbers in [0, 1)",
+            self.betas,
+        )
+        _require(self.epochs >= 1, self.key("epochs"), "an int >= 1", self.epochs)
+        _require(
+            0 <= self.warmup_epochs <= self.epochs,
+            self.key("warmup_epochs"),
+            f"an int in [0, epochs={self.epochs}]",
+            self.warmup_epochs,
+        )
+        _require(
+            list(self.milestones) == sorted(set(self.milestones))
+            and all(0 < m < self.epochs for m in self.milestones),
+            self.key("milestones"),
+            f"increasing epochs in (0, epochs={self.epochs})",
+            self.milestones,
+        )
+        if self.nesterov and (self.optimizer != "sgd" or self.momentum == 0):
+            raise ValueError(
+                "optim.nesterov needs optimizer 'sgd' with momentum > 0, got optimizer "
+                f"{self.optimizer!r}, momentum {self.momentum}"
+            )
+        if self.schedule == "multistep" and not self.milestones:
+            raise ValueError(
+                "optim.milestones is empty but optim.schedule is 'multistep'; give the epochs at "
+                "which to decay, e.g. optim.milestones=[25, 50]"
+            )
+        _require(
+            0 <= self.label_smoothing < 1,
+            self.key("label_smoothing"),
+            "in [0, 1)",
+            self.label_smoothing,
+        )
+
+
+# ------------------------------------------------------------------------------------------------
+# The run
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunConfig(_Section):
+    """One training run: where it goes, how it is seeded and saved, and its four sections."""
+
+    seed: int = 0  # seeds python, numpy, torch (all devices) and the data order
+    out_dir: str = "runs"  # the run directory is out_dir/name
+    name: str = ""  # "" = <dataset>-<backbone>-<method>-<UTC time>
+    device: str = "auto"  # "auto" (cuda if available, else cpu), "cpu", "cuda", "cuda:1", …
+    threads: int = 0  # torch CPU threads; 0 = torch's default
+    deterministic: bool = False  # torch.use_deterministic_algorithms(True)
+    checkpoint_every: int = 1  # epochs between checkpoints (the last epoch always saves)
+    on_nonfinite: Literal["stop", "skip"] = "stop"  # a NaN/inf loss: stop, or skip the step
+    eval_every: int = 0  # epochs between test-set evaluations during training; 0 = at the end
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    method: MethodConfig = field(default_factory=MethodConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+
+    def validate(self) -> None:
+        _require(0 <= self.seed < 2**32, "seed", "an int in [0, 2**32)", self.seed)
+        _require(self.threads >= 0, "threads", "an int >= 0", self.threads)
+        _require(
+            self.checkpoint_every >= 1, "checkpoint_every", "an int >= 1", self.checkpoint_every
+        )
+        _require(self.eval_every >= 0, "eval_every", "an int >= 0", self.eval_every)
+        _require(bool(self.out_dir), "out_dir", "a directory path", self.out_dir)
+        _require(
+            self.name in ("",) or (os.sep not in self.name and self.name not in (".", "..")),
+            "name",
+            "a directory name without path separators",
+            self.name,
+        )
+        _require(
+            self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda", "mps"),
+            "device",
+            "'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'",
+            self.device,
+        )
+        for name, cls in _SECTIONS.items():
+            if not isinstance(getattr(self, name), cls):
+                raise TypeError(
+                    f"{name} must be a {cls.__name__}, got {type(getattr(self, name)).__name__}"
+                )
+        split = self.method.input_policy == "split"
+        M, B = self.method.num_members, self.data.batch_size
+        if split and B % M:
+            raise ValueError(
+                f"data.batch_size {B} is not divisible by method.num_members {M}, which "
+                "method.input_policy 'split' needs (member m trains on its own B/M examples)"
+            )
+
+
+_SECTIONS: dict[str, type] = {
+    "data": DataConfig,
+    "model": ModelConfig,
+    "method": MethodConfig,
+    "optim": OptimConfig,
+}
+
+
+# ------------------------------------------------------------------------------------------------
+# dict and TOML
+# ------------------------------------------------------------------------------------------------
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def to_dict(config: RunConfig) -> dict[str, Any]:
+    """The config as nested plain dicts, lists and scalars (what TOML and JSON hold)."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if f.name in _SECTIONS:
+            out[f.name] = {
+                g.name: _plain(getattr(value, g.name)) for g in dataclasses.fields(value)
+            }
+        else:
+            out[f.name] = _plain(value)
+    return out
+
+
+def _field_names(cls: type) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls)]
+
+
+def _check_keys(given: Mapping[str, Any], cls: type, where: str) -> None:
+    valid = _field_names(cls)
+    for key in given:
+        if key not in valid:
+            full = f"{where}.{key}" if where else key
+            raise ValueError(
+                f"unknown config key {full!r}; valid keys{' in [' + where + ']' if where else ''}: "
+                f"{', '.join(valid)}"
+            )
+
+
+def from_dict(values: Mapping[str, Any]) -> RunConfig:
+    """Build a :class:`RunConfig` from nested dicts; missing keys keep their defaults.
+
+    Raises:
+        ValueError: an unknown key (named, with the valid ones), or a value out of range.
+        TypeError: a value of the wrong type, or a section that is not a table.
+    """
+    if not isinstance(values, Mapping):
+        raise TypeError(f"a config must be a table (dict), got {type(values).__name__}")
+    _check_keys(values, RunConfig, "")
+    kwargs: dict[str, Any] = {}
+    for key, value in values.items():
+        if key in _SECTIONS:
+            if not isinstance(value, Mapping):
+                raise TypeError(f"[{key}] must be a table, got {type(value).__name__} {value!r}")
+            _check_keys(value, _SECTIONS[key], key)
+            kwargs[key] = _SECTIONS[key](**value)
+        else:
+            kwargs[key] = value
+    return RunConfig(**kwargs)
+
+
+def _parse_value(text: str) -> Any:
+    """A ``--set`` value: a TOML value (``0.5``, ``true``, ``[25, 50]``, ``"x"``), else a string."""
+    try:
+        return tomllib.loads(f"value = {text}")["value"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_overrides(values: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Set ``"a.b=value"`` overrides in nested dicts (a copy); values are parsed as TOML.
+
+    Raises:
+        ValueError: an override without ``=``, or a key that is not in the config (named,
+            with the valid keys at that level).
+    """
+    out = _plain(values)
+    for item in overrides:
+        if not isinstance(item, str) or "=" not in item:
+            raise ValueError(f"an override must read key=value, e.g. optim.lr=0.1; got {item!r}")
+        key, text = item.split("=", 1)
+        parts = key.strip().split(".")
+        if parts[0] in _SECTIONS:
+            if len(parts) < 2:
+                raise ValueError(f"override {item!r} names the section [{parts[0]}], not a key")
+            _check_keys({parts[1]: None}, _SECTIONS[parts[0]], parts[0])
+            if len(parts) > 2 and parts[1] != "options":
+                raise ValueError(f"unknown config key {key!r}: {parts[0]}.{parts[1]} has no keys")
+            if len(parts) > 3:
+                raise ValueError(f"unknown config key {key!r}: options are one level deep")
+        else:
+            _check_keys({parts[0]: None}, RunConfig, "")
+            if len(parts) > 1:
+                raise ValueError(f"unknown config key {key!r}: {parts[0]!r} has no keys")
+        target = out
+        for part in parts[:-1]:
+            target = target.setdefault(part, {})
+        target[parts[-1]] = _parse_value(text.strip())
+    return out
+
+
+def load_config(
+    source: str | os.PathLike | Mapping[str, Any] | RunConfig | None = None,
+    overrides: Sequence[str] = (),
+) -> RunConfig:
+    """Read a run config from a TOML file (or dicts, or a config), then apply overrides.
+
+    Args:
+        source: a ``.toml`` path, nested dicts as TOML would give, a :class:`RunConfig`, or
+            None for the defaults.
+        overrides: ``"key=value"`` strings such as ``"method.temperature=0.5"``,
+            ``"optim.milestones=[25, 50]"``, ``"model.options.width=8"``, ``"seed=3"``.
+
+    Raises:
+        FileNotFoundError: the file does not exist.
+        ValueError: unreadable TOML (with the file), an unknown key (named, with the valid
+            ones), an out-of-range value.
+        TypeError: a value of the wrong type (the key named).
+    """
+    if source is None:
+        values: dict[str, Any] = {}
+    elif isinstance(source, RunConfig):
+        values = to_dict(source)
+    elif isinstance(source, Mapping):
+        values = dict(source)
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise FileNotFoundError(f"config file {path} not found")
+        try:
+            values = tomllib.loads(path.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as error:
+            raise ValueError(f"{path}: not valid TOML: {error}") from error
+    return from_dict(apply_overrides(values, overrides))
+
+
+def _toml_string(text: str) -> str:
+    escapes = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+    out = []
+    for ch in text:
+        if ch in escapes:
+            out.append(escapes[ch])
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def _toml_key(key: str) -> str:
+    bare = key and all(c.isascii() and (c.isalnum() or c in "_-") for c in key)
+    return key if bare else _toml_string(key)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return repr(value)
+    if isinstance(value, str):
+        return _toml_string(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, Mapping):
+        items = ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items())
+        return "{" + items + "}"
+    raise TypeError(f"cannot write {type(value).__name__} {value!r} to TOML")
+
+
+def to_toml(config: RunConfig) -> str:
+    """The config as TOML text; ``load_config(tomllib.loads(text))`` gives it back.
+
+    Raises:
+        TypeError: an option value TOML cannot hold (e.g. an object in ``model.options``).
+    """
+    values = to_dict(config)
+    lines = ["# snens run config (every key; see snens.config for units)"]
+    for key, value in values.items():
+        if key not in _SECTIONS:
+            lines.append(f"{key} = {_toml_value(value)}")
+    for section in _SECTIONS:
+        lines += ["", f"[{section}]"]
+        options = values[section].get("options", {})
+        for key, value in values[section].items():
+            if key != "options":
+                lines.append(f"{key} = {_toml_value(value)}")
+        if "options" in values[section]:
+            lines += ["", f"[{section}.options]"]
+            lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in options.items()]
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------------------------------
+# Presets
+# ------------------------------------------------------------------------------------------------
+
+
+def _cifar(dataset: str, backbone: str, **optim: Any) -> RunConfig:
+    """The paper's CIFAR setting: σN-Ens, M=4, SVHN as OOD, all corruptions at 1..5."""
+    return RunConfig(
+        name="",
+        data=DataConfig(
+            dataset=dataset,
+            batch_size=128,
+            augment=("crop", "flip"),
+            ood=("svhn",),
+            corruptions=True,
+            corruption_examples=0,
+        ),
+        model=ModelConfig(backbone=backbone),
+        method=MethodConfig(name="snens", num_members=4, temperature=1.0, diversity_weight=0.1),
+        optim=OptimConfig(**optim),
+    )
+
+
+# ResNet-18 CIFAR recipe (DESIGN §4): 75 epochs SGD lr 0.05, momentum 0.9, wd 5e-4, ×0.1 at
+# epochs 25 and 50, batch 128, crop + flip.
+_RESNET18 = {
+    "optimizer": "sgd",
+    "lr": 0.05,
+    "momentum": 0.9,
+    "weight_decay": 5e-4,
+    "schedule": "multistep",
+    "milestones": (25, 50),
+    "lr_decay": 0.1,
+    "epochs": 75,
+}
+# WRN-28-10 recipe (Zagoruyko & Komodakis 2016, as in uncertainty-baselines): 200 epochs SGD
+# lr 0.1, Nesterov momentum 0.9, wd 5e-4, ×0.2 at epochs 60, 120, 160, one warm-up epoch.
+_WRN28_10 = {
+    "optimizer": "sgd",
+    "lr": 0.1,
+    "momentum": 0.9,
+    "nesterov": True,
+    "weight_decay": 5e-4,
+    "schedule": "multistep",
+    "milestones": (60, 120, 160),
+    "lr_decay": 0.2,
+    "warmup_epochs": 1,
+    "epochs": 200,
+}
+
+PRESETS: dict[str, RunConfig] = {
+    # ---- offline stand-ins, CPU-sized: Fashion-MNIST for CIFAR-10, MNIST-5k for SVHN
+    "fashion_mnist_small_cnn": RunConfig(
+        data=DataConfig(
+            dataset="fashion_mnist",
+            train_examples=10_000,
+            batch_size=128,
+            augment=("crop", "flip"),
+            ood=("mnist_5k",),
+            corruptions=True,
+            corruption_names=("gaussian_noise", "defocus_blur", "contrast", "pixelate"),
+            corruption_examples=1000,
+        ),
+        model=ModelConfig(backbone="small_cnn", options={"width": 16}),
+        method=MethodConfig(name="snens", num_members=4, temperature=1.0, diversity_weight=0.1),
+        optim=OptimConfig(optimizer="adamw", lr=3e-3, schedule="cosine", epochs=3),
+    ),
+    # a smoke test in seconds: 1,000 images, width 4, one epoch
+    "fashion_mnist_small_cnn_tiny": RunConfig(
+        data=DataConfig(
+            dataset="fashion_mnist",
+            train_examples=1000,
+            test_examples=1000,
+            batch_size=100,
+            augment=(),
+            ood=("mnist_5k",),
+            ood_examples=1000,
+        ),
+        model=ModelConfig(backbone="small_cnn", options={"width": 4}),
+        method=MethodConfig(name="snens", num_members=4, temperature=1.0, diversity_weight=0.1),
+        optim=OptimConfig(optimizer="adamw", lr=1e-2, schedule="cosine", epochs=1),
+    ),
+    # the CIFAR recipe's network and optimizer on Fashion-MNIST (1 channel), fewer epochs
+    "fashion_mnist_resnet18": RunConfig(
+        data=DataConfig(
+            dataset="fashion_mnist",
+            batch_size=128,
+            ood=("mnist_5k",),
+            corruptions=True,
+            corruption_examples=1000,
+        ),
+        model=ModelConfig(backbone="resnet18"),
+        method=MethodConfig(name="snens", num_members=4),
+        optim=OptimConfig(**{**_RESNET18, "epochs": 15, "milestones": (5, 10)}),
+    ),
+    # ---- the paper's GPU settings
+    "cifar10_resnet18": _cifar("cifar10", "resnet18", **_RESNET18),
+    "cifar100_resnet18": _cifar("cifar100", "resnet18", **_RESNET18),
+    "cifar10_wrn28_10": _cifar("cifar10", "wrn28_10", **_WRN28_10),
+    "cifar100_wrn28_10": _cifar("cifar100", "wrn28_10", **_WRN28_10),
+    # ViT-S/4 on CIFAR-10 from scratch: AdamW lr 1e-3, wd 0.05, cosine, 10 warm-up epochs.
+    "cifar10_vit_small": RunConfig(
+        data=DataConfig(
+            dataset="cifar10",
+            batch_size=128,
+            ood=("svhn",),
+            corruptions=True,
+            corruption_examples=0,
+        ),
+        model=ModelConfig(backbone="vit_small"),
+        method=MethodConfig(name="snens", num_members=4),
+        optim=OptimConfig(
+            optimizer="adamw",
+            lr=1e-3,
+            weight_decay=0.05,
+            schedule="cosine",
+            warmup_epochs=10,
+            epochs=200,
+            grad_clip=1.0,
+            bf16=True,
+        ),
+    ),
+    # ResNet-50 on ImageNet: SGD lr 0.1 at batch 256, wd 1e-4, ×0.1 at 30, 60, 80; 5 warm-up.
+    "imagenet_resnet50": RunConfig(
+        data=DataConfig(dataset="imagenet", batch_size=256, eval_batch_size=500),
+        model=ModelConfig(backbone="resnet50", num_classes=1000),
+        method=MethodConfig(name="snens", num_members=4),
+        optim=OptimConfig(
+            optimizer="sgd",
+            lr=0.1,
+            momentum=0.9,
+            weight_decay=1e-4,
+            schedule="multistep",
+            milestones=(30, 60, 80),
+            warmup_epochs=5,
+            epochs=90,
+            bf16=True,
+            channels_last=True,
+        ),
+    ),
+    # SST-2 on pretrained MiniLM-L6: norms and heads fine-tuned, gamma at 1000× the base lr.
+    "sst2_minilm": RunConfig(
+        data=DataConfig(dataset="sst2", batch_size=32, augment=()),
+        model=ModelConfig(backbone="minilm", num_classes=2),
+        method=MethodConfig(name="snens", num_members=4, gamma_lr_multiplier=1000.0),
+        optim=OptimConfig(
+            optimizer="adamw",
+            lr=2e-5,
+            weight_decay=0.01,
+            schedule="cosine",
+            warmup_epochs=1,
+            epochs=3,
+            grad_clip=1.0,
+            finetune="all",
+        ),
+    ),
+}
+
+
+def preset(name: str) -> RunConfig:
+    """The named preset (a fresh copy); see :data:`PRESETS`.
+
+    Raises:
+        ValueError: an unknown name; the message lists the presets.
+    """
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; presets: {', '.join(PRESETS)}")
+    return from_dict(to_dict(PRESETS[name]))

@@ -1,0 +1,296 @@
+"""Run directories: the evidence every training run leaves behind.
+
+    runs/<name>/
+        config.toml       the resolved config (every key), readable by snens.config.load_config
+        provenance.json   versions, platform, git SHA of the snens source, command line, times
+        metrics.jsonl     one JSON object per epoch, flushed and fsynced as it is written
+        last.pt, prev.pt  the newest two checkpoints (snens.checkpoint)
+        final.json        the final evaluation (snens.evaluate), written at the end
+
+Everything except ``metrics.jsonl`` is written atomically. Numbers that are not finite (NaN,
+inf) are written as ``null`` so every file is strict JSON.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from snens.checkpoint import atomic_write
+from snens.config import RunConfig, load_config, to_dict, to_toml
+
+__all__ = [
+    "Run",
+    "RunDirError",
+    "check_new_run",
+    "check_writable",
+    "create_run",
+    "git_sha",
+    "open_run",
+    "provenance",
+    "read_metrics",
+    "to_json",
+]
+
+CONFIG = "config.toml"
+PROVENANCE = "provenance.json"
+METRICS = "metrics.jsonl"
+FINAL = "final.json"
+LAST = "last.pt"
+
+
+class RunDirError(OSError):
+    """The run directory cannot be used: not writable, already holding a run, or not a run."""
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def to_json(value: Any, **kwargs: Any) -> str:
+    """``json.dumps`` with NaN and inf written as null (strict JSON)."""
+    return json.dumps(_json_safe(value), allow_nan=False, **kwargs)
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def git_sha(path: str | os.PathLike | None = None, timeout: float = 5.0) -> str | None:
+    """``git rev-parse HEAD`` of the repository holding ``path`` (default: the snens source).
+
+    Returns None when git is missing, ``path`` is not in a repository, or git takes longer than
+    ``timeout`` seconds.
+    """
+    where = Path(path) if path is not None else Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(where), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    sha = out.stdout.strip()
+    return sha if out.returncode == 0 and len(sha) == 40 else None
+
+
+def _git_dirty(timeout: float = 5.0) -> bool | None:
+    where = Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(where), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return bool(out.stdout.strip()) if out.returncode == 0 else None
+
+
+def provenance() -> dict[str, Any]:
+    """Versions, platform, git SHA (or None) and whether the source has uncommitted changes,
+    command line and start time (UTC)."""
+    import numpy
+    import torch
+
+    import snens
+
+    info: dict[str, Any] = {
+        "snens": snens.__version__,
+        "torch": torch.__version__,
+        "numpy": numpy.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "processor": platform.processor() or None,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "cuda": torch.version.cuda,
+        "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+        "git_sha": git_sha(),
+        "git_dirty": _git_dirty(),
+        "command": [sys.executable, *sys.argv],
+        "started": _now(),
+    }
+    return info
+
+
+def check_writable(directory: str | os.PathLike) -> Path:
+    """Create ``directory`` if needed and prove it writable by writing and fsyncing a probe.
+
+    Raises:
+        RunDirError: the directory cannot be created or written (read-only file system,
+            permissions, full disk, a file in the way); the message names it and the cause.
+    """
+    directory = Path(directory)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=directory, prefix=".snens-write-test-")
+        try:
+            os.write(fd, b"snens")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(probe)
+    except OSError as error:
+        raise RunDirError(
+            error.errno,
+            f"output directory {directory} is not writable ({error.strerror or error}); choose "
+            "another one with --out DIR (or run.out_dir), nothing was started",
+        ) from error
+    return directory
+
+
+def check_new_run(path: str | os.PathLike) -> Path:
+    """Check that a new run can be made at ``path``: writable, and holding no run yet.
+
+    Raises:
+        RunDirError: not writable, or already holding a run (resume it, or choose another
+            name).
+    """
+    path = Path(path)
+    if (path / CONFIG).exists():
+        raise RunDirError(
+            f"{path} already holds a run; resume it with `snens train --resume {path}`, or "
+            "choose another name (--set name=…) or --out"
+        )
+    return check_writable(path)
+
+
+@dataclass(frozen=True)
+class Run:
+    """An open run directory."""
+
+    path: Path
+    config: RunConfig
+
+    @property
+    def checkpoint(self) -> Path:
+        """``last.pt``: the newest complete checkpoint."""
+        return self.path / LAST
+
+    def log(self, record: Mapping[str, Any]) -> None:
+        """Append one JSON line to ``metrics.jsonl``, flushed and fsynced."""
+        with open(self.path / METRICS, "a", encoding="utf-8") as file:
+            file.write(to_json(record) + "\n")
+            file.flush()
+            os.fsync(file.fileno())
+
+    def truncate_metrics(self, epochs: int) -> None:
+        """Keep the lines of epochs 1..``epochs`` only (and drop a half-written last line).
+
+        Called on resume: epochs after the last checkpoint are trained again and logged anew.
+        """
+        kept = [r for r in read_metrics(self.path) if r.get("epoch", 0) <= epochs]
+        atomic_write(self.path / METRICS, "".join(to_json(r) + "\n" for r in kept).encode())
+
+    def write_final(self, results: Mapping[str, Any]) -> Path:
+        """Write ``final.json`` atomically."""
+        return atomic_write(self.path / FINAL, (to_json(results, indent=2) + "\n").encode())
+
+
+def _default_name(config: RunConfig) -> str:
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    return f"{config.data.dataset}-{config.model.backbone}-{config.method.name}-{stamp}"
+
+
+def create_run(config: RunConfig, run_dir: str | os.PathLike | None = None) -> Run:
+    """Make a new run directory holding ``config.toml`` and ``provenance.json``.
+
+    Args:
+        config: the resolved config.
+        run_dir: the directory; default ``config.out_dir / config.name`` (a timestamped name
+            when ``config.name`` is empty).
+
+    Raises:
+        RunDirError: not writable (checked before anything else), or it already holds a run
+            (resume it, or choose another name).
+    """
+    path = (
+        Path(run_dir)
+        if run_dir is not None
+        else Path(config.out_dir) / (config.name or _default_name(config))
+    )
+    check_new_run(path)
+    atomic_write(path / CONFIG, to_toml(config).encode())
+    atomic_write(path / PROVENANCE, (to_json(provenance(), indent=2) + "\n").encode())
+    return Run(path, config)
+
+
+def open_run(run_dir: str | os.PathLike, config: RunConfig | None = None) -> Run:
+    """Open an existing run directory to resume it; records the resume in ``provenance.json``.
+
+    Args:
+        run_dir: a directory made by :func:`create_run`.
+        config: the config to resume with; it must equal the saved ``config.toml``.
+
+    Raises:
+        RunDirError: not a run directory, or not writable.
+        ValueError: ``config`` differs from the saved one (the keys named).
+    """
+    path = Path(run_dir)
+    if not (path / CONFIG).is_file():
+        raise RunDirError(f"{path} is not a run directory (no {CONFIG})")
+    check_writable(path)
+    saved = load_config(path / CONFIG)
+    if config is not None and config != saved:
+        diff = _differences(to_dict(saved), to_dict(config))
+        raise ValueError(
+            f"the config differs from the one {path} was started with: {'; '.join(diff)}. A "
+            "resumed run continues the same run; start a new one to change settings"
+        )
+    info: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError):
+        info = json.loads((path / PROVENANCE).read_text(encoding="utf-8"))
+    info.setdefault("resumed", []).append(
+        {"time": _now(), "command": [sys.executable, *sys.argv], "git_sha": git_sha()}
+    )
+    atomic_write(path / PROVENANCE, (to_json(info, indent=2) + "\n").encode())
+    return Run(path, saved)
+
+
+def _differences(a: Mapping[str, Any], b: Mapping[str, Any], prefix: str = "") -> list[str]:
+    out = []
+    for key in sorted(set(a) | set(b)):
+        full = f"{prefix}{key}"
+        va, vb = a.get(key), b.get(key)
+        if isinstance(va, Mapping) and isinstance(vb, Mapping):
+            out += _differences(va, vb, full + ".")
+        elif va != vb:
+            out.append(f"{full}: saved {va!r}, given {vb!r}")
+    return out
+
+
+def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
+    """The per-epoch records of ``metrics.jsonl``; a half-written last line is skipped."""
+    path = Path(run_dir) / METRICS
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        with contextlib.suppress(json.JSONDecodeError):
+            records.append(json.loads(line))
+    return records

@@ -1,0 +1,168 @@
+"""Run configs: TOML round trip, unknown keys and bad values refused by name, overrides, presets."""
+
+from pathlib import Path
+
+import pytest
+import tomllib
+
+from snens.config import (
+    PRESETS,
+    DataConfig,
+    MethodConfig,
+    ModelConfig,
+    OptimConfig,
+    RunConfig,
+    load_config,
+    preset,
+    to_dict,
+    to_toml,
+)
+
+
+def _custom() -> RunConfig:
+    return RunConfig(
+        seed=7,
+        name='odd "name" \\ with ünïcode',
+        deterministic=True,
+        data=DataConfig(dataset="cifar10", ood=("svhn",), severities=(1, 5), augment=("flip",)),
+        model=ModelConfig(backbone="resnet18", options={"width": 8, "tag": "a\tb", "f": 1e-7}),
+        method=MethodConfig(temperature=0.05, options={"head_init": "reset"}),
+        optim=OptimConfig(
+            optimizer="sgd", schedule="multistep", milestones=(2, 5), epochs=6, lr=0.1
+        ),
+    )
+
+
+@pytest.mark.parametrize("config", [RunConfig(), _custom()], ids=["defaults", "custom"])
+def test_toml_round_trip(config, tmp_path):
+    text = to_toml(config)
+    assert load_config(tomllib.loads(text)) == config
+    path = tmp_path / "run.toml"
+    path.write_text(text, encoding="utf-8")
+    loaded = load_config(path)
+    assert loaded == config
+    assert to_toml(loaded) == text
+    assert to_dict(loaded) == to_dict(config)
+
+
+def test_unknown_keys_are_named_with_the_valid_ones():
+    with pytest.raises(ValueError, match=r"'optim\.learning_rate'.*valid keys in \[optim\]: .*lr"):
+        load_config({"optim": {"learning_rate": 0.1}})
+    with pytest.raises(ValueError, match=r"unknown config key 'sed'; valid keys: seed"):
+        load_config({"sed": 1})
+    with pytest.raises(ValueError, match=r"'data\.batchsize'"):
+        load_config(None, ["data.batchsize=3"])
+    with pytest.raises(ValueError, match=r"'nothing'"):
+        load_config(None, ["nothing.lr=3"])
+
+
+@pytest.mark.parametrize(
+    ("values", "error", "pattern"),
+    [
+        ({"optim": {"lr": "fast"}}, TypeError, r"optim\.lr must be a number, got str 'fast'"),
+        ({"optim": {"epochs": 2.5}}, TypeError, r"optim\.epochs must be an int"),
+        ({"deterministic": "yes"}, TypeError, r"deterministic must be a bool"),
+        ({"data": {"augment": "crop"}}, TypeError, r"data\.augment must be a list"),
+        ({"model": {"options": 3}}, TypeError, r"model\.options must be a table"),
+        ({"data": 5}, TypeError, r"\[data\] must be a table"),
+        ({"optim": {"lr": -1.0}}, ValueError, r"optim\.lr must be finite, >= 0"),
+        ({"optim": {"optimizer": "adam"}}, ValueError, r"optim\.optimizer must be one of"),
+        ({"method": {"name": "magic"}}, ValueError, r"method\.name must be one of 'single'"),
+        ({"method": {"temperature": 0}}, ValueError, r"method\.temperature"),
+        ({"method": {"name": "single"}}, ValueError, r"num_members must be 1"),
+        ({"data": {"severities": [0]}}, ValueError, r"data\.severities"),
+        ({"data": {"ood": ["imagenet_o"]}}, ValueError, r"data\.ood"),
+        ({"optim": {"schedule": "multistep"}}, ValueError, r"optim\.milestones is empty"),
+        ({"optim": {"milestones": [5, 3]}}, ValueError, r"optim\.milestones must be increasing"),
+        ({"data": {"batch_size": 0}}, ValueError, r"data\.batch_size must be an int >= 1"),
+        ({"name": "../x"}, ValueError, r"name must be a directory name"),
+        ({"seed": 2**32}, ValueError, r"seed must be an int in \[0, 2\*\*32\)"),
+        ({"optim": {"lr": 10**400}}, ValueError, r"optim\.lr is too large for a float"),
+        ({"model": {"options": {"w": None}}}, TypeError, r"model\.options\.w must be a string"),
+    ],
+)
+def test_bad_values_name_the_key(values, error, pattern):
+    with pytest.raises(error, match=pattern):
+        load_config(values)
+
+
+def test_split_inputs_need_a_batch_divisible_by_members():
+    with pytest.raises(ValueError, match="not divisible by method.num_members 4"):
+        load_config({"data": {"batch_size": 30}, "method": {"input_policy": "split"}})
+
+
+def test_overrides_are_parsed_as_toml_values():
+    config = load_config(
+        preset("fashion_mnist_small_cnn"),
+        [
+            "method.temperature=0.5",
+            "optim.epochs=3",
+            "optim.milestones=[1, 2]",
+            "optim.schedule=multistep",  # a bare word is a string
+            "model.options.width=8",
+            "data.ood=[]",
+            "deterministic=true",
+            'name="run 1"',
+        ],
+    )
+    assert config.method.temperature == 0.5
+    assert isinstance(config.method.temperature, float)
+    assert config.optim.epochs == 3 and config.optim.milestones == (1, 2)
+    assert config.optim.schedule == "multistep"
+    assert config.model.options == {"width": 8}
+    assert config.data.ood == () and config.deterministic and config.name == "run 1"
+    with pytest.raises(ValueError, match="key=value"):
+        load_config(None, ["method.temperature"])
+    with pytest.raises(TypeError, match=r"method\.temperature must be a number"):
+        load_config(None, ["method.temperature=warm"])
+
+
+def test_configs_are_frozen():
+    config = RunConfig()
+    with pytest.raises(AttributeError):
+        config.seed = 3  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_every_preset_loads_and_round_trips(name):
+    config = preset(name)
+    assert isinstance(config, RunConfig)
+    assert load_config(tomllib.loads(to_toml(config))) == config
+    assert preset(name) is not preset(name)  # a fresh copy each time
+
+
+def test_paper_presets_hold_the_recipes():
+    r18 = preset("cifar10_resnet18")
+    assert (r18.data.dataset, r18.model.backbone, r18.data.batch_size) == (
+        "cifar10",
+        "resnet18",
+        128,
+    )
+    assert (r18.optim.optimizer, r18.optim.lr, r18.optim.momentum) == ("sgd", 0.05, 0.9)
+    assert (r18.optim.weight_decay, r18.optim.epochs) == (5e-4, 75)
+    assert (r18.optim.schedule, r18.optim.milestones) == ("multistep", (25, 50))
+    assert r18.data.augment == ("crop", "flip")
+    assert preset("cifar100_wrn28_10").model.backbone == "wrn28_10"
+    assert preset("sst2_minilm").model.backbone == "minilm"
+
+
+def test_unknown_preset_lists_the_names():
+    with pytest.raises(ValueError, match="cifar10_resnet18"):
+        preset("cifar11")
+
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_config_files_equal_the_presets(name):
+    assert load_config(CONFIGS / f"{name}.toml") == preset(name)
+
+
+def test_config_file_errors_name_the_file(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text("[optim\nlr = 1")
+    with pytest.raises(ValueError, match="bad.toml: not valid TOML"):
+        load_config(path)
+    with pytest.raises(FileNotFoundError, match="missing.toml"):
+        load_config(tmp_path / "missing.toml")
