@@ -14,7 +14,8 @@ pytest.importorskip("transformers")
 @pytest.fixture(scope="module")
 def batch():
     texts = load_rotten_tomatoes().texts[:4]
-    return dict(tokenizer()(texts, padding=True, truncation=True, max_length=48, return_tensors="pt"))
+    encoded = tokenizer()(texts, padding=True, truncation=True, max_length=48, return_tensors="pt")
+    return dict(encoded)
 
 
 def test_minilm_classifier_counts_and_pools_over_tokens_only(batch):
