@@ -219,10 +219,11 @@ class Ensemble(nn.Module):
             self.train(was_training)
         if lazy.shape != eager.shape:
             return "eager"
-        scale = eager.abs().max().clamp_min(1e-12)
-        return (
-            "lazy" if torch.allclose(lazy, eager, rtol=1e-4, atol=1e-5 * float(scale)) else "eager"
-        )
+        finite = eager[torch.isfinite(eager)]  # NaN/inf outputs must not poison the tolerance
+        scale = float(finite.abs().max()) if finite.numel() else 1.0
+        atol = 1e-5 * max(scale, 1e-12)
+        close = torch.allclose(lazy, eager, rtol=1e-4, atol=atol, equal_nan=True)
+        return "lazy" if close else "eager"
 
     def extra_repr(self) -> str:
         return (
@@ -294,10 +295,38 @@ def convert(
     )
 
 
-def _check_logits(logits: Tensor) -> None:
+def _check_logits(logits: Tensor, *, allow_empty: bool = False) -> None:
     if not isinstance(logits, Tensor) or logits.dim() < 3:
         shape = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
         raise ValueError(f"expected ensemble logits of shape (M, B, K), got {shape}")
+    if not logits.is_floating_point():
+        raise TypeError(f"logits must be floating point, got {logits.dtype}")
+    if logits.shape[0] == 0 or (logits.numel() == 0 and not allow_empty):
+        raise ValueError(
+            f"empty ensemble logits of shape {tuple(logits.shape)}: need at least one member, "
+            "one example and one class"
+        )
+
+
+def _check_labels(labels: Any, num_classes: int) -> Tensor:
+    if not isinstance(labels, Tensor):
+        raise TypeError(
+            f"labels must be a tensor of class indices, got {type(labels).__name__}; "
+            "use torch.as_tensor(labels)"
+        )
+    if labels.dtype == torch.bool or labels.is_floating_point() or labels.is_complex():
+        raise TypeError(f"labels must be integer class indices, got dtype {labels.dtype}")
+    if labels.dim() != 1:
+        raise ValueError(f"labels must be 1-D class indices (B,), got shape {tuple(labels.shape)}")
+    if labels.numel():
+        low, high = int(labels.min()), int(labels.max())
+        if low < 0 or high >= num_classes:
+            bad = low if low < 0 else high
+            raise ValueError(
+                f"label {bad} is out of range for {num_classes} classes; labels must lie in "
+                f"[0, {num_classes - 1}]"
+            )
+    return labels.long()
 
 
 def ensemble_loss(logits: Tensor, labels: Tensor, *, label_smoothing: float = 0.0) -> Tensor:
@@ -318,12 +347,23 @@ def ensemble_loss(logits: Tensor, labels: Tensor, *, label_smoothing: float = 0.
         logits: (M, B, K) or (M, B/M, K). labels: (B,). Output: scalar.
 
     Raises:
-        ValueError: if the shapes fit neither policy.
+        ValueError: if the shapes fit neither policy, a label is out of range, the logits are
+            empty or not 3-D, or ``label_smoothing`` is outside [0, 1].
+        TypeError: for non-floating logits, or labels that are not integer tensors.
     """
     _check_logits(logits)
-    M, b = logits.shape[:2]
-    if labels.dim() != 1:
-        raise ValueError(f"labels must be 1-D class indices (B,), got shape {tuple(labels.shape)}")
+    if logits.dim() != 3:
+        raise ValueError(
+            f"ensemble_loss takes logits (M, B, K), got {tuple(logits.shape)}; for per-token "
+            "logits (M, B, T, K) fold the tokens into the batch: logits.flatten(1, -2) with "
+            "labels (B·T,)"
+        )
+    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, int | float):
+        raise TypeError(f"label_smoothing must be a number in [0, 1], got {label_smoothing!r}")
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing!r}")
+    M, b, K = logits.shape
+    labels = _check_labels(labels, K)
     if labels.shape[0] == b:
         target = labels.unsqueeze(0).expand(M, b)  # repeat: every member, every label
     elif labels.shape[0] == M * b:
@@ -345,8 +385,12 @@ def predictive_probs(logits: Tensor) -> Tensor:
 
     Shape:
         logits: (M, B, K). Output: (B, K).
+
+    Raises:
+        ValueError: if ``logits`` has fewer than 3 dimensions or no members (M = 0).
+        TypeError: if ``logits`` is not floating point.
     """
-    _check_logits(logits)
+    _check_logits(logits, allow_empty=True)
     return logits.float().softmax(dim=-1).mean(dim=0)
 
 

@@ -64,13 +64,22 @@ _TAU_RTOL = 1e-13
 # ------------------------------------------------------------------------------------------------
 
 
+def _as_float(name: str, value: Any) -> float:
+    try:
+        return float(value)
+    except OverflowError:
+        shown = repr(value)
+        shown = shown if len(shown) <= 24 else f"{shown[:20]}…({len(shown)} digits)"
+        raise ValueError(f"{name}={shown} is too large for a float") from None
+
+
 def _check_temperature(temperature: Any) -> float:
     if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
         raise TypeError(
             f"temperature must be a real number, got {temperature!r} "
             f"({type(temperature).__name__}); pass e.g. temperature=1.0"
         )
-    tau = float(temperature)
+    tau = _as_float("temperature", temperature)
     if not math.isfinite(tau) or tau <= 0:
         raise ValueError(
             f"temperature must be finite and > 0, got {temperature!r}; use e.g. temperature=1.0 "
@@ -86,7 +95,7 @@ def _check_weight(weight: Any) -> float:
             f"weight must be a real number, got {weight!r} ({type(weight).__name__}); "
             "pass e.g. weight=1e-2"
         )
-    w = float(weight)
+    w = _as_float("weight", weight)
     if not math.isfinite(w) or w < 0:
         raise ValueError(
             f"weight must be finite and >= 0, got {weight!r}; use e.g. weight=1e-2 "
@@ -176,7 +185,11 @@ def diversity_penalty(importances: Tensor, temperature: float) -> Tensor:
     s = importances
     if s.dtype in (torch.float16, torch.bfloat16):
         s = s.float()
-    return torch.log_softmax(s / tau, dim=0).sum()
+    # log_softmax is shift-invariant: subtracting each feature's max keeps s/τ from
+    # overflowing (inf − inf = NaN) at tiny τ; below τ ≈ 1e-30 the division needs float64.
+    dtype = torch.float64 if tau < 1e-30 else s.dtype
+    shifted = (s - s.detach().amax(dim=0, keepdim=True)).to(dtype) / tau
+    return torch.log_softmax(shifted, dim=0).sum().to(s.dtype)
 
 
 def optimal_k(temperature: float, num_members: int) -> float:
@@ -235,13 +248,19 @@ def tau_for_k(k: float, num_members: int) -> float:
     M = check_num_members(num_members)
     if isinstance(k, bool) or not isinstance(k, numbers.Real):
         raise TypeError(f"k must be a real number, got {k!r} ({type(k).__name__})")
-    if not (0 < float(k) < M / 2):
+    if not (0 < _as_float("k", k) < M / 2):
         raise ValueError(
             f"k={k!r} is outside the valid range 0 < k < M/2 = {M / 2} for num_members M={M}: "
             "k*(τ) rises from 0 (τ → 0) to M/2 (τ → ∞) and never reaches it; a smaller k "
             "gives a smaller τ"
         )
     target = float(k) / M
+    if target < 1e-3:
+        # k*/M = τ − e^{−1/τ}/(1 − e^{−1/τ}) = τ to double precision for τ < 1e-3 (the second
+        # term is below e^{−1000}); bisecting there would underflow lo·hi.
+        if target == 0.0:
+            raise ValueError(f"k={k!r} is too small: k/M underflows to 0")
+        return target
     # k*(τ)/M <= τ, so τ >= target; grow the upper end until it brackets.
     lo, hi = target, max(2.0 * target, 1.0)
     while _k_per_member(hi) < target:
@@ -300,7 +319,8 @@ def diversity_loss(
     for _, layer in chosen:
         penalty = diversity_penalty(layer.importances(), tau)
         total = penalty if total is None else total + penalty.to(total.device)
-    return lam * total
+    # λ·penalty in float64: a λ beyond float32's range would turn λ·0 into inf·0 = NaN.
+    return (total.double() * lam).to(total.dtype)
 
 
 @torch.no_grad()

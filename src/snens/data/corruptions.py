@@ -649,7 +649,7 @@ _FUNCTIONS: dict[str, _Fn] = {
 
 
 def _check_name(name: object) -> str:
-    if name not in _FUNCTIONS:
+    if not isinstance(name, str) or name not in _FUNCTIONS:
         raise ValueError(
             f"unknown corruption {name!r}; choose from {CORRUPTIONS} or the extras "
             f"{EXTRA_CORRUPTIONS}"
@@ -693,6 +693,8 @@ def _check_images(images: object, name: str) -> None:
     if name == "saturate" and images.shape[1] != 3:
         raise ValueError(f"saturate needs 3-channel (RGB) images, got shape {shape}")
     if images.is_floating_point() and images.numel():
+        if torch.isnan(images).any():
+            raise ValueError(f"images contain nan (shape {shape}); corrupt finite images in [0, 1]")
         low, high = images.aminmax()
         if low < 0 or high > 1:
             raise ValueError(

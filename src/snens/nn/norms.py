@@ -98,6 +98,9 @@ class MemberNorm(nn.Module):
         super().__init__()
         self.num_members = check_num_members(num_members)
         self.feature_shape = tuple(int(s) for s in feature_shape)
+        for name, value in (("gamma_mean", gamma_mean), ("gamma_std", gamma_std)):
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise TypeError(f"{name} must be a real number, got {value!r}")
         if gamma_std < 0 or not math.isfinite(gamma_std) or not math.isfinite(gamma_mean):
             raise ValueError(
                 f"gamma_mean={gamma_mean} and gamma_std={gamma_std} must be finite, gamma_std >= 0"
@@ -139,12 +142,29 @@ class MemberNorm(nn.Module):
         weight_m = weight / sigmoid(gamma_m), bias_m = bias / sigmoid(gamma_m), so that
         sigmoid(gamma_m)·(weight_m x̂ + bias_m) = weight x̂ + bias for every member m.
         """
-        s = torch.sigmoid(self.gamma)
+        # In float64, then checked: w / sigmoid(gamma) overflows float32 below gamma ≈ -87
+        # and float16 below gamma ≈ -11.
+        s = torch.sigmoid(self.gamma.detach().double())
         w = torch.ones(self.feature_shape) if weight is None else weight.detach()
-        self.weight.copy_(w.to(s) / s)
+        new_weight = w.double().to(s.device) / s
+        new_bias = None
         if self.bias is not None:
             b = torch.zeros(self.feature_shape) if bias is None else bias.detach()
-            self.bias.copy_(b.to(s) / s)
+            new_bias = b.double().to(s.device) / s
+        limit = torch.finfo(self.weight.dtype).max
+        for value in (new_weight, new_bias):
+            if value is None or value.is_meta:  # meta tensors (shape-only models) hold no values
+                continue
+            if not (value.abs() <= limit).all():
+                raise ValueError(
+                    f"gamma down to {float(self.gamma.min()):.3g} (gamma_mean={self.gamma_mean!r}, "
+                    f"gamma_std={self.gamma_std!r}) makes weight / sigmoid(gamma) overflow "
+                    f"{self.weight.dtype}; use a larger gamma_mean (e.g. 0.0) or a smaller "
+                    "gamma_std"
+                )
+        self.weight.copy_(new_weight)
+        if new_bias is not None:
+            self.bias.copy_(new_bias)
 
     # -- input checks ------------------------------------------------------------------------
     def _check_rows(self, x: Tensor) -> None:
@@ -665,6 +685,9 @@ class MemberGroupNorm(MemberNorm):
         device=None,
         dtype=None,
     ) -> None:
+        for name, value in (("num_groups", num_groups), ("num_channels", num_channels)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {name}={value!r}")
         if num_channels % num_groups:
             raise ValueError(
                 f"num_channels={num_channels} must be divisible by num_groups={num_groups}"
