@@ -43,8 +43,9 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
 
-from snens import baselines, data
+from snens import baselines, data, distributed
 from snens.allocation import mean_effective_members
 from snens.checkpoint import (
     load_checkpoint,
@@ -631,15 +632,46 @@ def train(
         CheckpointError: on resume, ``last.pt`` is truncated, modified or does not fit (the
             previous one, ``prev.pt``, is kept beside it: copy it over ``last.pt`` to resume
             from there).
-        ValueError: on resume, a config that differs from the run's.
+        ValueError: on resume, a config that differs from the run's; under torchrun, a
+            ``data.batch_size`` not divisible by the number of processes, or
+            ``on_nonfinite = "skip"``.
+        RuntimeError: under torchrun, another rank died or stopped answering (names the rank).
+
+    Under ``torchrun --nproc_per_node=N`` (see :mod:`snens.distributed`) the same call trains
+    with DistributedDataParallel: each rank takes B/N rows of every global batch of B, rank 0
+    alone writes the run directory, logs and evaluates (over the full test set; the others
+    return when training ends). The epoch's task loss is the mean over the ranks.
     """
-    say = log or (lambda line: None)
-    path = _run_path(config, run_dir)
+    with distributed.session() as group:
+        return _train(config, group, resume=resume, progress=progress, run_dir=run_dir, log=log)
+
+
+def _train(
+    config: RunConfig,
+    group: distributed.Context,
+    *,
+    resume: bool,
+    progress: bool,
+    run_dir: str | os.PathLike | None,
+    log: Callable[[str], None] | None,
+) -> Path:
+    say = (log if group.is_main else None) or (lambda line: None)
+    # A timestamped default name could differ between ranks: rank 0's path is the run's.
+    path = group.broadcast(_run_path(config, run_dir), "agreeing on the run directory")
+    if group.enabled:
+        distributed.local_batch_size(config.data.batch_size, group.world_size)
+        if config.on_nonfinite == "skip":
+            raise ValueError(
+                'on_nonfinite = "skip" is not supported under torchrun: a rank that skips '
+                "its backward pass would leave the others waiting in the gradient all-reduce; "
+                'use "stop"'
+            )
     # Fail before loading anything: an unwritable output directory, a name already taken.
-    if resume:
-        config = open_run(path, config).config
-    else:
-        check_new_run(path)
+    if group.is_main:
+        if resume:
+            config = open_run(path, config).config
+        else:
+            check_new_run(path)
 
     with _reproducibility(config):
         seed_everything(config.seed)
@@ -647,6 +679,8 @@ def train(
 
         # -- data
         loaded = build_data(config.data, seed=config.seed, device=device)
+        if group.enabled:
+            loaded.train.shard(group.rank, group.world_size)
         steps_per_epoch = len(loaded.train)
 
         # -- model
@@ -692,32 +726,51 @@ def train(
                 say(f"resuming {path} after epoch {epoch} (step {step})")
             else:  # stopped before its first checkpoint: the fresh start above is that run's
                 say(f"resuming {path}: no checkpoint yet, starting from epoch 1")
-            run.truncate_metrics(epoch)
-        else:
+            if group.is_main:
+                run.truncate_metrics(epoch)
+        elif group.is_main:
             run = create_run(config, path)
+        else:
+            run = Run(path, config)
+        group.barrier("waiting for rank 0 to prepare the run directory")
         params = sum(p.numel() for p in model.parameters())
         say(
             f"run {run.path}: {config.method.name} over {config.model.backbone}, {params:,} "
             f"parameters ({trainable:,} trainable), {steps_per_epoch} steps per epoch on {device}"
         )
         say(f"parameter groups: {_describe_groups(groups)}")
-        forward = _CompiledOrEager(model) if config.optim.compile else model
+        # DDP averages gradients over the ranks. The diversity loss is a function of the
+        # parameters alone, identical on every rank, so averaging leaves its gradient as it is;
+        # the task loss is a mean over the rank's B/N examples, so the average is the gradient
+        # of the global batch's mean. Every parameter is used in every forward pass, hence
+        # find_unused_parameters=False. Checkpoints hold the plain model's state.
+        replicated = model
+        if group.enabled:
+            replicated = DistributedDataParallel(
+                model,
+                device_ids=[_model_device(model).index] if device.type == "cuda" else None,
+                find_unused_parameters=False,
+            )
+        forward = _CompiledOrEager(replicated) if config.optim.compile else replicated
 
         # -- training
         while epoch < config.optim.epochs:
             loaded.train.set_epoch(epoch)
-            batches = _progress(loaded.train, progress, f"epoch {epoch + 1}/{config.optim.epochs}")
+            batches = _progress(
+                loaded.train, progress and group.is_main, f"epoch {epoch + 1}/{config.optim.epochs}"
+            )
             try:
-                stats = run_epoch(
-                    model,
-                    batches,
-                    optimizer,
-                    schedule,
-                    settings,
-                    epoch=epoch,
-                    step=step,
-                    forward=forward,
-                )
+                with distributed.guard(group, f"epoch {epoch + 1} (gradient all-reduce)"):
+                    stats = run_epoch(
+                        model,
+                        batches,
+                        optimizer,
+                        schedule,
+                        settings,
+                        epoch=epoch,
+                        step=step,
+                        forward=forward,
+                    )
             except NonFiniteLossError as error:
                 kept = (
                     f"the last good checkpoint is {run.checkpoint}"
@@ -727,10 +780,14 @@ def train(
                 raise NonFiniteLossError(f"{error}. Training stopped; {kept}.") from error
             epoch, step = epoch + 1, step + stats.steps
             seconds, skipped_total = seconds + stats.seconds, skipped_total + stats.skipped
+            # Equal shards: the mean of the ranks' means is the mean over the global batches.
+            task_loss = group.mean(stats.task_loss, f"averaging epoch {epoch}'s loss")
+            if not group.is_main:
+                continue
             record: dict[str, Any] = {
                 "epoch": epoch,
                 "step": step,
-                "task_loss": stats.task_loss,
+                "task_loss": task_loss,
                 "lr": stats.lr,
                 "grad_norm": stats.grad_norm,
                 "skipped_steps": stats.skipped,
@@ -761,7 +818,10 @@ def train(
                     },
                 )
 
-        # -- evaluation
+        # -- evaluation, on rank 0 over the full test set: its model holds the weights every
+        # rank holds, and its norm statistics are the ones the checkpoint saves.
+        if not group.is_main:
+            return run.path
         results = evaluate(model, loaded.test, ood=loaded.ood, corruptions=loaded.corruptions)
         run.write_final(
             {

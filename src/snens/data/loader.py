@@ -134,6 +134,7 @@ class TensorLoader:
         self.flip_prob = flip_prob
         self.device = torch.device(device) if device is not None else images.device
         self.epoch = 0
+        self.rank, self.world_size = 0, 1
         if seed is None:
             seed = int(torch.randint(0, 2**62, (1,), generator=generator))
         if not _is_int_at_least(seed, 0):
@@ -187,6 +188,33 @@ class TensorLoader:
         n = len(self.images)
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
+    def shard(self, rank: int, world_size: int) -> TensorLoader:
+        """Yield only this rank's share of every batch, for data-parallel training.
+
+        Every rank draws the same permutation and augmentation from ``(seed, epoch)``; rank r
+        takes rows ``[r·b, (r+1)·b)`` of each global batch of ``batch_size`` rows,
+        ``b = batch_size / world_size``. The ranks' shards are disjoint and together are the
+        batch one process would see; ``len`` (steps per epoch) does not change.
+
+        Returns:
+            This loader, sharded.
+
+        Raises:
+            ValueError: ``rank`` outside ``[0, world_size)``, or ``batch_size`` not a multiple
+                of ``world_size`` (both named).
+        """
+        if not _is_int_at_least(world_size, 1) or not (
+            _is_int_at_least(rank, 0) and rank < world_size
+        ):
+            raise ValueError(f"need 0 <= rank < world_size, got rank {rank!r} of {world_size!r}")
+        if self.batch_size % world_size:
+            raise ValueError(
+                f"batch_size {self.batch_size} is not divisible by world_size {world_size}; "
+                f"choose a batch size that is a multiple of {world_size}"
+            )
+        self.rank, self.world_size = rank, world_size
+        return self
+
     def set_epoch(self, epoch: int) -> None:
         """Make the next pass epoch ``epoch``: its order and augmentation depend on (seed, epoch).
 
@@ -215,7 +243,14 @@ class TensorLoader:
         if "flip" in self.augment:
             flips = (torch.rand(n, generator=generator) < self.flip_prob).to(self.device)
         for i in range(len(self)):
-            rows = slice(i * batch_size, min((i + 1) * batch_size, n))
+            start, stop = i * batch_size, min((i + 1) * batch_size, n)
+            if self.world_size > 1:  # this rank's contiguous share of the global batch
+                size = stop - start
+                start, stop = (
+                    start + size * self.rank // self.world_size,
+                    start + size * (self.rank + 1) // self.world_size,
+                )
+            rows = slice(start, stop)
             if order is None:
                 x, y = self.images[rows], self.labels[rows]  # views, no copy
             else:
@@ -249,7 +284,9 @@ class TensorLoader:
             f"{type(self).__name__}(num_examples={len(self.images)}, "
             f"batch_size={self.batch_size}, shuffle={self.shuffle}, drop_last={self.drop_last}, "
             f"augment={self.augment}, crop_padding={self.crop_padding}, seed={self.seed}, "
-            f"device={self.device})"
+            f"device={self.device}"
+            + (f", rank={self.rank}, world_size={self.world_size}" if self.world_size > 1 else "")
+            + ")"
         )
 
 

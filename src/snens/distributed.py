@@ -1,0 +1,198 @@
+"""Data-parallel training across processes: the process group, the rank's shard, the guards.
+
+``snens train`` under ``torchrun --nproc_per_node=N`` trains with PyTorch
+DistributedDataParallel: :func:`session` joins the process group that torchrun's environment
+(``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``) describes — NCCL
+when CUDA is available, gloo on the CPU — and every other function here is a no-op for a
+single process, so the engine reads the same either way.
+
+Contract of a distributed run (see :func:`snens.train.train`):
+
+* every rank seeds the same, so it builds the same model and the same shuffled order of every
+  epoch; rank r takes rows ``[r·b, (r+1)·b)`` of each global batch of B examples, b = B / N;
+* DDP averages the gradients; with equal shards that is the gradient of the global batch's
+  mean loss, so N processes take the steps of one process with batch B — except that
+  BatchNorm statistics are computed per rank, over b examples (no SyncBatchNorm);
+* rank 0 alone writes the run directory and evaluates, over the full test set.
+
+Faults. A collective that waits longer than the group's timeout (``SNENS_DIST_TIMEOUT``
+seconds, default 60) fails instead of hanging; a collective that fails (a peer died, its
+connection closed) is re-raised by :func:`guard` as a ``RuntimeError`` naming the rank and
+what it was doing. torchrun then tears down the remaining workers and exits non-zero.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["TIMEOUT_ENV", "Context", "guard", "local_batch_size", "session", "timeout"]
+
+TIMEOUT_ENV = "SNENS_DIST_TIMEOUT"
+DEFAULT_TIMEOUT_S = 60.0  # long enough for rank 0's checkpoint write between two collectives
+
+
+@dataclass(frozen=True)
+class Context:
+    """Where this process stands in the group; ``world_size == 1`` for a single process."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    backend: str | None = None
+
+    @property
+    def enabled(self) -> bool:
+        """True when more than one process trains."""
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        """True on rank 0, the one that writes files and evaluates."""
+        return self.rank == 0
+
+    def barrier(self, what: str) -> None:
+        """Wait for every rank (no-op for one process)."""
+        if self.enabled:
+            with guard(self, what):
+                dist.barrier()
+
+    def broadcast(self, value: Any, what: str) -> Any:
+        """Rank 0's ``value`` on every rank (a picklable object)."""
+        if not self.enabled:
+            return value
+        box = [value]
+        with guard(self, what):
+            dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def mean(self, value: float, what: str) -> float:
+        """The mean of ``value`` over the ranks."""
+        if not self.enabled:
+            return value
+        device = torch.device("cuda") if self.backend == "nccl" else torch.device("cpu")
+        total = torch.tensor([value], dtype=torch.float64, device=device)
+        with guard(self, what):
+            dist.all_reduce(total)
+        return total.item() / self.world_size
+
+
+def timeout() -> datetime.timedelta:
+    """The process group's timeout: ``SNENS_DIST_TIMEOUT`` seconds, default 60.
+
+    Raises:
+        ValueError: the variable is not a positive number.
+    """
+    raw = os.environ.get(TIMEOUT_ENV, "")
+    try:
+        seconds = float(raw) if raw else DEFAULT_TIMEOUT_S
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise ValueError(f"{TIMEOUT_ENV} must be a positive number of seconds, got {raw!r}")
+    return datetime.timedelta(seconds=seconds)
+
+
+def local_batch_size(batch_size: int, world_size: int) -> int:
+    """Examples per rank and step: ``batch_size / world_size``.
+
+    Raises:
+        ValueError: ``batch_size`` is not a multiple of ``world_size`` (both named).
+    """
+    if batch_size % world_size:
+        raise ValueError(
+            f"data.batch_size {batch_size} is not divisible by the {world_size} processes; "
+            f"the global batch is split evenly, so choose a multiple of {world_size}"
+        )
+    return batch_size // world_size
+
+
+def _world_from_env() -> tuple[int, int, int]:
+    def read(name: str, default: int) -> int:
+        raw = os.environ.get(name)
+        try:
+            return int(raw) if raw is not None else default
+        except ValueError:
+            raise ValueError(f"environment variable {name} must be an int, got {raw!r}") from None
+
+    return read("RANK", 0), read("WORLD_SIZE", 1), read("LOCAL_RANK", 0)
+
+
+@contextlib.contextmanager
+def session() -> Iterator[Context]:
+    """Join the process group described by torchrun's environment, and leave it at the end.
+
+    Without ``WORLD_SIZE`` (or with ``WORLD_SIZE=1``) this yields a single-process context and
+    touches nothing. A group the caller initialized already is used as it is and kept.
+
+    Raises:
+        ValueError: malformed ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``SNENS_DIST_TIMEOUT``.
+        RuntimeError: torch.distributed is not available in this build of torch.
+    """
+    if dist.is_available() and dist.is_initialized():
+        yield Context(
+            dist.get_rank(),
+            dist.get_world_size(),
+            _world_from_env()[2],
+            dist.get_backend(),
+        )
+        return
+    rank, world_size, local_rank = _world_from_env()
+    if world_size <= 1:
+        yield Context()
+        return
+    if not dist.is_available():
+        raise RuntimeError(
+            f"WORLD_SIZE={world_size} asks for a distributed run, but this torch build has no "
+            "torch.distributed; run a single process"
+        )
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)  # so that device "cuda" is this rank's GPU
+    dist.init_process_group(
+        backend, rank=rank, world_size=world_size, timeout=timeout(), init_method="env://"
+    )
+    try:
+        yield Context(rank, world_size, local_rank, backend)
+    finally:
+        dist.destroy_process_group()
+
+
+# The DDP reducer reports a peer's death as a plain RuntimeError carrying the backend's text
+# (gloo: "Read error ... Connection reset by peer"), not always as a dist.DistError.
+_COLLECTIVE_FAILURE = re.compile(r"gloo|nccl|connection|peer|timed out|timeout", re.IGNORECASE)
+
+
+def _is_collective_failure(error: RuntimeError) -> bool:
+    return isinstance(error, dist.DistError) or bool(_COLLECTIVE_FAILURE.search(str(error)))
+
+
+@contextlib.contextmanager
+def guard(context: Context, what: str) -> Iterator[None]:
+    """Re-raise a failed collective as a ``RuntimeError`` naming this rank and ``what``.
+
+    A peer that died closes its connections (gloo) or stops answering (NCCL, after the
+    timeout); either way the collective fails here rather than waiting forever.
+    """
+    if not context.enabled:
+        yield
+        return
+    try:
+        yield
+    except RuntimeError as error:
+        if not _is_collective_failure(error):
+            raise
+        seconds = timeout().total_seconds()
+        raise RuntimeError(
+            f"rank {context.rank} lost contact with the group of {context.world_size} during "
+            f"{what}: another rank died, or did not answer within the {seconds:g} s timeout "
+            f"({type(error).__name__}: {error})"
+        ) from error
