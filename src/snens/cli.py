@@ -37,7 +37,6 @@ def _demo(args: argparse.Namespace) -> int:
     import torch
 
     import snens
-    from snens import metrics
     from snens.baselines import SingleModel
     from snens.data import (
         FASHION_MNIST_MEAN,
@@ -47,7 +46,7 @@ def _demo(args: argparse.Namespace) -> int:
         load_mnist_5k,
     )
     from snens.models import create
-    from snens.train import fit, predict
+    from snens.train import fit
 
     config = FULL_DEMO if args.full else DemoConfig()
     out_dir = Path(args.out)
@@ -98,19 +97,16 @@ def _demo(args: argparse.Namespace) -> int:
             temperature=tau or 1.0,
             diversity_weight=config.diversity_weight if tau else 0.0,
         )
-        member_probs, labels = predict(net, test)
-        ood_probs, _ = predict(net, ood)
-        probs = member_probs.mean(0)
-        msp = metrics.OOD_SCORES["msp"]
+        report = snens.evaluate(net, test, ood={"mnist": ood})  # OOD score: MSP
         row = {
             "method": name,
             "params": sum(p.numel() for p in net.parameters()),
-            "accuracy": metrics.accuracy(probs, labels),
-            "nll": metrics.nll(probs, labels),
-            "ece": metrics.ece(probs, labels),
-            "brier": metrics.brier(probs, labels),
-            "ood_auroc": metrics.auroc(msp(member_probs), msp(ood_probs)),
-            "disagreement": float(metrics.disagreement(member_probs).mean()),
+            "accuracy": report["test/accuracy"],
+            "nll": report["test/nll"],
+            "ece": report["test/ece"],
+            "brier": report["test/brier"],
+            "ood_auroc": report["ood/mnist/auroc"],
+            "disagreement": report["test/disagreement"],
             "effective_members": snens.mean_effective_members(net) if tau else 1.0,
             "k_star": snens.optimal_k(tau, config.num_members) if tau else 1.0,
             "train_seconds": result.seconds,

@@ -169,15 +169,14 @@ class Ensemble(nn.Module):
                     f"got B={B}; use a batch size that is a multiple of {M} (e.g. "
                     f"{B - B % M or M}) or drop_last=True in the data loader"
                 )
-            return self._unfold(self._run(args, kwargs, lazy=False, repeat=False), B // M)
+            return self._unfold(self._run(args, kwargs, B, lazy=False, repeat=False), B // M)
         if self.replication == "auto" and B >= 2 and M > 1:
-            self.replication = self._choose_replication(args, kwargs)
+            self.replication = self._choose_replication(args, kwargs, B)
         lazy = self.replication == "lazy"
-        return self._unfold(self._run(args, kwargs, lazy=lazy, repeat=True), B)
+        return self._unfold(self._run(args, kwargs, B, lazy=lazy, repeat=True), B)
 
-    def _run(self, args: tuple, kwargs: dict, *, lazy: bool, repeat: bool) -> Tensor:
+    def _run(self, args: tuple, kwargs: dict, B: int, *, lazy: bool, repeat: bool) -> Tensor:
         M = self.num_members
-        B = _batch_size(args, kwargs)
         if repeat and not lazy and M > 1:
             args = tuple(_repeat_rows(a, M) if self._per_example(a, B) else a for a in args)
             kwargs = {
@@ -205,14 +204,14 @@ class Ensemble(nn.Module):
         return logits.reshape(M, rows_per_member, *logits.shape[1:])  # (M, B, K)
 
     @torch.no_grad()
-    def _choose_replication(self, args: tuple, kwargs: dict) -> Replication:
+    def _choose_replication(self, args: tuple, kwargs: dict, B: int) -> Replication:
         """Lazy if, on this batch in eval mode, it gives what eager repetition gives."""
         was_training = self.training
         self.eval()
         try:
-            eager = self._run(args, kwargs, lazy=False, repeat=True)
+            eager = self._run(args, kwargs, B, lazy=False, repeat=True)
             try:
-                lazy = self._run(args, kwargs, lazy=True, repeat=True)
+                lazy = self._run(args, kwargs, B, lazy=True, repeat=True)
             except Exception:
                 return "eager"
         finally:
