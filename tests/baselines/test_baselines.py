@@ -130,9 +130,9 @@ def test_factory_errors_say_what_is_allowed(resnet):
         baselines.create("ensemble", resnet)
     with pytest.raises(ValueError, match="one member"):
         baselines.create("single", resnet, num_members=4)
-    with pytest.raises(ValueError, match="'resnet18' or 'resnet50'"):
+    with pytest.raises(ValueError, match="one of resnet18, resnet50, small_cnn"):
         baselines.create("packed", resnet)
-    with pytest.raises(ValueError, match="'resnet18' or 'resnet50'"):
+    with pytest.raises(ValueError, match="one of resnet18, resnet50, small_cnn"):
         baselines.create("packed", "wrn28_10")
     with pytest.raises(TypeError, match="model name"):
         baselines.create("film", 3)
@@ -368,6 +368,40 @@ def test_packed_linear_is_block_diagonal():
     dense = torch.block_diag(*layer.weight)  # (M·k, M·d) with zeros between groups
     xin = torch.randn(5, layer.in_features)
     torch.testing.assert_close(layer(xin), F.linear(xin, dense, layer.bias), **TOL)
+
+
+def test_packed_small_cnn_of_one_unwidened_member_is_the_plain_small_cnn():
+    torch.manual_seed(0)
+    plain = randomize_norms(models.create("small_cnn", num_classes=K, in_channels=1, width=8))
+    packed = baselines.packed_small_cnn(K, in_channels=1, width=8, num_members=1, alpha=1, gamma=1)
+    assert num_params(packed) == num_params(plain)
+    state = {k: v.reshape(packed.state_dict()[k].shape) for k, v in plain.state_dict().items()}
+    packed.load_state_dict(state)
+    images = torch.randn(6, 1, 28, 28)
+    for training in (True, False):
+        plain.train(training), packed.train(training)
+        torch.testing.assert_close(packed(images)[0], plain(images), **TOL)
+
+
+def test_packed_small_cnn_members_are_independent_and_counted():
+    torch.manual_seed(0)
+    options = {"in_channels": 1, "width": 16}
+    net = baselines.create(
+        "packed", "small_cnn", num_classes=K, num_members=M, backbone_options=options
+    ).train()
+    # α=2, M=4, w=16: 8, 16, 32 channels per member; every group < 64 inputs, so γ → 1
+    assert [net.stage1[0][0].out_channels, net.stage3[1][0].out_channels] == [32, 128]
+    assert net.stage2[1][0].groups == M and net.stage1[0][0].groups == 1
+    # convs 288 + 2,304 + 4,608 + 9,216 + 18,432 + 36,864; norms 2·448; head M·K·32 + M·K
+    assert num_params(net) == 71_712 + 896 + M * K * 32 + M * K
+    images = torch.randn(5, 1, 28, 28)
+    before = net(images).detach()
+    assert before.shape == (M, 5, K)
+    conv = net.stage2[0][0]
+    width = conv.out_channels // M
+    with torch.no_grad():
+        conv.weight[1 * width : 2 * width].add_(0.1)  # member 1's output channels
+    _only_member_changed(before, net(images).detach(), 1)
 
 
 def test_packed_argument_errors():

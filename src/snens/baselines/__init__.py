@@ -5,7 +5,8 @@
 * :class:`SingleModel` — one model, M = 1.
 * :class:`DeepEnsemble` — M independently initialized copies, trained jointly.
 * :func:`batch_ensemble` / :class:`BatchEnsemble` — rank-1 fast weights (Wen et al., 2020).
-* :func:`packed_resnet18`, :func:`packed_resnet50` — Packed-Ensembles (Laurent et al., 2023).
+* :func:`packed_resnet18`, :func:`packed_resnet50`, :func:`packed_small_cnn` — Packed-Ensembles
+  (Laurent et al., 2023).
 * :func:`film` — FiLM-Ensemble, per-member norm affine, shared head (Turkoglu et al., 2022).
 * :class:`MCDropout` — M dropout samples (Gal & Ghahramani, 2016).
 """
@@ -36,8 +37,10 @@ from snens.baselines.packed import (
     PackedConv2d,
     PackedLinear,
     PackedResNet,
+    PackedSmallCNN,
     packed_resnet18,
     packed_resnet50,
+    packed_small_cnn,
 )
 from snens.baselines.single import SingleModel
 
@@ -62,6 +65,7 @@ __all__ = [
     "PackedConv2d",
     "PackedLinear",
     "PackedResNet",
+    "PackedSmallCNN",
     "SingleModel",
     "batch_ensemble",
     "create",
@@ -69,5 +73,6 @@ __all__ = [
     "film_norm",
     "packed_resnet18",
     "packed_resnet50",
+    "packed_small_cnn",
     "reinitialized_copy",
 ]

@@ -5,7 +5,7 @@
 
 ``backbone`` is a name for :func:`snens.models.create` (the network is built fresh), or an
 ``nn.Module`` (converted or copied; it is never modified). Packed-Ensembles build their own
-widened network, so they take only the names ``resnet18`` and ``resnet50``.
+widened network, so they take only the names ``resnet18``, ``resnet50`` and ``small_cnn``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from snens.baselines.batch_ensemble import batch_ensemble
 from snens.baselines.deep_ensemble import DeepEnsemble, reinitialized_copy
 from snens.baselines.film import film
 from snens.baselines.mc_dropout import MCDropout
-from snens.baselines.packed import packed_resnet18, packed_resnet50
+from snens.baselines.packed import packed_resnet18, packed_resnet50, packed_small_cnn
 from snens.baselines.single import SingleModel
 from snens.ensemble import convert
 from snens.nn.norms import check_num_members
@@ -40,7 +40,7 @@ METHODS = (
 #: M when ``num_members`` is not given (the field's standard, DESIGN §4).
 DEFAULT_NUM_MEMBERS = 4
 
-_PACKED = {"resnet18": packed_resnet18, "resnet50": packed_resnet50}
+_PACKED = {"resnet18": packed_resnet18, "resnet50": packed_resnet50, "small_cnn": packed_small_cnn}
 
 
 def create(
@@ -61,7 +61,7 @@ def create(
     ``deep_ensemble``     ``DeepEnsemble``: M members, each built under its own seed
                           (a module backbone is copied and re-initialized per member)
     ``batch_ensemble``    ``batch_ensemble(model, M, **options)``
-    ``packed``            ``packed_resnet18/50(num_classes, M, **options)``
+    ``packed``            ``packed_resnet18/50``, ``packed_small_cnn(num_classes, M, …)``
     ``film``              ``film(model, M, **options)``
     ``mc_dropout``        ``MCDropout(model, M, **options)``
     ``snens``             ``snens.convert(model, M, **options)``
@@ -80,7 +80,7 @@ def create(
 
     Raises:
         ValueError: an unknown method (the message lists them), ``num_members != 1`` for
-            ``single``, or a ``packed`` backbone other than ``resnet18``/``resnet50``.
+            ``single``, or a ``packed`` backbone other than ``resnet18``/``resnet50``/``small_cnn``.
         TypeError: a backbone that is neither a name nor an ``nn.Module``.
     """
     if method not in METHODS:
@@ -104,8 +104,8 @@ def create(
     if method == "packed":
         if not isinstance(backbone, str) or backbone not in _PACKED:
             raise ValueError(
-                "Packed-Ensembles build their own widened network: backbone must be 'resnet18' "
-                f"or 'resnet50', got {backbone!r}"
+                "Packed-Ensembles build their own widened network: backbone must be one of "
+                f"{', '.join(_PACKED)}, got {backbone!r}"
             )
         kwargs = {**backbone_options, **options}
         if num_classes is not None:

@@ -40,8 +40,10 @@ __all__ = [
     "PackedConv2d",
     "PackedLinear",
     "PackedResNet",
+    "PackedSmallCNN",
     "packed_resnet18",
     "packed_resnet50",
+    "packed_small_cnn",
 ]
 
 NormLayer = Callable[[int], nn.Module]
@@ -444,6 +446,108 @@ def packed_resnet50(
         alpha,
         gamma,
         in_channels,
+        norm_layer,
+        minimum_channels_per_group,
+    )
+
+
+class PackedSmallCNN(nn.Module):
+    """:class:`snens.models.SmallCNN` of M packed members: (B, C, H, W) -> (M, B, K).
+
+    Three stride-2 stages of widths (w, 2w, 4w), two conv3×3-norm-ReLU layers each, as in the
+    single model; every convolution is a :class:`PackedConv2d` (the first one reads the image
+    ungrouped), the head a :class:`PackedLinear`. Same names as the single model (``stage1``…
+    ``stage3``, ``fc``).
+
+    Args:
+        num_classes: K.
+        in_channels: C of the input image.
+        width: w of the single model.
+        num_members: M.
+        alpha: width factor α.
+        gamma: extra groups per member γ.
+        norm_layer: per-channel norm factory.
+        minimum_channels_per_group: see :class:`PackedConv2d`.
+
+    Shape:
+        Input: (B, C, H, W). Output: (M, B, K).
+    """
+
+    def __init__(
+        self,
+        num_classes: int = 10,
+        in_channels: int = 1,
+        width: int = 32,
+        num_members: int = 4,
+        alpha: float = 2,
+        gamma: int = 2,
+        norm_layer: NormLayer = nn.BatchNorm2d,
+        minimum_channels_per_group: int = 64,
+    ) -> None:
+        super().__init__()
+        _check_packing(num_members, alpha, gamma)
+        self.num_members = num_members
+        self.alpha, self.gamma = alpha, gamma
+        packing = {
+            "num_members": num_members,
+            "alpha": alpha,
+            "gamma": gamma,
+            "minimum_channels_per_group": minimum_channels_per_group,
+        }
+
+        def layer(c_in: int, c_out: int, stride: int, first: bool = False) -> nn.Sequential:
+            conv = PackedConv2d(
+                c_in, c_out, 3, stride=stride, padding=1, bias=False, first=first, **packing
+            )
+            return nn.Sequential(conv, norm_layer(conv.out_channels), nn.ReLU(inplace=True))
+
+        widths = (width, 2 * width, 4 * width)
+        stages, channels = [], in_channels
+        for i, out_channels in enumerate(widths):
+            stages.append(
+                nn.Sequential(
+                    layer(channels, out_channels, 2, first=i == 0),
+                    layer(out_channels, out_channels, 1),
+                )
+            )
+            channels = out_channels
+        self.stage1, self.stage2, self.stage3 = stages
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.fc = PackedLinear(channels, num_classes, num_members, alpha, gamma=1, last=True)
+        for module in self.modules():
+            if isinstance(module, PackedConv2d):
+                fan_out = module.out_channels // module.groups * math.prod(module.kernel_size)
+                nn.init.normal_(module.weight, 0.0, math.sqrt(2.0 / fan_out))
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.stage3(self.stage2(self.stage1(x)))  # (B, M·c·4, H/8, W/8)
+        x = torch.flatten(self.avgpool(x), 1)  # (B, M·c·4)
+        logits = self.fc(x)  # (B, M·K), member-major
+        return logits.reshape(x.shape[0], self.num_members, -1).transpose(0, 1)  # (M, B, K)
+
+
+def packed_small_cnn(
+    num_classes: int = 10,
+    in_channels: int = 1,
+    width: int = 32,
+    num_members: int = 4,
+    alpha: float = 2,
+    gamma: int = 2,
+    norm_layer: NormLayer = nn.BatchNorm2d,
+    minimum_channels_per_group: int = 64,
+) -> PackedSmallCNN:
+    """Packed-Ensembles of :class:`snens.models.SmallCNN`; see :class:`PackedSmallCNN`.
+
+    Shape:
+        Input: (B, C, H, W). Output: (M, B, K).
+    """
+    return PackedSmallCNN(
+        num_classes,
+        in_channels,
+        width,
+        num_members,
+        alpha,
+        gamma,
         norm_layer,
         minimum_channels_per_group,
     )
