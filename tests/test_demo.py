@@ -111,7 +111,7 @@ def test_a_converted_model_learns_fashion_mnist():
     finally:
         torch.set_num_threads(threads)
     losses = result.task_loss
-    # measured: 1.29, 0.75, 0.65 → accuracy 0.10 before, 0.72 after
+    # measured: losses 1.81, 1.27, 1.10; accuracy 0.093 before, 0.665 after
     assert losses[0] > losses[1] > losses[2]
-    assert losses[2] < losses[0] - 0.3
-    assert before < 0.2 and after > 0.6
+    assert losses[2] < losses[0] - 0.5
+    assert before < 0.2 and after > 0.55
