@@ -4,37 +4,23 @@ next to the regularizer's optimum k*(τ), never assumed.
 
 Fashion-MNIST (CPU stand-in for CIFAR-10), SmallCNN, σN-Ens M=4, λ=0.1, γ at 30× the learning
 rate, a grid of τ and seeds; each run trains with `snens.train.fit` and is scored with
-`snens.evaluate` (MNIST-5k as OOD). Writes one CSV row per run and a mean ± std table.
+`snens.evaluate` (MNIST-5k as OOD). Writes one CSV row per run, a mean ± std table and a figure
+(accuracy vs NLL and vs ECE over τ; effective members vs k*(τ)).
 
-    python experiments/tau_sweep.py                      # CPU scale, ~5 min on 2 cores
+    python experiments/tau_sweep.py                      # CPU scale, ~7 min on 1 thread
     python experiments/tau_sweep.py --train-examples 60000 --epochs 10 --width 32
 """
 
 from __future__ import annotations
 
-import argparse
-import csv
-import platform
-import statistics
-import time
-from pathlib import Path
+from collections.abc import Sequence
 
-import torch
+import common
+import numpy as np
 
 import snens
-from snens.data import (
-    FASHION_MNIST_MEAN,
-    FASHION_MNIST_STD,
-    TensorLoader,
-    load_fashion_mnist,
-    load_mnist_5k,
-)
-from snens.models import create
-from snens.train import fit
 
 COLUMNS = (
-    "temperature",
-    "seed",
     "k_star",
     "effective_members",
     "disagreement",
@@ -42,118 +28,98 @@ COLUMNS = (
     "accuracy",
     "nll",
     "ece",
-    "brier",
-    "ood_auroc",
-    "train_seconds",
+    "ood_msp_auroc",
 )
+LABELS = {
+    "temperature": "τ",
+    "k_star": "k*(τ)",
+    "effective_members": "effective members",
+    "mutual_information": "MI",
+    "ood_msp_auroc": "OOD AUROC (MSP)",
+}
 
 
-def run(args: argparse.Namespace) -> list[dict]:
-    x, y = load_fashion_mnist("train")
-    xt, yt = load_fashion_mnist("test")
-    xo, yo = load_mnist_5k()
-    norm = {"mean": FASHION_MNIST_MEAN, "std": FASHION_MNIST_STD}
-    n = args.train_examples
-    test = TensorLoader(xt, yt, 1000, **norm)
-    ood = TensorLoader(xo, yo, 1000, **norm)
+def figure(rows: Sequence[dict], path, num_members: int):
+    """Accuracy vs NLL and vs ECE (one point per run, coloured by τ); effective members vs τ."""
+    fig, axes = common.figure(3)
+    temperatures = list(dict.fromkeys(r["temperature"] for r in rows))
+    for i, tau in enumerate(temperatures):
+        group = [r for r in rows if r["temperature"] == tau]
+        for ax, x in zip(axes[:2], ("nll", "ece")):
+            ax.scatter(
+                [r[x] for r in group],
+                [r["accuracy"] for r in group],
+                color=f"C{i}",
+                edgecolor="black",
+                linewidth=0.5,
+                label=f"τ={tau:g}",
+            )
+            mx, _ = common.mean_std([r[x] for r in group])
+            my, _ = common.mean_std([r["accuracy"] for r in group])
+            ax.annotate(f"τ={tau:g}", (mx, my), textcoords="offset points", xytext=(5, 5))
+    for ax, x in zip(axes[:2], ("NLL", "ECE")):
+        ax.set(xlabel=f"{x} (lower is better)", ylabel="accuracy")
+        ax.set_title(f"accuracy vs {x} over τ (each point: one seed)", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    ax = axes[2]
+    stats = [
+        common.mean_std([r["effective_members"] for r in rows if r["temperature"] == t])
+        for t in temperatures
+    ]
+    ax.errorbar(
+        temperatures,
+        [m for m, _ in stats],
+        yerr=[s for _, s in stats],
+        fmt="o-",
+        capsize=3,
+        label="measured (mean ± std over seeds)",
+    )
+    grid = np.geomspace(min(temperatures) / 2, max(temperatures) * 2, 200)
+    ax.plot(grid, [snens.optimal_k(t, num_members) for t in grid], "--", label="k*(τ) optimum")
+    ax.axhline(num_members, color="gray", linewidth=0.8)
+    ax.axhline(1, color="gray", linewidth=0.8)
+    ax.set_xscale("log")
+    ax.set(xlabel="τ", ylabel="effective members per feature", ylim=(0, num_members + 0.3))
+    ax.set_title(f"realized sharing vs k*(τ), M={num_members}", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return common.save(fig, path)
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict]:
+    p = common.parser(__doc__, out="tau_sweep")
+    p.add_argument("--temperatures", type=float, nargs="+", default=[0.05, 0.2, 0.5, 1, 5])
+    p.add_argument("--num-members", type=int, default=4)
+    p.add_argument("--diversity-weight", type=float, default=0.1)
+    args = p.parse_args(argv)
+    started = common.start(args)
+    data = common.load_data(args)
     rows = []
     for seed in args.seeds:
         for tau in args.temperatures:
-            torch.manual_seed(seed)
-            train = TensorLoader(
-                x[:n],
-                y[:n],
-                args.batch_size,
-                shuffle=True,
-                drop_last=True,
-                augment=("crop", "flip"),
-                seed=seed,
-                **norm,
-            )
-            model = create("small_cnn", num_classes=10, in_channels=1, width=args.width)
-            ens = snens.convert(
-                model, args.num_members, generator=torch.Generator().manual_seed(seed)
-            )
-            result = fit(
-                ens,
-                train,
-                epochs=args.epochs,
-                lr=args.lr,
+            row, _ = common.run(
+                "snens",
+                seed,
+                data,
+                args,
+                num_members=args.num_members,
                 temperature=tau,
                 diversity_weight=args.diversity_weight,
-                log=None,
             )
-            report = snens.evaluate(ens, test, ood={"mnist": ood})
-            row = {
-                "temperature": tau,
-                "seed": seed,
-                "k_star": snens.optimal_k(tau, args.num_members),
-                "effective_members": snens.mean_effective_members(ens),
-                "disagreement": report["test/disagreement"],
-                "mutual_information": report["test/mutual_information"],
-                "accuracy": report["test/accuracy"],
-                "nll": report["test/nll"],
-                "ece": report["test/ece"],
-                "brier": report["test/brier"],
-                "ood_auroc": report["ood/mnist/auroc"],
-                "train_seconds": result.seconds,
-            }
             rows.append(row)
-            print(
-                f"τ={tau:g} seed={seed}: effective members {row['effective_members']:.2f} "
-                f"(k* {row['k_star']:.2f}), acc {row['accuracy']:.4f}, NLL {row['nll']:.4f}, "
-                f"ECE {row['ece']:.4f}, {row['train_seconds']:.0f}s",
-                flush=True,
-            )
-    return rows
-
-
-def summary(rows: list[dict], temperatures: list[float]) -> str:
-    shown = ("k_star", "effective_members", "disagreement", "accuracy", "nll", "ece", "ood_auroc")
-    lines = ["| τ | " + " | ".join(shown) + " |", "|---|" + "---|" * len(shown)]
-    for tau in temperatures:
-        group = [r for r in rows if r["temperature"] == tau]
-        cells = []
-        for key in shown:
-            values = [r[key] for r in group]
-            spread = statistics.stdev(values) if len(values) > 1 else 0.0
-            cells.append(f"{statistics.mean(values):.4f} ± {spread:.4f}")
-        lines.append(f"| {tau:g} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--temperatures", type=float, nargs="+", default=[0.05, 0.2, 0.5, 1, 5])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    parser.add_argument("--train-examples", type=int, default=10_000)
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--width", type=int, default=16)
-    parser.add_argument("--num-members", type=int, default=4)
-    parser.add_argument("--batch-size", type=int, default=128)
-    parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--diversity-weight", type=float, default=0.1)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
-    parser.add_argument("--out", type=Path, default=Path("results/tau_sweep.csv"))
-    args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    start = time.perf_counter()
-    rows = run(args)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
-    table = summary(rows, args.temperatures)
-    provenance = (
-        f"seeds {args.seeds}; {args.train_examples} train images, {args.epochs} epochs, width "
-        f"{args.width}, M={args.num_members}, λ={args.diversity_weight}; "
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {platform.machine()}; "
-        f"{time.perf_counter() - start:.0f} s"
+            common.log_row(row, f"τ={tau:g}")
+    out = args.out_dir / args.name
+    common.write_csv(rows, out.with_suffix(".csv"))
+    figure(rows, out.with_suffix(".png"), args.num_members)
+    text = common.table(rows, ("temperature",), COLUMNS, headers=LABELS)
+    common.write_markdown(
+        out.with_suffix(".md"),
+        f"τ sweep: σN-Ens M={args.num_members}, λ={args.diversity_weight}",
+        [text, f"![accuracy vs NLL / ECE over τ; effective members vs k*(τ)]({out.name}.png)"],
+        common.provenance(args, started),
     )
-    args.out.with_suffix(".md").write_text(table + "\n\n" + provenance + "\n", encoding="utf-8")
-    print("\n" + table + "\n\n" + provenance)
+    return rows
 
 
 if __name__ == "__main__":

@@ -1,0 +1,448 @@
+"""What every experiment script shares: data, one run (build → fit → snens.evaluate) as a flat
+row, CSV files, mean ± std tables, figures and the provenance line.
+
+The CPU scale, used by default everywhere: SmallCNN on the first 5 000 Fashion-MNIST training
+images (crop + flip), 3 epochs of AdamW (lr 3e-3, cosine, batch 128; γ at 30× the learning rate),
+scored on the full 10 000-image test set with MNIST-5k as the OOD set; corrupted sets are the
+first 1 000 test images under a fixed corruption seed. σN-Ens uses τ = 1, λ = 0.1 (the library's
+defaults) unless a script sweeps them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+import snens
+from snens import baselines, metrics
+from snens.baselines import MCDropout, SingleModel
+from snens.data import (
+    FASHION_MNIST_MEAN,
+    FASHION_MNIST_STD,
+    SEVERITIES,
+    TensorLoader,
+    corrupt,
+    load_fashion_mnist,
+    load_mnist_5k,
+)
+from snens.evaluate import collect
+from snens.nn.norms import MemberNorm
+from snens.train import fit
+
+NORM = {"mean": FASHION_MNIST_MEAN, "std": FASHION_MNIST_STD}
+OOD_METRICS = ("auroc", "aupr", "fpr95")
+#: Batch of evaluation: 250 inputs (1 000 rows at M=4) ran σN-Ens 2.4× faster than 1 000 on
+#: this CPU (3.5 s against 8.3 s for the 10k test set, width 16, 1 thread).
+EVAL_BATCH = 250
+#: Display names of the methods in tables and figures.
+NAMES = {
+    "single": "single",
+    "deep_ensemble": "deep ensemble",
+    "batch_ensemble": "BatchEnsemble",
+    "packed": "Packed-Ensembles",
+    "film": "FiLM-Ensemble",
+    "mc_dropout": "MC-dropout",
+    "snens": "σN-Ens",
+}
+
+
+# ------------------------------------------------------------------------------------------------
+# Arguments
+# ------------------------------------------------------------------------------------------------
+
+
+def parser(doc: str, *, seeds=(0, 1, 2), width: int = 16, out: str) -> argparse.ArgumentParser:
+    """The flags every script has, with the CPU scale as defaults; ``out`` names the results."""
+    p = argparse.ArgumentParser(
+        description=doc.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--seeds", type=int, nargs="+", default=list(seeds))
+    p.add_argument("--train-examples", type=int, default=5_000, help="Fashion-MNIST train images")
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--width", type=int, default=width, help="SmallCNN width w (w, 2w, 4w)")
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--test-examples", type=int, default=10_000, help="test images (of 10 000)")
+    p.add_argument("--ood-examples", type=int, default=5_000, help="MNIST-5k images (of 5 000)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads")
+    p.add_argument("--out-dir", type=Path, default=Path("results"))
+    p.add_argument("--name", default=out, help="file stem of the CSV, table and figure")
+    return p
+
+
+def start(args: argparse.Namespace) -> float:
+    """Set the threads; return the start time of the wall clock."""
+    torch.set_num_threads(args.threads)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    return time.perf_counter()
+
+
+# ------------------------------------------------------------------------------------------------
+# Data
+# ------------------------------------------------------------------------------------------------
+
+
+class Data(NamedTuple):
+    """Training tensors, the test and OOD loaders, and the raw test images for corruption."""
+
+    x: Tensor
+    y: Tensor
+    test: TensorLoader
+    ood: TensorLoader
+    test_images: Tensor
+    test_labels: Tensor
+
+
+def load_data(args: argparse.Namespace) -> Data:
+    """Fashion-MNIST train head and test set, MNIST-5k (a fixed random subset if smaller)."""
+    x, y = load_fashion_mnist("train")
+    xt, yt = load_fashion_mnist("test")
+    xo, yo = load_mnist_5k()
+    if args.ood_examples < len(xo):  # MNIST-5k is sorted by class: take a random subset
+        keep = torch.randperm(len(xo), generator=torch.Generator().manual_seed(0))
+        xo, yo = xo[keep[: args.ood_examples]], yo[keep[: args.ood_examples]]
+    xt, yt = xt[: args.test_examples], yt[: args.test_examples]
+    return Data(
+        x[: args.train_examples],
+        y[: args.train_examples],
+        TensorLoader(xt, yt, EVAL_BATCH, **NORM),
+        TensorLoader(xo, yo, EVAL_BATCH, **NORM),
+        xt,
+        yt,
+    )
+
+
+def train_loader(data: Data, args: argparse.Namespace, seed: int) -> TensorLoader:
+    return TensorLoader(
+        data.x,
+        data.y,
+        args.batch_size,
+        shuffle=True,
+        drop_last=True,
+        augment=("crop", "flip"),
+        seed=seed,
+        **NORM,
+    )
+
+
+def corruption_loaders(
+    data: Data, names: Sequence[str], examples: int, seed: int = 0
+) -> dict[tuple[str, int], TensorLoader]:
+    """Every (name, severity) corrupted copy of the first ``examples`` test images, generated
+    once (15 × 5 × 1 000 images of 28×28 bytes: 59 MB) and reused by every model."""
+    images, labels = data.test_images[:examples], data.test_labels[:examples]
+    return {
+        (name, s): TensorLoader(corrupt(images, name, s, seed=seed), labels, EVAL_BATCH, **NORM)
+        for name in names
+        for s in SEVERITIES
+    }
+
+
+# ------------------------------------------------------------------------------------------------
+# One run
+# ------------------------------------------------------------------------------------------------
+
+
+def build(method: str, *, num_members: int, width: int, seed: int, **options: Any) -> nn.Module:
+    """``snens.baselines.create`` over SmallCNN, seeded; every member of a deep ensemble of
+    seed s is initialized from seed 1000·s + m, so no two seeds share a member."""
+    torch.manual_seed(seed)
+    backbone = {"in_channels": 1, "width": width}
+    if method == "snens":
+        options.setdefault("generator", torch.Generator().manual_seed(seed))
+    if method == "deep_ensemble":
+        options.setdefault("seed", 1000 * seed)
+    return baselines.create(
+        method,
+        "small_cnn",
+        num_classes=10,
+        num_members=None if method == "single" else num_members,
+        backbone_options=backbone,
+        **options,
+    )
+
+
+def num_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def _trained_part(model: nn.Module) -> nn.Module:
+    # MC-dropout trains the plain model with its dropout once per example, as the usual recipe
+    # does (1× cost), and draws its M samples only at evaluation.
+    return SingleModel(model.model) if isinstance(model, MCDropout) else model
+
+
+def ood_scores(model: nn.Module, data: Data, scores: Sequence[str]) -> dict[str, float]:
+    """AUROC, AUPR, FPR95 (OOD positive) of each score, from one pass over test and OOD sets."""
+    member_in, _ = collect(model, data.test)
+    member_out, _ = collect(model, data.ood)
+    out = {}
+    for score in scores:
+        s_in, s_out = metrics.OOD_SCORES[score](member_in), metrics.OOD_SCORES[score](member_out)
+        out[f"ood_{score}_auroc"] = metrics.auroc(s_in, s_out)
+        out[f"ood_{score}_aupr"] = metrics.aupr(s_in, s_out)
+        out[f"ood_{score}_fpr95"] = metrics.fpr_at_95_tpr(s_in, s_out)
+    return out
+
+
+def run(
+    method: str,
+    seed: int,
+    data: Data,
+    args: argparse.Namespace,
+    *,
+    num_members: int = 4,
+    width: int | None = None,
+    temperature: float = 1.0,
+    diversity_weight: float = 0.1,
+    corruptions: Mapping[tuple[str, int], Iterable] | None = None,
+    extra_scores: Sequence[str] = (),
+    **options: Any,
+) -> tuple[dict[str, Any], dict[str, float]]:
+    """Build, train with ``snens.train.fit`` and score with ``snens.evaluate`` one model.
+
+    Returns the flat CSV row and the full ``snens.evaluate`` dict. OOD metrics use the MSP score
+    (``ood_msp_*``); ``extra_scores`` (``entropy``, ``mutual_information``) add their own.
+    """
+    width = args.width if width is None else width
+    model = build(method, num_members=num_members, width=width, seed=seed, **options)
+    members = 1 if method == "single" else num_members
+    result = fit(
+        _trained_part(model),
+        train_loader(data, args, seed),
+        epochs=args.epochs,
+        lr=args.lr,
+        temperature=temperature,
+        diversity_weight=diversity_weight,
+        log=None,
+    )
+    torch.manual_seed(seed)  # MC-dropout masks at evaluation
+    report = snens.evaluate(model, data.test, ood={"mnist": data.ood}, corruptions=corruptions)
+    has_norms = any(isinstance(m, MemberNorm) for m in model.modules())
+    row: dict[str, Any] = {
+        "method": method,
+        "seed": seed,
+        "num_members": members,
+        "width": width,
+        "temperature": temperature if has_norms else math.nan,
+        "diversity_weight": diversity_weight if has_norms else math.nan,
+        "params": num_params(model),
+        "train_seconds": result.seconds,
+        "seconds_per_epoch": result.seconds / args.epochs,
+        "final_train_loss": result.task_loss[-1],
+        "k_star": snens.optimal_k(temperature, members) if has_norms else math.nan,
+        "effective_members": snens.mean_effective_members(model) if has_norms else math.nan,
+    }
+    for key in (
+        "accuracy",
+        "nll",
+        "ece",
+        "brier",
+        "disagreement",
+        "mutual_information",
+        "member_accuracy_mean",
+        "member_nll_mean",
+    ):
+        row[key] = report[f"test/{key}"]
+    for key in OOD_METRICS:
+        row[f"ood_msp_{key}"] = report[f"ood/mnist/{key}"]
+    if extra_scores:
+        torch.manual_seed(seed)
+        row.update(ood_scores(model, data, extra_scores))
+    if corruptions:
+        for s in sorted({s for _, s in corruptions}):
+            for key in ("accuracy", "nll", "ece", "brier"):
+                row[f"shift{s}_{key}"] = report[f"shift/severity/{s}/{key}"]
+        for key in ("accuracy", "nll", "ece", "brier"):
+            row[f"shift_mean_{key}"] = report[f"shift/mean/{key}"]
+    return row, report
+
+
+def log_row(row: Mapping[str, Any], label: str) -> None:
+    eff = row.get("effective_members", math.nan)
+    print(
+        f"{label} seed={row['seed']}: acc {row['accuracy']:.4f}  NLL {row['nll']:.4f}  "
+        f"ECE {row['ece']:.4f}  AUROC {row['ood_msp_auroc']:.4f}"
+        + ("" if math.isnan(eff) else f"  eff. members {eff:.2f}")
+        + f"  params {row['params']}  train {row['train_seconds']:.1f}s",
+        flush=True,
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# Files: CSV, tables, provenance
+# ------------------------------------------------------------------------------------------------
+
+
+def write_csv(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
+    """One row per run; the columns are the union of the rows' keys, in first-seen order."""
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    with path.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for one value)."""
+    values = [float(v) for v in values]
+    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def groups(rows: Sequence[Mapping[str, Any]], by: Sequence[str]) -> dict[tuple, list[Mapping]]:
+    """Rows grouped by the values of ``by``, groups in first-seen order."""
+    out: dict[tuple, list[Mapping]] = {}
+    for row in rows:
+        out.setdefault(tuple(row[k] for k in by), []).append(row)
+    return out
+
+
+def _cell(values: Sequence[float], digits: int) -> str:
+    if any(isinstance(v, float) and math.isnan(v) for v in values):
+        return "—"
+    mean, std = mean_std(values)
+    if digits == 0:
+        return f"{mean:,.0f}" if std == 0 else f"{mean:,.0f} ± {std:,.0f}"
+    return f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def table(
+    rows: Sequence[Mapping[str, Any]],
+    by: Sequence[str],
+    columns: Sequence[str],
+    *,
+    headers: Mapping[str, str] | None = None,
+    digits: Mapping[str, int] | None = None,
+) -> str:
+    """A markdown table: one line per group of ``by``, each column's mean ± std over its runs.
+
+    Args:
+        by: keys naming a group (e.g. ``("method", "num_members")``); shown as they are, with
+            method names spelled as in :data:`NAMES`.
+        columns: keys averaged over the group's runs (the seeds).
+        headers: display names of keys.
+        digits: decimals per key (default 4; 0 for counts such as params).
+    """
+    headers = dict(headers or {})
+    digits = dict(digits or {})
+    names = [headers.get(k, k) for k in (*by, *columns)] + ["seeds"]
+    lines = ["| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
+    for key, group in groups(rows, by).items():
+        shown = [NAMES.get(v, v) if isinstance(v, str) else f"{v:g}" for v in key]
+        cells = [_cell([r[c] for r in group], digits.get(c, 4)) for c in columns]
+        lines.append("| " + " | ".join([*shown, *cells, str(len(group))]) + " |")
+    return "\n".join(lines)
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def provenance(args: argparse.Namespace, started: float, extra: str = "") -> str:
+    """Seeds, scale, versions, hardware, wall time and the command that made the results."""
+    command = "python " + " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]])
+    return (
+        f"Seeds {args.seeds}; SmallCNN width {args.width}, {args.train_examples} Fashion-MNIST "
+        f"train images, {args.epochs} epochs (AdamW lr {args.lr}, cosine, batch "
+        f"{args.batch_size}); test {args.test_examples} images, OOD MNIST-5k "
+        f"({args.ood_examples} images){'; ' + extra if extra else ''}. "
+        f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {cpu_name()} "
+        f"(2 cores shared with other work); wall time {time.perf_counter() - started:.0f} s. "
+        f"Command: `{command}`"
+    )
+
+
+def write_markdown(path: Path, title: str, sections: Sequence[str], footer: str) -> Path:
+    text = f"# {title}\n\n" + "\n\n".join(sections) + "\n\n" + footer + "\n"
+    path.write_text(text, encoding="utf-8")
+    print("\n" + text, flush=True)
+    return path
+
+
+# ------------------------------------------------------------------------------------------------
+# Figures (matplotlib on the Agg canvas, as snens.plots draws them)
+# ------------------------------------------------------------------------------------------------
+
+
+def figure(panels: int, *, width: float = 4.2, height: float = 3.6) -> tuple[Any, list[Any]]:
+    """A Figure with ``panels`` axes, at most 3 per row (unused grid cells hidden)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    cols = min(panels, 3)
+    rows = math.ceil(panels / cols)
+    fig = Figure(figsize=(width * cols, height * rows), dpi=120, layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = list(fig.subplots(rows, cols, squeeze=False).flat)
+    for ax in axes[panels:]:
+        ax.set_visible(False)
+    return fig, axes[:panels]
+
+
+def save(fig: Any, path: Path) -> Path:
+    fig.savefig(path, format="png")
+    print(f"wrote {path}", flush=True)
+    return path
+
+
+def line_panels(
+    rows: Sequence[Mapping[str, Any]],
+    path: Path,
+    *,
+    x: str,
+    panels: Sequence[str],
+    group: str | None = "method",
+    logx: bool = False,
+    labels: Mapping[str, str] | None = None,
+    decorate: Callable[[Any, str], None] | None = None,
+) -> Path:
+    """One panel per metric: its mean ± std over seeds against ``x``, one line per ``group``."""
+    labels = dict(labels or {})
+    fig, axes = figure(len(panels))
+    by_group = groups(rows, (group,)) if group else {("",): list(rows)}
+    for i, (key, members) in enumerate(by_group.items()):
+        name = NAMES.get(key[0], str(key[0]))
+        for ax, metric in zip(axes, panels):
+            points = groups(members, (x,))
+            xs = [k[0] for k in points]
+            stats = [mean_std([r[metric] for r in g]) for g in points.values()]
+            ax.errorbar(
+                xs,
+                [m for m, _ in stats],
+                yerr=[s for _, s in stats],
+                fmt="o-",
+                color=f"C{i}",
+                capsize=3,
+                label=name or None,
+            )
+    ticks = list(dict.fromkeys(r[x] for r in rows))
+    for ax, metric in zip(axes, panels):
+        ax.set(xlabel=labels.get(x, x), ylabel=labels.get(metric, metric))
+        if logx:
+            ax.set_xscale("log")
+            ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+            ax.minorticks_off()
+        if decorate is not None:
+            decorate(ax, metric)
+        ax.grid(alpha=0.3)
+        if group or decorate is not None:
+            ax.legend(fontsize=8)
+    return save(fig, path)
