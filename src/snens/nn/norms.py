@@ -6,9 +6,19 @@ For member m, with its own statistics and its own affine,
 
 where x̂_m is x normalized as the plain layer would normalize it. Inputs are member-major:
 rows [m·B, (m+1)·B) of an (M·B, …) tensor belong to member m. The sigmoid scale and the affine
-are folded into one per-member scale and shift before they touch the activations, and each
-member's rows go through the native fused norm kernel, so a member norm costs what the plain
-norm costs plus the concatenation of the members' outputs.
+are folded into one per-member scale and shift before they touch the activations, and every
+member goes through a native fused norm kernel:
+
+* batch norms (statistics over each member's own rows): one native kernel per member writing
+  straight into its slice of one preallocated output (``native_batch_norm.out``), inside an
+  autograd function whose backward runs the native backward kernel per member;
+* group norm (statistics per example): one native kernel over the whole (M·B, …) tensor, viewed
+  as a single example of M·B·C channels, so the per-member affine becomes a per-channel one;
+* layer and RMS norm (statistics per example, but an affine over the normalized features, which
+  no native kernel takes per row): one native kernel per member's rows, then a concatenation.
+
+Each fast path equals the per-member loop of plain norms (``tests/test_norms_fast.py``). Under
+``torch.compile`` the plain loop is traced instead, and the compiler fuses it.
 
 Loading a plain norm's state_dict (weight of shape (C,) instead of (M, C)) into a member norm is
 output-preserving: every member is set so that it reproduces the plain layer exactly.
@@ -23,6 +33,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
 __all__ = [
     "MemberBatchNorm1d",
@@ -192,10 +203,11 @@ class MemberNorm(nn.Module):
         """Run ``normalize_chunk(rows, m)`` on each member's contiguous rows and concatenate.
 
         Every member's rows go through the native, fused norm kernel with that member's folded
-        affine; the only cost over the plain layer is the concatenation of the outputs.
-        Vectorized alternatives measured slower here: ``var_mean`` over (M, B, …) views
-        1.6–2.5× a plain BatchNorm, one un-affine norm call followed by a broadcast
-        per-member affine 2–3×.
+        affine; the only cost over the plain layer is the concatenation of the outputs. This is
+        the reference the fast paths are tested against, and the path traced under
+        ``torch.compile``. Vectorized alternatives measured slower here: ``var_mean`` over
+        (M, B, …) views 1.6–2.5× a plain BatchNorm, one un-affine norm call followed by a
+        broadcast per-member affine 2–3×.
         """
         M = self.num_members
         if M == 1:
@@ -301,6 +313,109 @@ class MemberNorm(nn.Module):
         return f"{self.feature_shape}, num_members={self.num_members}"
 
 
+def _dense(x: Tensor) -> Tensor:
+    """x itself if its memory is dense (contiguous or channels-last), else a contiguous copy."""
+    if x.is_contiguous():
+        return x
+    if x.dim() in (4, 5):
+        fmt = torch.channels_last if x.dim() == 4 else torch.channels_last_3d
+        if x.is_contiguous(memory_format=fmt):
+            return x
+    return x.contiguous()
+
+
+class _MemberBatchNormFunction(torch.autograd.Function):
+    """Batch norm of each member's rows, written straight into one output.
+
+    Forward runs ``native_batch_norm.out`` once per member into that member's slice of a
+    preallocated output (no concatenation: measured 1.2× → 1.1× a plain BatchNorm2d for
+    forward + backward); backward runs ``native_batch_norm_backward`` per member and copies
+    each member's input gradient into one preallocated gradient while it is still in cache.
+    Running statistics are rows of the (M, C) buffers, updated in place by the kernel.
+    """
+
+    @staticmethod
+    def forward(ctx, x, scale, shift, running_mean, running_var, training, momentum, eps, M):
+        # x: (M·B, C, *), member-major and dense; scale, shift: (M, C)
+        out = torch.empty_like(x)
+        rows = x.shape[0] // M
+        saved = []
+        for m in range(M):
+            part = slice(m * rows, (m + 1) * rows)
+            # the kernel resizes these; on CPU they hold the parameters' dtype (float32 for
+            # a bf16 input with float32 parameters)
+            save_mean, save_invstd = scale.new_empty(0), scale.new_empty(0)
+            torch.ops.aten.native_batch_norm.out(
+                x[part],
+                scale[m],
+                shift[m],
+                None if running_mean is None else running_mean[m],
+                None if running_var is None else running_var[m],
+                training,
+                momentum,
+                eps,
+                out=out[part],
+                save_mean=save_mean,
+                save_invstd=save_invstd,
+            )
+            saved += [save_mean, save_invstd]
+        ctx.M, ctx.training, ctx.eps = M, training, eps
+        ctx.has_running = running_mean is not None
+        stats = [running_mean, running_var] if ctx.has_running else []
+        ctx.save_for_backward(x, scale, *stats, *saved)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        x, scale, *rest = ctx.saved_tensors
+        M = ctx.M
+        running_mean, running_var = rest[:2] if ctx.has_running else (None, None)
+        saved = rest[2:] if ctx.has_running else rest
+        mask = [ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]]
+        grad_out = grad_out.contiguous(memory_format=_memory_format(x))
+        rows = x.shape[0] // M
+        grad_x = torch.empty_like(x) if mask[0] else None
+        grad_scale, grad_shift = [], []
+        for m in range(M):
+            part = slice(m * rows, (m + 1) * rows)
+            gx, gw, gb = torch.ops.aten.native_batch_norm_backward(
+                grad_out[part],
+                x[part],
+                scale[m],
+                None if running_mean is None else running_mean[m],
+                None if running_var is None else running_var[m],
+                saved[2 * m],
+                saved[2 * m + 1],
+                ctx.training,
+                ctx.eps,
+                mask,
+            )
+            if grad_x is not None:
+                grad_x[part].copy_(gx)
+            grad_scale.append(gw)
+            grad_shift.append(gb)
+        return (
+            grad_x,
+            torch.stack(grad_scale) if mask[1] else None,
+            torch.stack(grad_shift) if mask[2] else None,
+            *[None] * 6,
+        )
+
+
+def _memory_format(x: Tensor) -> torch.memory_format:
+    if (
+        x.dim() == 4
+        and not x.is_contiguous()
+        and x.is_contiguous(memory_format=torch.channels_last)
+    ):
+        return torch.channels_last
+    if x.dim() == 5 and not x.is_contiguous():
+        if x.is_contiguous(memory_format=torch.channels_last_3d):
+            return torch.channels_last_3d
+    return torch.contiguous_format
+
+
 # ------------------------------------------------------------------------------------------------
 # Batch norms
 # ------------------------------------------------------------------------------------------------
@@ -385,6 +500,27 @@ class _MemberBatchNorm(MemberNorm):
         use_batch_stats = self.training or not self.track_running_stats
         momentum = self._momentum()
         tracked = self.track_running_stats
+        # CPU only: the out= kernel's saved-statistics dtypes are pinned down for CPU kernels.
+        fast = x.device.type == "cpu" and x.numel() > 0 and not torch.compiler.is_compiling()
+        if self.num_members > 1 and fast:
+            rows = x.shape[0] // self.num_members
+            if use_batch_stats and rows * math.prod(x.shape[2:]) == 1:
+                # the check F.batch_norm makes on each member's rows
+                raise ValueError(
+                    "Expected more than 1 value per channel when training, got input size "
+                    f"{torch.Size((rows, *x.shape[1:]))}"
+                )
+            return _MemberBatchNormFunction.apply(
+                _dense(x),
+                scale,
+                shift,
+                self.running_mean if tracked else None,
+                self.running_var if tracked else None,
+                use_batch_stats,
+                momentum,
+                self.eps,
+                self.num_members,
+            )
         return self._per_member(
             x,
             lambda rows, m: F.batch_norm(
@@ -713,6 +849,24 @@ class MemberGroupNorm(MemberNorm):
             )
 
     def _normalize(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
+        M = self.num_members
+        # one value per group is an error whose message should name the member's rows: the
+        # plain path raises it
+        per_group = self.num_channels // self.num_groups * math.prod(x.shape[2:])
+        fast = x.dim() > 2 and x.numel() > 0 and per_group > 1 and x.is_contiguous()
+        if M > 1 and fast and not torch.compiler.is_compiling():
+            # Statistics are per example, so the whole (M·B, C, *) tensor viewed as one example
+            # of M·B·C channels in M·B·G groups normalizes exactly as the plain layer does, and
+            # the member affine becomes a per-channel affine of (M·B·C,): one native kernel, no
+            # concatenation (measured 1.3× → 1.0× a plain GroupNorm for forward + backward).
+            rows = x.shape[0] // M
+            per_channel = (M, rows, self.num_channels)
+            scale = scale.unsqueeze(1).expand(per_channel).reshape(-1)
+            shift = shift.unsqueeze(1).expand(per_channel).reshape(-1)
+            y = F.group_norm(
+                x.reshape(1, -1, *x.shape[2:]), x.shape[0] * self.num_groups, scale, shift, self.eps
+            )
+            return y.view(x.shape)
         return self._per_member(
             x, lambda rows, m: F.group_norm(rows, self.num_groups, scale[m], shift[m], self.eps)
         )

@@ -1,0 +1,231 @@
+"""Fast paths of the member norms equal the per-member loop of plain torch norms.
+
+The reference runs, for each member m, the plain functional norm on rows [m·B, (m+1)·B) with the
+folded affine sigmoid(gamma_m)·weight_m and sigmoid(gamma_m)·bias_m (DESIGN §1), and
+concatenates. The fast paths (one ``native_batch_norm.out`` per member into one output for batch
+norms, one whole-tensor group norm for GroupNorm) must match it in outputs, input gradients,
+gradients of gamma, weight and bias, and running statistics, in training and eval, float32 and
+bf16 autocast, contiguous and channels-last, with one example per member.
+"""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import snens.nn as snn
+
+M = 4
+TOL = {"rtol": 1e-5, "atol": 1e-5}
+BF16_TOL = {"rtol": 2e-2, "atol": 2e-2}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# name: (layer factory, input shape per member)
+CASES = {
+    "bn1d": (lambda: snn.MemberBatchNorm1d(5, M), (3, 5)),
+    "bn1d_seq": (lambda: snn.MemberBatchNorm1d(5, M), (3, 5, 7)),
+    "bn2d": (lambda: snn.MemberBatchNorm2d(6, M), (3, 6, 5, 4)),
+    "bn3d": (lambda: snn.MemberBatchNorm3d(6, M), (2, 6, 3, 4, 2)),
+    "bn2d_no_stats": (lambda: snn.MemberBatchNorm2d(6, M, track_running_stats=False), (3, 6, 5, 4)),
+    "gn": (lambda: snn.MemberGroupNorm(3, 6, M), (3, 6, 5, 4)),
+    "gn3d": (lambda: snn.MemberGroupNorm(2, 6, M), (3, 6, 7)),
+    "gn5d": (lambda: snn.MemberGroupNorm(2, 6, M), (2, 6, 3, 2, 2)),
+    "gn2d_input": (lambda: snn.MemberGroupNorm(2, 6, M), (3, 6)),
+    "ln": (lambda: snn.MemberLayerNorm(8, M), (3, 7, 8)),
+    "ln2": (lambda: snn.MemberLayerNorm((3, 8), M), (3, 3, 8)),
+    "rms": (lambda: snn.MemberRMSNorm(8, M, eps=1e-6), (3, 7, 8)),
+}
+BATCH_NORMS = snn.MemberBatchNorm1d | snn.MemberBatchNorm2d | snn.MemberBatchNorm3d
+
+
+def _randomized(make, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    layer = make()
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.copy_(torch.randn(p.shape, generator=g))
+        if getattr(layer, "running_mean", None) is not None:
+            layer.running_mean.copy_(torch.randn(layer.running_mean.shape, generator=g))
+            layer.running_var.copy_(torch.rand(layer.running_var.shape, generator=g) + 0.5)
+    return layer
+
+
+def _reference(layer, x: torch.Tensor, stats: dict) -> torch.Tensor:
+    """Loop over members: plain functional norm on the member's rows with its folded affine."""
+    s = torch.sigmoid(layer.gamma)
+    scale = s * layer.weight
+    shift = None if layer.bias is None else s * layer.bias
+    rows = x.shape[0] // layer.num_members
+    outs = []
+    for m in range(layer.num_members):
+        xm = x[m * rows : (m + 1) * rows]
+        b = None if shift is None else shift[m]
+        if isinstance(layer, BATCH_NORMS):
+            rm = stats["running_mean"][m] if "running_mean" in stats else None
+            rv = stats["running_var"][m] if "running_var" in stats else None
+            use_batch = layer.training or rm is None
+            y = F.batch_norm(xm, rm, rv, scale[m], b, use_batch, layer.momentum, layer.eps)
+        elif isinstance(layer, snn.MemberGroupNorm):
+            y = F.group_norm(xm, layer.num_groups, scale[m], b, layer.eps)
+        elif isinstance(layer, snn.MemberRMSNorm):
+            y = F.rms_norm(xm, layer.normalized_shape, scale[m], layer.eps)
+        else:
+            y = F.layer_norm(xm, layer.normalized_shape, scale[m], b, layer.eps)
+        outs.append(y)
+    return torch.cat(outs)
+
+
+def _run_both(case, training, *, rows=None, channels_last=False, autocast=False, seed=0):
+    make, shape = CASES[case]
+    shape = (rows or shape[0], *shape[1:])
+    fast = _randomized(make, seed).train(training)
+    ref = copy.deepcopy(fast)
+    stats = {k: v.clone() for k, v in ref.named_buffers() if k in ("running_mean", "running_var")}
+    g = torch.Generator().manual_seed(seed + 1)
+    x = torch.randn((M * shape[0], *shape[1:]), generator=g) * 2 + 0.5
+    if channels_last:
+        fmt = torch.channels_last if x.dim() == 4 else torch.channels_last_3d
+        x = x.contiguous(memory_format=fmt)
+    grad = torch.randn(x.shape, generator=g)
+    results = []
+    for layer, run in ((fast, lambda t: fast(t)), (ref, lambda t: _reference(ref, t, stats))):
+        xi = x.detach().clone(memory_format=torch.preserve_format).requires_grad_(True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            y = run(xi.bfloat16() if autocast else xi)
+        y.backward(grad.to(y.dtype))
+        params = {n: p.grad for n, p in layer.named_parameters()}
+        results.append((y, xi.grad, params))
+    return fast, stats, results
+
+
+def _assert_equal_results(results, tol):
+    (y, gx, params), (y_ref, gx_ref, params_ref) = results
+    torch.testing.assert_close(y, y_ref, **tol)
+    torch.testing.assert_close(gx, gx_ref, **tol)
+    assert params.keys() == params_ref.keys() and params.keys() >= {"gamma", "weight"}
+    for name in params:
+        torch.testing.assert_close(params[name], params_ref[name], **tol, msg=name)
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("training", [True, False])
+def test_fast_path_equals_the_member_loop(case, training):
+    fast, stats, results = _run_both(case, training)
+    _assert_equal_results(results, TOL)
+    for name, value in stats.items():
+        torch.testing.assert_close(getattr(fast, name), value, **TOL, msg=name)
+
+
+@pytest.mark.parametrize("case", ["bn2d", "bn3d", "gn", "gn5d"])
+@pytest.mark.parametrize("training", [True, False])
+def test_channels_last_inputs(case, training):
+    fast, stats, results = _run_both(case, training, channels_last=True)
+    _assert_equal_results(results, TOL)
+    for name, value in stats.items():
+        torch.testing.assert_close(getattr(fast, name), value, **TOL, msg=name)
+    y = results[0][0]
+    if isinstance(fast, BATCH_NORMS):  # the batch-norm path keeps the memory format
+        fmt = torch.channels_last if y.dim() == 4 else torch.channels_last_3d
+        assert y.is_contiguous(memory_format=fmt)
+
+
+@pytest.mark.parametrize("case", ["bn1d_seq", "bn2d", "bn3d", "gn", "ln", "rms"])
+@pytest.mark.parametrize("training", [True, False])
+def test_one_example_per_member(case, training):
+    fast, stats, results = _run_both(case, training, rows=1)
+    _assert_equal_results(results, TOL)
+    for name, value in stats.items():
+        torch.testing.assert_close(getattr(fast, name), value, **TOL, msg=name)
+
+
+@pytest.mark.parametrize("case", ["bn1d_seq", "bn2d", "bn3d", "gn", "ln", "rms"])
+@pytest.mark.parametrize("training", [True, False])
+def test_bf16_autocast_and_bf16_inputs(case, training):
+    """Under CPU autocast norms run in their input's dtype; a bf16 input stays bf16."""
+    fast, stats, results = _run_both(case, training, autocast=True)
+    assert results[0][0].dtype == results[1][0].dtype == torch.bfloat16
+    _assert_equal_results(results, BF16_TOL)
+    for name, value in stats.items():
+        torch.testing.assert_close(getattr(fast, name), value, **BF16_TOL, msg=name)
+
+
+def test_non_dense_input_and_gradient():
+    """A strided (sliced) input and an expanded gradient take the batch-norm path too."""
+    layer = _randomized(CASES["bn2d"][0]).train()
+    ref = copy.deepcopy(layer)
+    stats = {"running_mean": ref.running_mean.clone(), "running_var": ref.running_var.clone()}
+    base = torch.randn(M * 3, 6, 5, 8)
+    for lay, run in ((layer, layer), (ref, lambda t: _reference(ref, t, stats))):
+        x = base.clone().requires_grad_(True)
+        run(x[..., ::2]).sum().backward()  # sum's gradient is an expanded (stride-0) tensor
+        lay.grad_x = x.grad
+    torch.testing.assert_close(layer.grad_x, ref.grad_x, **TOL)
+    torch.testing.assert_close(layer.running_mean, stats["running_mean"], **TOL)
+
+
+def test_frozen_affine_still_gives_the_input_gradient():
+    layer = _randomized(CASES["bn2d"][0]).train()
+    for p in layer.parameters():
+        p.requires_grad_(False)
+    x = torch.randn(M * 3, 6, 5, 4, requires_grad=True)
+    layer(x).pow(2).sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
+    with torch.no_grad():  # inference: no graph, same output
+        stats = {"running_mean": layer.running_mean, "running_var": layer.running_var}
+        torch.testing.assert_close(layer.eval()(x), _reference(layer, x, stats), **TOL)
+
+
+def test_double_backward_of_batch_norm_is_refused_clearly():
+    layer = snn.MemberBatchNorm2d(6, M).train()
+    x = torch.randn(M * 3, 6, 5, 4, requires_grad=True)
+    (gx,) = torch.autograd.grad(layer(x).pow(2).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        gx.sum().backward()
+
+
+def test_num_batches_tracked_and_cumulative_momentum():
+    layer = snn.MemberBatchNorm2d(6, M, momentum=None).train()
+    ref = copy.deepcopy(layer)
+    for step in range(3):
+        x = torch.randn(M * 3, 6, 2, 2) + step
+        layer(x)
+        with torch.no_grad():
+            for m, xm in enumerate(x.chunk(M)):
+                F.batch_norm(
+                    xm, ref.running_mean[m], ref.running_var[m], None, None, True, 1 / (step + 1)
+                )
+    assert int(layer.num_batches_tracked) == 3
+    torch.testing.assert_close(layer.running_mean, ref.running_mean, **TOL)
+    torch.testing.assert_close(layer.running_var, ref.running_var, **TOL)
+
+
+def test_torch_compile_of_a_model_with_member_norms_runs():
+    if not hasattr(torch, "compile"):
+        pytest.skip("torch.compile is not available")
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1),
+        snn.MemberBatchNorm2d(8, M),
+        torch.nn.ReLU(),
+        snn.MemberGroupNorm(2, 8, M),
+        torch.nn.Flatten(1),
+        snn.MemberLayerNorm(8 * 4 * 4, M),
+    )
+    x = torch.randn(M * 2, 3, 4, 4)
+    want = copy.deepcopy(model)(x)
+    try:
+        compiled = torch.compile(model, backend="aot_eager")
+        got = compiled(x)
+    except Exception as err:  # a torch build without a working dynamo
+        pytest.skip(f"torch.compile unavailable here: {type(err).__name__}: {err}")
+    torch.testing.assert_close(got, want, **TOL)
+    got.sum().backward()
+    assert model[1].gamma.grad is not None
