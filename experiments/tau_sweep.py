@@ -54,9 +54,6 @@ def figure(rows: Sequence[dict], path, num_members: int):
                 linewidth=0.5,
                 label=f"τ={tau:g}",
             )
-            mx, _ = common.mean_std([r[x] for r in group])
-            my, _ = common.mean_std([r["accuracy"] for r in group])
-            ax.annotate(f"τ={tau:g}", (mx, my), textcoords="offset points", xytext=(5, 5))
     for ax, x in zip(axes[:2], ("NLL", "ECE")):
         ax.set(xlabel=f"{x} (lower is better)", ylabel="accuracy")
         ax.set_title(f"accuracy vs {x} over τ (each point: one seed)", fontsize=9)
