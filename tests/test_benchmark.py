@@ -21,3 +21,38 @@ def test_compare_counts_calls_and_returns_the_ratio_of_work():
     ratio, (low, high), _ = compare(variant, baseline, repeats=3, inner=4, warmup=1)
     assert calls == {"variant": 13, "baseline": 13}
     assert low <= ratio <= high
+
+
+def test_peak_memory_counts_resident_tensors_and_the_forward_peak():
+    import torch
+    from torch import nn
+
+    from snens.benchmark import peak_memory_bytes
+
+    class TwoBuffers(nn.Module):
+        """Holds 4 kB of parameters; its forward peaks at two 4 MB tensors alive together."""
+
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.zeros(1000))
+
+        def forward(self, x):
+            a = torch.empty(1000, 1000)
+            b = torch.empty(1000, 1000)
+            del a, b
+            return x.sum()
+
+    peak = peak_memory_bytes(TwoBuffers(), torch.zeros(4))
+    assert 8_004_000 <= peak <= 8_004_000 + 4096  # + the tiny output of sum
+
+
+def test_norm_rows_cover_every_norm_and_mode(monkeypatch):
+    import snens.benchmark as bench
+
+    monkeypatch.setattr(bench, "compare", lambda *a, **k: (1.0, (1.0, 1.0), 1e-3))
+    rows = bench._norm_measures(2, 2, repeats=1)
+    names = [r.name for r in rows]
+    for norm in ("BatchNorm2d", "LayerNorm", "GroupNorm", "RMSNorm"):
+        for mode in ("fwd+bwd vs", "fwd+bwd bf16 autocast", "eval fwd"):
+            assert any(norm in n and mode in n for n in names), (norm, mode)
+    assert all(r.target == "≤1.2×" for r in rows)

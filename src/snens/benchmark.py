@@ -6,6 +6,11 @@ over it. A deep ensemble pays the same compute plus M× the parameters. Timings 
 are noisy, so every measure interleaves its variants, repeats them, and reports the median of
 the per-repeat ratios; absolute times are printed for reference only.
 
+Peak memory is the parameters and buffers plus the peak of the bytes allocated and not yet
+freed during one no-grad forward: ``torch.cuda.max_memory_allocated`` on a GPU, the profiler's
+allocation events (``profile_memory=True``) on a CPU. ``torch.compile`` rows are opt-in
+(``--compile``): inductor compiles ResNet-18's training step in minutes on one CPU thread.
+
     python -m snens.benchmark            # or: snens bench, python benchmarks/bench.py
 """
 
@@ -13,9 +18,11 @@ from __future__ import annotations
 
 import argparse
 import copy
+import itertools
 import platform
 import statistics
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -25,7 +32,7 @@ from torch import nn
 import snens
 from snens.models import create
 
-__all__ = ["Measure", "main", "run"]
+__all__ = ["Measure", "main", "peak_memory_bytes", "run"]
 
 
 @dataclass(frozen=True)
@@ -101,33 +108,97 @@ class _DeepEnsemble(nn.Module):
 
 
 def _norm_measures(M: int, B: int, repeats: int) -> list[Measure]:
+    """Member norm vs the plain norm on the same (M·B, …) tensor, in three modes.
+
+    ``train``: forward + backward, float32. ``bf16``: forward + backward of a bfloat16 input
+    under CPU autocast (norms keep their input's dtype there). ``eval``: forward without grad.
+    """
     cases = [
         ("BatchNorm2d", nn.BatchNorm2d(64), (M * B, 64, 16, 16)),
         ("LayerNorm", nn.LayerNorm(192), (M * B, 64, 192)),
         ("GroupNorm", nn.GroupNorm(8, 64), (M * B, 64, 16, 16)),
+        ("RMSNorm", nn.RMSNorm(192), (M * B, 64, 192)),
     ]
     rows = []
-    for name, plain, shape in cases:
-        member = snens.nn.MEMBER_NORMS[type(plain)].from_plain(plain, M)
-        x = torch.randn(shape, requires_grad=True)
-        grad = torch.randn(shape)
+    for mode in ("train", "bf16", "eval"):
+        for name, plain, shape in cases:
+            member = snens.nn.MEMBER_NORMS[type(plain)].from_plain(plain, M)
+            training = mode != "eval"
+            plain.train(training), member.train(training)
+            dtype = torch.bfloat16 if mode == "bf16" else torch.float32
+            x = torch.randn(shape, dtype=dtype, requires_grad=training)
+            grad = torch.randn(shape, dtype=dtype)
 
-        def run_member(member=member, x=x, grad=grad):
-            member(x).backward(grad)
+            def run(layer, x=x, grad=grad, mode=mode):
+                if mode == "eval":
+                    with torch.no_grad():
+                        layer(x)
+                    return
+                with warnings.catch_warnings():
+                    # plain and member RMSNorm alike: a bf16 input with float32 weights
+                    warnings.filterwarnings("ignore", "Mismatch dtype between input and weight")
+                    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mode == "bf16"):
+                        y = layer(x)
+                y.backward(grad)
 
-        def run_plain(plain=plain, x=x, grad=grad):
-            plain(x).backward(grad)
-
-        ratio, spread, base = compare(run_member, run_plain, repeats=repeats, inner=5)
-        rows.append(
-            Measure(
-                f"member {name} fwd+bwd vs plain, same (M·B, …)", ratio, spread, "≤1.2×", base * 1e3
+            ratio, spread, base = compare(
+                lambda run=run, member=member: run(member),
+                lambda run=run, plain=plain: run(plain),
+                repeats=repeats,
+                inner=5,
             )
-        )
+            what = {"train": "fwd+bwd", "bf16": "fwd+bwd bf16 autocast", "eval": "eval fwd"}[mode]
+            rows.append(
+                Measure(
+                    f"member {name} {what} vs plain, same (M·B, …)",
+                    ratio,
+                    spread,
+                    "≤1.2×",
+                    base * 1e3,
+                )
+            )
     return rows
 
 
-def _model_measures(backbone: str, M: int, B: int, repeats: int, image: tuple[int, ...]):
+def peak_memory_bytes(model: nn.Module, x: torch.Tensor) -> int:
+    """Parameters and buffers plus the peak of live allocations during one no-grad forward.
+
+    On CUDA: ``torch.cuda.max_memory_allocated`` over the forward, minus what was allocated
+    before it. On CPU: the running sum of the profiler's allocation and free events, in time
+    order (``torch.profiler`` with ``profile_memory=True``).
+    """
+    resident = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    model.eval()
+    if x.is_cuda:
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        with torch.no_grad():
+            model(x)
+        torch.cuda.synchronize()
+        return resident + torch.cuda.max_memory_allocated() - before
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        with torch.no_grad():
+            model(x)
+    events = sorted(
+        (e.start_ns(), e.nbytes())
+        for e in prof.profiler.kineto_results.events()
+        if e.name() == "[memory]"
+    )
+    live = itertools.accumulate(n for _, n in events)
+    return resident + max(live, default=0)
+
+
+def _model_measures(
+    backbone: str,
+    M: int,
+    B: int,
+    repeats: int,
+    image: tuple[int, ...],
+    compile_model: bool = False,
+):
     torch.manual_seed(0)
     plain = create(backbone, num_classes=10)
     x_b, y_b = torch.randn(B, *image), torch.randint(0, 10, (B,))
@@ -143,6 +214,41 @@ def _model_measures(backbone: str, M: int, B: int, repeats: int, image: tuple[in
 
     ens_step = _train_step(ens, x_b, y_b)
     rows = []
+    if len(image) == 3:  # images: the same step with model and input in channels-last
+        last = copy.deepcopy(ens).to(memory_format=torch.channels_last)
+        x_last = x_b.contiguous(memory_format=torch.channels_last)
+        ratio, spread, base = compare(
+            _train_step(last, x_last, y_b),
+            _train_step(copy.deepcopy(ens), x_b, y_b),
+            repeats=repeats,
+        )
+        rows.append(
+            Measure(
+                f"{backbone}: σN-Ens step channels-last vs contiguous",
+                ratio,
+                spread,
+                "report",
+                base * 1e3,
+            )
+        )
+    if compile_model:
+        compiled = copy.deepcopy(ens)
+        compiled_step = _train_step(torch.compile(compiled), x_b, y_b)
+        start = time.perf_counter()
+        compiled_step()
+        warmup_s = time.perf_counter() - start
+        ratio, spread, base = compare(
+            compiled_step, _train_step(copy.deepcopy(ens), x_b, y_b), repeats=repeats
+        )
+        rows.append(
+            Measure(
+                f"{backbone}: σN-Ens step torch.compile vs eager (compile {warmup_s:.0f} s)",
+                ratio,
+                spread,
+                "report",
+                base * 1e3,
+            )
+        )
     ratio, spread, base = compare(ens_step, _train_step(single, x_mb, y_mb), repeats=repeats)
     rows.append(
         Measure(
@@ -178,10 +284,26 @@ def _model_measures(backbone: str, M: int, B: int, repeats: int, image: tuple[in
 
         return run
 
-    ratio, spread, base = compare(infer(ens), infer(deep), repeats=repeats)
+    ratio, (low, high), base = compare(infer(deep), infer(ens), repeats=repeats)
+    rows.append(  # deep time / σN-Ens time = σN-Ens images/s / deep ensemble images/s
+        Measure(
+            f"{backbone}: σN-Ens inference images/s vs deep ensemble (σN-Ens {B / base:.0f}/s)",
+            ratio,
+            (low, high),
+            "report",
+            base * 1e3,
+        )
+    )
+    ens_bytes, deep_bytes = peak_memory_bytes(ens, x_b), peak_memory_bytes(deep, x_b)
+    ratio = ens_bytes / deep_bytes
     rows.append(
         Measure(
-            f"{backbone}: σN-Ens inference vs deep ensemble", ratio, spread, "report", base * 1e3
+            f"{backbone}: σN-Ens inference peak memory vs deep ensemble "
+            f"({ens_bytes / 2**20:.1f} vs {deep_bytes / 2**20:.1f} MiB)",
+            ratio,
+            (ratio, ratio),
+            "report",
+            0.0,
         )
     )
     params = sum(p.numel() for p in ens.parameters()) / sum(p.numel() for p in plain.parameters())
@@ -194,13 +316,25 @@ def _model_measures(backbone: str, M: int, B: int, repeats: int, image: tuple[in
 
 
 def run(
-    num_members: int = 4, batch: int = 8, repeats: int = 7, quick: bool = False
+    num_members: int = 4,
+    batch: int = 8,
+    repeats: int = 7,
+    quick: bool = False,
+    compile_model: bool = False,
 ) -> list[Measure]:
-    """All measures, as :class:`Measure` rows."""
+    """All measures, as :class:`Measure` rows.
+
+    Args:
+        num_members: M.
+        batch: B, examples per step.
+        repeats: interleaved repeats per ratio.
+        quick: ResNet-18 only.
+        compile_model: add the ``torch.compile`` rows (minutes of compilation on a CPU).
+    """
     rows = _norm_measures(num_members, 32, repeats)
     backbones = [("resnet18", (3, 32, 32))] + ([] if quick else [("vit_small", (3, 32, 32))])
     for backbone, image in backbones:
-        rows += _model_measures(backbone, num_members, batch, repeats, image)
+        rows += _model_measures(backbone, num_members, batch, repeats, image, compile_model)
     return rows
 
 
@@ -224,10 +358,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
     parser.add_argument("--quick", action="store_true", help="ResNet-18 only")
+    parser.add_argument(
+        "--compile", action="store_true", help="add torch.compile rows (slow to warm up on CPU)"
+    )
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    rows = run(args.num_members, args.batch, args.repeats, args.quick)
+    rows = run(args.num_members, args.batch, args.repeats, args.quick, args.compile)
     print(format_table(rows))
     print(
         f"\n{platform.machine()} {platform.processor() or ''}, {torch.get_num_threads()} threads, "
