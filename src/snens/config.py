@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -43,7 +44,11 @@ from snens.optim import GAMMA_LR_MULTIPLIER
 
 __all__ = [
     "DATASETS",
+    "FOLDER_DATASETS",
+    "IMAGE_OOD_SETS",
     "OOD_SETS",
+    "TEXT_DATASETS",
+    "TEXT_OOD_SETS",
     "PRESETS",
     "DataConfig",
     "MethodConfig",
@@ -57,8 +62,8 @@ __all__ = [
     "to_toml",
 ]
 
-#: Data sets a config may name. The engine trains on the image sets; ``imagenet``, ``sst2`` and
-#: ``rotten_tomatoes`` are accepted so their presets validate (see ``snens.train``).
+#: Data sets a config may name: image sets held in memory, ImageNet-style class folders streamed
+#: from disk, and text sets tokenized once (see ``snens.train.build_data``).
 DATASETS = (
     "fashion_mnist",
     "cifar10",
@@ -69,8 +74,17 @@ DATASETS = (
     "rotten_tomatoes",
 )
 
-#: Out-of-distribution test sets a config may name in ``data.ood``.
-OOD_SETS = ("mnist_5k", "fashion_mnist", "cifar10", "cifar100", "svhn")
+#: Text data sets: no augmentation, no corruptions, text OOD sets only.
+TEXT_DATASETS = ("sst2", "rotten_tomatoes")
+#: Class-folder data sets, read by a DataLoader; OOD from ``data.ood_folder``.
+FOLDER_DATASETS = ("imagenet",)
+
+#: Out-of-distribution test sets of the in-memory image sets.
+IMAGE_OOD_SETS = ("mnist_5k", "fashion_mnist", "cifar10", "cifar100", "svhn")
+#: Out-of-distribution test sets of the text sets (``rt_plots``: Rotten Tomatoes plot texts).
+TEXT_OOD_SETS = ("rt_plots",)
+#: Every out-of-distribution test set a config may name in ``data.ood``.
+OOD_SETS = IMAGE_OOD_SETS + TEXT_OOD_SETS
 
 Dataset = Literal[
     "fashion_mnist", "cifar10", "cifar100", "svhn", "imagenet", "sst2", "rotten_tomatoes"
@@ -113,7 +127,9 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
             raise TypeError(f"{key} must be a table of named values, got {value!r}")
         for name, item in value.items():
             _check_toml_value(item, f"{key}.{name}")
-        return dict(value)
+        # A deep copy in plain types: the frozen config must not share the caller's dicts and
+        # lists, and a tuple or a float subclass must read back from TOML as what it is here.
+        return _plain(value)
     ok = {
         bool: isinstance(value, bool),
         int: isinstance(value, int) and not isinstance(value, bool),
@@ -127,12 +143,28 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
             return float(value)
         except OverflowError:
             raise ValueError(f"{key} is too large for a float: {value}") from None
-    return value
+    if hint is str:
+        _check_utf8(value, key)
+    return _plain(value)
+
+
+def _check_utf8(text: str, key: str) -> None:
+    # A lone surrogate (e.g. from a bad decode) cannot be written to config.toml (UTF-8).
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ValueError(
+            f"{key} holds a character UTF-8 cannot encode ({error.reason} at position "
+            f"{error.start}): {text!r}"
+        ) from None
 
 
 def _check_toml_value(value: Any, key: str) -> None:
     """Options must survive the trip to config.toml: TOML scalars, lists and tables only."""
-    if isinstance(value, bool | int | float | str):
+    if isinstance(value, str):
+        _check_utf8(value, key)
+        return
+    if isinstance(value, bool | int | float):
         return
     if isinstance(value, list | tuple):
         for i, item in enumerate(value):
@@ -140,6 +172,7 @@ def _check_toml_value(value: Any, key: str) -> None:
         return
     if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
         for name, item in value.items():
+            _check_utf8(name, f"{key} (a key)")
             _check_toml_value(item, f"{key}.{name}")
         return
     raise TypeError(
@@ -200,6 +233,14 @@ class DataConfig(_Section):
     severities: tuple[int, ...] = SEVERITIES  # each in 1..5
     corruption_examples: int = 1000  # first N test images corrupted; 0 = all
     corruption_seed: int = 0  # fixed across runs so every method sees the same corruptions
+    # text sets (sst2, rotten_tomatoes), tokenized once with the model's tokenizer
+    max_length: int = 128  # tokens per text, [CLS] and [SEP] included; longer texts are cut
+    padding: Literal["longest", "max_length"] = "longest"  # pad a batch to its longest text
+    # class folders (imagenet), read and transformed by DataLoader workers
+    image_size: int = 224  # px, side of the training crop and of the evaluation center crop
+    resize_size: int = 256  # px, shorter side before the evaluation center crop
+    num_workers: int = -1  # DataLoader worker processes; -1 = min(8, CPU count)
+    ood_folder: str = ""  # a class-folder tree evaluated as OOD set ood/<its name>; "" = none
 
     def validate(self) -> None:
         for name in ("train_examples", "test_examples", "ood_examples", "corruption_examples"):
@@ -212,6 +253,18 @@ class DataConfig(_Section):
             _require(a in ("crop", "flip"), self.key("augment"), "a list of 'crop', 'flip'", a)
         for name in self.ood:
             _require(name in OOD_SETS, self.key("ood"), f"a list of {OOD_SETS}", name)
+        _require(self.max_length >= 2, self.key("max_length"), "an int >= 2", self.max_length)
+        _require(self.image_size >= 1, self.key("image_size"), "an int >= 1", self.image_size)
+        _require(
+            self.resize_size >= self.image_size,
+            self.key("resize_size"),
+            f"an int >= data.image_size ({self.image_size})",
+            self.resize_size,
+        )
+        _require(
+            self.num_workers >= -1, self.key("num_workers"), "an int >= 0, or -1", self.num_workers
+        )
+        self._validate_kind()
         known = CORRUPTIONS + EXTRA_CORRUPTIONS
         for name in self.corruption_names:
             _require(name in known, self.key("corruption_names"), f"a list of {known}", name)
@@ -219,6 +272,50 @@ class DataConfig(_Section):
             _require(1 <= s <= 5, self.key("severities"), "a list of ints in 1..5", s)
         seed = self.corruption_seed
         _require(seed >= 0, self.key("corruption_seed"), "an int >= 0", seed)
+
+    def _validate_kind(self) -> None:
+        """What applies to text, to class folders and to in-memory images."""
+        dataset = self.dataset
+        if dataset in TEXT_DATASETS:
+            if self.augment:
+                raise ValueError(
+                    f"data.augment {list(self.augment)} applies to images, but data.dataset "
+                    f"{dataset!r} is text; set data.augment=[]"
+                )
+            if self.corruptions:
+                raise ValueError(
+                    f"data.corruptions applies to images, but data.dataset {dataset!r} is text; "
+                    "set data.corruptions=false"
+                )
+            _check_ood(self.ood, TEXT_OOD_SETS, dataset, "text")
+        elif dataset in FOLDER_DATASETS:
+            if self.corruptions:
+                raise ValueError(
+                    f"data.corruptions is not available for data.dataset {dataset!r}: the "
+                    "generated corruptions use CIFAR-C constants on in-memory tensors. Set "
+                    "data.corruptions=false; evaluate ImageNet-C folders with snens.evaluate"
+                )
+            _check_ood(self.ood, (), dataset, "class-folder")
+        else:
+            _check_ood(self.ood, IMAGE_OOD_SETS, dataset, "in-memory image")
+        if self.ood_folder and dataset not in FOLDER_DATASETS:
+            raise ValueError(
+                f"data.ood_folder applies to class-folder data sets {FOLDER_DATASETS}, got "
+                f'data.dataset {dataset!r}; set data.ood_folder="" and name OOD sets in data.ood'
+            )
+
+
+def _check_ood(names: tuple[str, ...], allowed: tuple[str, ...], dataset: str, kind: str) -> None:
+    for name in names:
+        if name not in allowed:
+            fix = (
+                f"choose from {list(allowed)}"
+                if allowed
+                else "give a class-folder tree as data.ood_folder instead"
+            )
+            raise ValueError(
+                f"data.ood {name!r} is not an OOD set for the {kind} data set {dataset!r}; {fix}"
+            )
 
 
 @dataclass(frozen=True)
@@ -376,7 +473,7 @@ class RunConfig(_Section):
             self.name,
         )
         _require(
-            self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda", "mps"),
+            re.fullmatch(r"auto|(cpu|cuda|mps)(:[0-9]+)?", self.device) is not None,
             "device",
             "'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'",
             self.device,
@@ -409,10 +506,20 @@ _SECTIONS: dict[str, type] = {
 
 
 def _plain(value: Any) -> Any:
+    """Builtin types only: lists for sequences, dicts for tables, and subclasses of bool, int,
+    float and str (NumPy's float64, an IntEnum) as the builtin, which is what TOML reads back."""
     if isinstance(value, tuple | list):
         return [_plain(v) for v in value]
     if isinstance(value, Mapping):
         return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, str):
+        return str.__str__(value)
     return value
 
 
@@ -482,6 +589,12 @@ def apply_overrides(values: dict[str, Any], overrides: Sequence[str]) -> dict[st
         ValueError: an override without ``=``, or a key that is not in the config (named,
             with the valid keys at that level).
     """
+    if not isinstance(values, Mapping):
+        raise TypeError(f"a config must be a table (dict), got {type(values).__name__}")
+    if isinstance(overrides, str):
+        raise TypeError(
+            f"overrides must be a list of key=value strings, got the string {overrides!r}"
+        )
     out = _plain(values)
     for item in overrides:
         if not isinstance(item, str) or "=" not in item:
@@ -500,9 +613,17 @@ def apply_overrides(values: dict[str, Any], overrides: Sequence[str]) -> dict[st
             _check_keys({parts[0]: None}, RunConfig, "")
             if len(parts) > 1:
                 raise ValueError(f"unknown config key {key!r}: {parts[0]!r} has no keys")
+        if "\n" in text or "\r" in text:
+            raise ValueError(f"override {key.strip()!r}: the value must be one line, got {text!r}")
         target = out
-        for part in parts[:-1]:
+        for depth, part in enumerate(parts[:-1]):
             target = target.setdefault(part, {})
+            if not isinstance(target, dict):
+                where = ".".join(parts[: depth + 1])
+                raise TypeError(
+                    f"cannot set {key.strip()!r}: {where} must be a table, got "
+                    f"{type(target).__name__} {target!r}"
+                )
         target[parts[-1]] = _parse_value(text.strip())
     return out
 
@@ -531,6 +652,11 @@ def load_config(
         values = to_dict(source)
     elif isinstance(source, Mapping):
         values = dict(source)
+    elif not isinstance(source, str | os.PathLike):
+        raise TypeError(
+            "a config source must be a TOML path, a dict, a RunConfig or None, got "
+            f"{type(source).__name__}"
+        )
     else:
         path = Path(source)
         if not path.is_file():
@@ -539,6 +665,10 @@ def load_config(
             values = tomllib.loads(path.read_text(encoding="utf-8"))
         except tomllib.TOMLDecodeError as error:
             raise ValueError(f"{path}: not valid TOML: {error}") from error
+        except UnicodeDecodeError as error:
+            raise ValueError(
+                f"{path}: not valid TOML: not UTF-8 ({error.reason} at byte {error.start})"
+            ) from None
     return from_dict(apply_overrides(values, overrides))
 
 
@@ -744,7 +874,34 @@ PRESETS: dict[str, RunConfig] = {
             channels_last=True,
         ),
     ),
-    # SST-2 on pretrained MiniLM-L6: norms and heads fine-tuned, gamma at 1000× the base lr.
+    # Offline stand-in for SST-2, CPU-sized: Rotten Tomatoes review snippets (a fixed 80/20
+    # split), plot descriptions as OOD; pretrained MiniLM-L6 with norms and heads fine-tuned,
+    # gamma at lr 1e-3 × 50 = 0.05 (DESIGN §1: gamma must be able to move).
+    "rotten_tomatoes_minilm": RunConfig(
+        data=DataConfig(
+            dataset="rotten_tomatoes",
+            train_examples=2000,
+            test_examples=1000,
+            batch_size=32,
+            eval_batch_size=250,
+            augment=(),
+            ood=("rt_plots",),
+            ood_examples=500,
+            max_length=64,
+        ),
+        model=ModelConfig(backbone="minilm", num_classes=2),
+        method=MethodConfig(name="snens", num_members=4, gamma_lr_multiplier=50.0),
+        optim=OptimConfig(
+            optimizer="adamw",
+            lr=1e-3,
+            weight_decay=0.01,
+            schedule="cosine",
+            epochs=1,
+            grad_clip=1.0,
+            finetune="norms_and_heads",
+        ),
+    ),
+    # SST-2 on pretrained MiniLM-L6: all weights fine-tuned, gamma at 1000× the base lr.
     "sst2_minilm": RunConfig(
         data=DataConfig(dataset="sst2", batch_size=32, augment=()),
         model=ModelConfig(backbone="minilm", num_classes=2),

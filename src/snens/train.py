@@ -54,7 +54,17 @@ from snens.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from snens.config import DataConfig, OptimConfig, RunConfig, load_config, to_dict
+from snens.config import (
+    FOLDER_DATASETS,
+    IMAGE_OOD_SETS,
+    TEXT_DATASETS,
+    TEXT_OOD_SETS,
+    DataConfig,
+    OptimConfig,
+    RunConfig,
+    load_config,
+    to_dict,
+)
 from snens.ensemble import ensemble_loss
 from snens.evaluate import evaluate
 from snens.nn.linear import MemberLinear
@@ -137,40 +147,87 @@ class _CorruptedLoader:
         yield from data.TensorLoader(x, y, self.batch_size, **self.options)
 
 
+Loader = data.TensorLoader | data.TokenLoader | data.FolderLoader
+
+
 @dataclass
 class Data:
-    """Everything :func:`train` reads: loaders and the data set's shape."""
+    """Everything :func:`train` reads: loaders and the data set's shape.
 
-    train: data.TensorLoader
-    test: data.TensorLoader
-    ood: dict[str, data.TensorLoader]
+    ``channels`` is None for text (the model takes token ids, not images).
+    """
+
+    train: Loader
+    test: Loader
+    ood: dict[str, Loader]
     corruptions: dict[tuple[str, int], Iterable[tuple[Tensor, Tensor]]]
     num_classes: int
-    channels: int
+    channels: int | None
 
 
 def _head(x: Tensor, y: Tensor, n: int) -> tuple[Tensor, Tensor]:
     return (x[:n], y[:n]) if n else (x, y)
 
 
-def build_data(config: DataConfig, *, seed: int, device: torch.device | str = "cpu") -> Data:
-    """Load the data set named by ``config`` into memory and wrap it in loaders.
+def _subset(total: int, n: int) -> list[int]:
+    """A fixed random subset of n of ``range(total)`` (all if n is 0), in increasing order.
 
-    Training batches are shuffled and augmented from ``seed`` (epoch e depends only on
-    (seed, e)); test, OOD and corrupted sets are normalized with the training set's statistics.
-    An OOD subset is a fixed random one (MNIST-5k is sorted by class).
+    Text files and class folders are stored in order (by class, by movie), so their first n
+    would not be a sample of the set; the subset is the same for every run seed.
+    """
+    if not n or n >= total:
+        return list(range(total))
+    keep = torch.randperm(total, generator=torch.Generator().manual_seed(0))[:n]
+    return sorted(keep.tolist())
+
+
+def build_data(
+    config: DataConfig,
+    *,
+    seed: int,
+    device: torch.device | str = "cpu",
+    encoder: str | os.PathLike | None = None,
+) -> Data:
+    """Load the data set named by ``config`` and wrap it in loaders.
+
+    Three kinds, one interface (epoch e of the training loader depends only on (seed, e); the
+    training loader shards a global batch across data-parallel ranks):
+
+    * in-memory image sets (Fashion-MNIST, CIFAR, SVHN): the whole set on ``device`` in a
+      :class:`~snens.data.TensorLoader`, augmented there; test, OOD and corrupted sets are
+      normalized with the training set's statistics;
+    * text sets (``sst2``: GLUE train / validation; ``rotten_tomatoes``: a fixed stratified
+      80/20 split, seed 0): tokenized once with the encoder's tokenizer into a
+      :class:`~snens.data.TokenLoader` whose batches are ``({"input_ids", "attention_mask"},
+      y)``; OOD set ``rt_plots`` (Rotten Tomatoes plot descriptions);
+    * class folders (``imagenet``: ``train/`` and ``val/``): a
+      :class:`~snens.data.FolderLoader` over a DataLoader with ``num_workers`` workers;
+      training views are random-resized crops (``"crop"``) and flips (``"flip"``) at
+      ``image_size``, evaluation views the resized (``resize_size``) center crop; an OOD set
+      only from ``ood_folder``.
+
+    Subsets (``train_examples``, ``test_examples``, ``ood_examples``) are the first N of an
+    image set and a fixed random subset of texts, folders and OOD sets (stored in order).
+
+    Args:
+        config: the data section.
+        seed: seed of the training order and augmentation.
+        device: where in-memory sets live.
+        encoder: text only: the Hugging Face model directory whose tokenizer to use (the
+            ``encoder`` option of the model); default MiniLM-L6's.
 
     Raises:
-        ValueError: a data set the engine does not train on (ImageNet folders and text sets,
-            for now), an OOD set whose channels differ from the data set's.
-        FileNotFoundError: the data is not on disk and ``download`` is off (says how to get it).
+        ValueError: an OOD set whose channels differ from the data set's, an OOD set or
+            option that does not apply to the kind of data set (also refused when the
+            config is built), ``max_length`` above the tokenizer's limit, classes of the
+            validation folder that differ from the training folder's.
+        FileNotFoundError: the data is not on disk and ``download`` is off or impossible
+            (says how to get it).
     """
-    if config.dataset not in _IMAGE_SETS:
-        raise ValueError(
-            f"snens train does not train on data.dataset {config.dataset!r} yet: the engine "
-            f"holds a whole image set in memory ({', '.join(_IMAGE_SETS)}). Build that data "
-            "set's loaders yourself and use snens.train.fit, or snens.evaluate"
-        )
+    if config.dataset in TEXT_DATASETS:
+        return _text_data(config, seed=seed, device=device, encoder=encoder)
+    if config.dataset in FOLDER_DATASETS:
+        return _folder_data(config, seed=seed, device=device)
     spec = _IMAGE_SETS[config.dataset]
     root = config.root or None
     # A loader given no seed draws one from torch's global generator; give every loader one
@@ -191,6 +248,7 @@ def build_data(config: DataConfig, *, seed: int, device: torch.device | str = "c
 
     ood = {}
     for name in config.ood:
+        _check_ood_name(name, IMAGE_OOD_SETS, config.dataset)
         xo, yo = _load_ood(name, root, config.download)
         if xo.shape[1] != spec.channels:
             raise ValueError(
@@ -219,17 +277,156 @@ def build_data(config: DataConfig, *, seed: int, device: torch.device | str = "c
     return Data(train_loader, test_loader, ood, corruptions, spec.num_classes, spec.channels)
 
 
+def _check_ood_name(name: str, allowed: tuple[str, ...], dataset: str) -> None:
+    # DataConfig refuses these already; a DataConfig built around its checks still fails here.
+    if name not in allowed:
+        raise ValueError(
+            f"data.ood {name!r} is not an OOD set for data.dataset {dataset!r}; choose from "
+            f"{list(allowed)}"
+        )
+
+
+def _text_data(
+    config: DataConfig,
+    *,
+    seed: int,
+    device: torch.device | str,
+    encoder: str | os.PathLike | None,
+) -> Data:
+    """SST-2 or Rotten Tomatoes, tokenized once; see :func:`build_data`."""
+    if config.augment or config.corruptions:
+        raise ValueError(
+            f"data.dataset {config.dataset!r} is text: set data.augment=[] and "
+            "data.corruptions=false (both apply to images)"
+        )
+    root = config.root or None
+    corpus = None
+    if config.dataset == "sst2":
+        texts, labels = data.load_sst2("train", root, config.download)
+        test_texts, test_labels = data.load_sst2("validation", root, config.download)
+    else:
+        corpus = data.load_rotten_tomatoes(root)
+        texts, labels, test_texts, test_labels = data.split_texts(
+            corpus.texts, corpus.labels, test_fraction=0.2, seed=0
+        )
+
+    from snens.models.text import tokenizer  # imports transformers: text only
+
+    tok = tokenizer(encoder)
+
+    def loader(texts, labels, n, batch_size, **options) -> data.TokenLoader:
+        keep = _subset(len(texts), n)
+        ids, mask = data.tokenize(
+            tok,
+            [texts[i] for i in keep],
+            max_length=config.max_length,
+            padding=config.padding,
+        )
+        y = torch.tensor([labels[i] for i in keep], dtype=torch.long)
+        return data.TokenLoader(ids, mask, y, batch_size, seed=seed, device=device, **options)
+
+    train_loader = loader(
+        texts, labels, config.train_examples, config.batch_size, shuffle=True, drop_last=True
+    )
+    test_loader = loader(test_texts, test_labels, config.test_examples, config.eval_batch_size)
+    ood = {}
+    for name in config.ood:
+        _check_ood_name(name, TEXT_OOD_SETS, config.dataset)
+        plots = (corpus or data.load_rotten_tomatoes(root)).ood_texts  # "rt_plots"
+        zeros = [0] * len(plots)  # OOD labels are not used
+        ood[name] = loader(plots, zeros, config.ood_examples, config.eval_batch_size)
+    return Data(train_loader, test_loader, ood, {}, num_classes=2, channels=None)
+
+
+@dataclass(frozen=True)
+class _Flip:
+    """``transform(image)``, mirrored along the width with probability ``flip_prob``.
+
+    Randomness from torch's global generator, which :class:`~snens.data.FolderLoader` seeds
+    per example.
+    """
+
+    transform: Callable[[Tensor], Tensor]
+    flip_prob: float = 0.5
+
+    def __call__(self, image: Tensor) -> Tensor:
+        out = self.transform(image)
+        return out.flip(-1) if torch.rand(()).item() < self.flip_prob else out
+
+
+def _folder_data(config: DataConfig, *, seed: int, device: torch.device | str) -> Data:
+    """ImageNet-style class folders read by DataLoader workers; see :func:`build_data`."""
+    if config.corruptions:
+        raise ValueError(
+            f"data.corruptions is not available for data.dataset {config.dataset!r}; set "
+            "data.corruptions=false"
+        )
+    if config.ood:
+        raise ValueError(
+            f"data.ood {list(config.ood)} names in-memory sets; data.dataset "
+            f"{config.dataset!r} takes an OOD class-folder tree as data.ood_folder"
+        )
+    ood_folder = Path(config.ood_folder).expanduser()
+    if config.ood_folder and not ood_folder.is_dir():  # before reading any training folder
+        raise FileNotFoundError(
+            f"data.ood_folder {str(ood_folder)!r} does not exist; give a folder of class "
+            'sub-folders of images (e.g. ImageNet-O), or set data.ood_folder=""'
+        )
+    root = config.root or None
+    size, resize = config.image_size, config.resize_size
+    evaluation = data.EvalTransform(resize=resize, crop=size)
+    flip = 0.5 if "flip" in config.augment else 0.0
+    if "crop" in config.augment:
+        training: Callable[[Tensor], Tensor] = data.TrainTransform(size=size, flip_prob=flip)
+    else:
+        training = _Flip(evaluation, flip) if flip else evaluation
+    train_set = data.imagenet_folder(root, "train", transform=training)
+    test_set = data.imagenet_folder(root, "val", transform=evaluation)
+    if test_set.classes != train_set.classes:
+        extra = sorted(set(test_set.classes) ^ set(train_set.classes))
+        raise ValueError(
+            f"{test_set.root} and {train_set.root} hold different class folders (e.g. "
+            f"{extra[:5]}); the labels are the sorted folder names, so both need the same ones"
+        )
+    pin = torch.device(device).type == "cuda"
+    options = {"seed": seed, "num_workers": config.num_workers, "pin_memory": pin}
+
+    def subset(dataset: Any, n: int) -> Any:
+        keep = _subset(len(dataset), n)
+        return dataset if len(keep) == len(dataset) else torch.utils.data.Subset(dataset, keep)
+
+    train_loader = data.FolderLoader(
+        subset(train_set, config.train_examples),
+        config.batch_size,
+        shuffle=True,
+        drop_last=True,
+        **options,
+    )
+    test_loader = data.FolderLoader(
+        subset(test_set, config.test_examples), config.eval_batch_size, **options
+    )
+    ood = {}
+    if config.ood_folder:
+        ood_set = data.ImageFolder(ood_folder, transform=evaluation)
+        ood[ood_folder.name] = data.FolderLoader(
+            subset(ood_set, config.ood_examples), config.eval_batch_size, **options
+        )
+    return Data(train_loader, test_loader, ood, {}, len(train_set.classes), channels=3)
+
+
 # ------------------------------------------------------------------------------------------------
 # Model, parameter groups, optimizer, schedule
 # ------------------------------------------------------------------------------------------------
 
 
-def build_model(config: RunConfig, *, num_classes: int, channels: int) -> nn.Module:
+def build_model(config: RunConfig, *, num_classes: int, channels: int | None) -> nn.Module:
     """The method of ``config.method`` over the backbone of ``config.model``, freshly built.
 
-    ``in_channels`` and ``num_classes`` come from the data set unless the config sets them.
+    ``in_channels`` and ``num_classes`` come from the data set unless the config sets them;
+    ``channels`` is None for text (the backbone takes token ids).
     """
-    backbone_options = {"in_channels": channels, **config.model.options}
+    image = {} if channels is None else {"in_channels": channels}
+    backbone_options = {**image, **config.model.options}
     options = dict(config.method.options)
     if config.method.name == "snens":
         options.setdefault("input_policy", config.method.input_policy)
@@ -590,6 +787,12 @@ def _describe_groups(groups: list[dict]) -> str:
     )
 
 
+def _encoder(config: RunConfig) -> str | None:
+    """The text encoder the model is built from (its ``encoder`` option), for its tokenizer."""
+    encoder = config.model.options.get("encoder")
+    return str(encoder) if encoder else None
+
+
 def _run_path(config: RunConfig, run_dir: str | os.PathLike | None) -> Path:
     if run_dir is not None:
         return Path(run_dir)
@@ -678,7 +881,7 @@ def _train(
         device = _device(config.device)
 
         # -- data
-        loaded = build_data(config.data, seed=config.seed, device=device)
+        loaded = build_data(config.data, seed=config.seed, device=device, encoder=_encoder(config))
         if group.enabled:
             loaded.train.shard(group.rank, group.world_size)
         steps_per_epoch = len(loaded.train)
@@ -889,7 +1092,7 @@ def evaluate_run(run_dir: str | os.PathLike) -> tuple[dict[str, float], dict[str
     state = load_checkpoint(path / "last.pt")
     with _reproducibility(config):
         device = _device(config.device)
-        loaded = build_data(config.data, seed=config.seed, device=device)
+        loaded = build_data(config.data, seed=config.seed, device=device, encoder=_encoder(config))
         torch.manual_seed(config.seed)
         model = build_model(config, num_classes=loaded.num_classes, channels=loaded.channels)
         load_model_state(model, state["model"])

@@ -5,6 +5,10 @@ verified: CIFAR-10/100, CIFAR-10-C/100-C, SVHN, SST-2; ImageNet is read from a c
 tree. CIFAR-10-C corruptions are generated on tensors when the released files are absent.
 Stand-ins that ship in packages (see DESIGN.md §5): Fashion-MNIST for CIFAR-10, MNIST-5k as
 image OOD, Rotten Tomatoes snippets for SST-2 with plot descriptions as text OOD.
+
+Loaders: :class:`TensorLoader` (a data set resident in device memory), :class:`TokenLoader`
+(texts tokenized once), :class:`FolderLoader` (image files read by DataLoader workers); all
+three draw epoch e from (seed, e) and shard a global batch across data-parallel ranks.
 """
 
 from .cifar import (
@@ -49,8 +53,10 @@ from .images import (
 )
 from .loader import TensorLoader
 from .sst2 import SST2_CLASSES, load_sst2
+from .streaming import FolderLoader, default_num_workers
 from .svhn import SVHN_MEAN, SVHN_STD, load_svhn
 from .text import RottenTomatoes, TextSplit, load_rotten_tomatoes, split_texts
+from .tokens import TokenLoader, tokenize
 
 __all__ = [
     "CIFAR100_MEAN",
@@ -72,15 +78,18 @@ __all__ = [
     "ChecksumError",
     "DownloadError",
     "EvalTransform",
+    "FolderLoader",
     "ImageFolder",
     "RottenTomatoes",
     "SEVERITIES",
     "TensorLoader",
     "TextSplit",
+    "TokenLoader",
     "TrainTransform",
     "corrupt",
     "corrupted",
     "data_root",
+    "default_num_workers",
     "download_url",
     "file_digest",
     "imagenet_folder",
@@ -96,6 +105,7 @@ __all__ = [
     "read_idx",
     "read_image",
     "split_texts",
+    "tokenize",
     "verify_checksum",
     "write_idx",
 ]

@@ -1,0 +1,181 @@
+"""A loader of image files too large for memory: a torch DataLoader with seeded epochs.
+
+:class:`FolderLoader` reads a map-style data set (an :class:`~snens.data.ImageFolder` with its
+transform) through a ``torch.utils.data.DataLoader`` with worker processes. It behaves like
+:class:`~snens.data.TensorLoader` where the engine relies on it:
+
+* epoch e depends only on ``(seed, e)``: the permutation is drawn from a generator seeded with
+  them, and example i's random transform runs under torch's global generator seeded with
+  ``(seed, e, i)`` — so the batches do not depend on the number of workers either;
+* :meth:`FolderLoader.shard` makes it a data-parallel loader with TensorLoader's contract:
+  every rank draws the same permutation and takes the r-th of N contiguous parts of each global
+  batch of B, so N processes step through the batches one process would. (A
+  ``DistributedSampler`` would not: it draws its own permutation, from seed + epoch, and deals
+  examples round-robin, so its global batches differ from a single process's.)
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+__all__ = ["FolderLoader", "default_num_workers"]
+
+_WORKERS = 2**63  # third seed number of the workers' base seed; item seeds use indices < N
+
+
+def default_num_workers() -> int:
+    """min(8, usable CPUs): enough to decode JPEGs for one GPU without crowding the host."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    return min(8, cpus)
+
+
+def _seed(*numbers: int) -> int:
+    # SeedSequence mixes all numbers, so (seed, epoch + 1, i) and (seed, epoch, i + 1) differ.
+    return int(np.random.SeedSequence(list(numbers)).generate_state(1, dtype=np.uint64)[0])
+
+
+class _SeededItems(Dataset):
+    """``dataset[i]`` with torch's global generator seeded from (seed, epoch, i) meanwhile."""
+
+    def __init__(self, dataset: Any, seed: int, epoch: int) -> None:
+        self.dataset, self.seed, self.epoch = dataset, seed, epoch
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Any:
+        with torch.random.fork_rng(devices=[]):  # the caller's generator is left as it was
+            torch.manual_seed(_seed(self.seed, self.epoch, int(index)))
+            return self.dataset[index]
+
+
+class FolderLoader:
+    """Iterate over ``(x, y)`` batches of a map-style data set, read by DataLoader workers.
+
+    Args:
+        dataset: ``dataset[i]`` returns ``(image, label)``; ``len(dataset)`` examples.
+        batch_size: examples per (global) batch.
+        shuffle: a fresh permutation each epoch, drawn from ``(seed, epoch)``.
+        drop_last: drop the final short batch.
+        seed: base seed of permutations and random transforms.
+        num_workers: DataLoader worker processes; 0 reads in this process, -1 =
+            :func:`default_num_workers`.
+        pin_memory: page-locked batches, for fast copies to a GPU.
+
+    Shape:
+        x: ``(B, C, H, W)`` as the transform returns it; y: ``(B,)`` int64.
+
+    Raises:
+        ValueError: an empty data set, a non-positive batch size, ``num_workers < -1``, or
+            ``drop_last`` with fewer examples than one batch.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int,
+        *,
+        shuffle: bool = False,
+        drop_last: bool = False,
+        seed: int = 0,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+    ) -> None:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        if len(dataset) == 0:
+            raise ValueError("the data set is empty")
+        if drop_last and batch_size > len(dataset):
+            raise ValueError(
+                f"drop_last with batch_size {batch_size} > {len(dataset)} examples yields no "
+                "batch; lower data.batch_size or use more examples"
+            )
+        if num_workers < -1:
+            raise ValueError(f"num_workers must be >= 0, or -1 for the default; got {num_workers}")
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.shuffle, self.drop_last, self.seed = shuffle, drop_last, seed
+        self.num_workers = default_num_workers() if num_workers == -1 else num_workers
+        self.pin_memory = pin_memory
+        self.epoch = 0
+        self.rank, self.world_size = 0, 1
+
+    def shard(self, rank: int, world_size: int) -> FolderLoader:
+        """Read only rank ``rank``'s share of every global batch (see :meth:`batches`).
+
+        Raises:
+            ValueError: ``rank`` outside ``[0, world_size)``, or ``batch_size`` not a multiple
+                of ``world_size``.
+        """
+        if not 0 <= rank < world_size:
+            raise ValueError(f"need 0 <= rank < world_size, got rank {rank} of {world_size}")
+        if self.batch_size % world_size:
+            raise ValueError(
+                f"batch_size {self.batch_size} is not divisible by world_size {world_size}; "
+                f"choose a batch size that is a multiple of {world_size}"
+            )
+        self.rank, self.world_size = rank, world_size
+        return self
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next pass epoch ``epoch``."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        """Batches per epoch (the same on every rank)."""
+        n = len(self.dataset)
+        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+
+    def batches(self, epoch: int) -> list[list[int]]:
+        """The indices of this rank's batches in epoch ``epoch``.
+
+        The epoch's order is a permutation drawn from ``(seed, epoch)`` (or 0…N−1 without
+        shuffling); global batch i is its rows ``[i·B, (i+1)·B)``, and rank r takes the r-th
+        of ``world_size`` equal contiguous parts of each — as :class:`TensorLoader` does.
+        """
+        n, size = len(self.dataset), self.batch_size
+        if self.shuffle:
+            generator = torch.Generator().manual_seed(_seed(self.seed, epoch))
+            order = torch.randperm(n, generator=generator).tolist()
+        else:
+            order = list(range(n))
+        out = []
+        for i in range(len(self)):
+            rows = order[i * size : (i + 1) * size]
+            part = len(rows)
+            r, world = self.rank, self.world_size
+            out.append(rows[part * r // world : part * (r + 1) // world])
+        return out
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        epoch, self.epoch = self.epoch, self.epoch + 1
+        loader = DataLoader(
+            _SeededItems(self.dataset, self.seed, epoch),
+            batch_sampler=self.batches(epoch),
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
+            # Workers' own generators are seeded by the loader; the transforms do not use them.
+            generator=torch.Generator().manual_seed(_seed(self.seed, epoch, _WORKERS)),
+        )
+        yield from loader
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(num_examples={len(self.dataset)}, "
+            f"batch_size={self.batch_size}, shuffle={self.shuffle}, drop_last={self.drop_last}, "
+            f"num_workers={self.num_workers}, seed={self.seed}"
+            + (f", rank={self.rank}, world_size={self.world_size}" if self.world_size > 1 else "")
+            + ")"
+        )
