@@ -102,6 +102,66 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sweep(args: argparse.Namespace) -> int:
+    from snens.config import preset
+    from snens.runs import RunDirError
+    from snens.sweep import plan, run_sweep
+
+    if (args.preset is None) == (args.config is None):
+        print("snens sweep: give one of --preset NAME, --config FILE", file=sys.stderr)
+        return 2
+    try:
+        base = preset(args.preset) if args.preset is not None else args.config
+        runs = plan(base, args.grid, args.out, args.set)
+    except (ValueError, TypeError, OSError) as error:
+        print(f"snens sweep: {error}", file=sys.stderr)
+        return 2
+    keys = list(dict.fromkeys(item.split("=", 1)[0].strip() for item in args.grid))
+    counts = {s: sum(r.status == s for r in runs) for s in ("new", "resume", "done")}
+    print(
+        f"snens sweep: {len(runs)} runs in {args.out} ({counts['new']} new, "
+        f"{counts['resume']} to resume, {counts['done']} done)",
+        flush=True,
+    )
+    if args.dry_run:
+        for i, run in enumerate(runs, 1):
+            print(f"[{i}/{len(runs)}] {run.status:6s} {run.name}")
+        return 0
+    try:
+        result = run_sweep(
+            runs,
+            args.out,
+            keys=keys,
+            progress=not args.no_progress,
+            log=lambda line: print(line, flush=True),
+        )
+    except RunDirError as error:
+        print(f"snens sweep: {error}", file=sys.stderr)
+        return 2
+    print(f"snens sweep: {result.csv}")
+    if result.failed:
+        print(f"snens sweep: {len(result.failed)} of {len(runs)} runs failed:", file=sys.stderr)
+        for name, error in result.failed.items():
+            print(f"  {name}: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from snens.report import write_report
+
+    try:
+        report = write_report(args.dirs, args.out)
+    except (ValueError, TypeError, OSError) as error:
+        print(f"snens report: {error}", file=sys.stderr)
+        return 2
+    print(report.table)
+    for note in report.notes:
+        print(note)
+    print(f"snens report: {report.path}")
+    return 0
+
+
 def _metrics_table(results: dict[str, float]) -> str:
     lines = ["| metric | value |", "|---|---|"]
     lines += [f"| {key} | {value:.4f} |" for key, value in results.items()]
@@ -151,6 +211,64 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("run_dir", metavar="RUN_DIR", help="a directory made by snens train")
     evaluate.add_argument("--json", action="store_true", help="print the metrics as JSON")
     evaluate.set_defaults(run=_eval)
+    sweep = sub.add_parser(
+        "sweep",
+        help="train every combination of a grid of config values (τ, M, λ, seeds, methods, …), "
+        "one run directory each, resumable, with a sweep.csv of the final metrics",
+        description="Train the cartesian product of the --grid axes on a base config, run by "
+        "run, into OUT/<run name> (the name lists the grid values, e.g. "
+        "method.temperature=0.5,seed=1). Every run's config is checked before the first one "
+        "starts. Running the same command again skips finished runs (final.json) and resumes "
+        "interrupted ones (last.pt). Method-aware: method.temperature and "
+        "method.diversity_weight apply to method 'snens' only, method.num_members to every "
+        "method but 'single' (forced to M=1); for other methods those axes collapse to one run. "
+        "Exit status: 0 all runs done, 1 a run failed (the others still run), 2 bad input.",
+    )
+    sweep.add_argument("--preset", metavar="NAME", help="the base config: a named preset")
+    sweep.add_argument("--config", metavar="FILE", help="the base config: a TOML file")
+    sweep.add_argument(
+        "--grid",
+        action="append",
+        default=[],
+        required=True,
+        metavar="KEY=V1,V2,…",
+        help="one axis of the grid, e.g. --grid method.temperature=0.05,0.5,5 --grid seed=0,1,2 "
+        "(values are TOML, as for --set; commas inside [ ], { } or quotes do not split)",
+    )
+    sweep.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a base config value for every run, e.g. --set optim.epochs=1",
+    )
+    sweep.add_argument(
+        "--out", required=True, metavar="DIR", help="the sweep's directory (runs and sweep.csv)"
+    )
+    sweep.add_argument(
+        "--dry-run", action="store_true", help="check the grid, list the runs and exit"
+    )
+    sweep.add_argument("--no-progress", action="store_true", help="no progress bars")
+    sweep.set_defaults(run=_sweep)
+    report = sub.add_parser(
+        "report",
+        help="tabulate runs (sweep directories or run directories): mean ± std over seeds per "
+        "configuration, as report.md, report.csv and plots",
+        description="Collect every run directory (config.toml and final.json) under the given "
+        "directories, group runs whose configs differ only in seed, and write DIR/report.md and "
+        "DIR/report.csv: one row per group with the config keys that vary, the number of seeds "
+        "and mean ± std (over seeds, ddof=1) of accuracy, NLL, ECE, Brier, OOD AUROC/AUPR/"
+        "FPR95, corrupted accuracy and ECE, parameters and training time. With matplotlib: "
+        "accuracy–NLL and accuracy–ECE Pareto plots and, when the runs evaluated corruptions, "
+        "accuracy and ECE against severity.",
+    )
+    report.add_argument(
+        "dirs", nargs="+", metavar="RUN_OR_SWEEP_DIR", help="sweep or run directories"
+    )
+    report.add_argument(
+        "--out", required=True, metavar="DIR", help="directory for report.md, report.csv, plots"
+    )
+    report.set_defaults(run=_report)
     demo = sub.add_parser(
         "demo",
         help="train a single model and σN-Ens at three temperatures on Fashion-MNIST, "

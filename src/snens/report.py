@@ -1,0 +1,407 @@
+"""Tables of finished runs: mean ± std over seeds per configuration, as Markdown, CSV and plots.
+
+    snens report runs/sweeps/tau --out runs/sweeps/tau/report
+
+A run is any directory holding ``config.toml`` and ``final.json`` (made by ``snens train`` or
+``snens sweep``); the directories given are searched recursively. Runs whose configs differ
+only in ``seed`` (and ``name``, ``out_dir``) form a group; keys that do not apply to a run's
+method (τ and λ outside σN-Ens, see :func:`snens.sweep.applies`) are ignored. One row per
+group: the config keys that vary between groups, n (the number of runs) and, for each metric
+some run of the group holds, the mean ± std over its runs (std with ddof=1; a group of one run
+shows its value and "n=1"):
+
+* ``test/accuracy``, ``test/nll``, ``test/ece``, ``test/brier``;
+* ``ood/<set>/auroc``, ``ood/<set>/aupr``, ``ood/<set>/fpr95`` for every OOD set;
+* ``shift/mean/accuracy``, ``shift/mean/ece`` (the mean over corruptions and severities);
+* ``params`` (``model.params``) and ``train seconds`` (``train.seconds``).
+
+``report.csv`` holds the same numbers at full precision (``<metric> mean``, ``<metric> std``).
+With matplotlib (``pip install snens[plot]``), :mod:`snens.plots` draws ``pareto_nll.png`` and
+``pareto_ece.png`` (accuracy against NLL and ECE, one point per group) and, when the runs
+evaluated corruptions, ``shift.png`` (accuracy and ECE against severity per group).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from snens.config import load_config, to_dict
+from snens.runs import CONFIG, FINAL, PROVENANCE
+from snens.sweep import applies
+
+__all__ = ["Group", "Report", "collect_runs", "group_runs", "summarize", "write_report"]
+
+# Config keys that do not make runs different configurations.
+_IGNORED = ("seed", "name", "out_dir")
+# Short names of the keys people read in tables and legends.
+_SHORT = {
+    "method.name": "method",
+    "method.temperature": "τ",
+    "method.num_members": "M",
+    "method.diversity_weight": "λ",
+}
+_CORE = ("test/accuracy", "test/nll", "test/ece", "test/brier")
+_SHIFT = ("shift/mean/accuracy", "shift/mean/ece")
+_OOD = ("auroc", "aupr", "fpr95")
+_EXTRA = {"params": ("model", "params"), "train seconds": ("train", "seconds")}
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One finished run: its directory, flat config (``"method.temperature"`` keys) and
+    ``final.json``."""
+
+    path: Path
+    config: dict[str, Any]
+    final: dict[str, Any]
+
+    def metric(self, name: str) -> float | None:
+        """A metric of :data:`_CORE`, ``ood/…``, ``shift/…`` or ``params``/``train seconds``;
+        None when absent, NaN when it was not finite (null in final.json)."""
+        if name in _EXTRA:
+            section, key = _EXTRA[name]
+            values = self.final.get(section, {})
+        else:
+            values, key = self.final.get("metrics", {}), name
+        if not isinstance(values, Mapping) or key not in values:
+            return None
+        value = values[key]
+        return math.nan if value is None else float(value)
+
+
+@dataclass(frozen=True)
+class Group:
+    """Runs of one configuration: ``key`` the config values (``seed`` left out), ``runs`` in
+    seed order."""
+
+    key: tuple[tuple[str, Any], ...]
+    runs: list[RunRecord] = field(default_factory=list)
+
+    @property
+    def seeds(self) -> list[int]:
+        return [r.config["seed"] for r in self.runs]
+
+
+@dataclass(frozen=True)
+class Report:
+    """What :func:`write_report` wrote: the Markdown table, the files and notes."""
+
+    table: str
+    path: Path
+    csv: Path
+    plots: list[Path]
+    notes: list[str]
+
+
+def _flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, Mapping):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = tuple(value) if isinstance(value, list) else value
+    return out
+
+
+def _read_run(path: Path) -> RunRecord:
+    config = _flatten(to_dict(load_config(path / CONFIG)))
+    try:
+        final = json.loads((path / FINAL).read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path / FINAL} is not valid JSON ({error})") from None
+    if not isinstance(final, dict):
+        raise ValueError(f"{path / FINAL} must hold a JSON object, got {type(final).__name__}")
+    for section in ("metrics", *(s for s, _ in _EXTRA.values())):
+        values = final.get(section, {})
+        ok = isinstance(values, dict) and all(
+            v is None or (isinstance(v, int | float) and not isinstance(v, bool))
+            for v in values.values()
+        )
+        if not ok:
+            raise ValueError(f"{path / FINAL}: {section!r} must map names to numbers")
+    return RunRecord(path, config, final)
+
+
+def collect_runs(paths: Iterable[str | os.PathLike]) -> tuple[list[RunRecord], list[str]]:
+    """Every run directory (config.toml and final.json) at or under ``paths``, each once.
+
+    Returns:
+        ``(runs, skipped)``: the runs in path order, and a line per directory that looks like
+        a run but could not be read (its config or final.json broken), saying why.
+
+    Raises:
+        ValueError: a path that does not exist or is not a directory, or no run at all.
+    """
+    paths = list(paths)
+    if not paths:
+        raise ValueError("give at least one run or sweep directory")
+    found: dict[Path, None] = {}
+    for given in paths:
+        path = Path(given)
+        if not path.is_dir():
+            what = "is not a directory" if path.exists() else "does not exist"
+            raise ValueError(f"{str(given)!r} {what}; give run or sweep directories")
+        candidates = [path] if (path / FINAL).is_file() else []
+        candidates += sorted(p.parent for p in path.rglob(FINAL) if p.parent != path)
+        for candidate in candidates:
+            if (candidate / CONFIG).is_file():
+                found.setdefault(candidate.resolve(), None)
+    runs, skipped = [], []
+    for path in found:
+        try:
+            runs.append(_read_run(path))
+        except (ValueError, TypeError, OSError) as error:
+            skipped.append(f"skipped {path}: {error}")
+    if not runs:
+        where = ", ".join(repr(str(p)) for p in paths)
+        raise ValueError(
+            f"no finished runs (directories with {CONFIG} and {FINAL}) under {where}"
+            + (f"; {len(skipped)} could not be read: {'; '.join(skipped)}" if skipped else "")
+        )
+    return runs, skipped
+
+
+def _applies(key: str, config: Mapping[str, Any]) -> bool:
+    return applies(key, config["method.name"])
+
+
+def group_runs(runs: Sequence[RunRecord]) -> tuple[list[Group], list[str]]:
+    """Groups of runs whose configs differ only in seed, and the keys that vary between them.
+
+    Returns:
+        ``(groups, varied)``: groups sorted by their varied values; ``varied`` the config keys
+        (other than seed, name, out_dir) whose values differ between groups.
+    """
+    groups: dict[tuple, Group] = {}
+    for run in runs:
+        key = tuple(
+            (k, v)
+            for k, v in sorted(run.config.items())
+            if k not in _IGNORED and _applies(k, run.config)
+        )
+        groups.setdefault(key, Group(key)).runs.append(run)
+    known = {k for group in groups for k, _ in group}
+    keys = [k for k in runs[0].config if k in known] + sorted(known - set(runs[0].config))
+    varied = [k for k in keys if len({repr(dict(group).get(k, _MISSING)) for group in groups}) > 1]
+    # method.name first, then the keys in config order
+    varied.sort(key=lambda k: (k != "method.name", keys.index(k)))
+    ordered = sorted(groups.values(), key=lambda g: [_order(dict(g.key).get(k)) for k in varied])
+    for group in ordered:
+        group.runs.sort(key=lambda r: (r.config["seed"], str(r.path)))
+    return ordered, varied
+
+
+_MISSING = "—"
+
+
+def _order(value: Any) -> tuple:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return (1, str(value))
+    return (0, float(value))
+
+
+def metric_names(runs: Sequence[RunRecord]) -> list[str]:
+    """The report's metrics that at least one run holds, in report order."""
+    present: dict[str, None] = {}
+    for run in runs:
+        present.update(dict.fromkeys(k for k, v in run.final.get("metrics", {}).items()))
+    names = [m for m in _CORE if m in present]
+    ood_sets = dict.fromkeys(k.split("/")[1] for k in present if k.startswith("ood/"))
+    names += [f"ood/{s}/{m}" for s in ood_sets for m in _OOD if f"ood/{s}/{m}" in present]
+    names += [m for m in _SHIFT if m in present]
+    names += [m for m in _EXTRA if any(r.metric(m) is not None for r in runs)]
+    return names
+
+
+def summarize(values: Sequence[float]) -> tuple[float, float, int]:
+    """``(mean, std, n)``: std over the values with ddof=1, NaN for one value."""
+    array = np.asarray(values, dtype=np.float64)
+    std = float(np.std(array, ddof=1)) if array.size > 1 else math.nan
+    return float(np.mean(array)), std, int(array.size)
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, tuple):
+        return "[" + ", ".join(_value(v) for v in value) + "]"
+    return str(value)
+
+
+def _cell(metric: str, stats: tuple[float, float, int] | None, n_group: int) -> str:
+    if stats is None:
+        return "—"
+    mean, std, n = stats
+    digits = 0 if metric == "params" else 1 if metric == "train seconds" else 4
+    text = f"{mean:.{digits}f}"
+    text += f" (n={n})" if n == 1 else f" ± {std:.{digits}f}"
+    if 1 < n < n_group:
+        text += f" (n={n})"
+    return text
+
+
+def _label(group: Group, varied: Sequence[str]) -> str:
+    values = dict(group.key)
+    parts = [
+        f"{_SHORT.get(k, k)}={_value(values[k])}" if k != "method.name" else str(values[k])
+        for k in varied
+        if k in values
+    ]
+    return ", ".join(parts) or "all runs"
+
+
+def _provenance(runs: Sequence[RunRecord]) -> str | None:
+    for run in runs:
+        try:
+            info = json.loads((run.path / PROVENANCE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        gpus = ", ".join(info.get("gpus") or []) or "no GPU"
+        return (
+            f"Hardware and versions (from {run.path / PROVENANCE}): {info.get('platform')}, "
+            f"{info.get('cpu_count')} CPUs, {gpus}; torch {info.get('torch')}, snens "
+            f"{info.get('snens')}, git {info.get('git_sha')}."
+        )
+    return None
+
+
+def write_report(dirs: Sequence[str | os.PathLike], out: str | os.PathLike) -> Report:
+    """Collect the runs under ``dirs`` and write ``out/report.md``, ``out/report.csv`` and the
+    plots (when matplotlib is installed).
+
+    Raises:
+        ValueError: a directory that does not exist, no finished runs, or an empty ``out``.
+        OSError: ``out`` cannot be written.
+    """
+    if not str(out).strip():
+        raise ValueError("--out is empty; give the directory for report.md")
+    runs, notes = collect_runs(dirs)
+    groups, varied = group_runs(runs)
+    metrics = metric_names(runs)
+    rows: list[dict[str, Any]] = []
+    lines = [
+        "| " + " | ".join([*(_SHORT.get(k, k) for k in varied), "n", "seeds", *metrics]) + " |",
+        "|" + "---|" * (len(varied) + 2 + len(metrics)),
+    ]
+    for group in groups:
+        values = dict(group.key)
+        row: dict[str, Any] = {k: values.get(k, _MISSING) for k in varied}
+        row["n"] = len(group.runs)
+        row["seeds"] = " ".join(str(s) for s in group.seeds)
+        cells = [_value(row[k]) for k in varied] + [str(row["n"]), row["seeds"]]
+        for metric in metrics:
+            found = [r.metric(metric) for r in group.runs]
+            found = [v for v in found if v is not None]
+            stats = summarize(found) if found else None
+            row[f"{metric} mean"] = stats[0] if stats else None
+            row[f"{metric} std"] = stats[1] if stats and stats[2] > 1 else None
+            cells.append(_cell(metric, stats, len(group.runs)))
+        rows.append(row)
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    table = "\n".join(lines)
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    csv_path = out / "report.csv"
+    with open(csv_path, "w", newline="", encoding="utf-8") as file:
+        writer = csv.writer(file)
+        columns = list(rows[0])
+        writer.writerow(columns)
+        for row in rows:
+            writer.writerow(["" if row[c] is None else _csv_value(row[c]) for c in columns])
+
+    plots, plot_note = _plots(groups, varied, out)
+    notes.append(plot_note)
+    text = [
+        "# snens report",
+        "",
+        f"{len(runs)} runs in {len(groups)} configurations. Each row: mean ± std over the "
+        "row's runs (std with ddof=1; one run shows its value and n=1). Config keys not in the "
+        "table are the same in every run.",
+        "",
+        table,
+        "",
+        "## Runs",
+        "",
+    ]
+    text += [f"* {_label(g, varied)}: " + ", ".join(f"`{r.path}`" for r in g.runs) for g in groups]
+    evidence = _provenance(runs)
+    if evidence:
+        text += ["", evidence]
+    if plots:
+        text += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots]
+    text += ["", *(f"{note}" for note in notes if note)]
+    path = out / "report.md"
+    path.write_text("\n".join(text) + "\n", encoding="utf-8")
+    return Report(table, path, csv_path, plots, [n for n in notes if n])
+
+
+def _csv_value(value: Any) -> str:
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, tuple):
+        return json.dumps(list(value))
+    return str(value)
+
+
+def _mean_results(group: Group) -> dict[str, float]:
+    """The mean over the group's runs of every metric of final.json (for the plots)."""
+    keys: dict[str, None] = {}
+    for run in group.runs:
+        keys.update(dict.fromkeys(run.final.get("metrics", {})))
+    out = {}
+    for key in keys:
+        values = [run.metric(key) for run in group.runs]
+        values = [v for v in values if v is not None]
+        if values:
+            out[key] = float(np.mean(values))
+    return out
+
+
+def _plots(groups: Sequence[Group], varied: Sequence[str], out: Path) -> tuple[list[Path], str]:
+    """The Pareto and shift plots, or none and a note saying why."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return [], "Plots skipped: matplotlib is not installed (`pip install snens[plot]`)."
+    from snens import plots
+
+    means = {_label(g, varied): _mean_results(g) for g in groups}
+    others = [k for k in varied if k != "method.name"]
+    annotate = ", ".join(_SHORT.get(k, k) for k in others) or None
+    rows = []
+    for group in groups:
+        values = dict(group.key)
+        row = {"method": values["method.name"], **means[_label(group, varied)]}
+        if annotate:
+            row[annotate] = ", ".join(_value(values.get(k, _MISSING)) for k in others)
+        rows.append(row)
+    written = []
+    for x, name in (("test/nll", "pareto_nll.png"), ("test/ece", "pareto_ece.png")):
+        usable = [r for r in rows if _finite(r, x) and _finite(r, "test/accuracy")]
+        if usable:
+            path = out / name
+            written.append(
+                plots.pareto_plot(
+                    usable, path, x=x, y="test/accuracy", label="method", annotate=annotate
+                )
+            )
+    shifted = {
+        label: m for label, m in means.items() if any(k.startswith("shift/severity/") for k in m)
+    }
+    if shifted:
+        written.append(plots.shift_plot(shifted, out / "shift.png", metric="ece"))
+    return written, ""
+
+
+def _finite(row: Mapping[str, Any], key: str) -> bool:
+    return key in row and math.isfinite(row[key])

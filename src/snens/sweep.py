@@ -1,0 +1,477 @@
+"""Grids of engine runs: every combination of a few config values, one run directory each.
+
+    snens sweep --preset fashion_mnist_small_cnn_tiny \\
+        --grid method.temperature=0.05,0.5,5 --grid seed=0,1,2 --out runs/sweeps/tau
+
+A grid axis is ``KEY=V1,V2,…`` over any config key; each value is read as a ``--set`` value
+(TOML: ``0.5``, ``true``, ``[25, 50]``, ``"text"``; commas inside brackets, braces or quotes do
+not split). The runs are the cartesian product of the axes, in the order given (the last axis
+varies fastest), each trained by :func:`snens.train.train` into ``OUT/<run name>``, the name
+built from the grid values: ``method.temperature=0.5,seed=1``.
+
+**Method-aware axes.** ``method.temperature`` (τ) and ``method.diversity_weight`` (λ) act
+only through σN-Ens's diversity regularizer, so they apply to ``method.name = "snens"`` only;
+``method.num_members`` does not apply to ``"single"``, whose M is forced to 1. For a run of
+another method, the axes that do not apply are dropped from its config (the base value stays)
+and from its name, so the combinations that differ only in them are one run:
+``--grid method.name=single,snens --grid method.temperature=0.05,5`` is three runs, not four.
+
+**Resuming.** Running the same command again does no repeated work: a run whose
+``final.json`` exists is skipped, one with ``config.toml`` but no ``final.json`` (interrupted)
+is resumed from its ``last.pt``. A run directory whose saved config differs from the one the
+grid asks for is an error, found before anything trains.
+
+**Checks first.** Every run's config is built and checked before the first run starts: an
+unknown key, a bad value, an empty axis or a value listed twice is a ``ValueError`` or
+``TypeError`` naming the axis and value, and nothing trains.
+
+``OUT/sweep.csv`` holds one row per run (its status, the grid values and every number of its
+``final.json``), rewritten after each run.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import hashlib
+import itertools
+import json
+import math
+import os
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from snens.config import RunConfig, apply_overrides, load_config, to_dict
+from snens.runs import CONFIG, FINAL, LAST
+
+__all__ = [
+    "MAX_RUNS",
+    "METHOD_ONLY_KEYS",
+    "SweepResult",
+    "SweepRun",
+    "applies",
+    "final_row",
+    "parse_grid",
+    "plan",
+    "run_sweep",
+    "write_csv",
+]
+
+#: A grid of more runs than this is refused (it is almost always a typo in a value list).
+MAX_RUNS = 10_000
+
+#: Config keys that apply to some methods only: key -> the methods they apply to (None: every
+#: method but "single").
+METHOD_ONLY_KEYS: dict[str, tuple[str, ...] | None] = {
+    "method.temperature": ("snens",),
+    "method.diversity_weight": ("snens",),
+    "method.num_members": None,
+}
+
+# Keys the sweep sets itself: the run directory is OUT/<run name>.
+_RESERVED = ("name", "out_dir")
+# A file name is at most 255 bytes on common file systems; keep room for a hash suffix.
+_MAX_NAME = 200
+_SAFE = re.compile(r"[^A-Za-z0-9._,=+-]")
+CSV = "sweep.csv"
+
+
+def applies(key: str, method: str) -> bool:
+    """Whether config ``key`` changes a run of ``method`` (see :data:`METHOD_ONLY_KEYS`)."""
+    if key not in METHOD_ONLY_KEYS:
+        return True
+    methods = METHOD_ONLY_KEYS[key]
+    return method != "single" if methods is None else method in methods
+
+
+# ------------------------------------------------------------------------------------------------
+# Parsing the grid
+# ------------------------------------------------------------------------------------------------
+
+
+def _split_values(text: str) -> list[str]:
+    """``a,[1, 2],"x,y"`` -> ``["a", "[1, 2]", '"x,y"']``: commas at depth 0, outside quotes."""
+    items, depth, quote, start = [], 0, "", 0
+    for i, ch in enumerate(text):
+        if quote:
+            if ch == quote and (quote == "'" or text[i - 1] != "\\"):
+                quote = ""
+        elif ch in "\"'":
+            quote = ch
+        elif ch in "[{":
+            depth += 1
+        elif ch in "]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    items.append(text[start:])
+    return [item.strip() for item in items]
+
+
+def _lookup(values: Mapping[str, Any], key: str) -> Any:
+    """``values["a"]["b"]`` for key ``"a.b"``; KeyError when absent."""
+    target: Any = values
+    for part in key.split("."):
+        target = target[part]
+    return target
+
+
+def parse_grid(axes: Sequence[str]) -> dict[str, list[str]]:
+    """``["seed=0,1", "method.temperature=0.05,5"]`` -> ``{"seed": ["0", "1"], …}``.
+
+    Only the syntax is checked here; :func:`plan` checks keys and values against the config.
+
+    Raises:
+        ValueError: an axis without ``=``, an empty key, an empty axis or value, or a key given
+            twice (each message quotes the axis).
+    """
+    grid: dict[str, list[str]] = {}
+    for axis in axes:
+        if not isinstance(axis, str) or "=" not in axis:
+            raise ValueError(
+                f"--grid {axis!r}: an axis must read KEY=V1,V2,…, e.g. method.temperature=0.05,0.5"
+            )
+        key, text = axis.split("=", 1)
+        key = key.strip()
+        if not key:
+            raise ValueError(f"--grid {axis!r}: the key is empty; e.g. seed=0,1,2")
+        if key in _RESERVED:
+            raise ValueError(
+                f"--grid {axis!r}: {key} is set by the sweep (each run goes to OUT/<run name>); "
+                "give the parent directory with --out"
+            )
+        if key in grid:
+            raise ValueError(
+                f"--grid {axis!r}: {key} already has an axis; list all its values in one --grid"
+            )
+        if not text.strip():
+            raise ValueError(f"--grid {axis!r}: the axis {key} has no values; e.g. {key}=V1,V2")
+        values = _split_values(text)
+        if "" in values:
+            raise ValueError(
+                f"--grid {axis!r}: the axis {key} has an empty value (two commas, or a comma at "
+                "an end); remove it"
+            )
+        grid[key] = values
+    return grid
+
+
+# ------------------------------------------------------------------------------------------------
+# Planning the runs
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SweepRun:
+    """One run of a sweep.
+
+    Attributes:
+        name: the run directory's name under the sweep's directory.
+        values: grid key -> the resolved config value (keys that do not apply to the run's
+            method are left out).
+        config: the run's resolved config (``out_dir`` the sweep's directory, ``name`` above).
+        status: ``"new"``, ``"resume"`` (config.toml without final.json) or ``"done"``.
+    """
+
+    name: str
+    values: dict[str, Any]
+    config: RunConfig
+    status: str
+
+    def path(self) -> Path:
+        """The run directory."""
+        return Path(self.config.out_dir) / self.name
+
+
+def _format(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, list | tuple):
+        return "+".join(_format(v) for v in value) if value else "empty"
+    if isinstance(value, Mapping):
+        return "+".join(f"{k}-{_format(v)}" for k, v in value.items()) if value else "empty"
+    return str(value)
+
+
+def _run_name(values: Mapping[str, Any]) -> str:
+    readable = ",".join(f"{key}={_format(value)}" for key, value in values.items()) or "base"
+    safe = _SAFE.sub("_", readable)
+    if safe != readable or len(safe) > _MAX_NAME:
+        # Keep names apart that differ only in characters replaced above or in a cut tail.
+        digest = hashlib.sha256(readable.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+        safe = f"{safe[:_MAX_NAME]}-{digest}"
+    return safe
+
+
+def _same_run(saved: RunConfig, wanted: RunConfig) -> list[str]:
+    """The keys (other than out_dir and name) in which two configs differ."""
+    a, b = to_dict(saved), to_dict(wanted)
+    for values in (a, b):
+        for key in _RESERVED:
+            values.pop(key)
+    out = []
+    for section in sorted(set(a) | set(b)):
+        va, vb = a.get(section), b.get(section)
+        if isinstance(va, dict) and isinstance(vb, dict):
+            out += [
+                f"{section}.{k}: saved {va.get(k)!r}, grid {vb.get(k)!r}"
+                for k in sorted(set(va) | set(vb))
+                if va.get(k) != vb.get(k)
+            ]
+        elif va != vb:
+            out.append(f"{section}: saved {va!r}, grid {vb!r}")
+    return out
+
+
+def _status(path: Path, config: RunConfig) -> str:
+    if not (path / CONFIG).is_file():
+        return "new"
+    try:
+        saved = load_config(path / CONFIG)
+    except (ValueError, TypeError, OSError) as error:
+        raise ValueError(
+            f"{path} holds an unreadable {CONFIG} ({error}); move it away or choose another --out"
+        ) from None
+    diff = _same_run(saved, config)
+    if diff:
+        raise ValueError(
+            f"{path} holds a run of another config ({'; '.join(diff)}); choose another --out, "
+            "or remove that run"
+        )
+    return "done" if (path / FINAL).is_file() else "resume"
+
+
+def plan(
+    base: str | os.PathLike | RunConfig | Mapping[str, Any],
+    grid: Sequence[str] | Mapping[str, Sequence[str]],
+    out: str | os.PathLike,
+    overrides: Sequence[str] = (),
+) -> list[SweepRun]:
+    """Every run of the grid, its config built and checked; nothing is written.
+
+    Args:
+        base: the base config (a preset's :class:`RunConfig`, a TOML path or dicts).
+        grid: ``KEY=V1,V2`` axes, or ``{key: [value texts]}``.
+        out: the sweep's directory; run i goes to ``out/<name i>``.
+        overrides: ``--set`` values applied to the base before the grid's.
+
+    Returns:
+        The runs in grid order (last axis fastest), combinations that differ only in keys that
+        do not apply to their method merged into one (see the module docstring).
+
+    Raises:
+        ValueError: an empty grid, an axis or value that is not valid for the config (the axis,
+            value and reason named), more than :data:`MAX_RUNS` runs, ``--set`` of ``name`` or
+            ``out_dir``, or an existing run directory of another config.
+        TypeError: a value of the wrong type (the axis, value and key named).
+    """
+    if isinstance(grid, Mapping):
+        grid = [f"{k}={','.join(v)}" for k, v in grid.items()]
+    axes = parse_grid(grid)
+    if not axes:
+        raise ValueError("the grid is empty; give at least one axis, e.g. --grid seed=0,1,2")
+    for item in overrides:
+        key = item.split("=", 1)[0].strip() if isinstance(item, str) else ""
+        if key in _RESERVED:
+            raise ValueError(
+                f"--set {item!r}: {key} is set by the sweep (each run goes to OUT/<run name>); "
+                "give the parent directory with --out"
+            )
+    total = math.prod(len(values) for values in axes.values())
+    if total > MAX_RUNS:
+        sizes = " × ".join(f"{len(v)} ({k})" for k, v in axes.items())
+        raise ValueError(f"the grid has {sizes} = {total} runs, more than {MAX_RUNS}; split it")
+    overrides = list(overrides)
+    start = apply_overrides(to_dict(load_config(base)), overrides)
+    if start["method"].get("name") == "single":  # M of "single" is 1 whatever the base says
+        overrides.append("method.num_members=1")
+    base_values = to_dict(load_config(base, overrides))
+    out = Path(out)
+
+    for key, texts in axes.items():
+        repeated = sorted({t for t in texts if texts.count(t) > 1})
+        if repeated:
+            raise ValueError(f"--grid {key}: the value {repeated[0]!r} is listed twice; remove one")
+        try:  # the key alone: an unknown key is named with the valid ones
+            apply_overrides(base_values, [f"{key}={texts[0]}"])
+        except (ValueError, TypeError) as error:
+            raise type(error)(f"--grid {key}: {error}") from None
+
+    runs: dict[str, SweepRun] = {}
+    texts_of: dict[str, dict[str, str]] = {}
+    for combination in itertools.product(*axes.values()):
+        texts = dict(zip(axes, combination))
+        settings = [f"{k}={t}" for k, t in texts.items()]
+        method = _lookup(apply_overrides(base_values, settings), "method.name")
+        kept = {k: t for k, t in texts.items() if applies(k, method)}
+        settings = [f"{k}={t}" for k, t in kept.items()]
+        if method == "single":
+            settings.append("method.num_members=1")
+        try:
+            config = load_config(base_values, settings)
+        except (ValueError, TypeError) as error:
+            raise _blame(error, base_values, kept) from None
+        resolved = to_dict(config)
+        values = {k: _lookup(resolved, k) for k in kept}
+        name = _run_name(values)
+        if name in runs:
+            if texts_of[name] != kept:  # e.g. temperature 5 and 5.0
+                twins = [k for k in kept if kept[k] != texts_of[name][k]]
+                k = twins[0]
+                raise ValueError(
+                    f"--grid {k}: the values {texts_of[name][k]!r} and {kept[k]!r} are the same "
+                    f"setting ({_format(values[k])}); remove one"
+                )
+            continue  # differs from an earlier combination only in keys its method ignores
+        config = dataclasses.replace(config, out_dir=str(out), name=name)
+        runs[name] = SweepRun(name, values, config, _status(out / name, config))
+        texts_of[name] = kept
+    return list(runs.values())
+
+
+def _blame(error: Exception, base: Mapping[str, Any], texts: Mapping[str, str]) -> Exception:
+    """The error of a combination, blamed on one axis value when that value alone fails."""
+    for key, text in texts.items():
+        try:
+            load_config(base, [f"{key}={text}"])
+        except (ValueError, TypeError) as alone:
+            if str(alone) == str(error):
+                return type(error)(f"--grid {key}: value {text!r}: {error}")
+    where = ", ".join(f"{k}={t}" for k, t in texts.items())
+    return type(error)(f"--grid: the run {where}: {error}")
+
+
+# ------------------------------------------------------------------------------------------------
+# Running and the table
+# ------------------------------------------------------------------------------------------------
+
+
+def final_row(run_dir: str | os.PathLike) -> dict[str, Any]:
+    """The numbers of a run's ``final.json``, flat: ``metrics`` keys as they are, ``model`` and
+    ``train`` keys as ``model/<key>`` and ``train/<key>`` (null, a non-finite number, as NaN)."""
+    final = json.loads((Path(run_dir) / FINAL).read_text(encoding="utf-8"))
+    row: dict[str, Any] = {}
+    for section, values in final.items():
+        if not isinstance(values, Mapping):
+            continue
+        for key, value in values.items():
+            name = key if section == "metrics" else f"{section}/{key}"
+            row[name] = math.nan if value is None else value
+    return row
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, list | tuple | Mapping):
+        return json.dumps(value)
+    return str(value)
+
+
+def write_csv(path: str | os.PathLike, rows: Sequence[Mapping[str, Any]]) -> Path:
+    """Rows as CSV, columns in order of first appearance; missing cells empty; floats written
+    with ``repr`` so they read back exactly."""
+    columns: dict[str, None] = {}
+    for row in rows:
+        columns.update(dict.fromkeys(row))
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", newline="", encoding="utf-8") as file:
+        writer = csv.writer(file)
+        writer.writerow(list(columns))
+        for row in rows:
+            writer.writerow([_cell(row.get(c)) for c in columns])
+    os.replace(tmp, path)
+    return path
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """What :func:`run_sweep` did: the runs, and the names and errors of those that failed."""
+
+    runs: list[SweepRun]
+    failed: dict[str, str]
+    trained: list[str]
+    csv: Path
+
+
+def _rows(runs: Sequence[SweepRun], failed: Mapping[str, str], keys: Sequence[str]) -> list[dict]:
+    rows = []
+    for run in runs:
+        row: dict[str, Any] = {"run": run.name}
+        row.update({k: run.values.get(k) for k in keys})
+        if (run.path() / FINAL).is_file():
+            row["status"] = "done"
+            row.update(final_row(run.path()))
+        else:
+            row["status"] = "failed" if run.name in failed else "pending"
+        rows.append(row)
+    return rows
+
+
+def run_sweep(
+    runs: Sequence[SweepRun],
+    out: str | os.PathLike,
+    *,
+    keys: Sequence[str] = (),
+    progress: bool = False,
+    train: Callable[..., Path] | None = None,
+    log: Callable[[str], None] = print,
+) -> SweepResult:
+    """Train the runs of :func:`plan` one after the other, skipping and resuming as planned.
+
+    A run that raises is reported and the sweep goes on; ``sweep.csv`` is rewritten after
+    every run.
+
+    Args:
+        runs: from :func:`plan`.
+        out: the sweep's directory (``sweep.csv`` goes there).
+        keys: the grid keys, the CSV's first columns.
+        progress: progress bars in training.
+        train: the engine (default :func:`snens.train.train`).
+        log: called with one line per run and the engine's lines.
+
+    Raises:
+        RunDirError: ``out`` is not writable (before any run).
+    """
+    from snens.runs import check_writable
+
+    if train is None:
+        from snens.train import train
+    out = check_writable(out)
+    failed: dict[str, str] = {}
+    trained: list[str] = []
+    for i, run in enumerate(runs, 1):
+        head = f"[{i}/{len(runs)}] {run.name}"
+        path = run.path()
+        if (path / FINAL).is_file():
+            log(f"{head}: done, skipped")
+            continue
+        resume = (path / CONFIG).is_file()
+        if not resume:
+            log(f"{head}: training")
+        else:
+            log(f"{head}: resuming{' from last.pt' if (path / LAST).is_file() else ''}")
+        start = time.perf_counter()
+        try:
+            config = load_config(path / CONFIG) if resume else run.config
+            train(config, resume=resume, progress=progress, run_dir=path, log=log)
+            trained.append(run.name)
+            log(f"{head}: finished in {time.perf_counter() - start:.1f} s")
+        except Exception as error:  # one failed run must not stop the others
+            failed[run.name] = f"{type(error).__name__}: {error}"
+            log(f"{head}: FAILED ({failed[run.name]})")
+        write_csv(out / CSV, _rows(runs, failed, keys))
+    csv_path = write_csv(out / CSV, _rows(runs, failed, keys))
+    return SweepResult(list(runs), failed, trained, csv_path)
