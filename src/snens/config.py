@@ -221,8 +221,9 @@ class DataConfig(_Section):
     dataset: Dataset = "fashion_mnist"
     root: str = ""  # data root; "" = $SNENS_DATA, else ~/.cache/snens
     download: bool = False  # fetch missing data sets (checksums verified)
-    train_examples: int = 0  # first N training examples; 0 = all
-    test_examples: int = 0  # first N test examples; 0 = all
+    train_examples: int = 0  # N training examples (image sets: the first N; texts, folders: a fixed
+    # random subset, as they are stored in order); 0 = all
+    test_examples: int = 0  # N test examples, chosen as train_examples; 0 = all
     batch_size: int = 128  # examples per optimizer step ("split": B/M per member)
     eval_batch_size: int = 1000  # examples per forward pass in evaluation
     augment: tuple[str, ...] = ("crop", "flip")  # random crop (pad 2 px < 32 px, else 4) / flip
