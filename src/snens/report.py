@@ -376,7 +376,13 @@ def _plots(groups: Sequence[Group], varied: Sequence[str], out: Path) -> tuple[l
     from snens import plots
 
     means = {_label(g, varied): _mean_results(g) for g in groups}
-    others = [k for k in varied if k != "method.name"]
+    # keys that tell groups apart beyond "not applicable" (e.g. τ, not M of single vs snens)
+    others = [
+        k
+        for k in varied
+        if k != "method.name"
+        and len({repr(dict(g.key)[k]) for g in groups if k in dict(g.key)}) > 1
+    ]
     annotate = ", ".join(_SHORT.get(k, k) for k in others) or None
     rows = []
     for group in groups:

@@ -1,0 +1,255 @@
+"""snens sweep: a real grid on Fashion-MNIST; names, sweep.csv, skipping, resuming, collapsing.
+
+The module's sweep trains 6 tiny runs (300 images, one epoch, width 4): single × seeds {0, 1}
+(τ collapses) and σN-Ens × τ {0.05, 5} × seeds {0, 1}.
+"""
+
+import csv
+import json
+import math
+import shutil
+
+import pytest
+import torch
+
+import snens.train
+from snens.cli import main
+from snens.config import load_config, preset, to_toml
+from snens.runs import read_metrics
+from snens.sweep import applies, final_row, parse_grid, plan
+
+TINY = "fashion_mnist_small_cnn_tiny"
+SMALL = [
+    "--set",
+    "optim.epochs=1",
+    "--set",
+    "data.train_examples=300",
+    "--set",
+    "data.test_examples=300",
+    "--set",
+    "data.ood_examples=300",
+    "--set",
+    "threads=1",
+    "--no-progress",
+]
+GRID = ["--grid", "method.name=single,snens", "--grid", "method.temperature=0.05,5", "--grid"]
+NAMES = [
+    "method.name=single,seed=0",
+    "method.name=single,seed=1",
+    "method.name=snens,method.temperature=0.05,seed=0",
+    "method.name=snens,method.temperature=0.05,seed=1",
+    "method.name=snens,method.temperature=5.0,seed=0",
+    "method.name=snens,method.temperature=5.0,seed=1",
+]
+
+
+def _sweep(out, grid="seed=0,1", extra=()):
+    return main(["sweep", "--preset", TINY, *GRID, grid, *SMALL, *extra, "--out", str(out)])
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("sweep") / "tau"
+    assert _sweep(out) == 0
+    return out
+
+
+def _read_csv(path):
+    with open(path, newline="", encoding="utf-8") as file:
+        return list(csv.DictReader(file))
+
+
+def test_every_run_has_its_directory_and_config(swept):
+    assert sorted(p.name for p in swept.iterdir() if p.is_dir()) == sorted(NAMES)
+    for name in NAMES:
+        config = load_config(swept / name / "config.toml")
+        assert (swept / name / "final.json").is_file()
+        assert config.name == name and config.seed == int(name[-1])
+        assert config.optim.epochs == 1 and config.data.train_examples == 300
+        if "single" in name:  # M forced to 1, τ left at the preset's
+            assert config.method.num_members == 1 and config.method.temperature == 1.0
+        else:
+            assert config.method.num_members == 4
+            assert config.method.temperature == (0.05 if "0.05" in name else 5.0)
+
+
+def test_sweep_csv_holds_final_json_values(swept):
+    rows = _read_csv(swept / "sweep.csv")
+    assert [r["run"] for r in rows] == NAMES
+    assert list(rows[0])[:5] == ["run", "method.name", "method.temperature", "seed", "status"]
+    for row in rows:
+        assert row["status"] == "done"
+        final = json.loads((swept / row["run"] / "final.json").read_text())
+        flat = final_row(swept / row["run"])
+        assert flat["test/accuracy"] == final["metrics"]["test/accuracy"]
+        assert flat["model/params"] == final["model"]["params"]
+        for key, value in flat.items():
+            got = float(row[key])
+            assert got == value or (math.isnan(got) and math.isnan(value)), key
+        tau = "" if "single" in row["run"] else "0.05" if "0.05" in row["run"] else "5.0"
+        assert row["method.temperature"] == tau
+    single, snens_run = rows[0], rows[2]
+    assert float(single["test/num_members"]) == 1 and float(snens_run["test/num_members"]) == 4
+    assert float(single["model/params"]) < float(snens_run["model/params"])
+
+
+def test_rerun_does_no_work(swept, monkeypatch, capsys):
+    before = {n: (swept / n / "final.json").stat().st_mtime_ns for n in NAMES}
+    calls = []
+    monkeypatch.setattr(snens.train, "train", lambda *a, **k: calls.append(a))
+    assert _sweep(swept) == 0
+    out = capsys.readouterr().out
+    assert calls == []
+    assert out.count("done, skipped") == 6 and "(0 new, 0 to resume, 6 done)" in out
+    assert before == {n: (swept / n / "final.json").stat().st_mtime_ns for n in NAMES}
+
+
+def test_changed_base_config_is_refused_before_training(swept, monkeypatch, capsys):
+    monkeypatch.setattr(snens.train, "train", lambda *a, **k: pytest.fail("trained"))
+    assert _sweep(swept, extra=["--set", "optim.lr=0.5"]) == 2
+    err = capsys.readouterr().err
+    assert "holds a run of another config" in err and "optim.lr: saved 0.01, grid 0.5" in err
+
+
+def test_interrupted_run_resumes_to_the_same_result(tmp_path, capsys):
+    torch.set_num_threads(1)
+    args = ["--set", "optim.epochs=2", "--set", "deterministic=true"]
+    out = tmp_path / "resume"
+    command = ["sweep", "--preset", TINY, "--grid", "seed=3", *SMALL, *args, "--out", str(out)]
+    assert main(command) == 0
+    run = out / "seed=3"
+    whole = json.loads((run / "final.json").read_text())
+    # Stopped after epoch 1: the epoch-1 checkpoint is last.pt, no final.json.
+    shutil.copy(run / "prev.pt", run / "last.pt")
+    (run / "final.json").unlink()
+    capsys.readouterr()
+    assert main([*command, "--dry-run"]) == 0
+    assert "[1/1] resume seed=3" in capsys.readouterr().out
+    assert main(command) == 0
+    out_text = capsys.readouterr().out
+    assert "[1/1] seed=3: resuming from last.pt" in out_text
+    assert "resuming" in out_text and "after epoch 1" in out_text
+    again = json.loads((run / "final.json").read_text())
+    assert again["metrics"] == whole["metrics"]
+    assert [r["epoch"] for r in read_metrics(run)] == [1, 2]
+
+
+def test_plan_collapses_axes_that_do_not_apply(tmp_path):
+    grid = [
+        "method.name=single,deep_ensemble,snens",
+        "method.temperature=0.05,5",
+        "method.num_members=2,4",
+    ]
+    runs = plan(preset(TINY), grid, tmp_path / "s")
+    assert [r.name for r in runs] == [
+        "method.name=single",
+        "method.name=deep_ensemble,method.num_members=2",
+        "method.name=deep_ensemble,method.num_members=4",
+        "method.name=snens,method.temperature=0.05,method.num_members=2",
+        "method.name=snens,method.temperature=0.05,method.num_members=4",
+        "method.name=snens,method.temperature=5.0,method.num_members=2",
+        "method.name=snens,method.temperature=5.0,method.num_members=4",
+    ]
+    assert runs[0].config.method.num_members == 1 and runs[0].values == {"method.name": "single"}
+    assert runs[2].config.method.num_members == 4 and runs[2].config.method.temperature == 1.0
+    assert runs[-1].config.out_dir == str(tmp_path / "s") and runs[-1].path().parent.name == "s"
+    assert all(r.status == "new" for r in runs)
+    assert not (tmp_path / "s").exists()  # planning writes nothing
+    assert applies("method.temperature", "snens") and not applies("method.temperature", "film")
+    assert applies("method.num_members", "film") and not applies("method.num_members", "single")
+    assert applies("optim.lr", "single")
+
+
+def test_set_single_forces_one_member(tmp_path):
+    runs = plan(preset(TINY), ["seed=0,1"], tmp_path, ['method.name="single"'])
+    assert [r.config.method.num_members for r in runs] == [1, 1]
+
+
+def test_values_with_commas_and_unsafe_characters(tmp_path):
+    assert parse_grid(['optim.milestones=[1, 2],[3],"a,b"']) == {
+        "optim.milestones": ["[1, 2]", "[3]", '"a,b"']
+    }
+    runs = plan(preset(TINY), ['data.root="/x/y","/x_y"'], tmp_path)
+    names = [r.name for r in runs]
+    assert len(set(names)) == 2 and all("/" not in n for n in names)
+    assert names[0].startswith("data.root=_x_y-") and names[1].startswith("data.root=_x_y-")
+    assert [r.config.data.root for r in runs] == ["/x/y", "/x_y"]
+    runs = plan(preset(TINY), ["optim.milestones=[2, 3],[4]", "optim.epochs=5"], tmp_path)
+    assert [r.name for r in runs] == [
+        "optim.milestones=2+3,optim.epochs=5",
+        "optim.milestones=4,optim.epochs=5",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("grid", "message"),
+    [
+        (["method.temprature=0.5,1"], "unknown config key 'method.temprature'"),
+        (["method.temperature=0.5,-1"], "--grid method.temperature: value '-1'"),
+        (["seed=0,x"], "--grid seed: value 'x': seed must be an int"),
+        (["seed="], "the axis seed has no values"),
+        (["seed=0,,1"], "the axis seed has an empty value"),
+        (["seed"], "an axis must read KEY=V1,V2"),
+        (["seed=0,0"], "the value '0' is listed twice"),
+        (["method.temperature=5,5.0"], "the values '5' and '5.0' are the same setting"),
+        (["seed=0", "seed=1"], "seed already has an axis"),
+        (["name=a,b"], "name is set by the sweep"),
+        ([], "the grid is empty"),
+        (
+            ["seed=" + ",".join(map(str, range(200))), "optim.lr=" + ",".join(["1"] * 60)],
+            "200 (seed) × 60 (optim.lr) = 12000 runs, more than 10000",
+        ),
+    ],
+)
+def test_bad_grid_fails_before_training(tmp_path, grid, message):
+    with pytest.raises((ValueError, TypeError)) as error:
+        plan(preset(TINY), grid, tmp_path / "s")
+    assert message in str(error.value)
+    assert not (tmp_path / "s").exists()
+
+
+def test_cli_bad_grid_exits_2_naming_the_value(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(snens.train, "train", lambda *a, **k: pytest.fail("trained"))
+    out = tmp_path / "bad"
+    command = ["sweep", "--preset", TINY, "--grid", "seed=0,1", "--out", str(out)]
+    assert main([*command, "--grid", "method.diversity_weight=0.1,nan"]) == 2
+    assert "--grid method.diversity_weight: value 'nan'" in capsys.readouterr().err
+    assert main(["sweep", "--grid", "seed=0", "--out", str(out)]) == 2
+    assert "give one of --preset NAME, --config FILE" in capsys.readouterr().err
+    assert main([*command, "--set", "out_dir=x"]) == 2
+    assert "out_dir is set by the sweep" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_dry_run_lists_runs_and_writes_nothing(tmp_path, capsys):
+    out = tmp_path / "dry"
+    assert _sweep(out, extra=["--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"snens sweep: 6 runs in {out} (6 new, 0 to resume, 0 done)"
+    assert lines[1:] == [f"[{i}/6] new    {name}" for i, name in enumerate(NAMES, 1)]
+    assert not out.exists()
+
+
+def test_a_failed_run_is_listed_and_the_others_continue(tmp_path, capsys, monkeypatch):
+    def fake_train(config, *, resume, progress, run_dir, log):
+        if config.seed == 1:
+            raise RuntimeError("out of memory in member 3")
+        run_dir.mkdir(parents=True)
+        (run_dir / "config.toml").write_text(to_toml(config))
+        (run_dir / "final.json").write_text(json.dumps({"metrics": {"test/accuracy": 0.25}}))
+        return run_dir
+
+    monkeypatch.setattr(snens.train, "train", fake_train)
+    out = tmp_path / "fail"
+    command = ["sweep", "--preset", TINY, "--grid", "seed=0,1,2", "--out", str(out)]
+    assert main(command) == 1
+    captured = capsys.readouterr()
+    assert "[2/3] seed=1: FAILED (RuntimeError: out of memory in member 3)" in captured.out
+    assert "1 of 3 runs failed:\n  seed=1: RuntimeError: out of memory in member 3" in captured.err
+    rows = _read_csv(out / "sweep.csv")
+    assert [(r["run"], r["status"], r["test/accuracy"]) for r in rows] == [
+        ("seed=0", "done", "0.25"),
+        ("seed=1", "failed", ""),
+        ("seed=2", "done", "0.25"),
+    ]
