@@ -1,0 +1,208 @@
+"""snens report: groups by everything but seed, mean ± std (ddof=1) equal to NumPy's, the CSV,
+the plots, and the report without matplotlib.
+
+Run directories are written by hand (config.toml from a preset, final.json with chosen
+numbers), so every expected number is known.
+"""
+
+import csv
+import json
+import sys
+
+import numpy as np
+import pytest
+
+from snens.cli import main
+from snens.config import load_config, preset, to_toml
+from snens.report import collect_runs, group_runs, summarize, write_report
+
+TINY = "fashion_mnist_small_cnn_tiny"
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+RNG = np.random.default_rng(0)
+# (method, τ, seeds): σN-Ens τ=0.05 × 3 seeds, τ=5 × 2 seeds, single × 1 seed
+GROUPS = [("snens", 0.05, (0, 1, 2)), ("snens", 5.0, (0, 1)), ("single", 1.0, (0,))]
+
+
+def _metrics(shift: bool) -> dict:
+    values = {
+        "test/accuracy": float(RNG.uniform(0.7, 0.9)),
+        "test/nll": float(RNG.uniform(0.3, 0.6)),
+        "test/ece": float(RNG.uniform(0.01, 0.1)),
+        "test/brier": float(RNG.uniform(0.2, 0.4)),
+        "test/mutual_information": 0.01,
+        "ood/mnist_5k/auroc": float(RNG.uniform(0.6, 0.9)),
+        "ood/mnist_5k/aupr": float(RNG.uniform(0.6, 0.9)),
+        "ood/mnist_5k/fpr95": float(RNG.uniform(0.3, 0.6)),
+    }
+    if shift:
+        for s in (1, 2):
+            for m in ("accuracy", "nll", "ece", "brier"):
+                value = float(RNG.uniform(0.1, 0.7))
+                values[f"shift/contrast/{s}/{m}"] = value
+                values[f"shift/severity/{s}/{m}"] = value
+        for m in ("accuracy", "nll", "ece", "brier"):
+            values[f"shift/mean/{m}"] = (
+                values[f"shift/severity/1/{m}"] + values[f"shift/severity/2/{m}"]
+            ) / 2
+    return values
+
+
+def _write_run(path, method, tau, seed, shift=True, seconds=1.5):
+    overrides = [f'method.name="{method}"', f"method.temperature={tau}", f"seed={seed}"]
+    if method == "single":
+        overrides.append("method.num_members=1")
+    config = load_config(preset(TINY), overrides)
+    path.mkdir(parents=True)
+    (path / "config.toml").write_text(to_toml(config))
+    final = {
+        "metrics": _metrics(shift),
+        "model": {"params": 5852 if method == "snens" else 4782},
+        "train": {"epochs": 1, "seconds": seconds + seed},
+    }
+    (path / "final.json").write_text(json.dumps(final))
+    return final
+
+
+@pytest.fixture
+def sweep(tmp_path):
+    finals = {}
+    for method, tau, seeds in GROUPS:
+        for seed in seeds:
+            path = tmp_path / "sweep" / f"{method}-{tau}-{seed}"
+            finals[(method, tau, seed)] = _write_run(path, method, tau, seed)
+    (tmp_path / "sweep" / "unfinished").mkdir()  # config.toml without final.json: not a run
+    (tmp_path / "sweep" / "unfinished" / "config.toml").write_text(to_toml(preset(TINY)))
+    return tmp_path / "sweep", finals
+
+
+def _read_csv(path):
+    with open(path, newline="", encoding="utf-8") as file:
+        return list(csv.DictReader(file))
+
+
+def test_groups_differ_only_in_seed(sweep):
+    root, _ = sweep
+    runs, skipped = collect_runs([root])
+    assert len(runs) == 6 and skipped == []
+    groups, varied = group_runs(runs)
+    assert varied == ["method.name", "method.num_members", "method.temperature",
+                      "method.diversity_weight"]  # fmt: skip
+    got = [(dict(g.key)["method.name"], dict(g.key).get("method.temperature"), g.seeds)
+           for g in groups]  # fmt: skip
+    assert got == [("single", None, [0]), ("snens", 0.05, [0, 1, 2]), ("snens", 5.0, [0, 1])]
+
+
+def test_mean_and_std_match_numpy(sweep, tmp_path):
+    root, finals = sweep
+    report = write_report([root], tmp_path / "report")
+    rows = _read_csv(report.csv)
+    assert [(r["method.name"], r["method.temperature"], r["n"], r["seeds"]) for r in rows] == [
+        ("single", "—", "1", "0"),
+        ("snens", "0.05", "3", "0 1 2"),
+        ("snens", "5.0", "2", "0 1"),
+    ]
+    metrics = [
+        "test/accuracy",
+        "test/nll",
+        "test/ece",
+        "test/brier",
+        "ood/mnist_5k/auroc",
+        "ood/mnist_5k/aupr",
+        "ood/mnist_5k/fpr95",
+        "shift/mean/accuracy",
+        "shift/mean/ece",
+    ]
+    for row, (method, tau, seeds) in zip(rows, [GROUPS[2], GROUPS[0], GROUPS[1]]):
+        for metric in metrics:
+            values = np.array([finals[(method, tau, s)]["metrics"][metric] for s in seeds])
+            assert float(row[f"{metric} mean"]) == np.mean(values), metric
+            if len(seeds) > 1:
+                assert float(row[f"{metric} std"]) == np.std(values, ddof=1), metric
+            else:
+                assert row[f"{metric} std"] == ""
+        seconds = [finals[(method, tau, s)]["train"]["seconds"] for s in seeds]
+        assert float(row["train seconds mean"]) == np.mean(seconds)
+        assert float(row["params mean"]) == (5852 if method == "snens" else 4782)
+    assert "test/mutual_information mean" not in rows[0]  # not a key metric
+    assert summarize([1.0, 2.0, 4.0]) == (7 / 3, float(np.std([1.0, 2.0, 4.0], ddof=1)), 3)
+
+
+def test_markdown_table(sweep, tmp_path, capsys):
+    root, finals = sweep
+    assert main(["report", str(root), "--out", str(tmp_path / "report")]) == 0
+    printed = capsys.readouterr().out
+    text = (tmp_path / "report" / "report.md").read_text()
+    table = [line for line in text.splitlines() if line.startswith("|")]
+    assert "\n".join(table) in printed
+    assert table[0].startswith("| method | M | τ | λ | n | seeds | test/accuracy | test/nll |")
+    single = table[2].split(" | ")
+    accuracy = finals[("single", 1.0, 0)]["metrics"]["test/accuracy"]
+    assert single[:6] == ["| single", "—", "—", "—", "1", "0"]
+    assert single[6] == f"{accuracy:.4f} (n=1)"
+    cold = table[3].split(" | ")
+    values = [finals[("snens", 0.05, s)]["metrics"]["test/nll"] for s in (0, 1, 2)]
+    assert cold[:6] == ["| snens", "4", "0.05", "0.1", "3", "0 1 2"]
+    assert cold[7] == f"{np.mean(values):.4f} ± {np.std(values, ddof=1):.4f}"
+    assert "6 runs in 3 configurations" in text and "std with ddof=1" in text
+    assert str(root / "snens-5.0-1") in text
+
+
+def test_plots_are_pngs(sweep, tmp_path):
+    pytest.importorskip("matplotlib")
+    root, _ = sweep
+    report = write_report([root], tmp_path / "report")
+    assert [p.name for p in report.plots] == ["pareto_nll.png", "pareto_ece.png", "shift.png"]
+    for path in report.plots:
+        data = path.read_bytes()
+        assert data[:8] == PNG_SIGNATURE and len(data) > 5000
+    assert "![shift](shift.png)" in report.path.read_text()
+
+
+def test_no_shift_plot_without_corruptions(tmp_path):
+    pytest.importorskip("matplotlib")
+    for seed in (0, 1):
+        _write_run(tmp_path / "runs" / f"r{seed}", "snens", 1.0, seed, shift=False)
+    report = write_report([tmp_path / "runs"], tmp_path / "report")
+    assert [p.name for p in report.plots] == ["pareto_nll.png", "pareto_ece.png"]
+    rows = _read_csv(report.csv)
+    assert len(rows) == 1 and "shift/mean/accuracy mean" not in rows[0]
+    assert report.table.splitlines()[0].startswith("| n | seeds | test/accuracy |")
+
+
+def test_without_matplotlib(sweep, tmp_path, monkeypatch, capsys):
+    root, _ = sweep
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    assert main(["report", str(root), "--out", str(tmp_path / "report")]) == 0
+    out = capsys.readouterr().out
+    assert "Plots skipped: matplotlib is not installed" in out
+    assert sorted(p.name for p in (tmp_path / "report").iterdir()) == ["report.csv", "report.md"]
+    assert "Plots skipped" in (tmp_path / "report" / "report.md").read_text()
+
+
+def test_run_dirs_and_sweep_dirs_together_count_each_run_once(sweep, tmp_path):
+    root, _ = sweep
+    report = write_report([root / "snens-5.0-0", root, root / "single-1.0-0"], tmp_path / "r")
+    assert [r["n"] for r in _read_csv(report.csv)] == ["1", "3", "2"]
+
+
+def test_broken_runs_are_skipped_with_a_note(sweep, tmp_path):
+    root, _ = sweep
+    (root / "snens-5.0-1" / "final.json").write_text("{not json")
+    (root / "single-1.0-0" / "config.toml").write_text("seed = 'zero'\n")
+    report = write_report([root], tmp_path / "report")
+    assert [r["n"] for r in _read_csv(report.csv)] == ["3", "1"]
+    assert any("snens-5.0-1" in n and "not valid JSON" in n for n in report.notes)
+    assert any("single-1.0-0" in n and "seed must be an int" in n for n in report.notes)
+
+
+def test_bad_input_exits_2(tmp_path, capsys):
+    assert main(["report", str(tmp_path / "nowhere"), "--out", str(tmp_path / "r")]) == 2
+    assert "does not exist; give run or sweep directories" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert main(["report", str(tmp_path / "empty"), "--out", str(tmp_path / "r")]) == 2
+    assert "no finished runs" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["report", str(tmp_path / "empty")])
+    assert exit_info.value.code == 2
+    assert "--out" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
