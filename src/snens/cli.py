@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import json
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -52,8 +52,6 @@ def _train(args: argparse.Namespace) -> int:
         )
         return 2
     overrides = list(args.set)
-    if args.out is not None:
-        overrides.append(f"out_dir={json.dumps(args.out)}")
     try:
         if args.preset is not None:
             config = load_config(preset(args.preset), overrides)
@@ -61,6 +59,9 @@ def _train(args: argparse.Namespace) -> int:
             config = load_config(args.config, overrides)
         else:
             config = load_config(Path(args.resume) / CONFIG, list(args.set))
+        if args.out is not None:
+            # The path as given, not as TOML text: any character it holds is checked as is.
+            config = dataclasses.replace(config, out_dir=args.out)
     except (ValueError, TypeError, OSError) as error:
         print(f"snens train: {error}", file=sys.stderr)
         return 2

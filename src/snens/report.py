@@ -391,22 +391,32 @@ def _plots(groups: Sequence[Group], varied: Sequence[str], out: Path) -> tuple[l
         if annotate:
             row[annotate] = ", ".join(_value(values.get(k, _MISSING)) for k in others)
         rows.append(row)
-    written = []
+    written, failed = [], []
     for x, name in (("test/nll", "pareto_nll.png"), ("test/ece", "pareto_ece.png")):
         usable = [r for r in rows if _finite(r, x) and _finite(r, "test/accuracy")]
         if usable:
-            path = out / name
-            written.append(
-                plots.pareto_plot(
-                    usable, path, x=x, y="test/accuracy", label="method", annotate=annotate
+            try:
+                written.append(
+                    plots.pareto_plot(
+                        usable,
+                        out / name,
+                        x=x,
+                        y="test/accuracy",
+                        label="method",
+                        annotate=annotate,
+                    )
                 )
-            )
+            except ValueError as error:  # the table stands without the figure
+                failed.append(f"{name}: {error}")
     shifted = {
         label: m for label, m in means.items() if any(k.startswith("shift/severity/") for k in m)
     }
     if shifted:
-        written.append(plots.shift_plot(shifted, out / "shift.png", metric="ece"))
-    return written, ""
+        try:
+            written.append(plots.shift_plot(shifted, out / "shift.png", metric="ece"))
+        except ValueError as error:
+            failed.append(f"shift.png: {error}")
+    return written, "; ".join(["Plots not drawn:", *failed]) if failed else ""
 
 
 def _finite(row: Mapping[str, Any], key: str) -> bool:
