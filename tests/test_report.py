@@ -195,6 +195,14 @@ def test_broken_runs_are_skipped_with_a_note(sweep, tmp_path):
     assert any("single-1.0-0" in n and "seed must be an int" in n for n in report.notes)
 
 
+def test_output_directory_from_undecodable_bytes(sweep, tmp_path, capsys):
+    root, _ = sweep
+    out = tmp_path / "r\udcff"  # what Python makes of the byte 0xff in a file name
+    assert main(["report", str(root), "--out", str(out)]) == 0
+    assert "snens report: " in capsys.readouterr().out
+    assert (out / "report.md").is_file() and (out / "report.csv").is_file()
+
+
 def test_bad_input_exits_2(tmp_path, capsys):
     assert main(["report", str(tmp_path / "nowhere"), "--out", str(tmp_path / "r")]) == 2
     assert "does not exist; give run or sweep directories" in capsys.readouterr().err

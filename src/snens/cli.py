@@ -159,7 +159,8 @@ def _report(args: argparse.Namespace) -> int:
     print(report.table)
     for note in report.notes:
         print(note)
-    print(f"snens report: {report.path}")
+    # a path from undecodable bytes (lone surrogates) must not make the print fail
+    print(f"snens report: {str(report.path).encode('utf-8', 'backslashreplace').decode()}")
     return 0
 
 

@@ -312,7 +312,8 @@ def write_report(dirs: Sequence[str | os.PathLike], out: str | os.PathLike) -> R
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     csv_path = out / "report.csv"
-    with open(csv_path, "w", newline="", encoding="utf-8") as file:
+    # surrogateescape: a path from undecodable bytes is written back as those bytes
+    with open(csv_path, "w", newline="", encoding="utf-8", errors="surrogateescape") as file:
         writer = csv.writer(file)
         columns = list(rows[0])
         writer.writerow(columns)
@@ -341,7 +342,7 @@ def write_report(dirs: Sequence[str | os.PathLike], out: str | os.PathLike) -> R
         text += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots]
     text += ["", *(f"{note}" for note in notes if note)]
     path = out / "report.md"
-    path.write_text("\n".join(text) + "\n", encoding="utf-8")
+    path.write_text("\n".join(text) + "\n", encoding="utf-8", errors="surrogateescape")
     return Report(table, path, csv_path, plots, [n for n in notes if n])
 
 
