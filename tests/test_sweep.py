@@ -231,6 +231,24 @@ def test_dry_run_lists_runs_and_writes_nothing(tmp_path, capsys):
     assert not out.exists()
 
 
+def test_base_config_from_a_toml_file(tmp_path, capsys):
+    path = tmp_path / "base.toml"
+    path.write_text(to_toml(load_config(preset(TINY), ["optim.epochs=2"])))
+    command = ["sweep", "--config", str(path), "--grid", "method.num_members=2,4", "--dry-run"]
+    assert main([*command, "--out", str(tmp_path / "m")]) == 0
+    assert capsys.readouterr().out.splitlines()[1:] == [
+        "[1/2] new    method.num_members=2",
+        "[2/2] new    method.num_members=4",
+    ]
+    assert main([*command, "--preset", TINY, "--out", str(tmp_path / "m")]) == 2
+    assert "give one of --preset NAME, --config FILE" in capsys.readouterr().err
+    assert (
+        main(["sweep", "--config", str(tmp_path / "no.toml"), "--grid", "seed=0", "--out", "x"])
+        == 2
+    )
+    assert "no.toml not found" in capsys.readouterr().err
+
+
 def test_a_failed_run_is_listed_and_the_others_continue(tmp_path, capsys, monkeypatch):
     def fake_train(config, *, resume, progress, run_dir, log):
         if config.seed == 1:

@@ -225,6 +225,9 @@ def build_parser() -> argparse.ArgumentParser:
         "method.diversity_weight apply to method 'snens' only, method.num_members to every "
         "method but 'single' (forced to M=1); for other methods those axes collapse to one run. "
         "Exit status: 0 all runs done, 1 a run failed (the others still run), 2 bad input.",
+        epilog="example: snens sweep --preset fashion_mnist_small_cnn_tiny "
+        "--grid method.temperature=0.05,0.5,5 --grid seed=0,1,2 --out runs/sweeps/tau; then "
+        "snens report runs/sweeps/tau --out runs/sweeps/tau/report",
     )
     sweep.add_argument("--preset", metavar="NAME", help="the base config: a named preset")
     sweep.add_argument("--config", metavar="FILE", help="the base config: a TOML file")
@@ -263,6 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
         "FPR95, corrupted accuracy and ECE, parameters and training time. With matplotlib: "
         "accuracy–NLL and accuracy–ECE Pareto plots and, when the runs evaluated corruptions, "
         "accuracy and ECE against severity.",
+        epilog="example: snens report runs/sweeps/tau runs/single-seed3 --out reports/tau",
     )
     report.add_argument(
         "dirs", nargs="+", metavar="RUN_OR_SWEEP_DIR", help="sweep or run directories"
