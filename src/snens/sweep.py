@@ -412,8 +412,13 @@ def _rows(runs: Sequence[SweepRun], failed: Mapping[str, str], keys: Sequence[st
         row: dict[str, Any] = {"run": run.name}
         row.update({k: run.values.get(k) for k in keys})
         if (run.path() / FINAL).is_file():
-            row["status"] = "done"
-            row.update(final_row(run.path()))
+            try:
+                values = final_row(run.path())
+            except (ValueError, OSError, AttributeError):  # not the JSON object train writes
+                row["status"] = "unreadable final.json"
+            else:
+                row["status"] = "done"
+                row.update(values)
         else:
             row["status"] = "failed" if run.name in failed else "pending"
         rows.append(row)
