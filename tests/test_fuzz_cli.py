@@ -18,8 +18,10 @@ failed to parse and the config's fallback kept the quoted text: out_dir became
 given and checked like any config string (a clear error, exit status 2).
 """
 
+import atexit
 import contextlib
 import io
+import shutil
 import string
 import tempfile
 from pathlib import Path
@@ -36,6 +38,7 @@ from snens.config import PRESETS
 
 TRIED = {"train": 0, "sweep": 0, "report": 0, "eval": 0, "other": 0}
 ROOT = Path(tempfile.mkdtemp(prefix="snens-fuzz-cli-"))  # stays empty: nothing is written
+atexit.register(shutil.rmtree, ROOT, True)
 
 KEYS = [
     "seed",
