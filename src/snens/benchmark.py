@@ -144,7 +144,7 @@ def _norm_measures(M: int, B: int, repeats: int) -> list[Measure]:
             ratio, spread, base = compare(
                 lambda run=run, member=member: run(member),
                 lambda run=run, plain=plain: run(plain),
-                repeats=repeats,
+                repeats=3 * repeats,  # a norm call is milliseconds: more repeats cost little
                 inner=5,
             )
             what = {"train": "fwd+bwd", "bf16": "fwd+bwd bf16 autocast", "eval": "eval fwd"}[mode]
