@@ -166,3 +166,16 @@ def test_config_file_errors_name_the_file(tmp_path):
         load_config(path)
     with pytest.raises(FileNotFoundError, match="missing.toml"):
         load_config(tmp_path / "missing.toml")
+
+
+@pytest.mark.parametrize(
+    "override", ['data.root="/data', 'name="\\ud800"', "optim.milestones=[1, 2", "data.root={a"]
+)
+def test_a_broken_quoted_or_bracketed_override_is_an_error_not_a_string(override):
+    key = override.split("=")[0]
+    with pytest.raises(ValueError, match=f"override '{key}'.*not a valid TOML value"):
+        load_config(None, [override])
+
+
+def test_a_bare_override_string_is_taken_as_written():
+    assert load_config(None, ["data.root=/data/sets"]).data.root == "/data/sets"

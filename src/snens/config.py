@@ -575,11 +575,21 @@ def from_dict(values: Mapping[str, Any]) -> RunConfig:
     return RunConfig(**kwargs)
 
 
-def _parse_value(text: str) -> Any:
-    """A ``--set`` value: a TOML value (``0.5``, ``true``, ``[25, 50]``, ``"x"``), else a string."""
+def _parse_value(text: str, key: str = "value") -> Any:
+    """A ``--set`` value: a TOML value (``0.5``, ``true``, ``[25, 50]``, ``"x"``), else a string.
+
+    Text that starts like a TOML string, list or table (``"``, ``'``, ``[``, ``{``) must parse
+    as one: a bare string is taken as it is, but a broken quoted one is an error, never a
+    string with its quotes kept.
+    """
     try:
         return tomllib.loads(f"value = {text}")["value"]
-    except tomllib.TOMLDecodeError:
+    except tomllib.TOMLDecodeError as error:
+        if text.strip()[:1] in ('"', "'", "[", "{"):
+            raise ValueError(
+                f"override {key!r}: {text!r} is not a valid TOML value ({error}); quote strings "
+                'as "text", write lists as [1, 2]'
+            ) from None
         return text
 
 
@@ -625,7 +635,7 @@ def apply_overrides(values: dict[str, Any], overrides: Sequence[str]) -> dict[st
                     f"cannot set {key.strip()!r}: {where} must be a table, got "
                     f"{type(target).__name__} {target!r}"
                 )
-        target[parts[-1]] = _parse_value(text.strip())
+        target[parts[-1]] = _parse_value(text.strip(), key.strip())
     return out
 
 
