@@ -229,3 +229,18 @@ def test_torch_compile_of_a_model_with_member_norms_runs():
     torch.testing.assert_close(got, want, **TOL)
     got.sum().backward()
     assert model[1].gamma.grad is not None
+
+
+def test_two_forwards_then_one_backward():
+    """Running statistics updated by a second forward do not break the first one's backward."""
+    layer = _randomized(CASES["bn2d"][0]).train()
+    ref = copy.deepcopy(layer)
+    stats = {"running_mean": ref.running_mean.clone(), "running_var": ref.running_var.clone()}
+    x = torch.randn(M * 3, 6, 5, 4)
+    grads = []
+    for run in (layer, lambda t: _reference(ref, t, stats)):
+        xi = x.clone().requires_grad_(True)
+        (run(xi).sum() + run(2 * xi).pow(2).sum()).backward()
+        grads.append(xi.grad)
+    torch.testing.assert_close(grads[0], grads[1], **TOL)
+    torch.testing.assert_close(layer.running_mean, stats["running_mean"], **TOL)

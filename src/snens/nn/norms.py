@@ -19,7 +19,7 @@ member goes through a native fused norm kernel:
   no native kernel takes per row): one native kernel per member's rows, then a concatenation.
 
 Each fast path equals the per-member loop of plain norms (``tests/test_norms_fast.py``). Under
-``torch.compile`` the plain loop is traced instead, and the compiler fuses it.
+``torch.compile`` the plain loop is traced instead.
 
 Loading a plain norm's state_dict (weight of shape (C,) instead of (M, C)) into a member norm is
 output-preserving: every member is set so that it reproduces the plain layer exactly.
