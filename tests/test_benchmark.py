@@ -1,3 +1,4 @@
+from snens import benchmark
 from snens.benchmark import Measure, compare, format_table
 
 
@@ -56,3 +57,26 @@ def test_norm_rows_cover_every_norm_and_mode(monkeypatch):
         for mode in ("fwd+bwd vs", "fwd+bwd bf16 autocast", "eval fwd"):
             assert any(norm in n and mode in n for n in names), (norm, mode)
     assert all(r.target == "≤1.2×" for r in rows)
+
+
+def test_absolute_throughput_of_single_snens_and_deep_ensemble():
+    rows = benchmark.throughput("small_cnn", num_members=2, batch=4, repeats=2, image=(1, 28, 28))
+    by_method = {r.method: r for r in rows}
+    assert list(by_method) == ["single", "σN-Ens", "deep ensemble"]
+    single = by_method["single"].params
+    assert by_method["deep ensemble"].params == 2 * single
+    assert single < by_method["σN-Ens"].params < 1.1 * single
+    for r in rows:
+        assert r.train_images_per_s > 0 and r.infer_images_per_s > 0
+        assert r.train_peak_mib is None  # measured on GPUs only
+        assert r.infer_peak_mib >= r.params * 4 / 2**20  # at least the float32 weights
+    table = benchmark.format_throughput(rows)
+    assert table.count("\n") == 4 and "| deep ensemble |" in table
+
+
+def test_absolute_command_prints_the_table(capsys):
+    assert (
+        benchmark.main(["--absolute", "--num-members", "2", "--batch", "2", "--repeats", "1"]) == 0
+    )
+    out = capsys.readouterr().out
+    assert "| σN-Ens |" in out and "CPU, float32" in out

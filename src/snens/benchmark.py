@@ -32,7 +32,7 @@ from torch import nn
 import snens
 from snens.models import create
 
-__all__ = ["Measure", "main", "peak_memory_bytes", "run"]
+__all__ = ["Measure", "Throughput", "main", "peak_memory_bytes", "run", "throughput"]
 
 
 @dataclass(frozen=True)
@@ -51,10 +51,18 @@ class Measure:
         return "met" if self.ratio <= float(self.target[1:].split("×")[0]) else "NOT met"
 
 
+def _sync() -> None:
+    """Wait for queued GPU work, so that wall-clock times measure it."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 def _median_time(fn: Callable[[], None], inner: int) -> float:
+    _sync()
     start = time.perf_counter()
     for _ in range(inner):
         fn()
+    _sync()
     return (time.perf_counter() - start) / inner
 
 
@@ -80,12 +88,15 @@ def compare(
     return statistics.median(ratios), (min(ratios), max(ratios)), statistics.median(base_times)
 
 
-def _train_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Callable[[], None]:
+def _train_step(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, bf16: bool = False
+) -> Callable[[], None]:
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     model.train()
 
     def step() -> None:
-        logits = model(x)
+        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):
+            logits = model(x)
         if logits.dim() == 2:  # a plain model
             logits = logits.unsqueeze(0)
         loss = snens.ensemble_loss(logits, y)
@@ -338,6 +349,95 @@ def run(
     return rows
 
 
+@dataclass(frozen=True)
+class Throughput:
+    """Absolute cost of one method: images per second and peak memory."""
+
+    method: str
+    params: int
+    train_images_per_s: float  # input images per second of training steps at batch B
+    infer_images_per_s: float  # input images per second of no-grad forwards at batch B
+    train_peak_mib: float | None  # peak allocated memory of a training step (GPU only)
+    infer_peak_mib: float  # parameters, buffers and the peak live allocations of a forward
+
+
+def throughput(
+    backbone: str = "resnet18",
+    *,
+    num_members: int = 4,
+    batch: int = 128,
+    repeats: int = 20,
+    device: str = "cpu",
+    bf16: bool = False,
+    image: tuple[int, ...] = (3, 32, 32),
+    num_classes: int = 10,
+) -> list[Throughput]:
+    """Images/s and peak memory of a single model, σN-Ens and a deep ensemble at batch B.
+
+    Every ensemble processes each image with all M members, so their images/s answer "how
+    fast does the whole ensemble train (predict)". A step is timed after two warm-up steps,
+    with the device synchronized; the value is B over the median of ``repeats`` steps.
+    """
+    dev = torch.device(device)
+    torch.manual_seed(0)
+    x = torch.randn(batch, *image, device=dev)
+    y = torch.randint(0, num_classes, (batch,), device=dev)
+    plain = create(backbone, num_classes=num_classes).to(dev)
+    models = {
+        "single": copy.deepcopy(plain),
+        "σN-Ens": snens.convert(plain, num_members),
+        "deep ensemble": _DeepEnsemble(
+            [create(backbone, num_classes=num_classes) for _ in range(num_members)]
+        ).to(dev),
+    }
+    rows = []
+    for name, model in models.items():
+        step = _train_step(model, x, y, bf16=bf16)
+        for _ in range(2):
+            step()
+        train_peak = None
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats(dev)
+            step()
+            train_peak = torch.cuda.max_memory_allocated(dev) / 2**20
+        train_s = statistics.median(_median_time(step, 1) for _ in range(repeats))
+        model.eval()
+
+        def infer(model=model) -> None:
+            with torch.no_grad(), torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):
+                model(x)
+
+        infer()
+        infer_s = statistics.median(_median_time(infer, 1) for _ in range(repeats))
+        rows.append(
+            Throughput(
+                name,
+                sum(p.numel() for p in model.parameters()),
+                batch / train_s,
+                batch / infer_s,
+                train_peak,
+                peak_memory_bytes(model, x) / 2**20,
+            )
+        )
+    return rows
+
+
+def format_throughput(rows: list[Throughput]) -> str:
+    lines = [
+        "| method | params | train images/s | inference images/s | train peak MiB (GPU) "
+        "| inference peak MiB (float32) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        peak = "–" if r.train_peak_mib is None else f"{r.train_peak_mib:.0f}"
+        lines.append(
+            f"| {r.method} | {r.params:,} | {r.train_images_per_s:,.0f} "
+            f"| {r.infer_images_per_s:,.0f} | {peak} | {r.infer_peak_mib:.0f} |"
+        )
+    return "\n".join(lines)
+
+
 def format_table(rows: list[Measure]) -> str:
     lines = [
         "| measure | ratio (median) | min–max | target | verdict | baseline ms |",
@@ -361,9 +461,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--compile", action="store_true", help="add torch.compile rows (slow to warm up on CPU)"
     )
+    parser.add_argument(
+        "--absolute",
+        action="store_true",
+        help="instead of the ratios: images/s and peak memory of single, σN-Ens and deep "
+        "ensemble (ResNet-18, CIFAR-sized inputs); use with --device cuda --bf16 --batch 128",
+    )
+    parser.add_argument("--device", default="cpu", help="device of --absolute, e.g. cuda")
+    parser.add_argument("--bf16", action="store_true", help="bfloat16 autocast for --absolute")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.absolute:
+        rows = throughput(
+            num_members=args.num_members,
+            batch=args.batch,
+            repeats=args.repeats,
+            device=args.device,
+            bf16=args.bf16,
+        )
+        name = torch.cuda.get_device_name(args.device) if "cuda" in args.device else "CPU"
+        print(format_throughput(rows))
+        print(
+            f"\nresnet18, M={args.num_members}, B={args.batch}, {name}, "
+            f"{'bf16 autocast' if args.bf16 else 'float32'}, torch {torch.__version__}, "
+            f"median of {args.repeats} steps"
+        )
+        return 0
     rows = run(args.num_members, args.batch, args.repeats, args.quick, args.compile)
     print(format_table(rows))
     print(
