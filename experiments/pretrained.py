@@ -164,10 +164,11 @@ class Task:
     ood: Iterable
     lr: float
     description: str
+    gamma_lr: float = GAMMA_LR  # absolute learning rate of σN-Ens' γ
 
     @property
     def gamma_lr_multiplier(self) -> float:
-        return GAMMA_LR / self.lr
+        return self.gamma_lr / self.lr
 
 
 def text_task(args: argparse.Namespace) -> Task:
@@ -497,6 +498,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--weight-decay", type=float, default=0.01)
     parser.add_argument("--temperature", type=float, default=1.0, help="τ of σN-Ens")
     parser.add_argument("--diversity-weight", type=float, default=0.1, help="λ of σN-Ens")
+    parser.add_argument(
+        "--gamma-lr", type=float, default=GAMMA_LR, help="absolute learning rate of σN-Ens' γ"
+    )
     parser.add_argument("--be-init-std", type=float, default=0.1, help="BatchEnsemble r, s std")
     parser.add_argument("--eval-batch-size", type=int, default=250)
     text = parser.add_argument_group("text task")
@@ -527,8 +531,10 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     rows, descriptions = [], []
     for name in args.tasks:
         task = builders[name](args)
+        task.gamma_lr = args.gamma_lr
         descriptions.append(
-            f"* {name}: {task.description}, γ lr {GAMMA_LR:g} ({task.gamma_lr_multiplier:g}× lr)"
+            f"* {name}: {task.description}, γ lr {task.gamma_lr:g} "
+            f"({task.gamma_lr_multiplier:g}× lr)"
         )
         methods = args.methods or DEFAULT_METHODS[name]
         for seed in args.seeds:
