@@ -6,6 +6,11 @@ images (crop + flip), 3 epochs of AdamW (lr 3e-3, cosine, batch 128; γ at 30× 
 scored on the full 10 000-image test set with MNIST-5k as the OOD set; corrupted sets are the
 first 1 000 test images under a fixed corruption seed. σN-Ens uses τ = 1, λ = 0.1 (the library's
 defaults) unless a script sweeps them.
+
+Every run is also scored on a validation split disjoint from the training images: the LAST
+5 000 of the 60 000 Fashion-MNIST training images (``val_accuracy``, ``val_nll``, ``val_ece``), so
+that a hyperparameter such as τ can be chosen without looking at the test set. Training uses
+the first N images, and N must leave the validation images out (N ≤ 55 000 by default).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import argparse
 import csv
 import math
 import platform
+import re
 import statistics
 import sys
 import time
@@ -42,6 +48,7 @@ from snens.train import fit
 
 NORM = {"mean": FASHION_MNIST_MEAN, "std": FASHION_MNIST_STD}
 OOD_METRICS = ("auroc", "aupr", "fpr95")
+VAL_METRICS = ("accuracy", "nll", "ece")
 #: Batch of evaluation: 250 inputs (1 000 rows at M=4) ran σN-Ens 2.4× faster than 1 000 on
 #: this CPU (3.5 s against 8.3 s for the 10k test set, width 16, 1 thread).
 EVAL_BATCH = 250
@@ -69,6 +76,12 @@ def parser(doc: str, *, seeds=(0, 1, 2), width: int = 16, out: str) -> argparse.
     )
     p.add_argument("--seeds", type=int, nargs="+", default=list(seeds))
     p.add_argument("--train-examples", type=int, default=5_000, help="Fashion-MNIST train images")
+    p.add_argument(
+        "--val-examples",
+        type=int,
+        default=5_000,
+        help="validation images: the last ones of the 60 000 training images (0: none)",
+    )
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--width", type=int, default=width, help="SmallCNN width w (w, 2w, 4w)")
     p.add_argument("--batch-size", type=int, default=128)
@@ -88,13 +101,91 @@ def start(args: argparse.Namespace) -> float:
     return time.perf_counter()
 
 
+def add_snens_flags(p: argparse.ArgumentParser) -> None:
+    """``--temperature``, ``--snens-temperatures``, ``--tau-from-sweep`` and ``--merge``."""
+    p.add_argument(
+        "--temperature", type=float, default=1.0, help="σN-Ens τ without the two flags below"
+    )
+    p.add_argument(
+        "--snens-temperatures",
+        type=float,
+        nargs="+",
+        default=None,
+        help="σN-Ens at each τ, one row each",
+    )
+    p.add_argument(
+        "--tau-from-sweep",
+        type=Path,
+        default=None,
+        help="a tau_sweep.csv: run σN-Ens at its τ* (lowest mean validation NLL) too",
+    )
+    p.add_argument(
+        "--merge",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="merge into the existing CSV (default: when --methods names a subset)",
+    )
+
+
+def merging(args: argparse.Namespace, methods: Sequence[str]) -> bool:
+    """``--merge`` as given, else whether ``--methods`` names only some of ``methods``."""
+    return set(args.methods) != set(methods) if args.merge is None else args.merge
+
+
+def snens_temperatures(args: argparse.Namespace) -> tuple[list[float], str]:
+    """The σN-Ens τ to run (``--snens-temperatures``, and/or τ* of ``--tau-from-sweep``;
+    ``--temperature`` without either), and a sentence on how τ* was selected (or empty)."""
+    temperatures = list(args.snens_temperatures or [])
+    if args.tau_from_sweep is None:
+        return temperatures or [args.temperature], ""
+    sweep = read_csv(args.tau_from_sweep)
+    tau_star = select_temperature(sweep)
+    if tau_star not in temperatures:
+        temperatures.append(tau_star)
+    sizes = {r.get("val_examples") for r in sweep}
+    if None in sizes and args.tau_from_sweep.with_suffix(".md").exists():
+        # a sweep CSV without the column: its provenance line names the split
+        found = re.search(
+            r"validation: the last (\d+) of", args.tau_from_sweep.with_suffix(".md").read_text()
+        )
+        sizes = {int(found.group(1))} if found else sizes
+    split = (
+        f"the last {sizes.pop()} of the 60 000 Fashion-MNIST training images"
+        if len(sizes) == 1 and None not in sizes
+        else "held-out Fashion-MNIST training images, as the sweep's .md states"
+    )
+    return temperatures, (
+        f"σN-Ens τ*={tau_star:g} was selected on the validation split ({split}, disjoint from "
+        f"the training subset) as the τ of lowest mean validation NLL over seeds in "
+        f"{args.tau_from_sweep.as_posix()}, never on the test set"
+    )
+
+
+def merged(new: list[dict], path: Path, merge: bool) -> tuple[list[dict], str]:
+    """The rows to write: ``new`` alone, or merged into the CSV at ``path`` (a run made again
+    replaces its row); and a sentence naming the rows kept from the CSV (empty if none)."""
+    if not merge or not path.exists():
+        return new, ""
+    old = read_csv(path)
+    rows = merge_rows(old, new)
+    kept = list(dict.fromkeys(label(r) for r in rows[: len(rows) - len(new)]))
+    if not kept:
+        return rows, ""
+    ran = ", ".join(dict.fromkeys(label(r) for r in new))
+    return rows, (
+        f"This command ran only {ran} and merged them into {path.name}; the wall time below is "
+        f"its own. Rows kept from the CSV (earlier runs at the same settings): {', '.join(kept)}"
+    )
+
+
 # ------------------------------------------------------------------------------------------------
 # Data
 # ------------------------------------------------------------------------------------------------
 
 
 class Data(NamedTuple):
-    """Training tensors, the test and OOD loaders, and the raw test images for corruption."""
+    """Training tensors, the test and OOD loaders, the raw test images for corruption, and the
+    validation loader (``None`` without a validation split)."""
 
     x: Tensor
     y: Tensor
@@ -102,11 +193,34 @@ class Data(NamedTuple):
     ood: TensorLoader
     test_images: Tensor
     test_labels: Tensor
+    val: TensorLoader | None = None
+
+
+def validation_range(train_examples: int, val_examples: int, total: int) -> range:
+    """Indices of the validation images: the last ``val_examples`` of ``total`` training images.
+
+    Raises:
+        ValueError: the validation split would overlap the first ``train_examples`` images.
+    """
+    if train_examples < 1 or val_examples < 0:
+        raise ValueError(
+            f"need train examples ≥ 1 and val examples ≥ 0, got {train_examples}, {val_examples}"
+        )
+    if train_examples + val_examples > total:
+        raise ValueError(
+            f"the validation split (the last {val_examples} of {total} training images) would "
+            f"overlap the training subset (the first {train_examples}): use "
+            f"--train-examples ≤ {total - val_examples} or a smaller --val-examples"
+        )
+    return range(total - val_examples, total)
 
 
 def load_data(args: argparse.Namespace) -> Data:
-    """Fashion-MNIST train head and test set, MNIST-5k (a fixed random subset if smaller)."""
+    """Fashion-MNIST train head, validation tail and test set, MNIST-5k (a fixed random subset
+    if smaller)."""
     x, y = load_fashion_mnist("train")
+    val_examples = getattr(args, "val_examples", 0)
+    val_idx = validation_range(args.train_examples, val_examples, len(x))
     xt, yt = load_fashion_mnist("test")
     xo, yo = load_mnist_5k()
     if args.ood_examples < len(xo):  # MNIST-5k is sorted by class: take a random subset
@@ -120,6 +234,9 @@ def load_data(args: argparse.Namespace) -> Data:
         TensorLoader(xo, yo, EVAL_BATCH, **NORM),
         xt,
         yt,
+        TensorLoader(x[val_idx.start :], y[val_idx.start :], EVAL_BATCH, **NORM)
+        if val_examples
+        else None,
     )
 
 
@@ -181,6 +298,16 @@ def _trained_part(model: nn.Module) -> nn.Module:
     # MC-dropout trains the plain model with its dropout once per example, as the usual recipe
     # does (1× cost), and draws its M samples only at evaluation.
     return SingleModel(model.model) if isinstance(model, MCDropout) else model
+
+
+def validation_scores(model: nn.Module, data: Data, seed: int = 0) -> dict[str, float]:
+    """``val_accuracy``, ``val_nll`` and ``val_ece`` (15 bins) of a trained model on the
+    validation split (NaN without one)."""
+    if data.val is None:
+        return {f"val_{k}": math.nan for k in VAL_METRICS}
+    torch.manual_seed(seed)  # MC-dropout masks
+    report = snens.evaluate(model, data.val)
+    return {f"val_{k}": report[f"test/{k}"] for k in VAL_METRICS}
 
 
 def ood_scores(model: nn.Module, data: Data, scores: Sequence[str]) -> dict[str, float]:
@@ -266,6 +393,9 @@ def run(
                 row[f"shift{s}_{key}"] = report[f"shift/severity/{s}/{key}"]
         for key in ("accuracy", "nll", "ece", "brier"):
             row[f"shift_mean_{key}"] = report[f"shift/mean/{key}"]
+    # Last, so that every test-set number is drawn under the same RNG state as without it.
+    row.update(validation_scores(model, data, seed))
+    row["val_examples"] = 0 if data.val is None else getattr(args, "val_examples", 0)
     return row, report
 
 
@@ -275,7 +405,8 @@ def log_row(row: Mapping[str, Any], label: str) -> None:
         f"{label} seed={row['seed']}: acc {row['accuracy']:.4f}  NLL {row['nll']:.4f}  "
         f"ECE {row['ece']:.4f}  AUROC {row['ood_msp_auroc']:.4f}"
         + ("" if math.isnan(eff) else f"  eff. members {eff:.2f}")
-        + f"  params {row['params']}  train {row['train_seconds']:.1f}s",
+        + f"  params {row['params']}  train {row['train_seconds']:.1f}s"
+        + f"  val NLL {float(row.get('val_nll', math.nan)):.4f}",
         flush=True,
     )
 
@@ -286,13 +417,78 @@ def log_row(row: Mapping[str, Any], label: str) -> None:
 
 
 def write_csv(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
-    """One row per run; the columns are the union of the rows' keys, in first-seen order."""
+    """One row per run; the columns are the union of the rows' keys, in first-seen order (a row
+    without a column gets ``nan`` there)."""
     columns = list(dict.fromkeys(k for row in rows for k in row))
     with path.open("w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=columns)
+        writer = csv.DictWriter(f, fieldnames=columns, restval="nan")
         writer.writeheader()
         writer.writerows(rows)
     return path
+
+
+def _parse(value: str) -> Any:
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    return value
+
+
+def read_csv(path: Path) -> list[dict[str, Any]]:
+    """The rows of a CSV written by :func:`write_csv`, numbers parsed (``nan`` as float NaN)."""
+    with path.open(newline="", encoding="utf-8") as f:
+        return [{k: _parse(v) for k, v in row.items()} for row in csv.DictReader(f)]
+
+
+#: What names one run in a CSV: re-running it replaces the old row, every other row is kept.
+RUN_KEY = ("method", "temperature", "num_members", "seed")
+
+
+def run_key(row: Mapping[str, Any]) -> tuple[str, ...]:
+    """:data:`RUN_KEY` of a row as strings (``1`` and ``1.0`` alike, NaN equal to NaN)."""
+    return tuple(
+        f"{float(row[k]):g}" if isinstance(row[k], (int, float)) else str(row[k]) for k in RUN_KEY
+    )
+
+
+def merge_rows(
+    old: Sequence[Mapping[str, Any]], new: Sequence[Mapping[str, Any]]
+) -> list[Mapping[str, Any]]:
+    """``old`` without the runs that ``new`` repeats (same :data:`RUN_KEY`), then ``new``.
+
+    Raises:
+        ValueError: the rows were made at different widths (another scale, not mergeable).
+    """
+    widths = {float(r["width"]) for r in (*old, *new) if "width" in r}
+    if len(widths) > 1:
+        raise ValueError(f"cannot merge runs of different widths {sorted(widths)}")
+    replaced = {run_key(r) for r in new}
+    return [r for r in old if run_key(r) not in replaced] + list(new)
+
+
+def select_temperature(rows: Sequence[Mapping[str, Any]], metric: str = "val_nll") -> float:
+    """τ* = the τ of the lowest mean validation ``metric`` over seeds (the first τ on a tie),
+    among the σN-Ens rows.
+
+    Raises:
+        ValueError: a τ without the metric (runs made without a validation split).
+    """
+    by_tau = groups([r for r in rows if r.get("method", "snens") == "snens"], ("temperature",))
+    means = {float(k[0]): mean_std([r[metric] for r in g])[0] for k, g in by_tau.items()}
+    if not means or any(math.isnan(m) for m in means.values()):
+        raise ValueError(f"no {metric} to select τ on: run with a validation split")
+    return min(means, key=means.get)
+
+
+def label(row: Mapping[str, Any]) -> str:
+    """Display name of a row's method, with its τ for σN-Ens (``σN-Ens τ=5``)."""
+    name = NAMES.get(row["method"], str(row["method"]))
+    tau = row.get("temperature", math.nan)
+    if row["method"] == "snens" and isinstance(tau, (int, float)) and not math.isnan(tau):
+        return f"{name} τ={float(tau):g}"
+    return name
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float]:
@@ -363,7 +559,13 @@ def provenance(args: argparse.Namespace, started: float, extra: str = "") -> str
         f"Seeds {args.seeds}; SmallCNN width {args.width}, {args.train_examples} Fashion-MNIST "
         f"train images, {args.epochs} epochs (AdamW lr {args.lr}, cosine, batch "
         f"{args.batch_size}); test {args.test_examples} images, OOD MNIST-5k "
-        f"({args.ood_examples} images){'; ' + extra if extra else ''}. "
+        f"({args.ood_examples} images)"
+        + (
+            f"; validation: the last {args.val_examples} of the 60 000 training images"
+            if getattr(args, "val_examples", 0)
+            else ""
+        )
+        + f"{'; ' + extra if extra else ''}. "
         f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {cpu_name()} "
         f"(2 cores shared with other work); wall time {time.perf_counter() - started:.0f} s. "
         f"Command: `{command}`"

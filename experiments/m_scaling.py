@@ -7,12 +7,19 @@ and a deep ensemble, each trained with `snens.train.fit` and scored with `snens.
 (MNIST-5k as OOD). Width 8 by default so that M=16 fits the CPU budget. Writes one CSV row per
 run, a mean ± std table and a figure (each metric against M).
 
+As in methods.py, ``--snens-temperatures`` / ``--tau-from-sweep`` run σN-Ens at several τ (one
+row each, "σN-Ens τ=…"), and ``--methods`` with a subset merges into the existing CSV (a run
+(method, τ, M, seed) made again replaces its row; the single reference is run only where the CSV
+lacks it).
+
     python experiments/m_scaling.py                      # CPU scale: 1159 s measured, 1 thread
-    python experiments/m_scaling.py --members 2 4 8 16 --width 32 --train-examples 60000
+    python experiments/m_scaling.py --members 2 4 8 16 --width 32 --train-examples 55000
+    python experiments/m_scaling.py --methods snens --tau-from-sweep results/tau_sweep.csv
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import common
@@ -31,6 +38,7 @@ LABELS = {
     "ood_msp_auroc": "OOD AUROC (MSP)",
     "train_seconds": "train s",
     "params": "params",
+    "label": "method",
 }
 METHODS = ("snens", "packed", "deep_ensemble")
 
@@ -39,50 +47,68 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     p = common.parser(__doc__, width=8, out="m_scaling")
     p.add_argument("--members", type=int, nargs="+", default=[2, 4, 8, 16])
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
-    p.add_argument("--temperature", type=float, default=1.0)
+    common.add_snens_flags(p)
     p.add_argument("--diversity-weight", type=float, default=0.1)
     args = p.parse_args(argv)
     started = common.start(args)
+    temperatures, selection = common.snens_temperatures(args)
+    merge = common.merging(args, METHODS)
+    out = args.out_dir / args.name
+    old = (
+        common.read_csv(out.with_suffix(".csv"))
+        if merge and out.with_suffix(".csv").exists()
+        else []
+    )
+    have_single = {r["seed"] for r in old if r["method"] == "single"}
     data = common.load_data(args)
-    rows = []
+    new = []
     for seed in args.seeds:
-        single, _ = common.run("single", seed, data, args)
-        rows.append(single)
-        common.log_row(single, "single")
+        if seed not in have_single:
+            single, _ = common.run("single", seed, data, args)
+            new.append(single)
+            common.log_row(single, "single")
         for M in args.members:
             for method in args.methods:
-                row, _ = common.run(
-                    method,
-                    seed,
-                    data,
-                    args,
-                    num_members=M,
-                    temperature=args.temperature,
-                    diversity_weight=args.diversity_weight,
-                )
-                rows.append(row)
-                common.log_row(row, f"{method} M={M}")
-    out = args.out_dir / args.name
+                for tau in temperatures if method == "snens" else [args.temperature]:
+                    row, _ = common.run(
+                        method,
+                        seed,
+                        data,
+                        args,
+                        num_members=M,
+                        temperature=tau,
+                        diversity_weight=args.diversity_weight,
+                    )
+                    new.append(row)
+                    common.log_row(row, f"{common.label(row)} M={M}")
+    rows, kept = common.merged(new, out.with_suffix(".csv"), merge)
     common.write_csv(rows, out.with_suffix(".csv"))
-    ensembles = [r for r in rows if r["method"] != "single"]
+    order = {m: i for i, m in enumerate(("single", *METHODS))}
+
+    def rank(r: dict) -> tuple:
+        tau = float(r.get("temperature", math.nan))
+        return (order[r["method"]], 0.0 if math.isnan(tau) else tau, r["num_members"])
+
+    ranked = [{**r, "label": common.label(r)} for r in sorted(rows, key=rank)]
+    ensembles = [r for r in ranked if r["method"] != "single"]
     common.line_panels(
         ensembles,
         out.with_suffix(".png"),
         x="num_members",
         panels=("accuracy", "nll", "ece", "ood_msp_auroc", "params"),
+        group="label",
         logx=True,
         labels=LABELS,
         decorate=_single_line(rows),
     )
-    order = {m: i for i, m in enumerate(("single", *args.methods))}
-    ranked = sorted(rows, key=lambda r: (order[r["method"]], r["num_members"]))
     text = common.table(
         ranked,
-        ("method", "num_members"),
+        ("label", "num_members"),
         COLUMNS,
         headers=LABELS,
         digits={"params": 0, "train_seconds": 1},
     )
+    taus = ", ".join(f"{t:g}" for t in temperatures)
     common.write_markdown(
         out.with_suffix(".md"),
         "Scaling with M: σN-Ens vs Packed-Ensembles vs deep ensemble",
@@ -90,7 +116,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         common.provenance(
             args,
             started,
-            f"σN-Ens τ={args.temperature}, λ={args.diversity_weight}; Packed α=2, γ=2",
+            f"σN-Ens τ ∈ {{{taus}}}, λ={args.diversity_weight}; Packed α=2, γ=2"
+            + (f". {selection}" if selection else "")
+            + (f". {kept}" if kept else ""),
         ),
     )
     return rows
