@@ -70,6 +70,25 @@ def _groups_per_member(member_in: int, member_out: int, gamma: int, minimum: int
     return 1
 
 
+def _packing(num_members: int, alpha: float, gamma: int, minimum: int) -> dict:
+    """The checked packing options every :class:`PackedConv2d` of a network shares."""
+    _check_packing(num_members, alpha, gamma)
+    return {
+        "num_members": num_members,
+        "alpha": alpha,
+        "gamma": gamma,
+        "minimum_channels_per_group": minimum,
+    }
+
+
+def _init_members(network: nn.Module) -> None:
+    """Kaiming-normal (fan-out, ReLU) of one group: what each plain member would get."""
+    for module in network.modules():
+        if isinstance(module, PackedConv2d):
+            fan_out = module.out_channels // module.groups * math.prod(module.kernel_size)
+            nn.init.normal_(module.weight, 0.0, math.sqrt(2.0 / fan_out))
+
+
 class PackedConv2d(nn.Conv2d):
     """A convolution of M packed members: a ``nn.Conv2d`` with M·γ groups over widened channels.
 
@@ -354,15 +373,9 @@ class PackedResNet(nn.Module):
         minimum_channels_per_group: int = 64,
     ) -> None:
         super().__init__()
-        _check_packing(num_members, alpha, gamma)
+        packing = _packing(num_members, alpha, gamma, minimum_channels_per_group)
         self.num_members = num_members
         self.alpha, self.gamma = alpha, gamma
-        packing = {
-            "num_members": num_members,
-            "alpha": alpha,
-            "gamma": gamma,
-            "minimum_channels_per_group": minimum_channels_per_group,
-        }
         self.conv1 = PackedConv2d(in_channels, 64, 3, padding=1, bias=False, first=True, **packing)
         self.bn1 = norm_layer(self.conv1.out_channels)
         self.relu = nn.ReLU(inplace=True)
@@ -379,11 +392,7 @@ class PackedResNet(nn.Module):
         self.layer1, self.layer2, self.layer3, self.layer4 = stages
         self.avgpool = nn.AdaptiveAvgPool2d(1)
         self.fc = PackedLinear(planes_in, num_classes, num_members, alpha, gamma=1, last=True)
-        for module in self.modules():
-            if isinstance(module, PackedConv2d):
-                # Kaiming-normal (fan-out, ReLU) of one group: what a plain member would get.
-                fan_out = module.out_channels // module.groups * math.prod(module.kernel_size)
-                nn.init.normal_(module.weight, 0.0, math.sqrt(2.0 / fan_out))
+        _init_members(self)
 
     def forward(self, x: Tensor) -> Tensor:
         x = self.relu(self.bn1(self.conv1(x)))  # (B, M·c, H, W)
@@ -485,15 +494,9 @@ class PackedSmallCNN(nn.Module):
         minimum_channels_per_group: int = 64,
     ) -> None:
         super().__init__()
-        _check_packing(num_members, alpha, gamma)
+        packing = _packing(num_members, alpha, gamma, minimum_channels_per_group)
         self.num_members = num_members
         self.alpha, self.gamma = alpha, gamma
-        packing = {
-            "num_members": num_members,
-            "alpha": alpha,
-            "gamma": gamma,
-            "minimum_channels_per_group": minimum_channels_per_group,
-        }
 
         def layer(c_in: int, c_out: int, stride: int, first: bool = False) -> nn.Sequential:
             conv = PackedConv2d(
@@ -514,10 +517,7 @@ class PackedSmallCNN(nn.Module):
         self.stage1, self.stage2, self.stage3 = stages
         self.avgpool = nn.AdaptiveAvgPool2d(1)
         self.fc = PackedLinear(channels, num_classes, num_members, alpha, gamma=1, last=True)
-        for module in self.modules():
-            if isinstance(module, PackedConv2d):
-                fan_out = module.out_channels // module.groups * math.prod(module.kernel_size)
-                nn.init.normal_(module.weight, 0.0, math.sqrt(2.0 / fan_out))
+        _init_members(self)
 
     def forward(self, x: Tensor) -> Tensor:
         x = self.stage3(self.stage2(self.stage1(x)))  # (B, M·c·4, H/8, W/8)

@@ -34,6 +34,22 @@ def _is_int_at_least(value: object, minimum: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
 
 
+def check_shard(rank: int, world_size: int, batch_size: int) -> None:
+    """Check that rank ``rank`` of ``world_size`` can take an equal share of each batch.
+
+    Raises:
+        ValueError: ``rank`` outside ``[0, world_size)``, or ``batch_size`` not a multiple
+            of ``world_size``.
+    """
+    if not _is_int_at_least(world_size, 1) or not (_is_int_at_least(rank, 0) and rank < world_size):
+        raise ValueError(f"need 0 <= rank < world_size, got rank {rank!r} of {world_size!r}")
+    if batch_size % world_size:
+        raise ValueError(
+            f"batch_size {batch_size} is not divisible by world_size {world_size}; "
+            f"choose a batch size that is a multiple of {world_size}"
+        )
+
+
 def _channel_stat(value: float | Sequence[float], channels: int, name: str) -> torch.Tensor:
     stat = torch.as_tensor(value, dtype=torch.float64).flatten()
     if stat.numel() not in (1, channels):
@@ -203,15 +219,7 @@ class TensorLoader:
             ValueError: ``rank`` outside ``[0, world_size)``, or ``batch_size`` not a multiple
                 of ``world_size`` (both named).
         """
-        if not _is_int_at_least(world_size, 1) or not (
-            _is_int_at_least(rank, 0) and rank < world_size
-        ):
-            raise ValueError(f"need 0 <= rank < world_size, got rank {rank!r} of {world_size!r}")
-        if self.batch_size % world_size:
-            raise ValueError(
-                f"batch_size {self.batch_size} is not divisible by world_size {world_size}; "
-                f"choose a batch size that is a multiple of {world_size}"
-            )
+        check_shard(rank, world_size, self.batch_size)
         self.rank, self.world_size = rank, world_size
         return self
 

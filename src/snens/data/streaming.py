@@ -25,6 +25,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from .loader import check_shard
+
 __all__ = ["FolderLoader", "default_num_workers"]
 
 _WORKERS = 2**63  # third seed number of the workers' base seed; item seeds use indices < N
@@ -117,13 +119,7 @@ class FolderLoader:
             ValueError: ``rank`` outside ``[0, world_size)``, or ``batch_size`` not a multiple
                 of ``world_size``.
         """
-        if not 0 <= rank < world_size:
-            raise ValueError(f"need 0 <= rank < world_size, got rank {rank} of {world_size}")
-        if self.batch_size % world_size:
-            raise ValueError(
-                f"batch_size {self.batch_size} is not divisible by world_size {world_size}; "
-                f"choose a batch size that is a multiple of {world_size}"
-            )
+        check_shard(rank, world_size, self.batch_size)
         self.rank, self.world_size = rank, world_size
         return self
 
