@@ -63,7 +63,7 @@ __all__ = [
 ]
 
 #: Data sets a config may name: image sets held in memory, ImageNet-style class folders streamed
-#: from disk, and text sets tokenized once (see ``snens.train.build_data``).
+#: from disk, and text sets tokenized once (see ``snens.datasets.build_data``).
 DATASETS = (
     "fashion_mnist",
     "cifar10",

@@ -1,0 +1,343 @@
+"""The data sets the training engine reads: :func:`build_data` turns a
+:class:`~snens.config.DataConfig` into a :class:`Data` of loaders.
+
+In-memory image sets (Fashion-MNIST, CIFAR-10/100, SVHN) become :class:`snens.data.TensorLoader`
+objects (the whole set on the device, vectorized augmentation); text sets are tokenized once
+into :class:`snens.data.tokens.TokenLoader` batches of ``(dict(input_ids, attention_mask), y)``;
+ImageNet-style class folders stream through DataLoader workers. OOD sets and generated
+corruptions are built alongside, normalized with the training set's statistics. Every loader
+draws epoch e from (seed, e) and can be sharded across data-parallel ranks.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from snens import data
+from snens.config import (
+    FOLDER_DATASETS,
+    IMAGE_OOD_SETS,
+    TEXT_DATASETS,
+    TEXT_OOD_SETS,
+    DataConfig,
+)
+
+__all__ = ["Data", "build_data"]
+
+
+class _ImageSet(NamedTuple):
+    load: Callable[..., tuple[Tensor, Tensor]]  # (split, root, download) -> (N, C, H, W) uint8
+    num_classes: int
+    channels: int
+    mean: float | tuple[float, ...]
+    std: float | tuple[float, ...]
+
+
+_IMAGE_SETS = {
+    "fashion_mnist": _ImageSet(
+        data.load_fashion_mnist, 10, 1, data.FASHION_MNIST_MEAN, data.FASHION_MNIST_STD
+    ),
+    "cifar10": _ImageSet(data.load_cifar10, 10, 3, data.CIFAR10_MEAN, data.CIFAR10_STD),
+    "cifar100": _ImageSet(data.load_cifar100, 100, 3, data.CIFAR100_MEAN, data.CIFAR100_STD),
+    "svhn": _ImageSet(data.load_svhn, 10, 3, data.SVHN_MEAN, data.SVHN_STD),
+}
+
+
+def _load_ood(name: str, root: str | None, download: bool) -> tuple[Tensor, Tensor]:
+    if name == "mnist_5k":
+        return data.load_mnist_5k(root)
+    return _IMAGE_SETS[name].load("test", root, download)
+
+
+class _CorruptedLoader:
+    """Batches of one corrupted copy of the test images, generated when iterated.
+
+    Generating all 15 × 5 corrupted sets up front would hold 75 copies of the test set; this
+    holds one at a time.
+    """
+
+    def __init__(self, images, labels, name, severity, *, corruption_seed, batch_size, **options):
+        self.images, self.labels = images, labels
+        self.name, self.severity, self.seed = name, severity, corruption_seed
+        self.options = options  # mean, std, device, seed of the TensorLoader
+        self.batch_size = batch_size
+
+    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+        _, _, x, y = next(
+            data.corrupted(self.images, self.labels, self.name, self.severity, seed=self.seed)
+        )
+        yield from data.TensorLoader(x, y, self.batch_size, **self.options)
+
+
+Loader = data.TensorLoader | data.TokenLoader | data.FolderLoader
+
+
+@dataclass
+class Data:
+    """Everything :func:`train` reads: loaders and the data set's shape.
+
+    ``channels`` is None for text (the model takes token ids, not images).
+    """
+
+    train: Loader
+    test: Loader
+    ood: dict[str, Loader]
+    corruptions: dict[tuple[str, int], Iterable[tuple[Tensor, Tensor]]]
+    num_classes: int
+    channels: int | None
+
+
+def _head(x: Tensor, y: Tensor, n: int) -> tuple[Tensor, Tensor]:
+    return (x[:n], y[:n]) if n else (x, y)
+
+
+def _subset(total: int, n: int) -> list[int]:
+    """A fixed random subset of n of ``range(total)`` (all if n is 0), in increasing order.
+
+    Text files and class folders are stored in order (by class, by movie), so their first n
+    would not be a sample of the set; the subset is the same for every run seed.
+    """
+    if not n or n >= total:
+        return list(range(total))
+    keep = torch.randperm(total, generator=torch.Generator().manual_seed(0))[:n]
+    return sorted(keep.tolist())
+
+
+def build_data(
+    config: DataConfig,
+    *,
+    seed: int,
+    device: torch.device | str = "cpu",
+    encoder: str | os.PathLike | None = None,
+) -> Data:
+    """Load the data set named by ``config`` and wrap it in loaders.
+
+    Three kinds, one interface (epoch e of the training loader depends only on (seed, e); the
+    training loader shards a global batch across data-parallel ranks):
+
+    * in-memory image sets (Fashion-MNIST, CIFAR, SVHN): the whole set on ``device`` in a
+      :class:`~snens.data.TensorLoader`, augmented there; test, OOD and corrupted sets are
+      normalized with the training set's statistics;
+    * text sets (``sst2``: GLUE train / validation; ``rotten_tomatoes``: a fixed stratified
+      80/20 split, seed 0): tokenized once with the encoder's tokenizer into a
+      :class:`~snens.data.TokenLoader` whose batches are ``({"input_ids", "attention_mask"},
+      y)``; OOD set ``rt_plots`` (Rotten Tomatoes plot descriptions);
+    * class folders (``imagenet``: ``train/`` and ``val/``): a
+      :class:`~snens.data.FolderLoader` over a DataLoader with ``num_workers`` workers;
+      training views are random-resized crops (``"crop"``) and flips (``"flip"``) at
+      ``image_size``, evaluation views the resized (``resize_size``) center crop; an OOD set
+      only from ``ood_folder``.
+
+    Subsets (``train_examples``, ``test_examples``, ``ood_examples``) are the first N of an
+    image set and a fixed random subset of texts, folders and OOD sets (stored in order).
+
+    Args:
+        config: the data section.
+        seed: seed of the training order and augmentation.
+        device: where in-memory sets live.
+        encoder: text only: the Hugging Face model directory whose tokenizer to use (the
+            ``encoder`` option of the model); default MiniLM-L6's.
+
+    Raises:
+        ValueError: an OOD set whose channels differ from the data set's, an OOD set or
+            option that does not apply to the kind of data set (also refused when the
+            config is built), ``max_length`` above the tokenizer's limit, classes of the
+            validation folder that differ from the training folder's.
+        FileNotFoundError: the data is not on disk and ``download`` is off or impossible
+            (says how to get it).
+    """
+    if config.dataset in TEXT_DATASETS:
+        return _text_data(config, seed=seed, device=device, encoder=encoder)
+    if config.dataset in FOLDER_DATASETS:
+        return _folder_data(config, seed=seed, device=device)
+    spec = _IMAGE_SETS[config.dataset]
+    root = config.root or None
+    # A loader given no seed draws one from torch's global generator; give every loader one
+    # so that building the data leaves the generator (and so the model's init) untouched.
+    norm = {"mean": spec.mean, "std": spec.std, "device": device, "seed": seed}
+    x, y = _head(*spec.load("train", root, config.download), config.train_examples)
+    xt, yt = _head(*spec.load("test", root, config.download), config.test_examples)
+    train_loader = data.TensorLoader(
+        x,
+        y,
+        config.batch_size,
+        shuffle=True,
+        drop_last=True,
+        augment=config.augment,
+        **norm,
+    )
+    test_loader = data.TensorLoader(xt, yt, config.eval_batch_size, **norm)
+
+    ood = {}
+    for name in config.ood:
+        _check_ood_name(name, IMAGE_OOD_SETS, config.dataset)
+        xo, yo = _load_ood(name, root, config.download)
+        if xo.shape[1] != spec.channels:
+            raise ValueError(
+                f"data.ood {name!r} has {xo.shape[1]} channel(s), {config.dataset} has "
+                f"{spec.channels}; choose an OOD set with the same channels"
+            )
+        if config.ood_examples and config.ood_examples < len(xo):
+            keep = torch.randperm(len(xo), generator=torch.Generator().manual_seed(0))
+            xo, yo = xo[keep[: config.ood_examples]], yo[keep[: config.ood_examples]]
+        ood[name] = data.TensorLoader(xo, yo, config.eval_batch_size, **norm)
+
+    corruptions = {}
+    if config.corruptions:
+        xc, yc = _head(xt, yt, config.corruption_examples)
+        for name in config.corruption_names or data.CORRUPTIONS:
+            for severity in config.severities:
+                corruptions[(name, severity)] = _CorruptedLoader(
+                    xc,
+                    yc,
+                    name,
+                    severity,
+                    corruption_seed=config.corruption_seed,
+                    batch_size=config.eval_batch_size,
+                    **norm,
+                )
+    return Data(train_loader, test_loader, ood, corruptions, spec.num_classes, spec.channels)
+
+
+def _check_ood_name(name: str, allowed: tuple[str, ...], dataset: str) -> None:
+    # DataConfig refuses these already; a DataConfig built around its checks still fails here.
+    if name not in allowed:
+        raise ValueError(
+            f"data.ood {name!r} is not an OOD set for data.dataset {dataset!r}; choose from "
+            f"{list(allowed)}"
+        )
+
+
+def _text_data(
+    config: DataConfig,
+    *,
+    seed: int,
+    device: torch.device | str,
+    encoder: str | os.PathLike | None,
+) -> Data:
+    """SST-2 or Rotten Tomatoes, tokenized once; see :func:`build_data`."""
+    if config.augment or config.corruptions:
+        raise ValueError(
+            f"data.dataset {config.dataset!r} is text: set data.augment=[] and "
+            "data.corruptions=false (both apply to images)"
+        )
+    root = config.root or None
+    corpus = None
+    if config.dataset == "sst2":
+        texts, labels = data.load_sst2("train", root, config.download)
+        test_texts, test_labels = data.load_sst2("validation", root, config.download)
+    else:
+        corpus = data.load_rotten_tomatoes(root)
+        texts, labels, test_texts, test_labels = data.split_texts(
+            corpus.texts, corpus.labels, test_fraction=0.2, seed=0
+        )
+
+    from snens.models.text import tokenizer  # imports transformers: text only
+
+    tok = tokenizer(encoder)
+
+    def loader(texts, labels, n, batch_size, **options) -> data.TokenLoader:
+        keep = _subset(len(texts), n)
+        ids, mask = data.tokenize(
+            tok,
+            [texts[i] for i in keep],
+            max_length=config.max_length,
+            padding=config.padding,
+        )
+        y = torch.tensor([labels[i] for i in keep], dtype=torch.long)
+        return data.TokenLoader(ids, mask, y, batch_size, seed=seed, device=device, **options)
+
+    train_loader = loader(
+        texts, labels, config.train_examples, config.batch_size, shuffle=True, drop_last=True
+    )
+    test_loader = loader(test_texts, test_labels, config.test_examples, config.eval_batch_size)
+    ood = {}
+    for name in config.ood:
+        _check_ood_name(name, TEXT_OOD_SETS, config.dataset)
+        plots = (corpus or data.load_rotten_tomatoes(root)).ood_texts  # "rt_plots"
+        zeros = [0] * len(plots)  # OOD labels are not used
+        ood[name] = loader(plots, zeros, config.ood_examples, config.eval_batch_size)
+    return Data(train_loader, test_loader, ood, {}, num_classes=2, channels=None)
+
+
+@dataclass(frozen=True)
+class _Flip:
+    """``transform(image)``, mirrored along the width with probability ``flip_prob``.
+
+    Randomness from torch's global generator, which :class:`~snens.data.FolderLoader` seeds
+    per example.
+    """
+
+    transform: Callable[[Tensor], Tensor]
+    flip_prob: float = 0.5
+
+    def __call__(self, image: Tensor) -> Tensor:
+        out = self.transform(image)
+        return out.flip(-1) if torch.rand(()).item() < self.flip_prob else out
+
+
+def _folder_data(config: DataConfig, *, seed: int, device: torch.device | str) -> Data:
+    """ImageNet-style class folders read by DataLoader workers; see :func:`build_data`."""
+    if config.corruptions:
+        raise ValueError(
+            f"data.corruptions is not available for data.dataset {config.dataset!r}; set "
+            "data.corruptions=false"
+        )
+    if config.ood:
+        raise ValueError(
+            f"data.ood {list(config.ood)} names in-memory sets; data.dataset "
+            f"{config.dataset!r} takes an OOD class-folder tree as data.ood_folder"
+        )
+    ood_folder = Path(config.ood_folder).expanduser()
+    if config.ood_folder and not ood_folder.is_dir():  # before reading any training folder
+        raise FileNotFoundError(
+            f"data.ood_folder {str(ood_folder)!r} does not exist; give a folder of class "
+            'sub-folders of images (e.g. ImageNet-O), or set data.ood_folder=""'
+        )
+    root = config.root or None
+    size, resize = config.image_size, config.resize_size
+    evaluation = data.EvalTransform(resize=resize, crop=size)
+    flip = 0.5 if "flip" in config.augment else 0.0
+    if "crop" in config.augment:
+        training: Callable[[Tensor], Tensor] = data.TrainTransform(size=size, flip_prob=flip)
+    else:
+        training = _Flip(evaluation, flip) if flip else evaluation
+    train_set = data.imagenet_folder(root, "train", transform=training)
+    test_set = data.imagenet_folder(root, "val", transform=evaluation)
+    if test_set.classes != train_set.classes:
+        extra = sorted(set(test_set.classes) ^ set(train_set.classes))
+        raise ValueError(
+            f"{test_set.root} and {train_set.root} hold different class folders (e.g. "
+            f"{extra[:5]}); the labels are the sorted folder names, so both need the same ones"
+        )
+    pin = torch.device(device).type == "cuda"
+    options = {"seed": seed, "num_workers": config.num_workers, "pin_memory": pin}
+
+    def subset(dataset: Any, n: int) -> Any:
+        keep = _subset(len(dataset), n)
+        return dataset if len(keep) == len(dataset) else torch.utils.data.Subset(dataset, keep)
+
+    train_loader = data.FolderLoader(
+        subset(train_set, config.train_examples),
+        config.batch_size,
+        shuffle=True,
+        drop_last=True,
+        **options,
+    )
+    test_loader = data.FolderLoader(
+        subset(test_set, config.test_examples), config.eval_batch_size, **options
+    )
+    ood = {}
+    if config.ood_folder:
+        ood_set = data.ImageFolder(ood_folder, transform=evaluation)
+        ood[ood_folder.name] = data.FolderLoader(
+            subset(ood_set, config.ood_examples), config.eval_batch_size, **options
+        )
+    return Data(train_loader, test_loader, ood, {}, len(train_set.classes), channels=3)
