@@ -147,6 +147,8 @@ def test_one_example_per_member(case, training):
         torch.testing.assert_close(getattr(fast, name), value, **TOL, msg=name)
 
 
+# plain and member RMSNorm alike warn on a bf16 input with float32 weights (torch falls back)
+@pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight:UserWarning")
 @pytest.mark.parametrize("case", ["bn1d_seq", "bn2d", "bn3d", "gn", "ln", "rms"])
 @pytest.mark.parametrize("training", [True, False])
 def test_bf16_autocast_and_bf16_inputs(case, training):
