@@ -886,8 +886,11 @@ PRESETS: dict[str, RunConfig] = {
         ),
     ),
     # Offline stand-in for SST-2, CPU-sized: Rotten Tomatoes review snippets (a fixed 80/20
-    # split), plot descriptions as OOD; pretrained MiniLM-L6 with norms and heads fine-tuned,
-    # gamma at lr 1e-3 × 50 = 0.05 (DESIGN §1: gamma must be able to move).
+    # split), plot descriptions as OOD; pretrained MiniLM-L6, all weights fine-tuned at lr 1e-4,
+    # gamma at 1e-4 × 50 = 0.005: in a short fine-tune a faster gamma (0.05) rescales the
+    # pretrained features before the shared weights adapt (results/pretrained*.md). Measured
+    # (1 thread, 321 s of training): test accuracy 0.761, NLL 0.484, ECE 0.032; the same with
+    # norms and heads only at lr 1e-3 reached 0.58 accuracy on 1,000 texts.
     "rotten_tomatoes_minilm": RunConfig(
         data=DataConfig(
             dataset="rotten_tomatoes",
@@ -904,12 +907,12 @@ PRESETS: dict[str, RunConfig] = {
         method=MethodConfig(name="snens", num_members=4, gamma_lr_multiplier=50.0),
         optim=OptimConfig(
             optimizer="adamw",
-            lr=1e-3,
+            lr=1e-4,
             weight_decay=0.01,
             schedule="cosine",
             epochs=1,
             grad_clip=1.0,
-            finetune="norms_and_heads",
+            finetune="all",
         ),
     ),
     # SST-2 on pretrained MiniLM-L6: all weights fine-tuned, gamma at 1000× the base lr.
