@@ -21,12 +21,7 @@ TOL = {"rtol": 1e-5, "atol": 1e-5}
 BF16_TOL = {"rtol": 2e-2, "atol": 2e-2}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # name: (layer factory, input shape per member)

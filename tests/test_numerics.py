@@ -34,12 +34,7 @@ from conftest import TinyResNet, TinyTransformer, randomize_norms
 TEMPERATURES = [1e-3, 1e-2, 1.0, 1e2, 1e3]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _relative_error(got: torch.Tensor, want: torch.Tensor) -> float:

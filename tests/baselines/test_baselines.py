@@ -48,14 +48,7 @@ PINNED_PARAMS = {
 }
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # Tiny tensors gain nothing from threads, and on a loaded 2-core machine the intra-op
-    # threads contend: measured 44-48 s for this file with 2 threads, 3.7 s with 1.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def num_params(model: nn.Module) -> int:

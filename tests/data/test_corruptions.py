@@ -55,14 +55,7 @@ MEASURED_MAD = {
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Batches here are small (≤ 200 k values): one intra-op thread avoids OpenMP barrier
-    stalls, which made this file 10× slower on a busy 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
