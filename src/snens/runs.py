@@ -80,25 +80,21 @@ def git_sha(path: str | os.PathLike | None = None, timeout: float = 5.0) -> str 
     ``timeout`` seconds.
     """
     where = Path(path) if path is not None else Path(__file__).resolve().parent
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(where), "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    sha = out.stdout.strip()
-    return sha if out.returncode == 0 and len(sha) == 40 else None
+    sha = _git(where, ["rev-parse", "HEAD"], timeout)
+    return sha if sha is not None and len(sha) == 40 else None
 
 
 def _git_dirty(timeout: float = 5.0) -> bool | None:
     where = Path(__file__).resolve().parent
+    status = _git(where, ["status", "--porcelain", "--untracked-files=no"], timeout)
+    return None if status is None else bool(status)
+
+
+def _git(where: Path, args: list[str], timeout: float) -> str | None:
+    """Stripped stdout of ``git -C where args``; None if git is missing, fails or times out."""
     try:
         out = subprocess.run(
-            ["git", "-C", str(where), "status", "--porcelain", "--untracked-files=no"],
+            ["git", "-C", str(where), *args],
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -106,7 +102,7 @@ def _git_dirty(timeout: float = 5.0) -> bool | None:
         )
     except (OSError, subprocess.SubprocessError):
         return None
-    return bool(out.stdout.strip()) if out.returncode == 0 else None
+    return out.stdout.strip() if out.returncode == 0 else None
 
 
 def provenance() -> dict[str, Any]:
