@@ -241,3 +241,23 @@ def test_two_forwards_then_one_backward():
         grads.append(xi.grad)
     torch.testing.assert_close(grads[0], grads[1], **TOL)
     torch.testing.assert_close(layer.running_mean, stats["running_mean"], **TOL)
+
+
+@pytest.mark.parametrize("case", ["bn1d_seq", "bn2d", "bn3d", "bn2d_no_stats"])
+@pytest.mark.parametrize("training", [True, False])
+def test_no_grad_forward_skips_the_autograd_function_with_equal_results(case, training):
+    """Inference (no_grad) takes the kernel loop without the autograd function: same output and
+    running statistics as the member loop, and a graph-free result."""
+    layer = _randomized(CASES[case][0], seed=3).train(training)
+    ref = copy.deepcopy(layer)
+    stats = {k: v.clone() for k, v in ref.named_buffers() if k in ("running_mean", "running_var")}
+    x = torch.randn((M * 3, *CASES[case][1][1:]), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        y = layer(x)
+        want = _reference(ref, x, stats)
+    assert y.grad_fn is None
+    torch.testing.assert_close(y, want, **TOL)
+    for name, value in stats.items():
+        torch.testing.assert_close(getattr(layer, name), value, **TOL, msg=name)
+    if training and "running_mean" in stats:  # the training forward moved them
+        assert not torch.allclose(layer.running_mean, _randomized(CASES[case][0], 3).running_mean)

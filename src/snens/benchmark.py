@@ -332,6 +332,7 @@ def run(
     repeats: int = 7,
     quick: bool = False,
     compile_model: bool = False,
+    norms_only: bool = False,
 ) -> list[Measure]:
     """All measures, as :class:`Measure` rows.
 
@@ -341,8 +342,11 @@ def run(
         repeats: interleaved repeats per ratio.
         quick: ResNet-18 only.
         compile_model: add the ``torch.compile`` rows (minutes of compilation on a CPU).
+        norms_only: the member-norm rows alone (about a minute).
     """
     rows = _norm_measures(num_members, 32, repeats)
+    if norms_only:
+        return rows
     backbones = [("resnet18", (3, 32, 32))] + ([] if quick else [("vit_small", (3, 32, 32))])
     for backbone, image in backbones:
         rows += _model_measures(backbone, num_members, batch, repeats, image, compile_model)
@@ -458,6 +462,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
     parser.add_argument("--quick", action="store_true", help="ResNet-18 only")
+    parser.add_argument("--norms-only", action="store_true", help="the member-norm rows alone")
     parser.add_argument(
         "--compile", action="store_true", help="add torch.compile rows (slow to warm up on CPU)"
     )
@@ -488,7 +493,9 @@ def main(argv: list[str] | None = None) -> int:
             f"median of {args.repeats} steps"
         )
         return 0
-    rows = run(args.num_members, args.batch, args.repeats, args.quick, args.compile)
+    rows = run(
+        args.num_members, args.batch, args.repeats, args.quick, args.compile, args.norms_only
+    )
     print(format_table(rows))
     print(
         f"\n{platform.machine()} {platform.processor() or ''}, {torch.get_num_threads()} threads, "
