@@ -328,34 +328,51 @@ def _dense(x: Tensor) -> Tensor:
 def _member_batch_norm(x, scale, shift, running_mean, running_var, training, momentum, eps, M):
     """``native_batch_norm.out`` once per member into that member's slice of one output.
 
-    Returns the output and the per-member saved (mean, invstd) pairs the backward needs. Called
-    directly, without the autograd function, when no gradient is wanted (an eval forward: the
-    function's bookkeeping measured 15% of a plain eval BatchNorm).
+    Returns the output and the members' saved mean and invstd as two (M, C) tensors, which the
+    backward needs. Called directly, without the autograd function, when no gradient is wanted
+    (an eval forward). Per-member views come from one ``split``/``unbind`` each rather than M
+    Python indexings (the fixed cost of a member norm is Python's, not the kernels').
     """
     # x: (M·B, C, *), member-major and dense; scale, shift: (M, C)
     out = torch.empty_like(x)
     rows = x.shape[0] // M
-    saved = []
-    for m in range(M):
-        part = slice(m * rows, (m + 1) * rows)
-        # the kernel resizes these; on CPU they hold the parameters' dtype (float32 for a bf16
-        # input with float32 parameters)
-        save_mean, save_invstd = scale.new_empty(0), scale.new_empty(0)
-        torch.ops.aten.native_batch_norm.out(
-            x[part],
-            scale[m],
-            shift[m],
-            None if running_mean is None else running_mean[m],
-            None if running_var is None else running_var[m],
+    # the kernel writes one (C,) row of each; on CPU they hold the parameters' dtype (float32
+    # for a bf16 input with float32 parameters)
+    save_mean, save_invstd = scale.new_empty((2, *scale.shape)).unbind(0)
+    members = zip(
+        x.split(rows),
+        out.split(rows),
+        scale.unbind(0),
+        shift.unbind(0),
+        _rows(running_mean, M),
+        _rows(running_var, M),
+        save_mean.unbind(0),
+        save_invstd.unbind(0),
+        strict=True,
+    )
+    for x_m, out_m, scale_m, shift_m, mean_m, var_m, save_mean_m, save_invstd_m in members:
+        _BATCH_NORM_OUT(
+            x_m,
+            scale_m,
+            shift_m,
+            mean_m,
+            var_m,
             training,
             momentum,
             eps,
-            out=out[part],
-            save_mean=save_mean,
-            save_invstd=save_invstd,
+            out=out_m,
+            save_mean=save_mean_m,
+            save_invstd=save_invstd_m,
         )
-        saved += [save_mean, save_invstd]
-    return out, saved
+    return out, (save_mean, save_invstd)
+
+
+def _rows(stats: Tensor | None, M: int) -> Sequence[Tensor | None]:
+    return (None,) * M if stats is None else stats.unbind(0)
+
+
+_BATCH_NORM_OUT = torch.ops.aten.native_batch_norm.out
+_BATCH_NORM_BACKWARD = torch.ops.aten.native_batch_norm_backward
 
 
 class _MemberBatchNormFunction(torch.autograd.Function):
@@ -375,39 +392,47 @@ class _MemberBatchNormFunction(torch.autograd.Function):
             x, scale, shift, running_mean, running_var, training, momentum, eps, M
         )
         ctx.M, ctx.training, ctx.eps = M, training, eps
-        ctx.has_running = running_mean is not None
-        stats = [running_mean, running_var] if ctx.has_running else []
-        ctx.save_for_backward(x, scale, *stats, *saved)
+        stats = [] if running_mean is None else [running_mean, running_var]
+        ctx.save_for_backward(x, scale, *saved, *stats)
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):
-        x, scale, *rest = ctx.saved_tensors
+        x, scale, save_mean, save_invstd, *stats = ctx.saved_tensors
         M = ctx.M
-        running_mean, running_var = rest[:2] if ctx.has_running else (None, None)
-        saved = rest[2:] if ctx.has_running else rest
+        running_mean, running_var = stats if stats else (None, None)
         mask = [ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]]
         grad_out = grad_out.contiguous(memory_format=_memory_format(x))
         rows = x.shape[0] // M
         grad_x = torch.empty_like(x) if mask[0] else None
         grad_scale, grad_shift = [], []
-        for m in range(M):
-            part = slice(m * rows, (m + 1) * rows)
-            gx, gw, gb = torch.ops.aten.native_batch_norm_backward(
-                grad_out[part],
-                x[part],
-                scale[m],
-                None if running_mean is None else running_mean[m],
-                None if running_var is None else running_var[m],
-                saved[2 * m],
-                saved[2 * m + 1],
+        members = zip(
+            grad_out.split(rows),
+            x.split(rows),
+            scale.unbind(0),
+            _rows(running_mean, M),
+            _rows(running_var, M),
+            save_mean.unbind(0),
+            save_invstd.unbind(0),
+            (None,) * M if grad_x is None else grad_x.split(rows),
+            strict=True,
+        )
+        for grad_m, x_m, scale_m, mean_m, var_m, save_mean_m, save_invstd_m, grad_x_m in members:
+            gx, gw, gb = _BATCH_NORM_BACKWARD(
+                grad_m,
+                x_m,
+                scale_m,
+                mean_m,
+                var_m,
+                save_mean_m,
+                save_invstd_m,
                 ctx.training,
                 ctx.eps,
                 mask,
             )
-            if grad_x is not None:
-                grad_x[part].copy_(gx)
+            if grad_x_m is not None:
+                grad_x_m.copy_(gx)
             grad_scale.append(gw)
             grad_shift.append(gb)
         return (
