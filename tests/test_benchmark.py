@@ -80,3 +80,36 @@ def test_absolute_command_prints_the_table(capsys):
     )
     out = capsys.readouterr().out
     assert "| σN-Ens |" in out and "CPU, float32" in out
+
+
+def test_plain_norm_copy_keeps_heads_and_replication_and_member_zero():
+    """The ablation model: no member norm left, eager replication, and in eval its member 0 is
+    the ensemble's member 0 exactly (member 0's norms, member 0's head)."""
+    import torch
+
+    import snens
+
+    torch.manual_seed(0)
+    ens = snens.convert(snens.models.create("small_cnn", num_classes=10, width=8), 3).eval()
+    with torch.no_grad():  # members that differ (a conversion starts them all equal)
+        for module in ens.modules():
+            if isinstance(module, snens.nn.MemberNorm):
+                for p in (module.gamma, module.weight, module.bias):
+                    p.copy_(torch.randn_like(p))
+    ablated = benchmark._with_plain_norms(ens).eval()
+    assert not any(isinstance(m, snens.nn.MemberNorm) for m in ablated.modules())
+    assert any(isinstance(m, snens.nn.MemberNorm) for m in ens.modules())  # a copy
+    assert ablated.replication == "eager"
+    x = torch.randn(5, 1, 28, 28)
+    with torch.no_grad():
+        want, got = ens(x), ablated(x)
+    assert got.shape == want.shape == (3, 5, 10)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(got[1], want[1])
+
+
+def test_norms_only_prints_just_the_norm_rows(monkeypatch, capsys):
+    monkeypatch.setattr(benchmark, "compare", lambda *a, **k: (1.0, (1.0, 1.0), 1e-3))
+    assert benchmark.main(["--norms-only", "--num-members", "2", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("| member ") == 12 and "resnet18" not in out
