@@ -261,3 +261,15 @@ def test_no_grad_forward_skips_the_autograd_function_with_equal_results(case, tr
         torch.testing.assert_close(getattr(layer, name), value, **TOL, msg=name)
     if training and "running_mean" in stats:  # the training forward moved them
         assert not torch.allclose(layer.running_mean, _randomized(CASES[case][0], 3).running_mean)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_rms_norm_matches_the_member_loop_bit_for_bit(dtype):
+    """float32/64 take one rms_norm plus a broadcast member weight, the loop's arithmetic op for
+    op; bf16 (weight applied inside rms_norm's upcast) keeps the loop. Either way: identical."""
+    layer = _randomized(CASES["rms"][0]).to(dtype).eval()
+    x = torch.randn(M * 3, 7, 8, dtype=dtype, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        got, want = layer(x), _reference(layer, x, {})
+    assert got.dtype == dtype
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
