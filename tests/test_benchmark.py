@@ -113,3 +113,18 @@ def test_norms_only_prints_just_the_norm_rows(monkeypatch, capsys):
     assert benchmark.main(["--norms-only", "--num-members", "2", "--repeats", "1"]) == 0
     out = capsys.readouterr().out
     assert out.count("| member ") == 12 and "resnet18" not in out
+
+
+def test_steps_only_runs_the_three_step_rows(monkeypatch):
+    import pytest
+
+    monkeypatch.setattr(benchmark, "compare", lambda *a, **k: (1.0, (1.0, 1.0), 1e-3))
+    rows = benchmark.run(num_members=2, batch=2, repeats=1, quick=True, steps_only=True)
+    assert [r.name for r in rows] == [
+        "resnet18: σN-Ens step (B=2) vs single at M·B",
+        "resnet18: σN-Ens step with plain norms (heads, replication) vs single at M·B",
+        "resnet18: σN-Ens step vs deep ensemble, B=2",
+    ]
+    assert [r.target for r in rows] == ["≤1.05×", "report", "≤1.0×"]
+    with pytest.raises(ValueError, match="exclude each other"):
+        benchmark.run(norms_only=True, steps_only=True)

@@ -225,7 +225,8 @@ def _model_measures(
     repeats: int,
     image: tuple[int, ...],
     compile_model: bool = False,
-):
+    steps_only: bool = False,
+) -> list[Measure]:
     torch.manual_seed(0)
     plain = create(backbone, num_classes=10)
     x_b, y_b = torch.randn(B, *image), torch.randint(0, 10, (B,))
@@ -241,6 +242,36 @@ def _model_measures(
 
     ens_step = _train_step(ens, x_b, y_b)
     rows = []
+    ratio, spread, base = compare(ens_step, _train_step(single, x_mb, y_mb), repeats=repeats)
+    rows.append(
+        Measure(
+            f"{backbone}: σN-Ens step (B={B}) vs single at M·B", ratio, spread, "≤1.05×", base * 1e3
+        )
+    )
+    # where the overhead over the floor lies: the same ensemble with every member norm swapped
+    # for member 0's plain norm keeps the replication, the member heads and the loss
+    ratio, spread, base = compare(
+        _train_step(_with_plain_norms(ens), x_b, y_b),
+        _train_step(single, x_mb, y_mb),
+        repeats=repeats,
+    )
+    rows.append(
+        Measure(
+            f"{backbone}: σN-Ens step with plain norms (heads, replication) vs single at M·B",
+            ratio,
+            spread,
+            "report",
+            base * 1e3,
+        )
+    )
+    ratio, spread, base = compare(ens_step, _train_step(deep, x_b, y_b), repeats=repeats)
+    rows.append(
+        Measure(
+            f"{backbone}: σN-Ens step vs deep ensemble, B={B}", ratio, spread, "≤1.0×", base * 1e3
+        )
+    )
+    if steps_only:
+        return rows
     if len(image) == 3:  # images: the same step with model and input in channels-last
         last = copy.deepcopy(ens).to(memory_format=torch.channels_last)
         x_last = x_b.contiguous(memory_format=torch.channels_last)
@@ -276,34 +307,6 @@ def _model_measures(
                 base * 1e3,
             )
         )
-    ratio, spread, base = compare(ens_step, _train_step(single, x_mb, y_mb), repeats=repeats)
-    rows.append(
-        Measure(
-            f"{backbone}: σN-Ens step (B={B}) vs single at M·B", ratio, spread, "≤1.05×", base * 1e3
-        )
-    )
-    # where the overhead over the floor lies: the same ensemble with every member norm swapped
-    # for member 0's plain norm keeps the replication, the member heads and the loss
-    ratio, spread, base = compare(
-        _train_step(_with_plain_norms(ens), x_b, y_b),
-        _train_step(single, x_mb, y_mb),
-        repeats=repeats,
-    )
-    rows.append(
-        Measure(
-            f"{backbone}: σN-Ens step with plain norms (heads, replication) vs single at M·B",
-            ratio,
-            spread,
-            "report",
-            base * 1e3,
-        )
-    )
-    ratio, spread, base = compare(ens_step, _train_step(deep, x_b, y_b), repeats=repeats)
-    rows.append(
-        Measure(
-            f"{backbone}: σN-Ens step vs deep ensemble, B={B}", ratio, spread, "≤1.0×", base * 1e3
-        )
-    )
     ratio, spread, base = compare(
         _train_step(split, x_b, y_b), _train_step(single, x_b, y_b), repeats=repeats
     )
@@ -365,6 +368,7 @@ def run(
     quick: bool = False,
     compile_model: bool = False,
     norms_only: bool = False,
+    steps_only: bool = False,
 ) -> list[Measure]:
     """All measures, as :class:`Measure` rows.
 
@@ -375,13 +379,19 @@ def run(
         quick: ResNet-18 only.
         compile_model: add the ``torch.compile`` rows (minutes of compilation on a CPU).
         norms_only: the member-norm rows alone (about a minute).
+        steps_only: the training-step rows alone (σN-Ens against a single model at M·B, the
+            same with plain norms, a deep ensemble), e.g. for more repeats of them.
     """
-    rows = _norm_measures(num_members, 32, repeats)
+    if norms_only and steps_only:
+        raise ValueError("norms_only and steps_only exclude each other: choose one")
+    rows = [] if steps_only else _norm_measures(num_members, 32, repeats)
     if norms_only:
         return rows
     backbones = [("resnet18", (3, 32, 32))] + ([] if quick else [("vit_small", (3, 32, 32))])
     for backbone, image in backbones:
-        rows += _model_measures(backbone, num_members, batch, repeats, image, compile_model)
+        rows += _model_measures(
+            backbone, num_members, batch, repeats, image, compile_model, steps_only
+        )
     return rows
 
 
@@ -494,7 +504,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
     parser.add_argument("--quick", action="store_true", help="ResNet-18 only")
-    parser.add_argument("--norms-only", action="store_true", help="the member-norm rows alone")
+    only = parser.add_mutually_exclusive_group()
+    only.add_argument("--norms-only", action="store_true", help="the member-norm rows alone")
+    only.add_argument(
+        "--steps-only",
+        action="store_true",
+        help="the training-step rows alone (vs single at M·B, with plain norms, vs deep ensemble)",
+    )
     parser.add_argument(
         "--compile", action="store_true", help="add torch.compile rows (slow to warm up on CPU)"
     )
@@ -526,7 +542,13 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 0
     rows = run(
-        args.num_members, args.batch, args.repeats, args.quick, args.compile, args.norms_only
+        args.num_members,
+        args.batch,
+        args.repeats,
+        args.quick,
+        args.compile,
+        args.norms_only,
+        args.steps_only,
     )
     print(format_table(rows))
     print(
