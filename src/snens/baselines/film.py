@@ -35,16 +35,9 @@ import torch
 from torch import Tensor, nn
 
 from snens.ensemble import Ensemble, Replication
-from snens.nn.norms import (
-    MemberBatchNorm1d,
-    MemberBatchNorm2d,
-    MemberBatchNorm3d,
-    MemberGroupNorm,
-    MemberLayerNorm,
-    MemberNorm,
-    MemberRMSNorm,
-    check_num_members,
-)
+from snens.nn.batch_norms import MemberBatchNorm1d, MemberBatchNorm2d, MemberBatchNorm3d
+from snens.nn.norms import MemberNorm, check_num_members
+from snens.nn.per_example_norms import MemberGroupNorm, MemberLayerNorm, MemberRMSNorm
 from snens.nn.surgery import ConversionReport, is_unsupported_norm, replace_modules
 
 __all__ = [

@@ -7,16 +7,9 @@ from collections.abc import Callable
 
 from torch import nn
 
-from snens.nn.norms import (
-    MemberBatchNorm1d,
-    MemberBatchNorm2d,
-    MemberBatchNorm3d,
-    MemberGroupNorm,
-    MemberLayerNorm,
-    MemberNorm,
-    MemberRMSNorm,
-    check_num_members,
-)
+from snens.nn.batch_norms import MemberBatchNorm1d, MemberBatchNorm2d, MemberBatchNorm3d
+from snens.nn.norms import MemberNorm, check_num_members
+from snens.nn.per_example_norms import MemberGroupNorm, MemberLayerNorm, MemberRMSNorm
 
 __all__ = ["MEMBER_NORMS", "member_norm"]
 
