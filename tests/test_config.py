@@ -6,17 +6,16 @@ import pytest
 import tomllib
 
 from snens.config import (
-    PRESETS,
     DataConfig,
     MethodConfig,
     ModelConfig,
     OptimConfig,
     RunConfig,
     load_config,
-    preset,
     to_dict,
     to_toml,
 )
+from snens.presets import PRESETS, preset
 
 
 def _custom() -> RunConfig:

@@ -21,7 +21,8 @@ import snens.runs
 import snens.train
 from snens.checkpoint import load_checkpoint
 from snens.cli import main
-from snens.config import RunConfig, load_config, preset, to_toml
+from snens.config import RunConfig, load_config, to_toml
+from snens.presets import preset
 from snens.runs import RunDirError, read_metrics
 from snens.train import NonFiniteLossError, lr_factor, train
 

@@ -13,8 +13,9 @@ import math
 import pytest
 import torch
 
-from snens.config import load_config, preset
+from snens.config import load_config
 from snens.data import TokenLoader
+from snens.presets import preset
 from snens.runs import read_metrics
 from snens.train import train
 

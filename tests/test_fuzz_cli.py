@@ -34,7 +34,7 @@ from hypothesis import strategies as st
 import snens.sweep
 import snens.train
 from snens.cli import main
-from snens.config import PRESETS
+from snens.presets import PRESETS
 
 TRIED = {"train": 0, "sweep": 0, "report": 0, "eval": 0, "other": 0}
 ROOT = Path(tempfile.mkdtemp(prefix="snens-fuzz-cli-"))  # stays empty: nothing is written

@@ -33,10 +33,10 @@ from snens.config import (
     apply_overrides,
     from_dict,
     load_config,
-    preset,
     to_dict,
     to_toml,
 )
+from snens.presets import preset
 
 TRIED = {"dicts": 0, "overrides": 0, "files": 0}
 SETTINGS = settings(

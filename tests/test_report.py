@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from snens.cli import main
-from snens.config import load_config, preset, to_toml
+from snens.config import load_config, to_toml
+from snens.presets import preset
 from snens.report import collect_runs, group_runs, summarize, write_report
 
 TINY = "fashion_mnist_small_cnn_tiny"

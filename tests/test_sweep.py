@@ -14,7 +14,8 @@ import torch
 
 import snens.train
 from snens.cli import main
-from snens.config import load_config, preset, to_toml
+from snens.config import load_config, to_toml
+from snens.presets import preset
 from snens.runs import read_metrics
 from snens.sweep import applies, final_row, parse_grid, plan
 

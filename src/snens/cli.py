@@ -25,7 +25,8 @@ def _bench(args: argparse.Namespace) -> int:
 
 def _train(args: argparse.Namespace) -> int:
     from snens.checkpoint import CheckpointError
-    from snens.config import PRESETS, load_config, preset, to_toml
+    from snens.config import load_config, to_toml
+    from snens.presets import PRESETS, preset
     from snens.runs import CONFIG, RunDirError
     from snens.train import NonFiniteLossError, train
 
@@ -104,7 +105,7 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from snens.config import preset
+    from snens.presets import preset
     from snens.runs import RunDirError
     from snens.sweep import plan, run_sweep
 

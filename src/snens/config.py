@@ -1,4 +1,4 @@
-"""Typed, frozen run configurations, read from TOML, with named presets.
+"""Typed, frozen run configurations, read from and written to TOML.
 
 A run is described by one :class:`RunConfig`: run-level settings (seed, output directory,
 determinism, checkpointing) and four sections, each a frozen dataclass::
@@ -17,8 +17,9 @@ value ``ValueError``, each naming the key (``optim.lr``). Sizes that read "0 = a
 because TOML has no null.
 
     config = load_config("my.toml", ["method.temperature=0.5", "optim.epochs=3"])
-    config = preset("cifar10_resnet18")
     text = to_toml(config)            # load_config(tomllib.loads(text)) == config
+
+Named settings (the paper's and their offline stand-ins) are in :mod:`snens.presets`.
 """
 
 from __future__ import annotations
@@ -49,7 +50,6 @@ __all__ = [
     "OOD_SETS",
     "TEXT_DATASETS",
     "TEXT_OOD_SETS",
-    "PRESETS",
     "DataConfig",
     "MethodConfig",
     "ModelConfig",
@@ -57,7 +57,6 @@ __all__ = [
     "RunConfig",
     "from_dict",
     "load_config",
-    "preset",
     "to_dict",
     "to_toml",
 ]
@@ -743,203 +742,3 @@ def to_toml(config: RunConfig) -> str:
             lines += ["", f"[{section}.options]"]
             lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in options.items()]
     return "\n".join(lines) + "\n"
-
-
-# ------------------------------------------------------------------------------------------------
-# Presets
-# ------------------------------------------------------------------------------------------------
-
-
-def _cifar(dataset: str, backbone: str, **optim: Any) -> RunConfig:
-    """The paper's CIFAR setting: σN-Ens, M=4, SVHN as OOD, all corruptions at 1..5."""
-    return RunConfig(
-        name="",
-        data=DataConfig(
-            dataset=dataset,
-            batch_size=128,
-            augment=("crop", "flip"),
-            ood=("svhn",),
-            corruptions=True,
-            corruption_examples=0,
-        ),
-        model=ModelConfig(backbone=backbone),
-        method=MethodConfig(name="snens", num_members=4, temperature=1.0, diversity_weight=0.1),
-        optim=OptimConfig(**optim),
-    )
-
-
-# ResNet-18 CIFAR recipe (DESIGN §4): 75 epochs SGD lr 0.05, momentum 0.9, wd 5e-4, ×0.1 at
-# epochs 25 and 50, batch 128, crop + flip.
-_RESNET18 = {
-    "optimizer": "sgd",
-    "lr": 0.05,
-    "momentum": 0.9,
-    "weight_decay": 5e-4,
-    "schedule": "multistep",
-    "milestones": (25, 50),
-    "lr_decay": 0.1,
-    "epochs": 75,
-}
-# WRN-28-10 recipe (Zagoruyko & Komodakis 2016, as in uncertainty-baselines): 200 epochs SGD
-# lr 0.1, Nesterov momentum 0.9, wd 5e-4, ×0.2 at epochs 60, 120, 160, one warm-up epoch.
-_WRN28_10 = {
-    "optimizer": "sgd",
-    "lr": 0.1,
-    "momentum": 0.9,
-    "nesterov": True,
-    "weight_decay": 5e-4,
-    "schedule": "multistep",
-    "milestones": (60, 120, 160),
-    "lr_decay": 0.2,
-    "warmup_epochs": 1,
-    "epochs": 200,
-}
-
-PRESETS: dict[str, RunConfig] = {
-    # ---- offline stand-ins, CPU-sized: Fashion-MNIST for CIFAR-10, MNIST-5k for SVHN
-    "fashion_mnist_small_cnn": RunConfig(
-        data=DataConfig(
-            dataset="fashion_mnist",
-            train_examples=10_000,
-            batch_size=128,
-            augment=("crop", "flip"),
-            ood=("mnist_5k",),
-            corruptions=True,
-            corruption_names=("gaussian_noise", "defocus_blur", "contrast", "pixelate"),
-            corruption_examples=1000,
-        ),
-        model=ModelConfig(backbone="small_cnn", options={"width": 16}),
-        method=MethodConfig(name="snens", num_members=4, temperature=1.0, diversity_weight=0.1),
-        optim=OptimConfig(optimizer="adamw", lr=3e-3, schedule="cosine", epochs=3),
-    ),
-    # a smoke test in seconds: 1,000 images, width 4, one epoch
-    "fashion_mnist_small_cnn_tiny": RunConfig(
-        data=DataConfig(
-            dataset="fashion_mnist",
-            train_examples=1000,
-            test_examples=1000,
-            batch_size=100,
-            augment=(),
-            ood=("mnist_5k",),
-            ood_examples=1000,
-        ),
-        model=ModelConfig(backbone="small_cnn", options={"width": 4}),
-        method=MethodConfig(name="snens", num_members=4, temperature=1.0, diversity_weight=0.1),
-        optim=OptimConfig(optimizer="adamw", lr=1e-2, schedule="cosine", epochs=1),
-    ),
-    # the CIFAR recipe's network and optimizer on Fashion-MNIST (1 channel), fewer epochs
-    "fashion_mnist_resnet18": RunConfig(
-        data=DataConfig(
-            dataset="fashion_mnist",
-            batch_size=128,
-            ood=("mnist_5k",),
-            corruptions=True,
-            corruption_examples=1000,
-        ),
-        model=ModelConfig(backbone="resnet18"),
-        method=MethodConfig(name="snens", num_members=4),
-        optim=OptimConfig(**{**_RESNET18, "epochs": 15, "milestones": (5, 10)}),
-    ),
-    # ---- the paper's GPU settings
-    "cifar10_resnet18": _cifar("cifar10", "resnet18", **_RESNET18),
-    "cifar100_resnet18": _cifar("cifar100", "resnet18", **_RESNET18),
-    "cifar10_wrn28_10": _cifar("cifar10", "wrn28_10", **_WRN28_10),
-    "cifar100_wrn28_10": _cifar("cifar100", "wrn28_10", **_WRN28_10),
-    # ViT-S/4 on CIFAR-10 from scratch: AdamW lr 1e-3, wd 0.05, cosine, 10 warm-up epochs.
-    "cifar10_vit_small": RunConfig(
-        data=DataConfig(
-            dataset="cifar10",
-            batch_size=128,
-            ood=("svhn",),
-            corruptions=True,
-            corruption_examples=0,
-        ),
-        model=ModelConfig(backbone="vit_small"),
-        method=MethodConfig(name="snens", num_members=4),
-        optim=OptimConfig(
-            optimizer="adamw",
-            lr=1e-3,
-            weight_decay=0.05,
-            schedule="cosine",
-            warmup_epochs=10,
-            epochs=200,
-            grad_clip=1.0,
-            bf16=True,
-        ),
-    ),
-    # ResNet-50 on ImageNet: SGD lr 0.1 at batch 256, wd 1e-4, ×0.1 at 30, 60, 80; 5 warm-up.
-    "imagenet_resnet50": RunConfig(
-        data=DataConfig(dataset="imagenet", batch_size=256, eval_batch_size=500),
-        model=ModelConfig(backbone="resnet50", num_classes=1000),
-        method=MethodConfig(name="snens", num_members=4),
-        optim=OptimConfig(
-            optimizer="sgd",
-            lr=0.1,
-            momentum=0.9,
-            weight_decay=1e-4,
-            schedule="multistep",
-            milestones=(30, 60, 80),
-            warmup_epochs=5,
-            epochs=90,
-            bf16=True,
-            channels_last=True,
-        ),
-    ),
-    # Offline stand-in for SST-2, CPU-sized: Rotten Tomatoes review snippets (a fixed 80/20
-    # split), plot descriptions as OOD; pretrained MiniLM-L6, all weights fine-tuned at lr 1e-4,
-    # gamma at 1e-4 × 50 = 0.005: in a short fine-tune a faster gamma (0.05) rescales the
-    # pretrained features before the shared weights adapt (results/pretrained*.md). Measured
-    # (1 thread, 321 s of training): test accuracy 0.761, NLL 0.484, ECE 0.032; the same with
-    # norms and heads only at lr 1e-3 reached 0.58 accuracy on 1,000 texts.
-    "rotten_tomatoes_minilm": RunConfig(
-        data=DataConfig(
-            dataset="rotten_tomatoes",
-            train_examples=2000,
-            test_examples=1000,
-            batch_size=32,
-            eval_batch_size=250,
-            augment=(),
-            ood=("rt_plots",),
-            ood_examples=500,
-            max_length=64,
-        ),
-        model=ModelConfig(backbone="minilm", num_classes=2),
-        method=MethodConfig(name="snens", num_members=4, gamma_lr_multiplier=50.0),
-        optim=OptimConfig(
-            optimizer="adamw",
-            lr=1e-4,
-            weight_decay=0.01,
-            schedule="cosine",
-            epochs=1,
-            grad_clip=1.0,
-            finetune="all",
-        ),
-    ),
-    # SST-2 on pretrained MiniLM-L6: all weights fine-tuned, gamma at 1000× the base lr.
-    "sst2_minilm": RunConfig(
-        data=DataConfig(dataset="sst2", batch_size=32, augment=()),
-        model=ModelConfig(backbone="minilm", num_classes=2),
-        method=MethodConfig(name="snens", num_members=4, gamma_lr_multiplier=1000.0),
-        optim=OptimConfig(
-            optimizer="adamw",
-            lr=2e-5,
-            weight_decay=0.01,
-            schedule="cosine",
-            warmup_epochs=1,
-            epochs=3,
-            grad_clip=1.0,
-            finetune="all",
-        ),
-    ),
-}
-
-
-def preset(name: str) -> RunConfig:
-    """The named preset (a fresh copy); see :data:`PRESETS`.
-
-    Raises:
-        ValueError: an unknown name; the message lists the presets.
-    """
-    if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; presets: {', '.join(PRESETS)}")
-    return from_dict(to_dict(PRESETS[name]))
