@@ -1,0 +1,121 @@
+"""Checks shared by the metrics: probabilities, labels, bin counts and OOD scores."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+# Rows of probabilities must sum to 1 within this: it catches inputs that are not probabilities
+# (logits, unnormalized scores) and passes rounded ones — float32 softmax over 1000 classes is
+# off by ~1e-6, bfloat16 softmax rows (also once cast to float64) by up to ~2e-3.
+_SUM_ATOL = 5e-3
+_MAX_BINS = 10**6  # more bins than any data set has examples; beyond int64 torch overflows
+
+
+def _as_tensor(x: Any, name: str) -> Tensor:
+    if isinstance(x, np.ndarray):
+        x = torch.tensor(x)
+    elif not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor or numpy.ndarray, got {type(x).__name__}")
+    x = x.detach()
+    return x.cpu() if x.device.type == "mps" else x
+
+
+def _check_probs(probs: Any, ndim: int, name: str) -> tuple[Tensor, torch.dtype]:
+    """``probs`` as float64, and its original dtype (for the NLL clamp)."""
+    p = _as_tensor(probs, name)
+    layout = "(B, K)" if ndim == 2 else "(M, B, K)"
+    if not p.is_floating_point():
+        raise TypeError(f"{name} must be floating-point probabilities {layout}, got {p.dtype}")
+    if p.dim() != ndim:
+        hint = ""
+        if ndim == 2 and p.dim() == 3:
+            hint = "; for member probabilities (M, B, K) pass their mean, snens.predictive_probs"
+        elif ndim == 3 and p.dim() == 2:
+            hint = "; for a single model pass probs.unsqueeze(0) (M = 1)"
+        raise ValueError(f"{name} must be {ndim}-D {layout}, got shape {tuple(p.shape)}{hint}")
+    if p.numel() == 0:
+        raise ValueError(
+            f"{name} is empty (shape {tuple(p.shape)}); metrics need at least one example and "
+            "one class"
+        )
+    dtype, p = p.dtype, p.to(torch.float64)
+    if not torch.isfinite(p).all():
+        raise ValueError(f"{name} contains NaN or inf")
+    if (p < 0).any():
+        raise ValueError(
+            f"{name} has negative entries (min {p.min().item():.4g}); pass probabilities, not "
+            "logits: snens.predictive_probs(logits) or logits.softmax(-1)"
+        )
+    sums = p.sum(-1)
+    tolerance = max(_SUM_ATOL, torch.finfo(dtype).eps * math.sqrt(p.shape[-1]))
+    bad = (sums - 1).abs() > tolerance
+    if bad.any():
+        where = tuple(torch.nonzero(bad)[0].tolist())
+        raise ValueError(
+            f"{name} rows must sum to 1 (within {tolerance:.3g}), but row {where} sums to "
+            f"{sums[where].item():.6g}; pass probabilities: snens.predictive_probs(logits) for "
+            "ensemble logits (M, B, K), or logits.softmax(-1)"
+        )
+    return p, dtype
+
+
+def _check_labels(labels: Any, probs: Tensor) -> Tensor:
+    """``labels`` as int64 on ``probs``' device, checked against its (…, B, K) shape."""
+    y = _as_tensor(labels, "labels")
+    if y.dtype == torch.bool or y.is_floating_point() or y.is_complex():
+        raise TypeError(f"labels must be integer class indices, got {y.dtype}; use labels.long()")
+    if y.dim() != 1:
+        raise ValueError(f"labels must be 1-D class indices (B,), got shape {tuple(y.shape)}")
+    B, K = probs.shape[-2:]
+    if y.shape[0] != B:
+        raise ValueError(
+            f"labels has {y.shape[0]} entries but the probabilities {tuple(probs.shape)} have "
+            f"B = {B} examples; they must match"
+        )
+    y = y.to(device=probs.device, dtype=torch.long)
+    out = (y < 0) | (y >= K)
+    if out.any():
+        raise ValueError(
+            f"labels must lie in [0, {K - 1}] for K = {K} classes, got {y[out][:5].tolist()}"
+        )
+    return y
+
+
+def _check_num_bins(num_bins: Any) -> int:
+    if isinstance(num_bins, bool) or not isinstance(num_bins, numbers.Integral):
+        raise TypeError(f"num_bins must be an int, got {num_bins!r}; use e.g. num_bins=15")
+    if not 1 <= num_bins <= _MAX_BINS:
+        raise ValueError(
+            f"num_bins must be in 1..{_MAX_BINS:,}, got num_bins={num_bins}; use e.g. num_bins=15"
+        )
+    return int(num_bins)
+
+
+def _check_scores(scores: Any, name: str) -> Tensor:
+    s = _as_tensor(scores, name)
+    if s.is_complex():
+        raise TypeError(f"{name} must be real scores, got {s.dtype}")
+    if s.dim() != 1:
+        raise ValueError(f"{name} must be 1-D per-example scores (N,), got {tuple(s.shape)}")
+    if s.numel() == 0:
+        raise ValueError(
+            f"{name} is empty; OOD metrics need at least one in-distribution and one OOD score"
+        )
+    s = s.to(torch.float64)
+    if not torch.isfinite(s).all():
+        raise ValueError(f"{name} contains NaN or inf")
+    return s
+
+
+def _check_ood(in_scores: Any, out_scores: Any) -> tuple[Tensor, Tensor]:
+    """In- and out-of-distribution scores concatenated, and 1. for OOD (the positives)."""
+    s_in = _check_scores(in_scores, "in_scores")
+    s_out = _check_scores(out_scores, "out_scores").to(s_in.device)
+    is_ood = torch.cat([torch.zeros_like(s_in), torch.ones_like(s_out)])
+    return torch.cat([s_in, s_out]), is_ood
