@@ -1,0 +1,192 @@
+"""One epoch of training: the step every snens training loop runs, and its statistics.
+
+    loss = ensemble_loss(model(x), y) + diversity_loss(model, τ, λ)    (second term if λ > 0)
+
+:func:`run_epoch` is the step of the engine (:func:`snens.train.train`) and of
+:func:`snens.train.fit`: forward (bf16 autocast if set) → loss → a non-finite loss stops the run
+or skips the step → backward → gradient clipping → optimizer and schedule step.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from snens.ensemble import ensemble_loss
+from snens.regularizer import diversity_loss
+
+__all__ = ["EpochStats", "NonFiniteLossError", "StepSettings", "run_epoch"]
+
+
+class NonFiniteLossError(ValueError):
+    """The loss or the gradient became NaN or infinite; the message names epoch, step and cause."""
+
+
+@dataclass(frozen=True)
+class StepSettings:
+    """What a training step does besides forward, backward and the optimizer step."""
+
+    temperature: float = 1.0  # τ of the diversity loss
+    diversity_weight: float = 0.0  # λ; 0 = no diversity loss
+    label_smoothing: float = 0.0
+    grad_clip: float = 0.0  # max global gradient L2 norm; 0 = none
+    bf16: bool = False  # bfloat16 autocast of forward and task loss
+    channels_last: bool = False  # 4-d inputs in channels-last memory format
+    on_nonfinite: str = "stop"  # "stop": raise NonFiniteLossError; "skip": drop the step
+
+
+@dataclass(frozen=True)
+class EpochStats:
+    """Means over one epoch's steps (losses weighted by examples); skipped steps excluded."""
+
+    task_loss: float
+    diversity_loss: float
+    grad_norm: float
+    lr: float  # base learning rate of the epoch's last step
+    steps: int  # steps taken, skipped ones included
+    skipped: int
+    seconds: float
+
+
+def _to_device(x: Any, device: torch.device) -> Any:
+    if isinstance(x, Tensor):
+        return x.to(device, non_blocking=True)
+    if isinstance(x, Mapping):
+        return {k: _to_device(v, device) for k, v in x.items()}
+    return x
+
+
+def _model_device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _norm_buffers(model: nn.Module) -> list[tuple[Tensor, Tensor]]:
+    """(buffer, copy) of every buffer (running statistics), to undo a skipped step's forward."""
+    return [(b, b.detach().clone()) for b in model.buffers()]
+
+
+def _diagnose(x: Any, task: Tensor, div: Tensor, model: nn.Module, settings: StepSettings) -> str:
+    if isinstance(x, Tensor) and x.is_floating_point() and not torch.isfinite(x).all():
+        return "the input batch holds NaN or inf values; check the data"
+    if any(not torch.isfinite(p).all() for p in model.parameters()):
+        return (
+            "the parameters hold NaN or inf values: an earlier update diverged; lower optim.lr "
+            "or set optim.grad_clip"
+        )
+    if not torch.isfinite(task):
+        return (
+            f"the task loss is {task.item()} with finite inputs and parameters: the logits "
+            "overflowed; lower optim.lr, set optim.grad_clip"
+            + (", or turn off optim.bf16" if settings.bf16 else "")
+        )
+    return f"the diversity loss is {div.item()} at temperature {settings.temperature}"
+
+
+def run_epoch(
+    model: nn.Module,
+    batches: Iterable[tuple[Any, Tensor]],
+    optimizer: torch.optim.Optimizer,
+    schedule: torch.optim.lr_scheduler.LRScheduler,
+    settings: StepSettings,
+    *,
+    epoch: int,
+    step: int = 0,
+    forward: Callable[[Any], Tensor] | None = None,
+) -> EpochStats:
+    """One pass over ``batches``: forward → loss → backward → clip → optimizer and schedule step.
+
+        loss = ensemble_loss(model(x), y) + diversity_loss(model, τ, λ)    (second term if λ > 0)
+
+    Args:
+        model: returns logits (M, B, K) from inputs (B, …); trained in place.
+        batches: ``(x, y)`` batches; ``x`` may be a mapping of model keyword arguments.
+        optimizer, schedule: stepped once per batch.
+        settings: see :class:`StepSettings`.
+        epoch: 0-based epoch, for messages.
+        step: steps taken before this epoch, for messages.
+        forward: what computes the logits (a compiled model); default ``model``.
+
+    Raises:
+        NonFiniteLossError: with ``on_nonfinite="stop"``, a NaN or infinite loss or gradient
+            norm, naming the epoch (1-based), the step and the likely cause. Nothing of that
+            step is applied. With ``"skip"`` the step is dropped instead: no update, and the
+            norm statistics its forward pass changed are restored.
+    """
+    forward = forward or model
+    device = _model_device(model)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    regularize = settings.diversity_weight > 0
+    zero = torch.zeros((), device=device)
+    model.train()
+    start = time.perf_counter()
+    total = div_total = norm_total = 0.0
+    count = taken = skipped = 0
+    lr = optimizer.param_groups[0]["lr"]
+    per_epoch = len(batches) if hasattr(batches, "__len__") else "?"
+    for i, (x, y) in enumerate(batches):
+        x, y = _to_device(x, device), _to_device(y, device)
+        if settings.channels_last and isinstance(x, Tensor) and x.dim() == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
+        saved = _norm_buffers(model) if settings.on_nonfinite == "skip" else None
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=settings.bf16):
+            logits = forward(**x) if isinstance(x, Mapping) else forward(x)  # (M, B, K)
+            task = ensemble_loss(logits.float(), y, label_smoothing=settings.label_smoothing)
+        div = (
+            diversity_loss(model, settings.temperature, settings.diversity_weight)
+            if regularize
+            else zero
+        )
+        loss = task + div
+        # One host sync per step: the decision to step must see the value.
+        problem = None if torch.isfinite(loss) else _diagnose(x, task, div, model, settings)
+        optimizer.zero_grad(set_to_none=True)
+        if problem is None:
+            loss.backward()
+            if settings.grad_clip > 0:
+                norm = torch.nn.utils.clip_grad_norm_(trainable, settings.grad_clip)
+            else:
+                grads = [p.grad for p in trainable if p.grad is not None]
+                norm = torch.nn.utils.get_total_norm(grads) if grads else zero
+            if not torch.isfinite(norm):
+                problem = (
+                    f"the gradient norm is {norm.item()} with a finite loss {loss.item():.4g}; "
+                    "lower optim.lr or set optim.grad_clip"
+                )
+        where = f"epoch {epoch + 1}, step {i + 1} of {per_epoch} (global step {step + i + 1})"
+        if problem is not None and settings.on_nonfinite == "stop":
+            raise NonFiniteLossError(
+                f"non-finite loss at {where}: loss {loss.item()}, task loss {task.item()}, "
+                f"diversity loss {div.item()}; cause: {problem}"
+            )
+        lr = optimizer.param_groups[0]["lr"]
+        if problem is not None:  # skip: undo what the forward pass changed, take no step
+            optimizer.zero_grad(set_to_none=True)
+            with torch.no_grad():
+                for buffer, copy in saved or ():
+                    buffer.copy_(copy)
+            warnings.warn(f"skipped the step at {where}: {problem}", stacklevel=2)
+            skipped += 1
+        else:
+            optimizer.step()
+            taken += 1
+            batch = len(y)
+            total, count = total + task.item() * batch, count + batch
+            div_total += div.item()
+            norm_total += norm.item()
+        schedule.step()  # the schedule follows the batch position, skipped or not
+    return EpochStats(
+        task_loss=total / count if count else math.nan,
+        diversity_loss=div_total / taken if taken else math.nan,
+        grad_norm=norm_total / taken if taken else math.nan,
+        lr=lr,
+        steps=taken + skipped,
+        skipped=skipped,
+        seconds=time.perf_counter() - start,
+    )
