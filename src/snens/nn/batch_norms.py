@@ -275,12 +275,14 @@ class _MemberBatchNorm(MemberNorm):
             return _MemberBatchNormFunction.apply(*args)
         return self._per_member(
             x,
-            lambda rows, m: F.batch_norm(
+            scale,
+            shift,
+            lambda rows, m, scale_m, shift_m: F.batch_norm(
                 rows,
                 self.running_mean[m] if tracked else None,  # a view: updated in place
                 self.running_var[m] if tracked else None,
-                scale[m],
-                shift[m],
+                scale_m,
+                shift_m,
                 use_batch_stats,
                 momentum,
                 self.eps,

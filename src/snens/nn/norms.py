@@ -192,8 +192,8 @@ class MemberNorm(nn.Module):
     def _normalize(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
         raise NotImplementedError
 
-    def _per_member(self, x: Tensor, normalize_chunk) -> Tensor:
-        """Run ``normalize_chunk(rows, m)`` on each member's contiguous rows and concatenate.
+    def _per_member(self, x: Tensor, scale: Tensor, shift: Tensor | None, normalize) -> Tensor:
+        """``normalize(rows, m, scale_m, shift_m)`` on each member's rows, concatenated.
 
         Every member's rows go through the native, fused norm kernel with that member's folded
         affine; the only cost over the plain layer is the concatenation of the outputs. This is
@@ -203,13 +203,19 @@ class MemberNorm(nn.Module):
         broadcast per-member affine 2–3×.
         """
         M = self.num_members
+        # one unbind, not scale[m] per member: its backward is one stack instead of M zero-filled
+        # (M, C) gradients summed (CPU: 204 → 160 µs for a small layer's forward + backward)
+        scales = scale.unbind(0)
+        shifts = (None,) * M if shift is None else shift.unbind(0)
         if M == 1:
-            return normalize_chunk(x, 0)
+            return normalize(x, 0, scales[0], shifts[0])
         # split, not x[m·B:(m+1)·B]: the backward of M slices builds M full-size zero
         # gradients and sums them (measured 1.6–2.5× a plain BatchNorm); split's backward is
         # one concatenation (1.1–1.2×).
         chunks = x.split(x.shape[0] // M)
-        return torch.cat([normalize_chunk(rows, m) for m, rows in enumerate(chunks)])
+        return torch.cat(
+            [normalize(rows, m, scales[m], shifts[m]) for m, rows in enumerate(chunks)]
+        )
 
     # -- state_dict migration -----------------------------------------------------------------
     def _load_from_state_dict(

@@ -82,8 +82,10 @@ class MemberLayerNorm(MemberNorm):
     def _normalize(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
         return self._per_member(
             x,
-            lambda rows, m: F.layer_norm(
-                rows, self.normalized_shape, scale[m], None if shift is None else shift[m], self.eps
+            scale,
+            shift,
+            lambda rows, m, scale_m, shift_m: F.layer_norm(
+                rows, self.normalized_shape, scale_m, shift_m, self.eps
             ),
         )
 
@@ -169,7 +171,10 @@ class MemberRMSNorm(MemberNorm):
             ones = (1,) * (y.dim() - 1 - len(self.normalized_shape))
             return (y * scale.view(M, *ones, *self.normalized_shape)).flatten(0, 1)
         return self._per_member(
-            x, lambda rows, m: F.rms_norm(rows, self.normalized_shape, scale[m], self.eps)
+            x,
+            scale,
+            None,
+            lambda rows, m, scale_m, _: F.rms_norm(rows, self.normalized_shape, scale_m, self.eps),
         )
 
     @staticmethod
@@ -264,7 +269,12 @@ class MemberGroupNorm(MemberNorm):
             )
             return y.view(x.shape)
         return self._per_member(
-            x, lambda rows, m: F.group_norm(rows, self.num_groups, scale[m], shift[m], self.eps)
+            x,
+            scale,
+            shift,
+            lambda rows, m, scale_m, shift_m: F.group_norm(
+                rows, self.num_groups, scale_m, shift_m, self.eps
+            ),
         )
 
     @staticmethod
