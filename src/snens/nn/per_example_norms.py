@@ -29,10 +29,9 @@ class MemberLayerNorm(MemberNorm):
     """σNorm over ``nn.LayerNorm``: one layer_norm per member's rows with its folded affine.
 
     No native kernel takes a per-row affine over the normalized features, so the members'
-    outputs are concatenated: a full extra pass over the activations, which costs about as much
-    as the memory-bound norm itself (measured 1.4–1.7× a plain LayerNorm for forward +
-    backward, ~2.5× for an eval forward; an un-affine whole-tensor call plus an in-place member
-    affine measured the same, ``torch.compile`` slower).
+    outputs are concatenated: an extra pass over the activations, a third or more of the
+    memory-bound norm's cost (measured 1.3–1.7× a plain LayerNorm for forward + backward, ~2×
+    for an eval forward; six alternatives measured slower, see results/bench_cpu.md).
 
     Args:
         normalized_shape: trailing shape to normalize over, as in ``torch.nn.LayerNorm``.
@@ -118,9 +117,11 @@ class MemberLayerNorm(MemberNorm):
 
 
 class MemberRMSNorm(MemberNorm):
-    """σNorm over ``nn.RMSNorm``: one rms_norm per member's rows with its folded scale.
+    """σNorm over ``nn.RMSNorm``: the member's folded scale on x / rms(x).
 
-    RMSNorm has no bias, so member m computes sigmoid(gamma_m) ⊙ weight_m ⊙ x / rms(x).
+    RMSNorm has no bias, so member m computes sigmoid(gamma_m) ⊙ weight_m ⊙ x / rms(x). In
+    float32/64, one un-weighted rms_norm over all M·B rows and the member scales broadcast over
+    (M, B, …); in half precision, one rms_norm per member's rows.
 
     Args:
         normalized_shape: trailing shape to normalize over.
