@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from snens.nn import fused
 from snens.nn.norms import MemberNorm
 
 __all__ = ["MemberGroupNorm", "MemberLayerNorm", "MemberRMSNorm"]
@@ -79,6 +80,10 @@ class MemberLayerNorm(MemberNorm):
             )
 
     def _normalize(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
+        if self.num_members > 1 and fused.applies(x, scale):
+            return fused.member_layer_norm(
+                x, scale, shift, self.normalized_shape, self.eps, self.num_members
+            )
         return self._per_member(
             x,
             scale,

@@ -1,0 +1,173 @@
+"""The fused member LayerNorm kernel equals the member loop of plain layer norms.
+
+Reference: for each member m, ``F.layer_norm`` on rows [m·B, (m+1)·B) with the folded affine
+sigmoid(gamma_m)·weight_m, sigmoid(gamma_m)·bias_m, concatenated. The fused kernel must match it
+in outputs, input gradients and the gradients of gamma, weight and bias; it must be the path a
+float32/float64 CPU input takes, and every other case (SNENS_FUSED=0, bf16, a failed build) must
+take the loop with the same results.
+"""
+
+import copy
+import os
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import snens.nn as snn
+from snens.nn import fused
+
+M = 4
+TOL = {"float32": {"rtol": 1e-5, "atol": 1e-5}, "float64": {"rtol": 1e-12, "atol": 1e-12}}
+
+pytestmark = [
+    pytest.mark.usefixtures("one_thread"),
+    pytest.mark.skipif(
+        os.environ.get(fused.ENV) == "0", reason=f"{fused.ENV}=0 turns the fused kernels off"
+    ),
+]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def built():
+    if not fused.available():
+        pytest.skip(f"the fused kernel could not be built here: {fused.build_error()}")
+
+
+def _layer(normalized_shape, bias=True, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    layer = snn.MemberLayerNorm(normalized_shape, M, bias=bias).to(dtype)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.copy_(torch.randn(p.shape, generator=g, dtype=dtype))
+    return layer
+
+
+def _loop(layer, x):
+    s = torch.sigmoid(layer.gamma)
+    scale, shift = s * layer.weight, None if layer.bias is None else s * layer.bias
+    rows = x.shape[0] // M
+    return torch.cat(
+        [
+            F.layer_norm(
+                x[m * rows : (m + 1) * rows],
+                layer.normalized_shape,
+                scale[m],
+                None if shift is None else shift[m],
+                layer.eps,
+            )
+            for m in range(M)
+        ]
+    )
+
+
+def _both(layer, x, grad):
+    results = []
+    for lay, run in ((layer, layer), (copy.deepcopy(layer), None)):
+        run = run or (lambda t, lay=lay: _loop(lay, t))
+        xi = x.detach().clone().requires_grad_(True)
+        y = run(xi)
+        y.backward(grad)
+        results.append((y, xi.grad, {n: p.grad for n, p in lay.named_parameters()}))
+    return results
+
+
+def _assert_same(results, tol):
+    (y, gx, params), (y_ref, gx_ref, params_ref) = results
+    torch.testing.assert_close(y, y_ref, **tol)
+    torch.testing.assert_close(gx, gx_ref, **tol)
+    assert params.keys() == params_ref.keys()
+    for name in params:
+        torch.testing.assert_close(params[name], params_ref[name], **tol, msg=name)
+
+
+CASES = {
+    "seq": (8, (3, 7, 8), True),
+    "two_dims": ((3, 8), (3, 3, 8), True),
+    "no_bias": (8, (3, 7, 8), False),
+    "one_row_per_member": (16, (1, 16), True),
+    "wide_offset": (384, (2, 5, 384), True),  # large D, mean far from 0
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("case", CASES)
+def test_fused_equals_the_member_loop(case, dtype):
+    shape, per_member, bias = CASES[case]
+    layer = _layer(shape, bias, dtype)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn((M * per_member[0], *per_member[1:]), generator=g, dtype=dtype) * 3 + 0.5
+    if case == "wide_offset":
+        x = x * 100 + 1000
+    grad = torch.randn(x.shape, generator=g, dtype=dtype)
+    results = _both(layer, x, grad)
+    assert type(results[0][0].grad_fn).__name__ == "_MemberLayerNormFunctionBackward"
+    _assert_same(results, TOL[str(dtype).split(".")[-1]])
+
+
+def test_strided_input_and_no_grad_eval():
+    layer = _layer(8).eval()
+    base = torch.randn(M * 3, 8, 7)
+    x = base.transpose(1, 2)  # (M·3, 7, 8), not contiguous
+    grad = torch.randn(x.shape)
+    _assert_same(_both(layer, x, grad), TOL["float32"])
+    with torch.no_grad():
+        y = layer(x)
+        assert y.grad_fn is None
+        torch.testing.assert_close(y, _loop(layer, x), **TOL["float32"])
+
+
+def test_two_threads_give_the_loop_results():
+    layer = _layer(64)
+    x = torch.randn(M * 16, 9, 64)
+    grad = torch.randn(x.shape)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        results = _both(layer, x, grad)
+    finally:
+        torch.set_num_threads(threads)
+    _assert_same(results, TOL["float32"])
+
+
+def test_switched_off_bf16_and_compiled_inputs_take_the_loop(monkeypatch):
+    layer = _layer(8)
+    x = torch.randn(M * 3, 5, 8, requires_grad=True)
+    monkeypatch.setenv(fused.ENV, "0")
+    assert not fused.available()
+    assert type(layer(x).grad_fn).__name__ == "CatBackward0"
+    monkeypatch.delenv(fused.ENV)
+    assert not fused.applies(x.bfloat16(), layer.weight.bfloat16().float())
+    assert not fused.applies(x.bfloat16(), layer.weight.bfloat16())
+    assert fused.applies(x, layer.weight)
+
+
+def test_a_failed_build_warns_once_and_falls_back(monkeypatch):
+    monkeypatch.setattr(fused, "_built", None)
+    monkeypatch.setattr(fused, "_error", None)
+    monkeypatch.setattr(fused, "_build", lambda: (False, "CalledProcessError: no compiler"))
+    layer = _layer(8)
+    x = torch.randn(M * 3, 5, 8)
+    with pytest.warns(RuntimeWarning, match="no compiler.*SNENS_FUSED=0"):
+        y = layer(x)
+    assert fused.build_error() == "CalledProcessError: no compiler"
+    torch.testing.assert_close(y, _loop(layer, x), rtol=0, atol=0)  # the loop itself
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no second warning
+        layer(x)
+
+
+def test_a_stale_build_lock_is_removed_and_a_fresh_one_kept(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    directory = tmp_path / "snens" / "kernels" / "k"
+    directory.mkdir(parents=True)
+    lock = directory / "lock"
+    lock.touch()
+    assert fused._build_directory("k") == directory and lock.exists()  # fresh: a build is on
+    old = time.time() - fused._STALE_LOCK_S - 1
+    os.utime(lock, (old, old))
+    fused._build_directory("k")
+    assert not lock.exists()
