@@ -10,10 +10,10 @@ forward, on the x86 CPU of ``results/bench_cpu.md``).
 
 It is compiled once per machine by ``torch.utils.cpp_extension`` (a C++ compiler and ninja are
 needed; about 10 s) into ``$XDG_CACHE_HOME/snens/kernels`` (default ``~/.cache``), under a name
-carrying a digest of the source, the flags, the torch version and the CPU capability — it is
-built with ``-march=native``, so another CPU gets its own build. Where it cannot be built, or
-with ``SNENS_FUSED=0``, member LayerNorms take the member loop, after one warning that names
-the reason. float32 and float64 on the CPU; other dtypes and devices, and code traced by
+carrying a digest of the source, the flags, the torch version and the CPU's instruction-set
+flags — it is built with ``-march=native``, so another CPU gets its own build. Where it cannot
+be built, or with ``SNENS_FUSED=0``, member LayerNorms take the member loop, after one warning
+that names the reason. float32 and float64 on the CPU; other dtypes and devices, and code traced by
 ``torch.compile``, take the loop.
 """
 
@@ -85,14 +85,25 @@ def _build_directory(name: str) -> Path:
     return directory
 
 
+def _cpu() -> str:
+    """What -march=native compiles for: the instruction-set flags (Linux), else the CPU's name."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):  # x86, ARM
+                    return platform.machine() + ":" + " ".join(sorted(line.split(":")[1].split()))
+    except OSError:
+        pass
+    return ":".join(
+        [platform.machine(), platform.processor(), torch.backends.cpu.get_cpu_capability()]
+    )
+
+
 def _build() -> tuple[bool, str | None]:
     try:
         from torch.utils.cpp_extension import load
 
-        capability = torch.backends.cpu.get_cpu_capability()
-        fingerprint = "\n".join(
-            [_SOURCE.read_text(), *_FLAGS, torch.__version__, platform.machine(), capability]
-        )
+        fingerprint = "\n".join([_SOURCE.read_text(), *_FLAGS, torch.__version__, _cpu()])
         name = "snens_fused_" + hashlib.sha256(fingerprint.encode()).hexdigest()[:12]
         load(
             name=name,

@@ -17,7 +17,8 @@ member goes through a native fused norm kernel:
   whole (M·B, …) tensor, viewed as a single example of M·B·C channels, so the per-member affine
   becomes a per-channel one; RMS norm in float32/64 as one un-weighted kernel and a broadcast
   member weight; layer norm, whose affine over the normalized features no native kernel takes
-  per row, as one native kernel per member's rows, then a concatenation.
+  per row, through snens' own fused CPU kernel (``snens.nn.fused``, float32/64, built on first
+  use) or else one native kernel per member's rows, then a concatenation.
 
 Each fast path equals the per-member loop of plain norms (``tests/test_norms_fast.py``). Under
 ``torch.compile`` the plain loop is traced instead.

@@ -29,10 +29,11 @@ def _as_shape(normalized_shape: int | Sequence[int]) -> tuple[int, ...]:
 class MemberLayerNorm(MemberNorm):
     """σNorm over ``nn.LayerNorm``: one layer_norm per member's rows with its folded affine.
 
-    No native kernel takes a per-row affine over the normalized features, so the members'
-    outputs are concatenated: an extra pass over the activations, a third or more of the
-    memory-bound norm's cost (measured 1.3–1.7× a plain LayerNorm for forward + backward, ~2×
-    for an eval forward; six alternatives measured slower, see results/bench_cpu.md).
+    No native kernel takes a per-row affine over the normalized features. float32/64 CPU inputs
+    go through the fused kernel of :mod:`snens.nn.fused` (one pass, each member's rows with its
+    affine, measured 0.9–1.0× a plain LayerNorm); other inputs, or where the kernel cannot be
+    built, take one native kernel per member and a concatenation (1.3–1.7× forward + backward,
+    ~2× an eval forward).
 
     Args:
         normalized_shape: trailing shape to normalize over, as in ``torch.nn.LayerNorm``.
