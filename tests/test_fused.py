@@ -102,7 +102,7 @@ def test_fused_equals_the_member_loop(case, dtype):
         x = x * 100 + 1000
     grad = torch.randn(x.shape, generator=g, dtype=dtype)
     results = _both(layer, x, grad)
-    assert type(results[0][0].grad_fn).__name__ == "_MemberLayerNormFunctionBackward"
+    assert type(results[0][0].grad_fn).__name__ == "_FusedMemberLayerNormBackward"
     _assert_same(results, TOL[str(dtype).split(".")[-1]])
 
 
@@ -171,3 +171,99 @@ def test_a_stale_build_lock_is_removed_and_a_fresh_one_kept(tmp_path, monkeypatc
     os.utime(lock, (old, old))
     fused._build_directory("k")
     assert not lock.exists()
+
+
+# ---------------------------------------------------------------------------- batch norm
+
+
+def _bn_layer(kind, C, track=True, momentum=0.1, dtype=torch.float32, seed=0):
+    cls = {"1d": snn.MemberBatchNorm1d, "2d": snn.MemberBatchNorm2d, "3d": snn.MemberBatchNorm3d}
+    layer = cls[kind](C, M, track_running_stats=track, momentum=momentum).to(dtype)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.copy_(torch.randn(p.shape, generator=g, dtype=dtype))
+        if track:
+            layer.running_mean.copy_(torch.randn(layer.running_mean.shape, generator=g))
+            layer.running_var.copy_(torch.rand(layer.running_var.shape, generator=g) + 0.5)
+    return layer
+
+
+def _bn_loop(layer, x, stats):
+    """Per member: F.batch_norm on its rows with its folded affine and its running-stat rows."""
+    s = torch.sigmoid(layer.gamma)
+    scale, shift = s * layer.weight, s * layer.bias
+    rows = x.shape[0] // M
+    use_batch = layer.training or not layer.track_running_stats
+    momentum = layer.momentum if layer.momentum is not None else 1.0 / layer.calls
+    out = []
+    for m in range(M):
+        rm = stats["running_mean"][m] if stats else None
+        rv = stats["running_var"][m] if stats else None
+        xm = x[m * rows : (m + 1) * rows]
+        out.append(F.batch_norm(xm, rm, rv, scale[m], shift[m], use_batch, momentum, layer.eps))
+    return torch.cat(out)
+
+
+BN_CASES = {
+    "1d_flat": ("1d", (3, 5)),
+    "1d_seq": ("1d", (3, 5, 7)),
+    "2d": ("2d", (3, 6, 5, 4)),
+    "3d": ("3d", (2, 6, 3, 4, 2)),
+    "2d_one_image": ("2d", (1, 6, 3, 3)),
+}
+
+
+@pytest.mark.parametrize("fused_on", [True, False], ids=["fused", "out_kernel"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+@pytest.mark.parametrize("track", [True, False], ids=["running", "batch_only"])
+@pytest.mark.parametrize("case", BN_CASES)
+def test_batch_norm_paths_equal_the_member_loop(
+    case, track, training, dtype, fused_on, monkeypatch
+):
+    if not fused_on:
+        monkeypatch.setenv(fused.ENV, "0")
+    kind, per_member = BN_CASES[case]
+    layer = _bn_layer(kind, per_member[1], track=track, dtype=dtype).train(training)
+    ref = copy.deepcopy(layer)
+    stats = {k: v.clone() for k, v in ref.named_buffers() if k in ("running_mean", "running_var")}
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn((M * per_member[0], *per_member[1:]), generator=g, dtype=dtype) * 2 + 0.5
+    grad = torch.randn(x.shape, generator=g, dtype=dtype)
+    results = []
+    for lay, run in ((layer, layer), (ref, lambda t: _bn_loop(ref, t, stats))):
+        xi = x.clone().requires_grad_(True)
+        y = run(xi)
+        y.backward(grad)
+        results.append((y, xi.grad, {n: p.grad for n, p in lay.named_parameters()}))
+    expected = "_FusedMemberBatchNormBackward" if fused_on else "_MemberBatchNormFunctionBackward"
+    assert type(results[0][0].grad_fn).__name__ == expected
+    _assert_same(results, TOL[str(dtype).split(".")[-1]])
+    for name, value in stats.items():
+        torch.testing.assert_close(getattr(layer, name), value, **TOL[str(dtype).split(".")[-1]])
+
+
+def test_batch_norm_no_grad_and_cumulative_momentum():
+    layer = _bn_layer("2d", 6, momentum=None).train()
+    ref = copy.deepcopy(layer)
+    stats = {"running_mean": ref.running_mean.clone(), "running_var": ref.running_var.clone()}
+    for call in range(1, 4):
+        x = torch.randn(M * 3, 6, 4, 4) + call
+        ref.calls = call
+        with torch.no_grad():
+            y = layer(x)
+            want = _bn_loop(ref, x, stats)
+        assert y.grad_fn is None
+        torch.testing.assert_close(y, want, **TOL["float32"])
+    torch.testing.assert_close(layer.running_mean, stats["running_mean"], **TOL["float32"])
+    torch.testing.assert_close(layer.running_var, stats["running_var"], **TOL["float32"])
+    assert int(layer.num_batches_tracked) == 3
+
+
+def test_batch_norm_channels_last_keeps_the_out_kernel_path():
+    layer = _bn_layer("2d", 6).train()
+    x = torch.randn(M * 3, 6, 5, 4).contiguous(memory_format=torch.channels_last)
+    y = layer(x.requires_grad_(True))
+    assert type(y.grad_fn).__name__ == "_MemberBatchNormFunctionBackward"
+    assert y.is_contiguous(memory_format=torch.channels_last)

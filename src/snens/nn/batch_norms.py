@@ -2,9 +2,11 @@
 
 Member m normalizes its own rows [m·B, (m+1)·B) of the member-major (M·B, C, *) input with
 statistics over those rows, keeps its own running mean and variance (rows of (M, C) buffers),
-and applies its folded affine sigmoid(gamma_m)·weight_m, sigmoid(gamma_m)·bias_m. On CPU each
-member runs the native batch-norm kernel straight into its slice of one preallocated output;
-elsewhere, and under ``torch.compile``, the per-member loop of ``F.batch_norm``.
+and applies its folded affine sigmoid(gamma_m)·weight_m, sigmoid(gamma_m)·bias_m. On CPU,
+contiguous float32/64 inputs go through the fused kernel of :mod:`snens.nn.fused` (all members
+in one call); other CPU inputs run the native batch-norm kernel per member straight into its
+slice of one preallocated output; other devices, and ``torch.compile``, the per-member loop of
+``F.batch_norm``.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
+from snens.nn import fused
 from snens.nn.norms import MemberNorm
 
 __all__ = ["MemberBatchNorm1d", "MemberBatchNorm2d", "MemberBatchNorm3d"]
@@ -255,6 +258,18 @@ class _MemberBatchNorm(MemberNorm):
                 raise ValueError(
                     "Expected more than 1 value per channel when training, got input size "
                     f"{torch.Size((rows, *x.shape[1:]))}"
+                )
+            if fused.applies_batch_norm(x, scale):  # one kernel for all members, no copies
+                return fused.member_batch_norm(
+                    x,
+                    scale,
+                    shift,
+                    self.running_mean if tracked else None,
+                    self.running_var if tracked else None,
+                    use_batch_stats,
+                    momentum,
+                    self.eps,
+                    self.num_members,
                 )
             args = (
                 _dense(x),

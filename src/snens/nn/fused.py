@@ -1,20 +1,25 @@
-"""Fused CPU kernels for the member norm no native kernel covers: LayerNorm, built on first use.
+"""Fused CPU kernels for the member norms, built on first use: LayerNorm and batch norms.
 
 ATen's layer norm applies one affine to every row, so the member loop runs the native kernel
 once per member and concatenates the outputs (and, in backward, the input gradients): 1.3–1.7×
-a plain LayerNorm for forward + backward, ~2× for an eval forward. The kernel in
-``csrc/member_layer_norm.cpp`` writes every row with its member's affine straight into one
-output, and its backward computes the input gradient and the members' affine gradients in one
-pass over the rows (measured 0.5–0.8× a plain LayerNorm forward + backward, 0.8–0.9× its eval
-forward, on the x86 CPU of ``results/bench_cpu.md``).
+a plain LayerNorm for forward + backward, ~2× for an eval forward. ``csrc/member_layer_norm.cpp``
+writes every row with its member's affine straight into one output, and its backward computes
+the input gradient and the members' affine gradients in one pass over the rows.
 
-It is compiled once per machine by ``torch.utils.cpp_extension`` (a C++ compiler and ninja are
-needed; about 10 s) into ``$XDG_CACHE_HOME/snens/kernels`` (default ``~/.cache``), under a name
-carrying a digest of the source, the flags, the torch version and the CPU's instruction-set
-flags — it is built with ``-march=native``, so another CPU gets its own build. Where it cannot
-be built, or with ``SNENS_FUSED=0``, member LayerNorms take the member loop, after one warning
-that names the reason. float32 and float64 on the CPU; other dtypes and devices, and code traced by
-``torch.compile``, take the loop.
+Member batch norms through the native kernel need one call per member on quarter-size tensors
+and, in backward, a copy of each member's input gradient into one tensor (1.1–1.3× a plain
+BatchNorm2d forward + backward, 1.4–1.5× an eval forward). ``csrc/member_batch_norm.cpp`` runs
+every (member, channel) in one call: statistics, running statistics, the affine, and a backward
+that writes the input gradient in place (contiguous inputs; channels-last ones keep the
+native kernel). Measured against the plain norms in ``results/bench_cpu.md``.
+
+Both are compiled once per machine by ``torch.utils.cpp_extension`` (a C++ compiler and ninja
+are needed; about 15 s) into ``$XDG_CACHE_HOME/snens/kernels`` (default ``~/.cache``), under a
+name carrying a digest of the sources, the flags, the torch version and the CPU's
+instruction-set flags — they are built with ``-march=native``, so another CPU gets its own
+build. Where they cannot be built, or with ``SNENS_FUSED=0``, member norms take their
+native-kernel paths, after one warning that names the reason. float32 and float64 on the CPU;
+other dtypes and devices, and code traced by ``torch.compile``, take those paths too.
 """
 
 from __future__ import annotations
@@ -33,12 +38,23 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-__all__ = ["ENV", "available", "build_error", "member_layer_norm", "applies"]
+__all__ = [
+    "ENV",
+    "applies",
+    "applies_batch_norm",
+    "available",
+    "build_error",
+    "member_batch_norm",
+    "member_layer_norm",
+]
 
 #: Environment variable: "0" turns the fused kernels off (no build is attempted).
 ENV = "SNENS_FUSED"
 
-_SOURCE = Path(__file__).with_name("csrc") / "member_layer_norm.cpp"
+_SOURCES = tuple(
+    Path(__file__).with_name("csrc") / name
+    for name in ("member_layer_norm.cpp", "member_batch_norm.cpp")
+)
 _FLAGS = ("-O3", "-fopenmp-simd", "-march=native")
 _STALE_LOCK_S = 600  # a build takes ~10 s; a lock this old was left by a killed build
 
@@ -58,10 +74,10 @@ def available() -> bool:
                 _built, _error = _build()
                 if not _built:
                     warnings.warn(
-                        f"snens: the fused member LayerNorm kernel is unavailable ({_error}); "
-                        "member LayerNorms run one native kernel per member and concatenate "
-                        "(1.3–1.7× a plain LayerNorm). A C++ compiler and ninja (pip install "
-                        f"ninja) let it build; {ENV}=0 skips the attempt.",
+                        f"snens: the fused member-norm kernels are unavailable ({_error}); "
+                        "member norms run one native kernel per member (LayerNorm: 1.3–1.7× a "
+                        "plain LayerNorm). A C++ compiler and ninja (pip install ninja) let them "
+                        f"build; {ENV}=0 skips the attempt.",
                         RuntimeWarning,
                         stacklevel=3,
                     )
@@ -103,17 +119,19 @@ def _build() -> tuple[bool, str | None]:
     try:
         from torch.utils.cpp_extension import load
 
-        fingerprint = "\n".join([_SOURCE.read_text(), *_FLAGS, torch.__version__, _cpu()])
+        sources = [path.read_text() for path in _SOURCES]
+        fingerprint = "\n".join([*sources, *_FLAGS, torch.__version__, _cpu()])
         name = "snens_fused_" + hashlib.sha256(fingerprint.encode()).hexdigest()[:12]
         load(
             name=name,
-            sources=[str(_SOURCE)],
+            sources=[str(path) for path in _SOURCES],
             extra_cflags=list(_FLAGS),
             build_directory=str(_build_directory(name)),
             is_python_module=False,
             verbose=False,
         )
         torch.ops.snens_fused.member_layer_norm_forward  # noqa: B018 - registered?
+        torch.ops.snens_fused.member_batch_norm_forward  # noqa: B018
         return True, None
     except Exception as err:  # no compiler, no ninja, a failed build: the loop still works
         lines = str(err).strip().splitlines() or [""]
@@ -132,7 +150,7 @@ def applies(x: Tensor, scale: Tensor) -> bool:
     )
 
 
-class _MemberLayerNormFunction(torch.autograd.Function):
+class _FusedMemberLayerNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, scale, shift, M, eps):
         # x: (M·B, …, D) contiguous; scale, shift: (M, D)
@@ -173,5 +191,78 @@ def member_layer_norm(
     shift = None if shift is None else shift.reshape(M, D)
     tracked = [x, scale] + ([] if shift is None else [shift])
     if torch.is_grad_enabled() and any(t.requires_grad for t in tracked):
-        return _MemberLayerNormFunction.apply(x, scale, shift, M, eps)
+        return _FusedMemberLayerNorm.apply(x, scale, shift, M, eps)
     return torch.ops.snens_fused.member_layer_norm_forward(x, scale, shift, M, eps)[0]
+
+
+def applies_batch_norm(x: Tensor, scale: Tensor) -> bool:
+    """Whether the fused member batch norm takes this input (contiguous, not channels-last)."""
+    return (
+        x.device.type == "cpu"
+        and x.dtype in (torch.float32, torch.float64)
+        and x.dtype == scale.dtype
+        and x.numel() > 0
+        and x.is_contiguous()
+        and not torch.compiler.is_compiling()
+        and available()
+    )
+
+
+class _FusedMemberBatchNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, scale, shift, running_mean, running_var, training, momentum, eps, M):
+        # x: (M·B, C, *) contiguous; scale, shift, running statistics: (M, C)
+        y, save_mean, save_invstd = torch.ops.snens_fused.member_batch_norm_forward(
+            x, scale, shift, running_mean, running_var, training, momentum, eps, M
+        )
+        ctx.save_for_backward(x, scale, save_mean, save_invstd)
+        ctx.training, ctx.M = training, M
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        x, scale, save_mean, save_invstd = ctx.saved_tensors
+        grad_x, grad_scale, grad_shift = torch.ops.snens_fused.member_batch_norm_backward(
+            grad.contiguous(),
+            x,
+            scale,
+            save_mean,
+            save_invstd,
+            ctx.training,
+            ctx.needs_input_grad[0],
+            ctx.M,
+        )
+        return (
+            grad_x if ctx.needs_input_grad[0] else None,
+            grad_scale,
+            grad_shift,
+            *[None] * 6,
+        )
+
+
+def member_batch_norm(
+    x: Tensor,
+    scale: Tensor,
+    shift: Tensor,
+    running_mean: Tensor | None,
+    running_var: Tensor | None,
+    training: bool,
+    momentum: float,
+    eps: float,
+    num_members: int,
+) -> Tensor:
+    """Batch norm of each member's rows with its statistics and affine, in one fused kernel.
+
+    ``training``: normalize with the batch statistics (and update the running ones, if given,
+    with ``momentum``); else with the running ones. Call only where :func:`applies_batch_norm`
+    holds.
+
+    Shape:
+        x: (M·B, C, *), member-major, contiguous. scale, shift, running_mean, running_var:
+        (M, C). Output: like x.
+    """
+    args = (x, scale, shift, running_mean, running_var, training, momentum, eps, num_members)
+    if torch.is_grad_enabled() and (x.requires_grad or scale.requires_grad or shift.requires_grad):
+        return _FusedMemberBatchNorm.apply(*args)
+    return torch.ops.snens_fused.member_batch_norm_forward(*args)[0]
