@@ -16,6 +16,7 @@ number of inputs tried per property is printed when the module finishes; set
 
 from __future__ import annotations
 
+import copy
 import functools
 import math
 import numbers
@@ -272,6 +273,26 @@ def _plain_norm(data, kind: str, C: int) -> tuple[nn.Module, tuple[int, ...]]:
     return norm, middle + normalized
 
 
+def _assert_within_float32_rounding(out, expected, plains, x, M):
+    """Ill-conditioned rows (values far from their mean relative to their spread, e.g. x·1e-3
+    + 5) leave every float32 norm far from the exact result, each its own way (snens' fused
+    kernels and ATen's round differently). Both must then lie within float32 rounding of the
+    float64 result: a few times how far it moves when each input moves by one float32 ulp."""
+
+    def exact(inputs):
+        parts = inputs.split(inputs.shape[0] // M)
+        return torch.cat([copy.deepcopy(p).double()(c) for p, c in zip(plains, parts)])
+
+    x64 = x.double()
+    signs = torch.ones(x64.numel(), dtype=torch.float64)
+    signs[1::2] = -1  # alternating, so the nudge is not a uniform rescaling the norm ignores
+    nudged = x64 * (1 + torch.finfo(torch.float32).eps * signs.view(x64.shape))
+    reference = exact(x64)
+    tolerance = 8 * (exact(nudged) - reference).abs().max().item() + 1e-5
+    assert (expected.double() - reference).abs().max().item() <= tolerance  # the plain norm
+    assert (out.double() - reference).abs().max().item() <= tolerance
+
+
 @fuzz(150)
 @given(data=st.data())
 @counted
@@ -323,7 +344,10 @@ def test_member_norm_is_the_plain_norm_on_each_members_rows(data):
     )
     expected = torch.cat([r for r, _ in refs]) if x.shape[0] else refs[0][0]
     assert out.shape == x.shape and out.dtype == expected.dtype
-    assert_close(out, expected, equal_nan=True)
+    if dtype == torch.float32 and not torch.allclose(out, expected, equal_nan=True, atol=1e-5):
+        _assert_within_float32_rounding(out, expected, plains, x, M)
+    else:
+        assert_close(out, expected, equal_nan=True)
     if member.training and getattr(member, "running_mean", None) is not None:
         for m, p in enumerate(plains):
             assert_close(member.running_mean[m], p.running_mean, equal_nan=True)

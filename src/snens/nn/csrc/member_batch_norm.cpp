@@ -16,6 +16,7 @@
 // needs. Built with the LayerNorm kernel by snens.nn.fused; float32/float64, CPU.
 
 #include <ATen/ATen.h>
+#include <ATen/AccumulateType.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
@@ -33,40 +34,44 @@ void forward_kernel(const T* x, const T* w, const T* b, T* y, T* save_mean, T* s
   at::parallel_for(0, M * C, 1, [&](int64_t begin, int64_t end) {
     for (int64_t mc = begin; mc < end; ++mc) {
       const int64_t m = mc / C, c = mc % C;
-      T mean, invstd;
+      // statistics in the CPU accumulation type (double), as ATen's batch norm computes them
+      using A = at::acc_type<T, false>;
+      A mean, invstd;
       if (training) {
-        T sum = 0;
+        A sum = 0;
         for (int64_t i = 0; i < B; ++i) {
           const T* xs = x + ((m * B + i) * C + c) * S;
 #pragma omp simd reduction(+ : sum)
-          for (int64_t s = 0; s < S; ++s) sum += xs[s];
+          for (int64_t s = 0; s < S; ++s) sum += static_cast<A>(xs[s]);
         }
-        mean = sum / static_cast<T>(n);
-        T sq = 0;
+        mean = sum / static_cast<A>(n);
+        A sq = 0;
         for (int64_t i = 0; i < B; ++i) {
           const T* xs = x + ((m * B + i) * C + c) * S;
 #pragma omp simd reduction(+ : sq)
           for (int64_t s = 0; s < S; ++s) {
-            const T d = xs[s] - mean;
+            const A d = static_cast<A>(xs[s]) - mean;
             sq += d * d;
           }
         }
-        const T var = sq / static_cast<T>(n);
-        invstd = static_cast<T>(1) / std::sqrt(var + static_cast<T>(eps));
+        invstd = 1 / std::sqrt(sq / static_cast<A>(n) + eps);
         if (running_mean != nullptr) {
-          const T mom = static_cast<T>(momentum);
-          const T unbiased = sq / static_cast<T>(n - 1);
-          running_mean[mc] = (1 - mom) * running_mean[mc] + mom * mean;
-          running_var[mc] = (1 - mom) * running_var[mc] + mom * unbiased;
+          const A unbiased = sq / static_cast<A>(n - 1);
+          running_mean[mc] = static_cast<T>((1 - momentum) * running_mean[mc] + momentum * mean);
+          running_var[mc] = static_cast<T>((1 - momentum) * running_var[mc] + momentum * unbiased);
         }
       } else {
         mean = running_mean[mc];
-        invstd = static_cast<T>(1) / std::sqrt(running_var[mc] + static_cast<T>(eps));
+        invstd = 1 / std::sqrt(static_cast<A>(running_var[mc]) + eps);
       }
-      save_mean[mc] = mean;
-      save_invstd[mc] = invstd;
-      const T alpha = invstd * w[mc];
-      const T beta = b[mc] - mean * alpha;
+      // the linear terms from the rounded statistics, as ATen forms them, so that a member's
+      // output is the plain layer's to the last bit wherever the statistics round alike
+      const T mean_t = static_cast<T>(mean);
+      const T invstd_t = static_cast<T>(invstd);
+      save_mean[mc] = mean_t;
+      save_invstd[mc] = invstd_t;
+      const T alpha = invstd_t * w[mc];
+      const T beta = b[mc] - mean_t * alpha;
       for (int64_t i = 0; i < B; ++i) {
         const int64_t offset = ((m * B + i) * C + c) * S;
         const T* xs = x + offset;
@@ -86,32 +91,34 @@ void backward_kernel(const T* g, const T* x, const T* w, const T* save_mean,
   at::parallel_for(0, M * C, 1, [&](int64_t begin, int64_t end) {
     for (int64_t mc = begin; mc < end; ++mc) {
       const int64_t m = mc / C, c = mc % C;
-      const T mean = save_mean[mc], invstd = save_invstd[mc];
-      T sum_g = 0, sum_gd = 0;
+      using A = at::acc_type<T, false>;
+      const A mean = save_mean[mc], invstd = save_invstd[mc];
+      A sum_g = 0, sum_gd = 0;
       for (int64_t i = 0; i < B; ++i) {
         const int64_t offset = ((m * B + i) * C + c) * S;
         const T* gs = g + offset;
         const T* xs = x + offset;
 #pragma omp simd reduction(+ : sum_g, sum_gd)
         for (int64_t s = 0; s < S; ++s) {
-          sum_g += gs[s];
-          sum_gd += gs[s] * (xs[s] - mean);
+          sum_g += static_cast<A>(gs[s]);
+          sum_gd += static_cast<A>(gs[s]) * (static_cast<A>(xs[s]) - mean);
         }
       }
-      gw[mc] = sum_gd * invstd;
-      gb[mc] = sum_g;
+      gw[mc] = static_cast<T>(sum_gd * invstd);
+      gb[mc] = static_cast<T>(sum_g);
       if (gx == nullptr) continue;
-      const T scale = invstd * w[mc];
+      const T scale = static_cast<T>(invstd * w[mc]);
+      const T mean_t = static_cast<T>(mean);
       if (training) {
-        const T k = invstd * invstd * sum_gd / static_cast<T>(n);
-        const T g_mean = sum_g / static_cast<T>(n);
+        const T k = static_cast<T>(invstd * invstd * sum_gd / static_cast<A>(n));
+        const T g_mean = static_cast<T>(sum_g / static_cast<A>(n));
         for (int64_t i = 0; i < B; ++i) {
           const int64_t offset = ((m * B + i) * C + c) * S;
           const T* gs = g + offset;
           const T* xs = x + offset;
           T* out = gx + offset;
 #pragma omp simd
-          for (int64_t s = 0; s < S; ++s) out[s] = (gs[s] - g_mean - (xs[s] - mean) * k) * scale;
+          for (int64_t s = 0; s < S; ++s) out[s] = (gs[s] - g_mean - (xs[s] - mean_t) * k) * scale;
         }
       } else {
         for (int64_t i = 0; i < B; ++i) {
