@@ -31,7 +31,7 @@ class MemberLayerNorm(MemberNorm):
 
     No native kernel takes a per-row affine over the normalized features. float32/64 CPU inputs
     go through the fused kernel of :mod:`snens.nn.fused` (one pass, each member's rows with its
-    affine, measured 0.9–1.0× a plain LayerNorm); other inputs, or where the kernel cannot be
+    affine, measured 1.0–1.1× a plain LayerNorm); other inputs, or where the kernel cannot be
     built, take one native kernel per member and a concatenation (1.3–1.7× forward + backward,
     ~2× an eval forward).
 
