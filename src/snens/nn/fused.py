@@ -57,7 +57,7 @@ _SOURCES = tuple(
 )
 # no fused multiply-add contraction: x·a + b rounds twice, as in ATen's vectorized kernels
 _FLAGS = ("-O3", "-fopenmp-simd", "-march=native", "-ffp-contract=off")
-_STALE_LOCK_S = 600  # a build takes ~10 s; a lock this old was left by a killed build
+_STALE_LOCK_S = 600  # a build takes ~15 s; a lock this old was left by a killed build
 
 _lock = threading.Lock()
 _built: bool | None = None  # None: not tried in this process
