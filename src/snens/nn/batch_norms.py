@@ -259,20 +259,7 @@ class _MemberBatchNorm(MemberNorm):
                     "Expected more than 1 value per channel when training, got input size "
                     f"{torch.Size((rows, *x.shape[1:]))}"
                 )
-            if fused.applies_batch_norm(x, scale):  # one kernel for all members, no copies
-                return fused.member_batch_norm(
-                    x,
-                    scale,
-                    shift,
-                    self.running_mean if tracked else None,
-                    self.running_var if tracked else None,
-                    use_batch_stats,
-                    momentum,
-                    self.eps,
-                    self.num_members,
-                )
             args = (
-                _dense(x),
                 scale,
                 shift,
                 self.running_mean if tracked else None,
@@ -282,12 +269,14 @@ class _MemberBatchNorm(MemberNorm):
                 self.eps,
                 self.num_members,
             )
+            if fused.applies_batch_norm(x, scale):  # one kernel for all members, no copies
+                return fused.member_batch_norm(x, *args)
             needs_grad = torch.is_grad_enabled() and (
                 x.requires_grad or scale.requires_grad or shift.requires_grad
             )
             if not needs_grad:
-                return _member_batch_norm(*args)[0]
-            return _MemberBatchNormFunction.apply(*args)
+                return _member_batch_norm(_dense(x), *args)[0]
+            return _MemberBatchNormFunction.apply(_dense(x), *args)
         return self._per_member(
             x,
             scale,

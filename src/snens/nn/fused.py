@@ -140,7 +140,7 @@ def _build() -> tuple[bool, str | None]:
 
 
 def applies(x: Tensor, scale: Tensor) -> bool:
-    """Whether the fused member LayerNorm takes this input (building the kernel if needed)."""
+    """Whether a fused member-norm kernel takes this input (building the kernels if needed)."""
     return (
         x.device.type == "cpu"
         and x.dtype in (torch.float32, torch.float64)
@@ -198,15 +198,7 @@ def member_layer_norm(
 
 def applies_batch_norm(x: Tensor, scale: Tensor) -> bool:
     """Whether the fused member batch norm takes this input (contiguous, not channels-last)."""
-    return (
-        x.device.type == "cpu"
-        and x.dtype in (torch.float32, torch.float64)
-        and x.dtype == scale.dtype
-        and x.numel() > 0
-        and x.is_contiguous()
-        and not torch.compiler.is_compiling()
-        and available()
-    )
+    return x.is_contiguous() and applies(x, scale)
 
 
 class _FusedMemberBatchNorm(torch.autograd.Function):
