@@ -273,3 +273,18 @@ def test_rms_norm_matches_the_member_loop_bit_for_bit(dtype):
         got, want = layer(x), _reference(layer, x, {})
     assert got.dtype == dtype
     torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("case", ["bn2d", "ln", "rms", "gn"])
+def test_torch_func_transforms_take_the_plain_ops(case):
+    """Inside vmap and grad the custom kernels stand aside: per-sample results of vmap equal a
+    loop over samples, and torch.func.grad equals autograd's input gradient."""
+    layer = _randomized(CASES[case][0], seed=7).eval()
+    shape = (M * CASES[case][1][0], *CASES[case][1][1:])
+    x = torch.randn((5, *shape), generator=torch.Generator().manual_seed(8))
+    got = torch.func.vmap(layer)(x)
+    torch.testing.assert_close(got, torch.stack([layer(sample) for sample in x]), **TOL)
+    grad = torch.func.grad(lambda t: layer(t).pow(2).sum())(x[0])
+    xi = x[0].clone().requires_grad_(True)
+    layer(xi).pow(2).sum().backward()
+    torch.testing.assert_close(grad, xi.grad, **TOL)

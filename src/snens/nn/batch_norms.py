@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from snens.nn import fused
-from snens.nn.norms import MemberNorm
+from snens.nn.norms import MemberNorm, custom_functions_unavailable
 
 __all__ = ["MemberBatchNorm1d", "MemberBatchNorm2d", "MemberBatchNorm3d"]
 
@@ -250,7 +250,7 @@ class _MemberBatchNorm(MemberNorm):
         momentum = self._momentum()
         tracked = self.track_running_stats
         # CPU only: the out= kernel's saved-statistics dtypes are pinned down for CPU kernels.
-        fast = x.device.type == "cpu" and x.numel() > 0 and not torch.compiler.is_compiling()
+        fast = x.device.type == "cpu" and x.numel() > 0 and not custom_functions_unavailable(x)
         if self.num_members > 1 and fast:
             rows = x.shape[0] // self.num_members
             if use_batch_stats and rows * math.prod(x.shape[2:]) == 1:

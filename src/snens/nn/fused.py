@@ -38,6 +38,8 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from snens.nn.norms import custom_functions_unavailable
+
 __all__ = [
     "ENV",
     "applies",
@@ -146,7 +148,7 @@ def applies(x: Tensor, scale: Tensor) -> bool:
         and x.dtype in (torch.float32, torch.float64)
         and x.dtype == scale.dtype
         and x.numel() > 0
-        and not torch.compiler.is_compiling()
+        and not custom_functions_unavailable(x)
         and available()
     )
 

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-__all__ = ["MemberNorm", "check_member", "check_num_members"]
+__all__ = ["MemberNorm", "check_member", "check_num_members", "custom_functions_unavailable"]
 
 
 def check_num_members(num_members: Any) -> int:
@@ -74,6 +74,16 @@ def check_member(member: Any, num_members: int) -> int:
             f"use 0 <= member <= {num_members - 1}"
         )
     return member
+
+
+def custom_functions_unavailable(x: Tensor) -> bool:
+    """Whether snens' custom autograd functions must stand aside for plain torch ops.
+
+    True while ``torch.compile`` traces (the member loop is what gets traced) and inside
+    ``torch.func`` transforms (vmap, grad, jacrev, …), whose wrapped tensors need functions with
+    vmap and jvp rules that the fused and out= kernels do not have.
+    """
+    return torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(x)
 
 
 class MemberNorm(nn.Module):
