@@ -34,7 +34,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["TIMEOUT_ENV", "Context", "guard", "local_batch_size", "session", "timeout"]
+__all__ = [
+    "TIMEOUT_ENV",
+    "Context",
+    "guard",
+    "leave",
+    "local_batch_size",
+    "session",
+    "timeout",
+]
 
 TIMEOUT_ENV = "SNENS_DIST_TIMEOUT"
 DEFAULT_TIMEOUT_S = 60.0  # long enough for rank 0's checkpoint write between two collectives
@@ -163,6 +171,19 @@ def session() -> Iterator[Context]:
     try:
         yield Context(rank, world_size, local_rank, backend)
     finally:
+        if dist.is_initialized():  # not left already by leave()
+            dist.destroy_process_group()
+
+
+def leave(group: Context, what: str) -> None:
+    """Every rank leaves the process group together (no-op for one process).
+
+    For the end of a run, before rank 0 works alone: a rank that tore its group down while
+    rank 0 was still busy aborted at exit once (gloo: "terminate called without an active
+    exception").
+    """
+    if group.enabled and dist.is_initialized():
+        group.barrier(what)
         dist.destroy_process_group()
 
 

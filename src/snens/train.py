@@ -531,7 +531,9 @@ def _train(
                 )
 
         # -- evaluation, on rank 0 over the full test set: its model holds the weights every
-        # rank holds, and its norm statistics are the ones the checkpoint saves.
+        # rank holds, and its norm statistics are the ones the checkpoint saves. The ranks
+        # leave the group together first, so none tears it down while rank 0 evaluates.
+        distributed.leave(group, "finishing training")
         if not group.is_main:
             return run.path
         results = evaluate(model, loaded.test, ood=loaded.ood, corruptions=loaded.corruptions)
