@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from snens.nn import fused
-from snens.nn.norms import MemberNorm, custom_functions_unavailable
+from snens.nn.norms import MemberNorm, custom_functions_unavailable, needs_grad
 
 __all__ = ["MemberBatchNorm1d", "MemberBatchNorm2d", "MemberBatchNorm3d"]
 
@@ -271,10 +271,7 @@ class _MemberBatchNorm(MemberNorm):
             )
             if fused.applies_batch_norm(x, scale):  # one kernel for all members, no copies
                 return fused.member_batch_norm(x, *args)
-            needs_grad = torch.is_grad_enabled() and (
-                x.requires_grad or scale.requires_grad or shift.requires_grad
-            )
-            if not needs_grad:
+            if not needs_grad(x, scale, shift):
                 return _member_batch_norm(_dense(x), *args)[0]
             return _MemberBatchNormFunction.apply(_dense(x), *args)
         return self._per_member(

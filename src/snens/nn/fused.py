@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from snens.nn.norms import custom_functions_unavailable
+from snens.nn.norms import custom_functions_unavailable, needs_grad
 
 __all__ = [
     "ENV",
@@ -192,8 +192,7 @@ def member_layer_norm(
     x = x.contiguous()
     scale = scale.reshape(M, D)
     shift = None if shift is None else shift.reshape(M, D)
-    tracked = [x, scale] + ([] if shift is None else [shift])
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tracked):
+    if needs_grad(x, scale, shift):
         return _FusedMemberLayerNorm.apply(x, scale, shift, M, eps)
     return torch.ops.snens_fused.member_layer_norm_forward(x, scale, shift, M, eps)[0]
 
@@ -258,6 +257,6 @@ def member_batch_norm(
         (M, C). Output: like x.
     """
     args = (x, scale, shift, running_mean, running_var, training, momentum, eps, num_members)
-    if torch.is_grad_enabled() and (x.requires_grad or scale.requires_grad or shift.requires_grad):
+    if needs_grad(x, scale, shift):
         return _FusedMemberBatchNorm.apply(*args)
     return torch.ops.snens_fused.member_batch_norm_forward(*args)[0]

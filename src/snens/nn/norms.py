@@ -39,7 +39,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-__all__ = ["MemberNorm", "check_member", "check_num_members", "custom_functions_unavailable"]
+__all__ = [
+    "MemberNorm",
+    "check_member",
+    "check_num_members",
+    "custom_functions_unavailable",
+    "needs_grad",
+]
 
 
 def check_num_members(num_members: Any) -> int:
@@ -84,6 +90,15 @@ def custom_functions_unavailable(x: Tensor) -> bool:
     vmap and jvp rules that the fused and out= kernels do not have.
     """
     return torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(x)
+
+
+def needs_grad(*tensors: Tensor | None) -> bool:
+    """Whether autograd must record an op on these tensors: grad mode on and one requires grad.
+
+    Where it need not, the member norms call their kernels directly, without the bookkeeping of
+    an autograd function.
+    """
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
 class MemberNorm(nn.Module):
