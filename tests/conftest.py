@@ -1,10 +1,13 @@
-"""Small models shared by the tests: a ResNet-style CNN and a pre-norm transformer."""
+"""Shared by the tests: a ResNet-style CNN, a pre-norm transformer, the member-norm reference."""
 
 import os
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+import snens.nn as snn
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -134,3 +137,33 @@ def text_batch():
     mask[1, 4:] = 0
     mask[3, 2:] = 0
     return ids, mask
+
+
+def member_loop(layer, x: torch.Tensor, stats: dict | None = None, momentum=None) -> torch.Tensor:
+    """The member norms' reference: for each member m, the plain functional norm on its rows
+    [m·B, (m+1)·B) with its folded affine sigmoid(gamma_m)·weight_m, sigmoid(gamma_m)·bias_m,
+    concatenated. Batch norms use the rows of ``stats["running_mean"]``/``["running_var"]``
+    (updated in place in training) and ``momentum`` (default: the layer's)."""
+    stats = stats or {}
+    s = torch.sigmoid(layer.gamma)
+    scale = s * layer.weight
+    shift = None if layer.bias is None else s * layer.bias
+    rows = x.shape[0] // layer.num_members
+    outs = []
+    for m in range(layer.num_members):
+        xm = x[m * rows : (m + 1) * rows]
+        b = None if shift is None else shift[m]
+        if isinstance(layer, snn.MemberBatchNorm1d | snn.MemberBatchNorm2d | snn.MemberBatchNorm3d):
+            rm = stats["running_mean"][m] if "running_mean" in stats else None
+            rv = stats["running_var"][m] if "running_var" in stats else None
+            use_batch = layer.training or rm is None
+            mom = layer.momentum if momentum is None else momentum
+            y = F.batch_norm(xm, rm, rv, scale[m], b, use_batch, mom, layer.eps)
+        elif isinstance(layer, snn.MemberGroupNorm):
+            y = F.group_norm(xm, layer.num_groups, scale[m], b, layer.eps)
+        elif isinstance(layer, snn.MemberRMSNorm):
+            y = F.rms_norm(xm, layer.normalized_shape, scale[m], layer.eps)
+        else:
+            y = F.layer_norm(xm, layer.normalized_shape, scale[m], b, layer.eps)
+        outs.append(y)
+    return torch.cat(outs)

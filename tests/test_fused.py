@@ -13,10 +13,11 @@ import time
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import snens.nn as snn
 from snens.nn import fused
+
+from conftest import member_loop
 
 M = 4
 TOL = {"float32": {"rtol": 1e-5, "atol": 1e-5}, "float64": {"rtol": 1e-12, "atol": 1e-12}}
@@ -44,28 +45,10 @@ def _layer(normalized_shape, bias=True, dtype=torch.float32, seed=0):
     return layer
 
 
-def _loop(layer, x):
-    s = torch.sigmoid(layer.gamma)
-    scale, shift = s * layer.weight, None if layer.bias is None else s * layer.bias
-    rows = x.shape[0] // M
-    return torch.cat(
-        [
-            F.layer_norm(
-                x[m * rows : (m + 1) * rows],
-                layer.normalized_shape,
-                scale[m],
-                None if shift is None else shift[m],
-                layer.eps,
-            )
-            for m in range(M)
-        ]
-    )
-
-
 def _both(layer, x, grad):
     results = []
     for lay, run in ((layer, layer), (copy.deepcopy(layer), None)):
-        run = run or (lambda t, lay=lay: _loop(lay, t))
+        run = run or (lambda t, lay=lay: member_loop(lay, t))
         xi = x.detach().clone().requires_grad_(True)
         y = run(xi)
         y.backward(grad)
@@ -115,7 +98,7 @@ def test_strided_input_and_no_grad_eval():
     with torch.no_grad():
         y = layer(x)
         assert y.grad_fn is None
-        torch.testing.assert_close(y, _loop(layer, x), **TOL["float32"])
+        torch.testing.assert_close(y, member_loop(layer, x), **TOL["float32"])
 
 
 def test_two_threads_give_the_loop_results():
@@ -152,7 +135,7 @@ def test_a_failed_build_warns_once_and_falls_back(monkeypatch):
     with pytest.warns(RuntimeWarning, match="no compiler.*SNENS_FUSED=0"):
         y = layer(x)
     assert fused.build_error() == "CalledProcessError: no compiler"
-    torch.testing.assert_close(y, _loop(layer, x), rtol=0, atol=0)  # the loop itself
+    torch.testing.assert_close(y, member_loop(layer, x), rtol=0, atol=0)  # the loop itself
     import warnings
 
     with warnings.catch_warnings():
@@ -189,22 +172,6 @@ def _bn_layer(kind, C, track=True, momentum=0.1, dtype=torch.float32, seed=0):
     return layer
 
 
-def _bn_loop(layer, x, stats):
-    """Per member: F.batch_norm on its rows with its folded affine and its running-stat rows."""
-    s = torch.sigmoid(layer.gamma)
-    scale, shift = s * layer.weight, s * layer.bias
-    rows = x.shape[0] // M
-    use_batch = layer.training or not layer.track_running_stats
-    momentum = layer.momentum if layer.momentum is not None else 1.0 / layer.calls
-    out = []
-    for m in range(M):
-        rm = stats["running_mean"][m] if stats else None
-        rv = stats["running_var"][m] if stats else None
-        xm = x[m * rows : (m + 1) * rows]
-        out.append(F.batch_norm(xm, rm, rv, scale[m], shift[m], use_batch, momentum, layer.eps))
-    return torch.cat(out)
-
-
 BN_CASES = {
     "1d_flat": ("1d", (3, 5)),
     "1d_seq": ("1d", (3, 5, 7)),
@@ -232,7 +199,7 @@ def test_batch_norm_paths_equal_the_member_loop(
     x = torch.randn((M * per_member[0], *per_member[1:]), generator=g, dtype=dtype) * 2 + 0.5
     grad = torch.randn(x.shape, generator=g, dtype=dtype)
     results = []
-    for lay, run in ((layer, layer), (ref, lambda t: _bn_loop(ref, t, stats))):
+    for lay, run in ((layer, layer), (ref, lambda t: member_loop(ref, t, stats))):
         xi = x.clone().requires_grad_(True)
         y = run(xi)
         y.backward(grad)
@@ -250,10 +217,9 @@ def test_batch_norm_no_grad_and_cumulative_momentum():
     stats = {"running_mean": ref.running_mean.clone(), "running_var": ref.running_var.clone()}
     for call in range(1, 4):
         x = torch.randn(M * 3, 6, 4, 4) + call
-        ref.calls = call
         with torch.no_grad():
             y = layer(x)
-            want = _bn_loop(ref, x, stats)
+            want = member_loop(ref, x, stats, momentum=1.0 / call)
         assert y.grad_fn is None
         torch.testing.assert_close(y, want, **TOL["float32"])
     torch.testing.assert_close(layer.running_mean, stats["running_mean"], **TOL["float32"])

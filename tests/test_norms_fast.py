@@ -16,6 +16,8 @@ import torch.nn.functional as F
 
 import snens.nn as snn
 
+from conftest import member_loop
+
 M = 4
 TOL = {"rtol": 1e-5, "atol": 1e-5}
 BF16_TOL = {"rtol": 2e-2, "atol": 2e-2}
@@ -54,31 +56,6 @@ def _randomized(make, seed: int = 0):
     return layer
 
 
-def _reference(layer, x: torch.Tensor, stats: dict) -> torch.Tensor:
-    """Loop over members: plain functional norm on the member's rows with its folded affine."""
-    s = torch.sigmoid(layer.gamma)
-    scale = s * layer.weight
-    shift = None if layer.bias is None else s * layer.bias
-    rows = x.shape[0] // layer.num_members
-    outs = []
-    for m in range(layer.num_members):
-        xm = x[m * rows : (m + 1) * rows]
-        b = None if shift is None else shift[m]
-        if isinstance(layer, BATCH_NORMS):
-            rm = stats["running_mean"][m] if "running_mean" in stats else None
-            rv = stats["running_var"][m] if "running_var" in stats else None
-            use_batch = layer.training or rm is None
-            y = F.batch_norm(xm, rm, rv, scale[m], b, use_batch, layer.momentum, layer.eps)
-        elif isinstance(layer, snn.MemberGroupNorm):
-            y = F.group_norm(xm, layer.num_groups, scale[m], b, layer.eps)
-        elif isinstance(layer, snn.MemberRMSNorm):
-            y = F.rms_norm(xm, layer.normalized_shape, scale[m], layer.eps)
-        else:
-            y = F.layer_norm(xm, layer.normalized_shape, scale[m], b, layer.eps)
-        outs.append(y)
-    return torch.cat(outs)
-
-
 def _run_both(case, training, *, rows=None, channels_last=False, autocast=False, seed=0):
     make, shape = CASES[case]
     shape = (rows or shape[0], *shape[1:])
@@ -92,7 +69,7 @@ def _run_both(case, training, *, rows=None, channels_last=False, autocast=False,
         x = x.contiguous(memory_format=fmt)
     grad = torch.randn(x.shape, generator=g)
     results = []
-    for layer, run in ((fast, lambda t: fast(t)), (ref, lambda t: _reference(ref, t, stats))):
+    for layer, run in ((fast, lambda t: fast(t)), (ref, lambda t: member_loop(ref, t, stats))):
         xi = x.detach().clone(memory_format=torch.preserve_format).requires_grad_(True)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             y = run(xi.bfloat16() if autocast else xi)
@@ -161,7 +138,7 @@ def test_non_dense_input_and_gradient():
     ref = copy.deepcopy(layer)
     stats = {"running_mean": ref.running_mean.clone(), "running_var": ref.running_var.clone()}
     base = torch.randn(M * 3, 6, 5, 8)
-    for lay, run in ((layer, layer), (ref, lambda t: _reference(ref, t, stats))):
+    for lay, run in ((layer, layer), (ref, lambda t: member_loop(ref, t, stats))):
         x = base.clone().requires_grad_(True)
         run(x[..., ::2]).sum().backward()  # sum's gradient is an expanded (stride-0) tensor
         lay.grad_x = x.grad
@@ -178,7 +155,7 @@ def test_frozen_affine_still_gives_the_input_gradient():
     assert x.grad is not None and torch.isfinite(x.grad).all()
     with torch.no_grad():  # inference: no graph, same output
         stats = {"running_mean": layer.running_mean, "running_var": layer.running_var}
-        torch.testing.assert_close(layer.eval()(x), _reference(layer, x, stats), **TOL)
+        torch.testing.assert_close(layer.eval()(x), member_loop(layer, x, stats), **TOL)
 
 
 def test_double_backward_of_batch_norm_is_refused_clearly():
@@ -235,7 +212,7 @@ def test_two_forwards_then_one_backward():
     stats = {"running_mean": ref.running_mean.clone(), "running_var": ref.running_var.clone()}
     x = torch.randn(M * 3, 6, 5, 4)
     grads = []
-    for run in (layer, lambda t: _reference(ref, t, stats)):
+    for run in (layer, lambda t: member_loop(ref, t, stats)):
         xi = x.clone().requires_grad_(True)
         (run(xi).sum() + run(2 * xi).pow(2).sum()).backward()
         grads.append(xi.grad)
@@ -254,7 +231,7 @@ def test_no_grad_forward_skips_the_autograd_function_with_equal_results(case, tr
     x = torch.randn((M * 3, *CASES[case][1][1:]), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         y = layer(x)
-        want = _reference(ref, x, stats)
+        want = member_loop(ref, x, stats)
     assert y.grad_fn is None
     torch.testing.assert_close(y, want, **TOL)
     for name, value in stats.items():
@@ -270,7 +247,7 @@ def test_rms_norm_matches_the_member_loop_bit_for_bit(dtype):
     layer = _randomized(CASES["rms"][0]).to(dtype).eval()
     x = torch.randn(M * 3, 7, 8, dtype=dtype, generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
-        got, want = layer(x), _reference(layer, x, {})
+        got, want = layer(x), member_loop(layer, x, {})
     assert got.dtype == dtype
     torch.testing.assert_close(got, want, rtol=0, atol=0)
 
