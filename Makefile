@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.snens-installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup test demo lint clean
+.PHONY: setup test fuzz demo lint clean
 
 setup: $(STAMP)
 
@@ -24,6 +24,12 @@ $(STAMP): pyproject.toml Makefile scripts/install-data.sh
 
 test: setup
 	$(BIN)/python -m pytest -q
+
+# An exploratory search for bugs: new random inputs every run, 20× as many (about 20 min).
+# `make test` draws a fixed set (tests/conftest.py), so CI never passes or fails by chance.
+fuzz: setup
+	SNENS_FUZZ_PROFILE=explore SNENS_FUZZ_SCALE=20 $(BIN)/python -m pytest -q \
+		tests/test_fuzz.py tests/test_fuzz_cli.py tests/test_fuzz_config.py
 
 demo: setup
 	$(BIN)/snens demo

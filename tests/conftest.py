@@ -5,11 +5,19 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import settings
 from torch import nn
 
 import snens.nn as snn
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+# Property tests: `make test` draws the same inputs on every run ("ci": derandomized, no example
+# database), so a CI result never depends on chance; `make fuzz` searches new inputs each run
+# ("explore", 20× the inputs) to find bugs, which then become fixed regression tests.
+settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+settings.register_profile("explore", derandomize=False, print_blob=True)
+settings.load_profile(os.environ.get("SNENS_FUZZ_PROFILE", "ci"))
 
 
 class BasicBlock(nn.Module):
