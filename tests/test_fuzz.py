@@ -315,9 +315,11 @@ def test_rounding_bound_of_ill_conditioned_rows(seed):
     is not loose: it is within 100× of the error the plain norm makes."""
     g = torch.Generator().manual_seed(seed)
     plain = _randomize_norms(nn.BatchNorm1d(2, track_running_stats=False), g)
-    member = MEMBER_NORMS[nn.BatchNorm1d].from_plain(
-        plain, 2, gamma_std=1.0, generator=torch.Generator().manual_seed(seed + 1)
-    ).eval()
+    member = (
+        MEMBER_NORMS[nn.BatchNorm1d]
+        .from_plain(plain, 2, gamma_std=1.0, generator=torch.Generator().manual_seed(seed + 1))
+        .eval()
+    )
     x = torch.randn(4, 2, generator=g) * 1e-3 + 5
     plains = [member.to_plain(m) for m in range(2)]
     expected = torch.cat([p(c) for p, c in zip(plains, x.split(2))])

@@ -77,6 +77,8 @@ DATASETS = (
 TEXT_DATASETS = ("sst2", "rotten_tomatoes")
 #: Class-folder data sets, read by a DataLoader; OOD from ``data.ood_folder``.
 FOLDER_DATASETS = ("imagenet",)
+#: In-memory image sets: the whole set as tensors, augmented on the device.
+IMAGE_DATASETS = tuple(d for d in DATASETS if d not in TEXT_DATASETS + FOLDER_DATASETS)
 
 #: Out-of-distribution test sets of the in-memory image sets.
 IMAGE_OOD_SETS = ("mnist_5k", "fashion_mnist", "cifar10", "cifar100", "svhn")
@@ -223,6 +225,11 @@ class DataConfig(_Section):
     train_examples: int = 0  # N training examples (image sets: the first N; texts, folders: a fixed
     # random subset, as they are stored in order); 0 = all
     test_examples: int = 0  # N test examples, chosen as train_examples; 0 = all
+    # N examples held out of the training set as validation (in-memory image sets: the last N
+    # of the training file, never trained on; train_examples counts the rest), evaluated after
+    # every epoch (val/* in metrics.jsonl and final.json); 0 = none. Choose τ, λ and the budget
+    # here, never on the test set.
+    validation_examples: int = 0
     batch_size: int = 128  # examples per optimizer step ("split": B/M per member)
     eval_batch_size: int = 1000  # examples per forward pass in evaluation
     augment: tuple[str, ...] = ("crop", "flip")  # random crop (pad 2 px < 32 px, else 4) / flip
@@ -243,7 +250,13 @@ class DataConfig(_Section):
     ood_folder: str = ""  # a class-folder tree evaluated as OOD set ood/<its name>; "" = none
 
     def validate(self) -> None:
-        for name in ("train_examples", "test_examples", "ood_examples", "corruption_examples"):
+        for name in (
+            "train_examples",
+            "test_examples",
+            "validation_examples",
+            "ood_examples",
+            "corruption_examples",
+        ):
             value = getattr(self, name)
             _require(value >= 0, self.key(name), "an int >= 0 (0 = all)", value)
         for name in ("batch_size", "eval_batch_size"):
@@ -276,6 +289,11 @@ class DataConfig(_Section):
     def _validate_kind(self) -> None:
         """What applies to text, to class folders and to in-memory images."""
         dataset = self.dataset
+        if self.validation_examples and dataset not in IMAGE_DATASETS:
+            raise ValueError(
+                f"data.validation_examples applies to the in-memory image sets {IMAGE_DATASETS}, "
+                f"got data.dataset {dataset!r}; set data.validation_examples=0"
+            )
         if dataset in TEXT_DATASETS:
             if self.augment:
                 raise ValueError(
@@ -343,6 +361,9 @@ class MethodConfig(_Section):
     num_members: int = 4  # M (1 for "single")
     temperature: float = 1.0  # τ of the diversity regularizer (σN-Ens only)
     diversity_weight: float = 0.1  # λ, on the sum over features (σN-Ens only)
+    # epochs over which λ rises linearly from 0 (per step), so members first learn shared
+    # features before the regularizer partitions them; 0 = full λ from the first step
+    diversity_ramp_epochs: float = 0.0
     input_policy: Literal["repeat", "split"] = "repeat"  # "split": member m sees B/M examples
     gamma_lr_multiplier: float = GAMMA_LR_MULTIPLIER  # lr of gamma over the base lr
     options: dict[str, Any] = field(default_factory=dict)  # method kwargs: head_init, alpha, …
@@ -358,6 +379,8 @@ class MethodConfig(_Section):
         _require(math.isfinite(tau) and tau > 0, self.key("temperature"), "finite and > 0", tau)
         lam = self.diversity_weight
         _require(math.isfinite(lam) and lam >= 0, self.key("diversity_weight"), ">= 0", lam)
+        ramp = self.diversity_ramp_epochs
+        _require(math.isfinite(ramp) and ramp >= 0, self.key("diversity_ramp_epochs"), ">= 0", ramp)
         mult = self.gamma_lr_multiplier
         _require(math.isfinite(mult) and mult >= 0, self.key("gamma_lr_multiplier"), ">= 0", mult)
         if self.input_policy == "split" and self.name != "snens":

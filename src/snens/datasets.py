@@ -92,6 +92,7 @@ class Data:
     corruptions: dict[tuple[str, int], Iterable[tuple[Tensor, Tensor]]]
     num_classes: int
     channels: int | None
+    validation: Loader | None = None  # held out of the training set (data.validation_examples)
 
 
 def _head(x: Tensor, y: Tensor, n: int) -> tuple[Tensor, Tensor]:
@@ -136,7 +137,9 @@ def build_data(
       only from ``ood_folder``.
 
     Subsets (``train_examples``, ``test_examples``, ``ood_examples``) are the first N of an
-    image set and a fixed random subset of texts, folders and OOD sets (stored in order).
+    image set and a fixed random subset of texts, folders and OOD sets (stored in order). The
+    validation set of an image set (``validation_examples``) is the last N of its training
+    file, held out before ``train_examples`` takes the first N of the rest.
 
     Args:
         config: the data section.
@@ -162,7 +165,18 @@ def build_data(
     # A loader given no seed draws one from torch's global generator; give every loader one
     # so that building the data leaves the generator (and so the model's init) untouched.
     norm = {"mean": spec.mean, "std": spec.std, "device": device, "seed": seed}
-    x, y = _head(*spec.load("train", root, config.download), config.train_examples)
+    x, y = spec.load("train", root, config.download)
+    validation = None
+    if config.validation_examples:
+        n = config.validation_examples
+        if n >= len(x):
+            raise ValueError(
+                f"data.validation_examples {n} leaves no training examples of the {len(x):,} in "
+                f"{config.dataset}'s training set; hold out fewer (e.g. {len(x) // 12:,})"
+            )
+        validation = data.TensorLoader(x[-n:], y[-n:], config.eval_batch_size, **norm)
+        x, y = x[:-n], y[:-n]
+    x, y = _head(x, y, config.train_examples)
     xt, yt = _head(*spec.load("test", root, config.download), config.test_examples)
     train_loader = data.TensorLoader(
         x,
@@ -203,7 +217,9 @@ def build_data(
                     batch_size=config.eval_batch_size,
                     **norm,
                 )
-    return Data(train_loader, test_loader, ood, corruptions, spec.num_classes, spec.channels)
+    return Data(
+        train_loader, test_loader, ood, corruptions, spec.num_classes, spec.channels, validation
+    )
 
 
 def _check_ood_name(name: str, allowed: tuple[str, ...], dataset: str) -> None:

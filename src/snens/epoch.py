@@ -35,6 +35,7 @@ class StepSettings:
 
     temperature: float = 1.0  # τ of the diversity loss
     diversity_weight: float = 0.0  # λ; 0 = no diversity loss
+    diversity_ramp_steps: int = 0  # λ rises linearly from 0 over these global steps; 0 = none
     label_smoothing: float = 0.0
     grad_clip: float = 0.0  # max global gradient L2 norm; 0 = none
     bf16: bool = False  # bfloat16 autocast of forward and task loss
@@ -89,6 +90,12 @@ def _diagnose(x: Any, task: Tensor, div: Tensor, model: nn.Module, settings: Ste
     return f"the diversity loss is {div.item()} at temperature {settings.temperature}"
 
 
+def _diversity_weight(settings: StepSettings, step: int) -> float:
+    """λ at global step ``step`` (1-based): λ·min(1, step / ramp), or λ without a ramp."""
+    ramp = settings.diversity_ramp_steps
+    return settings.diversity_weight * (min(1.0, step / ramp) if ramp > 0 else 1.0)
+
+
 def run_epoch(
     model: nn.Module,
     batches: Iterable[tuple[Any, Tensor]],
@@ -139,7 +146,7 @@ def run_epoch(
             logits = forward(**x) if isinstance(x, Mapping) else forward(x)  # (M, B, K)
             task = ensemble_loss(logits.float(), y, label_smoothing=settings.label_smoothing)
         div = (
-            diversity_loss(model, settings.temperature, settings.diversity_weight)
+            diversity_loss(model, settings.temperature, _diversity_weight(settings, step + i + 1))
             if regularize
             else zero
         )

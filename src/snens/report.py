@@ -10,6 +10,8 @@ group: the config keys that vary between groups, n (the number of runs) and, for
 some run of the group holds, the mean ± std over its runs (std with ddof=1; a group of one run
 shows its value and "n=1"):
 
+* ``val/accuracy``, ``val/nll``, ``val/ece``, ``val/disagreement`` when the runs held out a
+  validation set (``data.validation_examples``);
 * ``test/accuracy``, ``test/nll``, ``test/ece``, ``test/brier``;
 * ``ood/<set>/auroc``, ``ood/<set>/aupr``, ``ood/<set>/fpr95`` for every OOD set;
 * ``shift/mean/accuracy``, ``shift/mean/ece`` (the mean over corruptions and severities);
@@ -49,6 +51,8 @@ _SHORT = {
     "method.num_members": "M",
     "method.diversity_weight": "λ",
 }
+# Validation first: the split that chooses τ, λ and the budget (data.validation_examples).
+_VALIDATION = ("val/accuracy", "val/nll", "val/ece", "val/disagreement")
 _CORE = ("test/accuracy", "test/nll", "test/ece", "test/brier")
 _SHIFT = ("shift/mean/accuracy", "shift/mean/ece")
 _OOD = ("auroc", "aupr", "fpr95")
@@ -214,7 +218,7 @@ def metric_names(runs: Sequence[RunRecord]) -> list[str]:
     present: dict[str, None] = {}
     for run in runs:
         present.update(dict.fromkeys(k for k, v in run.final.get("metrics", {}).items()))
-    names = [m for m in _CORE if m in present]
+    names = [m for m in (*_VALIDATION, *_CORE) if m in present]
     ood_sets = dict.fromkeys(k.split("/")[1] for k in present if k.startswith("ood/"))
     names += [f"ood/{s}/{m}" for s in ood_sets for m in _OOD if f"ood/{s}/{m}" in present]
     names += [m for m in _SHIFT if m in present]

@@ -412,6 +412,7 @@ def _train(
         settings = StepSettings(
             temperature=config.method.temperature,
             diversity_weight=config.method.diversity_weight if snens_method else 0.0,
+            diversity_ramp_steps=round(config.method.diversity_ramp_epochs * steps_per_epoch),
             label_smoothing=config.optim.label_smoothing,
             grad_clip=config.optim.grad_clip,
             bf16=config.optim.bf16,
@@ -509,6 +510,8 @@ def _train(
                 record["diversity_loss"] = stats.diversity_loss
                 record["diversity_gain"] = diversity_gain(model, config.method.temperature)
                 record["effective_members"] = mean_effective_members(model)
+            if loaded.validation is not None:  # the learning curve, on held-out training data
+                record.update(_validation_metrics(model, loaded.validation, _CURVE_METRICS))
             if config.eval_every and epoch % config.eval_every == 0:
                 quick = evaluate(model, loaded.test)
                 record.update({k: quick[k] for k in ("test/accuracy", "test/nll", "test/ece")})
@@ -537,6 +540,8 @@ def _train(
         if not group.is_main:
             return run.path
         results = evaluate(model, loaded.test, ood=loaded.ood, corruptions=loaded.corruptions)
+        if loaded.validation is not None:
+            results.update(_validation_metrics(model, loaded.validation))
         run.write_final(
             {
                 "metrics": results,
@@ -556,6 +561,26 @@ def _train(
     return run.path
 
 
+#: Validation metrics logged after every epoch: the learning curve, and where members differ.
+_CURVE_METRICS = (
+    "accuracy",
+    "nll",
+    "ece",
+    "disagreement",
+    "member_accuracy_mean",
+    "member_nll_mean",
+)
+
+
+def _validation_metrics(
+    model: nn.Module, loader: Any, names: tuple[str, ...] | None = None
+) -> dict[str, float]:
+    """``val/<metric>`` of the ensemble on the validation set (all test metrics, or ``names``)."""
+    values = evaluate(model, loader)
+    keep = {f"test/{n}" for n in names} if names else values.keys()
+    return {"val/" + k.removeprefix("test/"): v for k, v in values.items() if k in keep}
+
+
 def _epoch_line(record: Mapping[str, Any], epochs: int) -> str:
     line = f"epoch {record['epoch']}/{epochs}  loss {record['task_loss']:.4f}"
     if "diversity_gain" in record:
@@ -563,6 +588,8 @@ def _epoch_line(record: Mapping[str, Any], epochs: int) -> str:
             f"  gain over uniform {record['diversity_gain']:.4f}"
             f"  effective members {record['effective_members']:.2f}"
         )
+    if "val/accuracy" in record:
+        line += f"  val acc {record['val/accuracy']:.4f}  NLL {record['val/nll']:.4f}"
     if "test/accuracy" in record:
         line += f"  test acc {record['test/accuracy']:.4f}  NLL {record['test/nll']:.4f}"
     line += f"  lr {record['lr']:.3g}  {record['seconds']:.1f}s"

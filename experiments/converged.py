@@ -1,0 +1,319 @@
+"""Claim under test: trained to a converged budget, σN-Ens beats a single model and approaches
+a deep ensemble (NLL, accuracy, calibration under corruption) at ≈ 1× its parameters.
+
+Every run trains through the engine (:func:`snens.sweep.plan` / :func:`snens.sweep.run_sweep`,
+so :func:`snens.train.train`): preset ``fashion_mnist_small_cnn`` on all of Fashion-MNIST, the
+last 5,000 training images held out as the validation split (``data.validation_examples``)
+and evaluated after every epoch (the learning curves in ``metrics.jsonl``), the 10,000 test
+images, MNIST-5k as OOD, 4 corruptions × 5 severities on the first 1,000 test images, one
+torch thread per process. Choices are made on the validation split only, never the test set.
+
+Stages (each run's directory: ``results/converged/<stage>/<variant>/seed=<s>/``):
+
+* ``budget``  — the single model at 5, 10, 20 and 40 epochs (cosine schedule to the end);
+  the converged budget is the fewest epochs whose validation NLL is within 0.005 of the best.
+* ``ablation`` — σN-Ens variants at 10 epochs, seed 0: λ, τ up to 50, head initialization, a
+  ramp of the regularizer, γ's learning-rate multiplier and initial spread, ``split`` inputs at
+  the compute of one model (4× the epochs), width 32; with the single model and the deep
+  ensemble at the same budget for reference (the single model's is ``budget/single_e10``).
+
+Resumable and parallel: run the same command in two processes (``--worker``), each takes the
+next run nobody holds (a lock file beside the run directory, released on exit; a lock whose
+process is gone is taken over); a finished run (``final.json``) is skipped; an interrupted one
+resumes from its ``last.pt``. Checkpoints and locks are not committed (``.gitignore``), the
+rest of each run directory is.
+
+    OMP_NUM_THREADS=1 python experiments/converged.py run --stage budget ablation &
+    OMP_NUM_THREADS=1 python experiments/converged.py run --stage budget ablation &
+    python experiments/converged.py report      # results/converged.md and figures
+    python experiments/converged.py plan        # the runs and their status, nothing trains
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import socket
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from snens.presets import preset
+from snens.report import write_report
+from snens.runs import FINAL
+from snens.sweep import SweepRun, plan, run_sweep
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "results" / "converged"
+
+#: What every run of the study shares (``--set`` syntax, over the preset).
+BASE = (
+    "data.train_examples=0",
+    "data.validation_examples=5000",
+    "data.test_examples=0",
+    "threads=1",
+)
+ABLATION_EPOCHS = 10
+BUDGET_EPOCHS = (5, 10, 20, 40)
+#: Validation NLL within this of the best counts as converged (one seed's noise is ~0.005).
+CONVERGED_WITHIN = 0.005
+
+SINGLE = ("method.name=single", "method.num_members=1")
+
+
+def _snens(tau: float, lam: float, *extra: str) -> tuple[str, ...]:
+    return (
+        "method.name=snens",
+        f"method.temperature={tau}",
+        f"method.diversity_weight={lam}",
+        *extra,
+    )
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    overrides: tuple[str, ...]
+    seeds: tuple[int, ...] = (0,)
+
+
+def _stages() -> dict[str, list[Variant]]:
+    epochs = f"optim.epochs={ABLATION_EPOCHS}"
+    ablation = [
+        Variant("deep_ensemble", ("method.name=deep_ensemble", epochs)),
+        Variant("snens_tau1_lam0.1", (*_snens(1, 0.1), epochs)),  # today's defaults
+        Variant("snens_lam0", (*_snens(1, 0), epochs)),
+        Variant("snens_tau5_lam0.01", (*_snens(5, 0.01), epochs)),
+        Variant("snens_tau5_lam0.1", (*_snens(5, 0.1), epochs)),
+        Variant("snens_lam0_reset", (*_snens(1, 0, 'method.options={head_init="reset"}'), epochs)),
+        Variant(
+            "snens_tau5_lam0.01_reset",
+            (*_snens(5, 0.01, 'method.options={head_init="reset"}'), epochs),
+        ),
+        Variant("snens_tau50_lam0.1", (*_snens(50, 0.1), epochs)),
+        Variant("snens_tau1_lam0.01", (*_snens(1, 0.01), epochs)),
+        Variant(
+            "snens_tau5_lam0.1_ramp5", (*_snens(5, 0.1, "method.diversity_ramp_epochs=5"), epochs)
+        ),
+        Variant(
+            "snens_tau5_lam0.01_glr3", (*_snens(5, 0.01, "method.gamma_lr_multiplier=3"), epochs)
+        ),
+        Variant(
+            "snens_tau5_lam0.01_gstd0.1",
+            (*_snens(5, 0.01, "method.options={gamma_std=0.1}"), epochs),
+        ),
+        Variant("snens_tau50_lam0.01", (*_snens(50, 0.01), epochs)),
+        # split inputs: each member sees B/M examples, so 4× the epochs is one model's compute
+        Variant(
+            "snens_tau5_lam0.01_split_e40",
+            (*_snens(5, 0.01, "method.input_policy=split"), f"optim.epochs={4 * ABLATION_EPOCHS}"),
+        ),
+        # width 32 (≈ 4× the compute of width 16)
+        Variant("single_w32", (*SINGLE, epochs, "model.options={width=32}")),
+        Variant("snens_tau5_lam0.01_w32", (*_snens(5, 0.01), epochs, "model.options={width=32}")),
+        Variant(
+            "deep_ensemble_w32", ("method.name=deep_ensemble", epochs, "model.options={width=32}")
+        ),
+    ]
+    budget = [Variant(f"single_e{e}", (*SINGLE, f"optim.epochs={e}")) for e in BUDGET_EPOCHS]
+    return {"budget": budget, "ablation": ablation}
+
+
+STAGES = _stages()
+
+
+def runs_of(stage: str) -> list[tuple[Variant, SweepRun]]:
+    """Every run of a stage, its config built and checked (nothing is written)."""
+    out = []
+    for variant in STAGES[stage]:
+        grid = [f"seed={','.join(str(s) for s in variant.seeds)}"]
+        for run in plan(
+            preset("fashion_mnist_small_cnn"),
+            grid,
+            OUT / stage / variant.name,
+            overrides=(*BASE, *variant.overrides),
+        ):
+            out.append((variant, run))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Two processes, one queue: a run is held by a lock file naming its process
+# ------------------------------------------------------------------------------------------------
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@contextmanager
+def _claim(path: Path) -> Iterator[bool]:
+    """Hold ``path.lock`` while the block runs; yields False when a live process holds it."""
+    lock = path.with_name(path.name + ".lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    me = f"{socket.gethostname()} {os.getpid()}"
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            host, _, pid = lock.read_text().partition(" ")
+            if host == socket.gethostname() and pid.strip().isdigit() and not _alive(int(pid)):
+                lock.unlink(missing_ok=True)  # its process is gone: take the run over
+                continue
+            yield False
+            return
+        with os.fdopen(fd, "w") as f:
+            f.write(me)
+        try:
+            yield True
+        finally:
+            lock.unlink(missing_ok=True)
+        return
+    yield False
+
+
+def run(stages: Sequence[str]) -> int:
+    failed = 0
+    for stage in stages:
+        for variant, sweep_run in runs_of(stage):
+            path = sweep_run.path()
+            if (path / FINAL).is_file():
+                continue
+            with _claim(path) as mine:
+                if not mine:
+                    continue
+                print(f"== {stage}/{variant.name}/{sweep_run.name}", flush=True)
+                result = run_sweep([sweep_run], path.parent, keys=("seed",))
+                failed += len(result.failed)
+    return 1 if failed else 0
+
+
+# ------------------------------------------------------------------------------------------------
+# Reading the results
+# ------------------------------------------------------------------------------------------------
+
+
+def _final(path: Path) -> dict | None:
+    try:
+        return json.loads((path / FINAL).read_text())
+    except FileNotFoundError:
+        return None
+
+
+def _curve(path: Path, key: str) -> list[float]:
+    lines = (path / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line).get(key, math.nan) for line in lines if line.strip()]
+
+
+def converged_budget() -> tuple[int | None, list[str]]:
+    """The fewest epochs of :data:`BUDGET_EPOCHS` whose single-model validation NLL is within
+    :data:`CONVERGED_WITHIN` of the best (None until every budget run finished), and a table."""
+    rows = ["| epochs | val acc | val NLL | val ECE | test acc | test NLL |", "|---|" * 6]
+    nll: dict[int, float] = {}
+    for _, sweep_run in runs_of("budget"):
+        final = _final(sweep_run.path())
+        if final is None:
+            continue
+        m = final["metrics"]
+        e = int(final["train"]["epochs"])
+        nll[e] = m["val/nll"]
+        rows.append(
+            f"| {e} | {m['val/accuracy']:.4f} | {m['val/nll']:.4f} | {m['val/ece']:.4f} | "
+            f"{m['test/accuracy']:.4f} | {m['test/nll']:.4f} |"
+        )
+    if len(nll) < len(BUDGET_EPOCHS):
+        return None, rows
+    best = min(nll.values())
+    return min(e for e, v in nll.items() if v <= best + CONVERGED_WITHIN), rows
+
+
+def _plot_curves(stage: str, out: Path) -> Path | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for variant, sweep_run in runs_of(stage):
+        path = sweep_run.path()
+        if not (path / "metrics.jsonl").is_file():
+            continue
+        for ax, key in zip(axes, ("val/nll", "val/accuracy")):
+            values = _curve(path, key)
+            ax.plot(range(1, len(values) + 1), values, label=f"{variant.name} {sweep_run.name}")
+    for ax, title in zip(axes, ("validation NLL", "validation accuracy")):
+        ax.set_xlabel("epoch")
+        ax.set_ylabel(title)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=6)
+    fig.tight_layout()
+    target = out / f"converged_{stage}_curves.png"
+    fig.savefig(target, dpi=120)
+    plt.close(fig)
+    return target
+
+
+def report() -> Path:
+    """``results/converged.md``: the budget table, a report table per stage, the curves."""
+    sections = ["# Converged-budget study (`python experiments/converged.py report`)", ""]
+    epochs, rows = converged_budget()
+    sections += [
+        "## Budget: the single model's validation NLL against the epochs (seed 0)",
+        "",
+        *rows,
+        "",
+        f"Converged budget: {epochs if epochs else 'not yet (budget runs unfinished)'} epochs.",
+        "",
+    ]
+    for stage in STAGES:
+        stage_dir = OUT / stage
+        if not any(stage_dir.rglob(FINAL)):
+            continue
+        # the single model at the ablation budget is the budget stage's run of that length
+        reference = OUT / "budget" / f"single_e{ABLATION_EPOCHS}"
+        dirs = [stage_dir, reference] if stage == "ablation" and reference.is_dir() else [stage_dir]
+        table = write_report(dirs, OUT / f"{stage}_report")
+        sections += [f"## Stage `{stage}`", "", table.table, ""]
+        plot = _plot_curves(stage, ROOT / "results")
+        if plot:
+            sections += [f"![{stage} learning curves]({plot.name})", ""]
+    path = ROOT / "results" / "converged.md"
+    path.write_text("\n".join(sections))
+    return path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    run_parser = sub.add_parser("run", help="train the stages' runs not yet done")
+    run_parser.add_argument("--stage", nargs="+", choices=list(STAGES), default=list(STAGES))
+    sub.add_parser("report", help="write results/converged.md from the finished runs")
+    sub.add_parser("plan", help="list the runs and their status")
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        return run(args.stage)
+    if args.command == "report":
+        print(report())
+        return 0
+    for stage in STAGES:
+        for variant, sweep_run in runs_of(stage):
+            path = sweep_run.path()
+            status = "done" if (path / FINAL).is_file() else "started" if path.is_dir() else "todo"
+            print(f"{stage:9s} {variant.name:32s} {sweep_run.name:8s} {status}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""The validation split (``data.validation_examples``) and the regularizer's ramp
+(``method.diversity_ramp_epochs``), on real Fashion-MNIST through the engine."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from snens import data
+from snens.config import load_config
+from snens.datasets import build_data
+from snens.epoch import StepSettings, _diversity_weight
+from snens.presets import preset
+from snens.train import train
+
+
+def _data_config(*overrides: str):
+    return load_config(preset("fashion_mnist_small_cnn_tiny"), list(overrides)).data
+
+
+def _images(loader) -> torch.Tensor:
+    return torch.cat([x for x, _ in loader])
+
+
+def test_validation_is_the_last_n_training_images_never_trained_on():
+    loaded = build_data(
+        _data_config("data.validation_examples=300", "data.train_examples=500", "data.augment=[]"),
+        seed=0,
+    )
+    x, y = data.load_fashion_mnist("train", None, False)
+    # every loader normalizes with the data set's fixed constants
+    mean, std = data.FASHION_MNIST_MEAN, data.FASHION_MNIST_STD
+    expected = (x[-300:].float() / 255 - mean) / std
+    torch.testing.assert_close(_images(loaded.validation), expected, rtol=0, atol=1e-6)
+    assert torch.equal(torch.cat([t for _, t in loaded.validation]), y[-300:])
+    # the training set is the first 500 of the other 59,700: none of the held-out images
+    train_labels = torch.cat([t for _, t in loaded.train])
+    assert len(loaded.train) * 100 == 500 and train_labels.numel() == 500
+    train_images = (_images(loaded.train) * std + mean) * 255
+    held_out = x[-300:].flatten(1).float()
+    distances = torch.cdist(train_images.flatten(1).round(), held_out)
+    assert distances.min() > 0
+
+
+def test_no_validation_by_default():
+    assert build_data(_data_config(), seed=0).validation is None
+
+
+def test_validation_refused_where_it_does_not_apply():
+    with pytest.raises(ValueError, match=r"data.validation_examples 60000 leaves no training"):
+        build_data(_data_config("data.validation_examples=60000"), seed=0)
+    with pytest.raises(ValueError, match=r"data.validation_examples applies to the in-memory"):
+        load_config(preset("rotten_tomatoes_minilm"), ["data.validation_examples=100"])
+    with pytest.raises(ValueError, match=r"data.validation_examples"):
+        _data_config("data.validation_examples=-1")
+
+
+def test_engine_logs_the_validation_curve_and_its_final_value(tmp_path):
+    config = load_config(
+        preset("fashion_mnist_small_cnn_tiny"),
+        [
+            f"out_dir={json.dumps(str(tmp_path))}",
+            'name="run"',
+            "threads=1",
+            "deterministic=true",
+            "data.train_examples=400",
+            "data.validation_examples=200",
+            "data.test_examples=300",
+            "optim.epochs=2",
+            "method.diversity_ramp_epochs=1.5",
+        ],
+    )
+    run = train(config, progress=False, log=None)
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records] == [1, 2]
+    for r in records:
+        assert 0 < r["val/accuracy"] <= 1 and math.isfinite(r["val/nll"])
+        assert 0 <= r["val/disagreement"] <= 1
+    final = json.loads((run / "final.json").read_text())["metrics"]
+    # the same model on the same 200 images: the last point of the curve is the final value
+    assert final["val/nll"] == pytest.approx(records[-1]["val/nll"], rel=1e-12)
+    assert final["val/accuracy"] == records[-1]["val/accuracy"]
+    assert final["val/num_members"] == 4.0
+    # the ramp: 4 steps per epoch, λ rises over 6 steps, so epoch 1 (steps 1..4) averages
+    # λ·(1+2+3+4)/24 = λ·10/24 of the full weight; the logged loss carries that factor
+    assert abs(records[0]["diversity_loss"]) < abs(records[1]["diversity_loss"])
+
+
+def test_diversity_ramp_weights():
+    ramp = StepSettings(diversity_weight=0.1, diversity_ramp_steps=4)
+    assert [_diversity_weight(ramp, s) for s in (1, 2, 4, 9)] == pytest.approx(
+        [0.025, 0.05, 0.1, 0.1]
+    )
+    flat = StepSettings(diversity_weight=0.1)
+    assert _diversity_weight(flat, 1) == 0.1
+    with pytest.raises(ValueError, match="method.diversity_ramp_epochs"):
+        load_config(preset("fashion_mnist_small_cnn_tiny"), ["method.diversity_ramp_epochs=-1"])
