@@ -46,6 +46,7 @@ __all__ = [
     "atomic_write",
     "load_checkpoint",
     "load_model_state",
+    "remove_stale_temporaries",
     "rng_state",
     "save_checkpoint",
     "set_rng_state",
@@ -82,13 +83,16 @@ def _fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: str | os.PathLike, data: bytes) -> Path:
+def atomic_write(path: str | os.PathLike, data: bytes, *, exclusive: bool = False) -> Path:
     """Write ``data`` to ``path`` so that a crash leaves the old file or the new one, whole.
 
     temporary file in the same directory → write → flush → fsync → ``os.replace`` → fsync of
     the directory. On any error the temporary file is removed and ``path`` is untouched.
+    With ``exclusive`` the last step is ``os.link`` instead, which fails if ``path`` exists:
+    of two processes writing the same new file at once, exactly one succeeds.
 
     Raises:
+        FileExistsError: ``exclusive`` and ``path`` exists.
         OSError: the directory is missing or not writable, the disk is full, …; the message
             names the path.
     """
@@ -103,13 +107,40 @@ def atomic_write(path: str | os.PathLike, data: bytes) -> Path:
             file.write(data)
             file.flush()
             os.fsync(file.fileno())
-        os.replace(tmp, path)
+        if exclusive:
+            os.link(tmp, path)
+            os.unlink(tmp)
+        else:
+            os.replace(tmp, path)
+    except FileExistsError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    except OSError as error:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if str(path) in str(error):
+            raise
+        raise type(error)(error.errno, f"cannot write {path}: {error.strerror or error}") from error
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
     _fsync_directory(directory)
     return path
+
+
+def remove_stale_temporaries(directory: str | os.PathLike) -> list[Path]:
+    """Remove the temporary files a killed :func:`atomic_write` left in ``directory``
+    (``.<name>.<random>.tmp``, ``.<name>.link.tmp``); return them. Call it only where no other
+    process writes (a run being resumed): a live writer's temporary file looks the same."""
+    removed = []
+    for tmp in Path(directory).glob(".*.tmp"):
+        if tmp.is_file() and not tmp.is_symlink():
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+                removed.append(tmp)
+    return removed
 
 
 def _keep_previous(path: Path, previous: Path) -> None:

@@ -82,6 +82,9 @@ def _train(args: argparse.Namespace) -> int:
     except (RunDirError, CheckpointError, FileNotFoundError, ValueError) as error:
         print(f"snens train: {error}", file=sys.stderr)
         return 2
+    except OSError as error:  # a disk or file fault outside the run directory (data, cache)
+        print(f"snens train: {error}", file=sys.stderr)
+        return 1
     print(run_dir)
     return 0
 

@@ -41,6 +41,7 @@ except ImportError:  # Python 3.10
 
 from snens.baselines.factory import METHODS
 from snens.data.corruptions import CORRUPTIONS, EXTRA_CORRUPTIONS, SEVERITIES
+from snens.nn.norms import MAX_MEMBERS
 from snens.optim import GAMMA_LR_MULTIPLIER
 
 __all__ = [
@@ -369,7 +370,12 @@ class MethodConfig(_Section):
     options: dict[str, Any] = field(default_factory=dict)  # method kwargs: head_init, alpha, …
 
     def validate(self) -> None:
-        _require(self.num_members >= 1, self.key("num_members"), "an int >= 1", self.num_members)
+        _require(
+            1 <= self.num_members <= MAX_MEMBERS,
+            self.key("num_members"),
+            f"an int in 1..{MAX_MEMBERS}",
+            self.num_members,
+        )
         if self.name == "single" and self.num_members != 1:
             raise ValueError(
                 f"method.num_members must be 1 for method 'single', got {self.num_members}; "

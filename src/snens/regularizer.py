@@ -213,7 +213,7 @@ def optimal_k(temperature: float, num_members: int) -> float:
         ValueError: if ``temperature`` is not finite and > 0, or ``num_members < 1``.
     """
     tau = _check_temperature(temperature)
-    M = check_num_members(num_members)
+    M = check_num_members(num_members, ceiling=False)
     return M * _k_per_member(tau)
 
 
@@ -245,7 +245,7 @@ def tau_for_k(k: float, num_members: int) -> float:
         TypeError: if ``k`` is not a real number or ``num_members`` not an int.
         ValueError: if ``k`` is outside (0, M/2) or ``num_members < 1``.
     """
-    M = check_num_members(num_members)
+    M = check_num_members(num_members, ceiling=False)
     if isinstance(k, bool) or not isinstance(k, numbers.Real):
         raise TypeError(f"k must be a real number, got {k!r} ({type(k).__name__})")
     if not (0 < _as_float("k", k) < M / 2):

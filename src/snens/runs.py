@@ -22,7 +22,7 @@ import platform
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ __all__ = [
     "RunDirError",
     "check_new_run",
     "check_writable",
+    "config_differences",
     "create_run",
     "git_sha",
     "open_run",
@@ -188,12 +189,29 @@ class Run:
         """``last.pt``: the newest complete checkpoint."""
         return self.path / LAST
 
+    @contextlib.contextmanager
+    def writing(self, what: str | os.PathLike) -> Iterator[None]:
+        """Turn an ``OSError`` while writing ``what`` (a full disk, a directory made read-only
+        mid-run) into a :class:`RunDirError` that names the file and how to go on."""
+        try:
+            yield
+        except RunDirError:
+            raise
+        except OSError as error:
+            raise RunDirError(
+                error.errno,
+                f"cannot write {what} ({error.strerror or error}); free space or restore write "
+                f"access, then continue with `snens train --resume {self.path}`: what was saved "
+                "before (the last checkpoint, metrics.jsonl) is intact",
+            ) from error
+
     def log(self, record: Mapping[str, Any]) -> None:
         """Append one JSON line to ``metrics.jsonl``, flushed and fsynced."""
-        with open(self.path / METRICS, "a", encoding="utf-8") as file:
-            file.write(to_json(record) + "\n")
-            file.flush()
-            os.fsync(file.fileno())
+        with self.writing(self.path / METRICS):
+            with open(self.path / METRICS, "a", encoding="utf-8") as file:
+                file.write(to_json(record) + "\n")
+                file.flush()
+                os.fsync(file.fileno())
 
     def truncate_metrics(self, epochs: int) -> None:
         """Keep the lines of epochs 1..``epochs`` only (and drop a half-written last line).
@@ -201,11 +219,13 @@ class Run:
         Called on resume: epochs after the last checkpoint are trained again and logged anew.
         """
         kept = [r for r in read_metrics(self.path) if r.get("epoch", 0) <= epochs]
-        atomic_write(self.path / METRICS, "".join(to_json(r) + "\n" for r in kept).encode())
+        with self.writing(self.path / METRICS):
+            atomic_write(self.path / METRICS, "".join(to_json(r) + "\n" for r in kept).encode())
 
     def write_final(self, results: Mapping[str, Any]) -> Path:
         """Write ``final.json`` atomically."""
-        return atomic_write(self.path / FINAL, (to_json(results, indent=2) + "\n").encode())
+        with self.writing(self.path / FINAL):
+            return atomic_write(self.path / FINAL, (to_json(results, indent=2) + "\n").encode())
 
 
 def _default_name(config: RunConfig) -> str:
@@ -231,7 +251,13 @@ def create_run(config: RunConfig, run_dir: str | os.PathLike | None = None) -> R
         else Path(config.out_dir) / (config.name or _default_name(config))
     )
     check_new_run(path)
-    atomic_write(path / CONFIG, to_toml(config).encode())
+    try:  # exclusive: of two processes creating the same run at once, one gets it
+        atomic_write(path / CONFIG, to_toml(config).encode(), exclusive=True)
+    except FileExistsError:
+        raise RunDirError(
+            f"{path} already holds a run (another process created it at the same moment); "
+            f"resume it with `snens train --resume {path}`, or choose another name"
+        ) from None
     atomic_write(path / PROVENANCE, (to_json(provenance(), indent=2) + "\n").encode())
     return Run(path, config)
 
@@ -253,7 +279,7 @@ def open_run(run_dir: str | os.PathLike, config: RunConfig | None = None) -> Run
     check_writable(path)
     saved = load_config(path / CONFIG)
     if config is not None and config != saved:
-        diff = _differences(to_dict(saved), to_dict(config))
+        diff = config_differences(to_dict(saved), to_dict(config))
         raise ValueError(
             f"the config differs from the one {path} was started with: {'; '.join(diff)}. A "
             "resumed run continues the same run; start a new one to change settings"
@@ -268,13 +294,14 @@ def open_run(run_dir: str | os.PathLike, config: RunConfig | None = None) -> Run
     return Run(path, saved)
 
 
-def _differences(a: Mapping[str, Any], b: Mapping[str, Any], prefix: str = "") -> list[str]:
+def config_differences(a: Mapping[str, Any], b: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """``"key: saved A, given B"`` for every key whose values differ between two config dicts."""
     out = []
     for key in sorted(set(a) | set(b)):
         full = f"{prefix}{key}"
         va, vb = a.get(key), b.get(key)
         if isinstance(va, Mapping) and isinstance(vb, Mapping):
-            out += _differences(va, vb, full + ".")
+            out += config_differences(va, vb, full + ".")
         elif va != vb:
             out.append(f"{full}: saved {va!r}, given {vb!r}")
     return out

@@ -48,8 +48,10 @@ from torch.nn.parallel import DistributedDataParallel
 from snens import baselines, distributed
 from snens.allocation import mean_effective_members
 from snens.checkpoint import (
+    CheckpointError,
     load_checkpoint,
     load_model_state,
+    remove_stale_temporaries,
     rng_state,
     save_checkpoint,
     set_rng_state,
@@ -67,7 +69,15 @@ from snens.nn.linear import MemberLinear
 from snens.nn.norms import MemberNorm
 from snens.optim import GAMMA_LR_MULTIPLIER, param_groups
 from snens.regularizer import diversity_gain, optimal_k
-from snens.runs import CONFIG, Run, RunDirError, check_new_run, create_run, open_run
+from snens.runs import (
+    CONFIG,
+    Run,
+    RunDirError,
+    check_new_run,
+    config_differences,
+    create_run,
+    open_run,
+)
 
 __all__ = [
     "Data",
@@ -429,6 +439,7 @@ def _train(
                 state = load_checkpoint(run.checkpoint)
                 if state["config"] != to_dict(config):
                     raise ValueError(f"{run.checkpoint} was saved by another config than {path}")
+                _check_progress(state, run.checkpoint, config.optim.epochs)
                 load_model_state(model, state["model"])
                 optimizer.load_state_dict(state["optimizer"])
                 schedule.load_state_dict(state["schedule"])
@@ -440,6 +451,8 @@ def _train(
                 say(f"resuming {path}: no checkpoint yet, starting from epoch 1")
             if group.is_main:
                 run.truncate_metrics(epoch)
+                for tmp in remove_stale_temporaries(path):  # left by a kill mid-write
+                    say(f"removed {tmp.name}, a temporary file an interrupted write left")
         elif group.is_main:
             run = create_run(config, path)
         else:
@@ -518,20 +531,21 @@ def _train(
             run.log(record)
             say(_epoch_line(record, config.optim.epochs))
             if epoch % config.checkpoint_every == 0 or epoch == config.optim.epochs:
-                save_checkpoint(
-                    run.checkpoint,
-                    {
-                        "model": model.state_dict(),
-                        "optimizer": optimizer.state_dict(),
-                        "schedule": schedule.state_dict(),
-                        "rng": rng_state(),
-                        "epoch": epoch,
-                        "step": step,
-                        "config": to_dict(config),
-                        "seconds": seconds,
-                        "skipped_steps": skipped_total,
-                    },
-                )
+                with run.writing(run.checkpoint):
+                    save_checkpoint(
+                        run.checkpoint,
+                        {
+                            "model": model.state_dict(),
+                            "optimizer": optimizer.state_dict(),
+                            "schedule": schedule.state_dict(),
+                            "rng": rng_state(),
+                            "epoch": epoch,
+                            "step": step,
+                            "config": to_dict(config),
+                            "seconds": seconds,
+                            "skipped_steps": skipped_total,
+                        },
+                    )
 
         # -- evaluation, on rank 0 over the full test set: its model holds the weights every
         # rank holds, and its norm statistics are the ones the checkpoint saves. The ranks
@@ -559,6 +573,36 @@ def _train(
             f"ECE {results['test/ece']:.4f}; {run.path / 'final.json'}"
         )
     return run.path
+
+
+def _check_progress(state: Mapping[str, Any], checkpoint: Path, epochs: int) -> None:
+    """A checkpoint's counters must be what training can have written: a valid digest proves
+    the file whole, not its values (an edited ``epoch = 10**9`` would end training at once and
+    report a billion epochs)."""
+
+    def count(key: str, low: int, high: float) -> int:
+        value = state.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise CheckpointError(
+                f"{checkpoint}: {key} = {value!r} is not an int in {low}..{high}, so the file "
+                "was not written by this run's training; resume from prev.pt (copy it over "
+                "last.pt) or start the run again"
+            )
+        return value
+
+    count("epoch", 0, epochs)
+    step = count("step", 0, math.inf)
+    count("skipped_steps", 0, step)
+    seconds = state.get("seconds", 0.0)
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int | float)
+        or not (math.isfinite(seconds) and seconds >= 0)
+    ):
+        raise CheckpointError(
+            f"{checkpoint}: seconds = {seconds!r} is not a finite number >= 0; resume from "
+            "prev.pt (copy it over last.pt) or start the run again"
+        )
 
 
 #: Validation metrics logged after every epoch: the learning curve, and where members differ.
@@ -628,6 +672,14 @@ def evaluate_run(run_dir: str | os.PathLike) -> tuple[dict[str, float], dict[str
         raise RunDirError(f"{path} is not a run directory (no {CONFIG})")
     config = load_config(path / CONFIG)
     state = load_checkpoint(path / "last.pt")
+    if state["config"] != to_dict(config):
+        changed = config_differences(state["config"], to_dict(config))
+        raise CheckpointError(
+            f"{path / CONFIG} differs from the config {path / 'last.pt'} was trained with "
+            f"({'; '.join(changed)}); evaluating it would score other data or another model "
+            "as this run's. Restore config.toml, or train a new run with the new settings"
+        )
+    _check_progress(state, path / "last.pt", config.optim.epochs)
     with _reproducibility(config):
         device = _device(config.device)
         loaded = build_data(config.data, seed=config.seed, device=device, encoder=_encoder(config))

@@ -48,12 +48,23 @@ __all__ = [
 ]
 
 
-def check_num_members(num_members: Any) -> int:
+#: The most members an ensemble may have. The forward pass repeats every input M times, so
+#: M = 10**6 is a 1.3 GB output and minutes per batch (a typo, not an ensemble); implicit
+#: ensembles in the literature use M <= 16.
+MAX_MEMBERS = 1024
+
+
+def check_num_members(num_members: Any, *, ceiling: bool = True) -> int:
     """Validate a member count and return it unchanged.
+
+    Args:
+        num_members: M.
+        ceiling: refuse M above :data:`MAX_MEMBERS` (for anything that runs M members; pure
+            formulas in M, such as ``optimal_k``, pass False).
 
     Raises:
         TypeError: if ``num_members`` is not an int (bools are refused too).
-        ValueError: if ``num_members < 1``.
+        ValueError: if ``num_members < 1``, or ``> MAX_MEMBERS`` with ``ceiling``.
     """
     if isinstance(num_members, bool) or not isinstance(num_members, int):
         raise TypeError(
@@ -62,6 +73,11 @@ def check_num_members(num_members: Any) -> int:
         )
     if num_members < 1:
         raise ValueError(f"num_members must be >= 1, got {num_members}; use e.g. num_members=4")
+    if ceiling and num_members > MAX_MEMBERS:
+        raise ValueError(
+            f"num_members must be <= {MAX_MEMBERS}, got {num_members:,}: every input is repeated "
+            "M times; use e.g. num_members=4 (the field's standard)"
+        )
     return num_members
 
 

@@ -1,0 +1,230 @@
+"""Faults a red-team run found in the engine's files and inputs, each reproduced here: every one
+ends in a clear error naming the path or value and the fix, or in correct behaviour; nothing
+half-written is left behind and nothing saved is lost."""
+
+import errno
+import json
+import os
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+import snens
+import snens.runs
+from snens.checkpoint import (
+    CheckpointError,
+    atomic_write,
+    load_checkpoint,
+    remove_stale_temporaries,
+    save_checkpoint,
+)
+from snens.cli import main
+from snens.config import load_config
+from snens.nn.norms import MAX_MEMBERS
+from snens.presets import preset
+from snens.runs import CONFIG, RunDirError, create_run
+from snens.train import evaluate_run, train
+
+
+def _config(out: Path, *overrides: str):
+    return load_config(
+        preset("fashion_mnist_small_cnn_tiny"),
+        [
+            f"out_dir={json.dumps(str(out))}",
+            'name="run"',
+            "threads=1",
+            "data.train_examples=300",
+            "data.test_examples=200",
+            "data.ood_examples=200",
+            "optim.epochs=2",
+            *overrides,
+        ],
+    )
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs")
+    return train(_config(out), progress=False, log=None)
+
+
+# -- two processes, one new run -------------------------------------------------------------
+
+
+def test_two_creators_of_one_run_one_wins(tmp_path, monkeypatch):
+    """Both pass the "no run here yet" check, then both write: exactly one run is made, and
+    the loser's config does not replace the winner's."""
+    first = _config(tmp_path)
+    second = _config(tmp_path, "seed=7")
+    barrier = threading.Barrier(2)
+    check = snens.runs.check_new_run
+
+    def racing_check(path):
+        out = check(path)
+        barrier.wait(timeout=10)  # both checked before either writes
+        return out
+
+    monkeypatch.setattr(snens.runs, "check_new_run", racing_check)
+    outcomes = {}
+
+    def make(config, key):
+        try:
+            create_run(config)
+            outcomes[key] = "created"
+        except RunDirError as error:
+            outcomes[key] = str(error)
+
+    threads = [threading.Thread(target=make, args=(c, k)) for k, c in (("a", first), ("b", second))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(v == "created" for v in outcomes.values()) == [False, True]
+    loser = next(v for v in outcomes.values() if v != "created")
+    assert "already holds a run" in loser and "at the same moment" in loser
+    winner = first if outcomes["a"] == "created" else second
+    assert load_config(tmp_path / "run" / CONFIG) == winner
+    assert not list((tmp_path / "run").glob(".*.tmp"))
+
+
+def test_atomic_write_exclusive_refuses_an_existing_file(tmp_path):
+    target = tmp_path / "a.txt"
+    atomic_write(target, b"one", exclusive=True)
+    with pytest.raises(FileExistsError):
+        atomic_write(target, b"two", exclusive=True)
+    assert target.read_bytes() == b"one"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt"]
+
+
+# -- a kill inside atomic_write -------------------------------------------------------------
+
+
+def test_resume_removes_the_temporaries_a_kill_left(finished, tmp_path):
+    run = tmp_path / "run"
+    os.system(f"cp -r {finished} {run}")  # a copy: the module's run stays pristine
+    (run / "final.json").unlink()
+    (run / ".last.pt.k2j4h1.tmp").write_bytes(b"half a checkpoint")
+    (run / ".prev.pt.link.tmp").write_bytes(b"")
+    lines = []
+    train(load_config(run / CONFIG), resume=True, progress=False, run_dir=run, log=lines.append)
+    assert not list(run.glob(".*.tmp"))
+    assert any("removed .last.pt.k2j4h1.tmp" in line for line in lines)
+    assert (run / "final.json").is_file()
+
+
+def test_remove_stale_temporaries_keeps_everything_else(tmp_path):
+    (tmp_path / ".last.pt.abc.tmp").write_bytes(b"x")
+    (tmp_path / "last.pt").write_bytes(b"y")
+    (tmp_path / "notes.tmp").write_bytes(b"z")  # not ours: no leading dot
+    removed = remove_stale_temporaries(tmp_path)
+    assert [p.name for p in removed] == [".last.pt.abc.tmp"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt", "notes.tmp"]
+
+
+# -- a checkpoint whose digest is valid but whose values are not ----------------------------
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("epoch", 10**9), ("epoch", -1), ("epoch", "2"), ("step", 2.5), ("seconds", float("nan"))],
+)
+def test_resume_refuses_impossible_counters(finished, tmp_path, field, value):
+    run = tmp_path / "run"
+    os.system(f"cp -r {finished} {run}")
+    (run / "final.json").unlink()
+    state = load_checkpoint(run / "last.pt")
+    state[field] = value
+    save_checkpoint(run / "last.pt", state, keep_previous=False)
+    with pytest.raises(CheckpointError, match=rf"{field} = {value!r:.6}.*prev.pt"):
+        train(load_config(run / CONFIG), resume=True, progress=False, run_dir=run, log=None)
+    assert not (run / "final.json").exists()
+    with pytest.raises(CheckpointError, match=field):
+        evaluate_run(run)
+
+
+# -- snens eval on a run whose config.toml was edited afterwards ----------------------------
+
+
+def test_eval_refuses_an_edited_config(finished, tmp_path, capsys):
+    run = tmp_path / "run"
+    os.system(f"cp -r {finished} {run}")
+    text = (run / CONFIG).read_text()
+    assert "test_examples = 200" in text
+    (run / CONFIG).write_text(text.replace("test_examples = 200", "test_examples = 100"))
+    with pytest.raises(CheckpointError, match=r"data.test_examples: saved 200, given 100"):
+        evaluate_run(run)
+    assert main(["eval", str(run)]) == 2
+    assert "Restore config.toml" in capsys.readouterr().err
+
+
+def test_eval_of_an_unedited_run_reproduces_final_json(finished):
+    metrics, state = evaluate_run(finished)
+    final = json.loads((finished / "final.json").read_text())["metrics"]
+    assert metrics["test/nll"] == pytest.approx(final["test/nll"], rel=1e-6)
+    assert state["epoch"] == 2
+
+
+# -- the disk fills, or the run directory is made read-only, mid-run ------------------------
+
+
+def test_a_full_disk_mid_run_names_the_file_and_how_to_resume(tmp_path, monkeypatch):
+    real_fsync = os.fsync
+    calls = {"n": 0}
+
+    def fsync(fd):
+        calls["n"] += 1
+        if calls["n"] > 6:  # the first writes succeed: config, provenance, epoch 1
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_fsync(fd)
+
+    config = _config(tmp_path, "optim.epochs=3")
+    train_run = tmp_path / "run"
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(RunDirError, match=r"cannot write .*No space left.*--resume"):
+        train(config, progress=False, log=None)
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    assert not list(train_run.glob(".*.tmp"))  # nothing half-written left behind
+    # what was saved is intact: the run resumes and finishes
+    train(load_config(train_run / CONFIG), resume=True, progress=False, run_dir=train_run, log=None)
+    assert (train_run / "final.json").is_file()
+
+
+def test_cli_reports_a_full_disk_without_a_traceback(tmp_path, monkeypatch, capsys):
+    def no_space(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(snens.runs.Run, "write_final", lambda self, r: no_space())
+    code = main(
+        [
+            "train",
+            "--preset",
+            "fashion_mnist_small_cnn_tiny",
+            "--out",
+            str(tmp_path),
+            "--no-progress",
+            "--set",
+            "data.train_examples=200",
+            "--set",
+            "optim.epochs=1",
+            "--set",
+            "threads=1",
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code in (1, 2) and "No space left on device" in err and "Traceback" not in err
+
+
+# -- absurd member counts -------------------------------------------------------------------
+
+
+def test_a_million_members_is_refused_before_any_work():
+    model = torch.nn.Sequential(
+        torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 2)
+    )
+    with pytest.raises(ValueError, match=r"num_members must be <= 1024, got 1,000,000"):
+        snens.convert(model, num_members=10**6)
+    with pytest.raises(ValueError, match=r"method.num_members"):
+        load_config(preset("fashion_mnist_small_cnn_tiny"), ["method.num_members=1000000"])
+    assert snens.convert(model, num_members=MAX_MEMBERS).num_members == MAX_MEMBERS
