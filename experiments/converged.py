@@ -16,8 +16,11 @@ Stages (each run's directory: ``results/converged/<stage>/<variant>/seed=<s>/``)
   ramp of the regularizer, γ's learning-rate multiplier and initial spread, ``split`` inputs at
   the compute of one model (4× the epochs), width 32; with the single model and the deep
   ensemble at the same budget for reference (the single model's is ``budget/single_e10``).
+* ``final`` — single, deep ensemble, BatchEnsemble, Packed-Ensembles, MC-dropout and the
+  ablation's σN-Ens winner (lowest validation NLL) at the converged budget, seeds 0, 1, 2;
+  its runs exist once ``budget`` and ``ablation`` have finished.
 
-Resumable and parallel: run the same command in two processes (``--worker``), each takes the
+Resumable and parallel: run the same command in two processes, each takes the
 next run nobody holds (a lock file beside the run directory, released on exit; a lock whose
 process is gone is taken over); a finished run (``final.json``) is skipped; an interrupted one
 resumes from its ``last.pt``. Checkpoints and locks are not committed (``.gitignore``), the
@@ -120,16 +123,51 @@ def _stages() -> dict[str, list[Variant]]:
         ),
     ]
     budget = [Variant(f"single_e{e}", (*SINGLE, f"optim.epochs={e}")) for e in BUDGET_EPOCHS]
-    return {"budget": budget, "ablation": ablation}
+    return {"budget": budget, "ablation": ablation, "final": []}
 
 
 STAGES = _stages()
+#: The methods of the final comparison (σN-Ens: the ablation's winner on validation).
+FINAL_METHODS = ("single", "deep_ensemble", "batch_ensemble", "packed", "mc_dropout")
+FINAL_SEEDS = (0, 1, 2)
+
+
+def chosen_recipe() -> Variant | None:
+    """The σN-Ens variant of the ablation (width 16, repeated inputs) with the lowest
+    validation NLL; None until all of them finished. Never looks at the test set."""
+    best, best_nll = None, math.inf
+    for variant in STAGES["ablation"]:
+        if not variant.name.startswith("snens") or variant.name.endswith(("_w32", "_e40")):
+            continue
+        final = _final(OUT / "ablation" / variant.name / "seed=0")
+        if final is None:
+            return None
+        if final["metrics"]["val/nll"] < best_nll:
+            best, best_nll = variant, final["metrics"]["val/nll"]
+    return best
+
+
+def final_variants() -> list[Variant]:
+    """The final comparison at the converged budget, 3 seeds; empty until budget and ablation
+    finished (its configs depend on what they chose)."""
+    epochs, _ = converged_budget()
+    recipe = chosen_recipe()
+    if epochs is None or recipe is None:
+        return []
+    length = f"optim.epochs={epochs}"
+    out = [
+        Variant(m, (*(SINGLE if m == "single" else (f"method.name={m}",)), length), FINAL_SEEDS)
+        for m in FINAL_METHODS
+    ]
+    kept = tuple(o for o in recipe.overrides if not o.startswith("optim.epochs="))
+    out.append(Variant(f"{recipe.name}_chosen", (*kept, length), FINAL_SEEDS))
+    return out
 
 
 def runs_of(stage: str) -> list[tuple[Variant, SweepRun]]:
     """Every run of a stage, its config built and checked (nothing is written)."""
     out = []
-    for variant in STAGES[stage]:
+    for variant in final_variants() if stage == "final" else STAGES[stage]:
         grid = [f"seed={','.join(str(s) for s in variant.seeds)}"]
         for run in plan(
             preset("fashion_mnist_small_cnn"),
@@ -218,7 +256,7 @@ def _curve(path: Path, key: str) -> list[float]:
 def converged_budget() -> tuple[int | None, list[str]]:
     """The fewest epochs of :data:`BUDGET_EPOCHS` whose single-model validation NLL is within
     :data:`CONVERGED_WITHIN` of the best (None until every budget run finished), and a table."""
-    rows = ["| epochs | val acc | val NLL | val ECE | test acc | test NLL |", "|---|" * 6]
+    rows = ["| epochs | val acc | val NLL | val ECE | test acc | test NLL |", "|" + "---|" * 6]
     nll: dict[int, float] = {}
     for _, sweep_run in runs_of("budget"):
         final = _final(sweep_run.path())

@@ -252,3 +252,19 @@ def test_member_linear_is_one_linear_per_member():
     torch.testing.assert_close(head(x), plain(x), **TOL)
     with pytest.raises(ValueError, match="num_members=2"):
         head.load_state_dict(snn.MemberLinear(5, 3, num_members=2).state_dict())
+
+
+def test_norm_layer_factory_takes_torchs_own_signatures():
+    """What torchvision and timm pass to ``norm_layer``: positional eps, momentum, affine flags,
+    device and dtype; each built as the plain norm would be, member options apart."""
+    bn = snn.member_norm(4)(64, 1e-3)
+    assert (bn.eps, bn.momentum, bn.num_members) == (1e-3, 0.1, 4)
+    bn = snn.member_norm(4)(64, momentum=None, affine=False, dtype=torch.float64)
+    assert bn.momentum is None and bn.weight.dtype == torch.float64
+    torch.testing.assert_close(bn.weight, torch.ones(4, 64, dtype=torch.float64))  # identity
+    ln = snn.member_norm(2, nn.LayerNorm, gamma_std=0.0)(384, elementwise_affine=False)
+    assert ln.normalized_shape == (384,) and torch.equal(ln.gamma, torch.zeros(2, 384))
+    gn = snn.member_norm(2, nn.GroupNorm)(4, 32, 1e-6)
+    assert (gn.num_groups, gn.num_channels, gn.eps) == (4, 32, 1e-6)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'afine'"):
+        snn.member_norm(4)(64, afine=False)  # torch's own message names the typo

@@ -5,7 +5,7 @@ loss = snens.ensemble_loss(ens(x), y) + snens.diversity_loss(ens, temperature=1.
 probs = snens.predictive_probs(ens(x))         # (B, K)
 """
 
-from snens import metrics, nn
+from snens import baselines, metrics, models, nn
 from snens.allocation import LayerAllocation, allocation, mean_effective_members
 from snens.calibration import TemperatureScaled, fit_temperature
 from snens.ensemble import Ensemble, convert, ensemble_loss, extract_member, predictive_probs
@@ -26,6 +26,7 @@ __all__ = [
     "LayerAllocation",
     "TemperatureScaled",
     "allocation",
+    "baselines",
     "convert",
     "diversity_gain",
     "diversity_loss",
@@ -36,6 +37,7 @@ __all__ = [
     "fit_temperature",
     "mean_effective_members",
     "metrics",
+    "models",
     "nn",
     "optimal_k",
     "param_groups",

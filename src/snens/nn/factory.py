@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
+from typing import Any
 
 from torch import nn
 
@@ -31,7 +31,11 @@ def member_norm(
 
     ``member_norm(4)(64)`` builds ``MemberBatchNorm2d(64, num_members=4)``;
     ``member_norm(4, nn.LayerNorm, eps=1e-6)(384)`` builds a ``MemberLayerNorm``.
-    Positional and keyword arguments go to the member norm as they would to ``norm``.
+    The layer takes ``norm``'s own signature, positional and keyword (``(64, 1e-3)``,
+    ``(64, momentum=None)``, ``(384, elementwise_affine=False)``, ``device=``, ``dtype=``),
+    checked by ``norm`` itself; ``gamma_mean`` and ``gamma_std`` go to the member norm. A
+    member norm always has its per-member affine (σ(γ_m) scales it): ``affine=False`` or
+    ``elementwise_affine=False`` start it at the identity, as for any other layer.
 
     Args:
         num_members: M.
@@ -46,4 +50,17 @@ def member_norm(
         supported = ", ".join(t.__name__ for t in MEMBER_NORMS)
         raise TypeError(f"no member version of {norm!r}; supported norms: {supported}")
     cls = MEMBER_NORMS[norm]
-    return functools.partial(cls, num_members=num_members, **defaults)
+
+    def build(*args: Any, **kwargs: Any) -> MemberNorm:
+        options = {**defaults, **kwargs}
+        member = {k: options.pop(k) for k in _MEMBER_OPTIONS if k in options}
+        factory = {k: options[k] for k in ("device", "dtype") if k in options}
+        plain = norm(*args, **options)  # torch's own signature and checks
+        return cls(**cls._plain_config(plain), num_members=num_members, **member, **factory)
+
+    build.__name__ = build.__qualname__ = f"member_norm({num_members}, {norm.__name__})"
+    return build
+
+
+# Keyword arguments of the member norms that the plain norms do not take.
+_MEMBER_OPTIONS = ("gamma_mean", "gamma_std")
