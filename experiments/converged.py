@@ -14,8 +14,11 @@ Stages (each run's directory: ``results/converged/<stage>/<variant>/seed=<s>/``)
   the converged budget is the fewest epochs whose validation NLL is within 0.005 of the best.
 * ``ablation`` — σN-Ens variants at 10 epochs, seed 0: λ, τ up to 50, head initialization, a
   ramp of the regularizer, γ's learning-rate multiplier and initial spread, ``split`` inputs at
-  the compute of one model (4× the epochs), width 32; with the single model and the deep
-  ensemble at the same budget for reference (the single model's is ``budget/single_e10``).
+  the compute of one model (4× the epochs); with the single model and the deep ensemble at
+  the same budget for reference (the single model's is ``budget/single_e10``).
+* ``overfit`` — where ensembles pay: 10,000 training images, no augmentation, width 32, 20
+  epochs, seed 0; single, deep ensemble and σN-Ens variants.
+* ``width`` — width 32 on all the data at 10 epochs: single, deep ensemble, σN-Ens.
 * ``final`` — single, deep ensemble, BatchEnsemble, Packed-Ensembles, MC-dropout and the
   ablation's σN-Ens winner (lowest validation NLL) at the converged budget, seeds 0, 1, 2;
   its runs exist once ``budget`` and ``ablation`` have finished.
@@ -26,8 +29,8 @@ process is gone is taken over); a finished run (``final.json``) is skipped; an i
 resumes from its ``last.pt``. Checkpoints and locks are not committed (``.gitignore``), the
 rest of each run directory is.
 
-    OMP_NUM_THREADS=1 python experiments/converged.py run --stage budget ablation &
-    OMP_NUM_THREADS=1 python experiments/converged.py run --stage budget ablation &
+    OMP_NUM_THREADS=1 python experiments/converged.py run &      # every stage, in order
+    OMP_NUM_THREADS=1 python experiments/converged.py run &      # a second process
     python experiments/converged.py report      # results/converged.md and figures
     python experiments/converged.py plan        # the runs and their status, nothing trains
 """
@@ -51,7 +54,9 @@ from snens.runs import FINAL
 from snens.sweep import SweepRun, plan, run_sweep
 
 ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "results" / "converged"
+#: Where the study lives, and ``--set`` values over every run (``--out``, ``--set``: a smaller
+#: copy of the study, e.g. for the smoke test).
+WHERE = {"out": ROOT / "results" / "converged", "extra": ()}
 
 #: What every run of the study shares (``--set`` syntax, over the preset).
 BASE = (
@@ -115,15 +120,41 @@ def _stages() -> dict[str, list[Variant]]:
             "snens_tau5_lam0.01_split_e40",
             (*_snens(5, 0.01, "method.input_policy=split"), f"optim.epochs={4 * ABLATION_EPOCHS}"),
         ),
-        # width 32 (≈ 4× the compute of width 16)
-        Variant("single_w32", (*SINGLE, epochs, "model.options={width=32}")),
-        Variant("snens_tau5_lam0.01_w32", (*_snens(5, 0.01), epochs, "model.options={width=32}")),
-        Variant(
-            "deep_ensemble_w32", ("method.name=deep_ensemble", epochs, "model.options={width=32}")
-        ),
+    ]
+    # width 32 (≈ 4× the compute of width 16), same data and budget
+    w32 = (epochs, "model.options={width=32}")
+    width = [
+        Variant("single_w32", (*SINGLE, *w32)),
+        Variant("deep_ensemble_w32", ("method.name=deep_ensemble", *w32)),
+        Variant("snens_lam0_w32", (*_snens(1, 0), *w32)),
+        Variant("snens_tau5_lam0.01_w32", (*_snens(5, 0.01), *w32)),
+    ]
+    # where a single model overfits its NLL: 10,000 training images, no augmentation, width 32,
+    # 20 epochs (the validation curve shows where the single model's NLL turns up)
+    few = (
+        "data.train_examples=10000",
+        "data.augment=[]",
+        "model.options={width=32}",
+        "optim.epochs=20",
+    )
+    overfit = [
+        Variant("single", (*SINGLE, *few)),
+        Variant("deep_ensemble", ("method.name=deep_ensemble", *few)),
+        Variant("snens_lam0", (*_snens(1, 0), *few)),
+        Variant("snens_tau5_lam0.01", (*_snens(5, 0.01), *few)),
+        Variant("snens_tau5_lam0.1", (*_snens(5, 0.1), *few)),
+        Variant("snens_tau1_lam0.1", (*_snens(1, 0.1), *few)),
+        Variant("snens_tau50_lam0.1", (*_snens(50, 0.1), *few)),
+        Variant("snens_lam0_reset", (*_snens(1, 0, 'method.options={head_init="reset"}'), *few)),
     ]
     budget = [Variant(f"single_e{e}", (*SINGLE, f"optim.epochs={e}")) for e in BUDGET_EPOCHS]
-    return {"budget": budget, "ablation": ablation, "final": []}
+    return {
+        "budget": budget,
+        "ablation": ablation,
+        "overfit": overfit,
+        "width": width,
+        "final": [],
+    }
 
 
 STAGES = _stages()
@@ -137,9 +168,9 @@ def chosen_recipe() -> Variant | None:
     validation NLL; None until all of them finished. Never looks at the test set."""
     best, best_nll = None, math.inf
     for variant in STAGES["ablation"]:
-        if not variant.name.startswith("snens") or variant.name.endswith(("_w32", "_e40")):
+        if not variant.name.startswith("snens") or variant.name.endswith("_e40"):
             continue
-        final = _final(OUT / "ablation" / variant.name / "seed=0")
+        final = _final(WHERE["out"] / "ablation" / variant.name / "seed=0")
         if final is None:
             return None
         if final["metrics"]["val/nll"] < best_nll:
@@ -172,8 +203,8 @@ def runs_of(stage: str) -> list[tuple[Variant, SweepRun]]:
         for run in plan(
             preset("fashion_mnist_small_cnn"),
             grid,
-            OUT / stage / variant.name,
-            overrides=(*BASE, *variant.overrides),
+            WHERE["out"] / stage / variant.name,
+            overrides=(*BASE, *variant.overrides, *WHERE["extra"]),
         ):
             out.append((variant, run))
     return out
@@ -316,30 +347,35 @@ def report() -> Path:
         "",
     ]
     for stage in STAGES:
-        stage_dir = OUT / stage
+        stage_dir = WHERE["out"] / stage
         if not any(stage_dir.rglob(FINAL)):
             continue
         # the single model at the ablation budget is the budget stage's run of that length
-        reference = OUT / "budget" / f"single_e{ABLATION_EPOCHS}"
+        reference = WHERE["out"] / "budget" / f"single_e{ABLATION_EPOCHS}"
         dirs = [stage_dir, reference] if stage == "ablation" and reference.is_dir() else [stage_dir]
-        table = write_report(dirs, OUT / f"{stage}_report")
+        table = write_report(dirs, WHERE["out"] / f"{stage}_report")
         sections += [f"## Stage `{stage}`", "", table.table, ""]
-        plot = _plot_curves(stage, ROOT / "results")
+        plot = _plot_curves(stage, WHERE["out"].parent)
         if plot:
             sections += [f"![{stage} learning curves]({plot.name})", ""]
-    path = ROOT / "results" / "converged.md"
+    path = WHERE["out"].parent / f"{WHERE['out'].name}.md"
     path.write_text("\n".join(sections))
     return path
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=WHERE["out"], help="the study's directory")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="over every run"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     run_parser = sub.add_parser("run", help="train the stages' runs not yet done")
     run_parser.add_argument("--stage", nargs="+", choices=list(STAGES), default=list(STAGES))
     sub.add_parser("report", help="write results/converged.md from the finished runs")
     sub.add_parser("plan", help="list the runs and their status")
     args = parser.parse_args(argv)
+    WHERE.update(out=args.out.resolve(), extra=tuple(args.set))
     if args.command == "run":
         return run(args.stage)
     if args.command == "report":

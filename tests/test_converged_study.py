@@ -1,0 +1,75 @@
+"""experiments/converged.py at a tiny scale: two processes share one queue (each run trains
+once), a killed worker's run is taken over, and the report picks the budget from validation."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("matplotlib")
+
+SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "converged.py"
+TINY = [
+    "--set", "data.train_examples=200",
+    "--set", "data.validation_examples=200",
+    "--set", "data.test_examples=200",
+    "--set", "data.ood_examples=200",
+    "--set", "data.corruption_examples=100",
+    "--set", "data.batch_size=100",
+    "--set", "model.options={width=4}",
+]  # fmt: skip
+
+
+def _study(out: Path, *args: str) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    return subprocess.Popen(
+        [sys.executable, str(SCRIPT), "--out", str(out), *TINY, *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def test_two_workers_share_the_budget_stage_and_the_report_picks_the_budget(tmp_path):
+    out = tmp_path / "converged"
+    # a lock left by a killed worker (a process id that is no longer running) is taken over
+    stale = out / "budget" / "single_e5" / "seed=0.lock"
+    stale.parent.mkdir(parents=True)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()  # fmt: skip
+    stale.write_text(f"{os.uname().nodename} {dead}")
+
+    workers = [_study(out, "run", "--stage", "budget") for _ in range(2)]
+    logs = [w.communicate(timeout=600)[0] for w in workers]
+    assert [w.returncode for w in workers] == [0, 0], logs
+    trained = [line for log in logs for line in log.splitlines() if line.startswith("== ")]
+    names = sorted(line.split()[1] for line in trained)
+    assert names == sorted(f"budget/single_e{e}/seed=0" for e in (5, 10, 20, 40))  # once each
+    assert not list(out.rglob("*.lock"))
+
+    finals = {}
+    for e in (5, 10, 20, 40):
+        run = out / "budget" / f"single_e{e}" / "seed=0"
+        final = json.loads((run / "final.json").read_text())
+        curve = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+        assert len(curve) == e and final["train"]["epochs"] == e
+        assert final["metrics"]["val/nll"] == pytest.approx(curve[-1]["val/nll"], rel=1e-12)
+        finals[e] = final["metrics"]["val/nll"]
+
+    report = _study(out, "report")
+    text = report.communicate(timeout=300)[0]
+    assert report.returncode == 0, text
+    md = (tmp_path / "converged.md").read_text()
+    best = min(finals.values())
+    chosen = min(e for e, v in finals.items() if v <= best + 0.005)
+    assert f"Converged budget: {chosen} epochs." in md
+    assert (tmp_path / "converged_budget_curves.png").stat().st_size > 10_000
+    # nothing is trained twice: a second pass finds every run done
+    again = _study(out, "run", "--stage", "budget")
+    assert "== " not in again.communicate(timeout=300)[0]
