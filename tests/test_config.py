@@ -47,7 +47,9 @@ def test_toml_round_trip(config, tmp_path):
 def test_unknown_keys_are_named_with_the_valid_ones():
     with pytest.raises(ValueError, match=r"'optim\.learning_rate'.*valid keys in \[optim\]: .*lr"):
         load_config({"optim": {"learning_rate": 0.1}})
-    with pytest.raises(ValueError, match=r"unknown config key 'sed'; valid keys: seed"):
+    with pytest.raises(
+        ValueError, match=r"unknown config key 'sed' \(did you mean 'seed'\?\); valid keys: seed"
+    ):
         load_config({"sed": 1})
     with pytest.raises(ValueError, match=r"'data\.batchsize'"):
         load_config(None, ["data.batchsize=3"])
@@ -178,3 +180,31 @@ def test_a_broken_quoted_or_bracketed_override_is_an_error_not_a_string(override
 
 def test_a_bare_override_string_is_taken_as_written():
     assert load_config(None, ["data.root=/data/sets"]).data.root == "/data/sets"
+
+
+def test_typos_get_a_did_you_mean():
+    from snens.presets import preset
+
+    with pytest.raises(ValueError, match=r"unknown preset 'fashion_mnist_smal_cnn' \(did you mean "
+                       r"'fashion_mnist_small_cnn'\?\)"):  # fmt: skip
+        preset("fashion_mnist_smal_cnn")
+    with pytest.raises(ValueError, match=r"'optim.epoch' \(did you mean 'epochs'\?\)"):
+        load_config(preset("fashion_mnist_small_cnn"), ["optim.epoch=3"])
+    with pytest.raises(ValueError) as nothing_close:
+        load_config(preset("fashion_mnist_small_cnn"), ["optim.zzz=3"])
+    assert "did you mean" not in str(nothing_close.value)
+
+
+def test_a_shorter_multistep_run_is_told_which_milestones_fit():
+    from snens.presets import preset
+
+    with pytest.raises(ValueError) as error:
+        load_config(preset("cifar10_resnet18"), ["optim.epochs=30"])
+    message = str(error.value)
+    assert "got (25, 50)" in message and "optim.milestones=[10, 20]" in message
+    assert 'optim.schedule="cosine" with optim.milestones=[]' in message
+    # the suggestion itself is a valid config
+    fixed = load_config(
+        preset("cifar10_resnet18"), ["optim.epochs=30", "optim.milestones=[10, 20]"]
+    )
+    assert fixed.optim.milestones == (10, 20)

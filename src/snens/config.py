@@ -25,11 +25,12 @@ Named settings (the paper's and their offline stand-ins) are in :mod:`snens.pres
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import os
 import re
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -56,6 +57,7 @@ __all__ = [
     "ModelConfig",
     "OptimConfig",
     "RunConfig",
+    "did_you_mean",
     "from_dict",
     "load_config",
     "to_dict",
@@ -439,13 +441,12 @@ class OptimConfig(_Section):
             f"an int in [0, epochs={self.epochs}]",
             self.warmup_epochs,
         )
-        _require(
-            list(self.milestones) == sorted(set(self.milestones))
-            and all(0 < m < self.epochs for m in self.milestones),
-            self.key("milestones"),
-            f"increasing epochs in (0, epochs={self.epochs})",
-            self.milestones,
-        )
+        increasing = list(self.milestones) == sorted(set(self.milestones))
+        if not (increasing and all(0 < m < self.epochs for m in self.milestones)):
+            raise ValueError(
+                f"optim.milestones must be increasing epochs in (0, epochs={self.epochs}), got "
+                f"{self.milestones!r}; {_milestones_fix(self.milestones, self.epochs)}"
+            )
         if self.nesterov and (self.optimizer != "sgd" or self.momentum == 0):
             raise ValueError(
                 "optim.nesterov needs optimizer 'sgd' with momentum > 0, got optimizer "
@@ -570,14 +571,33 @@ def _field_names(cls: type) -> list[str]:
     return [f.name for f in dataclasses.fields(cls)]
 
 
+def did_you_mean(name: str, choices: Iterable[str]) -> str:
+    """``" (did you mean 'epochs'?)"`` for the closest of ``choices``, or ``""``."""
+    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _milestones_fix(milestones: tuple[int, ...], epochs: int) -> str:
+    """How to fix milestones that do not fit ``epochs`` (typically a preset's, after an
+    ``optim.epochs`` override): as many, evenly spaced over the run, or a cosine schedule."""
+    k = len(milestones)
+    if k and epochs > k:
+        spaced = sorted({max(1, round(i * epochs / (k + 1))) for i in range(1, k + 1)})
+        return (
+            f"for {epochs} epochs set e.g. optim.milestones={spaced} (evenly spaced), or "
+            'optim.schedule="cosine" with optim.milestones=[]'
+        )
+    return 'give epochs between 1 and optim.epochs - 1, or set optim.schedule="cosine"'
+
+
 def _check_keys(given: Mapping[str, Any], cls: type, where: str) -> None:
     valid = _field_names(cls)
     for key in given:
         if key not in valid:
             full = f"{where}.{key}" if where else key
             raise ValueError(
-                f"unknown config key {full!r}; valid keys{' in [' + where + ']' if where else ''}: "
-                f"{', '.join(valid)}"
+                f"unknown config key {full!r}{did_you_mean(key, valid)}; valid keys"
+                f"{' in [' + where + ']' if where else ''}: {', '.join(valid)}"
             )
 
 

@@ -17,6 +17,7 @@ from snens.config import (
     ModelConfig,
     OptimConfig,
     RunConfig,
+    did_you_mean,
     from_dict,
     to_dict,
 )
@@ -215,5 +216,7 @@ def preset(name: str) -> RunConfig:
         ValueError: an unknown name; the message lists the presets.
     """
     if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; presets: {', '.join(PRESETS)}")
+        raise ValueError(
+            f"unknown preset {name!r}{did_you_mean(name, PRESETS)}; presets: {', '.join(PRESETS)}"
+        )
     return from_dict(to_dict(PRESETS[name]))
