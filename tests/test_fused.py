@@ -10,6 +10,7 @@ take the loop with the same results.
 import copy
 import os
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -233,3 +234,66 @@ def test_batch_norm_channels_last_keeps_the_out_kernel_path():
     y = layer(x.requires_grad_(True))
     assert type(y.grad_fn).__name__ == "_MemberBatchNormFunctionBackward"
     assert y.is_contiguous(memory_format=torch.channels_last)
+
+
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                           capture_output=True, text=True, check=True)  # fmt: skip
+    return int(child.stdout)
+
+
+def test_a_build_lock_whose_process_is_gone_is_taken_with_torchs(tmp_path):
+    """A build killed at any moment (the lock is seconds old) never blocks the next one."""
+    import platform
+
+    (tmp_path / "snens.lock").write_text(f"{platform.node()} {_dead_pid()}")
+    (tmp_path / "lock").touch()  # torch's, which its own loop would wait on forever
+    start = time.monotonic()
+    held = fused._hold_build_lock(tmp_path)
+    assert time.monotonic() - start < 5
+    assert held.read_text() == f"{platform.node()} {os.getpid()}"
+    assert not (tmp_path / "lock").exists()
+
+
+def test_a_live_builders_lock_is_waited_for_then_times_out(tmp_path, monkeypatch):
+    import platform
+
+    (tmp_path / "snens.lock").write_text(f"{platform.node()} {os.getppid()}")  # alive
+    monkeypatch.setattr(fused, "_WAIT_S", 1)
+    with pytest.raises(TimeoutError, match=r"snens.lock is held by"):
+        fused._hold_build_lock(tmp_path)
+    assert (tmp_path / "snens.lock").read_text().endswith(str(os.getppid()))  # not ours to take
+
+
+def test_each_environment_and_checkout_has_its_own_build(monkeypatch, tmp_path):
+    """torch's build.ninja holds absolute paths: a shared directory would be rebuilt by every
+    other virtual environment or checkout, so each gets its own name."""
+    import sys
+
+    here = fused._build_name()
+    assert fused._build_name() == here  # stable
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "other-venv"))
+    assert fused._build_name() != here
+    monkeypatch.undo()
+    copy = tmp_path / "csrc"
+    copy.mkdir()
+    for source in fused._SOURCES:
+        (copy / source.name).write_text(source.read_text())
+    monkeypatch.setattr(fused, "_SOURCES", tuple(copy / s.name for s in fused._SOURCES))
+    assert fused._build_name() != here  # same sources, another checkout
+
+
+def test_build_kernels_command(monkeypatch, capsys):
+    from snens.cli import main
+
+    assert main(["build-kernels"]) == 0
+    out = capsys.readouterr()
+    library = Path(out.out.split(" (")[0])
+    assert library.is_file() and library.suffix == ".so"
+    assert "snens: kernels cached in" in out.err or "built the fused kernels" in out.err
+    monkeypatch.setattr(fused, "_build", lambda verbose=False: (False, "OSError: no g++"))
+    assert main(["build-kernels"]) == 1
+    assert "no g++; member norms will run their native-kernel paths" in capsys.readouterr().err

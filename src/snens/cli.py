@@ -17,6 +17,24 @@ def _demo(args: argparse.Namespace) -> int:
     return demo.run(full=args.full, out=args.out)
 
 
+def _build_kernels(args: argparse.Namespace) -> int:
+    import time
+
+    from snens.nn import fused
+
+    start = time.perf_counter()
+    ok, error, library = fused.build(verbose=True)
+    if not ok:
+        print(
+            f"snens build-kernels: {error}; member norms will run their native-kernel paths. "
+            "A C++ compiler (g++ or clang++) and ninja let the kernels build",
+            file=sys.stderr,
+        )
+        return 1
+    print(f"{library} ({time.perf_counter() - start:.1f} s)")
+    return 0
+
+
 def _bench(args: argparse.Namespace) -> int:
     from snens import benchmark
 
@@ -293,6 +311,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="measure σN-Ens's cost against one model at M·B and a deep ensemble (ratios)",
     )
     bench.set_defaults(run=_bench)
+    kernels = sub.add_parser(
+        "build-kernels",
+        help="build the fused CPU member-norm kernels now (once per environment), not on first use",
+    )
+    kernels.set_defaults(run=_build_kernels)
     return parser
 
 

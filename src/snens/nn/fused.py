@@ -13,13 +13,19 @@ every (member, channel) in one call: statistics, running statistics, the affine,
 that writes the input gradient in place (contiguous inputs; channels-last ones keep the
 native kernel). Measured against the plain norms in ``results/bench_cpu.md``.
 
-Both are compiled once per machine by ``torch.utils.cpp_extension`` (a C++ compiler and ninja
-are needed; about 15 s) into ``$XDG_CACHE_HOME/snens/kernels`` (default ``~/.cache``), under a
-name carrying a digest of the sources, the flags, the torch version and the CPU's
-instruction-set flags — they are built with ``-march=native``, so another CPU gets its own
-build. Where they cannot be built, or with ``SNENS_FUSED=0``, member norms take their
-native-kernel paths, after one warning that names the reason. float32 and float64 on the CPU;
-other dtypes and devices, and code traced by ``torch.compile``, take those paths too.
+Both are compiled once per environment by ``torch.utils.cpp_extension`` (a C++ compiler and
+ninja, a dependency of snens, are needed; 15 s on a quiet 2-core machine, up to ~2 min on a
+loaded one) into ``$XDG_CACHE_HOME/snens/kernels`` (default ``~/.cache``), under a name carrying
+a digest of the sources and where they are, the flags, the torch version, the Python
+environment and the CPU's instruction-set flags: they are built with ``-march=native``, so
+another CPU gets its own build, and torch's ``build.ninja`` holds absolute paths, so another
+checkout or virtual environment gets its own directory instead of rebuilding this one. Build
+them ahead with ``snens build-kernels``; a build on first use prints one line before and one
+after (with its time) on stderr. Concurrent processes build once: the builder holds
+``snens.lock`` (naming its process); a lock whose process is gone is removed, with torch's own.
+Where they cannot be built, or with ``SNENS_FUSED=0``, member norms take their native-kernel
+paths, after one warning that names the reason. float32 and float64 on the CPU; other dtypes
+and devices, and code traced by ``torch.compile``, take those paths too.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import hashlib
 import math
 import os
 import platform
+import sys
 import threading
 import time
 import warnings
@@ -45,6 +52,7 @@ __all__ = [
     "applies",
     "applies_batch_norm",
     "available",
+    "build",
     "build_error",
     "member_batch_norm",
     "member_layer_norm",
@@ -59,7 +67,8 @@ _SOURCES = tuple(
 )
 # no fused multiply-add contraction: x·a + b rounds twice, as in ATen's vectorized kernels
 _FLAGS = ("-O3", "-fopenmp-simd", "-march=native", "-ffp-contract=off")
-_STALE_LOCK_S = 600  # a build takes ~15 s; a lock this old was left by a killed build
+_STALE_LOCK_S = 600  # a build takes 15–130 s; a lock this old was left by a killed build
+_WAIT_S = 1200  # the longest another process's build is waited for before giving up
 
 _lock = threading.Lock()
 _built: bool | None = None  # None: not tried in this process
@@ -104,6 +113,64 @@ def _build_directory(name: str) -> Path:
     return directory
 
 
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return pid > 0
+    return True
+
+
+def _hold_build_lock(directory: Path) -> Path:
+    """Take ``directory/snens.lock`` (host and pid inside) for this process's build.
+
+    Another live process's lock is waited on (it is building the same kernels); a lock whose
+    process is gone (killed mid-build) is removed, together with torch's ``lock`` beside it,
+    which torch would otherwise wait on forever. Raises TimeoutError after :data:`_WAIT_S`.
+    """
+    ours = directory / "snens.lock"
+    me = f"{platform.node()} {os.getpid()}"
+    deadline = time.monotonic() + _WAIT_S
+    while True:
+        try:
+            fd = os.open(ours, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                host, _, pid = ours.read_text().partition(" ")
+                age = time.time() - ours.stat().st_mtime
+            except OSError:
+                continue  # released meanwhile: try again
+            dead = host == platform.node() and pid.strip().isdigit()
+            dead = dead and not _process_alive(int(pid))
+            if dead or (host != platform.node() and age > _STALE_LOCK_S):
+                ours.unlink(missing_ok=True)
+                continue
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{ours} is held by {host} {pid} for over {_WAIT_S} s") from None
+            time.sleep(0.5)
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(me)
+        # we hold the build: a torch lock still here was left by a killed build
+        (directory / "lock").unlink(missing_ok=True)
+        return ours
+
+
+def _notice(line: str) -> None:
+    print(f"snens: {line}", file=sys.stderr, flush=True)
+
+
+def build(*, verbose: bool = False) -> tuple[bool, str | None, Path | None]:
+    """Build (or find) the kernels now, as ``snens build-kernels`` does: ``(ok, error, path)``
+    with ``path`` the built library."""
+    global _built, _error
+    with _lock:
+        _built, _error = _build(verbose=verbose)
+        return _built, _error, _library if _built else None
+
+
 def _cpu() -> str:
     """What -march=native compiles for: the instruction-set flags (Linux), else the CPU's name."""
     try:
@@ -118,27 +185,70 @@ def _cpu() -> str:
     )
 
 
-def _build() -> tuple[bool, str | None]:
+_library: Path | None = None
+
+
+def _build_name() -> str:
+    """The build's directory name: a digest of everything the built library depends on."""
+    sources = [path.read_text() for path in _SOURCES]
+    where = [str(path.resolve()) for path in _SOURCES]
+    fingerprint = "\n".join([*sources, *where, *_FLAGS, torch.__version__, sys.prefix, _cpu()])
+    return "snens_fused_" + hashlib.sha256(fingerprint.encode()).hexdigest()[:12]
+
+
+def _build(*, verbose: bool = False) -> tuple[bool, str | None]:
+    global _library
     try:
         from torch.utils.cpp_extension import load
 
-        sources = [path.read_text() for path in _SOURCES]
-        fingerprint = "\n".join([*sources, *_FLAGS, torch.__version__, _cpu()])
-        name = "snens_fused_" + hashlib.sha256(fingerprint.encode()).hexdigest()[:12]
-        load(
-            name=name,
-            sources=[str(path) for path in _SOURCES],
-            extra_cflags=list(_FLAGS),
-            build_directory=str(_build_directory(name)),
-            is_python_module=False,
-            verbose=False,
-        )
+        _ninja_on_path()
+        where = [str(path.resolve()) for path in _SOURCES]
+        name = _build_name()
+        directory = _build_directory(name)
+        library = directory / f"{name}.so"
+        fresh = not library.is_file()
+        if fresh or verbose:
+            _notice(
+                f"building the fused member-norm kernels for this environment into {directory} "
+                "(once; 15 s to ~2 min)"
+                if fresh
+                else f"kernels cached in {directory}"
+            )
+        start = time.perf_counter()
+        held = _hold_build_lock(directory)
+        try:
+            load(
+                name=name,
+                sources=where,
+                extra_cflags=list(_FLAGS),
+                build_directory=str(directory),
+                is_python_module=False,
+                verbose=False,
+            )
+        finally:
+            held.unlink(missing_ok=True)
+        if fresh:
+            _notice(f"built the fused kernels in {time.perf_counter() - start:.0f} s")
         torch.ops.snens_fused.member_layer_norm_forward  # noqa: B018 - registered?
         torch.ops.snens_fused.member_batch_norm_forward  # noqa: B018
+        _library = library
         return True, None
     except Exception as err:  # no compiler, no ninja, a failed build: the loop still works
         lines = str(err).strip().splitlines() or [""]
         return False, f"{type(err).__name__}: {lines[0][:200]}"
+
+
+def _ninja_on_path() -> None:
+    """torch runs ``ninja`` from PATH; the ``ninja`` package's binary sits in the environment,
+    which is not on PATH when its Python is called by path (``.venv/bin/python``)."""
+    try:
+        import ninja
+    except ImportError:
+        return
+    bin_dir = getattr(ninja, "BIN_DIR", None)
+    path = os.environ.get("PATH", "")
+    if bin_dir and bin_dir not in path.split(os.pathsep):
+        os.environ["PATH"] = bin_dir + os.pathsep + path
 
 
 def applies(x: Tensor, scale: Tensor) -> bool:
