@@ -115,3 +115,24 @@ def test_a_converted_model_learns_fashion_mnist():
     assert losses[0] > losses[1] > losses[2]
     assert losses[2] < losses[0] - 0.5
     assert before < 0.2 and after > 0.55
+
+
+def test_demo_again_reads_its_finished_runs_and_refuses_other_settings(demo, capsys):
+    """The demo trains through the engine: its runs are run directories; a second call
+    retrains nothing and reports the same numbers; other settings into the same --out are
+    refused before any training, naming the difference."""
+    from snens.cli import main
+
+    out, results = demo
+    for run_dir in (out / "runs").iterdir():
+        if run_dir.is_dir():
+            assert (run_dir / "final.json").is_file() and (run_dir / "last.pt").is_file()
+    capsys.readouterr()
+    assert run(out=out, config=TINY) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("done, skipped") == len(results["rows"]) and "training" not in printed
+    again = json.loads((out / "results.json").read_text())
+    assert again["rows"] == results["rows"]
+    assert main(["demo", "--full", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "holds a run of another config" in err and "data.train_examples" in err

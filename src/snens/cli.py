@@ -14,7 +14,11 @@ __all__ = ["main"]
 def _demo(args: argparse.Namespace) -> int:
     from snens import demo
 
-    return demo.run(full=args.full, out=args.out)
+    try:
+        return demo.run(full=args.full, out=args.out)
+    except (ValueError, OSError) as error:  # e.g. --out holding another demo's runs
+        print(f"snens demo: {error}", file=sys.stderr)
+        return 2
 
 
 def _build_kernels(args: argparse.Namespace) -> int:

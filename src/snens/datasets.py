@@ -29,7 +29,7 @@ from snens.config import (
     DataConfig,
 )
 
-__all__ = ["Data", "build_data"]
+__all__ = ["Data", "build_data", "data_shape"]
 
 
 class _ImageSet(NamedTuple):
@@ -220,6 +220,17 @@ def build_data(
     return Data(
         train_loader, test_loader, ood, corruptions, spec.num_classes, spec.channels, validation
     )
+
+
+def data_shape(config: DataConfig) -> tuple[int, int | None]:
+    """(number of classes, input channels) of the data set, without loading its examples
+    (channels None for text); what a model for it is built with."""
+    if config.dataset in TEXT_DATASETS:
+        return 2, None
+    if config.dataset in FOLDER_DATASETS:
+        return len(data.imagenet_folder(config.root or None, "train").classes), 3
+    spec = _IMAGE_SETS[config.dataset]
+    return spec.num_classes, spec.channels
 
 
 def _check_ood_name(name: str, allowed: tuple[str, ...], dataset: str) -> None:

@@ -85,6 +85,7 @@ __all__ = [
     "NonFiniteLossError",
     "StepSettings",
     "TrainResult",
+    "load_run_model",
     "build_data",
     "build_model",
     "build_optimizer",
@@ -653,19 +654,19 @@ def _model_summary(model: nn.Module, config: RunConfig) -> dict[str, Any]:
     return summary
 
 
-def evaluate_run(run_dir: str | os.PathLike) -> tuple[dict[str, float], dict[str, Any]]:
-    """Re-evaluate a run: rebuild model and data from its config.toml, load its last.pt.
-
-    The checkpoint is verified and loaded with ``weights_only=True``; the evaluation runs with
-    the run's threads and determinism settings, so it reproduces ``final.json``'s metrics.
+def load_run_model(run_dir: str | os.PathLike) -> tuple[nn.Module, RunConfig, dict[str, Any]]:
+    """A run's model, rebuilt from its config.toml and loaded from its verified last.pt.
 
     Returns:
-        ``(metrics, state)``: what :func:`snens.evaluate` returns, and the checkpoint.
+        ``(model, config, state)``: the model on the run's device (in training mode, as
+        built), the run's config and the checkpoint.
 
     Raises:
         RunDirError: not a run directory.
         FileNotFoundError: the run has no last.pt.
-        CheckpointError: last.pt is truncated, modified or does not fit the model.
+        CheckpointError: last.pt is truncated, modified, holds impossible counters, does not
+            fit the model, or was trained with another config than config.toml now holds (an
+            edited config.toml would describe other data or another model).
     """
     path = Path(run_dir)
     if not (path / CONFIG).is_file():
@@ -680,14 +681,40 @@ def evaluate_run(run_dir: str | os.PathLike) -> tuple[dict[str, float], dict[str
             "as this run's. Restore config.toml, or train a new run with the new settings"
         )
     _check_progress(state, path / "last.pt", config.optim.epochs)
+    num_classes, channels = _data_shape(config)
+    with _reproducibility(config):
+        torch.manual_seed(config.seed)
+        model = build_model(config, num_classes=num_classes, channels=channels)
+        load_model_state(model, state["model"])
+        model.to(_device(config.device))
+    return model, config, state
+
+
+def _data_shape(config: RunConfig) -> tuple[int, int | None]:
+    """(K, input channels) of the run's data set, without loading it (None channels: text)."""
+    from snens.datasets import data_shape
+
+    return data_shape(config.data)
+
+
+def evaluate_run(run_dir: str | os.PathLike) -> tuple[dict[str, float], dict[str, Any]]:
+    """Re-evaluate a run: its model (:func:`load_run_model`) on its data, rebuilt from its
+    config.toml, with the run's threads and determinism settings, so it reproduces
+    ``final.json``'s metrics.
+
+    Returns:
+        ``(metrics, state)``: what :func:`snens.evaluate` returns, and the checkpoint.
+
+    Raises:
+        RunDirError, FileNotFoundError, CheckpointError: see :func:`load_run_model`.
+    """
+    model, config, state = load_run_model(run_dir)
     with _reproducibility(config):
         device = _device(config.device)
         loaded = build_data(config.data, seed=config.seed, device=device, encoder=_encoder(config))
-        torch.manual_seed(config.seed)
-        model = build_model(config, num_classes=loaded.num_classes, channels=loaded.channels)
-        load_model_state(model, state["model"])
-        model.to(device)
         metrics = evaluate(model, loaded.test, ood=loaded.ood, corruptions=loaded.corruptions)
+    if loaded.validation is not None:
+        metrics.update(_validation_metrics(model, loaded.validation))
     return metrics, state
 
 
