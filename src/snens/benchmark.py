@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 import snens
+from snens.baselines import DeepEnsemble
 from snens.models import create
 
 __all__ = ["Measure", "Throughput", "main", "peak_memory_bytes", "run", "throughput"]
@@ -91,6 +92,9 @@ def compare(
 def _train_step(
     model: nn.Module, x: torch.Tensor, y: torch.Tensor, bf16: bool = False
 ) -> Callable[[], None]:
+    """One timed step: forward, the ensemble loss, backward, an SGD update. The model's cost
+    alone: the engine's step (:func:`snens.epoch.run_epoch`) adds the same host sync and
+    gradient-norm work to every method, which would blur the ratios."""
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     model.train()
 
@@ -105,17 +109,6 @@ def _train_step(
         optimizer.step()
 
     return step
-
-
-class _DeepEnsemble(nn.Module):
-    """M independent models run in turn on the same batch: (B, …) -> (M, B, K)."""
-
-    def __init__(self, models: list[nn.Module]) -> None:
-        super().__init__()
-        self.members = nn.ModuleList(models)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.stack([m(x) for m in self.members])
 
 
 def _norm_measures(M: int, B: int, repeats: int) -> list[Measure]:
@@ -234,7 +227,7 @@ def _model_measures(
     ens = snens.convert(plain, M)
     ens(x_b[:2])  # settle replication="auto"
     single = copy.deepcopy(plain)
-    deep = _DeepEnsemble([create(backbone, num_classes=10) for _ in range(M)])
+    deep = DeepEnsemble([create(backbone, num_classes=10) for _ in range(M)])
     split = copy.deepcopy(ens)
     split.input_policy = "split"
     eager = copy.deepcopy(ens)
@@ -432,7 +425,7 @@ def throughput(
     models = {
         "single": copy.deepcopy(plain),
         "σN-Ens": snens.convert(plain, num_members),
-        "deep ensemble": _DeepEnsemble(
+        "deep ensemble": DeepEnsemble(
             [create(backbone, num_classes=num_classes) for _ in range(num_members)]
         ).to(dev),
     }
