@@ -17,6 +17,7 @@ from typing import Literal
 import torch
 from torch import nn
 
+from snens.nn.adapters import REGISTERED_NORMS, Converter, member_converter
 from snens.nn.factory import MEMBER_NORMS
 from snens.nn.linear import MemberLinear
 from snens.nn.norms import MemberNorm, check_num_members
@@ -43,6 +44,12 @@ _NORM_BASES: tuple[type[nn.Module], ...] = (
 
 # "LayerNorm", "T5LayerNorm", "FrozenBatchNorm2d", "RMSNormGated" — but not "Normalize".
 _NORM_NAME = re.compile(r"Norm(?:$|[A-Z0-9])")
+
+_SUPPORTED = (
+    f"{', '.join(t.__name__ for t in MEMBER_NORMS)}; Hugging Face RMS norms whose forward is "
+    "the Llama, Gemma or T5 formula; LayerNorm subclasses normalizing over channels first "
+    "(LayerNorm2d, ConvNextLayerNorm) or last; types registered with snens.nn.register_norm"
+)
 
 
 @dataclass(frozen=True)
@@ -101,14 +108,18 @@ def member_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
 
 def is_unsupported_norm(module: nn.Module) -> bool:
-    """True for a normalization layer that has no member version.
+    """True for a normalization layer that is not one of the exact torch types of
+    ``MEMBER_NORMS``.
 
-    Torch norm families other than the exact supported types (subclasses may change forward),
-    and leaf modules whose class name says "…Norm" (e.g. a Hugging Face ``T5LayerNorm``).
+    Torch norm families other than those exact types (subclasses may change forward), types
+    registered with ``snens.nn.register_norm``, and leaf modules whose class name says "…Norm"
+    (e.g. a Hugging Face ``T5LayerNorm``). :func:`convert_modules` converts what
+    ``snens.nn.adapters.member_converter`` finds first and refuses the rest of these; a
+    conversion with a table of exact types of its own (FiLM) refuses all of them.
     """
     if isinstance(module, (MemberNorm, MemberLinear)) or type(module) in MEMBER_NORMS:
         return False
-    if isinstance(module, _NORM_BASES):
+    if isinstance(module, _NORM_BASES) or type(module) in REGISTERED_NORMS:
         return True
     has_children = next(module.children(), None) is not None
     return not has_children and _NORM_NAME.search(type(module).__name__) is not None
@@ -182,7 +193,10 @@ def convert_modules(
 ) -> ConversionReport:
     """Replace, in place, every supported norm by its member norm and the head by a member head.
 
-    Every member is set to reproduce the plain layer it replaces (see
+    Which norms are supported, and by which member norm, is decided by
+    ``snens.nn.adapters.member_converter``: torch's norms, Hugging Face RMS norms and
+    channels-first LayerNorms it recognises, and types registered with
+    ``snens.nn.register_norm``. Every member is set to reproduce the plain layer it replaces (see
     ``MemberNorm.from_plain``); with ``head_init="copy"`` each member head is a copy of the
     plain head, so right after conversion every member computes the original function.
 
@@ -202,7 +216,8 @@ def convert_modules(
 
     Raises:
         TypeError: on a bad ``num_members``, an unsupported norm (its name and type in the
-            message) unless ``skip_unsupported``, or a head that is not ``nn.Linear``.
+            message) unless ``skip_unsupported``, a registered conversion that does not return
+            a member norm with ``num_members``, or a head that is not ``nn.Linear``.
         ValueError: if the model has no supported norm, already holds member modules with a
             different M, or ``head_init`` is unknown.
     """
@@ -220,38 +235,59 @@ def convert_modules(
                 f"member_norm({num_members}) or convert with num_members={m.num_members}"
             )
 
-    norms: list[tuple[str, nn.Module]] = []
+    targets: dict[int, Converter] = {}
+    inside_targets: set[int] = set()  # modules of a registered norm that is replaced whole
     unsupported: list[tuple[str, str]] = []
     for name, m in model.named_modules():
-        if type(m) in MEMBER_NORMS:
-            norms.append((name, m))
+        if id(m) in inside_targets:
+            continue
+        convert = member_converter(m)
+        if convert is not None:
+            targets[id(m)] = convert
+            inside_targets.update(id(child) for child in m.modules())
         elif is_unsupported_norm(m):
             unsupported.append((name, type(m).__name__))
     if unsupported and not skip_unsupported:
         listed = ", ".join(f"{n} ({t})" for n, t in unsupported[:8])
         more = f" and {len(unsupported) - 8} more" if len(unsupported) > 8 else ""
-        supported = ", ".join(t.__name__ for t in MEMBER_NORMS)
+        kind = unsupported[0][1]
         raise TypeError(
             f"{type(model).__name__} has norms with no member version: {listed}{more}. "
-            f"Supported: {supported}. Pass skip_unsupported=True to leave them shared, or "
-            "replace them with a supported norm first"
+            f"Supported: {_SUPPORTED}. Register yours with snens.nn.register_norm({kind}, "
+            f"<MemberNorm class computing it>) or register_norm({kind}, from_plain=<function>), "
+            "pass skip_unsupported=True to leave them shared, or replace them with a supported "
+            "norm first"
         )
     has_member_norms = any(isinstance(m, MemberNorm) for _, m in existing)
-    if not norms and not has_member_norms:
+    if not targets and not has_member_norms:
         raise ValueError(
             f"{type(model).__name__} has no supported norm layer to convert (looked for "
-            f"{', '.join(t.__name__ for t in MEMBER_NORMS)}); σN-Ens members live in the "
-            "norms, so the model needs at least one"
+            f"{_SUPPORTED}); σN-Ens members live in the norms, so the model needs at least one"
         )
-
-    targets = {id(m) for _, m in norms}
 
     def member_norm(name: str, module: nn.Module) -> MemberNorm | None:
-        if id(module) not in targets:
+        convert = targets.get(id(module))
+        if convert is None:
             return None
-        return MEMBER_NORMS[type(module)].from_plain(
-            module, num_members, gamma_mean=gamma_mean, gamma_std=gamma_std, generator=generator
-        )
+        try:
+            member = convert(
+                module,
+                num_members,
+                gamma_mean=gamma_mean,
+                gamma_std=gamma_std,
+                generator=generator,
+            )
+        except (TypeError, ValueError) as err:
+            error = TypeError if isinstance(err, TypeError) else ValueError
+            raise error(f"cannot convert {name} ({type(module).__name__}): {err}") from err
+        if not isinstance(member, MemberNorm) or member.num_members != num_members:
+            got = getattr(member, "num_members", None)
+            raise TypeError(
+                f"converting {name} ({type(module).__name__}) with {convert!r} gave a "
+                f"{type(member).__name__} (num_members={got}); the conversion registered with "
+                f"snens.nn.register_norm must return a MemberNorm with num_members={num_members}"
+            )
+        return member
 
     converted = [
         (name, type(old).__name__, type(new).__name__)
