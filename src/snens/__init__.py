@@ -8,7 +8,14 @@ probs = snens.predictive_probs(ens(x))         # (B, K)
 from snens import baselines, metrics, models, nn
 from snens.allocation import LayerAllocation, allocation, mean_effective_members
 from snens.calibration import TemperatureScaled, fit_temperature
-from snens.ensemble import Ensemble, convert, ensemble_loss, extract_member, predictive_probs
+from snens.ensemble import (
+    Ensemble,
+    convert,
+    ensemble_loss,
+    export,
+    extract_member,
+    predictive_probs,
+)
 from snens.evaluate import evaluate
 from snens.optim import param_groups
 from snens.regularizer import (
@@ -33,6 +40,7 @@ __all__ = [
     "diversity_penalty",
     "ensemble_loss",
     "evaluate",
+    "export",
     "extract_member",
     "fit_temperature",
     "mean_effective_members",

@@ -14,12 +14,17 @@ Where members enter:
   without gradients, and keeps it only if it matches eager on that batch.
 * ``split`` (training only): member m sees its own contiguous slice of the batch, rows
   [m·B/M, (m+1)·B/M); the output is (M, B/M, K), so training costs what one model costs.
+
+:func:`export` gives the whole ensemble, in eval mode, as a ``torch.export`` program whose
+batch size is dynamic (and, through ``torch.onnx.export``, an ONNX model): nothing on the path
+branches on the value of B, and the member norms trace their loop of plain norms.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import torch
@@ -34,6 +39,7 @@ __all__ = [
     "Ensemble",
     "convert",
     "ensemble_loss",
+    "export",
     "extract_member",
     "predictive_probs",
 ]
@@ -43,10 +49,11 @@ Replication = Literal["auto", "lazy", "eager"]
 
 
 def _repeat_rows(x: Tensor, num_members: int) -> Tensor:
-    # (B, …) -> (M·B, …), member-major: [x, x, …, x]
-    return (
-        x.unsqueeze(0).expand(num_members, *x.shape).reshape(num_members * x.shape[0], *x.shape[1:])
-    )
+    # (B, …) -> (M·B, …), member-major: [x, x, …, x]. repeat, not expand + reshape: one copy
+    # either way (measured 33 vs 16 µs for an (8, 3, 32, 32) batch, 161 vs 358 µs at B=128),
+    # but under torch.export the reshaped copy gets strides such as Min(512, 512·B) whose
+    # contiguity checks downstream guard B, and a dynamic batch fails to export
+    return x.repeat(num_members, *(1,) * (x.dim() - 1))
 
 
 class _LazyReplicator:
@@ -170,9 +177,14 @@ class Ensemble(nn.Module):
                     f"{B - B % M or M}) or drop_last=True in the data loader"
                 )
             return self._unfold(self._run(args, kwargs, B, lazy=False, repeat=False), B // M)
-        if self.replication == "auto" and B >= 2 and M > 1:
-            self.replication = self._choose_replication(args, kwargs, B)
-        lazy = self.replication == "lazy"
+        if torch.compiler.is_exporting():
+            # "auto" compares two runs' outputs, which a traced graph cannot hold; undecided, an
+            # export takes eager repetition, right for every model
+            lazy = self.replication == "lazy"
+        else:
+            if self.replication == "auto" and B >= 2 and M > 1:
+                self.replication = self._choose_replication(args, kwargs, B)
+            lazy = self.replication == "lazy"
         return self._unfold(self._run(args, kwargs, B, lazy=lazy, repeat=True), B)
 
     def _run(self, args: tuple, kwargs: dict, B: int, *, lazy: bool, repeat: bool) -> Tensor:
@@ -201,6 +213,10 @@ class Ensemble(nn.Module):
                 f"{M * rows_per_member} member-major rows (M={M} × {rows_per_member}); "
                 "does every path to the output pass through a member layer?"
             )
+        if torch.compiler.is_exporting():
+            # a head's (M·B, K) view of its (M, B, K) product has the stride Min(K, K·B) under
+            # torch.export, and viewing it as (M, B, K) would guard B; a copy has plain strides
+            logits = logits.clone(memory_format=torch.contiguous_format)
         return logits.reshape(M, rows_per_member, *logits.shape[1:])  # (M, B, K)
 
     @torch.no_grad()
@@ -413,3 +429,80 @@ def extract_member(ensemble: Ensemble, member: int) -> nn.Module:
         lambda _, m: m.to_plain(member) if isinstance(m, (MemberNorm, MemberLinear)) else None,
     )
     return plain
+
+
+def export(ensemble: Ensemble, /, *args: Any, **kwargs: Any) -> torch.export.ExportedProgram:
+    """The whole ensemble as a ``torch.export`` program that takes any batch size.
+
+    Every tensor argument whose leading dimension is the example's batch size B (the inputs
+    :class:`Ensemble` repeats) gets one shared dynamic dimension ``batch``; the rest stay as in
+    the example. ``program.module()(…)`` equals ``ensemble(…)`` at every B ≥ 1 and
+    ``torch.onnx.export(program, dynamo=True)`` turns the program into an ONNX model. An
+    ensemble still on ``replication="auto"`` is run once on the example first (without
+    gradients), as its first forward would be, so the program keeps the replication chosen
+    there (lazy: a stem shared by every member runs once). The graph holds standard ops only:
+    the member norms trace their per-member loop of plain norms, not the fused CPU kernels.
+
+    Args:
+        ensemble: an :class:`Ensemble` in eval mode.
+        *args, **kwargs: example inputs, as ``ensemble(*args, **kwargs)`` takes them.
+
+    Returns:
+        A ``torch.export.ExportedProgram``.
+
+    Shape:
+        Inputs: (B, …) with B ≥ 2 in the example; the program takes any B ≥ 1. Output:
+        (M, B, K) logits.
+
+    Raises:
+        TypeError: if ``ensemble`` is not an :class:`Ensemble`, or the inputs hold no tensor
+            with a batch dimension.
+        ValueError: if ``ensemble`` is in training mode, or the example has B < 2.
+    """
+    if not isinstance(ensemble, Ensemble):
+        raise TypeError(f"snens.export expects a snens.Ensemble, got {type(ensemble).__name__}")
+    if ensemble.training:
+        raise ValueError(
+            "snens.export exports an ensemble in eval mode (running statistics, every member "
+            "on the whole batch); call ensemble.eval() first"
+        )
+    B = _batch_size(args, kwargs)
+    if B < 2:
+        raise ValueError(
+            f"the example batch has B={B}, and torch.export fixes a dimension of size 0 or 1 to "
+            "that size; pass an example with B >= 2 (the program then takes any B >= 1)"
+        )
+    if ensemble.replication == "auto":
+        with torch.no_grad():
+            ensemble(*args, **kwargs)
+    batch = torch.export.Dim("batch")
+
+    def spec(value: Any) -> dict | None:
+        return {0: batch} if Ensemble._per_example(value, B) else None
+
+    dynamic_shapes = {"args": tuple(spec(a) for a in args)}
+    dynamic_shapes.update({k: spec(v) for k, v in kwargs.items()})
+    return torch.export.export(
+        _NamedKeywords(ensemble, kwargs), args, kwargs=kwargs, dynamic_shapes=dynamic_shapes
+    )
+
+
+class _NamedKeywords(nn.Module):
+    """``ensemble(*args, **kwargs)`` under the signature ``(*args, <one keyword per name>)``.
+
+    torch.export matches ``dynamic_shapes`` to the forward's parameters, and for a ``**kwargs``
+    parameter (torch 2.13) counts each keyword input twice, under "kwargs" and by its name, and
+    fails; keyword-only parameters named as in the example are counted once.
+    """
+
+    def __init__(self, ensemble: Ensemble, names: Sequence[str]) -> None:
+        super().__init__()
+        self.ensemble = ensemble
+        P = inspect.Parameter
+        parameters = [P("args", P.VAR_POSITIONAL), *(P(n, P.KEYWORD_ONLY) for n in names)]
+
+        def forward(*args: Any, **kwargs: Any) -> Tensor:
+            return ensemble(*args, **kwargs)
+
+        forward.__signature__ = inspect.Signature(parameters)  # what torch.export reads
+        self.forward = forward

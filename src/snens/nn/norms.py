@@ -21,7 +21,7 @@ member goes through a native fused norm kernel:
   use) or else one native kernel per member's rows, then a concatenation.
 
 Each fast path equals the per-member loop of plain norms (``tests/test_norms_fast.py``). Under
-``torch.compile`` the plain loop is traced instead.
+``torch.compile`` and ``torch.export`` the plain loop is traced instead.
 
 This module holds what every member norm shares: the base class :class:`MemberNorm` (gamma, the
 member affine, its folding, the plain-state migration) and the checks of M and of a member index.
@@ -101,7 +101,8 @@ def check_member(member: Any, num_members: int) -> int:
 def custom_functions_unavailable(x: Tensor) -> bool:
     """Whether snens' custom autograd functions must stand aside for plain torch ops.
 
-    True while ``torch.compile`` traces (the member loop is what gets traced) and inside
+    True while ``torch.compile`` or ``torch.export`` traces (the member loop of plain norms is
+    what gets traced, so an exported graph holds only standard ops) and inside
     ``torch.func`` transforms (vmap, grad, jacrev, …), whose wrapped tensors need functions with
     vmap and jvp rules that the fused and out= kernels do not have.
     """
@@ -240,9 +241,9 @@ class MemberNorm(nn.Module):
         Every member's rows go through the native, fused norm kernel with that member's folded
         affine; the only cost over the plain layer is the concatenation of the outputs. This is
         the reference the fast paths are tested against, and the path traced under
-        ``torch.compile``. Vectorized alternatives measured slower here: ``var_mean`` over
-        (M, B, …) views 1.6–2.5× a plain BatchNorm, one un-affine norm call followed by a
-        broadcast per-member affine 2–3×.
+        ``torch.compile`` and ``torch.export``. Vectorized alternatives measured slower here:
+        ``var_mean`` over (M, B, …) views 1.6–2.5× a plain BatchNorm, one un-affine norm call
+        followed by a broadcast per-member affine 2–3×.
         """
         M = self.num_members
         # one unbind, not scale[m] per member: its backward is one stack instead of M zero-filled
@@ -251,10 +252,12 @@ class MemberNorm(nn.Module):
         shifts = (None,) * M if shift is None else shift.unbind(0)
         if M == 1:
             return normalize(x, 0, scales[0], shifts[0])
-        # split, not x[m·B:(m+1)·B]: the backward of M slices builds M full-size zero
-        # gradients and sums them (measured 1.6–2.5× a plain BatchNorm); split's backward is
-        # one concatenation (1.1–1.2×).
-        chunks = x.split(x.shape[0] // M)
+        # unbind, not x[m·B:(m+1)·B]: the backward of M slices builds M full-size zero
+        # gradients and sums them (measured 1.6–2.5× a plain BatchNorm); unbind's backward is
+        # one stack, as x.split(B)'s is one concatenation (1.1–1.2×; the two measure alike).
+        # Not split: its chunk count ceil(M·B / B) is a guard on B, and torch.export could not
+        # keep the batch size dynamic.
+        chunks = x.unflatten(0, (M, -1)).unbind(0)
         return torch.cat(
             [normalize(rows, m, scales[m], shifts[m]) for m, rows in enumerate(chunks)]
         )

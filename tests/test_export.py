@@ -1,0 +1,172 @@
+"""The whole ensemble exports with a dynamic batch size: torch.export and ONNX equal eager."""
+
+import pytest
+import torch
+
+import snens
+
+from conftest import TinyResNet, TinyTransformer, randomize_norms
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+M = 4
+BATCH_SIZES = (1, 3, 8, 17)
+# eager runs the fused CPU kernels, the exported graph the per-member loop of plain norms:
+# measured |eager − exported| <= 4e-7 (torch.export and onnxruntime) on logits of order 1
+TOL = {"rtol": 1e-5, "atol": 1e-5}
+
+
+def _resnet():
+    torch.manual_seed(0)
+    return randomize_norms(TinyResNet()).eval()
+
+
+def _transformer():
+    torch.manual_seed(0)
+    return randomize_norms(TinyTransformer()).eval()
+
+
+def _small_cnn():
+    torch.manual_seed(0)
+    return randomize_norms(snens.models.create("small_cnn", in_channels=1, num_classes=10)).eval()
+
+
+def _images(channels: int, size: int):
+    def make(batch: int, seed: int = 0):
+        g = torch.Generator().manual_seed(seed)
+        return (torch.randn(batch, channels, size, size, generator=g),), {}
+
+    return make
+
+
+def _tokens(batch: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randint(0, 50, (batch, 7), generator=g),), {}
+
+
+def _tokens_with_mask(batch: int, seed: int = 0):
+    (ids,), _ = _tokens(batch, seed)
+    mask = torch.ones(batch, 7, dtype=torch.long)
+    mask[::2, 4:] = 0  # padding in every other example
+    return (ids,), {"attention_mask": mask}
+
+
+# (name, model, inputs(batch) -> (args, kwargs), replication that "auto" picks)
+CASES = [
+    ("resnet", _resnet, _images(3, 8), "lazy"),
+    ("transformer", _transformer, _tokens, "eager"),
+    ("transformer_mask", _transformer, _tokens_with_mask, "eager"),
+    ("small_cnn", _small_cnn, _images(1, 28), "lazy"),
+]
+
+
+@pytest.fixture(scope="module", params=CASES, ids=[c[0] for c in CASES])
+def exported(request):
+    """An ensemble of each model and its program, exported from an example of B=5."""
+    name, model, inputs, replication = request.param
+    ens = snens.convert(model(), num_members=M).eval()
+    args, kwargs = inputs(5, seed=99)
+    program = snens.export(ens, *args, **kwargs)
+    return ens, program, inputs, replication
+
+
+@pytest.mark.parametrize("batch", BATCH_SIZES)
+def test_exported_program_equals_eager_at_every_batch_size(exported, batch):
+    ens, program, inputs, _ = exported
+    args, kwargs = inputs(batch)
+    with torch.no_grad():
+        expected = ens(*args, **kwargs)
+        got = program.module()(*args, **kwargs)
+    assert got.shape == (M, batch, expected.shape[-1])
+    torch.testing.assert_close(got, expected, **TOL)
+
+
+def test_export_keeps_the_replication_auto_chose(exported):
+    ens, program, _, replication = exported
+    assert ens.replication == replication
+    if replication == "lazy":
+        # the stem's convolution runs once, on the B input rows, not on M·B repeated ones
+        nodes = {n.name: n for n in program.graph.nodes}
+        batch = nodes[program.graph_signature.user_inputs[0]].meta["val"].shape[0]
+        calls = [n for n in program.graph.nodes if n.op == "call_function"]
+        conv = next(n for n in calls if "conv" in str(n.target))
+        assert conv.args[0].meta["val"].shape[0] == batch
+
+
+def test_exported_graph_holds_standard_ops_only(exported):
+    _, program, _, _ = exported
+    targets = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
+    assert not [t for t in targets if "snens" in t], targets
+
+
+def test_torch_export_with_a_batch_dim_directly(resnet):
+    """The plain torch.export call, without snens.export: (B, …) per-example args are dynamic."""
+    ens = snens.convert(resnet, num_members=M, replication="lazy").eval()
+    batch = torch.export.Dim("batch")
+    example = torch.randn(5, 3, 8, 8)
+    program = torch.export.export(ens, (example,), dynamic_shapes={"args": ({0: batch},)})
+    for b in BATCH_SIZES:
+        x = torch.randn(b, 3, 8, 8)
+        with torch.no_grad():
+            torch.testing.assert_close(program.module()(x), ens(x), **TOL)
+
+
+def test_undecided_auto_exports_eager_repetition(transformer):
+    """Exported before any forward, "auto" cannot compare outputs in a graph: eager, unchanged."""
+    ens = snens.convert(transformer, num_members=M).eval()
+    batch = torch.export.Dim("batch")
+    (ids,), _ = _tokens(5)
+    program = torch.export.export(ens, (ids,), dynamic_shapes={"args": ({0: batch},)})
+    assert ens.replication == "auto"
+    (ids,), _ = _tokens(3)
+    with torch.no_grad():
+        torch.testing.assert_close(program.module()(ids), ens(ids), **TOL)
+
+
+def test_export_refuses_training_mode_and_a_batch_of_one(resnet):
+    ens = snens.convert(resnet, num_members=M)
+    with pytest.raises(ValueError, match="eval"):
+        snens.export(ens.train(), torch.randn(4, 3, 8, 8))
+    with pytest.raises(ValueError, match="B >= 2"):
+        snens.export(ens.eval(), torch.randn(1, 3, 8, 8))
+    with pytest.raises(TypeError, match="snens.Ensemble"):
+        snens.export(resnet, torch.randn(4, 3, 8, 8))
+
+
+def test_export_leaves_eager_outputs_unchanged(resnet):
+    ens = snens.convert(resnet, num_members=M).eval()
+    x = torch.randn(6, 3, 8, 8)
+    with torch.no_grad():
+        before = ens(x)
+        snens.export(ens, x)
+        after = ens(x)
+    assert torch.equal(before, after)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_onnx_model_equals_eager_at_every_batch_size(case, tmp_path):
+    pytest.importorskip("onnx", reason="ONNX export needs onnx: pip install 'snens[export]'")
+    pytest.importorskip(
+        "onnxscript", reason="ONNX export needs onnxscript: pip install 'snens[export]'"
+    )
+    ort = pytest.importorskip(
+        "onnxruntime",
+        reason="running the ONNX model needs onnxruntime: pip install 'snens[export]'",
+    )
+    name, model, inputs, _ = case
+    ens = snens.convert(model(), num_members=M).eval()
+    args, kwargs = inputs(5, seed=99)
+    onnx_program = torch.onnx.export(snens.export(ens, *args, **kwargs), dynamo=True)
+    path = tmp_path / f"{name}.onnx"
+    onnx_program.save(path)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+    for b in BATCH_SIZES:
+        args, kwargs = inputs(b)
+        feed = dict(zip(names, [t.numpy() for t in (*args, *kwargs.values())], strict=True))
+        (got,) = session.run(None, feed)
+        with torch.no_grad():
+            expected = ens(*args, **kwargs)
+        torch.testing.assert_close(torch.from_numpy(got), expected, **TOL)
