@@ -102,6 +102,14 @@ def _stages() -> dict[str, list[Variant]]:
             "snens_tau5_lam0.01_reset",
             (*_snens(5, 0.01, 'method.options={head_init="reset"}'), epochs),
         ),
+        # γ at the base learning rate (×1) instead of ×30: slower, quieter importances
+        Variant("snens_lam0_glr1", (*_snens(1, 0, "method.gamma_lr_multiplier=1"), epochs)),
+        Variant(
+            "snens_tau5_lam0.1_glr1", (*_snens(5, 0.1, "method.gamma_lr_multiplier=1"), epochs)
+        ),
+        Variant(
+            "snens_tau1_lam0.1_glr1", (*_snens(1, 0.1, "method.gamma_lr_multiplier=1"), epochs)
+        ),
         Variant("snens_tau50_lam0.1", (*_snens(50, 0.1), epochs)),
         Variant("snens_tau1_lam0.01", (*_snens(1, 0.01), epochs)),
         Variant(
@@ -143,6 +151,9 @@ def _stages() -> dict[str, list[Variant]]:
         Variant("snens_lam0", (*_snens(1, 0), *few)),
         Variant("snens_tau5_lam0.01", (*_snens(5, 0.01), *few)),
         Variant("snens_tau5_lam0.1", (*_snens(5, 0.1), *few)),
+        Variant("snens_lam0_glr1", (*_snens(1, 0, "method.gamma_lr_multiplier=1"), *few)),
+        Variant("snens_tau5_lam0.1_glr1", (*_snens(5, 0.1, "method.gamma_lr_multiplier=1"), *few)),
+        Variant("snens_tau1_lam0.1_glr1", (*_snens(1, 0.1, "method.gamma_lr_multiplier=1"), *few)),
         Variant("snens_tau1_lam0.1", (*_snens(1, 0.1), *few)),
         Variant("snens_tau50_lam0.1", (*_snens(50, 0.1), *few)),
         Variant("snens_lam0_reset", (*_snens(1, 0, 'method.options={head_init="reset"}'), *few)),
