@@ -1,5 +1,6 @@
-"""What every experiment script shares: data, one run (build → fit → snens.evaluate) as a flat
-row, CSV files, mean ± std tables, figures and the provenance line.
+"""What every experiment script shares: data, one run as a flat row (trained and scored by the
+engine, :func:`snens.train.train`, like ``snens train``), CSV files, mean ± std tables, figures
+and the provenance line.
 
 The CPU scale, used by default everywhere: SmallCNN on the first 5 000 Fashion-MNIST training
 images (crop + flip), 3 epochs of AdamW (lr 3e-3, cosine, batch 128; γ at 30× the learning rate),
@@ -17,13 +18,15 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import math
 import platform
 import re
 import statistics
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -32,19 +35,18 @@ from torch import Tensor, nn
 
 import snens
 from snens import baselines, metrics
-from snens.baselines import MCDropout, SingleModel
+from snens.config import RunConfig, load_config, to_dict
 from snens.data import (
     FASHION_MNIST_MEAN,
     FASHION_MNIST_STD,
-    SEVERITIES,
     TensorLoader,
-    corrupt,
     load_fashion_mnist,
     load_mnist_5k,
 )
 from snens.evaluate import collect
-from snens.nn.norms import MemberNorm
-from snens.train import fit
+from snens.presets import preset
+from snens.runs import read_metrics
+from snens.train import load_run_model, train
 
 NORM = {"mean": FASHION_MNIST_MEAN, "std": FASHION_MNIST_STD}
 OOD_METRICS = ("auroc", "aupr", "fpr95")
@@ -253,22 +255,39 @@ def train_loader(data: Data, args: argparse.Namespace, seed: int) -> TensorLoade
     )
 
 
+class Corruptions(NamedTuple):
+    """Which corrupted test sets a run is scored on (the engine generates them per run): every
+    ``name`` at severities 1..5 of the first ``examples`` test images, corruption seed ``seed``."""
+
+    names: tuple[str, ...]
+    examples: int
+    seed: int = 0
+
+
 def corruption_loaders(
     data: Data, names: Sequence[str], examples: int, seed: int = 0
-) -> dict[tuple[str, int], TensorLoader]:
-    """Every (name, severity) corrupted copy of the first ``examples`` test images, generated
-    once (15 × 5 × 1 000 images of 28×28 bytes: 59 MB) and reused by every model."""
-    images, labels = data.test_images[:examples], data.test_labels[:examples]
-    return {
-        (name, s): TensorLoader(corrupt(images, name, s, seed=seed), labels, EVAL_BATCH, **NORM)
-        for name in names
-        for s in SEVERITIES
-    }
+) -> Corruptions:
+    """The corrupted test sets of :func:`run`: ``names`` × severities 1..5 of the first
+    ``examples`` test images (at most the test set), corruption seed ``seed``."""
+    return Corruptions(tuple(names), min(examples, len(data.test_images)), seed)
 
 
 # ------------------------------------------------------------------------------------------------
 # One run
 # ------------------------------------------------------------------------------------------------
+
+
+def ood_scores(model: nn.Module, data: Data, scores: Sequence[str]) -> dict[str, float]:
+    """AUROC, AUPR, FPR95 (OOD positive) of each score, from one pass over test and OOD sets."""
+    member_in, _ = collect(model, data.test)
+    member_out, _ = collect(model, data.ood)
+    out = {}
+    for score in scores:
+        s_in, s_out = metrics.OOD_SCORES[score](member_in), metrics.OOD_SCORES[score](member_out)
+        out[f"ood_{score}_auroc"] = metrics.auroc(s_in, s_out)
+        out[f"ood_{score}_aupr"] = metrics.aupr(s_in, s_out)
+        out[f"ood_{score}_fpr95"] = metrics.fpr_at_95_tpr(s_in, s_out)
+    return out
 
 
 def build(method: str, *, num_members: int, width: int, seed: int, **options: Any) -> nn.Module:
@@ -290,36 +309,60 @@ def build(method: str, *, num_members: int, width: int, seed: int, **options: An
     )
 
 
-def num_params(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
+def engine_config(
+    method: str,
+    seed: int,
+    args: argparse.Namespace,
+    *,
+    num_members: int,
+    width: int,
+    temperature: float,
+    diversity_weight: float,
+    corruptions: Corruptions | None,
+    **options: Any,
+) -> RunConfig:
+    """The engine config of one run at this module's CPU scale (the preset
+    ``fashion_mnist_small_cnn`` with the script's settings)."""
+    input_policy = options.pop("input_policy", "repeat")
+    if method == "deep_ensemble":
+        options.setdefault("seed", 1000 * seed)  # no two seeds share a member
+    values = {
+        "seed": seed,
+        "threads": args.threads,
+        "data": {
+            "train_examples": args.train_examples,
+            "validation_examples": getattr(args, "val_examples", 0),
+            "test_examples": args.test_examples,
+            "ood_examples": args.ood_examples,
+            "batch_size": args.batch_size,
+            "eval_batch_size": EVAL_BATCH,
+            "corruptions": corruptions is not None,
+            "corruption_names": list(corruptions.names) if corruptions else [],
+            "corruption_examples": corruptions.examples if corruptions else 1000,
+            "corruption_seed": corruptions.seed if corruptions else 0,
+        },
+        "model": {"options": {"width": width}},
+        "method": {
+            "name": method,
+            "num_members": 1 if method == "single" else num_members,
+            "temperature": temperature,
+            "diversity_weight": diversity_weight,
+            "input_policy": input_policy,
+            "options": options,
+        },
+        "optim": {"epochs": args.epochs, "lr": args.lr},
+    }
+    return load_config(_merge(to_dict(preset("fashion_mnist_small_cnn")), values))
 
 
-def _trained_part(model: nn.Module) -> nn.Module:
-    # MC-dropout trains the plain model with its dropout once per example, as the usual recipe
-    # does (1× cost), and draws its M samples only at evaluation.
-    return SingleModel(model.model) if isinstance(model, MCDropout) else model
-
-
-def validation_scores(model: nn.Module, data: Data, seed: int = 0) -> dict[str, float]:
-    """``val_accuracy``, ``val_nll`` and ``val_ece`` (15 bins) of a trained model on the
-    validation split (NaN without one)."""
-    if data.val is None:
-        return {f"val_{k}": math.nan for k in VAL_METRICS}
-    torch.manual_seed(seed)  # MC-dropout masks
-    report = snens.evaluate(model, data.val)
-    return {f"val_{k}": report[f"test/{k}"] for k in VAL_METRICS}
-
-
-def ood_scores(model: nn.Module, data: Data, scores: Sequence[str]) -> dict[str, float]:
-    """AUROC, AUPR, FPR95 (OOD positive) of each score, from one pass over test and OOD sets."""
-    member_in, _ = collect(model, data.test)
-    member_out, _ = collect(model, data.ood)
-    out = {}
-    for score in scores:
-        s_in, s_out = metrics.OOD_SCORES[score](member_in), metrics.OOD_SCORES[score](member_out)
-        out[f"ood_{score}_auroc"] = metrics.auroc(s_in, s_out)
-        out[f"ood_{score}_aupr"] = metrics.aupr(s_in, s_out)
-        out[f"ood_{score}_fpr95"] = metrics.fpr_at_95_tpr(s_in, s_out)
+def _merge(base: dict, values: Mapping) -> dict:
+    out = dict(base)
+    for key, value in values.items():
+        out[key] = (
+            _merge(base.get(key, {}), value)
+            if isinstance(value, Mapping) and key != "options"
+            else value
+        )
     return out
 
 
@@ -333,30 +376,37 @@ def run(
     width: int | None = None,
     temperature: float = 1.0,
     diversity_weight: float = 0.1,
-    corruptions: Mapping[tuple[str, int], Iterable] | None = None,
+    corruptions: Corruptions | None = None,
     extra_scores: Sequence[str] = (),
     **options: Any,
 ) -> tuple[dict[str, Any], dict[str, float]]:
-    """Build, train with ``snens.train.fit`` and score with ``snens.evaluate`` one model.
+    """Train and score one model through the engine (:func:`snens.train.train`, in a temporary
+    run directory) and return the flat CSV row and the full ``snens.evaluate`` dict.
 
-    Returns the flat CSV row and the full ``snens.evaluate`` dict. OOD metrics use the MSP score
-    (``ood_msp_*``); ``extra_scores`` (``entropy``, ``mutual_information``) add their own.
+    OOD metrics use the MSP score (``ood_msp_*``); ``extra_scores`` (``entropy``,
+    ``mutual_information``) add their own, from the run's trained model.
     """
     width = args.width if width is None else width
-    model = build(method, num_members=num_members, width=width, seed=seed, **options)
-    members = 1 if method == "single" else num_members
-    result = fit(
-        _trained_part(model),
-        train_loader(data, args, seed),
-        epochs=args.epochs,
-        lr=args.lr,
+    config = engine_config(
+        method,
+        seed,
+        args,
+        num_members=num_members,
+        width=width,
         temperature=temperature,
         diversity_weight=diversity_weight,
-        log=None,
+        corruptions=corruptions,
+        **options,
     )
-    torch.manual_seed(seed)  # MC-dropout masks at evaluation
-    report = snens.evaluate(model, data.test, ood={"mnist": data.ood}, corruptions=corruptions)
-    has_norms = any(isinstance(m, MemberNorm) for m in model.modules())
+    with tempfile.TemporaryDirectory(prefix="snens-experiment-") as tmp:
+        run_dir = train(config, progress=False, run_dir=Path(tmp) / "run", log=None)
+        final = json.loads((run_dir / "final.json").read_text(encoding="utf-8"))
+        history = read_metrics(run_dir)
+        model = load_run_model(run_dir)[0].eval() if extra_scores else None
+    report = final["metrics"]
+    members = 1 if method == "single" else num_members
+    has_norms = method == "snens"
+    seconds = final["train"]["seconds"]
     row: dict[str, Any] = {
         "method": method,
         "seed": seed,
@@ -364,12 +414,12 @@ def run(
         "width": width,
         "temperature": temperature if has_norms else math.nan,
         "diversity_weight": diversity_weight if has_norms else math.nan,
-        "params": num_params(model),
-        "train_seconds": result.seconds,
-        "seconds_per_epoch": result.seconds / args.epochs,
-        "final_train_loss": result.task_loss[-1],
+        "params": final["model"]["params"],
+        "train_seconds": seconds,
+        "seconds_per_epoch": seconds / args.epochs,
+        "final_train_loss": history[-1]["task_loss"],
         "k_star": snens.optimal_k(temperature, members) if has_norms else math.nan,
-        "effective_members": snens.mean_effective_members(model) if has_norms else math.nan,
+        "effective_members": history[-1]["effective_members"] if has_norms else math.nan,
     }
     for key in (
         "accuracy",
@@ -383,18 +433,18 @@ def run(
     ):
         row[key] = report[f"test/{key}"]
     for key in OOD_METRICS:
-        row[f"ood_msp_{key}"] = report[f"ood/mnist/{key}"]
+        row[f"ood_msp_{key}"] = report[f"ood/mnist_5k/{key}"]
     if extra_scores:
         torch.manual_seed(seed)
         row.update(ood_scores(model, data, extra_scores))
     if corruptions:
-        for s in sorted({s for _, s in corruptions}):
+        for s in sorted({int(k.split("/")[2]) for k in report if k.startswith("shift/severity/")}):
             for key in ("accuracy", "nll", "ece", "brier"):
                 row[f"shift{s}_{key}"] = report[f"shift/severity/{s}/{key}"]
         for key in ("accuracy", "nll", "ece", "brier"):
             row[f"shift_mean_{key}"] = report[f"shift/mean/{key}"]
-    # Last, so that every test-set number is drawn under the same RNG state as without it.
-    row.update(validation_scores(model, data, seed))
+    for key in VAL_METRICS:
+        row[f"val_{key}"] = report.get(f"val/{key}", math.nan)
     row["val_examples"] = 0 if data.val is None else getattr(args, "val_examples", 0)
     return row, report
 
