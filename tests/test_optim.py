@@ -1,5 +1,6 @@
 import pytest
 import torch
+from torch import nn
 
 import snens
 
@@ -32,3 +33,32 @@ def test_param_groups_refuse_bad_values():
         snens.param_groups(TinyResNet(), lr=-1)
     with pytest.raises(ValueError, match="gamma_lr_multiplier must be finite"):
         snens.param_groups(TinyResNet(), lr=1e-3, gamma_lr_multiplier=float("inf"))
+
+
+def test_one_definition_of_a_norm_for_decay_and_finetuning():
+    """A norm snens does not convert (a Hugging Face-style T5LayerNorm, a FrozenBatchNorm2d)
+    is a norm for the parameter groups (no weight decay) and for fine-tuning (trained with
+    norms_and_heads) alike: both ask snens.nn.surgery.is_norm."""
+    from snens.nn.surgery import is_norm
+    from snens.train import select_finetune
+
+    class T5LayerNorm(nn.Module):
+        def __init__(self, d):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(d))
+
+        def forward(self, x):
+            return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+    model = nn.Sequential(
+        nn.Linear(4, 8), T5LayerNorm(8), nn.LayerNorm(8), nn.InstanceNorm1d(8, affine=True),
+        nn.Linear(8, 3),
+    )  # fmt: skip
+    assert [is_norm(m) for m in model] == [False, True, True, True, False]
+    groups = {g["name"]: {id(p) for p in g["params"]} for g in snens.param_groups(model, 1e-3, 0.1)}
+    norm_params = {id(p) for m in model if is_norm(m) for p in m.parameters()}
+    assert norm_params <= groups["no_decay"] and not norm_params & groups["decay"]
+    select_finetune(model, "norms_and_heads", num_classes=3)
+    trainable = {id(p) for p in model.parameters() if p.requires_grad}
+    head = {id(p) for p in model[4].parameters()}
+    assert trainable == norm_params | head

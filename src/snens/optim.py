@@ -11,13 +11,12 @@ from __future__ import annotations
 from torch import nn
 
 from snens.nn.norms import MemberNorm
+from snens.nn.surgery import is_norm
 
 __all__ = ["GAMMA_LR_MULTIPLIER", "param_groups"]
 
 #: Default learning-rate multiplier of gamma, relative to the base learning rate.
 GAMMA_LR_MULTIPLIER = 30.0
-
-_PLAIN_NORMS = (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm, nn.RMSNorm)
 
 
 def param_groups(
@@ -58,14 +57,14 @@ def param_groups(
     groups: dict[str, list] = {"decay": [], "no_decay": [], "gamma": []}
     seen: set[int] = set()
     for module in model.modules():
-        is_norm = isinstance(module, (MemberNorm, *_PLAIN_NORMS))
+        norm = is_norm(module)
         for pname, p in module.named_parameters(recurse=False):
             if not p.requires_grad or id(p) in seen:
                 continue
             seen.add(id(p))
             if isinstance(module, MemberNorm) and pname == "gamma":
                 groups["gamma"].append(p)
-            elif is_norm or pname == "bias":
+            elif norm or pname == "bias":
                 groups["no_decay"].append(p)
             else:
                 groups["decay"].append(p)

@@ -32,7 +32,6 @@ import functools
 import math
 import os
 import random
-import re
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -67,6 +66,7 @@ from snens.epoch import EpochStats, NonFiniteLossError, StepSettings, run_epoch
 from snens.evaluate import evaluate
 from snens.nn.linear import MemberLinear
 from snens.nn.norms import MemberNorm
+from snens.nn.surgery import is_norm
 from snens.optim import GAMMA_LR_MULTIPLIER, param_groups
 from snens.regularizer import diversity_gain, optimal_k
 from snens.runs import (
@@ -128,16 +128,6 @@ def build_model(config: RunConfig, *, num_classes: int, channels: int | None) ->
     )
 
 
-_PLAIN_NORMS = (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm, nn.RMSNorm)
-_NORM_NAME = re.compile(r"Norm(?:$|[A-Z0-9])")  # LayerNorm, T5LayerNorm, FrozenBatchNorm2d
-
-
-def _is_norm(module: nn.Module) -> bool:
-    return isinstance(module, (MemberNorm, *_PLAIN_NORMS)) or bool(
-        _NORM_NAME.search(type(module).__name__)
-    )
-
-
 def _is_head(module: nn.Module, num_classes: int) -> bool:
     # A member head, or any linear layer with K outputs (each deep-ensemble member's head).
     if isinstance(module, MemberLinear):
@@ -160,7 +150,7 @@ def select_finetune(model: nn.Module, mode: str, num_classes: int) -> int:
         keep = {
             id(p)
             for module in model.modules()
-            if _is_norm(module) or _is_head(module, num_classes)
+            if is_norm(module) or _is_head(module, num_classes)
             for p in module.parameters(recurse=False)
         }
         if not keep:

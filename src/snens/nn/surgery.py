@@ -25,6 +25,7 @@ from snens.nn.norms import MemberNorm, check_num_members
 __all__ = [
     "ConversionReport",
     "convert_modules",
+    "is_norm",
     "is_unsupported_norm",
     "member_modules",
     "replace_modules",
@@ -105,6 +106,21 @@ def member_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return [
         (name, m) for name, m in model.named_modules() if isinstance(m, (MemberNorm, MemberLinear))
     ]
+
+
+def is_norm(module: nn.Module) -> bool:
+    """Whether ``module`` is a normalization layer — the one definition that conversion,
+    parameter groups (no weight decay) and fine-tuning (``norms_and_heads``) share.
+
+    A member norm, a torch norm family (batch, layer, group, RMS, instance, local response
+    norms), a type registered with ``snens.nn.register_norm``, or a leaf module whose class
+    name says "…Norm" (a Hugging Face ``T5LayerNorm``, ``LlamaRMSNorm``, ``FrozenBatchNorm2d``).
+    """
+    return (
+        isinstance(module, MemberNorm)
+        or type(module) in MEMBER_NORMS
+        or is_unsupported_norm(module)
+    )
 
 
 def is_unsupported_norm(module: nn.Module) -> bool:
