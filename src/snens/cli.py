@@ -178,7 +178,7 @@ def _report(args: argparse.Namespace) -> int:
     from snens.report import write_report
 
     try:
-        report = write_report(args.dirs, args.out)
+        report = write_report(args.dirs, args.out or Path(args.dirs[0]) / "report")
     except (ValueError, TypeError, OSError) as error:
         print(f"snens report: {error}", file=sys.stderr)
         return 2
@@ -298,7 +298,9 @@ def build_parser() -> argparse.ArgumentParser:
         "dirs", nargs="+", metavar="RUN_OR_SWEEP_DIR", help="sweep or run directories"
     )
     report.add_argument(
-        "--out", required=True, metavar="DIR", help="directory for report.md, report.csv, plots"
+        "--out",
+        metavar="DIR",
+        help="directory for report.md, report.csv, plots (default: DIRS[0]/report)",
     )
     report.set_defaults(run=_report)
     demo = sub.add_parser(

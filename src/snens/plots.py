@@ -447,6 +447,23 @@ def _pareto_front(
     return sorted(front)
 
 
+#: What a person reads for a metric key on an axis.
+_AXIS_LABELS = {
+    "accuracy": "accuracy",
+    "nll": "NLL (negative log-likelihood)",
+    "ece": "ECE (15 bins)",
+    "brier": "Brier score",
+}
+
+
+def axis_label(key: str) -> str:
+    """``"test/nll"`` -> ``"test NLL (negative log-likelihood)"``; unknown keys as they are."""
+    split, _, metric = key.rpartition("/")
+    label = _AXIS_LABELS.get(metric, metric.replace("_", " "))
+    prefix = {"test": "test", "val": "validation", "shift/mean": "corrupted"}.get(split, split)
+    return f"{prefix} {label}".strip()
+
+
 def pareto_plot(
     rows: Sequence[Mapping[str, Any]],
     path: str | os.PathLike,
@@ -514,8 +531,8 @@ def pareto_plot(
         f"{'←' if lower_x_is_better else '→'} {x} better, "
         f"{'↑' if higher_y_is_better else '↓'} {y} better"
     )
-    ax.set(xlabel=x, ylabel=y)
-    ax.set_title(f"{y} vs {x} ({better})", fontsize=10)
+    ax.set(xlabel=axis_label(x), ylabel=axis_label(y))
+    ax.set_title(f"{axis_label(y)} vs {axis_label(x)} ({better})", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return _save(figure, path)

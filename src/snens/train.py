@@ -32,6 +32,7 @@ import functools
 import math
 import os
 import random
+import sys
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -279,7 +280,9 @@ class _CompiledOrEager:
 
 
 def _progress(batches: Iterable, enabled: bool, description: str) -> Iterable:
-    if not enabled:
+    # A bar redrawn into a log file (stderr not a terminal) is one unreadable line: the epoch
+    # lines say the same there.
+    if not enabled or not sys.stderr.isatty():
         return batches
     try:
         from tqdm.auto import tqdm
@@ -354,8 +357,17 @@ def train(
     alone writes the run directory, logs and evaluates (over the full test set; the others
     return when training ends). The epoch's task loss is the mean over the ranks.
     """
-    with distributed.session() as group:
-        return _train(config, group, resume=resume, progress=progress, run_dir=run_dir, log=log)
+    path = _run_path(config, run_dir)
+    existed = path.exists()
+    try:
+        with distributed.session() as group:
+            return _train(config, group, resume=resume, progress=progress, run_dir=path, log=log)
+    except BaseException:
+        # a start that failed (missing data, a bad model option) leaves no empty run directory
+        if not existed and path.is_dir() and not any(path.iterdir()):
+            with contextlib.suppress(OSError):
+                path.rmdir()
+        raise
 
 
 def _train(

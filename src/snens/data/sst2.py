@@ -80,7 +80,8 @@ def load_sst2(
     if not archive.is_file():
         raise FileNotFoundError(
             f"SST-2 not found: looked for {archive} and for {tsv} in "
-            f"{' and '.join(str(f) for f in folders)}. Fix: pass download=True to fetch "
+            f"{' and '.join(str(f) for f in folders)}. Fix: pass download=True (with snens "
+            "train: --set data.download=true) to fetch "
             f"{SST2_URL} (MD5 checked), or set SNENS_DATA (or root=) to a folder that has it, "
             f"or download it yourself and put it at {archive}."
         )

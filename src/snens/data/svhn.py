@@ -74,7 +74,8 @@ def load_svhn(
     if path is None:
         raise FileNotFoundError(
             f"SVHN {split} not found at {candidates[0]} or {candidates[1]}. Fix: pass "
-            f"download=True to fetch {SVHN_URL + filename} (MD5 checked), or set SNENS_DATA "
+            "download=True (with snens train: --set data.download=true) to fetch "
+            f"{SVHN_URL + filename} (MD5 checked), or set SNENS_DATA "
             f"(or root=) to a folder that has it, or download it yourself and put it at "
             f"{candidates[0]}."
         )

@@ -1,0 +1,68 @@
+"""What a person reads: axis labels, progress in log files, the report's default output, the
+CLI's download hint."""
+
+import io
+import json
+import sys
+
+import pytest
+
+from snens.cli import main
+from snens.plots import axis_label
+from snens.train import _progress
+
+
+def test_axis_labels_are_words_not_keys():
+    assert axis_label("test/nll") == "test NLL (negative log-likelihood)"
+    assert axis_label("val/ece") == "validation ECE (15 bins)"
+    assert axis_label("shift/mean/accuracy") == "corrupted accuracy"
+    assert axis_label("accuracy") == "accuracy"
+    assert axis_label("test/member_accuracy_mean") == "test member accuracy mean"
+
+
+def test_no_progress_bar_into_a_log_file(monkeypatch):
+    """A bar redrawn into a file is one line of carriage returns: only a terminal gets one."""
+    batches = [1, 2, 3]
+    monkeypatch.setattr(sys, "stderr", io.StringIO())  # a log file: not a terminal
+    assert _progress(batches, True, "epoch 1/1") is batches
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    pytest.importorskip("tqdm")
+    bar = _progress(batches, True, "epoch 1/1")
+    assert bar is not batches and list(bar) == batches
+
+
+def test_report_writes_beside_the_runs_by_default(tmp_path, capsys):
+    out = tmp_path / "sweep"
+    code = main(
+        [
+            "sweep", "--preset", "fashion_mnist_small_cnn_tiny", "--out", str(out),
+            "--grid", "seed=0", "--set", "data.train_examples=200", "--set", "threads=1",
+            "--set", "data.test_examples=200", "--set", "data.ood_examples=200", "--no-progress",
+        ]
+    )  # fmt: skip
+    assert code == 0
+    assert main(["report", str(out)]) == 0
+    table = (out / "report" / "report.md").read_text()
+    final = json.loads((out / "seed=0" / "final.json").read_text())["metrics"]
+    assert f"{final['test/accuracy']:.4f}" in table
+
+
+def test_cli_says_how_to_download(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("SNENS_DATA", str(tmp_path))
+    code = main(
+        [
+            "train", "--preset", "fashion_mnist_small_cnn_tiny", "--out", str(tmp_path / "runs"),
+            "--set", 'data.dataset="svhn"', "--set", "data.ood=[]",
+            "--set", f"data.root={tmp_path}",
+        ]
+    )  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and "--set data.download=true" in err
+    assert not (tmp_path / "runs").exists() or not any(
+        (tmp_path / "runs").iterdir()
+    )  # no empty run
