@@ -208,3 +208,23 @@ def test_a_shorter_multistep_run_is_told_which_milestones_fit():
         preset("cifar10_resnet18"), ["optim.epochs=30", "optim.milestones=[10, 20]"]
     )
     assert fixed.optim.milestones == (10, 20)
+
+
+def test_config_files_are_the_presets():
+    """configs/*.toml are written from snens.presets (scripts/write_configs.py): one file per
+    preset, each loading to exactly the preset."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location(
+        "write_configs", root / "scripts" / "write_configs.py"
+    )
+    writer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(writer)
+    files = {p.stem: p for p in (root / "configs").glob("*.toml")}
+    assert sorted(files) == sorted(PRESETS)
+    for name, path in files.items():
+        assert load_config(path) == preset(name), name
+        assert path.read_text(encoding="utf-8") == writer.text(name), (
+            f"{path} is stale: run python scripts/write_configs.py"
+        )
