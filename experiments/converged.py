@@ -156,6 +156,7 @@ def _stages() -> dict[str, list[Variant]]:
         Variant("snens_tau5_lam0.01", (*_snens(5, 0.01), *few)),
         Variant("snens_tau1_lam0.1", (*_snens(1, 0.1), *few)),
         Variant("snens_tau50_lam0.1", (*_snens(50, 0.1), *few)),
+        Variant("snens_tau5_lam1", (*_snens(5, 1), *few)),
         Variant("snens_tau5_lam0.1_glr1", (*_snens(5, 0.1, "method.gamma_lr_multiplier=1"), *few)),
         Variant("snens_lam0_glr1", (*_snens(1, 0, "method.gamma_lr_multiplier=1"), *few)),
         Variant("snens_tau1_lam0.1_glr1", (*_snens(1, 0.1, "method.gamma_lr_multiplier=1"), *few)),
@@ -351,6 +352,42 @@ def _plot_curves(stage: str, out: Path) -> Path | None:
     return target
 
 
+def diagnosis(stage: str) -> list[str]:
+    """Where σN-Ens gains or loses, per run (validation split only): the ensemble against its
+    members, how much they disagree, and how many members share each feature at the end
+    (effective members; k*(τ) is the regularizer's optimum), next to the best epoch of the
+    validation NLL (a learning curve that turns up overfits)."""
+    from snens.regularizer import optimal_k
+
+    rows = [
+        "| run | val acc | val NLL | member acc | member NLL | disagreement | effective "
+        "members | k*(τ) | best epoch (val NLL) |",
+        "|" + "---|" * 9,
+    ]
+    for variant, sweep_run in runs_of(stage):
+        path = sweep_run.path()
+        final = _final(path)
+        if final is None:
+            continue
+        m, config = final["metrics"], sweep_run.config
+        curve = _curve(path, "val/nll")
+        best = min(range(len(curve)), key=curve.__getitem__) + 1
+        last = json.loads((path / "metrics.jsonl").read_text().splitlines()[-1])
+        snens_run = config.method.name == "snens"
+        members = f"{last['effective_members']:.2f}" if snens_run else "–"
+        k = (
+            f"{optimal_k(config.method.temperature, config.method.num_members):.2f}"
+            if snens_run and config.method.diversity_weight > 0
+            else "–"
+        )
+        rows.append(
+            f"| {variant.name} {sweep_run.name} | {m['val/accuracy']:.4f} | {m['val/nll']:.4f} "
+            f"| {m['val/member_accuracy_mean']:.4f} | {m['val/member_nll_mean']:.4f} "
+            f"| {m['val/disagreement']:.4f} | {members} | {k} | {best} of {len(curve)} |"
+        )
+    return rows
+
+
 def report() -> Path:
     """``results/converged.md``: the budget table, a report table per stage, the curves."""
     sections = ["# Converged-budget study (`python experiments/converged.py report`)", ""]
@@ -372,6 +409,7 @@ def report() -> Path:
         dirs = [stage_dir, reference] if stage == "ablation" and reference.is_dir() else [stage_dir]
         table = write_report(dirs, WHERE["out"] / f"{stage}_report")
         sections += [f"## Stage `{stage}`", "", table.table, ""]
+        sections += ["Diagnosis (validation split):", "", *diagnosis(stage), ""]
         plot = _plot_curves(stage, WHERE["out"].parent)
         if plot:
             sections += [f"![{stage} learning curves]({plot.name})", ""]
