@@ -40,6 +40,7 @@ rest of each run directory is.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -352,6 +353,91 @@ def _plot_curves(stage: str, out: Path) -> Path | None:
     return target
 
 
+OOD_SCORES = ("msp", "entropy", "mutual_information")
+
+
+def ood_scores(path: Path) -> dict[str, float] | None:
+    """AUROC, AUPR and FPR95 of each OOD score (MNIST-5k positive) of a finished run, from its
+    last.pt, cached in ``ood_scores.json`` beside it (None without either). ``final.json``
+    holds MSP only (the engine's default score)."""
+    import torch
+
+    from snens import metrics
+    from snens.datasets import build_data
+    from snens.evaluate import collect
+    from snens.train import load_run_model
+
+    cache = path / "ood_scores.json"
+    if cache.is_file():
+        return json.loads(cache.read_text())
+    if not (path / "last.pt").is_file():
+        return None
+    model, config, _ = load_run_model(path)
+    data_config = dataclasses.replace(config.data, corruptions=False)
+    loaded = build_data(data_config, seed=config.seed)
+    torch.manual_seed(config.seed)  # MC-dropout masks
+    inside, _ = collect(model, loaded.test)
+    ((name, loader),) = loaded.ood.items()
+    outside, _ = collect(model, loader)
+    values = {}
+    for score in OOD_SCORES:
+        s_in, s_out = metrics.OOD_SCORES[score](inside), metrics.OOD_SCORES[score](outside)
+        values[f"{name}/{score}/auroc"] = metrics.auroc(s_in, s_out)
+        values[f"{name}/{score}/aupr"] = metrics.aupr(s_in, s_out)
+        values[f"{name}/{score}/fpr95"] = metrics.fpr_at_95_tpr(s_in, s_out)
+    cache.write_text(json.dumps(values, indent=2) + "\n")
+    return values
+
+
+def test_tables(stage: str) -> list[str]:
+    """The test set, read after every choice was made on validation: clean and corrupted
+    accuracy and ECE per severity, and OOD detection by MSP, entropy and mutual information
+    (AUROC), mean ± std over the seeds of each variant."""
+    import numpy as np
+
+    by_variant: dict[str, list[dict]] = {}
+    for variant, sweep_run in runs_of(stage):
+        final = _final(sweep_run.path())
+        if final is None:
+            continue
+        row = dict(final["metrics"], params=final["model"]["params"])
+        ood = ood_scores(sweep_run.path()) or {}
+        row.update({f"ood/{k}": v for k, v in ood.items()})
+        by_variant.setdefault(variant.name, []).append(row)
+
+    def cell(rows: list[dict], key: str) -> str:
+        values = [r[key] for r in rows if r.get(key) is not None]
+        if not values:
+            return "–"
+        if len(values) == 1:
+            return f"{values[0]:.4f}"
+        return f"{np.mean(values):.4f} ± {np.std(values, ddof=1):.4f}"
+
+    sev = [f"shift/severity/{s}" for s in range(1, 6)]
+    head = (
+        "| variant | n | params | test acc | test NLL | test ECE | "
+        + " | ".join(f"acc s{s}" for s in range(1, 6))
+        + " | "
+        + " | ".join(f"ECE s{s}" for s in range(1, 6))
+        + " | OOD AUROC MSP | entropy | MI |"
+    )
+    lines = [head, "|" + "---|" * (6 + 10 + 3)]
+    for name, rows in by_variant.items():
+        cells = [name, str(len(rows)), f"{rows[0]['params']:,}"]
+        cells += [cell(rows, f"test/{k}") for k in ("accuracy", "nll", "ece")]
+        cells += [cell(rows, f"{s}/accuracy") for s in sev]
+        cells += [cell(rows, f"{s}/ece") for s in sev]
+        one_member = rows[0].get("test/num_members") == 1.0  # MI is 0 for one member
+        cells += [
+            "–"
+            if one_member and score == "mutual_information"
+            else cell(rows, f"ood/mnist_5k/{score}/auroc")
+            for score in OOD_SCORES
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
 def diagnosis(stage: str) -> list[str]:
     """Where σN-Ens gains or loses, per run (validation split only): the ensemble against its
     members, how much they disagree, and how many members share each feature at the end
@@ -410,6 +496,8 @@ def report() -> Path:
         table = write_report(dirs, WHERE["out"] / f"{stage}_report")
         sections += [f"## Stage `{stage}`", "", table.table, ""]
         sections += ["Diagnosis (validation split):", "", *diagnosis(stage), ""]
+        if stage == "overfit":
+            sections += ["Test set, corruption and OOD:", "", *test_tables(stage), ""]
         plot = _plot_curves(stage, WHERE["out"].parent)
         if plot:
             sections += [f"![{stage} learning curves]({plot.name})", ""]
