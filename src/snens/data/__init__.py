@@ -34,10 +34,13 @@ from .download import (
     verify_checksum,
 )
 from .imagenet import (
+    BAD_IMAGE_POLICIES,
     IMAGENET_MEAN,
     IMAGENET_STD,
+    BadImageError,
     EvalTransform,
     ImageFolder,
+    ImageFolderWarning,
     TrainTransform,
     imagenet_folder,
     read_image,
@@ -59,6 +62,7 @@ from .text import RottenTomatoes, TextSplit, load_rotten_tomatoes, split_texts
 from .tokens import TokenLoader, tokenize
 
 __all__ = [
+    "BAD_IMAGE_POLICIES",
     "CIFAR100_MEAN",
     "CIFAR100_STD",
     "CIFAR10_CLASSES",
@@ -75,11 +79,13 @@ __all__ = [
     "SST2_CLASSES",
     "SVHN_MEAN",
     "SVHN_STD",
+    "BadImageError",
     "ChecksumError",
     "DownloadError",
     "EvalTransform",
     "FolderLoader",
     "ImageFolder",
+    "ImageFolderWarning",
     "RottenTomatoes",
     "SEVERITIES",
     "TensorLoader",

@@ -16,8 +16,13 @@ value **before** it is unpickled; a file that does not match is refused with a
 :class:`ChecksumError`. Archives are MD5-checked before extraction, every member must be a
 plain file or directory inside the archive's one top folder (no absolute paths, no ``..``, no
 links or devices), and extraction uses ``tarfile``'s ``"data"`` filter into a temporary folder
-that is renamed into place only when complete. The CIFAR-C arrays are ``.npy`` files read with
-``allow_pickle=False``, which cannot run code.
+that is renamed into place only when complete. Before anything is written, the member headers
+are read and the archive is refused when it holds more than :data:`MAX_ARCHIVE_MEMBERS` members
+(2 000 000) or more than :data:`MAX_ARCHIVE_BYTES` uncompressed (256 GiB), or more than the
+free space of its folder; the limits are far above the official archives (CIFAR-10-C: 21
+members, 2.9 GB; even ImageNet's train set, 1.28 M files and 147 GB, passes) and are raised with
+the environment variables ``SNENS_MAX_ARCHIVE_MEMBERS`` and ``SNENS_MAX_ARCHIVE_BYTES``. The
+CIFAR-C arrays are ``.npy`` files read with ``allow_pickle=False``, which cannot run code.
 
 Checksums: the archive MD5s are those published with the data (Toronto's page, Zenodo); the
 per-batch MD5s are the ones torchvision pins.
@@ -25,12 +30,15 @@ per-batch MD5s are the ones torchvision pins.
 
 from __future__ import annotations
 
+import errno
+import gzip
 import hashlib
 import os
 import pickle
 import shutil
 import tarfile
 import tempfile
+import zlib
 from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
@@ -97,6 +105,11 @@ CIFAR_C_CORRUPTIONS = CORRUPTIONS
 # Released alongside, held out of the benchmark average ("validation" corruptions).
 CIFAR_C_EXTRA_CORRUPTIONS = ("speckle_noise", "gaussian_blur", "spatter", "saturate")
 _FILTER_ERROR = getattr(tarfile, "FilterError", ())  # () catches nothing before Python 3.10.12
+# What one archive may unpack to, checked from its member headers before anything is written.
+MAX_ARCHIVE_MEMBERS = 2_000_000
+MAX_ARCHIVE_BYTES = 256 * 2**30
+ARCHIVE_MEMBERS_ENV = "SNENS_MAX_ARCHIVE_MEMBERS"
+ARCHIVE_BYTES_ENV = "SNENS_MAX_ARCHIVE_BYTES"
 _IMAGE_BYTES = 3 * 32 * 32
 
 
@@ -131,10 +144,34 @@ def _archive_name(source: _Source) -> str:
     return source.url.rsplit("/", 1)[-1]
 
 
+def _limit(env: str, default: int) -> int:
+    """The limit set by environment variable ``env``, else ``default``."""
+    raw = os.environ.get(env, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"{env} must be a positive integer, got {raw!r}; unset it for {default}")
+    return value
+
+
 def _check_members(tar: tarfile.TarFile, archive: Path, top: str) -> list[tarfile.TarInfo]:
-    """The archive's members, after refusing anything that could land outside ``top/``."""
-    members = tar.getmembers()
-    for member in members:
+    """The archive's members, after refusing anything that could land outside ``top/`` and an
+    archive over the member or byte limits (read member by member, so a huge index is not
+    read whole)."""
+    max_members = _limit(ARCHIVE_MEMBERS_ENV, MAX_ARCHIVE_MEMBERS)
+    max_bytes = _limit(ARCHIVE_BYTES_ENV, MAX_ARCHIVE_BYTES)
+    members, total = [], 0
+    for member in tar:
+        if len(members) == max_members:
+            raise ValueError(
+                f"refusing to extract {archive}: it holds more than {max_members} members, the "
+                f"limit ({ARCHIVE_MEMBERS_ENV}). The official archive holds far fewer; delete "
+                f"this one, or if you trust it, set {ARCHIVE_MEMBERS_ENV} to a larger count."
+            )
         parts = PurePosixPath(member.name).parts
         if member.name.startswith(("/", "\\")) or ".." in parts or not parts or parts[0] != top:
             raise ValueError(
@@ -146,7 +183,46 @@ def _check_members(tar: tarfile.TarFile, archive: Path, top: str) -> list[tarfil
                 f"refusing to extract {archive}: member {member.name!r} is a link or special "
                 "file, which the official archive does not contain; delete it."
             )
+        total += member.size
+        if total > max_bytes:
+            raise ValueError(
+                f"refusing to extract {archive}: its members hold more than {max_bytes} bytes "
+                f"({max_bytes / 2**30:.3g} GiB) uncompressed, the limit ({ARCHIVE_BYTES_ENV}). "
+                "The official archive holds far less; delete this one, or if you trust it, set "
+                f"{ARCHIVE_BYTES_ENV} to a larger number of bytes."
+            )
+        members.append(member)
     return members
+
+
+def _check_space(archive: Path, members: list[tarfile.TarInfo]) -> None:
+    needed = sum(member.size for member in members)
+    free = shutil.disk_usage(archive.parent).free
+    if needed > free:
+        raise OSError(
+            errno.ENOSPC,
+            f"extracting {archive} needs {needed / 2**30:.3g} GiB but {archive.parent} has "
+            f"{free / 2**30:.3g} GiB free; free some space, or move the data root (SNENS_DATA "
+            "or root=) to a larger disk",
+        )
+
+
+def _extract_members(
+    tar: tarfile.TarFile, staging: Path, members: list[tarfile.TarInfo], archive: Path
+) -> None:
+    try:
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(staging, members=members, filter="data")
+        else:  # Python < 3.10.12 has no filters; _check_members already vetted every path
+            tar.extractall(staging, members=members)
+    except gzip.BadGzipFile:
+        raise  # an OSError too, but a damaged archive: _extract says so
+    except OSError as err:  # the disk filled up, or failed, while writing
+        raise type(err)(
+            err.errno,
+            f"extracting {archive} into {archive.parent} failed ({err.strerror or err}); "
+            "nothing was kept. Fix the disk (free space, permissions), then call again",
+        ) from err
 
 
 def _extract(archive: Path, top: str) -> Path:
@@ -160,10 +236,8 @@ def _extract(archive: Path, top: str) -> Path:
     try:
         with tarfile.open(archive) as tar:
             members = _check_members(tar, archive, top)
-            if hasattr(tarfile, "data_filter"):
-                tar.extractall(staging, members=members, filter="data")
-            else:  # Python < 3.10.12 has no filters; _check_members already vetted every path
-                tar.extractall(staging, members=members)
+            _check_space(archive, members)
+            _extract_members(tar, staging, members, archive)
         extracted = staging / top
         if not extracted.is_dir():
             raise ValueError(f"{archive} holds no {top}/ folder; it is not the official archive")
@@ -171,6 +245,11 @@ def _extract(archive: Path, top: str) -> Path:
             os.replace(extracted, target)
     except _FILTER_ERROR as err:
         raise ValueError(f"refusing to extract {archive}: {err}; delete it") from err
+    except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as err:
+        raise ValueError(
+            f"{archive} is damaged or not a tar archive ({type(err).__name__}: {err}); delete "
+            "it and download it again"
+        ) from err
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target

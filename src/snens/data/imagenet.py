@@ -15,13 +15,45 @@ under each, sorted. Images decode with Pillow (imported on first use) to uint8 R
   PIL resize (antialiased bilinear either way).
 * :class:`TrainTransform` — random-resized crop (area 8–100 %, aspect 3/4–4/3, torchvision's
   sampling rule) to 224, horizontal flip, normalize.
+
+What counts as a sample. A sample is a regular, non-empty file with an image extension whose
+path lies under a class folder; its label is that top-level class folder, whatever links led to
+it. Names starting with ``.`` (hidden folders, macOS ``._*`` files) are not read. Symbolic links
+are followed where they lead out of the tree (a class folder, sub-folder or file linked from
+another disk, as subsets of ImageNet are often built); a link that leads back into the tree —
+to the root, a folder above it, or anything inside a class folder — is skipped, since
+following it would count files twice or label them by the wrong class. Within a class, each
+real folder is read once and each file listed once, however many links or hard links reach
+it; a file in two class folders is a sample of each, as the folders say. FIFOs, sockets and
+devices named like images, broken links and zero-byte files are skipped too. Everything
+skipped is counted in :attr:`ImageFolder.skipped` and named in one :class:`ImageFolderWarning`.
+A class folder that is itself a link back into the tree, or a link that cannot be followed, is
+an error: skipping it would shift every later label.
+
+Bad images. Listing stays cheap — one ``stat`` per file and no decoding, about 17 µs a file on
+a local disk, so ImageNet's 1.28 M in about 22 s — and a file that turns out unreadable or
+undecodable (truncated, corrupt, deleted since) is met while training. With
+``on_bad_image="skip"`` (the default) it is replaced by the next image of the same class (in
+sample order, cyclically), so the batch keeps its size and every label stays right, and an
+:class:`ImageFolderWarning` names it, with the count and the first few bad files found so far
+in that process (each DataLoader worker counts its own; after 10, it warns at 16, 32, 64 …).
+``on_bad_image="raise"`` stops at the first one, and at construction on a zero-byte file, with
+a :class:`BadImageError` naming the file. ``scan=True`` decodes every image once at
+construction (in threads) and then leaves the bad ones out, listed in ``skipped`` (or raises
+listing all of them). A class whose every image fails is an error under either policy. Pillow
+decodes some damaged JPEGs without complaint (grey or smeared blocks); no check short of
+looking at the pixels finds those.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 import os
-from collections.abc import Callable, Sequence
+import stat
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,10 +65,13 @@ from torch.utils.data import Dataset
 from .download import data_root
 
 __all__ = [
+    "BAD_IMAGE_POLICIES",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
+    "BadImageError",
     "EvalTransform",
     "ImageFolder",
+    "ImageFolderWarning",
     "TrainTransform",
     "center_crop",
     "imagenet_folder",
@@ -49,6 +84,51 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 IMAGE_EXTENSIONS = (".jpeg", ".jpg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 IMAGENET_SPLITS = ("train", "val")
+BAD_IMAGE_POLICIES = ("skip", "raise")
+# Reasons an entry is not a sample, the keys of ImageFolder.skipped.
+SKIP_LINK_INTO_TREE = "symlink back into the tree"
+SKIP_FOLDER_SEEN = "folder already read through another path"
+SKIP_FILE_SEEN = "file already listed under another name"
+SKIP_NOT_REGULAR = "not a regular file (FIFO, socket or device)"
+SKIP_BROKEN = "broken symlink or unreadable entry"
+SKIP_EMPTY = "empty file (0 bytes)"
+SKIP_UNDECODABLE = "undecodable image (found by scan=True)"
+_NAMED = 5  # paths named in a message; the rest are counted
+_WARN_EACH = 10  # per process: warn on each of the first 10 bad files, then at powers of 2
+# Pillow releases the GIL while it decodes (ImagingSectionEnter in decode.c): a scan runs in
+# threads.
+_SCAN_THREADS = min(32, os.cpu_count() or 1)
+_O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # opening a FIFO must not wait for a writer
+
+
+class BadImageError(OSError):
+    """An image file that cannot be read or decoded; the message names the file and the fix.
+
+    Attributes:
+        path: the file, when known.
+        reason: what is wrong with it, without the advice.
+    """
+
+    def __init__(self, message: str, path: str | os.PathLike | None = None, reason: str = ""):
+        # One positional argument, so that a DataLoader re-raises it from a worker as itself.
+        super().__init__(message)
+        self.path = path
+        self.reason = reason or message
+
+
+class ImageFolderWarning(UserWarning):
+    """Entries an :class:`ImageFolder` skipped, or bad images it replaced while reading."""
+
+
+def _shown(path: str | os.PathLike) -> str:
+    """``path`` for a message: bytes that are not UTF-8 (file names from other systems) are
+    written as ``\\xNN`` escapes, so a log that encodes strictly can still write it."""
+    return os.fsdecode(path).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def _named(paths: Sequence[str | os.PathLike]) -> str:
+    listed = ", ".join(_shown(p) for p in paths[:_NAMED])
+    return listed + (f" and {len(paths) - _NAMED} more" if len(paths) > _NAMED else "")
 
 
 def _pillow_image():
@@ -62,16 +142,51 @@ def _pillow_image():
 def read_image(path: str | os.PathLike) -> torch.Tensor:
     """Decode an image file to RGB (grayscale, palette and CMYK images are converted).
 
+    Only a regular file is decoded: a FIFO, socket or device is refused at once (it is opened
+    without blocking and checked with ``fstat``) instead of hanging the reader.
+
     Returns:
         uint8 tensor ``(3, H, W)``.
 
     Raises:
         ImportError: Pillow is not installed.
+        BadImageError: the file is missing, unreadable, not a regular file, empty, or not an
+            image Pillow can decode (truncated, corrupt, another format); the message names it.
     """
     image_module = _pillow_image()
-    with image_module.open(path) as image:
-        array = np.asarray(image.convert("RGB"))
-    return torch.from_numpy(array.copy()).permute(2, 0, 1)  # (H, W, 3) -> (3, H, W)
+    try:
+        fd = os.open(path, os.O_RDONLY | _O_NONBLOCK)
+    except OSError as err:
+        reason = f"cannot open it ({err.strerror or err})"
+        raise BadImageError(f"{_shown(path)}: {reason}", path, reason) from err
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        kind = "a folder" if stat.S_ISDIR(info.st_mode) else "a FIFO, socket or device"
+        reason = f"not a regular file but {kind}"
+    elif info.st_size == 0:
+        os.close(fd)
+        reason = "an empty file (0 bytes)"
+    else:
+        with open(fd, "rb") as file:
+            try:
+                with image_module.open(file) as image:
+                    array = np.asarray(image.convert("RGB"))
+                return torch.from_numpy(array.copy()).permute(2, 0, 1)  # (H, W, 3) -> (3, H, W)
+            except MemoryError:
+                raise
+            except Exception as err:
+                # A parser of untrusted bytes: Pillow raises OSError (truncated), SyntaxError,
+                # ValueError, struct.error or DecompressionBombError, and on crafted input
+                # others; each means that this file is not a usable image.
+                if isinstance(err, image_module.UnidentifiedImageError):
+                    reason = "not an image format Pillow reads (a truncated header or no image)"
+                else:
+                    reason = f"cannot be decoded ({type(err).__name__}: {err})"
+                raise BadImageError(
+                    f"{_shown(path)}: {reason}; delete or replace the file", path, reason
+                ) from err
+    raise BadImageError(f"{_shown(path)}: {reason}; delete or replace the file", path, reason)
 
 
 def _to_float(image: torch.Tensor) -> torch.Tensor:
@@ -207,20 +322,35 @@ class TrainTransform:
 class ImageFolder(Dataset):
     """Images in class folders: ``root/<class>/**/<image>``, labelled by sorted class name.
 
+    See the module docstring for which entries are samples (links, special and empty files)
+    and for the policy on bad images.
+
     Args:
         root: folder whose sub-folders are the classes (hidden ones, starting with ``.``,
             are skipped); images are found recursively, by extension
             (:data:`IMAGE_EXTENSIONS`, case-insensitive), and sorted.
         transform: called on each uint8 ``(3, H, W)`` image, e.g. :class:`EvalTransform`.
+        on_bad_image: ``"skip"`` replaces a file that fails to decode by the next image of
+            its class and warns; ``"raise"`` raises :class:`BadImageError` at the first one
+            (and at construction on zero-byte files).
+        scan: decode every image once at construction, in threads (as long as reading one
+            epoch), and leave out, or with ``"raise"`` list, every bad one.
 
     Attributes:
         classes: class names, sorted; ``class_to_idx`` maps them to labels.
         samples: ``(path, label)`` pairs; ``targets`` the labels alone.
+        skipped: entries left out at construction, ``{reason: [path, …]}``.
+        bad_images: files found undecodable while reading in this process, ``{path: reason}``.
 
     Raises:
         FileNotFoundError: ``root`` missing, without class folders, or with a class folder
-            holding no image (named).
-        ValueError: ``root`` holds images but no class folders (an unsorted validation set).
+            holding no usable image (named).
+        ValueError: ``root`` holds images but no class folders (an unsorted validation set);
+            a class folder that is a link back into the tree, a link that cannot be
+            followed, or the same folder as another class; an unknown ``on_bad_image``.
+        OSError: a folder of the tree cannot be listed (named, with the fix).
+        BadImageError: with ``on_bad_image="raise"``, zero-byte files, or (with ``scan``)
+            undecodable ones; the message lists them.
         ImportError: Pillow is not installed.
     """
 
@@ -228,51 +358,169 @@ class ImageFolder(Dataset):
         self,
         root: str | os.PathLike,
         transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        *,
+        on_bad_image: str = "skip",
+        scan: bool = False,
     ) -> None:
+        if on_bad_image not in BAD_IMAGE_POLICIES:
+            raise ValueError(
+                f"on_bad_image must be one of {list(BAD_IMAGE_POLICIES)}, got {on_bad_image!r}"
+            )
         _pillow_image()  # fail at construction, not in a DataLoader worker
         self.root = Path(root)
         self.transform = transform
+        self.on_bad_image = on_bad_image
         if not self.root.is_dir():
-            raise FileNotFoundError(f"image folder {self.root} does not exist")
-        entries = sorted(os.scandir(self.root), key=lambda e: e.name)
-        self.classes = [e.name for e in entries if e.is_dir() and not e.name.startswith(".")]
-        if not self.classes:
-            loose = [e.name for e in entries if _is_image(e.name)]
-            if loose:
-                raise ValueError(
-                    f"{self.root} holds {len(loose)} images but no class folders; sort them into "
-                    "one folder per class (for ImageNet's val set, e.g. with valprep.sh)"
-                )
-            raise FileNotFoundError(f"{self.root} has no class folders")
+            raise FileNotFoundError(f"image folder {_shown(self.root)} does not exist")
+        self.classes, class_dirs = _class_folders(self.root)
         self.class_to_idx = {name: index for index, name in enumerate(self.classes)}
         self.samples: list[tuple[Path, int]] = []
+        self.skipped: dict[str, list[Path]] = {}
+        root_real, reals = os.path.realpath(self.root), set(class_dirs.values())
         empty = []
         for name in self.classes:
-            files = _image_files(self.root / name)
-            if not files:
+            found = len(self.samples)
+            folder = os.path.join(self.root, name)
+            for path in _class_images(folder, class_dirs[name], root_real, reals, self.skipped):
+                self.samples.append((path, self.class_to_idx[name]))
+            if len(self.samples) == found:
                 empty.append(name)
-            self.samples.extend((path, self.class_to_idx[name]) for path in files)
-        if empty:
-            raise FileNotFoundError(
-                f"{self.root}: class folders without images {empty[:10]}"
-                f"{' …' if len(empty) > 10 else ''} (extensions {IMAGE_EXTENSIONS})"
+        if on_bad_image == "raise" and SKIP_EMPTY in self.skipped:
+            files = self.skipped[SKIP_EMPTY]
+            raise BadImageError(
+                f"{_shown(self.root)}: {len(files)} empty (0-byte) image files: {_named(files)}; "
+                "delete or replace them, or pass on_bad_image='skip' to leave them out"
             )
+        if empty:
+            left_out = f"; left out of the tree: {_summary(self.skipped)}" if self.skipped else ""
+            raise FileNotFoundError(
+                f"{_shown(self.root)}: class folders without images {empty[:10]}"
+                f"{' …' if len(empty) > 10 else ''} (extensions {IMAGE_EXTENSIONS}{left_out}); "
+                "put images in them or remove them"
+            )
+        if scan:
+            self._scan()
         self.targets = [label for _, label in self.samples]
+        self._bad: dict[int, str] = {}
+        self._by_class: dict[int, list[int]] | None = None
+        if self.skipped:
+            warnings.warn(
+                f"ImageFolder {_shown(self.root)}: left out {_summary(self.skipped)}; "
+                "they are not samples (listed in .skipped)",
+                ImageFolderWarning,
+                stacklevel=2,
+            )
+
+    def _scan(self) -> None:
+        """Decode every sample once; drop the bad ones (``"skip"``) or raise listing them."""
+        paths = [path for path, _ in self.samples]
+        with ThreadPoolExecutor(_SCAN_THREADS) as pool:
+            errors = list(pool.map(_decode_error, paths))
+        bad = [(path, error) for path, error in zip(paths, errors, strict=True) if error]
+        if not bad:
+            return
+        if self.on_bad_image == "raise":
+            listed = "; ".join(f"{_shown(p)} ({e})" for p, e in bad[:20])
+            raise BadImageError(
+                f"{_shown(self.root)}: {len(bad)} of {len(paths)} images cannot be decoded: "
+                f"{listed}{f' and {len(bad) - 20} more' if len(bad) > 20 else ''}. Delete or "
+                "replace them, or pass on_bad_image='skip' to leave them out"
+            )
+        dropped = {path for path, _ in bad}
+        self.samples = [sample for sample in self.samples if sample[0] not in dropped]
+        self.skipped[SKIP_UNDECODABLE] = [path for path, _ in bad]
+        left = {label for _, label in self.samples}
+        lost = [name for name, label in self.class_to_idx.items() if label not in left]
+        if lost:
+            raise BadImageError(
+                f"{_shown(self.root)}: no image of class folders {lost[:10]} decodes; restore "
+                "them from the original data, or remove the folders"
+            )
+
+    @property
+    def bad_images(self) -> dict[Path, str]:
+        """Files found unreadable or undecodable while reading, in this process."""
+        return {self.samples[index][0]: reason for index, reason in self._bad.items()}
 
     def __len__(self) -> int:
         return len(self.samples)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        path, label = self.samples[index]
-        image = read_image(path)
+        _, label = self.samples[index]
+        image = self._read(index)
         if self.transform is not None:
             image = self.transform(image)
         return image, label
 
+    def _read(self, index: int) -> torch.Tensor:
+        """Sample ``index``'s image, or under ``"skip"`` the next good one of its class."""
+        path, label = self.samples[index]
+        found = len(self._bad)
+        if index not in self._bad:
+            try:
+                return read_image(path)
+            except BadImageError as err:
+                if self.on_bad_image == "raise":
+                    raise BadImageError(
+                        f"{_shown(path)} (sample {index} of {_shown(self.root)}, class "
+                        f"{self.classes[label]!r}): {err.reason}; delete or replace the file, "
+                        "or pass on_bad_image='skip' to go on with another image of its class "
+                        "in its place",
+                        path,
+                        err.reason,
+                    ) from err
+                self._bad[index] = err.reason
+        for other in self._same_class(index):
+            try:
+                image = read_image(self.samples[other][0])
+            except BadImageError as err:
+                self._bad[other] = err.reason
+                continue
+            if any(_worth_warning(count) for count in range(found + 1, len(self._bad) + 1)):
+                self._warn(index, other)
+            return image
+        members = [self.samples[i][0] for i in (self._by_class or {}).get(label, [index])]
+        raise BadImageError(
+            f"{_shown(self.root)}: none of the {len(members)} images of class "
+            f"{self.classes[label]!r} decodes ({_named(members)}); restore the folder from the "
+            "original data, or remove it",
+            path,
+            self._bad[index],
+        )
+
+    def _same_class(self, index: int) -> Iterator[int]:
+        """The other samples of ``index``'s class not known to be bad, from the next on."""
+        if self._by_class is None:
+            self._by_class = {}
+            for i, (_, label) in enumerate(self.samples):
+                self._by_class.setdefault(label, []).append(i)
+        label = self.samples[index][1]
+        members = self._by_class.get(label, [])
+        start = bisect.bisect_right(members, index)
+        for other in members[start:] + members[:start]:
+            # The label check keeps a replacement in the class even if samples were edited.
+            if other != index and other not in self._bad and self.samples[other][1] == label:
+                yield other
+
+    def _warn(self, index: int, other: int) -> None:
+        path, label = self.samples[index]
+        bad = [self.samples[i][0] for i in self._bad]
+        warnings.warn(
+            f"ImageFolder {_shown(self.root)}: {_shown(path)}: {self._bad[index]}; read "
+            f"{_shown(self.samples[other][0])}, the next image of class "
+            f"{self.classes[label]!r}, in its place (the label is unchanged). {len(bad)} bad "
+            f"files found so far in this process: {_named(bad)}. Delete or replace them; "
+            "ImageFolder(..., scan=True) lists every bad file up front and "
+            "on_bad_image='raise' stops at the first",
+            ImageFolderWarning,
+            stacklevel=4,  # the caller of dataset[i]
+        )
+
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(root={str(self.root)!r}, classes={len(self.classes)}, "
-            f"samples={len(self.samples)}, transform={self.transform!r})"
+            f"samples={len(self.samples)}, transform={self.transform!r}, "
+            f"on_bad_image={self.on_bad_image!r})"
         )
 
 
@@ -280,18 +528,181 @@ def _is_image(name: str) -> bool:
     return name.lower().endswith(IMAGE_EXTENSIONS)
 
 
-def _image_files(folder: Path) -> list[Path]:
-    files = []
-    for directory, subdirs, names in os.walk(folder, followlinks=True):
-        subdirs[:] = sorted(d for d in subdirs if not d.startswith("."))
-        files.extend(Path(directory, n) for n in sorted(names) if _is_image(n))
-    return files
+def _worth_warning(count: int) -> bool:
+    return count <= _WARN_EACH or count & (count - 1) == 0  # 1…10, then 16, 32, 64, …
+
+
+def _summary(skipped: dict[str, list[Path]]) -> str:
+    return "; ".join(
+        f"{len(paths)} {reason} ({_named(paths)})" for reason, paths in skipped.items()
+    )
+
+
+def _decode_error(path: Path) -> str:
+    try:
+        read_image(path)
+    except BadImageError as err:
+        return err.reason
+    return ""
+
+
+def _list_dir(path: str | os.PathLike) -> list[os.DirEntry]:
+    try:
+        with os.scandir(path) as entries:
+            return sorted(entries, key=lambda e: e.name)
+    except OSError as err:
+        raise type(err)(
+            err.errno,
+            f"cannot list the folder {_shown(path)} ({err.strerror}); make it readable "
+            "(chmod a+rx) or move it out of the tree",
+        ) from err
+
+
+def _contains(folder: str, path: str) -> bool:
+    """Whether the real path ``path`` is ``folder`` or lies inside it."""
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def _class_folders(root: Path) -> tuple[list[str], dict[str, str]]:
+    """The sorted class names under ``root`` and the real path of each class folder."""
+    root_real = os.path.realpath(root)
+    classes, real, owner = [], {}, {}
+    loose = 0
+    for entry in _list_dir(root):
+        if entry.name.startswith("."):
+            continue
+        if entry.is_symlink():
+            try:
+                is_dir = stat.S_ISDIR(os.stat(entry.path).st_mode)
+            except OSError as err:
+                raise ValueError(
+                    f"{_shown(entry.path)} is a symlink that cannot be followed "
+                    f"({err.strerror}); point it at an existing folder or remove it (class "
+                    "folders are the sorted sub-folders, so leaving one out would shift every "
+                    "later label)"
+                ) from err
+            if not is_dir:
+                loose += _is_image(entry.name)
+                continue
+            target = os.path.realpath(entry.path)
+            if _contains(target, root_real) or _contains(root_real, target):
+                above = _contains(target, root_real)
+                where = "the tree itself or a folder above it" if above else "inside the tree"
+                raise ValueError(
+                    f"class folder {_shown(entry.path)} is a symlink to {_shown(target)}, "
+                    f"{where}; a class folder must be a folder of its own: replace the link by "
+                    "the folder it stands for, or remove it"
+                )
+        elif entry.is_dir(follow_symlinks=False):
+            target = os.path.join(root_real, entry.name)
+        else:
+            loose += _is_image(entry.name)
+            continue
+        if target in owner:
+            raise ValueError(
+                f"class folders {owner[target]!r} and {entry.name!r} of {_shown(root)} are the "
+                f"same folder {_shown(target)}; remove one of them"
+            )
+        owner[target] = entry.name
+        classes.append(entry.name)
+        real[entry.name] = target
+    if not classes:
+        if loose:
+            raise ValueError(
+                f"{_shown(root)} holds {loose} images but no class folders; sort them into one "
+                "folder per class (for ImageNet's val set, e.g. with valprep.sh)"
+            )
+        raise FileNotFoundError(f"{_shown(root)} has no class folders")
+    return classes, real
+
+
+def _leads_back(target: str, root_real: str, class_dirs: set[str]) -> bool:
+    """Whether the real path ``target`` is the root, a folder above it, or in a class folder."""
+    if _contains(target, root_real):
+        return True
+    while True:
+        if target in class_dirs:
+            return True
+        parent = os.path.dirname(target)
+        if parent == target:
+            return False
+        target = parent
+
+
+def _class_images(
+    folder: str, folder_real: str, root_real: str, class_dirs: set[str], skipped: dict
+) -> Iterator[Path]:
+    """The sample files of one class folder, depth first: a folder's files, then its
+    sub-folders, each sorted by name; what is left out is added to ``skipped``.
+
+    Within the class each real folder is read once and each file listed once: the names that
+    might repeat a file — symlinks and files with several hard links — are keyed by inode, and
+    a symlink to a file in a folder already read repeats it. A file in two class folders (hard
+    links, or links to one file outside the tree) is a sample of each, as the folders say.
+    """
+
+    def skip(reason: str, path: str) -> None:
+        skipped.setdefault(reason, []).append(Path(path))
+
+    info = os.stat(folder_real)
+    seen_dirs = {(info.st_dev, info.st_ino)}
+    read_dirs: set[str] = set()  # real paths
+    linked: set[int] = set()  # st_dev << 64 | st_ino of files that may have another name
+    stack = [(folder, folder_real)]
+    while stack:
+        directory, directory_real = stack.pop()
+        read_dirs.add(directory_real)
+        parent = Path(directory)  # parent / name parses only the name, not the whole path
+        subdirs = []
+        for entry in _list_dir(directory):
+            if entry.name.startswith("."):
+                continue
+            path = entry.path
+            link = entry.is_symlink()
+            real = os.path.realpath(path) if link else ""
+            if link and _leads_back(real, root_real, class_dirs):
+                skip(SKIP_LINK_INTO_TREE, path)
+                continue
+            try:
+                is_dir = entry.is_dir()  # a broken or looping link raises or says False
+                info = entry.stat() if is_dir or _is_image(entry.name) else None
+            except OSError:
+                skip(SKIP_BROKEN, path)
+                continue
+            if info is None:
+                continue  # not an image by its name
+            if is_dir:
+                key = (info.st_dev, info.st_ino)
+                real = real or os.path.join(directory_real, entry.name)
+                if real in class_dirs:  # another class, reached through a link out and back
+                    skip(SKIP_LINK_INTO_TREE, path)
+                elif key in seen_dirs:
+                    skip(SKIP_FOLDER_SEEN, path)
+                else:
+                    seen_dirs.add(key)
+                    subdirs.append((path, real))
+            elif not stat.S_ISREG(info.st_mode):
+                skip(SKIP_NOT_REGULAR, path)
+            elif info.st_size == 0:
+                skip(SKIP_EMPTY, path)
+            else:
+                key = info.st_dev << 64 | info.st_ino
+                if key in linked or (link and os.path.dirname(real) in read_dirs):
+                    skip(SKIP_FILE_SEEN, path)
+                    continue
+                if link or info.st_nlink > 1:
+                    linked.add(key)
+                yield parent / entry.name
+        stack.extend(reversed(subdirs))
 
 
 def imagenet_folder(
     root: str | os.PathLike | None = None,
     split: str = "train",
     transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    *,
+    on_bad_image: str = "skip",
+    scan: bool = False,
 ) -> ImageFolder:
     """ImageNet (ILSVRC-2012) train or val as an :class:`ImageFolder`; nothing downloads.
 
@@ -304,13 +715,17 @@ def imagenet_folder(
         split: ``"train"`` (1.28 M images) or ``"val"`` (50 000, sorted into class folders).
         transform: applied to each uint8 ``(3, H, W)`` image; e.g. :class:`EvalTransform` for
             evaluation, :class:`TrainTransform` for training.
+        on_bad_image: ``"skip"`` or ``"raise"``, see :class:`ImageFolder`.
+        scan: decode every image once up front, see :class:`ImageFolder`.
 
     Returns:
         An :class:`ImageFolder` whose labels index the sorted WordNet ids (``n01440764`` = 0).
 
     Raises:
-        ValueError: unknown ``split``; an unsorted (flat) split folder.
+        ValueError: unknown ``split``; an unsorted (flat) split folder; class folders that
+            are links back into the tree.
         FileNotFoundError: the split folder is missing; the message says where to put it.
+        BadImageError: with ``on_bad_image="raise"``, bad files found at construction.
         ImportError: Pillow is not installed.
     """
     if split not in IMAGENET_SPLITS:
@@ -327,4 +742,4 @@ def imagenet_folder(
             "sorted into class folders too), or set SNENS_DATA (or root=) to the folder that "
             "holds imagenet/."
         )
-    return ImageFolder(folder, transform=transform)
+    return ImageFolder(folder, transform=transform, on_bad_image=on_bad_image, scan=scan)
