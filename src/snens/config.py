@@ -44,6 +44,7 @@ from snens.baselines.factory import METHODS
 from snens.data.corruptions import CORRUPTIONS, EXTRA_CORRUPTIONS, SEVERITIES
 from snens.nn.norms import MAX_MEMBERS
 from snens.optim import GAMMA_LR_MULTIPLIER
+from snens.regularizer import DEFAULT_DIVERSITY_WEIGHT, DEFAULT_TEMPERATURE
 
 __all__ = [
     "DATASETS",
@@ -362,8 +363,8 @@ class MethodConfig(_Section):
 
     name: Literal[METHODS] = "snens"  # type: ignore[valid-type]
     num_members: int = 4  # M (1 for "single")
-    temperature: float = 1.0  # τ of the diversity regularizer (σN-Ens only)
-    diversity_weight: float = 0.1  # λ, on the sum over features (σN-Ens only)
+    temperature: float = DEFAULT_TEMPERATURE  # τ of the diversity regularizer (σN-Ens only)
+    diversity_weight: float = DEFAULT_DIVERSITY_WEIGHT  # λ, on the sum over features
     # epochs over which λ rises linearly from 0 (per step), so members first learn shared
     # features before the regularizer partitions them; 0 = full λ from the first step
     diversity_ramp_epochs: float = 0.0

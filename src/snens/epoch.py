@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from snens.ensemble import ensemble_loss
-from snens.regularizer import diversity_loss
+from snens.regularizer import DEFAULT_TEMPERATURE, diversity_loss
 
 __all__ = ["EpochStats", "NonFiniteLossError", "StepSettings", "run_epoch"]
 
@@ -33,7 +33,7 @@ class NonFiniteLossError(ValueError):
 class StepSettings:
     """What a training step does besides forward, backward and the optimizer step."""
 
-    temperature: float = 1.0  # τ of the diversity loss
+    temperature: float = DEFAULT_TEMPERATURE  # τ of the diversity loss
     diversity_weight: float = 0.0  # λ; 0 = no diversity loss
     diversity_ramp_steps: int = 0  # λ rises linearly from 0 over these global steps; 0 = none
     label_smoothing: float = 0.0

@@ -38,7 +38,7 @@ def _cifar(dataset: str, backbone: str, **optim: Any) -> RunConfig:
             corruption_examples=0,
         ),
         model=ModelConfig(backbone=backbone),
-        method=MethodConfig(name="snens", num_members=4, temperature=1.0, diversity_weight=0.1),
+        method=MethodConfig(name="snens", num_members=4),
         optim=OptimConfig(**optim),
     )
 
@@ -84,7 +84,7 @@ PRESETS: dict[str, RunConfig] = {
             corruption_examples=1000,
         ),
         model=ModelConfig(backbone="small_cnn", options={"width": 16}),
-        method=MethodConfig(name="snens", num_members=4, temperature=1.0, diversity_weight=0.1),
+        method=MethodConfig(name="snens", num_members=4),
         optim=OptimConfig(optimizer="adamw", lr=3e-3, schedule="cosine", epochs=3),
     ),
     # a smoke test in seconds: 1,000 images, width 4, one epoch
@@ -99,7 +99,7 @@ PRESETS: dict[str, RunConfig] = {
             ood_examples=1000,
         ),
         model=ModelConfig(backbone="small_cnn", options={"width": 4}),
-        method=MethodConfig(name="snens", num_members=4, temperature=1.0, diversity_weight=0.1),
+        method=MethodConfig(name="snens", num_members=4),
         optim=OptimConfig(optimizer="adamw", lr=1e-2, schedule="cosine", epochs=1),
     ),
     # the CIFAR recipe's network and optimizer on Fashion-MNIST (1 channel), fewer epochs

@@ -69,7 +69,7 @@ from snens.nn.linear import MemberLinear
 from snens.nn.norms import MemberNorm
 from snens.nn.surgery import is_norm
 from snens.optim import GAMMA_LR_MULTIPLIER, param_groups
-from snens.regularizer import diversity_gain, optimal_k
+from snens.regularizer import DEFAULT_TEMPERATURE, diversity_gain, optimal_k
 from snens.runs import (
     CONFIG,
     Run,
@@ -745,7 +745,7 @@ def fit(
     epochs: int,
     lr: float = 3e-3,
     weight_decay: float = 0.0,
-    temperature: float = 1.0,
+    temperature: float = DEFAULT_TEMPERATURE,
     diversity_weight: float = 0.1,
     gamma_lr_multiplier: float = GAMMA_LR_MULTIPLIER,
     log: Callable[[str], None] | None = print,

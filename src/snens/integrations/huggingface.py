@@ -2,8 +2,8 @@
 
     ens = snens.convert(model, num_members=4)
     trainer = SnensTrainer(model=ens, args=TrainingArguments(...), train_dataset=...,
-                           eval_dataset=..., compute_metrics=..., temperature=1.0,
-                           diversity_weight=1e-2, gamma_lr_multiplier=30.0)
+                           eval_dataset=..., compute_metrics=..., temperature=5.0,
+                           diversity_weight=0.1, gamma_lr_multiplier=30.0)
     trainer.train()
 
 What it changes in ``transformers.Trainer``, and why a plain ``Trainer`` cannot train an
@@ -58,7 +58,13 @@ from torch import Tensor, nn
 from snens.ensemble import Ensemble, ensemble_loss, predictive_probs
 from snens.metrics import nll
 from snens.optim import GAMMA_LR_MULTIPLIER, param_groups
-from snens.regularizer import LayerSelection, diversity_gain, diversity_loss
+from snens.regularizer import (
+    DEFAULT_DIVERSITY_WEIGHT,
+    DEFAULT_TEMPERATURE,
+    LayerSelection,
+    diversity_gain,
+    diversity_loss,
+)
 
 __all__ = ["SnensTrainer"]
 
@@ -99,8 +105,8 @@ class SnensTrainer(transformers.Trainer):
         model: Ensemble,
         args: transformers.TrainingArguments | None = None,
         *,
-        temperature: float = 1.0,
-        diversity_weight: float = 1e-2,
+        temperature: float = DEFAULT_TEMPERATURE,
+        diversity_weight: float = DEFAULT_DIVERSITY_WEIGHT,
         gamma_lr_multiplier: float = GAMMA_LR_MULTIPLIER,
         diversity_layers: LayerSelection = None,
         **kwargs: Any,

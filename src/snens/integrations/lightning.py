@@ -1,7 +1,7 @@
 """A Lightning module for σN-Ens ensembles.
 
     ens = snens.convert(model, num_members=4)
-    module = SnensModule(ens, lr=3e-3, temperature=1.0, diversity_weight=1e-2)
+    module = SnensModule(ens, lr=3e-3, temperature=5.0, diversity_weight=0.1)
     lightning.pytorch.Trainer(max_epochs=10).fit(module, train_loader, val_loader)
 
 What :class:`SnensModule` does:
@@ -45,7 +45,13 @@ from torch import Tensor
 from snens.ensemble import Ensemble, ensemble_loss, predictive_probs
 from snens.metrics import accuracy, nll
 from snens.optim import GAMMA_LR_MULTIPLIER, param_groups
-from snens.regularizer import LayerSelection, diversity_gain, diversity_loss
+from snens.regularizer import (
+    DEFAULT_DIVERSITY_WEIGHT,
+    DEFAULT_TEMPERATURE,
+    LayerSelection,
+    diversity_gain,
+    diversity_loss,
+)
 
 __all__ = ["SnensModule"]
 
@@ -116,8 +122,8 @@ class SnensModule(LightningModule):
         lr: float,
         weight_decay: float = 0.0,
         gamma_lr_multiplier: float = GAMMA_LR_MULTIPLIER,
-        temperature: float = 1.0,
-        diversity_weight: float = 1e-2,
+        temperature: float = DEFAULT_TEMPERATURE,
+        diversity_weight: float = DEFAULT_DIVERSITY_WEIGHT,
         diversity_layers: LayerSelection = None,
         label_smoothing: float = 0.0,
         optimizer: OptimizerFactory = torch.optim.AdamW,
