@@ -228,3 +228,20 @@ def test_a_million_members_is_refused_before_any_work():
     with pytest.raises(ValueError, match=r"method.num_members"):
         load_config(preset("fashion_mnist_small_cnn_tiny"), ["method.num_members=1000000"])
     assert snens.convert(model, num_members=MAX_MEMBERS).num_members == MAX_MEMBERS
+
+
+def test_a_model_that_cannot_be_copied_gets_a_clear_error():
+    """Legacy weight_norm hooks make deepcopy fail deep inside torch; convert names the cause
+    and the two ways on (parametrized weight norm, or inplace=True)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # weight_norm is deprecated upstream
+        legacy = torch.nn.utils.weight_norm(torch.nn.Linear(3, 4))
+    model = torch.nn.Sequential(legacy, torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 2))
+    with pytest.raises(TypeError, match=r"cannot be copied.*parametrizations.weight_norm.*inplace"):
+        snens.convert(model, num_members=4)
+    x = torch.randn(5, 3)
+    expected = model.eval()(x)
+    ens = snens.convert(model, num_members=4, inplace=True).eval()
+    torch.testing.assert_close(ens(x), expected.expand(4, -1, -1), rtol=1e-5, atol=1e-6)

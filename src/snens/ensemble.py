@@ -289,7 +289,17 @@ def convert(
     check_num_members(num_members)
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    target = model if inplace else copy.deepcopy(model)
+    try:
+        target = model if inplace else copy.deepcopy(model)
+    except RuntimeError as error:
+        if "deepcopy" not in str(error):
+            raise
+        raise TypeError(
+            f"convert copies the model first, and this {type(model).__name__} cannot be copied "
+            f"({str(error).split('.')[0]}): a legacy torch.nn.utils.weight_norm hook or a "
+            "non-leaf tensor attribute. Use torch.nn.utils.parametrizations.weight_norm, or "
+            "convert the model itself with convert(model, M, inplace=True)"
+        ) from error
     report = convert_modules(
         target,
         num_members,
