@@ -18,7 +18,7 @@ Stages (each run's directory: ``results/converged/<stage>/<variant>/seed=<s>/``)
   the same budget for reference (the single model's is ``budget/single_e10``).
 * ``overfit`` — where ensembles pay: 10,000 training images, no augmentation, width 32, 20
   epochs (the single model's validation NLL bottoms at epoch 5 and rises after); single, deep
-  ensemble and σN-Ens at τ=5, λ=0.1 over seeds 0, 1, 2, the other σN-Ens variants and
+  ensemble and σN-Ens at τ=5 and τ=1 (λ=0.1) over seeds 0, 1, 2, the other σN-Ens variants and
   BatchEnsemble, Packed-Ensembles and MC-dropout at seed 0.
 * ``width`` — width 32 on all the data at 10 epochs: single, deep ensemble, σN-Ens.
 * ``final`` — single, deep ensemble, BatchEnsemble, Packed-Ensembles, MC-dropout and the
@@ -159,7 +159,7 @@ def _stages() -> dict[str, list[Variant]]:
         Variant("snens_tau5_lam0.1", (*_snens(5, 0.1), *few), seeds),
         Variant("snens_lam0", (*_snens(1, 0), *few)),
         Variant("snens_tau5_lam0.01", (*_snens(5, 0.01), *few)),
-        Variant("snens_tau1_lam0.1", (*_snens(1, 0.1), *few)),
+        Variant("snens_tau1_lam0.1", (*_snens(1, 0.1), *few), seeds),
         Variant("snens_tau50_lam0.1", (*_snens(50, 0.1), *few)),
         Variant("snens_tau5_lam1", (*_snens(5, 1), *few)),
         Variant("snens_tau5_lam0.1_glr1", (*_snens(5, 0.1, "method.gamma_lr_multiplier=1"), *few)),
