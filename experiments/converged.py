@@ -67,8 +67,8 @@ BASE = (
     "data.validation_examples=5000",
     "data.test_examples=0",
     "threads=1",
-    # τ and λ of the runs made before the library's defaults became τ=5, λ=0.1: they change
-    # nothing outside σN-Ens, whose variants all set their own, but keep those runs' configs
+    # τ and λ pinned: they change nothing outside σN-Ens, whose variants all set their own,
+    # and keep the runs' configs whatever the library's defaults become
     "method.temperature=1.0",
     "method.diversity_weight=0.1",
 )

@@ -212,20 +212,20 @@ def test_loss_is_weight_times_sum_of_layer_penalties():
 
 
 def test_loss_default_weight_and_temperature():
-    """The defaults are τ=5, λ=0.1 (chosen on validation: snens.regularizer), the same in the
+    """The defaults are τ=1, λ=0.1 (chosen on validation: snens.regularizer), the same in the
     function, the engine's config and the presets."""
     from snens.config import MethodConfig
     from snens.presets import PRESETS
     from snens.regularizer import DEFAULT_DIVERSITY_WEIGHT, DEFAULT_TEMPERATURE
 
-    assert (DEFAULT_TEMPERATURE, DEFAULT_DIVERSITY_WEIGHT) == (5.0, 0.1)
+    assert (DEFAULT_TEMPERATURE, DEFAULT_DIVERSITY_WEIGHT) == (1.0, 0.1)
     model = _model()
     layers = (model.block.bn, model.ln, model.gn)
-    expected = sum(diversity_penalty(m.importances(), 5.0) for m in layers)
+    expected = sum(diversity_penalty(m.importances(), 1.0) for m in layers)
     assert_close(diversity_loss(model), 0.1 * expected, rtol=1e-6, atol=1e-7)
-    assert (MethodConfig().temperature, MethodConfig().diversity_weight) == (5.0, 0.1)
+    assert (MethodConfig().temperature, MethodConfig().diversity_weight) == (1.0, 0.1)
     for name, config in PRESETS.items():
-        assert (config.method.temperature, config.method.diversity_weight) == (5.0, 0.1), name
+        assert (config.method.temperature, config.method.diversity_weight) == (1.0, 0.1), name
 
 
 def test_layers_by_name_and_by_callable():

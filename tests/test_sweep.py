@@ -69,7 +69,7 @@ def test_every_run_has_its_directory_and_config(swept):
         assert config.name == name and config.seed == int(name[-1])
         assert config.optim.epochs == 1 and config.data.train_examples == 300
         if "single" in name:  # M forced to 1, τ left at the preset's
-            assert config.method.num_members == 1 and config.method.temperature == 5.0
+            assert config.method.num_members == 1 and config.method.temperature == 1.0
         else:
             assert config.method.num_members == 4
             assert config.method.temperature == (0.05 if "0.05" in name else 5.0)
@@ -153,7 +153,7 @@ def test_plan_collapses_axes_that_do_not_apply(tmp_path):
         "method.name=snens,method.temperature=5.0,method.num_members=4",
     ]
     assert runs[0].config.method.num_members == 1 and runs[0].values == {"method.name": "single"}
-    assert runs[2].config.method.num_members == 4 and runs[2].config.method.temperature == 5.0
+    assert runs[2].config.method.num_members == 4 and runs[2].config.method.temperature == 1.0
     assert runs[-1].config.out_dir == str(tmp_path / "s") and runs[-1].path().parent.name == "s"
     assert all(r.status == "new" for r in runs)
     assert not (tmp_path / "s").exists()  # planning writes nothing

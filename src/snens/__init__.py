@@ -1,7 +1,7 @@
 """snens: σN-Ens, sigma-Norm implicit ensembles with temperature-controlled diversity.
 
 ens = snens.convert(model, num_members=4)      # (B, …) -> logits (M, B, K)
-loss = snens.ensemble_loss(ens(x), y) + snens.diversity_loss(ens, temperature=5.0)
+loss = snens.ensemble_loss(ens(x), y) + snens.diversity_loss(ens, temperature=1.0)
 probs = snens.predictive_probs(ens(x))         # (B, K)
 """
 

@@ -2,7 +2,7 @@
 
     ens = snens.convert(model, num_members=4)
     trainer = SnensTrainer(model=ens, args=TrainingArguments(...), train_dataset=...,
-                           eval_dataset=..., compute_metrics=..., temperature=5.0,
+                           eval_dataset=..., compute_metrics=..., temperature=1.0,
                            diversity_weight=0.1, gamma_lr_multiplier=30.0)
     trainer.train()
 

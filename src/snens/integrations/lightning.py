@@ -1,7 +1,7 @@
 """A Lightning module for σN-Ens ensembles.
 
     ens = snens.convert(model, num_members=4)
-    module = SnensModule(ens, lr=3e-3, temperature=5.0, diversity_weight=0.1)
+    module = SnensModule(ens, lr=3e-3, temperature=1.0, diversity_weight=0.1)
     lightning.pytorch.Trainer(max_epochs=10).fit(module, train_loader, val_loader)
 
 What :class:`SnensModule` does:
