@@ -271,7 +271,7 @@ def from_plain_as(
     """A ``member_type`` whose every member reproduces ``plain``, a module of any type that
     computes what ``member_type`` does.
 
-    The steps of ``MemberNorm.from_plain`` without its exact-type check: ``member_type`` is built
+    ``MemberNorm.from_plain`` without its exact-type check: ``member_type`` is built
     from ``member_type._plain_config(plain)`` on plain's device and dtype, gamma drawn from
     N(gamma_mean, gamma_std²), each member's affine set to plain's ``weight`` and ``bias``
     divided by sigmoid(gamma_m), running statistics copied.
@@ -293,20 +293,7 @@ def from_plain_as(
             f"{member_type.__name__} cannot be built from {type(plain).__name__}: {err}; "
             "register it with snens.nn.register_norm(..., from_plain=function) instead"
         ) from None
-    tensors = [*plain.parameters(recurse=False), *plain.buffers(recurse=False)]
-    floats = [t for t in tensors if t.is_floating_point()]
-    factory = {
-        "device": tensors[0].device if tensors else None,
-        "dtype": floats[0].dtype if floats else None,
-    }
-    member = member_type(**config, num_members=num_members, **kw, **factory)
-    with torch.no_grad():
-        if generator is not None:
-            noise = torch.randn(member.gamma.shape, generator=generator, dtype=torch.float32)
-            member.gamma.copy_(noise.mul_(member.gamma_std).add_(member.gamma_mean))
-        member.load_plain_affine(getattr(plain, "weight", None), getattr(plain, "bias", None))
-        member._copy_plain_stats(plain)
-    return member.train(plain.training)
+    return member_type._from_plain_config(plain, config, num_members, generator, kw)
 
 
 class _RebuildsPlain:

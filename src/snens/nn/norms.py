@@ -328,18 +328,32 @@ class MemberNorm(nn.Module):
                 f"{cls.__name__}.from_plain expects {cls.plain_type.__name__}, "
                 f"got {type(plain).__name__}"
             )
+        return cls._from_plain_config(plain, cls._plain_config(plain), num_members, generator, kw)
+
+    @classmethod
+    def _from_plain_config(
+        cls,
+        plain: nn.Module,
+        config: dict[str, Any],
+        num_members: int,
+        generator: torch.Generator | None,
+        kw: dict[str, Any],
+    ) -> MemberNorm:
+        """``from_plain``'s steps after its type check (shared with ``adapters``' conversions
+        of classes that compute what ``cls`` does): build from ``config`` on plain's device and
+        dtype, draw gamma, fold plain's affine, copy its running statistics."""
         tensors = [*plain.parameters(recurse=False), *plain.buffers(recurse=False)]
         floats = [t for t in tensors if t.is_floating_point()]
         factory = {
             "device": tensors[0].device if tensors else None,
             "dtype": floats[0].dtype if floats else None,
         }
-        member = cls(**cls._plain_config(plain), num_members=num_members, **kw, **factory)
+        member = cls(**config, num_members=num_members, **kw, **factory)
         with torch.no_grad():
             if generator is not None:
                 noise = torch.randn(member.gamma.shape, generator=generator, dtype=torch.float32)
                 member.gamma.copy_(noise.mul_(member.gamma_std).add_(member.gamma_mean))
-            member.load_plain_affine(plain.weight, getattr(plain, "bias", None))
+            member.load_plain_affine(getattr(plain, "weight", None), getattr(plain, "bias", None))
             member._copy_plain_stats(plain)
         return member.train(plain.training)
 
