@@ -51,6 +51,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from snens.nn.fused import process_alive
 from snens.presets import preset
 from snens.report import write_report
 from snens.runs import FINAL
@@ -238,16 +239,6 @@ def runs_of(stage: str) -> list[tuple[Variant, SweepRun]]:
 # ------------------------------------------------------------------------------------------------
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 @contextmanager
 def _claim(path: Path) -> Iterator[bool]:
     """Hold ``path.lock`` while the block runs; yields False when a live process holds it."""
@@ -259,7 +250,11 @@ def _claim(path: Path) -> Iterator[bool]:
             fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
             host, _, pid = lock.read_text().partition(" ")
-            if host == socket.gethostname() and pid.strip().isdigit() and not _alive(int(pid)):
+            if (
+                host == socket.gethostname()
+                and pid.strip().isdigit()
+                and not process_alive(int(pid))
+            ):
                 lock.unlink(missing_ok=True)  # its process is gone: take the run over
                 continue
             yield False

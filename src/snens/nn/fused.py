@@ -56,6 +56,7 @@ __all__ = [
     "build_error",
     "member_batch_norm",
     "member_layer_norm",
+    "process_alive",
 ]
 
 #: Environment variable: "0" turns the fused kernels off (no build is attempted).
@@ -113,7 +114,8 @@ def _build_directory(name: str) -> Path:
     return directory
 
 
-def _process_alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this machine (an owner check for lock files)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -143,7 +145,7 @@ def _hold_build_lock(directory: Path) -> Path:
             except OSError:
                 continue  # released meanwhile: try again
             dead = host == platform.node() and pid.strip().isdigit()
-            dead = dead and not _process_alive(int(pid))
+            dead = dead and not process_alive(int(pid))
             if dead or (host != platform.node() and age > _STALE_LOCK_S):
                 ours.unlink(missing_ok=True)
                 continue
