@@ -166,10 +166,10 @@ def _stages() -> dict[str, list[Variant]]:
         Variant("snens_tau5_lam0.1_glr1", (*_snens(5, 0.1, "method.gamma_lr_multiplier=1"), *few)),
         Variant("snens_lam0_glr1", (*_snens(1, 0, "method.gamma_lr_multiplier=1"), *few)),
         Variant("snens_tau1_lam0.1_glr1", (*_snens(1, 0.1, "method.gamma_lr_multiplier=1"), *few)),
-        Variant("snens_lam0_reset", (*_snens(1, 0, 'method.options={head_init="reset"}'), *few)),
         Variant("batch_ensemble", ("method.name=batch_ensemble", *few)),
         Variant("packed", ("method.name=packed", *few)),
         Variant("mc_dropout", ("method.name=mc_dropout", *few)),
+        Variant("snens_lam0_reset", (*_snens(1, 0, 'method.options={head_init="reset"}'), *few)),
     ]
     budget = [Variant(f"single_e{e}", (*SINGLE, f"optim.epochs={e}")) for e in BUDGET_EPOCHS]
     return {

@@ -245,3 +245,70 @@ def test_a_model_that_cannot_be_copied_gets_a_clear_error():
     expected = model.eval()(x)
     ens = snens.convert(model, num_members=4, inplace=True).eval()
     torch.testing.assert_close(ens(x), expected.expand(4, -1, -1), rtol=1e-5, atol=1e-6)
+
+
+# -- inputs the model cannot take -----------------------------------------------------------
+
+
+def _small_ensemble(device: str = "cpu") -> snens.Ensemble:
+    with torch.device(device):
+        net = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3),
+            torch.nn.BatchNorm2d(8),
+            torch.nn.ReLU(),
+            torch.nn.AdaptiveAvgPool2d(1),
+            torch.nn.Flatten(),
+            torch.nn.Linear(8, 10),
+        )
+    return snens.convert(net, num_members=4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_input_of_another_dtype_is_named_with_the_fix(dtype):
+    """It used to fail inside the first conv ("Input type (c10::Half) and bias type (float)
+    should be the same"); the error now names both dtypes and the three ways out."""
+    model = _small_ensemble()
+    with pytest.raises(TypeError) as err:
+        model(torch.randn(2, 3, 8, 8, dtype=dtype))
+    assert str(err.value) == (
+        f"the ensemble's argument 0 is {dtype}, its parameters torch.float32; cast the input "
+        f"(input.to(torch.float32)) or the model (model.to({dtype})), or run it under "
+        "torch.autocast"
+    )
+    # each way out works
+    x = torch.randn(2, 3, 8, 8, dtype=dtype)
+    assert model(x.float()).shape == (4, 2, 10)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert model(x.float()).shape == (4, 2, 10)
+    if dtype != torch.float16:  # CPU half convolutions are slow and loose; the cast is the point
+        assert model.to(dtype)(x).dtype == dtype
+
+
+def test_integer_inputs_are_not_checked():
+    """Token ids (int64) into a float model are the normal case, not a dtype mismatch."""
+    net = torch.nn.Sequential(
+        torch.nn.Embedding(20, 8), torch.nn.LayerNorm(8), torch.nn.Flatten(), torch.nn.Linear(24, 3)
+    )
+    model = snens.convert(net, num_members=2)
+    assert model(torch.randint(0, 20, (5, 3))).shape == (2, 5, 3)
+
+
+def test_input_on_another_device_is_named_with_the_fix():
+    model = _small_ensemble()
+    with pytest.raises(ValueError) as err:
+        model(torch.randn(2, 3, 8, 8, device="meta"))
+    assert str(err.value) == (
+        "the ensemble's argument 0 is on meta, its parameters on cpu; move one to the other "
+        "(input.to('cpu') or model.to('meta'))"
+    )
+
+
+def test_a_meta_model_runs_meta_inputs_for_shapes():
+    """Shape inference on the meta device: "auto" replication cannot compare two runs' values
+    there (it failed in torch.nonzero), so the run takes eager repetition, undecided."""
+    model = _small_ensemble("meta")
+    out = model(torch.randn(6, 3, 8, 8, device="meta"))
+    assert out.shape == (4, 6, 10) and out.is_meta
+    assert model.replication == "auto"  # decided later, on real data
+    model.eval()
+    assert model(torch.randn(6, 3, 8, 8, device="meta")).shape == (4, 6, 10)

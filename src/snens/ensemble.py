@@ -92,6 +92,10 @@ def _default_output(out: Any) -> Tensor:
     )
 
 
+def _on_meta(args: tuple, kwargs: dict) -> bool:
+    return any(isinstance(v, Tensor) and v.is_meta for v in (*args, *kwargs.values()))
+
+
 def _batch_size(args: tuple, kwargs: dict) -> int:
     for value in (*args, *kwargs.values()):
         if isinstance(value, Tensor) and value.dim() > 0:
@@ -169,6 +173,7 @@ class Ensemble(nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Tensor:
         B = _batch_size(args, kwargs)
         M = self.num_members
+        self._check_inputs(args, kwargs)
         if self.training and self.input_policy == "split":
             if B % M:
                 raise ValueError(
@@ -177,15 +182,44 @@ class Ensemble(nn.Module):
                     f"{B - B % M or M}) or drop_last=True in the data loader"
                 )
             return self._unfold(self._run(args, kwargs, B, lazy=False, repeat=False), B // M)
-        if torch.compiler.is_exporting():
-            # "auto" compares two runs' outputs, which a traced graph cannot hold; undecided, an
-            # export takes eager repetition, right for every model
+        if torch.compiler.is_exporting() or _on_meta(args, kwargs):
+            # "auto" compares two runs' outputs, which a traced graph or a meta tensor cannot
+            # hold; undecided, such a run takes eager repetition, right for every model
             lazy = self.replication == "lazy"
         else:
             if self.replication == "auto" and B >= 2 and M > 1:
                 self.replication = self._choose_replication(args, kwargs, B)
             lazy = self.replication == "lazy"
         return self._unfold(self._run(args, kwargs, B, lazy=lazy, repeat=True), B)
+
+    def _check_inputs(self, args: tuple, kwargs: dict) -> None:
+        """A floating input on another device, or of a dtype none of the model's parameters
+        has, fails here, named, instead of inside the first layer. (Integer inputs — token ids,
+        CPU lengths for packed sequences — are the model's business.)"""
+        param = next(self.model.parameters(), None)
+        if param is None:
+            return
+        named = [(f"argument {i}", a) for i, a in enumerate(args)] + list(kwargs.items())
+        for name, value in named:
+            if not isinstance(value, Tensor) or not value.is_floating_point():
+                continue
+            if value.device != param.device:
+                raise ValueError(
+                    f"the ensemble's {name} is on {value.device}, its parameters on "
+                    f"{param.device}; move one to the other (input.to('{param.device}') or "
+                    f"model.to('{value.device}'))"
+                )
+            if (
+                param.is_floating_point()
+                and value.dtype != param.dtype
+                and not torch.is_autocast_enabled(value.device.type)
+                and all(p.dtype != value.dtype for p in self.model.parameters())
+            ):
+                raise TypeError(
+                    f"the ensemble's {name} is {value.dtype}, its parameters {param.dtype}; "
+                    f"cast the input (input.to({param.dtype})) or the model "
+                    f"(model.to({value.dtype})), or run it under torch.autocast"
+                )
 
     def _run(self, args: tuple, kwargs: dict, B: int, *, lazy: bool, repeat: bool) -> Tensor:
         M = self.num_members
