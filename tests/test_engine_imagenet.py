@@ -138,3 +138,46 @@ def test_missing_folders_say_how_to_get_imagenet(tmp_path):
 def test_options_that_do_not_apply_to_folders_are_refused(tree, tmp_path, overrides, pattern):
     with pytest.raises(ValueError, match=pattern):
         _config(tree, tmp_path, *overrides)
+
+
+@pytest.fixture
+def tree_with_a_bad_image(tree, tmp_path):
+    import shutil
+
+    root = tmp_path / "bad_root"
+    shutil.copytree(tree, root)
+    bad = root / "imagenet" / "train" / "blue" / "9_broken.png"
+    bad.write_bytes(b"not a png at all" * 4)
+    return root, bad
+
+
+def test_a_bad_training_image_is_counted_per_epoch_and_listed(tree_with_a_bad_image, tmp_path):
+    root, bad = tree_with_a_bad_image
+    run_dir = train(
+        _config(root, tmp_path, "data.num_workers=1", "data.batch_size=19"),
+        progress=False,
+        log=None,
+    )
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["bad_images"] for r in records] == [1, 1]  # found by a worker, in epoch 1
+    final = json.loads((run_dir / "final.json").read_text())
+    assert list(final["data"]["bad_images"]) == [str(bad)]
+    assert final["train"]["steps"] == 2  # 19 images (the bad one among them), one batch
+
+
+def test_on_bad_image_raise_and_scan_images_reach_the_folders(tree_with_a_bad_image, tmp_path):
+    from snens.data import BadImageError, ImageFolderWarning
+
+    root, bad = tree_with_a_bad_image
+    with pytest.raises(BadImageError, match="9_broken.png"):
+        train(_config(root, tmp_path / "a", "data.on_bad_image='raise'"), progress=False, log=None)
+    with pytest.warns(ImageFolderWarning, match="1 undecodable image"):
+        loaded = build_data(_config(root, tmp_path / "b", "data.scan_images=true").data, seed=0)
+    assert len(loaded.train.dataset) == 18 and loaded.bad_images() == {}
+
+
+def test_bad_image_options_are_refused_for_in_memory_sets():
+    with pytest.raises(ValueError, match=r"data\.on_bad_image applies to class-folder data sets"):
+        load_config(preset("fashion_mnist_small_cnn_tiny"), ["data.on_bad_image='raise'"])
+    with pytest.raises(ValueError, match=r"data\.scan_images applies to class-folder"):
+        load_config(preset("fashion_mnist_small_cnn_tiny"), ["data.scan_images=true"])

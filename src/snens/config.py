@@ -252,6 +252,11 @@ class DataConfig(_Section):
     resize_size: int = 256  # px, shorter side before the evaluation center crop
     num_workers: int = -1  # DataLoader worker processes; -1 = min(8, CPU count)
     ood_folder: str = ""  # a class-folder tree evaluated as OOD set ood/<its name>; "" = none
+    # a class-folder image that fails to decode: "skip" reads the next image of its class in
+    # its place (label unchanged; counted per epoch in metrics.jsonl, listed in final.json),
+    # "raise" stops the run naming the file
+    on_bad_image: Literal["skip", "raise"] = "skip"
+    scan_images: bool = False  # decode every class-folder image once before training
 
     def validate(self) -> None:
         for name in (
@@ -320,6 +325,12 @@ class DataConfig(_Section):
             _check_ood(self.ood, (), dataset, "class-folder")
         else:
             _check_ood(self.ood, IMAGE_OOD_SETS, dataset, "in-memory image")
+        for name, default in (("on_bad_image", "skip"), ("scan_images", False)):
+            if getattr(self, name) != default and dataset not in FOLDER_DATASETS:
+                raise ValueError(
+                    f"{self.key(name)} applies to class-folder data sets {FOLDER_DATASETS}, got "
+                    f"data.dataset {dataset!r}; leave {self.key(name)} at {default!r}"
+                )
         if self.ood_folder and dataset not in FOLDER_DATASETS:
             raise ValueError(
                 f"data.ood_folder applies to class-folder data sets {FOLDER_DATASETS}, got "

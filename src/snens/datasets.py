@@ -94,6 +94,26 @@ class Data:
     channels: int | None
     validation: Loader | None = None  # held out of the training set (data.validation_examples)
 
+    def bad_images(self) -> dict[str, str] | None:
+        """Class-folder images found undecodable so far (read in their class's next image's
+        place), path to reason, over every loader; None for data that are not class folders."""
+        loaders = [self.train, self.test, self.validation, *self.ood.values()]
+        folders = [_image_folder(loader) for loader in loaders if loader is not None]
+        if not any(folder is not None for folder in folders):
+            return None
+        out: dict[str, str] = {}
+        for folder in folders:
+            if folder is not None:
+                out.update({str(path): reason for path, reason in folder.bad_images.items()})
+        return out
+
+
+def _image_folder(loader: Any) -> data.ImageFolder | None:
+    dataset = getattr(loader, "dataset", None)
+    while isinstance(dataset, torch.utils.data.Subset):
+        dataset = dataset.dataset
+    return dataset if isinstance(dataset, data.ImageFolder) else None
+
 
 def _head(x: Tensor, y: Tensor, n: int) -> tuple[Tensor, Tensor]:
     return (x[:n], y[:n]) if n else (x, y)
@@ -336,8 +356,9 @@ def _folder_data(config: DataConfig, *, seed: int, device: torch.device | str) -
         training: Callable[[Tensor], Tensor] = data.TrainTransform(size=size, flip_prob=flip)
     else:
         training = _Flip(evaluation, flip) if flip else evaluation
-    train_set = data.imagenet_folder(root, "train", transform=training)
-    test_set = data.imagenet_folder(root, "val", transform=evaluation)
+    policy = {"on_bad_image": config.on_bad_image, "scan": config.scan_images}
+    train_set = data.imagenet_folder(root, "train", transform=training, **policy)
+    test_set = data.imagenet_folder(root, "val", transform=evaluation, **policy)
     if test_set.classes != train_set.classes:
         extra = sorted(set(test_set.classes) ^ set(train_set.classes))
         raise ValueError(
@@ -363,7 +384,7 @@ def _folder_data(config: DataConfig, *, seed: int, device: torch.device | str) -
     )
     ood = {}
     if config.ood_folder:
-        ood_set = data.ImageFolder(ood_folder, transform=evaluation)
+        ood_set = data.ImageFolder(ood_folder, transform=evaluation, **policy)
         ood[ood_folder.name] = data.FolderLoader(
             subset(ood_set, config.ood_examples), config.eval_batch_size, **options
         )

@@ -531,8 +531,17 @@ def _train(
             if config.eval_every and epoch % config.eval_every == 0:
                 quick = evaluate(model, loaded.test)
                 record.update({k: quick[k] for k in ("test/accuracy", "test/nll", "test/ece")})
+            bad = loaded.bad_images()
+            if bad is not None:  # class folders: undecodable images read as another of their class
+                record["bad_images"] = len(bad)
             run.log(record)
             say(_epoch_line(record, config.optim.epochs))
+            if bad:
+                say(
+                    f"{len(bad)} undecodable images so far, each read as the next image of its "
+                    f"class (e.g. {', '.join(list(bad)[:3])}); final.json lists them all, and "
+                    "data.on_bad_image=\"raise\" stops at the first"
+                )
             if epoch % config.checkpoint_every == 0 or epoch == config.optim.epochs:
                 with run.writing(run.checkpoint):
                     save_checkpoint(
@@ -559,18 +568,20 @@ def _train(
         results = evaluate(model, loaded.test, ood=loaded.ood, corruptions=loaded.corruptions)
         if loaded.validation is not None:
             results.update(_validation_metrics(model, loaded.validation))
-        run.write_final(
-            {
-                "metrics": results,
-                "model": _model_summary(model, config),
-                "train": {
-                    "epochs": epoch,
-                    "steps": step,
-                    "skipped_steps": skipped_total,
-                    "seconds": seconds,
-                },
-            }
-        )
+        final: dict[str, Any] = {
+            "metrics": results,
+            "model": _model_summary(model, config),
+            "train": {
+                "epochs": epoch,
+                "steps": step,
+                "skipped_steps": skipped_total,
+                "seconds": seconds,
+            },
+        }
+        bad = loaded.bad_images()
+        if bad is not None:  # in this process's life: a resumed run counts from its restart
+            final["data"] = {"bad_images": bad}
+        run.write_final(final)
         say(
             f"done: test accuracy {results['test/accuracy']:.4f}, NLL {results['test/nll']:.4f}, "
             f"ECE {results['test/ece']:.4f}; {run.path / 'final.json'}"

@@ -238,7 +238,7 @@ def test_bad_image_mid_epoch_is_replaced_by_its_class_and_counted(tmp_path):
     # replacement was searched through the rest of class a.
     assert len(caught) == 1
     message = str(caught[-1].message)
-    assert "3 bad files found so far in this process" in message
+    assert "3 bad files found so far" in message
     assert "bad_garbage.png" in message and "bad_truncated.png" in message
     assert "the label is unchanged" in message and "scan=True" in message
     assert sorted(p.name for p in dataset.bad_images) == sorted(_BAD)
@@ -259,6 +259,27 @@ def test_bad_images_through_worker_processes_keep_labels(tmp_path):
         assert torch.equal(x[:, 0, 0, 0], (50 * (y + 1)).to(torch.uint8))
         seen += y.tolist()
     assert sorted(seen) == dataset.targets
+    # the workers' finds reach the main process (they had been lost with the workers)
+    assert sorted(p.name for p in dataset.bad_images) == sorted(_BAD)
+    assert set(dataset.bad_images.values()) == {"found bad by a DataLoader worker"}
+
+
+def test_spawned_workers_share_the_bad_image_flags(tmp_path):
+    """Spawned (not forked) workers get the data set through torch's pickler, which passes the
+    shared-memory flags by reference, so their finds are counted too."""
+    root = _tree(tmp_path / "train")
+    _bad_files(root)
+    dataset = ImageFolder(root)
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_size=9, num_workers=1, multiprocessing_context="spawn"
+    )
+    (x, y), = list(loader)
+    assert y.tolist() == dataset.targets
+    assert sorted(p.name for p in dataset.bad_images) == sorted(_BAD)
+    # the main process now skips them without decoding: no warning, the replacement read
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.testing.assert_close(dataset[4][0], read_image(root / "a" / "0.png"))
 
 
 def test_on_bad_image_raise_names_the_file_and_the_way_on(tmp_path):

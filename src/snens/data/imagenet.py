@@ -402,6 +402,10 @@ class ImageFolder(Dataset):
             self._scan()
         self.targets = [label for _, label in self.samples]
         self._bad: dict[int, str] = {}
+        # One flag per sample in shared memory, set by whichever process finds the file bad:
+        # DataLoader workers (forked, or spawned through torch's pickler) write the same
+        # flags, so the main process counts them and no worker decodes a known-bad file again.
+        self._bad_flags = torch.zeros(len(self.samples), dtype=torch.uint8).share_memory_()
         self._by_class: dict[int, list[int]] | None = None
         if self.skipped:
             warnings.warn(
@@ -439,8 +443,20 @@ class ImageFolder(Dataset):
 
     @property
     def bad_images(self) -> dict[Path, str]:
-        """Files found unreadable or undecodable while reading, in this process."""
-        return {self.samples[index][0]: reason for index, reason in self._bad.items()}
+        """Files found unreadable or undecodable while reading, by this process or by any
+        DataLoader worker reading this data set (their reasons stay in the worker)."""
+        flagged = self._bad_flags.nonzero().flatten().tolist() if len(self._bad_flags) else []
+        out = {self.samples[i][0]: "found bad by a DataLoader worker" for i in flagged}
+        out.update({self.samples[i][0]: reason for i, reason in self._bad.items()})
+        return out
+
+    def _mark_bad(self, index: int, reason: str) -> None:
+        self._bad[index] = reason
+        if index < len(self._bad_flags):
+            self._bad_flags[index] = 1
+
+    def _known_bad(self, index: int) -> bool:
+        return index in self._bad or (index < len(self._bad_flags) and bool(self._bad_flags[index]))
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -456,7 +472,7 @@ class ImageFolder(Dataset):
         """Sample ``index``'s image, or under ``"skip"`` the next good one of its class."""
         path, label = self.samples[index]
         found = len(self._bad)
-        if index not in self._bad:
+        if not self._known_bad(index):
             try:
                 return read_image(path)
             except BadImageError as err:
@@ -469,12 +485,12 @@ class ImageFolder(Dataset):
                         path,
                         err.reason,
                     ) from err
-                self._bad[index] = err.reason
+                self._mark_bad(index, err.reason)
         for other in self._same_class(index):
             try:
                 image = read_image(self.samples[other][0])
             except BadImageError as err:
-                self._bad[other] = err.reason
+                self._mark_bad(other, err.reason)
                 continue
             if any(_worth_warning(count) for count in range(found + 1, len(self._bad) + 1)):
                 self._warn(index, other)
@@ -485,7 +501,7 @@ class ImageFolder(Dataset):
             f"{self.classes[label]!r} decodes ({_named(members)}); restore the folder from the "
             "original data, or remove it",
             path,
-            self._bad[index],
+            self._bad.get(index, "found bad by a DataLoader worker"),
         )
 
     def _same_class(self, index: int) -> Iterator[int]:
@@ -499,17 +515,17 @@ class ImageFolder(Dataset):
         start = bisect.bisect_right(members, index)
         for other in members[start:] + members[:start]:
             # The label check keeps a replacement in the class even if samples were edited.
-            if other != index and other not in self._bad and self.samples[other][1] == label:
+            if other != index and not self._known_bad(other) and self.samples[other][1] == label:
                 yield other
 
     def _warn(self, index: int, other: int) -> None:
         path, label = self.samples[index]
-        bad = [self.samples[i][0] for i in self._bad]
+        bad = list(self.bad_images)
         warnings.warn(
-            f"ImageFolder {_shown(self.root)}: {_shown(path)}: {self._bad[index]}; read "
+            f"ImageFolder {_shown(self.root)}: {_shown(path)}: {self.bad_images[path]}; read "
             f"{_shown(self.samples[other][0])}, the next image of class "
             f"{self.classes[label]!r}, in its place (the label is unchanged). {len(bad)} bad "
-            f"files found so far in this process: {_named(bad)}. Delete or replace them; "
+            f"files found so far: {_named(bad)}. Delete or replace them; "
             "ImageFolder(..., scan=True) lists every bad file up front and "
             "on_bad_image='raise' stops at the first",
             ImageFolderWarning,
