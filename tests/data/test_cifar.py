@@ -256,6 +256,7 @@ def test_missing_cifar_says_how_to_get_it(tmp_path, monkeypatch):
         load_cifar10("train", root=tmp_path)
     message = str(err.value)
     assert "download=True" in message and "SNENS_DATA" in message
+    assert "--set data.download=true" in message  # the engine's switch, named
     assert cifar_module.CIFAR10_URL in message and str(tmp_path / "cifar-10") in message
     with pytest.raises(FileNotFoundError, match="cifar-100-python.tar.gz"):
         load_cifar100("test", root=tmp_path)

@@ -79,6 +79,7 @@ def test_missing_fashion_mnist_says_how_to_get_it(tmp_path, no_system_copy):
     message = str(err.value)
     assert "apt-get install dataset-fashion-mnist" in message
     assert "download=True" in message and "SNENS_DATA" in message
+    assert "--set data.download=true" in message  # the engine's switch, named
 
 
 def test_root_and_env_take_precedence_over_system_copy(monkeypatch, tmp_path):

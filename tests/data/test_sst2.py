@@ -83,3 +83,47 @@ def test_sst2_missing_bad_split_and_bad_rows(tmp_path):
     (folder / "train.tsv").write_text("sentence\tlabel\ngood\t2\n", encoding="utf-8")
     with pytest.raises(ValueError, match="line 2"):
         load_sst2("train", root=tmp_path)
+
+
+def _zip_in_root(root, data: bytes):
+    (root / "sst-2").mkdir(exist_ok=True)
+    path = root / "sst-2" / "SST-2.zip"
+    path.write_bytes(data)
+    return path
+
+
+def test_a_member_declaring_too_many_bytes_is_refused_before_reading(tmp_path, monkeypatch):
+    """A zip bomb (or a damaged header) would be inflated into memory by the TSV reader."""
+    monkeypatch.setattr(sst2_module, "MAX_TSV_BYTES", 100)
+    buffer = tmp_path / "big.zip"
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("SST-2/train.tsv", "sentence\tlabel\n" + "a fine film .\t1\n" * 50)
+    path = _zip_in_root(tmp_path, buffer.read_bytes())
+    with pytest.raises(ValueError) as err:
+        load_sst2("train", root=tmp_path)
+    assert str(err.value) == (
+        f"{path}:SST-2/train.tsv declares 815 bytes, above the 100 an SST-2 file may hold; it "
+        f"is not GLUE's SST-2.zip (delete {path} and download it again "
+        "(--set data.download=true))"
+    )
+
+
+@pytest.mark.parametrize("damage", ["not_a_zip", "truncated", "flipped"])
+def test_a_damaged_zip_is_a_clear_error(tmp_path, sst2_zip, damage):
+    data = sst2_zip.read_bytes()
+    if damage == "not_a_zip":
+        data = b"<html>rate limited</html>"
+    elif damage == "truncated":
+        data = data[: len(data) // 2]
+    else:  # a byte of train.tsv's stored text: the CRC check fails while reading
+        at = data.index(b"secretions")
+        data = data[:at] + b"X" + data[at + 1 :]
+    path = _zip_in_root(tmp_path, data)
+    with pytest.raises(ValueError, match=r"is damaged \(BadZipFile: ") as err:
+        load_sst2("train", root=tmp_path)
+    assert str(path) in str(err.value) and "download it again" in str(err.value)
+
+
+def test_missing_sst2_names_the_engine_switch(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"--set data\.download=true"):
+        load_sst2("train", root=tmp_path)

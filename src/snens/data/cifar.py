@@ -277,7 +277,8 @@ def _locate(dataset: str, root, download: bool, required: tuple[str, ...]) -> Pa
         raise FileNotFoundError(
             f"{source.title} not found: looked for {list(required)} in "
             f"{' and '.join(str(c) for c in candidates)}, and for the archive {archive}. Fix: "
-            f"pass download=True to fetch {source.url} (MD5 checked), or set SNENS_DATA (or "
+            f"pass download=True (with snens train: --set data.download=true) to fetch "
+            f"{source.url} (MD5 checked), or set SNENS_DATA (or "
             f"root=) to a folder that has it, or download it yourself and put "
             f"{archive.name} at {archive}."
         )

@@ -233,7 +233,8 @@ def load_fashion_mnist(
         raise FileNotFoundError(
             f"Fashion-MNIST {split} files {list(names)} not found in {user_dir} or "
             f"{SYSTEM_FASHION_MNIST_DIR}. Get them with `apt-get install dataset-fashion-mnist`, "
-            f"or call load_fashion_mnist(..., download=True), or put the files in "
+            f"or call load_fashion_mnist(..., download=True) (with snens train: --set "
+            f"data.download=true), or put the files in "
             f"<dir>/fashion-mnist/ and set SNENS_DATA=<dir> (or pass root=<dir>)."
         )
     images, labels = read_idx(files[0]), read_idx(files[1])

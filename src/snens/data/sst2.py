@@ -29,6 +29,9 @@ SST2_MD5 = "9f81648d4199384278b86e315dac217c"
 SST2_CLASSES = ("negative", "positive")
 _SPLIT_FILES = {"train": "train.tsv", "validation": "dev.tsv"}
 _HEADER = ["sentence", "label"]
+# What one TSV of the zip may hold (train.tsv is 4.7 MB): it is read into memory, so a damaged
+# or hostile archive declaring gigabytes is refused before any of it is decompressed.
+MAX_TSV_BYTES = 256 * 2**20
 
 
 def _parse_tsv(stream: io.TextIOBase, source: str) -> tuple[list[str], list[int]]:
@@ -89,13 +92,23 @@ def load_sst2(
 
 
 def _read_zip(archive: Path, member: str) -> tuple[list[str], list[int]]:
-    with zipfile.ZipFile(archive) as zf:
-        try:
-            raw = zf.open(member)
-        except KeyError as err:
-            raise ValueError(
-                f"{archive} has no {member}; it is not GLUE's SST-2.zip (delete it and "
-                "download again)"
-            ) from err
-        with raw, io.TextIOWrapper(raw, encoding="utf-8", newline="") as text:
-            return _parse_tsv(text, f"{archive}:{member}")
+    again = f"delete {archive} and download it again (--set data.download=true)"
+    try:
+        with zipfile.ZipFile(archive) as zf:
+            try:
+                info = zf.getinfo(member)
+            except KeyError as err:
+                raise ValueError(
+                    f"{archive} has no {member}; it is not GLUE's SST-2.zip ({again})"
+                ) from err
+            # zipfile never inflates past the declared size, so this bounds what is read
+            if info.file_size > MAX_TSV_BYTES:
+                raise ValueError(
+                    f"{archive}:{member} declares {info.file_size:,} bytes, above the "
+                    f"{MAX_TSV_BYTES:,} an SST-2 file may hold; it is not GLUE's SST-2.zip "
+                    f"({again})"
+                )
+            with zf.open(info) as raw, io.TextIOWrapper(raw, encoding="utf-8", newline="") as text:
+                return _parse_tsv(text, f"{archive}:{member}")
+    except (zipfile.BadZipFile, EOFError, UnicodeDecodeError) as err:
+        raise ValueError(f"{archive} is damaged ({type(err).__name__}: {err}); {again}") from err
