@@ -200,6 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="snens",
         description="σN-Ens: sigma-Norm implicit ensembles with temperature-controlled diversity.",
+        epilog="exit status: 0 done; 1 a run failed on the way (a non-finite loss, a disk or "
+        "file fault outside the run directory); 2 the command, its config or a file it names "
+        "is wrong or damaged (the message names the value and the fix)",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser(

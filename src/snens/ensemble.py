@@ -421,8 +421,13 @@ def ensemble_loss(logits: Tensor, labels: Tensor, *, label_smoothing: float = 0.
         raise TypeError(f"label_smoothing must be a number in [0, 1], got {label_smoothing!r}")
     if not 0.0 <= label_smoothing <= 1.0:
         raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing!r}")
-    M, b, K = logits.shape
-    labels = _check_labels(labels, K)
+    return _member_cross_entropy(logits, _check_labels(labels, logits.shape[2]), label_smoothing)
+
+
+def _member_cross_entropy(logits: Tensor, labels: Tensor, label_smoothing: float) -> Tensor:
+    """:func:`ensemble_loss` after its checks; for a training step that checked its labels on
+    the host (a range check of labels on a GPU costs a device sync)."""
+    M, b, _ = logits.shape
     if labels.shape[0] == b:
         target = labels.unsqueeze(0).expand(M, b)  # repeat: every member, every label
     elif labels.shape[0] == M * b:
@@ -433,7 +438,9 @@ def ensemble_loss(logits: Tensor, labels: Tensor, *, label_smoothing: float = 0.
             f"(repeat: B={b}) nor split training (B={M * b})"
         )
     return F.cross_entropy(
-        logits.reshape(M * b, -1).float(), target.reshape(-1), label_smoothing=label_smoothing
+        logits.reshape(M * b, -1).float(),
+        target.reshape(-1).long(),
+        label_smoothing=label_smoothing,
     )
 
 

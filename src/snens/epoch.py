@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from snens.ensemble import ensemble_loss
+from snens.ensemble import _check_labels, _check_logits, _member_cross_entropy
 from snens.regularizer import DEFAULT_TEMPERATURE, diversity_loss
 
 __all__ = ["EpochStats", "NonFiniteLossError", "StepSettings", "run_epoch"]
@@ -133,41 +133,47 @@ def run_epoch(
     zero = torch.zeros((), device=device)
     model.train()
     start = time.perf_counter()
-    total = div_total = norm_total = 0.0
+    total = div_total = norm_total = torch.zeros((), dtype=torch.float64, device=device)
     count = taken = skipped = 0
     lr = optimizer.param_groups[0]["lr"]
     per_epoch = len(batches) if hasattr(batches, "__len__") else "?"
     for i, (x, y) in enumerate(batches):
+        labels = y  # range-checked where the loader made them: on the host, no device sync
         x, y = _to_device(x, device), _to_device(y, device)
         if settings.channels_last and isinstance(x, Tensor) and x.dim() == 4:
             x = x.contiguous(memory_format=torch.channels_last)
         saved = _norm_buffers(model) if settings.on_nonfinite == "skip" else None
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=settings.bf16):
             logits = forward(**x) if isinstance(x, Mapping) else forward(x)  # (M, B, K)
-            task = ensemble_loss(logits.float(), y, label_smoothing=settings.label_smoothing)
+            _check_logits(logits)
+            _check_labels(labels, logits.shape[-1])
+            task = _member_cross_entropy(logits.float(), y, settings.label_smoothing)
         div = (
             diversity_loss(model, settings.temperature, _diversity_weight(settings, step + i + 1))
             if regularize
             else zero
         )
         loss = task + div
-        # One host sync per step: the decision to step must see the value.
-        problem = None if torch.isfinite(loss) else _diagnose(x, task, div, model, settings)
         optimizer.zero_grad(set_to_none=True)
-        if problem is None:
-            loss.backward()
-            if settings.grad_clip > 0:
-                norm = torch.nn.utils.clip_grad_norm_(trainable, settings.grad_clip)
-            else:
-                grads = [p.grad for p in trainable if p.grad is not None]
-                norm = torch.nn.utils.get_total_norm(grads) if grads else zero
-            if not torch.isfinite(norm):
-                problem = (
-                    f"the gradient norm is {norm.item()} with a finite loss {loss.item():.4g}; "
-                    "lower optim.lr or set optim.grad_clip"
-                )
+        loss.backward()  # a non-finite loss gives non-finite gradients, dropped below
+        if settings.grad_clip > 0:
+            norm = torch.nn.utils.clip_grad_norm_(trainable, settings.grad_clip)
+        else:
+            grads = [p.grad for p in trainable if p.grad is not None]
+            norm = torch.nn.utils.get_total_norm(grads) if grads else zero
+        # The one host sync of a step: whether to step must see both values.
+        if bool(torch.isfinite(loss) & torch.isfinite(norm)):
+            problem = None
+        elif not torch.isfinite(loss):
+            problem = _diagnose(x, task, div, model, settings)
+        else:
+            problem = (
+                f"the gradient norm is {norm.item()} with a finite loss {loss.item():.4g}; "
+                "lower optim.lr or set optim.grad_clip"
+            )
         where = f"epoch {epoch + 1}, step {i + 1} of {per_epoch} (global step {step + i + 1})"
         if problem is not None and settings.on_nonfinite == "stop":
+            optimizer.zero_grad(set_to_none=True)
             raise NonFiniteLossError(
                 f"non-finite loss at {where}: loss {loss.item()}, task loss {task.item()}, "
                 f"diversity loss {div.item()}; cause: {problem}"
@@ -184,10 +190,12 @@ def run_epoch(
             optimizer.step()
             taken += 1
             batch = len(y)
-            total, count = total + task.item() * batch, count + batch
-            div_total += div.item()
-            norm_total += norm.item()
+            # sums on the device, in float64 as Python floats would be: read once per epoch
+            total, count = total + task.detach().double() * batch, count + batch
+            div_total = div_total + div.detach().double()
+            norm_total = norm_total + norm.detach().double()
         schedule.step()  # the schedule follows the batch position, skipped or not
+    total, div_total, norm_total = torch.stack([total, div_total, norm_total]).tolist()
     return EpochStats(
         task_loss=total / count if count else math.nan,
         diversity_loss=div_total / taken if taken else math.nan,

@@ -237,16 +237,18 @@ class _MemberBatchNorm(MemberNorm):
             )
 
     def _momentum(self) -> float:
-        # Same convention as torch.nn.BatchNorm: momentum=None means a cumulative average.
+        """The running statistics' update factor for this batch, counted in by the caller.
+        Same convention as torch.nn.BatchNorm: momentum=None means a cumulative average."""
         if not (self.training and self.track_running_stats):
             return 0.0
-        self.num_batches_tracked.add_(1)
         if self.momentum is None:
             return 1.0 / float(self.num_batches_tracked)
         return self.momentum
 
     def _normalize(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
         use_batch_stats = self.training or not self.track_running_stats
+        if self.training and self.track_running_stats:
+            self.num_batches_tracked.add_(1)  # this batch, as torch.nn.BatchNorm counts it
         momentum = self._momentum()
         tracked = self.track_running_stats
         # CPU only: the out= kernel's saved-statistics dtypes are pinned down for CPU kernels.
