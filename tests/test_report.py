@@ -190,10 +190,15 @@ def test_broken_runs_are_skipped_with_a_note(sweep, tmp_path):
     root, _ = sweep
     (root / "snens-5.0-1" / "final.json").write_text("{not json")
     (root / "single-1.0-0" / "config.toml").write_text("seed = 'zero'\n")
+    (root / "snens-0.05-2" / "config.toml").unlink()  # its results can no longer be placed
     report = write_report([root], tmp_path / "report")
-    assert [r["n"] for r in _read_csv(report.csv)] == ["3", "1"]
+    assert [r["n"] for r in _read_csv(report.csv)] == ["2", "1"]
     assert any("snens-5.0-1" in n and "not valid JSON" in n for n in report.notes)
     assert any("single-1.0-0" in n and "seed must be an int" in n for n in report.notes)
+    assert any(
+        "snens-0.05-2" in n and "final.json without config.toml; restore it" in n
+        for n in report.notes
+    )
 
 
 def test_output_directory_from_undecodable_bytes(sweep, tmp_path, capsys):

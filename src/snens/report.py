@@ -157,10 +157,12 @@ def collect_runs(paths: Iterable[str | os.PathLike]) -> tuple[list[RunRecord], l
         candidates = [path] if (path / FINAL).is_file() else []
         candidates += sorted(p.parent for p in path.rglob(FINAL) if p.parent != path)
         for candidate in candidates:
-            if (candidate / CONFIG).is_file():
-                found.setdefault(candidate.resolve(), None)
+            found.setdefault(candidate.resolve(), None)
     runs, skipped = [], []
     for path in found:
+        if not (path / CONFIG).is_file():  # a final.json alone: its settings are unknown
+            skipped.append(f"skipped {path}: {FINAL} without {CONFIG}; restore it from the run")
+            continue
         try:
             runs.append(_read_run(path))
         except (ValueError, TypeError, OSError) as error:
