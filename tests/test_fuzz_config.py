@@ -180,7 +180,7 @@ def _override_text():
 
 
 def _toml_literal(value):
-    from snens.config import _toml_value
+    from snens.toml_io import format_value as _toml_value
 
     try:
         return _toml_value(value)
@@ -221,7 +221,7 @@ def _toml_file(values):
         literal = _toml_literal(value)
         if literal is None:
             return None
-        from snens.config import _toml_key
+        from snens.toml_io import format_key as _toml_key
 
         lines.append(f"{_toml_key(str(key))} = {literal}")
     return "\n".join(lines) + "\n"

@@ -1,4 +1,4 @@
-"""Typed, frozen run configurations, read from and written to TOML.
+"""Typed, frozen run configurations, read from and written to TOML (by :mod:`snens.toml_io`).
 
 A run is described by one :class:`RunConfig`: run-level settings (seed, output directory,
 determinism, checkpointing) and four sections, each a frozen dataclass::
@@ -32,19 +32,20 @@ import re
 import typing
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, ClassVar, Literal
-
-try:
-    import tomllib
-except ImportError:  # Python 3.10
-    import tomli as tomllib
 
 from snens.baselines.factory import METHODS
 from snens.data.corruptions import CORRUPTIONS, EXTRA_CORRUPTIONS, SEVERITIES
 from snens.nn.norms import MAX_MEMBERS
 from snens.optim import GAMMA_LR_MULTIPLIER
 from snens.regularizer import DEFAULT_DIVERSITY_WEIGHT, DEFAULT_TEMPERATURE
+from snens.toml_io import (
+    TOMLDecodeError,
+    check_value,
+    format_toml,
+    parse_value,
+    read_toml,
+)
 
 __all__ = [
     "DATASETS",
@@ -131,7 +132,7 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
         if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
             raise TypeError(f"{key} must be a table of named values, got {value!r}")
         for name, item in value.items():
-            _check_toml_value(item, f"{key}.{name}")
+            check_value(item, f"{key}.{name}")
         # A deep copy in plain types: the frozen config must not share the caller's dicts and
         # lists, and a tuple or a float subclass must read back from TOML as what it is here.
         return _plain(value)
@@ -149,41 +150,8 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
         except OverflowError:
             raise ValueError(f"{key} is too large for a float: {value}") from None
     if hint is str:
-        _check_utf8(value, key)
+        check_value(value, key)
     return _plain(value)
-
-
-def _check_utf8(text: str, key: str) -> None:
-    # A lone surrogate (e.g. from a bad decode) cannot be written to config.toml (UTF-8).
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as error:
-        raise ValueError(
-            f"{key} holds a character UTF-8 cannot encode ({error.reason} at position "
-            f"{error.start}): {text!r}"
-        ) from None
-
-
-def _check_toml_value(value: Any, key: str) -> None:
-    """Options must survive the trip to config.toml: TOML scalars, lists and tables only."""
-    if isinstance(value, str):
-        _check_utf8(value, key)
-        return
-    if isinstance(value, bool | int | float):
-        return
-    if isinstance(value, list | tuple):
-        for i, item in enumerate(value):
-            _check_toml_value(item, f"{key}[{i}]")
-        return
-    if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
-        for name, item in value.items():
-            _check_utf8(name, f"{key} (a key)")
-            _check_toml_value(item, f"{key}.{name}")
-        return
-    raise TypeError(
-        f"{key} must be a string, number, bool, list or table (what TOML holds), got "
-        f"{type(value).__name__} {value!r}"
-    )
 
 
 def _require(ok: bool, key: str, what: str, value: Any) -> None:
@@ -643,8 +611,8 @@ def _parse_value(text: str, key: str = "value") -> Any:
     string with its quotes kept.
     """
     try:
-        return tomllib.loads(f"value = {text}")["value"]
-    except tomllib.TOMLDecodeError as error:
+        return parse_value(text)
+    except TOMLDecodeError as error:
         if text.strip()[:1] in ('"', "'", "[", "{"):
             raise ValueError(
                 f"override {key!r}: {text!r} is not a valid TOML value ({error}); quote strings "
@@ -653,12 +621,51 @@ def _parse_value(text: str, key: str = "value") -> Any:
         return text
 
 
+def _parse_override(item: Any) -> tuple[str, list[str], str]:
+    """The key, its dotted parts and the value text of an override ``"a.b=value"``, checked
+    against the config's keys before its value is parsed."""
+    if not isinstance(item, str) or "=" not in item:
+        raise ValueError(f"an override must read key=value, e.g. optim.lr=0.1; got {item!r}")
+    key, text = item.split("=", 1)
+    parts = key.strip().split(".")
+    if parts[0] in _SECTIONS:
+        if len(parts) < 2:
+            raise ValueError(f"override {item!r} names the section [{parts[0]}], not a key")
+        _check_keys({parts[1]: None}, _SECTIONS[parts[0]], parts[0])
+        if len(parts) > 2 and parts[1] != "options":
+            raise ValueError(f"unknown config key {key!r}: {parts[0]}.{parts[1]} has no keys")
+        if len(parts) > 3:
+            raise ValueError(f"unknown config key {key!r}: options are one level deep")
+    else:
+        _check_keys({parts[0]: None}, RunConfig, "")
+        if len(parts) > 1:
+            raise ValueError(f"unknown config key {key!r}: {parts[0]!r} has no keys")
+    if "\n" in text or "\r" in text:
+        raise ValueError(f"override {key.strip()!r}: the value must be one line, got {text!r}")
+    return key.strip(), parts, text.strip()
+
+
+def _table_of(values: dict[str, Any], parts: list[str], key: str) -> dict[str, Any]:
+    """The table that holds key ``parts[-1]`` in ``values``, made where missing."""
+    table = values
+    for depth, part in enumerate(parts[:-1]):
+        table = table.setdefault(part, {})
+        if not isinstance(table, dict):
+            where = ".".join(parts[: depth + 1])
+            raise TypeError(
+                f"cannot set {key!r}: {where} must be a table, got {type(table).__name__} {table!r}"
+            )
+    return table
+
+
 def apply_overrides(values: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
     """Set ``"a.b=value"`` overrides in nested dicts (a copy); values are parsed as TOML.
 
     Raises:
         ValueError: an override without ``=``, or a key that is not in the config (named,
             with the valid keys at that level).
+        TypeError: ``values`` is not a mapping, ``overrides`` is one string, or a key's
+            parent is not a table.
     """
     if not isinstance(values, Mapping):
         raise TypeError(f"a config must be a table (dict), got {type(values).__name__}")
@@ -668,34 +675,8 @@ def apply_overrides(values: dict[str, Any], overrides: Sequence[str]) -> dict[st
         )
     out = _plain(values)
     for item in overrides:
-        if not isinstance(item, str) or "=" not in item:
-            raise ValueError(f"an override must read key=value, e.g. optim.lr=0.1; got {item!r}")
-        key, text = item.split("=", 1)
-        parts = key.strip().split(".")
-        if parts[0] in _SECTIONS:
-            if len(parts) < 2:
-                raise ValueError(f"override {item!r} names the section [{parts[0]}], not a key")
-            _check_keys({parts[1]: None}, _SECTIONS[parts[0]], parts[0])
-            if len(parts) > 2 and parts[1] != "options":
-                raise ValueError(f"unknown config key {key!r}: {parts[0]}.{parts[1]} has no keys")
-            if len(parts) > 3:
-                raise ValueError(f"unknown config key {key!r}: options are one level deep")
-        else:
-            _check_keys({parts[0]: None}, RunConfig, "")
-            if len(parts) > 1:
-                raise ValueError(f"unknown config key {key!r}: {parts[0]!r} has no keys")
-        if "\n" in text or "\r" in text:
-            raise ValueError(f"override {key.strip()!r}: the value must be one line, got {text!r}")
-        target = out
-        for depth, part in enumerate(parts[:-1]):
-            target = target.setdefault(part, {})
-            if not isinstance(target, dict):
-                where = ".".join(parts[: depth + 1])
-                raise TypeError(
-                    f"cannot set {key.strip()!r}: {where} must be a table, got "
-                    f"{type(target).__name__} {target!r}"
-                )
-        target[parts[-1]] = _parse_value(text.strip(), key.strip())
+        key, parts, text = _parse_override(item)
+        _table_of(out, parts, key)[parts[-1]] = _parse_value(text, key)
     return out
 
 
@@ -729,77 +710,17 @@ def load_config(
             f"{type(source).__name__}"
         )
     else:
-        path = Path(source)
-        if not path.is_file():
-            raise FileNotFoundError(f"config file {path} not found")
-        try:
-            values = tomllib.loads(path.read_text(encoding="utf-8"))
-        except tomllib.TOMLDecodeError as error:
-            raise ValueError(f"{path}: not valid TOML: {error}") from error
-        except UnicodeDecodeError as error:
-            raise ValueError(
-                f"{path}: not valid TOML: not UTF-8 ({error.reason} at byte {error.start})"
-            ) from None
+        values = read_toml(source)
     return from_dict(apply_overrides(values, overrides))
-
-
-def _toml_string(text: str) -> str:
-    escapes = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
-    out = []
-    for ch in text:
-        if ch in escapes:
-            out.append(escapes[ch])
-        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
-            out.append(f"\\u{ord(ch):04x}")
-        else:
-            out.append(ch)
-    return '"' + "".join(out) + '"'
-
-
-def _toml_key(key: str) -> str:
-    bare = key and all(c.isascii() and (c.isalnum() or c in "_-") for c in key)
-    return key if bare else _toml_string(key)
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
-        return repr(value)
-    if isinstance(value, str):
-        return _toml_string(value)
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    if isinstance(value, Mapping):
-        items = ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items())
-        return "{" + items + "}"
-    raise TypeError(f"cannot write {type(value).__name__} {value!r} to TOML")
 
 
 def to_toml(config: RunConfig) -> str:
     """The config as TOML text; ``load_config(tomllib.loads(text))`` gives it back.
 
+    Run-level keys first, then ``[data]``, ``[model]``, ``[method]``, ``[optim]``, each
+    section's ``options`` as ``[section.options]`` after its keys.
+
     Raises:
         TypeError: an option value TOML cannot hold (e.g. an object in ``model.options``).
     """
-    values = to_dict(config)
-    lines = ["# snens run config (every key; see snens.config for units)"]
-    for key, value in values.items():
-        if key not in _SECTIONS:
-            lines.append(f"{key} = {_toml_value(value)}")
-    for section in _SECTIONS:
-        lines += ["", f"[{section}]"]
-        options = values[section].get("options", {})
-        for key, value in values[section].items():
-            if key != "options":
-                lines.append(f"{key} = {_toml_value(value)}")
-        if "options" in values[section]:
-            lines += ["", f"[{section}.options]"]
-            lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in options.items()]
-    return "\n".join(lines) + "\n"
+    return format_toml(to_dict(config), "snens run config (every key; see snens.config for units)")

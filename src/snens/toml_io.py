@@ -1,0 +1,227 @@
+"""TOML text and files: reading them into dicts, writing dicts of plain values back.
+
+Reading is Python's ``tomllib`` (``tomli`` on Python 3.10); its errors are re-raised as
+``ValueError`` naming the file, with tomllib's line and column::
+
+    bad.toml: not valid TOML: Expected ']' at the end of a table declaration (at line 1, column 7)
+
+Writing covers what a run config holds: strings, ints, floats (``inf``, ``-inf``, ``nan``),
+bools, lists and tuples (as arrays), and tables. A table's scalars come first, then each
+table inside it under its own ``[a.b]`` header; a table one level further down (or inside a
+list) is written inline, ``{key = value}``::
+
+    text = format_toml({"seed": 0, "optim": {"lr": 0.1}, "model": {"options": {"w": 8}}})
+    parse_toml(text) == {"seed": 0, "optim": {"lr": 0.1}, "model": {"options": {"w": 8}}}
+
+Tuples read back as lists, and ``nan`` as a NaN that compares unequal to itself.
+:func:`check_value` tells, naming the key, whether a value can make the trip at all.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib
+
+__all__ = [
+    "TOMLDecodeError",
+    "check_value",
+    "format_key",
+    "format_toml",
+    "format_value",
+    "parse_toml",
+    "parse_value",
+    "read_toml",
+]
+
+#: What :func:`parse_value` raises for text that is not a TOML value (a ``ValueError``).
+TOMLDecodeError = tomllib.TOMLDecodeError
+
+# Escapes TOML defines for basic strings; every other control character is written as \uXXXX.
+_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
+# ------------------------------------------------------------------------------------------------
+# Reading
+# ------------------------------------------------------------------------------------------------
+
+
+def parse_toml(text: str, source: str | os.PathLike = "<text>") -> dict[str, Any]:
+    """The tables of TOML ``text``.
+
+    Args:
+        text: the document.
+        source: what the text came from, for the error message (a file name).
+
+    Raises:
+        ValueError: ``text`` is not valid TOML; the message names ``source`` and tomllib's
+            line and column (or "at end of document").
+    """
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise ValueError(f"{source}: not valid TOML: {error}") from error
+
+
+def read_toml(path: str | os.PathLike) -> dict[str, Any]:
+    """The tables of the UTF-8 TOML file at ``path`` (line endings as ``Path.read_text``).
+
+    Raises:
+        FileNotFoundError: ``path`` is not a file.
+        ValueError: the file is not UTF-8 (the byte offset named) or not valid TOML (the line
+            and column named), with the file's path first.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"config file {path} not found")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"{path}: not valid TOML: not UTF-8 ({error.reason} at byte {error.start})"
+        ) from None
+    return parse_toml(text, path)
+
+
+def parse_value(text: str) -> Any:
+    """The one TOML value ``text`` holds: ``"0.5"`` → 0.5, ``"[25, 50]"`` → [25, 50].
+
+    Raises:
+        TOMLDecodeError: ``text`` is not a TOML value (a bare word, a broken string or list).
+    """
+    return tomllib.loads(f"value = {text}")["value"]
+
+
+# ------------------------------------------------------------------------------------------------
+# Writing
+# ------------------------------------------------------------------------------------------------
+
+
+def _check_utf8(text: str, key: str) -> None:
+    # A lone surrogate (e.g. from a bad decode) cannot be written to a TOML file (UTF-8).
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ValueError(
+            f"{key} holds a character UTF-8 cannot encode ({error.reason} at position "
+            f"{error.start}): {text!r}"
+        ) from None
+
+
+def check_value(value: Any, key: str) -> None:
+    """Raise unless ``value`` survives the trip to a TOML file and back: TOML scalars, lists
+    and tables with string keys, every string encodable as UTF-8.
+
+    Args:
+        value: what is to be written.
+        key: its name in messages (``model.options.width``); items add ``[i]`` or ``.name``.
+
+    Raises:
+        TypeError: a value (or item) of a type TOML does not hold, e.g. None; the key named.
+        ValueError: a string or key with a character UTF-8 cannot encode (a lone surrogate).
+    """
+    if isinstance(value, str):
+        _check_utf8(value, key)
+        return
+    if isinstance(value, bool | int | float):
+        return
+    if isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            check_value(item, f"{key}[{i}]")
+        return
+    if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
+        for name, item in value.items():
+            _check_utf8(name, f"{key} (a key)")
+            check_value(item, f"{key}.{name}")
+        return
+    raise TypeError(
+        f"{key} must be a string, number, bool, list or table (what TOML holds), got "
+        f"{type(value).__name__} {value!r}"
+    )
+
+
+def _format_string(text: str) -> str:
+    out = []
+    for ch in text:
+        if ch in _ESCAPES:
+            out.append(_ESCAPES[ch])
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def _format_float(value: float) -> str:
+    if math.isnan(value):
+        return "nan"
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    # repr is the shortest text that reads back to the same float, and always has a "." or an
+    # exponent (1e-07, 1e+300), so TOML reads a float, never an int.
+    return repr(value)
+
+
+def format_key(key: str) -> str:
+    """``key`` as a TOML key: bare when it is ASCII letters, digits, ``_`` and ``-``, else
+    quoted (``"b c"``, ``""``, ``"ключ"``)."""
+    bare = key and all(c.isascii() and (c.isalnum() or c in "_-") for c in key)
+    return key if bare else _format_string(key)
+
+
+def format_value(value: Any) -> str:
+    """``value`` as a TOML value on one line; lists, tuples and tables inline.
+
+    Raises:
+        TypeError: ``value`` (or an item in it) is not a str, int, float, bool, list, tuple
+            or mapping, e.g. None.
+    """
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return _format_float(value)
+    if isinstance(value, str):
+        return _format_string(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(format_value(v) for v in value) + "]"
+    if isinstance(value, Mapping):
+        items = ", ".join(f"{format_key(k)} = {format_value(v)}" for k, v in value.items())
+        return "{" + items + "}"
+    raise TypeError(f"cannot write {type(value).__name__} {value!r} to TOML")
+
+
+def _format_table(table: Mapping[str, Any], header: tuple[str, ...]) -> list[str]:
+    """``table``'s lines: ``[header]`` (none at the top level), its scalars, then its tables,
+    each under its own header."""
+    lines = ["", "[" + ".".join(format_key(k) for k in header) + "]"] if header else []
+    inner = {k: v for k, v in table.items() if isinstance(v, Mapping)} if len(header) < 2 else {}
+    lines += [f"{format_key(k)} = {format_value(v)}" for k, v in table.items() if k not in inner]
+    for key, value in inner.items():
+        lines += _format_table(value, (*header, key))
+    return lines
+
+
+def format_toml(values: Mapping[str, Any], comment: str = "") -> str:
+    """``values`` as a TOML document, which :func:`parse_toml` reads back (tuples as lists).
+
+    Top-level scalars come first, then each table as ``[name]`` and each table in it as
+    ``[name.inner]``, in the order given; tables deeper down are inline.
+
+    Args:
+        values: the tables, as nested mappings of the types :func:`format_value` writes.
+        comment: a first line, written as ``# comment``; "" = none.
+
+    Raises:
+        TypeError: a value TOML cannot hold (named, e.g. None).
+    """
+    lines = [f"# {comment}"] if comment else []
+    return "\n".join(lines + _format_table(values, ())) + "\n"
