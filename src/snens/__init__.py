@@ -14,7 +14,10 @@ from snens.ensemble import (
     ensemble_loss,
     export,
     extract_member,
+    fold_members,
+    forward_repeated,
     predictive_probs,
+    unfold_members,
 )
 from snens.evaluate import evaluate
 from snens.optim import param_groups
@@ -43,6 +46,8 @@ __all__ = [
     "export",
     "extract_member",
     "fit_temperature",
+    "fold_members",
+    "forward_repeated",
     "mean_effective_members",
     "metrics",
     "models",
@@ -51,4 +56,5 @@ __all__ = [
     "param_groups",
     "predictive_probs",
     "tau_for_k",
+    "unfold_members",
 ]

@@ -2,6 +2,9 @@
 
 This is the one place members are folded into the batch and unfolded again. Inside the
 backbone, activations are member-major (M·B, …): rows [m·B, (m+1)·B) belong to member m.
+:func:`fold_members` goes from (B, …) to (M·B, …), :func:`unfold_members` from (M·B, …) to
+(M, B, …), and :func:`forward_repeated` runs any model between the two; every wrapper in
+:mod:`snens.baselines` that repeats its input uses them.
 
 Where members enter:
 
@@ -41,19 +44,81 @@ __all__ = [
     "ensemble_loss",
     "export",
     "extract_member",
+    "fold_members",
+    "forward_repeated",
     "predictive_probs",
+    "unfold_members",
 ]
 
 InputPolicy = Literal["repeat", "split"]
 Replication = Literal["auto", "lazy", "eager"]
 
 
-def _repeat_rows(x: Tensor, num_members: int) -> Tensor:
-    # (B, …) -> (M·B, …), member-major: [x, x, …, x]. repeat, not expand + reshape: one copy
-    # either way (measured 33 vs 16 µs for an (8, 3, 32, 32) batch, 161 vs 358 µs at B=128),
-    # but under torch.export the reshaped copy gets strides such as Min(512, 512·B) whose
-    # contiguity checks downstream guard B, and a dynamic batch fails to export
-    return x.repeat(num_members, *(1,) * (x.dim() - 1))
+def fold_members(x: Tensor, num_members: int) -> Tensor:
+    """Repeat a batch once per member, member-major: rows [m·B, (m+1)·B) of the result are x.
+
+        fold_members(x, M)[m·B + b] = x[b]
+
+    Always a new tensor (also at M = 1), as ``Tensor.repeat`` is.
+
+    Args:
+        x: a batch with at least one dimension.
+        num_members: M.
+
+    Shape:
+        x: (B, …). Output: (M·B, …).
+
+    Raises:
+        TypeError, ValueError: if ``num_members`` is not an int in
+            [1, :data:`~snens.nn.norms.MAX_MEMBERS`].
+    """
+    check_num_members(num_members)
+    # repeat, not expand + reshape: one copy either way (measured 33 vs 16 µs for an
+    # (8, 3, 32, 32) batch, 161 vs 358 µs at B=128), but under torch.export the reshaped copy
+    # gets strides such as Min(512, 512·B) whose contiguity checks downstream guard B, and a
+    # dynamic batch fails to export
+    return x.repeat(num_members, *(1,) * (x.dim() - 1))  # (M·B, …)
+
+
+def unfold_members(x: Tensor, num_members: int, *, batch_size: int | None = None) -> Tensor:
+    """Split member-major rows into a member dimension: the inverse of :func:`fold_members`.
+
+        unfold_members(x, M)[m, b] = x[m·B + b]
+
+    Args:
+        x: member-major rows, member m's at [m·B, (m+1)·B).
+        num_members: M.
+        batch_size: B, when the caller knows it: the row count must then be exactly M·B (a
+            model whose output skipped the members, with B a multiple of M, is caught here).
+
+    Shape:
+        x: (M·B, …). Output: (M, B, …).
+
+    Raises:
+        RuntimeError: if ``x`` has no rows dimension, or its leading size is not M·B (not a
+            multiple of M, when ``batch_size`` is not given); the message names the shapes.
+        TypeError, ValueError: if ``num_members`` is not an int in
+            [1, :data:`~snens.nn.norms.MAX_MEMBERS`].
+    """
+    M = check_num_members(num_members)
+    rows = x.shape[0] if x.dim() else None
+    if batch_size is None and rows is not None and rows % M == 0:
+        batch_size = rows // M
+    if rows is None or batch_size is None or rows != M * batch_size:
+        expected = (
+            f"a multiple of M={M} member-major rows"
+            if batch_size is None
+            else f"{M * batch_size} member-major rows (M={M} × B={batch_size})"
+        )
+        raise RuntimeError(
+            f"cannot unfold a tensor of shape {tuple(x.shape)} into (M, B, …): expected "
+            f"{expected}; does every path to the model's output pass through a member layer?"
+        )
+    if torch.compiler.is_exporting():
+        # a head's (M·B, K) view of its (M, B, K) product has the stride Min(K, K·B) under
+        # torch.export, and viewing it as (M, B, K) would guard B; a copy has plain strides
+        x = x.clone(memory_format=torch.contiguous_format)
+    return x.reshape(M, batch_size, *x.shape[1:])  # (M, B, …)
 
 
 class _LazyReplicator:
@@ -74,7 +139,7 @@ class _LazyReplicator:
             return None
         x = args[0]
         if x.dim() > 0 and x.shape[0] == self.batch_size:
-            return (_repeat_rows(x, self.num_members), *args[1:])
+            return (fold_members(x, self.num_members), *args[1:])
         return None
 
 
@@ -101,6 +166,70 @@ def _batch_size(args: tuple, kwargs: dict) -> int:
         if isinstance(value, Tensor) and value.dim() > 0:
             return value.shape[0]
     raise TypeError("the ensemble's input holds no tensor with a batch dimension")
+
+
+def _per_example(value: Any, batch_size: int) -> bool:
+    return isinstance(value, Tensor) and value.dim() > 0 and value.shape[0] == batch_size
+
+
+def _fold_inputs(args: tuple, kwargs: dict, num_members: int, batch_size: int) -> tuple:
+    """Every per-example tensor (leading size B) folded to (M·B, …); other arguments as given,
+    and at M = 1 nothing is copied."""
+    if num_members == 1:
+        return args, kwargs
+
+    def fold(value: Any) -> Any:
+        return fold_members(value, num_members) if _per_example(value, batch_size) else value
+
+    return tuple(fold(a) for a in args), {k: fold(v) for k, v in kwargs.items()}
+
+
+def _unfold_logits(logits: Tensor, num_members: int, batch_size: int) -> Tensor:
+    """A model's (M·B, K) logits as (M, B, K); a model that returns no class dimension fails."""
+    if logits.dim() < 2:
+        raise RuntimeError(
+            f"the model returned logits of shape {tuple(logits.shape)}, expected "
+            f"({num_members * batch_size}, K): member-major rows (M={num_members} × "
+            f"B={batch_size}) of K class scores"
+        )
+    return unfold_members(logits, num_members, batch_size=batch_size)  # (M, B, K)
+
+
+def forward_repeated(
+    model: nn.Module,
+    num_members: int,
+    args: tuple,
+    kwargs: dict,
+    *,
+    output: Callable[[Any], Tensor] | None = None,
+) -> Tensor:
+    """Run ``model`` once on its inputs folded M times, and unfold the logits per member.
+
+    Every tensor argument whose leading dimension is B (the first such tensor's) is folded
+    to (M·B, …) with :func:`fold_members`; others pass as they are. This is what
+    :class:`Ensemble` does with ``replication="eager"``, for wrappers whose members differ
+    inside the model (:class:`~snens.baselines.BatchEnsemble`,
+    :class:`~snens.baselines.MCDropout`).
+
+    Args:
+        model: a model taking member-major (M·B, …) inputs.
+        num_members: M.
+        args, kwargs: the inputs, as ``model(*args, **kwargs)`` would take them unfolded.
+        output: callable picking the logits from the model's output; by default a tensor, a
+            Hugging Face output's ``.logits``, or the first element of a tuple.
+
+    Shape:
+        Inputs: (B, …). Output: (M, B, K).
+
+    Raises:
+        TypeError: if the inputs hold no tensor with a batch dimension, or no logits are found
+            in the model's output.
+        RuntimeError: if the logits are not (M·B, K).
+    """
+    B = _batch_size(args, kwargs)
+    args, kwargs = _fold_inputs(args, kwargs, num_members, B)
+    logits = (output or _default_output)(model(*args, **kwargs))  # (M·B, K)
+    return _unfold_logits(logits, num_members, B)  # (M, B, K)
 
 
 class Ensemble(nn.Module):
@@ -181,7 +310,7 @@ class Ensemble(nn.Module):
                     f"got B={B}; use a batch size that is a multiple of {M} (e.g. "
                     f"{B - B % M or M}) or drop_last=True in the data loader"
                 )
-            return self._unfold(self._run(args, kwargs, B, lazy=False, repeat=False), B // M)
+            return _unfold_logits(self._run(args, kwargs, B, lazy=False, repeat=False), M, B // M)
         if torch.compiler.is_exporting() or _on_meta(args, kwargs):
             # "auto" compares two runs' outputs, which a traced graph or a meta tensor cannot
             # hold; undecided, such a run takes eager repetition, right for every model
@@ -190,7 +319,7 @@ class Ensemble(nn.Module):
             if self.replication == "auto" and B >= 2 and M > 1:
                 self.replication = self._choose_replication(args, kwargs, B)
             lazy = self.replication == "lazy"
-        return self._unfold(self._run(args, kwargs, B, lazy=lazy, repeat=True), B)
+        return _unfold_logits(self._run(args, kwargs, B, lazy=lazy, repeat=True), M, B)
 
     def _check_inputs(self, args: tuple, kwargs: dict) -> None:
         """A floating input on another device, or of a dtype none of the model's parameters
@@ -222,36 +351,16 @@ class Ensemble(nn.Module):
                 )
 
     def _run(self, args: tuple, kwargs: dict, B: int, *, lazy: bool, repeat: bool) -> Tensor:
+        """The model's logits, (M·B, K) member-major (``split``: (B, K), B/M rows a member)."""
         M = self.num_members
-        if repeat and not lazy and M > 1:
-            args = tuple(_repeat_rows(a, M) if self._per_example(a, B) else a for a in args)
-            kwargs = {
-                k: _repeat_rows(v, M) if self._per_example(v, B) else v for k, v in kwargs.items()
-            }
+        if repeat and not lazy:
+            args, kwargs = _fold_inputs(args, kwargs, M, B)
         self._replicator.batch_size = B if (repeat and lazy and M > 1) else None
         try:
             out = self.model(*args, **kwargs)
         finally:
             self._replicator.batch_size = None
         return (self.output or _default_output)(out)
-
-    @staticmethod
-    def _per_example(value: Any, batch_size: int) -> bool:
-        return isinstance(value, Tensor) and value.dim() > 0 and value.shape[0] == batch_size
-
-    def _unfold(self, logits: Tensor, rows_per_member: int) -> Tensor:
-        M = self.num_members
-        if logits.dim() < 2 or logits.shape[0] != M * rows_per_member:
-            raise RuntimeError(
-                f"the model returned logits of shape {tuple(logits.shape)}, expected "
-                f"{M * rows_per_member} member-major rows (M={M} × {rows_per_member}); "
-                "does every path to the output pass through a member layer?"
-            )
-        if torch.compiler.is_exporting():
-            # a head's (M·B, K) view of its (M, B, K) product has the stride Min(K, K·B) under
-            # torch.export, and viewing it as (M, B, K) would guard B; a copy has plain strides
-            logits = logits.clone(memory_format=torch.contiguous_format)
-        return logits.reshape(M, rows_per_member, *logits.shape[1:])  # (M, B, K)
 
     @torch.no_grad()
     def _choose_replication(self, args: tuple, kwargs: dict, B: int) -> Replication:
@@ -529,7 +638,7 @@ def export(ensemble: Ensemble, /, *args: Any, **kwargs: Any) -> torch.export.Exp
     batch = torch.export.Dim("batch")
 
     def spec(value: Any) -> dict | None:
-        return {0: batch} if Ensemble._per_example(value, B) else None
+        return {0: batch} if _per_example(value, B) else None
 
     dynamic_shapes = {"args": tuple(spec(a) for a in args)}
     dynamic_shapes.update({k: spec(v) for k, v in kwargs.items()})

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from snens.ensemble import _default_output, _repeat_rows
+from snens.ensemble import forward_repeated
 from snens.nn.norms import check_num_members
 from snens.nn.surgery import ConversionReport, replace_modules
 
@@ -310,45 +310,11 @@ def _adopt(
     layer.train(plain.training)
 
 
-def forward_repeated(
-    model: nn.Module,
-    num_members: int,
-    args: tuple,
-    kwargs: dict,
-    output: Callable[[Any], Tensor] | None = None,
-) -> Tensor:
-    """Run ``model`` on its inputs repeated M times, member-major, and unfold the logits.
-
-    Every tensor argument whose leading dimension is B (the first such tensor's) is repeated
-    to (M·B, …); others pass as they are.
-
-    Shape:
-        Inputs: (B, …). Output: (M, B, K).
-    """
-    M = num_members
-    sizes = [v.shape[0] for v in (*args, *kwargs.values()) if isinstance(v, Tensor) and v.dim()]
-    if not sizes:
-        raise TypeError("the ensemble's input holds no tensor with a batch dimension")
-    batch = sizes[0]
-
-    def rep(v: Any) -> Any:
-        per_example = isinstance(v, Tensor) and v.dim() > 0 and v.shape[0] == batch
-        return _repeat_rows(v, M) if per_example and M > 1 else v
-
-    out = model(*(rep(a) for a in args), **{k: rep(v) for k, v in kwargs.items()})
-    logits = (output or _default_output)(out)  # (M·B, K)
-    if logits.shape[0] != M * batch:
-        raise RuntimeError(
-            f"the model returned logits of shape {tuple(logits.shape)}, expected {M * batch} "
-            f"member-major rows (M={M} × B={batch})"
-        )
-    return logits.reshape(M, batch, *logits.shape[1:])  # (M, B, K)
-
-
 class BatchEnsemble(nn.Module):
     """A model whose layers are BatchEnsemble layers, run so that it returns (M, B, K).
 
-    Every tensor argument with B rows is repeated M times, member-major, at the input.
+    Every tensor argument with B rows is folded to (M·B, …) at the input
+    (:func:`snens.ensemble.forward_repeated`).
 
     Args:
         model: a model holding :class:`BatchEnsembleConv2d` / :class:`BatchEnsembleLinear`
@@ -392,7 +358,7 @@ class BatchEnsemble(nn.Module):
         self.report = report
 
     def forward(self, *args: Any, **kwargs: Any) -> Tensor:
-        return forward_repeated(self.model, self.num_members, args, kwargs, self.output)
+        return forward_repeated(self.model, self.num_members, args, kwargs, output=self.output)
 
     def extra_repr(self) -> str:
         return f"num_members={self.num_members}"

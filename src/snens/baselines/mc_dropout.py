@@ -21,7 +21,7 @@ from typing import Any
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from snens.baselines.batch_ensemble import forward_repeated
+from snens.ensemble import forward_repeated
 from snens.nn.norms import check_num_members
 from snens.nn.surgery import replace_modules
 
@@ -127,7 +127,7 @@ class MCDropout(nn.Module):
         self.output = output
 
     def forward(self, *args: Any, **kwargs: Any) -> Tensor:
-        return forward_repeated(self.model, self.num_members, args, kwargs, self.output)
+        return forward_repeated(self.model, self.num_members, args, kwargs, output=self.output)
 
     def extra_repr(self) -> str:
         return f"num_members={self.num_members}"
