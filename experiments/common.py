@@ -34,7 +34,7 @@ import torch
 from torch import Tensor, nn
 
 import snens
-from snens import baselines, metrics
+from snens import baselines
 from snens.config import RunConfig, load_config, to_dict
 from snens.data import (
     FASHION_MNIST_MEAN,
@@ -43,7 +43,7 @@ from snens.data import (
     load_fashion_mnist,
     load_mnist_5k,
 )
-from snens.evaluate import collect
+from snens.evaluate import collect, ood_detection
 from snens.presets import preset
 from snens.runs import read_metrics
 from snens.train import load_run_model, train
@@ -281,13 +281,11 @@ def ood_scores(model: nn.Module, data: Data, scores: Sequence[str]) -> dict[str,
     """AUROC, AUPR, FPR95 (OOD positive) of each score, from one pass over test and OOD sets."""
     member_in, _ = collect(model, data.test)
     member_out, _ = collect(model, data.ood)
-    out = {}
-    for score in scores:
-        s_in, s_out = metrics.OOD_SCORES[score](member_in), metrics.OOD_SCORES[score](member_out)
-        out[f"ood_{score}_auroc"] = metrics.auroc(s_in, s_out)
-        out[f"ood_{score}_aupr"] = metrics.aupr(s_in, s_out)
-        out[f"ood_{score}_fpr95"] = metrics.fpr_at_95_tpr(s_in, s_out)
-    return out
+    return {
+        f"ood_{score}_{key}": value
+        for score in scores
+        for key, value in ood_detection(member_in, member_out, score).items()
+    }
 
 
 def build(method: str, *, num_members: int, width: int, seed: int, **options: Any) -> nn.Module:

@@ -367,9 +367,8 @@ def ood_scores(path: Path) -> dict[str, float] | None:
     holds MSP only (the engine's default score)."""
     import torch
 
-    from snens import metrics
     from snens.datasets import build_data
-    from snens.evaluate import collect
+    from snens.evaluate import collect, ood_detection
     from snens.train import load_run_model
 
     cache = path / "ood_scores.json"
@@ -384,12 +383,11 @@ def ood_scores(path: Path) -> dict[str, float] | None:
     inside, _ = collect(model, loaded.test)
     ((name, loader),) = loaded.ood.items()
     outside, _ = collect(model, loader)
-    values = {}
-    for score in OOD_SCORES:
-        s_in, s_out = metrics.OOD_SCORES[score](inside), metrics.OOD_SCORES[score](outside)
-        values[f"{name}/{score}/auroc"] = metrics.auroc(s_in, s_out)
-        values[f"{name}/{score}/aupr"] = metrics.aupr(s_in, s_out)
-        values[f"{name}/{score}/fpr95"] = metrics.fpr_at_95_tpr(s_in, s_out)
+    values = {
+        f"{name}/{score}/{key}": value
+        for score in OOD_SCORES
+        for key, value in ood_detection(inside, outside, score).items()
+    }
     cache.write_text(json.dumps(values, indent=2) + "\n")
     return values
 

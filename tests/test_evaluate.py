@@ -16,7 +16,7 @@ from snens.data import (
     load_fashion_mnist,
     load_mnist_5k,
 )
-from snens.evaluate import SHIFT_METRICS, collect, evaluate
+from snens.evaluate import SHIFT_METRICS, collect, evaluate, ood_detection
 from snens.models import create
 from snens.nn.norms import MemberNorm
 from snens.train import fit, predict
@@ -238,6 +238,32 @@ def test_unknown_ood_score_lists_the_choices(ensemble, data):
     x, y, _ = data
     with pytest.raises(ValueError, match="'entropy', 'msp', 'mutual_information'"):
         evaluate(ensemble, TensorLoader(x, y, 7), ood_score="energy")
+
+
+def test_several_ood_scores_from_one_pass_equal_each_alone(ensemble, data):
+    """A list of scores gives ood/<name>/<score>/… keys, each equal to that score's own call
+    and to ood_detection on the member probabilities; the other keys are unchanged."""
+    x, y, ood = data
+    scores = ["msp", "entropy", "mutual_information"]
+    together = _run(ensemble, data, 3, ood_score=scores)
+    with torch.no_grad():
+        inside, outside = ensemble(x).softmax(-1), ensemble(ood).softmax(-1)
+    for score in scores:
+        alone = _run(ensemble, data, 3, ood_score=score)
+        direct = ood_detection(inside, outside, score)
+        for key in ("auroc", "aupr", "fpr95"):
+            assert together[f"ood/blobs/{score}/{key}"] == alone[f"ood/blobs/{key}"]
+            assert together[f"ood/blobs/{score}/{key}"] == pytest.approx(direct[key], abs=1e-6)
+    assert {k for k in together if not k.startswith("ood/")} == {
+        k for k in alone if not k.startswith("ood/")
+    }
+    assert not any(k in together for k in ("ood/blobs/auroc", "ood/blobs/aupr"))
+    with pytest.raises(ValueError, match="ood_score is an empty list"):
+        _run(ensemble, data, 3, ood_score=[])
+    with pytest.raises(ValueError, match="unknown ood_score 'energy'"):
+        _run(ensemble, data, 3, ood_score=["msp", "energy"])
+    with pytest.raises(ValueError, match="unknown OOD score 'energy'"):
+        ood_detection(inside, outside, "energy")
 
 
 @pytest.mark.parametrize("severity", [7, 0, -1, 2.0, True])

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from snens import metrics
 
-__all__ = ["SHIFT_METRICS", "collect", "evaluate"]
+__all__ = ["SHIFT_METRICS", "collect", "evaluate", "ood_detection"]
 
 SHIFT_METRICS = ("accuracy", "nll", "ece", "brier")
 """The metrics reported per corruption, per severity and on average."""
@@ -275,13 +275,37 @@ def _check_corruptions(
 # ------------------------------------------------------------------------------------------------
 
 
+def ood_detection(in_probs: Tensor, out_probs: Tensor, score: str = "msp") -> dict[str, float]:
+    """AUROC, AUPR and FPR at 95% TPR of one OOD score, OOD as the positive class.
+
+    Args:
+        in_probs: member probabilities of the in-distribution set.
+        out_probs: member probabilities of the OOD set.
+        score: one of ``snens.metrics.OOD_SCORES`` (high = OOD).
+
+    Shape:
+        in_probs: (M, N, K); out_probs: (M, N', K).
+
+    Returns:
+        ``{"auroc": …, "aupr": …, "fpr95": …}``.
+    """
+    if score not in metrics.OOD_SCORES:
+        raise ValueError(f"unknown OOD score {score!r}; choose one of {sorted(metrics.OOD_SCORES)}")
+    s_in, s_out = metrics.OOD_SCORES[score](in_probs), metrics.OOD_SCORES[score](out_probs)
+    return {
+        "auroc": metrics.auroc(s_in, s_out),
+        "aupr": metrics.aupr(s_in, s_out),
+        "fpr95": metrics.fpr_at_95_tpr(s_in, s_out),
+    }
+
+
 def evaluate(
     model: nn.Module,
     test_loader: Iterable[Any],
     *,
     ood: Mapping[str, Iterable[Any]] | None = None,
     corruptions: Mapping[tuple[str, int], Iterable[Any]] | None = None,
-    ood_score: str = "msp",
+    ood_score: str | Sequence[str] = "msp",
     num_bins: int = 15,
     device: torch.device | str | None = None,
 ) -> dict[str, float]:
@@ -304,12 +328,14 @@ def evaluate(
         corruptions: ``{(name, severity): loader}`` of corrupted test sets, severity in 1..5
             (e.g. built with ``snens.data.corruptions``).
         ood_score: one of ``snens.metrics.OOD_SCORES``: ``"msp"`` (1 − max p̄),
-            ``"entropy"`` (H[p̄]) or ``"mutual_information"``.
+            ``"entropy"`` (H[p̄]) or ``"mutual_information"``; or a list of them, each
+            scored from the same pass (keys ``ood/<name>/<score>/…``).
         num_bins: bins of the ECEs; 15 is the field's convention.
         device: where inputs go, by default the model's device.
 
     Returns:
-        A flat ``{key: float}``: ``"test/<metric>"``, ``"ood/<name>/{auroc,aupr,fpr95}"``,
+        A flat ``{key: float}``: ``"test/<metric>"``, ``"ood/<name>/{auroc,aupr,fpr95}"``
+        (``"ood/<name>/<score>/{auroc,aupr,fpr95}"`` for a list of scores),
         ``"shift/<name>/<severity>/<metric>"``, ``"shift/severity/<s>/<metric>"``,
         ``"shift/mean/<metric>"`` (metrics of :data:`SHIFT_METRICS`).
         ``"test/member_correlation"`` is NaN for a single member.
@@ -320,10 +346,14 @@ def evaluate(
             (M, B, K); M or K differing between data sets.
         TypeError: ``ood`` or ``corruptions`` not a mapping.
     """
-    if ood_score not in metrics.OOD_SCORES:
-        raise ValueError(
-            f"unknown ood_score {ood_score!r}; choose one of {sorted(metrics.OOD_SCORES)}"
-        )
+    scores = [ood_score] if isinstance(ood_score, str) else list(ood_score)
+    for score in scores:
+        if not isinstance(score, str) or score not in metrics.OOD_SCORES:
+            raise ValueError(
+                f"unknown ood_score {score!r}; choose one of {sorted(metrics.OOD_SCORES)}"
+            )
+    if not scores:
+        raise ValueError("ood_score is an empty list; give at least one, e.g. 'msp'")
     if isinstance(num_bins, bool) or not isinstance(num_bins, numbers.Integral) or num_bins < 1:
         raise ValueError(f"num_bins must be an int >= 1, got {num_bins!r}; use e.g. num_bins=15")
     ood_sets = _check_ood_sets(ood)
@@ -335,15 +365,13 @@ def evaluate(
     M, _, K = member_probs.shape
     results = {f"test/{k}": v for k, v in _test_metrics(member_probs, labels, num_bins).items()}
 
-    score = metrics.OOD_SCORES[ood_score]
-    in_scores = score(member_probs) if ood_sets else None
     for name, loader in ood_sets.items():
         out_probs, _ = _collect(model, loader, device, what=f"OOD set {name!r}")
         _check_same_members(out_probs, M, K, f"OOD set {name!r}")
-        out_scores = score(out_probs)
-        results[f"ood/{name}/auroc"] = metrics.auroc(in_scores, out_scores)
-        results[f"ood/{name}/aupr"] = metrics.aupr(in_scores, out_scores)
-        results[f"ood/{name}/fpr95"] = metrics.fpr_at_95_tpr(in_scores, out_scores)
+        for score in scores:
+            prefix = f"ood/{name}/" if isinstance(ood_score, str) else f"ood/{name}/{score}/"
+            for key, value in ood_detection(member_probs, out_probs, score).items():
+                results[prefix + key] = value
 
     per_set: dict[tuple[str, int], dict[str, float]] = {}
     for (name, severity), loader in shifted.items():
