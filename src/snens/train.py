@@ -77,6 +77,7 @@ from snens.runs import (
     check_new_run,
     config_differences,
     create_run,
+    hold_run,
     open_run,
 )
 
@@ -342,6 +343,8 @@ def train(
     Raises:
         RunDirError: the output directory is not writable (before anything else), or a new
             run's directory already holds a run.
+        RunInUseError: another live process is training this run (it holds ``run.lock``;
+            the message names it).
         NonFiniteLossError: a NaN/inf loss with ``on_nonfinite = "stop"``; the message names
             epoch, step and cause, and the last good checkpoint is kept.
         CheckpointError: on resume, ``last.pt`` is truncated, modified or does not fit (the
@@ -360,7 +363,9 @@ def train(
     path = _run_path(config, run_dir)
     existed = path.exists()
     try:
-        with distributed.session() as group:
+        with distributed.session() as group, contextlib.ExitStack() as held:
+            if group.is_main:  # no second process trains this run meanwhile
+                held.enter_context(hold_run(path))
             return _train(config, group, resume=resume, progress=progress, run_dir=path, log=log)
     except BaseException:
         # a start that failed (missing data, a bad model option) leaves no empty run directory
@@ -382,20 +387,7 @@ def _train(
     say = (log if group.is_main else None) or (lambda line: None)
     # A timestamped default name could differ between ranks: rank 0's path is the run's.
     path = group.broadcast(_run_path(config, run_dir), "agreeing on the run directory")
-    if group.enabled:
-        distributed.local_batch_size(config.data.batch_size, group.world_size)
-        if config.on_nonfinite == "skip":
-            raise ValueError(
-                'on_nonfinite = "skip" is not supported under torchrun: a rank that skips '
-                "its backward pass would leave the others waiting in the gradient all-reduce; "
-                'use "stop"'
-            )
-    # Fail before loading anything: an unwritable output directory, a name already taken.
-    if group.is_main:
-        if resume:
-            config = open_run(path, config).config
-        else:
-            check_new_run(path)
+    config = _check_start(config, group, path, resume=resume)
 
     with _reproducibility(config):
         seed_everything(config.seed)
@@ -414,7 +406,6 @@ def _train(
             model.to(memory_format=torch.channels_last)
         num_classes = config.model.num_classes or loaded.num_classes
         trainable = select_finetune(model, config.optim.finetune, num_classes)
-        snens_method = config.method.name == "snens"
 
         # -- optimizer and schedule: parameter groups by one rule (snens.param_groups)
         groups = param_groups(
@@ -422,142 +413,51 @@ def _train(
         )
         optimizer = build_optimizer(config.optim, groups)
         schedule = build_schedule(config.optim, optimizer, steps_per_epoch)
-        settings = StepSettings(
-            temperature=config.method.temperature,
-            diversity_weight=config.method.diversity_weight if snens_method else 0.0,
-            diversity_ramp_steps=round(config.method.diversity_ramp_epochs * steps_per_epoch),
-            label_smoothing=config.optim.label_smoothing,
-            grad_clip=config.optim.grad_clip,
-            bf16=config.optim.bf16,
-            channels_last=config.optim.channels_last,
-            on_nonfinite=config.on_nonfinite,
-        )
+        settings = _step_settings(config, steps_per_epoch)
 
         # -- run directory, or the state of the interrupted run
-        epoch = step = skipped_total = 0
-        seconds = 0.0
+        run = _open_run_directory(config, path, group, resume=resume)
+        epoch, step, seconds, skipped = 0, 0, 0.0, 0
         if resume:
-            run = Run(path, config)
-            if run.checkpoint.is_file():
-                state = load_checkpoint(run.checkpoint)
-                if state["config"] != to_dict(config):
-                    raise ValueError(f"{run.checkpoint} was saved by another config than {path}")
-                _check_progress(state, run.checkpoint, config.optim.epochs)
-                load_model_state(model, state["model"])
-                optimizer.load_state_dict(state["optimizer"])
-                schedule.load_state_dict(state["schedule"])
-                set_rng_state(state["rng"])
-                epoch, step = state["epoch"], state["step"]
-                seconds, skipped_total = state.get("seconds", 0.0), state.get("skipped_steps", 0)
-                say(f"resuming {path} after epoch {epoch} (step {step})")
-            else:  # stopped before its first checkpoint: the fresh start above is that run's
-                say(f"resuming {path}: no checkpoint yet, starting from epoch 1")
+            epoch, step, seconds, skipped = _resume_state(run, model, optimizer, schedule, say)
             if group.is_main:
-                run.truncate_metrics(epoch)
-                for tmp in remove_stale_temporaries(path):  # left by a kill mid-write
-                    say(f"removed {tmp.name}, a temporary file an interrupted write left")
-        elif group.is_main:
-            run = create_run(config, path)
-        else:
-            run = Run(path, config)
+                _discard_after_checkpoint(run, epoch, say)
         group.barrier("waiting for rank 0 to prepare the run directory")
-        params = sum(p.numel() for p in model.parameters())
-        say(
-            f"run {run.path}: {config.method.name} over {config.model.backbone}, {params:,} "
-            f"parameters ({trainable:,} trainable), {steps_per_epoch} steps per epoch on {device}"
-        )
+        say(_run_line(run, model, trainable, steps_per_epoch, device))
         say(f"parameter groups: {_describe_groups(groups)}")
-        # DDP averages gradients over the ranks. The diversity loss is a function of the
-        # parameters alone, identical on every rank, so averaging leaves its gradient as it is;
-        # the task loss is a mean over the rank's B/N examples, so the average is the gradient
-        # of the global batch's mean. Every parameter is used in every forward pass, hence
-        # find_unused_parameters=False. Checkpoints hold the plain model's state.
-        replicated = model
-        if group.enabled:
-            index = next(model.parameters()).device.index  # "cuda" resolved to its index
-            replicated = DistributedDataParallel(
-                model,
-                device_ids=[index] if device.type == "cuda" else None,
-                find_unused_parameters=False,
-            )
+        replicated = _wrap_ddp(model, group, device)  # checkpoints hold the plain model's state
         forward = _CompiledOrEager(replicated) if config.optim.compile else replicated
 
         # -- training
         while epoch < config.optim.epochs:
             loaded.train.set_epoch(epoch)
-            batches = _progress(
-                loaded.train, progress and group.is_main, f"epoch {epoch + 1}/{config.optim.epochs}"
-            )
-            try:
-                with distributed.guard(group, f"epoch {epoch + 1} (gradient all-reduce)"):
-                    stats = run_epoch(
-                        model,
-                        batches,
-                        optimizer,
-                        schedule,
-                        settings,
-                        epoch=epoch,
-                        step=step,
-                        forward=forward,
-                    )
-            except NonFiniteLossError as error:
-                kept = (
-                    f"the last good checkpoint is {run.checkpoint}"
-                    if run.checkpoint.is_file()
-                    else "no checkpoint was saved before it"
+            description = f"epoch {epoch + 1}/{config.optim.epochs}"
+            batches = _progress(loaded.train, progress and group.is_main, description)
+            all_reduce = f"epoch {epoch + 1} (gradient all-reduce)"
+            with _naming_last_checkpoint(run), distributed.guard(group, all_reduce):
+                stats = run_epoch(
+                    model,
+                    batches,
+                    optimizer,
+                    schedule,
+                    settings,
+                    epoch=epoch,
+                    step=step,
+                    forward=forward,
                 )
-                raise NonFiniteLossError(f"{error}. Training stopped; {kept}.") from error
             epoch, step = epoch + 1, step + stats.steps
-            seconds, skipped_total = seconds + stats.seconds, skipped_total + stats.skipped
+            seconds, skipped = seconds + stats.seconds, skipped + stats.skipped
             # Equal shards: the mean of the ranks' means is the mean over the global batches.
             task_loss = group.mean(stats.task_loss, f"averaging epoch {epoch}'s loss")
             if not group.is_main:
                 continue
-            record: dict[str, Any] = {
-                "epoch": epoch,
-                "step": step,
-                "task_loss": task_loss,
-                "lr": stats.lr,
-                "grad_norm": stats.grad_norm,
-                "skipped_steps": stats.skipped,
-                "seconds": stats.seconds,
-            }
-            if snens_method:  # the realized allocation, to report next to k*(τ)
-                record["diversity_loss"] = stats.diversity_loss
-                record["diversity_gain"] = diversity_gain(model, config.method.temperature)
-                record["effective_members"] = mean_effective_members(model)
-            if loaded.validation is not None:  # the learning curve, on held-out training data
-                record.update(_validation_metrics(model, loaded.validation, _CURVE_METRICS))
-            if config.eval_every and epoch % config.eval_every == 0:
-                quick = evaluate(model, loaded.test)
-                record.update({k: quick[k] for k in ("test/accuracy", "test/nll", "test/ece")})
-            bad = loaded.bad_images()
-            if bad is not None:  # class folders: undecodable images read as another of their class
-                record["bad_images"] = len(bad)
+            record, bad = _epoch_record(config, model, loaded, stats, epoch, step, task_loss)
             run.log(record)
             say(_epoch_line(record, config.optim.epochs))
             if bad:
-                say(
-                    f"{len(bad)} undecodable images so far, each read as the next image of its "
-                    f"class (e.g. {', '.join(list(bad)[:3])}); final.json lists them all, and "
-                    "data.on_bad_image=\"raise\" stops at the first"
-                )
+                say(_bad_images_line(bad))
             if epoch % config.checkpoint_every == 0 or epoch == config.optim.epochs:
-                with run.writing(run.checkpoint):
-                    save_checkpoint(
-                        run.checkpoint,
-                        {
-                            "model": model.state_dict(),
-                            "optimizer": optimizer.state_dict(),
-                            "schedule": schedule.state_dict(),
-                            "rng": rng_state(),
-                            "epoch": epoch,
-                            "step": step,
-                            "config": to_dict(config),
-                            "seconds": seconds,
-                            "skipped_steps": skipped_total,
-                        },
-                    )
+                _save_checkpoint(run, model, optimizer, schedule, epoch, step, seconds, skipped)
 
         # -- evaluation, on rank 0 over the full test set: its model holds the weights every
         # rank holds, and its norm statistics are the ones the checkpoint saves. The ranks
@@ -565,28 +465,235 @@ def _train(
         distributed.leave(group, "finishing training")
         if not group.is_main:
             return run.path
-        results = evaluate(model, loaded.test, ood=loaded.ood, corruptions=loaded.corruptions)
-        if loaded.validation is not None:
-            results.update(_validation_metrics(model, loaded.validation))
-        final: dict[str, Any] = {
-            "metrics": results,
-            "model": _model_summary(model, config),
-            "train": {
-                "epochs": epoch,
-                "steps": step,
-                "skipped_steps": skipped_total,
-                "seconds": seconds,
-            },
-        }
-        bad = loaded.bad_images()
-        if bad is not None:  # in this process's life: a resumed run counts from its restart
-            final["data"] = {"bad_images": bad}
+        final = _final_results(config, model, loaded, epoch, step, seconds, skipped)
         run.write_final(final)
-        say(
-            f"done: test accuracy {results['test/accuracy']:.4f}, NLL {results['test/nll']:.4f}, "
-            f"ECE {results['test/ece']:.4f}; {run.path / 'final.json'}"
-        )
+        say(_done_line(final["metrics"], run.path / "final.json"))
     return run.path
+
+
+def _run_line(
+    run: Run, model: nn.Module, trainable: int, steps_per_epoch: int, device: torch.device
+) -> str:
+    """The first line logged: the run, its method and backbone, its size and its device."""
+    params = sum(p.numel() for p in model.parameters())
+    return (
+        f"run {run.path}: {run.config.method.name} over {run.config.model.backbone}, {params:,} "
+        f"parameters ({trainable:,} trainable), {steps_per_epoch} steps per epoch on {device}"
+    )
+
+
+def _done_line(results: Mapping[str, float], final: Path) -> str:
+    """The last line logged: the headline test metrics and where final.json is."""
+    return (
+        f"done: test accuracy {results['test/accuracy']:.4f}, NLL {results['test/nll']:.4f}, "
+        f"ECE {results['test/ece']:.4f}; {final}"
+    )
+
+
+def _check_start(
+    config: RunConfig, group: distributed.Context, path: Path, *, resume: bool
+) -> RunConfig:
+    """Fail before loading anything; return the config to train with (a resumed run's own)."""
+    if group.enabled:
+        distributed.local_batch_size(config.data.batch_size, group.world_size)
+        if config.on_nonfinite == "skip":
+            raise ValueError(
+                'on_nonfinite = "skip" is not supported under torchrun: a rank that skips '
+                "its backward pass would leave the others waiting in the gradient all-reduce; "
+                'use "stop"'
+            )
+    # An unwritable output directory, a name already taken (checked by rank 0, which writes the
+    # run; opening a run to resume it records the resume in provenance.json).
+    if group.is_main:
+        if resume:
+            return open_run(path, config).config
+        check_new_run(path)
+    return config
+
+
+def _step_settings(config: RunConfig, steps_per_epoch: int) -> StepSettings:
+    """The training step's settings (no diversity loss but for σN-Ens)."""
+    return StepSettings(
+        temperature=config.method.temperature,
+        diversity_weight=config.method.diversity_weight if config.method.name == "snens" else 0.0,
+        diversity_ramp_steps=round(config.method.diversity_ramp_epochs * steps_per_epoch),
+        label_smoothing=config.optim.label_smoothing,
+        grad_clip=config.optim.grad_clip,
+        bf16=config.optim.bf16,
+        channels_last=config.optim.channels_last,
+        on_nonfinite=config.on_nonfinite,
+    )
+
+
+def _open_run_directory(
+    config: RunConfig, path: Path, group: distributed.Context, *, resume: bool
+) -> Run:
+    """The run directory: created by rank 0 for a new run, else the existing one, opened."""
+    if group.is_main and not resume:
+        return create_run(config, path)
+    return Run(path, config)
+
+
+def _resume_state(
+    run: Run,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    schedule: torch.optim.lr_scheduler.LambdaLR,
+    say: Callable[[str], None],
+) -> tuple[int, int, float, int]:
+    """Load and check ``last.pt`` into model, optimizer, schedule and RNGs; return its counters."""
+    if not run.checkpoint.is_file():  # stopped before its first checkpoint: start it afresh
+        say(f"resuming {run.path}: no checkpoint yet, starting from epoch 1")
+        return 0, 0, 0.0, 0
+    state = load_checkpoint(run.checkpoint)
+    if state["config"] != to_dict(run.config):
+        raise ValueError(f"{run.checkpoint} was saved by another config than {run.path}")
+    _check_progress(state, run.checkpoint, run.config.optim.epochs)
+    load_model_state(model, state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    schedule.load_state_dict(state["schedule"])
+    set_rng_state(state["rng"])
+    epoch, step = state["epoch"], state["step"]
+    say(f"resuming {run.path} after epoch {epoch} (step {step})")
+    return epoch, step, state.get("seconds", 0.0), state.get("skipped_steps", 0)
+
+
+def _discard_after_checkpoint(run: Run, epoch: int, say: Callable[[str], None]) -> None:
+    """Drop the metrics of epochs after ``epoch`` and the temporary files a kill left."""
+    run.truncate_metrics(epoch)
+    for tmp in remove_stale_temporaries(run.path):  # left by a kill mid-write
+        say(f"removed {tmp.name}, a temporary file an interrupted write left")
+
+
+def _wrap_ddp(model: nn.Module, group: distributed.Context, device: torch.device) -> nn.Module:
+    """The model in DistributedDataParallel under torchrun; the model itself otherwise."""
+    if not group.enabled:
+        return model
+    # DDP averages gradients over the ranks. The diversity loss is a function of the
+    # parameters alone, identical on every rank, so averaging leaves its gradient as it is;
+    # the task loss is a mean over the rank's B/N examples, so the average is the gradient
+    # of the global batch's mean. Every parameter is used in every forward pass, hence
+    # find_unused_parameters=False.
+    index = next(model.parameters()).device.index  # "cuda" resolved to its index
+    return DistributedDataParallel(
+        model,
+        device_ids=[index] if device.type == "cuda" else None,
+        find_unused_parameters=False,
+    )
+
+
+@contextlib.contextmanager
+def _naming_last_checkpoint(run: Run) -> Iterator[None]:
+    """Add to a :class:`NonFiniteLossError`'s message that training stopped, and what was kept."""
+    try:
+        yield
+    except NonFiniteLossError as error:
+        kept = (
+            f"the last good checkpoint is {run.checkpoint}"
+            if run.checkpoint.is_file()
+            else "no checkpoint was saved before it"
+        )
+        raise NonFiniteLossError(f"{error}. Training stopped; {kept}.") from error
+
+
+def _epoch_record(
+    config: RunConfig,
+    model: nn.Module,
+    loaded: Data,
+    stats: EpochStats,
+    epoch: int,
+    step: int,
+    task_loss: float,
+) -> tuple[dict[str, Any], dict[str, str] | None]:
+    """The epoch's metrics.jsonl record, and the undecodable images so far (None: no folders)."""
+    record: dict[str, Any] = {
+        "epoch": epoch,
+        "step": step,
+        "task_loss": task_loss,
+        "lr": stats.lr,
+        "grad_norm": stats.grad_norm,
+        "skipped_steps": stats.skipped,
+        "seconds": stats.seconds,
+    }
+    if config.method.name == "snens":  # the realized allocation, to report next to k*(τ)
+        record["diversity_loss"] = stats.diversity_loss
+        record["diversity_gain"] = diversity_gain(model, config.method.temperature)
+        record["effective_members"] = mean_effective_members(model)
+    if loaded.validation is not None:  # the learning curve, on held-out training data
+        record.update(_validation_metrics(model, loaded.validation, _CURVE_METRICS))
+    if config.eval_every and epoch % config.eval_every == 0:
+        quick = evaluate(model, loaded.test)
+        record.update({k: quick[k] for k in ("test/accuracy", "test/nll", "test/ece")})
+    bad = loaded.bad_images()  # after the evaluations above, which read images too
+    if bad is not None:  # class folders: undecodable images read as another of their class
+        record["bad_images"] = len(bad)
+    return record, bad
+
+
+def _bad_images_line(bad: Mapping[str, str]) -> str:
+    """The warning logged after an epoch that found undecodable images."""
+    return (
+        f"{len(bad)} undecodable images so far, each read as the next image of its "
+        f"class (e.g. {', '.join(list(bad)[:3])}); final.json lists them all, and "
+        'data.on_bad_image="raise" stops at the first'
+    )
+
+
+def _save_checkpoint(
+    run: Run,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    schedule: torch.optim.lr_scheduler.LambdaLR,
+    epoch: int,
+    step: int,
+    seconds: float,
+    skipped_steps: int,
+) -> None:
+    """Write ``last.pt`` atomically: everything a resumed run needs to go on as this one."""
+    with run.writing(run.checkpoint):
+        save_checkpoint(
+            run.checkpoint,
+            {
+                "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "schedule": schedule.state_dict(),
+                "rng": rng_state(),
+                "epoch": epoch,
+                "step": step,
+                "config": to_dict(run.config),
+                "seconds": seconds,
+                "skipped_steps": skipped_steps,
+            },
+        )
+
+
+def _final_results(
+    config: RunConfig,
+    model: nn.Module,
+    loaded: Data,
+    epoch: int,
+    step: int,
+    seconds: float,
+    skipped_steps: int,
+) -> dict[str, Any]:
+    """final.json: the full evaluation, the model's size and the training counters."""
+    results = evaluate(model, loaded.test, ood=loaded.ood, corruptions=loaded.corruptions)
+    if loaded.validation is not None:
+        results.update(_validation_metrics(model, loaded.validation))
+    final: dict[str, Any] = {
+        "metrics": results,
+        "model": _model_summary(model, config),
+        "train": {
+            "epochs": epoch,
+            "steps": step,
+            "skipped_steps": skipped_steps,
+            "seconds": seconds,
+        },
+    }
+    bad = loaded.bad_images()
+    if bad is not None:  # in this process's life: a resumed run counts from its restart
+        final["data"] = {"bad_images": bad}
+    return final
 
 
 def _check_progress(state: Mapping[str, Any], checkpoint: Path, epochs: int) -> None:
