@@ -5,6 +5,9 @@ half-written is left behind and nothing saved is lost."""
 import errno
 import json
 import os
+import socket
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -247,6 +250,70 @@ def test_a_model_that_cannot_be_copied_gets_a_clear_error():
     torch.testing.assert_close(ens(x), expected.expand(4, -1, -1), rtol=1e-5, atol=1e-6)
 
 
+# -- two processes, one run being trained -------------------------------------------------
+
+
+def test_a_run_being_trained_is_refused_to_a_second_trainer(finished, capsys):
+    """A --resume (or a second sweep) while the first process still trains the run used to
+    train it a second time, both writing its checkpoints; now the run lock refuses it, naming
+    the process, and leaves every file of the run as it was."""
+    before = {p.name: p.read_bytes() for p in finished.iterdir() if p.is_file()}
+    config = load_config(finished / CONFIG)
+    me = f"{socket.gethostname()} {os.getpid()}"
+    with snens.runs.hold_run(finished):
+        with pytest.raises(snens.runs.RunInUseError) as err:
+            train(config, resume=True, run_dir=finished, progress=False, log=None)
+        assert str(err.value).startswith(f"the run {finished} is in use by {me} (lock ")
+        assert main(["train", "--resume", str(finished), "--no-progress"]) == 2
+        assert f"is in use by {me}" in capsys.readouterr().err
+    after = {p.name: p.read_bytes() for p in finished.iterdir() if p.is_file()}
+    assert after == before  # provenance.json not even stamped with a resume
+
+
+def test_two_sweeps_over_one_grid_share_it_out(tmp_path):
+    """The same `snens sweep` in two shells: each run is trained once, by one of them (none
+    resumed, none failed), and both exit 0."""
+    out = tmp_path / "grid"
+    command = [
+        sys.executable,
+        "-m",
+        "snens",
+        "sweep",
+        "--preset",
+        "fashion_mnist_small_cnn_tiny",
+        "--set",
+        "threads=1",
+        "--set",
+        "data.train_examples=200",
+        "--set",
+        "data.test_examples=100",
+        "--set",
+        "data.ood_examples=100",
+        "--set",
+        "optim.epochs=1",
+        "--grid",
+        "seed=0,1,2,3",
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = [
+        subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        for _ in range(2)
+    ]
+    logs = [p.communicate(timeout=600)[0].decode() for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], logs
+    runs = sorted(out.glob("seed=*"))
+    assert [r.name for r in runs] == ["seed=0", "seed=1", "seed=2", "seed=3"]
+    for run in runs:
+        assert (run / "final.json").is_file() and not (run / snens.runs.LOCK).exists()
+        assert json.loads((run / "provenance.json").read_text()).get("resumed", []) == []
+    lines = [line for log in logs for line in log.splitlines()]
+    assert sum(": finished in" in line for line in lines) == 4, logs  # each run by one of them
+    assert not any("FAILED" in line for line in lines), logs
+
+
 # -- inputs the model cannot take -----------------------------------------------------------
 
 
@@ -304,11 +371,13 @@ def test_input_on_another_device_is_named_with_the_fix():
 
 
 def test_a_meta_model_runs_meta_inputs_for_shapes():
-    """Shape inference on the meta device: "auto" replication cannot compare two runs' values
-    there (it failed in torch.nonzero), so the run takes eager repetition, undecided."""
+    """Shape inference on the meta device: each forward, in training and in eval, runs the
+    model once, on the batch repeated to (M·B, …) at the input."""
     model = _small_ensemble("meta")
+    rows = []
+    model.model.register_forward_hook(lambda module, args, out: rows.append(args[0].shape[0]))
     out = model(torch.randn(6, 3, 8, 8, device="meta"))
     assert out.shape == (4, 6, 10) and out.is_meta
-    assert model.replication == "auto"  # decided later, on real data
     model.eval()
     assert model(torch.randn(6, 3, 8, 8, device="meta")).shape == (4, 6, 10)
+    assert rows == [4 * 6, 4 * 6]

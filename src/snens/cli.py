@@ -166,6 +166,13 @@ def _sweep(args: argparse.Namespace) -> int:
         print(f"snens sweep: {error}", file=sys.stderr)
         return 2
     print(f"snens sweep: {result.csv}")
+    if result.busy:
+        print(
+            f"snens sweep: {len(result.busy)} of {len(runs)} runs were being trained by other "
+            f"processes ({', '.join(sorted(set(result.busy.values())))}); the last process to "
+            "finish writes the complete sweep.csv",
+            flush=True,
+        )
     if result.failed:
         print(f"snens sweep: {len(result.failed)} of {len(runs)} runs failed:", file=sys.stderr)
         for name, error in result.failed.items():

@@ -27,17 +27,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from snens import locks
 from snens.checkpoint import atomic_write
 from snens.config import RunConfig, load_config, to_dict, to_toml
 
 __all__ = [
     "Run",
     "RunDirError",
+    "RunInUseError",
     "check_new_run",
     "check_writable",
     "config_differences",
     "create_run",
     "git_sha",
+    "hold_run",
     "open_run",
     "provenance",
     "read_metrics",
@@ -49,10 +52,42 @@ PROVENANCE = "provenance.json"
 METRICS = "metrics.jsonl"
 FINAL = "final.json"
 LAST = "last.pt"
+#: Held (``fcntl.flock``) by the process training the run; gone when it ends, however it ends.
+LOCK = "run.lock"
 
 
 class RunDirError(OSError):
     """The run directory cannot be used: not writable, already holding a run, or not a run."""
+
+
+class RunInUseError(RunDirError):
+    """Another live process is training this run; ``holder`` names it (``"host pid"``)."""
+
+    def __init__(self, message: str, holder: str) -> None:
+        super().__init__(message)
+        self.holder = holder
+
+
+@contextlib.contextmanager
+def hold_run(path: str | os.PathLike) -> Iterator[Path]:
+    """Hold ``path/run.lock`` while the block runs, so that no second process trains the run
+    (two ``snens sweep`` over one grid, a ``--resume`` while the first still runs).
+
+    Raises:
+        RunInUseError: a live process holds it; the message names the process.
+        RunDirError: the directory cannot be created or written.
+    """
+    path = check_writable(path)
+    with contextlib.ExitStack() as stack:
+        try:
+            lock = stack.enter_context(locks.hold(path / LOCK, f"the run {path}"))
+        except locks.LockHeldError as error:
+            raise RunInUseError(str(error), error.holder) from None
+        except OSError as error:
+            raise RunDirError(
+                error.errno, f"cannot take the lock of the run {path} ({error.strerror or error})"
+            ) from error
+        yield lock
 
 
 def _json_safe(value: Any) -> Any:

@@ -404,9 +404,16 @@ class SweepResult:
     failed: dict[str, str]
     trained: list[str]
     csv: Path
+    busy: dict[str, str] = dataclasses.field(default_factory=dict)  # run name → its holder
 
 
-def _rows(runs: Sequence[SweepRun], failed: Mapping[str, str], keys: Sequence[str]) -> list[dict]:
+def _rows(
+    runs: Sequence[SweepRun],
+    failed: Mapping[str, str],
+    keys: Sequence[str],
+    busy: Mapping[str, str] | None = None,
+) -> list[dict]:
+    busy = busy or {}
     rows = []
     for run in runs:
         row: dict[str, Any] = {"run": run.name}
@@ -420,7 +427,13 @@ def _rows(runs: Sequence[SweepRun], failed: Mapping[str, str], keys: Sequence[st
                 row["status"] = "done"
                 row.update(values)
         else:
-            row["status"] = "failed" if run.name in failed else "pending"
+            row["status"] = (
+                "failed"
+                if run.name in failed
+                else f"in use by {busy[run.name]}"
+                if run.name in busy
+                else "pending"
+            )
         rows.append(row)
     return rows
 
@@ -437,7 +450,8 @@ def run_sweep(
     """Train the runs of :func:`plan` one after the other, skipping and resuming as planned.
 
     A run that raises is reported and the sweep goes on; ``sweep.csv`` is rewritten after
-    every run.
+    every run. A run another live process is training (its ``run.lock`` held) is left to it:
+    so the same command started in two shells shares the grid out, one run per process.
 
     Args:
         runs: from :func:`plan`.
@@ -450,12 +464,13 @@ def run_sweep(
     Raises:
         RunDirError: ``out`` is not writable (before any run).
     """
-    from snens.runs import check_writable
+    from snens.runs import RunDirError, RunInUseError, check_writable
 
     if train is None:
         from snens.train import train
     out = check_writable(out)
     failed: dict[str, str] = {}
+    busy: dict[str, str] = {}
     trained: list[str] = []
     for i, run in enumerate(runs, 1):
         head = f"[{i}/{len(runs)}] {run.name}"
@@ -474,9 +489,16 @@ def run_sweep(
             train(config, resume=resume, progress=progress, run_dir=path, log=log)
             trained.append(run.name)
             log(f"{head}: finished in {time.perf_counter() - start:.1f} s")
+        except RunInUseError as error:  # another process trains it: leave it to that one
+            busy[run.name] = error.holder
+            log(f"{head}: in use by {error.holder}, left to it")
         except Exception as error:  # one failed run must not stop the others
-            failed[run.name] = f"{type(error).__name__}: {error}"
-            log(f"{head}: FAILED ({failed[run.name]})")
-        write_csv(out / CSV, _rows(runs, failed, keys))
-    csv_path = write_csv(out / CSV, _rows(runs, failed, keys))
-    return SweepResult(list(runs), failed, trained, csv_path)
+            if isinstance(error, RunDirError) and (path / FINAL).is_file():
+                # another process finished it between our look and our start
+                log(f"{head}: finished meanwhile by another process")
+            else:
+                failed[run.name] = f"{type(error).__name__}: {error}"
+                log(f"{head}: FAILED ({failed[run.name]})")
+        write_csv(out / CSV, _rows(runs, failed, keys, busy))
+    csv_path = write_csv(out / CSV, _rows(runs, failed, keys, busy))
+    return SweepResult(list(runs), failed, trained, csv_path, busy)

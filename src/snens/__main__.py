@@ -1,0 +1,7 @@
+"""``python -m snens``: the ``snens`` command line, where the console script is not on PATH."""
+
+import sys
+
+from snens.cli import main
+
+sys.exit(main())
