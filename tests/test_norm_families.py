@@ -5,6 +5,7 @@ LayerNorm2d, ConvNextLayerNorm) and user-registered norms. Models are tiny rando
 from their config classes, with randomized norm weights so that a plain identity cannot pass.
 """
 
+import copy
 import itertools
 import pickle
 
@@ -482,3 +483,25 @@ def test_a_registered_conversion_must_return_a_member_norm():
     snn.register_norm(AttributelessNorm, snn.MemberLayerNorm)
     with pytest.raises(TypeError, match=r"cannot convert 1 \(AttributelessNorm\).*from_plain="):
         snens.convert(nn.Sequential(nn.Linear(4, 4), AttributelessNorm()), 2)
+
+
+@pytest.mark.parametrize("cls", list(RMS_CLASSES), ids=lambda c: c.__name__)
+def test_a_model_holding_an_hf_member_norm_moves_and_casts(cls):
+    """The member's formula had been a method named ``_apply``, which overrides
+    ``nn.Module._apply``: ``.to()``, ``.double()`` or ``.cuda()`` of any model holding one
+    failed with a TypeError. Moved and cast, it still equals the plain norm cast alike."""
+    plain = _random_rms(cls)
+    model = nn.Sequential(nn.Linear(24, 24), _convert(plain)).eval()
+    reference = nn.Sequential(copy.deepcopy(model[0]), copy.deepcopy(plain)).eval()
+    model.to("cpu").double()
+    reference.double()
+    assert all(p.dtype == torch.float64 for p in model.parameters())
+    x = torch.randn(B, 5, 24, dtype=torch.float64)
+    with torch.no_grad():
+        out = model(x.repeat(M, 1, 1)).unflatten(0, (M, -1))
+        for m in range(M):
+            member = nn.Sequential(model[0], model[1].to_plain(m))  # its folded float64 scale
+            exact = 1e-12 if cls is not GemmaRMSNorm else 1e-6  # Gemma stores scale − 1
+            torch.testing.assert_close(out[m], member(x), rtol=exact, atol=exact)
+            # the fold weight/σ(γ_m) was rounded in float32 before the cast
+            torch.testing.assert_close(out[m], reference(x), rtol=1e-6, atol=1e-6)

@@ -5,8 +5,8 @@ statistics over those rows, keeps its own running mean and variance (rows of (M,
 and applies its folded affine sigmoid(gamma_m)·weight_m, sigmoid(gamma_m)·bias_m. On CPU,
 contiguous float32/64 inputs go through the fused kernel of :mod:`snens.nn.fused` (all members
 in one call); other CPU inputs run the native batch-norm kernel per member straight into its
-slice of one preallocated output; other devices, and ``torch.compile``, the per-member loop of
-``F.batch_norm``.
+slice of one preallocated output; other devices, ``torch.compile`` and ``torch.func``, the
+per-member loop of ``F.batch_norm`` (``_MemberBatchNorm._normalize`` lists the conditions).
 """
 
 from __future__ import annotations
@@ -246,36 +246,50 @@ class _MemberBatchNorm(MemberNorm):
         return self.momentum
 
     def _normalize(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
-        use_batch_stats = self.training or not self.track_running_stats
+        """Batch norm of each member's rows: counts the batch, then the first path that applies.
+
+        1. fused (:func:`snens.nn.fused.member_batch_norm`, every (member, channel) in one
+           call): M > 1, CPU, contiguous, float32/64 with x and scale of one dtype, non-empty,
+           kernels built and ``SNENS_FUSED`` ≠ 0, neither traced by ``torch.compile``/
+           ``torch.export`` nor inside a ``torch.func`` transform. Why: path 2 needs one call
+           per member on quarter-size tensors and a copy of each member's input gradient
+           (1.1–1.3× a plain BatchNorm2d forward + backward, 1.4–1.5× an eval forward; fused
+           0.88× and 0.91×, ``results/bench_cpu.md``).
+        2. native out= (:func:`_member_batch_norm`: ``native_batch_norm.out`` per member into
+           one output, inside :class:`_MemberBatchNormFunction` where a gradient is wanted, else
+           called directly): M > 1, CPU, non-empty, not traced nor transformed, where path 1
+           does not apply: channels-last or strided inputs, bf16/fp16 or mixed dtypes, kernels
+           unavailable or ``SNENS_FUSED=0``. Why: no concatenation (eval forward 1.9× → 1.1× a
+           plain BatchNorm2d).
+        3. reference (:meth:`_reference`): everything else: M = 1, CUDA and other devices (the
+           out= kernel's saved-statistics dtypes are pinned down for CPU kernels only), empty
+           inputs, ``torch.compile``/``torch.export`` (an exported graph holds only standard
+           ops) and ``torch.func`` (the autograd functions have no vmap or jvp rules).
+        """
         if self.training and self.track_running_stats:
             self.num_batches_tracked.add_(1)  # this batch, as torch.nn.BatchNorm counts it
-        momentum = self._momentum()
-        tracked = self.track_running_stats
         # CPU only: the out= kernel's saved-statistics dtypes are pinned down for CPU kernels.
-        fast = x.device.type == "cpu" and x.numel() > 0 and not custom_functions_unavailable(x)
-        if self.num_members > 1 and fast:
-            rows = x.shape[0] // self.num_members
-            if use_batch_stats and rows * math.prod(x.shape[2:]) == 1:
-                # the check F.batch_norm makes on each member's rows
-                raise ValueError(
-                    "Expected more than 1 value per channel when training, got input size "
-                    f"{torch.Size((rows, *x.shape[1:]))}"
-                )
-            args = (
-                scale,
-                shift,
-                self.running_mean if tracked else None,
-                self.running_var if tracked else None,
-                use_batch_stats,
-                momentum,
-                self.eps,
-                self.num_members,
-            )
-            if fused.applies_batch_norm(x, scale):  # one kernel for all members, no copies
-                return fused.member_batch_norm(x, *args)
-            if not needs_grad(x, scale, shift):
-                return _member_batch_norm(_dense(x), *args)[0]
-            return _MemberBatchNormFunction.apply(_dense(x), *args)
+        kernels = x.device.type == "cpu" and x.numel() > 0 and not custom_functions_unavailable(x)
+        if self.num_members == 1 or not kernels:
+            return self._reference(x, scale, shift)
+        self._check_values_per_channel(x)
+        args = self._kernel_args(scale, shift)
+        if fused.applies_batch_norm(x, scale):  # one kernel for all members, no copies
+            return fused.member_batch_norm(x, *args)
+        if not needs_grad(x, scale, shift):
+            return _member_batch_norm(_dense(x), *args)[0]
+        return _MemberBatchNormFunction.apply(_dense(x), *args)
+
+    def _reference(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
+        """``F.batch_norm`` on each member's rows with its folded affine and its rows of the
+        running statistics (views, updated in place in training), concatenated.
+
+        The running statistics' update factor comes from the current ``num_batches_tracked``
+        (``_normalize`` counts the batch first).
+        """
+        tracked = self.track_running_stats
+        use_batch_stats = self.training or not tracked
+        momentum = self._momentum()
         return self._per_member(
             x,
             scale,
@@ -290,6 +304,30 @@ class _MemberBatchNorm(MemberNorm):
                 momentum,
                 self.eps,
             ),
+        )
+
+    def _check_values_per_channel(self, x: Tensor) -> None:
+        """The check ``F.batch_norm`` makes on each member's rows, for the kernel paths."""
+        rows = x.shape[0] // self.num_members
+        if (self.training or not self.track_running_stats) and rows * math.prod(x.shape[2:]) == 1:
+            raise ValueError(
+                "Expected more than 1 value per channel when training, got input size "
+                f"{torch.Size((rows, *x.shape[1:]))}"
+            )
+
+    def _kernel_args(self, scale: Tensor, shift: Tensor | None) -> tuple:
+        """The arguments after x of the fused and out= paths: the affine, the running
+        statistics, whether to use batch statistics, the update factor, eps, M."""
+        tracked = self.track_running_stats
+        return (
+            scale,
+            shift,
+            self.running_mean if tracked else None,
+            self.running_var if tracked else None,
+            self.training or not tracked,
+            self._momentum(),
+            self.eps,
+            self.num_members,
         )
 
     def _load_from_state_dict(

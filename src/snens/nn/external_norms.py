@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from snens.nn import fused
 from snens.nn.norms import MemberNorm
 from snens.nn.per_example_norms import MemberLayerNorm
 
@@ -383,8 +384,28 @@ class MemberLayerNorm2d(_RebuildsPlain, MemberLayerNorm):
             )
 
     def _normalize(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
+        """:class:`MemberLayerNorm`'s paths, in its order and on its conditions, on the
+        channels-last view (M·B, *, C).
+
+        1. fused (:func:`snens.nn.fused.member_layer_norm` on the view): M > 1, CPU,
+           float32/64 with x and scale of one dtype, non-empty, kernels built and
+           ``SNENS_FUSED`` ≠ 0, neither traced by ``torch.compile``/``torch.export`` nor
+           inside a ``torch.func`` transform (why: :meth:`MemberLayerNorm._normalize`).
+        2. reference (:meth:`_reference`): everything else.
+        """
+        view = x.movedim(1, -1)  # (M·B, C, *) -> (M·B, *, C)
+        if self.num_members > 1 and fused.applies(view, scale):
+            y = fused.member_layer_norm(
+                view, scale, shift, self.normalized_shape, self.eps, self.num_members
+            )
+            return y.movedim(-1, 1)
+        return self._reference(x, scale, shift)
+
+    def _reference(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
+        """:meth:`MemberLayerNorm._reference` (``F.layer_norm`` over C of each member's rows)
+        on the channels-last view, moved back."""
         # (M·B, C, *) -> (M·B, *, C) -> normalized over C -> (M·B, C, *)
-        return super()._normalize(x.movedim(1, -1), scale, shift).movedim(-1, 1)
+        return super()._reference(x.movedim(1, -1), scale, shift).movedim(-1, 1)
 
     @classmethod
     def from_plain(
@@ -440,8 +461,9 @@ class _MemberHFRMSNorm(_RebuildsPlain, MemberNorm):
     """Shared body of the member versions of Hugging Face's RMS norms.
 
     Member m computes ``formula(x_m, scale_m, eps)`` with its folded scale
-    sigmoid(gamma_m)·weight_m: all members at once, the (M·B, …, C) input viewed as
-    (M, B, …, C) and the scales as (M, 1, …, C), which is each member's formula elementwise.
+    sigmoid(gamma_m)·weight_m (:meth:`_reference`); ``_normalize`` computes all members at
+    once, the (M·B, …, C) input viewed as (M, B, …, C) and the scales as (M, 1, …, C), which is
+    each member's formula elementwise.
     """
 
     has_bias = False
@@ -476,8 +498,10 @@ class _MemberHFRMSNorm(_RebuildsPlain, MemberNorm):
         self.plain_options: dict[str, Any] = {}
         self.reset_parameters()
 
+    # the formula's function; not named _apply, which is nn.Module's (.to() and .float() call
+    # it on every submodule)
     @staticmethod
-    def _apply(x: Tensor, scale: Tensor, eps: float) -> Tensor:
+    def _rms_norm(x: Tensor, scale: Tensor, eps: float) -> Tensor:
         raise NotImplementedError
 
     def _check_input(self, x: Tensor) -> None:
@@ -488,10 +512,20 @@ class _MemberHFRMSNorm(_RebuildsPlain, MemberNorm):
             )
 
     def _normalize(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
+        """One path for every input: the formula once, over (M, B, …, C) with the member
+        scales broadcast as (M, 1, …, C). Its reductions are over C, row by row, so this is
+        :meth:`_reference`'s arithmetic elementwise, without the per-member calls and the
+        concatenation."""
         M = self.num_members
         rows = x.unflatten(0, (M, -1))  # (M·B, …, C) -> (M, B, …, C)
         scale = scale.view(M, *(1,) * (x.dim() - 1), self.hidden_size)
-        return self._apply(rows, scale, self.eps).flatten(0, 1)
+        return self._rms_norm(rows, scale, self.eps).flatten(0, 1)
+
+    def _reference(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
+        """The formula on each member's rows with its folded scale, concatenated."""
+        return self._per_member(
+            x, scale, None, lambda rows, m, scale_m, _: self._rms_norm(rows, scale_m, self.eps)
+        )
 
     @classmethod
     def from_plain(
@@ -551,7 +585,7 @@ class MemberLlamaRMSNorm(_MemberHFRMSNorm):
     """
 
     formula = "llama"
-    _apply = staticmethod(llama_rms_norm)
+    _rms_norm = staticmethod(llama_rms_norm)
 
 
 class MemberT5RMSNorm(_MemberHFRMSNorm):
@@ -571,7 +605,7 @@ class MemberT5RMSNorm(_MemberHFRMSNorm):
     """
 
     formula = "t5"
-    _apply = staticmethod(t5_rms_norm)
+    _rms_norm = staticmethod(t5_rms_norm)
 
 
 class MemberGemmaRMSNorm(_MemberHFRMSNorm):
@@ -593,7 +627,7 @@ class MemberGemmaRMSNorm(_MemberHFRMSNorm):
     """
 
     formula = "gemma"
-    _apply = staticmethod(gemma_rms_norm)
+    _rms_norm = staticmethod(gemma_rms_norm)
 
     @torch.no_grad()
     def load_plain_affine(self, weight: Tensor | None, bias: Tensor | None) -> None:

@@ -9,19 +9,24 @@ rows [m·B, (m+1)·B) of an (M·B, …) tensor belong to member m. The sigmoid s
 are folded into one per-member scale and shift before they touch the activations, and every
 member goes through a native fused norm kernel:
 
-* batch norms (statistics over each member's own rows, ``snens.nn.batch_norms``): one native
-  kernel per member writing straight into its slice of one preallocated output, inside an
-  autograd function whose backward runs the native backward kernel per member (CPU; other
-  devices take the per-member loop until this path is checked there);
+* batch norms (statistics over each member's own rows, ``snens.nn.batch_norms``): on the CPU,
+  all members in one call of snens' fused kernel (``snens.nn.fused``, contiguous float32/64,
+  built on first use), else one native kernel per member writing straight into its slice of
+  one preallocated output, inside an autograd function whose backward runs the native backward
+  kernel per member (other devices take the per-member loop until this path is checked there);
 * per-example norms (``snens.nn.per_example_norms``): group norm as one native kernel over the
   whole (M·B, …) tensor, viewed as a single example of M·B·C channels, so the per-member affine
   becomes a per-channel one; RMS norm in float32/64 as one un-weighted kernel and a broadcast
   member weight; layer norm, whose affine over the normalized features no native kernel takes
-  per row, through snens' own fused CPU kernel (``snens.nn.fused``, float32/64, built on first
-  use) or else one native kernel per member's rows, then a concatenation.
+  per row, through the fused CPU kernel (float32/64) or else one native kernel per member's
+  rows, then a concatenation.
 
-Each fast path equals the per-member loop of plain norms (``tests/test_norms_fast.py``). Under
-``torch.compile`` and ``torch.export`` the plain loop is traced instead.
+Every member norm has one entry point, ``_normalize``, whose docstring lists its paths in the
+order they are tried, each with its condition and its measured reason, and one definition,
+``_reference``: the plain functional norm on each member's rows, concatenated. Each path equals
+``_reference`` (``tests/test_norm_dispatch.py``, ``tests/test_norms_fast.py``). Under
+``torch.compile`` and ``torch.export`` the fused and out= kernels stand aside for plain torch
+ops (the batch, layer and group norms trace ``_reference``).
 
 This module holds what every member norm shares: the base class :class:`MemberNorm` (gamma, the
 member affine, its folding, the plain-state migration) and the checks of M and of a member index.
@@ -121,8 +126,9 @@ def needs_grad(*tensors: Tensor | None) -> bool:
 class MemberNorm(nn.Module):
     """Base class of the member norms: owns gamma, the per-member affine and the state migration.
 
-    Subclasses set ``_stat_shape`` (the shape of one member's affine, e.g. ``(C,)``) and
-    implement ``_normalize(x, scale, shift)``.
+    Subclasses pass ``feature_shape`` (the shape of one member's affine, e.g. ``(C,)``) and
+    implement ``_check_input(x)`` and ``_reference(x, scale, shift)``, the layer's definition;
+    those with fast paths override ``_normalize(x, scale, shift)``, the dispatch among them.
 
     Attributes:
         gamma: importance logits, shape (M, *feature_shape); importance = sigmoid(gamma).
@@ -233,6 +239,22 @@ class MemberNorm(nn.Module):
         raise NotImplementedError
 
     def _normalize(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
+        """The one entry point of ``forward``: the first kernel path whose condition holds.
+
+        Families with fast paths override this with a short dispatch whose docstring lists the
+        paths in order, each with its condition and why; every path computes
+        :meth:`_reference`. Without an override, the reference runs.
+
+        Shape:
+            x: (M·B, …), member-major, checked. scale, shift: (M, *feature_shape) (shift None
+            without a bias). Output: like x.
+        """
+        return self._reference(x, scale, shift)
+
+    def _reference(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
+        """The layer's definition: the plain functional norm on each member's rows with that
+        member's folded affine (``scale[m]``, ``shift[m]``), concatenated, through
+        :meth:`_per_member`. The fast paths are tested equal to it."""
         raise NotImplementedError
 
     def _per_member(self, x: Tensor, scale: Tensor, shift: Tensor | None, normalize) -> Tensor:
@@ -240,10 +262,10 @@ class MemberNorm(nn.Module):
 
         Every member's rows go through the native, fused norm kernel with that member's folded
         affine; the only cost over the plain layer is the concatenation of the outputs. This is
-        the reference the fast paths are tested against, and the path traced under
-        ``torch.compile`` and ``torch.export``. Vectorized alternatives measured slower here:
-        ``var_mean`` over (M, B, …) views 1.6–2.5× a plain BatchNorm, one un-affine norm call
-        followed by a broadcast per-member affine 2–3×.
+        the loop of :meth:`_reference`, which the fast paths are tested against.
+        Vectorized alternatives measured slower here: ``var_mean`` over (M, B, …) views 1.6–2.5×
+        a plain BatchNorm, one un-affine norm call followed by a broadcast per-member affine
+        2–3×.
         """
         M = self.num_members
         # one unbind, not scale[m] per member: its backward is one stack instead of M zero-filled

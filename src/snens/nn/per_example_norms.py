@@ -1,7 +1,9 @@
 """Per-example member norms: LayerNorm, RMSNorm and GroupNorm with a member affine.
 
 Their statistics are per example (per row), so members share them and differ only in their
-folded affine sigmoid(gamma_m)·weight_m, sigmoid(gamma_m)·bias_m.
+folded affine sigmoid(gamma_m)·weight_m, sigmoid(gamma_m)·bias_m. Each class's ``_reference``
+is its definition (the plain functional norm on each member's rows); its ``_normalize`` lists
+the faster paths that compute the same, and when each runs.
 """
 
 from __future__ import annotations
@@ -81,10 +83,27 @@ class MemberLayerNorm(MemberNorm):
             )
 
     def _normalize(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
+        """Layer norm of each member's rows: the first path that applies.
+
+        1. fused (:func:`snens.nn.fused.member_layer_norm`, every row with its member's affine
+           in one pass): M > 1, CPU, float32/64 with x and scale of one dtype, non-empty,
+           kernels built and ``SNENS_FUSED`` ≠ 0, neither traced by ``torch.compile``/
+           ``torch.export`` nor inside a ``torch.func`` transform. Why: no native kernel takes
+           a per-row affine, so the reference runs one per member and concatenates (1.3–1.7× a
+           plain LayerNorm forward + backward, ~2× an eval forward; fused 1.0–1.1×).
+        2. reference (:meth:`_reference`): everything else: M = 1, CUDA and other devices,
+           bf16/fp16 (CPU autocast included) or mixed dtypes, empty inputs, kernels unavailable
+           or ``SNENS_FUSED=0``, ``torch.compile``/``torch.export`` and ``torch.func``.
+        """
         if self.num_members > 1 and fused.applies(x, scale):
             return fused.member_layer_norm(
                 x, scale, shift, self.normalized_shape, self.eps, self.num_members
             )
+        return self._reference(x, scale, shift)
+
+    def _reference(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
+        """``F.layer_norm`` over the trailing ``normalized_shape`` of each member's rows with
+        its folded affine, concatenated."""
         return self._per_member(
             x,
             scale,
@@ -167,16 +186,36 @@ class MemberRMSNorm(MemberNorm):
     _check_input = MemberLayerNorm._check_input
 
     def _normalize(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
+        """RMS norm of each member's rows: the first path that applies.
+
+        1. broadcast (:meth:`_broadcast`, one un-weighted ``rms_norm`` over all rows, then the
+           member scales broadcast): M > 1, x and scale both float32 or both float64; any
+           device, and also traced by ``torch.compile`` and inside ``torch.func`` (plain torch
+           ops). Why: no concatenation (eval forward 1.5× → 1.0× a plain RMSNorm).
+        2. reference (:meth:`_reference`): everything else: M = 1, bf16/fp16 (where
+           ``rms_norm`` applies its weight inside its float upcast) or mixed dtypes.
+        """
+        # Half-precision inputs keep the loop: there the weight is applied inside rms_norm's
+        # float upcast.
+        dtypes = (torch.float32, torch.float64)
+        if self.num_members > 1 and x.dtype == scale.dtype and x.dtype in dtypes:
+            return self._broadcast(x, scale)
+        return self._reference(x, scale, shift)
+
+    def _broadcast(self, x: Tensor, scale: Tensor) -> Tensor:
+        """One un-weighted ``rms_norm`` over all M·B rows, times each member's scale."""
         M = self.num_members
-        if M > 1 and x.dtype == scale.dtype and x.dtype in (torch.float32, torch.float64):
-            # In float32/64 rms_norm multiplies by its weight as a last, separate step, so one
-            # un-weighted call over all rows followed by the member weights broadcast over
-            # (M, B, …) is the member loop's arithmetic, op for op, without its concatenation
-            # (measured eval forward 1.5× → 1.0× a plain RMSNorm). Half-precision inputs keep
-            # the loop: there the weight is applied inside rms_norm's float upcast.
-            y = F.rms_norm(x, self.normalized_shape, None, self.eps).unflatten(0, (M, -1))
-            ones = (1,) * (y.dim() - 1 - len(self.normalized_shape))
-            return (y * scale.view(M, *ones, *self.normalized_shape)).flatten(0, 1)
+        # In float32/64 rms_norm multiplies by its weight as a last, separate step, so one
+        # un-weighted call over all rows followed by the member weights broadcast over
+        # (M, B, …) is the member loop's arithmetic, op for op, without its concatenation
+        # (measured eval forward 1.5× → 1.0× a plain RMSNorm).
+        y = F.rms_norm(x, self.normalized_shape, None, self.eps).unflatten(0, (M, -1))
+        ones = (1,) * (y.dim() - 1 - len(self.normalized_shape))
+        return (y * scale.view(M, *ones, *self.normalized_shape)).flatten(0, 1)
+
+    def _reference(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
+        """``F.rms_norm`` over the trailing ``normalized_shape`` of each member's rows with its
+        folded scale as the weight, concatenated (no bias)."""
         return self._per_member(
             x,
             scale,
@@ -256,25 +295,48 @@ class MemberGroupNorm(MemberNorm):
             )
 
     def _normalize(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
-        M = self.num_members
+        """Group norm of each member's rows: the first path that applies.
+
+        1. one example (:meth:`_as_one_example`, one ``group_norm`` over the whole tensor):
+           M > 1, spatial dims (x.dim() > 2), non-empty, more than one value per group,
+           contiguous, not traced by ``torch.compile``/``torch.export``; any device, and also
+           inside ``torch.func`` (plain torch ops). Why: no concatenation (1.4–1.6× → 1.0–1.1×
+           a plain GroupNorm, forward + backward).
+        2. reference (:meth:`_reference`): everything else: M = 1, (M·B, C) inputs, empty
+           inputs, one value per group and example (``F.group_norm`` would refuse the
+           one-example view; on each member's rows it refuses only B = 1, naming those rows),
+           channels-last inputs (which cannot be viewed as one example),
+           ``torch.compile``/``torch.export``.
+        """
         # one value per group is an error whose message should name the member's rows: the
-        # plain path raises it
+        # plain path raises it. Channels-last inputs cannot be viewed as one example and take
+        # the member loop.
         per_group = self.num_channels // self.num_groups * math.prod(x.shape[2:])
         fast = x.dim() > 2 and x.numel() > 0 and per_group > 1 and x.is_contiguous()
-        if M > 1 and fast and not torch.compiler.is_compiling():
-            # Statistics are per example, so the whole (M·B, C, *) tensor viewed as one example
-            # of M·B·C channels in M·B·G groups normalizes exactly as the plain layer does, and
-            # the member affine becomes a per-channel affine of (M·B·C,): one native kernel, no
-            # concatenation (measured 1.4–1.6× → 1.0–1.1× a plain GroupNorm, forward +
-            # backward). Channels-last inputs cannot be viewed so and take the member loop.
-            rows = x.shape[0] // M
-            per_channel = (M, rows, self.num_channels)
-            scale = scale.unsqueeze(1).expand(per_channel).reshape(-1)
-            shift = shift.unsqueeze(1).expand(per_channel).reshape(-1)
-            y = F.group_norm(
-                x.reshape(1, -1, *x.shape[2:]), x.shape[0] * self.num_groups, scale, shift, self.eps
-            )
-            return y.view(x.shape)
+        if self.num_members > 1 and fast and not torch.compiler.is_compiling():
+            return self._as_one_example(x, scale, shift)
+        return self._reference(x, scale, shift)
+
+    def _as_one_example(self, x: Tensor, scale: Tensor, shift: Tensor) -> Tensor:
+        """The (M·B, C, *) input as one example of M·B·C channels in M·B·G groups, with the
+        member affine as a per-channel affine of (M·B·C,)."""
+        # Statistics are per example, so the whole (M·B, C, *) tensor viewed as one example
+        # of M·B·C channels in M·B·G groups normalizes exactly as the plain layer does, and
+        # the member affine becomes a per-channel affine of (M·B·C,): one native kernel, no
+        # concatenation (measured 1.4–1.6× → 1.0–1.1× a plain GroupNorm, forward +
+        # backward).
+        M = self.num_members
+        rows = x.shape[0] // M
+        per_channel = (M, rows, self.num_channels)
+        scale = scale.unsqueeze(1).expand(per_channel).reshape(-1)
+        shift = shift.unsqueeze(1).expand(per_channel).reshape(-1)
+        y = F.group_norm(
+            x.reshape(1, -1, *x.shape[2:]), x.shape[0] * self.num_groups, scale, shift, self.eps
+        )
+        return y.view(x.shape)
+
+    def _reference(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
+        """``F.group_norm`` of each member's rows with its folded affine, concatenated."""
         return self._per_member(
             x,
             scale,
