@@ -43,15 +43,11 @@ import argparse
 import dataclasses
 import json
 import math
-import os
-import socket
 import sys
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from snens.nn.fused import process_alive
 from snens.presets import preset
 from snens.report import write_report
 from snens.runs import FINAL
@@ -240,54 +236,18 @@ def runs_of(stage: str) -> list[tuple[Variant, SweepRun]]:
     return out
 
 
-# ------------------------------------------------------------------------------------------------
-# Two processes, one queue: a run is held by a lock file naming its process
-# ------------------------------------------------------------------------------------------------
-
-
-@contextmanager
-def _claim(path: Path) -> Iterator[bool]:
-    """Hold ``path.lock`` while the block runs; yields False when a live process holds it."""
-    lock = path.with_name(path.name + ".lock")
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    me = f"{socket.gethostname()} {os.getpid()}"
-    for _ in range(2):
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            host, _, pid = lock.read_text().partition(" ")
-            if (
-                host == socket.gethostname()
-                and pid.strip().isdigit()
-                and not process_alive(int(pid))
-            ):
-                lock.unlink(missing_ok=True)  # its process is gone: take the run over
-                continue
-            yield False
-            return
-        with os.fdopen(fd, "w") as f:
-            f.write(me)
-        try:
-            yield True
-        finally:
-            lock.unlink(missing_ok=True)
-        return
-    yield False
-
-
 def run(stages: Sequence[str]) -> int:
+    """Train every unfinished run of ``stages`` in order. Two processes share the queue: a run
+    the other is training holds its ``run.lock``, and the engine leaves it to that one."""
     failed = 0
     for stage in stages:
         for variant, sweep_run in runs_of(stage):
             path = sweep_run.path()
             if (path / FINAL).is_file():
                 continue
-            with _claim(path) as mine:
-                if not mine:
-                    continue
-                print(f"== {stage}/{variant.name}/{sweep_run.name}", flush=True)
-                result = run_sweep([sweep_run], path.parent, keys=("seed",))
-                failed += len(result.failed)
+            print(f"== {stage}/{variant.name}/{sweep_run.name}", flush=True)
+            result = run_sweep([sweep_run], path.parent, keys=("seed",))
+            failed += len(result.failed)
     return 1 if failed else 0
 
 

@@ -45,6 +45,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from snens.locks import process_alive
 from snens.nn.norms import custom_functions_unavailable, needs_grad
 
 __all__ = [
@@ -56,7 +57,6 @@ __all__ = [
     "build_error",
     "member_batch_norm",
     "member_layer_norm",
-    "process_alive",
 ]
 
 #: Environment variable: "0" turns the fused kernels off (no build is attempted).
@@ -112,17 +112,6 @@ def _build_directory(name: str) -> Path:
     if lock.exists() and time.time() - lock.stat().st_mtime > _STALE_LOCK_S:
         lock.unlink(missing_ok=True)
     return directory
-
-
-def process_alive(pid: int) -> bool:
-    """Whether process ``pid`` runs on this machine (an owner check for lock files)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):
-        return pid > 0
-    return True
 
 
 def _hold_build_lock(directory: Path) -> Path:
