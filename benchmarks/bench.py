@@ -1,9 +1,9 @@
 """Claim: σN-Ens (M=4) trains at ≤ 1.05× one plain model on a batch of M·B, ≤ 1.0× a deep
 ensemble on CPU, with ≤ 1.01× its parameters; member norms cost ≤ 1.2× a plain norm (forward +
-backward in float32 and under bf16 autocast, and eval forward). Also reported: lazy vs eager
-replication, channels-last vs contiguous, inference images/s and peak memory against a deep
-ensemble, and with ``--compile`` the torch.compile step against eager (opt-in: compiling
-ResNet-18's training step takes minutes on one CPU thread).
+backward in float32 and under bf16 autocast, and eval forward). Also reported: channels-last
+vs contiguous, inference images/s and peak memory against a deep ensemble, and with
+``--compile`` the torch.compile step against eager (opt-in: compiling ResNet-18's training
+step takes minutes on one CPU thread).
 
 Runs every variant interleaved in one process and prints median ratios with their spread,
 the machine and versions. See results/bench_cpu.md and README "Performance" for the record.

@@ -1,4 +1,4 @@
-"""The (B, …) -> (M, B, K) contract: replication, split inputs, loss, probabilities, members."""
+"""The (B, …) -> (M, B, K) contract: repeated and split inputs, loss, probabilities, members."""
 
 import copy
 
@@ -28,61 +28,6 @@ def _diversify(ens: snens.Ensemble, seed: int = 0) -> snens.Ensemble:
 @pytest.fixture
 def ens(resnet):
     return _diversify(snens.convert(resnet, num_members=M))
-
-
-def _grads(module: nn.Module) -> dict[str, torch.Tensor]:
-    return {n: p.grad.clone() for n, p in module.named_parameters() if p.grad is not None}
-
-
-@pytest.mark.parametrize("training", [True, False])
-def test_lazy_replication_equals_eager_repetition(ens, training):
-    x = torch.randn(6, 3, 8, 8)
-    lazy, eager = copy.deepcopy(ens), copy.deepcopy(ens)
-    lazy.replication, eager.replication = "lazy", "eager"
-    lazy.train(training), eager.train(training)
-    out_lazy, out_eager = lazy(x), eager(x)
-    torch.testing.assert_close(out_lazy, out_eager, **TOL)
-    out_lazy.square().sum().backward()
-    out_eager.square().sum().backward()
-    g_lazy, g_eager = _grads(lazy), _grads(eager)
-    assert g_lazy.keys() == g_eager.keys()
-    for name in g_lazy:
-        torch.testing.assert_close(g_lazy[name], g_eager[name], rtol=1e-4, atol=1e-5)
-    if training:  # per-member running statistics updated identically
-        torch.testing.assert_close(
-            lazy.model.stem[1].running_mean, eager.model.stem[1].running_mean, **TOL
-        )
-
-
-def test_lazy_replication_runs_the_stem_once(ens):
-    rows = []
-    ens.model.stem[0].register_forward_hook(lambda m, i, o: rows.append(i[0].shape[0]))
-    ens.replication = "lazy"
-    ens(torch.randn(6, 3, 8, 8))
-    ens.replication = "eager"
-    ens(torch.randn(6, 3, 8, 8))
-    assert rows == [6, M * 6]
-
-
-def test_auto_replication_picks_lazy_for_a_cnn_and_eager_for_a_pre_norm_transformer(
-    ens, transformer, text_batch
-):
-    assert ens.replication == "auto"
-    ens.train()
-    ens(torch.randn(6, 3, 8, 8))
-    assert ens.replication == "lazy" and ens.training  # the trial restores the mode
-    t_ens = snens.convert(transformer, num_members=M)
-    ids, mask = text_batch
-    out = t_ens(ids, attention_mask=mask)
-    assert t_ens.replication == "eager"
-    eager = copy.deepcopy(t_ens)
-    eager.replication = "eager"
-    torch.testing.assert_close(out, eager(ids, attention_mask=mask), **TOL)
-
-
-def test_auto_waits_for_a_batch_of_two(ens):
-    ens.eval()(torch.randn(1, 3, 8, 8))
-    assert ens.replication == "auto"
 
 
 def test_split_gives_member_m_its_own_slice(ens):
@@ -170,14 +115,6 @@ def test_state_dict_round_trip_and_other_num_members(ens):
         two.load_state_dict(ens.state_dict())
 
 
-def test_deepcopy_gets_its_own_replicator(ens):
-    clone = copy.deepcopy(ens)
-    clone.replication = "lazy"
-    hook = next(iter(clone.model.stem[1]._forward_pre_hooks.values()))
-    assert hook is clone._replicator and hook is not ens._replicator
-    torch.testing.assert_close(clone.eval()(torch.randn(2, 3, 8, 8)).shape, (M, 2, 5))
-
-
 def test_models_built_with_the_factory():
     norm = snens.nn.member_norm(M)
     model = nn.Sequential(nn.Conv2d(3, 4, 3), norm(4), nn.Flatten(), nn.LazyLinear(2))
@@ -188,6 +125,25 @@ def test_models_built_with_the_factory():
         snens.Ensemble(model, num_members=2)
     with pytest.raises(ValueError, match="holds no member norm"):
         snens.Ensemble(nn.Linear(2, 2), num_members=2)
+
+
+@pytest.mark.parametrize("replication", ["auto", "lazy", "eager"])
+def test_the_removed_replication_argument_is_refused_with_the_reason(resnet, replication):
+    """One path: the batch is repeated at the input. A caller still passing ``replication=``
+    is told so, and ``convert`` refuses before touching the model (``inplace=True``)."""
+    message = (
+        f"replication={replication!r}: lazy replication was removed; ensembles always repeat "
+        "the batch at the input (one path; lazy measured 1.00–1.02× on ResNet-18). Drop the "
+        "replication argument"
+    )
+    with pytest.raises(TypeError) as err:
+        snens.convert(resnet, M, replication=replication, inplace=True)
+    assert str(err.value) == message
+    assert not any(isinstance(m, snens.nn.MemberNorm) for m in resnet.modules())
+    model = snens.convert(resnet, M).model
+    with pytest.raises(TypeError) as err:
+        snens.Ensemble(model, M, replication=replication)
+    assert str(err.value) == message
 
 
 def test_output_selection_and_errors(resnet):
@@ -255,11 +211,10 @@ class TwoInputs(nn.Module):
         return self.head(scale * (self.a(x) + self.b(depth)).mean(dim=(2, 3)))
 
 
-@pytest.mark.parametrize("replication", ["lazy", "eager"])
-def test_several_positional_tensors_and_keywords(replication):
+def test_several_positional_tensors_and_keywords():
     torch.manual_seed(0)
     model = randomize_norms(TwoInputs()).eval()
     x, depth = torch.randn(5, 3, 6, 6), torch.randn(5, 1, 6, 6)
-    ens = snens.convert(model, M, replication=replication).eval()
+    ens = snens.convert(model, M).eval()
     out = ens(x, depth, scale=2.0)
     torch.testing.assert_close(out, model(x, depth, scale=2.0).expand(M, -1, -1), **TOL)

@@ -38,7 +38,7 @@ def _setup(seed=0):
         torch.nn.Flatten(),
         torch.nn.Linear(4, 3),
     )
-    model = snens.convert(net, num_members=2, replication="eager")
+    model = snens.convert(net, num_members=2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     batches = [(torch.randn(4, 1, 6, 6), torch.randint(0, 3, (4,))) for _ in range(STEPS)]

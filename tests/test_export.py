@@ -51,28 +51,28 @@ def _tokens_with_mask(batch: int, seed: int = 0):
     return (ids,), {"attention_mask": mask}
 
 
-# (name, model, inputs(batch) -> (args, kwargs), replication that "auto" picks)
+# (name, model, inputs(batch) -> (args, kwargs))
 CASES = [
-    ("resnet", _resnet, _images(3, 8), "lazy"),
-    ("transformer", _transformer, _tokens, "eager"),
-    ("transformer_mask", _transformer, _tokens_with_mask, "eager"),
-    ("small_cnn", _small_cnn, _images(1, 28), "lazy"),
+    ("resnet", _resnet, _images(3, 8)),
+    ("transformer", _transformer, _tokens),
+    ("transformer_mask", _transformer, _tokens_with_mask),
+    ("small_cnn", _small_cnn, _images(1, 28)),
 ]
 
 
 @pytest.fixture(scope="module", params=CASES, ids=[c[0] for c in CASES])
 def exported(request):
     """An ensemble of each model and its program, exported from an example of B=5."""
-    name, model, inputs, replication = request.param
+    name, model, inputs = request.param
     ens = snens.convert(model(), num_members=M).eval()
     args, kwargs = inputs(5, seed=99)
     program = snens.export(ens, *args, **kwargs)
-    return ens, program, inputs, replication
+    return ens, program, inputs
 
 
 @pytest.mark.parametrize("batch", BATCH_SIZES)
 def test_exported_program_equals_eager_at_every_batch_size(exported, batch):
-    ens, program, inputs, _ = exported
+    ens, program, inputs = exported
     args, kwargs = inputs(batch)
     with torch.no_grad():
         expected = ens(*args, **kwargs)
@@ -81,27 +81,15 @@ def test_exported_program_equals_eager_at_every_batch_size(exported, batch):
     torch.testing.assert_close(got, expected, **TOL)
 
 
-def test_export_keeps_the_replication_auto_chose(exported):
-    ens, program, _, replication = exported
-    assert ens.replication == replication
-    if replication == "lazy":
-        # the stem's convolution runs once, on the B input rows, not on M·B repeated ones
-        nodes = {n.name: n for n in program.graph.nodes}
-        batch = nodes[program.graph_signature.user_inputs[0]].meta["val"].shape[0]
-        calls = [n for n in program.graph.nodes if n.op == "call_function"]
-        conv = next(n for n in calls if "conv" in str(n.target))
-        assert conv.args[0].meta["val"].shape[0] == batch
-
-
 def test_exported_graph_holds_standard_ops_only(exported):
-    _, program, _, _ = exported
+    _, program, _ = exported
     targets = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
     assert not [t for t in targets if "snens" in t], targets
 
 
 def test_torch_export_with_a_batch_dim_directly(resnet):
     """The plain torch.export call, without snens.export: (B, …) per-example args are dynamic."""
-    ens = snens.convert(resnet, num_members=M, replication="lazy").eval()
+    ens = snens.convert(resnet, num_members=M).eval()
     batch = torch.export.Dim("batch")
     example = torch.randn(5, 3, 8, 8)
     program = torch.export.export(ens, (example,), dynamic_shapes={"args": ({0: batch},)})
@@ -109,18 +97,6 @@ def test_torch_export_with_a_batch_dim_directly(resnet):
         x = torch.randn(b, 3, 8, 8)
         with torch.no_grad():
             torch.testing.assert_close(program.module()(x), ens(x), **TOL)
-
-
-def test_undecided_auto_exports_eager_repetition(transformer):
-    """Exported before any forward, "auto" cannot compare outputs in a graph: eager, unchanged."""
-    ens = snens.convert(transformer, num_members=M).eval()
-    batch = torch.export.Dim("batch")
-    (ids,), _ = _tokens(5)
-    program = torch.export.export(ens, (ids,), dynamic_shapes={"args": ({0: batch},)})
-    assert ens.replication == "auto"
-    (ids,), _ = _tokens(3)
-    with torch.no_grad():
-        torch.testing.assert_close(program.module()(ids), ens(ids), **TOL)
 
 
 def test_export_refuses_training_mode_and_a_batch_of_one(resnet):
@@ -153,7 +129,7 @@ def test_onnx_model_equals_eager_at_every_batch_size(case, tmp_path):
         "onnxruntime",
         reason="running the ONNX model needs onnxruntime: pip install 'snens[export]'",
     )
-    name, model, inputs, _ = case
+    name, model, inputs = case
     ens = snens.convert(model(), num_members=M).eval()
     args, kwargs = inputs(5, seed=99)
     onnx_program = torch.onnx.export(snens.export(ens, *args, **kwargs), dynamo=True)

@@ -87,8 +87,8 @@ def test_fold_and_unfold_refuse_a_bad_member_count(fold):
         fold(torch.zeros(4, 2), 2.0)
 
 
-def test_forward_repeated_equals_eager_replication_of_the_ensemble(resnet):
-    ens = snens.convert(resnet, num_members=M, replication="eager").eval()
+def test_forward_repeated_equals_the_ensemble(resnet):
+    ens = snens.convert(resnet, num_members=M).eval()
     with torch.no_grad():
         for p in ens.parameters():  # members that differ, so a swapped member would show
             p.add_(0.1 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
@@ -163,7 +163,7 @@ class _Folded(nn.Module):
 
 def test_fold_and_unfold_export_with_a_dynamic_batch(resnet):
     """Without unfold's export-time copy this export fails: the member head's (M·B, K) strides
-    guard B. (repeat rather than expand + reshape is pinned by the lazy cases of test_export.)"""
+    guard B."""
     module = _Folded(snens.convert(resnet, num_members=M).model).eval()
     batch = torch.export.Dim("batch")
     program = torch.export.export(module, (_batch(5, 3, 8, 8),), dynamic_shapes={"x": {0: batch}})

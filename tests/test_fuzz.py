@@ -208,7 +208,7 @@ def draw_model(data, families=MODEL_FAMILIES) -> tuple[nn.Module, tuple[int, ...
         layers = [nn.Conv3d(C, H, 3, padding=1), nn.BatchNorm3d(H), nn.ReLU()]
         layers += [nn.AdaptiveAvgPool3d(1), nn.Flatten(), nn.Linear(H, K)]
         example = (C, S, S, S)
-    else:  # the input goes straight into a member norm: lazy replication's first layer
+    else:  # the input goes straight into a member norm
         D = data.draw(st.integers(1, 5))
         norm = data.draw(st.sampled_from([nn.BatchNorm1d, nn.LayerNorm, nn.RMSNorm]))(D)
         layers, example = [norm, nn.Linear(D, K)], (D,)
@@ -418,7 +418,6 @@ def test_convert_gives_the_contract_shape_and_reproduces_the_model(data):
         M,
         gamma_std=data.draw(st.floats(0, 2), label="gamma_std"),
         generator=torch.Generator().manual_seed(data.draw(st.integers(0, 2**31 - 1))),
-        replication=data.draw(st.sampled_from(["auto", "lazy", "eager"]), label="replication"),
     ).eval()
     B = data.draw(st.integers(0, 5), label="B")
     x, variant = draw_input(data, dtype, example, B)
@@ -1200,9 +1199,7 @@ def test_ensemble_passes_non_finite_inputs_through_like_the_model(value):
 def test_convert_with_very_negative_gamma_reproduces_or_raises(dtype, gamma_mean):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(3, 4), nn.LayerNorm(4), nn.Linear(4, 2)).to(dtype).eval()
-    ens, err = outcome(
-        lambda: snens.convert(model, 2, gamma_mean=gamma_mean, gamma_std=0.0, replication="eager")
-    )
+    ens, err = outcome(lambda: snens.convert(model, 2, gamma_mean=gamma_mean, gamma_std=0.0))
     if err is not None:
         assert_clear_error(err, gamma_mean)
         return

@@ -196,14 +196,13 @@ def peak_memory_bytes(model: nn.Module, x: torch.Tensor) -> int:
 
 
 def _with_plain_norms(ens: snens.Ensemble) -> snens.Ensemble:
-    """A copy of ``ens`` whose member norms are plain norms (member 0's), replicating eagerly.
+    """A copy of ``ens`` whose member norms are plain norms (member 0's).
 
     Everything else snens adds over one plain model at M·B stays: the input replication, the
     member heads, the (M, B, K) loss. Timing it against the floor and against ``ens`` splits the
     overhead between the member norms and the rest.
     """
     ens = copy.deepcopy(ens)
-    ens.replication = "eager"  # lazy replication starts at the first member norm
     for module in list(ens.modules()):
         for name, child in list(module.named_children()):
             if isinstance(child, snens.nn.MemberNorm):
@@ -225,13 +224,10 @@ def _model_measures(
     x_b, y_b = torch.randn(B, *image), torch.randint(0, 10, (B,))
     x_mb, y_mb = torch.randn(M * B, *image), torch.randint(0, 10, (M * B,))
     ens = snens.convert(plain, M)
-    ens(x_b[:2])  # settle replication="auto"
     single = copy.deepcopy(plain)
     deep = DeepEnsemble([create(backbone, num_classes=10) for _ in range(M)])
     split = copy.deepcopy(ens)
     split.input_policy = "split"
-    eager = copy.deepcopy(ens)
-    eager.replication = "eager"
 
     ens_step = _train_step(ens, x_b, y_b)
     rows = []
@@ -306,13 +302,6 @@ def _model_measures(
     rows.append(
         Measure(f"{backbone}: split step vs single at B", ratio, spread, "≤1.1×", base * 1e3)
     )
-    if ens.replication == "lazy":
-        ratio, spread, base = compare(ens_step, _train_step(eager, x_b, y_b), repeats=repeats)
-        rows.append(
-            Measure(
-                f"{backbone}: lazy vs eager replication step", ratio, spread, "report", base * 1e3
-            )
-        )
 
     def infer(model):
         model.eval()

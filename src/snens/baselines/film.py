@@ -10,9 +10,9 @@ classification head — is shared:
 sigmoid(gamma_m) ∈ (0, 1) that the diversity regularizer drives towards ownership, and gives each
 member its own head. A FiLM norm is a σN-Ens member norm with gamma fixed at +∞ (importance 1,
 stored as a buffer, not trained) and the head shared. So every snens tool applies: the
-:class:`snens.Ensemble` contract (with lazy replication of the stem), :func:`snens.extract_member`,
-and :func:`snens.allocation`, which reports M effective members per feature (nothing is
-partitioned); :func:`snens.diversity_loss` is a constant with no gradient. Diversity comes only
+:class:`snens.Ensemble` contract, :func:`snens.extract_member`, and :func:`snens.allocation`,
+which reports M effective members per feature (nothing is partitioned);
+:func:`snens.diversity_loss` is a constant with no gradient. Diversity comes only
 from the initialization and from training: members whose affines start equal see the same
 inputs and gradients and never diverge, so the affine is drawn around the plain one,
 
@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from snens.ensemble import Ensemble, Replication
+from snens.ensemble import Ensemble
 from snens.nn.batch_norms import MemberBatchNorm1d, MemberBatchNorm2d, MemberBatchNorm3d
 from snens.nn.norms import MemberNorm, check_num_members
 from snens.nn.per_example_norms import MemberGroupNorm, MemberLayerNorm, MemberRMSNorm
@@ -209,7 +209,6 @@ def film(
     spread: float = 0.5,
     generator: torch.Generator | None = None,
     skip_unsupported: bool = False,
-    replication: Replication = "auto",
     output: Callable[[Any], Tensor] | None = None,
     inplace: bool = False,
 ) -> Ensemble:
@@ -224,7 +223,7 @@ def film(
         spread: see the module docstring; 0 keeps every member equal to ``model``.
         generator: optional ``torch.Generator`` for the perturbation.
         skip_unsupported: leave norms with no FiLM version shared instead of raising.
-        replication, output: see :class:`snens.Ensemble`.
+        output: see :class:`snens.Ensemble`.
         inplace: convert ``model`` itself instead of a deep copy.
 
     Returns:
@@ -268,7 +267,7 @@ def film(
         params_after=sum(p.numel() for p in target.parameters()),
         notes=("FiLM-Ensemble: per-member norm affine without importance scale",),
     )
-    return Ensemble(target, num_members, replication=replication, output=output, report=report)
+    return Ensemble(target, num_members, output=output, report=report)
 
 
 def _unsupported(module: nn.Module) -> bool:

@@ -3,9 +3,6 @@
 Patches of 4×4 pixels give 64 tokens plus a class token. Each block is
 x + attn(norm1(x)), then x + mlp(norm2(x)); a final norm precedes the linear head on the class
 token. Attention uses ``torch.nn.functional.scaled_dot_product_attention``.
-
-The residual stream bypasses every norm, so an ensemble built on this model must repeat its
-input for the members before the patch embedding (no lazy replication).
 """
 
 from __future__ import annotations
