@@ -36,10 +36,13 @@ def _study(out: Path, *args: str) -> subprocess.Popen:
     )
 
 
+EPOCHS = (5, 10, 20, 40, 80)
+
+
 def test_two_workers_share_the_budget_stage_and_the_report_picks_the_budget(tmp_path):
     out = tmp_path / "converged"
-    # a lock left by a killed worker (a process id that is no longer running) is taken over
-    stale = out / "budget" / "single_e5" / "seed=0.lock"
+    # the run lock a killed worker left (naming a process that is gone) holds nothing back
+    stale = out / "budget" / "single_e5" / "seed=0" / "run.lock"
     stale.parent.mkdir(parents=True)
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True).stdout.strip()  # fmt: skip
@@ -48,13 +51,13 @@ def test_two_workers_share_the_budget_stage_and_the_report_picks_the_budget(tmp_
     workers = [_study(out, "run", "--stage", "budget") for _ in range(2)]
     logs = [w.communicate(timeout=600)[0] for w in workers]
     assert [w.returncode for w in workers] == [0, 0], logs
-    trained = [line for log in logs for line in log.splitlines() if line.startswith("== ")]
-    names = sorted(line.split()[1] for line in trained)
-    assert names == sorted(f"budget/single_e{e}/seed=0" for e in (5, 10, 20, 40))  # once each
+    lines = [line for log in logs for line in log.splitlines()]
+    assert sum(": finished in" in line for line in lines) == len(EPOCHS), logs  # once each
+    assert not any("FAILED" in line for line in lines), logs
     assert not list(out.rglob("*.lock"))
 
     finals = {}
-    for e in (5, 10, 20, 40):
+    for e in EPOCHS:
         run = out / "budget" / f"single_e{e}" / "seed=0"
         final = json.loads((run / "final.json").read_text())
         curve = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]

@@ -28,6 +28,7 @@ yourself; :func:`fit` runs the same step as the engine.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import math
 import os
@@ -35,7 +36,7 @@ import random
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -817,10 +818,20 @@ def _data_shape(config: RunConfig) -> tuple[int, int | None]:
     return data_shape(config.data)
 
 
-def evaluate_run(run_dir: str | os.PathLike) -> tuple[dict[str, float], dict[str, Any]]:
+def evaluate_run(
+    run_dir: str | os.PathLike,
+    *,
+    ood_score: str | Sequence[str] = "msp",
+    corruptions: bool = True,
+) -> tuple[dict[str, float], dict[str, Any]]:
     """Re-evaluate a run: its model (:func:`load_run_model`) on its data, rebuilt from its
     config.toml, with the run's threads and determinism settings, so it reproduces
     ``final.json``'s metrics.
+
+    Args:
+        run_dir: the run directory.
+        ood_score: as in :func:`snens.evaluate` (a list scores each OOD set several ways).
+        corruptions: False leaves the corrupted test sets out (the slow part).
 
     Returns:
         ``(metrics, state)``: what :func:`snens.evaluate` returns, and the checkpoint.
@@ -829,10 +840,19 @@ def evaluate_run(run_dir: str | os.PathLike) -> tuple[dict[str, float], dict[str
         RunDirError, FileNotFoundError, CheckpointError: see :func:`load_run_model`.
     """
     model, config, state = load_run_model(run_dir)
+    data_config = dataclasses.replace(
+        config.data, corruptions=config.data.corruptions and corruptions
+    )
     with _reproducibility(config):
         device = _device(config.device)
-        loaded = build_data(config.data, seed=config.seed, device=device, encoder=_encoder(config))
-        metrics = evaluate(model, loaded.test, ood=loaded.ood, corruptions=loaded.corruptions)
+        loaded = build_data(data_config, seed=config.seed, device=device, encoder=_encoder(config))
+        metrics = evaluate(
+            model,
+            loaded.test,
+            ood=loaded.ood,
+            corruptions=loaded.corruptions,
+            ood_score=ood_score,
+        )
     if loaded.validation is not None:
         metrics.update(_validation_metrics(model, loaded.validation))
     return metrics, state
