@@ -66,3 +66,21 @@ def test_cli_says_how_to_download(tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "runs").exists() or not any(
         (tmp_path / "runs").iterdir()
     )  # no empty run
+
+
+def test_the_sigma_norm_epoch_numbers_are_explained_once_with_their_target():
+    """ "gain over uniform 0.35" meant nothing to a reader: the run says once what it is and
+    which effective-member count the diversity loss aims at (k*(τ) of snens.optimal_k)."""
+    from snens.config import load_config
+    from snens.presets import preset
+    from snens.train import _legend_line
+
+    config = load_config(preset("fashion_mnist_small_cnn_tiny"), [])
+    assert _legend_line(config) == (
+        "per epoch, 'gain over uniform' is M·KL(uniform ‖ member importances) per feature, in "
+        "nats (0: every member weighs every feature alike; higher: features owned by fewer "
+        "members), and 'effective members' the members sharing a feature on average, which "
+        "the diversity loss drives toward k*(τ=1) = 1.67 of M=4"
+    )
+    plain = load_config(preset("fashion_mnist_small_cnn_tiny"), ["method.diversity_weight=0"])
+    assert _legend_line(plain).endswith("on average, M=4 (no diversity loss: λ = 0)")

@@ -426,6 +426,8 @@ def _train(
         group.barrier("waiting for rank 0 to prepare the run directory")
         say(_run_line(run, model, trainable, steps_per_epoch, device))
         say(f"parameter groups: {_describe_groups(groups)}")
+        if config.method.name == "snens":
+            say(_legend_line(config))
         replicated = _wrap_ddp(model, group, device)  # checkpoints hold the plain model's state
         forward = _CompiledOrEager(replicated) if config.optim.compile else replicated
 
@@ -745,6 +747,21 @@ def _validation_metrics(
     values = evaluate(model, loader)
     keep = {f"test/{n}" for n in names} if names else values.keys()
     return {"val/" + k.removeprefix("test/"): v for k, v in values.items() if k in keep}
+
+
+def _legend_line(config: RunConfig) -> str:
+    """What the σN-Ens numbers of the epoch lines mean, with the target the loss aims at."""
+    tau, M = config.method.temperature, config.method.num_members
+    target = (
+        f"which the diversity loss drives toward k*(τ={tau:g}) = {optimal_k(tau, M):.2f} of M={M}"
+        if config.method.diversity_weight > 0
+        else f"M={M} (no diversity loss: λ = 0)"
+    )
+    return (
+        "per epoch, 'gain over uniform' is M·KL(uniform ‖ member importances) per feature, in "
+        "nats (0: every member weighs every feature alike; higher: features owned by fewer "
+        f"members), and 'effective members' the members sharing a feature on average, {target}"
+    )
 
 
 def _epoch_line(record: Mapping[str, Any], epochs: int) -> str:
