@@ -381,3 +381,36 @@ def test_a_meta_model_runs_meta_inputs_for_shapes():
     model.eval()
     assert model(torch.randn(6, 3, 8, 8, device="meta")).shape == (4, 6, 10)
     assert rows == [4 * 6, 4 * 6]
+
+
+# -- counts the data cannot meet ------------------------------------------------------------
+
+
+def test_more_examples_than_the_set_holds_is_refused_not_capped(tmp_path):
+    """data.train_examples=999999999 had silently trained on all 60,000 images."""
+    from snens.datasets import build_data
+
+    with pytest.raises(ValueError) as err:
+        build_data(_config(tmp_path, "data.train_examples=999999999").data, seed=0)
+    assert str(err.value) == (
+        "data.train_examples 999,999,999 is more than the 60,000 examples of fashion_mnist's "
+        "training set; ask for at most 60,000, or 0 for all of them"
+    )
+    with pytest.raises(ValueError, match=r"data\.test_examples 10,001 is more than the 10,000"):
+        build_data(_config(tmp_path, "data.test_examples=10001").data, seed=0)
+    held = _config(tmp_path, "data.validation_examples=59000", "data.train_examples=1001")
+    with pytest.raises(ValueError, match=r"1,000 examples of .* left after data\.validation"):
+        build_data(held.data, seed=0)
+    assert len(build_data(_config(tmp_path, "data.train_examples=60000").data, seed=0).train)
+
+
+def test_a_batch_larger_than_the_training_set_names_the_engine_key(tmp_path):
+    """It had said "set drop_last=False", a loader argument the engine does not offer."""
+    from snens.datasets import build_data
+
+    with pytest.raises(ValueError) as err:
+        build_data(_config(tmp_path, "data.batch_size=301").data, seed=0)
+    assert str(err.value) == (
+        "data.batch_size 301 is more than the 300 training examples, so no full batch is left "
+        "to train on; lower data.batch_size (at most 300) or train on more examples"
+    )

@@ -115,16 +115,41 @@ def _image_folder(loader: Any) -> data.ImageFolder | None:
     return dataset if isinstance(dataset, data.ImageFolder) else None
 
 
-def _head(x: Tensor, y: Tensor, n: int) -> tuple[Tensor, Tensor]:
+def _check_count(n: int, total: int, key: str | None, what: str) -> None:
+    """A count asked of a set larger than the set is an error, never silently all of it."""
+    if key is not None and n > total:
+        raise ValueError(
+            f"{key} {n:,} is more than the {total:,} examples of {what}; ask for at most "
+            f"{total:,}, or 0 for all of them"
+        )
+
+
+def _check_batch(examples: int, config: DataConfig) -> None:
+    """Training drops the last partial batch: fewer examples than one batch train nothing."""
+    if examples < config.batch_size:
+        raise ValueError(
+            f"data.batch_size {config.batch_size:,} is more than the {examples:,} training "
+            f"examples, so no full batch is left to train on; lower data.batch_size (at most "
+            f"{examples:,}) or train on more examples"
+        )
+
+
+def _head(
+    x: Tensor, y: Tensor, n: int, key: str | None = None, what: str = ""
+) -> tuple[Tensor, Tensor]:
+    """The first n examples (all if n is 0); with ``key``, more than there are is refused."""
+    _check_count(n, len(x), key, what)
     return (x[:n], y[:n]) if n else (x, y)
 
 
-def _subset(total: int, n: int) -> list[int]:
-    """A fixed random subset of n of ``range(total)`` (all if n is 0), in increasing order.
+def _subset(total: int, n: int, key: str | None = None, what: str = "") -> list[int]:
+    """A fixed random subset of n of ``range(total)`` (all if n is 0), in increasing order;
+    with ``key``, more than ``total`` is refused.
 
     Text files and class folders are stored in order (by class, by movie), so their first n
     would not be a sample of the set; the subset is the same for every run seed.
     """
+    _check_count(n, total, key, what)
     if not n or n >= total:
         return list(range(total))
     keep = torch.randperm(total, generator=torch.Generator().manual_seed(0))[:n]
@@ -196,8 +221,17 @@ def build_data(
             )
         validation = data.TensorLoader(x[-n:], y[-n:], config.eval_batch_size, **norm)
         x, y = x[:-n], y[:-n]
-    x, y = _head(x, y, config.train_examples)
-    xt, yt = _head(*spec.load("test", root, config.download), config.test_examples)
+    held = " left after data.validation_examples" if validation is not None else ""
+    x, y = _head(
+        x, y, config.train_examples, "data.train_examples", f"{config.dataset}'s training set{held}"
+    )
+    xt, yt = _head(
+        *spec.load("test", root, config.download),
+        config.test_examples,
+        "data.test_examples",
+        f"{config.dataset}'s test set",
+    )
+    _check_batch(len(x), config)
     train_loader = data.TensorLoader(
         x,
         y,
@@ -290,8 +324,10 @@ def _text_data(
 
     tok = tokenizer(encoder)
 
-    def loader(texts, labels, n, batch_size, **options) -> data.TokenLoader:
-        keep = _subset(len(texts), n)
+    def loader(texts, labels, n, batch_size, key=None, what="", **options) -> data.TokenLoader:
+        keep = _subset(len(texts), n, key, what)
+        if options.get("drop_last"):
+            _check_batch(len(keep), config)
         ids, mask = data.tokenize(
             tok,
             [texts[i] for i in keep],
@@ -302,9 +338,23 @@ def _text_data(
         return data.TokenLoader(ids, mask, y, batch_size, seed=seed, device=device, **options)
 
     train_loader = loader(
-        texts, labels, config.train_examples, config.batch_size, shuffle=True, drop_last=True
+        texts,
+        labels,
+        config.train_examples,
+        config.batch_size,
+        "data.train_examples",
+        f"{config.dataset}'s training texts",
+        shuffle=True,
+        drop_last=True,
     )
-    test_loader = loader(test_texts, test_labels, config.test_examples, config.eval_batch_size)
+    test_loader = loader(
+        test_texts,
+        test_labels,
+        config.test_examples,
+        config.eval_batch_size,
+        "data.test_examples",
+        f"{config.dataset}'s test texts",
+    )
     ood = {}
     for name in config.ood:
         _check_ood_name(name, TEXT_OOD_SETS, config.dataset)
@@ -368,19 +418,23 @@ def _folder_data(config: DataConfig, *, seed: int, device: torch.device | str) -
     pin = torch.device(device).type == "cuda"
     options = {"seed": seed, "num_workers": config.num_workers, "pin_memory": pin}
 
-    def subset(dataset: Any, n: int) -> Any:
-        keep = _subset(len(dataset), n)
+    def subset(dataset: Any, n: int, key: str | None = None) -> Any:
+        keep = _subset(len(dataset), n, key, f"{getattr(dataset, 'root', 'the folder')}")
         return dataset if len(keep) == len(dataset) else torch.utils.data.Subset(dataset, keep)
 
+    train_subset = subset(train_set, config.train_examples, "data.train_examples")
+    _check_batch(len(train_subset), config)
     train_loader = data.FolderLoader(
-        subset(train_set, config.train_examples),
+        train_subset,
         config.batch_size,
         shuffle=True,
         drop_last=True,
         **options,
     )
     test_loader = data.FolderLoader(
-        subset(test_set, config.test_examples), config.eval_batch_size, **options
+        subset(test_set, config.test_examples, "data.test_examples"),
+        config.eval_batch_size,
+        **options,
     )
     ood = {}
     if config.ood_folder:
