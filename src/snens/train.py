@@ -60,6 +60,7 @@ from snens.checkpoint import (
 from snens.config import (
     OptimConfig,
     RunConfig,
+    from_dict,
     load_config,
     to_dict,
 )
@@ -549,7 +550,7 @@ def _resume_state(
         say(f"resuming {run.path}: no checkpoint yet, starting from epoch 1")
         return 0, 0, 0.0, 0
     state = load_checkpoint(run.checkpoint)
-    if state["config"] != to_dict(run.config):
+    if _saved_config(state, run.checkpoint) != to_dict(run.config):
         raise ValueError(f"{run.checkpoint} was saved by another config than {run.path}")
     _check_progress(state, run.checkpoint, run.config.optim.epochs)
     load_model_state(model, state["model"])
@@ -792,6 +793,19 @@ def _model_summary(model: nn.Module, config: RunConfig) -> dict[str, Any]:
     return summary
 
 
+def _saved_config(state: Mapping[str, Any], checkpoint: Path) -> dict[str, Any]:
+    """The config a checkpoint was trained with, every key of today's config present: a key
+    added since it was saved reads as its default (what the older code did), so a run made
+    before a new option still resumes and evaluates."""
+    try:
+        return to_dict(from_dict(state["config"]))
+    except (ValueError, TypeError) as error:
+        raise CheckpointError(
+            f"{checkpoint} holds a config this version of snens cannot read ({error}); "
+            "evaluate or resume it with the snens version that trained it"
+        ) from error
+
+
 def load_run_model(run_dir: str | os.PathLike) -> tuple[nn.Module, RunConfig, dict[str, Any]]:
     """A run's model, rebuilt from its config.toml and loaded from its verified last.pt.
 
@@ -811,8 +825,9 @@ def load_run_model(run_dir: str | os.PathLike) -> tuple[nn.Module, RunConfig, di
         raise RunDirError(f"{path} is not a run directory (no {CONFIG})")
     config = load_config(path / CONFIG)
     state = load_checkpoint(path / "last.pt")
-    if state["config"] != to_dict(config):
-        changed = config_differences(state["config"], to_dict(config))
+    saved = _saved_config(state, path / "last.pt")
+    if saved != to_dict(config):
+        changed = config_differences(saved, to_dict(config))
         raise CheckpointError(
             f"{path / CONFIG} differs from the config {path / 'last.pt'} was trained with "
             f"({'; '.join(changed)}); evaluating it would score other data or another model "
