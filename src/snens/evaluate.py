@@ -346,14 +346,7 @@ def evaluate(
             (M, B, K); M or K differing between data sets.
         TypeError: ``ood`` or ``corruptions`` not a mapping.
     """
-    scores = [ood_score] if isinstance(ood_score, str) else list(ood_score)
-    for score in scores:
-        if not isinstance(score, str) or score not in metrics.OOD_SCORES:
-            raise ValueError(
-                f"unknown ood_score {score!r}; choose one of {sorted(metrics.OOD_SCORES)}"
-            )
-    if not scores:
-        raise ValueError("ood_score is an empty list; give at least one, e.g. 'msp'")
+    scores = _check_scores(ood_score)
     if isinstance(num_bins, bool) or not isinstance(num_bins, numbers.Integral) or num_bins < 1:
         raise ValueError(f"num_bins must be an int >= 1, got {num_bins!r}; use e.g. num_bins=15")
     ood_sets = _check_ood_sets(ood)
@@ -392,6 +385,18 @@ def evaluate(
         for metric in SHIFT_METRICS:
             results[f"shift/mean/{metric}"] = _mean(list(per_set.values()), metric)
     return results
+
+
+def _check_scores(ood_score: str | Sequence[str]) -> list[str]:
+    scores = [ood_score] if isinstance(ood_score, str) else list(ood_score)
+    for score in scores:
+        if not isinstance(score, str) or score not in metrics.OOD_SCORES:
+            raise ValueError(
+                f"unknown ood_score {score!r}; choose one of {sorted(metrics.OOD_SCORES)}"
+            )
+    if not scores:
+        raise ValueError("ood_score is an empty list; give at least one, e.g. 'msp'")
+    return scores
 
 
 def _mean(rows: list[dict[str, float]], metric: str) -> float:
