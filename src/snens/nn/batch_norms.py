@@ -5,8 +5,10 @@ statistics over those rows, keeps its own running mean and variance (rows of (M,
 and applies its folded affine sigmoid(gamma_m)·weight_m, sigmoid(gamma_m)·bias_m. On CPU,
 contiguous float32/64 inputs go through the fused kernel of :mod:`snens.nn.fused` (all members
 in one call); other CPU inputs run the native batch-norm kernel per member straight into its
-slice of one preallocated output; other devices, ``torch.compile`` and ``torch.func``, the
-per-member loop of ``F.batch_norm`` (``_MemberBatchNorm._normalize`` lists the conditions).
+slice of one preallocated output; CPU inputs under ``torch.compile`` and ``torch.func``, the
+per-member loop of ``F.batch_norm``; other devices (CUDA, MPS, …), plain torch ops over the
+(M, B, C, S) view of the input, all members at once (``_MemberBatchNorm._normalize`` lists the
+conditions).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from snens.nn import fused
-from snens.nn.norms import MemberNorm, custom_functions_unavailable, needs_grad
+from snens.nn.norms import MemberNorm, custom_functions_unavailable, needs_grad, path_override
 
 __all__ = ["MemberBatchNorm1d", "MemberBatchNorm2d", "MemberBatchNorm3d"]
 
@@ -261,16 +263,30 @@ class _MemberBatchNorm(MemberNorm):
            does not apply: channels-last or strided inputs, bf16/fp16 or mixed dtypes, kernels
            unavailable or ``SNENS_FUSED=0``. Why: no concatenation (eval forward 1.9× → 1.1× a
            plain BatchNorm2d).
-        3. reference (:meth:`_reference`): everything else: M = 1, CUDA and other devices (the
-           out= kernel's saved-statistics dtypes are pinned down for CPU kernels only), empty
-           inputs, ``torch.compile``/``torch.export`` (an exported graph holds only standard
-           ops) and ``torch.func`` (the autograd functions have no vmap or jvp rules).
+        3. vectorized (:meth:`_vectorized`, plain torch ops over the (M, B, C, S) view): M > 1,
+           non-empty, on any device other than the CPU (CUDA, MPS, …), traced by
+           ``torch.compile``/``torch.export`` and inside ``torch.func`` too. Why: paths 1 and 2
+           are CPU kernels (the out= kernel's saved-statistics dtypes are pinned down for CPU
+           kernels only), and the reference costs M kernel launches per op and a concatenation.
+           Unmeasured on a GPU so far: ``scripts/gpu_check.sh`` compares it with the reference
+           loop.
+        4. reference (:meth:`_reference`): everything else: M = 1, empty inputs, and on the CPU
+           ``torch.compile``/``torch.export`` (an exported graph holds only standard ops) and
+           ``torch.func`` (the autograd functions have no vmap or jvp rules).
+
+        :func:`snens.nn.norms.force_path` sends every input with M > 1 that is non-empty down
+        path 3 or 4, on any device.
         """
         if self.training and self.track_running_stats:
             self.num_batches_tracked.add_(1)  # this batch, as torch.nn.BatchNorm counts it
-        # CPU only: the out= kernel's saved-statistics dtypes are pinned down for CPU kernels.
-        kernels = x.device.type == "cpu" and x.numel() > 0 and not custom_functions_unavailable(x)
-        if self.num_members == 1 or not kernels:
+        if self.num_members == 1 or x.numel() == 0:
+            return self._reference(x, scale, shift)
+        # Off the CPU the vectorized path: the out= kernel's saved-statistics dtypes are pinned
+        # down for CPU kernels only, and the fused kernels are CPU code.
+        path = path_override(x)
+        if path == "vectorized":
+            return self._vectorized(x, scale, shift)
+        if path == "reference" or custom_functions_unavailable(x):
             return self._reference(x, scale, shift)
         self._check_values_per_channel(x)
         args = self._kernel_args(scale, shift)
@@ -306,8 +322,52 @@ class _MemberBatchNorm(MemberNorm):
             ),
         )
 
+    def _vectorized(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
+        """Every member at once, in plain torch ops over the (M, B, C, S) view of x:
+
+            y = (x - mean_m) · rsqrt(var_m + eps) · scale_m + shift_m
+
+        with mean and biased variance per (member, channel) over (B, S) in training (and
+        without running statistics), the member's running statistics in eval, and the affine
+        broadcast over (M, 1, C, 1). Half inputs are computed in float32 and the output rounded
+        to their dtype, as torch's batch norm does. In training the running statistics are
+        updated as ``F.batch_norm`` updates each member's rows: with the update factor of
+        :meth:`_momentum` and the unbiased variance, in place.
+        """
+        self._check_values_per_channel(x)
+        M, C = self.num_members, self.num_features
+        rows = x.shape[0] // M
+        spatial = math.prod(x.shape[2:])  # 1 for (M·B, C) inputs
+        # float32 for bf16/fp16 inputs, as torch's batch norm accumulates; float64 stays
+        compute = torch.promote_types(x.dtype, torch.float32)
+        xs = x.reshape(M, rows, C, spatial).to(compute)  # (M·B, C, *) -> (M, B, C, S)
+        if self.training or not self.track_running_stats:
+            var, mean = torch.var_mean(xs, dim=(1, 3), correction=0, keepdim=True)  # (M, 1, C, 1)
+            if self.training and self.track_running_stats:
+                self._update_running_stats(mean.view(M, C), var.view(M, C), rows * spatial)
+        else:
+            mean = self.running_mean.view(M, 1, C, 1).to(compute)
+            var = self.running_var.view(M, 1, C, 1).to(compute)
+        coefficient = torch.rsqrt(var + self.eps) * scale.view(M, 1, C, 1)
+        centered = xs - mean
+        if shift is None:
+            y = centered * coefficient
+        else:
+            y = torch.addcmul(shift.view(M, 1, C, 1), centered, coefficient)
+        return y.to(x.dtype).reshape(x.shape)
+
+    @torch.no_grad()
+    def _update_running_stats(self, mean: Tensor, var: Tensor, count: int) -> None:
+        """running ← (1 - f)·running + f·batch, f from :meth:`_momentum`, for the (M, C) mean
+        and the unbiased variance var · count / (count - 1), as ``F.batch_norm`` does per member.
+        """
+        factor = self._momentum()
+        self.running_mean.mul_(1 - factor).add_(mean, alpha=factor)
+        self.running_var.mul_(1 - factor).add_(var, alpha=factor * count / (count - 1))
+
     def _check_values_per_channel(self, x: Tensor) -> None:
-        """The check ``F.batch_norm`` makes on each member's rows, for the kernel paths."""
+        """The check ``F.batch_norm`` makes on each member's rows, for the kernel and
+        vectorized paths."""
         rows = x.shape[0] // self.num_members
         if (self.training or not self.track_running_stats) and rows * math.prod(x.shape[2:]) == 1:
             raise ValueError(

@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from snens.nn import fused
-from snens.nn.norms import MemberNorm
+from snens.nn.norms import MemberNorm, path_override
 from snens.nn.per_example_norms import MemberLayerNorm
 
 __all__ = [
@@ -391,14 +391,24 @@ class MemberLayerNorm2d(_RebuildsPlain, MemberLayerNorm):
            float32/64 with x and scale of one dtype, non-empty, kernels built and
            ``SNENS_FUSED`` ≠ 0, neither traced by ``torch.compile``/``torch.export`` nor
            inside a ``torch.func`` transform (why: :meth:`MemberLayerNorm._normalize`).
-        2. reference (:meth:`_reference`): everything else.
+        2. vectorized (:meth:`_vectorized` on the view): M > 1, non-empty, on any device other
+           than the CPU. Unmeasured on a GPU so far: ``scripts/gpu_check.sh`` compares it with
+           the reference loop.
+        3. reference (:meth:`_reference`): everything else.
+
+        :func:`snens.nn.norms.force_path` sends every input with M > 1 that is non-empty down
+        path 2 or 3, on any device.
         """
         view = x.movedim(1, -1)  # (M·B, C, *) -> (M·B, *, C)
-        if self.num_members > 1 and fused.applies(view, scale):
-            y = fused.member_layer_norm(
-                view, scale, shift, self.normalized_shape, self.eps, self.num_members
-            )
-            return y.movedim(-1, 1)
+        if self.num_members > 1 and x.numel() > 0:
+            path = path_override(x)
+            if path == "vectorized":
+                return self._vectorized(view, scale, shift).movedim(-1, 1)
+            if path is None and fused.applies(view, scale):
+                y = fused.member_layer_norm(
+                    view, scale, shift, self.normalized_shape, self.eps, self.num_members
+                )
+                return y.movedim(-1, 1)
         return self._reference(x, scale, shift)
 
     def _reference(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:

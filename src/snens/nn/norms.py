@@ -6,30 +6,40 @@ For member m, with its own statistics and its own affine,
 
 where x̂_m is x normalized as the plain layer would normalize it. Inputs are member-major:
 rows [m·B, (m+1)·B) of an (M·B, …) tensor belong to member m. The sigmoid scale and the affine
-are folded into one per-member scale and shift before they touch the activations, and every
-member goes through a native fused norm kernel:
+are folded into one per-member scale and shift before they touch the activations. The paths
+that compute them:
 
 * batch norms (statistics over each member's own rows, ``snens.nn.batch_norms``): on the CPU,
   all members in one call of snens' fused kernel (``snens.nn.fused``, contiguous float32/64,
   built on first use), else one native kernel per member writing straight into its slice of
   one preallocated output, inside an autograd function whose backward runs the native backward
-  kernel per member (other devices take the per-member loop until this path is checked there);
+  kernel per member; on other devices (CUDA, MPS, …), the vectorized path: plain torch ops over
+  the (M, B, C, S) view, per-(member, channel) statistics and the member affine broadcast;
 * per-example norms (``snens.nn.per_example_norms``): group norm as one native kernel over the
   whole (M·B, …) tensor, viewed as a single example of M·B·C channels, so the per-member affine
   becomes a per-channel one; RMS norm in float32/64 as one un-weighted kernel and a broadcast
   member weight; layer norm, whose affine over the normalized features no native kernel takes
-  per row, through the fused CPU kernel (float32/64) or else one native kernel per member's
-  rows, then a concatenation.
+  per row, through the fused CPU kernel (float32/64), on other devices as one un-affine kernel
+  over all rows and the member affine broadcast (the vectorized path), else one native kernel
+  per member's rows, then a concatenation.
 
 Every member norm has one entry point, ``_normalize``, whose docstring lists its paths in the
 order they are tried, each with its condition and its measured reason, and one definition,
 ``_reference``: the plain functional norm on each member's rows, concatenated. Each path equals
-``_reference`` (``tests/test_norm_dispatch.py``, ``tests/test_norms_fast.py``). Under
-``torch.compile`` and ``torch.export`` the fused and out= kernels stand aside for plain torch
-ops (the batch, layer and group norms trace ``_reference``).
+``_reference`` (``tests/test_norm_dispatch.py``, ``tests/test_norms_fast.py``,
+``tests/test_norm_vectorized.py``). Under ``torch.compile`` and ``torch.export`` the fused and
+out= kernels stand aside for plain torch ops (group norm traces ``_reference``, and so do the
+batch and layer norms on the CPU; on other devices these trace their vectorized path).
+
+The batch and layer norms' choice between their vectorized path and ``_reference`` can be
+forced on any device, for tests and device checks, with :func:`force_path`::
+
+    with snens.nn.norms.force_path("reference"):  # the per-member loop, on CUDA too
+        expected = model(x)
 
 This module holds what every member norm shares: the base class :class:`MemberNorm` (gamma, the
-member affine, its folding, the plain-state migration) and the checks of M and of a member index.
+member affine, its folding, the plain-state migration), the checks of M and of a member index,
+and :func:`force_path`.
 
 Loading a plain norm's state_dict (weight of shape (C,) instead of (M, C)) into a member norm is
 output-preserving: every member is set so that it reproduces the plain layer exactly.
@@ -37,8 +47,9 @@ output-preserving: every member is set so that it reproduces the plain layer exa
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -49,7 +60,9 @@ __all__ = [
     "check_member",
     "check_num_members",
     "custom_functions_unavailable",
+    "force_path",
     "needs_grad",
+    "path_override",
 ]
 
 
@@ -121,6 +134,46 @@ def needs_grad(*tensors: Tensor | None) -> bool:
     an autograd function.
     """
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+#: The paths :func:`force_path` can force.
+FORCEABLE_PATHS = ("vectorized", "reference")
+_forced_path: str | None = None
+
+
+@contextlib.contextmanager
+def force_path(path: str) -> Iterator[None]:
+    """Within the block, the member batch norms and layer norms take ``path`` on every device.
+
+    For tests and device checks: ``"vectorized"`` runs the plain-op path over the whole
+    (M·B, …) tensor on the CPU too, ``"reference"`` the per-member loop of the plain functional
+    norm on CUDA too. Inputs the dispatch always sends to the reference (M = 1, empty inputs)
+    still take it; the other member norms (RMS, group) are unaffected. The setting is
+    process-wide, not per thread, and blocks nest (the innermost wins).
+
+    Raises:
+        ValueError: if ``path`` is not one of :data:`FORCEABLE_PATHS`.
+    """
+    global _forced_path
+    if path not in FORCEABLE_PATHS:
+        raise ValueError(f"path must be one of {FORCEABLE_PATHS}, got {path!r}")
+    previous, _forced_path = _forced_path, path
+    try:
+        yield
+    finally:
+        _forced_path = previous
+
+
+def path_override(x: Tensor) -> str | None:
+    """The batch and layer norms' path for ``x`` where the CPU dispatch does not decide it.
+
+    The path :func:`force_path` forces, else ``"vectorized"`` for inputs off the CPU (the fused
+    kernels are CPU code, and the out= kernels are checked on the CPU only), else None: the CPU
+    paths, as listed in each ``_normalize``, apply.
+    """
+    if _forced_path is not None:
+        return _forced_path
+    return None if x.device.type == "cpu" else "vectorized"
 
 
 class MemberNorm(nn.Module):
@@ -263,9 +316,9 @@ class MemberNorm(nn.Module):
         Every member's rows go through the native, fused norm kernel with that member's folded
         affine; the only cost over the plain layer is the concatenation of the outputs. This is
         the loop of :meth:`_reference`, which the fast paths are tested against.
-        Vectorized alternatives measured slower here: ``var_mean`` over (M, B, …) views 1.6–2.5×
-        a plain BatchNorm, one un-affine norm call followed by a broadcast per-member affine
-        2–3×.
+        Vectorized alternatives measured slower on the CPU: ``var_mean`` over (M, B, …) views
+        1.6–2.5× a plain BatchNorm, one un-affine norm call followed by a broadcast per-member
+        affine 2–3× (other devices take them: the batch and layer norms' vectorized paths).
         """
         M = self.num_members
         # one unbind, not scale[m] per member: its backward is one stack instead of M zero-filled

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from snens.nn import fused
-from snens.nn.norms import MemberNorm
+from snens.nn.norms import MemberNorm, path_override
 
 __all__ = ["MemberGroupNorm", "MemberLayerNorm", "MemberRMSNorm"]
 
@@ -33,9 +33,10 @@ class MemberLayerNorm(MemberNorm):
 
     No native kernel takes a per-row affine over the normalized features. float32/64 CPU inputs
     go through the fused kernel of :mod:`snens.nn.fused` (one pass, each member's rows with its
-    affine, measured 1.0–1.1× a plain LayerNorm); other inputs, or where the kernel cannot be
-    built, take one native kernel per member and a concatenation (1.3–1.7× forward + backward,
-    ~2× an eval forward).
+    affine, measured 1.0–1.1× a plain LayerNorm); inputs on other devices through one un-affine
+    layer norm over all rows and the member affine broadcast; other CPU inputs, or where the
+    kernel cannot be built, take one native kernel per member and a concatenation (1.3–1.7×
+    forward + backward, ~2× an eval forward).
 
     Args:
         normalized_shape: trailing shape to normalize over, as in ``torch.nn.LayerNorm``.
@@ -91,15 +92,51 @@ class MemberLayerNorm(MemberNorm):
            ``torch.export`` nor inside a ``torch.func`` transform. Why: no native kernel takes
            a per-row affine, so the reference runs one per member and concatenates (1.3–1.7× a
            plain LayerNorm forward + backward, ~2× an eval forward; fused 1.0–1.1×).
-        2. reference (:meth:`_reference`): everything else: M = 1, CUDA and other devices,
-           bf16/fp16 (CPU autocast included) or mixed dtypes, empty inputs, kernels unavailable
-           or ``SNENS_FUSED=0``, ``torch.compile``/``torch.export`` and ``torch.func``.
+        2. vectorized (:meth:`_vectorized`, one un-affine ``F.layer_norm`` over all rows and
+           the member affine broadcast): M > 1, non-empty, on any device other than the CPU
+           (CUDA, MPS, …), any dtype, traced by ``torch.compile``/``torch.export`` and inside
+           ``torch.func`` too. Why: the fused kernel is CPU code, and the reference costs M
+           kernel launches and a concatenation. Unmeasured on a GPU so far:
+           ``scripts/gpu_check.sh`` compares it with the reference loop.
+        3. reference (:meth:`_reference`): everything else: M = 1, empty inputs, and on the CPU
+           bf16/fp16 (CPU autocast included) or mixed dtypes, kernels unavailable or
+           ``SNENS_FUSED=0``, ``torch.compile``/``torch.export`` and ``torch.func``.
+
+        :func:`snens.nn.norms.force_path` sends every input with M > 1 that is non-empty down
+        path 2 or 3, on any device.
         """
-        if self.num_members > 1 and fused.applies(x, scale):
-            return fused.member_layer_norm(
-                x, scale, shift, self.normalized_shape, self.eps, self.num_members
-            )
+        if self.num_members > 1 and x.numel() > 0:
+            path = path_override(x)
+            if path == "vectorized":
+                return self._vectorized(x, scale, shift)
+            if path is None and fused.applies(x, scale):
+                return fused.member_layer_norm(
+                    x, scale, shift, self.normalized_shape, self.eps, self.num_members
+                )
         return self._reference(x, scale, shift)
+
+    def _vectorized(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
+        """One un-affine ``F.layer_norm`` over all M·B rows, then each member's affine broadcast
+        over (M, B, …): y = x̂ · scale_m + shift_m.
+
+        Statistics are per row, so one call over all rows normalizes as the per-member calls
+        do. Half inputs are normalized in float32 and rounded once, after the affine, as the
+        reference's kernel does; under autocast ``F.layer_norm`` picks the precision (float32
+        on CUDA) and the output dtype, as it does for the reference.
+        """
+        M = self.num_members
+        widen = x.dtype in (torch.float16, torch.bfloat16) and not torch.is_autocast_enabled(
+            x.device.type
+        )
+        y = F.layer_norm(x.float() if widen else x, self.normalized_shape, None, None, self.eps)
+        out_dtype = x.dtype if widen else y.dtype
+        y = y.unflatten(0, (M, -1))  # (M·B, …) -> (M, B, …)
+        affine = (M, *(1,) * (y.dim() - 1 - len(self.normalized_shape)), *self.normalized_shape)
+        if shift is None:
+            y = y * scale.view(affine)
+        else:
+            y = torch.addcmul(shift.view(affine), y, scale.view(affine))
+        return y.flatten(0, 1).to(out_dtype)
 
     def _reference(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
         """``F.layer_norm`` over the trailing ``normalized_shape`` of each member's rows with
