@@ -45,8 +45,9 @@ from snens.data import (
 )
 from snens.evaluate import collect, ood_detection
 from snens.presets import preset
+from snens.reload import load_run_model
 from snens.runs import read_metrics
-from snens.train import load_run_model, train
+from snens.train import train
 
 NORM = {"mean": FASHION_MNIST_MEAN, "std": FASHION_MNIST_STD}
 OOD_METRICS = ("auroc", "aupr", "fpr95")

@@ -349,7 +349,7 @@ def ood_scores(path: Path) -> dict[str, float] | None:
     import torch
 
     from snens.config import load_config
-    from snens.train import evaluate_run
+    from snens.reload import evaluate_run
 
     cache = path / "ood_scores.json"
     if cache.is_file():

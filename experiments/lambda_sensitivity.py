@@ -2,7 +2,8 @@
 knob (the paper's finding, DESIGN §1).
 
 Fashion-MNIST, SmallCNN, σN-Ens M=4 at a fixed τ, λ over two orders of magnitude, with the
-unregularized model (λ=0) as a reference; each run trains with `snens.train.fit` and is scored
+unregularized model (λ=0) as a reference; each run trains through the engine
+(`snens.train.train`) and is scored
 with `snens.evaluate` (MNIST-5k as OOD). Writes one CSV row per run, a mean ± std table and a
 figure (each metric against λ).
 

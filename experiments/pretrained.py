@@ -59,8 +59,8 @@ from snens.baselines import DeepEnsemble, MCDropout, SingleModel, batch_ensemble
 from snens.data import TensorLoader, load_fashion_mnist, load_mnist_5k
 from snens.data.text import load_rotten_tomatoes, split_texts
 from snens.evaluate import collect
+from snens.fit import fit
 from snens.models import IMAGENET_MEAN, IMAGENET_STD, mobilenet_v2
-from snens.train import fit
 
 TASKS = ("text", "vision")
 METHODS = ("single", "deep_ensemble", "mc_dropout", "batch_ensemble", "snens")

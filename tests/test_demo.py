@@ -8,8 +8,8 @@ import torch
 import snens
 from snens import data
 from snens.demo import DemoConfig, run
+from snens.fit import fit
 from snens.models import create
-from snens.train import fit
 
 TINY = DemoConfig(
     train_examples=600,

@@ -12,8 +12,8 @@ import torch
 import snens
 from snens import metrics
 from snens.data import FASHION_MNIST_MEAN, FASHION_MNIST_STD, TensorLoader, load_fashion_mnist
+from snens.fit import fit, predict
 from snens.models import create
-from snens.train import fit, predict
 
 
 @pytest.fixture(scope="module")

@@ -17,9 +17,9 @@ from snens.data import (
     load_mnist_5k,
 )
 from snens.evaluate import SHIFT_METRICS, collect, evaluate, ood_detection
+from snens.fit import fit, predict
 from snens.models import create
 from snens.nn.norms import MemberNorm
-from snens.train import fit, predict
 
 from conftest import TinyResNet, randomize_norms
 

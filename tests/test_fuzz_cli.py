@@ -31,6 +31,7 @@ import tomllib
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import snens.reload
 import snens.sweep
 import snens.train
 from snens.cli import main
@@ -193,7 +194,7 @@ def _check(argv, kind, output=False):
         contextlib.redirect_stderr(stderr),
     ):
         patch.setattr(snens.train, "train", _no_training)
-        patch.setattr(snens.train, "load_checkpoint", _no_training)
+        patch.setattr(snens.reload, "load_checkpoint", _no_training)
         patch.setattr(snens.sweep, "run_sweep", _no_training)
         try:
             status = main(argv)

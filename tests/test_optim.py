@@ -39,8 +39,8 @@ def test_one_definition_of_a_norm_for_decay_and_finetuning():
     """A norm snens does not convert (a Hugging Face-style T5LayerNorm, a FrozenBatchNorm2d)
     is a norm for the parameter groups (no weight decay) and for fine-tuning (trained with
     norms_and_heads) alike: both ask snens.nn.surgery.is_norm."""
+    from snens.build import select_finetune
     from snens.nn.surgery import is_norm
-    from snens.train import select_finetune
 
     class T5LayerNorm(nn.Module):
         def __init__(self, d):

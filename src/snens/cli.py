@@ -113,8 +113,8 @@ def _train(args: argparse.Namespace) -> int:
 
 def _eval(args: argparse.Namespace) -> int:
     from snens.checkpoint import CheckpointError
+    from snens.reload import evaluate_run
     from snens.runs import RunDirError, to_json
-    from snens.train import evaluate_run
 
     try:
         results, state = evaluate_run(args.run_dir)

@@ -184,7 +184,7 @@ def run(
 
 def _trained_model(run_dir: Path):
     """The run's model with the weights of its last checkpoint, in eval mode."""
-    from snens.train import load_run_model
+    from snens.reload import load_run_model
 
     return load_run_model(run_dir)[0].eval()
 
@@ -199,7 +199,7 @@ def _plots(out_dir: Path, rows, results, nets) -> list[Path]:
 
     from snens import plots
     from snens.datasets import build_data
-    from snens.train import predict
+    from snens.fit import predict
 
     # every run scores the same test set: build it once, without OOD and corrupted sets
     first = next(iter(nets.values()))[1]

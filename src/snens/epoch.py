@@ -3,7 +3,7 @@
     loss = ensemble_loss(model(x), y) + diversity_loss(model, τ, λ)    (second term if λ > 0)
 
 :func:`run_epoch` is the step of the engine (:func:`snens.train.train`) and of
-:func:`snens.train.fit`: forward (bf16 autocast if set) → loss → a non-finite loss stops the run
+:func:`snens.fit.fit`: forward (bf16 autocast if set) → loss → a non-finite loss stops the run
 or skips the step → backward → gradient clipping → optimizer and schedule step.
 """
 

@@ -21,35 +21,42 @@ and library versions repeat exactly. bf16 autocast and ``torch.compile`` may pic
 kernels on other hardware, so compare such runs within a tolerance. An operation without a
 deterministic implementation then raises an error naming it rather than running silently.
 
-:func:`fit` and :func:`predict` are the small helpers for a model and batches you built
-yourself; :func:`fit` runs the same step as the engine.
+What a config builds (model, optimizer, schedule, the process's settings) lives in
+:mod:`snens.build`; a finished or interrupted run's model and metrics, again from its
+directory, in :mod:`snens.reload`; :func:`~snens.fit.fit` and :func:`~snens.fit.predict`
+(:mod:`snens.fit`) are the small helpers for a model and batches you built yourself, and
+:func:`~snens.fit.fit` runs the same step as the engine. Their public names are re-exported here.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import functools
-import math
 import os
-import random
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
-from snens import baselines, distributed
+from snens import distributed
 from snens.allocation import mean_effective_members
+from snens.build import (
+    build_model,
+    build_optimizer,
+    build_schedule,
+    lr_factor,
+    reproducible,
+    resolve_device,
+    seed_everything,
+    select_finetune,
+    text_encoder,
+)
 from snens.checkpoint import (
-    CheckpointError,
     load_checkpoint,
     load_model_state,
     remove_stale_temporaries,
@@ -57,31 +64,21 @@ from snens.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from snens.config import (
-    OptimConfig,
-    RunConfig,
-    from_dict,
-    load_config,
-    to_dict,
-)
+from snens.config import RunConfig, to_dict
 from snens.datasets import Data, build_data
 from snens.epoch import EpochStats, NonFiniteLossError, StepSettings, run_epoch
 from snens.evaluate import evaluate
-from snens.nn.linear import MemberLinear
-from snens.nn.norms import MemberNorm
-from snens.nn.surgery import is_norm
-from snens.optim import GAMMA_LR_MULTIPLIER, param_groups
-from snens.regularizer import DEFAULT_TEMPERATURE, diversity_gain, optimal_k
-from snens.runs import (
-    CONFIG,
-    Run,
-    RunDirError,
-    check_new_run,
-    config_differences,
-    create_run,
-    hold_run,
-    open_run,
+from snens.fit import TrainResult, fit, predict
+from snens.optim import param_groups
+from snens.regularizer import diversity_gain, optimal_k
+from snens.reload import (
+    check_progress,
+    evaluate_run,
+    load_run_model,
+    saved_config,
+    validation_metrics,
 )
+from snens.runs import Run, check_new_run, create_run, hold_run, open_run
 
 __all__ = [
     "Data",
@@ -103,162 +100,6 @@ __all__ = [
     "select_finetune",
     "train",
 ]
-
-
-# ------------------------------------------------------------------------------------------------
-# Model, parameter groups, optimizer, schedule
-# ------------------------------------------------------------------------------------------------
-
-
-def build_model(config: RunConfig, *, num_classes: int, channels: int | None) -> nn.Module:
-    """The method of ``config.method`` over the backbone of ``config.model``, freshly built.
-
-    ``in_channels`` and ``num_classes`` come from the data set unless the config sets them;
-    ``channels`` is None for text (the backbone takes token ids).
-    """
-    image = {} if channels is None else {"in_channels": channels}
-    backbone_options = {**image, **config.model.options}
-    options = dict(config.method.options)
-    if config.method.name == "snens":
-        options.setdefault("input_policy", config.method.input_policy)
-    single = config.method.name == "single"
-    return baselines.create(
-        config.method.name,
-        config.model.backbone,
-        num_classes=config.model.num_classes or num_classes,
-        num_members=None if single else config.method.num_members,
-        backbone_options=backbone_options,
-        **options,
-    )
-
-
-def _is_head(module: nn.Module, num_classes: int) -> bool:
-    # A member head, or any linear layer with K outputs (each deep-ensemble member's head).
-    if isinstance(module, MemberLinear):
-        return True
-    linear = isinstance(module, nn.Linear) or type(module).__name__.endswith("Linear")
-    return linear and getattr(module, "out_features", None) == num_classes
-
-
-def select_finetune(model: nn.Module, mode: str, num_classes: int) -> int:
-    """Freeze what ``mode`` does not train; return the number of trainable parameters.
-
-    ``"all"`` trains everything. ``"norms_and_heads"`` trains the parameters of every norm
-    layer (member norms with their gamma, plain norms) and of the heads (member heads, and
-    every linear layer with K outputs); everything else is frozen.
-
-    Raises:
-        ValueError: ``norms_and_heads`` found no norm and no head to train.
-    """
-    if mode == "norms_and_heads":
-        keep = {
-            id(p)
-            for module in model.modules()
-            if is_norm(module) or _is_head(module, num_classes)
-            for p in module.parameters(recurse=False)
-        }
-        if not keep:
-            raise ValueError(
-                "optim.finetune 'norms_and_heads' found no norm layer and no head with "
-                f"{num_classes} outputs in {type(model).__name__}; use finetune 'all'"
-            )
-        for p in model.parameters():
-            p.requires_grad_(id(p) in keep)
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
-
-
-def build_optimizer(config: OptimConfig, groups: list[dict]) -> torch.optim.Optimizer:
-    """SGD (momentum, optionally Nesterov) or AdamW over the given parameter groups."""
-    if config.optimizer == "sgd":
-        return torch.optim.SGD(
-            groups, lr=config.lr, momentum=config.momentum, nesterov=config.nesterov
-        )
-    return torch.optim.AdamW(groups, lr=config.lr, betas=tuple(config.betas))
-
-
-def lr_factor(
-    step: int,
-    *,
-    total_steps: int,
-    warmup_steps: int = 0,
-    schedule: str = "cosine",
-    steps_per_epoch: int = 1,
-    milestones: tuple[int, ...] = (),
-    decay: float = 0.1,
-) -> float:
-    """The learning rate of step ``step`` (0-based) over the base learning rate.
-
-    warm-up:    (step + 1) / warmup_steps                     for step < warmup_steps
-    cosine:     ½·(1 + cos(π·t)),  t = (step − warmup) / (total − warmup) ∈ [0, 1]
-    multistep:  decay ** (number of milestones ≤ the step's epoch)
-    constant:   1
-    """
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
-    if schedule == "cosine":
-        t = (step - warmup_steps) / max(total_steps - warmup_steps, 1)
-        return 0.5 * (1.0 + math.cos(math.pi * min(t, 1.0)))
-    if schedule == "multistep":
-        epoch = step // steps_per_epoch
-        return decay ** sum(epoch >= m for m in milestones)
-    return 1.0
-
-
-def build_schedule(
-    config: OptimConfig, optimizer: torch.optim.Optimizer, steps_per_epoch: int
-) -> torch.optim.lr_scheduler.LambdaLR:
-    """A per-step schedule of :func:`lr_factor` (stepped after every optimizer step)."""
-    factor = functools.partial(
-        lr_factor,
-        total_steps=config.epochs * steps_per_epoch,
-        warmup_steps=config.warmup_epochs * steps_per_epoch,
-        schedule=config.schedule,
-        steps_per_epoch=steps_per_epoch,
-        milestones=config.milestones,
-        decay=config.lr_decay,
-    )
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-
-
-# ------------------------------------------------------------------------------------------------
-# The engine
-# ------------------------------------------------------------------------------------------------
-
-
-def seed_everything(seed: int) -> None:
-    """Seed Python's, NumPy's and torch's global generators (torch: every device)."""
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-@contextlib.contextmanager
-def _reproducibility(config: RunConfig) -> Iterator[None]:
-    """Set threads and deterministic algorithms for the run; restore the process's after."""
-    threads = torch.get_num_threads()
-    deterministic = torch.are_deterministic_algorithms_enabled()
-    benchmark = torch.backends.cudnn.benchmark
-    if config.threads:
-        torch.set_num_threads(config.threads)
-    if config.deterministic:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True)
-        torch.backends.cudnn.benchmark = False
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-        torch.use_deterministic_algorithms(deterministic)
-        torch.backends.cudnn.benchmark = benchmark
-
-
-def _device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r} asked for, but CUDA is not available; use 'cpu'")
-    return device
 
 
 class _CompiledOrEager:
@@ -300,12 +141,6 @@ def _describe_groups(groups: list[dict]) -> str:
         f"params, lr {g['lr']:.3g}, weight decay {g['weight_decay']:g}"
         for g in groups
     )
-
-
-def _encoder(config: RunConfig) -> str | None:
-    """The text encoder the model is built from (its ``encoder`` option), for its tokenizer."""
-    encoder = config.model.options.get("encoder")
-    return str(encoder) if encoder else None
 
 
 def _run_path(config: RunConfig, run_dir: str | os.PathLike | None) -> Path:
@@ -391,12 +226,14 @@ def _train(
     path = group.broadcast(_run_path(config, run_dir), "agreeing on the run directory")
     config = _check_start(config, group, path, resume=resume)
 
-    with _reproducibility(config):
+    with reproducible(config):
         seed_everything(config.seed)
-        device = _device(config.device)
+        device = resolve_device(config.device)
 
         # -- data
-        loaded = build_data(config.data, seed=config.seed, device=device, encoder=_encoder(config))
+        loaded = build_data(
+            config.data, seed=config.seed, device=device, encoder=text_encoder(config)
+        )
         if group.enabled:
             loaded.train.shard(group.rank, group.world_size)
         steps_per_epoch = len(loaded.train)
@@ -550,9 +387,9 @@ def _resume_state(
         say(f"resuming {run.path}: no checkpoint yet, starting from epoch 1")
         return 0, 0, 0.0, 0
     state = load_checkpoint(run.checkpoint)
-    if _saved_config(state, run.checkpoint) != to_dict(run.config):
+    if saved_config(state, run.checkpoint) != to_dict(run.config):
         raise ValueError(f"{run.checkpoint} was saved by another config than {run.path}")
-    _check_progress(state, run.checkpoint, run.config.optim.epochs)
+    check_progress(state, run.checkpoint, run.config.optim.epochs)
     load_model_state(model, state["model"])
     optimizer.load_state_dict(state["optimizer"])
     schedule.load_state_dict(state["schedule"])
@@ -624,7 +461,7 @@ def _epoch_record(
         record["diversity_gain"] = diversity_gain(model, config.method.temperature)
         record["effective_members"] = mean_effective_members(model)
     if loaded.validation is not None:  # the learning curve, on held-out training data
-        record.update(_validation_metrics(model, loaded.validation, _CURVE_METRICS))
+        record.update(validation_metrics(model, loaded.validation, _CURVE_METRICS))
     if config.eval_every and epoch % config.eval_every == 0:
         quick = evaluate(model, loaded.test)
         record.update({k: quick[k] for k in ("test/accuracy", "test/nll", "test/ece")})
@@ -683,7 +520,7 @@ def _final_results(
     """final.json: the full evaluation, the model's size and the training counters."""
     results = evaluate(model, loaded.test, ood=loaded.ood, corruptions=loaded.corruptions)
     if loaded.validation is not None:
-        results.update(_validation_metrics(model, loaded.validation))
+        results.update(validation_metrics(model, loaded.validation))
     final: dict[str, Any] = {
         "metrics": results,
         "model": _model_summary(model, config),
@@ -700,36 +537,6 @@ def _final_results(
     return final
 
 
-def _check_progress(state: Mapping[str, Any], checkpoint: Path, epochs: int) -> None:
-    """A checkpoint's counters must be what training can have written: a valid digest proves
-    the file whole, not its values (an edited ``epoch = 10**9`` would end training at once and
-    report a billion epochs)."""
-
-    def count(key: str, low: int, high: float) -> int:
-        value = state.get(key, 0)
-        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            raise CheckpointError(
-                f"{checkpoint}: {key} = {value!r} is not an int in {low}..{high}, so the file "
-                "was not written by this run's training; resume from prev.pt (copy it over "
-                "last.pt) or start the run again"
-            )
-        return value
-
-    count("epoch", 0, epochs)
-    step = count("step", 0, math.inf)
-    count("skipped_steps", 0, step)
-    seconds = state.get("seconds", 0.0)
-    if (
-        isinstance(seconds, bool)
-        or not isinstance(seconds, int | float)
-        or not (math.isfinite(seconds) and seconds >= 0)
-    ):
-        raise CheckpointError(
-            f"{checkpoint}: seconds = {seconds!r} is not a finite number >= 0; resume from "
-            "prev.pt (copy it over last.pt) or start the run again"
-        )
-
-
 #: Validation metrics logged after every epoch: the learning curve, and where members differ.
 _CURVE_METRICS = (
     "accuracy",
@@ -739,15 +546,6 @@ _CURVE_METRICS = (
     "member_accuracy_mean",
     "member_nll_mean",
 )
-
-
-def _validation_metrics(
-    model: nn.Module, loader: Any, names: tuple[str, ...] | None = None
-) -> dict[str, float]:
-    """``val/<metric>`` of the ensemble on the validation set (all test metrics, or ``names``)."""
-    values = evaluate(model, loader)
-    keep = {f"test/{n}" for n in names} if names else values.keys()
-    return {"val/" + k.removeprefix("test/"): v for k, v in values.items() if k in keep}
 
 
 def _legend_line(config: RunConfig) -> str:
@@ -791,191 +589,3 @@ def _model_summary(model: nn.Module, config: RunConfig) -> dict[str, Any]:
         summary["effective_members"] = mean_effective_members(model)
         summary["k_star"] = optimal_k(config.method.temperature, config.method.num_members)
     return summary
-
-
-def _saved_config(state: Mapping[str, Any], checkpoint: Path) -> dict[str, Any]:
-    """The config a checkpoint was trained with, every key of today's config present: a key
-    added since it was saved reads as its default (what the older code did), so a run made
-    before a new option still resumes and evaluates."""
-    try:
-        return to_dict(from_dict(state["config"]))
-    except (ValueError, TypeError) as error:
-        raise CheckpointError(
-            f"{checkpoint} holds a config this version of snens cannot read ({error}); "
-            "evaluate or resume it with the snens version that trained it"
-        ) from error
-
-
-def load_run_model(run_dir: str | os.PathLike) -> tuple[nn.Module, RunConfig, dict[str, Any]]:
-    """A run's model, rebuilt from its config.toml and loaded from its verified last.pt.
-
-    Returns:
-        ``(model, config, state)``: the model on the run's device (in training mode, as
-        built), the run's config and the checkpoint.
-
-    Raises:
-        RunDirError: not a run directory.
-        FileNotFoundError: the run has no last.pt.
-        CheckpointError: last.pt is truncated, modified, holds impossible counters, does not
-            fit the model, or was trained with another config than config.toml now holds (an
-            edited config.toml would describe other data or another model).
-    """
-    path = Path(run_dir)
-    if not (path / CONFIG).is_file():
-        raise RunDirError(f"{path} is not a run directory (no {CONFIG})")
-    config = load_config(path / CONFIG)
-    state = load_checkpoint(path / "last.pt")
-    saved = _saved_config(state, path / "last.pt")
-    if saved != to_dict(config):
-        changed = config_differences(saved, to_dict(config))
-        raise CheckpointError(
-            f"{path / CONFIG} differs from the config {path / 'last.pt'} was trained with "
-            f"({'; '.join(changed)}); evaluating it would score other data or another model "
-            "as this run's. Restore config.toml, or train a new run with the new settings"
-        )
-    _check_progress(state, path / "last.pt", config.optim.epochs)
-    num_classes, channels = _data_shape(config)
-    with _reproducibility(config):
-        torch.manual_seed(config.seed)
-        model = build_model(config, num_classes=num_classes, channels=channels)
-        load_model_state(model, state["model"])
-        model.to(_device(config.device))
-    return model, config, state
-
-
-def _data_shape(config: RunConfig) -> tuple[int, int | None]:
-    """(K, input channels) of the run's data set, without loading it (None channels: text)."""
-    from snens.datasets import data_shape
-
-    return data_shape(config.data)
-
-
-def evaluate_run(
-    run_dir: str | os.PathLike,
-    *,
-    ood_score: str | Sequence[str] = "msp",
-    corruptions: bool = True,
-) -> tuple[dict[str, float], dict[str, Any]]:
-    """Re-evaluate a run: its model (:func:`load_run_model`) on its data, rebuilt from its
-    config.toml, with the run's threads and determinism settings, so it reproduces
-    ``final.json``'s metrics.
-
-    Args:
-        run_dir: the run directory.
-        ood_score: as in :func:`snens.evaluate` (a list scores each OOD set several ways).
-        corruptions: False leaves the corrupted test sets out (the slow part).
-
-    Returns:
-        ``(metrics, state)``: what :func:`snens.evaluate` returns, and the checkpoint.
-
-    Raises:
-        RunDirError, FileNotFoundError, CheckpointError: see :func:`load_run_model`.
-    """
-    model, config, state = load_run_model(run_dir)
-    data_config = dataclasses.replace(
-        config.data, corruptions=config.data.corruptions and corruptions
-    )
-    with _reproducibility(config):
-        device = _device(config.device)
-        loaded = build_data(data_config, seed=config.seed, device=device, encoder=_encoder(config))
-        metrics = evaluate(
-            model,
-            loaded.test,
-            ood=loaded.ood,
-            corruptions=loaded.corruptions,
-            ood_score=ood_score,
-        )
-    if loaded.validation is not None:
-        metrics.update(_validation_metrics(model, loaded.validation))
-    return metrics, state
-
-
-# ------------------------------------------------------------------------------------------------
-# Helpers for a model and batches built by hand
-# ------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TrainResult:
-    """What :func:`fit` measured, per epoch: mean task loss, gain over uniform, seconds."""
-
-    task_loss: tuple[float, ...]
-    diversity_gain: tuple[float, ...]
-    seconds: float
-
-
-def _has_member_norms(model: nn.Module) -> bool:
-    return any(isinstance(m, MemberNorm) for m in model.modules())
-
-
-def fit(
-    model: nn.Module,
-    batches: Iterable[tuple[Tensor, Tensor]],
-    *,
-    epochs: int,
-    lr: float = 3e-3,
-    weight_decay: float = 0.0,
-    temperature: float = DEFAULT_TEMPERATURE,
-    diversity_weight: float = 0.1,
-    gamma_lr_multiplier: float = GAMMA_LR_MULTIPLIER,
-    log: Callable[[str], None] | None = print,
-) -> TrainResult:
-    """Train ``model`` with AdamW and a cosine schedule; add the diversity loss for σN-Ens.
-
-    Loss per batch: ``ensemble_loss(model(x), y) + diversity_loss(model, τ, λ)`` (the second
-    term only when the model holds member norms). The step is :func:`run_epoch`'s.
-
-    Args:
-        model: returns logits (M, B, K) from inputs (B, …).
-        batches: re-iterable (x, y) batches, e.g. a ``snens.data.TensorLoader``.
-        epochs: passes over ``batches``.
-        lr: base learning rate (gamma: lr × gamma_lr_multiplier).
-        weight_decay: AdamW weight decay of conv/linear weights.
-        temperature: τ of the diversity regularizer.
-        diversity_weight: λ of the diversity regularizer.
-        gamma_lr_multiplier: see :func:`snens.param_groups`.
-        log: called with one line per epoch; None for silence.
-
-    Raises:
-        ValueError: on ``epochs < 1``; :class:`NonFiniteLossError` (a ``ValueError``) on a
-            non-finite loss, naming the epoch and step.
-    """
-    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
-        raise ValueError(f"epochs must be an int >= 1, got {epochs!r}")
-    regularize = _has_member_norms(model) and diversity_weight > 0
-    optimizer = torch.optim.AdamW(param_groups(model, lr, weight_decay, gamma_lr_multiplier), lr=lr)
-    steps = epochs * len(batches)  # type: ignore[arg-type]
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, functools.partial(lr_factor, total_steps=steps, schedule="cosine")
-    )
-    settings = StepSettings(
-        temperature=temperature, diversity_weight=diversity_weight if regularize else 0.0
-    )
-    losses, gains, step = [], [], 0
-    start = time.perf_counter()
-    for epoch in range(epochs):
-        stats = run_epoch(model, batches, optimizer, schedule, settings, epoch=epoch, step=step)
-        step += stats.steps
-        losses.append(stats.task_loss)
-        gains.append(diversity_gain(model, temperature) if regularize else 0.0)
-        if log is not None:
-            log(
-                f"  epoch {epoch + 1}/{epochs}  loss {losses[-1]:.4f}  "
-                f"gain over uniform {gains[-1]:.4f}  {time.perf_counter() - start:.0f}s"
-            )
-    return TrainResult(tuple(losses), tuple(gains), time.perf_counter() - start)
-
-
-@torch.no_grad()
-def predict(model: nn.Module, batches: Iterable[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
-    """Member probabilities and labels over all batches, in eval mode.
-
-    Shape:
-        Output: member probabilities (M, N, K) in float32, labels (N,).
-    """
-    model.eval()
-    probs, labels = [], []
-    for x, y in batches:
-        probs.append(model(x).float().softmax(dim=-1))
-        labels.append(y)
-    return torch.cat(probs, dim=1), torch.cat(labels)

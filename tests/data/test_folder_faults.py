@@ -273,7 +273,7 @@ def test_spawned_workers_share_the_bad_image_flags(tmp_path):
     loader = torch.utils.data.DataLoader(
         dataset, batch_size=9, num_workers=1, multiprocessing_context="spawn"
     )
-    (x, y), = list(loader)
+    ((x, y),) = list(loader)
     assert y.tolist() == dataset.targets
     assert sorted(p.name for p in dataset.bad_images) == sorted(_BAD)
     # the main process now skips them without decoding: no warning, the replacement read

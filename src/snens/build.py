@@ -1,0 +1,196 @@
+"""What a run config builds, and the settings its process runs under.
+
+:func:`build_model` (the method over its backbone, freshly built), :func:`select_finetune`
+(what trains), :func:`build_optimizer` and :func:`build_schedule` (per step, of
+:func:`lr_factor`); and for the process: :func:`seed_everything`, :func:`reproducible`
+(threads and deterministic algorithms), :func:`resolve_device`, and :func:`text_encoder` (whose
+tokenizer the data needs). The engine (:func:`snens.train.train`) and a reloaded run
+(:mod:`snens.reload`) both build through these.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import os
+import random
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+from torch import nn
+
+from snens import baselines
+from snens.config import OptimConfig, RunConfig
+from snens.nn.linear import MemberLinear
+from snens.nn.surgery import is_norm
+
+__all__ = [
+    "build_model",
+    "build_optimizer",
+    "build_schedule",
+    "lr_factor",
+    "reproducible",
+    "resolve_device",
+    "seed_everything",
+    "select_finetune",
+    "text_encoder",
+]
+
+
+def build_model(config: RunConfig, *, num_classes: int, channels: int | None) -> nn.Module:
+    """The method of ``config.method`` over the backbone of ``config.model``, freshly built.
+
+    ``in_channels`` and ``num_classes`` come from the data set unless the config sets them;
+    ``channels`` is None for text (the backbone takes token ids).
+    """
+    image = {} if channels is None else {"in_channels": channels}
+    backbone_options = {**image, **config.model.options}
+    options = dict(config.method.options)
+    if config.method.name == "snens":
+        options.setdefault("input_policy", config.method.input_policy)
+    single = config.method.name == "single"
+    return baselines.create(
+        config.method.name,
+        config.model.backbone,
+        num_classes=config.model.num_classes or num_classes,
+        num_members=None if single else config.method.num_members,
+        backbone_options=backbone_options,
+        **options,
+    )
+
+
+def _is_head(module: nn.Module, num_classes: int) -> bool:
+    # A member head, or any linear layer with K outputs (each deep-ensemble member's head).
+    if isinstance(module, MemberLinear):
+        return True
+    linear = isinstance(module, nn.Linear) or type(module).__name__.endswith("Linear")
+    return linear and getattr(module, "out_features", None) == num_classes
+
+
+def select_finetune(model: nn.Module, mode: str, num_classes: int) -> int:
+    """Freeze what ``mode`` does not train; return the number of trainable parameters.
+
+    ``"all"`` trains everything. ``"norms_and_heads"`` trains the parameters of every norm
+    layer (member norms with their gamma, plain norms) and of the heads (member heads, and
+    every linear layer with K outputs); everything else is frozen.
+
+    Raises:
+        ValueError: ``norms_and_heads`` found no norm and no head to train.
+    """
+    if mode == "norms_and_heads":
+        keep = {
+            id(p)
+            for module in model.modules()
+            if is_norm(module) or _is_head(module, num_classes)
+            for p in module.parameters(recurse=False)
+        }
+        if not keep:
+            raise ValueError(
+                "optim.finetune 'norms_and_heads' found no norm layer and no head with "
+                f"{num_classes} outputs in {type(model).__name__}; use finetune 'all'"
+            )
+        for p in model.parameters():
+            p.requires_grad_(id(p) in keep)
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def build_optimizer(config: OptimConfig, groups: list[dict]) -> torch.optim.Optimizer:
+    """SGD (momentum, optionally Nesterov) or AdamW over the given parameter groups."""
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(
+            groups, lr=config.lr, momentum=config.momentum, nesterov=config.nesterov
+        )
+    return torch.optim.AdamW(groups, lr=config.lr, betas=tuple(config.betas))
+
+
+def lr_factor(
+    step: int,
+    *,
+    total_steps: int,
+    warmup_steps: int = 0,
+    schedule: str = "cosine",
+    steps_per_epoch: int = 1,
+    milestones: tuple[int, ...] = (),
+    decay: float = 0.1,
+) -> float:
+    """The learning rate of step ``step`` (0-based) over the base learning rate.
+
+    warm-up:    (step + 1) / warmup_steps                     for step < warmup_steps
+    cosine:     ½·(1 + cos(π·t)),  t = (step − warmup) / (total − warmup) ∈ [0, 1]
+    multistep:  decay ** (number of milestones ≤ the step's epoch)
+    constant:   1
+    """
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "cosine":
+        t = (step - warmup_steps) / max(total_steps - warmup_steps, 1)
+        return 0.5 * (1.0 + math.cos(math.pi * min(t, 1.0)))
+    if schedule == "multistep":
+        epoch = step // steps_per_epoch
+        return decay ** sum(epoch >= m for m in milestones)
+    return 1.0
+
+
+def build_schedule(
+    config: OptimConfig, optimizer: torch.optim.Optimizer, steps_per_epoch: int
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """A per-step schedule of :func:`lr_factor` (stepped after every optimizer step)."""
+    factor = functools.partial(
+        lr_factor,
+        total_steps=config.epochs * steps_per_epoch,
+        warmup_steps=config.warmup_epochs * steps_per_epoch,
+        schedule=config.schedule,
+        steps_per_epoch=steps_per_epoch,
+        milestones=config.milestones,
+        decay=config.lr_decay,
+    )
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's global generators (torch: every device)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+@contextlib.contextmanager
+def reproducible(config: RunConfig) -> Iterator[None]:
+    """Set threads and deterministic algorithms for the run; restore the process's after."""
+    threads = torch.get_num_threads()
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    benchmark = torch.backends.cudnn.benchmark
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    if config.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic)
+        torch.backends.cudnn.benchmark = benchmark
+
+
+def resolve_device(name: str) -> torch.device:
+    """The device ``name`` names; ``"auto"``: CUDA when available, else the CPU.
+
+    Raises:
+        ValueError: a CUDA device asked for where CUDA is not available.
+    """
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} asked for, but CUDA is not available; use 'cpu'")
+    return device
+
+
+def text_encoder(config: RunConfig) -> str | None:
+    """The text encoder the model is built from (its ``encoder`` option), for its tokenizer."""
+    encoder = config.model.options.get("encoder")
+    return str(encoder) if encoder else None

@@ -1,0 +1,110 @@
+"""Training and prediction for a model and batches built by hand, without a run directory.
+
+:func:`fit` trains with the engine's step (:func:`snens.epoch.run_epoch`), AdamW and a cosine
+schedule; :func:`predict` returns the member probabilities and labels. For a run from a config,
+with checkpoints, resuming and the full evaluation, use :func:`snens.train.train`.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from snens.build import lr_factor
+from snens.epoch import StepSettings, run_epoch
+from snens.nn.norms import MemberNorm
+from snens.optim import GAMMA_LR_MULTIPLIER, param_groups
+from snens.regularizer import DEFAULT_TEMPERATURE, diversity_gain
+
+__all__ = ["TrainResult", "fit", "predict"]
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What :func:`fit` measured, per epoch: mean task loss, gain over uniform, seconds."""
+
+    task_loss: tuple[float, ...]
+    diversity_gain: tuple[float, ...]
+    seconds: float
+
+
+def _has_member_norms(model: nn.Module) -> bool:
+    return any(isinstance(m, MemberNorm) for m in model.modules())
+
+
+def fit(
+    model: nn.Module,
+    batches: Iterable[tuple[Tensor, Tensor]],
+    *,
+    epochs: int,
+    lr: float = 3e-3,
+    weight_decay: float = 0.0,
+    temperature: float = DEFAULT_TEMPERATURE,
+    diversity_weight: float = 0.1,
+    gamma_lr_multiplier: float = GAMMA_LR_MULTIPLIER,
+    log: Callable[[str], None] | None = print,
+) -> TrainResult:
+    """Train ``model`` with AdamW and a cosine schedule; add the diversity loss for σN-Ens.
+
+    Loss per batch: ``ensemble_loss(model(x), y) + diversity_loss(model, τ, λ)`` (the second
+    term only when the model holds member norms). The step is :func:`run_epoch`'s.
+
+    Args:
+        model: returns logits (M, B, K) from inputs (B, …).
+        batches: re-iterable (x, y) batches, e.g. a ``snens.data.TensorLoader``.
+        epochs: passes over ``batches``.
+        lr: base learning rate (gamma: lr × gamma_lr_multiplier).
+        weight_decay: AdamW weight decay of conv/linear weights.
+        temperature: τ of the diversity regularizer.
+        diversity_weight: λ of the diversity regularizer.
+        gamma_lr_multiplier: see :func:`snens.param_groups`.
+        log: called with one line per epoch; None for silence.
+
+    Raises:
+        ValueError: on ``epochs < 1``; :class:`NonFiniteLossError` (a ``ValueError``) on a
+            non-finite loss, naming the epoch and step.
+    """
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+        raise ValueError(f"epochs must be an int >= 1, got {epochs!r}")
+    regularize = _has_member_norms(model) and diversity_weight > 0
+    optimizer = torch.optim.AdamW(param_groups(model, lr, weight_decay, gamma_lr_multiplier), lr=lr)
+    steps = epochs * len(batches)  # type: ignore[arg-type]
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, functools.partial(lr_factor, total_steps=steps, schedule="cosine")
+    )
+    settings = StepSettings(
+        temperature=temperature, diversity_weight=diversity_weight if regularize else 0.0
+    )
+    losses, gains, step = [], [], 0
+    start = time.perf_counter()
+    for epoch in range(epochs):
+        stats = run_epoch(model, batches, optimizer, schedule, settings, epoch=epoch, step=step)
+        step += stats.steps
+        losses.append(stats.task_loss)
+        gains.append(diversity_gain(model, temperature) if regularize else 0.0)
+        if log is not None:
+            log(
+                f"  epoch {epoch + 1}/{epochs}  loss {losses[-1]:.4f}  "
+                f"gain over uniform {gains[-1]:.4f}  {time.perf_counter() - start:.0f}s"
+            )
+    return TrainResult(tuple(losses), tuple(gains), time.perf_counter() - start)
+
+
+@torch.no_grad()
+def predict(model: nn.Module, batches: Iterable[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
+    """Member probabilities and labels over all batches, in eval mode.
+
+    Shape:
+        Output: member probabilities (M, N, K) in float32, labels (N,).
+    """
+    model.eval()
+    probs, labels = [], []
+    for x, y in batches:
+        probs.append(model(x).float().softmax(dim=-1))
+        labels.append(y)
+    return torch.cat(probs, dim=1), torch.cat(labels)

@@ -1,0 +1,173 @@
+"""A finished or interrupted run's model and metrics again, from its directory.
+
+:func:`load_run_model` rebuilds the model from the run's config.toml and loads its verified
+last.pt; :func:`evaluate_run` scores it on its data as the engine did, so it reproduces
+final.json's metrics. The checks of a checkpoint (:func:`saved_config`, :func:`check_progress`)
+and the validation metrics (:func:`validation_metrics`) are the ones the engine
+(:mod:`snens.train`) uses when it resumes and trains.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from snens.build import build_model, reproducible, resolve_device, text_encoder
+from snens.checkpoint import CheckpointError, load_checkpoint, load_model_state
+from snens.config import RunConfig, from_dict, load_config, to_dict
+from snens.datasets import build_data
+from snens.evaluate import evaluate
+from snens.runs import CONFIG, RunDirError, config_differences
+
+__all__ = [
+    "check_progress",
+    "evaluate_run",
+    "load_run_model",
+    "saved_config",
+    "validation_metrics",
+]
+
+
+def check_progress(state: Mapping[str, Any], checkpoint: Path, epochs: int) -> None:
+    """A checkpoint's counters must be what training can have written: a valid digest proves
+    the file whole, not its values (an edited ``epoch = 10**9`` would end training at once and
+    report a billion epochs)."""
+
+    def count(key: str, low: int, high: float) -> int:
+        value = state.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise CheckpointError(
+                f"{checkpoint}: {key} = {value!r} is not an int in {low}..{high}, so the file "
+                "was not written by this run's training; resume from prev.pt (copy it over "
+                "last.pt) or start the run again"
+            )
+        return value
+
+    count("epoch", 0, epochs)
+    step = count("step", 0, math.inf)
+    count("skipped_steps", 0, step)
+    seconds = state.get("seconds", 0.0)
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int | float)
+        or not (math.isfinite(seconds) and seconds >= 0)
+    ):
+        raise CheckpointError(
+            f"{checkpoint}: seconds = {seconds!r} is not a finite number >= 0; resume from "
+            "prev.pt (copy it over last.pt) or start the run again"
+        )
+
+
+def validation_metrics(
+    model: nn.Module, loader: Any, names: tuple[str, ...] | None = None
+) -> dict[str, float]:
+    """``val/<metric>`` of the ensemble on the validation set (all test metrics, or ``names``)."""
+    values = evaluate(model, loader)
+    keep = {f"test/{n}" for n in names} if names else values.keys()
+    return {"val/" + k.removeprefix("test/"): v for k, v in values.items() if k in keep}
+
+
+def saved_config(state: Mapping[str, Any], checkpoint: Path) -> dict[str, Any]:
+    """The config a checkpoint was trained with, every key of today's config present: a key
+    added since it was saved reads as its default (what the older code did), so a run made
+    before a new option still resumes and evaluates."""
+    try:
+        return to_dict(from_dict(state["config"]))
+    except (ValueError, TypeError) as error:
+        raise CheckpointError(
+            f"{checkpoint} holds a config this version of snens cannot read ({error}); "
+            "evaluate or resume it with the snens version that trained it"
+        ) from error
+
+
+def load_run_model(run_dir: str | os.PathLike) -> tuple[nn.Module, RunConfig, dict[str, Any]]:
+    """A run's model, rebuilt from its config.toml and loaded from its verified last.pt.
+
+    Returns:
+        ``(model, config, state)``: the model on the run's device (in training mode, as
+        built), the run's config and the checkpoint.
+
+    Raises:
+        RunDirError: not a run directory.
+        FileNotFoundError: the run has no last.pt.
+        CheckpointError: last.pt is truncated, modified, holds impossible counters, does not
+            fit the model, or was trained with another config than config.toml now holds (an
+            edited config.toml would describe other data or another model).
+    """
+    path = Path(run_dir)
+    if not (path / CONFIG).is_file():
+        raise RunDirError(f"{path} is not a run directory (no {CONFIG})")
+    config = load_config(path / CONFIG)
+    state = load_checkpoint(path / "last.pt")
+    saved = saved_config(state, path / "last.pt")
+    if saved != to_dict(config):
+        changed = config_differences(saved, to_dict(config))
+        raise CheckpointError(
+            f"{path / CONFIG} differs from the config {path / 'last.pt'} was trained with "
+            f"({'; '.join(changed)}); evaluating it would score other data or another model "
+            "as this run's. Restore config.toml, or train a new run with the new settings"
+        )
+    check_progress(state, path / "last.pt", config.optim.epochs)
+    num_classes, channels = _data_shape(config)
+    with reproducible(config):
+        torch.manual_seed(config.seed)
+        model = build_model(config, num_classes=num_classes, channels=channels)
+        load_model_state(model, state["model"])
+        model.to(resolve_device(config.device))
+    return model, config, state
+
+
+def _data_shape(config: RunConfig) -> tuple[int, int | None]:
+    """(K, input channels) of the run's data set, without loading it (None channels: text)."""
+    from snens.datasets import data_shape
+
+    return data_shape(config.data)
+
+
+def evaluate_run(
+    run_dir: str | os.PathLike,
+    *,
+    ood_score: str | Sequence[str] = "msp",
+    corruptions: bool = True,
+) -> tuple[dict[str, float], dict[str, Any]]:
+    """Re-evaluate a run: its model (:func:`load_run_model`) on its data, rebuilt from its
+    config.toml, with the run's threads and determinism settings, so it reproduces
+    ``final.json``'s metrics.
+
+    Args:
+        run_dir: the run directory.
+        ood_score: as in :func:`snens.evaluate` (a list scores each OOD set several ways).
+        corruptions: False leaves the corrupted test sets out (the slow part).
+
+    Returns:
+        ``(metrics, state)``: what :func:`snens.evaluate` returns, and the checkpoint.
+
+    Raises:
+        RunDirError, FileNotFoundError, CheckpointError: see :func:`load_run_model`.
+    """
+    model, config, state = load_run_model(run_dir)
+    data_config = dataclasses.replace(
+        config.data, corruptions=config.data.corruptions and corruptions
+    )
+    with reproducible(config):
+        device = resolve_device(config.device)
+        loaded = build_data(
+            data_config, seed=config.seed, device=device, encoder=text_encoder(config)
+        )
+        metrics = evaluate(
+            model,
+            loaded.test,
+            ood=loaded.ood,
+            corruptions=loaded.corruptions,
+            ood_score=ood_score,
+        )
+    if loaded.validation is not None:
+        metrics.update(validation_metrics(model, loaded.validation))
+    return metrics, state
