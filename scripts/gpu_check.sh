@@ -1,0 +1,488 @@
+#!/usr/bin/env bash
+# What snens does on a machine with a CUDA device, measured in one run and written to one report.
+#
+#   scripts/gpu_check.sh [--device cuda|cpu] [--tiny] [--out FILE]
+#
+# Six sections, each under its own time limit (seconds, LIMITS_* below), each written to the
+# report even when it fails; the script goes on and exits 1 if any section failed:
+#
+#   1. environment    nvidia-smi, torch, CUDA, cuDNN, NCCL, the device, bf16 support
+#   2. CUDA tests     python -m pytest -q -m cuda (on a CPU they are collected and skip)
+#   3. bench ratios   snens bench --steps-only, --norms-only (tiny: --quick)
+#   4. bench absolute snens bench --absolute: images/s and peak memory of single, σN-Ens and
+#                     deep ensemble, CIFAR ResNet-18 and WRN-28-10 (tiny: ResNet-18 only)
+#   5. torch.compile  snens bench --compile --quick
+#   6. multi-GPU      2 processes over NCCL (torchrun), one epoch of the tiny preset
+#
+# On a GPU the limits add up to 470 s, so the check fits in 8 minutes of device time. The ratio
+# bench (sections 3 and 5) has no --device: snens.benchmark.run builds its models and tensors on
+# the CPU, so there its rows measure the GPU machine's host CPU; only --absolute runs on the GPU.
+#
+# --tiny (implied by --device cpu) shrinks every size, so that CI runs this same script on a CPU
+# (tests/test_gpu_check.py: about 45 s of CPU time, 85-100 s of wall time on a busy 2-core
+# machine). The report, by default results/gpu_<device>.md (results/gpu_nvidia-h200.md,
+# results/gpu_cpu.md), names the device, the torch/CUDA versions, the git SHA, the date, and
+# every command with its output.
+#
+# Environment: PYTHON (default .venv/bin/python when .venv exists, else python); HF_HUB_OFFLINE=1
+# is exported. Exit status: 0 every section passed, 1 a section failed, 2 a usage error.
+set -euo pipefail
+
+CALLER_DIR=$PWD
+cd "$(dirname "$0")/.."
+export HF_HUB_OFFLINE=1
+
+if [[ -d .venv ]]; then
+    PY=${PYTHON:-.venv/bin/python}
+else
+    PY=${PYTHON:-python}
+fi
+
+#            env tests ratios absolute compile multi-GPU
+LIMITS_GPU=(30 90 60 90 150 50)          # 470 s: the device-time budget
+LIMITS_TINY=(60 180 180 180 180 60)      # a CPU run takes about 90 s; these only stop a hang
+MAX_LINES=400                            # of each command's output kept in the report (the tail)
+
+usage() {
+    cat <<'EOF'
+usage: scripts/gpu_check.sh [--device cuda|cpu] [--tiny] [--out FILE]
+
+  --device cuda|cpu  default: cuda when torch.cuda.is_available(), else cpu
+  --tiny             shrink every size (implied by --device cpu)
+  --out FILE         the report (default: results/gpu_<device name>.md)
+EOF
+}
+
+die_usage() {
+    printf 'gpu_check.sh: %s\n\n' "$1" >&2
+    usage >&2
+    exit 2
+}
+
+DEVICE=""
+TINY=0
+REPORT=""
+while (($#)); do
+    case $1 in
+        --device)
+            (($# >= 2)) || die_usage "--device needs a value: cuda or cpu"
+            DEVICE=$2
+            shift 2
+            ;;
+        --device=*) DEVICE=${1#*=}; shift ;;
+        --tiny) TINY=1; shift ;;
+        --out)
+            (($# >= 2)) || die_usage "--out needs a file name"
+            REPORT=$2
+            shift 2
+            ;;
+        --out=*) REPORT=${1#*=}; shift ;;
+        -h | --help) usage; exit 0 ;;
+        *) die_usage "unknown argument '$1'" ;;
+    esac
+done
+case $DEVICE in
+    "" | cuda | cpu) ;;
+    *) die_usage "--device must be cuda or cpu, got '$DEVICE'" ;;
+esac
+
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+
+# One torch import for what the header and the defaults need: key<TAB>value lines.
+PROBE='
+import os, platform, torch
+cuda = torch.cuda.is_available()
+cpu = platform.processor() or platform.machine()
+try:
+    with open("/proc/cpuinfo") as f:
+        cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+except (OSError, StopIteration):
+    pass
+info = {
+    "cuda": cuda,
+    "gpus": torch.cuda.device_count() if cuda else 0,
+    "gpu_name": torch.cuda.get_device_name(0) if cuda else "",
+    "torch": torch.__version__,
+    "cuda_version": torch.version.cuda or "none (CPU build of torch)",
+    "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else "none",
+    "cpu": f"{cpu}, {os.cpu_count()} cores",
+    "python": platform.python_version(),
+}
+try:
+    import snens
+
+    info["snens"] = os.path.dirname(snens.__file__)
+except ImportError:
+    info["snens"] = ""
+
+for key, value in info.items():
+    print(f"{key}\t{value}")
+'
+declare -A INFO
+probe_out=$("$PY" -c "$PROBE") || {
+    echo "gpu_check.sh: the probe of '$PY' failed (above); set PYTHON to a Python with torch" >&2
+    exit 2
+}
+while IFS=$'\t' read -r key value; do
+    INFO[$key]=$value
+done <<<"$probe_out"
+if [[ -z ${INFO[snens]} && -d src/snens ]]; then # a checkout whose package is not installed
+    export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
+    INFO[snens]="$PWD/src/snens (not installed in this Python: PYTHONPATH=src)"
+fi
+
+if [[ -z $DEVICE ]]; then
+    if [[ ${INFO[cuda]} == True ]]; then DEVICE=cuda; else DEVICE=cpu; fi
+fi
+if [[ $DEVICE == cuda && ${INFO[cuda]} != True ]]; then
+    die_usage "--device cuda, but torch ${INFO[torch]} sees no CUDA device \
+(torch.cuda.is_available() is False); use --device cpu"
+fi
+if [[ $DEVICE == cpu ]]; then
+    TINY=1
+    DEVICE_NAME=cpu
+    DEVICE_LINE="cpu (${INFO[cpu]})"
+    LIMITS=("${LIMITS_TINY[@]}")
+else
+    DEVICE_NAME=${INFO[gpu_name]}
+    DEVICE_LINE="${INFO[gpu_name]} (cuda:0, ${INFO[gpus]} CUDA device(s); host: ${INFO[cpu]})"
+    LIMITS=("${LIMITS_GPU[@]}")
+fi
+if ((TINY)) && [[ $DEVICE == cuda ]]; then
+    LIMITS=("${LIMITS_TINY[@]}")
+fi
+
+if [[ -z $REPORT ]]; then
+    slug=$(printf '%s' "$DEVICE_NAME" | tr '[:upper:]' '[:lower:]' |
+        sed -E 's/[^a-z0-9]+/-/g; s/^-+|-+$//g')
+    REPORT=results/gpu_${slug:-unknown}.md
+elif [[ $REPORT != /* ]]; then
+    REPORT=$CALLER_DIR/$REPORT
+fi
+mkdir -p "$(dirname "$REPORT")"
+
+# Sizes. Full: the bench defaults (M=4, B=8 for the ratios) and B=128 for --absolute.
+if ((TINY)); then
+    SIZES="tiny (M=2, B=2, 1 repeat for the ratios; B=4, 1 repeat for --absolute)"
+    RATIO_SIZES=(--num-members 2 --batch 2 --repeats 1)
+    ABS_MEMBERS=2 ABS_BATCH=4 ABS_REPEATS=1
+else
+    SIZES="full (ratios: M=4, B=8, 5 repeats, compile 3; --absolute: M=4, B=128, 10 repeats, bf16)"
+    RATIO_SIZES=(--repeats 5)
+    ABS_MEMBERS=4 ABS_BATCH=128 ABS_REPEATS=10
+fi
+
+if SHA=$(git rev-parse HEAD 2>/dev/null); then
+    if [[ -n $(git status --porcelain --untracked-files=no 2>/dev/null) ]]; then
+        SHA="$SHA (with uncommitted changes)"
+    fi
+else
+    SHA="unknown (not a git checkout)"
+fi
+
+TINY_FLAG=""
+if ((TINY)); then TINY_FLAG=" --tiny"; fi
+{
+    printf '# GPU check: %s\n\n' "$DEVICE_NAME"
+    printf -- '- device: %s\n' "$DEVICE_LINE"
+    printf -- '- torch %s, CUDA %s, cuDNN %s, Python %s\n' \
+        "${INFO[torch]}" "${INFO[cuda_version]}" "${INFO[cudnn]}" "${INFO[python]}"
+    printf -- '- git: %s\n' "$SHA"
+    printf -- '- date: %s\n' "$(date -u '+%Y-%m-%d %H:%M:%S UTC')"
+    printf -- '- command: scripts/gpu_check.sh --device %s%s --out %s\n' \
+        "$DEVICE" "$TINY_FLAG" "$REPORT"
+    printf -- '- python: %s; snens: %s\n' "$PY" "${INFO[snens]:-not importable}"
+    printf -- '- environment: OMP_NUM_THREADS=%s, HF_HUB_OFFLINE=1\n' "${OMP_NUM_THREADS:-unset}"
+    printf -- '- sizes: %s\n' "$SIZES"
+} >"$REPORT"
+
+# ------------------------------------------------------------------------------------------------
+# Sections and commands
+# ------------------------------------------------------------------------------------------------
+
+SECTION_NAMES=() SECTION_RESULTS=() SECTION_SECONDS=() SECTION_LIMITS=()
+FAILED=0
+LAST_RC=0
+LAST_LOG=""
+LOG_COUNT=0
+
+note() { printf '\n%s\n' "$*" >>"$REPORT"; }
+
+section_begin() { # NUMBER TITLE
+    SECTION_TITLE="$1. $2"
+    SECTION_LIMIT=${LIMITS[$1 - 1]}
+    SECTION_START=$SECONDS
+    SECTION_FAILURES=()
+    SECTION_UNCHECKED=""
+    printf '\n## %s\n\ntime limit: %d s\n' "$SECTION_TITLE" "$SECTION_LIMIT" >>"$REPORT"
+    printf '[%s] %s ...\n' "$(date '+%H:%M:%S')" "$SECTION_TITLE"
+}
+
+section_fail() { SECTION_FAILURES+=("$*"); }
+
+# A section that had nothing to run here: its result says why instead of "passed".
+section_unchecked() { SECTION_UNCHECKED=$*; }
+
+section_end() {
+    local seconds=$((SECONDS - SECTION_START)) result
+    if ((${#SECTION_FAILURES[@]})); then
+        result="FAILED: $(printf '%s; ' "${SECTION_FAILURES[@]}")"
+        result=${result%; }
+        FAILED=1
+    else
+        result=${SECTION_UNCHECKED:-passed}
+    fi
+    printf '\n**%s** in %d s (limit %d s)\n' "$result" "$seconds" "$SECTION_LIMIT" >>"$REPORT"
+    printf '[%s] %s: %s in %d s\n' "$(date '+%H:%M:%S')" "$SECTION_TITLE" "$result" "$seconds"
+    SECTION_NAMES+=("$SECTION_TITLE")
+    SECTION_RESULTS+=("$result")
+    SECTION_SECONDS+=("$seconds")
+    SECTION_LIMITS+=("$SECTION_LIMIT")
+}
+
+# exec_logged SHOWN CMD...: run CMD within the section's remaining time and append SHOWN, the
+# output's tail and the exit status to the report. Sets LAST_RC (124: out of time) and LAST_LOG.
+exec_logged() {
+    local shown=$1 left=$((SECTION_LIMIT - (SECONDS - SECTION_START))) start=$SECONDS
+    shift
+    LOG_COUNT=$((LOG_COUNT + 1))
+    LAST_LOG=$WORK/command_$LOG_COUNT.log
+    LAST_RC=0
+    if ((left > 0)); then
+        timeout --kill-after=10 "$left" "$@" >"$LAST_LOG" 2>&1 || LAST_RC=$?
+    else
+        printf 'not started: the section had used its %d s\n' "$SECTION_LIMIT" >"$LAST_LOG"
+        LAST_RC=124
+    fi
+    local lines status
+    lines=$(wc -l <"$LAST_LOG")
+    status="exit $LAST_RC in $((SECONDS - start)) s"
+    if ((LAST_RC == 124 || LAST_RC == 137)); then
+        status="$status: stopped at the section's time limit"
+    fi
+    {
+        printf '\n%s\n\n````text\n' "$shown"
+        if ((lines > MAX_LINES)); then
+            printf '[... the first %d of %d lines left out ...]\n' $((lines - MAX_LINES)) "$lines"
+        fi
+        tail -n "$MAX_LINES" "$LAST_LOG"
+        printf '````\n\n%s\n' "$status"
+    } >>"$REPORT"
+}
+
+# run CMD...: a command, shown as a shell line.
+run() {
+    local shown
+    shown=$(printf '%q ' "$@")
+    exec_logged "\`\$ ${shown% }\`" "$@"
+}
+
+# run_python CODE [ARG...]: a Python snippet, shown as a code block.
+run_python() {
+    local code=$1 args="" fence='```' shown
+    shift
+    if (($#)); then args=$(printf ' %q' "$@"); fi
+    shown=$(printf '%spython\n# %s -c <this code>%s\n%s\n%s' \
+        "$fence" "$PY" "$args" "$code" "$fence")
+    exec_logged "$shown" "$PY" -c "$code" "$@"
+}
+
+# Fail the section if the last command did.
+check() {
+    case $LAST_RC in
+        0) ;;
+        124 | 137) section_fail "$1 stopped at the time limit (exit $LAST_RC)" ;;
+        *) section_fail "$1 exited $LAST_RC" ;;
+    esac
+}
+
+# ------------------------------------------------------------------------------------------------
+# 1. environment
+# ------------------------------------------------------------------------------------------------
+
+section_begin 1 environment
+if command -v nvidia-smi >/dev/null; then
+    run nvidia-smi
+    check nvidia-smi
+else
+    note "nvidia-smi: not found (no NVIDIA driver on this machine)"
+fi
+run_python '
+import platform
+import torch
+import snens
+
+print(f"python {platform.python_version()}, snens {snens.__version__}, {platform.platform()}")
+print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, "
+      f"cuDNN {torch.backends.cudnn.version()}")
+print(f"CPU capability {torch.backends.cpu.get_cpu_capability()}, "
+      f"{torch.get_num_threads()} threads")
+if torch.cuda.is_available():
+    try:
+        v = torch.cuda.nccl.version()  # a tuple since torch 1.x, an int before
+        print("NCCL", ".".join(map(str, v)) if isinstance(v, tuple) else v)
+    except (AttributeError, RuntimeError) as error:
+        print(f"NCCL: unavailable ({error})")
+    for i in range(torch.cuda.device_count()):
+        p = torch.cuda.get_device_properties(i)
+        memory = p.total_memory / 2**30
+        print(f"cuda:{i} {p.name}, {memory:.1f} GiB, compute capability {p.major}.{p.minor}")
+    print(f"bf16 supported: {torch.cuda.is_bf16_supported()}")
+else:
+    print("CUDA devices: 0; bf16 supported: no CUDA device (CPU autocast only)")
+'
+check "the environment probe"
+section_end
+
+# ------------------------------------------------------------------------------------------------
+# 2. CUDA tests
+# ------------------------------------------------------------------------------------------------
+
+section_begin 2 "CUDA tests"
+# pytest runs with --strict-markers, under which "-m cuda" is an error until pyproject.toml
+# registers the marker; until then run without it (a cuda-marked test only warns).
+pytest_args=(-q -m cuda -p no:cacheprovider)
+if grep -Eq '^[[:space:]]*"cuda[:"]' pyproject.toml; then
+    registered=1
+else
+    registered=0
+    pytest_args+=(-o addopts=-ra)
+    note "The cuda marker is not registered in pyproject.toml:" \
+        "pytest runs without --strict-markers."
+fi
+run "$PY" -m pytest "${pytest_args[@]}"
+summary=$(grep -E 'passed|failed|skipped|deselected|error|no tests ran' "$LAST_LOG" |
+    tail -n 1 || true)
+skipped=0
+if [[ $summary =~ ([0-9]+)\ skipped ]]; then skipped=${BASH_REMATCH[1]}; fi
+if ((LAST_RC == 5)); then # pytest: no test collected
+    why="no test carries the cuda marker"
+    ((registered)) || why="$why (and the marker is not registered yet)"
+    if [[ ${INFO[cuda]} != True ]]; then
+        note "**0 skipped (no CUDA device)**: $why."
+    else
+        note "**0 CUDA tests ran**: $why."
+    fi
+elif ((LAST_RC)); then
+    check "pytest -m cuda"
+    note "pytest: ${summary:-no summary line}"
+else
+    if [[ ${INFO[cuda]} != True ]]; then
+        note "**$skipped skipped (no CUDA device)** — pytest: ${summary:-no summary line}"
+    else
+        note "pytest: ${summary:-no summary line}"
+    fi
+fi
+section_end
+
+# ------------------------------------------------------------------------------------------------
+# 3. snens bench ratios
+# ------------------------------------------------------------------------------------------------
+
+section_begin 3 "snens bench ratios"
+note "The ratio bench runs on the CPU (it has no --device): on a GPU machine these rows" \
+    "measure its host CPU (${INFO[cpu]})."
+if ((TINY)); then
+    run "$PY" -m snens bench --quick "${RATIO_SIZES[@]}"
+    check "snens bench --quick"
+else
+    run "$PY" -m snens bench --steps-only "${RATIO_SIZES[@]}"
+    check "snens bench --steps-only"
+    run "$PY" -m snens bench --norms-only "${RATIO_SIZES[@]}"
+    check "snens bench --norms-only"
+fi
+section_end
+
+# ------------------------------------------------------------------------------------------------
+# 4. snens bench --absolute
+# ------------------------------------------------------------------------------------------------
+
+section_begin 4 "snens bench --absolute"
+absolute=(--absolute --device "$DEVICE" --num-members "$ABS_MEMBERS" --batch "$ABS_BATCH"
+    --repeats "$ABS_REPEATS")
+bf16=()
+if [[ $DEVICE == cuda ]]; then bf16=(--bf16); fi
+run "$PY" -m snens bench "${absolute[@]}" "${bf16[@]}"
+check "snens bench --absolute (ResNet-18)"
+# The CLI measures ResNet-18 alone; snens.benchmark.throughput takes the backbone.
+if ((TINY)); then
+    note "WRN-28-10: not run at --tiny sizes (36.5 M parameters per member: M=2, B=1," \
+        "1 repeat took 28 s on one busy CPU thread); the full run measures it on the GPU."
+else
+    run_python "
+import torch
+from snens.benchmark import format_throughput, throughput
+
+sizes = dict(num_members=$ABS_MEMBERS, batch=$ABS_BATCH, repeats=$ABS_REPEATS)
+print(format_throughput(throughput('wrn28_10', **sizes, device='cuda', bf16=True)))
+print(f'\\nwrn28_10, M=$ABS_MEMBERS, B=$ABS_BATCH, {torch.cuda.get_device_name()}, bf16 autocast, '
+      f'torch {torch.__version__}, median of $ABS_REPEATS steps')
+"
+    check "throughput('wrn28_10')"
+fi
+section_end
+
+# ------------------------------------------------------------------------------------------------
+# 5. torch.compile
+# ------------------------------------------------------------------------------------------------
+
+section_begin 5 torch.compile
+note "Like section 3, this runs on the CPU: the row is 'σN-Ens step torch.compile vs eager'."
+if ((TINY)); then
+    # inductor takes 141 s to compile ResNet-18's training step on one loaded CPU thread
+    # (measured, 2-core machine): at tiny sizes compilation is off, so the run checks the flags
+    # and the rows, and the compile row is eager against eager.
+    note "--tiny: TORCH_COMPILE_DISABLE=1 (inductor needs minutes on one CPU thread)," \
+        "so the compile row times eager against eager."
+    run env TORCH_COMPILE_DISABLE=1 "$PY" -m snens bench --compile --quick "${RATIO_SIZES[@]}"
+else
+    run "$PY" -m snens bench --compile --quick --repeats 3
+fi
+check "snens bench --compile --quick"
+section_end
+
+# ------------------------------------------------------------------------------------------------
+# 6. multi-GPU
+# ------------------------------------------------------------------------------------------------
+
+section_begin 6 "multi-GPU (NCCL)"
+gpus=${INFO[gpus]}
+if [[ $DEVICE == cuda ]] && ((gpus >= 2)); then
+    # snens.distributed picks NCCL whenever CUDA is available; NCCL_DEBUG=VERSION prints its
+    # version once per rank, the evidence that NCCL carried the gradients.
+    run env NCCL_DEBUG=VERSION "$PY" -m torch.distributed.run --standalone --nproc_per_node=2 \
+        -m snens.cli train --preset fashion_mnist_small_cnn_tiny --set optim.epochs=1 \
+        --set 'device="cuda"' --set 'name="nccl"' --no-progress --out "$WORK/ddp"
+    check "torchrun --nproc_per_node=2 snens train"
+    if ((LAST_RC == 0)); then
+        if ! grep -q 'NCCL version' "$LAST_LOG"; then
+            section_fail "no 'NCCL version' line: NCCL may not have been used"
+        fi
+        run_python 'import json, sys
+print(json.dumps(json.load(open(sys.argv[1]))["metrics"], indent=1))' "$WORK/ddp/nccl/final.json"
+        check "reading final.json"
+    fi
+elif [[ $DEVICE == cuda ]]; then
+    section_unchecked "one GPU: NCCL not checked"
+elif ((gpus == 0)); then
+    section_unchecked "no GPU: NCCL not checked"
+else
+    section_unchecked "--device cpu ($gpus CUDA devices seen): NCCL not checked"
+fi
+section_end
+
+# ------------------------------------------------------------------------------------------------
+# Summary
+# ------------------------------------------------------------------------------------------------
+
+{
+    printf '\n## Summary\n\n| section | result | seconds | limit (s) |\n|---|---|---|---|\n'
+    for i in "${!SECTION_NAMES[@]}"; do
+        printf '| %s | %s | %d | %d |\n' "${SECTION_NAMES[$i]}" "${SECTION_RESULTS[$i]}" \
+            "${SECTION_SECONDS[$i]}" "${SECTION_LIMITS[$i]}"
+    done
+    printf '\nexit status: %d\n' "$FAILED"
+} >>"$REPORT"
+printf 'report: %s\n' "$REPORT"
+exit "$FAILED"

@@ -1,0 +1,114 @@
+"""scripts/gpu_check.sh at tiny sizes on the CPU: every section runs and lands in the report.
+
+The GPU machine runs the same script at full sizes; this keeps its commands and flags working.
+One run takes about 45 s of CPU time: 85-100 s of wall time on a 2-core machine that other jobs
+keep busy.
+"""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "gpu_check.sh"
+HEADINGS = (
+    "## 1. environment",
+    "## 2. CUDA tests",
+    "## 3. snens bench ratios",
+    "## 4. snens bench --absolute",
+    "## 5. torch.compile",
+    "## 6. multi-GPU (NCCL)",
+    "## Summary",
+)
+# The sections' own limits add up to 840 s at tiny sizes; this only stops a hang.
+TIMEOUT_S = 900
+
+
+def _gpu_check(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHON": sys.executable}
+    return subprocess.run(
+        ["bash", str(SCRIPT), *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+
+
+@pytest.mark.slow
+def test_every_section_runs_on_the_cpu_and_is_reported(tmp_path):
+    report_path = tmp_path / "gpu_cpu.md"
+    result = _gpu_check("--device", "cpu", "--tiny", "--out", str(report_path))
+    report = report_path.read_text()
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:] + report[-4000:]
+
+    for heading in HEADINGS:
+        assert f"\n{heading}\n" in report, heading
+    assert re.search(r"^- device: cpu \(", report, re.MULTILINE), report[:1000]
+    assert f"torch {torch.__version__}" in report
+    assert "FAILED" not in report
+
+    # a ratio row of the bench: "| member BatchNorm2d fwd+bwd vs plain, … | 1.043× | …"
+    bench = report.split("## 3. snens bench ratios")[1].split("## 4.")[0]
+    ratios = [float(r) for r in re.findall(r"^\| [^|]+ \| (\d+\.\d{3})× \|", bench, re.MULTILINE)]
+    assert ratios and all(r > 0 for r in ratios), bench[-3000:]
+    absolute = report.split("## 4. snens bench --absolute")[1].split("## 5.")[0]
+    assert re.search(r"^\| σN-Ens \| [\d,]+ \| [\d,]+ \|", absolute, re.MULTILINE), absolute
+    assert "skipped (no CUDA device)" in report.split("## 2. CUDA tests")[1]
+    assert "NCCL not checked" in report.split("## 6. multi-GPU (NCCL)")[1]
+
+
+def test_failed_sections_are_reported_and_the_run_goes_on(tmp_path):
+    """A Python whose every ``-m`` command fails: sections 2-5 fail, each is written with its
+    command and output, the environment section still passes, and the exit status is 1."""
+    python = tmp_path / "python"
+    python.write_text(
+        "#!/usr/bin/env bash\n"
+        'if [[ $1 == -m ]]; then echo "no module run here: $*" >&2; exit 3; fi\n'
+        f'exec {sys.executable} "$@"\n'
+    )
+    python.chmod(0o755)
+    report_path = tmp_path / "gpu_cpu.md"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHON": str(python)}
+    result = subprocess.run(
+        ["bash", str(SCRIPT), "--device", "cpu", "--out", str(report_path)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    report = report_path.read_text()
+    summary = report.split("## Summary")[1]
+    assert "| 1. environment | passed |" in summary
+    for section, command in [
+        ("2. CUDA tests", "pytest -m cuda"),
+        ("3. snens bench ratios", "snens bench --quick"),
+        ("4. snens bench --absolute", "snens bench --absolute (ResNet-18)"),
+        ("5. torch.compile", "snens bench --compile --quick"),
+    ]:
+        assert f"| {section} | FAILED: {command} exited 3 |" in summary, summary
+    assert report.count("no module run here: -m ") == 4
+    assert "| 6. multi-GPU (NCCL) | no GPU: NCCL not checked |" in summary
+
+
+def test_a_bad_device_is_a_usage_error():
+    result = _gpu_check("--device", "gpu")
+    assert result.returncode == 2
+    assert "--device must be cuda or cpu, got 'gpu'" in result.stderr
+    assert "usage: scripts/gpu_check.sh" in result.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a CUDA device")
+def test_cuda_without_a_device_is_refused(tmp_path):
+    result = _gpu_check("--device", "cuda", "--out", str(tmp_path / "gpu.md"))
+    assert result.returncode == 2
+    assert "sees no CUDA device" in result.stderr and "use --device cpu" in result.stderr
+    assert not (tmp_path / "gpu.md").exists()
