@@ -179,6 +179,11 @@ def _stages() -> dict[str, list[Variant]]:
         Variant("snens_tau5_lam0.1_glr1", (*_snens(5, 0.1, "method.gamma_lr_multiplier=1"), *few)),
         Variant("snens_lam0_glr1", (*_snens(1, 0, "method.gamma_lr_multiplier=1"), *few)),
         Variant("snens_tau1_lam0.1_glr1", (*_snens(1, 0.1, "method.gamma_lr_multiplier=1"), *few)),
+        # split inputs at one model's compute: each member trains on its own quarter of every
+        # batch of B, so a step costs one model's; the stretch target of the science issue
+        Variant(
+            "snens_tau1_lam0.1_split", (*_snens(1, 0.1, "method.input_policy=split"), *few), seeds
+        ),
         Variant("batch_ensemble", ("method.name=batch_ensemble", *few), seeds),
         Variant("packed", ("method.name=packed", *few), seeds),
         Variant("mc_dropout", ("method.name=mc_dropout", *few), seeds),
