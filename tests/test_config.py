@@ -228,3 +228,24 @@ def test_config_files_are_the_presets():
         assert path.read_text(encoding="utf-8") == writer.text(name), (
             f"{path} is stale: run python scripts/write_configs.py"
         )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["data.ood=['mnist_5k', 'mnist_5k']"], "data.ood lists 'mnist_5k' twice; list each once"),
+        (["data.augment=['flip', 'crop', 'flip']"], "data.augment lists 'flip' twice"),
+        (["data.severities=[5, 1, 5]"], "data.severities lists 5 twice"),
+        (
+            ["data.corruptions=true", "data.severities=[]"],
+            "data.corruptions is true but data.severities is empty, so no corrupted set would "
+            "be evaluated",
+        ),
+    ],
+)
+def test_lists_that_would_silently_do_less_are_refused(overrides, message):
+    """An empty severity list had evaluated no corrupted set at all, without a word; a set
+    listed twice was evaluated once."""
+    with pytest.raises(ValueError) as err:
+        load_config(preset("fashion_mnist_small_cnn_tiny"), overrides)
+    assert message in str(err.value)

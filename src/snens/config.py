@@ -260,6 +260,17 @@ class DataConfig(_Section):
             _require(name in known, self.key("corruption_names"), f"a list of {known}", name)
         for s in self.severities:
             _require(1 <= s <= 5, self.key("severities"), "a list of ints in 1..5", s)
+        for name in ("augment", "ood", "corruption_names", "severities"):
+            values = list(getattr(self, name))
+            twice = sorted({v for v in values if values.count(v) > 1}, key=values.index)
+            if twice:
+                raise ValueError(f"{self.key(name)} lists {twice[0]!r} twice; list each once")
+        if self.corruptions and not self.severities:
+            raise ValueError(
+                f"{self.key('corruptions')} is true but {self.key('severities')} is empty, so no "
+                "corrupted set would be evaluated; give severities in 1..5 (e.g. [1, 2, 3, 4, 5]) "
+                "or set data.corruptions=false"
+            )
         seed = self.corruption_seed
         _require(seed >= 0, self.key("corruption_seed"), "an int >= 0", seed)
 

@@ -335,3 +335,37 @@ def test_register_adds_a_builder_and_refuses_duplicates(monkeypatch):
     assert last_linear(models.create("linear_probe", num_classes=3)).out_features == 3
     with pytest.raises(ValueError, match="already registered"):
         models.register("resnet18")(linear_probe)
+
+
+@pytest.mark.parametrize(
+    ("name", "options", "message"),
+    [
+        (
+            "small_cnn",
+            {"widht": 32},
+            "model 'small_cnn' has no option 'widht'; did you mean 'width'? its options: "
+            "num_classes, in_channels, width, norm_layer",
+        ),
+        ("small_cnn", {"width": 0}, "model 'small_cnn': width must be an int >= 1, got 0"),
+        ("small_cnn", {"width": 2.5}, "model 'small_cnn': width must be an int >= 1, got 2.5"),
+        ("small_cnn", {"in_channels": True}, "in_channels must be an int >= 1, got True"),
+        # options a builder passes on through **kwargs are the class's: checked the same way
+        ("vit_small", {"dim": 0}, "model 'vit_small': dim must be an int >= 1, got 0"),
+        ("vit_small", {"dimm": 64}, "model 'vit_small' has no option 'dimm'; did you mean 'dim'?"),
+        ("mobilenet_v2", {"width_mult": -1.0}, "width_mult must be > 0, got -1.0"),
+        ("mobilenet_v2", {"width_mult": math.nan}, "width_mult must be a finite number, got nan"),
+        ("wrn28_10", {"dropout": 1.5}, "model 'wrn28_10': dropout must be in [0, 1), got 1.5"),
+    ],
+)
+def test_bad_model_options_are_named_before_anything_is_built(name, options, message):
+    """A width of 0 had failed inside torch ("expected weight to be at least 1 at dimension
+    0"), a misspelt option with a bare TypeError from the builder."""
+    with pytest.raises(ValueError) as err:
+        models.create(name, **options)
+    assert message in str(err.value)
+
+
+def test_good_options_still_build():
+    assert models.create("small_cnn", width=4, in_channels=3).fc.in_features == 16
+    assert models.create("vit_small", dim=32, depth=1, num_heads=2).head.in_features == 32
+    assert isinstance(models.create("wrn28_10", dropout=0.0), WideResNet)

@@ -10,6 +10,9 @@ Every model takes images (B, C, H, W) and returns logits (B, K); its norms are p
 
 from __future__ import annotations
 
+import difflib
+import inspect
+import math
 from collections.abc import Callable
 
 from torch import nn
@@ -101,10 +104,67 @@ def create(name: str, num_classes: int | None = None, **kwargs) -> nn.Module:
         **kwargs: passed to the builder (``in_channels``, ``norm_layer``, ``pretrained``, …).
 
     Raises:
-        ValueError: if ``name`` is not registered; the message lists the available names.
+        ValueError: if ``name`` is not registered (the message lists the available names), an
+            option the model does not take (with the ones it takes), or a size that is not an
+            int >= 1 / a rate that is not a finite number (named, before anything is built).
     """
     if name not in _BUILDERS:
         raise ValueError(f"unknown model {name!r}; available: {', '.join(available())}")
     if num_classes is not None:
         kwargs["num_classes"] = num_classes
+    _check_options(name, _BUILDERS[name], kwargs)
     return _BUILDERS[name](**kwargs)
+
+
+def _options(builder: Builder) -> tuple[dict[str, inspect.Parameter], bool]:
+    """The keyword options a builder takes — its own, and those of the class it returns where
+    it passes ``**kwargs`` on — and whether it takes any other (an open ``**kwargs``)."""
+    signature = inspect.signature(builder, eval_str=True)
+    named = {
+        k: p
+        for k, p in signature.parameters.items()
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    }
+    if not any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values()):
+        return named, False
+    returned = signature.return_annotation
+    if (
+        not (isinstance(returned, type) and issubclass(returned, nn.Module))
+        or returned is nn.Module
+    ):
+        return named, True
+    inner = inspect.signature(returned.__init__, eval_str=True).parameters
+    for k, p in inner.items():
+        if k != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+            named.setdefault(k, p)
+    return named, any(p.kind is p.VAR_KEYWORD for p in inner.values())
+
+
+def _check_options(name: str, builder: Builder, kwargs: dict) -> None:
+    """Model options are checked before the model is built: a misspelt option or a width of 0
+    had failed deep inside torch ("expected weight to be at least 1 at dimension 0")."""
+    named, open_ended = _options(builder)
+    for key, value in kwargs.items():
+        param = named.get(key)
+        if param is None:
+            if open_ended:
+                continue
+            close = difflib.get_close_matches(key, list(named), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ";"
+            raise ValueError(
+                f"model {name!r} has no option {key!r}{hint} its options: {', '.join(named)}"
+            )
+        if param.annotation is int and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 1
+        ):
+            raise ValueError(f"model {name!r}: {key} must be an int >= 1, got {value!r}")
+        if param.annotation is float and (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+        ):
+            raise ValueError(f"model {name!r}: {key} must be a finite number, got {value!r}")
+        if param.annotation is float and "dropout" in key and not 0 <= value < 1:
+            raise ValueError(f"model {name!r}: {key} must be in [0, 1), got {value!r}")
+        if param.annotation is float and "dropout" not in key and value <= 0:
+            raise ValueError(f"model {name!r}: {key} must be > 0, got {value!r}")
