@@ -8,7 +8,8 @@ step takes minutes on one CPU thread).
 Runs every variant interleaved in one process and prints median ratios with their spread,
 the machine and versions. See results/bench_cpu.md and README "Performance" for the record.
 
-    python benchmarks/bench.py [--quick] [--compile] [--repeats 7] [--threads 1]
+    python benchmarks/bench.py [--quick] [--compile | --compile-only] [--device cuda]
+        [--repeats 7] [--threads 1]
 """
 
 import sys

@@ -10,13 +10,13 @@
 #   2. CUDA tests     python -m pytest -q -m cuda (on a CPU they are collected and skip)
 #   3. bench ratios   snens bench --steps-only, --norms-only (tiny: --quick)
 #   4. bench absolute snens bench --absolute: images/s and peak memory of single, σN-Ens and
-#                     deep ensemble, CIFAR ResNet-18 and WRN-28-10 (tiny: ResNet-18 only)
-#   5. torch.compile  snens bench --compile --quick
+#                     deep ensemble, CIFAR ResNet-18 and --backbone wrn28_10 (tiny: ResNet-18)
+#   5. torch.compile  snens bench --compile-only --quick
 #   6. multi-GPU      2 processes over NCCL (torchrun), one epoch of the tiny preset
 #
-# On a GPU the limits add up to 470 s, so the check fits in 8 minutes of device time. The ratio
-# bench (sections 3 and 5) has no --device: snens.benchmark.run builds its models and tensors on
-# the CPU, so there its rows measure the GPU machine's host CPU; only --absolute runs on the GPU.
+# On a GPU the limits add up to 470 s, so the check fits in 8 minutes of device time. Sections
+# 3-5 pass --device to snens bench: its models and inputs live on that device, its bf16 rows
+# autocast there, and on CUDA each timed repeat starts and ends with torch.cuda.synchronize().
 #
 # --tiny (implied by --device cpu) shrinks every size, so that CI runs this same script on a CPU
 # (tests/test_gpu_check.py: about 45 s of CPU time, 85-100 s of wall time on a busy 2-core
@@ -381,15 +381,14 @@ section_end
 # ------------------------------------------------------------------------------------------------
 
 section_begin 3 "snens bench ratios"
-note "The ratio bench runs on the CPU (it has no --device): on a GPU machine these rows" \
-    "measure its host CPU (${INFO[cpu]})."
+note "The ratios are measured on --device $DEVICE: $DEVICE_LINE."
 if ((TINY)); then
-    run "$PY" -m snens bench --quick "${RATIO_SIZES[@]}"
+    run "$PY" -m snens bench --quick --device "$DEVICE" "${RATIO_SIZES[@]}"
     check "snens bench --quick"
 else
-    run "$PY" -m snens bench --steps-only "${RATIO_SIZES[@]}"
+    run "$PY" -m snens bench --steps-only --device "$DEVICE" "${RATIO_SIZES[@]}"
     check "snens bench --steps-only"
-    run "$PY" -m snens bench --norms-only "${RATIO_SIZES[@]}"
+    run "$PY" -m snens bench --norms-only --device "$DEVICE" "${RATIO_SIZES[@]}"
     check "snens bench --norms-only"
 fi
 section_end
@@ -405,21 +404,12 @@ bf16=()
 if [[ $DEVICE == cuda ]]; then bf16=(--bf16); fi
 run "$PY" -m snens bench "${absolute[@]}" "${bf16[@]}"
 check "snens bench --absolute (ResNet-18)"
-# The CLI measures ResNet-18 alone; snens.benchmark.throughput takes the backbone.
 if ((TINY)); then
     note "WRN-28-10: not run at --tiny sizes (36.5 M parameters per member: M=2, B=1," \
-        "1 repeat took 28 s on one busy CPU thread); the full run measures it on the GPU."
+        "1 repeat took 18-28 s on one busy CPU thread); the full run measures it on the GPU."
 else
-    run_python "
-import torch
-from snens.benchmark import format_throughput, throughput
-
-sizes = dict(num_members=$ABS_MEMBERS, batch=$ABS_BATCH, repeats=$ABS_REPEATS)
-print(format_throughput(throughput('wrn28_10', **sizes, device='cuda', bf16=True)))
-print(f'\\nwrn28_10, M=$ABS_MEMBERS, B=$ABS_BATCH, {torch.cuda.get_device_name()}, bf16 autocast, '
-      f'torch {torch.__version__}, median of $ABS_REPEATS steps')
-"
-    check "throughput('wrn28_10')"
+    run "$PY" -m snens bench "${absolute[@]}" --backbone wrn28_10 "${bf16[@]}"
+    check "snens bench --absolute --backbone wrn28_10"
 fi
 section_end
 
@@ -428,18 +418,20 @@ section_end
 # ------------------------------------------------------------------------------------------------
 
 section_begin 5 torch.compile
-note "Like section 3, this runs on the CPU: the row is 'σN-Ens step torch.compile vs eager'."
+note "Like section 3, this runs on --device $DEVICE: the row is" \
+    "'σN-Ens step torch.compile vs eager', ResNet-18 alone (--compile-only --quick)."
 if ((TINY)); then
     # inductor takes 141 s to compile ResNet-18's training step on one loaded CPU thread
     # (measured, 2-core machine): at tiny sizes compilation is off, so the run checks the flags
     # and the rows, and the compile row is eager against eager.
     note "--tiny: TORCH_COMPILE_DISABLE=1 (inductor needs minutes on one CPU thread)," \
         "so the compile row times eager against eager."
-    run env TORCH_COMPILE_DISABLE=1 "$PY" -m snens bench --compile --quick "${RATIO_SIZES[@]}"
+    run env TORCH_COMPILE_DISABLE=1 "$PY" -m snens bench --compile-only --quick \
+        --device "$DEVICE" "${RATIO_SIZES[@]}"
 else
-    run "$PY" -m snens bench --compile --quick --repeats 3
+    run "$PY" -m snens bench --compile-only --quick --device "$DEVICE" --repeats 3
 fi
-check "snens bench --compile --quick"
+check "snens bench --compile-only --quick"
 section_end
 
 # ------------------------------------------------------------------------------------------------

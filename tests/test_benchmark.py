@@ -1,3 +1,8 @@
+import re
+
+import pytest
+import torch
+
 from snens import benchmark
 from snens.benchmark import Measure, compare, format_table
 
@@ -127,3 +132,119 @@ def test_steps_only_runs_the_three_step_rows(monkeypatch):
     assert [r.target for r in rows] == ["≤1.05×", "report", "≤1.0×"]
     with pytest.raises(ValueError, match="exclude each other"):
         benchmark.run(norms_only=True, steps_only=True)
+
+
+def _row_names(out: str) -> list[str]:
+    """The measure column of a printed ratio table, less a trailing parenthesis that holds a
+    measured number (MiB, images/s, compile seconds)."""
+    names = re.findall(r"^\| (.+?) \| \d+\.\d{3}× \|", out, re.MULTILINE)
+    return [re.sub(r" \([^()]*\d[^()]*\)$", "", n) for n in names]
+
+
+TINY = ["--num-members", "2", "--batch", "2", "--repeats", "1"]
+
+
+def test_explicit_cpu_device_gives_the_default_rows(monkeypatch, capsys):
+    monkeypatch.setattr(benchmark, "compare", lambda *a, **k: (1.0, (1.0, 1.0), 1e-3))
+    assert benchmark.main(["--quick", *TINY]) == 0
+    default = capsys.readouterr().out
+    assert benchmark.main(["--quick", "--device", "cpu", *TINY]) == 0
+    explicit = capsys.readouterr().out
+    names = _row_names(default)
+    assert len(names) == 12 + 8  # 4 norms × 3 modes, then ResNet-18's rows
+    assert names[0] == "member BatchNorm2d fwd+bwd vs plain, same (M·B, …)"
+    assert names[12:] == [
+        "resnet18: σN-Ens step (B=2) vs single at M·B",
+        "resnet18: σN-Ens step with plain norms (heads, replication) vs single at M·B",
+        "resnet18: σN-Ens step vs deep ensemble, B=2",
+        "resnet18: σN-Ens step channels-last vs contiguous",
+        "resnet18: split step vs single at B",
+        "resnet18: σN-Ens inference images/s vs deep ensemble",
+        "resnet18: σN-Ens inference peak memory vs deep ensemble",
+        "resnet18: parameters vs single",
+    ]
+    assert _row_names(explicit) == names
+    assert " threads, torch " in explicit.splitlines()[-1]
+
+
+def test_cuda_without_a_device_is_a_usage_error(monkeypatch, capsys):
+    from snens.cli import main as cli_main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for argv in (["--device", "cuda"], ["--absolute", "--device", "cuda"]):
+        with pytest.raises(SystemExit) as exit_info:
+            benchmark.main(argv)
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err
+        assert "argument --device: 'cuda', but torch" in err and "sees no CUDA device" in err
+    with pytest.raises(SystemExit) as exit_info:  # the same through `snens bench`
+        cli_main(["bench", "--steps-only", "--device", "cuda"])
+    assert exit_info.value.code == 2
+    with pytest.raises(ValueError, match="sees no CUDA device"):
+        benchmark.run(device="cuda")
+    with pytest.raises(ValueError, match="cpu or cuda, got 'meta'"):
+        benchmark.throughput("small_cnn", device="meta")
+
+
+def test_absolute_takes_the_backbone(capsys):
+    """WRN-28-10 at the smallest sizes: 18-28 s on one busy CPU thread."""
+    argv = ["--absolute", "--backbone", "wrn28_10", "--batch", "1", "--num-members", "2"]
+    assert benchmark.main([*argv, "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "| single | 36,479,194 |" in out  # WRN-28-10's parameters at 10 classes
+    assert "| deep ensemble | 72,958,388 |" in out
+    assert "wrn28_10, M=2, B=1, CPU, float32" in out
+
+
+def test_absolute_refuses_a_backbone_without_an_image_input(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        benchmark.main(["--absolute", "--backbone", "minilm"])
+    assert exit_info.value.code == 2
+    assert "invalid choice: 'minilm'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="no known input shape for 'minilm'"):
+        benchmark.throughput("minilm")
+
+
+# torch._dynamo's own modules use torch.jit.script_method, deprecated in torch 2.13
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated")
+def test_compile_only_yields_only_the_compile_rows(monkeypatch, capsys):
+    import torch._dynamo
+
+    monkeypatch.setattr(torch._dynamo.config, "disable", True)  # = TORCH_COMPILE_DISABLE=1
+    monkeypatch.setattr(benchmark, "compare", lambda *a, **k: (1.0, (1.0, 1.0), 1e-3))
+    assert benchmark.main(["--compile-only", *TINY]) == 0
+    assert _row_names(capsys.readouterr().out) == [
+        "resnet18: σN-Ens step torch.compile vs eager",
+        "vit_small: σN-Ens step torch.compile vs eager",
+    ]
+    for other in ("--norms-only", "--steps-only"):
+        with pytest.raises(SystemExit) as exit_info:
+            benchmark.main(["--compile-only", other])
+        assert exit_info.value.code == 2
+        assert "not allowed with argument" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="exclude each other"):
+        benchmark.run(compile_only=True, steps_only=True)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_ratio_rows_run_on_cuda(monkeypatch, capsys):
+    """The --quick rows at tiny sizes on cuda: every timed model and input lives there, the rows
+    are the CPU run's, and the footer names the GPU."""
+    devices = set()
+    train_step = benchmark._train_step
+
+    def recording_train_step(model, x, y, bf16=False):
+        devices.update({x.device.type, y.device.type})
+        devices.update(p.device.type for p in model.parameters())
+        return train_step(model, x, y, bf16)
+
+    monkeypatch.setattr(benchmark, "_train_step", recording_train_step)
+    assert benchmark.main(["--quick", "--device", "cuda", *TINY]) == 0
+    out = capsys.readouterr().out
+    assert devices == {"cuda"}
+    names = _row_names(out)
+    assert len(names) == 12 + 8 and names[12] == "resnet18: σN-Ens step (B=2) vs single at M·B"
+    ratios = [float(r) for r in re.findall(r"^\| .+? \| (\d+\.\d{3})× \|", out, re.MULTILINE)]
+    assert all(r > 0 for r in ratios)
+    assert torch.cuda.get_device_name() in out.splitlines()[-1]

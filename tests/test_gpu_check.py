@@ -92,7 +92,7 @@ def test_failed_sections_are_reported_and_the_run_goes_on(tmp_path):
         ("2. CUDA tests", "pytest -m cuda"),
         ("3. snens bench ratios", "snens bench --quick"),
         ("4. snens bench --absolute", "snens bench --absolute (ResNet-18)"),
-        ("5. torch.compile", "snens bench --compile --quick"),
+        ("5. torch.compile", "snens bench --compile-only --quick"),
     ]:
         assert f"| {section} | FAILED: {command} exited 3 |" in summary, summary
     assert report.count("no module run here: -m ") == 4

@@ -9,9 +9,15 @@ the per-repeat ratios; absolute times are printed for reference only.
 Peak memory is the parameters and buffers plus the peak of the bytes allocated and not yet
 freed during one no-grad forward: ``torch.cuda.max_memory_allocated`` on a GPU, the profiler's
 allocation events (``profile_memory=True``) on a CPU. ``torch.compile`` rows are opt-in
-(``--compile``): inductor compiles ResNet-18's training step in minutes on one CPU thread.
+(``--compile``, or ``--compile-only`` for them alone): inductor compiles ResNet-18's training
+step in minutes on one CPU thread.
+
+Every mode runs on ``--device`` (default ``cpu``): models and inputs live there, bf16 rows use
+autocast of that device type, and on CUDA the clock is read only after
+``torch.cuda.synchronize()``, before and after each timed repeat, past two warm-up calls.
 
     python -m snens.benchmark            # or: snens bench, python benchmarks/bench.py
+    snens bench --device cuda --steps-only
 """
 
 from __future__ import annotations
@@ -33,7 +39,22 @@ import snens
 from snens.baselines import DeepEnsemble
 from snens.models import create
 
-__all__ = ["Measure", "Throughput", "main", "peak_memory_bytes", "run", "throughput"]
+__all__ = [
+    "Measure",
+    "Throughput",
+    "main",
+    "peak_memory_bytes",
+    "resolve_device",
+    "run",
+    "throughput",
+]
+
+# Input (C, H, W) of each image backbone for --absolute: the dataset it is built for.
+BACKBONE_IMAGES: dict[str, tuple[int, int, int]] = {
+    "small_cnn": (1, 28, 28),  # Fashion-MNIST
+    "mobilenet_v2": (3, 224, 224),  # ImageNet, its pretrained resolution
+    **{name: (3, 32, 32) for name in ("resnet18", "resnet50", "vit_small", "wrn28_10")},  # CIFAR
+}
 
 
 @dataclass(frozen=True)
@@ -52,8 +73,36 @@ class Measure:
         return "met" if self.ratio <= float(self.target[1:].split("×")[0]) else "NOT met"
 
 
+def resolve_device(name: str | torch.device) -> torch.device:
+    """``name`` as a device this process can measure on: the CPU or a CUDA device it sees.
+
+    Raises:
+        ValueError: if torch does not parse ``name``, if it is neither ``cpu`` nor ``cuda``, or
+            if the CUDA device is not there (no CUDA, or an index past the last device).
+    """
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"{str(name)!r} is not a torch device; use cpu or cuda") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"the bench measures on cpu or cuda, got {str(name)!r}")
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ValueError(
+                f"{str(name)!r}, but torch {torch.__version__} sees no CUDA device "
+                "(torch.cuda.is_available() is False); use cpu"
+            )
+        if device.index is not None and device.index >= count:
+            raise ValueError(
+                f"{str(name)!r}, but torch sees {count} CUDA device(s): cuda:0 to cuda:{count - 1}"
+            )
+    return device
+
+
 def _sync() -> None:
-    """Wait for queued GPU work, so that wall-clock times measure it."""
+    """Wait for queued GPU work, so that wall-clock times measure it (a no-op until CUDA is
+    initialized, i.e. on every CPU run)."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()
 
@@ -111,17 +160,21 @@ def _train_step(
     return step
 
 
-def _norm_measures(M: int, B: int, repeats: int) -> list[Measure]:
+def _norm_measures(
+    M: int, B: int, repeats: int, device: str | torch.device = "cpu"
+) -> list[Measure]:
     """Member norm vs the plain norm on the same (M·B, …) tensor, in three modes.
 
     ``train``: forward + backward, float32. ``bf16``: forward + backward of a bfloat16 input
-    under CPU autocast (norms keep their input's dtype there). ``eval``: forward without grad.
+    under autocast of ``device``'s type (CPU autocast leaves norms in their input's dtype; CUDA
+    autocast runs ``layer_norm`` and ``group_norm`` in float32). ``eval``: forward without grad.
     """
+    device = torch.device(device)
     cases = [
-        ("BatchNorm2d", nn.BatchNorm2d(64), (M * B, 64, 16, 16)),
-        ("LayerNorm", nn.LayerNorm(192), (M * B, 64, 192)),
-        ("GroupNorm", nn.GroupNorm(8, 64), (M * B, 64, 16, 16)),
-        ("RMSNorm", nn.RMSNorm(192), (M * B, 64, 192)),
+        ("BatchNorm2d", nn.BatchNorm2d(64, device=device), (M * B, 64, 16, 16)),
+        ("LayerNorm", nn.LayerNorm(192, device=device), (M * B, 64, 192)),
+        ("GroupNorm", nn.GroupNorm(8, 64, device=device), (M * B, 64, 16, 16)),
+        ("RMSNorm", nn.RMSNorm(192, device=device), (M * B, 64, 192)),
     ]
     rows = []
     for mode in ("train", "bf16", "eval"):
@@ -130,8 +183,8 @@ def _norm_measures(M: int, B: int, repeats: int) -> list[Measure]:
             training = mode != "eval"
             plain.train(training), member.train(training)
             dtype = torch.bfloat16 if mode == "bf16" else torch.float32
-            x = torch.randn(shape, dtype=dtype, requires_grad=training)
-            grad = torch.randn(shape, dtype=dtype)
+            x = torch.randn(shape, dtype=dtype, device=device, requires_grad=training)
+            grad = torch.randn(shape, dtype=dtype, device=device)
 
             def run(layer, x=x, grad=grad, mode=mode):
                 if mode == "eval":
@@ -141,7 +194,8 @@ def _norm_measures(M: int, B: int, repeats: int) -> list[Measure]:
                 with warnings.catch_warnings():
                     # plain and member RMSNorm alike: a bf16 input with float32 weights
                     warnings.filterwarnings("ignore", "Mismatch dtype between input and weight")
-                    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mode == "bf16"):
+                    bf16 = mode == "bf16"
+                    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
                         y = layer(x)
                 y.backward(grad)
 
@@ -174,13 +228,13 @@ def peak_memory_bytes(model: nn.Module, x: torch.Tensor) -> int:
     resident = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
     model.eval()
     if x.is_cuda:
-        torch.cuda.synchronize()
-        before = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
+        torch.cuda.synchronize(x.device)
+        before = torch.cuda.memory_allocated(x.device)
+        torch.cuda.reset_peak_memory_stats(x.device)
         with torch.no_grad():
             model(x)
-        torch.cuda.synchronize()
-        return resident + torch.cuda.max_memory_allocated() - before
+        torch.cuda.synchronize(x.device)
+        return resident + torch.cuda.max_memory_allocated(x.device) - before
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
@@ -210,6 +264,29 @@ def _with_plain_norms(ens: snens.Ensemble) -> snens.Ensemble:
     return ens
 
 
+def _compile_measure(
+    backbone: str, ens: snens.Ensemble, x: torch.Tensor, y: torch.Tensor, repeats: int
+) -> Measure:
+    """σN-Ens's training step through ``torch.compile`` against the same step eager; the first
+    compiled call (the compilation) is timed apart and named in the row."""
+    compiled_step = _train_step(torch.compile(copy.deepcopy(ens)), x, y)
+    _sync()
+    start = time.perf_counter()
+    compiled_step()
+    _sync()
+    warmup_s = time.perf_counter() - start
+    ratio, spread, base = compare(
+        compiled_step, _train_step(copy.deepcopy(ens), x, y), repeats=repeats
+    )
+    return Measure(
+        f"{backbone}: σN-Ens step torch.compile vs eager (compile {warmup_s:.0f} s)",
+        ratio,
+        spread,
+        "report",
+        base * 1e3,
+    )
+
+
 def _model_measures(
     backbone: str,
     M: int,
@@ -218,14 +295,21 @@ def _model_measures(
     image: tuple[int, ...],
     compile_model: bool = False,
     steps_only: bool = False,
+    *,
+    compile_only: bool = False,
+    device: str | torch.device = "cpu",
 ) -> list[Measure]:
     torch.manual_seed(0)
-    plain = create(backbone, num_classes=10)
-    x_b, y_b = torch.randn(B, *image), torch.randint(0, 10, (B,))
-    x_mb, y_mb = torch.randn(M * B, *image), torch.randint(0, 10, (M * B,))
+    plain = create(backbone, num_classes=10).to(device)
+    x_b = torch.randn(B, *image, device=device)
+    y_b = torch.randint(0, 10, (B,), device=device)
+    x_mb = torch.randn(M * B, *image, device=device)
+    y_mb = torch.randint(0, 10, (M * B,), device=device)
     ens = snens.convert(plain, M)
+    if compile_only:
+        return [_compile_measure(backbone, ens, x_b, y_b, repeats)]
     single = copy.deepcopy(plain)
-    deep = DeepEnsemble([create(backbone, num_classes=10) for _ in range(M)])
+    deep = DeepEnsemble([create(backbone, num_classes=10) for _ in range(M)]).to(device)
     split = copy.deepcopy(ens)
     split.input_policy = "split"
 
@@ -279,23 +363,7 @@ def _model_measures(
             )
         )
     if compile_model:
-        compiled = copy.deepcopy(ens)
-        compiled_step = _train_step(torch.compile(compiled), x_b, y_b)
-        start = time.perf_counter()
-        compiled_step()
-        warmup_s = time.perf_counter() - start
-        ratio, spread, base = compare(
-            compiled_step, _train_step(copy.deepcopy(ens), x_b, y_b), repeats=repeats
-        )
-        rows.append(
-            Measure(
-                f"{backbone}: σN-Ens step torch.compile vs eager (compile {warmup_s:.0f} s)",
-                ratio,
-                spread,
-                "report",
-                base * 1e3,
-            )
-        )
+        rows.append(_compile_measure(backbone, ens, x_b, y_b, repeats))
     ratio, spread, base = compare(
         _train_step(split, x_b, y_b), _train_step(single, x_b, y_b), repeats=repeats
     )
@@ -351,6 +419,8 @@ def run(
     compile_model: bool = False,
     norms_only: bool = False,
     steps_only: bool = False,
+    compile_only: bool = False,
+    device: str | torch.device = "cpu",
 ) -> list[Measure]:
     """All measures, as :class:`Measure` rows.
 
@@ -363,16 +433,31 @@ def run(
         norms_only: the member-norm rows alone (about a minute).
         steps_only: the training-step rows alone (σN-Ens against a single model at M·B, the
             same with plain norms, a deep ensemble), e.g. for more repeats of them.
+        compile_only: the ``torch.compile`` rows alone, one per backbone.
+        device: where models and inputs live, e.g. ``"cuda"``.
+
+    Raises:
+        ValueError: if more than one of ``norms_only``, ``steps_only``, ``compile_only`` is
+            set, or ``device`` is not there (see :func:`resolve_device`).
     """
-    if norms_only and steps_only:
-        raise ValueError("norms_only and steps_only exclude each other: choose one")
-    rows = [] if steps_only else _norm_measures(num_members, 32, repeats)
+    if norms_only + steps_only + compile_only > 1:
+        raise ValueError("norms_only, steps_only and compile_only exclude each other: choose one")
+    device = resolve_device(device)
+    rows = [] if steps_only or compile_only else _norm_measures(num_members, 32, repeats, device)
     if norms_only:
         return rows
     backbones = [("resnet18", (3, 32, 32))] + ([] if quick else [("vit_small", (3, 32, 32))])
     for backbone, image in backbones:
         rows += _model_measures(
-            backbone, num_members, batch, repeats, image, compile_model, steps_only
+            backbone,
+            num_members,
+            batch,
+            repeats,
+            image,
+            compile_model,
+            steps_only,
+            compile_only=compile_only,
+            device=device,
         )
     return rows
 
@@ -395,9 +480,9 @@ def throughput(
     num_members: int = 4,
     batch: int = 128,
     repeats: int = 20,
-    device: str = "cpu",
+    device: str | torch.device = "cpu",
     bf16: bool = False,
-    image: tuple[int, ...] = (3, 32, 32),
+    image: tuple[int, ...] | None = None,
     num_classes: int = 10,
 ) -> list[Throughput]:
     """Images/s and peak memory of a single model, σN-Ens and a deep ensemble at batch B.
@@ -405,8 +490,22 @@ def throughput(
     Every ensemble processes each image with all M members, so their images/s answer "how
     fast does the whole ensemble train (predict)". A step is timed after two warm-up steps,
     with the device synchronized; the value is B over the median of ``repeats`` steps.
+
+    Args:
+        image: input (C, H, W); ``None`` takes the backbone's from :data:`BACKBONE_IMAGES`.
+
+    Raises:
+        ValueError: if ``image`` is ``None`` for a backbone without a known input, or
+            ``device`` is not there (see :func:`resolve_device`).
     """
-    dev = torch.device(device)
+    if image is None:
+        if backbone not in BACKBONE_IMAGES:
+            raise ValueError(
+                f"no known input shape for {backbone!r}: pass image=(C, H, W); known: "
+                f"{', '.join(BACKBONE_IMAGES)}"
+            )
+        image = BACKBONE_IMAGES[backbone]
+    dev = resolve_device(device)
     torch.manual_seed(0)
     x = torch.randn(batch, *image, device=dev)
     y = torch.randint(0, num_classes, (batch,), device=dev)
@@ -479,12 +578,51 @@ def format_table(rows: list[Measure]) -> str:
     return "\n".join(lines)
 
 
+def _device_arg(name: str) -> torch.device:
+    try:
+        return resolve_device(name)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _device_line(device: torch.device) -> str:
+    """The hardware a run measured: the CPU and its threads, or the CUDA device."""
+    if device.type == "cuda":
+        return (
+            f"{torch.cuda.get_device_name(device)} ({device}), CUDA {torch.version.cuda}, "
+            f"torch {torch.__version__}"
+        )
+    return (
+        f"{platform.machine()} {platform.processor() or ''}, {torch.get_num_threads()} threads, "
+        f"torch {torch.__version__}"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="snens bench", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="snens bench",
+        description=__doc__.split("\n\n")[0],
+        epilog="examples: snens bench --quick; snens bench --device cuda --steps-only; "
+        "snens bench --device cuda --compile-only --quick; "
+        "snens bench --absolute --device cuda --bf16 --batch 128 --backbone wrn28_10",
+    )
     parser.add_argument("--num-members", type=int, default=4)
     parser.add_argument("--batch", type=int, default=8, help="examples per member step (B)")
     parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
+    parser.add_argument(
+        "--device",
+        type=_device_arg,
+        default="cpu",
+        help="where models and inputs live, for every mode: cpu (default), cuda, cuda:N; "
+        "bf16 rows autocast on it, CUDA timings synchronize around each repeat",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch CPU threads (default: all); they set the speed of --device cpu, not of GPU "
+        "kernels",
+    )
     parser.add_argument("--quick", action="store_true", help="ResNet-18 only")
     only = parser.add_mutually_exclusive_group()
     only.add_argument("--norms-only", action="store_true", help="the member-norm rows alone")
@@ -493,32 +631,47 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the training-step rows alone (vs single at M·B, with plain norms, vs deep ensemble)",
     )
+    only.add_argument(
+        "--compile-only",
+        action="store_true",
+        help="the torch.compile rows alone (σN-Ens step compiled vs eager, one per backbone)",
+    )
     parser.add_argument(
-        "--compile", action="store_true", help="add torch.compile rows (slow to warm up on CPU)"
+        "--compile",
+        action="store_true",
+        help="add the torch.compile rows (slow to warm up on CPU); --compile-only: them alone",
     )
     parser.add_argument(
         "--absolute",
         action="store_true",
         help="instead of the ratios: images/s and peak memory of single, σN-Ens and deep "
-        "ensemble (ResNet-18, CIFAR-sized inputs); use with --device cuda --bf16 --batch 128",
+        "ensemble (--backbone, its dataset's input size); use with --device cuda --bf16 "
+        "--batch 128",
     )
-    parser.add_argument("--device", default="cpu", help="device of --absolute, e.g. cuda")
+    parser.add_argument(
+        "--backbone",
+        choices=sorted(BACKBONE_IMAGES),
+        default="resnet18",
+        help="model of --absolute, as snens.models.create names it (default: resnet18); "
+        "inputs 1×28×28 for small_cnn, 3×224×224 for mobilenet_v2, else 3×32×32",
+    )
     parser.add_argument("--bf16", action="store_true", help="bfloat16 autocast for --absolute")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.absolute:
         rows = throughput(
+            args.backbone,
             num_members=args.num_members,
             batch=args.batch,
             repeats=args.repeats,
             device=args.device,
             bf16=args.bf16,
         )
-        name = torch.cuda.get_device_name(args.device) if "cuda" in args.device else "CPU"
+        name = torch.cuda.get_device_name(args.device) if args.device.type == "cuda" else "CPU"
         print(format_throughput(rows))
         print(
-            f"\nresnet18, M={args.num_members}, B={args.batch}, {name}, "
+            f"\n{args.backbone}, M={args.num_members}, B={args.batch}, {name}, "
             f"{'bf16 autocast' if args.bf16 else 'float32'}, torch {torch.__version__}, "
             f"median of {args.repeats} steps"
         )
@@ -531,11 +684,12 @@ def main(argv: list[str] | None = None) -> int:
         args.compile,
         args.norms_only,
         args.steps_only,
+        args.compile_only,
+        args.device,
     )
     print(format_table(rows))
     print(
-        f"\n{platform.machine()} {platform.processor() or ''}, {torch.get_num_threads()} threads, "
-        f"torch {torch.__version__}, M={args.num_members}, B={args.batch}, "
+        f"\n{_device_line(args.device)}, M={args.num_members}, B={args.batch}, "
         f"median of {args.repeats} interleaved repeats"
     )
     return 0

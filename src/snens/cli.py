@@ -324,7 +324,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser(
         "bench",
         add_help=False,
-        help="measure σN-Ens's cost against one model at M·B and a deep ensemble (ratios)",
+        help="measure σN-Ens's cost against one model at M·B and a deep ensemble (ratios), "
+        "on --device cpu or cuda",
     )
     bench.set_defaults(run=_bench)
     kernels = sub.add_parser(
