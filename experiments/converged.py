@@ -123,6 +123,20 @@ def _stages() -> dict[str, list[Variant]]:
             "snens_tau5_lam0.01_reset",
             (*_snens(5, 0.01, 'method.options={head_init="reset"}'), epochs),
         ),
+        # split inputs: each member sees B/M examples, so a step costs one model's; at the same
+        # epochs σN-Ens costs what one model costs, at 4× the epochs what repeat costs
+        Variant(
+            "snens_tau1_lam0.1_split_e10",
+            (*_snens(1, 0.1, "method.input_policy=split"), epochs),
+        ),
+        Variant(
+            "snens_tau1_lam0.1_split_e40",
+            (*_snens(1, 0.1, "method.input_policy=split"), f"optim.epochs={4 * ABLATION_EPOCHS}"),
+        ),
+        Variant(
+            "snens_tau5_lam0.01_split_e40",
+            (*_snens(5, 0.01, "method.input_policy=split"), f"optim.epochs={4 * ABLATION_EPOCHS}"),
+        ),
         # γ at the base learning rate (×1) instead of ×30: slower, quieter importances
         Variant("snens_lam0_glr1", (*_snens(1, 0, "method.gamma_lr_multiplier=1"), epochs)),
         Variant(
@@ -144,11 +158,6 @@ def _stages() -> dict[str, list[Variant]]:
             (*_snens(5, 0.01, "method.options={gamma_std=0.1}"), epochs),
         ),
         Variant("snens_tau50_lam0.01", (*_snens(50, 0.01), epochs)),
-        # split inputs: each member sees B/M examples, so 4× the epochs is one model's compute
-        Variant(
-            "snens_tau5_lam0.01_split_e40",
-            (*_snens(5, 0.01, "method.input_policy=split"), f"optim.epochs={4 * ABLATION_EPOCHS}"),
-        ),
     ]
     # width 32 (≈ 4× the compute of width 16), same data and budget
     w32 = (epochs, "model.options={width=32}")
