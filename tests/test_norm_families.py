@@ -1,8 +1,9 @@
 """Norm families of modern models convert output-preservingly; users can register their own.
 
-Hugging Face RMS norms (Llama, Mistral, Qwen2, Gemma, T5), channels-first LayerNorms (timm's
-LayerNorm2d, ConvNextLayerNorm) and user-registered norms. Models are tiny random configs built
-from their config classes, with randomized norm weights so that a plain identity cannot pass.
+Hugging Face RMS norms (Llama, Mistral, Qwen2, Gemma, T5, OLMo-2, Gemma 3n), Hugging Face's
+float32 layer norms (Cohere, OLMo-1), channels-first LayerNorms (timm's LayerNorm2d,
+ConvNextLayerNorm) and user-registered norms. Models are tiny random configs built from their
+config classes, with randomized norm weights so that a plain identity cannot pass.
 """
 
 import copy
@@ -16,16 +17,22 @@ from torch import nn
 
 import snens
 import snens.nn as snn
+from snens.nn import external_norms, hf_formulas, hf_norms, plain_conversion
 from snens.nn.adapters import member_converter
-from snens.nn.external_norms import layer_norm_layout, rms_formula
+from snens.nn.channels_first import layer_norm_layout
+from snens.nn.hf_formulas import hf_formula
 
 tf = pytest.importorskip("transformers")
 tf.logging.set_verbosity_error()
 
+from transformers.models.cohere.modeling_cohere import CohereLayerNorm  # noqa: E402
 from transformers.models.convnext.modeling_convnext import ConvNextLayerNorm  # noqa: E402
 from transformers.models.gemma.modeling_gemma import GemmaRMSNorm  # noqa: E402
+from transformers.models.gemma3n.modeling_gemma3n import Gemma3nRMSNorm  # noqa: E402
 from transformers.models.llama.modeling_llama import LlamaRMSNorm  # noqa: E402
 from transformers.models.mistral.modeling_mistral import MistralRMSNorm  # noqa: E402
+from transformers.models.olmo.modeling_olmo import OlmoLayerNorm  # noqa: E402
+from transformers.models.olmo2.modeling_olmo2 import Olmo2RMSNorm  # noqa: E402
 from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm  # noqa: E402
 from transformers.models.t5.modeling_t5 import T5LayerNorm  # noqa: E402
 
@@ -59,6 +66,19 @@ class TinyConvNet(nn.Module):
         return self.fc(self.features(x).mean(dim=(2, 3)))
 
 
+class LastTokenClassifier(nn.Module):
+    """A decoder's last hidden state at the last token through a linear head, as the
+    ForSequenceClassification classes do, for decoders transformers has none of."""
+
+    def __init__(self, decoder: nn.Module):
+        super().__init__()
+        self.decoder = decoder
+        self.head = nn.Linear(decoder.config.hidden_size, 3)
+
+    def forward(self, input_ids):
+        return self.head(self.decoder(input_ids=input_ids).last_hidden_state[:, -1])
+
+
 _DECODER = dict(
     vocab_size=64,
     hidden_size=16,
@@ -70,6 +90,27 @@ _DECODER = dict(
     num_labels=3,
     pad_token_id=0,
 )
+
+
+def _gemma3n() -> nn.Module:
+    decoder = tf.Gemma3nTextModel(
+        tf.Gemma3nTextConfig(
+            **_DECODER,
+            head_dim=8,
+            vocab_size_per_layer_input=64,
+            hidden_size_per_layer_input=4,
+            laurel_rank=4,
+            num_kv_shared_layers=0,
+            layer_types=["sliding_attention", "full_attention"],
+            sliding_window=8,
+            activation_sparsity_pattern=[0.0, 0.0],
+        )
+    )
+    with torch.no_grad():  # HF's zero init leaves the per-layer input norms no gradient
+        for layer in decoder.layers:
+            layer.altup.correct_output_scale.fill_(1.0)
+    return decoder
+
 
 # family -> (build the model, its plain norm classes, the member norm classes they become)
 FAMILIES = {
@@ -88,6 +129,22 @@ FAMILIES = {
     "gemma": (
         lambda: tf.GemmaForSequenceClassification(tf.GemmaConfig(**_DECODER, head_dim=8)),
         {"GemmaRMSNorm": "MemberGemmaRMSNorm"},
+    ),
+    "olmo2": (
+        lambda: tf.Olmo2ForSequenceClassification(tf.Olmo2Config(**_DECODER)),
+        {"Olmo2RMSNorm": "MemberOlmo2RMSNorm"},
+    ),
+    "olmo": (
+        lambda: tf.OlmoForSequenceClassification(tf.OlmoConfig(**_DECODER)),
+        {"OlmoLayerNorm": "MemberOlmoLayerNorm"},
+    ),
+    "cohere": (  # with its QK norms, whose weights are (heads, head_dim)
+        lambda: LastTokenClassifier(tf.CohereModel(tf.CohereConfig(**_DECODER, use_qk_norm=True))),
+        {"CohereLayerNorm": "MemberCohereLayerNorm"},
+    ),
+    "gemma3n": (
+        lambda: LastTokenClassifier(_gemma3n()),
+        {"Gemma3nRMSNorm": "MemberGemma3nRMSNorm"},
     ),
     "t5": (
         lambda: tf.T5ForSequenceClassification(
@@ -128,6 +185,11 @@ FAMILIES = {
     ),
     "layernorm2d": (TinyConvNet, {"LayerNorm2d": "MemberLayerNorm2d"}),
 }
+#: family -> the plain class of the norms it leaves, refused by name: Gemma 3n's value norms,
+#: Gemma3nRMSNorm(with_scale=False), hold no weight and do not record their size
+REFUSED = {"gemma3n": "Gemma3nRMSNorm"}
+#: the plain class a member norm's to_plain gives, where it is not the class converted
+EXTRACTED_AS = {"OlmoLayerNorm": "CohereLayerNorm"}
 
 
 def _randomize_norms(model: nn.Module, seed: int = 0) -> nn.Module:
@@ -163,30 +225,42 @@ def family(request):
     return request.param, _randomize_norms(build().eval()), kinds
 
 
+def _convert_model(model: nn.Module, family: str) -> snens.Ensemble:
+    """``snens.convert``, with ``skip_unsupported`` only for a family with norms it refuses."""
+    generator = torch.Generator().manual_seed(0)
+    return snens.convert(model, M, skip_unsupported=family in REFUSED, generator=generator)
+
+
 # -- whole models --------------------------------------------------------------------------------
-def test_every_member_reproduces_the_model_without_skip_unsupported(family):
+def test_every_member_reproduces_the_model(family):
+    """Without ``skip_unsupported`` (Gemma 3n: with it, leaving exactly its weightless norms)."""
     name, model, kinds = family
     inputs = _inputs(name)
-    norms = [m for m in model.modules() if type(m).__name__ in kinds]
+    norms = [(n, m) for n, m in model.named_modules() if type(m).__name__ in kinds]
+    refused = [(n, m) for n, m in norms if member_converter(m) is None]
+    assert bool(refused) == (name in REFUSED)
+    assert all(type(m).__name__ == REFUSED[name] for _, m in refused)
     with torch.no_grad():
         ref = _logits(model(**inputs))
-        ens = snens.convert(model, M, generator=torch.Generator().manual_seed(0)).eval()
+        ens = _convert_model(model, name).eval()
         out = ens(**inputs)
     assert out.shape == (M, B, 3)
     for m in range(M):
         torch.testing.assert_close(out[m], ref, **LOGITS_TOL)
     report = ens.report
-    assert report.skipped == () and len(report.converted) == len(norms) > 0
+    assert report.skipped == tuple((n, type(m).__name__) for n, m in refused)
+    assert len(report.converted) == len(norms) - len(refused) > 0
     for _, plain, member in report.converted:
         allowed = kinds[plain]
         assert member in ((allowed,) if isinstance(allowed, str) else allowed)
-    assert not any(type(m).__name__ in kinds for m in ens.modules())
+    left = [n for n, m in ens.model.named_modules() if type(m).__name__ in kinds]
+    assert left == [n for n, _ in refused]
 
 
 def test_member_norms_hold_distinct_parameters_and_train_apart(family):
     name, model, _ = family
     inputs = _inputs(name)
-    ens = snens.convert(model, M, generator=torch.Generator().manual_seed(0)).train()
+    ens = _convert_model(model, name).train()
     norms = [m for m in ens.modules() if isinstance(m, snn.MemberNorm)]
     for norm in norms:
         for p in (norm.gamma, norm.weight):
@@ -205,7 +279,7 @@ def test_member_norms_hold_distinct_parameters_and_train_apart(family):
 def test_extracted_member_is_the_plain_model_with_its_norm_classes(family):
     name, model, kinds = family
     inputs = _inputs(name)
-    ens = snens.convert(model, M, generator=torch.Generator().manual_seed(0))
+    ens = _convert_model(model, name)
     with torch.no_grad():  # make the members differ, as fine-tuning would
         for layer in ens.modules():
             if isinstance(layer, snn.MemberNorm):
@@ -216,7 +290,7 @@ def test_extracted_member_is_the_plain_model_with_its_norm_classes(family):
             assert type(member) is type(model)
             assert not any(isinstance(x, snn.MemberNorm) for x in member.modules())
             torch.testing.assert_close(_logits(member(**inputs)), out[m], **LOGITS_TOL)
-    assert {type(x).__name__ for x in member.modules()} >= set(kinds)
+    assert {type(x).__name__ for x in member.modules()} >= {EXTRACTED_AS.get(k, k) for k in kinds}
     assert (out[0] - out[-1]).abs().max() > 1e-4
 
 
@@ -228,18 +302,56 @@ def test_film_still_refuses_the_norms_it_has_no_version_of():
         film(model, 2)
 
 
+_CAUSAL_LM = dict(
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    max_position_embeddings=32,
+    pad_token_id=0,
+    bos_token_id=2,
+    eos_token_id=1,
+)
+CAUSAL_LMS = {
+    "olmo2": lambda: tf.Olmo2ForCausalLM(tf.Olmo2Config(**_CAUSAL_LM)),
+    "olmo": lambda: tf.OlmoForCausalLM(tf.OlmoConfig(**_CAUSAL_LM)),
+    "cohere": lambda: tf.CohereForCausalLM(tf.CohereConfig(**_CAUSAL_LM, use_qk_norm=True)),
+}
+
+
+@pytest.mark.parametrize("name", list(CAUSAL_LMS))
+def test_every_member_of_a_converted_causal_lm_reproduces_its_logits(name):
+    torch.manual_seed(0)
+    model = _randomize_norms(CAUSAL_LMS[name]().eval())
+    ids = _inputs(name)["input_ids"]
+    with torch.no_grad():
+        ref = model(input_ids=ids).logits  # (B, T, V)
+        ens = snens.convert(model, num_members=M).eval()
+        out = ens(input_ids=ids)
+    assert out.shape == (M, *ref.shape) and ens.report.skipped == ()
+    for m in range(M):
+        torch.testing.assert_close(out[m], ref, **LOGITS_TOL)
+
+
 # -- single norms ------------------------------------------------------------------------------
-RMS_CLASSES = {
+HF_NORM_CLASSES = {
     LlamaRMSNorm: snn.MemberLlamaRMSNorm,
     MistralRMSNorm: snn.MemberLlamaRMSNorm,
     Qwen2RMSNorm: snn.MemberLlamaRMSNorm,
     GemmaRMSNorm: snn.MemberGemmaRMSNorm,
     T5LayerNorm: snn.MemberT5RMSNorm,
+    Olmo2RMSNorm: snn.MemberOlmo2RMSNorm,
+    Gemma3nRMSNorm: snn.MemberGemma3nRMSNorm,
+    CohereLayerNorm: snn.MemberCohereLayerNorm,
+    OlmoLayerNorm: snn.MemberOlmoLayerNorm,
 }
 HALF = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def _random_rms(cls, C=24, dtype=torch.float32, seed=0):
+def _random_hf_norm(cls, C=24, dtype=torch.float32, seed=0):
+    if cls is OlmoLayerNorm:
+        return OlmoLayerNorm(C)  # no parameters; eps is its forward's constant, 1e-5
     g = torch.Generator().manual_seed(seed)
     plain = cls(C, eps=1e-6)
     with torch.no_grad():
@@ -255,11 +367,12 @@ def _convert(plain, seed=0):
     )
 
 
-@pytest.mark.parametrize("cls", list(RMS_CLASSES), ids=lambda c: c.__name__)
-def test_rms_member_reproduces_the_plain_module_in_float32(cls):
-    plain = _random_rms(cls)
+@pytest.mark.parametrize("cls", list(HF_NORM_CLASSES), ids=lambda c: c.__name__)
+def test_hf_member_reproduces_the_plain_module_in_float32(cls):
+    plain = _random_hf_norm(cls)
     member = _convert(plain).eval()
-    assert type(member) is RMS_CLASSES[cls] and member.plain_type is cls
+    back_type = CohereLayerNorm if cls is OlmoLayerNorm else cls
+    assert type(member) is HF_NORM_CLASSES[cls] and member.plain_type is back_type
     x = 3 * torch.randn(B, 5, 24)
     with torch.no_grad():
         out = member(x.repeat(M, 1, 1)).unflatten(0, (M, -1))
@@ -269,23 +382,41 @@ def test_rms_member_reproduces_the_plain_module_in_float32(cls):
             torch.testing.assert_close(out[m], member.to_plain(m)(x), **NORM_TOL)
         # a plain state_dict (a pretrained checkpoint) loads into every member
         fresh = _convert(plain, seed=1)
-        fresh.load_state_dict(plain.state_dict())
+        if cls is OlmoLayerNorm:  # it has none: the member keeps what conversion set
+            assert plain.state_dict() == {}
+            missing = fresh.load_state_dict(plain.state_dict(), strict=False).missing_keys
+            assert sorted(missing) == ["gamma", "weight"]
+        else:
+            fresh.load_state_dict(plain.state_dict())
         torch.testing.assert_close(fresh(x.repeat(M, 1, 1))[:B], plain(x), **NORM_TOL)
-    assert pickle.loads(pickle.dumps(member)).plain_type is cls
+    assert pickle.loads(pickle.dumps(member)).plain_type is back_type
 
 
 @pytest.mark.parametrize(
     ("cls", "param_dtype", "input_dtype"),
-    list(itertools.product([LlamaRMSNorm, GemmaRMSNorm, T5LayerNorm], HALF, HALF)),
+    list(
+        itertools.product(
+            [
+                LlamaRMSNorm,
+                GemmaRMSNorm,
+                T5LayerNorm,
+                Olmo2RMSNorm,
+                Gemma3nRMSNorm,
+                CohereLayerNorm,
+            ],
+            HALF,
+            HALF,
+        )
+    ),
     ids=lambda v: getattr(v, "__name__", str(v).removeprefix("torch.")),
 )
-def test_rms_member_keeps_the_half_precision_casts(cls, param_dtype, input_dtype):
+def test_hf_member_keeps_the_half_precision_casts(cls, param_dtype, input_dtype):
     """HF's norms compute in float32 and cast back, each at its own point: the member's output
     has the plain module's dtype and equals, bit for bit, the plain class holding the member's
     folded scale (Gemma: within one rounding of that scale − 1); against the original it differs
     by the rounding of weight/σ(γ_m) stored in the parameter dtype (≤ 2 ulp there) and one
     rounding of the output."""
-    plain = _random_rms(cls, dtype=param_dtype)
+    plain = _random_hf_norm(cls, dtype=param_dtype)
     member = _convert(plain).eval()
     x = (3 * torch.randn(B, 5, 24)).to(input_dtype)
     with torch.no_grad():
@@ -301,6 +432,107 @@ def test_rms_member_keeps_the_half_precision_casts(cls, param_dtype, input_dtype
             torch.testing.assert_close(
                 out[m].float(), ref.float(), rtol=rounding, atol=max(1e-6, rounding * 1e-2)
             )
+
+
+@pytest.mark.parametrize("input_dtype", HALF, ids=lambda d: str(d).removeprefix("torch."))
+def test_olmo_layer_norm_member_keeps_its_float32_layer_norm_and_one_cast(input_dtype):
+    """OlmoLayerNorm has no parameters, so its member's are float32, the precision its layer
+    norm runs in, whatever the input's dtype; the output is cast once, to the input's dtype, as
+    the plain module's. Against it the member differs by the rounding of σ(γ_m)·(1/σ(γ_m))
+    (a few float32 ulp) and then at most one rounding of the output; against ``to_plain``'s
+    CohereLayerNorm, by that layer norm written as explicit ops (≤ 1e-6 in float32)."""
+    plain = OlmoLayerNorm(24)
+    member = _convert(plain).eval()
+    assert member.weight.dtype == torch.float32
+    x = (3 * torch.randn(B, 5, 24)).to(input_dtype)
+    with torch.no_grad():
+        ref = plain(x)
+        out = member(x.repeat(M, 1, 1)).unflatten(0, (M, -1))
+        assert out.dtype == ref.dtype == input_dtype
+        ulp = torch.finfo(input_dtype).eps
+        for m in range(M):
+            back = member.to_plain(m)
+            assert type(back) is CohereLayerNorm and back.weight.dtype == torch.float32
+            for expected in (ref, back(x)):
+                torch.testing.assert_close(out[m].float(), expected.float(), rtol=ulp, atol=1e-6)
+            if input_dtype != torch.float32:  # the same casts: nearly all bits agree
+                assert (out[m] == ref).float().mean() > 0.99
+
+
+def test_cohere_qk_norm_member_normalizes_each_head_with_its_weight():
+    """Cohere's QK norms hold an (H, D) weight and normalize each head's D features."""
+    plain = _randomize_norms(CohereLayerNorm((2, 12), eps=1e-5))
+    member = _convert(plain).eval()
+    assert member.feature_shape == (2, 12) and member.weight.shape == (M, 2, 12)
+    x = 3 * torch.randn(B, 5, 2, 12)
+    with torch.no_grad():
+        out = member(x.repeat(M, 1, 1, 1)).unflatten(0, (M, -1))
+        for m in range(M):
+            torch.testing.assert_close(out[m], plain(x), **NORM_TOL)
+            back = member.to_plain(m)
+            assert back.weight.shape == (2, 12)
+            torch.testing.assert_close(out[m], back(x), rtol=0.0, atol=0.0)
+        fresh = _convert(plain, seed=1)
+        fresh.load_state_dict(plain.state_dict())
+        torch.testing.assert_close(fresh(x.repeat(M, 1, 1, 1))[:B], plain(x), **NORM_TOL)
+    with pytest.raises(ValueError, match=r"trailing shape \(2, 12\)"):
+        member(torch.randn(M * B, 5, 24))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("cls", sorted(set(HF_NORM_CLASSES.values()), key=lambda c: c.__name__))
+def test_hf_member_norm_equals_its_per_member_loop(cls, dtype):
+    """``_normalize``, the formula once over (M, B, …, C), is ``_reference``'s per-member loop,
+    forward and backward."""
+    g = torch.Generator().manual_seed(0)
+    layer = cls(8, M, dtype=dtype).train()
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.copy_(torch.randn(p.shape, generator=g, dtype=dtype))
+    x = (2 * torch.randn(M * B, 5, 8, generator=g, dtype=dtype) + 0.5).requires_grad_(True)
+    out = layer(x)
+    reference = layer._reference(x, *layer.scale_and_shift())
+    tol = {"rtol": 1e-6, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 0.0, "atol": 1e-12}
+    torch.testing.assert_close(out, reference, **tol)
+    grad = torch.randn(out.shape, generator=g, dtype=dtype)
+    inputs = (x, layer.gamma, layer.weight)
+    for got, want in zip(
+        torch.autograd.grad(out, inputs, grad), torch.autograd.grad(reference, inputs, grad)
+    ):
+        torch.testing.assert_close(got, want, **tol)
+
+
+def test_a_weightless_gemma3n_norm_is_refused_by_name_and_left_shared_on_request():
+    """Gemma3nRMSNorm(with_scale=False) holds no weight and does not record its size, so no
+    member version can be built: conversion names it and the fixes; ``skip_unsupported=True``
+    leaves it shared, which is exact (it has no parameters)."""
+    weightless = Gemma3nRMSNorm(8, with_scale=False)
+    assert hf_formula(weightless) is None and hf_formula(Gemma3nRMSNorm(8)) == "gemma3n"
+    model = nn.Sequential(nn.Linear(4, 8), weightless, nn.LayerNorm(8)).eval()
+    with pytest.raises(
+        TypeError,
+        match=r"1 \(Gemma3nRMSNorm\).*register_norm\(Gemma3nRMSNorm.*skip_unsupported=True",
+    ):
+        snens.convert(model, M)
+    x = torch.randn(B, 4)
+    with torch.no_grad():
+        ref = model(x)
+        ens = snens.convert(model, M, skip_unsupported=True).eval()
+        out = ens(x)
+    assert ens.report.skipped == (("1", "Gemma3nRMSNorm"),)
+    assert type(ens.model[1]) is Gemma3nRMSNorm and isinstance(ens.model[2], snn.MemberNorm)
+    for m in range(M):
+        torch.testing.assert_close(out[m], ref, **NORM_TOL)
+
+
+def test_external_norms_re_exports_the_modules_split_from_it():
+    for name in external_norms.__all__:
+        assert getattr(external_norms, name) is not None
+    assert external_norms.MemberLlamaRMSNorm is hf_norms.MemberLlamaRMSNorm
+    assert external_norms.MemberLayerNorm2d is snn.MemberLayerNorm2d
+    assert external_norms.from_plain_as is plain_conversion.from_plain_as
+    assert external_norms.rms_formula is hf_formulas.hf_formula
+    assert external_norms.RMS_MEMBER_NORMS is hf_norms.HF_MEMBER_NORMS
 
 
 @pytest.mark.parametrize("data_format", ["channels_first", "channels_last"])
@@ -366,15 +598,45 @@ def test_recognition_needs_the_known_formula():
             hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
             return (self.weight * hidden_states).to(input_dtype)
 
+    class SqrtRMSNorm(OlmoStyleRMSNorm):  # the same maths, other ops: another rounding
+        def forward(self, hidden_states):
+            input_dtype = hidden_states.dtype
+            hidden_states = hidden_states.to(torch.float32)
+            variance = hidden_states.pow(2).mean(-1, keepdim=True)
+            hidden_states = hidden_states / torch.sqrt(variance + self.variance_epsilon)
+            return (self.weight * hidden_states).to(input_dtype)
+
+    class Eps6OlmoLayerNorm(OlmoLayerNorm):  # OLMo-1's forward with another eps constant
+        def forward(self, hidden_states):
+            orig_dtype = hidden_states.dtype
+            return F.layer_norm(
+                hidden_states.to(dtype=torch.float32), self.normalized_shape, None, None, eps=1e-6
+            ).to(orig_dtype)
+
     class HalfLayerNorm2d(nn.LayerNorm):  # permutes to channels-last, never back
         def forward(self, x):
             return super().forward(x.permute(0, 2, 3, 1))
 
-    assert rms_formula(MyLlamaRMSNorm(8)) == "llama"
-    assert rms_formula(EditedLlamaRMSNorm(8)) is None
-    assert rms_formula(OlmoStyleRMSNorm(8)) is None
+    matrix_weight = LlamaRMSNorm(8)  # Llama's formula, but a weight only Cohere's may have
+    matrix_weight.weight = nn.Parameter(torch.ones(2, 8))
+    with_bias = CohereLayerNorm(8)  # Cohere's forward ignores a bias: state beyond its own
+    with_bias.bias = nn.Parameter(torch.zeros(8))
+
+    assert hf_formula(MyLlamaRMSNorm(8)) == "llama"
+    assert hf_formula(OlmoStyleRMSNorm(8)) == "olmo2"  # Olmo2RMSNorm's forward, token for token
+    assert hf_formula(OlmoLayerNorm(8)) == "olmo"
+    assert hf_formula(CohereLayerNorm((2, 8))) == "cohere"
+    unknowns = (
+        EditedLlamaRMSNorm(8),
+        SqrtRMSNorm(8),
+        Eps6OlmoLayerNorm(8),
+        matrix_weight,
+        with_bias,
+        HalfLayerNorm2d(8),
+    )
+    assert all(hf_formula(unknown) is None for unknown in unknowns)
     assert layer_norm_layout(HalfLayerNorm2d(8)) is None
-    for unknown in (EditedLlamaRMSNorm(8), OlmoStyleRMSNorm(8), HalfLayerNorm2d(8)):
+    for unknown in unknowns:
         name = type(unknown).__name__
         model = nn.Sequential(nn.Linear(4, 8), unknown, nn.LayerNorm(8))
         with pytest.raises(TypeError, match=rf"1 \({name}\).*register_norm\({name}"):
@@ -485,12 +747,12 @@ def test_a_registered_conversion_must_return_a_member_norm():
         snens.convert(nn.Sequential(nn.Linear(4, 4), AttributelessNorm()), 2)
 
 
-@pytest.mark.parametrize("cls", list(RMS_CLASSES), ids=lambda c: c.__name__)
+@pytest.mark.parametrize("cls", list(HF_NORM_CLASSES), ids=lambda c: c.__name__)
 def test_a_model_holding_an_hf_member_norm_moves_and_casts(cls):
     """The member's formula had been a method named ``_apply``, which overrides
     ``nn.Module._apply``: ``.to()``, ``.double()`` or ``.cuda()`` of any model holding one
     failed with a TypeError. Moved and cast, it still equals the plain norm cast alike."""
-    plain = _random_rms(cls)
+    plain = _random_hf_norm(cls)
     model = nn.Sequential(nn.Linear(24, 24), _convert(plain)).eval()
     reference = nn.Sequential(copy.deepcopy(model[0]), copy.deepcopy(plain)).eval()
     model.to("cpu").double()
@@ -501,7 +763,8 @@ def test_a_model_holding_an_hf_member_norm_moves_and_casts(cls):
         out = model(x.repeat(M, 1, 1)).unflatten(0, (M, -1))
         for m in range(M):
             member = nn.Sequential(model[0], model[1].to_plain(m))  # its folded float64 scale
-            exact = 1e-12 if cls is not GemmaRMSNorm else 1e-6  # Gemma stores scale − 1
+            # Gemma stores scale − 1; OLMo-1's to_plain is Cohere's layer norm as explicit ops
+            exact = 1e-6 if cls in (GemmaRMSNorm, OlmoLayerNorm) else 1e-12
             torch.testing.assert_close(out[m], member(x), rtol=exact, atol=exact)
             # the fold weight/σ(γ_m) was rounded in float32 before the cast
             torch.testing.assert_close(out[m], reference(x), rtol=1e-6, atol=1e-6)

@@ -3,13 +3,17 @@
 
 from snens.nn.adapters import register_norm
 from snens.nn.batch_norms import MemberBatchNorm1d, MemberBatchNorm2d, MemberBatchNorm3d
-from snens.nn.external_norms import (
+from snens.nn.channels_first import MemberLayerNorm2d
+from snens.nn.factory import MEMBER_NORMS, member_norm
+from snens.nn.hf_norms import (
+    MemberCohereLayerNorm,
+    MemberGemma3nRMSNorm,
     MemberGemmaRMSNorm,
-    MemberLayerNorm2d,
     MemberLlamaRMSNorm,
+    MemberOlmo2RMSNorm,
+    MemberOlmoLayerNorm,
     MemberT5RMSNorm,
 )
-from snens.nn.factory import MEMBER_NORMS, member_norm
 from snens.nn.linear import MemberLinear
 from snens.nn.norms import MemberNorm
 from snens.nn.per_example_norms import MemberGroupNorm, MemberLayerNorm, MemberRMSNorm
@@ -19,6 +23,8 @@ __all__ = [
     "MemberBatchNorm1d",
     "MemberBatchNorm2d",
     "MemberBatchNorm3d",
+    "MemberCohereLayerNorm",
+    "MemberGemma3nRMSNorm",
     "MemberGemmaRMSNorm",
     "MemberGroupNorm",
     "MemberLayerNorm",
@@ -26,6 +32,8 @@ __all__ = [
     "MemberLinear",
     "MemberLlamaRMSNorm",
     "MemberNorm",
+    "MemberOlmo2RMSNorm",
+    "MemberOlmoLayerNorm",
     "MemberRMSNorm",
     "MemberT5RMSNorm",
     "member_norm",

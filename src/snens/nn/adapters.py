@@ -6,11 +6,13 @@ member norm, in this order:
 1. torch norms of exactly the types in ``MEMBER_NORMS`` (``nn.BatchNorm2d``, ``nn.LayerNorm``,
    …): their member norm's ``from_plain``;
 2. exact types registered with :func:`register_norm`: the registered conversion;
-3. norms of other libraries, recognised by their attributes and what they compute
-   (:mod:`snens.nn.external_norms`): Hugging Face RMS norms whose forward is the Llama, Gemma
-   or T5 formula; ``nn.LayerNorm`` subclasses that normalize over channels first (timm's
-   ``LayerNorm2d``, ``ConvNextLayerNorm(data_format="channels_first")``) or last
-   (``ConvNextLayerNorm``'s default, which becomes a :class:`MemberLayerNorm`).
+3. norms of other libraries, recognised by their attributes and what they compute:
+   Hugging Face norms whose forward is one of the formulas of :mod:`snens.nn.hf_formulas`
+   (the Llama, Gemma, T5, OLMo-2 and Gemma 3n RMS norms, Cohere's and OLMo-1's float32 layer
+   norms), which become their member versions of :mod:`snens.nn.hf_norms`; ``nn.LayerNorm``
+   subclasses that normalize over channels first (timm's ``LayerNorm2d``,
+   ``ConvNextLayerNorm(data_format="channels_first")``, :mod:`snens.nn.channels_first`) or
+   last (``ConvNextLayerNorm``'s default, which becomes a :class:`MemberLayerNorm`).
 
 Anything else that looks like a norm is refused by name
 (:func:`snens.nn.surgery.is_unsupported_norm`). Registration is by exact type, as for torch's
@@ -24,17 +26,14 @@ from collections.abc import Callable
 
 from torch import nn
 
-from snens.nn.external_norms import (
-    RMS_MEMBER_NORMS,
-    MemberLayerNorm2d,
-    from_plain_as,
-    layer_norm_layout,
-    rms_formula,
-)
+from snens.nn.channels_first import MemberLayerNorm2d, layer_norm_layout
 from snens.nn.factory import MEMBER_NORMS
+from snens.nn.hf_formulas import hf_formula
+from snens.nn.hf_norms import HF_MEMBER_NORMS
 from snens.nn.linear import MemberLinear
 from snens.nn.norms import MemberNorm
 from snens.nn.per_example_norms import MemberLayerNorm
+from snens.nn.plain_conversion import from_plain_as
 
 __all__ = ["REGISTERED_NORMS", "Converter", "member_converter", "register_norm"]
 
@@ -65,7 +64,7 @@ def register_norm(
 
     With ``member_type``, a module is converted by ``member_type.from_plain`` where the class
     defines its own (it decides what it accepts), else as ``member_type`` converts its own plain
-    type (:func:`~snens.nn.external_norms.from_plain_as`): built from
+    type (:func:`~snens.nn.plain_conversion.from_plain_as`): built from
     ``member_type._plain_config(module)``, every member set to the module's ``weight`` and
     ``bias``. Registering a type again replaces its conversion.
 
@@ -121,9 +120,9 @@ def member_converter(module: nn.Module) -> Converter | None:
         return REGISTERED_NORMS[kind]
     if isinstance(module, (MemberNorm, MemberLinear)):
         return None
-    formula = rms_formula(module)
+    formula = hf_formula(module)
     if formula is not None:
-        return functools.partial(from_plain_as, RMS_MEMBER_NORMS[formula])
+        return functools.partial(from_plain_as, HF_MEMBER_NORMS[formula])
     layout = layer_norm_layout(module)
     if layout == "channels_first":
         return functools.partial(from_plain_as, MemberLayerNorm2d)

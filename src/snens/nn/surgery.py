@@ -48,7 +48,8 @@ _NORM_NAME = re.compile(r"Norm(?:$|[A-Z0-9])")
 
 _SUPPORTED = (
     f"{', '.join(t.__name__ for t in MEMBER_NORMS)}; Hugging Face RMS norms whose forward is "
-    "the Llama, Gemma or T5 formula; LayerNorm subclasses normalizing over channels first "
+    "the Llama, Gemma, Gemma 3n, T5 or OLMo-2 formula, Cohere and OLMo-1 layer norms; "
+    "LayerNorm subclasses normalizing over channels first "
     "(LayerNorm2d, ConvNextLayerNorm) or last; types registered with snens.nn.register_norm"
 )
 

@@ -1,0 +1,368 @@
+"""Member norms for Hugging Face's RMS norms and float32 layer norms.
+
+Each member version computes one formula of :mod:`snens.nn.hf_formulas`, op for op, with
+member m's folded scale sigmoid(gamma_m)·weight_m in place of the weight (for Gemma in place of
+the whole factor 1 + weight), so every member reproduces the plain module in every dtype, up to
+the rounding of that folded scale (none in float32 beyond 1e-6). ``snens.nn.adapters`` finds the
+formula a module computes (:func:`~snens.nn.hf_formulas.hf_formula`) and converts it through
+:func:`~snens.nn.plain_conversion.from_plain_as`.
+
+A norm without a weight converts as torch's do with ``elementwise_affine=False``: the member
+affine starts at the identity, weight_m = 1/sigmoid(gamma_m). OLMo-1's ``OlmoLayerNorm`` has no
+weight to hold a member's, so its member's ``to_plain`` gives the Hugging Face class that is
+that float32 layer norm with a weight, ``CohereLayerNorm``. ``Gemma3nRMSNorm(with_scale=False)``
+does not record its size, so no member version can be built for it: it is refused by name, and
+``skip_unsupported=True`` leaves it shared, which is exact (it has no parameters).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from snens.nn.hf_formulas import (
+    HFFormula,
+    cohere_layer_norm,
+    formula_eps,
+    gemma3n_rms_norm,
+    gemma_rms_norm,
+    hf_formula,
+    llama_rms_norm,
+    olmo2_rms_norm,
+    olmo_layer_norm,
+    t5_rms_norm,
+)
+from snens.nn.norms import MemberNorm
+from snens.nn.plain_conversion import RebuildsPlain, from_plain_as
+
+__all__ = [
+    "HF_MEMBER_NORMS",
+    "MemberCohereLayerNorm",
+    "MemberGemma3nRMSNorm",
+    "MemberGemmaRMSNorm",
+    "MemberLlamaRMSNorm",
+    "MemberOlmo2RMSNorm",
+    "MemberOlmoLayerNorm",
+    "MemberT5RMSNorm",
+]
+
+
+def _feature_shape(hidden_size: Any) -> tuple[int, ...]:
+    sizes = hidden_size if isinstance(hidden_size, tuple | list) else (hidden_size,)
+    if not sizes or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes):
+        raise ValueError(
+            f"hidden_size must be an int >= 1 (or a tuple of them), got {hidden_size!r}"
+        )
+    return tuple(sizes)
+
+
+class _MemberHFNorm(RebuildsPlain, MemberNorm):
+    """Shared body of the member versions of Hugging Face's norms.
+
+    Member m computes ``formula(x_m, scale_m, eps)`` with its folded scale
+    sigmoid(gamma_m)·weight_m (:meth:`_reference`); ``_normalize`` computes all members at
+    once, the (M·B, …, C) input viewed as (M, B, …, C) and the scales as (M, 1, …, C), which is
+    each member's formula elementwise.
+    """
+
+    has_bias = False
+    formula: HFFormula
+    norm_kind = "RMS norm"
+    plain_type = None
+
+    def __init__(
+        self,
+        hidden_size: int | Sequence[int],
+        num_members: int,
+        eps: float = 1e-6,
+        *,
+        plain_type: type[nn.Module] | None = None,
+        gamma_mean: float = 0.0,
+        gamma_std: float = 1.0,
+        device=None,
+        dtype=None,
+    ) -> None:
+        shape = _feature_shape(hidden_size)
+        super().__init__(
+            shape,
+            num_members,
+            gamma_mean=gamma_mean,
+            gamma_std=gamma_std,
+            device=device,
+            dtype=dtype,
+        )
+        self.hidden_size = hidden_size if isinstance(hidden_size, int) else shape
+        self.eps = eps
+        self.plain_type = plain_type
+        self.plain_options: dict[str, Any] = {}
+        self.reset_parameters()
+
+    # the formula's function; not named _apply, which is nn.Module's (.to() and .float() call
+    # it on every submodule)
+    @staticmethod
+    def _norm_fn(x: Tensor, scale: Tensor, eps: float) -> Tensor:
+        raise NotImplementedError
+
+    def _check_input(self, x: Tensor) -> None:
+        n = len(self.feature_shape)
+        if x.dim() < n + 1 or tuple(x.shape[-n:]) != self.feature_shape:
+            over = f"dimension of {self.hidden_size}" if n == 1 else f"shape {self.feature_shape}"
+            raise ValueError(
+                f"{type(self).__name__} normalizes over a trailing {over}, got input of shape "
+                f"{tuple(x.shape)}"
+            )
+
+    def _normalize(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
+        """One path for every input: the formula once, over (M, B, …, C) with the member
+        scales broadcast as (M, 1, …, C). Its reductions are over C, row by row, so this is
+        :meth:`_reference`'s arithmetic elementwise, without the per-member calls and the
+        concatenation."""
+        M = self.num_members
+        rows = x.unflatten(0, (M, -1))  # (M·B, …, C) -> (M, B, …, C)
+        ones = (1,) * (rows.dim() - 1 - len(self.feature_shape))
+        scale = scale.view(M, *ones, *self.feature_shape)
+        return self._norm_fn(rows, scale, self.eps).flatten(0, 1)
+
+    def _reference(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
+        """The formula on each member's rows with its folded scale, concatenated."""
+        return self._per_member(
+            x, scale, None, lambda rows, m, scale_m, _: self._norm_fn(rows, scale_m, self.eps)
+        )
+
+    @classmethod
+    def from_plain(
+        cls, plain: nn.Module, num_members: int, *, generator: torch.Generator | None = None, **kw
+    ) -> MemberNorm:
+        """A member norm whose every member reproduces ``plain``, a module computing this
+        class's formula (see :func:`~snens.nn.hf_formulas.hf_formula`).
+
+        Raises:
+            TypeError: if ``plain`` is not recognised as computing it.
+        """
+        if hf_formula(plain) != cls.formula:
+            raise TypeError(
+                f"{cls.__name__}.from_plain expects a module whose forward is the Hugging Face "
+                f"{cls.formula} {cls.norm_kind} formula; {type(plain).__name__} is not one"
+            )
+        return from_plain_as(cls, plain, num_members, generator=generator, **kw)
+
+    @classmethod
+    def _plain_config(cls, plain: nn.Module) -> dict[str, Any]:
+        shape = tuple(plain.weight.shape)
+        return {
+            "hidden_size": shape[0] if len(shape) == 1 else shape,
+            "eps": formula_eps(plain, cls.formula),
+            "plain_type": type(plain),
+        }
+
+    def _plain_weight(self, scale: Tensor) -> Tensor:
+        """The plain module's weight that computes ``scale`` (one member's folded scale)."""
+        return scale
+
+    def to_plain(self, member: int) -> nn.Module:
+        self._check_member(member)
+        plain = self._rebuild_plain(self.hidden_size)
+        with torch.no_grad():
+            plain.weight.copy_(self._plain_weight(self.scale_and_shift()[0][member]))
+        return plain.train(self.training)
+
+    def extra_repr(self) -> str:
+        plain = "" if self.plain_type is None else f", plain_type={self.plain_type.__name__}"
+        return f"{self.hidden_size}, num_members={self.num_members}, eps={self.eps}{plain}"
+
+
+# -- RMS norms --------------------------------------------------------------------------------
+class MemberLlamaRMSNorm(_MemberHFNorm):
+    """σNorm over the Llama RMS norm (``LlamaRMSNorm``, ``MistralRMSNorm``, ``Qwen2RMSNorm``, …).
+
+    Member m computes :func:`~snens.nn.hf_formulas.llama_rms_norm` with its folded scale:
+    sigmoid(gamma_m)·weight_m ⊙ (x_f32 · rsqrt(mean(x_f32²) + eps)).to(x.dtype).
+
+    Args:
+        hidden_size: C.
+        num_members: M.
+        eps: the plain module's ``variance_epsilon``.
+        plain_type: the class ``to_plain`` rebuilds as ``plain_type(C, eps=eps)``.
+
+    Shape:
+        Input: (M·B, *, C), member-major. Output: same shape.
+    """
+
+    formula = "llama"
+    _norm_fn = staticmethod(llama_rms_norm)
+
+
+class MemberT5RMSNorm(_MemberHFNorm):
+    """σNorm over the T5 RMS norm (``T5LayerNorm``, ``MT5LayerNorm``, ``LongT5LayerNorm``, …).
+
+    Member m computes :func:`~snens.nn.hf_formulas.t5_rms_norm` with its folded scale: no mean
+    subtraction, the variance in float32, the normalized input cast to the parameters' dtype if
+    that is half.
+
+    Args:
+        hidden_size: C.
+        num_members: M.
+        eps: the plain module's ``variance_epsilon``.
+        plain_type: the class ``to_plain`` rebuilds as ``plain_type(C, eps=eps)``.
+
+    Shape:
+        Input: (M·B, *, C), member-major. Output: same shape.
+    """
+
+    formula = "t5"
+    _norm_fn = staticmethod(t5_rms_norm)
+
+
+class MemberGemmaRMSNorm(_MemberHFNorm):
+    """σNorm over the Gemma RMS norm (``GemmaRMSNorm``, ``Gemma2RMSNorm``, …).
+
+    The plain module multiplies by 1 + weight in float32; a member's weight is that whole
+    factor, so member m computes :func:`~snens.nn.hf_formulas.gemma_rms_norm` with factor
+    sigmoid(gamma_m)·weight_m. A plain weight w (from a module or a state_dict) is loaded as the
+    factor 1 + w, and ``to_plain`` gives back w = factor − 1.
+
+    Args:
+        hidden_size: C.
+        num_members: M.
+        eps: the plain module's ``eps``.
+        plain_type: the class ``to_plain`` rebuilds as ``plain_type(C, eps=eps)``.
+
+    Shape:
+        Input: (M·B, *, C), member-major. Output: same shape.
+    """
+
+    formula = "gemma"
+    _norm_fn = staticmethod(gemma_rms_norm)
+
+    @torch.no_grad()
+    def load_plain_affine(self, weight: Tensor | None, bias: Tensor | None) -> None:
+        factor = None if weight is None else 1 + weight.detach().double()
+        super().load_plain_affine(factor, None)
+
+    def _plain_weight(self, scale: Tensor) -> Tensor:
+        return scale.float() - 1
+
+
+class MemberOlmo2RMSNorm(_MemberHFNorm):
+    """σNorm over the OLMo-2 RMS norm (``Olmo2RMSNorm``): Llama's with the cast after the product.
+
+    Member m computes :func:`~snens.nn.hf_formulas.olmo2_rms_norm` with its folded scale:
+    (sigmoid(gamma_m)·weight_m ⊙ x_f32 · rsqrt(mean(x_f32²) + eps)).to(x.dtype).
+
+    Args:
+        hidden_size: C.
+        num_members: M.
+        eps: the plain module's ``variance_epsilon``.
+        plain_type: the class ``to_plain`` rebuilds as ``plain_type(C, eps=eps)``.
+
+    Shape:
+        Input: (M·B, *, C), member-major. Output: same shape.
+    """
+
+    formula = "olmo2"
+    _norm_fn = staticmethod(olmo2_rms_norm)
+
+
+class MemberGemma3nRMSNorm(_MemberHFNorm):
+    """σNorm over ``Gemma3nRMSNorm(with_scale=True)``, whose weight is a scale (not Gemma's
+    offset from 1) and whose inverse root is ``torch.pow(·, −0.5)``.
+
+    Member m computes :func:`~snens.nn.hf_formulas.gemma3n_rms_norm` with its folded scale:
+    (x_f32 · pow(mean(x_f32²) + eps, −0.5) ⊙ sigmoid(gamma_m)·weight_m).to(x.dtype).
+
+    Args:
+        hidden_size: C.
+        num_members: M.
+        eps: the plain module's ``eps``.
+        plain_type: the class ``to_plain`` rebuilds as ``plain_type(C, eps=eps)``.
+
+    Shape:
+        Input: (M·B, *, C), member-major. Output: same shape.
+    """
+
+    formula = "gemma3n"
+    _norm_fn = staticmethod(gemma3n_rms_norm)
+
+
+# -- layer norms ------------------------------------------------------------------------------
+class MemberCohereLayerNorm(_MemberHFNorm):
+    """σNorm over ``CohereLayerNorm``: a mean-centred layer norm in float32 with a float32
+    weight and no bias, over the last dimension.
+
+    Member m computes :func:`~snens.nn.hf_formulas.cohere_layer_norm` with its folded scale. The
+    weight may be (H, D), as in Cohere's QK norms, normalizing each head's D features.
+
+    Args:
+        hidden_size: C, or (H, D).
+        num_members: M.
+        eps: the plain module's ``variance_epsilon``.
+        plain_type: the class ``to_plain`` rebuilds as ``plain_type(hidden_size, eps=eps)``.
+
+    Shape:
+        Input: (M·B, *, *hidden_size), member-major. Output: same shape.
+    """
+
+    formula = "cohere"
+    norm_kind = "layer norm"
+    _norm_fn = staticmethod(cohere_layer_norm)
+
+
+class MemberOlmoLayerNorm(_MemberHFNorm):
+    """σNorm over OLMo-1's ``OlmoLayerNorm``, a float32 layer norm without weight or bias.
+
+    Member m computes :func:`~snens.nn.hf_formulas.olmo_layer_norm`, ``OlmoLayerNorm``'s ops
+    followed by its folded scale sigmoid(gamma_m)·weight_m in float32, before the one cast. At
+    conversion weight_m = 1/sigmoid(gamma_m), so every member reproduces the plain module up to
+    the rounding of that scale (measured ≤ 2.4e-7 in float32 at unit scale; in bfloat16 and
+    float16 the same bits for all 7,680 values measured); the weights are built in float32,
+    the precision ``OlmoLayerNorm`` computes in, and then train apart. A plain
+    ``OlmoLayerNorm`` has no state to load: ``load_state_dict`` of a plain checkpoint reports
+    this module's ``gamma`` and ``weight`` missing (``strict=False`` keeps them).
+
+    ``to_plain`` cannot give back an ``OlmoLayerNorm``, which holds no weight; it gives
+    ``CohereLayerNorm``, Hugging Face's float32 layer norm with a weight (the same formula as
+    explicit ops: ≤ 1e-6 apart in float32, measured ≤ 7.2e-7 at unit scale). An extracted
+    member is therefore no longer an OLMo-1 checkpoint: ``from_pretrained`` of its saved
+    weights would drop the norm weights.
+
+    Args:
+        hidden_size: C.
+        num_members: M.
+        eps: 1e-5, the constant of ``OlmoLayerNorm``'s forward.
+        plain_type: the class ``to_plain`` rebuilds as ``plain_type(C, eps=eps)``
+            (``from_plain`` records ``CohereLayerNorm``).
+
+    Shape:
+        Input: (M·B, *, C), member-major. Output: same shape.
+    """
+
+    formula = "olmo"
+    norm_kind = "layer norm"
+    _norm_fn = staticmethod(olmo_layer_norm)
+
+    @classmethod
+    def _plain_config(cls, plain: nn.Module) -> dict[str, Any]:
+        # transformers is installed wherever an OlmoLayerNorm exists
+        from transformers.models.cohere.modeling_cohere import CohereLayerNorm
+
+        (size,) = plain.normalized_shape
+        return {
+            "hidden_size": size,
+            "eps": formula_eps(plain, cls.formula),
+            "plain_type": CohereLayerNorm,
+        }
+
+
+#: Formula -> member version.
+HF_MEMBER_NORMS: dict[HFFormula, type[_MemberHFNorm]] = {
+    "llama": MemberLlamaRMSNorm,
+    "gemma": MemberGemmaRMSNorm,
+    "t5": MemberT5RMSNorm,
+    "olmo2": MemberOlmo2RMSNorm,
+    "gemma3n": MemberGemma3nRMSNorm,
+    "cohere": MemberCohereLayerNorm,
+    "olmo": MemberOlmoLayerNorm,
+}
