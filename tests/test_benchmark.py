@@ -205,12 +205,11 @@ def test_absolute_refuses_a_backbone_without_an_image_input(capsys):
         benchmark.throughput("minilm")
 
 
-# torch._dynamo's own modules use torch.jit.script_method, deprecated in torch 2.13
-@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated")
 def test_compile_only_yields_only_the_compile_rows(monkeypatch, capsys):
-    import torch._dynamo
-
-    monkeypatch.setattr(torch._dynamo.config, "disable", True)  # = TORCH_COMPILE_DISABLE=1
+    # compilation itself is not what is tested (minutes on a CPU): torch.compile is the identity
+    # here, undone cleanly (patching torch._dynamo.config.disable left it unreadable, and every
+    # later torch.compile in the session failed)
+    monkeypatch.setattr(torch, "compile", lambda model, *args, **kwargs: model)
     monkeypatch.setattr(benchmark, "compare", lambda *a, **k: (1.0, (1.0, 1.0), 1e-3))
     assert benchmark.main(["--compile-only", *TINY]) == 0
     assert _row_names(capsys.readouterr().out) == [
