@@ -1,7 +1,8 @@
 """Downloads against a local server: checksums, resume with Range, errors leave nothing.
 
 The server (127.0.0.1, port 0, a background thread) answers ``Range: bytes=N-`` with 206, or
-ignores it when told to, and can close the connection early to simulate an interruption.
+ignores it when told to, or answers every request with 206 from a fixed byte; it can close the
+connection early to simulate an interruption.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class ServerState:
     requests: list[tuple[str, str | None]] = field(default_factory=list)
     support_range: bool = True
     truncate_at: int | None = None  # send only this many body bytes, then close
+    partial_from: int | None = None  # answer every request with 206 from this byte
     url: str = ""
 
 
@@ -51,7 +53,11 @@ class _Handler(BaseHTTPRequestHandler):
             return
         start = 0
         match = re.fullmatch(r"bytes=(\d+)-", range_header or "")
-        if match and state.support_range:
+        if state.partial_from is not None:
+            start = state.partial_from
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
+        elif match and state.support_range:
             start = int(match.group(1))
             if start >= len(body):
                 self.send_response(416)
@@ -171,6 +177,17 @@ def test_complete_part_is_finished_after_416(http_server, tmp_path):
     assert http_server.requests == [("/a.bin", "bytes=10244-")]
     assert (tmp_path / "a.bin").read_bytes() == PAYLOAD
     assert leftovers(tmp_path) == ["a.bin"]
+
+
+def test_partial_answer_for_another_offset_starts_over(http_server, tmp_path):
+    http_server.files["a.bin"] = PAYLOAD
+    http_server.partial_from = 0  # 206 from byte 0, whatever was asked
+    (tmp_path / "a.bin.part").write_bytes(PAYLOAD[:4000])
+    with pytest.raises(DownloadError, match="206 Partial Content to a plain request"):
+        download_url(http_server.url + "a.bin", tmp_path / "a.bin", sha256=SHA256, progress=False)
+    # The answer did not continue the .part at 4000: it was deleted and a plain request sent.
+    assert http_server.requests == [("/a.bin", "bytes=4000-"), ("/a.bin", None)]
+    assert leftovers(tmp_path) == []
 
 
 def test_404_is_a_clear_error_and_leaves_nothing(http_server, tmp_path):

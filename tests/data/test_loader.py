@@ -152,3 +152,17 @@ def test_validation():
         TensorLoader(images, labels, 4, augment="crop", crop_padding=0)
     with pytest.raises(ValueError, match="epoch"):
         TensorLoader(images, labels, 4).set_epoch(-1)
+
+
+def test_validation_of_data_set_flip_and_seed():
+    images, labels = make_data(n=10)
+    with pytest.raises(ValueError, match="the data set is empty"):
+        TensorLoader(images[:0], labels[:0], 4)
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ValueError, match=r"flip_prob must be in \[0, 1\], got"):
+            TensorLoader(images, labels, 4, flip_prob=bad)
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="seed must be a non-negative int"):
+            TensorLoader(images, labels, 4, seed=bad)
+    with pytest.raises(ValueError, match=r"flip needs images \(N, C, ..., W\), got \(10, 784\)"):
+        TensorLoader(images.flatten(1), labels, 4, augment="flip")

@@ -195,12 +195,9 @@ def download_url(
     """
     path = Path(path)
     expected = _expected_digests(sha256, md5)
-    if path.is_file():
-        try:
-            _check_digests(path, expected)
-            return path
-        except ChecksumError:
-            pass  # a stale or corrupt copy: fetch again, os.replace swaps it atomically
+    # A copy that fails a digest is stale or corrupt: fetch again, os.replace swaps it atomically.
+    if path.is_file() and _passes(path, expected):
+        return path
     part = path.with_name(path.name + ".part")
     start = part.stat().st_size if part.is_file() else 0
     try:
@@ -209,10 +206,8 @@ def download_url(
         err.close()  # it holds the response's socket
         if err.code == 416 and start > 0:
             # Range not satisfiable: the .part is already complete (or longer than the file).
-            if _part_is_valid(part, expected):
-                os.replace(part, path)
+            if _keep_complete_part(part, path, expected):
                 return path
-            part.unlink()
             return download_url(url, path, sha256, md5, progress=progress, timeout=timeout)
         raise DownloadError(
             f"could not download {url}: HTTP {err.code} {err.reason}. Check the URL, or "
@@ -225,60 +220,92 @@ def download_url(
         ) from err
 
     with response:
-        status = getattr(response, "status", 200)
-        resumed = start > 0 and status == 206 and _range_start(response) == start
-        if status == 206 and not resumed:
-            # A partial answer we did not ask for (or for another offset): start over.
-            response.close()
-            if start == 0:
-                raise DownloadError(f"{url} answered 206 Partial Content to a plain request")
+        offset = _resume_offset(response, start, url)
+        if offset is None:  # a 206 that does not continue the .part
             part.unlink(missing_ok=True)
             return download_url(url, path, sha256, md5, progress=progress, timeout=timeout)
-        offset = start if resumed else 0
         length = response.headers.get("Content-Length")
         remaining = int(length) if length is not None else None
         total = offset + remaining if remaining is not None else None
         path.parent.mkdir(parents=True, exist_ok=True)
         bar = _progress_bar(total, offset, path.name, progress)
-        received = 0
-        try:
-            with open(part, "ab" if resumed else "wb") as f:
-                for chunk in iter(lambda: response.read(_CHUNK_BYTES), b""):
-                    f.write(chunk)
-                    received += len(chunk)
-                    if bar is not None:
-                        bar.update(len(chunk))
-        except OSError as err:
-            raise DownloadError(
-                f"download of {url} interrupted after {offset + received} bytes ({err}); "
-                f"run again to resume from {part}"
-            ) from err
-        finally:
-            if bar is not None:
-                bar.close()
+        received = _stream(response, part, offset, bar, url)
     if remaining is not None and received < remaining:
         # http.client returns b"" on a closed connection instead of raising: check ourselves.
         raise DownloadError(
             f"connection closed after {offset + received} of {total} bytes of {url}; "
             f"run again to resume from {part}"
         )
+    _verify_part(part, expected, name=f"{path} (downloaded from {url})")
+    os.replace(part, path)
+    return path
+
+
+def _passes(path: Path, expected: dict[str, str]) -> bool:
+    """Whether ``path`` matches every expected digest (true when none is given)."""
     try:
-        _check_digests(part, expected, name=f"{path} (downloaded from {url})")
+        _check_digests(path, expected)
+    except ChecksumError:
+        return False
+    return True
+
+
+def _keep_complete_part(part: Path, path: Path, expected: dict[str, str]) -> bool:
+    """Rename a complete ``.part`` into place if its digests pass, else delete it; whether kept."""
+    if _part_is_valid(part, expected):
+        os.replace(part, path)
+        return True
+    part.unlink()
+    return False
+
+
+def _resume_offset(response, start: int, url: str) -> int | None:
+    """Bytes of the ``.part`` the response continues: ``start``, 0 (a whole file) or None."""
+    status = getattr(response, "status", 200)
+    resumed = start > 0 and status == 206 and _range_start(response) == start
+    if status == 206 and not resumed:
+        # A partial answer we did not ask for (or for another offset): start over.
+        response.close()
+        if start == 0:
+            raise DownloadError(f"{url} answered 206 Partial Content to a plain request")
+        return None
+    return start if resumed else 0
+
+
+def _stream(response, part: Path, offset: int, bar, url: str) -> int:
+    """Write the body to ``part`` after its first ``offset`` bytes; the bytes received."""
+    received = 0
+    try:
+        with open(part, "ab" if offset else "wb") as f:
+            for chunk in iter(lambda: response.read(_CHUNK_BYTES), b""):
+                f.write(chunk)
+                received += len(chunk)
+                if bar is not None:
+                    bar.update(len(chunk))
+    except OSError as err:
+        raise DownloadError(
+            f"download of {url} interrupted after {offset + received} bytes ({err}); "
+            f"run again to resume from {part}"
+        ) from err
+    finally:
+        if bar is not None:
+            bar.close()
+    return received
+
+
+def _verify_part(part: Path, expected: dict[str, str], name: str) -> None:
+    """Check a finished ``.part``; one that fails a digest is deleted, so a rerun starts over."""
+    try:
+        _check_digests(part, expected, name=name)
     except ChecksumError:
         part.unlink()
         raise
-    os.replace(part, path)
-    return path
 
 
 def _part_is_valid(part: Path, expected: dict[str, str]) -> bool:
     if not expected:
         return False  # nothing proves a complete .part; start over
-    try:
-        _check_digests(part, expected)
-    except ChecksumError:
-        return False
-    return True
+    return _passes(part, expected)
 
 
 def _range_start(response) -> int | None:

@@ -59,6 +59,99 @@ def _channel_stat(value: float | Sequence[float], channels: int, name: str) -> t
     return stat
 
 
+def _length(tensor: torch.Tensor) -> int | str:
+    return len(tensor) if tensor.dim() > 0 else "a scalar (no length)"
+
+
+def _as_dataset(
+    images: torch.Tensor, labels: torch.Tensor, batch_size: int, drop_last: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Images and labels as tensors, checked to be equally long and to make at least one batch."""
+    if not _is_int_at_least(batch_size, 1):
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    images, labels = torch.as_tensor(images), torch.as_tensor(labels)
+    if images.dim() == 0 or labels.dim() == 0 or len(images) != len(labels):
+        raise ValueError(
+            f"images and labels must have the same length, got {_length(images)} images "
+            f"and {_length(labels)} labels"
+        )
+    num_examples = len(images)
+    if num_examples == 0:
+        raise ValueError("the data set is empty")
+    if drop_last and batch_size > num_examples:
+        raise ValueError(
+            f"drop_last with batch_size {batch_size} > {num_examples} examples yields no "
+            "batch; lower batch_size or set drop_last=False"
+        )
+    return images, labels
+
+
+def _base_seed(seed: int | None, generator: torch.Generator | None) -> int:
+    """``seed``, else one drawn from ``generator`` (torch's global generator when None)."""
+    if seed is None:
+        seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+    if not _is_int_at_least(seed, 0):
+        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    return seed
+
+
+def _check_applies(
+    images: torch.Tensor,
+    is_ids: bool,
+    augment: tuple[str, ...],
+    mean: float | Sequence[float] | None,
+    std: float | Sequence[float] | None,
+) -> None:
+    """Raise when ``mean``, ``std`` or an augmentation cannot apply to ``images``."""
+    if is_ids and (mean is not None or std is not None or augment):
+        raise ValueError(
+            f"images of dtype {images.dtype} are kept as ids; mean, std and augment apply "
+            "to uint8 or floating images only"
+        )
+    if "crop" in augment and images.dim() != 4:
+        raise ValueError(f"crop needs images (N, C, H, W), got {tuple(images.shape)}")
+    if "flip" in augment and images.dim() < 3:
+        raise ValueError(f"flip needs images (N, C, ..., W), got {tuple(images.shape)}")
+
+
+def _convert(
+    x: torch.Tensor,
+    is_ids: bool,
+    dtype: torch.dtype,
+    mean: float | Sequence[float] | None,
+    std: float | Sequence[float] | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs as stored (ids kept; images as ``dtype``, normalized) and a black pixel's value."""
+    fill = torch.zeros(1, dtype=torch.float64)  # value of a black pixel after conversion
+    if is_ids:
+        return x, fill
+    x = x.to(dtype) / 255 if x.dtype == torch.uint8 else x.to(dtype)
+    if mean is None and std is None:
+        return x, fill
+    channels = x.shape[1] if x.dim() > 1 else 1
+    mean_t = _channel_stat(0.0 if mean is None else mean, channels, "mean")
+    std_t = _channel_stat(1.0 if std is None else std, channels, "std")
+    if (std_t <= 0).any():
+        raise ValueError(f"std must be positive, got {std_t.tolist()}")
+    view = (1, -1) + (1,) * max(x.dim() - 2, 0)
+    x = (x - mean_t.to(x.device, dtype).view(view)) / std_t.to(x.device, dtype).view(view)
+    return x, -mean_t / std_t
+
+
+def _crop_padding_and_fill(
+    x: torch.Tensor, fill: torch.Tensor, crop_padding: int | None
+) -> tuple[int, torch.Tensor]:
+    """The crop padding (default 2 below 32 px, 4 from 32 px) and the pad value, (1, C, 1, 1)."""
+    height, width = x.shape[-2:]
+    default = 4 if min(height, width) >= 32 else 2
+    padding = default if crop_padding is None else crop_padding
+    if not _is_int_at_least(padding, 1):
+        raise ValueError(f"crop_padding must be a positive int, got {crop_padding!r}")
+    channels = x.shape[1]
+    fill = fill.expand(channels) if fill.numel() == 1 else fill
+    return padding, fill.to(x.device, x.dtype).view(1, channels, 1, 1)
+
+
 class TensorLoader:
     """Iterate over ``(x, y)`` batches of a device-resident data set.
 
@@ -125,22 +218,7 @@ class TensorLoader:
         flip_prob: float = 0.5,
         dtype: torch.dtype = torch.float32,
     ) -> None:
-        if not _is_int_at_least(batch_size, 1):
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-        images, labels = torch.as_tensor(images), torch.as_tensor(labels)
-        if images.dim() == 0 or labels.dim() == 0 or len(images) != len(labels):
-            raise ValueError(
-                f"images and labels must have the same length, got {_length(images)} images "
-                f"and {_length(labels)} labels"
-            )
-        num_examples = len(images)
-        if num_examples == 0:
-            raise ValueError("the data set is empty")
-        if drop_last and batch_size > num_examples:
-            raise ValueError(
-                f"drop_last with batch_size {batch_size} > {num_examples} examples yields no "
-                "batch; lower batch_size or set drop_last=False"
-            )
+        images, labels = _as_dataset(images, labels, batch_size, drop_last)
         if not 0.0 <= flip_prob <= 1.0:
             raise ValueError(f"flip_prob must be in [0, 1], got {flip_prob}")
         self.augment = _as_augment(augment)
@@ -151,53 +229,17 @@ class TensorLoader:
         self.device = torch.device(device) if device is not None else images.device
         self.epoch = 0
         self.rank, self.world_size = 0, 1
-        if seed is None:
-            seed = int(torch.randint(0, 2**62, (1,), generator=generator))
-        if not _is_int_at_least(seed, 0):
-            raise ValueError(f"seed must be a non-negative int, got {seed!r}")
-        self.seed = seed
+        self.seed = _base_seed(seed, generator)
 
         is_ids = not images.is_floating_point() and images.dtype != torch.uint8
-        if is_ids and (mean is not None or std is not None or self.augment):
-            raise ValueError(
-                f"images of dtype {images.dtype} are kept as ids; mean, std and augment apply "
-                "to uint8 or floating images only"
-            )
-        if "crop" in self.augment and images.dim() != 4:
-            raise ValueError(f"crop needs images (N, C, H, W), got {tuple(images.shape)}")
-        if "flip" in self.augment and images.dim() < 3:
-            raise ValueError(f"flip needs images (N, C, ..., W), got {tuple(images.shape)}")
-
-        x = images.to(self.device)
-        fill = torch.zeros(1, dtype=torch.float64)  # value of a black pixel after conversion
-        if not is_ids:
-            x = x.to(dtype) / 255 if x.dtype == torch.uint8 else x.to(dtype)
-            if mean is not None or std is not None:
-                channels = x.shape[1] if x.dim() > 1 else 1
-                mean_t = _channel_stat(0.0 if mean is None else mean, channels, "mean")
-                std_t = _channel_stat(1.0 if std is None else std, channels, "std")
-                if (std_t <= 0).any():
-                    raise ValueError(f"std must be positive, got {std_t.tolist()}")
-                view = (1, -1) + (1,) * max(x.dim() - 2, 0)
-                x = (x - mean_t.to(x.device, dtype).view(view)) / std_t.to(x.device, dtype).view(
-                    view
-                )
-                fill = -mean_t / std_t
-        self.images = x
+        _check_applies(images, is_ids, self.augment, mean, std)
+        self.images, fill = _convert(images.to(self.device), is_ids, dtype, mean, std)
         self.labels = labels.to(self.device)
         if not self.labels.is_floating_point():
             self.labels = self.labels.long()
-
         self.crop_padding = 0
         if "crop" in self.augment:
-            height, width = x.shape[-2:]
-            default = 4 if min(height, width) >= 32 else 2
-            self.crop_padding = default if crop_padding is None else crop_padding
-            if not _is_int_at_least(self.crop_padding, 1):
-                raise ValueError(f"crop_padding must be a positive int, got {crop_padding!r}")
-            channels = x.shape[1]
-            self._fill = fill.expand(channels) if fill.numel() == 1 else fill
-            self._fill = self._fill.to(x.device, x.dtype).view(1, channels, 1, 1)
+            self.crop_padding, self._fill = _crop_padding_and_fill(self.images, fill, crop_padding)
 
     def __len__(self) -> int:
         """Batches per epoch."""
@@ -296,7 +338,3 @@ class TensorLoader:
             + (f", rank={self.rank}, world_size={self.world_size}" if self.world_size > 1 else "")
             + ")"
         )
-
-
-def _length(tensor: torch.Tensor) -> int | str:
-    return len(tensor) if tensor.dim() > 0 else "a scalar (no length)"
