@@ -174,6 +174,64 @@ def test_models_built_with_member_norms_convert_their_head_only():
         snens.convert(model, num_members=2)
 
 
+def test_converting_a_converted_model_again_changes_nothing():
+    torch.manual_seed(0)
+    ens = snens.convert(TinyResNet(), num_members=2).eval()
+    again = snens.convert(ens.model, num_members=2).eval()
+    assert again.report.converted == () and again.report.head is None
+    assert again.report.notes == () and again.report.params_added == 0
+    x = torch.randn(4, 3, 8, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(again(x), ens(x), rtol=0, atol=0)
+
+
+def test_a_registered_norm_is_converted_whole_with_the_norms_inside_it():
+    class TwoStepNorm(nn.Module):  # a user's norm built from torch norms
+        def __init__(self):
+            super().__init__()
+            self.unused = nn.InstanceNorm1d(4)  # refused on its own
+            self.bn = nn.BatchNorm1d(4)
+
+        def forward(self, x):
+            return self.bn(x)
+
+    def to_members(plain, num_members, **kw):
+        return snn.MemberBatchNorm1d.from_plain(plain.bn, num_members, **kw)
+
+    snn.register_norm(TwoStepNorm, from_plain=to_members)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), TwoStepNorm(), nn.Linear(4, 2)).eval()
+    ens = snens.convert(model, num_members=2).eval()
+    assert ens.report.converted == (("1", "TwoStepNorm", "MemberBatchNorm1d"),)
+    assert ens.report.skipped == ()
+    x = torch.randn(5, 4)
+    with torch.no_grad():
+        out, ref = ens(x), model(x)
+    for m in range(2):
+        torch.testing.assert_close(out[m], ref, **TOL)
+
+
+def test_refusals_name_the_module_and_count_the_rest():
+    many = nn.Sequential(nn.BatchNorm1d(4), *[nn.InstanceNorm1d(4) for _ in range(10)])
+    with pytest.raises(
+        TypeError, match=r"1 \(InstanceNorm1d\), .*, 8 \(InstanceNorm1d\) and 2 more\."
+    ):
+        snens.convert(many, num_members=2)
+    with pytest.raises(TypeError, match="head must be 'auto', a module name or None, got 3"):
+        snens.convert(TinyResNet(), num_members=2, head=3)
+
+    class ShapedNorm(nn.Module):
+        def forward(self, x):
+            return x
+
+    def refuse(plain, num_members, **kw):
+        raise ValueError("needs a weight of 4 channels")
+
+    snn.register_norm(ShapedNorm, from_plain=refuse)
+    with pytest.raises(ValueError, match=r"cannot convert 1 \(ShapedNorm\): needs a weight"):
+        snens.convert(nn.Sequential(nn.Linear(4, 4), ShapedNorm()), num_members=2)
+
+
 def test_converted_model_trains(resnet):
     ens = snens.convert(resnet, num_members=2).train()
     x, y = torch.randn(8, 3, 8, 8), torch.randint(0, 5, (8,))

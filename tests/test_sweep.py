@@ -210,6 +210,24 @@ def test_bad_grid_fails_before_training(tmp_path, grid, message):
     assert not (tmp_path / "s").exists()
 
 
+def test_a_grid_given_as_a_mapping_plans_the_same_runs(tmp_path):
+    axes = {"method.temperature": ["0.05", "5"], "seed": ["0", "1"]}
+    runs = plan(preset(TINY), axes, tmp_path)
+    same = plan(preset(TINY), ["method.temperature=0.05,5", "seed=0,1"], tmp_path)
+    assert [(r.name, r.config) for r in runs] == [(r.name, r.config) for r in same]
+
+
+def test_a_combination_bad_only_as_a_whole_is_named_whole(tmp_path):
+    grid = ['method.input_policy="split","repeat"', "method.name=film,snens"]
+    with pytest.raises(ValueError) as error:
+        plan(preset(TINY), grid, tmp_path / "s")
+    assert str(error.value).startswith(
+        '--grid: the run method.input_policy="split", method.name=film: '
+        "method.input_policy 'split' is implemented for method 'snens' only"
+    )
+    assert not (tmp_path / "s").exists()
+
+
 def test_cli_bad_grid_exits_2_naming_the_value(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(snens.train, "train", lambda *a, **k: pytest.fail("trained"))
     out = tmp_path / "bad"

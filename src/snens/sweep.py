@@ -272,11 +272,40 @@ def plan(
             ``out_dir``, or an existing run directory of another config.
         TypeError: a value of the wrong type (the axis, value and key named).
     """
+    axes = _parse_axes(grid)
+    overrides = list(overrides)  # read twice below: a generator would be used up by the check
+    _check_overrides(overrides)
+    _check_size(axes)
+    base_values = _base_values(base, overrides)
+    out = Path(out)
+    _check_axes(axes, base_values)
+
+    runs: dict[str, SweepRun] = {}
+    texts_of: dict[str, dict[str, str]] = {}
+    for combination in itertools.product(*axes.values()):
+        kept, config, values = _combination(base_values, dict(zip(axes, combination)))
+        name = _run_name(values)
+        if name in runs:
+            _check_same_setting(texts_of[name], kept, values)
+            continue  # differs from an earlier combination only in keys its method ignores
+        config = dataclasses.replace(config, out_dir=str(out), name=name)
+        runs[name] = SweepRun(name, values, config, _status(out / name, config))
+        texts_of[name] = kept
+    return list(runs.values())
+
+
+def _parse_axes(grid: Sequence[str] | Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
+    """The grid's axes, ``{key: [value texts]}``; an empty grid is refused."""
     if isinstance(grid, Mapping):
         grid = [f"{k}={','.join(v)}" for k, v in grid.items()]
     axes = parse_grid(grid)
     if not axes:
         raise ValueError("the grid is empty; give at least one axis, e.g. --grid seed=0,1,2")
+    return axes
+
+
+def _check_overrides(overrides: Sequence[str]) -> None:
+    """Refuse a ``--set`` of a key the sweep sets itself (``name``, ``out_dir``)."""
     for item in overrides:
         key = item.split("=", 1)[0].strip() if isinstance(item, str) else ""
         if key in _RESERVED:
@@ -284,17 +313,29 @@ def plan(
                 f"--set {item!r}: {key} is set by the sweep (each run goes to OUT/<run name>); "
                 "give the parent directory with --out"
             )
+
+
+def _check_size(axes: Mapping[str, list[str]]) -> None:
+    """Refuse a grid of more than :data:`MAX_RUNS` runs, each axis's size named."""
     total = math.prod(len(values) for values in axes.values())
     if total > MAX_RUNS:
         sizes = " × ".join(f"{len(v)} ({k})" for k, v in axes.items())
         raise ValueError(f"the grid has {sizes} = {total} runs, more than {MAX_RUNS}; split it")
+
+
+def _base_values(
+    base: str | os.PathLike | RunConfig | Mapping[str, Any], overrides: Sequence[str]
+) -> dict[str, Any]:
+    """The base config with the ``--set`` values applied, as dicts."""
     overrides = list(overrides)
     start = apply_overrides(to_dict(load_config(base)), overrides)
     if start["method"].get("name") == "single":  # M of "single" is 1 whatever the base says
         overrides.append("method.num_members=1")
-    base_values = to_dict(load_config(base, overrides))
-    out = Path(out)
+    return to_dict(load_config(base, overrides))
 
+
+def _check_axes(axes: Mapping[str, list[str]], base_values: dict[str, Any]) -> None:
+    """Refuse, axis by axis, a value listed twice or a key the config does not have."""
     for key, texts in axes.items():
         repeated = sorted({t for t in texts if texts.count(t) > 1})
         if repeated:
@@ -304,36 +345,37 @@ def plan(
         except (ValueError, TypeError) as error:
             raise type(error)(f"--grid {key}: {error}") from None
 
-    runs: dict[str, SweepRun] = {}
-    texts_of: dict[str, dict[str, str]] = {}
-    for combination in itertools.product(*axes.values()):
-        texts = dict(zip(axes, combination))
-        settings = [f"{k}={t}" for k, t in texts.items()]
-        method = _lookup(apply_overrides(base_values, settings), "method.name")
-        kept = {k: t for k, t in texts.items() if applies(k, method)}
-        settings = [f"{k}={t}" for k, t in kept.items()]
-        if method == "single":
-            settings.append("method.num_members=1")
-        try:
-            config = load_config(base_values, settings)
-        except (ValueError, TypeError) as error:
-            raise _blame(error, base_values, kept) from None
-        resolved = to_dict(config)
-        values = {k: _lookup(resolved, k) for k in kept}
-        name = _run_name(values)
-        if name in runs:
-            if texts_of[name] != kept:  # e.g. temperature 5 and 5.0
-                twins = [k for k in kept if kept[k] != texts_of[name][k]]
-                k = twins[0]
-                raise ValueError(
-                    f"--grid {k}: the values {texts_of[name][k]!r} and {kept[k]!r} are the same "
-                    f"setting ({_format(values[k])}); remove one"
-                )
-            continue  # differs from an earlier combination only in keys its method ignores
-        config = dataclasses.replace(config, out_dir=str(out), name=name)
-        runs[name] = SweepRun(name, values, config, _status(out / name, config))
-        texts_of[name] = kept
-    return list(runs.values())
+
+def _combination(
+    base_values: dict[str, Any], texts: dict[str, str]
+) -> tuple[dict[str, str], RunConfig, dict[str, Any]]:
+    """One combination's (kept texts, config, resolved values), keys its method ignores dropped."""
+    settings = [f"{k}={t}" for k, t in texts.items()]
+    method = _lookup(apply_overrides(base_values, settings), "method.name")
+    kept = {k: t for k, t in texts.items() if applies(k, method)}
+    settings = [f"{k}={t}" for k, t in kept.items()]
+    if method == "single":
+        settings.append("method.num_members=1")
+    try:
+        config = load_config(base_values, settings)
+    except (ValueError, TypeError) as error:
+        raise _blame(error, base_values, kept) from None
+    resolved = to_dict(config)
+    values = {k: _lookup(resolved, k) for k in kept}
+    return kept, config, values
+
+
+def _check_same_setting(
+    earlier: Mapping[str, str], kept: Mapping[str, str], values: Mapping[str, Any]
+) -> None:
+    """Refuse two value texts of an axis that give the same run name (the same setting)."""
+    if earlier != kept:  # e.g. temperature 5 and 5.0
+        twins = [k for k in kept if kept[k] != earlier[k]]
+        k = twins[0]
+        raise ValueError(
+            f"--grid {k}: the values {earlier[k]!r} and {kept[k]!r} are the same "
+            f"setting ({_format(values[k])}); remove one"
+        )
 
 
 def _blame(error: Exception, base: Mapping[str, Any], texts: Mapping[str, str]) -> Exception:

@@ -238,11 +238,40 @@ def convert_modules(
         ValueError: if the model has no supported norm, already holds member modules with a
             different M, or ``head_init`` is unknown.
     """
+    _check_arguments(num_members, head_init)
+    params_before = _count_params(model)
+    existing = _existing_members(model, num_members)
+
+    targets, unsupported = _collect_norms(model)
+    _refuse_unsupported(model, unsupported, skip_unsupported)
+    _require_a_norm(model, targets, existing)
+
+    converted = _replace_norms(
+        model, targets, num_members, gamma_mean=gamma_mean, gamma_std=gamma_std, generator=generator
+    )
+    found = _head_to_replace(model, head, existing)
+    head_name = _replace_head(model, found, num_members, head_init, generator)
+
+    return ConversionReport(
+        num_members=num_members,
+        converted=tuple(converted),
+        head=head_name,
+        skipped=tuple(unsupported),
+        params_before=params_before,
+        params_after=_count_params(model),
+        notes=_notes(found, head, existing),
+    )
+
+
+def _check_arguments(num_members: int, head_init: HeadInit) -> None:
+    """Refuse a bad ``num_members`` or an unknown ``head_init``, before the model is touched."""
     check_num_members(num_members)
     if head_init not in ("copy", "reset"):
         raise ValueError(f"head_init must be 'copy' or 'reset', got {head_init!r}")
-    params_before = _count_params(model)
 
+
+def _existing_members(model: nn.Module, num_members: int) -> list[tuple[str, nn.Module]]:
+    """The model's member modules already there, refused when their M is not ``num_members``."""
     existing = member_modules(model)
     for name, m in existing:
         if m.num_members != num_members:
@@ -251,7 +280,11 @@ def convert_modules(
                 f"but num_members={num_members} was asked for; build the model with "
                 f"member_norm({num_members}) or convert with num_members={m.num_members}"
             )
+    return existing
 
+
+def _collect_norms(model: nn.Module) -> tuple[dict[int, Converter], list[tuple[str, str]]]:
+    """(id -> conversion) of every supported norm, and (name, type) of every unsupported one."""
     targets: dict[int, Converter] = {}
     inside_targets: set[int] = set()  # modules of a registered norm that is replaced whole
     unsupported: list[tuple[str, str]] = []
@@ -264,17 +297,31 @@ def convert_modules(
             inside_targets.update(id(child) for child in m.modules())
         elif is_unsupported_norm(m):
             unsupported.append((name, type(m).__name__))
-    if unsupported and not skip_unsupported:
-        listed = ", ".join(f"{n} ({t})" for n, t in unsupported[:8])
-        more = f" and {len(unsupported) - 8} more" if len(unsupported) > 8 else ""
-        kind = unsupported[0][1]
-        raise TypeError(
-            f"{type(model).__name__} has norms with no member version: {listed}{more}. "
-            f"Supported: {_SUPPORTED}. Register yours with snens.nn.register_norm({kind}, "
-            f"<MemberNorm class computing it>) or register_norm({kind}, from_plain=<function>), "
-            "pass skip_unsupported=True to leave them shared, or replace them with a supported "
-            "norm first"
-        )
+    return targets, unsupported
+
+
+def _refuse_unsupported(
+    model: nn.Module, unsupported: list[tuple[str, str]], skip_unsupported: bool
+) -> None:
+    """Raise naming the unsupported norms (the first 8) unless they are to be skipped."""
+    if not unsupported or skip_unsupported:
+        return
+    listed = ", ".join(f"{n} ({t})" for n, t in unsupported[:8])
+    more = f" and {len(unsupported) - 8} more" if len(unsupported) > 8 else ""
+    kind = unsupported[0][1]
+    raise TypeError(
+        f"{type(model).__name__} has norms with no member version: {listed}{more}. "
+        f"Supported: {_SUPPORTED}. Register yours with snens.nn.register_norm({kind}, "
+        f"<MemberNorm class computing it>) or register_norm({kind}, from_plain=<function>), "
+        "pass skip_unsupported=True to leave them shared, or replace them with a supported "
+        "norm first"
+    )
+
+
+def _require_a_norm(
+    model: nn.Module, targets: dict[int, Converter], existing: list[tuple[str, nn.Module]]
+) -> None:
+    """Raise if the model will hold no member norm: nothing to convert and none built in."""
     has_member_norms = any(isinstance(m, MemberNorm) for _, m in existing)
     if not targets and not has_member_norms:
         raise ValueError(
@@ -282,69 +329,115 @@ def convert_modules(
             f"{_SUPPORTED}); σN-Ens members live in the norms, so the model needs at least one"
         )
 
+
+def _replace_norms(
+    model: nn.Module,
+    targets: dict[int, Converter],
+    num_members: int,
+    *,
+    gamma_mean: float,
+    gamma_std: float,
+    generator: torch.Generator | None,
+) -> list[tuple[str, str, str]]:
+    """Replace every collected norm by its member norm; (name, plain type, member type) each."""
+
     def member_norm(name: str, module: nn.Module) -> MemberNorm | None:
         convert = targets.get(id(module))
         if convert is None:
             return None
-        try:
-            member = convert(
-                module,
-                num_members,
-                gamma_mean=gamma_mean,
-                gamma_std=gamma_std,
-                generator=generator,
-            )
-        except (TypeError, ValueError) as err:
-            error = TypeError if isinstance(err, TypeError) else ValueError
-            raise error(f"cannot convert {name} ({type(module).__name__}): {err}") from err
-        if not isinstance(member, MemberNorm) or member.num_members != num_members:
-            got = getattr(member, "num_members", None)
-            raise TypeError(
-                f"converting {name} ({type(module).__name__}) with {convert!r} gave a "
-                f"{type(member).__name__} (num_members={got}); the conversion registered with "
-                f"snens.nn.register_norm must return a MemberNorm with num_members={num_members}"
-            )
-        return member
+        return _member_norm(
+            name,
+            module,
+            convert,
+            num_members,
+            gamma_mean=gamma_mean,
+            gamma_std=gamma_std,
+            generator=generator,
+        )
 
-    converted = [
+    return [
         (name, type(old).__name__, type(new).__name__)
         for name, old, new in replace_modules(model, member_norm)
     ]
 
-    notes = []
-    found = (
-        None if any(isinstance(m, MemberLinear) for _, m in existing) else _find_head(model, head)
-    )
-    if found is None and head == "auto" and not existing:
-        notes.append("no nn.Linear found: members share the output layer")
-    head_name = None
-    if found is not None:
-        head_name, plain_head = found
-        member_head = MemberLinear(
-            plain_head.in_features,
-            plain_head.out_features,
-            num_members,
-            bias=plain_head.bias is not None,
-            device=plain_head.weight.device,
-            dtype=plain_head.weight.dtype,
-        )
-        if head_init == "copy":
-            member_head.load_plain(plain_head)
-        elif generator is not None:
-            bound = plain_head.in_features**-0.5
-            with torch.no_grad():
-                for p in member_head.parameters():
-                    noise = torch.rand(p.shape, generator=generator, dtype=torch.float32)
-                    p.copy_(noise.mul_(2 * bound).sub_(bound))
-        member_head.train(plain_head.training)
-        replace_modules(model, lambda _, m: member_head if m is plain_head else None)
 
-    return ConversionReport(
-        num_members=num_members,
-        converted=tuple(converted),
-        head=head_name,
-        skipped=tuple(unsupported),
-        params_before=params_before,
-        params_after=_count_params(model),
-        notes=tuple(notes),
+def _member_norm(
+    name: str,
+    module: nn.Module,
+    convert: Converter,
+    num_members: int,
+    *,
+    gamma_mean: float,
+    gamma_std: float,
+    generator: torch.Generator | None,
+) -> MemberNorm:
+    """``convert(module)``, its errors naming the module, checked to be a member norm of M."""
+    try:
+        member = convert(
+            module,
+            num_members,
+            gamma_mean=gamma_mean,
+            gamma_std=gamma_std,
+            generator=generator,
+        )
+    except (TypeError, ValueError) as err:
+        error = TypeError if isinstance(err, TypeError) else ValueError
+        raise error(f"cannot convert {name} ({type(module).__name__}): {err}") from err
+    if not isinstance(member, MemberNorm) or member.num_members != num_members:
+        got = getattr(member, "num_members", None)
+        raise TypeError(
+            f"converting {name} ({type(module).__name__}) with {convert!r} gave a "
+            f"{type(member).__name__} (num_members={got}); the conversion registered with "
+            f"snens.nn.register_norm must return a MemberNorm with num_members={num_members}"
+        )
+    return member
+
+
+def _head_to_replace(
+    model: nn.Module, head: str | None, existing: list[tuple[str, nn.Module]]
+) -> tuple[str, nn.Module] | None:
+    """(name, plain head) to replicate; None when the model already has a member head."""
+    if any(isinstance(m, MemberLinear) for _, m in existing):
+        return None
+    return _find_head(model, head)
+
+
+def _replace_head(
+    model: nn.Module,
+    found: tuple[str, nn.Module] | None,
+    num_members: int,
+    head_init: HeadInit,
+    generator: torch.Generator | None,
+) -> str | None:
+    """Replace the plain head by a member head through its parents; the head's name, or None."""
+    if found is None:
+        return None
+    head_name, plain_head = found
+    member_head = MemberLinear(
+        plain_head.in_features,
+        plain_head.out_features,
+        num_members,
+        bias=plain_head.bias is not None,
+        device=plain_head.weight.device,
+        dtype=plain_head.weight.dtype,
     )
+    if head_init == "copy":
+        member_head.load_plain(plain_head)
+    elif generator is not None:
+        bound = plain_head.in_features**-0.5
+        with torch.no_grad():
+            for p in member_head.parameters():
+                noise = torch.rand(p.shape, generator=generator, dtype=torch.float32)
+                p.copy_(noise.mul_(2 * bound).sub_(bound))
+    member_head.train(plain_head.training)
+    replace_modules(model, lambda _, m: member_head if m is plain_head else None)
+    return head_name
+
+
+def _notes(
+    found: tuple[str, nn.Module] | None, head: str | None, existing: list[tuple[str, nn.Module]]
+) -> tuple[str, ...]:
+    """The report's notes: a model with no head to replicate under ``head="auto"``."""
+    if found is None and head == "auto" and not existing:
+        return ("no nn.Linear found: members share the output layer",)
+    return ()
