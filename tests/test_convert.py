@@ -240,3 +240,26 @@ def test_converted_model_trains(resnet):
     grads = {n: p.grad for n, p in ens.named_parameters()}
     assert all(g is not None and torch.isfinite(g).all() for g in grads.values())
     assert grads["model.stem.1.gamma"].abs().sum(dim=1).min() > 0
+
+
+def test_a_bad_head_name_fails_before_anything_is_replaced():
+    """With inplace=True a bad head had been found only after every norm was replaced,
+    leaving the caller's model half-converted."""
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(1), nn.Linear(4, 2))
+    for head, error in (("nope", ValueError), ("1", TypeError)):
+        with pytest.raises(error) as err:
+            snens.convert(model, num_members=2, head=head, inplace=True)
+        assert type(model[1]) is nn.BatchNorm2d  # untouched
+    assert "head='1' is a BatchNorm2d; the head must be an nn.Linear" in str(err.value)
+
+
+def test_a_model_with_uninitialized_lazy_modules_names_the_fix():
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(1), nn.LazyLinear(2))
+    with pytest.raises(ValueError) as err:
+        snens.convert(model, num_members=2)
+    assert str(err.value) == (
+        "3.weight of Sequential is an uninitialized parameter of a lazy module; run one forward "
+        "pass on an example batch first, then convert"
+    )
+    model(torch.randn(2, 3, 5, 5))  # initialized: it converts
+    assert snens.convert(model, num_members=2)(torch.randn(2, 3, 5, 5)).shape == (2, 2, 2)

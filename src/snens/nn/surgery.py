@@ -239,12 +239,15 @@ def convert_modules(
             different M, or ``head_init`` is unknown.
     """
     _check_arguments(num_members, head_init)
+    _check_initialized(model)
     params_before = _count_params(model)
     existing = _existing_members(model, num_members)
 
     targets, unsupported = _collect_norms(model)
     _refuse_unsupported(model, unsupported, skip_unsupported)
     _require_a_norm(model, targets, existing)
+    if head not in ("auto", None):  # a bad head name fails before anything is replaced
+        _head_to_replace(model, head, existing)
 
     converted = _replace_norms(
         model, targets, num_members, gamma_mean=gamma_mean, gamma_std=gamma_std, generator=generator
@@ -261,6 +264,16 @@ def convert_modules(
         params_after=_count_params(model),
         notes=_notes(found, head, existing),
     )
+
+
+def _check_initialized(model: nn.Module) -> None:
+    """Lazy modules have no shapes to copy into members until their first forward pass."""
+    for name, param in model.named_parameters():
+        if isinstance(param, nn.parameter.UninitializedParameter):
+            raise ValueError(
+                f"{name} of {type(model).__name__} is an uninitialized parameter of a lazy "
+                "module; run one forward pass on an example batch first, then convert"
+            )
 
 
 def _check_arguments(num_members: int, head_init: HeadInit) -> None:
