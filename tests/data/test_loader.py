@@ -158,9 +158,12 @@ def test_validation_of_data_set_flip_and_seed():
     images, labels = make_data(n=10)
     with pytest.raises(ValueError, match="the data set is empty"):
         TensorLoader(images[:0], labels[:0], 4)
-    for bad in (-0.1, 1.5):
+    for bad in (-0.1, 1.5, "0.5", None, True):  # a string had raised a bare TypeError
         with pytest.raises(ValueError, match=r"flip_prob must be in \[0, 1\], got"):
             TensorLoader(images, labels, 4, flip_prob=bad)
+    # a crop padding without a crop had been accepted and ignored
+    with pytest.raises(ValueError, match=r"crop_padding=3 applies to augment 'crop'"):
+        TensorLoader(images, labels, 4, augment="flip", crop_padding=3)
     for bad in (-1, 1.5, True):
         with pytest.raises(ValueError, match="seed must be a non-negative int"):
             TensorLoader(images, labels, 4, seed=bad)

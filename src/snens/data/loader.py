@@ -219,9 +219,18 @@ class TensorLoader:
         dtype: torch.dtype = torch.float32,
     ) -> None:
         images, labels = _as_dataset(images, labels, batch_size, drop_last)
-        if not 0.0 <= flip_prob <= 1.0:
-            raise ValueError(f"flip_prob must be in [0, 1], got {flip_prob}")
+        if (
+            isinstance(flip_prob, bool)
+            or not isinstance(flip_prob, int | float)
+            or not 0.0 <= flip_prob <= 1.0
+        ):
+            raise ValueError(f"flip_prob must be in [0, 1], got {flip_prob!r}")
         self.augment = _as_augment(augment)
+        if crop_padding is not None and "crop" not in self.augment:
+            raise ValueError(
+                f"crop_padding={crop_padding!r} applies to augment 'crop', which "
+                f"augment={self.augment} does not hold; add 'crop' or drop crop_padding"
+            )
         self.batch_size = batch_size
         self.shuffle = shuffle
         self.drop_last = drop_last
