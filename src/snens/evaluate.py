@@ -291,7 +291,10 @@ def ood_detection(in_probs: Tensor, out_probs: Tensor, score: str = "msp") -> di
     """
     if score not in metrics.OOD_SCORES:
         raise ValueError(f"unknown OOD score {score!r}; choose one of {sorted(metrics.OOD_SCORES)}")
-    s_in, s_out = metrics.OOD_SCORES[score](in_probs), metrics.OOD_SCORES[score](out_probs)
+    return _detection(metrics.OOD_SCORES[score](in_probs), metrics.OOD_SCORES[score](out_probs))
+
+
+def _detection(s_in: Tensor, s_out: Tensor) -> dict[str, float]:
     return {
         "auroc": metrics.auroc(s_in, s_out),
         "aupr": metrics.aupr(s_in, s_out),
@@ -358,12 +361,15 @@ def evaluate(
     M, _, K = member_probs.shape
     results = {f"test/{k}": v for k, v in _test_metrics(member_probs, labels, num_bins).items()}
 
+    # the test set's scores once per score, not once per OOD set
+    in_scores = {s: metrics.OOD_SCORES[s](member_probs) for s in scores} if ood_sets else {}
     for name, loader in ood_sets.items():
         out_probs, _ = _collect(model, loader, device, what=f"OOD set {name!r}")
         _check_same_members(out_probs, M, K, f"OOD set {name!r}")
         for score in scores:
             prefix = f"ood/{name}/" if isinstance(ood_score, str) else f"ood/{name}/{score}/"
-            for key, value in ood_detection(member_probs, out_probs, score).items():
+            s_out = metrics.OOD_SCORES[score](out_probs)
+            for key, value in _detection(in_scores[score], s_out).items():
                 results[prefix + key] = value
 
     per_set: dict[tuple[str, int], dict[str, float]] = {}
