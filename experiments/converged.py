@@ -43,7 +43,7 @@ import argparse
 import json
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -236,14 +236,32 @@ def chosen_recipe() -> Variant | None:
     return best
 
 
+def final_epochs(nll: Mapping[int, float]) -> int | None:
+    """The final comparison's epochs, min(converged, :data:`FINAL_MAX_EPOCHS`), from the
+    single-model validation NLL of the budget runs finished so far (epochs → NLL); None while
+    a run yet to finish could change it. A longer run can only lower the best NLL, so once no
+    run shorter than the cap comes within :data:`CONVERGED_WITHIN` of the best so far, the
+    cap is the answer whatever the longer runs show."""
+    cap = FINAL_MAX_EPOCHS
+    if len(nll) == len(BUDGET_EPOCHS):
+        best = min(nll.values())
+        return min(cap, min(e for e, v in nll.items() if v <= best + CONVERGED_WITHIN))
+    if any(e not in nll for e in BUDGET_EPOCHS if e <= cap):
+        return None
+    best_so_far = min(nll.values())
+    if all(v > best_so_far + CONVERGED_WITHIN for e, v in nll.items() if e < cap):
+        return cap
+    return None
+
+
 def final_variants() -> list[Variant]:
-    """The final comparison at the converged budget, 3 seeds; empty until budget and ablation
-    finished (its configs depend on what they chose)."""
-    epochs, _ = converged_budget()
+    """The final comparison at the converged budget, 3 seeds; empty until the budget runs
+    decide its length and the ablation its recipe (its configs depend on what they chose)."""
+    epochs = final_epochs(_budget_nll())
     recipe = chosen_recipe()
     if epochs is None or recipe is None:
         return []
-    length = f"optim.epochs={min(epochs, FINAL_MAX_EPOCHS)}"
+    length = f"optim.epochs={epochs}"
     out = [
         Variant(m, (*(SINGLE if m == "single" else (f"method.name={m}",)), length), FINAL_SEEDS)
         for m in FINAL_METHODS
@@ -268,6 +286,8 @@ def runs_of(stage: str) -> list[tuple[Variant, SweepRun]]:
             overrides=(*base, *variant.overrides, *WHERE["extra"]),
         ):
             out.append((variant, run))
+    if stage == "final":  # seed by seed: a whole first seed's table before the second seed
+        out.sort(key=lambda item: item[1].config.seed)
     return out
 
 
@@ -301,6 +321,16 @@ def _final(path: Path) -> dict | None:
 def _curve(path: Path, key: str) -> list[float]:
     lines = (path / "metrics.jsonl").read_text().splitlines()
     return [json.loads(line).get(key, math.nan) for line in lines if line.strip()]
+
+
+def _budget_nll() -> dict[int, float]:
+    """Epochs → single-model validation NLL of the budget runs finished so far."""
+    out = {}
+    for _, sweep_run in runs_of("budget"):
+        final = _final(sweep_run.path())
+        if final is not None:
+            out[int(final["train"]["epochs"])] = final["metrics"]["val/nll"]
+    return out
 
 
 def converged_budget() -> tuple[int | None, list[str]]:
@@ -475,6 +505,8 @@ def report() -> Path:
         *rows,
         "",
         f"Converged budget: {epochs if epochs else 'not yet (budget runs unfinished)'} epochs.",
+        f"Final comparison: {final_epochs(_budget_nll()) or 'not yet decided'} epochs "
+        f"(the converged budget, at most {FINAL_MAX_EPOCHS}).",
         "",
     ]
     for stage in STAGES:

@@ -76,3 +76,30 @@ def test_two_workers_share_the_budget_stage_and_the_report_picks_the_budget(tmp_
     # nothing is trained twice: a second pass finds every run done
     again = _study(out, "run", "--stage", "budget")
     assert "== " not in again.communicate(timeout=300)[0]
+
+
+def _converged_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("converged_study", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[spec.name]
+    return module
+
+
+def test_the_final_length_is_decided_as_soon_as_a_longer_run_cannot_change_it():
+    study = _converged_module()
+    assert study.FINAL_MAX_EPOCHS == 40 and study.CONVERGED_WITHIN == 0.005
+    still_improving = {5: 0.264, 10: 0.224, 20: 0.199, 40: 0.186}  # 80 not finished
+    assert study.final_epochs(still_improving) == 40  # nothing under 40 within 0.005 of 0.186
+    # 20 is within 0.005 of the best so far: an 80-epoch run far lower could still push it out
+    flat = {5: 0.264, 10: 0.224, 20: 0.189, 40: 0.186}
+    assert study.final_epochs(flat) is None
+    assert study.final_epochs({**flat, 80: 0.190}) == 20
+    assert study.final_epochs({**flat, 80: 0.150}) == 40  # capped: converged is 80
+    assert study.final_epochs({5: 0.264, 10: 0.224, 40: 0.186}) is None  # 20 unknown
+    assert study.final_epochs({}) is None
