@@ -160,19 +160,6 @@ def test_a_failed_build_warns_once_and_falls_back(monkeypatch):
         layer(x)
 
 
-def test_a_stale_build_lock_is_removed_and_a_fresh_one_kept(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    directory = tmp_path / "snens" / "kernels" / "k"
-    directory.mkdir(parents=True)
-    lock = directory / "lock"
-    lock.touch()
-    assert fused._build_directory("k") == directory and lock.exists()  # fresh: a build is on
-    old = time.time() - fused._STALE_LOCK_S - 1
-    os.utime(lock, (old, old))
-    fused._build_directory("k")
-    assert not lock.exists()
-
-
 # ---------------------------------------------------------------------------- batch norm
 
 
@@ -262,26 +249,54 @@ def _dead_pid() -> int:
 
 
 def test_a_build_lock_whose_process_is_gone_is_taken_with_torchs(tmp_path):
-    """A build killed at any moment (the lock is seconds old) never blocks the next one."""
+    """A build killed at any moment leaves its lock file and torch's; neither blocks the next."""
     import platform
 
     (tmp_path / "snens.lock").write_text(f"{platform.node()} {_dead_pid()}")
     (tmp_path / "lock").touch()  # torch's, which its own loop would wait on forever
     start = time.monotonic()
-    held = fused._hold_build_lock(tmp_path)
-    assert time.monotonic() - start < 5
-    assert held.read_text() == f"{platform.node()} {os.getpid()}"
-    assert not (tmp_path / "lock").exists()
+    with fused._build_lock(tmp_path):
+        assert time.monotonic() - start < 5
+        assert (tmp_path / "snens.lock").read_text() == f"{platform.node()} {os.getpid()}"
+        assert not (tmp_path / "lock").exists()
+    assert not (tmp_path / "snens.lock").exists()
 
 
 def test_a_live_builders_lock_is_waited_for_then_times_out(tmp_path, monkeypatch):
-    import platform
+    from snens.locks import LockHeldError, hold
 
-    (tmp_path / "snens.lock").write_text(f"{platform.node()} {os.getppid()}")  # alive
+    (tmp_path / "lock").touch()  # the live build's torch lock: not ours to remove
     monkeypatch.setattr(fused, "_WAIT_S", 1)
-    with pytest.raises(TimeoutError, match=r"snens.lock is held by"):
-        fused._hold_build_lock(tmp_path)
-    assert (tmp_path / "snens.lock").read_text().endswith(str(os.getppid()))  # not ours to take
+    with hold(tmp_path / "snens.lock", "a build"):
+        start = time.monotonic()
+        with pytest.raises(LockHeldError, match=r"kernel build .* is in use by .* \d+"):
+            with fused._build_lock(tmp_path):
+                pass
+        assert 1 <= time.monotonic() - start < 5  # waited its _WAIT_S, then gave up
+        assert (tmp_path / "lock").exists()
+    with fused._build_lock(tmp_path):  # released: taken at once
+        pass
+
+
+def test_a_build_waits_for_the_other_builder_and_then_builds(tmp_path):
+    """The second of two concurrent builds takes the lock as soon as the first lets go."""
+    import threading
+
+    from snens.locks import hold
+
+    took = []
+    with hold(tmp_path / "snens.lock", "a build"):
+        waiter = threading.Thread(target=lambda: took.append(_take(tmp_path)))
+        waiter.start()
+        time.sleep(0.6)
+        assert took == []  # still waiting
+    waiter.join(timeout=10)
+    assert took == [True]
+
+
+def _take(directory):
+    with fused._build_lock(directory):
+        return True
 
 
 def test_each_environment_and_checkout_has_its_own_build(monkeypatch, tmp_path):

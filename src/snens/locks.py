@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -55,18 +56,30 @@ def _me() -> str:
 
 
 @contextlib.contextmanager
-def hold(path: str | os.PathLike, what: str) -> Iterator[Path]:
+def hold(path: str | os.PathLike, what: str, *, wait_s: float = 0.0) -> Iterator[Path]:
     """Hold the lock file ``path`` while the block runs.
 
     Args:
         path: the lock file (its directory must exist).
         what: what the lock guards, for the error message (e.g. ``"run runs/a"``).
+        wait_s: how long to wait for another holder to let go (polling every 0.25 s) before
+            giving up; 0 = refuse at once.
 
     Raises:
-        LockHeldError: another live process holds it; the message names that process.
+        LockHeldError: another live process holds it (still, after ``wait_s``); the message
+            names that process.
     """
     path = Path(path)
-    fd = _take_flock(path, what) if fcntl is not None else _take_exclusive(path, what)
+    take = _take_flock if fcntl is not None else _take_exclusive
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fd = take(path, what)
+            break
+        except LockHeldError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.25)
     try:
         yield path
     finally:

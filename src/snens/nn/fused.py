@@ -22,7 +22,8 @@ another CPU gets its own build, and torch's ``build.ninja`` holds absolute paths
 checkout or virtual environment gets its own directory instead of rebuilding this one. Build
 them ahead with ``snens build-kernels``; a build on first use prints one line before and one
 after (with its time) on stderr. Concurrent processes build once: the builder holds
-``snens.lock`` (naming its process); a lock whose process is gone is removed, with torch's own.
+``snens.lock`` (:func:`snens.locks.hold`, dropped by the kernel however its process ends) and
+removes a torch ``lock`` a killed build left beside it.
 Where they cannot be built, or with ``SNENS_FUSED=0``, member norms take their native-kernel
 paths, after one warning that names the reason. float32 and float64 on the CPU; other dtypes
 and devices, and code traced by ``torch.compile``, take those paths too.
@@ -30,6 +31,7 @@ and devices, and code traced by ``torch.compile``, take those paths too.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import os
@@ -38,14 +40,14 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from snens.locks import process_alive
+from snens.locks import hold
 from snens.nn.norms import custom_functions_unavailable, needs_grad
 
 __all__ = [
@@ -68,7 +70,6 @@ _SOURCES = tuple(
 )
 # no fused multiply-add contraction: x·a + b rounds twice, as in ATen's vectorized kernels
 _FLAGS = ("-O3", "-fopenmp-simd", "-march=native", "-ffp-contract=off")
-_STALE_LOCK_S = 600  # a build takes 15–130 s; a lock this old was left by a killed build
 _WAIT_S = 1200  # the longest another process's build is waited for before giving up
 
 _lock = threading.Lock()
@@ -106,47 +107,20 @@ def _build_directory(name: str) -> Path:
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     directory = cache / "snens" / "kernels" / name
     directory.mkdir(parents=True, exist_ok=True)
-    lock = directory / "lock"
-    # torch's build lock is a file that a killed build leaves behind; every later build would
-    # wait on it forever
-    if lock.exists() and time.time() - lock.stat().st_mtime > _STALE_LOCK_S:
-        lock.unlink(missing_ok=True)
     return directory
 
 
-def _hold_build_lock(directory: Path) -> Path:
-    """Take ``directory/snens.lock`` (host and pid inside) for this process's build.
+@contextlib.contextmanager
+def _build_lock(directory: Path) -> Iterator[None]:
+    """Hold ``directory/snens.lock`` (:func:`snens.locks.hold`) for this process's build.
 
-    Another live process's lock is waited on (it is building the same kernels); a lock whose
-    process is gone (killed mid-build) is removed, together with torch's ``lock`` beside it,
-    which torch would otherwise wait on forever. Raises TimeoutError after :data:`_WAIT_S`.
+    Another live process's build is waited for, up to :data:`_WAIT_S`; a lock its killed
+    holder left behind holds nothing (the kernel dropped it). Holding it, any torch ``lock``
+    beside it was left by a killed build, which torch would wait on forever: it is removed.
     """
-    ours = directory / "snens.lock"
-    me = f"{platform.node()} {os.getpid()}"
-    deadline = time.monotonic() + _WAIT_S
-    while True:
-        try:
-            fd = os.open(ours, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            try:
-                host, _, pid = ours.read_text().partition(" ")
-                age = time.time() - ours.stat().st_mtime
-            except OSError:
-                continue  # released meanwhile: try again
-            dead = host == platform.node() and pid.strip().isdigit()
-            dead = dead and not process_alive(int(pid))
-            if dead or (host != platform.node() and age > _STALE_LOCK_S):
-                ours.unlink(missing_ok=True)
-                continue
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{ours} is held by {host} {pid} for over {_WAIT_S} s") from None
-            time.sleep(0.5)
-            continue
-        with os.fdopen(fd, "w") as f:
-            f.write(me)
-        # we hold the build: a torch lock still here was left by a killed build
+    with hold(directory / "snens.lock", f"the kernel build in {directory}", wait_s=_WAIT_S):
         (directory / "lock").unlink(missing_ok=True)
-        return ours
+        yield
 
 
 def _notice(line: str) -> None:
@@ -206,8 +180,7 @@ def _build(*, verbose: bool = False) -> tuple[bool, str | None]:
                 else f"kernels cached in {directory}"
             )
         start = time.perf_counter()
-        held = _hold_build_lock(directory)
-        try:
+        with _build_lock(directory):
             load(
                 name=name,
                 sources=where,
@@ -216,8 +189,6 @@ def _build(*, verbose: bool = False) -> tuple[bool, str | None]:
                 is_python_module=False,
                 verbose=False,
             )
-        finally:
-            held.unlink(missing_ok=True)
         if fresh:
             _notice(f"built the fused kernels in {time.perf_counter() - start:.0f} s")
         torch.ops.snens_fused.member_layer_norm_forward  # noqa: B018 - registered?
