@@ -401,7 +401,7 @@ def ood_scores(path: Path) -> dict[str, float] | None:
     if not (path / "last.pt").is_file():
         return None
     torch.manual_seed(load_config(path / "config.toml").seed)  # MC-dropout masks
-    metrics, _ = evaluate_run(path, ood_score=list(OOD_SCORES), corruptions=False)
+    metrics, _ = evaluate_run(path, ood_score=list(OOD_SCORES), corruptions=False, validation=False)
     values = {k.removeprefix("ood/"): v for k, v in metrics.items() if k.startswith("ood/")}
     cache.write_text(json.dumps(values, indent=2) + "\n")
     return values

@@ -12,6 +12,7 @@ from snens.config import load_config
 from snens.datasets import build_data
 from snens.epoch import StepSettings, _diversity_weight
 from snens.presets import preset
+from snens.reload import evaluate_run
 from snens.train import train
 
 
@@ -85,6 +86,13 @@ def test_engine_logs_the_validation_curve_and_its_final_value(tmp_path):
     # the ramp: 4 steps per epoch, λ rises over 6 steps, so epoch 1 (steps 1..4) averages
     # λ·(1+2+3+4)/24 = λ·10/24 of the full weight; the logged loss carries that factor
     assert abs(records[0]["diversity_loss"]) < abs(records[1]["diversity_loss"])
+    # re-evaluated, with or without the validation split: the test metrics are the same
+    again, _ = evaluate_run(run, corruptions=False)
+    assert again["val/nll"] == pytest.approx(final["val/nll"], rel=1e-6)
+    test_only, _ = evaluate_run(run, corruptions=False, validation=False)
+    assert not [k for k in test_only if k.startswith("val/")]
+    assert test_only["test/nll"] == pytest.approx(final["test/nll"], rel=1e-6)
+    assert test_only["test/accuracy"] == final["test/accuracy"]
 
 
 def test_diversity_ramp_weights():

@@ -136,6 +136,7 @@ def evaluate_run(
     *,
     ood_score: str | Sequence[str] = "msp",
     corruptions: bool = True,
+    validation: bool = True,
 ) -> tuple[dict[str, float], dict[str, Any]]:
     """Re-evaluate a run: its model (:func:`load_run_model`) on its data, rebuilt from its
     config.toml, with the run's threads and determinism settings, so it reproduces
@@ -145,6 +146,7 @@ def evaluate_run(
         run_dir: the run directory.
         ood_score: as in :func:`snens.evaluate` (a list scores each OOD set several ways).
         corruptions: False leaves the corrupted test sets out (the slow part).
+        validation: False leaves the validation split out (no ``val/*`` metrics).
 
     Returns:
         ``(metrics, state)``: what :func:`snens.evaluate` returns, and the checkpoint.
@@ -154,7 +156,9 @@ def evaluate_run(
     """
     model, config, state = load_run_model(run_dir)
     data_config = dataclasses.replace(
-        config.data, corruptions=config.data.corruptions and corruptions
+        config.data,
+        corruptions=config.data.corruptions and corruptions,
+        validation_examples=config.data.validation_examples if validation else 0,
     )
     with reproducible(config):
         device = resolve_device(config.device)
