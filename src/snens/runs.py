@@ -44,6 +44,7 @@ __all__ = [
     "open_run",
     "provenance",
     "read_metrics",
+    "refuse_existing_run",
     "to_json",
 ]
 
@@ -196,20 +197,26 @@ def check_writable(directory: str | os.PathLike) -> Path:
     return directory
 
 
-def check_new_run(path: str | os.PathLike) -> Path:
-    """Check that a new run can be made at ``path``: writable, and holding no run yet.
-
-    Raises:
-        RunDirError: not writable, or already holding a run (resume it, or choose another
-            name).
-    """
+def refuse_existing_run(path: str | os.PathLike) -> Path:
+    """Raise :class:`RunDirError` when ``path`` already holds a run (resume it, or choose
+    another name); ``path`` as a Path otherwise."""
     path = Path(path)
     if (path / CONFIG).exists():
         raise RunDirError(
             f"{path} already holds a run; resume it with `snens train --resume {path}`, or "
             "choose another name (--set name=…) or --out"
         )
-    return check_writable(path)
+    return path
+
+
+def check_new_run(path: str | os.PathLike) -> Path:
+    """Check that a new run can be made at ``path``: holding no run yet, and writable.
+
+    Raises:
+        RunDirError: already holding a run (resume it, or choose another name), or not
+            writable.
+    """
+    return check_writable(refuse_existing_run(path))
 
 
 @dataclass(frozen=True)

@@ -78,7 +78,7 @@ from snens.reload import (
     saved_config,
     validation_metrics,
 )
-from snens.runs import Run, check_new_run, create_run, hold_run, open_run
+from snens.runs import Run, create_run, hold_run, open_run, refuse_existing_run
 
 __all__ = [
     "Data",
@@ -343,12 +343,13 @@ def _check_start(
                 "its backward pass would leave the others waiting in the gradient all-reduce; "
                 'use "stop"'
             )
-    # An unwritable output directory, a name already taken (checked by rank 0, which writes the
-    # run; opening a run to resume it records the resume in provenance.json).
+    # A name already taken (checked by rank 0, which writes the run and, taking its lock, has
+    # proved the directory writable; opening a run to resume it records the resume in
+    # provenance.json).
     if group.is_main:
         if resume:
             return open_run(path, config).config
-        check_new_run(path)
+        refuse_existing_run(path)
     return config
 
 
