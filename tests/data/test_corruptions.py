@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from snens.data import corruptions as C
+from snens.data import filters
 from snens.data.corruptions import (
     CIFAR_C_CONSTANTS,
     CORRUPTIONS,
@@ -177,7 +178,7 @@ def test_elastic_non_rigid_part_grows_with_severity(batches):
     for severity, expected_zero in ((1, True), (5, False)):
         alpha, sigma, _ = (32 * v for v in CIFAR_C_CONSTANTS["elastic_transform"][severity - 1])
         noise = torch.as_tensor(rng.uniform(-1, 1, (n, 2, h, w)), dtype=x.dtype)
-        field = C._gaussian_blur(noise, sigma, mode="reflect", truncate=3) * alpha
+        field = filters.gaussian_blur(noise, sigma, mode="reflect", truncate=3) * alpha
         moved = _mad(C._displace(x, field), x)
         assert (moved < 1e-6) == expected_zero, (severity, moved)
 
@@ -219,8 +220,8 @@ def test_hsv_round_trip_and_colorsys():
     x[0, :, 0, 0] = 0.0  # black
     x[0, :, 0, 1] = 0.5  # gray
     x[0, :, 0, 2] = torch.tensor([0.7, 0.7, 0.2], dtype=x.dtype)  # tie red/green
-    hsv = C._rgb_to_hsv(x)
-    torch.testing.assert_close(C._hsv_to_rgb(hsv), x, rtol=0, atol=1e-12)
+    hsv = filters.rgb_to_hsv(x)
+    torch.testing.assert_close(filters.hsv_to_rgb(hsv), x, rtol=0, atol=1e-12)
     for n, i, j in ((0, 0, 0), (0, 0, 1), (1, 3, 4), (1, 7, 7)):
         expected = colorsys.rgb_to_hsv(*x[n, :, i, j].tolist())
         np.testing.assert_allclose(hsv[n, :, i, j].numpy(), expected, atol=1e-12)
@@ -282,7 +283,7 @@ def test_filters_and_resampling_match_scipy_and_pillow():
     # skimage.filters.gaussian = scipy gaussian_filter (glass/gaussian blur, elastic field)
     for sigma, mode, truncate in ((0.4, "nearest", 4), (1.0, "nearest", 4), (6.4, "reflect", 3)):
         expected = ndi.gaussian_filter(a, (0, 0, sigma, sigma), mode=mode, truncate=truncate)
-        ours = C._gaussian_blur(x, sigma, mode, truncate).numpy()
+        ours = filters.gaussian_blur(x, sigma, mode, truncate).numpy()
         np.testing.assert_allclose(ours, expected, atol=1e-12)
     # defocus: the reference's disk (17 × 17, then cv2.GaussianBlur 3 × 3), cv2.filter2D
     grid = np.arange(-8, 9)
@@ -292,11 +293,11 @@ def test_filters_and_resampling_match_scipy_and_pillow():
         g = np.exp(-((np.arange(3) - 1) ** 2) / (2 * alias**2))
         kernel = ndi.correlate(disk / disk.sum(), np.outer(g, g) / g.sum() ** 2, mode="mirror")
         expected = ndi.correlate(a, kernel[None, None], mode="mirror")
-        ours = C._filter2d(x, C._disk_kernel(radius, alias), "mirror").numpy()
+        ours = filters.filter2d(x, filters.disk_kernel(radius, alias), "mirror").numpy()
         np.testing.assert_allclose(ours, expected, atol=1e-12)
     # clipped_zoom: scipy.ndimage.zoom(order=1) of the centre crop, trimmed
     for factor in (1.06, 1.25, 1.75, 2.25):
-        ours = C._clipped_zoom(x, factor).numpy()
+        ours = filters.clipped_zoom(x, factor).numpy()
         ch, cw = int(np.ceil(32 / factor)), int(np.ceil(30 / factor))
         top, left = (32 - ch) // 2, (30 - cw) // 2
         zoomed = ndi.zoom(
@@ -363,7 +364,7 @@ def test_motion_blur_matches_imagemagick_formula():
     a = rng.random((3, 2, 30, 28))
     angles = np.array([-45.0, 12.5, -100.0])
     radius, sigma = 6, 2.0
-    ours = C._motion_blur(torch.as_tensor(a), radius, sigma, angles).numpy()
+    ours = filters.motion_blur(torch.as_tensor(a), radius, sigma, angles).numpy()
     i = np.arange(2 * radius + 1)
     k = np.exp(-(i**2) / (2 * sigma**2))
     k /= k.sum()

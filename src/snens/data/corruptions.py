@@ -90,6 +90,18 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .filters import (
+    box_resize_matrix,
+    clipped_zoom,
+    disk_kernel,
+    filter2d,
+    gaussian_blur,
+    gray,
+    hsv_to_rgb,
+    motion_blur,
+    rgb_to_hsv,
+)
+
 __all__ = [
     "CIFAR_C_CONSTANTS",
     "CORRUPTIONS",
@@ -161,8 +173,6 @@ CIFAR_C_CONSTANTS: dict[str, tuple] = {
     "saturate": ((0.3, 0), (0.1, 0), (1.5, 0), (2, 0.1), (2.5, 0.2)),
 }
 
-# ITU-R 601 luma, as OpenCV's RGB2GRAY (snow) and for the frost texture on 1 channel.
-_LUMA = (0.299, 0.587, 0.114)
 _FROST_TEXTURES = 5  # the reference draws np.random.randint(5) over its frost photographs
 _FROST_TEXTURE_SEED = 20190101  # fixed: the textures play the role of fixed image files
 _FROST_MEAN = 0.45
@@ -170,177 +180,6 @@ _FROST_TINT = (0.84, 0.92, 1.0)  # ice: bright, slightly blue
 _FROST_BACKGROUND = (0.03, 0.06, 0.10)  # dark blue-gray glass between the crystals
 
 _Fn = Callable[[torch.Tensor, np.random.Generator, object], torch.Tensor]
-
-
-# ---------------------------------------------------------------- filtering helpers
-
-
-def _extend_index(n: int, pad: int, mode: str, device: torch.device) -> torch.Tensor:
-    """Indices of a length-n axis padded by ``pad`` on both sides.
-
-    ``nearest`` repeats the edge (scipy ``nearest``), ``reflect`` mirrors including the edge
-    (scipy ``reflect``, d c b a | a b c d), ``mirror`` mirrors about the edge pixel (OpenCV
-    ``BORDER_REFLECT_101``, torch ``reflect``: c b | a b c d). Works for pad > n.
-    """
-    i = np.arange(-pad, n + pad)
-    if mode == "nearest":
-        i = np.clip(i, 0, n - 1)
-    elif mode == "reflect":
-        i = np.mod(i, 2 * n)
-        i = np.where(i >= n, 2 * n - 1 - i, i)
-    else:
-        period = max(2 * n - 2, 1)
-        i = np.mod(i, period)
-        i = np.where(i >= n, period - i, i)
-    return torch.as_tensor(i, device=device)
-
-
-def _filter2d(x: torch.Tensor, kernel: torch.Tensor, mode: str) -> torch.Tensor:
-    """Correlate every channel of ``x`` (N, C, H, W) with one odd 2-D kernel, padded by mode."""
-    n, c, h, w = x.shape
-    kh, kw = kernel.shape
-    # One depthwise convolution over all N·C planes: several times faster on the CPU than a
-    # batch of N·C single-channel planes, and independent of the kernel size.
-    y = x.reshape(1, n * c, h, w)
-    y = y.index_select(2, _extend_index(h, kh // 2, mode, x.device))
-    y = y.index_select(3, _extend_index(w, kw // 2, mode, x.device))
-    weight = kernel.to(x).expand(n * c, 1, kh, kw)
-    return F.conv2d(y, weight, groups=n * c).reshape(n, c, h, w)
-
-
-def _separable(x: torch.Tensor, kernel: torch.Tensor, mode: str) -> torch.Tensor:
-    """The same 1-D kernel along H, then W (one 2-D pass when the kernel is short)."""
-    if kernel.numel() == 1:
-        return x * kernel.item()
-    if kernel.numel() <= 9:
-        return _filter2d(x, torch.outer(kernel, kernel), mode)
-    x = _filter2d(x, kernel[:, None], mode)
-    return _filter2d(x, kernel[None, :], mode)
-
-
-def _gaussian_kernel(sigma: float, truncate: float) -> torch.Tensor:
-    """scipy.ndimage's Gaussian taps: radius int(truncate·σ + 0.5), exp(−t²/2σ²), sum 1."""
-    if sigma < 1e-15:  # scipy skips the axis
-        return torch.ones(1, dtype=torch.float64)
-    radius = int(truncate * sigma + 0.5)
-    t = torch.arange(-radius, radius + 1, dtype=torch.float64)
-    k = torch.exp(-0.5 * t**2 / sigma**2)
-    return k / k.sum()
-
-
-def _gaussian_blur(x: torch.Tensor, sigma: float, mode: str = "nearest", truncate=4.0):
-    """skimage.filters.gaussian (scipy's gaussian_filter) on H and W; mode as scipy's."""
-    return _separable(x, _gaussian_kernel(sigma, truncate), mode)
-
-
-def _disk_kernel(radius: float, alias_blur: float) -> torch.Tensor:
-    """The reference's anti-aliased disk: a binary disk, sum 1, then a 3×3 Gaussian (σ)."""
-    half = 8 if radius <= 8 else int(radius)
-    t = np.arange(-half, half + 1)
-    yy, xx = np.meshgrid(t, t, indexing="ij")
-    disk = (xx**2 + yy**2 <= radius**2).astype(np.float64)
-    disk /= disk.sum()
-    ksize = 3 if radius <= 8 else 5  # as cv2.GaussianBlur(ksize=(3, 3) or (5, 5))
-    g = np.exp(-((np.arange(ksize) - ksize // 2) ** 2) / (2 * alias_blur**2))
-    g = torch.as_tensor(g / g.sum())
-    blurred = _separable(torch.as_tensor(disk)[None, None], g, "mirror")[0, 0]
-    # Only the centre is non-zero: crop to the support so padding stays below the image size.
-    rows = torch.nonzero(blurred.abs().sum(1) > 0)
-    r = int(max(half - rows.min(), rows.max() - half))
-    return blurred[half - r : half + r + 1, half - r : half + r + 1]
-
-
-def _clipped_zoom(x: torch.Tensor, factor: float) -> torch.Tensor:
-    """Zoom the centre by ``factor`` and crop to the input size (the reference's clipped_zoom).
-
-    scipy.ndimage.zoom(order=1) maps output pixel o to input o·(in − 1)/(out − 1), which is
-    bilinear interpolation with ``align_corners=True``; out = round(in·factor).
-    """
-    h, w = x.shape[-2:]
-    ch, cw = math.ceil(h / factor), math.ceil(w / factor)
-    top, left = (h - ch) // 2, (w - cw) // 2
-    crop = x[..., top : top + ch, left : left + cw]
-    oh, ow = round(ch * factor), round(cw * factor)
-    if (oh, ow) != (ch, cw):
-        crop = F.interpolate(crop, size=(oh, ow), mode="bilinear", align_corners=True)
-    th, tw = (oh - h) // 2, (ow - w) // 2
-    return crop[..., th : th + h, tw : tw + w]
-
-
-def _motion_blur(x: torch.Tensor, radius: int, sigma: float, angles: np.ndarray) -> torch.Tensor:
-    """ImageMagick's MotionBlurImage with one angle (degrees) per image.
-
-    Kernel width 2·radius + 1, weights k_i ∝ exp(−i²/2σ²) for i = 0 … width − 1, and
-    out(x, y) = Σ_i k_i · in(x + ⌈i·cos θ − ½⌉, y + ⌈i·sin θ − ½⌉), edge pixels repeated.
-    """
-    n, c, h, w = x.shape
-    width = 2 * int(radius) + 1
-    i = np.arange(width)
-    k = np.exp(-(i**2) / (2 * sigma**2))
-    k = k / k.sum()
-    theta = np.deg2rad(angles)[:, None]  # (N, 1)
-    dx = torch.as_tensor(np.ceil(i * np.cos(theta) - 0.5), dtype=torch.long, device=x.device)
-    dy = torch.as_tensor(np.ceil(i * np.sin(theta) - 0.5), dtype=torch.long, device=x.device)
-    rows = torch.arange(h, device=x.device)
-    cols = torch.arange(w, device=x.device)
-    flat = x.reshape(n, c, h * w)
-    out = torch.zeros_like(flat)
-    for j in range(width):
-        yy = (rows[None, :, None] + dy[:, j, None, None]).clamp(0, h - 1)  # (N, H, 1)
-        xx = (cols[None, None, :] + dx[:, j, None, None]).clamp(0, w - 1)  # (N, 1, W)
-        index = (yy * w + xx).reshape(n, 1, h * w).expand(n, c, h * w)
-        out += float(k[j]) * flat.gather(2, index)
-    return out.reshape(n, c, h, w)
-
-
-def _box_resize_matrix(n_in: int, n_out: int) -> torch.Tensor:
-    """Pillow's BOX resampling along one axis as an (n_out, n_in) matrix (Resample.c).
-
-    Output pixel o averages the input pixels whose centres fall in the box of width
-    max(n_in / n_out, 1) centred at (o + ½)·n_in / n_out.
-    """
-    scale = n_in / n_out
-    filter_scale = max(scale, 1.0)
-    support = 0.5 * filter_scale
-    m = np.zeros((n_out, n_in))
-    for o in range(n_out):
-        centre = (o + 0.5) * scale
-        lo = max(int(centre - support + 0.5), 0)
-        hi = min(int(centre + support + 0.5), n_in)
-        t = (np.arange(lo, hi) - centre + 0.5) / filter_scale
-        weights = ((t > -0.5) & (t <= 0.5)).astype(np.float64)
-        if weights.sum() > 0:
-            m[o, lo:hi] = weights / weights.sum()
-    return torch.as_tensor(m)
-
-
-def _rgb_to_hsv(x: torch.Tensor) -> torch.Tensor:
-    """skimage.color.rgb2hsv on (N, 3, H, W): H in [0, 1), S = Δ/V, V = max; ties → blue."""
-    r, g, b = x.unbind(1)
-    v = x.amax(1)
-    delta = v - x.amin(1)
-    safe = torch.where(delta > 0, delta, torch.ones_like(delta))
-    s = torch.where(delta > 0, delta / torch.where(v > 0, v, torch.ones_like(v)), 0.0)
-    hue = torch.where(
-        b == v, 4 + (r - g) / safe, torch.where(g == v, 2 + (b - r) / safe, (g - b) / safe)
-    )
-    hue = torch.where(delta > 0, torch.remainder(hue / 6, 1.0), 0.0)
-    return torch.stack((hue, s, v), 1)
-
-
-def _hsv_to_rgb(hsv: torch.Tensor) -> torch.Tensor:
-    """Inverse of :func:`_rgb_to_hsv`: channel = V − V·S·clip(min(k, 4 − k), 0, 1),
-    k = (n + 6H) mod 6 with n = 5, 3, 1 for R, G, B (the sector formula in closed form)."""
-    hue, s, v = hsv[:, 0:1], hsv[:, 1:2], hsv[:, 2:3]
-    n = torch.tensor([5.0, 3.0, 1.0], dtype=hsv.dtype, device=hsv.device).view(1, 3, 1, 1)
-    k = torch.remainder(n + 6 * hue, 6.0)
-    return v - v * s * torch.minimum(k, 4 - k).clamp(0, 1)
-
-
-def _gray(x: torch.Tensor) -> torch.Tensor:
-    if x.shape[1] == 1:
-        return x
-    return torch.einsum("c,nchw->nhw", torch.tensor(_LUMA).to(x), x)[:, None]
 
 
 def _uniform(rng: np.random.Generator, low, high, shape, like: torch.Tensor) -> torch.Tensor:
@@ -375,7 +214,7 @@ def _speckle_noise(x, rng, c):
 
 
 def _defocus_blur(x, rng, c):
-    return _filter2d(x, _disk_kernel(*c), "mirror")  # cv2.filter2D's default border
+    return filter2d(x, disk_kernel(*c), "mirror")  # cv2.filter2D's default border
 
 
 def _glass_shuffle(x: torch.Tensor, dx: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
@@ -401,35 +240,35 @@ def _glass_shuffle(x: torch.Tensor, dx: torch.Tensor, dy: torch.Tensor) -> torch
 def _glass_blur(x, rng, c):
     sigma, max_delta, iterations = c
     n, _, h, w = x.shape
-    x = torch.floor(_gaussian_blur(x, sigma) * 255) / 255  # np.uint8(... * 255)
+    x = torch.floor(gaussian_blur(x, sigma) * 255) / 255  # np.uint8(... * 255)
     for _ in range(iterations):
         # randint(-max_delta, max_delta): the upper end is exclusive, so {-1, 0}.
         dx, dy = torch.as_tensor(rng.integers(-max_delta, max_delta, size=(2, n, h, w)))
         x = _glass_shuffle(x, dx, dy)
-    return _gaussian_blur(x, sigma)
+    return gaussian_blur(x, sigma)
 
 
 def _motion(x, rng, c):
-    return _motion_blur(x, c[0], c[1], rng.uniform(-45, 45, x.shape[0]))
+    return motion_blur(x, c[0], c[1], rng.uniform(-45, 45, x.shape[0]))
 
 
 def _zoom_blur(x, rng, c):
     factors = np.arange(*c)  # float arange as the reference: 7, 12, 16, 21, 26 factors
     out = x.clone()
     for factor in factors:
-        out += _clipped_zoom(x, float(factor))
+        out += clipped_zoom(x, float(factor))
     return out / (len(factors) + 1)
 
 
 def _snow(x, rng, c):
     loc, scale, zoom, threshold, radius, sigma, mix = c
     n, _, h, w = x.shape
-    layer = _clipped_zoom(_normal(rng, loc, scale, (n, 1, h, w), x), zoom)
+    layer = clipped_zoom(_normal(rng, loc, scale, (n, 1, h, w), x), zoom)
     layer = torch.where(layer < threshold, 0.0, layer)
     layer = torch.floor(layer.clamp(0, 1) * 255) / 255  # PIL "L" image via astype(uint8)
-    layer = _motion_blur(layer, radius, sigma, rng.uniform(-135, -45, n))
+    layer = motion_blur(layer, radius, sigma, rng.uniform(-135, -45, n))
     layer = torch.round(layer * 255) / 255  # ImageMagick writes 8 bits
-    x = mix * x + (1 - mix) * torch.maximum(x, _gray(x) * 1.5 + 0.5)
+    x = mix * x + (1 - mix) * torch.maximum(x, gray(x) * 1.5 + 0.5)
     return x + layer + torch.rot90(layer, 2, dims=(2, 3))
 
 
@@ -486,9 +325,9 @@ def _frost_textures(size: int) -> torch.Tensor:
             veins += weight * (1 - noise.abs().clamp(max=1)) ** 6
         dots = torch.as_tensor(rng.random((16, 1, size, size)) < 0.004, dtype=torch.float64)
         dots *= torch.as_tensor(rng.uniform(0.5, 1.0, (16, 1, size, size)))
-        streaks = _motion_blur(dots, max(2, size // 24), size / 48, rng.uniform(0, 360, 16))
+        streaks = motion_blur(dots, max(2, size // 24), size / 48, rng.uniform(0, 360, 16))
         texture = veins[0, 0] / veins.amax() + 3 * streaks.sum(0)[0]
-        texture = _gaussian_blur(texture[None, None], 0.5)[0, 0]
+        texture = gaussian_blur(texture[None, None], 0.5)[0, 0]
         texture = (texture / torch.quantile(texture, 0.995)).clamp(0, 1)
         low, high = 0.05, 20.0  # bisect the gamma that gives the target mean
         for _ in range(40):
@@ -506,7 +345,7 @@ def _frost(x, rng, c):
     size = 4 * max(h, w)
     textures = _frost_textures(size).to(device=x.device, dtype=x.dtype)
     if channels == 1:
-        textures = _gray(textures)
+        textures = gray(textures)
     pick = torch.as_tensor(rng.integers(_FROST_TEXTURES, size=n), device=x.device)
     top = torch.as_tensor(rng.integers(0, size - h, n), device=x.device)
     left = torch.as_tensor(rng.integers(0, size - w, n), device=x.device)
@@ -520,15 +359,15 @@ def _frost(x, rng, c):
 def _brightness(x, rng, c):
     if x.shape[1] == 1:
         return x + c
-    hsv = _rgb_to_hsv(x)
+    hsv = rgb_to_hsv(x)
     hsv[:, 2] = (hsv[:, 2] + c).clamp(0, 1)
-    return _hsv_to_rgb(hsv)
+    return hsv_to_rgb(hsv)
 
 
 def _saturate(x, rng, c):
-    hsv = _rgb_to_hsv(x)
+    hsv = rgb_to_hsv(x)
     hsv[:, 1] = (hsv[:, 1] * c[0] + c[1]).clamp(0, 1)
-    return _hsv_to_rgb(hsv)
+    return hsv_to_rgb(hsv)
 
 
 def _contrast(x, rng, c):
@@ -591,16 +430,16 @@ def _elastic_transform(x, rng, c):
     x = _warp_affine(x, torch.as_tensor(np.linalg.inv(forward)[:, :2]))
     # Smooth random displacement: U(-1, 1) per pixel, Gaussian σ (mirrored, truncate 3), ×α.
     noise = _uniform(rng, -1, 1, (n, 2, h, w), x)
-    return _displace(x, _gaussian_blur(noise, sigma, mode="reflect", truncate=3) * alpha)
+    return _displace(x, gaussian_blur(noise, sigma, mode="reflect", truncate=3) * alpha)
 
 
 def _pixelate(x, rng, c):
     _, _, h, w = x.shape
     small_h, small_w = int(h * c), int(w * c)
-    down_h = _box_resize_matrix(h, small_h).to(x)
-    down_w = _box_resize_matrix(w, small_w).to(x)
-    up_h = _box_resize_matrix(small_h, h).to(x)
-    up_w = _box_resize_matrix(small_w, w).to(x)
+    down_h = box_resize_matrix(h, small_h).to(x)
+    down_w = box_resize_matrix(w, small_w).to(x)
+    up_h = box_resize_matrix(small_h, h).to(x)
+    up_w = box_resize_matrix(small_w, w).to(x)
     small = torch.einsum("oh,nchw,pw->ncop", down_h, x, down_w)
     return torch.einsum("oh,nchw,pw->ncop", up_h, small, up_w)
 
@@ -640,7 +479,7 @@ _FUNCTIONS: dict[str, _Fn] = {
     "pixelate": _pixelate,
     "jpeg_compression": _jpeg_compression,
     "speckle_noise": _speckle_noise,
-    "gaussian_blur": lambda x, rng, c: _gaussian_blur(x, c),
+    "gaussian_blur": lambda x, rng, c: gaussian_blur(x, c),
     "saturate": _saturate,
 }
 
