@@ -16,7 +16,7 @@ from snens.data import (
     TrainTransform,
     imagenet_folder,
 )
-from snens.data.imagenet import center_crop, resize_shorter
+from snens.data.transforms import center_crop, resize_shorter
 
 Image = pytest.importorskip("PIL.Image", reason="the image folder decodes files with Pillow")
 

@@ -1,4 +1,4 @@
-"""ImageNet as a class-folder tree, and the standard ImageNet transforms written in torch.
+"""ImageNet as a class-folder tree: listing, reading and decoding the images safely.
 
 ImageNet's licence forbids redistribution, so nothing downloads: get ILSVRC-2012 from
 https://image-net.org and lay it out as ``<data root>/imagenet/{train,val}/<wnid>/*.JPEG``
@@ -7,14 +7,7 @@ https://image-net.org and lay it out as ``<data root>/imagenet/{train,val}/<wnid
 :class:`ImageFolder` is a small stand-in for torchvision's (which does not import with the CPU
 torch here): classes are the sorted sub-folder names, indexed 0…K−1, samples the image files
 under each, sorted. Images decode with Pillow (imported on first use) to uint8 RGB tensors
-``(3, H, W)``; the transforms take such a tensor:
-
-* :class:`EvalTransform` — resize the shorter side to 256, center-crop 224, scale to [0, 1] and
-  normalize with the ImageNet mean and std. It matches torchvision's
-  ``Resize(256) → CenterCrop(224) → ToTensor() → Normalize`` up to the uint8 rounding of the
-  PIL resize (antialiased bilinear either way).
-* :class:`TrainTransform` — random-resized crop (area 8–100 %, aspect 3/4–4/3, torchvision's
-  sampling rule) to 224, horizontal flip, normalize.
+``(3, H, W)``, which the transforms of :mod:`snens.data.transforms` (re-exported here) take.
 
 What counts as a sample. A sample is a regular, non-empty file with an image extension whose
 path lies under a class folder; its label is that top-level class folder, whatever links led to
@@ -48,21 +41,27 @@ looking at the pixels finds those.
 from __future__ import annotations
 
 import bisect
-import math
 import os
 import stat
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from .download import data_root
+from .transforms import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    EvalTransform,
+    TrainTransform,
+    center_crop,
+    normalize,
+    resize_shorter,
+)
 
 __all__ = [
     "BAD_IMAGE_POLICIES",
@@ -80,8 +79,6 @@ __all__ = [
     "resize_shorter",
 ]
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 IMAGE_EXTENSIONS = (".jpeg", ".jpg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 IMAGENET_SPLITS = ("train", "val")
 BAD_IMAGE_POLICIES = ("skip", "raise")
@@ -187,136 +184,6 @@ def read_image(path: str | os.PathLike) -> torch.Tensor:
                     f"{_shown(path)}: {reason}; delete or replace the file", path, reason
                 ) from err
     raise BadImageError(f"{_shown(path)}: {reason}; delete or replace the file", path, reason)
-
-
-def _to_float(image: torch.Tensor) -> torch.Tensor:
-    return image.float() / 255 if image.dtype == torch.uint8 else image.float()
-
-
-def _resize(image: torch.Tensor, height: int, width: int) -> torch.Tensor:
-    batch = _to_float(image)[None]  # (C, H, W) -> (1, C, H, W): interpolate wants a batch
-    resized = F.interpolate(
-        batch, (height, width), mode="bilinear", align_corners=False, antialias=True
-    )
-    return resized[0]
-
-
-def resize_shorter(image: torch.Tensor, size: int) -> torch.Tensor:
-    """Resize so that the shorter side is ``size``, keeping the aspect ratio.
-
-    The longer side becomes ``int(size · long / short)`` (torchvision's rule); antialiased
-    bilinear interpolation. uint8 input is scaled to [0, 1] first.
-
-    Shape:
-        image: ``(C, H, W)`` → float ``(C, H', W')``.
-    """
-    height, width = image.shape[-2:]
-    if height <= width:
-        return _resize(image, size, int(size * width / height))
-    return _resize(image, int(size * height / width), size)
-
-
-def center_crop(image: torch.Tensor, size: int) -> torch.Tensor:
-    """The central ``size × size`` window; offsets ``round((H − size) / 2)`` as torchvision's.
-
-    Raises:
-        ValueError: the image is smaller than ``size`` on a side.
-    """
-    height, width = image.shape[-2:]
-    if height < size or width < size:
-        raise ValueError(f"cannot crop {size}×{size} from an image of {height}×{width}")
-    top, left = int(round((height - size) / 2.0)), int(round((width - size) / 2.0))
-    return image[..., top : top + size, left : left + size]
-
-
-def normalize(image: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
-    """``(x − mean) / std`` per channel (dim −3)."""
-    mean_t = torch.as_tensor(mean, dtype=image.dtype, device=image.device).view(-1, 1, 1)
-    std_t = torch.as_tensor(std, dtype=image.dtype, device=image.device).view(-1, 1, 1)
-    return (image - mean_t) / std_t
-
-
-@dataclass(frozen=True)
-class EvalTransform:
-    """Resize the shorter side, center-crop, normalize: the standard ImageNet evaluation view.
-
-    Args:
-        resize: shorter side after resizing.
-        crop: side of the square center crop.
-        mean: per-channel mean in [0, 1].
-        std: per-channel standard deviation.
-
-    Shape:
-        uint8 ``(3, H, W)`` → float32 ``(3, crop, crop)``.
-    """
-
-    resize: int = 256
-    crop: int = 224
-    mean: tuple[float, ...] = IMAGENET_MEAN
-    std: tuple[float, ...] = IMAGENET_STD
-
-    def __call__(self, image: torch.Tensor) -> torch.Tensor:
-        cropped = center_crop(resize_shorter(image, self.resize), self.crop)
-        return normalize(cropped, self.mean, self.std)
-
-
-@dataclass(frozen=True)
-class TrainTransform:
-    """Random-resized crop and horizontal flip, then normalize: the standard ImageNet training
-    view.
-
-    The crop covers a fraction of the area drawn uniformly from ``scale`` with an aspect ratio
-    drawn log-uniformly from ``ratio``; after 10 draws that do not fit, it falls back to the
-    largest central crop with the aspect ratio clamped to ``ratio`` (torchvision's rule).
-    Randomness comes from torch's global generator, which a DataLoader seeds per worker.
-
-    Args:
-        size: side of the square output.
-        scale: range of the cropped fraction of the image area.
-        ratio: range of the crop's width / height.
-        flip_prob: probability of mirroring the width.
-        mean: per-channel mean in [0, 1].
-        std: per-channel standard deviation.
-
-    Shape:
-        uint8 ``(3, H, W)`` → float32 ``(3, size, size)``.
-    """
-
-    size: int = 224
-    scale: tuple[float, float] = (0.08, 1.0)
-    ratio: tuple[float, float] = (3 / 4, 4 / 3)
-    flip_prob: float = 0.5
-    mean: tuple[float, ...] = IMAGENET_MEAN
-    std: tuple[float, ...] = IMAGENET_STD
-
-    def crop_box(self, height: int, width: int) -> tuple[int, int, int, int]:
-        """Draw ``(top, left, crop_height, crop_width)`` for an image of ``height × width``."""
-        area = height * width
-        log_ratio = (math.log(self.ratio[0]), math.log(self.ratio[1]))
-        for _ in range(10):
-            target_area = area * torch.empty(1).uniform_(*self.scale).item()
-            aspect = math.exp(torch.empty(1).uniform_(*log_ratio).item())
-            w = int(round(math.sqrt(target_area * aspect)))
-            h = int(round(math.sqrt(target_area / aspect)))
-            if 0 < w <= width and 0 < h <= height:
-                top = int(torch.randint(0, height - h + 1, (1,)).item())
-                left = int(torch.randint(0, width - w + 1, (1,)).item())
-                return top, left, h, w
-        aspect = width / height
-        if aspect < min(self.ratio):
-            w, h = width, int(round(width / min(self.ratio)))
-        elif aspect > max(self.ratio):
-            w, h = int(round(height * max(self.ratio))), height
-        else:
-            w, h = width, height
-        return (height - h) // 2, (width - w) // 2, h, w
-
-    def __call__(self, image: torch.Tensor) -> torch.Tensor:
-        top, left, h, w = self.crop_box(*image.shape[-2:])
-        crop = _resize(image[..., top : top + h, left : left + w], self.size, self.size)
-        if torch.rand(()).item() < self.flip_prob:
-            crop = crop.flip(-1)
-        return normalize(crop, self.mean, self.std)
 
 
 class ImageFolder(Dataset):
