@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| lines | module |\n|---:|---|")
     for n, path in sizes[: args.top]:
         print(f"| {n} | `{path}` |")
-    print(f"\n| complexity | lines | function |\n|---:|---:|---|")
+    print("\n| complexity | lines | function |\n|---:|---:|---|")
     for complexity, name, where, lines in complexities(args.min_complexity):
         print(f"| {complexity} | {lines} | `{name}` ({where}) |")
     pairs = duplicate_pairs()

@@ -50,6 +50,7 @@ from snens.toml_io import (
 __all__ = [
     "DATASETS",
     "FOLDER_DATASETS",
+    "IMAGE_CHANNELS",
     "IMAGE_OOD_SETS",
     "OOD_SETS",
     "TEXT_DATASETS",
@@ -84,6 +85,8 @@ TEXT_DATASETS = ("sst2", "rotten_tomatoes")
 FOLDER_DATASETS = ("imagenet",)
 #: In-memory image sets: the whole set as tensors, augmented on the device.
 IMAGE_DATASETS = tuple(d for d in DATASETS if d not in TEXT_DATASETS + FOLDER_DATASETS)
+#: Channels each in-memory image set is stored with (before ``data.channels`` converts it).
+IMAGE_CHANNELS = {"fashion_mnist": 1, "cifar10": 3, "cifar100": 3, "svhn": 3}
 
 #: Out-of-distribution test sets of the in-memory image sets.
 IMAGE_OOD_SETS = ("mnist_5k", "fashion_mnist", "cifar10", "cifar100", "svhn")
@@ -212,6 +215,15 @@ class DataConfig(_Section):
     severities: tuple[int, ...] = SEVERITIES  # each in 1..5
     corruption_examples: int = 1000  # first N test images corrupted; 0 = all
     corruption_seed: int = 0  # fixed across runs so every method sees the same corruptions
+    # in-memory image sets (fashion_mnist, cifar10/100, svhn), converted once when loaded for a
+    # model pretrained on other images (e.g. ImageNet RGB): every image (training, validation,
+    # test, OOD, corrupted) is resized (bilinear, rounded back to uint8), then its channels
+    # converted; corruptions are made at the stored size first, so they stay the same
+    resize: int = 0  # px, side of the square resize; 0 = as stored
+    channels: int = 0  # 0 = as stored; 3 = grey images repeated to 3 channels (RGB: unchanged)
+    # per-channel mean/std that normalize the images: "dataset" = the data set's own (a grey
+    # set's repeated over 3 channels), "imagenet" = ImageNet's (needs 3 channels)
+    normalize: Literal["dataset", "imagenet"] = "dataset"
     # text sets (sst2, rotten_tomatoes), tokenized once with the model's tokenizer
     max_length: int = 128  # tokens per text, [CLS] and [SEP] included; longer texts are cut
     padding: Literal["longest", "max_length"] = "longest"  # pad a batch to its longest text
@@ -245,6 +257,7 @@ class DataConfig(_Section):
             _require(name in OOD_SETS, self.key("ood"), f"a list of {OOD_SETS}", name)
         _require(self.max_length >= 2, self.key("max_length"), "an int >= 2", self.max_length)
         _require(self.image_size >= 1, self.key("image_size"), "an int >= 1", self.image_size)
+        _require(self.resize >= 0, self.key("resize"), "an int >= 0 (0 = as stored)", self.resize)
         _require(
             self.resize_size >= self.image_size,
             self.key("resize_size"),
@@ -314,6 +327,32 @@ class DataConfig(_Section):
             raise ValueError(
                 f"data.ood_folder applies to class-folder data sets {FOLDER_DATASETS}, got "
                 f'data.dataset {dataset!r}; set data.ood_folder="" and name OOD sets in data.ood'
+            )
+        for name, default in (("resize", 0), ("channels", 0), ("normalize", "dataset")):
+            if getattr(self, name) != default and dataset not in IMAGE_DATASETS:
+                raise ValueError(
+                    f"{self.key(name)} applies to the in-memory image sets {IMAGE_DATASETS}, got "
+                    f"data.dataset {dataset!r}; leave {self.key(name)} at {default!r}"
+                )
+        if dataset in IMAGE_DATASETS:
+            self._validate_conversion()
+
+    def _validate_conversion(self) -> None:
+        """``channels`` and ``normalize`` against the channels the image set is stored with."""
+        stored = IMAGE_CHANNELS[self.dataset]
+        allowed = sorted({0, stored, 3})
+        if self.channels not in allowed:
+            raise ValueError(
+                f"data.channels must be one of {allowed} for data.dataset {self.dataset!r} "
+                f"(stored with {stored} channel(s); 0 = as stored, 3 = grey repeated to RGB), "
+                f"got {self.channels}; images are never reduced to fewer channels"
+            )
+        converted = 3 if self.channels == 3 else stored
+        if self.normalize == "imagenet" and converted != 3:
+            raise ValueError(
+                f"data.normalize 'imagenet' needs 3-channel images, but data.dataset "
+                f"{self.dataset!r} is stored with {stored}; set data.channels=3 to repeat its "
+                'grey images to RGB, or data.normalize="dataset"'
             )
 
 

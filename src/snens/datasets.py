@@ -5,12 +5,14 @@ In-memory image sets (Fashion-MNIST, CIFAR-10/100, SVHN) become :class:`snens.da
 objects (the whole set on the device, vectorized augmentation); text sets are tokenized once
 into :class:`snens.data.tokens.TokenLoader` batches of ``(dict(input_ids, attention_mask), y)``;
 ImageNet-style class folders stream through DataLoader workers. OOD sets and generated
-corruptions are built alongside, normalized with the training set's statistics. Every loader
-draws epoch e from (seed, e) and can be sharded across data-parallel ranks.
+corruptions are built alongside, converted (``data.resize``, ``data.channels``) and normalized
+(``data.normalize``) as the training set is. Every loader draws epoch e from (seed, e) and can
+be sharded across data-parallel ranks.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -23,11 +25,13 @@ from torch import Tensor
 from snens import data
 from snens.config import (
     FOLDER_DATASETS,
+    IMAGE_CHANNELS,
     IMAGE_OOD_SETS,
     TEXT_DATASETS,
     TEXT_OOD_SETS,
     DataConfig,
 )
+from snens.data.images import grey_to_rgb, resize_images
 
 __all__ = ["Data", "build_data", "data_shape"]
 
@@ -35,19 +39,46 @@ __all__ = ["Data", "build_data", "data_shape"]
 class _ImageSet(NamedTuple):
     load: Callable[..., tuple[Tensor, Tensor]]  # (split, root, download) -> (N, C, H, W) uint8
     num_classes: int
-    channels: int
-    mean: float | tuple[float, ...]
+    mean: float | tuple[float, ...]  # of the stored images in [0, 1]; channels: IMAGE_CHANNELS
     std: float | tuple[float, ...]
 
 
 _IMAGE_SETS = {
     "fashion_mnist": _ImageSet(
-        data.load_fashion_mnist, 10, 1, data.FASHION_MNIST_MEAN, data.FASHION_MNIST_STD
+        data.load_fashion_mnist, 10, data.FASHION_MNIST_MEAN, data.FASHION_MNIST_STD
     ),
-    "cifar10": _ImageSet(data.load_cifar10, 10, 3, data.CIFAR10_MEAN, data.CIFAR10_STD),
-    "cifar100": _ImageSet(data.load_cifar100, 100, 3, data.CIFAR100_MEAN, data.CIFAR100_STD),
-    "svhn": _ImageSet(data.load_svhn, 10, 3, data.SVHN_MEAN, data.SVHN_STD),
+    "cifar10": _ImageSet(data.load_cifar10, 10, data.CIFAR10_MEAN, data.CIFAR10_STD),
+    "cifar100": _ImageSet(data.load_cifar100, 100, data.CIFAR100_MEAN, data.CIFAR100_STD),
+    "svhn": _ImageSet(data.load_svhn, 10, data.SVHN_MEAN, data.SVHN_STD),
 }
+
+
+def _channels(stored: int, config: DataConfig) -> int:
+    """Channels of images stored with ``stored`` after ``data.channels`` converts them."""
+    return 3 if config.channels == 3 else stored
+
+
+def _convert(images: Tensor, config: DataConfig) -> Tensor:
+    """Stored uint8 images as the model sees them, still uint8: resized to ``data.resize``
+    (bilinear, rounded), then grey repeated to RGB where ``data.channels`` is 3.
+
+    Shape:
+        images: ``(N, C, H, W)``; out: ``(N, C', S, S)``, C' = :func:`_channels`, S = resize
+        (H, W where resize is 0).
+    """
+    if config.resize:
+        images = resize_images(images, config.resize)
+    if config.channels == 3 and images.shape[1] == 1:
+        images = grey_to_rgb(images)
+    return images
+
+
+def _normalization(spec: _ImageSet, config: DataConfig) -> dict[str, Any]:
+    """The mean and std ``data.normalize`` names; a grey set's one value serves every channel
+    it is repeated to (the TensorLoader broadcasts it)."""
+    if config.normalize == "imagenet":
+        return {"mean": data.IMAGENET_MEAN, "std": data.IMAGENET_STD}
+    return {"mean": spec.mean, "std": spec.std}
 
 
 def _load_ood(name: str, root: str | None, download: bool) -> tuple[Tensor, Tensor]:
@@ -60,12 +91,16 @@ class _CorruptedLoader:
     """Batches of one corrupted copy of the test images, generated when iterated.
 
     Generating all 15 × 5 corrupted sets up front would hold 75 copies of the test set; this
-    holds one at a time.
+    holds one at a time. The stored images are corrupted, then converted (``convert``: the
+    data's resize and channels), so a corruption is the same whatever size the model sees.
     """
 
-    def __init__(self, images, labels, name, severity, *, corruption_seed, batch_size, **options):
+    def __init__(
+        self, images, labels, name, severity, *, corruption_seed, batch_size, convert, **options
+    ):
         self.images, self.labels = images, labels
         self.name, self.severity, self.seed = name, severity, corruption_seed
+        self.convert = convert
         self.options = options  # mean, std, device, seed of the TensorLoader
         self.batch_size = batch_size
 
@@ -73,7 +108,7 @@ class _CorruptedLoader:
         _, _, x, y = next(
             data.corrupted(self.images, self.labels, self.name, self.severity, seed=self.seed)
         )
-        yield from data.TensorLoader(x, y, self.batch_size, **self.options)
+        yield from data.TensorLoader(self.convert(x), y, self.batch_size, **self.options)
 
 
 Loader = data.TensorLoader | data.TokenLoader | data.FolderLoader
@@ -169,8 +204,11 @@ def build_data(
     training loader shards a global batch across data-parallel ranks):
 
     * in-memory image sets (Fashion-MNIST, CIFAR, SVHN): the whole set on ``device`` in a
-      :class:`~snens.data.TensorLoader`, augmented there; test, OOD and corrupted sets are
-      normalized with the training set's statistics;
+      :class:`~snens.data.TensorLoader`, augmented there; every image (training, validation,
+      test, OOD, corrupted) is resized to ``resize`` px (bilinear, rounded to uint8) and, with
+      ``channels`` 3, grey repeated to RGB, once when loaded (corruptions are made on the
+      stored images, then converted); all are normalized with one mean/std, the data set's or
+      ImageNet's (``normalize``);
     * text sets (``sst2``: GLUE train / validation; ``rotten_tomatoes``: a fixed stratified
       80/20 split, seed 0): tokenized once with the encoder's tokenizer into a
       :class:`~snens.data.TokenLoader` whose batches are ``({"input_ids", "attention_mask"},
@@ -194,10 +232,11 @@ def build_data(
             ``encoder`` option of the model); default MiniLM-L6's.
 
     Raises:
-        ValueError: an OOD set whose channels differ from the data set's, an OOD set or
-            option that does not apply to the kind of data set (also refused when the
-            config is built), ``max_length`` above the tokenizer's limit, classes of the
-            validation folder that differ from the training folder's.
+        ValueError: an OOD set whose channels differ from the data set's (both after
+            ``channels`` converts them), an OOD set or option that does not apply to the kind
+            of data set (also refused when the config is built), ``max_length`` above the
+            tokenizer's limit, classes of the validation folder that differ from the training
+            folder's.
         FileNotFoundError: the data is not on disk and ``download`` is off or impossible
             (says how to get it).
     """
@@ -206,10 +245,11 @@ def build_data(
     if config.dataset in FOLDER_DATASETS:
         return _folder_data(config, seed=seed, device=device)
     spec = _IMAGE_SETS[config.dataset]
+    channels = _channels(IMAGE_CHANNELS[config.dataset], config)
     root = config.root or None
     # A loader given no seed draws one from torch's global generator; give every loader one
     # so that building the data leaves the generator (and so the model's init) untouched.
-    norm = {"mean": spec.mean, "std": spec.std, "device": device, "seed": seed}
+    norm = {**_normalization(spec, config), "device": device, "seed": seed}
     x, y = spec.load("train", root, config.download)
     validation = None
     if config.validation_examples:
@@ -219,7 +259,9 @@ def build_data(
                 f"data.validation_examples {n} leaves no training examples of the {len(x):,} in "
                 f"{config.dataset}'s training set; hold out fewer (e.g. {len(x) // 12:,})"
             )
-        validation = data.TensorLoader(x[-n:], y[-n:], config.eval_batch_size, **norm)
+        validation = data.TensorLoader(
+            _convert(x[-n:], config), y[-n:], config.eval_batch_size, **norm
+        )
         x, y = x[:-n], y[:-n]
     held = " left after data.validation_examples" if validation is not None else ""
     x, y = _head(
@@ -233,7 +275,7 @@ def build_data(
     )
     _check_batch(len(x), config)
     train_loader = data.TensorLoader(
-        x,
+        _convert(x, config),
         y,
         config.batch_size,
         shuffle=True,
@@ -241,21 +283,24 @@ def build_data(
         augment=config.augment,
         **norm,
     )
-    test_loader = data.TensorLoader(xt, yt, config.eval_batch_size, **norm)
+    test_loader = data.TensorLoader(_convert(xt, config), yt, config.eval_batch_size, **norm)
 
     ood = {}
     for name in config.ood:
         _check_ood_name(name, IMAGE_OOD_SETS, config.dataset)
         xo, yo = _load_ood(name, root, config.download)
-        if xo.shape[1] != spec.channels:
+        ood_channels = _channels(xo.shape[1], config)
+        if ood_channels != channels:
             raise ValueError(
-                f"data.ood {name!r} has {xo.shape[1]} channel(s), {config.dataset} has "
-                f"{spec.channels}; choose an OOD set with the same channels"
+                f"data.ood {name!r} has {ood_channels} channel(s), {config.dataset} has "
+                f"{channels} (with data.channels {config.channels}); choose an OOD set with "
+                "the same channels, or set data.channels=3 to repeat the grey images of both "
+                "to RGB"
             )
         if config.ood_examples and config.ood_examples < len(xo):
             keep = torch.randperm(len(xo), generator=torch.Generator().manual_seed(0))
             xo, yo = xo[keep[: config.ood_examples]], yo[keep[: config.ood_examples]]
-        ood[name] = data.TensorLoader(xo, yo, config.eval_batch_size, **norm)
+        ood[name] = data.TensorLoader(_convert(xo, config), yo, config.eval_batch_size, **norm)
 
     corruptions = {}
     if config.corruptions:
@@ -269,22 +314,22 @@ def build_data(
                     severity,
                     corruption_seed=config.corruption_seed,
                     batch_size=config.eval_batch_size,
+                    convert=functools.partial(_convert, config=config),
                     **norm,
                 )
-    return Data(
-        train_loader, test_loader, ood, corruptions, spec.num_classes, spec.channels, validation
-    )
+    return Data(train_loader, test_loader, ood, corruptions, spec.num_classes, channels, validation)
 
 
 def data_shape(config: DataConfig) -> tuple[int, int | None]:
     """(number of classes, input channels) of the data set, without loading its examples
-    (channels None for text); what a model for it is built with."""
+    (channels None for text; in-memory image sets: after ``data.channels`` converts them); what
+    a model for it is built with."""
     if config.dataset in TEXT_DATASETS:
         return 2, None
     if config.dataset in FOLDER_DATASETS:
         return len(data.imagenet_folder(config.root or None, "train").classes), 3
-    spec = _IMAGE_SETS[config.dataset]
-    return spec.num_classes, spec.channels
+    channels = _channels(IMAGE_CHANNELS[config.dataset], config)
+    return _IMAGE_SETS[config.dataset].num_classes, channels
 
 
 def _check_ood_name(name: str, allowed: tuple[str, ...], dataset: str) -> None:

