@@ -10,7 +10,7 @@ torch thread per process. Choices are made on the validation split only, never t
 
 Stages (each run's directory: ``results/converged/<stage>/<variant>/seed=<s>/``):
 
-* ``budget``  — the single model at 5, 10, 20 and 40 epochs (cosine schedule to the end);
+* ``budget``  — the single model at 5, 10, 20, 40 and 80 epochs (cosine schedule to the end);
   the converged budget is the fewest epochs whose validation NLL is within 0.005 of the best.
 * ``ablation`` — σN-Ens variants at 10 epochs, seed 0: λ, τ up to 50, head initialization, a
   ramp of the regularizer, γ's learning-rate multiplier and initial spread, ``split`` inputs at
@@ -18,18 +18,22 @@ Stages (each run's directory: ``results/converged/<stage>/<variant>/seed=<s>/``)
   the same budget for reference (the single model's is ``budget/single_e10``).
 * ``overfit`` — where ensembles pay: 10,000 training images, no augmentation, width 32, 20
   epochs (the single model's validation NLL bottoms at epoch 5 and rises after); single, deep
-  ensemble and σN-Ens at τ=5 and τ=1 (λ=0.1) over seeds 0, 1, 2, the other σN-Ens variants and
-  BatchEnsemble, Packed-Ensembles and MC-dropout at seed 0.
+  ensemble, BatchEnsemble, Packed-Ensembles, MC-dropout and σN-Ens (τ=1 and τ=5 at λ=0.1,
+  repeat and split) over seeds 0, 1, 2, the other σN-Ens variants at seed 0.
+* ``text``, ``vision`` — two more domains, pretrained and fine-tuned with the library's
+  defaults (nothing chosen there): MiniLM-L6 on Rotten Tomatoes, MobileNetV2 (ImageNet) on
+  Fashion-MNIST at 48 px RGB; single, deep ensemble, σN-Ens, MC-dropout, seeds 0, 1, 2.
 * ``width`` — width 32 on all the data at 10 epochs: single, deep ensemble, σN-Ens.
-* ``final`` — single, deep ensemble, BatchEnsemble, Packed-Ensembles, MC-dropout and the
-  ablation's σN-Ens winner (lowest validation NLL) at the converged budget, seeds 0, 1, 2;
-  its runs exist once ``budget`` and ``ablation`` have finished.
+* ``final`` — single, deep ensemble, BatchEnsemble, Packed-Ensembles, MC-dropout, σN-Ens at
+  the defaults and the ablation's σN-Ens winner (lowest validation NLL) at the converged
+  budget (at most 40 epochs), seeds 0, 1, 2, seed by seed; its runs exist once ``ablation``
+  has finished and the budget runs have decided its length.
 
-Resumable and parallel: run the same command in two processes, each takes the
-next run nobody holds (a lock file beside the run directory, released on exit; a lock whose
-process is gone is taken over); a finished run (``final.json``) is skipped; an interrupted one
-resumes from its ``last.pt``. Checkpoints and locks are not committed (``.gitignore``), the
-rest of each run directory is.
+Resumable and parallel: run the same command in two processes; each takes the next run
+nobody trains (the engine's ``run.lock``, an ``flock`` the kernel drops when its process
+ends, however it ends); a finished run (``final.json``) is skipped; an interrupted one resumes
+from its ``last.pt``. Checkpoints and locks are not committed (``.gitignore``), the rest of
+each run directory is.
 
     OMP_NUM_THREADS=1 python experiments/converged.py run &      # every stage, in order
     OMP_NUM_THREADS=1 python experiments/converged.py run &      # a second process
@@ -107,6 +111,18 @@ TEXT_BASE = (
     "optim.epochs=3",
     "method.temperature=1.0",
     "method.diversity_weight=0.1",
+)
+
+#: ... and a pretrained CNN: MobileNetV2 with ImageNet weights fine-tuned (every weight) on
+#: 5,000 Fashion-MNIST images at 48 px RGB for 3 epochs, the preset's recipe (AdamW 5e-4, γ at
+#: ×10, M=4); test on 1,000 images, OOD 1,000 MNIST-5k digits, 4 corruptions × 5 severities
+#: on 500 test images. No validation split either: the defaults are tested.
+VISION = "fashion_mnist_mobilenet_v2"
+VISION_BASE = (
+    *TEXT_BASE,
+    "data.corruptions=true",
+    'data.corruption_names=["gaussian_noise", "defocus_blur", "contrast", "pixelate"]',
+    "data.corruption_examples=500",
 )
 
 
@@ -208,11 +224,13 @@ def _stages() -> dict[str, list[Variant]]:
         Variant("snens_default", ("method.name=snens",), seeds, TEXT),
         Variant("mc_dropout", ("method.name=mc_dropout",), seeds, TEXT),
     ]
+    vision = [Variant(v.name, v.overrides, v.seeds, VISION) for v in text]
     return {
         "budget": budget,
         "ablation": ablation,
         "overfit": overfit,
         "text": text,
+        "vision": vision,
         "width": width,
         "final": [],
     }
@@ -281,7 +299,7 @@ def runs_of(stage: str) -> list[tuple[Variant, SweepRun]]:
     out = []
     for variant in final_variants() if stage == "final" else STAGES[stage]:
         grid = [f"seed={','.join(str(s) for s in variant.seeds)}"]
-        base = TEXT_BASE if variant.preset == TEXT else BASE
+        base = {TEXT: TEXT_BASE, VISION: VISION_BASE}.get(variant.preset, BASE)
         for run in plan(
             preset(variant.preset),
             grid,
@@ -521,11 +539,11 @@ def report() -> Path:
         dirs = [stage_dir, reference] if stage == "ablation" and reference.is_dir() else [stage_dir]
         table = write_report(dirs, WHERE["out"] / f"{stage}_report")
         sections += [f"## Stage `{stage}`", "", table.table, ""]
-        if stage != "text":
+        if stage not in ("text", "vision"):
             sections += ["Diagnosis (validation split):", "", *diagnosis(stage), ""]
-        if stage in ("overfit", "text", "final"):
+        if stage in ("overfit", "text", "vision", "final"):
             sections += ["Test set, corruption and OOD:", "", *test_tables(stage), ""]
-        plot = _plot_curves(stage, WHERE["out"].parent) if stage != "text" else None
+        plot = _plot_curves(stage, WHERE["out"].parent) if stage not in ("text", "vision") else None
         if plot:
             sections += [f"![{stage} learning curves]({plot.name})", ""]
     path = WHERE["out"].parent / f"{WHERE['out'].name}.md"
