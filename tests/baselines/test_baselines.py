@@ -85,7 +85,9 @@ def test_every_method_returns_member_logits_that_train(method, training, resnet,
     net = _build(method, resnet).train(training)
     logits = net(x)
     members = 1 if method == "single" else M
-    assert logits.shape == (members, x.shape[0], K)
+    # MC-dropout trains as the plain model: one dropout sample per step, M in evaluation
+    samples = 1 if method == "mc_dropout" and training else members
+    assert logits.shape == (samples, x.shape[0], K)
     assert net.num_members == members
     probs = snens.predictive_probs(logits)
     torch.testing.assert_close(probs.sum(-1), torch.ones(x.shape[0]), **TOL)
@@ -517,3 +519,27 @@ def test_mc_dropout_uses_the_models_own_dropout_when_it_has_one(x):
     assert out.shape == (3, 3, 2) and not torch.allclose(out[0], out[1])
     with pytest.raises(ValueError, match="no dropout with p > 0"):
         MCDropout(TinyResNet(), 2, insert=False)
+
+
+def test_mc_dropout_trains_as_the_plain_model_and_samples_m_in_eval(x):
+    """One dropout sample per step by default (the plain model's step and cost, as Gal &
+    Ghahramani and torch-uncertainty train it); ``train_samples=M`` is multi-sample dropout."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Dropout(0.5))
+    net.append(nn.Linear(net(x).shape[1], 2))
+    plain = copy.deepcopy(net).train()
+    mc = MCDropout(net, 4).train()
+    torch.manual_seed(1)
+    out = mc(x)
+    torch.manual_seed(1)
+    expected = plain(x)  # the same dropout mask: the same draw from the same generator
+    assert out.shape == (1, 3, 2)
+    torch.testing.assert_close(out[0], expected, rtol=0, atol=0)
+    assert mc.eval()(x).shape == (4, 3, 2)
+    multi = MCDropout(net, 4, train_samples=4).train()
+    samples = multi(x)
+    assert samples.shape == (4, 3, 2) and not torch.allclose(samples[0], samples[1])
+    assert "train_samples=4" in repr(multi)
+    for bad, error in ((0, ValueError), (1.0, TypeError), (True, TypeError)):
+        with pytest.raises(error, match="train_samples must be"):
+            MCDropout(net, 4, train_samples=bad)

@@ -7,9 +7,10 @@ repeated M times, member-major (M·B, …): every row draws its own masks, so me
 dropout sample, and with running-statistics norms in evaluation the result has the same
 distribution as M separate passes. Under ``torch.manual_seed`` the output is reproducible.
 
-Training through :class:`MCDropout` averages the loss over M dropout samples per example
-("multi-sample dropout") at M× the cost; the usual recipe trains the plain model with dropout
-(e.g. as :class:`~snens.baselines.SingleModel`) and wraps it for evaluation.
+In training mode the wrapper runs ``train_samples`` passes, by default one: the model trains as
+the plain model with dropout does, at its cost (Gal & Ghahramani's recipe, and
+torch-uncertainty's), and the M samples are drawn in evaluation. ``train_samples=M`` averages
+the loss over M dropout samples per example instead ("multi-sample dropout") at M× the cost.
 """
 
 from __future__ import annotations
@@ -75,9 +76,11 @@ class MCDropout(nn.Module):
             with p > 0; ``True``: always; ``False``: never.
         output: callable picking the logits from the model's output.
         inplace: modify ``model`` itself instead of a deep copy.
+        train_samples: dropout samples per input in training mode (1: the plain model's
+            training step; M: multi-sample dropout at M× the cost).
 
     Shape:
-        Input: (B, …). Output: (M, B, K).
+        Input: (B, …). Output: (M, B, K) in evaluation, (train_samples, B, K) in training.
 
     Raises:
         ValueError: if no dropout would be active (``insert=False`` on a model without one),
@@ -93,9 +96,17 @@ class MCDropout(nn.Module):
         insert: bool | None = None,
         output: Callable[[Any], Tensor] | None = None,
         inplace: bool = False,
+        train_samples: int = 1,
     ) -> None:
         super().__init__()
         self.num_members = check_num_members(num_members)
+        if isinstance(train_samples, bool) or not isinstance(train_samples, int):
+            raise TypeError(f"train_samples must be an int >= 1, got {train_samples!r}")
+        if train_samples < 1:
+            raise ValueError(
+                f"train_samples must be >= 1 (1: the plain model's step), got {train_samples}"
+            )
+        self.train_samples = train_samples
         target = model if inplace else copy.deepcopy(model)
         active = [
             m
@@ -127,7 +138,8 @@ class MCDropout(nn.Module):
         self.output = output
 
     def forward(self, *args: Any, **kwargs: Any) -> Tensor:
-        return forward_repeated(self.model, self.num_members, args, kwargs, output=self.output)
+        samples = self.train_samples if self.training else self.num_members
+        return forward_repeated(self.model, samples, args, kwargs, output=self.output)
 
     def extra_repr(self) -> str:
-        return f"num_members={self.num_members}"
+        return f"num_members={self.num_members}, train_samples={self.train_samples}"
