@@ -1,22 +1,27 @@
 """``snens demo`` end to end on the bundled data, at a size that runs in seconds."""
 
 import json
+import statistics
+from pathlib import Path
 
 import pytest
 import torch
 
 import snens
 from snens import data
-from snens.demo import DemoConfig, run
+from snens.demo import CONVERGED_FULL_DATA, CONVERGED_OVERFIT, FULL_DEMO, DemoConfig, run
 from snens.fit import fit
 from snens.models import create
+from snens.regularizer import DEFAULT_DIVERSITY_WEIGHT, DEFAULT_TEMPERATURE
+
+CONVERGED = Path(__file__).resolve().parent.parent / "results" / "converged"
 
 TINY = DemoConfig(
     train_examples=600,
     test_examples=300,
     epochs=1,
     width=4,
-    temperatures=(0.05, 5.0),
+    temperatures=(0.05, DEFAULT_TEMPERATURE, 5.0),
     corruptions=("gaussian_noise", "contrast"),
     corruption_examples=200,
 )
@@ -42,6 +47,7 @@ def test_demo_trains_every_method_and_writes_its_table(demo):
         "deep ensemble",
         "Packed-Ensembles",
         "σN-Ens τ=0.05",
+        "σN-Ens τ=1 (default)",
         "σN-Ens τ=5",
     ]
     single = rows["single"]["params"]
@@ -65,8 +71,76 @@ def test_demo_trains_every_method_and_writes_its_table(demo):
     }
 
     report = (out / "report.md").read_text()
-    assert report.count("\n| ") == 1 + len(rows)  # the header, one line per run
-    assert "| Packed-Ensembles | " in report and "corrupted ECE" in report
+    table, reference = report.split("## This budget, and a converged one")
+    assert table.count("\n| ") == 1 + len(rows)  # the header, one line per run
+    assert "| Packed-Ensembles | " in table and "corrupted ECE" in table
+    # the budget it ran, said to be short, and the converged study's table beside it
+    assert "600 images for 1 epoch (4 steps" in reference and "far from converged" in reference
+    assert "| single | 288,170 | 0.8824 | 0.5027 | " in reference
+    assert reference.count("\n| ") == 1 + len(CONVERGED_OVERFIT)
+    assert "`python experiments/converged.py report`" in reference
+    assert "`results/converged.md`" in reference and "validation NLL single 0.224" in reference
+
+
+def test_the_demo_trains_what_users_get_by_default():
+    """Its σN-Ens runs include the library's default τ and λ (the row labelled "(default)" in
+    test_demo_trains_every_method_and_writes_its_table), with --full or without."""
+    for config in (DemoConfig(), FULL_DEMO):
+        assert DEFAULT_TEMPERATURE in config.temperatures
+        assert config.diversity_weight == DEFAULT_DIVERSITY_WEIGHT
+
+
+def test_the_converged_reference_is_the_committed_results():
+    """Every number of the demo's reference table, recomputed from the study's run
+    directories (committed with the repository) at the precision the demo prints."""
+    if not CONVERGED.is_dir():
+        pytest.skip("not a repository checkout: results/converged is missing")
+
+    def final(stage, variant, seed=0):
+        path = CONVERGED / stage / variant / f"seed={seed}" / "final.json"
+        return json.loads(path.read_text(encoding="utf-8"))
+
+    for row in CONVERGED_OVERFIT:
+        finals = [final("overfit", row.variant, seed) for seed in (0, 1, 2)]
+        assert {f["model"]["params"] for f in finals} == {row.params}, row.method
+        # the regime the demo names: 10,000 images at 128 a step, 20 epochs
+        assert {(f["train"]["epochs"], f["train"]["steps"]) for f in finals} == {(20, 1560)}
+
+        def mean(key, finals=finals):
+            return statistics.mean(f["metrics"][key] for f in finals)
+
+        printed = {
+            "accuracy": mean("test/accuracy"),
+            "nll": mean("test/nll"),
+            "ece": mean("test/ece"),
+            "corrupted_ece": mean("shift/severity/5/ece"),
+        }
+        for key, value in printed.items():
+            assert f"{getattr(row, key):.4f}" == f"{value:.4f}", (row.method, key)
+        seconds = statistics.mean(f["train"]["seconds"] for f in finals)
+        assert f"{row.train_seconds:.0f}" == f"{seconds:.0f}", row.method
+
+    def val_nll(stage, variant):
+        return final(stage, variant)["metrics"]["val/nll"]
+
+    full = CONVERGED_FULL_DATA
+    assert f"{full.single:.3f}" == f"{val_nll('budget', 'single_e10'):.3f}"
+    assert f"{full.deep_ensemble:.3f}" == f"{val_nll('ablation', 'deep_ensemble'):.3f}"
+    assert f"{full.snens_default:.3f}" == f"{val_nll('ablation', 'snens_tau1_lam0.1'):.3f}"
+    at_10_epochs = {
+        path.parent.parent.name: json.loads(path.read_text(encoding="utf-8"))
+        for path in (CONVERGED / "ablation").glob("snens_*/seed=0/final.json")
+    }
+    at_10_epochs = {
+        name: f["metrics"]["val/nll"]
+        for name, f in at_10_epochs.items()
+        if f["train"]["epochs"] == 10
+    }
+    best = min(at_10_epochs, key=at_10_epochs.get)
+    assert best == full.snens_best_variant
+    assert f"{full.snens_best:.3f}" == f"{at_10_epochs[best]:.3f}"
+    # "no σN-Ens setting beat the single model by more than one seed's noise (~0.005)"
+    assert at_10_epochs[best] > val_nll("budget", "single_e10") - 0.005
 
 
 def test_demo_draws_every_figure(demo):
@@ -78,10 +152,21 @@ def test_demo_draws_every_figure(demo):
         + [
             f"reliability_{i}_{name}.png"
             for i, name in enumerate(
-                ["single", "deep_ensemble", "Packed-Ensembles", "snens_tau0.05", "snens_tau5"]
+                [
+                    "single",
+                    "deep_ensemble",
+                    "Packed-Ensembles",
+                    "snens_tau0.05",
+                    "snens_tau1_default",
+                    "snens_tau5",
+                ]
             )
         ]
-        + ["allocation_snens_tau0.05.png", "allocation_snens_tau5.png"]
+        + [
+            "allocation_snens_tau0.05.png",
+            "allocation_snens_tau1_default.png",
+            "allocation_snens_tau5.png",
+        ]
     )
     report = (out / "report.md").read_text()
     for name in pngs:
@@ -130,7 +215,8 @@ def test_demo_again_reads_its_finished_runs_and_refuses_other_settings(demo, cap
     capsys.readouterr()
     assert run(out=out, config=TINY) == 0
     printed = capsys.readouterr().out
-    assert printed.count("done, skipped") == len(results["rows"]) and "training" not in printed
+    # run_sweep logs "<run>: training" for a run it trains
+    assert printed.count("done, skipped") == len(results["rows"]) and ": training" not in printed
     again = json.loads((out / "results.json").read_text())
     assert again["rows"] == results["rows"]
     assert main(["demo", "--full", "--out", str(out)]) == 2
