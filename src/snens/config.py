@@ -188,6 +188,19 @@ class _Section:
 # ------------------------------------------------------------------------------------------------
 
 
+#: Keys that apply to one kind of data set only: (key, the value that leaves it unused, the
+#: data sets it applies to, what they are called, advice after "leave it at ...").
+_KIND_KEYS = (
+    ("validation_examples", 0, IMAGE_DATASETS, "the in-memory image sets", ""),
+    ("resize", 0, IMAGE_DATASETS, "the in-memory image sets", ""),
+    ("channels", 0, IMAGE_DATASETS, "the in-memory image sets", ""),
+    ("normalize", "dataset", IMAGE_DATASETS, "the in-memory image sets", ""),
+    ("on_bad_image", "skip", FOLDER_DATASETS, "class-folder data sets", ""),
+    ("scan_images", False, FOLDER_DATASETS, "class-folder data sets", ""),
+    ("ood_folder", "", FOLDER_DATASETS, "class-folder data sets", " and name OOD sets in data.ood"),
+)
+
+
 @dataclass(frozen=True)
 class DataConfig(_Section):
     """What to train and evaluate on."""
@@ -290,11 +303,12 @@ class DataConfig(_Section):
     def _validate_kind(self) -> None:
         """What applies to text, to class folders and to in-memory images."""
         dataset = self.dataset
-        if self.validation_examples and dataset not in IMAGE_DATASETS:
-            raise ValueError(
-                f"data.validation_examples applies to the in-memory image sets {IMAGE_DATASETS}, "
-                f"got data.dataset {dataset!r}; set data.validation_examples=0"
-            )
+        for name, unused, datasets, kind, hint in _KIND_KEYS:
+            if getattr(self, name) != unused and dataset not in datasets:
+                raise ValueError(
+                    f"{self.key(name)} applies to {kind} {datasets}, got data.dataset "
+                    f"{dataset!r}; leave {self.key(name)} at {unused!r}{hint}"
+                )
         if dataset in TEXT_DATASETS:
             if self.augment:
                 raise ValueError(
@@ -317,24 +331,6 @@ class DataConfig(_Section):
             _check_ood(self.ood, (), dataset, "class-folder")
         else:
             _check_ood(self.ood, IMAGE_OOD_SETS, dataset, "in-memory image")
-        for name, default in (("on_bad_image", "skip"), ("scan_images", False)):
-            if getattr(self, name) != default and dataset not in FOLDER_DATASETS:
-                raise ValueError(
-                    f"{self.key(name)} applies to class-folder data sets {FOLDER_DATASETS}, got "
-                    f"data.dataset {dataset!r}; leave {self.key(name)} at {default!r}"
-                )
-        if self.ood_folder and dataset not in FOLDER_DATASETS:
-            raise ValueError(
-                f"data.ood_folder applies to class-folder data sets {FOLDER_DATASETS}, got "
-                f'data.dataset {dataset!r}; set data.ood_folder="" and name OOD sets in data.ood'
-            )
-        for name, default in (("resize", 0), ("channels", 0), ("normalize", "dataset")):
-            if getattr(self, name) != default and dataset not in IMAGE_DATASETS:
-                raise ValueError(
-                    f"{self.key(name)} applies to the in-memory image sets {IMAGE_DATASETS}, got "
-                    f"data.dataset {dataset!r}; leave {self.key(name)} at {default!r}"
-                )
-        if dataset in IMAGE_DATASETS:
             self._validate_conversion()
 
     def _validate_conversion(self) -> None:
