@@ -361,8 +361,17 @@ def evaluate(
     M, _, K = member_probs.shape
     results = {f"test/{k}": v for k, v in _test_metrics(member_probs, labels, num_bins).items()}
 
-    # the test set's scores once per score, not once per OOD set
+    results.update(_ood_results(model, ood_sets, member_probs, scores, ood_score, device))
+    results.update(_shift_results(model, shifted, (M, K), num_bins, device))
+    return results
+
+
+def _ood_results(model, ood_sets, member_probs, scores, ood_score, device) -> dict[str, float]:
+    """``ood/<name>/[<score>/]{auroc,aupr,fpr95}`` of every OOD set against the test set's
+    member probabilities (M, N, K), whose scores are computed once per score."""
+    M, _, K = member_probs.shape
     in_scores = {s: metrics.OOD_SCORES[s](member_probs) for s in scores} if ood_sets else {}
+    results = {}
     for name, loader in ood_sets.items():
         out_probs, _ = _collect(model, loader, device, what=f"OOD set {name!r}")
         _check_same_members(out_probs, M, K, f"OOD set {name!r}")
@@ -371,15 +380,21 @@ def evaluate(
             s_out = metrics.OOD_SCORES[score](out_probs)
             for key, value in _detection(in_scores[score], s_out).items():
                 results[prefix + key] = value
+    return results
 
+
+def _shift_results(model, shifted, members_classes, num_bins, device) -> dict[str, float]:
+    """``shift/<name>/<s>/<metric>`` of every corrupted set, their means per severity
+    (``shift/severity/<s>/…``) and over all (``shift/mean/…``)."""
     per_set: dict[tuple[str, int], dict[str, float]] = {}
     for (name, severity), loader in shifted.items():
         what = f"corruption {name!r} at severity {severity}"
         probs, shift_labels = _collect(model, loader, device, what=what)
         if shift_labels is None:
             raise ValueError(f"{what}: the loader yielded batches without labels")
-        _check_same_members(probs, M, K, what)
+        _check_same_members(probs, *members_classes, what)
         per_set[(name, severity)] = _shift_metrics(probs, shift_labels, num_bins)
+    results = {}
     for (name, severity), values in sorted(per_set.items()):
         for metric, value in values.items():
             results[f"shift/{name}/{severity}/{metric}"] = value
