@@ -31,7 +31,6 @@ from snens.config import (
     TEXT_OOD_SETS,
     DataConfig,
 )
-from snens.data.images import grey_to_rgb, resize_images
 
 __all__ = ["Data", "build_data", "data_shape"]
 
@@ -67,9 +66,9 @@ def _convert(images: Tensor, config: DataConfig) -> Tensor:
         (H, W where resize is 0).
     """
     if config.resize:
-        images = resize_images(images, config.resize)
+        images = data.resize_images(images, config.resize)
     if config.channels == 3 and images.shape[1] == 1:
-        images = grey_to_rgb(images)
+        images = data.grey_to_rgb(images)
     return images
 
 

@@ -49,9 +49,11 @@ from .images import (
     FASHION_MNIST_CLASSES,
     FASHION_MNIST_MEAN,
     FASHION_MNIST_STD,
+    grey_to_rgb,
     load_fashion_mnist,
     load_mnist_5k,
     read_idx,
+    resize_images,
     write_idx,
 )
 from .loader import TensorLoader
@@ -98,6 +100,7 @@ __all__ = [
     "default_num_workers",
     "download_url",
     "file_digest",
+    "grey_to_rgb",
     "imagenet_folder",
     "load_cifar10",
     "load_cifar100",
@@ -110,6 +113,7 @@ __all__ = [
     "package_data_file",
     "read_idx",
     "read_image",
+    "resize_images",
     "split_texts",
     "tokenize",
     "verify_checksum",
