@@ -116,16 +116,13 @@ PRESETS: dict[str, RunConfig] = {
         optim=OptimConfig(**{**_RESNET18, "epochs": 15, "milestones": (5, 10)}),
     ),
     # Fine-tuning a pretrained RGB CNN, CPU-sized: MobileNetV2 with ImageNet weights on
-    # Fashion-MNIST resized to 48 px, grey repeated to RGB, ImageNet-normalized (as
-    # experiments/pretrained.py did by hand); MNIST-5k as OOD. All weights at lr 5e-4, gamma
-    # at 5e-4 × 10 = 0.005: at 0.05 gamma rescaled the pretrained features before the shared
-    # weights adapted (results/pretrained.md), at 0.005 it did not
-    # (results/pretrained_gamma_lr_0.005.md). Flips only: 3 passes over 5,000 images, a
-    # mirrored garment is the same class and the other Fashion-MNIST presets flip too; no
-    # crop, as the experiment had none.
-    # Measured (seed 0, 1 thread, 541 s of training on 2 cores shared with 2 other jobs): test
-    # accuracy 0.902, NLL 0.291, ECE 0.039, MNIST-5k AUROC 0.816; one fine-tune (method
-    # single) in 121 s: 0.910, 0.263, 0.028, AUROC 0.655.
+    # Fashion-MNIST resized to 48 px, grey repeated to RGB, ImageNet-normalized; MNIST-5k as
+    # OOD. All weights at lr 5e-4, gamma at 5e-4 × 10 = 0.005: at 0.05 gamma rescaled the
+    # pretrained features before the shared weights adapted, at 0.005 it did not (README,
+    # Results §6). Flips only: a mirrored garment is the same class and the other
+    # Fashion-MNIST presets flip too; no crop. Measured through the converged study's vision
+    # stage (3 seeds, 1 thread): test accuracy 0.908, NLL 0.294, ECE 0.040, severity-5 ECE
+    # 0.126 in 457 s; one fine-tune (method single) 0.914, 0.270, 0.023, 0.206 in 82 s.
     "fashion_mnist_mobilenet_v2": RunConfig(
         data=DataConfig(
             dataset="fashion_mnist",
@@ -201,7 +198,7 @@ PRESETS: dict[str, RunConfig] = {
     # Offline stand-in for SST-2, CPU-sized: Rotten Tomatoes review snippets (a fixed 80/20
     # split), plot descriptions as OOD; pretrained MiniLM-L6, all weights fine-tuned at lr 1e-4,
     # gamma at 1e-4 × 50 = 0.005: in a short fine-tune a faster gamma (0.05) rescales the
-    # pretrained features before the shared weights adapt (results/pretrained*.md). Measured
+    # pretrained features before the shared weights adapt (README, Results §6). Measured
     # (1 thread, 321 s of training): test accuracy 0.761, NLL 0.484, ECE 0.032; the same with
     # norms and heads only at lr 1e-3 reached 0.58 accuracy on 1,000 texts.
     "rotten_tomatoes_minilm": RunConfig(
