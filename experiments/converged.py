@@ -265,8 +265,7 @@ def final_epochs(nll: Mapping[int, float]) -> int | None:
     cap is the answer whatever the longer runs show."""
     cap = FINAL_MAX_EPOCHS
     if len(nll) == len(BUDGET_EPOCHS):
-        best = min(nll.values())
-        return min(cap, min(e for e, v in nll.items() if v <= best + CONVERGED_WITHIN))
+        return min(cap, _converged(nll))
     if any(e not in nll for e in BUDGET_EPOCHS if e <= cap):
         return None
     best_so_far = min(nll.values())
@@ -372,8 +371,13 @@ def converged_budget() -> tuple[int | None, list[str]]:
         )
     if len(nll) < len(BUDGET_EPOCHS):
         return None, rows
+    return _converged(nll), rows
+
+
+def _converged(nll: Mapping[int, float]) -> int:
+    """The fewest epochs whose validation NLL is within :data:`CONVERGED_WITHIN` of the best."""
     best = min(nll.values())
-    return min(e for e, v in nll.items() if v <= best + CONVERGED_WITHIN), rows
+    return min(e for e, v in nll.items() if v <= best + CONVERGED_WITHIN)
 
 
 def _plot_curves(stage: str, out: Path) -> Path | None:

@@ -333,6 +333,10 @@ class DataConfig(_Section):
             _check_ood(self.ood, IMAGE_OOD_SETS, dataset, "in-memory image")
             self._validate_conversion()
 
+    def channels_after(self, stored: int) -> int:
+        """Channels of images stored with ``stored`` once ``channels`` converts them."""
+        return 3 if self.channels == 3 else stored
+
     def _validate_conversion(self) -> None:
         """``channels`` and ``normalize`` against the channels the image set is stored with."""
         stored = IMAGE_CHANNELS[self.dataset]
@@ -343,8 +347,7 @@ class DataConfig(_Section):
                 f"(stored with {stored} channel(s); 0 = as stored, 3 = grey repeated to RGB), "
                 f"got {self.channels}; images are never reduced to fewer channels"
             )
-        converted = 3 if self.channels == 3 else stored
-        if self.normalize == "imagenet" and converted != 3:
+        if self.normalize == "imagenet" and self.channels_after(stored) != 3:
             raise ValueError(
                 f"data.normalize 'imagenet' needs 3-channel images, but data.dataset "
                 f"{self.dataset!r} is stored with {stored}; set data.channels=3 to repeat its "

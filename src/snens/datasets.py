@@ -52,18 +52,13 @@ _IMAGE_SETS = {
 }
 
 
-def _channels(stored: int, config: DataConfig) -> int:
-    """Channels of images stored with ``stored`` after ``data.channels`` converts them."""
-    return 3 if config.channels == 3 else stored
-
-
 def _convert(images: Tensor, config: DataConfig) -> Tensor:
     """Stored uint8 images as the model sees them, still uint8: resized to ``data.resize``
     (bilinear, rounded), then grey repeated to RGB where ``data.channels`` is 3.
 
     Shape:
-        images: ``(N, C, H, W)``; out: ``(N, C', S, S)``, C' = :func:`_channels`, S = resize
-        (H, W where resize is 0).
+        images: ``(N, C, H, W)``; out: ``(N, C', S, S)``, C' =
+        :meth:`DataConfig.channels_after`, S = resize (H, W where resize is 0).
     """
     if config.resize:
         images = data.resize_images(images, config.resize)
@@ -244,7 +239,7 @@ def build_data(
     if config.dataset in FOLDER_DATASETS:
         return _folder_data(config, seed=seed, device=device)
     spec = _IMAGE_SETS[config.dataset]
-    channels = _channels(IMAGE_CHANNELS[config.dataset], config)
+    channels = config.channels_after(IMAGE_CHANNELS[config.dataset])
     root = config.root or None
     # A loader given no seed draws one from torch's global generator; give every loader one
     # so that building the data leaves the generator (and so the model's init) untouched.
@@ -288,7 +283,7 @@ def build_data(
     for name in config.ood:
         _check_ood_name(name, IMAGE_OOD_SETS, config.dataset)
         xo, yo = _load_ood(name, root, config.download)
-        ood_channels = _channels(xo.shape[1], config)
+        ood_channels = config.channels_after(xo.shape[1])
         if ood_channels != channels:
             raise ValueError(
                 f"data.ood {name!r} has {ood_channels} channel(s), {config.dataset} has "
@@ -327,7 +322,7 @@ def data_shape(config: DataConfig) -> tuple[int, int | None]:
         return 2, None
     if config.dataset in FOLDER_DATASETS:
         return len(data.imagenet_folder(config.root or None, "train").classes), 3
-    channels = _channels(IMAGE_CHANNELS[config.dataset], config)
+    channels = config.channels_after(IMAGE_CHANNELS[config.dataset])
     return _IMAGE_SETS[config.dataset].num_classes, channels
 
 
