@@ -23,6 +23,11 @@ Stages (each run's directory: ``results/converged/<stage>/<variant>/seed=<s>/``)
 * ``text``, ``vision`` — two more domains, pretrained and fine-tuned with the library's
   defaults (nothing chosen there): MiniLM-L6 on Rotten Tomatoes, MobileNetV2 (ImageNet) on
   Fashion-MNIST at 48 px RGB; single, deep ensemble, σN-Ens, MC-dropout, seeds 0, 1, 2.
+* ``vision_tune`` — the pretrained CNN's σN-Ens recipe, chosen on a validation split (the
+  last 1,000 Fashion-MNIST training images; the 5,000 training images are ``vision``'s): γ's
+  learning-rate multiplier (1, 3, the preset's 10), λ (0, 0.01, 0.1) and τ=5, seed 0, with the
+  single model for reference; its winner (lowest validation NLL) joins ``vision`` as
+  ``<its name>_chosen`` over seeds 0, 1, 2, trained and tested like the others.
 * ``width`` — width 32 on all the data at 10 epochs: single, deep ensemble, σN-Ens.
 * ``final`` — single, deep ensemble, BatchEnsemble, Packed-Ensembles, MC-dropout, σN-Ens at
   the defaults and the ablation's σN-Ens winner (lowest validation NLL) at the converged
@@ -225,12 +230,26 @@ def _stages() -> dict[str, list[Variant]]:
         Variant("mc_dropout", ("method.name=mc_dropout",), seeds, TEXT),
     ]
     vision = [Variant(v.name, v.overrides, v.seeds, VISION) for v in text]
+    held = "data.validation_examples=1000"
+    vision_tune = [
+        Variant(name, (held, *overrides), preset=VISION)
+        for name, overrides in (
+            ("single", SINGLE),
+            ("snens_default", ("method.name=snens",)),
+            ("snens_glr1", ("method.name=snens", "method.gamma_lr_multiplier=1")),
+            ("snens_glr3", ("method.name=snens", "method.gamma_lr_multiplier=3")),
+            ("snens_lam0.01", _snens(1, 0.01)),
+            ("snens_tau5_lam0.01", _snens(5, 0.01)),
+            ("snens_lam0", _snens(1, 0)),
+        )
+    ]
     return {
         "budget": budget,
         "ablation": ablation,
         "overfit": overfit,
         "text": text,
         "vision": vision,
+        "vision_tune": vision_tune,
         "width": width,
         "final": [],
     }
@@ -242,14 +261,15 @@ FINAL_METHODS = ("single", "deep_ensemble", "batch_ensemble", "packed", "mc_drop
 FINAL_SEEDS = (0, 1, 2)
 
 
-def chosen_recipe() -> Variant | None:
-    """The σN-Ens variant of the ablation (width 16, repeated inputs) with the lowest
-    validation NLL; None until all of them finished. Never looks at the test set."""
+def chosen_recipe(stage: str = "ablation") -> Variant | None:
+    """The σN-Ens variant of ``stage`` (``ablation``: width 16, repeated inputs at one budget;
+    ``vision_tune``) with the lowest validation NLL; None until all of them finished. Never
+    looks at the test set."""
     best, best_nll = None, math.inf
-    for variant in STAGES["ablation"]:
+    for variant in STAGES[stage]:
         if not variant.name.startswith("snens") or variant.name.endswith("_e40"):
             continue
-        final = _final(WHERE["out"] / "ablation" / variant.name / "seed=0")
+        final = _final(WHERE["out"] / stage / variant.name / "seed=0")
         if final is None:
             return None
         if final["metrics"]["val/nll"] < best_nll:
@@ -293,10 +313,25 @@ def final_variants() -> list[Variant]:
     return out
 
 
+def vision_variants() -> list[Variant]:
+    """The ``vision`` stage, with ``vision_tune``'s winner over its seeds once it is chosen
+    (trained on the same 5,000 images as the others: no validation split)."""
+    recipe = chosen_recipe("vision_tune")
+    if recipe is None:
+        return STAGES["vision"]
+    kept = tuple(o for o in recipe.overrides if not o.startswith("data.validation_examples="))
+    seeds = STAGES["vision"][0].seeds
+    return [*STAGES["vision"], Variant(f"{recipe.name}_chosen", kept, seeds, VISION)]
+
+
+def _variants(stage: str) -> list[Variant]:
+    return {"final": final_variants, "vision": vision_variants}.get(stage, lambda: STAGES[stage])()
+
+
 def runs_of(stage: str) -> list[tuple[Variant, SweepRun]]:
     """Every run of a stage, its config built and checked (nothing is written)."""
     out = []
-    for variant in final_variants() if stage == "final" else STAGES[stage]:
+    for variant in _variants(stage):
         grid = [f"seed={','.join(str(s) for s in variant.seeds)}"]
         base = {TEXT: TEXT_BASE, VISION: VISION_BASE}.get(variant.preset, BASE)
         for run in plan(

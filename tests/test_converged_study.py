@@ -103,3 +103,27 @@ def test_the_final_length_is_decided_as_soon_as_a_longer_run_cannot_change_it():
     assert study.final_epochs({**flat, 80: 0.150}) == 40  # capped: converged is 80
     assert study.final_epochs({5: 0.264, 10: 0.224, 40: 0.186}) is None  # 20 unknown
     assert study.final_epochs({}) is None
+
+
+def test_the_vision_winner_is_chosen_on_validation_and_trained_without_it(tmp_path):
+    study = _converged_module()
+    study.WHERE["out"] = tmp_path
+    names = [v.name for v in study.STAGES["vision_tune"]]
+    assert study.vision_variants() == study.STAGES["vision"]  # nothing finished: no winner
+    val_nll = dict(zip(names, (0.25, 0.30, 0.27, 0.26, 0.28, 0.29, 0.31), strict=True))
+    # the single model's 0.25 is lowest, but only σN-Ens variants compete; the test NLL is
+    # a decoy that would pick another one
+    for i, (name, nll) in enumerate(val_nll.items()):
+        run = tmp_path / "vision_tune" / name / "seed=0"
+        run.mkdir(parents=True)
+        metrics = {"val/nll": nll, "test/nll": 0.1 + 0.01 * (6 - i)}
+        if name == "snens_lam0":
+            assert study.chosen_recipe("vision_tune") is None  # one still to finish
+        (run / study.FINAL).write_text(json.dumps({"metrics": metrics}))
+    chosen = study.chosen_recipe("vision_tune")
+    assert chosen.name == "snens_glr3"
+    variants = study.vision_variants()
+    assert [v.name for v in variants[:-1]] == [v.name for v in study.STAGES["vision"]]
+    assert variants[-1].name == "snens_glr3_chosen"
+    assert variants[-1].overrides == ("method.name=snens", "method.gamma_lr_multiplier=3")
+    assert variants[-1].seeds == (0, 1, 2) and variants[-1].preset == study.VISION
