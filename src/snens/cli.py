@@ -47,47 +47,16 @@ def _bench(args: argparse.Namespace) -> int:
 
 def _train(args: argparse.Namespace) -> int:
     from snens.checkpoint import CheckpointError
-    from snens.config import load_config, to_toml
-    from snens.presets import PRESETS, preset
-    from snens.runs import CONFIG, RunDirError
+    from snens.config import to_toml
+    from snens.runs import RunDirError
     from snens.train import NonFiniteLossError, train
 
     if args.list_presets:
-        for name, config in PRESETS.items():
-            print(
-                f"{name:32s} {config.data.dataset}, {config.model.backbone}, "
-                f"{config.method.name} M={config.method.num_members}, "
-                f"{config.optim.optimizer} {config.optim.epochs} epochs"
-            )
+        _print_presets()
         return 0
-    sources = [x for x in (args.preset, args.config, args.resume) if x is not None]
-    if len(sources) != 1:
-        print(
-            "snens train: give one of --preset NAME, --config FILE, --resume RUN_DIR "
-            "(snens train --list-presets shows the presets)",
-            file=sys.stderr,
-        )
-        return 2
-    if args.resume is not None and args.out is not None:
-        print(
-            "snens train: --out does not apply to --resume (the run stays where it is)",
-            file=sys.stderr,
-        )
-        return 2
-    overrides = list(args.set)
-    try:
-        if args.preset is not None:
-            config = load_config(preset(args.preset), overrides)
-        elif args.config is not None:
-            config = load_config(args.config, overrides)
-        else:
-            config = load_config(Path(args.resume) / CONFIG, list(args.set))
-        if args.out is not None:
-            # The path as given, not as TOML text: any character it holds is checked as is.
-            config = dataclasses.replace(config, out_dir=args.out)
-    except (ValueError, TypeError, OSError) as error:
-        print(f"snens train: {error}", file=sys.stderr)
-        return 2
+    config = _train_config(args)
+    if isinstance(config, int):  # a usage error, already said
+        return config
     if args.print_config:
         print(to_toml(config), end="")
         return 0
@@ -109,6 +78,54 @@ def _train(args: argparse.Namespace) -> int:
         return 1
     print(run_dir)
     return 0
+
+
+def _print_presets() -> None:
+    from snens.presets import PRESETS
+
+    for name, config in PRESETS.items():
+        print(
+            f"{name:32s} {config.data.dataset}, {config.model.backbone}, "
+            f"{config.method.name} M={config.method.num_members}, "
+            f"{config.optim.optimizer} {config.optim.epochs} epochs"
+        )
+
+
+def _train_config(args: argparse.Namespace):
+    """The config ``snens train`` runs (from ``--preset``, ``--config`` or ``--resume``, with
+    ``--set`` and ``--out`` over it), or exit status 2 with the usage error said on stderr."""
+    from snens.config import load_config
+    from snens.presets import preset
+    from snens.runs import CONFIG
+
+    sources = [x for x in (args.preset, args.config, args.resume) if x is not None]
+    if len(sources) != 1:
+        print(
+            "snens train: give one of --preset NAME, --config FILE, --resume RUN_DIR "
+            "(snens train --list-presets shows the presets)",
+            file=sys.stderr,
+        )
+        return 2
+    if args.resume is not None and args.out is not None:
+        print(
+            "snens train: --out does not apply to --resume (the run stays where it is)",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        if args.preset is not None:
+            config = load_config(preset(args.preset), list(args.set))
+        elif args.config is not None:
+            config = load_config(args.config, list(args.set))
+        else:
+            config = load_config(Path(args.resume) / CONFIG, list(args.set))
+        if args.out is not None:
+            # The path as given, not as TOML text: any character it holds is checked as is.
+            config = dataclasses.replace(config, out_dir=args.out)
+    except (ValueError, TypeError, OSError) as error:
+        print(f"snens train: {error}", file=sys.stderr)
+        return 2
+    return config
 
 
 def _eval(args: argparse.Namespace) -> int:

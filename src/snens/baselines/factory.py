@@ -41,6 +41,13 @@ METHODS = (
 DEFAULT_NUM_MEMBERS = 4
 
 _PACKED = {"resnet18": packed_resnet18, "resnet50": packed_resnet50, "small_cnn": packed_small_cnn}
+#: The methods that wrap one network: (model, M, inplace=, **options) → ensemble.
+_WRAPPERS = {
+    "batch_ensemble": batch_ensemble,
+    "film": film,
+    "mc_dropout": MCDropout,
+    "snens": convert,
+}
 
 
 def create(
@@ -102,15 +109,7 @@ def create(
 
     M = check_num_members(DEFAULT_NUM_MEMBERS if num_members is None else num_members)
     if method == "packed":
-        if not isinstance(backbone, str) or backbone not in _PACKED:
-            raise ValueError(
-                "Packed-Ensembles build their own widened network: backbone must be one of "
-                f"{', '.join(_PACKED)}, got {backbone!r}"
-            )
-        kwargs = {**backbone_options, **options}
-        if num_classes is not None:
-            kwargs["num_classes"] = num_classes
-        return _PACKED[backbone](num_members=M, **kwargs)
+        return _packed(backbone, num_classes, M, {**backbone_options, **options})
     if method == "deep_ensemble":
         if isinstance(backbone, nn.Module):
             return DeepEnsemble(lambda: reinitialized_copy(backbone), M, **options)
@@ -119,16 +118,20 @@ def create(
             M,
             **options,
         )
-
+    # the wrappers of one network; a backbone built here is converted in place, no copy needed
     model = _build(backbone, num_classes, backbone_options)
-    fresh = isinstance(backbone, str)  # built here: convert in place, no copy needed
-    if method == "batch_ensemble":
-        return batch_ensemble(model, M, inplace=fresh, **options)
-    if method == "film":
-        return film(model, M, inplace=fresh, **options)
-    if method == "mc_dropout":
-        return MCDropout(model, M, inplace=fresh, **options)
-    return convert(model, M, inplace=fresh, **options)  # "snens"
+    return _WRAPPERS[method](model, M, inplace=isinstance(backbone, str), **options)
+
+
+def _packed(backbone: str | nn.Module, num_classes: int | None, M: int, kwargs: dict) -> nn.Module:
+    if not isinstance(backbone, str) or backbone not in _PACKED:
+        raise ValueError(
+            "Packed-Ensembles build their own widened network: backbone must be one of "
+            f"{', '.join(_PACKED)}, got {backbone!r}"
+        )
+    if num_classes is not None:
+        kwargs["num_classes"] = num_classes
+    return _PACKED[backbone](num_members=M, **kwargs)
 
 
 def _build(backbone: str | nn.Module, num_classes: int | None, options: dict) -> nn.Module:
