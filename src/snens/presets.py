@@ -117,12 +117,12 @@ PRESETS: dict[str, RunConfig] = {
     ),
     # Fine-tuning a pretrained RGB CNN, CPU-sized: MobileNetV2 with ImageNet weights on
     # Fashion-MNIST resized to 48 px, grey repeated to RGB, ImageNet-normalized; MNIST-5k as
-    # OOD. All weights at lr 5e-4, gamma at 5e-4 × 10 = 0.005: at 0.05 gamma rescaled the
-    # pretrained features before the shared weights adapted, at 0.005 it did not (README,
-    # Results §6). Flips only: a mirrored garment is the same class and the other
-    # Fashion-MNIST presets flip too; no crop. Measured through the converged study's vision
-    # stage (3 seeds, 1 thread): test accuracy 0.908, NLL 0.294, ECE 0.040, severity-5 ECE
-    # 0.126 in 457 s; one fine-tune (method single) 0.914, 0.270, 0.023, 0.206 in 82 s.
+    # OOD. All weights at lr 5e-4, gamma at 5e-4 × 3 = 0.0015, chosen on a validation split
+    # (the converged study's vision_tune stage, the last 1,000 training images, seed 0):
+    # σN-Ens validation NLL 0.273 at ×3, 0.300 at ×1, 0.313 at ×10 (one fine-tune: 0.295);
+    # faster, gamma rescales the pretrained features before the shared weights adapt. Flips
+    # only: a mirrored garment is the same class and the other Fashion-MNIST presets flip
+    # too; no crop. Test numbers, 3 seeds: README, Results.
     "fashion_mnist_mobilenet_v2": RunConfig(
         data=DataConfig(
             dataset="fashion_mnist",
@@ -139,7 +139,7 @@ PRESETS: dict[str, RunConfig] = {
             normalize="imagenet",
         ),
         model=ModelConfig(backbone="mobilenet_v2", num_classes=10, options={"pretrained": True}),
-        method=MethodConfig(name="snens", num_members=4, gamma_lr_multiplier=10.0),
+        method=MethodConfig(name="snens", num_members=4, gamma_lr_multiplier=3.0),
         optim=OptimConfig(
             optimizer="adamw",
             lr=5e-4,
