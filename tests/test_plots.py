@@ -1,6 +1,7 @@
 """Each plot writes a PNG a person can look at; the reliability bins reproduce the ECE."""
 
 import sys
+import warnings
 
 import pytest
 import torch
@@ -73,6 +74,19 @@ def test_shift_plot(tmp_path):
     results = {"σN-Ens": _flat_result(0.9, 0.02), "single": _flat_result(0.88, 0.05)}
     _assert_png(shift_plot(results, tmp_path / "shift.png"))
     _assert_png(shift_plot(results, tmp_path / "shift_acc.png", metric="accuracy"))
+
+
+def test_a_shift_plot_of_many_long_named_methods_keeps_its_axes(tmp_path):
+    # one legend per panel of 19 long names squeezed the axes to nothing (matplotlib warned
+    # "axes sizes collapsed to zero"); the one legend below the panels leaves them their room
+    results = {
+        f"snens, τ={i}, λ=0.01, method.diversity_ramp_epochs=0.0, method.input_policy=repeat, "
+        f"method.gamma_lr_multiplier=30.0, optim.epochs=10": _flat_result(0.9 - 0.01 * i, 0.02)
+        for i in range(19)
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _assert_png(shift_plot(results, tmp_path / "shift.png"))
 
 
 def test_shift_plot_needs_shift_results(tmp_path):

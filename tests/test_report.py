@@ -15,7 +15,7 @@ import pytest
 from snens.cli import main
 from snens.config import load_config, to_toml
 from snens.presets import preset
-from snens.report import collect_runs, group_runs, summarize, write_report
+from snens.report import Group, _point_labels, collect_runs, group_runs, summarize, write_report
 
 TINY = "fashion_mnist_small_cnn_tiny"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -220,3 +220,28 @@ def test_bad_input_exits_2(tmp_path, capsys):
     assert "no finished runs" in capsys.readouterr().err
     assert not (tmp_path / "empty" / "report").exists()
     assert not (tmp_path / "r").exists()
+
+
+def test_each_point_is_labelled_by_what_sets_it_apart():
+    # τ and λ wherever they apply; any other key only where it differs from what most have
+    keys = ["method.temperature", "method.diversity_weight", "method.gamma_lr_multiplier",
+            "method.options.head_init"]  # fmt: skip
+    groups = [
+        Group((("method.name", "deep_ensemble"),)),
+        Group((("method.name", "snens"), ("method.temperature", 1.0),
+               ("method.diversity_weight", 0.1), ("method.gamma_lr_multiplier", 30.0))),
+        Group((("method.name", "snens"), ("method.temperature", 5.0),
+               ("method.diversity_weight", 0.01), ("method.gamma_lr_multiplier", 30.0))),
+        Group((("method.name", "snens"), ("method.temperature", 5.0),
+               ("method.diversity_weight", 0.01), ("method.gamma_lr_multiplier", 3.0))),
+        Group((("method.name", "snens"), ("method.temperature", 1.0),
+               ("method.diversity_weight", 0.0), ("method.gamma_lr_multiplier", 30.0),
+               ("method.options.head_init", "reset"))),
+    ]  # fmt: skip
+    assert _point_labels(groups, keys) == [
+        "",
+        "τ=1.0, λ=0.1",
+        "τ=5.0, λ=0.01",
+        "τ=5.0, λ=0.01, gamma_lr_multiplier=3.0",
+        "τ=1.0, λ=0.0, head_init=reset",
+    ]

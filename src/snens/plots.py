@@ -254,18 +254,22 @@ def shift_plot(
         panel: {method: _severity_curve(r, panel, method) for method, r in results.items()}
         for panel in panels
     }
-    figure = _figure(5.0 * len(panels), 4.0)
+    # one legend for all panels, below them: a study of many settings keeps its curves visible
+    columns = 1 if len(results) <= 4 else 2
+    rows = -(-len(results) // columns)
+    figure = _figure(5.0 * len(panels), 4.0 + 0.2 * rows)
     axes = figure.subplots(1, len(panels), squeeze=False)[0]
-    colors = [f"C{i % 10}" for i in range(len(results))]
+    styles = [(f"C{i % 10}", ("o-", "s--", "^:")[i // 10 % 3]) for i in range(len(results))]
     for ax, panel in zip(axes, panels):
-        for color, (method, (sev, mean, low, high)) in zip(colors, curves[panel].items()):
-            ax.plot(sev, mean, "o-", color=color, label=method)
+        for (color, style), (method, (sev, mean, low, high)) in zip(styles, curves[panel].items()):
+            ax.plot(sev, mean, style, color=color, label=method)
             ax.fill_between(sev, low, high, color=color, alpha=0.15, linewidth=0)
         ax.set_xticks(range(0, 6), ["clean", "1", "2", "3", "4", "5"])
         ax.set(xlabel="corruption severity", ylabel=panel.replace("_", " "))
-        ax.set_title(f"{panel.replace('_', ' ')} under shift (band: min–max over corruptions)")
+        ax.set_title(f"{panel.replace('_', ' ')} under shift\n(band: min–max over corruptions)")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+    handles, labels = axes[0].get_legend_handles_labels()
+    figure.legend(handles, labels, loc="outside lower center", ncols=columns, fontsize=7)
     return _save(figure, path)
 
 
@@ -472,6 +476,7 @@ def pareto_plot(
     label: str = "method",
     *,
     annotate: str | None = None,
+    annotate_with_key: bool = True,
     lower_x_is_better: bool = True,
     higher_y_is_better: bool = True,
 ) -> Path:
@@ -485,7 +490,10 @@ def pareto_plot(
         x: key of the horizontal metric.
         y: key of the vertical metric.
         label: key naming the method; rows sharing it share a colour and a legend entry.
-        annotate: key whose value is written beside each point (e.g. ``"tau"``).
+        annotate: key whose value is written beside each point (e.g. ``"tau"``), as
+            ``tau=0.5``; an empty value writes nothing.
+        annotate_with_key: False writes the value alone (a label of its own, e.g.
+            ``"τ=5, λ=0.01"``).
         lower_x_is_better: direction of ``x`` for the front (NLL: lower is better).
         higher_y_is_better: direction of ``y`` for the front (accuracy: higher is better).
 
@@ -515,12 +523,15 @@ def pareto_plot(
         ax.scatter(xs, ys, s=40, color=f"C{i % 10}", edgecolor="black", linewidth=0.5, label=name)
         if annotate:
             for r, px, py in zip(group, xs, ys):
+                if r[annotate] == "":
+                    continue
                 ax.annotate(
-                    f"{annotate}={r[annotate]}",
+                    f"{annotate}={r[annotate]}" if annotate_with_key else str(r[annotate]),
                     (px, py),
                     textcoords="offset points",
                     xytext=(4, 4),
                     fontsize=7,
+                    in_layout=False,  # a long label near the edge must not squeeze the axes
                 )
     points = [(float(r[x]), float(r[y])) for r in rows]
     front = _pareto_front(points, lower_x_is_better, higher_y_is_better)
@@ -532,7 +543,7 @@ def pareto_plot(
         f"{'↑' if higher_y_is_better else '↓'} {y} better"
     )
     ax.set(xlabel=axis_label(x), ylabel=axis_label(y))
-    ax.set_title(f"{axis_label(y)} vs {axis_label(x)} ({better})", fontsize=10)
+    ax.set_title(f"{axis_label(y)} vs {axis_label(x)}\n({better})", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return _save(figure, path)

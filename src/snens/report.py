@@ -390,13 +390,13 @@ def _plots(groups: Sequence[Group], varied: Sequence[str], out: Path) -> tuple[l
         if k != "method.name"
         and len({repr(dict(g.key)[k]) for g in groups if k in dict(g.key)}) > 1
     ]
-    annotate = ", ".join(_SHORT.get(k, k) for k in others) or None
+    annotate = "settings" if others else None
     rows = []
-    for group in groups:
-        values = dict(group.key)
-        row = {"method": values["method.name"], **means[_label(group, varied)]}
+    keys = [k for k in varied if k != "method.name"]  # a key only some groups have sets them apart
+    for group, settings in zip(groups, _point_labels(groups, keys), strict=True):
+        row = {"method": dict(group.key)["method.name"], **means[_label(group, varied)]}
         if annotate:
-            row[annotate] = ", ".join(_value(values.get(k, _MISSING)) for k in others)
+            row[annotate] = settings
         rows.append(row)
     written, failed = [], []
     for x, name in (("test/nll", "pareto_nll.png"), ("test/ece", "pareto_ece.png")):
@@ -411,12 +411,22 @@ def _plots(groups: Sequence[Group], varied: Sequence[str], out: Path) -> tuple[l
                         y="test/accuracy",
                         label="method",
                         annotate=annotate,
+                        annotate_with_key=False,
                     )
                 )
             except ValueError as error:  # the table stands without the figure
                 failed.append(f"{name}: {error}")
+    # the legend names each group as its point is named: the method and what sets it apart
+    short = {
+        _label(group, varied): " ".join(filter(None, (row["method"], row.get(annotate or "", ""))))
+        for group, row in zip(groups, rows, strict=True)
+    }
+    if len(set(short.values())) < len(short):  # two alike: the full labels, which differ
+        short = {label: label for label in short}
     shifted = {
-        label: m for label, m in means.items() if any(k.startswith("shift/severity/") for k in m)
+        short[label]: m
+        for label, m in means.items()
+        if any(k.startswith("shift/severity/") for k in m)
     }
     if shifted:
         try:
@@ -424,6 +434,27 @@ def _plots(groups: Sequence[Group], varied: Sequence[str], out: Path) -> tuple[l
         except ValueError as error:
             failed.append(f"shift.png: {error}")
     return written, "; ".join(["Plots not drawn:", *failed]) if failed else ""
+
+
+def _point_labels(groups: Sequence[Group], keys: Sequence[str]) -> list[str]:
+    """What sets each group apart, written beside its point: τ and λ wherever they apply, any
+    other key only where the group's value differs from the one most groups have (``τ=5,
+    λ=0.01, gamma_lr_multiplier=3.0``), so a study of many settings stays legible."""
+    from collections import Counter
+
+    values = [dict(group.key) for group in groups]
+    common = {
+        k: Counter(repr(v.get(k, _MISSING)) for v in values).most_common(1)[0][0] for k in keys
+    }
+    labels = []
+    for v in values:
+        parts = [
+            f"{_SHORT.get(k, k.rsplit('.', 1)[-1])}={_value(v[k])}"
+            for k in keys
+            if k in v and (k in _SHORT or repr(v[k]) != common[k])
+        ]
+        labels.append(", ".join(parts))
+    return labels
 
 
 def _finite(row: Mapping[str, Any], key: str) -> bool:
