@@ -310,7 +310,7 @@ def final_variants() -> list[Variant]:
     ]
     # the library's defaults (what users get), and the ablation's winner on validation
     out.append(Variant("snens_default", ("method.name=snens", length), FINAL_SEEDS))
-    kept = tuple(o for o in recipe.overrides if not o.startswith("optim.epochs="))
+    kept = _without(recipe.overrides, "optim.epochs")
     out.append(Variant(f"{recipe.name}_chosen", (*kept, length), FINAL_SEEDS))
     return out
 
@@ -321,13 +321,23 @@ def vision_variants() -> list[Variant]:
     recipe = chosen_recipe("vision_tune")
     if recipe is None:
         return STAGES["vision"]
-    kept = tuple(o for o in recipe.overrides if not o.startswith("data.validation_examples="))
+    kept = _without(recipe.overrides, "data.validation_examples")
     seeds = STAGES["vision"][0].seeds
     return [*STAGES["vision"], Variant(f"{recipe.name}_chosen", kept, seeds, VISION)]
 
 
+def _without(overrides: tuple[str, ...], key: str) -> tuple[str, ...]:
+    """``overrides`` less the ones that set ``key``."""
+    return tuple(o for o in overrides if not o.startswith(f"{key}="))
+
+
 def _variants(stage: str) -> list[Variant]:
-    return {"final": final_variants, "vision": vision_variants}.get(stage, lambda: STAGES[stage])()
+    """A stage's variants; ``final`` and ``vision`` depend on what earlier stages chose."""
+    if stage == "final":
+        return final_variants()
+    if stage == "vision":
+        return vision_variants()
+    return STAGES[stage]
 
 
 def runs_of(stage: str) -> list[tuple[Variant, SweepRun]]:

@@ -7,6 +7,10 @@ import dataclasses
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the CLI imports the library lazily, per command
+    from snens.config import RunConfig
 
 __all__ = ["main"]
 
@@ -91,7 +95,7 @@ def _print_presets() -> None:
         )
 
 
-def _train_config(args: argparse.Namespace):
+def _train_config(args: argparse.Namespace) -> RunConfig | int:
     """The config ``snens train`` runs (from ``--preset``, ``--config`` or ``--resume``, with
     ``--set`` and ``--out`` over it), or exit status 2 with the usage error said on stderr."""
     from snens.config import load_config

@@ -531,7 +531,6 @@ def pareto_plot(
                     textcoords="offset points",
                     xytext=(4, 4),
                     fontsize=7,
-                    in_layout=False,  # a long label near the edge must not squeeze the axes
                 )
     points = [(float(r[x]), float(r[y])) for r in rows]
     front = _pareto_front(points, lower_x_is_better, higher_y_is_better)

@@ -391,12 +391,13 @@ def _plots(groups: Sequence[Group], varied: Sequence[str], out: Path) -> tuple[l
         and len({repr(dict(g.key)[k]) for g in groups if k in dict(g.key)}) > 1
     ]
     annotate = "settings" if others else None
-    rows = []
     keys = [k for k in varied if k != "method.name"]  # a key only some groups have sets them apart
-    for group, settings in zip(groups, _point_labels(groups, keys), strict=True):
+    settings = _point_labels(groups, keys) if annotate else [""] * len(groups)
+    rows = []
+    for group, label in zip(groups, settings, strict=True):
         row = {"method": dict(group.key)["method.name"], **means[_label(group, varied)]}
         if annotate:
-            row[annotate] = settings
+            row[annotate] = label
         rows.append(row)
     written, failed = [], []
     for x, name in (("test/nll", "pareto_nll.png"), ("test/ece", "pareto_ece.png")):
@@ -418,8 +419,8 @@ def _plots(groups: Sequence[Group], varied: Sequence[str], out: Path) -> tuple[l
                 failed.append(f"{name}: {error}")
     # the legend names each group as its point is named: the method and what sets it apart
     short = {
-        _label(group, varied): " ".join(filter(None, (row["method"], row.get(annotate or "", ""))))
-        for group, row in zip(groups, rows, strict=True)
+        _label(group, varied): " ".join(filter(None, (dict(group.key)["method.name"], label)))
+        for group, label in zip(groups, settings, strict=True)
     }
     if len(set(short.values())) < len(short):  # two alike: the full labels, which differ
         short = {label: label for label in short}
