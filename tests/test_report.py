@@ -245,3 +245,27 @@ def test_each_point_is_labelled_by_what_sets_it_apart():
         "τ=5.0, λ=0.01, gamma_lr_multiplier=3.0",
         "τ=1.0, λ=0.0, head_init=reset",
     ]
+
+
+def test_groups_apart_only_by_a_key_some_lack_are_labelled_by_it(tmp_path, monkeypatch):
+    # a fresh-head variant next to the default: head_init is set in one group only
+    pytest.importorskip("matplotlib")
+    from snens import plots
+
+    for name, extra in (("copy", []), ("reset", ['method.options.head_init="reset"'])):
+        config = load_config(preset(TINY), ['method.name="snens"', "seed=0", *extra])
+        path = tmp_path / "runs" / name
+        path.mkdir(parents=True)
+        (path / "config.toml").write_text(to_toml(config))
+        final = {"metrics": _metrics(True), "model": {"params": 5852}, "train": {"seconds": 1}}
+        (path / "final.json").write_text(json.dumps(final))
+    drawn = {}
+
+    def record(name):
+        return lambda what, out, **kw: drawn.setdefault(name, what) and out
+
+    monkeypatch.setattr(plots, "pareto_plot", record("rows"))
+    monkeypatch.setattr(plots, "shift_plot", record("legend"))
+    write_report([tmp_path / "runs"], tmp_path / "report")
+    assert [r["settings"] for r in drawn["rows"]] == ["", "head_init=reset"]
+    assert list(drawn["legend"]) == ["snens", "snens head_init=reset"]

@@ -383,16 +383,9 @@ def _plots(groups: Sequence[Group], varied: Sequence[str], out: Path) -> tuple[l
     from snens import plots
 
     means = {_label(g, varied): _mean_results(g) for g in groups}
-    # keys that tell groups apart beyond "not applicable" (e.g. τ, not M of single vs snens)
-    others = [
-        k
-        for k in varied
-        if k != "method.name"
-        and len({repr(dict(g.key)[k]) for g in groups if k in dict(g.key)}) > 1
-    ]
-    annotate = "settings" if others else None
-    keys = [k for k in varied if k != "method.name"]  # a key only some groups have sets them apart
-    settings = _point_labels(groups, keys) if annotate else [""] * len(groups)
+    # each point is written with what sets its group apart; none where nothing does
+    settings = _point_labels(groups, [k for k in varied if k != "method.name"])
+    annotate = "settings" if any(settings) else None
     rows = []
     for group, label in zip(groups, settings, strict=True):
         row = {"method": dict(group.key)["method.name"], **means[_label(group, varied)]}
