@@ -13,7 +13,8 @@ Stages (each run's directory: ``results/converged/<stage>/<variant>/seed=<s>/``)
 * ``budget``  — the single model at 5, 10, 20, 40 and 80 epochs (cosine schedule to the end);
   the converged budget is the fewest epochs whose validation NLL is within 0.005 of the best.
 * ``ablation`` — σN-Ens variants at 10 epochs, seed 0: λ, τ up to 50, head initialization, a
-  ramp of the regularizer, γ's learning-rate multiplier and initial spread, ``split`` inputs at
+  ramp of the regularizer, γ's learning-rate multiplier and initial spread, weight decay on
+  the member norms' affine, ``split`` inputs at
   the compute of one model (4× the epochs); with the single model and the deep ensemble at
   the same budget for reference (the single model's is ``budget/single_e10``).
 * ``overfit`` — where ensembles pay: 10,000 training images, no augmentation, width 32, 20
@@ -181,6 +182,11 @@ def _stages() -> dict[str, list[Variant]]:
             (*_snens(5, 0.01, "method.options={gamma_std=0.1}"), epochs),
         ),
         Variant("snens_tau50_lam0.01", (*_snens(50, 0.01), epochs)),
+        # weight decay on each member's own norm scale and shift (AdamW, decoupled)
+        Variant(
+            "snens_tau5_lam0.01_awd0.05",
+            (*_snens(5, 0.01, "optim.affine_weight_decay=0.05"), epochs),
+        ),
     ]
     # width 32 (≈ 4× the compute of width 16), same data and budget
     w32 = (epochs, "model.options={width=32}")

@@ -28,11 +28,34 @@ def test_param_groups_follow_one_rule():
     torch.optim.SGD(snens.param_groups(ens, lr=0.1), lr=0.1)
 
 
+def test_member_affine_decay_has_a_group_of_its_own_only_when_it_is_set():
+    ens = snens.convert(TinyResNet(), num_members=4)
+    norms = [m for m in ens.modules() if isinstance(m, snens.nn.MemberNorm)]
+    affine = {id(p) for m in norms for p in (m.weight, m.bias)}
+    plain = snens.param_groups(ens, lr=0.1)
+    assert [g["name"] for g in plain] == ["decay", "no_decay", "gamma"]
+    groups = {g["name"]: g for g in snens.param_groups(ens, lr=0.1, affine_weight_decay=0.5)}
+    assert list(groups) == ["decay", "no_decay", "gamma", "member_affine"]
+    assert {id(p) for p in groups["member_affine"]["params"]} == affine
+    assert groups["member_affine"]["weight_decay"] == 0.5
+    assert {id(p) for p in groups["no_decay"]["params"]} == {id(ens.model.fc.bias)}
+    # AdamW's decoupled decay: with no gradient a member's scale shrinks by lr × decay, γ not
+    optimizer = torch.optim.AdamW(list(groups.values()), lr=0.1)
+    gamma, weight = norms[0].gamma.detach().clone(), norms[0].weight.detach().clone()
+    for p in ens.parameters():
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    assert torch.allclose(norms[0].weight, 0.95 * weight)
+    assert torch.equal(norms[0].gamma, gamma)
+
+
 def test_param_groups_refuse_bad_values():
     with pytest.raises(ValueError, match="lr must be a number >= 0, got -1"):
         snens.param_groups(TinyResNet(), lr=-1)
     with pytest.raises(ValueError, match="gamma_lr_multiplier must be finite"):
         snens.param_groups(TinyResNet(), lr=1e-3, gamma_lr_multiplier=float("inf"))
+    with pytest.raises(ValueError, match="affine_weight_decay must be a number >= 0, got -0.1"):
+        snens.param_groups(TinyResNet(), lr=1e-3, affine_weight_decay=-0.1)
 
 
 def test_one_definition_of_a_norm_for_decay_and_finetuning():

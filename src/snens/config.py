@@ -439,6 +439,7 @@ class OptimConfig(_Section):
     nesterov: bool = False  # SGD Nesterov momentum
     betas: tuple[float, ...] = (0.9, 0.999)  # AdamW (beta1, beta2)
     weight_decay: float = 0.0  # on conv/linear weights only (never norms, biases, gamma)
+    affine_weight_decay: float = 0.0  # on σN-Ens' member norm weight and bias
     schedule: Literal["cosine", "multistep", "constant"] = "cosine"  # per step, after warm-up
     milestones: tuple[int, ...] = ()  # multistep: epochs at which lr is multiplied by lr_decay
     lr_decay: float = 0.1  # multistep factor per milestone
@@ -452,7 +453,7 @@ class OptimConfig(_Section):
     finetune: Literal["all", "norms_and_heads"] = "all"  # which parameters train
 
     def validate(self) -> None:
-        finite = ("lr", "weight_decay", "grad_clip", "momentum", "lr_decay")
+        finite = ("lr", "weight_decay", "affine_weight_decay", "grad_clip", "momentum", "lr_decay")
         for name in finite:
             value = getattr(self, name)
             _require(math.isfinite(value) and value >= 0, self.key(name), "finite, >= 0", value)

@@ -29,12 +29,16 @@ def param_groups(
     lr: float,
     weight_decay: float = 0.0,
     gamma_lr_multiplier: float = GAMMA_LR_MULTIPLIER,
+    affine_weight_decay: float = 0.0,
 ) -> list[dict]:
     """Optimizer parameter groups for a σN-Ens model (or any model).
 
     The rule, applied to every trainable parameter once:
 
     * ``gamma`` of a member norm -> group "gamma": lr × gamma_lr_multiplier, no weight decay;
+    * where ``affine_weight_decay`` > 0, a member norm's ``weight`` and ``bias`` -> group
+      "member_affine": lr, that decay (at 0 they stay in "no_decay", so the groups, and the
+      optimizer state a checkpoint holds, are those of a model trained without it);
     * other parameters of norm layers, and every bias -> group "no_decay": lr, no decay;
     * everything else (conv, linear, attention, embedding, head weights) -> group "decay".
 
@@ -43,6 +47,8 @@ def param_groups(
         lr: base learning rate.
         weight_decay: weight decay of the "decay" group.
         gamma_lr_multiplier: gamma's learning rate over ``lr``.
+        affine_weight_decay: weight decay of the member norms' affine ``weight`` and
+            ``bias`` (each member's own scale and shift).
 
     Returns:
         Non-empty groups as dicts for ``torch.optim``, each with a "name" key.
@@ -54,12 +60,13 @@ def param_groups(
         ("lr", lr),
         ("weight_decay", weight_decay),
         ("gamma_lr_multiplier", gamma_lr_multiplier),
+        ("affine_weight_decay", affine_weight_decay),
     ):
         if not isinstance(value, int | float) or isinstance(value, bool) or not value >= 0:
             raise ValueError(f"{name} must be a number >= 0, got {value!r}")
         if value == float("inf"):
             raise ValueError(f"{name} must be finite, got {value!r}")
-    groups: dict[str, list] = {"decay": [], "no_decay": [], "gamma": []}
+    groups: dict[str, list] = {"decay": [], "no_decay": [], "gamma": [], "member_affine": []}
     seen: set[int] = set()
     for module in model.modules():
         norm = is_norm(module)
@@ -69,6 +76,8 @@ def param_groups(
             seen.add(id(p))
             if isinstance(module, MemberNorm) and pname == "gamma":
                 groups["gamma"].append(p)
+            elif isinstance(module, MemberNorm) and affine_weight_decay > 0:
+                groups["member_affine"].append(p)
             elif norm or pname == "bias":
                 groups["no_decay"].append(p)
             else:
@@ -77,6 +86,7 @@ def param_groups(
         "decay": {"lr": lr, "weight_decay": weight_decay},
         "no_decay": {"lr": lr, "weight_decay": 0.0},
         "gamma": {"lr": lr * gamma_lr_multiplier, "weight_decay": 0.0},
+        "member_affine": {"lr": lr, "weight_decay": affine_weight_decay},
     }
     return [
         {"name": name, "params": params, **settings[name]}

@@ -248,7 +248,11 @@ def _train(
 
         # -- optimizer and schedule: parameter groups by one rule (snens.param_groups)
         groups = param_groups(
-            model, config.optim.lr, config.optim.weight_decay, config.method.gamma_lr_multiplier
+            model,
+            config.optim.lr,
+            config.optim.weight_decay,
+            config.method.gamma_lr_multiplier,
+            config.optim.affine_weight_decay,
         )
         optimizer = build_optimizer(config.optim, groups)
         schedule = build_schedule(config.optim, optimizer, steps_per_epoch)
