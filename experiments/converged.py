@@ -14,7 +14,7 @@ Stages (each run's directory: ``results/converged/<stage>/<variant>/seed=<s>/``)
   the converged budget is the fewest epochs whose validation NLL is within 0.005 of the best.
 * ``ablation`` — σN-Ens variants at 10 epochs, seed 0: λ, τ up to 50, head initialization, a
   ramp of the regularizer, γ's learning-rate multiplier and initial spread, weight decay on
-  the member norms' affine, ``split`` inputs at
+  the member norms' affine, the regularizer on one stage only, ``split`` inputs at
   the compute of one model (4× the epochs); with the single model and the deep ensemble at
   the same budget for reference (the single model's is ``budget/single_e10``).
 * ``overfit`` — where ensembles pay: 10,000 training images, no augmentation, width 32, 20
@@ -134,6 +134,11 @@ VISION_BASE = (
 )
 
 
+#: SmallCNN's member norms by stage, as the ensemble names them (``--set`` list syntax).
+_STAGE1 = '["model.stage1.0.1", "model.stage1.1.1"]'
+_STAGE3 = '["model.stage3.0.1", "model.stage3.1.1"]'
+
+
 def _stages() -> dict[str, list[Variant]]:
     epochs = f"optim.epochs={ABLATION_EPOCHS}"
     ablation = [
@@ -182,6 +187,17 @@ def _stages() -> dict[str, list[Variant]]:
             (*_snens(5, 0.01, "method.options={gamma_std=0.1}"), epochs),
         ),
         Variant("snens_tau50_lam0.01", (*_snens(50, 0.01), epochs)),
+        # the regularizer on one stage only (the others' γ move by the task loss alone):
+        # members that differ in the last stage's features share the first stages' whole
+        # width, or the other way round
+        Variant(
+            "snens_tau1_lam0.1_stage3",
+            (*_snens(1, 0.1, f"method.diversity_layers={_STAGE3}"), epochs),
+        ),
+        Variant(
+            "snens_tau1_lam0.1_stage1",
+            (*_snens(1, 0.1, f"method.diversity_layers={_STAGE1}"), epochs),
+        ),
         # weight decay on each member's own norm scale and shift (AdamW, decoupled)
         Variant(
             "snens_tau5_lam0.01_awd0.05",

@@ -104,3 +104,45 @@ def test_diversity_ramp_weights():
     assert _diversity_weight(flat, 1) == 0.1
     with pytest.raises(ValueError, match="method.diversity_ramp_epochs"):
         load_config(preset("fashion_mnist_small_cnn_tiny"), ["method.diversity_ramp_epochs=-1"])
+
+
+def test_the_regularizer_acts_on_the_layers_named_and_no_others():
+    # SGD at lr 0: γ stays where conversion put it, so every step's diversity loss is the
+    # same number, the selected layer's penalty alone
+    from snens import diversity_loss
+    from snens.build import build_model
+    from snens.epoch import run_epoch
+    from snens.nn import MemberNorm
+
+    config = load_config(preset("fashion_mnist_small_cnn_tiny"), [])
+    model = build_model(config, num_classes=10, channels=1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    schedule = torch.optim.lr_scheduler.ConstantLR(optimizer, factor=1.0)
+    layer = "model.stage3.1.1"
+    settings = StepSettings(temperature=1.0, diversity_weight=2.0, diversity_layers=(layer,))
+    gen = torch.Generator().manual_seed(0)
+    batches = [(torch.randn(8, 1, 28, 28, generator=gen), torch.arange(8)) for _ in range(2)]
+    stats = run_epoch(model, batches, optimizer, schedule, settings, epoch=0)
+    alone = diversity_loss(model, 1.0, 2.0, [layer]).item()
+    assert stats.diversity_loss == pytest.approx(alone, rel=1e-6)
+    names = [n for n, m in model.named_modules() if isinstance(m, MemberNorm)]
+    each = [diversity_loss(model, 1.0, 2.0, [n]).item() for n in names]
+    assert len(names) == 6 and diversity_loss(model, 1.0, 2.0).item() == pytest.approx(sum(each))
+    assert abs(sum(each)) > 3 * abs(alone)  # the five others left out
+
+
+def test_diversity_layers_are_checked_before_anything_trains(tmp_path):
+    with pytest.raises(TypeError, match=r"method.diversity_layers must be a list of strings"):
+        load_config(preset("fashion_mnist_small_cnn_tiny"), ['method.diversity_layers="a"'])
+    with pytest.raises(ValueError, match=r"diversity_layers applies to method 'snens' only"):
+        load_config(
+            preset("fashion_mnist_small_cnn_tiny"),
+            ["method.name=deep_ensemble", 'method.diversity_layers=["model.stage3.1.1"]'],
+        )
+    config = load_config(
+        preset("fashion_mnist_small_cnn_tiny"),
+        [f"out_dir={json.dumps(str(tmp_path))}", 'name="run"', 'method.diversity_layers=["fc"]'],
+    )
+    with pytest.raises(ValueError, match=r"method.diversity_layers: .*\['fc'\] are not member"):
+        train(config, progress=False, log=None)
+    assert not (tmp_path / "run").exists()

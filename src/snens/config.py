@@ -110,7 +110,9 @@ def _type_name(hint: Any) -> str:
     if origin is Literal:
         return "one of " + ", ".join(repr(a) for a in typing.get_args(hint))
     if origin is tuple:
-        return f"a list of {_type_name(typing.get_args(hint)[0])}"
+        item = typing.get_args(hint)[0]
+        plural = {bool: "bools", int: "ints", float: "numbers", str: "strings"}
+        return f"a list of {plural.get(item) or _type_name(item)}"
     if origin is dict:
         return "a table"
     return {bool: "a bool", int: "an int", float: "a number", str: "a string"}.get(hint, str(hint))
@@ -396,6 +398,9 @@ class MethodConfig(_Section):
     # epochs over which λ rises linearly from 0 (per step), so members first learn shared
     # features before the regularizer partitions them; 0 = full λ from the first step
     diversity_ramp_epochs: float = 0.0
+    # the member norms the regularizer acts on, named as the ensemble's named_modules() names
+    # them (e.g. "model.stage3.1.1"); () = every member norm
+    diversity_layers: tuple[str, ...] = ()
     input_policy: Literal["repeat", "split"] = "repeat"  # "split": member m sees B/M examples
     gamma_lr_multiplier: float = GAMMA_LR_MULTIPLIER  # lr of gamma over the base lr
     options: dict[str, Any] = field(default_factory=dict)  # method kwargs: head_init, alpha, …
@@ -420,6 +425,13 @@ class MethodConfig(_Section):
         _require(math.isfinite(ramp) and ramp >= 0, self.key("diversity_ramp_epochs"), ">= 0", ramp)
         mult = self.gamma_lr_multiplier
         _require(math.isfinite(mult) and mult >= 0, self.key("gamma_lr_multiplier"), ">= 0", mult)
+        if self.diversity_layers and self.name != "snens":
+            raise ValueError(
+                f"method.diversity_layers applies to method 'snens' only, got method.name "
+                f"{self.name!r}; leave diversity_layers empty"
+            )
+        blank = [n for n in self.diversity_layers if not n.strip()]
+        _require(not blank, self.key("diversity_layers"), "module names", self.diversity_layers)
         if self.input_policy == "split" and self.name != "snens":
             raise ValueError(
                 f"method.input_policy 'split' is implemented for method 'snens' only, got "

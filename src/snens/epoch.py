@@ -36,6 +36,7 @@ class StepSettings:
     temperature: float = DEFAULT_TEMPERATURE  # τ of the diversity loss
     diversity_weight: float = 0.0  # λ; 0 = no diversity loss
     diversity_ramp_steps: int = 0  # λ rises linearly from 0 over these global steps; 0 = none
+    diversity_layers: tuple[str, ...] = ()  # member norms regularized, by module name; () = all
     label_smoothing: float = 0.0
     grad_clip: float = 0.0  # max global gradient L2 norm; 0 = none
     bf16: bool = False  # bfloat16 autocast of forward and task loss
@@ -149,7 +150,12 @@ def run_epoch(
             _check_labels(labels, logits.shape[-1])
             task = _member_cross_entropy(logits.float(), y, settings.label_smoothing)
         div = (
-            diversity_loss(model, settings.temperature, _diversity_weight(settings, step + i + 1))
+            diversity_loss(
+                model,
+                settings.temperature,
+                _diversity_weight(settings, step + i + 1),
+                settings.diversity_layers or None,
+            )
             if regularize
             else zero
         )

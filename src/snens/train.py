@@ -245,6 +245,11 @@ def _train(
             model.to(memory_format=torch.channels_last)
         num_classes = config.model.num_classes or loaded.num_classes
         trainable = select_finetune(model, config.optim.finetune, num_classes)
+        if config.method.diversity_layers:  # names that are not member norms: said now
+            try:
+                diversity_gain(model, config.method.temperature, config.method.diversity_layers)
+            except ValueError as error:
+                raise ValueError(f"method.diversity_layers: {error}") from None
 
         # -- optimizer and schedule: parameter groups by one rule (snens.param_groups)
         groups = param_groups(
@@ -363,6 +368,7 @@ def _step_settings(config: RunConfig, steps_per_epoch: int) -> StepSettings:
         temperature=config.method.temperature,
         diversity_weight=config.method.diversity_weight if config.method.name == "snens" else 0.0,
         diversity_ramp_steps=round(config.method.diversity_ramp_epochs * steps_per_epoch),
+        diversity_layers=config.method.diversity_layers,
         label_smoothing=config.optim.label_smoothing,
         grad_clip=config.optim.grad_clip,
         bf16=config.optim.bf16,
