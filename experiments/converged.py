@@ -14,7 +14,7 @@ Stages (each run's directory: ``results/converged/<stage>/<variant>/seed=<s>/``)
   the converged budget is the fewest epochs whose validation NLL is within 0.005 of the best.
 * ``ablation`` — σN-Ens variants at 10 epochs, seed 0: λ, τ up to 50, head initialization, a
   ramp of the regularizer, γ's learning-rate multiplier and initial spread, weight decay on
-  the member norms' affine, the regularizer on one stage only, ``split`` inputs at
+  the member norms' affine, the regularizer on one stage only, M=2, ``split`` inputs at
   the compute of one model (4× the epochs); with the single model and the deep ensemble at
   the same budget for reference (the single model's is ``budget/single_e10``).
 * ``overfit`` — where ensembles pay: 10,000 training images, no augmentation, width 32, 20
@@ -198,6 +198,8 @@ def _stages() -> dict[str, list[Variant]]:
             "snens_tau1_lam0.1_stage1",
             (*_snens(1, 0.1, f"method.diversity_layers={_STAGE1}"), epochs),
         ),
+        # capacity per member: two members share the same features between them
+        Variant("snens_tau1_lam0.1_m2", (*_snens(1, 0.1, "method.num_members=2"), epochs)),
         # weight decay on each member's own norm scale and shift (AdamW, decoupled)
         Variant(
             "snens_tau5_lam0.01_awd0.05",
