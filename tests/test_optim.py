@@ -49,6 +49,18 @@ def test_member_affine_decay_has_a_group_of_its_own_only_when_it_is_set():
     assert torch.equal(norms[0].gamma, gamma)
 
 
+def test_member_affine_decay_is_refused_where_there_are_no_member_norms():
+    from snens.config import load_config
+    from snens.presets import preset
+
+    base = preset("fashion_mnist_small_cnn_tiny")
+    for method in ("snens", "film"):
+        config = load_config(base, [f"method.name={method}", "optim.affine_weight_decay=0.1"])
+        assert config.optim.affine_weight_decay == 0.1
+    with pytest.raises(ValueError, match="method 'packed' has no member norms; set it for"):
+        load_config(base, ["method.name=packed", "optim.affine_weight_decay=0.1"])
+
+
 def test_param_groups_refuse_bad_values():
     with pytest.raises(ValueError, match="lr must be a number >= 0, got -1"):
         snens.param_groups(TinyResNet(), lr=-1)

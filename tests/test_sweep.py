@@ -160,6 +160,9 @@ def test_plan_collapses_axes_that_do_not_apply(tmp_path):
     assert applies("method.temperature", "snens") and not applies("method.temperature", "film")
     assert applies("method.num_members", "film") and not applies("method.num_members", "single")
     assert applies("optim.lr", "single")
+    assert applies("optim.affine_weight_decay", "film")
+    assert not applies("optim.affine_weight_decay", "deep_ensemble")
+    assert not applies("method.diversity_layers", "film")
 
 
 def test_set_single_forces_one_member(tmp_path):

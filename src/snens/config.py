@@ -451,7 +451,7 @@ class OptimConfig(_Section):
     nesterov: bool = False  # SGD Nesterov momentum
     betas: tuple[float, ...] = (0.9, 0.999)  # AdamW (beta1, beta2)
     weight_decay: float = 0.0  # on conv/linear weights only (never norms, biases, gamma)
-    affine_weight_decay: float = 0.0  # on σN-Ens' member norm weight and bias
+    affine_weight_decay: float = 0.0  # on member norms' weight and bias (snens, film)
     schedule: Literal["cosine", "multistep", "constant"] = "cosine"  # per step, after warm-up
     milestones: tuple[int, ...] = ()  # multistep: epochs at which lr is multiplied by lr_decay
     lr_decay: float = 0.1  # multistep factor per milestone
@@ -555,6 +555,12 @@ class RunConfig(_Section):
                 raise TypeError(
                     f"{name} must be a {cls.__name__}, got {type(getattr(self, name)).__name__}"
                 )
+        if self.optim.affine_weight_decay and self.method.name not in ("snens", "film"):
+            raise ValueError(
+                f"optim.affine_weight_decay decays the member norms' own affine, and method "
+                f"{self.method.name!r} has no member norms; set it for method 'snens' or 'film' "
+                "only, or leave it 0"
+            )
         split = self.method.input_policy == "split"
         M, B = self.method.num_members, self.data.batch_size
         if split and B % M:

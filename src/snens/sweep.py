@@ -69,6 +69,8 @@ MAX_RUNS = 10_000
 METHOD_ONLY_KEYS: dict[str, tuple[str, ...] | None] = {
     "method.temperature": ("snens",),
     "method.diversity_weight": ("snens",),
+    "method.diversity_layers": ("snens",),
+    "optim.affine_weight_decay": ("snens", "film"),
     "method.num_members": None,
 }
 
