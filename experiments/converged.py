@@ -459,28 +459,36 @@ def _plot_curves(stage: str, out: Path) -> Path | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    # one colour per variant (its seeds alike), a line style per 20 variants: a study of many
+    # validation NLL, accuracy and disagreement and σN-Ens' effective members per epoch; one
+    # colour per variant (its seeds alike), a line style per 20 variants, so a study of many
     # settings keeps every curve told apart, one legend entry per variant below the panels
     curves: dict[str, list[Path]] = {}
     for variant, sweep_run in runs_of(stage):
         if (sweep_run.path() / "metrics.jsonl").is_file():
             curves.setdefault(variant.name, []).append(sweep_run.path())
     colours = plt.get_cmap("tab10" if len(curves) <= 10 else "tab20").colors
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    panels = (
+        ("val/nll", "validation NLL"),
+        ("val/accuracy", "validation accuracy"),
+        ("val/disagreement", "validation disagreement"),
+        ("effective_members", "effective members (σN-Ens)"),
+    )
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
+    axes = axes.ravel()
     for i, (name, paths) in enumerate(curves.items()):
         style = {"color": colours[i % len(colours)], "linestyle": ("-", "--", ":")[i // 20 % 3]}
         for j, path in enumerate(paths):
-            for ax, key in zip(axes, ("val/nll", "val/accuracy")):
-                values = _curve(path, key)
-                label = f"{name} ({len(paths)} seed{'s' * (len(paths) > 1)})" if j == 0 else None
+            label = f"{name} ({len(paths)} seed{'s' * (len(paths) > 1)})" if j == 0 else None
+            for ax, (key, _) in zip(axes, panels):
+                values = _curve(path, key)  # NaN where a run has no such value: not drawn
                 ax.plot(range(1, len(values) + 1), values, label=label, linewidth=1, **style)
-    for ax, title in zip(axes, ("validation NLL", "validation accuracy")):
+    for ax, (_, title) in zip(axes, panels):
         ax.set_xlabel("epoch")
         ax.set_ylabel(title)
         ax.grid(alpha=0.3)
     handles, labels = axes[0].get_legend_handles_labels()
     columns = min(4, max(1, len(labels)))
-    fig.tight_layout(rect=(0, 0.04 * math.ceil(len(labels) / columns) + 0.04, 1, 1))
+    fig.tight_layout(rect=(0, 0.025 * math.ceil(len(labels) / columns) + 0.025, 1, 1))
     fig.legend(handles, labels, loc="lower center", ncol=columns, fontsize=7, frameon=False)
     target = out / f"converged_{stage}_curves.png"
     fig.savefig(target, dpi=120)
