@@ -185,7 +185,8 @@ def group_runs(runs: Sequence[RunRecord]) -> tuple[list[Group], list[str]]:
 
     Returns:
         ``(groups, varied)``: groups sorted by their varied values; ``varied`` the config keys
-        (other than seed, name, out_dir) whose values differ between groups.
+        (other than seed, name, out_dir) whose values differ between the groups that have
+        them, and M, τ and λ wherever some groups lack them (a single model next to σN-Ens).
     """
     groups: dict[tuple, Group] = {}
     for run in runs:
@@ -197,7 +198,21 @@ def group_runs(runs: Sequence[RunRecord]) -> tuple[list[Group], list[str]]:
         groups.setdefault(key, Group(key)).runs.append(run)
     known = {k for group in groups for k, _ in group}
     keys = [k for k in runs[0].config if k in known] + sorted(known - set(runs[0].config))
-    varied = [k for k in keys if len({repr(dict(group).get(k, _MISSING)) for group in groups}) > 1]
+
+    def lacking(k: str) -> list[dict]:
+        return [g for g in map(dict, groups) if k not in g]
+
+    # a key varies where the groups that have it differ in it, or where a group it applies to
+    # lacks it (an option set in one group only, e.g. head_init); one that groups lack because
+    # their method ignores it is shown where it is a headline one (M, τ, λ), not, say, a
+    # σN-Ens option at its default in every σN-Ens group next to a single model
+    varied = [
+        k
+        for k in keys
+        if len({repr(dict(group)[k]) for group in groups if k in dict(group)}) > 1
+        or any(applies(k, g["method.name"]) for g in lacking(k))
+        or (k in _SHORT and lacking(k))
+    ]
     # method.name first, then the keys in config order
     varied.sort(key=lambda k: (k != "method.name", keys.index(k)))
     ordered = sorted(groups.values(), key=lambda g: [_order(dict(g.key).get(k)) for k in varied])
