@@ -59,7 +59,7 @@ from pathlib import Path
 
 from snens.presets import preset
 from snens.report import write_report
-from snens.runs import FINAL
+from snens.runs import FINAL, read_metrics
 from snens.sweep import SweepRun, plan, run_sweep
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -409,9 +409,9 @@ def _final(path: Path) -> dict | None:
         return None
 
 
-def _curve(path: Path, key: str) -> list[float]:
-    lines = (path / "metrics.jsonl").read_text().splitlines()
-    return [json.loads(line).get(key, math.nan) for line in lines if line.strip()]
+def _curve(records: Sequence[Mapping], key: str) -> list[float]:
+    """``key`` per epoch; NaN where a record has no such value."""
+    return [record.get(key, math.nan) for record in records]
 
 
 def _budget_nll() -> dict[int, float]:
@@ -479,8 +479,9 @@ def _plot_curves(stage: str, out: Path) -> Path | None:
         style = {"color": colours[i % len(colours)], "linestyle": ("-", "--", ":")[i // 20 % 3]}
         for j, path in enumerate(paths):
             label = f"{name} ({len(paths)} seed{'s' * (len(paths) > 1)})" if j == 0 else None
+            records = read_metrics(path)
             for ax, (key, _) in zip(axes, panels):
-                values = _curve(path, key)  # NaN where a run has no such value: not drawn
+                values = _curve(records, key)  # NaN is not drawn
                 ax.plot(range(1, len(values) + 1), values, label=label, linewidth=1, **style)
     for ax, (_, title) in zip(axes, panels):
         ax.set_xlabel("epoch")
@@ -590,9 +591,10 @@ def diagnosis(stage: str) -> list[str]:
         m, config = final["metrics"], sweep_run.config
         if "val/nll" not in m:  # a stage without a validation split
             continue
-        curve = _curve(path, "val/nll")
+        records = read_metrics(path)
+        curve = _curve(records, "val/nll")
         best = min(range(len(curve)), key=curve.__getitem__) + 1
-        last = json.loads((path / "metrics.jsonl").read_text().splitlines()[-1])
+        last = records[-1]
         snens_run = config.method.name == "snens"
         members = f"{last['effective_members']:.2f}" if snens_run else "–"
         k = (

@@ -385,6 +385,11 @@ class ModelConfig(_Section):
         _require(self.num_classes >= 0, self.key("num_classes"), "an int >= 0", self.num_classes)
 
 
+#: The methods whose norms are member norms with an affine of each member's own, which
+#: ``optim.affine_weight_decay`` decays.
+MEMBER_NORM_METHODS = ("snens", "film")
+
+
 @dataclass(frozen=True)
 class MethodConfig(_Section):
     """The ensemble method over the backbone, built with ``snens.baselines.create``."""
@@ -555,11 +560,11 @@ class RunConfig(_Section):
                 raise TypeError(
                     f"{name} must be a {cls.__name__}, got {type(getattr(self, name)).__name__}"
                 )
-        if self.optim.affine_weight_decay and self.method.name not in ("snens", "film"):
+        if self.optim.affine_weight_decay and self.method.name not in MEMBER_NORM_METHODS:
             raise ValueError(
                 f"optim.affine_weight_decay decays the member norms' own affine, and method "
-                f"{self.method.name!r} has no member norms; set it for method 'snens' or 'film' "
-                "only, or leave it 0"
+                f"{self.method.name!r} has no member norms; set it for method "
+                f"{' or '.join(repr(m) for m in MEMBER_NORM_METHODS)} only, or leave it 0"
             )
         split = self.method.input_policy == "split"
         M, B = self.method.num_members, self.data.batch_size

@@ -198,21 +198,8 @@ def group_runs(runs: Sequence[RunRecord]) -> tuple[list[Group], list[str]]:
         groups.setdefault(key, Group(key)).runs.append(run)
     known = {k for group in groups for k, _ in group}
     keys = [k for k in runs[0].config if k in known] + sorted(known - set(runs[0].config))
-
-    def lacking(k: str) -> list[dict]:
-        return [g for g in map(dict, groups) if k not in g]
-
-    # a key varies where the groups that have it differ in it, or where a group it applies to
-    # lacks it (an option set in one group only, e.g. head_init); one that groups lack because
-    # their method ignores it is shown where it is a headline one (M, τ, λ), not, say, a
-    # σN-Ens option at its default in every σN-Ens group next to a single model
-    varied = [
-        k
-        for k in keys
-        if len({repr(dict(group)[k]) for group in groups if k in dict(group)}) > 1
-        or any(applies(k, g["method.name"]) for g in lacking(k))
-        or (k in _SHORT and lacking(k))
-    ]
+    values = [dict(group) for group in groups]
+    varied = [k for k in keys if _varies(k, values)]
     # method.name first, then the keys in config order
     varied.sort(key=lambda k: (k != "method.name", keys.index(k)))
     ordered = sorted(groups.values(), key=lambda g: [_order(dict(g.key).get(k)) for k in varied])
@@ -222,6 +209,20 @@ def group_runs(runs: Sequence[RunRecord]) -> tuple[list[Group], list[str]]:
 
 
 _MISSING = "—"
+
+
+def _varies(key: str, values: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether ``key`` tells the groups (their config values) apart: the groups that have it
+    differ in it, or a group it applies to lacks it (an option set in one group only, e.g.
+    head_init); one that groups lack because their method ignores it counts where it is a
+    headline one (M, τ, λ), not, say, a σN-Ens option at its default in every σN-Ens group
+    next to a single model."""
+    lacking = [v["method.name"] for v in values if key not in v]
+    return (
+        len({repr(v[key]) for v in values if key in v}) > 1
+        or any(applies(key, method) for method in lacking)
+        or (key in _SHORT and bool(lacking))
+    )
 
 
 def _order(value: Any) -> tuple:
@@ -398,15 +399,12 @@ def _plots(groups: Sequence[Group], varied: Sequence[str], out: Path) -> tuple[l
     from snens import plots
 
     means = {_label(g, varied): _mean_results(g) for g in groups}
-    # each point is written with what sets its group apart; none where nothing does
+    # each point is written with what sets its group apart (an empty label writes nothing)
     settings = _point_labels(groups, [k for k in varied if k != "method.name"])
-    annotate = "settings" if any(settings) else None
-    rows = []
-    for group, label in zip(groups, settings, strict=True):
-        row = {"method": dict(group.key)["method.name"], **means[_label(group, varied)]}
-        if annotate:
-            row[annotate] = label
-        rows.append(row)
+    rows = [
+        {"method": dict(group.key)["method.name"], **means[_label(group, varied)], "settings": s}
+        for group, s in zip(groups, settings, strict=True)
+    ]
     written, failed = [], []
     for x, name in (("test/nll", "pareto_nll.png"), ("test/ece", "pareto_ece.png")):
         usable = [r for r in rows if _finite(r, x) and _finite(r, "test/accuracy")]
@@ -419,7 +417,7 @@ def _plots(groups: Sequence[Group], varied: Sequence[str], out: Path) -> tuple[l
                         x=x,
                         y="test/accuracy",
                         label="method",
-                        annotate=annotate,
+                        annotate="settings",
                         annotate_with_key=False,
                     )
                 )
