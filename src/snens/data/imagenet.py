@@ -312,7 +312,11 @@ class ImageFolder(Dataset):
     def bad_images(self) -> dict[Path, str]:
         """Files found unreadable or undecodable while reading, by this process or by any
         DataLoader worker reading this data set (their reasons stay in the worker)."""
-        flagged = self._bad_flags.nonzero().flatten().tolist() if len(self._bad_flags) else []
+        # a copy first: other workers write the shared flags meanwhile, and torch.nonzero
+        # counts then fills in two passes, which a write between them breaks (an internal
+        # assert in torch)
+        flags = self._bad_flags.clone()
+        flagged = flags.nonzero().flatten().tolist() if len(flags) else []
         out = {self.samples[i][0]: "found bad by a DataLoader worker" for i in flagged}
         out.update({self.samples[i][0]: reason for i, reason in self._bad.items()})
         return out
