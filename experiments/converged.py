@@ -387,12 +387,16 @@ def run(stages: Sequence[str]) -> int:
     the other is training holds its ``run.lock``, and the engine leaves it to that one."""
     failed = 0
     for stage in stages:
-        for variant, sweep_run in runs_of(stage):
+        queue = runs_of(stage)
+        seeds: dict[str, list[SweepRun]] = {}  # a variant's runs: its sweep.csv lists them all
+        for variant, sweep_run in queue:
+            seeds.setdefault(variant.name, []).append(sweep_run)
+        for variant, sweep_run in queue:
             path = sweep_run.path()
             if (path / FINAL).is_file():
                 continue
             print(f"== {stage}/{variant.name}/{sweep_run.name}", flush=True)
-            result = run_sweep([sweep_run], path.parent, keys=("seed",))
+            result = run_sweep([sweep_run], path.parent, keys=("seed",), table=seeds[variant.name])
             failed += len(result.failed)
     return 1 if failed else 0
 

@@ -17,7 +17,7 @@ from snens.cli import main
 from snens.config import load_config, to_toml
 from snens.presets import preset
 from snens.runs import read_metrics
-from snens.sweep import applies, final_row, parse_grid, plan
+from snens.sweep import applies, final_row, parse_grid, plan, run_sweep
 
 TINY = "fashion_mnist_small_cnn_tiny"
 SMALL = [
@@ -293,3 +293,30 @@ def test_a_failed_run_is_listed_and_the_others_continue(tmp_path, capsys, monkey
         ("seed=1", "failed", ""),
         ("seed=2", "done", "0.25"),
     ]
+
+
+def test_a_sweep_trained_run_by_run_keeps_every_row_in_its_table(tmp_path):
+    def fake_train(config, *, resume, progress, run_dir, log):
+        run_dir.mkdir(parents=True)
+        (run_dir / "config.toml").write_text(to_toml(config))
+        final = {"metrics": {"test/accuracy": 0.5 + config.seed / 10}}
+        (run_dir / "final.json").write_text(json.dumps(final))
+        return run_dir
+
+    out = tmp_path / "piecewise"
+    runs = plan(preset(TINY), ["seed=0,1,2"], out)
+    for run in runs[:2]:  # one run per call, as a queue shared by processes trains them
+        run_sweep([run], out, keys=("seed",), table=runs, train=fake_train, log=lambda _: None)
+    rows = _read_csv(out / "sweep.csv")
+    assert [(r["run"], r["status"], r["test/accuracy"]) for r in rows] == [
+        ("seed=0", "done", "0.5"),
+        ("seed=1", "done", "0.6"),
+        ("seed=2", "pending", ""),
+    ]
+    # without table= the CSV lists the runs of the call only
+    run_sweep(runs[2:], out, keys=("seed",), train=fake_train, log=lambda _: None)
+    assert [r["run"] for r in _read_csv(out / "sweep.csv")] == ["seed=2"]
+    with pytest.raises(
+        ValueError, match=r"table= must list every run trained; it lacks \['seed=2'\]"
+    ):
+        run_sweep(runs[2:], out, table=runs[:2], train=fake_train, log=lambda _: None)

@@ -487,6 +487,7 @@ def run_sweep(
     out: str | os.PathLike,
     *,
     keys: Sequence[str] = (),
+    table: Sequence[SweepRun] | None = None,
     progress: bool = False,
     train: Callable[..., Path] | None = None,
     log: Callable[[str], None] = print,
@@ -501,6 +502,9 @@ def run_sweep(
         runs: from :func:`plan`.
         out: the sweep's directory (``sweep.csv`` goes there).
         keys: the grid keys, the CSV's first columns.
+        table: the runs ``sweep.csv`` lists (default: ``runs``) — the whole plan, when the
+            runs trained here are a part of it, so the table of a sweep trained piecewise
+            keeps the rows of the parts trained before.
         progress: progress bars in training.
         train: the engine (default :func:`snens.train.train`).
         log: called with one line per run and the engine's lines.
@@ -513,6 +517,10 @@ def run_sweep(
     if train is None:
         from snens.train import train
     out = check_writable(out)
+    listed = list(runs) if table is None else list(table)
+    missing = [run.name for run in runs if run.path() not in {r.path() for r in listed}]
+    if missing:
+        raise ValueError(f"table= must list every run trained; it lacks {missing}")
     failed: dict[str, str] = {}
     busy: dict[str, str] = {}
     trained: list[str] = []
@@ -543,6 +551,6 @@ def run_sweep(
             else:
                 failed[run.name] = f"{type(error).__name__}: {error}"
                 log(f"{head}: FAILED ({failed[run.name]})")
-        write_csv(out / CSV, _rows(runs, failed, keys, busy))
-    csv_path = write_csv(out / CSV, _rows(runs, failed, keys, busy))
+        write_csv(out / CSV, _rows(listed, failed, keys, busy))
+    csv_path = write_csv(out / CSV, _rows(listed, failed, keys, busy))
     return SweepResult(list(runs), failed, trained, csv_path, busy)
