@@ -525,10 +525,21 @@ def ood_scores(path: Path) -> dict[str, float] | None:
     return values
 
 
+def _median_epochs_seconds(path: Path) -> float:
+    """A run's training seconds as its epochs × its median epoch's: ``train/seconds`` counts the
+    wall clock, so a stretch the process was stopped or shared its core (another job beside the
+    two study processes) inflates it; the median epoch does not feel a few such epochs."""
+    import numpy as np
+
+    seconds = [r["seconds"] for r in read_metrics(path) if "seconds" in r]
+    return float(np.median(seconds)) * len(seconds)
+
+
 def test_tables(stage: str) -> list[str]:
     """The test set, read after every choice was made on validation: clean and corrupted
     accuracy and ECE per severity, and OOD detection by MSP, entropy and mutual information
-    (AUROC), mean ± std over the seeds of each variant."""
+    (AUROC), and the training seconds robust to stretches a run was paused or shared its core
+    (:func:`_median_epochs_seconds`), mean ± std over the seeds of each variant."""
     import numpy as np
 
     by_variant: dict[str, list[dict]] = {}
@@ -537,6 +548,7 @@ def test_tables(stage: str) -> list[str]:
         if final is None:
             continue
         row = dict(final["metrics"], params=final["model"]["params"])
+        row["train/median_seconds"] = _median_epochs_seconds(sweep_run.path())
         ood = ood_scores(sweep_run.path()) or {}
         # one OOD set per stage (MNIST-5k, or the plot descriptions for text): keyed by score
         row.update({f"ood/{k.split('/', 1)[1]}": v for k, v in ood.items()})
@@ -556,9 +568,9 @@ def test_tables(stage: str) -> list[str]:
         + " | ".join(f"acc s{s}" for s in range(1, 6))
         + " | "
         + " | ".join(f"ECE s{s}" for s in range(1, 6))
-        + " | OOD AUROC MSP | entropy | MI |"
+        + " | OOD AUROC MSP | entropy | MI | train s (epochs × median epoch) |"
     )
-    lines = [head, "|" + "---|" * (6 + 10 + 3)]
+    lines = [head, "|" + "---|" * (6 + 10 + 3 + 1)]
     for name, rows in by_variant.items():
         cells = [name, str(len(rows)), f"{rows[0]['params']:,}"]
         cells += [cell(rows, f"test/{k}") for k in ("accuracy", "nll", "ece")]
@@ -571,6 +583,10 @@ def test_tables(stage: str) -> list[str]:
             else cell(rows, f"ood/{score}/auroc")
             for score in OOD_SCORES
         ]
+        seconds = [r["train/median_seconds"] for r in rows]
+        cells.append(
+            f"{np.mean(seconds):.0f}" + (f" ± {np.std(seconds, ddof=1):.0f}" * (len(rows) > 1))
+        )
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 

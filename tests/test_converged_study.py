@@ -127,3 +127,12 @@ def test_the_vision_winner_is_chosen_on_validation_and_trained_without_it(tmp_pa
     assert variants[-1].name == "snens_glr3_chosen"
     assert variants[-1].overrides == ("method.name=snens", "method.gamma_lr_multiplier=3")
     assert variants[-1].seeds == (0, 1, 2) and variants[-1].preset == study.VISION
+
+
+def test_training_seconds_read_past_an_epoch_the_process_was_stopped_in(tmp_path):
+    study = _converged_module()
+    seconds = [50.0, 52.0, 512.0, 51.0]  # the third epoch spans a SIGSTOP of 460 s
+    records = [{"epoch": i + 1, "seconds": s, "val/nll": 0.3} for i, s in enumerate(seconds)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert study._median_epochs_seconds(tmp_path) == pytest.approx(4 * 51.5)
+    assert sum(seconds) == 665.0  # what the wall clock (train/seconds) says

@@ -146,3 +146,41 @@ def test_diversity_layers_are_checked_before_anything_trains(tmp_path):
     with pytest.raises(ValueError, match=r"method.diversity_layers: .*\['fc'\] are not member"):
         train(config, progress=False, log=None)
     assert not (tmp_path / "run").exists()
+
+
+def test_the_logged_sharing_is_of_the_layers_the_regularizer_acts_on(tmp_path):
+    from snens.allocation import allocation, mean_effective_members
+    from snens.regularizer import diversity_gain
+    from snens.reload import load_run_model
+
+    layer = "model.stage3.1.1"
+    config = load_config(
+        preset("fashion_mnist_small_cnn_tiny"),
+        [
+            f"out_dir={json.dumps(str(tmp_path))}",
+            'name="run"',
+            "threads=1",
+            "data.train_examples=400",
+            "data.test_examples=200",
+            "data.corruption_examples=0",
+            "optim.epochs=1",
+            "method.diversity_weight=1.0",
+            f"method.diversity_layers={json.dumps([layer])}",
+        ],
+    )
+    lines = []
+    run = train(config, progress=False, log=lines.append)
+    assert any(
+        f"'effective members' the members sharing a feature of {layer} on" in x for x in lines
+    )
+    record = json.loads((run / "metrics.jsonl").read_text())
+    model, _, _ = load_run_model(run)
+    shares = allocation(model)
+    assert record["effective_members"] == pytest.approx(
+        mean_effective_members({layer: shares[layer]})
+    )
+    assert record["diversity_gain"] == pytest.approx(diversity_gain(model, 1.0, [layer]))
+    final = json.loads((run / "final.json").read_text())
+    assert final["model"]["effective_members"] == pytest.approx(record["effective_members"])
+    # the regularized layer is partitioned, the five others far less: the pooled number differs
+    assert mean_effective_members(shares) - record["effective_members"] > 0.1

@@ -44,7 +44,7 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from snens import distributed
-from snens.allocation import mean_effective_members
+from snens.allocation import allocation, mean_effective_members
 from snens.build import (
     build_model,
     build_optimizer,
@@ -468,9 +468,10 @@ def _epoch_record(
         "seconds": stats.seconds,
     }
     if config.method.name == "snens":  # the realized allocation, to report next to k*(τ)
+        layers = config.method.diversity_layers or None
         record["diversity_loss"] = stats.diversity_loss
-        record["diversity_gain"] = diversity_gain(model, config.method.temperature)
-        record["effective_members"] = mean_effective_members(model)
+        record["diversity_gain"] = diversity_gain(model, config.method.temperature, layers)
+        record["effective_members"] = _effective_members(model, config)
     if loaded.validation is not None:  # the learning curve, on held-out training data
         record.update(validation_metrics(model, loaded.validation, _CURVE_METRICS))
     if config.eval_every and epoch % config.eval_every == 0:
@@ -567,10 +568,13 @@ def _legend_line(config: RunConfig) -> str:
         if config.method.diversity_weight > 0
         else f"M={M} (no diversity loss: λ = 0)"
     )
+    layers = config.method.diversity_layers
+    where = f" of {', '.join(layers)}" if layers else ""
     return (
         "per epoch, 'gain over uniform' is M·KL(uniform ‖ member importances) per feature, in "
         "nats (0: every member weighs every feature alike; higher: features owned by fewer "
-        f"members), and 'effective members' the members sharing a feature on average, {target}"
+        f"members), and 'effective members' the members sharing a feature{where} on average, "
+        f"{target}"
     )
 
 
@@ -591,12 +595,21 @@ def _epoch_line(record: Mapping[str, Any], epochs: int) -> str:
     return line
 
 
+def _effective_members(model: nn.Module, config: RunConfig) -> float:
+    """The realized sharing of the member norms the diversity loss acts on (all, unless
+    ``method.diversity_layers`` names some), the number to hold against k*(τ)."""
+    shares = allocation(model)
+    if config.method.diversity_layers:
+        shares = {n: a for n, a in shares.items() if n in config.method.diversity_layers}
+    return mean_effective_members(shares)
+
+
 def _model_summary(model: nn.Module, config: RunConfig) -> dict[str, Any]:
     summary: dict[str, Any] = {
         "params": sum(p.numel() for p in model.parameters()),
         "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
     }
     if config.method.name == "snens":
-        summary["effective_members"] = mean_effective_members(model)
+        summary["effective_members"] = _effective_members(model, config)
         summary["k_star"] = optimal_k(config.method.temperature, config.method.num_members)
     return summary
