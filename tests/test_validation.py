@@ -52,7 +52,7 @@ def test_validation_refused_where_it_does_not_apply():
     with pytest.raises(ValueError, match=r"data.validation_examples 60000 leaves no training"):
         build_data(_data_config("data.validation_examples=60000"), seed=0)
     with pytest.raises(ValueError, match=r"data.validation_examples applies to the in-memory"):
-        load_config(preset("rotten_tomatoes_minilm"), ["data.validation_examples=100"])
+        load_config(preset("imagenet_resnet50"), ["data.validation_examples=100"])
     with pytest.raises(ValueError, match=r"data.validation_examples"):
         _data_config("data.validation_examples=-1")
 

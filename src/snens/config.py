@@ -193,7 +193,13 @@ class _Section:
 #: Keys that apply to one kind of data set only: (key, the value that leaves it unused, the
 #: data sets it applies to, what they are called, advice after "leave it at ...").
 _KIND_KEYS = (
-    ("validation_examples", 0, IMAGE_DATASETS, "the in-memory image sets", ""),
+    (
+        "validation_examples",
+        0,
+        IMAGE_DATASETS + TEXT_DATASETS,
+        "the in-memory image sets and the text sets",
+        "",
+    ),
     ("resize", 0, IMAGE_DATASETS, "the in-memory image sets", ""),
     ("channels", 0, IMAGE_DATASETS, "the in-memory image sets", ""),
     ("normalize", "dataset", IMAGE_DATASETS, "the in-memory image sets", ""),
@@ -215,10 +221,10 @@ class DataConfig(_Section):
     train_examples: int = 0  # N training examples (image sets: the first N; texts, folders: a fixed
     # random subset, as they are stored in order); 0 = all
     test_examples: int = 0  # N test examples, chosen as train_examples; 0 = all
-    # N examples held out of the training set as validation (in-memory image sets: the last N
-    # of the training file, never trained on; train_examples counts the rest), evaluated after
-    # every epoch (val/* in metrics.jsonl and final.json); 0 = none. Choose τ, λ and the budget
-    # here, never on the test set.
+    # N examples held out of the training set as validation, never trained on (in-memory image
+    # sets: the last N of the training file; texts: a fixed random N of the training texts;
+    # train_examples counts the rest), evaluated after every epoch (val/* in metrics.jsonl and
+    # final.json); 0 = none. Choose τ, λ and the budget here, never on the test set.
     validation_examples: int = 0
     batch_size: int = 128  # examples per optimizer step ("split": B/M per member)
     eval_batch_size: int = 1000  # examples per forward pass in evaluation

@@ -215,8 +215,9 @@ def build_data(
 
     Subsets (``train_examples``, ``test_examples``, ``ood_examples``) are the first N of an
     image set and a fixed random subset of texts, folders and OOD sets (stored in order). The
-    validation set of an image set (``validation_examples``) is the last N of its training
-    file, held out before ``train_examples`` takes the first N of the rest.
+    validation set (``validation_examples``) is held out before ``train_examples`` takes its N
+    of the rest: the last N of an image set's training file, a fixed random N of the training
+    texts.
 
     Args:
         config: the data section.
@@ -359,6 +360,19 @@ def _text_data(
             corpus.texts, corpus.labels, test_fraction=0.2, seed=0
         )
 
+    held: list[int] = []
+    if config.validation_examples:  # texts are stored in order: a fixed random N, not the last
+        n = config.validation_examples
+        if n >= len(texts):
+            raise ValueError(
+                f"data.validation_examples {n:,} leaves no training texts of the {len(texts):,} "
+                f"in {config.dataset}'s training set; hold out fewer (e.g. {len(texts) // 10:,})"
+            )
+        held = _subset(len(texts), n)
+        rest = sorted(set(range(len(texts))) - set(held))
+        val_texts, val_labels = [texts[i] for i in held], [labels[i] for i in held]
+        texts, labels = [texts[i] for i in rest], [labels[i] for i in rest]
+
     from snens.models.text import tokenizer  # imports transformers: text only
 
     tok = tokenizer(encoder)
@@ -382,10 +396,11 @@ def _text_data(
         config.train_examples,
         config.batch_size,
         "data.train_examples",
-        f"{config.dataset}'s training texts",
+        f"{config.dataset}'s training texts{' left after data.validation_examples' * bool(held)}",
         shuffle=True,
         drop_last=True,
     )
+    validation = loader(val_texts, val_labels, 0, config.eval_batch_size) if held else None
     test_loader = loader(
         test_texts,
         test_labels,
@@ -400,7 +415,9 @@ def _text_data(
         plots = (corpus or data.load_rotten_tomatoes(root)).ood_texts  # "rt_plots"
         zeros = [0] * len(plots)  # OOD labels are not used
         ood[name] = loader(plots, zeros, config.ood_examples, config.eval_batch_size)
-    return Data(train_loader, test_loader, ood, {}, num_classes=2, channels=None)
+    return Data(
+        train_loader, test_loader, ood, {}, num_classes=2, channels=None, validation=validation
+    )
 
 
 @dataclass(frozen=True)
