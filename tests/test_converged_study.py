@@ -136,3 +136,37 @@ def test_training_seconds_read_past_an_epoch_the_process_was_stopped_in(tmp_path
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     assert study._median_epochs_seconds(tmp_path) == pytest.approx(4 * 51.5)
     assert sum(seconds) == 665.0  # what the wall clock (train/seconds) says
+
+
+def test_the_text_winner_joins_the_text_stage_unless_it_is_the_defaults(tmp_path):
+    study = _converged_module()
+    study.WHERE["out"] = tmp_path
+    names = [v.name for v in study.STAGES["text_tune"]]
+    assert names[:2] == ["single", "snens_default"]
+
+    def finish(val_nll):
+        for name, nll in zip(names, val_nll, strict=True):
+            run = tmp_path / "text_tune" / name / "seed=0"
+            run.mkdir(parents=True, exist_ok=True)
+            (run / study.FINAL).write_text(json.dumps({"metrics": {"val/nll": nll}}))
+
+    assert study.text_variants() == study.STAGES["text"]  # nothing finished
+    finish((0.40, 0.45, 0.50, 0.47, 0.46, 0.48, 0.49))  # the defaults lowest of σN-Ens
+    assert study.chosen_recipe("text_tune").name == "snens_default"
+    assert study.text_variants() == study.STAGES["text"]  # the stage trains them already
+    finish((0.40, 0.45, 0.43, 0.47, 0.46, 0.48, 0.49))  # γ ×10 lowest
+    variants = study.text_variants()
+    assert variants[:-1] == study.STAGES["text"]
+    assert variants[-1].name == "snens_glr10_chosen" and variants[-1].preset == study.TEXT
+    assert variants[-1].overrides == ("method.name=snens", "method.gamma_lr_multiplier=10")
+    assert variants[-1].seeds == (0, 1, 2)
+    # every text run pins γ at the ×50 the stage was made with, and text_tune holds texts out
+    runs = study.runs_of("text_tune")
+    assert {
+        r.config.method.gamma_lr_multiplier for _, r in runs if r.config.method.name == "snens"
+    } == {
+        10.0,
+        50.0,
+        150.0,
+    }
+    assert {r.config.data.validation_examples for _, r in runs} == {1000}
