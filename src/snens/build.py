@@ -16,13 +16,15 @@ import math
 import os
 import random
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
-from snens import baselines
-from snens.config import OptimConfig, RunConfig
+from snens import baselines, models
+from snens.checkpoint import load_checkpoint, load_model_state
+from snens.config import OptimConfig, RunConfig, to_dict
 from snens.nn.linear import MemberLinear
 from snens.nn.surgery import is_norm
 
@@ -30,6 +32,7 @@ __all__ = [
     "build_model",
     "build_optimizer",
     "build_schedule",
+    "init_from_weights",
     "lr_factor",
     "reproducible",
     "resolve_device",
@@ -39,11 +42,16 @@ __all__ = [
 ]
 
 
-def build_model(config: RunConfig, *, num_classes: int, channels: int | None) -> nn.Module:
+def build_model(
+    config: RunConfig, *, num_classes: int, channels: int | None, initialize: bool = False
+) -> nn.Module:
     """The method of ``config.method`` over the backbone of ``config.model``, freshly built.
 
     ``in_channels`` and ``num_classes`` come from the data set unless the config sets them;
-    ``channels`` is None for text (the backbone takes token ids).
+    ``channels`` is None for text (the backbone takes token ids). With ``initialize`` (a run
+    that starts, not one that resumes or is reloaded: those load their own checkpoint), a
+    ``model.init_from`` run's trained weights are loaded into the backbone before the method
+    converts or wraps it (:func:`init_from_weights`).
     """
     image = {} if channels is None else {"in_channels": channels}
     backbone_options = {**image, **config.model.options}
@@ -51,14 +59,66 @@ def build_model(config: RunConfig, *, num_classes: int, channels: int | None) ->
     if config.method.name == "snens":
         options.setdefault("input_policy", config.method.input_policy)
     single = config.method.name == "single"
+    num_classes = config.model.num_classes or num_classes
+    backbone: str | nn.Module = config.model.backbone
+    if initialize and config.model.init_from:
+        # built, then loaded: the same draws from the generator as a backbone built by name
+        backbone = models.create(backbone, num_classes=num_classes, **backbone_options)
+        load_model_state(backbone, init_from_weights(config))
+        backbone_options = {}
     return baselines.create(
         config.method.name,
-        config.model.backbone,
-        num_classes=config.model.num_classes or num_classes,
+        backbone,
+        num_classes=num_classes,
         num_members=None if single else config.method.num_members,
         backbone_options=backbone_options,
         **options,
     )
+
+
+def init_from_weights(config: RunConfig) -> dict[str, torch.Tensor]:
+    """The backbone weights of the single-model run ``config.model.init_from`` names (its
+    directory or a checkpoint file), checked against ``config.model``.
+
+    Raises:
+        FileNotFoundError: no run directory or checkpoint there.
+        CheckpointError: the checkpoint is truncated, modified or not a snens checkpoint.
+        ValueError: the run is not a single model, or its backbone, options or number of
+            classes differ from this config's (both named).
+    """
+    where = Path(config.model.init_from)
+    path = where / "last.pt" if where.is_dir() else where
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"model.init_from {str(where)!r}: no run directory with a last.pt and no "
+            "checkpoint file there; name a single-model run directory (or its last.pt)"
+        )
+    state = load_checkpoint(path)
+    source = state["config"]
+    method = source.get("method", {}).get("name")
+    if method != "single":
+        raise ValueError(
+            f"model.init_from {str(where)!r} is a run of method {method!r}; it must be a "
+            "single-model run (method.name='single'), whose one network the method here "
+            "starts from"
+        )
+    wanted = to_dict(config)["model"]
+    differ = [
+        f"{key} {source['model'].get(key)!r} there, {wanted[key]!r} here"
+        for key in ("backbone", "options", "num_classes")
+        if source["model"].get(key) != wanted[key]
+    ]
+    if differ:
+        raise ValueError(
+            f"model.init_from {str(where)!r} trained another network: model."
+            + "; model.".join(differ)
+            + "; start from a run of the same backbone and options"
+        )
+    return {
+        name.removeprefix("model."): tensor
+        for name, tensor in state["model"].items()
+        if name.startswith("model.")
+    }
 
 
 def _is_head(module: nn.Module, num_classes: int) -> bool:

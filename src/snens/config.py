@@ -385,11 +385,19 @@ class ModelConfig(_Section):
     backbone: str = "small_cnn"  # a name of snens.models.available()
     num_classes: int = 0  # K; 0 = the data set's number of classes
     options: dict[str, Any] = field(default_factory=dict)  # builder kwargs: width, pretrained, …
+    # a trained single model to start from: its run directory (or its last.pt), made with this
+    # backbone, options and number of classes; the method then converts or wraps that network
+    # (σN-Ens: M exact copies of it). Read when a run starts, not when it resumes; "" = none
+    init_from: str = ""
 
     def validate(self) -> None:
         _require(bool(self.backbone), self.key("backbone"), "a model name", self.backbone)
         _require(self.num_classes >= 0, self.key("num_classes"), "an int >= 0", self.num_classes)
 
+
+#: The methods built around one network, so ``model.init_from`` can hand them a trained one
+#: (a deep ensemble builds M fresh networks, Packed-Ensembles its own widened one).
+ONE_NETWORK_METHODS = ("single", "snens", "batch_ensemble", "film", "mc_dropout")
 
 #: The methods whose norms are member norms with an affine of each member's own, which
 #: ``optim.affine_weight_decay`` decays.
@@ -571,6 +579,12 @@ class RunConfig(_Section):
                 f"optim.affine_weight_decay decays the member norms' own affine, and method "
                 f"{self.method.name!r} has no member norms; set it for method "
                 f"{' or '.join(repr(m) for m in MEMBER_NORM_METHODS)} only, or leave it 0"
+            )
+        if self.model.init_from and self.method.name not in ONE_NETWORK_METHODS:
+            raise ValueError(
+                f"model.init_from starts one network from a trained one, and method "
+                f"{self.method.name!r} builds networks of its own; use it with "
+                f"{', '.join(repr(m) for m in ONE_NETWORK_METHODS)}, or leave it empty"
             )
         split = self.method.input_policy == "split"
         M, B = self.method.num_members, self.data.batch_size

@@ -45,7 +45,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from snens.config import MEMBER_NORM_METHODS, RunConfig, apply_overrides, load_config, to_dict
+from snens.config import (
+    MEMBER_NORM_METHODS,
+    ONE_NETWORK_METHODS,
+    RunConfig,
+    apply_overrides,
+    load_config,
+    to_dict,
+)
 from snens.runs import CONFIG, FINAL, LAST
 
 __all__ = [
@@ -71,6 +78,7 @@ METHOD_ONLY_KEYS: dict[str, tuple[str, ...] | None] = {
     "method.diversity_weight": ("snens",),
     "method.diversity_layers": ("snens",),
     "optim.affine_weight_decay": MEMBER_NORM_METHODS,
+    "model.init_from": ONE_NETWORK_METHODS,
     "method.num_members": None,
 }
 

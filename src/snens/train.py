@@ -239,7 +239,9 @@ def _train(
         steps_per_epoch = len(loaded.train)
 
         # -- model
-        model = build_model(config, num_classes=loaded.num_classes, channels=loaded.channels)
+        model = build_model(
+            config, num_classes=loaded.num_classes, channels=loaded.channels, initialize=not resume
+        )
         model.to(device)
         if config.optim.channels_last:
             model.to(memory_format=torch.channels_last)
@@ -272,6 +274,8 @@ def _train(
                 _discard_after_checkpoint(run, epoch, say)
         group.barrier("waiting for rank 0 to prepare the run directory")
         say(_run_line(run, model, trainable, steps_per_epoch, device))
+        if config.model.init_from and not resume:
+            say(f"backbone started from the trained single model of {config.model.init_from}")
         say(f"parameter groups: {_describe_groups(groups)}")
         if config.method.name == "snens":
             say(_legend_line(config))

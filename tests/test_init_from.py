@@ -1,0 +1,135 @@
+"""``model.init_from``: a run that starts from a trained single model's network, on real
+Fashion-MNIST through the engine (tiny SmallCNN, 1 thread)."""
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from snens import data
+from snens.build import build_model
+from snens.checkpoint import CheckpointError
+from snens.config import load_config
+from snens.presets import preset
+from snens.reload import load_run_model
+from snens.train import train
+
+TINY = "fashion_mnist_small_cnn_tiny"
+
+
+def _config(tmp_path, name, *overrides):
+    return load_config(
+        preset(TINY),
+        [
+            f"out_dir={json.dumps(str(tmp_path))}",
+            f"name={json.dumps(name)}",
+            "threads=1",
+            "deterministic=true",
+            "data.train_examples=2000",
+            "data.test_examples=500",
+            "data.ood_examples=200",
+            *overrides,
+        ],
+    )
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A single model trained 2 epochs on 2,000 images: the network the others start from."""
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("init_from")
+    config = _config(out, "single", "method.name=single", "method.num_members=1", "optim.epochs=2")
+    return out, train(config, progress=False, log=None)
+
+
+def _images():
+    x, _ = data.load_fashion_mnist("test", None, False)
+    return (x[:64].float() / 255 - data.FASHION_MNIST_MEAN) / data.FASHION_MNIST_STD
+
+
+def test_every_member_starts_as_the_trained_network(trained):
+    out, source = trained
+    single, _, _ = load_run_model(source)
+    config = _config(out, "ens", "method.name=snens", f"model.init_from={json.dumps(str(source))}")
+    ens = build_model(config, num_classes=10, channels=1, initialize=True)
+    fresh = build_model(config, num_classes=10, channels=1)  # resumed or reloaded: no source
+    x = _images()
+    with torch.no_grad():
+        expected = single.eval()(x)[0]  # (B, K)
+        logits = ens.eval()(x)  # (M, B, K)
+        other = fresh.eval()(x)
+    assert logits.shape == (4, 64, 10)
+    for member in logits:
+        torch.testing.assert_close(member, expected, rtol=1e-4, atol=1e-4)
+    assert (other - expected).abs().max() > 1.0  # the untrained network is far from it
+    # a checkpoint file names the same weights as its run directory
+    by_file = _config(
+        out, "f", "method.name=snens", f"model.init_from={json.dumps(str(source / 'last.pt'))}"
+    )
+    with torch.no_grad():
+        torch.testing.assert_close(
+            build_model(by_file, num_classes=10, channels=1, initialize=True).eval()(x), logits
+        )
+
+
+def test_a_run_started_from_it_resumes_without_it(trained, tmp_path):
+    out, source = trained
+    start = tmp_path / "source"
+    shutil.copytree(source, start)
+    init = f"model.init_from={json.dumps(str(start))}"
+    lines = []
+    config = _config(tmp_path, "ens", "method.name=snens", "optim.epochs=2", "optim.lr=1e-3", init)
+    run = train(config, progress=False, log=lines.append)
+    assert f"backbone started from the trained single model of {start}" in lines
+    whole = json.loads((run / "final.json").read_text())["metrics"]
+    scratch = train(
+        _config(tmp_path, "scratch", "method.name=snens", "optim.epochs=2", "optim.lr=1e-3"),
+        progress=False,
+        log=None,
+    )
+    from_scratch = json.loads((scratch / "final.json").read_text())["metrics"]
+    single = json.loads((source / "final.json").read_text())["metrics"]
+    # it goes on from the trained network: test NLL measured 1.287 from it, 2.246 from
+    # scratch (ln 10 = 2.303: two epochs of a width-4 network from nothing), the single 1.409
+    assert whole["test/nll"] < from_scratch["test/nll"] - 0.5
+    assert whole["test/nll"] < single["test/nll"]
+    # stopped after epoch 1 and the source gone: the resumed run reads its own checkpoint
+    shutil.copy(run / "prev.pt", run / "last.pt")
+    (run / "final.json").unlink()
+    shutil.rmtree(start)
+    train(config, resume=True, progress=False, log=None, run_dir=run)
+    again = json.loads((run / "final.json").read_text())["metrics"]
+    assert again["test/nll"] == pytest.approx(whole["test/nll"], rel=1e-6)
+
+
+def test_what_it_cannot_start_from_is_refused_naming_it(trained, tmp_path):
+    out, source = trained
+    init = f"model.init_from={json.dumps(str(source))}"
+    with pytest.raises(ValueError, match=r"method 'deep_ensemble' builds networks of its own"):
+        _config(tmp_path, "x", "method.name=deep_ensemble", init)
+
+    def build(*overrides):
+        config = _config(tmp_path, "x", "method.name=snens", *overrides)
+        return build_model(config, num_classes=10, channels=1, initialize=True)
+
+    with pytest.raises(FileNotFoundError, match=r"model.init_from '.*nowhere': no run directory"):
+        build(f"model.init_from={json.dumps(str(tmp_path / 'nowhere'))}")
+    with pytest.raises(
+        ValueError, match=r"model.options \{'width': 4\} there, \{'width': 8\} here"
+    ):
+        build(init, "model.options={width=8}")
+    # a run of another method: not one network to start from
+    ens = train(
+        _config(tmp_path, "ens", "method.name=snens", "optim.epochs=1"), progress=False, log=None
+    )
+    with pytest.raises(ValueError, match=r"is a run of method 'snens'; it must be a single-model"):
+        build(f"model.init_from={json.dumps(str(ens))}")
+    # a damaged checkpoint is caught before anything is loaded
+    broken = tmp_path / "broken"
+    shutil.copytree(source, broken)
+    raw = bytearray((broken / "last.pt").read_bytes())
+    raw[-100] ^= 0xFF
+    (broken / "last.pt").write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError, match=r"digest mismatch"):
+        build(f"model.init_from={json.dumps(str(broken))}")
