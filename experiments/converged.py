@@ -38,6 +38,10 @@ Stages (each run's directory: ``results/converged/<stage>/<variant>/seed=<s>/``)
   the defaults and the ablation's σN-Ens winner (lowest validation NLL) at the converged
   budget (at most 40 epochs), seeds 0, 1, 2, seed by seed; its runs exist once ``ablation``
   has finished and the budget runs have decided its length.
+* ``posthoc`` — σN-Ens converted from ``final``'s trained single model and fine-tuned 4 more
+  epochs (learning rate 3e-4 / 1e-3, τ=5 λ=0.01, fresh member heads; chosen on validation,
+  seed 0), the winner over seeds 0, 1, 2 from each seed's single model, next to the single
+  model trained the same 4 epochs more.
 
 Resumable and parallel: run the same command in two processes; each takes the next run
 nobody trains (the engine's ``run.lock``, an ``flock`` the kernel drops when its process
@@ -56,6 +60,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -304,6 +309,7 @@ def _stages() -> dict[str, list[Variant]]:
         "text_tune": text_tune,
         "width": width,
         "final": [],
+        "posthoc": [],
     }
 
 
@@ -313,12 +319,12 @@ FINAL_METHODS = ("single", "deep_ensemble", "batch_ensemble", "packed", "mc_drop
 FINAL_SEEDS = (0, 1, 2)
 
 
-def chosen_recipe(stage: str = "ablation") -> Variant | None:
+def chosen_recipe(stage: str = "ablation", variants: Sequence[Variant] = ()) -> Variant | None:
     """The σN-Ens variant of ``stage`` (``ablation``: width 16, repeated inputs at one budget;
-    ``vision_tune``) with the lowest validation NLL; None until all of them finished. Never
-    looks at the test set."""
+    ``vision_tune``, ``text_tune``; or of ``variants``, those of the stage to choose among) with
+    the lowest validation NLL; None until all of them finished. Never looks at the test set."""
     best, best_nll = None, math.inf
-    for variant in STAGES[stage]:
+    for variant in variants or STAGES[stage]:
         if not variant.name.startswith("snens") or variant.name.endswith("_e40"):
             continue
         final = _final(WHERE["out"] / stage / variant.name / "seed=0")
@@ -376,6 +382,54 @@ def vision_variants() -> list[Variant]:
     return [*STAGES["vision"], Variant(f"{recipe.name}_chosen", kept, seeds, VISION)]
 
 
+#: Epochs of the fine-tune after conversion: a tenth of the final stage's 40.
+POSTHOC_EPOCHS = 4
+
+
+def _single_source() -> str:
+    """The final stage's single model of a run's seed, as ``model.init_from`` names it: relative
+    to the repository root when the study is inside it (the study runs there: :func:`main`
+    changes to it), so the runs' configs hold no machine's absolute path."""
+    where = WHERE["out"] / "final" / "single" / "seed={seed}"
+    return str(where.relative_to(ROOT)) if where.is_relative_to(ROOT) else str(where)
+
+
+def _posthoc_tune() -> list[Variant]:
+    start = (
+        f"model.init_from={json.dumps(_single_source())}",
+        f"optim.epochs={POSTHOC_EPOCHS}",
+    )
+    reset = 'method.options={head_init="reset"}'
+    return [
+        Variant(name, (*start, f"optim.lr={lr}", *method))
+        for name, lr, method in (
+            ("snens_lr3e-4", 3e-4, _snens(1, 0.1)),
+            ("snens_lr1e-3", 1e-3, _snens(1, 0.1)),
+            ("snens_tau5_lam0.01_lr3e-4", 3e-4, _snens(5, 0.01)),
+            ("snens_reset_lr3e-4", 3e-4, _snens(1, 0.1, reset)),
+        )
+    ]
+
+
+def posthoc_variants() -> list[Variant]:
+    """σN-Ens converted from the final stage's trained single model (``model.init_from``) and
+    fine-tuned :data:`POSTHOC_EPOCHS` more epochs on the same data: learning rate, τ and λ, and
+    fresh member heads chosen on validation (seed 0); the winner then over the seeds whose
+    single model has finished, each from its own, next to that single model trained the same
+    epochs more (``single_continued``). Empty until the single model of seed 0 finished."""
+    sources = [s for s in FINAL_SEEDS if _final(WHERE["out"] / "final" / "single" / f"seed={s}")]
+    if 0 not in sources:
+        return []
+    tune = _posthoc_tune()
+    start = tune[0].overrides[:2]  # init_from and the epochs
+    out = [Variant("single_continued", (*SINGLE, *start, "optim.lr=0.0003"), tuple(sources))]
+    out += tune
+    recipe = chosen_recipe("posthoc", tune)
+    if recipe is not None:
+        out.append(Variant(f"{recipe.name}_chosen", recipe.overrides, tuple(sources)))
+    return out
+
+
 def text_variants() -> list[Variant]:
     """The ``text`` stage, with ``text_tune``'s winner over its seeds once it is chosen, unless
     the winner is the defaults the stage trains already (its ``snens_default``)."""
@@ -400,6 +454,8 @@ def _variants(stage: str) -> list[Variant]:
         return vision_variants()
     if stage == "text":
         return text_variants()
+    if stage == "posthoc":
+        return posthoc_variants()
     return STAGES[stage]
 
 
@@ -694,7 +750,7 @@ def report() -> Path:
         sections += [f"## Stage `{stage}`", "", table.table, ""]
         if stage not in ("text", "vision"):
             sections += ["Diagnosis (validation split):", "", *diagnosis(stage), ""]
-        if stage in ("overfit", "text", "vision", "final"):
+        if stage in ("overfit", "text", "vision", "final", "posthoc"):
             sections += ["Test set, corruption and OOD:", "", *test_tables(stage), ""]
         plot = _plot_curves(stage, WHERE["out"].parent) if stage not in ("text", "vision") else None
         if plot:
@@ -717,6 +773,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("plan", help="list the runs and their status")
     args = parser.parse_args(argv)
     WHERE.update(out=args.out.resolve(), extra=tuple(args.set))
+    os.chdir(ROOT)  # where the runs' relative paths (model.init_from) start
     if args.command == "run":
         return run(args.stage)
     if args.command == "report":

@@ -170,3 +170,42 @@ def test_the_text_winner_joins_the_text_stage_unless_it_is_the_defaults(tmp_path
         150.0,
     }
     assert {r.config.data.validation_examples for _, r in runs} == {1000}
+
+
+def test_posthoc_starts_each_seed_from_its_single_model_and_chooses_on_validation(tmp_path):
+    study = _converged_module()
+    study.WHERE["out"] = tmp_path
+    assert study.posthoc_variants() == []  # no single model of the final stage yet
+
+    def finish(stage, name, seed, val_nll):
+        run = tmp_path / stage / name / f"seed={seed}"
+        run.mkdir(parents=True, exist_ok=True)
+        (run / study.FINAL).write_text(json.dumps({"metrics": {"val/nll": val_nll}}))
+
+    finish("final", "single", 0, 0.19)
+    finish("final", "single", 1, 0.19)
+    variants = study.posthoc_variants()
+    names = [v.name for v in variants]
+    assert names == [
+        "single_continued",
+        "snens_lr3e-4",
+        "snens_lr1e-3",
+        "snens_tau5_lam0.01_lr3e-4",
+        "snens_reset_lr3e-4",
+    ]
+    assert variants[0].seeds == (0, 1)  # the seeds whose single model has finished
+    # one template for every seed, outside the repository an absolute path
+    source = str(tmp_path / "final" / "single" / "seed={seed}")
+    for v in variants:
+        assert (
+            f"model.init_from={json.dumps(source)}" in v.overrides
+            and "optim.epochs=4" in v.overrides
+        )
+    for name, nll in zip(names[1:], (0.185, 0.181, 0.188, 0.183), strict=True):
+        finish("posthoc", name, 0, nll)
+    chosen = study.posthoc_variants()[-1]
+    assert chosen.name == "snens_lr1e-3_chosen" and chosen.seeds == (0, 1)
+    assert "optim.lr=0.001" in chosen.overrides
+    runs = [r for v, r in study.runs_of("posthoc") if v.name == chosen.name]
+    assert [r.config.model.init_from for r in runs] == [source, source]
+    assert [r.config.seed for r in runs] == [0, 1]

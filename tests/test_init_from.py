@@ -1,6 +1,7 @@
 """``model.init_from``: a run that starts from a trained single model's network, on real
 Fashion-MNIST through the engine (tiny SmallCNN, 1 thread)."""
 
+import dataclasses
 import json
 import shutil
 
@@ -63,6 +64,18 @@ def test_every_member_starts_as_the_trained_network(trained):
     for member in logits:
         torch.testing.assert_close(member, expected, rtol=1e-4, atol=1e-4)
     assert (other - expected).abs().max() > 1.0  # the untrained network is far from it
+    # "{seed}" reads as the run's seed
+    template = json.dumps(str(source.parent / "sin{seed}le"))
+    (source.parent / "sin0le").symlink_to(source)
+    seeded = _config(out, "s", "method.name=snens", "seed=0", f"model.init_from={template}")
+    with torch.no_grad():
+        torch.testing.assert_close(
+            build_model(seeded, num_classes=10, channels=1, initialize=True).eval()(x), logits
+        )
+    with pytest.raises(FileNotFoundError, match=r"sin1le': no run directory"):
+        build_model(
+            dataclasses.replace(seeded, seed=1), num_classes=10, channels=1, initialize=True
+        )
     # a checkpoint file names the same weights as its run directory
     by_file = _config(
         out, "f", "method.name=snens", f"model.init_from={json.dumps(str(source / 'last.pt'))}"

@@ -78,7 +78,8 @@ def build_model(
 
 def init_from_weights(config: RunConfig) -> dict[str, torch.Tensor]:
     """The backbone weights of the single-model run ``config.model.init_from`` names (its
-    directory or a checkpoint file), checked against ``config.model``.
+    directory or a checkpoint file; ``{seed}`` in it reads as the run's seed), checked against
+    ``config.model``.
 
     Raises:
         FileNotFoundError: no run directory or checkpoint there.
@@ -86,7 +87,7 @@ def init_from_weights(config: RunConfig) -> dict[str, torch.Tensor]:
         ValueError: the run is not a single model, or its backbone, options or number of
             classes differ from this config's (both named).
     """
-    where = Path(config.model.init_from)
+    where = Path(config.model.init_from.replace("{seed}", str(config.seed)))
     path = where / "last.pt" if where.is_dir() else where
     if not path.is_file():
         raise FileNotFoundError(

@@ -387,7 +387,8 @@ class ModelConfig(_Section):
     options: dict[str, Any] = field(default_factory=dict)  # builder kwargs: width, pretrained, …
     # a trained single model to start from: its run directory (or its last.pt), made with this
     # backbone, options and number of classes; the method then converts or wraps that network
-    # (σN-Ens: M exact copies of it). Read when a run starts, not when it resumes; "" = none
+    # (σN-Ens: M exact copies of it); "{seed}" in it reads as the run's seed, so a seed sweep
+    # starts each seed from its own. Read when a run starts, not when it resumes; "" = none
     init_from: str = ""
 
     def validate(self) -> None:
