@@ -32,6 +32,7 @@ __all__ = [
     "build_model",
     "build_optimizer",
     "build_schedule",
+    "init_from_path",
     "init_from_weights",
     "lr_factor",
     "reproducible",
@@ -76,6 +77,11 @@ def build_model(
     )
 
 
+def init_from_path(config: RunConfig) -> Path:
+    """``config.model.init_from`` with ``{seed}`` read as the run's seed."""
+    return Path(config.model.init_from.replace("{seed}", str(config.seed)))
+
+
 def init_from_weights(config: RunConfig) -> dict[str, torch.Tensor]:
     """The backbone weights of the single-model run ``config.model.init_from`` names (its
     directory or a checkpoint file; ``{seed}`` in it reads as the run's seed), checked against
@@ -87,7 +93,7 @@ def init_from_weights(config: RunConfig) -> dict[str, torch.Tensor]:
         ValueError: the run is not a single model, or its backbone, options or number of
             classes differ from this config's (both named).
     """
-    where = Path(config.model.init_from.replace("{seed}", str(config.seed)))
+    where = init_from_path(config)
     path = where / "last.pt" if where.is_dir() else where
     if not path.is_file():
         raise FileNotFoundError(

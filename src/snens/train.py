@@ -49,6 +49,7 @@ from snens.build import (
     build_model,
     build_optimizer,
     build_schedule,
+    init_from_path,
     lr_factor,
     reproducible,
     resolve_device,
@@ -275,7 +276,7 @@ def _train(
         group.barrier("waiting for rank 0 to prepare the run directory")
         say(_run_line(run, model, trainable, steps_per_epoch, device))
         if config.model.init_from and not resume:
-            say(f"backbone started from the trained single model of {config.model.init_from}")
+            say(f"backbone started from the trained single model of {init_from_path(config)}")
         say(f"parameter groups: {_describe_groups(groups)}")
         if config.method.name == "snens":
             say(_legend_line(config))
