@@ -556,16 +556,18 @@ def _plot_curves(stage: str, out: Path) -> Path | None:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+
+        from snens.plots import curve_styles
     except ImportError:
         return None
     # validation NLL, accuracy and disagreement and σN-Ens' effective members per epoch; one
-    # colour per variant (its seeds alike), a line style per 20 variants, so a study of many
-    # settings keeps every curve told apart, one legend entry per variant below the panels
+    # style per variant (its seeds alike: snens.plots.curve_styles), one legend entry per
+    # variant below the panels
     curves: dict[str, list[Path]] = {}
     for variant, sweep_run in runs_of(stage):
         if (sweep_run.path() / "metrics.jsonl").is_file():
             curves.setdefault(variant.name, []).append(sweep_run.path())
-    colours = plt.get_cmap("tab10" if len(curves) <= 10 else "tab20").colors
+    styles = curve_styles(len(curves))
     panels = (
         ("val/nll", "validation NLL"),
         ("val/accuracy", "validation accuracy"),
@@ -574,8 +576,7 @@ def _plot_curves(stage: str, out: Path) -> Path | None:
     )
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
     axes = axes.ravel()
-    for i, (name, paths) in enumerate(curves.items()):
-        style = {"color": colours[i % len(colours)], "linestyle": ("-", "--", ":")[i // 20 % 3]}
+    for style, (name, paths) in zip(styles, curves.items(), strict=True):
         for j, path in enumerate(paths):
             label = f"{name} ({len(paths)} seed{'s' * (len(paths) > 1)})" if j == 0 else None
             records = read_metrics(path)

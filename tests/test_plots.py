@@ -10,6 +10,7 @@ import snens
 from snens import metrics
 from snens.plots import (
     allocation_heatmap,
+    curve_styles,
     ood_histograms,
     pareto_plot,
     reliability_bins,
@@ -143,3 +144,13 @@ def test_missing_matplotlib_says_how_to_install(tmp_path, predictions, monkeypat
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     with pytest.raises(ImportError, match=r"pip install snens\[plot\]"):
         reliability_diagram(member_probs, labels, tmp_path / "r.png")
+
+
+def test_curve_styles_tell_thirty_curves_apart():
+    styles = curve_styles(31, markers=True)
+    assert styles[0] == {"color": "C0", "linestyle": "-", "marker": "o"}
+    assert styles[13] == {"color": "C3", "linestyle": "--", "marker": "s"}
+    assert styles[29] == {"color": "C9", "linestyle": ":", "marker": "^"}
+    assert styles[30] == styles[0]  # the 31st repeats the first
+    assert len({tuple(s.items()) for s in styles[:30]}) == 30
+    assert curve_styles(2) == [{"color": "C0", "linestyle": "-"}, {"color": "C1", "linestyle": "-"}]

@@ -23,6 +23,7 @@ from snens.allocation import LayerAllocation, allocation
 
 __all__ = [
     "allocation_heatmap",
+    "curve_styles",
     "ood_histograms",
     "pareto_plot",
     "reliability_bins",
@@ -32,6 +33,27 @@ __all__ = [
 
 _DPI = 120
 _SEVERITIES = range(1, 6)
+
+
+def curve_styles(n: int, markers: bool = False) -> list[dict[str, str]]:
+    """Matplotlib line styles for ``n`` curves on one axis, each told apart: the ten default
+    colours (``C0``–``C9``), then the same ten dashed, then dotted, and so on.
+
+    Args:
+        n: the number of curves.
+        markers: a marker per curve too (``o``, ``s``, ``^`` with the solid, dashed, dotted).
+
+    Returns:
+        ``n`` keyword dicts for ``Axes.plot`` (``color``, ``linestyle``, with ``marker``).
+    """
+    out = []
+    for i in range(n):
+        kind = i // 10 % 3
+        style = {"color": f"C{i % 10}", "linestyle": ("-", "--", ":")[kind]}
+        if markers:
+            style["marker"] = ("o", "s", "^")[kind]
+        out.append(style)
+    return out
 
 
 def _figure(width: float, height: float) -> Any:
@@ -259,11 +281,11 @@ def shift_plot(
     rows = -(-len(results) // columns)
     figure = _figure(5.0 * len(panels), 4.0 + 0.2 * rows)
     axes = figure.subplots(1, len(panels), squeeze=False)[0]
-    styles = [(f"C{i % 10}", ("o-", "s--", "^:")[i // 10 % 3]) for i in range(len(results))]
+    styles = curve_styles(len(results), markers=True)
     for ax, panel in zip(axes, panels):
-        for (color, style), (method, (sev, mean, low, high)) in zip(styles, curves[panel].items()):
-            ax.plot(sev, mean, style, color=color, label=method)
-            ax.fill_between(sev, low, high, color=color, alpha=0.15, linewidth=0)
+        for style, (method, (sev, mean, low, high)) in zip(styles, curves[panel].items()):
+            ax.plot(sev, mean, label=method, **style)
+            ax.fill_between(sev, low, high, color=style["color"], alpha=0.15, linewidth=0)
         ax.set_xticks(range(0, 6), ["clean", "1", "2", "3", "4", "5"])
         ax.set(xlabel="corruption severity", ylabel=panel.replace("_", " "))
         ax.set_title(f"{panel.replace('_', ' ')} under shift\n(band: min–max over corruptions)")
