@@ -39,7 +39,7 @@ Stages (each run's directory: ``results/converged/<stage>/<variant>/seed=<s>/``)
   budget (at most 40 epochs), seeds 0, 1, 2, seed by seed; its runs exist once ``ablation``
   has finished and the budget runs have decided its length.
 * ``posthoc`` — σN-Ens converted from ``final``'s trained single model and fine-tuned 4 more
-  epochs (learning rate 3e-4 / 1e-3, τ=5 λ=0.01, fresh member heads; chosen on validation,
+  epochs (learning rate 3e-4 / 1e-3, τ=5 λ=0.01, fresh member heads, γ at ×3; chosen on validation,
   seed 0), the winner over seeds 0, 1, 2 from each seed's single model, next to the single
   model trained the same 4 epochs more.
 
@@ -407,6 +407,9 @@ def _posthoc_tune() -> list[Variant]:
             ("snens_lr1e-3", 1e-3, _snens(1, 0.1)),
             ("snens_tau5_lam0.01_lr3e-4", 3e-4, _snens(5, 0.01)),
             ("snens_reset_lr3e-4", 3e-4, _snens(1, 0.1, reset)),
+            # γ slower (×3, as the pretrained CNN's recipe): the partition forms while the
+            # shared weights adapt to it
+            ("snens_glr3_lr3e-4", 3e-4, _snens(1, 0.1, "method.gamma_lr_multiplier=3")),
         )
     ]
 
