@@ -683,9 +683,8 @@ def test_tables(stage: str) -> list[str]:
             for score in OOD_SCORES
         ]
         seconds = [r["train/median_seconds"] for r in rows]
-        cells.append(
-            f"{np.mean(seconds):.0f}" + (f" ± {np.std(seconds, ddof=1):.0f}" * (len(rows) > 1))
-        )
+        spread = f" ± {np.std(seconds, ddof=1):.0f}" if len(seconds) > 1 else ""
+        cells.append(f"{np.mean(seconds):.0f}{spread}")
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
