@@ -195,6 +195,7 @@ def test_posthoc_starts_each_seed_from_its_single_model_and_chooses_on_validatio
         "snens_glr3_lr3e-4",
     ]
     assert variants[0].seeds == (0, 1)  # the seeds whose single model has finished
+    assert [v.seeds for v in variants[1:]] == [(0,), (0,), (0,), (0,), (0, 1)]
     # one template for every seed, outside the repository an absolute path
     source = str(tmp_path / "final" / "single" / "seed={seed}")
     for v in variants:
