@@ -489,14 +489,15 @@ def runs_of(stage: str) -> list[tuple[Variant, SweepRun]]:
             out.append((variant, run))
     if stage == "final":
         # seed by seed, a whole first seed's table before the second seed; within a seed the
-        # rows the targets compare (one model, the deep ensemble, σN-Ens) before the others
-        out.sort(key=lambda item: (item[1].config.seed, _target_rank(item[0].name)))
+        # rows the targets compare (one model, the deep ensemble, σN-Ens) before the other
+        # baselines, the cheaper first
+        out.sort(key=lambda item: (item[1].config.seed, _queue_rank(item[0].name)))
     return out
 
 
-def _target_rank(name: str) -> int:
-    first = ("single", "deep_ensemble", "snens_default")
-    return first.index(name) if name in first else 3 if name.endswith("_chosen") else 4
+def _queue_rank(name: str) -> float:
+    order = ("single", "deep_ensemble", "snens_default", "mc_dropout", "packed")
+    return order.index(name) if name in order else 2.5 if name.endswith("_chosen") else 9
 
 
 def run(stages: Sequence[str]) -> int:
