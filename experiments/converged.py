@@ -748,6 +748,104 @@ def diagnosis(stage: str) -> list[str]:
     return rows
 
 
+#: The stages whose σN-Ens runs the sharing figure draws: where one model overfits, and all the
+#: data on the small backbone.
+SHARING_STAGES = (("overfit", "single"), ("ablation", None))
+
+
+def sharing_points(stage: str) -> list[tuple[str, float, float, float]]:
+    """(variant, k/M, member NLL, ensemble NLL) on the validation split of each finished σN-Ens
+    run of ``stage`` (seed 0) that partitions every member norm with repeated inputs at the
+    stage's budget: the share of the features a member keeps against what it costs the member
+    and what the ensemble gains back."""
+    out = []
+    for variant, sweep_run in runs_of(stage):
+        config, final = sweep_run.config, _final(sweep_run.path())
+        method = config.method
+        if (
+            final is None
+            or config.seed != 0
+            or method.name != "snens"
+            or method.input_policy != "repeat"
+            or method.diversity_layers
+            or (stage == "ablation" and config.optim.epochs != ABLATION_EPOCHS)
+        ):
+            continue
+        m = final["metrics"]
+        share = final["model"]["effective_members"] / method.num_members
+        out.append((variant.name, share, m["val/member_nll_mean"], m["val/nll"]))
+    return sorted(out, key=lambda point: point[1])
+
+
+def _single_nll(stage: str, variant: str | None) -> float | None:
+    path = (
+        WHERE["out"] / stage / variant / "seed=0"
+        if variant
+        else WHERE["out"] / "budget" / f"single_e{ABLATION_EPOCHS}" / "seed=0"
+    )
+    final = _final(path)
+    return None if final is None else final["metrics"]["val/nll"]
+
+
+def _plot_sharing(out: Path) -> Path | None:
+    """Member and ensemble validation NLL against the share of features a member keeps, one
+    panel per stage of :data:`SHARING_STAGES`, the single model as a line."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, axes = plt.subplots(1, len(SHARING_STAGES), figsize=(11, 4.2))
+    titles = {
+        "overfit": "10,000 images, width 32, 20 epochs: one model overfits",
+        "ablation": "all 55,000 images, width 16, 10 epochs: one model underfits",
+    }
+    drawn = []
+    for ax, (stage, single) in zip(axes, SHARING_STAGES, strict=True):
+        points = sharing_points(stage)
+        if not points:
+            continue
+        drawn.append(ax)
+        _, share, member, ensemble = zip(*points, strict=True)
+        ax.vlines(share, ensemble, member, color="0.7", linewidth=1)
+        ax.plot(share, member, "o", mfc="none", color="C0", label="a member (mean)")
+        ax.plot(share, ensemble, "o", color="C1", label="the ensemble of 4")
+        reference = _single_nll(stage, single)
+        if reference is not None:
+            ax.axhline(reference, color="k", linestyle="--", linewidth=1, label="one model")
+        ax.set_xlabel("share of the features a member keeps (effective members / M)")
+        ax.set_ylabel("validation NLL")
+        ax.set_title(titles[stage], fontsize=9)
+        ax.grid(alpha=0.3)
+    if not drawn:
+        plt.close(fig)
+        return None
+    drawn[0].legend(fontsize=8)
+    fig.tight_layout()
+    target = out / "converged_sharing.png"
+    fig.savefig(target, dpi=120)
+    plt.close(fig)
+    return target
+
+
+def sharing_table() -> list[str]:
+    """:func:`sharing_points` of each stage of :data:`SHARING_STAGES` as a table."""
+    rows = [
+        "| stage | variant | k/M | member NLL | ensemble NLL | one model |",
+        "|---|---|---|---|---|---|",
+    ]
+    for stage, single in SHARING_STAGES:
+        reference = _single_nll(stage, single)
+        shown = "–" if reference is None else f"{reference:.3f}"
+        for name, share, member, ensemble in sharing_points(stage):
+            rows.append(
+                f"| {stage} | {name} | {share:.2f} | {member:.3f} | {ensemble:.3f} | {shown} |"
+            )
+    return rows
+
+
 def report() -> Path:
     """``results/converged.md``: the budget table, a report table per stage, the curves."""
     sections = ["# Converged-budget study (`python experiments/converged.py report`)", ""]
@@ -778,6 +876,19 @@ def report() -> Path:
         plot = _plot_curves(stage, WHERE["out"].parent) if stage not in ("text", "vision") else None
         if plot:
             sections += [f"![{stage} learning curves]({plot.name})", ""]
+    sections += [
+        "## Sharing against member quality (validation, seed 0)",
+        "",
+        "Each σN-Ens run that partitions every member norm with repeated inputs: the share of",
+        "the features a member keeps (effective members / M), its members' mean NLL and the",
+        "ensemble's.",
+        "",
+        *sharing_table(),
+        "",
+    ]
+    plot = _plot_sharing(WHERE["out"].parent)
+    if plot:
+        sections += [f"![sharing against member quality]({plot.name})", ""]
     path = WHERE["out"].parent / f"{WHERE['out'].name}.md"
     path.write_text("\n".join(sections))
     return path

@@ -211,3 +211,36 @@ def test_posthoc_starts_each_seed_from_its_single_model_and_chooses_on_validatio
     runs = [r for v, r in study.runs_of("posthoc") if v.name == chosen.name]
     assert [r.config.model.init_from for r in runs] == [source, source]
     assert [r.config.seed for r in runs] == [0, 1]
+
+
+def test_the_sharing_figure_takes_the_runs_that_partition_every_norm(tmp_path):
+    study = _converged_module()
+    study.WHERE["out"] = tmp_path
+    values = {  # variant: (effective members, member NLL, ensemble NLL)
+        "snens_tau1_lam0.1": (1.93, 0.297, 0.276),
+        "snens_lam0": (3.78, 0.233, 0.232),
+        "snens_tau1_lam0.1_m2": (1.0, 0.291, 0.275),  # M=2: k/M = 0.5
+        "snens_tau1_lam0.1_stage3": (3.0, 0.244, 0.240),  # one stage only: left out
+        "snens_tau1_lam0.1_split_e10": (1.93, 0.363, 0.342),  # split inputs: left out
+        "snens_tau1_lam0.1_split_e40": (1.93, 0.25, 0.19),  # 40 epochs: left out
+        "deep_ensemble": (None, 0.19, 0.17),  # not σN-Ens
+    }
+    for name, (k, member, ensemble) in values.items():
+        run = tmp_path / "ablation" / name / "seed=0"
+        run.mkdir(parents=True)
+        final = {
+            "metrics": {"val/member_nll_mean": member, "val/nll": ensemble},
+            "model": {"effective_members": k},
+        }
+        (run / study.FINAL).write_text(json.dumps(final))
+    assert study.sharing_points("ablation") == [
+        ("snens_tau1_lam0.1", pytest.approx(1.93 / 4), 0.297, 0.276),
+        ("snens_tau1_lam0.1_m2", 0.5, 0.291, 0.275),
+        ("snens_lam0", pytest.approx(3.78 / 4), 0.233, 0.232),
+    ]
+    single = tmp_path / "budget" / "single_e10" / "seed=0"
+    single.mkdir(parents=True)
+    (single / study.FINAL).write_text(json.dumps({"metrics": {"val/nll": 0.224}}))
+    table = study.sharing_table()
+    assert "| ablation | snens_tau1_lam0.1_m2 | 0.50 | 0.291 | 0.275 | 0.224 |" in table
+    assert study._plot_sharing(tmp_path).stat().st_size > 10_000
