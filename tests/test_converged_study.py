@@ -241,6 +241,7 @@ def test_the_sharing_figure_takes_the_runs_that_partition_every_norm(tmp_path):
     single = tmp_path / "budget" / "single_e10" / "seed=0"
     single.mkdir(parents=True)
     (single / study.FINAL).write_text(json.dumps({"metrics": {"val/nll": 0.224}}))
-    table = study.sharing_table()
+    shares = study.sharing()
+    table = study.sharing_table(shares)
     assert "| ablation | snens_tau1_lam0.1_m2 | 0.50 | 0.291 | 0.275 | 0.224 |" in table
-    assert study._plot_sharing(tmp_path).stat().st_size > 10_000
+    assert study._plot_sharing(shares, tmp_path).stat().st_size > 10_000

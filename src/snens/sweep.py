@@ -526,7 +526,8 @@ def run_sweep(
         from snens.train import train
     out = check_writable(out)
     listed = list(runs) if table is None else list(table)
-    missing = [run.name for run in runs if run.path() not in {r.path() for r in listed}]
+    paths = {r.path() for r in listed}
+    missing = [run.name for run in runs if run.path() not in paths]
     if missing:
         raise ValueError(f"table= must list every run trained; it lacks {missing}")
     failed: dict[str, str] = {}
