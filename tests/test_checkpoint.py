@@ -1,6 +1,7 @@
 """Checkpoints: exact round trip, truncation and tampering caught, no code run, atomic saves."""
 
 import errno
+import hashlib
 import io
 import os
 import random
@@ -14,6 +15,7 @@ from torch import nn
 import snens.runs
 from snens.checkpoint import (
     CheckpointError,
+    checkpoint_digest,
     load_checkpoint,
     load_model_state,
     rng_state,
@@ -94,6 +96,20 @@ def test_flipped_byte_is_refused(tmp_path):
     path.write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match="digest mismatch"):
         load_checkpoint(path)
+
+
+def test_the_digest_is_read_from_the_header_and_names_the_content(tmp_path):
+    path = save_checkpoint(tmp_path / "last.pt", _state(0))
+    data = path.read_bytes()
+    payload = data[data.index(b"\n") + 1 :]
+    assert checkpoint_digest(path) == hashlib.sha256(payload).hexdigest()
+    other = save_checkpoint(tmp_path / "other.pt", _state(1))
+    assert checkpoint_digest(other) != checkpoint_digest(path)
+    (tmp_path / "plain.pt").write_bytes(b"PK\x03\x04 a zip archive")
+    with pytest.raises(CheckpointError, match="not a snens checkpoint"):
+        checkpoint_digest(tmp_path / "plain.pt")
+    with pytest.raises(FileNotFoundError, match="no checkpoint at"):
+        checkpoint_digest(tmp_path / "missing.pt")
 
 
 def test_missing_keys_are_refused(tmp_path):

@@ -2,6 +2,7 @@
 Fashion-MNIST through the engine (tiny SmallCNN, 1 thread)."""
 
 import dataclasses
+import hashlib
 import json
 import shutil
 
@@ -94,7 +95,13 @@ def test_a_run_started_from_it_resumes_without_it(trained, tmp_path):
     lines = []
     config = _config(tmp_path, "ens", "method.name=snens", "optim.epochs=2", "optim.lr=1e-3", init)
     run = train(config, progress=False, log=lines.append)
-    assert f"backbone started from the trained single model of {start}" in lines
+    # the run records which checkpoint it read: its path and the SHA-256 of its content
+    content = (start / "last.pt").read_bytes()
+    digest = hashlib.sha256(content[content.index(b"\n") + 1 :]).hexdigest()
+    recorded = json.loads((run / "provenance.json").read_text())["init_from"]
+    assert recorded == {"checkpoint": str((start / "last.pt").resolve()), "sha256": digest}
+    said = f"backbone started from the trained single model of {start} (sha256 {digest[:12]}…)"
+    assert said in lines
     whole = json.loads((run / "final.json").read_text())["metrics"]
     scratch = train(
         _config(tmp_path, "scratch", "method.name=snens", "optim.epochs=2", "optim.lr=1e-3"),

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from snens import baselines, models
-from snens.checkpoint import load_checkpoint, load_model_state
+from snens.checkpoint import checkpoint_digest, load_checkpoint, load_model_state
 from snens.config import OptimConfig, RunConfig, to_dict
 from snens.nn.linear import MemberLinear
 from snens.nn.surgery import is_norm
@@ -33,6 +33,7 @@ __all__ = [
     "build_optimizer",
     "build_schedule",
     "init_from_path",
+    "init_from_source",
     "init_from_weights",
     "lr_factor",
     "reproducible",
@@ -82,6 +83,31 @@ def init_from_path(config: RunConfig) -> Path:
     return Path(config.model.init_from.replace("{seed}", str(config.seed)))
 
 
+def _init_from_checkpoint(config: RunConfig) -> tuple[Path, Path]:
+    """The ``model.init_from`` as given (``{seed}`` read) and the checkpoint file it names."""
+    where = init_from_path(config)
+    path = where / "last.pt" if where.is_dir() else where
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"model.init_from {str(where)!r}: no run directory with a last.pt and no "
+            "checkpoint file there; name a single-model run directory (or its last.pt)"
+        )
+    return where, path
+
+
+def init_from_source(config: RunConfig) -> dict[str, str]:
+    """What a run started with ``model.init_from`` records of its source: the checkpoint
+    file's absolute path and the SHA-256 of its content (``provenance.json``), so a source
+    retrained or replaced in place afterwards is told apart from the one the run read.
+
+    Raises:
+        FileNotFoundError: no run directory or checkpoint there.
+        CheckpointError: not a snens checkpoint.
+    """
+    _, path = _init_from_checkpoint(config)
+    return {"checkpoint": str(path.resolve()), "sha256": checkpoint_digest(path)}
+
+
 def init_from_weights(config: RunConfig) -> dict[str, torch.Tensor]:
     """The backbone weights of the single-model run ``config.model.init_from`` names (its
     directory or a checkpoint file; ``{seed}`` in it reads as the run's seed), checked against
@@ -93,13 +119,7 @@ def init_from_weights(config: RunConfig) -> dict[str, torch.Tensor]:
         ValueError: the run is not a single model, or its backbone, options or number of
             classes differ from this config's (both named).
     """
-    where = init_from_path(config)
-    path = where / "last.pt" if where.is_dir() else where
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"model.init_from {str(where)!r}: no run directory with a last.pt and no "
-            "checkpoint file there; name a single-model run directory (or its last.pt)"
-        )
+    where, path = _init_from_checkpoint(config)
     state = load_checkpoint(path)
     source = state["config"]
     method = source.get("method", {}).get("name")

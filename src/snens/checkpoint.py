@@ -44,6 +44,7 @@ __all__ = [
     "TRAINING_KEYS",
     "CheckpointError",
     "atomic_write",
+    "checkpoint_digest",
     "load_checkpoint",
     "load_model_state",
     "remove_stale_temporaries",
@@ -213,6 +214,43 @@ def _previous_path(path: Path) -> Path:
     )
 
 
+def _parse_header(data: bytes, path: Path) -> tuple[int, str, int]:
+    """The header line's end, digest and payload length, from the file's first bytes."""
+    newline = data.find(b"\n", 0, _MAX_HEADER)
+    fields = data[:newline].split(b" ") if newline > 0 else []
+    if len(fields) != 4 or fields[0] != _MAGIC:
+        raise CheckpointError(
+            f"{path} is not a snens checkpoint (no 'snens-checkpoint' header line); it may be "
+            "truncated to nothing, or another format; load plain torch files with "
+            "torch.load(..., weights_only=True)"
+        )
+    try:
+        version = int(fields[1])
+        digest = fields[2].removeprefix(b"sha256=").decode("ascii")
+        size = int(fields[3].removeprefix(b"bytes="))
+    except (ValueError, UnicodeDecodeError) as error:
+        raise CheckpointError(f"{path}: malformed header {data[:newline]!r}") from error
+    if version != _VERSION:
+        raise CheckpointError(f"{path}: checkpoint format {version}, this snens reads {_VERSION}")
+    return newline, digest, size
+
+
+def checkpoint_digest(path: str | os.PathLike) -> str:
+    """The SHA-256 of the payload that the header of checkpoint ``path`` records, read from
+    the header alone (:func:`load_checkpoint` checks the payload against it).
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+        CheckpointError: not a snens checkpoint, or a malformed header.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no checkpoint at {path}")
+    with open(path, "rb") as file:
+        head = file.read(_MAX_HEADER)
+    return _parse_header(head, path)[1]
+
+
 def load_checkpoint(
     path: str | os.PathLike,
     *,
@@ -240,22 +278,7 @@ def load_checkpoint(
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}")
     data = path.read_bytes()
-    newline = data.find(b"\n", 0, _MAX_HEADER)
-    fields = data[:newline].split(b" ") if newline > 0 else []
-    if len(fields) != 4 or fields[0] != _MAGIC:
-        raise CheckpointError(
-            f"{path} is not a snens checkpoint (no 'snens-checkpoint' header line); it may be "
-            "truncated to nothing, or another format; load plain torch files with "
-            "torch.load(..., weights_only=True)"
-        )
-    try:
-        version = int(fields[1])
-        digest = fields[2].removeprefix(b"sha256=").decode("ascii")
-        size = int(fields[3].removeprefix(b"bytes="))
-    except (ValueError, UnicodeDecodeError) as error:
-        raise CheckpointError(f"{path}: malformed header {data[:newline]!r}") from error
-    if version != _VERSION:
-        raise CheckpointError(f"{path}: checkpoint format {version}, this snens reads {_VERSION}")
+    newline, digest, size = _parse_header(data, path)
     payload = data[newline + 1 :]
     if len(payload) != size:
         what = "truncated" if len(payload) < size else "has trailing bytes"

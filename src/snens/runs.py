@@ -264,6 +264,16 @@ class Run:
         with self.writing(self.path / METRICS):
             atomic_write(self.path / METRICS, "".join(to_json(r) + "\n" for r in kept).encode())
 
+    def record(self, **fields: Any) -> None:
+        """Add ``fields`` to ``provenance.json`` (rewritten atomically)."""
+        info: dict[str, Any] = {}
+        with contextlib.suppress(OSError, ValueError):
+            info = json.loads((self.path / PROVENANCE).read_text(encoding="utf-8"))
+        with self.writing(self.path / PROVENANCE):
+            atomic_write(
+                self.path / PROVENANCE, (to_json({**info, **fields}, indent=2) + "\n").encode()
+            )
+
     def write_final(self, results: Mapping[str, Any]) -> Path:
         """Write ``final.json`` atomically."""
         with self.writing(self.path / FINAL):

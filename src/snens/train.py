@@ -50,6 +50,7 @@ from snens.build import (
     build_optimizer,
     build_schedule,
     init_from_path,
+    init_from_source,
     lr_factor,
     reproducible,
     resolve_device,
@@ -276,7 +277,13 @@ def _train(
         group.barrier("waiting for rank 0 to prepare the run directory")
         say(_run_line(run, model, trainable, steps_per_epoch, device))
         if config.model.init_from and not resume:
-            say(f"backbone started from the trained single model of {init_from_path(config)}")
+            source = init_from_source(config)
+            if group.is_main:
+                run.record(init_from=source)
+            say(
+                f"backbone started from the trained single model of {init_from_path(config)} "
+                f"(sha256 {source['sha256'][:12]}…)"
+            )
         say(f"parameter groups: {_describe_groups(groups)}")
         if config.method.name == "snens":
             say(_legend_line(config))
