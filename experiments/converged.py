@@ -582,6 +582,21 @@ def _pyplot():
     return plt
 
 
+def curve_runs(stage: str) -> tuple[dict[str, list[Path]], int]:
+    """The finished runs of ``stage`` by variant (the learning curves drawn), and how many of
+    its runs are still training (started, no ``final.json``: not drawn, a partial curve would
+    read as a finished one)."""
+    curves: dict[str, list[Path]] = {}
+    training = 0
+    for variant, sweep_run in runs_of(stage):
+        path = sweep_run.path()
+        if (path / FINAL).is_file():
+            curves.setdefault(variant.name, []).append(path)
+        elif (path / "metrics.jsonl").is_file():
+            training += 1
+    return curves, training
+
+
 def _plot_curves(stage: str, out: Path) -> Path | None:
     plt = _pyplot()
     if plt is None:
@@ -590,11 +605,10 @@ def _plot_curves(stage: str, out: Path) -> Path | None:
 
     # validation NLL, accuracy and disagreement and σN-Ens' effective members per epoch; one
     # style per variant (its seeds alike: snens.plots.curve_styles), one legend entry per
-    # variant below the panels
-    curves: dict[str, list[Path]] = {}
-    for variant, sweep_run in runs_of(stage):
-        if (sweep_run.path() / "metrics.jsonl").is_file():
-            curves.setdefault(variant.name, []).append(sweep_run.path())
+    # variant below the panels; finished runs only
+    curves, training = curve_runs(stage)
+    if not curves:
+        return None
     styles = curve_styles(len(curves))
     panels = (
         ("val/nll", "validation NLL"),
@@ -615,6 +629,8 @@ def _plot_curves(stage: str, out: Path) -> Path | None:
         ax.set_xlabel("epoch")
         ax.set_ylabel(title)
         ax.grid(alpha=0.3)
+    if training:
+        fig.suptitle(f"finished runs; {training} still training, not drawn", fontsize=8)
     handles, labels = axes[0].get_legend_handles_labels()
     columns = min(4, max(1, len(labels)))
     fig.tight_layout(rect=(0, 0.025 * math.ceil(len(labels) / columns) + 0.025, 1, 1))

@@ -138,6 +138,22 @@ def test_training_seconds_read_past_an_epoch_the_process_was_stopped_in(tmp_path
     assert sum(seconds) == 665.0  # what the wall clock (train/seconds) says
 
 
+def test_the_learning_curves_draw_finished_runs_and_count_the_rest(tmp_path):
+    study = _converged_module()
+    study.WHERE["out"] = tmp_path
+    names = [v.name for v in study.STAGES["text_tune"]]
+    record = json.dumps({"epoch": 1, "seconds": 9.0, "val/nll": 0.5}) + "\n"
+    for i, name in enumerate(names[:4]):
+        run = tmp_path / "text_tune" / name / "seed=0"
+        run.mkdir(parents=True)
+        (run / "metrics.jsonl").write_text(record)
+        if i % 2 == 0:  # the others are still training: a curve, no final.json
+            (run / study.FINAL).write_text(json.dumps({"metrics": {"val/nll": 0.5}}))
+    curves, training = study.curve_runs("text_tune")
+    assert curves == {n: [tmp_path / "text_tune" / n / "seed=0"] for n in names[:4:2]}
+    assert training == 2
+
+
 def test_the_text_winner_joins_the_text_stage_unless_it_is_the_defaults(tmp_path):
     study = _converged_module()
     study.WHERE["out"] = tmp_path
