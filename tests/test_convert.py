@@ -105,14 +105,39 @@ def test_generator_makes_gamma_reproducible():
 
 
 def test_unsupported_norm_is_named_and_can_be_skipped():
-    model = nn.Sequential(
-        nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.InstanceNorm2d(4, affine=True), nn.Flatten()
-    )
-    with pytest.raises(TypeError, match=r"2 \(InstanceNorm2d\).*skip_unsupported=True"):
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.LocalResponseNorm(2))
+    with pytest.raises(
+        TypeError, match=r"2 \(LocalResponseNorm\).*register_norm\(Local.*skip_unsu"
+    ):
         snens.convert(model, num_members=2)
     ens = snens.convert(model, num_members=2, skip_unsupported=True)
-    assert ens.report.skipped == (("2", "InstanceNorm2d"),)
-    assert type(ens.model[2]) is nn.InstanceNorm2d
+    assert ens.report.skipped == (("2", "LocalResponseNorm"),)
+    assert type(ens.model[2]) is nn.LocalResponseNorm
+
+
+def test_instance_norms_convert_exactly_unless_they_keep_running_statistics():
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 4, 3), nn.InstanceNorm2d(4, affine=True), nn.ReLU(),
+        nn.Conv2d(4, 4, 3), nn.InstanceNorm2d(4), nn.Flatten(), nn.Linear(4 * 5 * 5, 3),
+    )  # fmt: skip
+    with torch.no_grad():
+        model[1].weight.uniform_(0.5, 2.0)
+        model[1].bias.uniform_(-1.0, 1.0)
+    x = torch.randn(2, 3, 9, 9)
+    ens = snens.convert(model, num_members=3).eval()
+    assert [type(m).__name__ for m in (ens.model[1], ens.model[4])] == ["MemberInstanceNorm2d"] * 2
+    torch.testing.assert_close(ens(x), model.eval()(x).expand(3, -1, -1), rtol=1e-5, atol=1e-5)
+    member = snens.extract_member(ens, 2)
+    assert type(member[1]) is nn.InstanceNorm2d and member[1].affine
+    torch.testing.assert_close(member(x), model(x), rtol=1e-5, atol=1e-5)
+    # running statistics it would use in eval mode are not kept: named, and skippable
+    model[4] = nn.InstanceNorm2d(4, track_running_stats=True)
+    with pytest.raises(TypeError, match=r"4 \(InstanceNorm2d\)\. InstanceNorm2d\(track_runn"):
+        snens.convert(model, num_members=3)
+    ens = snens.convert(model, num_members=3, skip_unsupported=True)
+    assert ens.report.skipped == (("4", "InstanceNorm2d"),)
+    assert type(ens.model[4]) is nn.InstanceNorm2d
 
 
 def test_custom_norm_classes_are_refused_but_normalize_is_not():
@@ -212,9 +237,9 @@ def test_a_registered_norm_is_converted_whole_with_the_norms_inside_it():
 
 
 def test_refusals_name_the_module_and_count_the_rest():
-    many = nn.Sequential(nn.BatchNorm1d(4), *[nn.InstanceNorm1d(4) for _ in range(10)])
+    many = nn.Sequential(nn.BatchNorm1d(4), *[nn.LocalResponseNorm(2) for _ in range(10)])
     with pytest.raises(
-        TypeError, match=r"1 \(InstanceNorm1d\), .*, 8 \(InstanceNorm1d\) and 2 more\."
+        TypeError, match=r"1 \(LocalResponseNorm\), .*, 8 \(LocalResponseNorm\) and 2 more\."
     ):
         snens.convert(many, num_members=2)
     with pytest.raises(TypeError, match="head must be 'auto', a module name or None, got 3"):

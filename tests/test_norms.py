@@ -35,6 +35,13 @@ CASES = {
     "ln2": (lambda: nn.LayerNorm((3, 5)), snn.MemberLayerNorm, (B, 3, 5)),
     "gn": (lambda: nn.GroupNorm(2, 6), snn.MemberGroupNorm, (B, 6, 4, 3)),
     "rms": (lambda: nn.RMSNorm(5), snn.MemberRMSNorm, (B, 7, 5)),
+    "in1d": (lambda: nn.InstanceNorm1d(5, affine=True), snn.MemberInstanceNorm1d, (B, 5, 7)),
+    "in2d": (lambda: nn.InstanceNorm2d(5, affine=True), snn.MemberInstanceNorm2d, (B, 5, 4, 3)),
+    "in3d": (
+        lambda: nn.InstanceNorm3d(5, 1e-3, affine=True),
+        snn.MemberInstanceNorm3d,
+        (B, 5, 2, 3, 2),
+    ),
 }
 
 
@@ -228,8 +235,12 @@ def test_member_norm_factory_builds_models():
     assert isinstance(layer, snn.MemberBatchNorm2d) and layer.num_members == 4
     ln = snn.member_norm(2, nn.LayerNorm, eps=1e-6)(8)
     assert isinstance(ln, snn.MemberLayerNorm) and ln.eps == 1e-6
-    with pytest.raises(TypeError, match="no member version of.*InstanceNorm2d"):
-        snn.member_norm(2, nn.InstanceNorm2d)
+    with pytest.raises(TypeError, match="no member version of.*LocalResponseNorm"):
+        snn.member_norm(2, nn.LocalResponseNorm)
+    instance = snn.member_norm(2, nn.InstanceNorm2d)(8, 1e-3)
+    assert isinstance(instance, snn.MemberInstanceNorm2d) and instance.eps == 1e-3
+    with pytest.raises(ValueError, match=r"track_running_stats=True\) normalizes by running"):
+        snn.member_norm(2, nn.InstanceNorm2d)(8, track_running_stats=True)
 
 
 def test_gradients_reach_gamma_weight_and_bias_of_every_member():

@@ -37,6 +37,8 @@ CASES = {
     "gn3d": (lambda: snn.MemberGroupNorm(2, 6, M), (3, 6, 7)),
     "gn5d": (lambda: snn.MemberGroupNorm(2, 6, M), (2, 6, 3, 2, 2)),
     "gn2d_input": (lambda: snn.MemberGroupNorm(2, 6, M), (3, 6)),
+    "in1d": (lambda: snn.MemberInstanceNorm1d(6, M), (3, 6, 7)),
+    "in2d": (lambda: snn.MemberInstanceNorm2d(6, M), (3, 6, 5, 4)),
     "ln": (lambda: snn.MemberLayerNorm(8, M), (3, 7, 8)),
     "ln2": (lambda: snn.MemberLayerNorm((3, 8), M), (3, 3, 8)),
     "rms": (lambda: snn.MemberRMSNorm(8, M, eps=1e-6), (3, 7, 8)),

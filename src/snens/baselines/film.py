@@ -36,6 +36,7 @@ from torch import Tensor, nn
 
 from snens.ensemble import Ensemble
 from snens.nn.batch_norms import MemberBatchNorm1d, MemberBatchNorm2d, MemberBatchNorm3d
+from snens.nn.factory import MEMBER_NORMS
 from snens.nn.norms import MemberNorm, check_num_members
 from snens.nn.per_example_norms import MemberGroupNorm, MemberLayerNorm, MemberRMSNorm
 from snens.nn.surgery import ConversionReport, is_unsupported_norm, replace_modules
@@ -271,4 +272,6 @@ def film(
 
 
 def _unsupported(module: nn.Module) -> bool:
-    return type(module) not in FILM_NORMS and is_unsupported_norm(module)
+    # a norm σN-Ens converts but FiLM has no version of (instance norms) is refused too
+    in_snens = type(module) in MEMBER_NORMS
+    return type(module) not in FILM_NORMS and (in_snens or is_unsupported_norm(module))

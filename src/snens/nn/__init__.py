@@ -16,7 +16,14 @@ from snens.nn.hf_norms import (
 )
 from snens.nn.linear import MemberLinear
 from snens.nn.norms import MemberNorm
-from snens.nn.per_example_norms import MemberGroupNorm, MemberLayerNorm, MemberRMSNorm
+from snens.nn.per_example_norms import (
+    MemberGroupNorm,
+    MemberInstanceNorm1d,
+    MemberInstanceNorm2d,
+    MemberInstanceNorm3d,
+    MemberLayerNorm,
+    MemberRMSNorm,
+)
 
 __all__ = [
     "MEMBER_NORMS",
@@ -27,6 +34,9 @@ __all__ = [
     "MemberGemma3nRMSNorm",
     "MemberGemmaRMSNorm",
     "MemberGroupNorm",
+    "MemberInstanceNorm1d",
+    "MemberInstanceNorm2d",
+    "MemberInstanceNorm3d",
     "MemberLayerNorm",
     "MemberLayerNorm2d",
     "MemberLinear",

@@ -115,7 +115,8 @@ def member_converter(module: nn.Module) -> Converter | None:
     """
     kind = type(module)
     if kind in MEMBER_NORMS:
-        return MEMBER_NORMS[kind].from_plain
+        member = MEMBER_NORMS[kind]
+        return member.from_plain if member.refusal(module) is None else None
     if kind in REGISTERED_NORMS:
         return REGISTERED_NORMS[kind]
     if isinstance(module, (MemberNorm, MemberLinear)):

@@ -9,7 +9,14 @@ from torch import nn
 
 from snens.nn.batch_norms import MemberBatchNorm1d, MemberBatchNorm2d, MemberBatchNorm3d
 from snens.nn.norms import MemberNorm, check_num_members
-from snens.nn.per_example_norms import MemberGroupNorm, MemberLayerNorm, MemberRMSNorm
+from snens.nn.per_example_norms import (
+    MemberGroupNorm,
+    MemberInstanceNorm1d,
+    MemberInstanceNorm2d,
+    MemberInstanceNorm3d,
+    MemberLayerNorm,
+    MemberRMSNorm,
+)
 
 __all__ = ["MEMBER_NORMS", "member_norm"]
 
@@ -21,6 +28,9 @@ MEMBER_NORMS: dict[type[nn.Module], type[MemberNorm]] = {
     nn.LayerNorm: MemberLayerNorm,
     nn.GroupNorm: MemberGroupNorm,
     nn.RMSNorm: MemberRMSNorm,
+    nn.InstanceNorm1d: MemberInstanceNorm1d,
+    nn.InstanceNorm2d: MemberInstanceNorm2d,
+    nn.InstanceNorm3d: MemberInstanceNorm3d,
 }
 
 

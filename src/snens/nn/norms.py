@@ -436,6 +436,13 @@ class MemberNorm(nn.Module):
     def _plain_config(plain: nn.Module) -> dict[str, Any]:
         raise NotImplementedError
 
+    @classmethod
+    def refusal(cls, plain: nn.Module) -> str | None:
+        """Why this class cannot reproduce ``plain``, a module of its ``plain_type`` (a setting
+        it does not compute), or None where it can; ``snens.convert`` then treats ``plain`` as
+        a norm with no member version and names the reason."""
+        return None
+
     def _copy_plain_stats(self, plain: nn.Module) -> None:
         """Copy a plain norm's running statistics into every member (batch norms only)."""
 

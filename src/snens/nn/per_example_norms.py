@@ -1,4 +1,4 @@
-"""Per-example member norms: LayerNorm, RMSNorm and GroupNorm with a member affine.
+"""Per-example member norms: LayerNorm, RMSNorm, GroupNorm and InstanceNorm with a member affine.
 
 Their statistics are per example (per row), so members share them and differ only in their
 folded affine sigmoid(gamma_m)·weight_m, sigmoid(gamma_m)·bias_m. Each class's ``_reference``
@@ -19,7 +19,14 @@ from torch import Tensor, nn
 from snens.nn import fused
 from snens.nn.norms import MemberNorm, path_override
 
-__all__ = ["MemberGroupNorm", "MemberLayerNorm", "MemberRMSNorm"]
+__all__ = [
+    "MemberGroupNorm",
+    "MemberInstanceNorm1d",
+    "MemberInstanceNorm2d",
+    "MemberInstanceNorm3d",
+    "MemberLayerNorm",
+    "MemberRMSNorm",
+]
 
 
 def _as_shape(normalized_shape: int | Sequence[int]) -> tuple[int, ...]:
@@ -411,3 +418,125 @@ class MemberGroupNorm(MemberNorm):
             f"{self.num_groups}, {self.num_channels}, num_members={self.num_members}, "
             f"eps={self.eps}"
         )
+
+
+class _MemberInstanceNorm(MemberGroupNorm):
+    """σNorm over ``nn.InstanceNorm{1,2,3}d``: instance norm is group norm with one channel per
+    group, so it is :class:`MemberGroupNorm` with ``num_groups = num_features`` (its fast path
+    too), for inputs of exactly the plain layer's dimensions.
+
+    Only instance norms without running statistics convert (the default,
+    ``track_running_stats=False``): with them a plain instance norm normalizes by averaged
+    statistics in eval mode, which a per-example member norm does not compute. ``affine=False``
+    (the plain layer's default) starts every member's affine at the identity, as for any
+    other norm; :meth:`to_plain` gives an ``affine=True`` layer carrying the member's.
+
+    Args:
+        num_features: C.
+        num_members: M.
+        eps: as in ``torch.nn.InstanceNorm2d``.
+
+    Shape:
+        Input: (M·B, C, *spatial), member-major, with the plain layer's number of spatial
+        dimensions. Output: same shape.
+    """
+
+    plain_type: type[nn.modules.instancenorm._InstanceNorm]
+    spatial_dims: int
+
+    def __init__(
+        self,
+        num_features: int,
+        num_members: int,
+        eps: float = 1e-5,
+        *,
+        gamma_mean: float = 0.0,
+        gamma_std: float = 1.0,
+        device=None,
+        dtype=None,
+    ) -> None:
+        if isinstance(num_features, bool) or not isinstance(num_features, int) or num_features < 1:
+            raise ValueError(f"num_features must be an int >= 1, got num_features={num_features!r}")
+        super().__init__(
+            num_features,
+            num_features,
+            num_members,
+            eps,
+            gamma_mean=gamma_mean,
+            gamma_std=gamma_std,
+            device=device,
+            dtype=dtype,
+        )
+        self.num_features = num_features
+
+    def _check_input(self, x: Tensor) -> None:
+        dims = 2 + self.spatial_dims
+        if x.dim() != dims or x.shape[1] != self.num_features:
+            raise ValueError(
+                f"{type(self).__name__} was built for (M·B, {self.num_features}, "
+                f"{', '.join('*' * self.spatial_dims)}) inputs ({dims} dimensions, "
+                f"{self.num_features} channels at dim 1), got input of shape {tuple(x.shape)}"
+            )
+        if self.training and math.prod(x.shape[2:]) == 1:
+            raise ValueError(
+                f"{type(self).__name__}: expected more than 1 spatial element when training, got "
+                f"input of shape {tuple(x.shape)} (as torch's {self.plain_type.__name__})"
+            )
+
+    @classmethod
+    def refusal(cls, plain: nn.Module) -> str | None:
+        if not getattr(plain, "track_running_stats", False):
+            return None
+        return (
+            f"{type(plain).__name__}(track_running_stats=True) normalizes by running statistics "
+            "in eval mode, which the member instance norm does not keep; build the model with "
+            "track_running_stats=False (the default)"
+        )
+
+    @classmethod
+    def _plain_config(cls, plain: nn.Module) -> dict[str, Any]:
+        reason = cls.refusal(plain)
+        if reason is not None:
+            raise ValueError(reason)
+        return {"num_features": plain.num_features, "eps": plain.eps}
+
+    def to_plain(self, member: int) -> nn.Module:
+        self._check_member(member)
+        plain = self.plain_type(
+            self.num_features,
+            eps=self.eps,
+            affine=True,
+            device=self.weight.device,
+            dtype=self.weight.dtype,
+        )
+        scale, shift = self.scale_and_shift()
+        with torch.no_grad():
+            plain.weight.copy_(scale[member])
+            plain.bias.copy_(shift[member])
+        return plain.train(self.training)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_features}, num_members={self.num_members}, eps={self.eps}"
+
+
+class MemberInstanceNorm1d(_MemberInstanceNorm):
+    """σNorm over ``nn.InstanceNorm1d``; inputs (M·B, C, L). See :class:`_MemberInstanceNorm`."""
+
+    plain_type = nn.InstanceNorm1d
+    spatial_dims = 1
+
+
+class MemberInstanceNorm2d(_MemberInstanceNorm):
+    """σNorm over ``nn.InstanceNorm2d``; inputs (M·B, C, H, W). See :class:`_MemberInstanceNorm`."""
+
+    plain_type = nn.InstanceNorm2d
+    spatial_dims = 2
+
+
+class MemberInstanceNorm3d(_MemberInstanceNorm):
+    """σNorm over ``nn.InstanceNorm3d``; inputs (M·B, C, D, H, W).
+
+    See :class:`_MemberInstanceNorm`."""
+
+    plain_type = nn.InstanceNorm3d
+    spatial_dims = 3

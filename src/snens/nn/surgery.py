@@ -33,7 +33,8 @@ __all__ = [
 
 HeadInit = Literal["copy", "reset"]
 
-# Norm families torch ships that have no member version (InstanceNorm, LocalResponseNorm, …).
+# Norm families torch ships; beyond MEMBER_NORMS' exact types (subclasses, LocalResponseNorm, …)
+# they have no member version.
 _NORM_BASES: tuple[type[nn.Module], ...] = (
     nn.modules.batchnorm._NormBase,
     nn.LayerNorm,
@@ -47,7 +48,8 @@ _NORM_BASES: tuple[type[nn.Module], ...] = (
 _NORM_NAME = re.compile(r"Norm(?:$|[A-Z0-9])")
 
 _SUPPORTED = (
-    f"{', '.join(t.__name__ for t in MEMBER_NORMS)}; Hugging Face RMS norms whose forward is "
+    f"{', '.join(t.__name__ for t in MEMBER_NORMS)} (instance norms without running "
+    "statistics); Hugging Face RMS norms whose forward is "
     "the Llama, Gemma, Gemma 3n, T5 or OLMo-2 formula, Cohere and OLMo-1 layer norms; "
     "LayerNorm subclasses normalizing over channels first "
     "(LayerNorm2d, ConvNextLayerNorm) or last; types registered with snens.nn.register_norm"
@@ -134,8 +136,10 @@ def is_unsupported_norm(module: nn.Module) -> bool:
     ``snens.nn.adapters.member_converter`` finds first and refuses the rest of these; a
     conversion with a table of exact types of its own (FiLM) refuses all of them.
     """
-    if isinstance(module, (MemberNorm, MemberLinear)) or type(module) in MEMBER_NORMS:
+    if isinstance(module, (MemberNorm, MemberLinear)):
         return False
+    if type(module) in MEMBER_NORMS:  # a setting its member version does not compute
+        return MEMBER_NORMS[type(module)].refusal(module) is not None
     if isinstance(module, _NORM_BASES) or type(module) in REGISTERED_NORMS:
         return True
     has_children = next(module.children(), None) is not None
@@ -321,13 +325,25 @@ def _refuse_unsupported(
         return
     listed = ", ".join(f"{n} ({t})" for n, t in unsupported[:8])
     more = f" and {len(unsupported) - 8} more" if len(unsupported) > 8 else ""
-    kind = unsupported[0][1]
+    # a supported type in a setting its member version does not compute: the reason, not
+    # registration (torch's own types cannot be registered)
+    reasons = {}
+    for name, _ in unsupported:
+        module = model.get_submodule(name)
+        if type(module) in MEMBER_NORMS:
+            reasons[name] = MEMBER_NORMS[type(module)].refusal(module)
+    why = "".join(f" {reason}." for reason in sorted(set(reasons.values())))
+    others = [kind for name, kind in unsupported if name not in reasons]
+    register = (
+        f" Register yours with snens.nn.register_norm({others[0]}, <MemberNorm class computing "
+        f"it>) or register_norm({others[0]}, from_plain=<function>),"
+        if others
+        else ""
+    )
     raise TypeError(
-        f"{type(model).__name__} has norms with no member version: {listed}{more}. "
-        f"Supported: {_SUPPORTED}. Register yours with snens.nn.register_norm({kind}, "
-        f"<MemberNorm class computing it>) or register_norm({kind}, from_plain=<function>), "
-        "pass skip_unsupported=True to leave them shared, or replace them with a supported "
-        "norm first"
+        f"{type(model).__name__} has norms with no member version: {listed}{more}.{why} "
+        f"Supported: {_SUPPORTED}.{register} Pass skip_unsupported=True to leave them shared, "
+        "or replace them with a supported norm first"
     )
 
 
