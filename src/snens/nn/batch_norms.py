@@ -431,15 +431,12 @@ class _MemberBatchNorm(MemberNorm):
             device=self.weight.device,
             dtype=self.weight.dtype,
         )
-        scale, shift = self.scale_and_shift()
-        with torch.no_grad():
-            plain.weight.copy_(scale[member])
-            plain.bias.copy_(shift[member])
-            if self.track_running_stats:
+        if self.track_running_stats:
+            with torch.no_grad():
                 plain.running_mean.copy_(self.running_mean[member])
                 plain.running_var.copy_(self.running_var[member])
                 plain.num_batches_tracked.copy_(self.num_batches_tracked)
-        return plain.train(self.training)
+        return self._carrying_member(plain, member)
 
     def extra_repr(self) -> str:
         return (

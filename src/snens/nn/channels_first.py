@@ -210,12 +210,7 @@ class MemberLayerNorm2d(RebuildsPlain, MemberLayerNorm):
     def to_plain(self, member: int) -> nn.Module:
         self._check_member(member)
         plain = self._rebuild_plain(self.num_channels)
-        scale, shift = self.scale_and_shift()
-        with torch.no_grad():
-            plain.weight.copy_(scale[member])
-            if shift is not None:
-                plain.bias.copy_(shift[member])
-        return plain.train(self.training)
+        return self._carrying_member(plain, member)
 
     def extra_repr(self) -> str:
         plain = "" if self.plain_type is None else f", plain_type={self.plain_type.__name__}"

@@ -383,6 +383,16 @@ class MemberNorm(nn.Module):
         """A plain norm equal to member ``member`` (sigmoid(gamma) folded into its affine)."""
         raise NotImplementedError
 
+    @torch.no_grad()
+    def _carrying_member(self, plain: nn.Module, member: int) -> nn.Module:
+        """``plain``, a freshly built plain norm with an affine, given member ``member``'s
+        folded affine and this layer's train/eval mode: the end of each ``to_plain``."""
+        scale, shift = self.scale_and_shift()
+        plain.weight.copy_(scale[member])
+        if shift is not None:
+            plain.bias.copy_(shift[member])
+        return plain.train(self.training)
+
     @classmethod
     def from_plain(
         cls, plain: nn.Module, num_members: int, *, generator: torch.Generator | None = None, **kw

@@ -174,12 +174,7 @@ class MemberLayerNorm(MemberNorm):
             device=self.weight.device,
             dtype=self.weight.dtype,
         )
-        scale, shift = self.scale_and_shift()
-        with torch.no_grad():
-            plain.weight.copy_(scale[member])
-            if shift is not None:
-                plain.bias.copy_(shift[member])
-        return plain.train(self.training)
+        return self._carrying_member(plain, member)
 
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, num_members={self.num_members}, eps={self.eps}"
@@ -276,9 +271,7 @@ class MemberRMSNorm(MemberNorm):
         plain = nn.RMSNorm(
             self.normalized_shape, eps=self.eps, device=self.weight.device, dtype=self.weight.dtype
         )
-        with torch.no_grad():
-            plain.weight.copy_(self.scale_and_shift()[0][member])
-        return plain.train(self.training)
+        return self._carrying_member(plain, member)
 
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, num_members={self.num_members}, eps={self.eps}"
@@ -407,11 +400,7 @@ class MemberGroupNorm(MemberNorm):
             device=self.weight.device,
             dtype=self.weight.dtype,
         )
-        scale, shift = self.scale_and_shift()
-        with torch.no_grad():
-            plain.weight.copy_(scale[member])
-            plain.bias.copy_(shift[member])
-        return plain.train(self.training)
+        return self._carrying_member(plain, member)
 
     def extra_repr(self) -> str:
         return (
@@ -509,11 +498,7 @@ class _MemberInstanceNorm(MemberGroupNorm):
             device=self.weight.device,
             dtype=self.weight.dtype,
         )
-        scale, shift = self.scale_and_shift()
-        with torch.no_grad():
-            plain.weight.copy_(scale[member])
-            plain.bias.copy_(shift[member])
-        return plain.train(self.training)
+        return self._carrying_member(plain, member)
 
     def extra_repr(self) -> str:
         return f"{self.num_features}, num_members={self.num_members}, eps={self.eps}"
