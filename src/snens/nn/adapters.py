@@ -27,7 +27,7 @@ from collections.abc import Callable
 from torch import nn
 
 from snens.nn.channels_first import MemberLayerNorm2d, layer_norm_layout
-from snens.nn.factory import MEMBER_NORMS
+from snens.nn.factory import MEMBER_NORMS, refusal
 from snens.nn.hf_formulas import hf_formula
 from snens.nn.hf_norms import HF_MEMBER_NORMS
 from snens.nn.linear import MemberLinear
@@ -115,8 +115,7 @@ def member_converter(module: nn.Module) -> Converter | None:
     """
     kind = type(module)
     if kind in MEMBER_NORMS:
-        member = MEMBER_NORMS[kind]
-        return member.from_plain if member.refusal(module) is None else None
+        return MEMBER_NORMS[kind].from_plain if refusal(module) is None else None
     if kind in REGISTERED_NORMS:
         return REGISTERED_NORMS[kind]
     if isinstance(module, (MemberNorm, MemberLinear)):

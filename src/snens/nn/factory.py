@@ -18,7 +18,7 @@ from snens.nn.per_example_norms import (
     MemberRMSNorm,
 )
 
-__all__ = ["MEMBER_NORMS", "member_norm"]
+__all__ = ["MEMBER_NORMS", "member_norm", "refusal"]
 
 #: Plain norm type -> its member counterpart. Exact types: a subclass may change ``forward``.
 MEMBER_NORMS: dict[type[nn.Module], type[MemberNorm]] = {
@@ -32,6 +32,14 @@ MEMBER_NORMS: dict[type[nn.Module], type[MemberNorm]] = {
     nn.InstanceNorm2d: MemberInstanceNorm2d,
     nn.InstanceNorm3d: MemberInstanceNorm3d,
 }
+
+
+def refusal(module: nn.Module) -> str | None:
+    """Why ``module``, of a type in :data:`MEMBER_NORMS`, is in a setting its member version
+    does not compute (:meth:`MemberNorm.refusal`); None where it converts or its type is not
+    there."""
+    member = MEMBER_NORMS.get(type(module))
+    return None if member is None else member.refusal(module)
 
 
 def member_norm(

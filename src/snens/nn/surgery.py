@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from snens.nn.adapters import REGISTERED_NORMS, Converter, member_converter
-from snens.nn.factory import MEMBER_NORMS
+from snens.nn.factory import MEMBER_NORMS, refusal
 from snens.nn.linear import MemberLinear
 from snens.nn.norms import MemberNorm, check_num_members
 
@@ -139,7 +139,7 @@ def is_unsupported_norm(module: nn.Module) -> bool:
     if isinstance(module, (MemberNorm, MemberLinear)):
         return False
     if type(module) in MEMBER_NORMS:  # a setting its member version does not compute
-        return MEMBER_NORMS[type(module)].refusal(module) is not None
+        return refusal(module) is not None
     if isinstance(module, _NORM_BASES) or type(module) in REGISTERED_NORMS:
         return True
     has_children = next(module.children(), None) is not None
@@ -327,11 +327,11 @@ def _refuse_unsupported(
     more = f" and {len(unsupported) - 8} more" if len(unsupported) > 8 else ""
     # a supported type in a setting its member version does not compute: the reason, not
     # registration (torch's own types cannot be registered)
-    reasons = {}
-    for name, _ in unsupported:
-        module = model.get_submodule(name)
-        if type(module) in MEMBER_NORMS:
-            reasons[name] = MEMBER_NORMS[type(module)].refusal(module)
+    reasons = {
+        name: reason
+        for name, _ in unsupported
+        if (reason := refusal(model.get_submodule(name))) is not None
+    }
     why = "".join(f" {reason}." for reason in sorted(set(reasons.values())))
     others = [kind for name, kind in unsupported if name not in reasons]
     register = (
