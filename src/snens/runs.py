@@ -264,15 +264,17 @@ class Run:
         with self.writing(self.path / METRICS):
             atomic_write(self.path / METRICS, "".join(to_json(r) + "\n" for r in kept).encode())
 
-    def record(self, **fields: Any) -> None:
-        """Add ``fields`` to ``provenance.json`` (rewritten atomically)."""
-        info: dict[str, Any] = {}
+    def provenance(self) -> dict[str, Any]:
+        """``provenance.json`` as a dict; empty where it is missing or unreadable."""
         with contextlib.suppress(OSError, ValueError):
-            info = json.loads((self.path / PROVENANCE).read_text(encoding="utf-8"))
+            return json.loads((self.path / PROVENANCE).read_text(encoding="utf-8"))
+        return {}
+
+    def record(self, **fields: Any) -> None:
+        """Set ``fields`` in ``provenance.json`` (rewritten atomically)."""
+        info = {**self.provenance(), **fields}
         with self.writing(self.path / PROVENANCE):
-            atomic_write(
-                self.path / PROVENANCE, (to_json({**info, **fields}, indent=2) + "\n").encode()
-            )
+            atomic_write(self.path / PROVENANCE, (to_json(info, indent=2) + "\n").encode())
 
     def write_final(self, results: Mapping[str, Any]) -> Path:
         """Write ``final.json`` atomically."""
@@ -336,14 +338,10 @@ def open_run(run_dir: str | os.PathLike, config: RunConfig | None = None) -> Run
             f"the config differs from the one {path} was started with: {'; '.join(diff)}. A "
             "resumed run continues the same run; start a new one to change settings"
         )
-    info: dict[str, Any] = {}
-    with contextlib.suppress(OSError, ValueError):
-        info = json.loads((path / PROVENANCE).read_text(encoding="utf-8"))
-    info.setdefault("resumed", []).append(
-        {"time": _now(), "command": [sys.executable, *sys.argv], "git_sha": git_sha()}
-    )
-    atomic_write(path / PROVENANCE, (to_json(info, indent=2) + "\n").encode())
-    return Run(path, saved)
+    run = Run(path, saved)
+    resume = {"time": _now(), "command": [sys.executable, *sys.argv], "git_sha": git_sha()}
+    run.record(resumed=[*run.provenance().get("resumed", []), resume])
+    return run
 
 
 def config_differences(a: Mapping[str, Any], b: Mapping[str, Any], prefix: str = "") -> list[str]:
