@@ -5,6 +5,7 @@ final.json`` (mean over seeds, sample standard deviation after ``±``), so a tab
 written by hand and not updated after a run finished, or rounded the wrong way, fails.
 """
 
+import functools
 import json
 import re
 import statistics
@@ -20,11 +21,17 @@ SEV5_ECE = "shift/severity/5/ece"
 NUMBER = re.compile(r"\d+\.\d+")
 
 
-def _values(stage: str, variant: str, key: str) -> list[float]:
+@functools.cache
+def _metrics(stage: str, variant: str) -> tuple[dict, ...]:
+    """Each seed's ``final.json`` metrics, read once."""
     runs = [RESULTS / stage / variant / f"seed={s}" / "final.json" for s in SEEDS]
     missing = [str(r.relative_to(ROOT)) for r in runs if not r.is_file()]
     assert not missing, f"the README reports runs that are not committed: {missing}"
-    return [json.loads(r.read_text())["metrics"][key] for r in runs]
+    return tuple(json.loads(r.read_text())["metrics"] for r in runs)
+
+
+def _values(stage: str, variant: str, key: str) -> list[float]:
+    return [metrics[key] for metrics in _metrics(stage, variant)]
 
 
 def _mean(stage: str, variant: str, key: str, digits: int = 3) -> str:
@@ -55,8 +62,8 @@ def _numbers(cell: str) -> list[str]:
 
 def test_the_at_a_glance_table_is_the_runs_test_nll_and_corrupted_ece():
     rows = _table("At a glance")
-    # (stage, the single / deep ensemble / σN-Ens variants, σN-Ens' second variant or None,
-    # whether the regime has corruptions)
+    # (stage, the single / deep ensemble / σN-Ens variants, σN-Ens' second variant or None);
+    # every regime but text has corruptions
     regimes = [
         ("overfit", ("single", "deep_ensemble", "snens_tau1_lam0.1"), "snens_tau1_lam0.1_split"),
         ("final", ("single", "deep_ensemble", "snens_default"), None),
