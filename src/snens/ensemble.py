@@ -36,6 +36,7 @@ from torch import Tensor, nn
 from snens.nn.linear import MemberLinear
 from snens.nn.norms import MemberNorm, check_member, check_num_members
 from snens.nn.surgery import ConversionReport, convert_modules, member_modules, replace_modules
+from snens.nn.torch_fast_paths import restore_fast_paths
 
 __all__ = [
     "Ensemble",
@@ -529,6 +530,7 @@ def extract_member(ensemble: Ensemble, member: int) -> nn.Module:
         plain,
         lambda _, m: m.to_plain(member) if isinstance(m, (MemberNorm, MemberLinear)) else None,
     )
+    restore_fast_paths(plain)
     return plain
 
 

@@ -35,6 +35,7 @@ from torch import Tensor, nn
 from snens.ensemble import forward_repeated
 from snens.nn.norms import check_num_members
 from snens.nn.surgery import ConversionReport, replace_modules
+from snens.nn.torch_fast_paths import route_through_modules
 
 __all__ = [
     "BatchEnsemble",
@@ -419,6 +420,7 @@ def batch_ensemble(
         raise ValueError(
             f"{type(model).__name__} has no nn.Conv2d or nn.Linear layer for BatchEnsemble to share"
         )
+    route_through_modules(target)
     linears = [n for n, _, new in replaced if isinstance(new, BatchEnsembleLinear)]
     report = ConversionReport(
         num_members=num_members,

@@ -40,6 +40,7 @@ from snens.nn.factory import MEMBER_NORMS
 from snens.nn.norms import MemberNorm, check_num_members
 from snens.nn.per_example_norms import MemberGroupNorm, MemberLayerNorm, MemberRMSNorm
 from snens.nn.surgery import ConversionReport, is_unsupported_norm, replace_modules
+from snens.nn.torch_fast_paths import route_through_modules
 
 __all__ = [
     "FILM_NORMS",
@@ -259,6 +260,7 @@ def film(
             f"{type(model).__name__} has no norm layer for FiLM to modulate (looked for "
             f"{', '.join(t.__name__ for t in FILM_NORMS)})"
         )
+    route_through_modules(target)
     report = ConversionReport(
         num_members=num_members,
         converted=tuple((n, type(old).__name__, type(new).__name__) for n, old, new in replaced),
