@@ -2,9 +2,13 @@
 
 ``nn.TransformerEncoderLayer`` in eval mode with autograd off hands ``norm1.weight`` to a
 fused kernel instead of calling the norm, and ``nn.TransformerEncoder`` packs padded batches
-into nested tensors for it, applying no dropout (``snens.nn.torch_fast_paths``). Each test
+into nested tensors for it, applying no dropout (``snens.nn.torch_transformers``). Each test
 diversifies the members first, so a path that skipped them, or ran one member for all, would
 fail; the baselines that replace a layer's submodules (BatchEnsemble, FiLM, MC-dropout) too.
+
+torch's layers are sequence-first by default, (S, M·B, D) inside: their member layers find the
+members in dimension 1 (``snens.nn.layout``), and a layout snens cannot see is an error, not a
+split of the sequence into members.
 """
 
 import pytest
@@ -13,9 +17,13 @@ from torch import nn
 
 import snens
 from snens.baselines import MCDropout, batch_ensemble, film
+from snens.nn import sequence_first
 from snens.nn.norms import MemberNorm
 
-pytestmark = pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors:UserWarning")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors:UserWarning"),
+    pytest.mark.filterwarnings("ignore:enable_nested_tensor is True:UserWarning"),
+]
 
 M, B, S, D = 4, 3, 5, 8
 TOL = {"rtol": 1e-5, "atol": 1e-6}
@@ -146,3 +154,118 @@ def test_mc_dropout_samples_the_dropout_inside_torch_encoder_layers():
         plain = model.eval()(x)  # the fused kernel: no dropout
     assert (samples[0] - samples[1]).abs().max() > 0.05
     assert all((samples[m] - plain).abs().max() > 0.01 for m in range(M))
+
+
+class SequenceFirstEncoder(nn.Module):
+    """(B, S, 4) inputs, a torch encoder with batch_first=False inside, the first position."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(4, D)
+        layer = nn.TransformerEncoderLayer(D, 2, 16, dropout=0.0)  # batch_first=False
+        self.encoder = nn.TransformerEncoder(
+            layer, 2, norm=nn.LayerNorm(D), enable_nested_tensor=False
+        )
+        self.head = nn.Linear(D, 3)
+
+    def forward(self, x):
+        return self.head(self.encoder(self.embed(x).transpose(0, 1))[0])  # (S, B, D) inside
+
+
+class SequenceFirstSeq2Seq(nn.Module):
+    """torch's nn.Transformer (encoder and decoder, sequence-first) on (B, S, 4) inputs."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(4, D)
+        self.transformer = nn.Transformer(D, 2, 1, 1, 16, dropout=0.0)
+        self.head = nn.Linear(D, 3)
+
+    def forward(self, x):
+        h = self.embed(x).transpose(0, 1)
+        return self.head(self.transformer(h, h[:2])[-1])
+
+
+class OwnSequenceFirstBlock(nn.Module):
+    """A block of one's own on (S, B, D): attention, then a LayerNorm snens cannot place."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(4, D)
+        self.attn = nn.MultiheadAttention(D, 2)  # batch_first=False
+        self.norm = nn.LayerNorm(D)
+        self.head = nn.Linear(D, 3)
+
+    def forward(self, x):
+        h = self.embed(x).transpose(0, 1)  # (S, B, D)
+        h = self.norm(h + self.attn(h, h, h, need_weights=False)[0])
+        return self.head(h[0])
+
+
+def diversify(ensemble: snens.Ensemble) -> snens.Ensemble:
+    with torch.no_grad():
+        for module in ensemble.modules():
+            if isinstance(module, MemberNorm):
+                for param in module.parameters():
+                    param.add_(torch.randn_like(param))
+    return ensemble
+
+
+def assert_members_are_their_extracted_models(ensemble: snens.Ensemble, x: torch.Tensor):
+    for mode in (torch.enable_grad, torch.inference_mode):
+        with mode():
+            logits = ensemble(x)
+            assert (logits[0] - logits[1]).abs().max() > 0.05
+            for member in range(M):
+                plain = snens.extract_member(ensemble, member).eval()
+                torch.testing.assert_close(plain(x), logits[member], **TOL)
+
+
+@pytest.mark.parametrize("model", [SequenceFirstEncoder, SequenceFirstSeq2Seq])
+def test_sequence_first_torch_transformers_find_the_members_where_the_batch_is(model):
+    torch.manual_seed(0)
+    ensemble = diversify(snens.convert(model().eval(), num_members=M).eval())
+    x, _ = inputs()
+    assert_members_are_their_extracted_models(ensemble, x)
+    (note,) = [n for n in ensemble.report.notes if n.startswith("sequence-first")]
+    if model is SequenceFirstEncoder:
+        assert "encoder.layers.0.norm1, encoder.layers.0.norm2" in note
+        assert "encoder.norm" in note
+    else:  # the decoder's three norms and both stacks' final norms
+        assert "transformer.decoder.layers.0.norm3" in note
+        assert "transformer.encoder.norm, " in note and "transformer.decoder.norm, " in note
+
+
+def test_a_layout_snens_cannot_see_is_an_error_and_sequence_first_is_the_fix():
+    torch.manual_seed(0)
+    ensemble = diversify(snens.convert(OwnSequenceFirstBlock().eval(), num_members=M).eval())
+    x, _ = inputs()  # (3, 5, 4): the norm sees (5, 12, 8), and 5 is not a multiple of 12
+    with pytest.raises(ValueError, match=r"MemberLayerNorm got a tensor of shape \(5, 12, 8\)"):
+        ensemble(x)
+    with pytest.raises(ValueError, match=r"snens.nn.sequence_first\(module\)"):
+        ensemble(x)
+
+
+def test_sequence_first_marks_a_block_of_ones_own():
+    torch.manual_seed(0)
+    ensemble = diversify(snens.convert(OwnSequenceFirstBlock().eval(), num_members=M).eval())
+    assert sequence_first(ensemble.model.norm) == [""]  # the head sees (B, D): not marked
+    assert sequence_first(ensemble.model.norm) == []  # marking twice changes nothing
+    x, _ = inputs()
+    assert_members_are_their_extracted_models(ensemble, x)
+    with pytest.raises(ValueError, match="holds no member layer"):
+        sequence_first(nn.Linear(2, 2))
+
+
+def test_batch_ensemble_of_a_sequence_first_encoder_computes_the_batch_first_one():
+    torch.manual_seed(0)
+    first = SequenceFirstEncoder().eval()
+    batch_first = Encoder(norm_first=False).eval()
+    batch_first.encoder.norm = nn.LayerNorm(D)  # the same modules, batch first
+    batch_first.load_state_dict(first.state_dict())
+    x, _ = inputs()
+    reference = batch_ensemble(batch_first, M, generator=torch.Generator().manual_seed(3)).eval()
+    ensemble = batch_ensemble(first, M, generator=torch.Generator().manual_seed(3)).eval()
+    with torch.inference_mode():
+        torch.testing.assert_close(ensemble(x), reference(x), **TOL)
+        assert (reference(x)[0] - reference(x)[1]).abs().max() > 0.05

@@ -33,10 +33,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from snens.nn.layout import model_rows
 from snens.nn.linear import MemberLinear
 from snens.nn.norms import MemberNorm, check_member, check_num_members
 from snens.nn.surgery import ConversionReport, convert_modules, member_modules, replace_modules
-from snens.nn.torch_fast_paths import restore_fast_paths
+from snens.nn.torch_transformers import restore_fast_paths
 
 __all__ = [
     "Ensemble",
@@ -211,7 +212,8 @@ def forward_repeated(
     """
     B = _batch_size(args, kwargs)
     args, kwargs = _fold_inputs(args, kwargs, num_members, B)
-    logits = (output or _default_output)(model(*args, **kwargs))  # (M·B, K)
+    with model_rows(num_members * B):
+        logits = (output or _default_output)(model(*args, **kwargs))  # (M·B, K)
     return _unfold_logits(logits, num_members, B)  # (M, B, K)
 
 
@@ -293,7 +295,8 @@ class Ensemble(nn.Module):
                     f"got B={B}; use a batch size that is a multiple of {M} (e.g. "
                     f"{B - B % M or M}) or drop_last=True in the data loader"
                 )
-            logits = (self.output or _default_output)(self.model(*args, **kwargs))  # (B, K)
+            with model_rows(B):
+                logits = (self.output or _default_output)(self.model(*args, **kwargs))  # (B, K)
             return _unfold_logits(logits, M, B // M)  # (M, B/M, K)
         return forward_repeated(self.model, M, args, kwargs, output=self.output)  # (M, B, K)
 

@@ -33,9 +33,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from snens.ensemble import forward_repeated
+from snens.nn.layout import check_batch_first
 from snens.nn.norms import check_num_members
 from snens.nn.surgery import ConversionReport, replace_modules
-from snens.nn.torch_fast_paths import route_through_modules
+from snens.nn.torch_transformers import adapt
 
 __all__ = [
     "BatchEnsemble",
@@ -46,6 +47,7 @@ __all__ = [
 
 
 def _check_rows(layer: nn.Module, x: Tensor, num_members: int) -> None:
+    check_batch_first(layer, x)
     if x.dim() < 2 or x.shape[0] % num_members:
         raise ValueError(
             f"{type(layer).__name__} expects a member-major input of M·B rows with "
@@ -75,6 +77,8 @@ class _FastWeights:
     num_members: int
     init_std: float
     random_sign: bool
+    #: members along dimension 0 (:mod:`snens.nn.layout`)
+    member_major: bool = True
 
     def _make_fast_weights(
         self, in_features: int, out_features: int, bias: bool, factory: dict
@@ -420,7 +424,7 @@ def batch_ensemble(
         raise ValueError(
             f"{type(model).__name__} has no nn.Conv2d or nn.Linear layer for BatchEnsemble to share"
         )
-    route_through_modules(target)
+    adapted = adapt(target)
     linears = [n for n, _, new in replaced if isinstance(new, BatchEnsembleLinear)]
     report = ConversionReport(
         num_members=num_members,
@@ -428,6 +432,7 @@ def batch_ensemble(
         head=linears[-1] if linears else None,
         params_before=params_before,
         params_after=sum(p.numel() for p in target.parameters()),
-        notes=("rank-1 fast weights on every layer above; norms stay shared between members",),
+        notes=("rank-1 fast weights on every layer above; norms stay shared between members",)
+        + adapted,
     )
     return BatchEnsemble(target, num_members, output=output, report=report)

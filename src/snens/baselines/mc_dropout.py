@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from snens.ensemble import forward_repeated
 from snens.nn.norms import check_num_members
 from snens.nn.surgery import replace_modules
-from snens.nn.torch_fast_paths import route_through_modules
+from snens.nn.torch_transformers import adapt
 
 __all__ = ["MCDropout", "MCDropoutLayer"]
 
@@ -135,7 +135,7 @@ class MCDropout(nn.Module):
                 f"{type(model).__name__} has no dropout with p > 0; pass insert=True (or leave "
                 "insert=None) to put one before the head"
             )
-        route_through_modules(target)  # torch's fused transformer layers apply no dropout
+        adapt(target)  # torch's fused transformer layers apply no dropout
         self.model = target
         self.output = output
 

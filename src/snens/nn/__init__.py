@@ -14,6 +14,7 @@ from snens.nn.hf_norms import (
     MemberOlmoLayerNorm,
     MemberT5RMSNorm,
 )
+from snens.nn.layout import sequence_first
 from snens.nn.linear import MemberLinear
 from snens.nn.norms import MemberNorm
 from snens.nn.per_example_norms import (
@@ -48,4 +49,5 @@ __all__ = [
     "MemberT5RMSNorm",
     "member_norm",
     "register_norm",
+    "sequence_first",
 ]

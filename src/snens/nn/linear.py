@@ -7,6 +7,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from snens.nn.layout import check_batch_first
 from snens.nn.norms import check_member, check_num_members
 
 __all__ = ["MemberLinear"]
@@ -27,6 +28,9 @@ class MemberLinear(nn.Module):
     Shape:
         Input: (M·B, *, D), member-major. Output: (M·B, *, K).
     """
+
+    #: members along dimension 0 (:mod:`snens.nn.layout`)
+    member_major: bool = True
 
     def __init__(
         self,
@@ -71,6 +75,7 @@ class MemberLinear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         M = self.num_members
+        check_batch_first(self, x)
         if x.dim() < 2 or x.shape[0] % M or x.shape[-1] != self.in_features:
             raise ValueError(
                 f"MemberLinear expects a member-major input (M·B, *, {self.in_features}) with "

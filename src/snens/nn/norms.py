@@ -55,6 +55,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from snens.nn.layout import check_batch_first
+
 __all__ = [
     "MemberNorm",
     "check_member",
@@ -190,6 +192,8 @@ class MemberNorm(nn.Module):
 
     plain_type: type[nn.Module]
     has_bias: bool = True
+    #: members along dimension 0 (:mod:`snens.nn.layout`)
+    member_major: bool = True
 
     def __init__(
         self,
@@ -274,6 +278,7 @@ class MemberNorm(nn.Module):
 
     # -- input checks ------------------------------------------------------------------------
     def _check_rows(self, x: Tensor) -> None:
+        check_batch_first(self, x)
         if x.dim() == 0 or x.shape[0] % self.num_members:
             rows = x.shape[0] if x.dim() else "a scalar"
             raise ValueError(

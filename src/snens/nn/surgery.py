@@ -21,7 +21,7 @@ from snens.nn.adapters import REGISTERED_NORMS, Converter, member_converter
 from snens.nn.factory import MEMBER_NORMS, refusal
 from snens.nn.linear import MemberLinear
 from snens.nn.norms import MemberNorm, check_num_members
-from snens.nn.torch_fast_paths import route_through_modules
+from snens.nn.torch_transformers import adapt
 
 __all__ = [
     "ConversionReport",
@@ -259,7 +259,7 @@ def convert_modules(
     )
     found = _head_to_replace(model, head, existing)
     head_name = _replace_head(model, found, num_members, head_init, generator)
-    routed = route_through_modules(model)
+    adapted = adapt(model)
 
     return ConversionReport(
         num_members=num_members,
@@ -268,7 +268,7 @@ def convert_modules(
         skipped=tuple(unsupported),
         params_before=params_before,
         params_after=_count_params(model),
-        notes=_notes(found, head, existing, routed),
+        notes=_notes(found, head, existing) + adapted,
     )
 
 
@@ -466,19 +466,9 @@ def _replace_head(
 
 
 def _notes(
-    found: tuple[str, nn.Module] | None,
-    head: str | None,
-    existing: list[tuple[str, nn.Module]],
-    routed: list[str],
+    found: tuple[str, nn.Module] | None, head: str | None, existing: list[tuple[str, nn.Module]]
 ) -> tuple[str, ...]:
-    """The report's notes: a model with no head to replicate under ``head="auto"``; torch
-    transformer modules whose fused fast path was turned off (``snens.nn.torch_fast_paths``)."""
-    notes = []
+    """The report's notes: a model with no head to replicate under ``head="auto"``."""
     if found is None and head == "auto" and not existing:
-        notes.append("no nn.Linear found: members share the output layer")
-    if routed:
-        notes.append(
-            f"torch's fused transformer fast path is off in {', '.join(routed)}: it reads "
-            "LayerNorm weights instead of calling the norm, so the member norms run as modules"
-        )
-    return tuple(notes)
+        return ("no nn.Linear found: members share the output layer",)
+    return ()

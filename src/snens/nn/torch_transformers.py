@@ -15,13 +15,20 @@ true. :func:`route_through_modules` clears both on every layer whose fused submo
 longer torch's own types, and keeps their values; :func:`restore_fast_paths` puts them back
 once they are again (``snens.extract_member``), so an extracted member runs as fast as the
 original. The layers' own forward, which training always takes, computes the same function.
+
+torch's transformer modules are sequence-first by default (``batch_first=False``): their
+norms and linears see (S, M·B, D). :func:`mark_sequence_first` marks the member layers among
+them with :func:`snens.nn.layout.sequence_first`, so each finds the members where the batch is.
+:func:`adapt` does both, for ``snens.convert`` and the baselines.
 """
 
 from __future__ import annotations
 
 from torch import nn
 
-__all__ = ["restore_fast_paths", "route_through_modules"]
+from snens.nn.layout import sequence_first
+
+__all__ = ["adapt", "mark_sequence_first", "restore_fast_paths", "route_through_modules"]
 
 #: The submodules the fused kernel stands in for, and the types it computes them as.
 _FUSED = {
@@ -33,6 +40,9 @@ _FUSED = {
     "dropout1": nn.Dropout,
     "dropout2": nn.Dropout,
 }
+
+#: The submodules of torch's encoder and decoder layers that work on each position's features.
+_PER_POSITION = ("norm1", "norm2", "norm3", "linear1", "linear2")
 
 #: Where a module keeps the fast-path settings it had before (attribute → value).
 _SAVED = "_snens_fast_path"
@@ -84,3 +94,59 @@ def restore_fast_paths(model: nn.Module) -> None:
         for attribute, value in saved.items():
             setattr(module, attribute, value)
         del vars(module)[_SAVED]
+
+
+def _sequence_first(module: nn.Module) -> bool:
+    """Whether ``module`` is a torch encoder or decoder layer (or stack) taking (S, B, D)."""
+    if isinstance(module, (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)):
+        return not module.self_attn.batch_first
+    if isinstance(module, (nn.TransformerEncoder, nn.TransformerDecoder)):
+        return len(module.layers) > 0 and _sequence_first(module.layers[0])
+    return False
+
+
+def mark_sequence_first(model: nn.Module) -> list[str]:
+    """Mark the member layers of torch's sequence-first transformer modules as seeing (S, M·B, …).
+
+    Inside every ``nn.TransformerEncoderLayer`` / ``nn.TransformerDecoderLayer`` built with
+    ``batch_first=False``: its norms and linears; of an ``nn.TransformerEncoder`` /
+    ``nn.TransformerDecoder`` of such layers: its final ``norm``. Calling it again changes
+    nothing.
+
+    Returns:
+        The names of the layers newly marked.
+    """
+    marked = []
+    for name, module in model.named_modules():
+        if not _sequence_first(module):
+            continue
+        children = ("norm",) if not hasattr(module, "self_attn") else _PER_POSITION
+        for child in children:
+            layer = getattr(module, child, None)
+            if getattr(layer, "member_major", False) and sequence_first(layer):
+                marked.append(f"{name}.{child}" if name else child)
+    return marked
+
+
+def adapt(model: nn.Module) -> tuple[str, ...]:
+    """Fit torch's transformer modules in ``model`` to the member layers replacing their parts:
+    :func:`route_through_modules` and :func:`mark_sequence_first`.
+
+    Returns:
+        The notes for a conversion report: one line per kind of change, none if nothing changed.
+    """
+    notes = []
+    routed = route_through_modules(model)
+    if routed:
+        notes.append(
+            f"torch's fused transformer fast path is off in {', '.join(routed)}: it reads "
+            "LayerNorm and Linear weights instead of calling the modules, so the member layers "
+            "run as modules"
+        )
+    marked = mark_sequence_first(model)
+    if marked:
+        notes.append(
+            f"sequence-first (batch_first=False): {', '.join(marked)} take their (S, M·B, …) "
+            "input with the batch moved first (snens.nn.sequence_first)"
+        )
+    return tuple(notes)
