@@ -269,3 +269,9 @@ def test_batch_ensemble_of_a_sequence_first_encoder_computes_the_batch_first_one
     with torch.inference_mode():
         torch.testing.assert_close(ensemble(x), reference(x), **TOL)
         assert (reference(x)[0] - reference(x)[1]).abs().max() > 0.05
+
+
+def test_an_empty_batch_passes_the_batch_first_check():
+    model = nn.Sequential(nn.Linear(4, D), nn.LayerNorm(D), nn.Linear(D, 3))
+    for ensemble in (snens.convert(model, num_members=M), batch_ensemble(model, M)):
+        assert ensemble.eval()(torch.zeros(0, 4)).shape == (M, 0, 3)

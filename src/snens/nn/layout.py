@@ -50,7 +50,7 @@ def check_batch_first(layer: nn.Module, x: Tensor) -> None:
         ValueError: naming the layer, the shape, the rows expected and the fix.
     """
     rows = _MODEL_ROWS.get()
-    if rows is None or x.dim() == 0 or torch.compiler.is_compiling():
+    if not rows or x.dim() == 0 or torch.compiler.is_compiling():  # None, or an empty batch
         return
     if x.shape[0] % rows:
         raise ValueError(
