@@ -275,3 +275,27 @@ def test_an_empty_batch_passes_the_batch_first_check():
     model = nn.Sequential(nn.Linear(4, D), nn.LayerNorm(D), nn.Linear(D, 3))
     for ensemble in (snens.convert(model, num_members=M), batch_ensemble(model, M)):
         assert ensemble.eval()(torch.zeros(0, 4)).shape == (M, 0, 3)
+
+
+def test_xlnet_is_sequence_first_inside_refused_then_marked():
+    tf = pytest.importorskip("transformers")
+    tf.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    config = tf.XLNetConfig(
+        num_labels=3, d_model=16, n_layer=2, n_head=2, d_inner=32, vocab_size=50
+    )
+    ensemble = diversify(
+        snens.convert(tf.XLNetForSequenceClassification(config).eval(), num_members=M).eval()
+    )
+    ids = torch.randint(1, 50, (B, 7), generator=torch.Generator().manual_seed(2))
+    with pytest.raises(ValueError, match=r"shape \(7, 12, 16\).*sequence-first"):
+        ensemble(input_ids=ids)
+    assert sequence_first(ensemble.model.transformer.layer) == [
+        f"{i}.{part}.layer_norm" for i in (0, 1) for part in ("rel_attn", "ff")
+    ]
+    with torch.inference_mode():
+        logits = ensemble(input_ids=ids)
+        for member in (0, 3):
+            plain = snens.extract_member(ensemble, member)
+            torch.testing.assert_close(plain(input_ids=ids).logits, logits[member], **TOL)
+    assert (logits[0] - logits[1]).abs().max() > 0.005
