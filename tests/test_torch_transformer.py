@@ -299,3 +299,14 @@ def test_xlnet_is_sequence_first_inside_refused_then_marked():
             plain = snens.extract_member(ensemble, member)
             torch.testing.assert_close(plain(input_ids=ids).logits, logits[member], **TOL)
     assert (logits[0] - logits[1]).abs().max() > 0.005
+
+
+def test_an_ensemble_built_from_member_layers_adapts_torchs_modules_too():
+    torch.manual_seed(0)
+    model = SequenceFirstEncoder().eval()
+    for layer in model.encoder.layers:  # member norms at construction, as norm_layer= would
+        layer.norm1 = snens.nn.MemberLayerNorm((D,), M)
+        layer.norm2 = snens.nn.MemberLayerNorm((D,), M)
+    ensemble = diversify(snens.Ensemble(model, M)).eval()
+    x, _ = inputs()
+    assert_members_are_their_extracted_models(ensemble, x)

@@ -37,7 +37,7 @@ from snens.nn.layout import model_rows
 from snens.nn.linear import MemberLinear
 from snens.nn.norms import MemberNorm, check_member, check_num_members
 from snens.nn.surgery import ConversionReport, convert_modules, member_modules, replace_modules
-from snens.nn.torch_transformers import restore_fast_paths
+from snens.nn.torch_transformers import adapt, restore_fast_paths
 
 __all__ = [
     "Ensemble",
@@ -267,6 +267,7 @@ class Ensemble(nn.Module):
                     f"{name} has num_members={m.num_members}, the ensemble num_members="
                     f"{num_members}; build every member layer with the same M"
                 )
+        adapt(model)  # torch's transformer modules, if built with member layers (convert did it)
         self.model = model
         self.input_policy = input_policy
         self.output = output
