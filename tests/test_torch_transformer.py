@@ -310,3 +310,14 @@ def test_an_ensemble_built_from_member_layers_adapts_torchs_modules_too():
     ensemble = diversify(snens.Ensemble(model, M)).eval()
     x, _ = inputs()
     assert_members_are_their_extracted_models(ensemble, x)
+
+
+def test_a_sequence_first_model_saved_whole_keeps_its_marks(tmp_path):
+    torch.manual_seed(0)
+    ensemble = diversify(snens.convert(SequenceFirstEncoder().eval(), num_members=M).eval())
+    torch.save(ensemble, tmp_path / "model.pt")
+    loaded = torch.load(tmp_path / "model.pt", weights_only=False).eval()
+    x, _ = inputs()
+    assert_members_are_their_extracted_models(loaded, x)
+    with torch.inference_mode():
+        torch.testing.assert_close(loaded(x), ensemble(x), **TOL)
