@@ -25,6 +25,7 @@ branches on the value of B, and the member norms trace their loop of plain norms
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
@@ -267,11 +268,15 @@ class Ensemble(nn.Module):
                     f"{name} has num_members={m.num_members}, the ensemble num_members="
                     f"{num_members}; build every member layer with the same M"
                 )
-        adapt(model)  # torch's transformer modules, if built with member layers (convert did it)
+        # torch's transformer modules around the member layers, for every way an ensemble is
+        # built (convert, FiLM, member layers at construction); the report names what changed
+        adapted = adapt(model)
         self.model = model
         self.input_policy = input_policy
         self.output = output
-        self.report = report
+        self.report = (
+            report if report is None else dataclasses.replace(report, notes=report.notes + adapted)
+        )
 
     # -- configuration ---------------------------------------------------------------------------
     @property

@@ -40,7 +40,6 @@ from snens.nn.factory import MEMBER_NORMS
 from snens.nn.norms import MemberNorm, check_num_members
 from snens.nn.per_example_norms import MemberGroupNorm, MemberLayerNorm, MemberRMSNorm
 from snens.nn.surgery import ConversionReport, is_unsupported_norm, replace_modules
-from snens.nn.torch_transformers import adapt
 
 __all__ = [
     "FILM_NORMS",
@@ -260,7 +259,6 @@ def film(
             f"{type(model).__name__} has no norm layer for FiLM to modulate (looked for "
             f"{', '.join(t.__name__ for t in FILM_NORMS)})"
         )
-    adapted = adapt(target)
     report = ConversionReport(
         num_members=num_members,
         converted=tuple((n, type(old).__name__, type(new).__name__) for n, old, new in replaced),
@@ -268,7 +266,7 @@ def film(
         skipped=tuple(unsupported),
         params_before=params_before,
         params_after=sum(p.numel() for p in target.parameters()),
-        notes=("FiLM-Ensemble: per-member norm affine without importance scale",) + adapted,
+        notes=("FiLM-Ensemble: per-member norm affine without importance scale",),
     )
     return Ensemble(target, num_members, output=output, report=report)
 

@@ -21,7 +21,6 @@ from snens.nn.adapters import REGISTERED_NORMS, Converter, member_converter
 from snens.nn.factory import MEMBER_NORMS, refusal
 from snens.nn.linear import MemberLinear
 from snens.nn.norms import MemberNorm, check_num_members
-from snens.nn.torch_transformers import adapt
 
 __all__ = [
     "ConversionReport",
@@ -259,7 +258,6 @@ def convert_modules(
     )
     found = _head_to_replace(model, head, existing)
     head_name = _replace_head(model, found, num_members, head_init, generator)
-    adapted = adapt(model)
 
     return ConversionReport(
         num_members=num_members,
@@ -268,7 +266,7 @@ def convert_modules(
         skipped=tuple(unsupported),
         params_before=params_before,
         params_after=_count_params(model),
-        notes=_notes(found, head, existing) + adapted,
+        notes=_notes(found, head, existing),
     )
 
 
