@@ -17,6 +17,7 @@ from snens.checkpoint import (
     CheckpointError,
     checkpoint_digest,
     load_checkpoint,
+    load_checkpoint_with_digest,
     load_model_state,
     rng_state,
     save_checkpoint,
@@ -103,6 +104,14 @@ def test_the_digest_is_read_from_the_header_and_names_the_content(tmp_path):
     data = path.read_bytes()
     payload = data[data.index(b"\n") + 1 :]
     assert checkpoint_digest(path) == hashlib.sha256(payload).hexdigest()
+    state, digest = load_checkpoint_with_digest(path)
+    assert digest == hashlib.sha256(payload).hexdigest()
+    torch.testing.assert_close(state["model"], load_checkpoint(path)["model"])
+    data = bytearray(data)
+    data[-10] ^= 0x01  # verified as load_checkpoint verifies
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="digest mismatch"):
+        load_checkpoint_with_digest(path)
     other = save_checkpoint(tmp_path / "other.pt", _state(1))
     assert checkpoint_digest(other) != checkpoint_digest(path)
     (tmp_path / "plain.pt").write_bytes(b"PK\x03\x04 a zip archive")

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from snens import data
-from snens.build import build_model
+from snens.build import build_model, read_init_from
 from snens.checkpoint import CheckpointError
 from snens.config import load_config
 from snens.presets import preset
@@ -54,7 +54,7 @@ def test_every_member_starts_as_the_trained_network(trained):
     out, source = trained
     single, _, _ = load_run_model(source)
     config = _config(out, "ens", "method.name=snens", f"model.init_from={json.dumps(str(source))}")
-    ens = build_model(config, num_classes=10, channels=1, initialize=True)
+    ens = build_model(config, num_classes=10, channels=1, start=read_init_from(config))
     fresh = build_model(config, num_classes=10, channels=1)  # resumed or reloaded: no source
     x = _images()
     with torch.no_grad():
@@ -71,19 +71,21 @@ def test_every_member_starts_as_the_trained_network(trained):
     seeded = _config(out, "s", "method.name=snens", "seed=0", f"model.init_from={template}")
     with torch.no_grad():
         torch.testing.assert_close(
-            build_model(seeded, num_classes=10, channels=1, initialize=True).eval()(x), logits
+            build_model(seeded, num_classes=10, channels=1, start=read_init_from(seeded)).eval()(x),
+            logits,
         )
     with pytest.raises(FileNotFoundError, match=r"sin1le': no run directory"):
-        build_model(
-            dataclasses.replace(seeded, seed=1), num_classes=10, channels=1, initialize=True
-        )
+        read_init_from(dataclasses.replace(seeded, seed=1))
     # a checkpoint file names the same weights as its run directory
     by_file = _config(
         out, "f", "method.name=snens", f"model.init_from={json.dumps(str(source / 'last.pt'))}"
     )
     with torch.no_grad():
         torch.testing.assert_close(
-            build_model(by_file, num_classes=10, channels=1, initialize=True).eval()(x), logits
+            build_model(by_file, num_classes=10, channels=1, start=read_init_from(by_file)).eval()(
+                x
+            ),
+            logits,
         )
 
 
@@ -123,6 +125,29 @@ def test_a_run_started_from_it_resumes_without_it(trained, tmp_path):
     assert again["test/nll"] == pytest.approx(whole["test/nll"], rel=1e-6)
 
 
+def test_the_source_recorded_is_the_one_read_when_it_is_replaced_meanwhile(trained, tmp_path):
+    # The source run goes on training and rewrites its last.pt after this run has read its
+    # weights and before it records where they came from: the record names the bytes read.
+    out, source = trained
+    start = tmp_path / "source"
+    shutil.copytree(source, start)
+    read = (start / "last.pt").read_bytes()
+    digest = hashlib.sha256(read[read.index(b"\n") + 1 :]).hexdigest()
+    newer = (start / "prev.pt").read_bytes()  # another single model's checkpoint (epoch 1)
+    assert newer != read
+
+    def replace_source(line):
+        if line.startswith("run "):  # said once the model is built, before the record
+            (start / "last.pt").write_bytes(newer)
+
+    init = f"model.init_from={json.dumps(str(start))}"
+    config = _config(tmp_path, "ens", "method.name=snens", "optim.epochs=1", init)
+    run = train(config, progress=False, log=replace_source)
+    assert (start / "last.pt").read_bytes() == newer  # replaced while the run was starting
+    recorded = json.loads((run / "provenance.json").read_text())["init_from"]
+    assert recorded == {"checkpoint": str((start / "last.pt").resolve()), "sha256": digest}
+
+
 def test_what_it_cannot_start_from_is_refused_naming_it(trained, tmp_path):
     out, source = trained
     init = f"model.init_from={json.dumps(str(source))}"
@@ -131,7 +156,7 @@ def test_what_it_cannot_start_from_is_refused_naming_it(trained, tmp_path):
 
     def build(*overrides):
         config = _config(tmp_path, "x", "method.name=snens", *overrides)
-        return build_model(config, num_classes=10, channels=1, initialize=True)
+        return build_model(config, num_classes=10, channels=1, start=read_init_from(config))
 
     with pytest.raises(FileNotFoundError, match=r"model.init_from '.*nowhere': no run directory"):
         build(f"model.init_from={json.dumps(str(tmp_path / 'nowhere'))}")

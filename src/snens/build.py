@@ -16,6 +16,7 @@ import math
 import os
 import random
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,7 @@ import torch
 from torch import nn
 
 from snens import baselines, models
-from snens.checkpoint import checkpoint_digest, load_checkpoint, load_model_state
+from snens.checkpoint import load_checkpoint_with_digest, load_model_state
 from snens.config import OptimConfig, RunConfig, to_dict
 from snens.nn.linear import MemberLinear
 from snens.nn.surgery import is_norm
@@ -32,9 +33,9 @@ __all__ = [
     "build_model",
     "build_optimizer",
     "build_schedule",
+    "InitFrom",
     "init_from_path",
-    "init_from_source",
-    "init_from_weights",
+    "read_init_from",
     "lr_factor",
     "reproducible",
     "resolve_device",
@@ -45,15 +46,15 @@ __all__ = [
 
 
 def build_model(
-    config: RunConfig, *, num_classes: int, channels: int | None, initialize: bool = False
+    config: RunConfig, *, num_classes: int, channels: int | None, start: InitFrom | None = None
 ) -> nn.Module:
     """The method of ``config.method`` over the backbone of ``config.model``, freshly built.
 
     ``in_channels`` and ``num_classes`` come from the data set unless the config sets them;
-    ``channels`` is None for text (the backbone takes token ids). With ``initialize`` (a run
-    that starts, not one that resumes or is reloaded: those load their own checkpoint), a
-    ``model.init_from`` run's trained weights are loaded into the backbone before the method
-    converts or wraps it (:func:`init_from_weights`).
+    ``channels`` is None for text (the backbone takes token ids). With ``start`` (the
+    ``model.init_from`` run read by :func:`read_init_from`, for a run that starts; one that
+    resumes or is reloaded loads its own checkpoint), its trained weights are loaded into the
+    backbone before the method converts or wraps it.
     """
     image = {} if channels is None else {"in_channels": channels}
     backbone_options = {**image, **config.model.options}
@@ -63,10 +64,10 @@ def build_model(
     single = config.method.name == "single"
     num_classes = config.model.num_classes or num_classes
     backbone: str | nn.Module = config.model.backbone
-    if initialize and config.model.init_from:
+    if start is not None:
         # built, then loaded: the same draws from the generator as a backbone built by name
         backbone = models.create(backbone, num_classes=num_classes, **backbone_options)
-        load_model_state(backbone, init_from_weights(config))
+        load_model_state(backbone, start.weights)
         backbone_options = {}
     return baselines.create(
         config.method.name,
@@ -83,35 +84,32 @@ def init_from_path(config: RunConfig) -> Path:
     return Path(config.model.init_from.replace("{seed}", str(config.seed)))
 
 
-def _init_from_checkpoint(config: RunConfig) -> tuple[Path, Path]:
-    """The ``model.init_from`` as given (``{seed}`` read) and the checkpoint file it names."""
-    where = init_from_path(config)
-    path = where / "last.pt" if where.is_dir() else where
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"model.init_from {str(where)!r}: no run directory with a last.pt and no "
-            "checkpoint file there; name a single-model run directory (or its last.pt)"
-        )
-    return where, path
+@dataclass(frozen=True)
+class InitFrom:
+    """The trained single model a run starts from (``model.init_from``), read once.
 
-
-def init_from_source(config: RunConfig) -> dict[str, str]:
-    """What a run started with ``model.init_from`` records of its source: the checkpoint
-    file's absolute path and the SHA-256 of its content (``provenance.json``), so a source
-    retrained or replaced in place afterwards is told apart from the one the run read.
-
-    Raises:
-        FileNotFoundError: no run directory or checkpoint there.
-        CheckpointError: not a snens checkpoint.
+    Attributes:
+        weights: its backbone's state dict (names without the ``model.`` prefix).
+        checkpoint: the absolute path of the checkpoint file read (symbolic links resolved).
+        sha256: the SHA-256 of the payload those weights were read from, so a source retrained
+            or replaced in place afterwards is told apart from the one the run read.
     """
-    _, path = _init_from_checkpoint(config)
-    return {"checkpoint": str(path.resolve()), "sha256": checkpoint_digest(path)}
+
+    weights: dict[str, torch.Tensor]
+    checkpoint: str
+    sha256: str
+
+    def record(self) -> dict[str, str]:
+        """What ``provenance.json`` records of the source: the file and the digest."""
+        return {"checkpoint": self.checkpoint, "sha256": self.sha256}
 
 
-def init_from_weights(config: RunConfig) -> dict[str, torch.Tensor]:
-    """The backbone weights of the single-model run ``config.model.init_from`` names (its
-    directory or a checkpoint file; ``{seed}`` in it reads as the run's seed), checked against
-    ``config.model``.
+def read_init_from(config: RunConfig) -> InitFrom:
+    """The single-model run ``config.model.init_from`` names (its directory or a checkpoint
+    file; ``{seed}`` in it reads as the run's seed), checked against ``config.model``.
+
+    The path is resolved once and the file read once: the weights, the path and the digest
+    recorded are those of the same bytes.
 
     Raises:
         FileNotFoundError: no run directory or checkpoint there.
@@ -119,8 +117,14 @@ def init_from_weights(config: RunConfig) -> dict[str, torch.Tensor]:
         ValueError: the run is not a single model, or its backbone, options or number of
             classes differ from this config's (both named).
     """
-    where, path = _init_from_checkpoint(config)
-    state = load_checkpoint(path)
+    where = init_from_path(config)
+    path = (where / "last.pt" if where.is_dir() else where).resolve()
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"model.init_from {str(where)!r}: no run directory with a last.pt and no "
+            "checkpoint file there; name a single-model run directory (or its last.pt)"
+        )
+    state, digest = load_checkpoint_with_digest(path)
     source = state["config"]
     method = source.get("method", {}).get("name")
     if method != "single":
@@ -141,11 +145,12 @@ def init_from_weights(config: RunConfig) -> dict[str, torch.Tensor]:
             + "; model.".join(differ)
             + "; start from a run of the same backbone and options"
         )
-    return {
+    weights = {
         name.removeprefix("model."): tensor
         for name, tensor in state["model"].items()
         if name.startswith("model.")
     }
+    return InitFrom(weights, str(path), digest)
 
 
 def _is_head(module: nn.Module, num_classes: int) -> bool:

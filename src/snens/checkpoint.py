@@ -46,6 +46,7 @@ __all__ = [
     "atomic_write",
     "checkpoint_digest",
     "load_checkpoint",
+    "load_checkpoint_with_digest",
     "load_model_state",
     "remove_stale_temporaries",
     "rng_state",
@@ -274,6 +275,24 @@ def load_checkpoint(
             tensors and plain containers (refused by ``weights_only=True``, nothing is run);
             a required key is missing.
     """
+    return load_checkpoint_with_digest(path, required=required, map_location=map_location)[0]
+
+
+def load_checkpoint_with_digest(
+    path: str | os.PathLike,
+    *,
+    required: Iterable[str] = TRAINING_KEYS,
+    map_location: str | torch.device | None = "cpu",
+) -> tuple[dict[str, Any], str]:
+    """:func:`load_checkpoint`, and the SHA-256 of the payload the state was read from.
+
+    Both come from one read of the file, so the digest names the bytes the state holds even
+    if the file is replaced a moment later (reading :func:`checkpoint_digest` afterwards
+    could name the newer file's).
+
+    Raises:
+        The errors of :func:`load_checkpoint`.
+    """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}")
@@ -307,7 +326,7 @@ def load_checkpoint(
         raise CheckpointError(
             f"{path}: incomplete checkpoint, missing {missing}; it holds {sorted(state)}"
         )
-    return state
+    return state, digest
 
 
 def load_model_state(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> None:

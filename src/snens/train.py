@@ -50,8 +50,8 @@ from snens.build import (
     build_optimizer,
     build_schedule,
     init_from_path,
-    init_from_source,
     lr_factor,
+    read_init_from,
     reproducible,
     resolve_device,
     seed_everything,
@@ -241,8 +241,9 @@ def _train(
         steps_per_epoch = len(loaded.train)
 
         # -- model
+        start = read_init_from(config) if config.model.init_from and not resume else None
         model = build_model(
-            config, num_classes=loaded.num_classes, channels=loaded.channels, initialize=not resume
+            config, num_classes=loaded.num_classes, channels=loaded.channels, start=start
         )
         model.to(device)
         if config.optim.channels_last:
@@ -276,13 +277,12 @@ def _train(
                 _discard_after_checkpoint(run, epoch, say)
         group.barrier("waiting for rank 0 to prepare the run directory")
         say(_run_line(run, model, trainable, steps_per_epoch, device))
-        if config.model.init_from and not resume:
-            source = init_from_source(config)
+        if start is not None:
             if group.is_main:
-                run.record(init_from=source)
+                run.record(init_from=start.record())
             say(
                 f"backbone started from the trained single model of {init_from_path(config)} "
-                f"(sha256 {source['sha256'][:12]}…)"
+                f"(sha256 {start.sha256[:12]}…)"
             )
         say(f"parameter groups: {_describe_groups(groups)}")
         if config.method.name == "snens":
