@@ -252,7 +252,7 @@ def _stages() -> dict[str, list[Variant]]:
         # with capacity to spare?
         Variant("snens_tau1_lam0.1_w32", (*_snens(1, 0.1), *w32)),
     ]
-    # width 64 (≈ 16× width 16's compute: ~22 min per single run on one core, ~50 min per
+    # width 64 (≈ 16× width 16's compute: 12–30 min per single run on one core, 45–60 min per
     # ensemble): where the gap closes, if it does; σN-Ens at the defaults first after one model,
     # over 3 seeds, since seed 0 left it 0.01 of validation NLL behind one model
     w64 = (epochs, "model.options={width=64}")
@@ -264,6 +264,9 @@ def _stages() -> dict[str, list[Variant]]:
             ("deep_ensemble_w64", ("method.name=deep_ensemble",)),
         )
     ]
+    # the weaker partition at width 64 (at width 32 it was 0.013 of validation NLL closer to
+    # one model than the defaults): does it reach one model once the backbone is this wide?
+    width.append(Variant("snens_tau5_lam0.01_w64", (*_snens(5, 0.01), *w64)))
     # where a single model overfits its NLL: 10,000 training images, no augmentation, width 32,
     # 20 epochs (the validation curve shows where the single model's NLL turns up)
     few = (
@@ -877,6 +880,66 @@ def sharing_table(shares: Sharing) -> list[str]:
     return rows
 
 
+#: One model, the deep ensemble and σN-Ens at each backbone width, all 55,000 images, 10
+#: epochs: width → column → (stage, variant). Width 16's single model is the budget stage's.
+WIDTHS = {
+    16: {
+        "single": ("budget", f"single_e{ABLATION_EPOCHS}"),
+        "deep ensemble": ("ablation", "deep_ensemble"),
+        "σN-Ens λ=0": ("ablation", "snens_lam0"),
+        "σN-Ens τ=5 λ=0.01": ("ablation", "snens_tau5_lam0.01"),
+        "σN-Ens defaults (τ=1 λ=0.1)": ("ablation", "snens_tau1_lam0.1"),
+    },
+    **{
+        width: {
+            "single": ("width", f"single_w{width}"),
+            "deep ensemble": ("width", f"deep_ensemble_w{width}"),
+            "σN-Ens λ=0": ("width", f"snens_lam0_w{width}"),
+            "σN-Ens τ=5 λ=0.01": ("width", f"snens_tau5_lam0.01_w{width}"),
+            "σN-Ens defaults (τ=1 λ=0.1)": ("width", f"snens_tau1_lam0.1_w{width}"),
+        }
+        for width in (32, 64)
+    },
+}
+
+
+def _val_nll(stage: str, variant: str) -> list[float]:
+    """The validation NLL of each finished seed of ``variant``, by seed."""
+    finals = sorted((WHERE["out"] / stage / variant).glob(f"seed=*/{FINAL}"))
+    return [json.loads(path.read_text())["metrics"]["val/nll"] for path in finals]
+
+
+def _mean_cell(values: Sequence[float]) -> str:
+    if not values:
+        return "–"
+    mean = sum(values) / len(values)
+    if len(values) == 1:
+        return f"{mean:.3f} (n=1)"
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+    return f"{mean:.3f} ± {std:.3f} (n={len(values)})"
+
+
+def width_table() -> list[str]:
+    """Validation NLL of each method of :data:`WIDTHS` by backbone width (mean ± sample std
+    over the finished seeds), and the defaults' gap to one model (a positive gap: behind)."""
+    columns = list(WIDTHS[16])
+    rows = [
+        "| width | " + " | ".join(columns) + " | defaults − single |",
+        "|" + "---|" * (len(columns) + 2),
+    ]
+    for width, runs in WIDTHS.items():
+        nll = {column: _val_nll(*runs[column]) for column in columns}
+        single, defaults = nll["single"], nll[columns[-1]]
+        gap = (
+            f"{sum(defaults) / len(defaults) - sum(single) / len(single):+.3f}"
+            if single and defaults
+            else "–"
+        )
+        cells = " | ".join(_mean_cell(nll[column]) for column in columns)
+        rows.append(f"| {width} | {cells} | {gap} |")
+    return rows
+
+
 def report() -> Path:
     """``results/converged.md``: the budget table, a report table per stage, the curves."""
     sections = ["# Converged-budget study (`python experiments/converged.py report`)", ""]
@@ -907,6 +970,12 @@ def report() -> Path:
         plot = _plot_curves(stage, WHERE["out"].parent) if stage not in ("text", "vision") else None
         if plot:
             sections += [f"![{stage} learning curves]({plot.name})", ""]
+    sections += [
+        "## Validation NLL by backbone width (all 55,000 images, 10 epochs)",
+        "",
+        *width_table(),
+        "",
+    ]
     shares = sharing()
     sections += [
         "## Sharing against member quality (validation, seed 0)",

@@ -261,3 +261,29 @@ def test_the_sharing_figure_takes_the_runs_that_partition_every_norm(tmp_path):
     table = study.sharing_table(shares)
     assert "| ablation | snens_tau1_lam0.1_m2 | 0.50 | 0.291 | 0.275 | 0.224 |" in table
     assert study._plot_sharing(shares, tmp_path).stat().st_size > 10_000
+
+
+def test_the_width_table_averages_the_finished_seeds_and_gives_the_defaults_gap(tmp_path):
+    study = _converged_module()
+    study.WHERE["out"] = tmp_path
+    finished = {  # (stage, variant): validation NLL by seed
+        ("budget", "single_e10"): [0.224],
+        ("ablation", "snens_tau1_lam0.1"): [0.276],
+        ("width", "single_w64"): [0.182, 0.188, 0.186],
+        ("width", "deep_ensemble_w64"): [0.180, 0.180],
+        ("width", "snens_tau1_lam0.1_w64"): [0.195, 0.194, 0.196],
+    }
+    for (stage, variant), values in finished.items():
+        for seed, nll in enumerate(values):
+            run = tmp_path / stage / variant / f"seed={seed}"
+            run.mkdir(parents=True)
+            (run / study.FINAL).write_text(json.dumps({"metrics": {"val/nll": nll}}))
+    unfinished = tmp_path / "width" / "deep_ensemble_w64" / "seed=2"
+    unfinished.mkdir()  # started, no final.json: not counted
+    table = study.width_table()
+    assert table[0].startswith("| width | single | deep ensemble | σN-Ens λ=0 |")
+    assert table[2] == "| 16 | 0.224 (n=1) | – | – | – | 0.276 (n=1) | +0.052 |"
+    assert table[3] == "| 32 | – | – | – | – | – | – |"
+    assert table[4] == (
+        "| 64 | 0.185 ± 0.003 (n=3) | 0.180 ± 0.000 (n=2) | – | – | 0.195 ± 0.001 (n=3) | +0.010 |"
+    )
