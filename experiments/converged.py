@@ -252,7 +252,7 @@ def _stages() -> dict[str, list[Variant]]:
         # with capacity to spare?
         Variant("snens_tau1_lam0.1_w32", (*_snens(1, 0.1), *w32)),
     ]
-    # width 64 (≈ 16× width 16's compute: 12–30 min per single run on one core, 45–60 min per
+    # width 64 (≈ 16× width 16's compute: 12–30 min per single run on one core, 45–95 min per
     # ensemble): where the gap closes, if it does; σN-Ens at the defaults first after one model,
     # over 3 seeds, since seed 0 left it 0.01 of validation NLL behind one model
     w64 = (epochs, "model.options={width=64}")
