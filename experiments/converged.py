@@ -68,7 +68,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from snens.presets import preset
-from snens.report import write_report
+from snens.report import summarize, write_report
 from snens.runs import FINAL, read_metrics
 from snens.sweep import SweepRun, plan, run_sweep
 
@@ -905,18 +905,15 @@ WIDTHS = {
 
 def _val_nll(stage: str, variant: str) -> list[float]:
     """The validation NLL of each finished seed of ``variant``, by seed."""
-    finals = sorted((WHERE["out"] / stage / variant).glob(f"seed=*/{FINAL}"))
-    return [json.loads(path.read_text())["metrics"]["val/nll"] for path in finals]
+    runs = sorted((WHERE["out"] / stage / variant).glob("seed=*"))
+    return [final["metrics"]["val/nll"] for run in runs if (final := _final(run)) is not None]
 
 
 def _mean_cell(values: Sequence[float]) -> str:
     if not values:
         return "–"
-    mean = sum(values) / len(values)
-    if len(values) == 1:
-        return f"{mean:.3f} (n=1)"
-    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
-    return f"{mean:.3f} ± {std:.3f} (n={len(values)})"
+    mean, std, n = summarize(values)
+    return f"{mean:.3f} (n=1)" if n == 1 else f"{mean:.3f} ± {std:.3f} (n={n})"
 
 
 def width_table() -> list[str]:
@@ -931,9 +928,7 @@ def width_table() -> list[str]:
         nll = {column: _val_nll(*runs[column]) for column in columns}
         single, defaults = nll["single"], nll[columns[-1]]
         gap = (
-            f"{sum(defaults) / len(defaults) - sum(single) / len(single):+.3f}"
-            if single and defaults
-            else "–"
+            f"{summarize(defaults)[0] - summarize(single)[0]:+.3f}" if single and defaults else "–"
         )
         cells = " | ".join(_mean_cell(nll[column]) for column in columns)
         rows.append(f"| {width} | {cells} | {gap} |")
