@@ -245,6 +245,9 @@ def _train(
         model = build_model(
             config, num_classes=loaded.num_classes, channels=loaded.channels, start=start
         )
+        # its weights are in the model now; keep what the run records, not a second copy
+        source = None if start is None else start.record()
+        del start
         model.to(device)
         if config.optim.channels_last:
             model.to(memory_format=torch.channels_last)
@@ -277,12 +280,12 @@ def _train(
                 _discard_after_checkpoint(run, epoch, say)
         group.barrier("waiting for rank 0 to prepare the run directory")
         say(_run_line(run, model, trainable, steps_per_epoch, device))
-        if start is not None:
+        if source is not None:
             if group.is_main:
-                run.record(init_from=start.record())
+                run.record(init_from=source)
             say(
                 f"backbone started from the trained single model of {init_from_path(config)} "
-                f"(sha256 {start.sha256[:12]}…)"
+                f"(sha256 {source['sha256'][:12]}…)"
             )
         say(f"parameter groups: {_describe_groups(groups)}")
         if config.method.name == "snens":
