@@ -35,18 +35,19 @@ def _model(M: int = 4, seed: int = 0) -> nn.Module:
 
 
 def _hand_penalty(s: list[list[float]], tau: float) -> float:
-    """Σ_i Σ_m log softmax_m(s[:, i] / τ), written out."""
+    """Σ_i Σ_m (log softmax_m(s[:, i] / τ) + log M), written out."""
     M, C = len(s), len(s[0])
     total = 0.0
     for i in range(C):
         z = math.log(sum(math.exp(s[m][i] / tau) for m in range(M)))
-        total += sum(s[m][i] / tau - z for m in range(M))
+        total += sum(s[m][i] / tau - z + math.log(M) for m in range(M))
     return total
 
 
 def _vertex_value(k: int, M: int, tau: float) -> float:
-    """r at a vertex with k members at 1 and M − k at 0: k/τ − M·log(k·e^{1/τ} + M − k)."""
-    return k / tau - M * math.log(k * math.exp(1 / tau) + M - k)
+    """r + M·log M at a vertex with k members at 1 and M − k at 0:
+    k/τ − M·log(k·e^{1/τ} + M − k) + M·log M."""
+    return k / tau - M * math.log(k * math.exp(1 / tau) + M - k) + M * math.log(M)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -56,15 +57,17 @@ def _vertex_value(k: int, M: int, tau: float) -> float:
 
 def test_penalty_matches_hand_value_m2():
     s = [[0.2, 0.9], [0.7, 0.4]]
-    # feature 0: s/τ = (0.4, 1.4), log Σ e = 1.4 + log(1 + e^{-1}), r = 1.8 − 2·(log Σ e)
+    # feature 0: s/τ = (0.4, 1.4), log Σ e = 1.4 + log(1 + e^{-1}), r = 1.8 − 2·(log Σ e);
+    # each feature counted from equal sharing: + 2·log 2
     expected = (1.8 - 2 * (1.4 + math.log(1 + math.exp(-1.0)))) + (
         2.6 - 2 * (1.8 + math.log(1 + math.exp(-1.0)))
-    )
+    ) + 2 * 2 * math.log(2)
     got = diversity_penalty(torch.tensor(s, dtype=torch.float64), 0.5)
     assert_close(got.item(), expected, rtol=0, atol=1e-12)
     assert_close(got.item(), _hand_penalty(s, 0.5), rtol=0, atol=1e-12)
-    # both features have s/τ one apart, so each gives r = −1 − 2·log(1 + e^{−1}) = −1.62652…
-    assert_close(expected, -3.2530467500728917, rtol=0, atol=1e-12)
+    # both features have s/τ one apart, so each gives r = −1 − 2·log(1 + e^{−1}) = −1.62652…,
+    # + 2·log 2 = −0.24023…
+    assert_close(expected, -0.48045802783311053, rtol=0, atol=1e-12)
 
 
 def test_penalty_matches_hand_value_m3():
@@ -73,9 +76,17 @@ def test_penalty_matches_hand_value_m3():
     assert_close(got.item(), _hand_penalty(s, 0.3), rtol=0, atol=1e-12)
 
 
-def test_penalty_at_equal_sharing_is_minus_m_log_m_per_feature():
+def test_penalty_at_equal_sharing_is_zero():
+    """The paper's −M·log M per feature is left out: 0 at equal sharing, the same gradient."""
     s = torch.full((4, 7), 0.37, dtype=torch.float64)
-    assert_close(diversity_penalty(s, 2.0).item(), -7 * 4 * math.log(4), rtol=0, atol=1e-12)
+    assert diversity_penalty(s, 2.0).item() == 0.0
+    s = torch.rand(4, 7, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    paper = torch.log_softmax(s / 2.0, dim=0).sum()  # Σ_i Σ_m log softmax_m, constant kept
+    assert_close(diversity_penalty(s, 2.0), paper + 7 * 4 * math.log(4), rtol=0, atol=1e-12)
+    # in float32 the value keeps its digits at LLM size (35,136 features near equal sharing)
+    big = 0.5 + 1e-3 * torch.randn(4, 35_136, generator=torch.Generator().manual_seed(1))
+    exact = diversity_penalty(big.double(), 1.0).item()
+    assert_close(diversity_penalty(big, 1.0).item(), exact, rtol=1e-6, atol=0)
 
 
 def test_penalty_rejects_non_2d_importances():
@@ -121,7 +132,7 @@ def test_brute_force_vertex_optimum_is_next_to_k_star(M, tau):
         value = diversity_penalty(v, tau).item()
         k = int(sum(vertex))
         # the value depends only on the number of ones; k = 0 and k = M are the uniform point
-        expected = -M * math.log(M) if k in (0, M) else _vertex_value(k, M, tau)
+        expected = 0.0 if k in (0, M) else _vertex_value(k, M, tau)
         assert_close(value, expected, rtol=1e-12, atol=1e-9)
         if value < best_value - 1e-12:
             best_value, best_k = value, k
@@ -224,8 +235,11 @@ def test_loss_default_weight_and_temperature():
     expected = sum(diversity_penalty(m.importances(), 1.0) for m in layers)
     assert_close(diversity_loss(model), 0.1 * expected, rtol=1e-6, atol=1e-7)
     assert (MethodConfig().temperature, MethodConfig().diversity_weight) == (1.0, 0.1)
+    # a preset whose recipe was chosen for its regime (a pretrained LLM: the weaker partition)
+    chosen = {"rotten_tomatoes_smollm2": (5.0, 0.01)}
     for name, config in PRESETS.items():
-        assert (config.method.temperature, config.method.diversity_weight) == (1.0, 0.1), name
+        recipe = (config.method.temperature, config.method.diversity_weight)
+        assert recipe == chosen.get(name, (1.0, 0.1)), name
 
 
 def test_layers_by_name_and_by_callable():
@@ -333,7 +347,7 @@ def test_gain_is_positive_and_matches_hand_value():
     with torch.no_grad():
         layer.gamma.copy_(torch.logit(torch.tensor(s)))
     # per feature: −(r_i + 2·log 2), averaged over the 2 features
-    hand = -(_hand_penalty(s, 0.5) + 2 * 2 * math.log(2)) / 2
+    hand = -_hand_penalty(s, 0.5) / 2
     got = diversity_gain(layer, temperature=0.5)
     assert got > 0
     assert_close(got, hand, rtol=1e-5, atol=1e-7)

@@ -339,6 +339,29 @@ class Ensemble(nn.Module):
         return f"num_members={self.num_members}, input_policy={self.input_policy!r}"
 
 
+def _check_not_an_ensemble(model: nn.Module) -> None:
+    """Refuse an :class:`Ensemble`, or a model holding one, before anything is copied.
+
+    Converting one again built ``Ensemble(Ensemble(…))``, whose outer level repeats the batch
+    a second time, and the first forward pass failed far from the cause ("cannot unfold a
+    tensor of shape (M, B, K)"). A model whose norms are member norms but which is not wrapped
+    in an Ensemble (``ens.model``, or one built with ``snens.nn.member_norm``) still converts:
+    its member layers are kept and only what is plain is converted.
+    """
+    for name, module in model.named_modules():
+        if isinstance(module, Ensemble):
+            what = f"a σN-Ens ensemble with M={module.num_members} members"
+            where = f"model is already {what}" if not name else (
+                f"model already holds {what} (its module {name!r})"
+            )
+            raise TypeError(
+                f"{where}; converting it again would nest one "
+                "ensemble in another. Convert the original model instead (a notebook cell "
+                "`model = snens.convert(model, M)` run twice converts its own output: keep the "
+                "original under another name), or use the ensemble as it is"
+            )
+
+
 def convert(
     model: nn.Module,
     num_members: int,
@@ -377,13 +400,16 @@ def convert(
 
     Raises:
         TypeError: bad ``num_members``; an unsupported norm, named (unless
-            ``skip_unsupported``); a head that is not ``nn.Linear``; ``replication`` passed.
+            ``skip_unsupported``); a head that is not ``nn.Linear``; ``replication`` passed;
+            ``model`` is (or holds) an :class:`Ensemble` already, e.g. a notebook cell
+            ``model = snens.convert(model, M)`` run twice.
         ValueError: ``num_members < 1``; no supported norm in the model.
     """
     _check_no_replication(replication)
     check_num_members(num_members)
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    _check_not_an_ensemble(model)
     try:
         target = model if inplace else copy.deepcopy(model)
     except RuntimeError as error:

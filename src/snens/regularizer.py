@@ -3,9 +3,10 @@
 For every feature i of every regularized member norm, with importances s_m = sigmoid(gamma_m)
 of the M members and p = softmax(s / τ) across members,
 
-    r_i(s) = Σ_m log p_m = −M·(log M + KL(U‖p)),      L_div = λ · Σ_layers Σ_i r_i,
+    r_i(s) = Σ_m log p_m = −M·(log M + KL(U‖p)),      L_div = λ · Σ_layers Σ_i (r_i + M·log M),
 
-and L_div is added to the task loss and minimized, which pushes features away from equal
+(the paper's sum of r_i, less its constant: 0 at equal sharing, the same gradient), and L_div
+is added to the task loss and minimized, which pushes features away from equal
 sharing. What the regularizer does on its own (derived, and pinned in the tests):
 
 * r is concave in s ∈ [0, 1]^M, so alone it drives each feature to a vertex: k members at
@@ -168,13 +169,18 @@ def _select_layers(model: nn.Module, layers: LayerSelection) -> list[tuple[str, 
 
 
 def diversity_penalty(importances: Tensor, temperature: float) -> Tensor:
-    """Sum over features of the log-probabilities of the members' softmax over importances.
+    """Sum over features of the log-probabilities of the members' softmax over importances,
+    counted from equal sharing.
 
-        penalty = Σ_i Σ_m log softmax_m(s[:, i] / τ)
+        penalty = Σ_i Σ_m (log softmax_m(s[:, i] / τ) + log M) = −Σ_i M·KL(U ‖ p_i) <= 0
 
-    Minimizing it pushes each feature away from equal sharing among the members. Computed with
-    ``log_softmax`` over members, so τ from 1e-3 to 1e3 gives finite values and gradients;
-    half-precision inputs are computed in float32.
+    Minimizing it pushes each feature away from equal sharing among the members. The constant
+    M·log M per feature (the paper's regularizer leaves it in) changes no gradient; without it
+    the value is 0 at equal sharing and a printed loss reads as the task loss minus
+    λ × the gain over uniform, instead of being dominated by −λ·M·log M × the number of
+    features (−19,710 for SmolLM2's 61 RMSNorms at λ = 0.1). Computed with ``log_softmax``
+    over members, so τ from 1e-3 to 1e3 gives finite values and gradients; half-precision
+    inputs are computed in float32.
 
     Args:
         importances: s, the members' importances sigmoid(gamma) of each feature.
@@ -201,10 +207,14 @@ def diversity_penalty(importances: Tensor, temperature: float) -> Tensor:
     if s.dtype in (torch.float16, torch.bfloat16):
         s = s.float()
     # log_softmax is shift-invariant: subtracting each feature's max keeps s/τ from
-    # overflowing (inf − inf = NaN) at tiny τ; below τ ≈ 1e-30 the division needs float64.
-    dtype = torch.float64 if tau < 1e-30 else s.dtype
+    # overflowing (inf − inf = NaN) at tiny τ. In float64 (the importances are a few
+    # thousand numbers): near equal sharing each log(M·p_m) is ~1e-6, the difference of two
+    # numbers near log M, and float32 lost 1% of the sum over SmolLM2's 35,136 features.
+    # MPS has no float64.
+    dtype = torch.float32 if s.device.type == "mps" else torch.float64
     shifted = (s - s.detach().amax(dim=0, keepdim=True)).to(dtype) / tau
-    return torch.log_softmax(shifted, dim=0).sum().to(s.dtype)
+    log_mp = torch.log_softmax(shifted, dim=0) + math.log(s.shape[0])  # log(M·p_m)
+    return log_mp.sum().to(s.dtype)
 
 
 def optimal_k(temperature: float, num_members: int) -> float:
@@ -302,9 +312,11 @@ def diversity_loss(
 ) -> Tensor:
     """The diversity regularizer of a model with member norms, to add to the task loss.
 
-        L_div = λ · Σ_{l ∈ R} Σ_i Σ_m log softmax_m(sigmoid(gamma_{·,l,i}) / τ)
+        L_div = λ · Σ_{l ∈ R} Σ_i Σ_m (log softmax_m(sigmoid(gamma_{·,l,i}) / τ) + log M)
 
-    It is a sum over features, not a mean: each gamma then feels a force
+    (the paper's regularizer less its constant λ·M·log M per feature: the same gradient, and 0
+    at equal sharing, so ``ensemble_loss + diversity_loss`` prints as the task loss minus
+    λ × Σ M·KL(U ‖ p), see :func:`diversity_penalty`). It is a sum over features, not a mean: each gamma then feels a force
     λ·σ'(γ)·(1 − M·p)/τ that does not depend on how many features the model has, so a
     weight λ transfers across architectures. A mean would divide that force by the number of
     features (thousands), and the task loss would keep every feature fully shared.
