@@ -1,6 +1,15 @@
+import json
+
 import pytest
 
+import snens.train
+from snens.checkpoint import save_checkpoint
 from snens.cli import build_parser, main
+from snens.config import load_config, to_dict
+from snens.presets import preset
+from snens.runs import CONFIG, create_run
+
+TINY = "fashion_mnist_small_cnn_tiny"
 
 
 def test_help_lists_the_demo(capsys):
@@ -17,3 +26,58 @@ def test_unknown_command_is_refused(capsys):
         build_parser().parse_args(["dance"])
     assert exit_info.value.code == 2
     assert "invalid choice: 'dance'" in capsys.readouterr().err
+
+
+def test_sweep_refuses_a_key_given_by_set_and_by_grid(tmp_path, capsys):
+    """``--set seed=5`` beside ``--grid seed=1,2`` was dropped without a word: every run took
+    its seed from the grid."""
+    out = tmp_path / "sweep"
+    command = ["sweep", "--preset", TINY, "--grid", "seed=1,2", "--out", str(out), "--dry-run"]
+    assert main([*command, "--set", "optim.epochs=1", "--set", " seed =5"]) == 2
+    assert capsys.readouterr().err == (
+        "snens sweep: seed is given by --set ' seed =5' and by --grid 'seed=1,2'; every run "
+        "takes its value from the grid, so the --set value would be dropped. Give seed once: "
+        "drop the --set, or list that value in the --grid axis\n"
+    )
+    assert main([*command, "--set", "optim.epochs=1"]) == 0  # other keys: as before
+    assert not out.exists()
+
+
+def _edited_run(tmp_path, *edits):
+    """A run directory whose last.pt was trained with the tiny preset, and whose config.toml
+    then had ``edits`` applied."""
+    config = load_config(
+        preset(TINY), [f"out_dir={json.dumps(str(tmp_path))}", 'name="run"', "threads=1"]
+    )
+    run = create_run(config).path
+    state = {"model": {}, "optimizer": {}, "schedule": {}, "rng": {}, "epoch": 1, "step": 3}
+    save_checkpoint(run / "last.pt", {**state, "config": to_dict(config)})
+    text = (run / CONFIG).read_text(encoding="utf-8")
+    for old, new in edits:
+        assert old in text
+        text = text.replace(old, new)
+    (run / CONFIG).write_text(text, encoding="utf-8")
+    return run
+
+
+def test_resume_with_an_edited_config_names_the_keys(tmp_path, capsys, monkeypatch):
+    """``snens eval`` named the keys an edited config.toml changed; ``snens train --resume``
+    said only that last.pt "was saved by another config", after loading the data."""
+    monkeypatch.setattr(snens.train, "train", lambda *a, **k: pytest.fail("trained"))
+    run = _edited_run(
+        tmp_path, ("\nlr = 0.01\n", "\nlr = 0.5\n"), ("\nepochs = 1\n", "\nepochs = 2\n")
+    )
+    assert main(["train", "--resume", str(run), "--no-progress"]) == 2
+    assert capsys.readouterr().err == (
+        f"snens train: {run / CONFIG} differs from the config {run / 'last.pt'} was trained "
+        "with (optim.epochs: saved 1, given 2; optim.lr: saved 0.01, given 0.5); a resumed run "
+        "continues the same run. Restore config.toml, or start a new run with the new settings "
+        "(snens train --config FILE)\n"
+    )
+
+
+def test_resume_with_the_config_it_was_trained_with_goes_on(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(snens.train, "train", lambda config, **kwargs: kwargs["run_dir"])
+    run = _edited_run(tmp_path)
+    assert main(["train", "--resume", str(run), "--no-progress"]) == 0
+    assert capsys.readouterr().out == f"{run}\n"

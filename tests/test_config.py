@@ -6,6 +6,7 @@ import pytest
 import tomllib
 
 from snens.config import (
+    MAX_THREADS,
     DataConfig,
     MethodConfig,
     ModelConfig,
@@ -249,3 +250,41 @@ def test_lists_that_would_silently_do_less_are_refused(overrides, message):
     with pytest.raises(ValueError) as err:
         load_config(preset("fashion_mnist_small_cnn_tiny"), overrides)
     assert message in str(err.value)
+
+
+def test_threads_are_bounded_before_libgomp_sees_them():
+    """``--set threads=100000`` passed the config and segfaulted in libgomp (exit status 139),
+    leaving a run directory with only run.lock in it."""
+    with pytest.raises(ValueError) as err:
+        load_config(None, ["threads=100000"])
+    assert str(err.value) == (
+        f"threads must be an int in [0, {MAX_THREADS}] (0 = torch's default; threads beyond the "
+        "CPU cores do not help), got 100000"
+    )
+    assert MAX_THREADS == 1024
+    assert load_config(None, [f"threads={MAX_THREADS}"]).threads == 1024
+    with pytest.raises(ValueError, match=r"threads must be an int in \[0, 1024\].*got -1"):
+        load_config(None, ["threads=-1"])
+
+
+@pytest.mark.parametrize(
+    ("name", "shown", "code", "at"),
+    [
+        ("run\n2", r"'\n'", "000A", 3),
+        ("\rrun", r"'\r'", "000D", 0),
+        ("a\tb", r"'\t'", "0009", 1),
+        ("bell\x07", r"'\x07'", "0007", 4),
+        ("del\x7f", r"'\x7f'", "007F", 3),
+        ("line\u2028sep", r"'\u2028'", "2028", 4),
+    ],
+)
+def test_a_run_name_with_a_control_character_is_refused_naming_it(name, shown, code, at):
+    """A newline in a run name was accepted and written into the directory name, breaking
+    every line-based record that names the run."""
+    with pytest.raises(ValueError) as err:
+        load_config({"name": name})
+    assert str(err.value) == (
+        f"name holds the control character {shown} (U+{code}) at position {at} of {name!r}; a "
+        "run directory name must be printable: remove it"
+    )
+    assert load_config({"name": "run 2 – ünïcode"}).name == "run 2 – ünïcode"

@@ -288,3 +288,24 @@ def test_a_model_with_uninitialized_lazy_modules_names_the_fix():
     )
     model(torch.randn(2, 3, 5, 5))  # initialized: it converts
     assert snens.convert(model, num_members=2)(torch.randn(2, 3, 5, 5)).shape == (2, 2, 2)
+
+
+def test_converting_an_ensemble_again_names_it_and_the_fix():
+    """A re-run notebook cell ``model = snens.convert(model, 4)`` built Ensemble(Ensemble(…)),
+    which failed only at the first forward pass with "cannot unfold a tensor of shape
+    (4, 8, 3)"; so did a model holding an ensemble as a submodule."""
+    model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
+    ens = snens.convert(model, num_members=4)
+    for again, where in (
+        (ens, "model is already"),
+        (nn.Sequential(ens, nn.Softmax(-1)), "model already holds"),
+    ):
+        with pytest.raises(TypeError) as err:
+            snens.convert(again, num_members=4)
+        message = str(err.value)
+        assert message.startswith(f"{where} a σN-Ens ensemble with M=4 members")
+        assert "Convert the original model instead" in message
+    assert "(its module '0')" in message
+    # the original model, and the ensemble's own model (member norms, no wrapper), still convert
+    assert snens.convert(model, num_members=2)(torch.randn(5, 4)).shape == (2, 5, 3)
+    assert snens.convert(ens.model, num_members=4)(torch.randn(5, 4)).shape == (4, 5, 3)

@@ -100,3 +100,38 @@ def test_a_nonfinite_gradient_with_a_finite_loss_is_named(monkeypatch):
     with pytest.raises(NonFiniteLossError, match=r"the gradient norm is inf with a finite loss"):
         run_epoch(model, batches, optimizer, schedule, StepSettings(), epoch=0)
     assert all(p.grad is None for p in model.parameters())  # nothing of the step is left
+
+
+def test_a_long_epoch_says_its_progress(monkeypatch):
+    """Logged to a file (no bar), an epoch says step, pace and time left; texts in tokens."""
+    model, optimizer, schedule, batches = _setup()
+    lines = []
+    clock = iter(float(t) for t in range(0, 1000, 7))  # each read of the clock: 7 s later
+    monkeypatch.setattr(snens.epoch.time, "perf_counter", lambda: next(clock))
+    run_epoch(
+        model,
+        batches,
+        optimizer,
+        schedule,
+        StepSettings(),
+        epoch=1,
+        say=lines.append,
+        say_every=10.0,
+    )
+    # clock: start 0; step i ends at 7·i (one read per step): lines when 10 s have passed
+    assert lines[0] == (
+        "  epoch 2: step 2/5, 7.00 s/step, 0.6 examples/s, 21 s left in the epoch"
+    )
+    assert [line.split(",")[0] for line in lines] == ["  epoch 2: step 2/5", "  epoch 2: step 4/5"]
+    masked = [({"x": x, "attention_mask": torch.ones(4, 3)}, y) for x, y in batches]
+    seen = _pace_lines(masked)
+    assert "tokens/s" in seen[0] and "examples/s" not in seen[0]
+
+
+def _pace_lines(batches):
+    pace_lines = []
+    pace = snens.epoch._Pace(0, len(batches), 0.0, pace_lines.append, 0.0)
+    for i, (x, y) in enumerate(batches):
+        pace.count(x, y)
+        pace.step(i + 1)
+    return pace_lines

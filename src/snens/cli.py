@@ -65,6 +65,8 @@ def _train(args: argparse.Namespace) -> int:
         print(to_toml(config), end="")
         return 0
     try:
+        if args.resume is not None:
+            _check_config_unedited(Path(args.resume))
         run_dir = train(
             config,
             resume=args.resume is not None,
@@ -82,6 +84,36 @@ def _train(args: argparse.Namespace) -> int:
         return 1
     print(run_dir)
     return 0
+
+
+def _check_config_unedited(run_dir: Path) -> None:
+    """Refuse to resume a run whose config.toml no longer holds the config its last.pt was
+    trained with, naming every key that differs (as ``snens eval`` does).
+
+    Checked here, before the data and the model are built: the engine finds it only when it
+    loads the checkpoint, and says only that the two differ.
+
+    Raises:
+        ValueError: config.toml differs from the checkpoint's config (the keys named);
+            config.toml cannot be read.
+        CheckpointError: last.pt is damaged or holds no readable config.
+    """
+    from snens.checkpoint import load_checkpoint
+    from snens.config import load_config, to_dict
+    from snens.reload import saved_config
+    from snens.runs import CONFIG, config_differences
+
+    checkpoint = run_dir / "last.pt"
+    if not checkpoint.is_file() or not (run_dir / CONFIG).is_file():
+        return  # nothing trained yet, or not a run: the engine says which
+    trained = saved_config(load_checkpoint(checkpoint), checkpoint)
+    changed = config_differences(trained, to_dict(load_config(run_dir / CONFIG)))
+    if changed:
+        raise ValueError(
+            f"{run_dir / CONFIG} differs from the config {checkpoint} was trained with "
+            f"({'; '.join(changed)}); a resumed run continues the same run. Restore "
+            f"{CONFIG}, or start a new run with the new settings (snens train --config FILE)"
+        )
 
 
 def _print_presets() -> None:
@@ -160,7 +192,8 @@ def _sweep(args: argparse.Namespace) -> int:
         return 2
     try:
         base = preset(args.preset) if args.preset is not None else args.config
-        runs = plan(base, args.grid, args.out, args.set)
+        runs = plan(base, args.grid, args.out, args.set)  # checks the syntax and the keys
+        _check_set_and_grid(args.set, args.grid)
     except (ValueError, TypeError, OSError) as error:
         print(f"snens sweep: {error}", file=sys.stderr)
         return 2
@@ -200,6 +233,24 @@ def _sweep(args: argparse.Namespace) -> int:
             print(f"  {name}: {error}", file=sys.stderr)
         return 1
     return 0
+
+
+def _check_set_and_grid(settings: list[str], axes: list[str]) -> None:
+    """Refuse a key given by ``--set`` and by ``--grid``: the grid's values are applied after
+    the ``--set`` ones, so the ``--set`` value was dropped without a word.
+
+    Raises:
+        ValueError: naming the key, both options and what to do.
+    """
+    grid = {axis.split("=", 1)[0].strip(): axis for axis in axes if "=" in axis}
+    for item in settings:
+        key = item.split("=", 1)[0].strip()
+        if "=" in item and key in grid:
+            raise ValueError(
+                f"{key} is given by --set {item!r} and by --grid {grid[key]!r}; every run takes "
+                f"its value from the grid, so the --set value would be dropped. Give {key} once: "
+                "drop the --set, or list that value in the --grid axis"
+            )
 
 
 def _report(args: argparse.Namespace) -> int:

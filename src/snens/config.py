@@ -30,6 +30,7 @@ import math
 import os
 import re
 import typing
+import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
@@ -52,6 +53,7 @@ __all__ = [
     "FOLDER_DATASETS",
     "IMAGE_CHANNELS",
     "IMAGE_OOD_SETS",
+    "MAX_THREADS",
     "OOD_SETS",
     "TEXT_DATASETS",
     "TEXT_OOD_SETS",
@@ -94,6 +96,13 @@ IMAGE_OOD_SETS = ("mnist_5k", "fashion_mnist", "cifar10", "cifar100", "svhn")
 TEXT_OOD_SETS = ("rt_plots",)
 #: Every out-of-distribution test set a config may name in ``data.ood``.
 OOD_SETS = IMAGE_OOD_SETS + TEXT_OOD_SETS
+
+#: Most torch CPU threads a config may ask for (``threads``). Machine-independent, so a config
+#: valid on one host stays valid on another: above the hardware threads of the largest CPU hosts
+#: (two 192-core CPUs with SMT: 768), where torch gains nothing past the physical cores, and far
+#: below where libgomp fails ("Thread creation failed" at 16,384 threads on a 2-core host;
+#: ``threads = 100000`` crashed the process with a segmentation fault, exit status 139).
+MAX_THREADS = 1024
 
 Dataset = Literal[
     "fashion_mnist", "cifar10", "cifar100", "svhn", "imagenet", "sst2", "rotten_tomatoes"
@@ -540,7 +549,7 @@ class RunConfig(_Section):
     out_dir: str = "runs"  # the run directory is out_dir/name
     name: str = ""  # "" = <dataset>-<backbone>-<method>-<UTC time>
     device: str = "auto"  # "auto" (cuda if available, else cpu), "cpu", "cuda", "cuda:1", …
-    threads: int = 0  # torch CPU threads; 0 = torch's default
+    threads: int = 0  # torch CPU threads, 0..MAX_THREADS; 0 = torch's default
     deterministic: bool = False  # torch.use_deterministic_algorithms(True)
     checkpoint_every: int = 1  # epochs between checkpoints (the last epoch always saves)
     on_nonfinite: Literal["stop", "skip"] = "stop"  # a NaN/inf loss: stop, or skip the step
@@ -552,7 +561,20 @@ class RunConfig(_Section):
 
     def validate(self) -> None:
         _require(0 <= self.seed < 2**32, "seed", "an int in [0, 2**32)", self.seed)
-        _require(self.threads >= 0, "threads", "an int >= 0", self.threads)
+        _require(
+            0 <= self.threads <= MAX_THREADS,
+            "threads",
+            f"an int in [0, {MAX_THREADS}] (0 = torch's default; threads beyond the CPU cores do not help)",
+            self.threads,
+        )
+        # A newline or other control character in a directory name breaks every line-based
+        # record of the run (logs, the sweep's CSV, shell commands that name it).
+        for i, ch in enumerate(self.name):
+            if unicodedata.category(ch) in ("Cc", "Zl", "Zp"):
+                raise ValueError(
+                    f"name holds the control character {ch!r} (U+{ord(ch):04X}) at position {i} "
+                    f"of {self.name!r}; a run directory name must be printable: remove it"
+                )
         _require(
             self.checkpoint_every >= 1, "checkpoint_every", "an int >= 1", self.checkpoint_every
         )

@@ -351,12 +351,10 @@ def _check_not_an_ensemble(model: nn.Module) -> None:
     for name, module in model.named_modules():
         if isinstance(module, Ensemble):
             what = f"a σN-Ens ensemble with M={module.num_members} members"
-            where = f"model is already {what}" if not name else (
-                f"model already holds {what} (its module {name!r})"
-            )
+            where = f"already holds {what} (its module {name!r})" if name else f"is already {what}"
             raise TypeError(
-                f"{where}; converting it again would nest one "
-                "ensemble in another. Convert the original model instead (a notebook cell "
+                f"model {where}; converting it again would nest one ensemble in another. "
+                "Convert the original model instead (a notebook cell "
                 "`model = snens.convert(model, M)` run twice converts its own output: keep the "
                 "original under another name), or use the ensemble as it is"
             )

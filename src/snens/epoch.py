@@ -97,6 +97,52 @@ def _diversity_weight(settings: StepSettings, step: int) -> float:
     return settings.diversity_weight * (min(1.0, step / ramp) if ramp > 0 else 1.0)
 
 
+class _Pace:
+    """Progress lines of a long epoch: step, s/step, examples (or tokens) per second, time left.
+
+    Tokens are counted from an ``attention_mask`` on the host only: reading one on a GPU
+    would synchronize every step.
+    """
+
+    def __init__(self, epoch, per_epoch, start, say, every) -> None:
+        self.epoch, self.per_epoch, self.start, self.say, self.every = (
+            epoch,
+            per_epoch,
+            start,
+            say,
+            every,
+        )
+        self.last = start
+        self.examples = self.tokens = 0
+
+    def count(self, x: Any, y: Any) -> None:
+        if self.say is None:
+            return
+        self.examples += len(y)
+        mask = x.get("attention_mask") if isinstance(x, Mapping) else None
+        if isinstance(mask, Tensor) and mask.device.type == "cpu":
+            self.tokens += int(mask.sum())
+
+    def step(self, done: int) -> None:
+        now = time.perf_counter()
+        if self.say is None or now - self.last < self.every:
+            return
+        self.last = now
+        seconds = now - self.start
+        rate = (
+            f"{self.tokens / seconds:,.0f} tokens/s"
+            if self.tokens
+            else f"{self.examples / seconds:,.1f} examples/s"
+        )
+        line = f"  epoch {self.epoch + 1}: step {done}/{self.per_epoch}, "
+        line += f"{seconds / done:.2f} s/step, {rate}"
+        if isinstance(self.per_epoch, int):
+            left = seconds / done * (self.per_epoch - done)
+            when = f"{left:.0f} s" if left < 120 else f"{left / 60:.0f} min"
+            line += f", {when} left in the epoch"
+        self.say(line)
+
+
 def run_epoch(
     model: nn.Module,
     batches: Iterable[tuple[Any, Tensor]],
@@ -107,6 +153,8 @@ def run_epoch(
     epoch: int,
     step: int = 0,
     forward: Callable[[Any], Tensor] | None = None,
+    say: Callable[[str], None] | None = None,
+    say_every: float = 60.0,
 ) -> EpochStats:
     """One pass over ``batches``: forward → loss → backward → clip → optimizer and schedule step.
 
@@ -120,6 +168,10 @@ def run_epoch(
         epoch: 0-based epoch, for messages.
         step: steps taken before this epoch, for messages.
         forward: what computes the logits (a compiled model); default ``model``.
+        say: called with a progress line (step, seconds per step, examples or tokens per
+            second, time left in the epoch) at most every ``say_every`` seconds — for long
+            epochs logged to a file, where no progress bar is drawn.
+        say_every: seconds between progress lines.
 
     Raises:
         NonFiniteLossError: with ``on_nonfinite="stop"``, a NaN or infinite loss or gradient
@@ -138,8 +190,10 @@ def run_epoch(
     count = taken = skipped = 0
     lr = optimizer.param_groups[0]["lr"]
     per_epoch = len(batches) if hasattr(batches, "__len__") else "?"
+    pace = _Pace(epoch, per_epoch, start, say, say_every)
     for i, (x, y) in enumerate(batches):
         labels = y  # range-checked where the loader made them: on the host, no device sync
+        pace.count(x, y)
         x, y = _to_device(x, device), _to_device(y, device)
         if settings.channels_last and isinstance(x, Tensor) and x.dim() == 4:
             x = x.contiguous(memory_format=torch.channels_last)
@@ -201,6 +255,7 @@ def run_epoch(
             div_total = div_total + div.detach().double()
             norm_total = norm_total + norm.detach().double()
         schedule.step()  # the schedule follows the batch position, skipped or not
+        pace.step(i + 1)
     total, div_total, norm_total = torch.stack([total, div_total, norm_total]).tolist()
     return EpochStats(
         task_loss=total / count if count else math.nan,

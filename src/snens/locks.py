@@ -5,13 +5,20 @@ leaves a lock that blocks the next run — no staleness rule, no liveness guess.
 its holder (``host pid``) for the error message, and the holder removes it on release. Where
 ``fcntl`` is missing (Windows) a lock is an ``O_EXCL`` file naming its process, taken over when
 that process is gone from this host.
+
+A lock file is opened without following a link (``O_NOFOLLOW``) and written only when it is a
+regular file of one name: in a shared directory a ``run.lock`` made a link to another file
+(or a FIFO, or a second name of one) would otherwise have its target truncated and
+overwritten with ``host pid``. Such a file is refused, naming it, and left as it is.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import socket
+import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +29,13 @@ except ImportError:  # Windows
     fcntl = None  # type: ignore[assignment]
 
 __all__ = ["LockHeldError", "holder", "hold", "process_alive"]
+
+# Where the platform has them (not Windows): never follow a link in the lock file's name, and
+# never block opening one (a FIFO opened for reading would wait for a writer).
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+# ``host pid`` is a few dozen bytes; a lock file is never read further.
+_MAX_HOLDER_BYTES = 1024
 
 
 class LockHeldError(OSError):
@@ -44,11 +58,20 @@ def process_alive(pid: int) -> bool:
 
 
 def holder(path: str | os.PathLike) -> str | None:
-    """The ``"host pid"`` written in a lock file, or None when there is none."""
+    """The ``"host pid"`` written in a lock file, or None when there is none (also when
+    ``path`` is a link, a FIFO or anything else but a regular file, which is never read)."""
     try:
-        return Path(path).read_text(encoding="utf-8").strip() or None
-    except (FileNotFoundError, NotADirectoryError, UnicodeDecodeError):
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _NONBLOCK)
+    except OSError:
         return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return os.read(fd, _MAX_HOLDER_BYTES).decode("utf-8").strip() or None
+    except (OSError, UnicodeDecodeError):
+        return None
+    finally:
+        os.close(fd)
 
 
 def _me() -> str:
@@ -68,6 +91,8 @@ def hold(path: str | os.PathLike, what: str, *, wait_s: float = 0.0) -> Iterator
     Raises:
         LockHeldError: another live process holds it (still, after ``wait_s``); the message
             names that process.
+        OSError: ``path`` is a symbolic link, not a regular file, or a file with other names
+            (hard links); the message names it and says to remove it. It is left untouched.
     """
     path = Path(path)
     take = _take_flock if fcntl is not None else _take_exclusive
@@ -99,9 +124,39 @@ def _refuse(path: Path, what: str) -> LockHeldError:
     )
 
 
+def _not_a_lock_file(path: Path, what: str) -> OSError:
+    return OSError(
+        errno.EINVAL,
+        f"{path} is {what}, not a lock file, so it was left as it is; remove it (a lock file is "
+        "a plain file that its holder creates and removes), then try again",
+    )
+
+
+def _open_lock(path: Path, flags: int) -> int:
+    """``os.open`` of the lock file, refusing a link in its last component."""
+    try:
+        return os.open(path, flags | _NOFOLLOW | _NONBLOCK, 0o644)
+    except OSError as error:
+        # ELOOP: O_NOFOLLOW met a link (EMLINK on FreeBSD); a link made by O_EXCL's EEXIST is
+        # told apart by the caller
+        if error.errno in (errno.ELOOP, errno.EMLINK) and os.path.islink(path):
+            raise _not_a_lock_file(path, "a symbolic link") from None
+        raise
+
+
+def _check_lock_file(fd: int, path: Path) -> None:
+    """Refuse to write a file that is not a regular file of one name: writing ``host pid``
+    into it would change what its other names (or the device, the FIFO) hold."""
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        raise _not_a_lock_file(path, "not a regular file (a FIFO, device or socket)")
+    if info.st_nlink > 1:
+        raise _not_a_lock_file(path, f"a file with {info.st_nlink} names (hard links)")
+
+
 def _take_flock(path: Path, what: str) -> int:
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = _open_lock(path, os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -111,22 +166,30 @@ def _take_flock(path: Path, what: str) -> int:
             os.close(fd)
             raise
         try:
-            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+            # lstat: a link put in its place meanwhile is another file, never followed
+            same = os.fstat(fd).st_ino == os.lstat(path).st_ino
         except FileNotFoundError:
             same = False
         if not same:  # its holder removed it between our open and our lock: take the new one
             os.close(fd)
             continue
-        os.ftruncate(fd, 0)
-        os.write(fd, _me().encode())
+        try:
+            _check_lock_file(fd, path)
+            os.ftruncate(fd, 0)
+            os.write(fd, _me().encode())
+        except BaseException:
+            os.close(fd)
+            raise
         return fd
 
 
 def _take_exclusive(path: Path, what: str) -> int:
     for _ in range(2):
         try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644)
+            fd = _open_lock(path, os.O_CREAT | os.O_EXCL | os.O_RDWR)
         except FileExistsError:
+            if os.path.islink(path):  # O_EXCL never follows one: refused, never taken over
+                raise _not_a_lock_file(path, "a symbolic link") from None
             host, _, pid = (holder(path) or "").partition(" ")
             if host == socket.gethostname() and pid.isdigit() and not process_alive(int(pid)):
                 path.unlink(missing_ok=True)  # its process is gone: take it over

@@ -8,7 +8,9 @@ only in ``seed`` (and ``name``, ``out_dir``) form a group; keys that do not appl
 method (τ and λ outside σN-Ens, see :func:`snens.sweep.applies`) are ignored. One row per
 group: the config keys that vary between groups, n (the number of runs) and, for each metric
 some run of the group holds, the mean ± std over its runs (std with ddof=1; a group of one run
-shows its value and "n=1"):
+shows its value and "n=1"). A value that is not finite (inf, or NaN: null in final.json) is
+left out of the mean and std and named in the cell (``0.4000 (n=1; left out: inf)``, ``inf
+(n=1)`` where no value is finite) and in a note naming the run:
 
 * ``val/accuracy``, ``val/nll``, ``val/ece``, ``val/disagreement`` when the runs held out a
   validation set (``data.validation_examples``);
@@ -17,7 +19,14 @@ shows its value and "n=1"):
 * ``shift/mean/accuracy``, ``shift/mean/ece`` (the mean over corruptions and severities);
 * ``params`` (``model.params``) and ``train seconds`` (``train.seconds``).
 
-``report.csv`` holds the same numbers at full precision (``<metric> mean``, ``<metric> std``).
+``report.csv`` holds the same numbers at full precision (``<metric> mean``, ``<metric> std``,
+and ``<metric> left out`` for a metric some run holds a non-finite value of).
+
+Each run counts once: a directory inside another run's directory (a backup, a copy) and a run
+of the same configuration and seed as one already counted (a copied run directory) are
+skipped with a note naming both; counting them had made one seed look like two, with a std of
+0. The files are written atomically (:func:`snens.checkpoint.atomic_write`): a full disk
+leaves the previous report as it was, and the error names the file.
 With matplotlib (``pip install snens[plot]``), :mod:`snens.plots` draws ``pareto_nll.png`` and
 ``pareto_ece.png`` (accuracy against NLL and ECE, one point per group) and, when the runs
 evaluated corruptions, ``shift.png`` (accuracy and ECE against severity per group).
@@ -26,6 +35,7 @@ evaluated corruptions, ``shift.png`` (accuracy and ECE against severity per grou
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import os
@@ -36,8 +46,9 @@ from typing import Any
 
 import numpy as np
 
-from snens.config import load_config, to_dict
-from snens.runs import CONFIG, FINAL, PROVENANCE
+from snens.checkpoint import atomic_write
+from snens.config import to_dict
+from snens.runs import CONFIG, FINAL, PROVENANCE, read_config, read_final, read_run_file
 from snens.sweep import applies
 
 __all__ = ["Group", "Report", "collect_runs", "group_runs", "summarize", "write_report"]
@@ -117,13 +128,9 @@ def _flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def _read_run(path: Path) -> RunRecord:
-    config = _flatten(to_dict(load_config(path / CONFIG)))
-    try:
-        final = json.loads((path / FINAL).read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as error:
-        raise ValueError(f"{path / FINAL} is not valid JSON ({error})") from None
-    if not isinstance(final, dict):
-        raise ValueError(f"{path / FINAL} must hold a JSON object, got {type(final).__name__}")
+    # read_*: regular files only (a FIFO had hung the report), a final.json with "metrics"
+    config = _flatten(to_dict(read_config(path)))
+    final = read_final(path)
     for section in ("metrics", *(s for s, _ in _EXTRA.values())):
         values = final.get(section, {})
         ok = isinstance(values, dict) and all(
@@ -140,7 +147,9 @@ def collect_runs(paths: Iterable[str | os.PathLike]) -> tuple[list[RunRecord], l
 
     Returns:
         ``(runs, skipped)``: the runs in path order, and a line per directory that looks like
-        a run but could not be read (its config or final.json broken), saying why.
+        a run but could not be read (its config or final.json broken, final.json without
+        "metrics", a file that is not a regular file), or that repeats a run (inside another
+        run's directory, or the same configuration and seed as a run counted), saying why.
 
     Raises:
         ValueError: a path that does not exist or is not a directory, or no run at all.
@@ -154,19 +163,38 @@ def collect_runs(paths: Iterable[str | os.PathLike]) -> tuple[list[RunRecord], l
         if not path.is_dir():
             what = "is not a directory" if path.exists() else "does not exist"
             raise ValueError(f"{str(given)!r} {what}; give run or sweep directories")
-        candidates = [path] if (path / FINAL).is_file() else []
+        # lexists: a final.json that is a FIFO or link is read (refused) below, not passed over
+        candidates = [path] if os.path.lexists(path / FINAL) else []
         candidates += sorted(p.parent for p in path.rglob(FINAL) if p.parent != path)
         for candidate in candidates:
             found.setdefault(candidate.resolve(), None)
     runs, skipped = [], []
+    counted: dict[tuple, Path] = {}  # (configuration, seed) -> the run counted for it
     for path in found:
-        if not (path / CONFIG).is_file():  # a final.json alone: its settings are unknown
+        if not os.path.lexists(path / CONFIG):  # a final.json alone: its settings are unknown
             skipped.append(f"skipped {path}: {FINAL} without {CONFIG}; restore it from the run")
             continue
+        outer = next((p for p in path.parents if p in found), None)
+        if outer is not None:  # a backup or copy kept inside a run: not another seed
+            skipped.append(
+                f"skipped {path}: it lies inside the run directory {outer} (a backup or copy "
+                "of a run?), and a run counts once; move it out of that run to report it"
+            )
+            continue
         try:
-            runs.append(_read_run(path))
+            run = _read_run(path)
         except (ValueError, TypeError, OSError) as error:
             skipped.append(f"skipped {path}: {error}")
+            continue
+        same = counted.setdefault((_group_key(run.config), run.config["seed"]), path)
+        if same != path:  # a copied run directory: one seed counted twice had shown a std of 0
+            skipped.append(
+                f"skipped {path}: the same configuration and seed ({run.config['seed']}) as "
+                f"{same}, so a copy of that run (or a rerun of it); each seed counts once: "
+                "remove the copy, or give it another seed"
+            )
+            continue
+        runs.append(run)
     if not runs:
         where = ", ".join(repr(str(p)) for p in paths)
         raise ValueError(
@@ -180,6 +208,14 @@ def _applies(key: str, config: Mapping[str, Any]) -> bool:
     return applies(key, config["method.name"])
 
 
+def _group_key(config: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """The configuration a run belongs to: its config but seed, name, out_dir and the keys its
+    method ignores."""
+    return tuple(
+        (k, v) for k, v in sorted(config.items()) if k not in _IGNORED and _applies(k, config)
+    )
+
+
 def group_runs(runs: Sequence[RunRecord]) -> tuple[list[Group], list[str]]:
     """Groups of runs whose configs differ only in seed, and the keys that vary between them.
 
@@ -190,11 +226,7 @@ def group_runs(runs: Sequence[RunRecord]) -> tuple[list[Group], list[str]]:
     """
     groups: dict[tuple, Group] = {}
     for run in runs:
-        key = tuple(
-            (k, v)
-            for k, v in sorted(run.config.items())
-            if k not in _IGNORED and _applies(k, run.config)
-        )
+        key = _group_key(run.config)
         groups.setdefault(key, Group(key)).runs.append(run)
     known = {k for group in groups for k, _ in group}
     keys = [k for k in runs[0].config if k in known] + sorted(known - set(runs[0].config))
@@ -259,16 +291,33 @@ def _value(value: Any) -> str:
     return str(value)
 
 
-def _cell(metric: str, stats: tuple[float, float, int] | None, n_group: int) -> str:
-    if stats is None:
+def _cell(
+    metric: str,
+    stats: tuple[float, float, int] | None,
+    n_group: int,
+    left_out: Sequence[float] = (),
+) -> str:
+    """The table cell: ``mean ± std`` over the finite values (``stats``), n where it is not
+    the group's, and the non-finite values ``left_out`` of them by name."""
+    if stats is None and not left_out:
         return "—"
+    if stats is None:  # nothing finite: the values as they are, with their count
+        shown = ", ".join(dict.fromkeys(_nonfinite(v) for v in left_out))
+        return f"{shown} (n={len(left_out)})"
     mean, std, n = stats
     digits = 0 if metric == "params" else 1 if metric == "train seconds" else 4
     text = f"{mean:.{digits}f}"
-    text += f" (n={n})" if n == 1 else f" ± {std:.{digits}f}"
-    if 1 < n < n_group:
+    if n > 1:
+        text += f" ± {std:.{digits}f}"
+    if left_out:
+        text += f" (n={n}; left out: {', '.join(_nonfinite(v) for v in left_out)})"
+    elif n == 1 or n < n_group:
         text += f" (n={n})"
     return text
+
+
+def _nonfinite(value: float) -> str:
+    return "nan" if math.isnan(value) else "inf" if value > 0 else "-inf"
 
 
 def _label(group: Group, varied: Sequence[str]) -> str:
@@ -284,8 +333,10 @@ def _label(group: Group, varied: Sequence[str]) -> str:
 def _provenance(runs: Sequence[RunRecord]) -> str | None:
     for run in runs:
         try:
-            info = json.loads((run.path / PROVENANCE).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            info = json.loads(read_run_file(run.path / PROVENANCE).decode("utf-8"))
+        except (OSError, ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+            continue
+        if not isinstance(info, dict):
             continue
         gpus = ", ".join(info.get("gpus") or []) or "no GPU"
         return (
@@ -302,13 +353,18 @@ def write_report(dirs: Sequence[str | os.PathLike], out: str | os.PathLike) -> R
 
     Raises:
         ValueError: a directory that does not exist, no finished runs, or an empty ``out``.
-        OSError: ``out`` cannot be written.
+        OSError: ``out`` cannot be written (a full disk, no permission); the message names the
+            file, and the previous report there is left as it was.
     """
     if not str(out).strip():
         raise ValueError("--out is empty; give the directory for report.md")
     runs, notes = collect_runs(dirs)
     groups, varied = group_runs(runs)
     metrics = metric_names(runs)
+    # a CSV column of the values left out, for the metrics some run holds a non-finite one of
+    with_left_out = [
+        m for m in metrics if any(_left_out([r.metric(m) for r in group.runs]) for group in groups)
+    ]
     rows: list[dict[str, Any]] = []
     lines = [
         "| " + " | ".join([*(_SHORT.get(k, k) for k in varied), "n", "seeds", *metrics]) + " |",
@@ -322,25 +378,40 @@ def write_report(dirs: Sequence[str | os.PathLike], out: str | os.PathLike) -> R
         cells = [_value(row[k]) for k in varied] + [str(row["n"]), row["seeds"]]
         for metric in metrics:
             found = [r.metric(metric) for r in group.runs]
-            found = [v for v in found if v is not None]
-            stats = summarize(found) if found else None
+            left_out = _left_out(found)
+            finite = [v for v in found if v is not None and math.isfinite(v)]
+            stats = summarize(finite) if finite else None
             row[f"{metric} mean"] = stats[0] if stats else None
             row[f"{metric} std"] = stats[1] if stats and stats[2] > 1 else None
-            cells.append(_cell(metric, stats, len(group.runs)))
+            if metric in with_left_out:
+                row[f"{metric} left out"] = " ".join(_nonfinite(v) for v in left_out) or None
+            cells.append(_cell(metric, stats, len(group.runs), left_out))
+            notes += [
+                f"{metric} of {r.path} is {_nonfinite(v)}: left out of its row's mean and std"
+                for r, v in zip(group.runs, found, strict=True)
+                if v is not None and not math.isfinite(v)
+            ]
         rows.append(row)
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     table = "\n".join(lines)
 
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise type(error)(
+            error.errno,
+            f"cannot create the report directory {out} ({error.strerror or error}); choose "
+            "another --out",
+        ) from None
     csv_path = out / "report.csv"
-    # surrogateescape: a path from undecodable bytes is written back as those bytes
-    with open(csv_path, "w", newline="", encoding="utf-8", errors="surrogateescape") as file:
-        writer = csv.writer(file)
-        columns = list(rows[0])
-        writer.writerow(columns)
-        for row in rows:
-            writer.writerow(["" if row[c] is None else _csv_value(row[c]) for c in columns])
+    text_csv = io.StringIO(newline="")
+    writer = csv.writer(text_csv)
+    columns = list(rows[0])
+    writer.writerow(columns)
+    for row in rows:
+        writer.writerow(["" if row[c] is None else _csv_value(row[c]) for c in columns])
+    _write(csv_path, text_csv.getvalue())
 
     plots, plot_note = _plots(groups, varied, out)
     notes.append(plot_note)
@@ -364,8 +435,29 @@ def write_report(dirs: Sequence[str | os.PathLike], out: str | os.PathLike) -> R
         text += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots]
     text += ["", *(f"{note}" for note in notes if note)]
     path = out / "report.md"
-    path.write_text("\n".join(text) + "\n", encoding="utf-8", errors="surrogateescape")
+    _write(path, "\n".join(text) + "\n")
     return Report(table, path, csv_path, plots, [n for n in notes if n])
+
+
+def _left_out(values: Sequence[float | None]) -> list[float]:
+    """The values that are not finite (inf, NaN), which the mean and std leave out."""
+    return [v for v in values if v is not None and not math.isfinite(v)]
+
+
+def _write(path: Path, text: str) -> None:
+    """Write a report file atomically: a full disk leaves the previous one whole (writing in
+    place had left a 0-byte report.md), and the error names the file."""
+    # surrogateescape: a path from undecodable bytes is written back as those bytes
+    data = text.encode("utf-8", errors="surrogateescape")
+    try:
+        atomic_write(path, data)
+    except OSError as error:
+        raise type(error)(
+            error.errno,
+            f"cannot write {path} ({os.strerror(error.errno) if error.errno else error}); "
+            "free space (or restore write access) and run snens report again, or choose "
+            f"another --out; the previous {path.name} there is unchanged",
+        ) from None
 
 
 def _csv_value(value: Any) -> str:
@@ -385,8 +477,9 @@ def _mean_results(group: Group) -> dict[str, float]:
     for key in keys:
         values = [run.metric(key) for run in group.runs]
         values = [v for v in values if v is not None]
-        if values:
-            out[key] = float(np.mean(values))
+        if values:  # over the finite values, as the table; none finite: no point is drawn
+            finite = [v for v in values if math.isfinite(v)]
+            out[key] = float(np.mean(finite)) if finite else math.nan
     return out
 
 
@@ -421,7 +514,7 @@ def _plots(groups: Sequence[Group], varied: Sequence[str], out: Path) -> tuple[l
                         annotate_with_key=False,
                     )
                 )
-            except ValueError as error:  # the table stands without the figure
+            except (ValueError, OSError) as error:  # the table stands without the figure
                 failed.append(f"{name}: {error}")
     # the legend names each group as its point is named: the method and what sets it apart
     short = {
@@ -438,7 +531,7 @@ def _plots(groups: Sequence[Group], varied: Sequence[str], out: Path) -> tuple[l
     if shifted:
         try:
             written.append(plots.shift_plot(shifted, out / "shift.png", metric="ece"))
-        except ValueError as error:
+        except (ValueError, OSError) as error:
             failed.append(f"shift.png: {error}")
     return written, "; ".join(["Plots not drawn:", *failed]) if failed else ""
 

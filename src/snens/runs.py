@@ -10,6 +10,11 @@
 
 Everything except ``metrics.jsonl`` is written atomically. Numbers that are not finite (NaN,
 inf) are written as ``null`` so every file is strict JSON.
+
+A run directory may be shared, copied or damaged, so its files are read with care
+(:func:`read_run_file`): only regular files are read, never through a symbolic link, never
+blocking (a FIFO named ``final.json`` had hung ``snens report``) and at most
+:data:`MAX_FILE_BYTES`; anything else is a :class:`RunDirError` naming the file.
 """
 
 from __future__ import annotations
@@ -21,9 +26,11 @@ import json
 import math
 import os
 import platform
+import stat
 import subprocess
 import sys
 import tempfile
+import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +41,7 @@ import numpy as np
 from snens import locks
 from snens.checkpoint import atomic_write
 from snens.config import RunConfig, load_config, to_dict, to_toml
+from snens.toml_io import parse_toml
 
 __all__ = [
     "Run",
@@ -47,7 +55,10 @@ __all__ = [
     "hold_run",
     "open_run",
     "provenance",
+    "read_config",
+    "read_final",
     "read_metrics",
+    "read_run_file",
     "refuse_existing_run",
     "to_json",
 ]
@@ -60,6 +71,9 @@ OUTPUTS = "outputs.npz"
 LAST = "last.pt"
 #: Held (``fcntl.flock``) by the process training the run; gone when it ends, however it ends.
 LOCK = "run.lock"
+#: The largest run file read (config.toml, final.json, metrics.jsonl, provenance.json): each is
+#: kilobytes (metrics.jsonl: a line of ~1 kB per epoch); a larger one is refused by name.
+MAX_FILE_BYTES = 64 * 2**20
 
 
 class RunDirError(OSError):
@@ -264,15 +278,32 @@ class Run:
         """Keep the lines of epochs 1..``epochs`` only (and drop a half-written last line).
 
         Called on resume: epochs after the last checkpoint are trained again and logged anew.
+        A file that lacks some of epochs 1..``epochs`` (emptied, or cut by hand) is warned about,
+        naming it: that history is lost, and training goes on without it.
         """
-        kept = [r for r in read_metrics(self.path) if r.get("epoch", 0) <= epochs]
+        records = read_metrics(self.path)
+        # a record without an epoch is kept as before; one whose epoch is not an int is not
+        kept = [r for r in records if "epoch" not in r or (_epoch(r) or 0) in range(epochs + 1)]
+        missing = sorted(set(range(1, epochs + 1)) - {_epoch(r) for r in kept})
+        if missing:
+            warnings.warn(
+                f"{self.path / METRICS} holds {epochs - len(missing)} of the {epochs} epochs "
+                f"that {self.checkpoint} has trained (missing: {_spans(missing)}): their "
+                "per-epoch history is lost, training goes on from the checkpoint; restore the "
+                "file from a backup of the run to keep it",
+                stacklevel=2,
+            )
         with self.writing(self.path / METRICS):
             atomic_write(self.path / METRICS, "".join(to_json(r) + "\n" for r in kept).encode())
 
     def provenance(self) -> dict[str, Any]:
-        """``provenance.json`` as a dict; empty where it is missing or unreadable."""
-        with contextlib.suppress(OSError, ValueError):
-            return json.loads((self.path / PROVENANCE).read_text(encoding="utf-8"))
+        """``provenance.json`` as a dict; empty where it is missing or unreadable (not a
+        regular file, not UTF-8 JSON, not an object)."""
+        with contextlib.suppress(OSError, ValueError, RecursionError):
+            path = self.path / PROVENANCE
+            info = json.loads(_text(path, read_run_file(path)))
+            if isinstance(info, dict):
+                return info
         return {}
 
     def record(self, **fields: Any) -> None:
@@ -293,6 +324,23 @@ class Run:
         """Write ``final.json`` atomically."""
         with self.writing(self.path / FINAL):
             return atomic_write(self.path / FINAL, (to_json(results, indent=2) + "\n").encode())
+
+
+def _epoch(record: Mapping[str, Any]) -> int | None:
+    """A metrics record's epoch, None when it has none (or not an int)."""
+    epoch = record.get("epoch")
+    return epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else None
+
+
+def _spans(numbers: list[int]) -> str:
+    """``1-3, 5`` for ``[1, 2, 3, 5]`` (sorted, distinct)."""
+    spans: list[list[int]] = []
+    for n in numbers:
+        if spans and n == spans[-1][1] + 1:
+            spans[-1][1] = n
+        else:
+            spans.append([n, n])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
 def _default_name(config: RunConfig) -> str:
@@ -341,10 +389,11 @@ def open_run(run_dir: str | os.PathLike, config: RunConfig | None = None) -> Run
         ValueError: ``config`` differs from the saved one (the keys named).
     """
     path = Path(run_dir)
-    if not (path / CONFIG).is_file():
+    if not os.path.lexists(path / CONFIG):
         raise RunDirError(f"{path} is not a run directory (no {CONFIG})")
     check_writable(path)
-    saved = load_config(path / CONFIG)
+    saved = read_config(path)
+    _check_checkpoint_file(path / LAST)
     if config is not None and config != saved:
         diff = config_differences(to_dict(saved), to_dict(config))
         raise ValueError(
@@ -355,6 +404,26 @@ def open_run(run_dir: str | os.PathLike, config: RunConfig | None = None) -> Run
     resume = {"time": _now(), "command": [sys.executable, *sys.argv], "git_sha": git_sha()}
     run.record(resumed=[*run.provenance().get("resumed", []), resume])
     return run
+
+
+def _check_checkpoint_file(path: Path) -> None:
+    """A ``last.pt`` that exists must be a checkpoint file: a directory (or FIFO, or dangling
+    link) in its place would make the run start again at epoch 1 and then fail to save."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        if not os.path.islink(path):
+            return  # stopped before its first checkpoint: it starts afresh
+        kind = "a symbolic link to nothing"
+    else:
+        if stat.S_ISREG(mode):
+            return
+        kind = _kind(mode)
+    raise RunDirError(
+        f"{path} is {kind}, not a checkpoint file, so the run cannot be resumed from it; move "
+        f"it away, then copy prev.pt over it to resume from the checkpoint before, or leave "
+        "no last.pt to train the run again from epoch 1"
+    )
 
 
 def config_differences(a: Mapping[str, Any], b: Mapping[str, Any], prefix: str = "") -> list[str]:
@@ -370,13 +439,163 @@ def config_differences(a: Mapping[str, Any], b: Mapping[str, Any], prefix: str =
     return out
 
 
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISLNK, "a symbolic link"),
+)
+
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def read_run_file(path: str | os.PathLike, *, limit: int = MAX_FILE_BYTES) -> bytes:
+    """The bytes of the run file ``path``, read only if it is a regular file of at most
+    ``limit`` bytes that is not a symbolic link.
+
+    Opened with ``O_NOFOLLOW | O_NONBLOCK`` and checked with ``fstat`` before a byte is read, so
+    a FIFO never blocks the reader, a device is never read and a link never leads elsewhere.
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+        RunDirError: a symbolic link, a directory, FIFO, socket or device, a file above
+            ``limit`` bytes, or a read that failed; the message names the file and what to do.
+    """
+    path = Path(path)
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise
+    except OSError as error:
+        # a link (ELOOP under O_NOFOLLOW), or a directory where opening one fails
+        try:
+            mode = os.lstat(path).st_mode
+        except OSError:
+            mode = stat.S_IFREG
+        if not stat.S_ISREG(mode):
+            raise _not_regular(path, _kind(mode)) from None
+        raise RunDirError(error.errno, f"cannot read {path} ({error.strerror or error})") from error
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise _not_regular(path, _kind(info.st_mode))
+        if info.st_size > limit:
+            raise RunDirError(
+                f"{path} holds {info.st_size:,} bytes, above the limit of {limit:,} for a run "
+                "file, so it was not read (snens writes kilobytes there): move it away, or "
+                "restore the run's own file from a backup"
+            )
+        chunks, size = [], 0
+        while chunk := os.read(fd, min(1 << 20, limit + 1 - size)):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:  # it grew while being read
+                raise RunDirError(f"{path} grew past {limit:,} bytes while being read")
+        return b"".join(chunks)
+    except RunDirError:
+        raise
+    except OSError as error:
+        raise RunDirError(error.errno, f"cannot read {path} ({error.strerror or error})") from error
+    finally:
+        os.close(fd)
+
+
+def _not_regular(path: Path, kind: str) -> RunDirError:
+    return RunDirError(
+        f"{path} is {kind}, not a regular file, so it was not read (run files are plain files; "
+        "a link could lead anywhere and a FIFO would block): replace it with the run's own "
+        "file, or move it away"
+    )
+
+
+def _text(path: Path, data: bytes) -> str:
+    """``data`` decoded as UTF-8 with universal newlines, as ``Path.read_text`` reads it."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"{path} is not UTF-8 ({error.reason} at byte {error.start}): the file is damaged; "
+            "restore it from a backup of the run"
+        ) from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def read_config(run_dir: str | os.PathLike) -> RunConfig:
+    """A run's ``config.toml``, read as :func:`read_run_file` reads (a regular file only).
+
+    Raises:
+        FileNotFoundError: no config.toml.
+        RunDirError: config.toml is not a regular file, or too large.
+        ValueError, TypeError: it is not UTF-8 TOML, or not a valid config; the file or the
+            key named.
+    """
+    path = Path(run_dir) / CONFIG
+    return load_config(parse_toml(_text(path, read_run_file(path)), path))
+
+
+def read_final(run_dir: str | os.PathLike) -> dict[str, Any]:
+    """A finished run's ``final.json``: a JSON object holding a ``"metrics"`` mapping.
+
+    A ``final.json`` without it (``{}``, a file cut short and closed again) does not make a
+    run finished.
+
+    Raises:
+        FileNotFoundError: no final.json (the run has not finished).
+        RunDirError: final.json is not a regular file, or too large.
+        ValueError: it is not UTF-8 JSON, not an object, or holds no ``"metrics"`` mapping;
+            the file named, and ``--resume`` to finish the run.
+    """
+    path = Path(run_dir) / FINAL
+    text = _text(path, read_run_file(path))
+    try:
+        final = json.loads(text)
+    except (ValueError, RecursionError) as error:  # RecursionError: nested beyond Python's
+        raise ValueError(f"{path} is not valid JSON ({error})") from None
+    if not isinstance(final, dict):
+        raise ValueError(f"{path} must hold a JSON object, got {type(final).__name__}")
+    if not isinstance(final.get("metrics"), Mapping):
+        raise ValueError(
+            f'{path} holds no "metrics" mapping, so the run is not finished (the file is '
+            f"damaged or was not written by snens); finish it with `snens train --resume "
+            f"{Path(run_dir)}`"
+        )
+    return final
+
+
 def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
-    """The per-epoch records of ``metrics.jsonl``; a half-written last line is skipped."""
+    """The per-epoch records of ``metrics.jsonl``; a half-written last line is skipped.
+
+    Raises:
+        RunDirError: metrics.jsonl is not a regular file, or too large.
+        ValueError: a line that is not UTF-8 (only a kill mid-write can leave a last line cut
+            short, and snens writes ASCII); the file, line and byte named.
+    """
     path = Path(run_dir) / METRICS
-    if not path.is_file():
+    try:
+        data = read_run_file(path)
+    except FileNotFoundError:
         return []
     records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        with contextlib.suppress(json.JSONDecodeError):
-            records.append(json.loads(line))
+    lines = data.split(b"\n")
+    for number, raw in enumerate(lines, 1):
+        last = number == len(lines)  # no newline after it: possibly cut short by a kill
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            if last:
+                continue
+            raise ValueError(
+                f"{path}, line {number}: not UTF-8 ({error.reason} at byte {error.start} of "
+                "the line): the file is damaged; restore it from a backup, or delete that line "
+                "(its epoch's record is then lost; the checkpoints are not affected)"
+            ) from None
+        with contextlib.suppress(ValueError, RecursionError):
+            record = json.loads(line)
+            if isinstance(record, dict):
+                records.append(record)
     return records

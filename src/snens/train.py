@@ -310,6 +310,8 @@ def _train(
                     epoch=epoch,
                     step=step,
                     forward=forward,
+                    # a log file gets no bar: a line a minute instead
+                    say=None if batches is not loaded.train else say,
                 )
             epoch, step = epoch + 1, step + stats.steps
             seconds, skipped = seconds + stats.seconds, skipped + stats.skipped
