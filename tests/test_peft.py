@@ -1,0 +1,123 @@
+"""σN-Ens over PEFT (LoRA) models: conversion, save and load into a fresh base, members."""
+
+import json
+
+import pytest
+import torch
+
+import snens
+from snens.integrations.peft import from_pretrained, save_pretrained
+
+transformers = pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+CONFIG = dict(
+    vocab_size=100,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    pad_token_id=0,
+    num_labels=3,
+)
+
+
+def _base(kind: str = "seq_cls", seed: int = 0):
+    torch.manual_seed(seed)
+    config = transformers.LlamaConfig(**CONFIG)
+    cls = {
+        "seq_cls": transformers.LlamaForSequenceClassification,
+        "causal_lm": transformers.LlamaForCausalLM,
+    }[kind]
+    return cls(config).eval()
+
+
+def _lora(kind: str = "seq_cls"):
+    task = {"seq_cls": "SEQ_CLS", "causal_lm": "CAUSAL_LM"}[kind]
+    return peft.LoraConfig(task_type=task, r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+
+
+def _batch():
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, 100, (3, 7), generator=g)
+    mask = torch.ones_like(ids)
+    mask[2, 5:] = 0
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def _trained(kind: str = "seq_cls", **convert_options):
+    """A converted PEFT model after two optimizer steps: LoRA, norms and heads all moved."""
+    ens = snens.convert(peft.get_peft_model(_base(kind), _lora(kind)), 4, **convert_options)
+    optimizer = torch.optim.AdamW(snens.param_groups(ens, lr=1e-2))
+    x = _batch()
+    for _ in range(2):
+        logits = ens.train()(**x)
+        if logits.dim() == 4:  # a causal LM: (M, B, T, V), the next token of each position
+            logits = logits[:, :, -1]
+        loss = snens.ensemble_loss(logits, torch.tensor([0, 1, 2]))
+        loss = loss + snens.diversity_loss(ens, 1.0, 0.1)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return ens.eval()
+
+
+def test_a_peft_model_converts_exactly_with_its_head_in_modules_to_save():
+    model = peft.get_peft_model(_base(), _lora())
+    ens = snens.convert(model, 4).eval()
+    assert ens.report.head == "base_model.model.score.modules_to_save.default"
+    assert len(ens.report.converted) == 5  # 2 norms per layer and the final norm
+    trainable = [n for n, p in ens.named_parameters() if p.requires_grad]
+    assert any("lora_A" in n for n in trainable) and any(n.endswith(".gamma") for n in trainable)
+    with torch.no_grad():
+        out = ens(**_batch())
+        expected = model(**_batch()).logits
+    assert out.shape == (4, 3, 3)
+    for m in range(4):
+        torch.testing.assert_close(out[m], expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["seq_cls", "causal_lm"])
+def test_save_and_load_into_a_fresh_base_reproduces_the_trained_ensemble(tmp_path, kind):
+    options = {"head": None} if kind == "causal_lm" else {}  # one LM head for all members
+    ens = _trained(kind, **options)
+    with torch.no_grad():
+        expected = ens(**_batch())
+    save_pretrained(ens, tmp_path)
+    assert json.loads((tmp_path / "snens.json").read_text())["num_members"] == 4
+    # a few kB: the adapters and member layers, not the base model
+    assert (tmp_path / "snens_state.safetensors").stat().st_size < 60_000
+    loaded = from_pretrained(_base(kind), tmp_path).eval()
+    with torch.no_grad():
+        got = loaded(**_batch())
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    assert (got[0] - got[1]).abs().max() > 1e-4  # the members differ, and each was restored
+
+
+def test_a_member_is_a_plain_peft_model_and_merges_into_a_plain_hf_model():
+    ens = _trained()
+    with torch.no_grad():
+        expected = ens(**_batch())[2]
+        member = snens.extract_member(ens, 2).eval()
+        assert isinstance(member, peft.PeftModel)
+        torch.testing.assert_close(member(**_batch()).logits, expected, rtol=1e-5, atol=1e-6)
+        merged = member.merge_and_unload()
+        assert type(merged) is transformers.LlamaForSequenceClassification
+        torch.testing.assert_close(merged(**_batch()).logits, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_loading_into_another_base_or_an_incomplete_save_is_refused(tmp_path):
+    ens = _trained()
+    save_pretrained(ens, tmp_path)
+    wider = transformers.LlamaForSequenceClassification(
+        transformers.LlamaConfig(**{**CONFIG, "hidden_size": 48})
+    )
+    with pytest.raises(ValueError, match="does not fit this base model: .*saved"):
+        from_pretrained(wider, tmp_path)
+    (tmp_path / "snens.json").unlink()
+    with pytest.raises(FileNotFoundError, match="snens.json is missing"):
+        from_pretrained(_base(), tmp_path)
+    with pytest.raises(TypeError, match="an Ensemble over a peft.PeftModel; got Sequential"):
+        save_pretrained(snens.convert(torch.nn.Sequential(torch.nn.LayerNorm(4)), 2), tmp_path)
