@@ -39,6 +39,7 @@ resumes from its ``last.pt``. Checkpoints (a copy of the 135 M base each) are no
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Sequence
@@ -46,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from snens.presets import preset
+from snens.report import summarize
 from snens.runs import FINAL
 from snens.sweep import SweepRun, plan, run_sweep
 
@@ -121,6 +123,123 @@ def run(stages: Sequence[str]) -> int:
     return 1 if failed else 0
 
 
+# ------------------------------------------------------------------------------------------------
+# The prompted base model, untrained, and the report
+# ------------------------------------------------------------------------------------------------
+
+
+def zeroshot() -> Path:
+    """Evaluate the prompted SmolLM2 before any fine-tuning (its label-word scores), on the
+    study's test, validation and OOD sets: ``<out>/zeroshot/final.json`` and ``outputs.npz``."""
+    import torch
+
+    from snens.baselines import SingleModel
+    from snens.build import text_encoder
+    from snens.config import to_dict, to_toml
+    from snens.datasets import build_data
+    from snens.evaluate import evaluate
+    from snens.models import create
+    from snens.reload import validation_metrics
+    from snens.runs import Run
+    from snens.train import temperature_scaled_metrics
+
+    config = runs_of("final")[0][1].config  # the study's data; the model is never trained
+    torch.set_num_threads(1)
+    loaded = build_data(config.data, seed=0, device="cpu", encoder=text_encoder(config))
+    model = SingleModel(create("smollm2", num_classes=2, lora_r=0)).eval()
+    outputs: dict = {}
+    metrics = evaluate(model, loaded.test, ood=loaded.ood, keep_logits=outputs)
+    metrics.update(validation_metrics(model, loaded.validation, keep_logits=outputs))
+    metrics.update(temperature_scaled_metrics(outputs))
+    path = WHERE["out"] / "zeroshot"
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.toml").write_text(to_toml(to_dict(config)))
+    run = Run(path, config)
+    run.write_outputs(outputs)
+    run.write_final(
+        {"metrics": metrics, "model": {"params": sum(p.numel() for p in model.parameters())}}
+    )
+    return path
+
+
+#: The report's rows: (label, stage, variant); and its columns: (header, metric key).
+ROWS = (
+    ("prompted base model, untrained (zero-shot)", None, "zeroshot"),
+    ("one LoRA model", "final", "single"),
+    ("one LoRA model, norms trainable (fair)", "final", "single_fair"),
+    ("LoRA ensemble, M=4, norms trainable (fair)", "final", "lora_ensemble_fair"),
+    ("σN-Ens-LoRA, τ=5 λ=0.01 (preset)", "final", "snens"),
+    ("σN-Ens-LoRA, τ=5 λ=0.01, split", "final", "snens_split"),
+    ("σN-Ens-LoRA, τ=1 λ=0.1 (library defaults)", "tune", "snens_defaults"),
+    ("σN-Ens-LoRA, γ ×1", "tune", "snens_gamma1"),
+    ("σN-Ens-LoRA, λ=0", "tune", "snens_lambda0"),
+)
+COLUMNS = (
+    ("val NLL", "val/nll"),
+    ("acc", "test/accuracy"),
+    ("NLL", "test/nll"),
+    ("ECE", "test/ece"),
+    ("Brier", "test/brier"),
+    ("NLL +TS", "test_ts/nll"),
+    ("ECE +TS", "test_ts/ece"),
+    ("OOD AUROC (MSP)", "ood/rt_plots/auroc"),
+    ("disagr.", "test/disagreement"),
+)
+
+
+def _runs(stage: str | None, variant: str) -> list[Path]:
+    if stage is None:
+        where = WHERE["out"] / variant
+        return [where] if (where / FINAL).is_file() else []
+    return sorted(p.parent for p in (WHERE["out"] / stage / variant).glob(f"seed=*/{FINAL}"))
+
+
+def _cell(values: list[float]) -> str:
+    if not values:
+        return "—"
+    mean, std, n = summarize(values)
+    return f"{mean:.3f}" if n == 1 else f"{mean:.3f} ± {std:.3f}"
+
+
+def report() -> Path:
+    """``results/llm.md``: the study's table from the finished runs (mean ± std over seeds)."""
+    header = ["run", "seeds", *(c for c, _ in COLUMNS), "train s", "trainable params"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for label, stage, variant in ROWS:
+        paths = _runs(stage, variant)
+        if not paths:
+            continue
+        finals = [json.loads((p / FINAL).read_text()) for p in paths]
+        seeds = " ".join(p.name.removeprefix("seed=") for p in paths) if stage else "—"
+        values = {
+            key: [f["metrics"][key] for f in finals if key in f["metrics"]] for _, key in COLUMNS
+        }
+        cells = [_cell(values[key]) for _, key in COLUMNS]
+
+        seconds = [f["train"]["seconds"] for f in finals if "train" in f]
+        params = {f["model"].get("trainable_params") for f in finals}
+        trained = f"{params.pop():,}" if len(params) == 1 and None not in params else "—"
+        train_s = f"{summarize(seconds)[0]:,.0f}" if seconds else "0"
+        lines.append(f"| {label} | {seeds} | " + " | ".join(cells) + f" | {train_s} | {trained} |")
+    text = "\n".join(
+        [
+            "# σN-Ens on a pretrained LLM: SmolLM2-135M-Instruct + LoRA on Rotten Tomatoes",
+            "",
+            "Made by `python experiments/llm.py report` from the run directories under",
+            "`results/llm/` (each holds its config, provenance, per-epoch metrics, `final.json`",
+            "and the member logits `outputs.npz`). Mean ± std over the seeds listed; test set",
+            "1,000 reviews, validation 500 held-out training reviews (temperature scaling, +TS,",
+            "is fitted there), OOD 500 plot descriptions of the same corpus. One torch thread.",
+            "",
+            *lines,
+            "",
+        ]
+    )
+    out = WHERE["out"].parent / "llm.md"
+    out.write_text(text)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=WHERE["out"], help="the study's directory")
@@ -131,11 +250,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_parser = sub.add_parser("run", help="train the stages' runs not yet done")
     run_parser.add_argument("--stage", nargs="+", choices=list(STAGES), default=list(STAGES))
     sub.add_parser("plan", help="list the runs and their status")
+    sub.add_parser("zeroshot", help="evaluate the prompted base model, untrained")
+    sub.add_parser("report", help="write results/llm.md from the finished runs")
     args = parser.parse_args(argv)
     WHERE.update(out=args.out.resolve(), extra=tuple(args.set))
     os.chdir(ROOT)
     if args.command == "run":
         return run(args.stage)
+    if args.command == "zeroshot":
+        print(zeroshot())
+        return 0
+    if args.command == "report":
+        print(report().read_text())
+        return 0
     for stage in STAGES:
         for variant, sweep_run in runs_of(stage):
             path = sweep_run.path()

@@ -235,6 +235,77 @@ def test_trainer_refuses_what_it_cannot_train(tmp_path):
         _hf_trainer(tmp_path, _tiny_ensemble(), gamma_lr_multiplier=-1.0)
 
 
+def test_trainer_applies_label_smoothing_in_the_ensemble_loss(tmp_path):
+    """``label_smoothing_factor=0.1`` raised AttributeError ('Ensemble' object has no
+    attribute 'config') from inside ``Trainer.__init__``, which builds its label smoother from
+    ``model.config``."""
+    ens = _tiny_ensemble().eval()  # eval: no dropout, so both computations see one function
+    args = {"label_smoothing_factor": 0.1, "logging_steps": 1, "max_steps": 2}
+    trainer = _hf_trainer(tmp_path, ens, train_dataset=_tiny_examples(), args=args)
+    assert trainer.args.label_smoothing_factor == 0.1  # kept for the ensemble loss
+    assert trainer.label_smoother is None  # Trainer's own, which needs model.config, unused
+    batch = next(iter(trainer.get_train_dataloader()))
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    with torch.no_grad():
+        loss = trainer.compute_loss(ens, dict(batch))
+        logits = ens(**inputs)
+    smoothed = snens.ensemble_loss(logits, batch["labels"], label_smoothing=0.1)
+    torch.testing.assert_close(loss, smoothed, rtol=0, atol=0)
+    assert loss != snens.ensemble_loss(logits, batch["labels"])
+    trainer.train()
+    assert len([h for h in trainer.state.log_history if "loss" in h]) == 2
+    with pytest.raises(ValueError, match=r"label_smoothing_factor=1\.0\) must lie in \[0, 1\)"):
+        _hf_trainer(tmp_path, _tiny_ensemble(), args={"label_smoothing_factor": 1.0})
+
+
+class _Features(torch.nn.Module):
+    """A classifier of float feature vectors, keyword input ``features``."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Sequential(
+            torch.nn.Linear(4, 8), torch.nn.LayerNorm(8), torch.nn.ReLU(), torch.nn.Linear(8, 3)
+        )
+
+    def forward(self, features):
+        return self.body(features)
+
+
+class _FeatureExamples(torch.utils.data.Dataset):
+    def __init__(self, features, labels):
+        self.features, self.labels = features, labels
+
+    def __len__(self):
+        return len(self.labels)
+
+    def __getitem__(self, i):
+        return {"features": self.features[i], "label": int(self.labels[i])}
+
+
+def test_trainer_stops_on_a_non_finite_loss_naming_the_cause(tmp_path):
+    """NaN inputs trained every parameter to NaN while Trainer reported ``training_loss 0.0``
+    (its logging_nan_inf_filter leaves NaN steps out of the logged loss)."""
+    from snens.epoch import NonFiniteLossError
+
+    torch.manual_seed(0)
+    ens = snens.convert(_Features(), num_members=2)
+    before = {n: p.detach().clone() for n, p in ens.named_parameters()}
+    features = torch.randn(16, 4)
+    features[:, 1] = float("nan")  # a feature missing in every example
+    examples = _FeatureExamples(features, torch.randint(0, 3, (16,)))
+    trainer = _hf_trainer(tmp_path, ens, train_dataset=examples, args={"max_steps": 2})
+    with pytest.raises(NonFiniteLossError) as err:
+        trainer.train()
+    message = str(err.value)
+    assert message.startswith("non-finite loss at step 1 of 2: task loss nan, diversity loss -")
+    assert message.endswith(
+        "; cause: the batch's 'features' hold NaN or inf values; check the data. Training "
+        "stopped before this step's update"
+    )
+    for name, p in ens.named_parameters():  # nothing of the step was applied
+        torch.testing.assert_close(p.detach(), before[name], rtol=0, atol=0)
+
+
 def _balanced(texts, labels, per_class, seed):
     g = torch.Generator().manual_seed(seed)
     keep = []

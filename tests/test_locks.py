@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 from snens import locks
-from snens.runs import LOCK, RunInUseError, hold_run
+from snens.runs import LOCK, RunDirError, RunInUseError, hold_run
 
 ME = f"{socket.gethostname()} {os.getpid()}"
 
@@ -126,3 +126,62 @@ def test_the_run_lock_names_the_run_and_its_holder(tmp_path):
         assert f"the run {run} is in use by {ME}" in str(err.value)
         assert err.value.holder == ME
     assert sorted(p.name for p in run.iterdir()) == []  # nothing left in the run directory
+
+
+# -- a lock file that is not one: a link, a FIFO, a second name of another file -------------
+
+
+def test_a_symlinked_run_lock_is_refused_and_its_target_left_untouched(tmp_path):
+    """A red-team run: `run.lock -> /any/file` in a shared run directory made the next
+    `snens train --resume` truncate that file and write `host pid` into it."""
+    target = tmp_path / "precious.txt"
+    target.write_bytes(b"not yours to overwrite\n")
+    run = tmp_path / "runs" / "a"
+    run.mkdir(parents=True)
+    (run / LOCK).symlink_to(target)
+    with pytest.raises(RunDirError) as err, hold_run(run):
+        pass
+    assert str(run / LOCK) in str(err.value)
+    assert "is a symbolic link, not a lock file" in str(err.value) and "remove it" in str(err.value)
+    assert not isinstance(err.value, RunInUseError)  # nobody holds it: it is not a lock
+    assert target.read_bytes() == b"not yours to overwrite\n"
+    assert (run / LOCK).is_symlink()  # left as it was, for its owner to look at
+    assert locks.holder(run / LOCK) is None  # never read through the link either
+
+
+def test_a_dangling_symlink_is_not_followed_to_create_its_target(tmp_path):
+    target = tmp_path / "elsewhere" / "made-by-the-lock"
+    target.parent.mkdir()
+    (tmp_path / "x.lock").symlink_to(target)
+    with pytest.raises(OSError, match="is a symbolic link, not a lock file"):
+        with locks.hold(tmp_path / "x.lock", "the thing"):
+            pass
+    assert not target.exists()
+
+
+@pytest.mark.timeout(20)
+def test_a_fifo_or_hard_linked_lock_is_refused_and_left_untouched(tmp_path):
+    fifo = tmp_path / "fifo.lock"
+    os.mkfifo(fifo)
+    with pytest.raises(OSError, match=r"fifo.lock is not a regular file \(a FIFO"):
+        with locks.hold(fifo, "the thing"):
+            pass
+    assert locks.holder(fifo) is None  # read without blocking: None, not a hang
+    other = tmp_path / "other.txt"
+    other.write_bytes(b"another name of this file")
+    os.link(other, tmp_path / "linked.lock")
+    with pytest.raises(OSError, match="linked.lock is a file with 2 names"):
+        with locks.hold(tmp_path / "linked.lock", "the thing"):
+            pass
+    assert other.read_bytes() == b"another name of this file"
+
+
+def test_without_fcntl_a_symlinked_lock_is_refused_not_taken_over(tmp_path, monkeypatch):
+    monkeypatch.setattr(locks, "fcntl", None)
+    target = tmp_path / "precious.txt"
+    target.write_text(f"{socket.gethostname()} 999999999")  # "a dead process's lock"
+    (tmp_path / "x.lock").symlink_to(target)
+    with pytest.raises(OSError, match="is a symbolic link, not a lock file"):
+        with locks.hold(tmp_path / "x.lock", "the thing"):
+            pass
+    assert target.read_text() == f"{socket.gethostname()} 999999999"

@@ -20,7 +20,12 @@ File layout: one header line, then a ``torch.save`` payload::
   as tensors and lists so they pass. A refused file raises :class:`CheckpointError`.
 * **All or nothing.** :func:`load_model_state` compares names, shapes and dtypes with the
   model before copying a single tensor (``nn.Module.load_state_dict`` copies matching tensors
-  before it reports a mismatch).
+  before it reports a mismatch). :func:`check_training_state` checks the optimizer and schedule
+  states the same way (a valid digest proves the file whole, not its values), against the
+  checkpoint's own model or the live optimizer, and :func:`load_training_state` loads them
+  only then: a wrong shape had failed inside ``torch.optim`` at the first step.
+* **Regular files only.** A checkpoint is read only from a regular file, opened without
+  blocking: a directory (or FIFO) named ``last.pt`` is a :class:`CheckpointError` naming it.
 """
 
 from __future__ import annotations
@@ -28,11 +33,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import math
 import os
 import pickle
 import random
+import stat
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -44,10 +51,12 @@ __all__ = [
     "TRAINING_KEYS",
     "CheckpointError",
     "atomic_write",
+    "check_training_state",
     "checkpoint_digest",
     "load_checkpoint",
     "load_checkpoint_with_digest",
     "load_model_state",
+    "load_training_state",
     "remove_stale_temporaries",
     "rng_state",
     "save_checkpoint",
@@ -245,11 +254,47 @@ def checkpoint_digest(path: str | os.PathLike) -> str:
         CheckpointError: not a snens checkpoint, or a malformed header.
     """
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no checkpoint at {path}")
-    with open(path, "rb") as file:
-        head = file.read(_MAX_HEADER)
+    fd = _open_checkpoint(path)
+    try:
+        head = os.read(fd, _MAX_HEADER)
+    finally:
+        os.close(fd)
     return _parse_header(head, path)[1]
+
+
+def _open_checkpoint(path: Path) -> int:
+    """A read-only descriptor of the regular file ``path`` (links followed: a checkpoint given
+    by its user may be one), opened without blocking so that a FIFO never hangs the reader.
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+        CheckpointError: a directory, FIFO, socket or device.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no checkpoint at {path}") from None
+    except IsADirectoryError:  # where a directory cannot be opened (Windows)
+        fd = None
+    if fd is not None and stat.S_ISREG(os.fstat(fd).st_mode):
+        return fd
+    mode = os.fstat(fd).st_mode if fd is not None else stat.S_IFDIR
+    if fd is not None:
+        os.close(fd)
+    kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file (a FIFO, socket or device)"
+    raise CheckpointError(
+        f"{path} is {kind}, not a checkpoint file; move it away, then resume from the previous "
+        "checkpoint (copy prev.pt over last.pt) or start the run again"
+    )
+
+
+def _read_checkpoint(path: Path) -> bytes:
+    fd = _open_checkpoint(path)
+    try:
+        with os.fdopen(fd, "rb", closefd=False) as file:
+            return file.read()
+    finally:
+        os.close(fd)
 
 
 def load_checkpoint(
@@ -294,15 +339,13 @@ def load_checkpoint_with_digest(
         The errors of :func:`load_checkpoint`.
     """
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no checkpoint at {path}")
-    data = path.read_bytes()
+    data = _read_checkpoint(path)
     newline, digest, size = _parse_header(data, path)
     payload = data[newline + 1 :]
     if len(payload) != size:
-        what = "truncated" if len(payload) < size else "has trailing bytes"
+        what = "is truncated" if len(payload) < size else "has trailing bytes"
         raise CheckpointError(
-            f"{path} is {what}: the header says {size} bytes of payload, the file holds "
+            f"{path} {what}: the header says {size} bytes of payload, the file holds "
             f"{len(payload)}; use the previous checkpoint (prev.pt) or retrain"
         )
     if hashlib.sha256(payload).hexdigest() != digest:
@@ -361,6 +404,237 @@ def load_model_state(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -
             + ". Was it saved with another config?"
         )
     model.load_state_dict(state_dict)
+
+
+# ------------------------------------------------------------------------------------------------
+# Optimizer and schedule states, checked before they are loaded
+# ------------------------------------------------------------------------------------------------
+
+# Hyperparameters of a param group that must be finite numbers >= 0 where present.
+_GROUP_NUMBERS = ("lr", "initial_lr", "weight_decay", "momentum", "dampening", "eps")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_rate(value: Any) -> bool:
+    """A finite real number >= 0 (a 0-d tensor too: torch allows a tensor lr)."""
+    if isinstance(value, torch.Tensor):
+        if value.dim() != 0 or value.is_complex():
+            return False
+        value = value.item()
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value >= 0
+    )
+
+
+def check_training_state(
+    state: Mapping[str, Any],
+    path: str | os.PathLike,
+    optimizer: torch.optim.Optimizer | None = None,
+) -> None:
+    """Check a training checkpoint's ``optimizer`` and ``schedule`` states before they are
+    loaded: ``torch.optim`` takes a state of the wrong shape, or a malformed schedule, without
+    a word and fails deep inside the first step (or half-way through loading it).
+
+    The optimizer state must be torch's layout (``state``: parameter index -> tensors;
+    ``param_groups``: dicts listing parameter indices, each index once, with finite rates);
+    the tensors kept for one parameter (momentum, Adam's moments) must share one shape, the
+    parameter's. Its parameter is the live ``optimizer``'s where given; otherwise the
+    checkpoint's own ``model`` state is the reference: ``snens.param_groups`` lists each
+    group's parameters in module order, which is the order of ``model.state_dict()``, so the
+    shapes of a group must appear in that order among the model's tensors. The schedule state
+    must be a ``LambdaLR``'s with one entry per param group.
+
+    Raises:
+        CheckpointError: what does not fit, named, with the file and the way on (the previous
+            checkpoint, prev.pt, or a fresh start).
+    """
+
+    def bad(what: str) -> CheckpointError:
+        return CheckpointError(
+            f"{path}: {what}, so the file was not written by this run's training (its digest "
+            "proves it whole, not its values); resume from prev.pt (copy it over last.pt) or "
+            "start the run again"
+        )
+
+    saved = state.get("optimizer")
+    if not (
+        isinstance(saved, Mapping)
+        and isinstance(saved.get("state"), Mapping)
+        and isinstance(saved.get("param_groups"), list | tuple)
+        and saved["param_groups"]
+    ):
+        raise bad("the optimizer state is not torch's mapping of 'state' and 'param_groups'")
+    groups = list(saved["param_groups"])
+    listed: list[list[int]] = []
+    for g, group in enumerate(groups):
+        params = group.get("params") if isinstance(group, Mapping) else None
+        if not isinstance(params, list | tuple) or not all(_is_int(i) for i in params):
+            raise bad(f"optimizer param group {g} lists no parameter indices")
+        for key in _GROUP_NUMBERS:
+            if key in group and not _is_rate(group[key]):
+                raise bad(
+                    f"optimizer param group {g}: {key} = {group[key]!r:.40} is not a number >= 0"
+                )
+        betas = group.get("betas", (0.0, 0.0))
+        if not (
+            isinstance(betas, list | tuple)
+            and len(betas) == 2
+            and all(_is_rate(b) and float(b) < 1 for b in betas)
+        ):
+            raise bad(
+                f"optimizer param group {g}: betas = {betas!r:.60} is not two numbers in [0, 1)"
+            )
+        listed.append(list(params))
+    indices = [i for params in listed for i in params]
+    if len(set(indices)) != len(indices):
+        raise bad("the optimizer's param groups list a parameter twice")
+    shapes: dict[int, tuple[int, ...]] = {}
+    for index, entry in saved["state"].items():
+        if index not in set(indices):
+            raise bad(f"the optimizer holds a state of parameter {index!r}, which no group lists")
+        if not isinstance(entry, Mapping):
+            raise bad(f"the optimizer state of parameter {index} is not a mapping")
+        found = set()
+        for key, value in entry.items():
+            if value is None or (key == "step" and _is_rate(value)):
+                continue
+            if not isinstance(value, torch.Tensor) or not value.is_floating_point():
+                raise bad(
+                    f"the optimizer state of parameter {index} holds {key} = "
+                    f"{type(value).__name__}, not a floating-point tensor"
+                )
+            found.add(tuple(value.shape))
+        if len(found) > 1:
+            raise bad(
+                f"the optimizer state of parameter {index} holds tensors of shapes "
+                f"{sorted(found)}, where one parameter's are all of its shape"
+            )
+        if found:
+            shapes[index] = found.pop()
+    if optimizer is not None:
+        _fit_live_optimizer(optimizer, listed, shapes, bad)
+    else:
+        _fit_model_state(state.get("model"), listed, shapes, bad)
+    _check_schedule_state(state.get("schedule"), len(groups), bad)
+
+
+_Bad = Callable[[str], CheckpointError]
+
+
+def _fit_live_optimizer(
+    optimizer: torch.optim.Optimizer,
+    listed: list[list[int]],
+    shapes: Mapping[int, tuple[int, ...]],
+    bad: _Bad,
+) -> None:
+    """Every group's size and every state's shape equal the live optimizer's."""
+    live = optimizer.param_groups
+    if len(live) != len(listed):
+        raise bad(
+            f"the optimizer state holds {len(listed)} param groups, this model's optimizer "
+            f"{len(live)}"
+        )
+    for g, (group, params) in enumerate(zip(live, listed, strict=True)):
+        if len(group["params"]) != len(params):
+            raise bad(
+                f"optimizer param group {g} holds {len(params)} parameters, this model's "
+                f"{len(group['params'])}"
+            )
+        for param, index in zip(group["params"], params, strict=True):
+            if index in shapes and shapes[index] != tuple(param.shape):
+                raise bad(
+                    f"the optimizer state of parameter {index} (param group {g}) has shape "
+                    f"{shapes[index]}, the parameter {tuple(param.shape)}"
+                )
+
+
+def _fit_model_state(
+    model: Any, listed: list[list[int]], shapes: Mapping[int, tuple[int, ...]], bad: _Bad
+) -> None:
+    """Each group's state shapes appear, in order, among the model state's tensor shapes."""
+    if not isinstance(model, Mapping):
+        return  # the model state is checked where it is loaded (load_model_state)
+    order = [tuple(v.shape) for v in model.values() if isinstance(v, torch.Tensor)]
+    for g, params in enumerate(listed):
+        at = 0  # greedy: the earliest place of each parameter in model order
+        for index in params:
+            want = shapes.get(index)  # None: no state yet (never stepped), any place fits
+            while at < len(order) and want is not None and order[at] != want:
+                at += 1
+            if at >= len(order):
+                raise bad(
+                    f"the optimizer state of parameter {index} (param group {g}) has shape "
+                    f"{want}, which no parameter of the checkpoint's model has at that place"
+                    if want is not None
+                    else f"optimizer param group {g} lists more parameters than the model has"
+                )
+            at += 1
+
+
+def _check_schedule_state(schedule: Any, groups: int, bad: _Bad) -> None:
+    """A ``LambdaLR`` state: ``last_epoch``, and one base rate and lambda state per group."""
+    if not isinstance(schedule, Mapping):
+        raise bad(f"the schedule state is a {type(schedule).__name__}, not a mapping")
+    if "optimizer" in schedule:  # loading would replace the schedule's optimizer with it
+        raise bad("the schedule state holds an 'optimizer' entry")
+    last = schedule.get("last_epoch")
+    if not _is_int(last) or last < -1:
+        raise bad(f"the schedule's last_epoch = {last!r} is not an int >= -1")
+    if not _is_int(schedule.get("_step_count", 0)) or schedule.get("_step_count", 0) < 0:
+        raise bad(f"the schedule's _step_count = {schedule['_step_count']!r} is not an int >= 0")
+    for key, required in (("base_lrs", True), ("_last_lr", False)):
+        if key not in schedule and not required:
+            continue
+        rates = schedule.get(key)
+        if (
+            not isinstance(rates, list | tuple)
+            or len(rates) != groups
+            or not all(_is_rate(r) for r in rates)
+        ):
+            raise bad(
+                f"the schedule's {key} = {rates!r:.80} is not {groups} numbers >= 0, one per "
+                "param group"
+            )
+    lambdas = schedule.get("lr_lambdas")
+    if (
+        not isinstance(lambdas, list | tuple)
+        or len(lambdas) != groups
+        or not all(fn is None or isinstance(fn, Mapping) for fn in lambdas)
+    ):
+        raise bad(
+            f"the schedule's lr_lambdas = {lambdas!r:.80} is not {groups} entries (None or a "
+            "mapping), one per param group"
+        )
+
+
+def load_training_state(
+    optimizer: torch.optim.Optimizer,
+    schedule: torch.optim.lr_scheduler.LRScheduler,
+    state: Mapping[str, Any],
+    path: str | os.PathLike,
+) -> None:
+    """``optimizer.load_state_dict`` and ``schedule.load_state_dict`` of a training
+    checkpoint's states, after :func:`check_training_state` against the live optimizer.
+
+    Raises:
+        CheckpointError: the states do not fit the optimizer and schedule (named, with the file
+            and the way on); a failure inside torch is one too, never a raw torch error.
+    """
+    check_training_state(state, path, optimizer)
+    try:
+        optimizer.load_state_dict(state["optimizer"])
+        schedule.load_state_dict(dict(state["schedule"]))
+    except (KeyError, TypeError, ValueError, RuntimeError, AttributeError, IndexError) as error:
+        raise CheckpointError(
+            f"{path}: its optimizer or schedule state does not fit this run ({error}); resume "
+            "from prev.pt (copy it over last.pt) or start the run again"
+        ) from error
 
 
 # ------------------------------------------------------------------------------------------------

@@ -20,7 +20,12 @@ import torch
 from torch import nn
 
 from snens.build import build_model, reproducible, resolve_device, text_encoder
-from snens.checkpoint import CheckpointError, load_checkpoint, load_model_state
+from snens.checkpoint import (
+    CheckpointError,
+    check_training_state,
+    load_checkpoint,
+    load_model_state,
+)
 from snens.config import RunConfig, from_dict, load_config, to_dict
 from snens.datasets import build_data
 from snens.evaluate import evaluate
@@ -38,7 +43,14 @@ __all__ = [
 def check_progress(state: Mapping[str, Any], checkpoint: Path, epochs: int) -> None:
     """A checkpoint's counters must be what training can have written: a valid digest proves
     the file whole, not its values (an edited ``epoch = 10**9`` would end training at once and
-    report a billion epochs)."""
+    report a billion epochs). So must its optimizer and schedule states
+    (:func:`snens.checkpoint.check_training_state`): one of the wrong shape had failed inside
+    ``torch.optim`` at the first step of the resumed run.
+
+    Raises:
+        CheckpointError: what is impossible, named, with the file and the way on (prev.pt, or
+            a fresh start).
+    """
 
     def count(key: str, low: int, high: float) -> int:
         value = state.get(key, 0)
@@ -63,6 +75,7 @@ def check_progress(state: Mapping[str, Any], checkpoint: Path, epochs: int) -> N
             f"{checkpoint}: seconds = {seconds!r} is not a finite number >= 0; resume from "
             "prev.pt (copy it over last.pt) or start the run again"
         )
+    check_training_state(state, checkpoint)
 
 
 def validation_metrics(

@@ -10,13 +10,26 @@ What it changes in ``transformers.Trainer``, and why a plain ``Trainer`` cannot 
 :class:`~snens.Ensemble`:
 
 * **columns**: ``Trainer`` keeps the batch columns named in ``model.forward``'s signature; an
-  ensemble's is ``(*args, **kwargs)``, so every column would be dropped ("The batch received
-  was empty"). ``SnensTrainer`` reads the wrapped model's signature (``ens.model.forward``),
-  so ``remove_unused_columns=True`` keeps ``input_ids``, ``attention_mask``, … and the labels.
+  ensemble's is ``(*args, **kwargs)``, so every column would be dropped. A plain ``Trainer``
+  on a converted model therefore fails with "The batch received was empty, your model won't
+  be able to train on it. Double-check that your training dataset contains keys expected by
+  the model: args,kwargs,label,label_ids,labels" (a ``datasets.Dataset``), or hands the
+  wrapped model nothing but ``labels`` (a torch ``Dataset``): use ``SnensTrainer``, which
+  reads the wrapped model's signature (``ens.model.forward``), so
+  ``remove_unused_columns=True`` keeps ``input_ids``, ``attention_mask``, … and the labels.
+  (Even with every column kept, a plain ``Trainer`` would pass the labels into the model and
+  take ``outputs[0]``, the first member's logits, as the loss.)
 * **loss**: ``ensemble_loss(logits (M, B, K), labels) + diversity_loss(ens, τ, λ)``, with
-  ``args.label_smoothing_factor`` as the label smoothing. The labels are taken out of the
-  batch (``"labels"``, or ``args.label_names``; the default collator renames ``"label"``)
-  and never reach the model.
+  ``args.label_smoothing_factor`` as the label smoothing (applied here, in the ensemble loss:
+  ``Trainer``'s own label smoother reads ``model.config``, which an ensemble has not). The
+  labels are taken out of the batch (``"labels"``, or ``args.label_names``; the default
+  collator renames ``"label"``) and never reach the model.
+* **non-finite loss**: a NaN or infinite loss stops training with
+  :class:`snens.epoch.NonFiniteLossError`, naming the step and the likely cause (NaN inputs,
+  diverged parameters, overflowing logits), before that step's update, as the snens engine
+  does. ``Trainer`` alone goes on: with ``logging_nan_inf_filter`` (its default) it leaves
+  the NaN steps out of the logged loss, so NaN inputs trained every parameter to NaN while
+  reporting ``training_loss 0.0``.
 * **logged loss**: the task loss, ~ln K at the start. The diversity loss is a sum over
   features with a constant −M·log M each (≈ −90 at λ = 1e-2 for MiniLM), so a logged sum
   would be unreadable; it still enters the gradient, and the per-feature gain over equal
@@ -56,6 +69,7 @@ import torch
 from torch import Tensor, nn
 
 from snens.ensemble import Ensemble, ensemble_loss, predictive_probs
+from snens.epoch import NonFiniteLossError
 from snens.metrics import nll
 from snens.optim import GAMMA_LR_MULTIPLIER, param_groups
 from snens.regularizer import (
@@ -94,10 +108,14 @@ class SnensTrainer(transformers.Trainer):
         (N, K) mean probabilities.
 
     Raises:
-        TypeError: ``model`` is not a :class:`snens.Ensemble`.
+        TypeError: ``model`` is not a :class:`snens.Ensemble` (a plain ``transformers.Trainer``
+            cannot train one either: see the module docstring).
         ValueError: ``compute_loss_func`` given (the loss is the σN-Ens loss), more than one
-            label name, more than one GPU in one process (DataParallel), or a temperature,
-            weight or layer selection that :func:`snens.diversity_loss` refuses.
+            label name, more than one GPU in one process (DataParallel), a
+            ``label_smoothing_factor`` outside [0, 1), or a temperature, weight or layer
+            selection that :func:`snens.diversity_loss` refuses.
+        NonFiniteLossError: while training, a NaN or infinite loss (the step and the cause
+            named); nothing of that step is applied.
     """
 
     def __init__(
@@ -128,11 +146,26 @@ class SnensTrainer(transformers.Trainer):
             )
         with torch.no_grad():  # refuse a bad τ, λ or layer selection now, not at step 1
             diversity_loss(model, temperature, diversity_weight, diversity_layers)
+        smoothing = 0.0 if args is None else args.label_smoothing_factor
+        if not 0.0 <= smoothing < 1.0:
+            raise ValueError(
+                f"TrainingArguments(label_smoothing_factor={smoothing!r}) must lie in [0, 1); "
+                "0 trains on the hard labels"
+            )
         self.temperature = temperature
         self.diversity_weight = diversity_weight
         self.gamma_lr_multiplier = gamma_lr_multiplier
         self.diversity_layers = diversity_layers
-        super().__init__(model=model, args=args, **kwargs)
+        # Trainer.__init__ builds a label smoother when label_smoothing_factor is set, reading
+        # model.config, which an ensemble has not (AttributeError); compute_loss applies the
+        # smoothing itself, so Trainer is shown 0 while it is built and the value is restored.
+        if smoothing:
+            args.label_smoothing_factor = 0.0
+        try:
+            super().__init__(model=model, args=args, **kwargs)
+        finally:
+            if smoothing:
+                args.label_smoothing_factor = smoothing
         # refuse a bad multiplier now, not when training builds the optimizer
         param_groups(model, self.args.learning_rate, self.args.weight_decay, gamma_lr_multiplier)
         if self.args.n_gpu > 1:
@@ -195,10 +228,16 @@ class SnensTrainer(transformers.Trainer):
         diversity loss's gradient, so Trainer's backward, gradient-accumulation scaling and
         logged ``loss`` all see the readable task loss while γ feels the regularizer.
         ``num_items_in_batch`` is not used: the task loss is a mean over the batch.
+
+        Raises:
+            NonFiniteLossError: the loss is NaN or infinite, before the backward pass; the
+                message names the step and the likely cause.
         """
         inputs, labels = self._split_labels(inputs)
         logits = model(**inputs)  # (M, B, K), or (M, B/M, K) with input_policy="split"
-        loss = ensemble_loss(logits, labels, label_smoothing=self.args.label_smoothing_factor)
+        task = ensemble_loss(logits, labels, label_smoothing=self.args.label_smoothing_factor)
+        loss = task
+        div = None
         if self.diversity_weight > 0:
             div = diversity_loss(
                 self.accelerator.unwrap_model(model),
@@ -207,7 +246,48 @@ class SnensTrainer(transformers.Trainer):
                 self.diversity_layers,
             )
             loss = loss + (div - div.detach())
+        # One host sync per step (Trainer's NaN filter of the logged loss syncs as well): a
+        # non-finite loss would turn every parameter NaN at the optimizer step.
+        if not bool(torch.isfinite(loss)):
+            self._stop_on_nonfinite(model, inputs, task, div)
         return (loss, logits) if return_outputs else loss
+
+    def _stop_on_nonfinite(
+        self, model: nn.Module, inputs: dict[str, Any], task: Tensor, div: Tensor | None
+    ) -> None:
+        """Raise :class:`NonFiniteLossError` naming the step and the likely cause."""
+        bad = [
+            name
+            for name, value in inputs.items()
+            if isinstance(value, Tensor)
+            and value.is_floating_point()
+            and not torch.isfinite(value).all()
+        ]
+        unwrapped = self.accelerator.unwrap_model(model)
+        if bad:
+            cause = (
+                f"the batch's {', '.join(map(repr, bad))} hold NaN or inf values; check the data"
+            )
+        elif any(not torch.isfinite(p).all() for p in unwrapped.parameters()):
+            cause = (
+                "the parameters hold NaN or inf values: an earlier update diverged; lower "
+                "learning_rate or set max_grad_norm"
+            )
+        elif not torch.isfinite(task):
+            cause = (
+                f"the task loss is {task.item()} with finite inputs and parameters: the logits "
+                "overflowed; lower learning_rate or set max_grad_norm"
+                + (", or turn off bf16/fp16" if self.args.bf16 or self.args.fp16 else "")
+            )
+        else:
+            cause = f"the diversity loss is {div.item()} at temperature {self.temperature}"
+        diversity = "off" if div is None else f"{div.item()}"
+        steps = f" of {self.state.max_steps}" if self.state.max_steps else ""
+        raise NonFiniteLossError(
+            f"non-finite loss at step {self.state.global_step + 1}{steps}: "
+            f"task loss {task.item()}, diversity loss {diversity}; cause: {cause}. Training "
+            "stopped before this step's update"
+        )
 
     def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
         """Adds ``diversity_gain`` (:func:`snens.diversity_gain`, nats per feature) to each
