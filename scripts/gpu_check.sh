@@ -8,7 +8,9 @@
 #
 #   1. environment    nvidia-smi, torch, CUDA, cuDNN, NCCL, the device, bf16 support
 #   2. CUDA tests     python -m pytest -q -m cuda (on a CPU they are collected and skip)
-#   3. bench ratios   snens bench --steps-only, --norms-only (tiny: --quick)
+#   3. bench ratios   snens bench --steps-only, --norms-only (tiny: --quick), and --llm: a
+#                     random-init SmolLM2-135M (30 layers, bf16), σN-Ens-LoRA vs one LoRA model
+#                     at M·B and vs a LoRA ensemble, member RMSNorm at LLM shapes
 #   4. bench absolute snens bench --absolute: images/s and peak memory of single, σN-Ens and
 #                     deep ensemble, CIFAR ResNet-18 and --backbone wrn28_10 (tiny: ResNet-18)
 #   5. torch.compile  snens bench --compile-only --quick
@@ -39,7 +41,7 @@ else
 fi
 
 #            env tests ratios absolute compile multi-GPU
-LIMITS_GPU=(30 90 60 90 150 50)          # 470 s: the device-time budget
+LIMITS_GPU=(30 90 90 90 120 50)          # 470 s: the device-time budget
 LIMITS_TINY=(60 180 180 180 180 60)      # a CPU run takes about 90 s; these only stop a hang
 MAX_LINES=400                            # of each command's output kept in the report (the tail)
 
@@ -385,11 +387,16 @@ note "The ratios are measured on --device $DEVICE: $DEVICE_LINE."
 if ((TINY)); then
     run "$PY" -m snens bench --quick --device "$DEVICE" "${RATIO_SIZES[@]}"
     check "snens bench --quick"
+    run "$PY" -m snens bench --llm --llm-layers 1 --tokens 8 --device "$DEVICE" \
+        --num-members 2 --batch 2 --repeats 1
+    check "snens bench --llm"
 else
     run "$PY" -m snens bench --steps-only --device "$DEVICE" "${RATIO_SIZES[@]}"
     check "snens bench --steps-only"
     run "$PY" -m snens bench --norms-only --device "$DEVICE" "${RATIO_SIZES[@]}"
     check "snens bench --norms-only"
+    run "$PY" -m snens bench --llm --bf16 --device "$DEVICE" --batch 8 --tokens 128 --repeats 5
+    check "snens bench --llm"
 fi
 section_end
 

@@ -58,6 +58,13 @@ def test_every_section_runs_on_the_cpu_and_is_reported(tmp_path):
     bench = report.split("## 3. snens bench ratios")[1].split("## 4.")[0]
     ratios = [float(r) for r in re.findall(r"^\| [^|]+ \| (\d+\.\d{3})× \|", bench, re.MULTILINE)]
     assert ratios and all(r > 0 for r in ratios), bench[-3000:]
+    # the LLM rows: SmolLM2's architecture, random weights, one layer at tiny sizes
+    assert re.search(
+        r"^\| SmolLM2 \(1 layers, T=8\): σN-Ens-LoRA step \(B=2\) vs one LoRA "
+        r"model at M·B \| \d+\.\d{3}× \|",
+        bench,
+        re.MULTILINE,
+    ), bench[-3000:]
     absolute = report.split("## 4. snens bench --absolute")[1].split("## 5.")[0]
     assert re.search(r"^\| σN-Ens \| [\d,]+ \| [\d,]+ \|", absolute, re.MULTILINE), absolute
     assert "skipped (no CUDA device)" in report.split("## 2. CUDA tests")[1]

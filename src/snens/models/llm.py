@@ -176,7 +176,8 @@ class LLMClassifier(nn.Module):
     Args:
         causal_lm: a Hugging Face ``*ForCausalLM`` (its decoder ``.model`` and ``lm_head`` are
             used; the LM head itself is dropped after the label-word rows are read from it).
-        tokenizer: its tokenizer, for the prompt and the label words.
+        tokenizer: its tokenizer, for the prompt and the label words; None with
+            ``head="linear"`` and ``prompt="{text}"`` (e.g. a randomly initialized model).
         num_classes: K.
         head: ``"label_words"`` (the LM head's rows of ``label_words``) or ``"linear"``.
         prompt: the text around each input, with ``"{text}"`` where the input goes.
@@ -219,15 +220,25 @@ class LLMClassifier(nn.Module):
         if isinstance(lora_r, bool) or not isinstance(lora_r, int) or lora_r < 0:
             raise ValueError(f"lora_r must be an int >= 0 (0 = no adapters), got {lora_r!r}")
         config = causal_lm.config
-        pad = config.pad_token_id if config.pad_token_id is not None else tokenizer.pad_token_id
+        pad = config.pad_token_id
+        if pad is None and tokenizer is not None:
+            pad = tokenizer.pad_token_id
         if pad is None:
             raise ValueError("the model and its tokenizer define no pad token id")
         self.pad_token_id = int(pad)
         before, after = prompt.split("{text}")
+        if tokenizer is None and (before or after or head == "label_words"):
+            raise ValueError(
+                "a tokenizer is needed for the prompt and the label words; without one, use "
+                "head='linear' and prompt='{text}' (inputs read as they are)"
+            )
         # "Review: dull" tokenizes as [Review, :, Ġdull]: the space belongs to the text's first
         # token, which prompt_tokenizer gives it; a prefix keeping it would add a lone space
         before = before.rstrip(" ")
-        ids = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+
+        def ids(text: str) -> list[int]:
+            return tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
+
         # non-persistent: the prompt is an option of the model, rebuilt from its config
         self.register_buffer("prefix_ids", torch.tensor(ids(before), dtype=torch.long), False)
         self.register_buffer("suffix_ids", torch.tensor(ids(after), dtype=torch.long), False)
