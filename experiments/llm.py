@@ -146,7 +146,7 @@ def zeroshot() -> Path:
     config = runs_of("final")[0][1].config  # the study's data; the model is never trained
     torch.set_num_threads(1)
     loaded = build_data(config.data, seed=0, device="cpu", encoder=text_encoder(config))
-    model = SingleModel(create("smollm2", num_classes=2, lora_r=0)).eval()
+    model = SingleModel(create("smollm2", num_classes=2, lora=False)).eval()
     outputs: dict = {}
     metrics = evaluate(model, loaded.test, ood=loaded.ood, keep_logits=outputs)
     metrics.update(validation_metrics(model, loaded.validation, keep_logits=outputs))

@@ -260,3 +260,51 @@ def test_the_surviving_rank_raises_lost_contact(tmp_path):
     assert "RuntimeError: rank 0 lost contact with the group of 2 during epoch 1" in errors[0], (
         errors[0][-3000:]
     )
+
+
+@pytest.fixture(scope="module")
+def tiny_llm(tmp_path_factory):
+    """A causal LM of SmolLM2's kind (its tokenizer and vocabulary, Llama layers) but 2 layers
+    of width 64:
+    the LLM path end to end in seconds."""
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("peft")
+    pytest.importorskip("gguf")
+    from snens.models.llm import smollm2_path
+
+    source = smollm2_path()
+    path = tmp_path_factory.mktemp("tiny_llm")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(source))
+    tokenizer.save_pretrained(path)
+    config = transformers.LlamaConfig.from_pretrained(str(source)).to_dict()
+    config.update(hidden_size=64, intermediate_size=128, num_hidden_layers=2, head_dim=16)
+    config.update(num_attention_heads=4, num_key_value_heads=2)
+    config = transformers.LlamaConfig.from_dict(config)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(path)
+    return path
+
+
+@pytest.mark.slow
+def test_llm_lora_snens_trains_under_torchrun(tiny_llm, tmp_path):
+    """σN-Ens over a LoRA-adapted LLM, launched as LLM users launch it: 2 processes (gloo)."""
+    sets = [
+        f"model.options.path={json.dumps(str(tiny_llm))}",
+        "data.train_examples=32",
+        "data.test_examples=16",
+        "data.ood_examples=8",
+        "data.batch_size=8",
+        "data.max_length=24",
+        "optim.epochs=1",
+        "threads=1",
+        'name="llm"',
+    ]
+    args = ["train", "--preset", "rotten_tomatoes_smollm2", "--no-progress", "--out", str(tmp_path)]
+    result = _torchrun(["-m", "snens.cli"], [*args, *(x for s in sets for x in ("--set", s))])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [p.name for p in tmp_path.iterdir()] == ["llm"]  # rank 0 alone writes
+    (record,) = _metrics(tmp_path / "llm")
+    assert record["step"] == 4  # 32 texts in global batches of 8, each rank taking 4 of them
+    final = _final(tmp_path / "llm")
+    assert final["test/num_members"] == 4.0 and 0.0 <= final["test/accuracy"] <= 1.0
+    assert 0.0 < final["test/nll"] < 5.0

@@ -111,7 +111,7 @@ def test_lora_trains_the_adapters_and_the_head_only_unless_norms_are_asked_for(p
     fair = _model(path, train_norms=True)
     norms = [n for n, p in fair.named_parameters() if p.requires_grad and "norm" in n]
     assert len(norms) == 61  # 2 per layer and the final norm: the fair baseline trains them
-    plain = _model(path, lora_r=0)
+    plain = _model(path, lora=False)
     assert [n for n, p in plain.named_parameters() if p.requires_grad] == ["head.weight"]
 
 

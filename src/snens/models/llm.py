@@ -75,7 +75,7 @@ def _peft():
         import peft
     except ImportError as error:  # pragma: no cover - exercised without the extra
         raise ImportError(
-            "LoRA adapters need peft: pip install 'snens[llm]' (or pass lora_r=0)"
+            "LoRA adapters need peft: pip install 'snens[llm]' (or pass lora=False)"
         ) from error
     return peft
 
@@ -182,7 +182,8 @@ class LLMClassifier(nn.Module):
         head: ``"label_words"`` (the LM head's rows of ``label_words``) or ``"linear"``.
         prompt: the text around each input, with ``"{text}"`` where the input goes.
         label_words: K words, class 0 first, each a single token of the tokenizer.
-        lora_r: LoRA rank; 0 = no adapters (the base stays frozen).
+        lora: put LoRA adapters on ``lora_targets``; False: none (the base stays frozen).
+        lora_r: LoRA rank.
         lora_alpha: LoRA scale numerator (the update is ``alpha / r · B A``).
         lora_dropout: dropout on the adapters' input.
         lora_targets: names of the linear layers that get adapters.
@@ -206,6 +207,7 @@ class LLMClassifier(nn.Module):
         head: str = "label_words",
         prompt: str = DEFAULT_PROMPT,
         label_words: Sequence[str] = DEFAULT_LABEL_WORDS,
+        lora: bool = True,
         lora_r: int = 8,
         lora_alpha: float = 16.0,
         lora_dropout: float = 0.05,
@@ -217,8 +219,10 @@ class LLMClassifier(nn.Module):
             raise ValueError(f"head must be one of {HEADS}, got {head!r}")
         if prompt.count("{text}") != 1:
             raise ValueError(f"prompt must hold '{{text}}' once, got {prompt!r}")
-        if isinstance(lora_r, bool) or not isinstance(lora_r, int) or lora_r < 0:
-            raise ValueError(f"lora_r must be an int >= 0 (0 = no adapters), got {lora_r!r}")
+        if isinstance(lora_r, bool) or not isinstance(lora_r, int) or lora_r < 1:
+            raise ValueError(
+                f"lora_r must be an int >= 1 (lora=False: no adapters), got {lora_r!r}"
+            )
         config = causal_lm.config
         pad = config.pad_token_id
         if pad is None and tokenizer is not None:
@@ -270,7 +274,7 @@ class LLMClassifier(nn.Module):
             nn.init.normal_(head_layer.weight, std=getattr(config, "initializer_range", 0.02))
 
         decoder.requires_grad_(False)
-        if lora_r:
+        if lora:
             peft = _peft()
             lora = peft.LoraConfig(
                 r=lora_r,

@@ -14,7 +14,8 @@ that writes the input gradient in place (contiguous inputs; channels-last ones k
 native kernel). Measured against the plain norms in ``results/bench_cpu.md``.
 
 Both are compiled once per environment by ``torch.utils.cpp_extension`` (a C++ compiler and
-ninja, a dependency of snens, are needed; 15 s on a quiet 2-core machine, up to ~2 min on a
+ninja — ``pip install 'snens[kernels]'`` — are needed; without them the member norms run their
+native per-member paths; 15 s on a quiet 2-core machine, up to ~2 min on a
 loaded one) into ``$XDG_CACHE_HOME/snens/kernels`` (default ``~/.cache``), under a name carrying
 a digest of the sources and where they are, the flags, the torch version, the Python
 environment and the CPU's instruction-set flags: they are built with ``-march=native``, so
