@@ -564,7 +564,8 @@ class RunConfig(_Section):
         _require(
             0 <= self.threads <= MAX_THREADS,
             "threads",
-            f"an int in [0, {MAX_THREADS}] (0 = torch's default; threads beyond the CPU cores do not help)",
+            f"an int in [0, {MAX_THREADS}] (0 = torch's default; threads beyond the CPU cores "
+            "do not help)",
             self.threads,
         )
         # A newline or other control character in a directory name breaks every line-based

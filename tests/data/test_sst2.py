@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import zipfile
 
 import pytest
@@ -126,4 +127,87 @@ def test_a_damaged_zip_is_a_clear_error(tmp_path, sst2_zip, damage):
 
 def test_missing_sst2_names_the_engine_switch(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"--set data\.download=true"):
+        load_sst2("train", root=tmp_path)
+
+
+def _one_member_zip(tmp_path, text: str) -> bytes:
+    buffer = tmp_path / "one.zip"
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("SST-2/train.tsv", text)
+    return buffer.read_bytes()
+
+
+def _patched(data: bytes, local: int, central: int, value: int) -> bytes:
+    """``data`` with the 2-byte field at ``local`` / ``central`` of the local and the central
+    directory header set to ``value`` (one member)."""
+    out = bytearray(data)
+    for signature, offset in ((b"PK\x03\x04", local), (b"PK\x01\x02", central)):
+        at = out.index(signature) + offset
+        out[at : at + 2] = value.to_bytes(2, "little")
+    return bytes(out)
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [
+        (
+            "compression",
+            "is stored with a compression method Python's zipfile cannot read (That "
+            "compression method is not supported); GLUE's SST-2.zip is deflated, so this is "
+            "another file",
+        ),
+        ("encrypted", "is encrypted, and GLUE's SST-2.zip is not; it is another file"),
+    ],
+)
+def test_a_zip_member_zipfile_cannot_read_names_the_zip_and_member(tmp_path, damage, reason):
+    """An unsupported compression method (here 6, implode) raised zipfile's bare
+    NotImplementedError, the encrypted flag its RuntimeError; neither named the file."""
+    data = _one_member_zip(tmp_path, TRAIN_TSV)
+    if damage == "compression":
+        data = _patched(data, local=8, central=10, value=6)
+    else:
+        data = _patched(data, local=6, central=8, value=0x1)
+    path = _zip_in_root(tmp_path, data)
+    with pytest.raises(ValueError) as err:
+        load_sst2("train", root=tmp_path)
+    assert str(err.value) == (
+        f"{path}:SST-2/train.tsv {reason} (delete {path} and download it again "
+        "(--set data.download=true))"
+    )
+
+
+def test_a_field_over_the_csv_limit_names_the_zip_member_and_line(tmp_path):
+    """A sentence over csv's field limit (131,072 characters) raised a bare _csv.Error."""
+    text = TRAIN_TSV + "a" * 140_000 + "\t1\n"
+    path = _zip_in_root(tmp_path, _one_member_zip(tmp_path, text))
+    with pytest.raises(ValueError) as err:
+        load_sst2("train", root=tmp_path)
+    assert str(err.value) == (
+        f"{path}:SST-2/train.tsv line 5: field larger than field limit (131072); SST-2's "
+        "sentences are at most a few hundred characters, so the file is damaged or not SST-2 "
+        f"(delete {path} and download it again (--set data.download=true))"
+    )
+
+
+def test_invalid_utf8_names_the_file_it_is_in(tmp_path):
+    """Invalid UTF-8 in an extracted SST-2/train.tsv raised a UnicodeDecodeError naming no
+    file; in the zip it named the zip only."""
+    bad = TRAIN_TSV.encode() + b"caf\xe9 au lait\t1\n"  # Latin-1, not UTF-8
+    folder = tmp_path / "SST-2"
+    folder.mkdir()
+    (folder / "train.tsv").write_bytes(bad)
+    with pytest.raises(ValueError) as err:
+        load_sst2("train", root=tmp_path)
+    assert str(err.value) == (
+        f"{folder / 'train.tsv'} is not UTF-8 text (byte 0xe9: invalid continuation byte); "
+        "the file is damaged or not SST-2 (replace "
+        f"{folder} with the SST-2 folder of GLUE's SST-2.zip, or delete it and download the "
+        "zip again (--set data.download=true))"
+    )
+    (folder / "train.tsv").unlink()
+    archive = tmp_path / "bad.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.writestr("SST-2/train.tsv", bad)
+    path = _zip_in_root(tmp_path, archive.read_bytes())
+    with pytest.raises(ValueError, match="^" + re.escape(f"{path}:SST-2/train.tsv is not UTF-8")):
         load_sst2("train", root=tmp_path)

@@ -53,6 +53,7 @@ import torch
 from torch.utils.data import Dataset
 
 from .download import data_root
+from .images import image_to_rgb
 from .transforms import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -168,7 +169,7 @@ def read_image(path: str | os.PathLike) -> torch.Tensor:
         with open(fd, "rb") as file:
             try:
                 with image_module.open(file) as image:
-                    array = np.asarray(image.convert("RGB"))
+                    array = image_to_rgb(image)  # by value; its size checked before decoding
                 return torch.from_numpy(array.copy()).permute(2, 0, 1)  # (H, W, 3) -> (3, H, W)
             except MemoryError:
                 raise

@@ -98,7 +98,7 @@ _GZIP_MAGIC = b"\x1f\x8b"
 # 2 bits). A gzip member whose IDX header promises more than 1032 × the file's size cannot
 # hold that data, so it is refused before anything is inflated.
 _MAX_DEFLATE_RATIO = 1032
-# What a gzipped file without a header (MNIST-5k's CSV, 9.6 MB) may inflate to.
+# What a gzipped file without a size header (MNIST-5k's CSV: 9.1 MB) may inflate to.
 MAX_GZIP_BYTES = 256 * 2**20
 
 

@@ -17,6 +17,7 @@ import csv
 import io
 import os
 import zipfile
+import zlib
 from pathlib import Path
 
 from .download import data_root, download_url
@@ -34,17 +35,31 @@ _HEADER = ["sentence", "label"]
 MAX_TSV_BYTES = 256 * 2**20
 
 
-def _parse_tsv(stream: io.TextIOBase, source: str) -> tuple[list[str], list[int]]:
+def _parse_tsv(stream: io.TextIOBase, source: str, fix: str) -> tuple[list[str], list[int]]:
+    """The sentences and labels of one TSV; ``source`` names it in errors, ``fix`` says what
+    to do about a damaged one."""
     reader = csv.reader(stream, delimiter="\t", quoting=csv.QUOTE_NONE)
-    header = next(reader, None)
-    if header != _HEADER:
-        raise ValueError(f"{source}: expected the header {_HEADER}, got {header}")
     texts, labels = [], []
-    for line, row in enumerate(reader, start=2):
-        if len(row) != 2 or row[1] not in ("0", "1"):
-            raise ValueError(f"{source} line {line}: expected 'sentence<TAB>0|1', got {row!r}")
-        texts.append(row[0].strip())
-        labels.append(int(row[1]))
+    try:
+        header = next(reader, None)
+        if header != _HEADER:
+            raise ValueError(f"{source}: expected the header {_HEADER}, got {header}")
+        for line, row in enumerate(reader, start=2):
+            if len(row) != 2 or row[1] not in ("0", "1"):
+                raise ValueError(f"{source} line {line}: expected 'sentence<TAB>0|1', got {row!r}")
+            texts.append(row[0].strip())
+            labels.append(int(row[1]))
+    except csv.Error as err:  # a field over csv.field_size_limit() (131,072 characters)
+        raise ValueError(
+            f"{source} line {reader.line_num}: {err}; SST-2's sentences are at most a few "
+            f"hundred characters, so the file is damaged or not SST-2 ({fix})"
+        ) from err
+    except UnicodeDecodeError as err:  # (its position counts from a decoded chunk, not the file)
+        byte = err.object[err.start : err.start + 1].hex()
+        raise ValueError(
+            f"{source} is not UTF-8 text (byte 0x{byte}: {err.reason}); the file is damaged or "
+            f"not SST-2 ({fix})"
+        ) from err
     return texts, labels
 
 
@@ -76,8 +91,12 @@ def load_sst2(
     folders = (base / "sst-2" / "SST-2", base / "SST-2")
     for folder in folders:
         if (folder / tsv).is_file():
+            fix = (
+                f"replace {folder} with the SST-2 folder of GLUE's SST-2.zip, or delete it and "
+                "download the zip again (--set data.download=true)"
+            )
             with open(folder / tsv, encoding="utf-8", newline="") as f:
-                return _parse_tsv(f, str(folder / tsv))
+                return _parse_tsv(f, str(folder / tsv), fix)
     if download:
         download_url(SST2_URL, archive, md5=SST2_MD5)
     if not archive.is_file():
@@ -93,6 +112,7 @@ def load_sst2(
 
 def _read_zip(archive: Path, member: str) -> tuple[list[str], list[int]]:
     again = f"delete {archive} and download it again (--set data.download=true)"
+    where = f"{archive}:{member}"
     try:
         with zipfile.ZipFile(archive) as zf:
             try:
@@ -104,11 +124,23 @@ def _read_zip(archive: Path, member: str) -> tuple[list[str], list[int]]:
             # zipfile never inflates past the declared size, so this bounds what is read
             if info.file_size > MAX_TSV_BYTES:
                 raise ValueError(
-                    f"{archive}:{member} declares {info.file_size:,} bytes, above the "
+                    f"{where} declares {info.file_size:,} bytes, above the "
                     f"{MAX_TSV_BYTES:,} an SST-2 file may hold; it is not GLUE's SST-2.zip "
                     f"({again})"
                 )
-            with zf.open(info) as raw, io.TextIOWrapper(raw, encoding="utf-8", newline="") as text:
-                return _parse_tsv(text, f"{archive}:{member}")
-    except (zipfile.BadZipFile, EOFError, UnicodeDecodeError) as err:
+            if info.flag_bits & 0x1:  # zipfile would ask for a password (RuntimeError)
+                raise ValueError(
+                    f"{where} is encrypted, and GLUE's SST-2.zip is not; it is another file "
+                    f"({again})"
+                )
+            try:
+                raw = zf.open(info)
+            except (NotImplementedError, RuntimeError) as err:  # e.g. compression type 6
+                raise ValueError(
+                    f"{where} is stored with a compression method Python's zipfile cannot read "
+                    f"({err}); GLUE's SST-2.zip is deflated, so this is another file ({again})"
+                ) from err
+            with raw, io.TextIOWrapper(raw, encoding="utf-8", newline="") as text:
+                return _parse_tsv(text, where, again)
+    except (zipfile.BadZipFile, EOFError, zlib.error) as err:
         raise ValueError(f"{archive} is damaged ({type(err).__name__}: {err}); {again}") from err
