@@ -318,8 +318,9 @@ def diversity_loss(
     at equal sharing, so ``ensemble_loss + diversity_loss`` prints as the task loss minus
     λ × Σ M·KL(U ‖ p), see :func:`diversity_penalty`). It is a sum over features, not a
     mean: each gamma then feels a force λ·σ'(γ)·(1 − M·p)/τ that does not depend on how many
-    features the model has, so a weight λ transfers across architectures. A mean would divide that force by the number of
-    features (thousands), and the task loss would keep every feature fully shared.
+    features the model has, so a weight λ transfers across architectures. A mean would divide
+    that force by the number of features (thousands), and the task loss would keep every
+    feature fully shared.
 
     Args:
         model: a module containing :class:`snens.nn.MemberNorm` layers (e.g. from
