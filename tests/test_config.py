@@ -1,6 +1,5 @@
 """Run configs: TOML round trip, unknown keys and bad values refused by name, overrides, presets."""
 
-
 import pytest
 import tomllib
 

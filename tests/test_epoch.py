@@ -119,9 +119,7 @@ def test_a_long_epoch_says_its_progress(monkeypatch):
         say_every=10.0,
     )
     # clock: start 0; step i ends at 7·i (one read per step): lines when 10 s have passed
-    assert lines[0] == (
-        "  epoch 2: step 2/5, 7.00 s/step, 0.6 examples/s, 21 s left in the epoch"
-    )
+    assert lines[0] == ("  epoch 2: step 2/5, 7.00 s/step, 0.6 examples/s, 21 s left in the epoch")
     assert [line.split(",")[0] for line in lines] == ["  epoch 2: step 2/5", "  epoch 2: step 4/5"]
     masked = [({"x": x, "attention_mask": torch.ones(4, 3)}, y) for x, y in batches]
     seen = _pace_lines(masked)

@@ -59,9 +59,11 @@ def test_penalty_matches_hand_value_m2():
     s = [[0.2, 0.9], [0.7, 0.4]]
     # feature 0: s/τ = (0.4, 1.4), log Σ e = 1.4 + log(1 + e^{-1}), r = 1.8 − 2·(log Σ e);
     # each feature counted from equal sharing: + 2·log 2
-    expected = (1.8 - 2 * (1.4 + math.log(1 + math.exp(-1.0)))) + (
-        2.6 - 2 * (1.8 + math.log(1 + math.exp(-1.0)))
-    ) + 2 * 2 * math.log(2)
+    expected = (
+        (1.8 - 2 * (1.4 + math.log(1 + math.exp(-1.0))))
+        + (2.6 - 2 * (1.8 + math.log(1 + math.exp(-1.0))))
+        + 2 * 2 * math.log(2)
+    )
     got = diversity_penalty(torch.tensor(s, dtype=torch.float64), 0.5)
     assert_close(got.item(), expected, rtol=0, atol=1e-12)
     assert_close(got.item(), _hand_penalty(s, 0.5), rtol=0, atol=1e-12)
