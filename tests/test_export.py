@@ -51,9 +51,16 @@ def _tokens_with_mask(batch: int, seed: int = 0):
     return (ids,), {"attention_mask": mask}
 
 
+def _keyword_images(batch: int, seed: int = 0):
+    """Inputs by keyword only, as a Hugging Face model takes them (pixel_values=…)."""
+    (x,), _ = _images(3, 8)(batch, seed)
+    return (), {"x": x}
+
+
 # (name, model, inputs(batch) -> (args, kwargs))
 CASES = [
     ("resnet", _resnet, _images(3, 8)),
+    ("resnet_keyword_only", _resnet, _keyword_images),
     ("transformer", _transformer, _tokens),
     ("transformer_mask", _transformer, _tokens_with_mask),
     ("small_cnn", _small_cnn, _images(1, 28)),

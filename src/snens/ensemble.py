@@ -611,10 +611,15 @@ def export(ensemble: Ensemble, /, *args: Any, **kwargs: Any) -> torch.export.Exp
     def spec(value: Any) -> dict | None:
         return {0: batch} if _per_example(value, B) else None
 
-    dynamic_shapes = {"args": tuple(spec(a) for a in args)}
+    # keyword inputs only (input_ids=…, pixel_values=…): no "args" entry, the forward then has
+    # no *args parameter for it to match
+    dynamic_shapes = {"args": tuple(spec(a) for a in args)} if args else {}
     dynamic_shapes.update({k: spec(v) for k, v in kwargs.items()})
     return torch.export.export(
-        _NamedKeywords(ensemble, kwargs), args, kwargs=kwargs, dynamic_shapes=dynamic_shapes
+        _NamedKeywords(ensemble, kwargs, positional=bool(args)),
+        args,
+        kwargs=kwargs,
+        dynamic_shapes=dynamic_shapes,
     )
 
 
@@ -626,11 +631,12 @@ class _NamedKeywords(nn.Module):
     fails; keyword-only parameters named as in the example are counted once.
     """
 
-    def __init__(self, ensemble: Ensemble, names: Sequence[str]) -> None:
+    def __init__(self, ensemble: Ensemble, names: Sequence[str], positional: bool = True) -> None:
         super().__init__()
         self.ensemble = ensemble
         P = inspect.Parameter
-        parameters = [P("args", P.VAR_POSITIONAL), *(P(n, P.KEYWORD_ONLY) for n in names)]
+        parameters = [P("args", P.VAR_POSITIONAL)] if positional else []
+        parameters += [P(n, P.KEYWORD_ONLY) for n in names]
 
         def forward(*args: Any, **kwargs: Any) -> Tensor:
             return ensemble(*args, **kwargs)
