@@ -1,6 +1,8 @@
 """Checkpoints: exact round trip, truncation and tampering caught, no code run, atomic saves."""
 
+import copy
 import errno
+import functools
 import hashlib
 import io
 import os
@@ -12,18 +14,23 @@ import pytest
 import torch
 from torch import nn
 
+import snens
 import snens.runs
 from snens.checkpoint import (
     CheckpointError,
+    check_training_state,
     checkpoint_digest,
     load_checkpoint,
     load_checkpoint_with_digest,
     load_model_state,
+    load_training_state,
     rng_state,
     save_checkpoint,
     set_rng_state,
 )
 from snens.runs import RunDirError, check_writable
+
+from conftest import TinyResNet
 
 
 def _state(seed: int = 0) -> dict:
@@ -226,3 +233,154 @@ def test_a_file_in_the_way_is_a_clear_error(tmp_path):
     blocker.write_text("x")
     with pytest.raises(RunDirError, match="not writable"):
         check_writable(blocker / "runs")
+
+
+# -- faults a red-team run found -------------------------------------------------------------
+
+
+def test_trailing_bytes_are_named_in_plain_words(tmp_path):
+    path = save_checkpoint(tmp_path / "last.pt", _state())
+    path.write_bytes(path.read_bytes() + b"extra")
+    with pytest.raises(CheckpointError) as err:
+        load_checkpoint(path)
+    assert str(err.value).startswith(f"{path} has trailing bytes: the header says ")  # not "is has"
+
+
+@pytest.mark.timeout(20)
+def test_a_directory_or_fifo_in_place_of_a_checkpoint_is_refused_naming_it(tmp_path):
+    """A directory named last.pt had read as "no checkpoint": the run started again at epoch 1
+    and then failed to save, suggesting --resume in a loop. A FIFO would block the reader."""
+    (tmp_path / "last.pt").mkdir()
+    os.mkfifo(tmp_path / "fifo.pt")
+    for name, kind in (("last.pt", "a directory"), ("fifo.pt", "not a regular file (a FIFO")):
+        for read in (load_checkpoint, checkpoint_digest):
+            with pytest.raises(CheckpointError) as err:
+                read(tmp_path / name)
+            assert str(err.value).startswith(f"{tmp_path / name} is {kind}"), read
+            assert "prev.pt" in str(err.value)
+
+
+def _trained(
+    model: nn.Module, optimizer: str = "adamw", steps: int = 2, no_grad: tuple = ()
+) -> dict:
+    """A training checkpoint's state of ``model`` after ``steps`` steps, made as snens.train
+    makes it: snens.param_groups, the optimizer, a per-step LambdaLR; the parameters named in
+    ``no_grad`` get no gradient, so no optimizer state."""
+    groups = snens.param_groups(model, 0.01, weight_decay=1e-4)
+    opt = (
+        torch.optim.AdamW(groups, lr=0.01)
+        if optimizer == "adamw"
+        else torch.optim.SGD(groups, lr=0.01, momentum=0.9)
+    )
+    schedule = torch.optim.lr_scheduler.LambdaLR(opt, functools.partial(lambda s, k: k, k=0.5))
+    for _ in range(steps):
+        model(torch.randn(4, 3, 8, 8)).float().square().mean().backward()
+        for name, param in model.named_parameters():
+            if name in no_grad:
+                param.grad = None
+        opt.step()
+        schedule.step()
+        opt.zero_grad()
+    return {"model": model.state_dict(), "optimizer": opt.state_dict(),
+            "schedule": schedule.state_dict()}  # fmt: skip
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
+def test_the_optimizer_states_of_trained_models_pass_the_check(optimizer):
+    """No false alarm: snens.param_groups' order (gamma, no-decay and decay groups, each in
+    module order) is found in model.state_dict()'s order, for a plain and a σN-Ens model, also
+    where parameters never stepped (no gradient: no state)."""
+    torch.manual_seed(0)
+    plain = TinyResNet(num_classes=3)
+    ensemble = snens.convert(TinyResNet(num_classes=3), 4)
+    for model in (plain, ensemble):
+        check_training_state(_trained(model, optimizer), "last.pt")
+        live = torch.optim.AdamW(snens.param_groups(model, 0.01, weight_decay=1e-4))
+        check_training_state(_trained(model, optimizer), "last.pt", live)
+    check_training_state(_trained(TinyResNet(3), optimizer, steps=0), "last.pt")  # no state
+    some = _trained(TinyResNet(3), optimizer, no_grad=("stem.0.weight", "fc.bias"))
+    assert len(some["optimizer"]["state"]) == len(list(plain.parameters())) - 2
+    check_training_state(some, "last.pt")
+
+
+def _adamw_state() -> tuple[dict, nn.Module, torch.optim.Optimizer, object]:
+    torch.manual_seed(0)
+    model = TinyResNet(num_classes=3)
+    state = _trained(model)
+    optimizer = torch.optim.AdamW(snens.param_groups(model, 0.01, weight_decay=1e-4), lr=0.01)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, functools.partial(lambda s, k: k, k=1))
+    return state, model, optimizer, schedule
+
+
+def test_an_optimizer_state_of_the_wrong_shape_is_refused_before_loading(tmp_path):
+    """A valid digest over an optimizer state of the wrong shape had failed inside torch.optim
+    at the first step of the resumed run."""
+    state, _, optimizer, schedule = _adamw_state()
+    path = save_checkpoint(tmp_path / "last.pt", {**_state(), **state}, keep_previous=False)
+    loaded = load_checkpoint(path)
+    index, entry = next(iter(loaded["optimizer"]["state"].items()))
+    wrong = torch.zeros(7)
+    entry["exp_avg"], entry["exp_avg_sq"] = wrong, wrong
+    with pytest.raises(CheckpointError) as err:
+        check_training_state(loaded, path)
+    assert str(err.value) == (
+        f"{path}: the optimizer state of parameter {index} (param group 0) has shape (7,), which "
+        "no parameter of the checkpoint's model has at that place, so the file was not written "
+        "by this run's training (its digest proves it whole, not its values); resume from "
+        "prev.pt (copy it over last.pt) or start the run again"
+    )
+    before = optimizer.state_dict()
+    with pytest.raises(CheckpointError, match=r"has shape \(7,\), the parameter \(8, 3, 3, 3\)"):
+        load_training_state(optimizer, schedule, loaded, path)
+    _assert_same(optimizer.state_dict(), before)  # nothing was loaded
+    entry["exp_avg_sq"] = torch.zeros(3)  # two shapes for one parameter
+    with pytest.raises(CheckpointError, match=r"tensors of shapes \[\(3,\), \(7,\)\]"):
+        check_training_state(loaded, path)
+
+
+@pytest.mark.parametrize(
+    ("schedule", "named"),
+    [
+        ({"last_epoch": 2, "base_lrs": [0.01], "lr_lambdas": [{}]}, "base_lrs"),
+        ({"last_epoch": "2"}, "last_epoch = '2'"),
+        (None, "the schedule state is a NoneType"),
+        ("lr_lambdas", "the schedule state is a str"),
+        ({"last_epoch": 2, "base_lrs": [0.01] * 2, "lr_lambdas": 5}, "lr_lambdas = 5"),
+        ({"last_epoch": 2, "base_lrs": [0.01] * 2, "lr_lambdas": [{}, 1]}, "lr_lambdas"),
+        ({"last_epoch": 2, "base_lrs": [0.01, -1], "lr_lambdas": [{}] * 2}, "base_lrs"),
+        ({"last_epoch": 2, "base_lrs": [0.01] * 2, "lr_lambdas": [{}] * 2, "optimizer": 1},
+         "'optimizer' entry"),
+    ],
+)  # fmt: skip
+def test_a_malformed_schedule_state_is_refused_naming_the_file(tmp_path, schedule, named):
+    state, _, optimizer, live_schedule = _adamw_state()
+    assert len(state["optimizer"]["param_groups"]) == 2  # decay and no_decay
+    state["schedule"] = schedule
+    path = tmp_path / "last.pt"
+    with pytest.raises(CheckpointError, match=f"^{path}: .*{named}.*prev.pt"):
+        check_training_state(state, path)
+    with pytest.raises(CheckpointError, match="prev.pt"):
+        load_training_state(optimizer, live_schedule, state, path)
+
+
+def test_a_malformed_optimizer_state_is_refused_naming_the_file(tmp_path):
+    state, _, optimizer, schedule = _adamw_state()
+    path = tmp_path / "last.pt"
+    cases = [
+        (lambda o: o.pop("param_groups"), "not torch's mapping of 'state' and 'param_groups'"),
+        (lambda o: o["param_groups"][1].update(lr=float("nan")), "group 1: lr = nan"),
+        (lambda o: o["param_groups"][0].update(betas=(0.9,)), r"betas = \(0.9,\)"),
+        (lambda o: o["param_groups"][0].update(params=["0"]), "group 0 lists no parameter"),
+        (lambda o: o["param_groups"][1]["params"].append(0), "list a parameter twice"),
+        (lambda o: o["state"].update({99: {}}), "state of parameter 99, which no group lists"),
+        (lambda o: o["state"][0].update(exp_avg="x"), "holds exp_avg = str, not a floating"),
+    ]
+    for damage, named in cases:
+        broken = {**state, "optimizer": copy.deepcopy(state["optimizer"])}
+        damage(broken["optimizer"])
+        with pytest.raises(CheckpointError, match=f"^{path}: .*{named}"):
+            check_training_state(broken, path)
+        with pytest.raises(CheckpointError, match="prev.pt"):
+            load_training_state(optimizer, schedule, broken, path)
+    load_training_state(optimizer, schedule, state, path)  # and the intact one loads
+    assert schedule.last_epoch == state["schedule"]["last_epoch"] == 2

@@ -12,17 +12,18 @@ import io
 import json
 import os
 import shutil
+import stat
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+import snens.runs
 from snens.cli import main
 from snens.config import load_config, to_toml
 from snens.presets import preset
 from snens.report import Group, _point_labels, collect_runs, group_runs, summarize, write_report
-from snens.runs import MAX_FILE_BYTES
 
 TINY = "fashion_mnist_small_cnn_tiny"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -312,9 +313,10 @@ def test_a_symlinked_run_file_is_not_followed(sweep, tmp_path):
 
 def test_a_run_file_above_the_size_limit_is_refused_by_name(sweep, tmp_path):
     root, _ = sweep
+    assert snens.runs.MAX_FILE_BYTES == 64 * 2**20
     final = root / "single-1.0-0" / "final.json"
     with open(final, "r+b") as file:  # sparse: 64 MiB + 1 byte that take no disk space
-        file.truncate(MAX_FILE_BYTES + 1)
+        file.truncate(64 * 2**20 + 1)
     report = write_report([root], tmp_path / "report")
     assert len(_read_csv(report.csv)) == 2
     assert any(
@@ -435,3 +437,19 @@ def test_a_non_finite_metric_is_named_and_left_out_of_mean_and_std(sweep, tmp_pa
         f"test/nll of {root / 'snens-5.0-1'} is inf: left out of its row's mean and std"
         in report.notes
     )
+
+
+def test_report_files_are_readable_as_files_written_in_place(sweep, tmp_path):
+    """Written atomically, yet with the mode a file written in place gets (the temporary
+    file's 0o600 had made a shared report unreadable to the group): 0o666 less the umask, or
+    the previous file's mode."""
+    root, _ = sweep
+    old = os.umask(0o022)
+    try:
+        report = write_report([root], tmp_path / "report")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(report.path.stat().st_mode) == 0o644
+    assert stat.S_IMODE(report.csv.stat().st_mode) == 0o644
+    report.path.chmod(0o640)
+    assert stat.S_IMODE(write_report([root], tmp_path / "report").path.stat().st_mode) == 0o640

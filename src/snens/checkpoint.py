@@ -94,13 +94,16 @@ def _fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: str | os.PathLike, data: bytes, *, exclusive: bool = False) -> Path:
+def atomic_write(
+    path: str | os.PathLike, data: bytes, *, exclusive: bool = False, mode: int | None = None
+) -> Path:
     """Write ``data`` to ``path`` so that a crash leaves the old file or the new one, whole.
 
     temporary file in the same directory → write → flush → fsync → ``os.replace`` → fsync of
     the directory. On any error the temporary file is removed and ``path`` is untouched.
     With ``exclusive`` the last step is ``os.link`` instead, which fails if ``path`` exists:
-    of two processes writing the same new file at once, exactly one succeeds.
+    of two processes writing the same new file at once, exactly one succeeds. The file is
+    readable by its owner alone (``0o600``, the temporary file's), or has ``mode``.
 
     Raises:
         FileExistsError: ``exclusive`` and ``path`` exists.
@@ -114,6 +117,8 @@ def atomic_write(path: str | os.PathLike, data: bytes, *, exclusive: bool = Fals
     except OSError as error:
         raise type(error)(error.errno, f"cannot write {path}: {error.strerror}") from error
     try:
+        if mode is not None and hasattr(os, "fchmod"):
+            os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as file:
             file.write(data)
             file.flush()
@@ -275,11 +280,15 @@ def _open_checkpoint(path: Path) -> int:
     except FileNotFoundError:
         raise FileNotFoundError(f"no checkpoint at {path}") from None
     except IsADirectoryError:  # where a directory cannot be opened (Windows)
-        fd = None
-    if fd is not None and stat.S_ISREG(os.fstat(fd).st_mode):
-        return fd
-    mode = os.fstat(fd).st_mode if fd is not None else stat.S_IFDIR
-    if fd is not None:
+        mode = stat.S_IFDIR
+    else:
+        try:
+            mode = os.fstat(fd).st_mode
+        except BaseException:
+            os.close(fd)
+            raise
+        if stat.S_ISREG(mode):
+            return fd
         os.close(fd)
     kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file (a FIFO, socket or device)"
     raise CheckpointError(

@@ -39,6 +39,7 @@ import io
 import json
 import math
 import os
+import stat
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -449,8 +450,12 @@ def _write(path: Path, text: str) -> None:
     place had left a 0-byte report.md), and the error names the file."""
     # surrogateescape: a path from undecodable bytes is written back as those bytes
     data = text.encode("utf-8", errors="surrogateescape")
+    try:  # the mode a file written in place has: the previous one's, or 0o666 less the umask
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        mode = 0o666 & ~_umask()
     try:
-        atomic_write(path, data)
+        atomic_write(path, data, mode=mode)
     except OSError as error:
         raise _named(
             error,
@@ -458,6 +463,18 @@ def _write(path: Path, text: str) -> None:
             "free space (or restore write access) and run snens report again, or choose "
             f"another --out; the previous {path.name} there is unchanged",
         ) from None
+
+
+def _umask() -> int:
+    """The process's umask, read where Linux shows it (setting it to read it would race with
+    other threads creating files); 0o022 elsewhere."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022
 
 
 def _named(error: OSError, message: str) -> OSError:

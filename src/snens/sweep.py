@@ -53,7 +53,7 @@ from snens.config import (
     load_config,
     to_dict,
 )
-from snens.runs import CONFIG, FINAL, LAST
+from snens.runs import CONFIG, FINAL, LAST, RunDirError, read_final
 
 __all__ = [
     "MAX_RUNS",
@@ -255,7 +255,19 @@ def _status(path: Path, config: RunConfig) -> str:
             f"{path} holds a run of another config ({'; '.join(diff)}); choose another --out, "
             "or remove that run"
         )
-    return "done" if (path / FINAL).is_file() else "resume"
+    return "done" if _finished(path) else "resume"
+
+
+def _finished(path: Path) -> bool:
+    """Whether the run in ``path`` has finished: a ``final.json`` with its metrics (a ``{}``
+    left by a fault is not one: the run resumes and writes it anew)."""
+    try:
+        read_final(path)
+    except FileNotFoundError:
+        return False
+    except (ValueError, RunDirError):
+        return not (path / CONFIG).is_file()  # unreadable, nothing to resume: reported later
+    return True
 
 
 def plan(
@@ -536,7 +548,7 @@ def run_sweep(
     for i, run in enumerate(runs, 1):
         head = f"[{i}/{len(runs)}] {run.name}"
         path = run.path()
-        if (path / FINAL).is_file():
+        if _finished(path):
             log(f"{head}: done, skipped")
             continue
         resume = (path / CONFIG).is_file()

@@ -62,6 +62,7 @@ from snens.calibration import fit_temperature
 from snens.checkpoint import (
     load_checkpoint,
     load_model_state,
+    load_training_state,
     remove_stale_temporaries,
     rng_state,
     save_checkpoint,
@@ -421,8 +422,7 @@ def _resume_state(
         raise ValueError(f"{run.checkpoint} was saved by another config than {run.path}")
     check_progress(state, run.checkpoint, run.config.optim.epochs)
     load_model_state(model, state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    schedule.load_state_dict(state["schedule"])
+    load_training_state(optimizer, schedule, state, run.checkpoint)  # checked, then loaded
     set_rng_state(state["rng"])
     epoch, step = state["epoch"], state["step"]
     say(f"resuming {run.path} after epoch {epoch} (step {step})")
