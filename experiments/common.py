@@ -1,6 +1,6 @@
 """What every experiment script shares: data, one run as a flat row (trained and scored by the
-engine, :func:`snens.train.train`, like ``snens train``), CSV files, mean ± std tables, figures
-and the provenance line.
+engine, :func:`snens.engine.train.train`, like ``snens train``), CSV files, mean ± std tables,
+figures and the provenance line.
 
 The CPU scale, used by default everywhere: SmallCNN on the first 5 000 Fashion-MNIST training
 images (crop + flip), 3 epochs of AdamW (lr 3e-3, cosine, batch 128; γ at 30× the learning rate),
@@ -35,7 +35,6 @@ from torch import Tensor, nn
 
 import snens
 from snens import baselines
-from snens.config import RunConfig, load_config, to_dict
 from snens.data import (
     FASHION_MNIST_MEAN,
     FASHION_MNIST_STD,
@@ -43,11 +42,12 @@ from snens.data import (
     load_fashion_mnist,
     load_mnist_5k,
 )
-from snens.evaluate import collect, ood_detection
-from snens.presets import preset
-from snens.reload import load_run_model
-from snens.runs import read_metrics
-from snens.train import train
+from snens.engine.config import RunConfig, load_config, to_dict
+from snens.engine.presets import preset
+from snens.engine.reload import load_run_model
+from snens.engine.runs import read_metrics
+from snens.engine.train import train
+from snens.evaluation.protocol import collect, ood_detection
 
 NORM = {"mean": FASHION_MNIST_MEAN, "std": FASHION_MNIST_STD}
 OOD_METRICS = ("auroc", "aupr", "fpr95")
@@ -379,8 +379,8 @@ def run(
     extra_scores: Sequence[str] = (),
     **options: Any,
 ) -> tuple[dict[str, Any], dict[str, float]]:
-    """Train and score one model through the engine (:func:`snens.train.train`, in a temporary
-    run directory) and return the flat CSV row and the full ``snens.evaluate`` dict.
+    """Train and score one model through the engine (:func:`snens.engine.train.train`, in a
+    temporary run directory) and return the flat CSV row and the full ``snens.evaluate`` dict.
 
     OOD metrics use the MSP score (``ood_msp_*``); ``extra_scores`` (``entropy``,
     ``mutual_information``) add their own, from the run's trained model.
@@ -629,7 +629,7 @@ def write_markdown(path: Path, title: str, sections: Sequence[str], footer: str)
 
 
 # ------------------------------------------------------------------------------------------------
-# Figures (matplotlib on the Agg canvas, as snens.plots draws them)
+# Figures (matplotlib on the Agg canvas, as snens.evaluation.plots draws them)
 # ------------------------------------------------------------------------------------------------
 
 

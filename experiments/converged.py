@@ -1,12 +1,13 @@
 """Claim under test: trained to a converged budget, σN-Ens beats a single model and approaches
 a deep ensemble (NLL, accuracy, calibration under corruption) at ≈ 1× its parameters.
 
-Every run trains through the engine (:func:`snens.sweep.plan` / :func:`snens.sweep.run_sweep`,
-so :func:`snens.train.train`): preset ``fashion_mnist_small_cnn`` on all of Fashion-MNIST, the
-last 5,000 training images held out as the validation split (``data.validation_examples``)
-and evaluated after every epoch (the learning curves in ``metrics.jsonl``), the 10,000 test
-images, MNIST-5k as OOD, 4 corruptions × 5 severities on the first 1,000 test images, one
-torch thread per process. Choices are made on the validation split only, never the test set.
+Every run trains through the engine (:func:`snens.engine.sweep.plan` /
+:func:`snens.engine.sweep.run_sweep`, so :func:`snens.engine.train.train`): preset
+``fashion_mnist_small_cnn`` on all of Fashion-MNIST, the last 5,000 training images held out as
+the validation split (``data.validation_examples``) and evaluated after every epoch (the
+learning curves in ``metrics.jsonl``), the 10,000 test images, MNIST-5k as OOD, 4 corruptions ×
+5 severities on the first 1,000 test images, one torch thread per process. Choices are made on
+the validation split only, never the test set.
 
 Stages (each run's directory: ``results/converged/<stage>/<variant>/seed=<s>/``):
 
@@ -67,10 +68,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from snens.presets import preset
-from snens.report import summarize, write_report
-from snens.runs import FINAL, read_metrics
-from snens.sweep import SweepRun, plan, run_sweep
+from snens.engine.presets import preset
+from snens.engine.report import summarize, write_report
+from snens.engine.runs import FINAL, read_metrics
+from snens.engine.sweep import SweepRun, plan, run_sweep
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Where the study lives, and ``--set`` values over every run (``--out``, ``--set``: a smaller
@@ -609,10 +610,10 @@ def _plot_curves(stage: str, out: Path) -> Path | None:
     plt = _pyplot()
     if plt is None:
         return None
-    from snens.plots import curve_styles
+    from snens.evaluation.plots import curve_styles
 
     # validation NLL, accuracy and disagreement and σN-Ens' effective members per epoch; one
-    # style per variant (its seeds alike: snens.plots.curve_styles), one legend entry per
+    # style per variant (its seeds alike: snens.evaluation.plots.curve_styles), one legend entry per
     # variant below the panels; finished runs only
     curves, training = curve_runs(stage)
     if not curves:
@@ -658,8 +659,8 @@ def ood_scores(path: Path) -> dict[str, float] | None:
     without either). ``final.json`` holds MSP only (the engine's default score)."""
     import torch
 
-    from snens.config import load_config
-    from snens.reload import evaluate_run
+    from snens.engine.config import load_config
+    from snens.engine.reload import evaluate_run
 
     cache = path / "ood_scores.json"
     if cache.is_file():
@@ -743,7 +744,7 @@ def diagnosis(stage: str) -> list[str]:
     members, how much they disagree, and how many members share each feature at the end
     (effective members; k*(τ) is the regularizer's optimum), next to the best epoch of the
     validation NLL (a learning curve that turns up overfits)."""
-    from snens.regularizer import optimal_k
+    from snens.method.regularizer import optimal_k
 
     rows = [
         "| run | val acc | val NLL | member acc | member NLL | disagreement | effective "

@@ -1,9 +1,9 @@
 """Claim: results are insensitive to the diversity weight λ once training has converged; τ is the
-knob (the paper's finding, DESIGN §1).
+knob (the paper's finding).
 
 Fashion-MNIST, SmallCNN, σN-Ens M=4 at a fixed τ, λ over two orders of magnitude, with the
 unregularized model (λ=0) as a reference; each run trains through the engine
-(`snens.train.train`) and is scored
+(`snens.engine.train.train`) and is scored
 with `snens.evaluate` (MNIST-5k as OOD). Writes one CSV row per run, a mean ± std table and a
 figure (each metric against λ).
 

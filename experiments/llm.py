@@ -2,7 +2,8 @@
 better NLL and calibration than one LoRA fine-tune and than a LoRA ensemble, at ~1× the memory
 of one LoRA model — and with ``split`` inputs at one fine-tune's training compute.
 
-Every run trains through the engine (:func:`snens.sweep.plan` / :func:`snens.sweep.run_sweep`):
+Every run trains through the engine (:func:`snens.engine.sweep.plan` /
+:func:`snens.engine.sweep.run_sweep`):
 preset ``rotten_tomatoes_smollm2`` — SmolLM2-135M-Instruct read after the prompt
 "Review: {text}\\nSentiment:", its next-token scores of " negative" / " positive" as the class
 scores, LoRA r=8, α=16 on q_proj/v_proj, 1,000 Rotten Tomatoes reviews of ≤ 64 tokens, 2
@@ -46,10 +47,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from snens.presets import preset
-from snens.report import summarize
-from snens.runs import FINAL
-from snens.sweep import SweepRun, plan, run_sweep
+from snens.engine.presets import preset
+from snens.engine.report import summarize
+from snens.engine.runs import FINAL
+from snens.engine.sweep import SweepRun, plan, run_sweep
 
 ROOT = Path(__file__).resolve().parent.parent
 WHERE = {"out": ROOT / "results" / "llm", "extra": ()}
@@ -134,14 +135,14 @@ def zeroshot() -> Path:
     import torch
 
     from snens.baselines import SingleModel
-    from snens.build import text_encoder
-    from snens.config import to_dict, to_toml
-    from snens.datasets import build_data
-    from snens.evaluate import evaluate
+    from snens.engine.build import text_encoder
+    from snens.engine.config import to_dict, to_toml
+    from snens.engine.datasets import build_data
+    from snens.engine.reload import validation_metrics
+    from snens.engine.runs import Run
+    from snens.engine.train import temperature_scaled_metrics
+    from snens.evaluation.protocol import evaluate
     from snens.models import create
-    from snens.reload import validation_metrics
-    from snens.runs import Run
-    from snens.train import temperature_scaled_metrics
 
     config = runs_of("final")[0][1].config  # the study's data; the model is never trained
     torch.set_num_threads(1)

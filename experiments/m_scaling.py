@@ -3,7 +3,7 @@ parameters, where Packed-Ensembles (fixed total width α·C split M ways) collap
 pays M× the parameters.
 
 Fashion-MNIST, SmallCNN, M ∈ {2, 4, 8, 16}: σN-Ens (τ=1, λ=0.1), Packed-Ensembles (α=2, γ=2)
-and a deep ensemble, each trained through the engine (`snens.train.train`) and scored with
+and a deep ensemble, each trained through the engine (`snens.engine.train.train`) and scored with
 `snens.evaluate`
 (MNIST-5k as OOD). Width 8 by default so that M=16 fits the CPU budget. Writes one CSV row per
 run, a mean ± std table and a figure (each metric against M).

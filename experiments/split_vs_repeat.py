@@ -1,6 +1,6 @@
 """Claim: training σN-Ens with `split` inputs (member m sees its own B/M slice of the batch) costs
 about one model's compute per step instead of M×; whether quality holds is the open question
-(DESIGN §1) — the regularizer acts on parameters, so it still applies.
+ — the regularizer acts on parameters, so it still applies.
 
 Fashion-MNIST, SmallCNN, σN-Ens M=4 (τ=1, λ=0.1), trained with `input_policy="repeat"` and
 `"split"` at the same batch size, epochs and learning rate (so split gives each member 1/M of the
@@ -24,7 +24,7 @@ import torch
 
 import snens
 from snens.baselines import SingleModel
-from snens.optim import param_groups
+from snens.method.optim import param_groups
 
 POLICIES = ("repeat", "split")
 COLUMNS = (

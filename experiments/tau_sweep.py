@@ -3,7 +3,7 @@ disagreement, tracing the accuracy–calibration frontier; what training realize
 next to the regularizer's optimum k*(τ), never assumed.
 
 Fashion-MNIST (CPU stand-in for CIFAR-10), SmallCNN, σN-Ens M=4, λ=0.1, γ at 30× the learning
-rate, a grid of τ and seeds; each run trains through the engine (`snens.train.train`) and is
+rate, a grid of τ and seeds; each run trains through the engine (`snens.engine.train.train`) and is
 scored with `snens.evaluate` (MNIST-5k as OOD). Writes one CSV row per run, a mean ± std table
 and a figure (accuracy vs NLL and vs ECE over τ; effective members vs k*(τ)).
 

@@ -448,10 +448,10 @@ section_end
 section_begin 6 "multi-GPU (NCCL)"
 gpus=${INFO[gpus]}
 if [[ $DEVICE == cuda ]] && ((gpus >= 2)); then
-    # snens.distributed picks NCCL whenever CUDA is available; NCCL_DEBUG=VERSION prints its
+    # snens.engine.distributed picks NCCL whenever CUDA is available; NCCL_DEBUG=VERSION prints its
     # version once per rank, the evidence that NCCL carried the gradients.
     run env NCCL_DEBUG=VERSION "$PY" -m torch.distributed.run --standalone --nproc_per_node=2 \
-        -m snens.cli train --preset fashion_mnist_small_cnn_tiny --set optim.epochs=1 \
+        -m snens.engine.cli train --preset fashion_mnist_small_cnn_tiny --set optim.epochs=1 \
         --set 'device="cuda"' --set 'name="nccl"' --no-progress --out "$WORK/ddp"
     check "torchrun --nproc_per_node=2 snens train"
     if ((LAST_RC == 0)); then

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torch.testing import assert_close
 
-from snens.allocation import LayerAllocation, allocation, mean_effective_members
+from snens.method.allocation import LayerAllocation, allocation, mean_effective_members
 from snens.nn import MemberBatchNorm2d, MemberGroupNorm, MemberLayerNorm
 
 

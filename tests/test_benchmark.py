@@ -3,8 +3,8 @@ import re
 import pytest
 import torch
 
-from snens import benchmark
-from snens.benchmark import Measure, compare, format_table
+from snens.engine import benchmark
+from snens.engine.benchmark import Measure, compare, format_table
 
 
 def test_verdicts_compare_the_median_with_the_target():
@@ -33,7 +33,7 @@ def test_peak_memory_counts_resident_tensors_and_the_forward_peak():
     import torch
     from torch import nn
 
-    from snens.benchmark import peak_memory_bytes
+    from snens.engine.benchmark import peak_memory_bytes
 
     class TwoBuffers(nn.Module):
         """Holds 4 kB of parameters; its forward peaks at two 4 MB tensors alive together."""
@@ -53,7 +53,7 @@ def test_peak_memory_counts_resident_tensors_and_the_forward_peak():
 
 
 def test_norm_rows_cover_every_norm_and_mode(monkeypatch):
-    import snens.benchmark as bench
+    import snens.engine.benchmark as bench
 
     monkeypatch.setattr(bench, "compare", lambda *a, **k: (1.0, (1.0, 1.0), 1e-3))
     rows = bench._norm_measures(2, 2, repeats=1)
@@ -168,7 +168,7 @@ def test_explicit_cpu_device_gives_the_default_rows(monkeypatch, capsys):
 
 
 def test_cuda_without_a_device_is_a_usage_error(monkeypatch, capsys):
-    from snens.cli import main as cli_main
+    from snens.engine.cli import main as cli_main
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     for argv in (["--device", "cuda"], ["--absolute", "--device", "cuda"]):

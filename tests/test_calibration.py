@@ -9,9 +9,9 @@ import torch
 import snens
 from snens import metrics
 from snens.baselines import SingleModel
-from snens.calibration import TemperatureScaled, fit_temperature
 from snens.data import TensorLoader
-from snens.evaluate import collect, evaluate
+from snens.evaluation.calibration import TemperatureScaled, fit_temperature
+from snens.evaluation.protocol import collect, evaluate
 
 N, K, M = 10_000, 10, 4
 

@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 import snens
-import snens.runs
-from snens.checkpoint import (
+import snens.engine.runs
+from snens.engine.checkpoint import (
     CheckpointError,
     check_training_state,
     checkpoint_digest,
@@ -28,7 +28,7 @@ from snens.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from snens.runs import RunDirError, check_writable
+from snens.engine.runs import RunDirError, check_writable
 
 from conftest import TinyResNet
 
@@ -152,7 +152,9 @@ def test_malicious_pickle_is_refused_and_runs_nothing(tmp_path):
     buffer = io.BytesIO()
     torch.save({**_state(), "model": _Payload(marker)}, buffer)
     payload = buffer.getvalue()
-    from snens.checkpoint import _header  # a valid header and digest: only weights_only stops it
+    from snens.engine.checkpoint import (
+        _header,  # a valid header and digest: only weights_only stops it
+    )
 
     path = tmp_path / "evil.pt"
     path.write_bytes(_header(payload) + payload)
@@ -222,7 +224,7 @@ def test_read_only_file_system_is_a_clear_error(tmp_path, monkeypatch):
     with pytest.raises(RunDirError, match=r"mnt.*not writable \(Read-only file system\)"):
         check_writable(read_only)
     with pytest.raises(RunDirError, match="not writable"):
-        snens.runs.check_new_run(read_only / "run")
+        snens.engine.runs.check_new_run(read_only / "run")
     with pytest.raises(OSError, match="Read-only file system"):
         save_checkpoint(read_only / "last.pt", _state())
     assert not [p for p in read_only.rglob("*") if p.is_file()]  # nothing half-written
@@ -263,7 +265,7 @@ def test_a_directory_or_fifo_in_place_of_a_checkpoint_is_refused_naming_it(tmp_p
 def _trained(
     model: nn.Module, optimizer: str = "adamw", steps: int = 2, no_grad: tuple = ()
 ) -> dict:
-    """A training checkpoint's state of ``model`` after ``steps`` steps, made as snens.train
+    """A training checkpoint's state of ``model`` after ``steps`` steps, made as snens.engine.train
     makes it: snens.param_groups, the optimizer, a per-step LambdaLR; the parameters named in
     ``no_grad`` get no gradient, so no optimizer state."""
     groups = snens.param_groups(model, 0.01, weight_decay=1e-4)

@@ -2,12 +2,12 @@ import json
 
 import pytest
 
-import snens.train
-from snens.checkpoint import save_checkpoint
-from snens.cli import build_parser, main
-from snens.config import load_config, to_dict
-from snens.presets import preset
-from snens.runs import CONFIG, create_run
+import snens.engine.train
+from snens.engine.checkpoint import save_checkpoint
+from snens.engine.cli import build_parser, main
+from snens.engine.config import load_config, to_dict
+from snens.engine.presets import preset
+from snens.engine.runs import CONFIG, create_run
 
 TINY = "fashion_mnist_small_cnn_tiny"
 
@@ -63,7 +63,7 @@ def _edited_run(tmp_path, *edits):
 def test_resume_with_an_edited_config_names_the_keys(tmp_path, capsys, monkeypatch):
     """``snens eval`` named the keys an edited config.toml changed; ``snens train --resume``
     said only that last.pt "was saved by another config", after loading the data."""
-    monkeypatch.setattr(snens.train, "train", lambda *a, **k: pytest.fail("trained"))
+    monkeypatch.setattr(snens.engine.train, "train", lambda *a, **k: pytest.fail("trained"))
     run = _edited_run(
         tmp_path, ("\nlr = 0.01\n", "\nlr = 0.5\n"), ("\nepochs = 1\n", "\nepochs = 2\n")
     )
@@ -77,7 +77,7 @@ def test_resume_with_an_edited_config_names_the_keys(tmp_path, capsys, monkeypat
 
 
 def test_resume_with_the_config_it_was_trained_with_goes_on(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(snens.train, "train", lambda config, **kwargs: kwargs["run_dir"])
+    monkeypatch.setattr(snens.engine.train, "train", lambda config, **kwargs: kwargs["run_dir"])
     run = _edited_run(tmp_path)
     assert main(["train", "--resume", str(run), "--no-progress"]) == 0
     assert capsys.readouterr().out == f"{run}\n"

@@ -3,7 +3,7 @@
 import pytest
 import tomllib
 
-from snens.config import (
+from snens.engine.config import (
     MAX_THREADS,
     DataConfig,
     MethodConfig,
@@ -14,7 +14,7 @@ from snens.config import (
     to_dict,
     to_toml,
 )
-from snens.presets import PRESETS, preset
+from snens.engine.presets import PRESETS, preset
 
 
 def _custom() -> RunConfig:
@@ -153,9 +153,9 @@ def test_unknown_preset_lists_the_names():
 
 @pytest.mark.parametrize("name", list(PRESETS))
 def test_a_printed_preset_is_a_config_file_of_the_preset(name, tmp_path, capsys):
-    """The presets have one source, snens.presets; `snens train --preset NAME --print-config`
+    """The presets have one source, snens.engine.presets; `snens train --preset NAME --print-config`
     writes the TOML file a user edits, which loads to exactly the preset."""
-    from snens.cli import main
+    from snens.engine.cli import main
 
     assert main(["train", "--preset", name, "--print-config"]) == 0
     path = tmp_path / f"{name}.toml"
@@ -186,7 +186,7 @@ def test_a_bare_override_string_is_taken_as_written():
 
 
 def test_typos_get_a_did_you_mean():
-    from snens.presets import preset
+    from snens.engine.presets import preset
 
     with pytest.raises(ValueError, match=r"unknown preset 'fashion_mnist_smal_cnn' \(did you mean "
                        r"'fashion_mnist_small_cnn'\?\)"):  # fmt: skip
@@ -199,7 +199,7 @@ def test_typos_get_a_did_you_mean():
 
 
 def test_a_shorter_multistep_run_is_told_which_milestones_fit():
-    from snens.presets import preset
+    from snens.engine.presets import preset
 
     with pytest.raises(ValueError) as error:
         load_config(preset("cifar10_resnet18"), ["optim.epochs=30"])

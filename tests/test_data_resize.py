@@ -14,13 +14,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import snens.datasets
-import snens.train
+import snens.engine.datasets
+import snens.engine.train
 from snens import data
-from snens.config import DataConfig, load_config
 from snens.data.images import grey_to_rgb, resize_images
-from snens.datasets import build_data, data_shape
-from snens.presets import preset
+from snens.engine.config import DataConfig, load_config
+from snens.engine.datasets import build_data, data_shape
+from snens.engine.presets import preset
 
 MEAN = torch.tensor(data.IMAGENET_MEAN).view(1, 3, 1, 1)
 STD = torch.tensor(data.IMAGENET_STD).view(1, 3, 1, 1)
@@ -132,9 +132,9 @@ def _fake_rgb(monkeypatch, name: str = "cifar10") -> torch.Tensor:
     g = torch.Generator().manual_seed(1)
     images = torch.randint(0, 256, (300, 3, 32, 32), dtype=torch.uint8, generator=g)
     labels = torch.arange(300) % 10
-    spec = snens.datasets._IMAGE_SETS[name]
+    spec = snens.engine.datasets._IMAGE_SETS[name]
     fake = spec._replace(load=lambda split, root, download: (images, labels))
-    monkeypatch.setitem(snens.datasets._IMAGE_SETS, name, fake)
+    monkeypatch.setitem(snens.engine.datasets._IMAGE_SETS, name, fake)
     return images
 
 
@@ -196,14 +196,14 @@ def test_bad_conversion_values_are_refused_by_key(values, pattern):
 def test_the_engine_trains_on_converted_images(tmp_path, monkeypatch):
     """One epoch of σN-Ens over a narrow, untrained MobileNetV2 on 256 images at 32 px RGB."""
     seen: list[tuple[int, ...]] = []
-    build = snens.train.build_model
+    build = snens.engine.train.build_model
 
     def recording(*args, **kwargs):
         model = build(*args, **kwargs)
         model.register_forward_pre_hook(lambda module, inputs: seen.append(tuple(inputs[0].shape)))
         return model
 
-    monkeypatch.setattr(snens.train, "build_model", recording)
+    monkeypatch.setattr(snens.engine.train, "build_model", recording)
     config = load_config(
         preset("fashion_mnist_mobilenet_v2"),
         [
@@ -222,7 +222,7 @@ def test_the_engine_trains_on_converted_images(tmp_path, monkeypatch):
             "optim.epochs=1",
         ],
     )
-    run_dir = snens.train.train(config, progress=False, log=None)
+    run_dir = snens.engine.train.train(config, progress=False, log=None)
     final = json.loads((run_dir / "final.json").read_text())
     assert seen[:8] == [(32, 3, 32, 32)] * 8  # the 8 training steps
     assert set(seen) <= {(32, 3, 32, 32), (100, 3, 32, 32)}  # evaluation: 100-image sets

@@ -9,10 +9,10 @@ import torch
 
 import snens
 from snens import data
-from snens.demo import CONVERGED_FINAL, CONVERGED_OVERFIT, FULL_DEMO, DemoConfig, run
-from snens.fit import fit
+from snens.engine.demo import CONVERGED_FINAL, CONVERGED_OVERFIT, FULL_DEMO, DemoConfig, run
+from snens.engine.fit import fit
+from snens.method.regularizer import DEFAULT_DIVERSITY_WEIGHT, DEFAULT_TEMPERATURE
 from snens.models import create
-from snens.regularizer import DEFAULT_DIVERSITY_WEIGHT, DEFAULT_TEMPERATURE
 
 CONVERGED = Path(__file__).resolve().parent.parent / "results" / "converged"
 
@@ -204,7 +204,7 @@ def test_demo_again_reads_its_finished_runs_and_refuses_other_settings(demo, cap
     """The demo trains through the engine: its runs are run directories; a second call
     retrains nothing and reports the same numbers; other settings into the same --out are
     refused before any training, naming the difference."""
-    from snens.cli import main
+    from snens.engine.cli import main
 
     out, results = demo
     for run_dir in (out / "runs").iterdir():

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from snens.data import TensorLoader
-from snens.distributed import local_batch_size
+from snens.engine.distributed import local_batch_size
 
 pytestmark = pytest.mark.skipif(
     not (dist.is_available() and dist.is_gloo_available()),
@@ -45,7 +45,7 @@ import sys
 
 import torch
 
-from snens.cli import main
+from snens.engine.cli import main
 
 if os.environ.get("RANK") == "1":
     step, steps = torch.optim.AdamW.step, []
@@ -107,7 +107,7 @@ def two_processes(tmp_path_factory) -> tuple[Path, float]:
     """An uninterrupted 2-process run: its directory and its wall time in seconds."""
     out = tmp_path_factory.mktemp("ddp")
     start = time.perf_counter()
-    result = _torchrun(["-m", "snens.cli"], _train_args(out, "two"))
+    result = _torchrun(["-m", "snens.engine.cli"], _train_args(out, "two"))
     assert result.returncode == 0, result.stderr[-3000:]
     return out / "two", time.perf_counter() - start
 
@@ -166,7 +166,7 @@ def test_two_processes_learn_like_one(two_processes, tmp_path):
     """
     two_dir, two_seconds = two_processes
     one = subprocess.run(
-        [sys.executable, "-m", "snens.cli", *_train_args(tmp_path, "one")],
+        [sys.executable, "-m", "snens.engine.cli", *_train_args(tmp_path, "one")],
         env=_env(),
         capture_output=True,
         text=True,
@@ -206,7 +206,7 @@ def test_resume_under_torchrun_gives_the_same_metrics(two_processes, tmp_path):
     assert cut.returncode != 0
     assert [r["epoch"] for r in _metrics(tmp_path / "cut")] == [1]
     resumed = _torchrun(
-        ["-m", "snens.cli"], ["train", "--resume", str(tmp_path / "cut"), "--no-progress"]
+        ["-m", "snens.engine.cli"], ["train", "--resume", str(tmp_path / "cut"), "--no-progress"]
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert _final(tmp_path / "cut") == _final(two_processes[0])
@@ -300,7 +300,9 @@ def test_llm_lora_snens_trains_under_torchrun(tiny_llm, tmp_path):
         'name="llm"',
     ]
     args = ["train", "--preset", "rotten_tomatoes_smollm2", "--no-progress", "--out", str(tmp_path)]
-    result = _torchrun(["-m", "snens.cli"], [*args, *(x for s in sets for x in ("--set", s))])
+    result = _torchrun(
+        ["-m", "snens.engine.cli"], [*args, *(x for s in sets for x in ("--set", s))]
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert [p.name for p in tmp_path.iterdir()] == ["llm"]  # rank 0 alone writes
     (record,) = _metrics(tmp_path / "llm")

@@ -3,7 +3,7 @@
 Measured here (4,000 training images, 3 epochs, width 16, λ=0.1, γ at 30× the learning rate,
 seeds 0 and 1): effective members per feature 1.70 / 1.64 at τ=0.05 and 3.38 / 3.34 at τ=5;
 disagreement 0.195 / 0.201 vs 0.061 / 0.066; accuracy 0.708 / 0.713 vs 0.813 / 0.809.
-The realized sharing is what `snens.allocation` reports, not k*(τ) (0.20 and 1.93).
+The realized sharing is what `snens.method.allocation` reports, not k*(τ) (0.20 and 1.93).
 """
 
 import pytest
@@ -12,7 +12,7 @@ import torch
 import snens
 from snens import metrics
 from snens.data import FASHION_MNIST_MEAN, FASHION_MNIST_STD, TensorLoader, load_fashion_mnist
-from snens.fit import fit, predict
+from snens.engine.fit import fit, predict
 from snens.models import create
 
 

@@ -17,14 +17,14 @@ from pathlib import Path
 import pytest
 import torch
 
-import snens.runs
-import snens.train
-from snens.checkpoint import load_checkpoint
-from snens.cli import main
-from snens.config import RunConfig, load_config, to_toml
-from snens.presets import preset
-from snens.runs import RunDirError, read_metrics
-from snens.train import NonFiniteLossError, lr_factor, train
+import snens.engine.runs
+import snens.engine.train
+from snens.engine.checkpoint import load_checkpoint
+from snens.engine.cli import main
+from snens.engine.config import RunConfig, load_config, to_toml
+from snens.engine.presets import preset
+from snens.engine.runs import RunDirError, read_metrics
+from snens.engine.train import NonFiniteLossError, lr_factor, train
 
 EPOCHS = 3
 
@@ -118,7 +118,15 @@ def test_resume_after_sigkill_gives_the_same_metrics(reference, tmp_path):
     config_file.write_text(to_toml(killed))
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     process = subprocess.Popen(
-        [sys.executable, "-m", "snens.cli", "train", "--config", str(config_file), "--no-progress"],
+        [
+            sys.executable,
+            "-m",
+            "snens.engine.cli",
+            "train",
+            "--config",
+            str(config_file),
+            "--no-progress",
+        ],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -172,14 +180,14 @@ class _Poisoned:
 
 
 def _poison(monkeypatch, epoch: int, step: int) -> None:
-    build = snens.train.build_data
+    build = snens.engine.train.build_data
 
     def poisoned(*args, **kwargs):
         loaded = build(*args, **kwargs)
         loaded.train = _Poisoned(loaded.train, epoch, step)
         return loaded
 
-    monkeypatch.setattr(snens.train, "build_data", poisoned)
+    monkeypatch.setattr(snens.engine.train, "build_data", poisoned)
 
 
 def test_nonfinite_loss_stops_naming_epoch_step_and_cause(tmp_path, monkeypatch):
@@ -216,7 +224,7 @@ def test_unwritable_output_fails_before_loading_data(tmp_path, monkeypatch):
     def never(*args, **kwargs):
         raise AssertionError("data was loaded")
 
-    monkeypatch.setattr(snens.train, "build_data", never)
+    monkeypatch.setattr(snens.engine.train, "build_data", never)
     with pytest.raises(RunDirError, match="not writable"):
         train(_config(blocker, "x"), progress=False, log=None)
 
@@ -226,7 +234,7 @@ def test_finetune_norms_and_heads_freezes_the_rest(tmp_path):
     run_dir = train(config, progress=False, log=None)
     trained = load_checkpoint(run_dir / "last.pt")["model"]
     torch.manual_seed(config.seed)  # the engine's initialization, rebuilt
-    fresh = snens.train.build_model(config, num_classes=10, channels=1).state_dict()
+    fresh = snens.engine.train.build_model(config, num_classes=10, channels=1).state_dict()
     changed = {name for name, value in trained.items() if not torch.equal(value, fresh[name])}
     convolutions = {name for name, value in trained.items() if value.dim() == 4}
     assert len(convolutions) == 6 and not convolutions & changed  # frozen
@@ -333,6 +341,6 @@ def test_engine_options_train_to_finite_metrics(tmp_path, overrides):
 def test_resume_before_the_first_checkpoint_starts_over(reference, tmp_path):
     config, run_dir = reference
     fresh = load_config(config, [f"out_dir={json.dumps(str(tmp_path))}", "name='early'"])
-    snens.runs.create_run(fresh)  # as if killed before epoch 1 ended
+    snens.engine.runs.create_run(fresh)  # as if killed before epoch 1 ended
     path = train(fresh, resume=True, progress=False, log=None)
     assert _final(path)["metrics"] == _final(run_dir)["metrics"]

@@ -13,10 +13,10 @@ import pytest
 import torch
 from PIL import Image
 
-from snens.config import load_config
 from snens.data import FolderLoader, ImageFolder, TrainTransform
-from snens.presets import preset
-from snens.train import build_data, evaluate_run, train
+from snens.engine.config import load_config
+from snens.engine.presets import preset
+from snens.engine.train import build_data, evaluate_run, train
 
 COLOURS = {"blue": (30, 60, 220), "green": (40, 200, 60), "red": (220, 40, 40)}
 

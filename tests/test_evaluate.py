@@ -16,8 +16,8 @@ from snens.data import (
     load_fashion_mnist,
     load_mnist_5k,
 )
-from snens.evaluate import SHIFT_METRICS, collect, evaluate, ood_detection
-from snens.fit import fit, predict
+from snens.engine.fit import fit, predict
+from snens.evaluation.protocol import SHIFT_METRICS, collect, evaluate, ood_detection
 from snens.models import create
 from snens.nn.norms import MemberNorm
 

@@ -15,20 +15,20 @@ import pytest
 import torch
 
 import snens
-import snens.runs
-from snens.checkpoint import (
+import snens.engine.runs
+from snens.engine.checkpoint import (
     CheckpointError,
     atomic_write,
     load_checkpoint,
     remove_stale_temporaries,
     save_checkpoint,
 )
-from snens.cli import main
-from snens.config import load_config
+from snens.engine.cli import main
+from snens.engine.config import load_config
+from snens.engine.presets import preset
+from snens.engine.runs import CONFIG, RunDirError, create_run
+from snens.engine.train import evaluate_run, train
 from snens.nn.norms import MAX_MEMBERS
-from snens.presets import preset
-from snens.runs import CONFIG, RunDirError, create_run
-from snens.train import evaluate_run, train
 
 
 def _config(out: Path, *overrides: str):
@@ -62,14 +62,14 @@ def test_two_creators_of_one_run_one_wins(tmp_path, monkeypatch):
     first = _config(tmp_path)
     second = _config(tmp_path, "seed=7")
     barrier = threading.Barrier(2)
-    check = snens.runs.check_new_run
+    check = snens.engine.runs.check_new_run
 
     def racing_check(path):
         out = check(path)
         barrier.wait(timeout=10)  # both checked before either writes
         return out
 
-    monkeypatch.setattr(snens.runs, "check_new_run", racing_check)
+    monkeypatch.setattr(snens.engine.runs, "check_new_run", racing_check)
     outcomes = {}
 
     def make(config, key):
@@ -232,7 +232,7 @@ def test_cli_reports_a_full_disk_without_a_traceback(tmp_path, monkeypatch, caps
     def no_space(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(snens.runs.Run, "write_final", lambda self, r: no_space())
+    monkeypatch.setattr(snens.engine.runs.Run, "write_final", lambda self, r: no_space())
     code = main(
         [
             "train",
@@ -294,8 +294,8 @@ def test_a_run_being_trained_is_refused_to_a_second_trainer(finished, capsys):
     before = {p.name: p.read_bytes() for p in finished.iterdir() if p.is_file()}
     config = load_config(finished / CONFIG)
     me = f"{socket.gethostname()} {os.getpid()}"
-    with snens.runs.hold_run(finished):
-        with pytest.raises(snens.runs.RunInUseError) as err:
+    with snens.engine.runs.hold_run(finished):
+        with pytest.raises(snens.engine.runs.RunInUseError) as err:
             train(config, resume=True, run_dir=finished, progress=False, log=None)
         assert str(err.value).startswith(f"the run {finished} is in use by {me} (lock ")
         assert main(["train", "--resume", str(finished), "--no-progress"]) == 2
@@ -341,7 +341,7 @@ def test_two_sweeps_over_one_grid_share_it_out(tmp_path):
     runs = sorted(out.glob("seed=*"))
     assert [r.name for r in runs] == ["seed=0", "seed=1", "seed=2", "seed=3"]
     for run in runs:
-        assert (run / "final.json").is_file() and not (run / snens.runs.LOCK).exists()
+        assert (run / "final.json").is_file() and not (run / snens.engine.runs.LOCK).exists()
         assert json.loads((run / "provenance.json").read_text()).get("resumed", []) == []
     lines = [line for log in logs for line in log.splitlines()]
     assert sum(": finished in" in line for line in lines) == 4, logs  # each run by one of them
@@ -422,7 +422,7 @@ def test_a_meta_model_runs_meta_inputs_for_shapes():
 
 def test_more_examples_than_the_set_holds_is_refused_not_capped(tmp_path):
     """data.train_examples=999999999 had silently trained on all 60,000 images."""
-    from snens.datasets import build_data
+    from snens.engine.datasets import build_data
 
     with pytest.raises(ValueError) as err:
         build_data(_config(tmp_path, "data.train_examples=999999999").data, seed=0)
@@ -440,7 +440,7 @@ def test_more_examples_than_the_set_holds_is_refused_not_capped(tmp_path):
 
 def test_a_batch_larger_than_the_training_set_names_the_engine_key(tmp_path):
     """It had said "set drop_last=False", a loader argument the engine does not offer."""
-    from snens.datasets import build_data
+    from snens.engine.datasets import build_data
 
     with pytest.raises(ValueError) as err:
         build_data(_config(tmp_path, "data.batch_size=301").data, seed=0)

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import snens
-from snens.ensemble import fold_members, forward_repeated, unfold_members
+from snens.method.ensemble import fold_members, forward_repeated, unfold_members
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -318,7 +318,7 @@ def test_each_environment_and_checkout_has_its_own_build(monkeypatch, tmp_path):
 
 
 def test_build_kernels_command(monkeypatch, capsys):
-    from snens.cli import main
+    from snens.engine.cli import main
 
     assert main(["build-kernels"]) == 0
     out = capsys.readouterr()

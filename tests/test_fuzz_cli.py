@@ -1,8 +1,8 @@
 """Property tests of the command line with random argument lists.
 
-The property, for every argument list: ``snens.cli.main`` returns 0, or exits with status 2 and
-a message on stderr (either returned or as ``SystemExit(2)``); no other exception escapes.
-Arguments mix real and garbage sub-commands, flags, ``--set``/``--grid`` items and values
+The property, for every argument list: ``snens.engine.cli.main`` returns 0, or exits with
+status 2 and a message on stderr (either returned or as ``SystemExit(2)``); no other exception
+escapes. Arguments mix real and garbage sub-commands, flags, ``--set``/``--grid`` items and values
 (unicode, lone surrogates as from undecodable bytes, NUL, line breaks, huge numbers, NaN,
 broken TOML). Only cheap paths are taken: ``train --print-config``/``--list-presets``,
 ``sweep --dry-run``, ``eval`` and ``report`` of directories that do not exist; the engine is
@@ -11,7 +11,7 @@ replaced by a function that fails the test if anything would train.
 stdout is a strict UTF-8 stream, as in a UTF-8 terminal, and stderr replaces what it cannot
 encode, as Python's does, so a message that cannot be printed is found too.
 
-Bug this found, fixed in snens.cli: ``snens train --out DIR`` passed DIR to the config as
+Bug this found, fixed in snens.engine.cli: ``snens train --out DIR`` passed DIR to the config as
 TOML text (``json.dumps``), so a path holding a lone surrogate (from an undecodable byte)
 failed to parse and the config's fallback kept the quoted text: out_dir became
 ``"/runs/\\udc80"`` with the quotes, a wrong directory, silently. The path is now set as
@@ -31,11 +31,11 @@ import tomllib
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import snens.reload
-import snens.sweep
-import snens.train
-from snens.cli import main
-from snens.presets import PRESETS
+import snens.engine.reload
+import snens.engine.sweep
+import snens.engine.train
+from snens.engine.cli import main
+from snens.engine.presets import PRESETS
 
 TRIED = {"train": 0, "sweep": 0, "report": 0, "eval": 0, "other": 0}
 ROOT = Path(tempfile.mkdtemp(prefix="snens-fuzz-cli-"))  # stays empty: nothing is written
@@ -193,9 +193,9 @@ def _check(argv, kind, output=False):
         contextlib.redirect_stdout(stdout),
         contextlib.redirect_stderr(stderr),
     ):
-        patch.setattr(snens.train, "train", _no_training)
-        patch.setattr(snens.reload, "load_checkpoint", _no_training)
-        patch.setattr(snens.sweep, "run_sweep", _no_training)
+        patch.setattr(snens.engine.train, "train", _no_training)
+        patch.setattr(snens.engine.reload, "load_checkpoint", _no_training)
+        patch.setattr(snens.engine.sweep, "run_sweep", _no_training)
         try:
             status = main(argv)
         except SystemExit as exit_info:

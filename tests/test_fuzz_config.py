@@ -7,7 +7,7 @@ for an unreadable file, the file). Inputs mix known and unknown keys with values
 type: ints (huge ones too), floats (NaN, ±inf), strings (lone surrogates too), booleans
 where ints are expected, NumPy scalars, lists, nested tables, None.
 
-Bugs the properties found in the loader as it was (fixed in snens.config): an override below
+Bugs the properties found in the loader as it was (fixed in snens.engine.config): an override below
 a key that holds a scalar or None (``data=5`` then ``data.batch_size=1``) raised a bare
 ``AttributeError``/``TypeError`` naming no key; a config file that is not UTF-8 raised
 ``UnicodeDecodeError`` without the file's name. Found by reading it and pinned in
@@ -27,7 +27,7 @@ import tomllib
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from snens.config import (
+from snens.engine.config import (
     _SECTIONS,
     RunConfig,
     apply_overrides,
@@ -36,7 +36,7 @@ from snens.config import (
     to_dict,
     to_toml,
 )
-from snens.presets import preset
+from snens.engine.presets import preset
 
 TRIED = {"dicts": 0, "overrides": 0, "files": 0}
 SETTINGS = settings(
@@ -180,7 +180,7 @@ def _override_text():
 
 
 def _toml_literal(value):
-    from snens.toml_io import format_value as _toml_value
+    from snens.engine.toml_io import format_value as _toml_value
 
     try:
         return _toml_value(value)
@@ -221,7 +221,7 @@ def _toml_file(values):
         literal = _toml_literal(value)
         if literal is None:
             return None
-        from snens.toml_io import format_key as _toml_key
+        from snens.engine.toml_io import format_key as _toml_key
 
         lines.append(f"{_toml_key(str(key))} = {literal}")
     return "\n".join(lines) + "\n"

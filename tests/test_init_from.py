@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from snens import data
-from snens.build import build_model, read_init_from
-from snens.checkpoint import CheckpointError
-from snens.config import load_config
-from snens.presets import preset
-from snens.reload import load_run_model
-from snens.train import train
+from snens.engine.build import build_model, read_init_from
+from snens.engine.checkpoint import CheckpointError
+from snens.engine.config import load_config
+from snens.engine.presets import preset
+from snens.engine.reload import load_run_model
+from snens.engine.train import train
 
 TINY = "fashion_mnist_small_cnn_tiny"
 

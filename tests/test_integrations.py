@@ -285,7 +285,7 @@ class _FeatureExamples(torch.utils.data.Dataset):
 def test_trainer_stops_on_a_non_finite_loss_naming_the_cause(tmp_path):
     """NaN inputs trained every parameter to NaN while Trainer reported ``training_loss 0.0``
     (its logging_nan_inf_filter leaves NaN steps out of the logged loss)."""
-    from snens.epoch import NonFiniteLossError
+    from snens.engine.epoch import NonFiniteLossError
 
     torch.manual_seed(0)
     ens = snens.convert(_Features(), num_members=2)

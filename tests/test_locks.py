@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 from snens import locks
-from snens.runs import LOCK, RunDirError, RunInUseError, hold_run
+from snens.engine.runs import LOCK, RunDirError, RunInUseError, hold_run
 
 ME = f"{socket.gethostname()} {os.getpid()}"
 

@@ -1,7 +1,7 @@
 """Fast paths of the member norms equal the per-member loop of plain torch norms.
 
 The reference runs, for each member m, the plain functional norm on rows [m·B, (m+1)·B) with the
-folded affine sigmoid(gamma_m)·weight_m and sigmoid(gamma_m)·bias_m (DESIGN §1), and
+folded affine sigmoid(gamma_m)·weight_m and sigmoid(gamma_m)·bias_m, and
 concatenates. The fast paths (one ``native_batch_norm.out`` per member into one output for batch
 norms, one whole-tensor group norm for GroupNorm) must match it in outputs, input gradients,
 gradients of gamma, weight and bias, and running statistics, in training and eval, float32 and

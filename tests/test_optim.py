@@ -50,8 +50,8 @@ def test_member_affine_decay_has_a_group_of_its_own_only_when_it_is_set():
 
 
 def test_member_affine_decay_is_refused_where_there_are_no_member_norms():
-    from snens.config import load_config
-    from snens.presets import preset
+    from snens.engine.config import load_config
+    from snens.engine.presets import preset
 
     base = preset("fashion_mnist_small_cnn_tiny")
     for method in ("snens", "film"):
@@ -74,7 +74,7 @@ def test_one_definition_of_a_norm_for_decay_and_finetuning():
     """A norm snens does not convert (a Hugging Face-style T5LayerNorm, a FrozenBatchNorm2d)
     is a norm for the parameter groups (no weight decay) and for fine-tuning (trained with
     norms_and_heads) alike: both ask snens.nn.surgery.is_norm."""
-    from snens.build import select_finetune
+    from snens.engine.build import select_finetune
     from snens.nn.surgery import is_norm
 
     class T5LayerNorm(nn.Module):

@@ -8,7 +8,7 @@ import torch
 
 import snens
 from snens import metrics
-from snens.plots import (
+from snens.evaluation.plots import (
     allocation_heatmap,
     curve_styles,
     ood_histograms,
@@ -131,7 +131,7 @@ def test_pareto_plot(tmp_path):
 
 
 def test_pareto_front():
-    from snens.plots import _pareto_front
+    from snens.evaluation.plots import _pareto_front
 
     points = [(0.3, 0.90), (0.25, 0.91), (0.35, 0.89), (0.22, 0.92), (0.2, 0.80)]
     assert _pareto_front(points, lower_x=True, higher_y=True) == [(0.2, 0.80), (0.22, 0.92)]

@@ -11,14 +11,14 @@ import torch
 from torch import nn
 from torch.testing import assert_close
 
-from snens.nn import MemberBatchNorm2d, MemberGroupNorm, MemberLayerNorm
-from snens.regularizer import (
+from snens.method.regularizer import (
     diversity_gain,
     diversity_loss,
     diversity_penalty,
     optimal_k,
     tau_for_k,
 )
+from snens.nn import MemberBatchNorm2d, MemberGroupNorm, MemberLayerNorm
 
 
 def _model(M: int = 4, seed: int = 0) -> nn.Module:
@@ -225,11 +225,11 @@ def test_loss_is_weight_times_sum_of_layer_penalties():
 
 
 def test_loss_default_weight_and_temperature():
-    """The defaults are τ=1, λ=0.1 (chosen on validation: snens.regularizer), the same in the
+    """The defaults are τ=1, λ=0.1 (chosen on validation: snens.method.regularizer), the same in the
     function, the engine's config and the presets."""
-    from snens.config import MethodConfig
-    from snens.presets import PRESETS
-    from snens.regularizer import DEFAULT_DIVERSITY_WEIGHT, DEFAULT_TEMPERATURE
+    from snens.engine.config import MethodConfig
+    from snens.engine.presets import PRESETS
+    from snens.method.regularizer import DEFAULT_DIVERSITY_WEIGHT, DEFAULT_TEMPERATURE
 
     assert (DEFAULT_TEMPERATURE, DEFAULT_DIVERSITY_WEIGHT) == (1.0, 0.1)
     model = _model()

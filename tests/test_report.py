@@ -19,11 +19,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import snens.runs
-from snens.cli import main
-from snens.config import load_config, to_toml
-from snens.presets import preset
-from snens.report import Group, _point_labels, collect_runs, group_runs, summarize, write_report
+import snens.engine.runs
+from snens.engine.cli import main
+from snens.engine.config import load_config, to_toml
+from snens.engine.presets import preset
+from snens.engine.report import (
+    Group,
+    _point_labels,
+    collect_runs,
+    group_runs,
+    summarize,
+    write_report,
+)
 
 TINY = "fashion_mnist_small_cnn_tiny"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -258,7 +265,7 @@ def test_each_point_is_labelled_by_what_sets_it_apart():
 def test_groups_apart_only_by_a_key_some_lack_are_labelled_by_it(tmp_path, monkeypatch):
     # a fresh-head variant next to the default: head_init is set in one group only
     pytest.importorskip("matplotlib")
-    from snens import plots
+    from snens.evaluation import plots
 
     for name, extra in (("copy", []), ("reset", ['method.options.head_init="reset"'])):
         config = load_config(preset(TINY), ['method.name="snens"', "seed=0", *extra])
@@ -313,7 +320,7 @@ def test_a_symlinked_run_file_is_not_followed(sweep, tmp_path):
 
 def test_a_run_file_above_the_size_limit_is_refused_by_name(sweep, tmp_path):
     root, _ = sweep
-    assert snens.runs.MAX_FILE_BYTES == 64 * 2**20
+    assert snens.engine.runs.MAX_FILE_BYTES == 64 * 2**20
     final = root / "single-1.0-0" / "final.json"
     with open(final, "r+b") as file:  # sparse: 64 MiB + 1 byte that take no disk space
         file.truncate(64 * 2**20 + 1)

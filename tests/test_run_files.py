@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from snens.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from snens.cli import main
-from snens.config import load_config
-from snens.presets import preset
-from snens.runs import CONFIG, Run, RunDirError, open_run, read_metrics
-from snens.train import train
+from snens.engine.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from snens.engine.cli import main
+from snens.engine.config import load_config
+from snens.engine.presets import preset
+from snens.engine.runs import CONFIG, Run, RunDirError, open_run, read_metrics
+from snens.engine.train import train
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +154,7 @@ def test_run_files_that_are_fifos_or_links_are_refused_never_waited_for(run, tmp
 
 
 def test_a_final_json_without_metrics_is_not_a_finished_run(run):
-    from snens.runs import read_final
+    from snens.engine.runs import read_final
 
     (run / "final.json").write_text("{}")
     with pytest.raises(ValueError) as err:

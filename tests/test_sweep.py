@@ -12,12 +12,12 @@ import shutil
 import pytest
 import torch
 
-import snens.train
-from snens.cli import main
-from snens.config import load_config, to_toml
-from snens.presets import preset
-from snens.runs import read_metrics
-from snens.sweep import applies, final_row, parse_grid, plan, run_sweep
+import snens.engine.train
+from snens.engine.cli import main
+from snens.engine.config import load_config, to_toml
+from snens.engine.presets import preset
+from snens.engine.runs import read_metrics
+from snens.engine.sweep import applies, final_row, parse_grid, plan, run_sweep
 
 TINY = "fashion_mnist_small_cnn_tiny"
 SMALL = [
@@ -98,7 +98,7 @@ def test_sweep_csv_holds_final_json_values(swept):
 def test_rerun_does_no_work(swept, monkeypatch, capsys):
     before = {n: (swept / n / "final.json").stat().st_mtime_ns for n in NAMES}
     calls = []
-    monkeypatch.setattr(snens.train, "train", lambda *a, **k: calls.append(a))
+    monkeypatch.setattr(snens.engine.train, "train", lambda *a, **k: calls.append(a))
     assert _sweep(swept) == 0
     out = capsys.readouterr().out
     assert calls == []
@@ -107,7 +107,7 @@ def test_rerun_does_no_work(swept, monkeypatch, capsys):
 
 
 def test_changed_base_config_is_refused_before_training(swept, monkeypatch, capsys):
-    monkeypatch.setattr(snens.train, "train", lambda *a, **k: pytest.fail("trained"))
+    monkeypatch.setattr(snens.engine.train, "train", lambda *a, **k: pytest.fail("trained"))
     assert _sweep(swept, extra=["--set", "optim.lr=0.5"]) == 2
     err = capsys.readouterr().err
     assert "holds a run of another config" in err and "optim.lr: saved 0.01, grid 0.5" in err
@@ -232,7 +232,7 @@ def test_a_combination_bad_only_as_a_whole_is_named_whole(tmp_path):
 
 
 def test_cli_bad_grid_exits_2_naming_the_value(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(snens.train, "train", lambda *a, **k: pytest.fail("trained"))
+    monkeypatch.setattr(snens.engine.train, "train", lambda *a, **k: pytest.fail("trained"))
     out = tmp_path / "bad"
     command = ["sweep", "--preset", TINY, "--grid", "seed=0,1", "--out", str(out)]
     assert main([*command, "--grid", "method.diversity_weight=0.1,nan"]) == 2
@@ -280,7 +280,7 @@ def test_a_failed_run_is_listed_and_the_others_continue(tmp_path, capsys, monkey
         (run_dir / "final.json").write_text(json.dumps({"metrics": {"test/accuracy": 0.25}}))
         return run_dir
 
-    monkeypatch.setattr(snens.train, "train", fake_train)
+    monkeypatch.setattr(snens.engine.train, "train", fake_train)
     out = tmp_path / "fail"
     command = ["sweep", "--preset", TINY, "--grid", "seed=0,1,2", "--out", str(out)]
     assert main(command) == 1

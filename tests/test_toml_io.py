@@ -4,9 +4,9 @@ import math
 
 import pytest
 
-from snens.config import from_dict, to_toml
-from snens.presets import PRESETS, preset
-from snens.toml_io import (
+from snens.engine.config import from_dict, to_toml
+from snens.engine.presets import PRESETS, preset
+from snens.engine.toml_io import (
     TOMLDecodeError,
     check_value,
     format_key,
@@ -17,7 +17,7 @@ from snens.toml_io import (
     read_toml,
 )
 
-CONFIG_COMMENT = "snens run config (every key; see snens.config for units)"
+CONFIG_COMMENT = "snens run config (every key; see snens.engine.config for units)"
 
 
 @pytest.mark.parametrize(

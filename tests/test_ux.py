@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from snens.cli import main
-from snens.plots import axis_label
-from snens.train import _progress
+from snens.engine.cli import main
+from snens.engine.train import _progress
+from snens.evaluation.plots import axis_label
 
 
 def test_axis_labels_are_words_not_keys():
@@ -71,9 +71,9 @@ def test_cli_says_how_to_download(tmp_path, capsys, monkeypatch):
 def test_the_sigma_norm_epoch_numbers_are_explained_once_with_their_target():
     """ "gain over uniform 0.35" meant nothing to a reader: the run says once what it is and
     which effective-member count the diversity loss aims at (k*(τ) of snens.optimal_k)."""
-    from snens.config import load_config
-    from snens.presets import preset
-    from snens.train import _legend_line
+    from snens.engine.config import load_config
+    from snens.engine.presets import preset
+    from snens.engine.train import _legend_line
 
     config = load_config(preset("fashion_mnist_small_cnn_tiny"), [])
     assert _legend_line(config) == (

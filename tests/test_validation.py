@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from snens import data
-from snens.config import load_config
-from snens.datasets import build_data
-from snens.epoch import StepSettings, _diversity_weight
-from snens.presets import preset
-from snens.reload import evaluate_run
-from snens.train import train
+from snens.engine.config import load_config
+from snens.engine.datasets import build_data
+from snens.engine.epoch import StepSettings, _diversity_weight
+from snens.engine.presets import preset
+from snens.engine.reload import evaluate_run
+from snens.engine.train import train
 
 
 def _data_config(*overrides: str):
@@ -110,8 +110,8 @@ def test_the_regularizer_acts_on_the_layers_named_and_no_others():
     # SGD at lr 0: γ stays where conversion put it, so every step's diversity loss is the
     # same number, the selected layer's penalty alone
     from snens import diversity_loss
-    from snens.build import build_model
-    from snens.epoch import run_epoch
+    from snens.engine.build import build_model
+    from snens.engine.epoch import run_epoch
     from snens.nn import MemberNorm
 
     config = load_config(preset("fashion_mnist_small_cnn_tiny"), [])
@@ -149,9 +149,9 @@ def test_diversity_layers_are_checked_before_anything_trains(tmp_path):
 
 
 def test_the_logged_sharing_is_of_the_layers_the_regularizer_acts_on(tmp_path):
-    from snens.allocation import allocation, mean_effective_members
-    from snens.regularizer import diversity_gain
-    from snens.reload import load_run_model
+    from snens.engine.reload import load_run_model
+    from snens.method.allocation import allocation, mean_effective_members
+    from snens.method.regularizer import diversity_gain
 
     layer = "model.stage3.1.1"
     config = load_config(

@@ -6,9 +6,10 @@ probs = snens.predictive_probs(ens(x))         # (B, K)
 """
 
 from snens import baselines, metrics, models, nn
-from snens.allocation import LayerAllocation, allocation, mean_effective_members
-from snens.calibration import TemperatureScaled, fit_temperature
-from snens.ensemble import (
+from snens.evaluation.calibration import TemperatureScaled, fit_temperature
+from snens.evaluation.protocol import evaluate
+from snens.method.allocation import LayerAllocation, allocation, mean_effective_members
+from snens.method.ensemble import (
     Ensemble,
     convert,
     ensemble_loss,
@@ -19,9 +20,8 @@ from snens.ensemble import (
     predictive_probs,
     unfold_members,
 )
-from snens.evaluate import evaluate
-from snens.optim import param_groups
-from snens.regularizer import (
+from snens.method.optim import param_groups
+from snens.method.regularizer import (
     diversity_gain,
     diversity_loss,
     diversity_penalty,

@@ -2,6 +2,6 @@
 
 import sys
 
-from snens.cli import main
+from snens.engine.cli import main
 
 sys.exit(main())

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from snens.ensemble import forward_repeated
+from snens.method.ensemble import forward_repeated
 from snens.nn.layout import check_batch_first
 from snens.nn.norms import check_num_members
 from snens.nn.surgery import ConversionReport, replace_modules
@@ -319,7 +319,7 @@ class BatchEnsemble(nn.Module):
     """A model whose layers are BatchEnsemble layers, run so that it returns (M, B, K).
 
     Every tensor argument with B rows is folded to (M·B, …) at the input
-    (:func:`snens.ensemble.forward_repeated`).
+    (:func:`snens.method.ensemble.forward_repeated`).
 
     Args:
         model: a model holding :class:`BatchEnsembleConv2d` / :class:`BatchEnsembleLinear`

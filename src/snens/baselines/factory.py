@@ -21,7 +21,7 @@ from snens.baselines.film import film
 from snens.baselines.mc_dropout import MCDropout
 from snens.baselines.packed import packed_resnet18, packed_resnet50, packed_small_cnn
 from snens.baselines.single import SingleModel
-from snens.ensemble import convert
+from snens.method.ensemble import convert
 from snens.nn.norms import check_num_members
 
 __all__ = ["DEFAULT_NUM_MEMBERS", "METHODS", "create"]
@@ -37,7 +37,7 @@ METHODS = (
     "snens",
 )
 
-#: M when ``num_members`` is not given (the field's standard, DESIGN §4).
+#: M when ``num_members`` is not given (the field's standard).
 DEFAULT_NUM_MEMBERS = 4
 
 _PACKED = {"resnet18": packed_resnet18, "resnet50": packed_resnet50, "small_cnn": packed_small_cnn}

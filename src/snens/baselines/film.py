@@ -10,7 +10,7 @@ classification head — is shared:
 sigmoid(gamma_m) ∈ (0, 1) that the diversity regularizer drives towards ownership, and gives each
 member its own head. A FiLM norm is a σN-Ens member norm with gamma fixed at +∞ (importance 1,
 stored as a buffer, not trained) and the head shared. So every snens tool applies: the
-:class:`snens.Ensemble` contract, :func:`snens.extract_member`, and :func:`snens.allocation`,
+:class:`snens.Ensemble` contract, :func:`snens.extract_member`, and :func:`snens.method.allocation`,
 which reports M effective members per feature (nothing is partitioned);
 :func:`snens.diversity_loss` is a constant with no gradient. Diversity comes only
 from the initialization and from training: members whose affines start equal see the same
@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from snens.ensemble import Ensemble
+from snens.method.ensemble import Ensemble
 from snens.nn.batch_norms import MemberBatchNorm1d, MemberBatchNorm2d, MemberBatchNorm3d
 from snens.nn.factory import MEMBER_NORMS
 from snens.nn.norms import MemberNorm, check_num_members

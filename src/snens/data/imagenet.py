@@ -4,8 +4,8 @@ ImageNet's licence forbids redistribution, so nothing downloads: get ILSVRC-2012
 https://image-net.org and lay it out as ``<data root>/imagenet/{train,val}/<wnid>/*.JPEG``
 (the validation images sorted into class folders, e.g. with the widely used ``valprep.sh``).
 
-:class:`ImageFolder` is a small stand-in for torchvision's (which does not import with the CPU
-torch here): classes are the sorted sub-folder names, indexed 0…K−1, samples the image files
+:class:`ImageFolder` is a small stand-in for torchvision's (so that reading class folders needs
+no torchvision): classes are the sorted sub-folder names, indexed 0…K−1, samples the image files
 under each, sorted. Images decode with Pillow (imported on first use) to uint8 RGB tensors
 ``(3, H, W)``, which the transforms of :mod:`snens.data.transforms` (re-exported here) take.
 

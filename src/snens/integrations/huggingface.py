@@ -25,7 +25,7 @@ What it changes in ``transformers.Trainer``, and why a plain ``Trainer`` cannot 
   labels are taken out of the batch (``"labels"``, or ``args.label_names``; the default
   collator renames ``"label"``) and never reach the model.
 * **non-finite loss**: a NaN or infinite loss stops training with
-  :class:`snens.epoch.NonFiniteLossError`, naming the step and the likely cause (NaN inputs,
+  :class:`snens.engine.epoch.NonFiniteLossError`, naming the step and the likely cause (NaN inputs,
   diverged parameters, overflowing logits), before that step's update, as the snens engine
   does. ``Trainer`` alone goes on: with ``logging_nan_inf_filter`` (its default) it leaves
   the NaN steps out of the logged loss, so NaN inputs trained every parameter to NaN while
@@ -68,17 +68,17 @@ if importlib.util.find_spec("accelerate") is None:
 import torch
 from torch import Tensor, nn
 
-from snens.ensemble import Ensemble, ensemble_loss, predictive_probs
-from snens.epoch import NonFiniteLossError
-from snens.metrics import nll
-from snens.optim import GAMMA_LR_MULTIPLIER, param_groups
-from snens.regularizer import (
+from snens.engine.epoch import NonFiniteLossError
+from snens.method.ensemble import Ensemble, ensemble_loss, predictive_probs
+from snens.method.optim import GAMMA_LR_MULTIPLIER, param_groups
+from snens.method.regularizer import (
     DEFAULT_DIVERSITY_WEIGHT,
     DEFAULT_TEMPERATURE,
     LayerSelection,
     diversity_gain,
     diversity_loss,
 )
+from snens.metrics import nll
 
 __all__ = ["SnensTrainer"]
 

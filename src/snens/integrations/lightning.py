@@ -42,16 +42,16 @@ except ImportError as error:
 import torch
 from torch import Tensor
 
-from snens.ensemble import Ensemble, ensemble_loss, predictive_probs
-from snens.metrics import accuracy, nll
-from snens.optim import GAMMA_LR_MULTIPLIER, param_groups
-from snens.regularizer import (
+from snens.method.ensemble import Ensemble, ensemble_loss, predictive_probs
+from snens.method.optim import GAMMA_LR_MULTIPLIER, param_groups
+from snens.method.regularizer import (
     DEFAULT_DIVERSITY_WEIGHT,
     DEFAULT_TEMPERATURE,
     LayerSelection,
     diversity_gain,
     diversity_loss,
 )
+from snens.metrics import accuracy, nll
 
 __all__ = ["SnensModule"]
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from torch import nn
 
-from snens.ensemble import Ensemble, convert
+from snens.method.ensemble import Ensemble, convert
 from snens.nn.linear import MemberLinear
 from snens.nn.norms import MemberNorm
 

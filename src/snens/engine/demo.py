@@ -2,14 +2,14 @@
 
 On the bundled Fashion-MNIST (MNIST-5k as the OOD set, generated corruptions as the shifted
 test sets) the demo trains, one after the other and from the same seed, through the engine
-(:func:`snens.sweep.plan` and :func:`snens.sweep.run_sweep` over the preset
+(:func:`snens.engine.sweep.plan` and :func:`snens.engine.sweep.run_sweep` over the preset
 ``fashion_mnist_small_cnn``, so every run is an ordinary run directory under ``OUT/runs``):
 
 * a single SmallCNN,
 * a deep ensemble of M SmallCNNs,
 * Packed-Ensembles of the SmallCNN (α=2, γ=2),
 * σN-Ens (the SmallCNN converted, M members) at the library's default τ
-  (:data:`snens.regularizer.DEFAULT_TEMPERATURE`) and at a lower and a higher one,
+  (:data:`snens.method.regularizer.DEFAULT_TEMPERATURE`) and at a lower and a higher one,
 
 reads each run's ``final.json`` (:func:`snens.evaluate`'s metrics) and writes ``report.md``
 (the table, the budget it ran beside the converged study's reference tables
@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from snens.regularizer import DEFAULT_DIVERSITY_WEIGHT, DEFAULT_TEMPERATURE
+from snens.method.regularizer import DEFAULT_DIVERSITY_WEIGHT, DEFAULT_TEMPERATURE
 
 __all__ = [
     "CONVERGED_FINAL",
@@ -199,8 +199,8 @@ def run(
     import sys
 
     import snens
-    from snens.presets import preset
-    from snens.sweep import plan, run_sweep
+    from snens.engine.presets import preset
+    from snens.engine.sweep import plan, run_sweep
 
     config = config or (FULL_DEMO if full else DemoConfig())
     out_dir = Path(out)
@@ -276,7 +276,7 @@ def run(
 
 def _trained_model(run_dir: Path):
     """The run's model with the weights of its last checkpoint, in eval mode."""
-    from snens.reload import load_run_model
+    from snens.engine.reload import load_run_model
 
     return load_run_model(run_dir)[0].eval()
 
@@ -289,9 +289,9 @@ def _plots(out_dir: Path, rows, results, nets) -> list[Path]:
         return []
     import dataclasses
 
-    from snens import plots
-    from snens.datasets import build_data
-    from snens.fit import predict
+    from snens.engine.datasets import build_data
+    from snens.engine.fit import predict
+    from snens.evaluation import plots
 
     # every run scores the same test set: build it once, without OOD and corrupted sets
     first = next(iter(nets.values()))[1]

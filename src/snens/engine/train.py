@@ -1,4 +1,5 @@
-"""The training engine: one readable function from a :class:`~snens.config.RunConfig` to a run.
+"""The training engine: one readable function from a :class:`~snens.engine.config.RunConfig`
+to a run.
 
 :func:`train` reads top to bottom, as nanoGPT's loop does:
 
@@ -22,10 +23,11 @@ kernels on other hardware, so compare such runs within a tolerance. An operation
 deterministic implementation then raises an error naming it rather than running silently.
 
 What a config builds (model, optimizer, schedule, the process's settings) lives in
-:mod:`snens.build`; a finished or interrupted run's model and metrics, again from its
-directory, in :mod:`snens.reload`; :func:`~snens.fit.fit` and :func:`~snens.fit.predict`
-(:mod:`snens.fit`) are the small helpers for a model and batches you built yourself, and
-:func:`~snens.fit.fit` runs the same step as the engine. Their public names are re-exported here.
+:mod:`snens.engine.build`; a finished or interrupted run's model and metrics, again from its
+directory, in :mod:`snens.engine.reload`; :func:`~snens.engine.fit.fit` and
+:func:`~snens.engine.fit.predict` (:mod:`snens.engine.fit`) are the small helpers for a model
+and batches you built yourself, and :func:`~snens.engine.fit.fit` runs the same step as the
+engine. Their public names are re-exported here.
 """
 
 from __future__ import annotations
@@ -43,9 +45,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
-from snens import distributed
-from snens.allocation import allocation, mean_effective_members
-from snens.build import (
+from snens.engine import distributed
+from snens.engine.build import (
     build_model,
     build_optimizer,
     build_schedule,
@@ -58,8 +59,7 @@ from snens.build import (
     select_finetune,
     text_encoder,
 )
-from snens.calibration import fit_temperature
-from snens.checkpoint import (
+from snens.engine.checkpoint import (
     load_checkpoint,
     load_model_state,
     load_training_state,
@@ -68,21 +68,23 @@ from snens.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from snens.config import RunConfig, to_dict
-from snens.datasets import Data, build_data
-from snens.epoch import EpochStats, NonFiniteLossError, StepSettings, run_epoch
-from snens.evaluate import _test_metrics, evaluate
-from snens.fit import TrainResult, fit, predict
-from snens.optim import param_groups
-from snens.regularizer import diversity_gain, optimal_k
-from snens.reload import (
+from snens.engine.config import RunConfig, to_dict
+from snens.engine.datasets import Data, build_data
+from snens.engine.epoch import EpochStats, NonFiniteLossError, StepSettings, run_epoch
+from snens.engine.fit import TrainResult, fit, predict
+from snens.engine.reload import (
     check_progress,
     evaluate_run,
     load_run_model,
     saved_config,
     validation_metrics,
 )
-from snens.runs import Run, create_run, hold_run, open_run, refuse_existing_run
+from snens.engine.runs import Run, create_run, hold_run, open_run, refuse_existing_run
+from snens.evaluation.calibration import fit_temperature
+from snens.evaluation.protocol import _test_metrics, evaluate
+from snens.method.allocation import allocation, mean_effective_members
+from snens.method.optim import param_groups
+from snens.method.regularizer import diversity_gain, optimal_k
 
 __all__ = [
     "Data",
@@ -165,7 +167,7 @@ def train(
     run_dir: str | os.PathLike | None = None,
     log: Callable[[str], None] | None = print,
 ) -> Path:
-    """Train and evaluate one run; return its directory (see :mod:`snens.runs`).
+    """Train and evaluate one run; return its directory (see :mod:`snens.engine.runs`).
 
     Args:
         config: the resolved run config.
@@ -196,7 +198,7 @@ def train(
             ``on_nonfinite = "skip"``.
         RuntimeError: under torchrun, another rank died or stopped answering (names the rank).
 
-    Under ``torchrun --nproc_per_node=N`` (see :mod:`snens.distributed`) the same call trains
+    Under ``torchrun --nproc_per_node=N`` (see :mod:`snens.engine.distributed`) the same call trains
     with DistributedDataParallel: each rank takes B/N rows of every global batch of B, rank 0
     alone writes the run directory, logs and evaluates (over the full test set; the others
     return when training ends). The epoch's task loss is the mean over the ranks.

@@ -1,10 +1,10 @@
 """Run directories: the evidence every training run leaves behind.
 
     runs/<name>/
-        config.toml       the resolved config (every key), readable by snens.config.load_config
+        config.toml       the resolved config (every key): snens.engine.config.load_config
         provenance.json   versions, platform, git SHA of the snens source, command line, times
         metrics.jsonl     one JSON object per epoch, flushed and fsynced as it is written
-        last.pt, prev.pt  the newest two checkpoints (snens.checkpoint)
+        last.pt, prev.pt  the newest two checkpoints (snens.engine.checkpoint)
         outputs.npz       the member logits of that evaluation (test, validation, OOD sets)
         final.json        the final evaluation (snens.evaluate), written at the end, last
 
@@ -39,9 +39,9 @@ from typing import Any
 import numpy as np
 
 from snens import locks
-from snens.checkpoint import atomic_write
-from snens.config import RunConfig, load_config, to_dict, to_toml
-from snens.toml_io import parse_toml
+from snens.engine.checkpoint import atomic_write
+from snens.engine.config import RunConfig, load_config, to_dict, to_toml
+from snens.engine.toml_io import parse_toml
 
 __all__ = [
     "Run",

@@ -1,4 +1,4 @@
-"""Typed, frozen run configurations, read from and written to TOML (by :mod:`snens.toml_io`).
+"""Typed, frozen run configurations, read from and written to TOML (by :mod:`snens.engine.toml_io`).
 
 A run is described by one :class:`RunConfig`: run-level settings (seed, output directory,
 determinism, checkpointing) and four sections, each a frozen dataclass::
@@ -19,7 +19,7 @@ because TOML has no null.
     config = load_config("my.toml", ["method.temperature=0.5", "optim.epochs=3"])
     text = to_toml(config)            # load_config(tomllib.loads(text)) == config
 
-Named settings (the paper's and their offline stand-ins) are in :mod:`snens.presets`.
+Named settings (the paper's and their offline stand-ins) are in :mod:`snens.engine.presets`.
 """
 
 from __future__ import annotations
@@ -37,16 +37,16 @@ from typing import Any, ClassVar, Literal
 
 from snens.baselines.factory import METHODS
 from snens.data.corruptions import CORRUPTIONS, EXTRA_CORRUPTIONS, SEVERITIES
-from snens.nn.norms import MAX_MEMBERS
-from snens.optim import GAMMA_LR_MULTIPLIER
-from snens.regularizer import DEFAULT_DIVERSITY_WEIGHT, DEFAULT_TEMPERATURE
-from snens.toml_io import (
+from snens.engine.toml_io import (
     TOMLDecodeError,
     check_value,
     format_toml,
     parse_value,
     read_toml,
 )
+from snens.method.optim import GAMMA_LR_MULTIPLIER
+from snens.method.regularizer import DEFAULT_DIVERSITY_WEIGHT, DEFAULT_TEMPERATURE
+from snens.nn.norms import MAX_MEMBERS
 
 __all__ = [
     "DATASETS",
@@ -70,7 +70,7 @@ __all__ = [
 ]
 
 #: Data sets a config may name: image sets held in memory, ImageNet-style class folders streamed
-#: from disk, and text sets tokenized once (see ``snens.datasets.build_data``).
+#: from disk, and text sets tokenized once (see ``snens.engine.datasets.build_data``).
 DATASETS = (
     "fashion_mnist",
     "cifar10",
@@ -840,4 +840,6 @@ def to_toml(config: RunConfig) -> str:
     Raises:
         TypeError: an option value TOML cannot hold (e.g. an object in ``model.options``).
     """
-    return format_toml(to_dict(config), "snens run config (every key; see snens.config for units)")
+    return format_toml(
+        to_dict(config), "snens run config (every key; see snens.engine.config for units)"
+    )

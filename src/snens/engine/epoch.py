@@ -2,9 +2,9 @@
 
     loss = ensemble_loss(model(x), y) + diversity_loss(model, τ, λ)    (second term if λ > 0)
 
-:func:`run_epoch` is the step of the engine (:func:`snens.train.train`) and of
-:func:`snens.fit.fit`: forward (bf16 autocast if set) → loss → a non-finite loss stops the run
-or skips the step → backward → gradient clipping → optimizer and schedule step.
+:func:`run_epoch` is the step of the engine (:func:`snens.engine.train.train`) and of
+:func:`snens.engine.fit.fit`: forward (bf16 autocast if set) → loss → a non-finite loss stops
+the run or skips the step → backward → gradient clipping → optimizer and schedule step.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from snens.ensemble import _check_labels, _check_logits, _member_cross_entropy
-from snens.regularizer import DEFAULT_TEMPERATURE, diversity_loss
+from snens.method.ensemble import _check_labels, _check_logits, _member_cross_entropy
+from snens.method.regularizer import DEFAULT_TEMPERATURE, diversity_loss
 
 __all__ = ["EpochStats", "NonFiniteLossError", "StepSettings", "run_epoch"]
 

@@ -6,7 +6,7 @@
 A grid axis is ``KEY=V1,V2,…`` over any config key; each value is read as a ``--set`` value
 (TOML: ``0.5``, ``true``, ``[25, 50]``, ``"text"``; commas inside brackets, braces or quotes do
 not split). The runs are the cartesian product of the axes, in the order given (the last axis
-varies fastest), each trained by :func:`snens.train.train` into ``OUT/<run name>``, the name
+varies fastest), each trained by :func:`snens.engine.train.train` into ``OUT/<run name>``, the name
 built from the grid values: ``method.temperature=0.5,seed=1``.
 
 **Method-aware axes.** ``method.temperature`` (τ) and ``method.diversity_weight`` (λ) act
@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from snens.config import (
+from snens.engine.config import (
     MEMBER_NORM_METHODS,
     ONE_NETWORK_METHODS,
     RunConfig,
@@ -53,7 +53,7 @@ from snens.config import (
     load_config,
     to_dict,
 )
-from snens.runs import CONFIG, FINAL, LAST, RunDirError, read_final
+from snens.engine.runs import CONFIG, FINAL, LAST, RunDirError, read_final
 
 __all__ = [
     "MAX_RUNS",
@@ -526,16 +526,16 @@ def run_sweep(
             runs trained here are a part of it, so the table of a sweep trained piecewise
             keeps the rows of the parts trained before.
         progress: progress bars in training.
-        train: the engine (default :func:`snens.train.train`).
+        train: the engine (default :func:`snens.engine.train.train`).
         log: called with one line per run and the engine's lines.
 
     Raises:
         RunDirError: ``out`` is not writable (before any run).
     """
-    from snens.runs import RunDirError, RunInUseError, check_writable
+    from snens.engine.runs import RunDirError, RunInUseError, check_writable
 
     if train is None:
-        from snens.train import train
+        from snens.engine.train import train
     out = check_writable(out)
     listed = list(runs) if table is None else list(table)
     paths = {r.path() for r in listed}

@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the CLI imports the library lazily, per command
-    from snens.config import RunConfig
+    from snens.engine.config import RunConfig
 
 __all__ = ["main"]
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from snens import demo
+    from snens.engine import demo
 
     try:
         return demo.run(full=args.full, out=args.out)
@@ -44,16 +43,16 @@ def _build_kernels(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from snens import benchmark
+    from snens.engine import benchmark
 
     return benchmark.main(args.rest)
 
 
 def _train(args: argparse.Namespace) -> int:
-    from snens.checkpoint import CheckpointError
-    from snens.config import to_toml
-    from snens.runs import RunDirError
-    from snens.train import NonFiniteLossError, train
+    from snens.engine.checkpoint import CheckpointError
+    from snens.engine.config import to_toml
+    from snens.engine.runs import RunDirError
+    from snens.engine.train import NonFiniteLossError, train
 
     if args.list_presets:
         _print_presets()
@@ -98,10 +97,10 @@ def _check_config_unedited(run_dir: Path) -> None:
             config.toml cannot be read.
         CheckpointError: last.pt is damaged or holds no readable config.
     """
-    from snens.checkpoint import load_checkpoint
-    from snens.config import load_config, to_dict
-    from snens.reload import saved_config
-    from snens.runs import CONFIG, config_differences
+    from snens.engine.checkpoint import load_checkpoint
+    from snens.engine.config import load_config, to_dict
+    from snens.engine.reload import saved_config
+    from snens.engine.runs import CONFIG, config_differences
 
     checkpoint = run_dir / "last.pt"
     if not checkpoint.is_file() or not (run_dir / CONFIG).is_file():
@@ -117,7 +116,7 @@ def _check_config_unedited(run_dir: Path) -> None:
 
 
 def _print_presets() -> None:
-    from snens.presets import PRESETS
+    from snens.engine.presets import PRESETS
 
     for name, config in PRESETS.items():
         print(
@@ -130,9 +129,9 @@ def _print_presets() -> None:
 def _train_config(args: argparse.Namespace) -> RunConfig | int:
     """The config ``snens train`` runs (from ``--preset``, ``--config`` or ``--resume``, with
     ``--set`` and ``--out`` over it), or exit status 2 with the usage error said on stderr."""
-    from snens.config import load_config
-    from snens.presets import preset
-    from snens.runs import CONFIG
+    from snens.engine.config import load_config
+    from snens.engine.presets import preset
+    from snens.engine.runs import CONFIG
 
     sources = [x for x in (args.preset, args.config, args.resume) if x is not None]
     if len(sources) != 1:
@@ -165,9 +164,9 @@ def _train_config(args: argparse.Namespace) -> RunConfig | int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from snens.checkpoint import CheckpointError
-    from snens.reload import evaluate_run
-    from snens.runs import RunDirError, to_json
+    from snens.engine.checkpoint import CheckpointError
+    from snens.engine.reload import evaluate_run
+    from snens.engine.runs import RunDirError, to_json
 
     try:
         results, state = evaluate_run(args.run_dir)
@@ -183,9 +182,9 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from snens.presets import preset
-    from snens.runs import RunDirError
-    from snens.sweep import plan, run_sweep
+    from snens.engine.presets import preset
+    from snens.engine.runs import RunDirError
+    from snens.engine.sweep import plan, run_sweep
 
     if (args.preset is None) == (args.config is None):
         print("snens sweep: give one of --preset NAME, --config FILE", file=sys.stderr)
@@ -254,7 +253,7 @@ def _check_set_and_grid(settings: list[str], axes: list[str]) -> None:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from snens.report import write_report
+    from snens.engine.report import write_report
 
     try:
         report = write_report(args.dirs, args.out or Path(args.dirs[0]) / "report")
@@ -409,7 +408,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     args, rest = build_parser().parse_known_args(argv)
     if rest and args.command != "bench":
         build_parser().parse_args(argv)  # reports the unknown arguments and exits

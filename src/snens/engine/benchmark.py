@@ -16,7 +16,7 @@ Every mode runs on ``--device`` (default ``cpu``): models and inputs live there,
 autocast of that device type, and on CUDA the clock is read only after
 ``torch.cuda.synchronize()``, before and after each timed repeat, past two warm-up calls.
 
-    python -m snens.benchmark            # or: snens bench, python benchmarks/bench.py
+    python -m snens.engine.benchmark            # or: snens bench, python benchmarks/bench.py
     snens bench --device cuda --steps-only
 """
 
@@ -142,7 +142,7 @@ def _train_step(
     model: nn.Module, x: torch.Tensor, y: torch.Tensor, bf16: bool = False
 ) -> Callable[[], None]:
     """One timed step: forward, the ensemble loss, backward, an SGD update. The model's cost
-    alone: the engine's step (:func:`snens.epoch.run_epoch`) adds the same host sync and
+    alone: the engine's step (:func:`snens.engine.epoch.run_epoch`) adds the same host sync and
     gradient-norm work to every method, which would blur the ratios."""
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     model.train()
@@ -672,7 +672,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.llm:
-        from snens.benchmark_llm import llm_measures
+        from snens.engine.benchmark_llm import llm_measures
 
         rows = llm_measures(
             args.num_members,

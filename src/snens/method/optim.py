@@ -1,6 +1,6 @@
 """Parameter groups by one visible rule: gamma apart, no weight decay on norms and biases.
 
-gamma gets its own group with a larger learning rate and no weight decay (DESIGN §1):
+gamma gets its own group with a larger learning rate and no weight decay:
 with Adam a parameter moves about lr per step, so at lr 3e-3 for a few hundred steps gamma
 barely moves and no allocation forms (measured: 3.3–3.4 effective members of 4 at every τ);
 weight decay pulls sigmoid(gamma) to 0.5 and fights the regularizer.

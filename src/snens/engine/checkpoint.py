@@ -67,7 +67,7 @@ _MAGIC = b"snens-checkpoint"
 _VERSION = 1
 _MAX_HEADER = 256  # bytes; the header line is ~110
 
-#: Keys of a training checkpoint written by ``snens.train``.
+#: Keys of a training checkpoint written by ``snens.engine.train``.
 TRAINING_KEYS = ("model", "optimizer", "schedule", "rng", "epoch", "step", "config")
 
 

@@ -5,7 +5,7 @@
 A run is any directory holding ``config.toml`` and ``final.json`` (made by ``snens train`` or
 ``snens sweep``); the directories given are searched recursively. Runs whose configs differ
 only in ``seed`` (and ``name``, ``out_dir``) form a group; keys that do not apply to a run's
-method (τ and λ outside σN-Ens, see :func:`snens.sweep.applies`) are ignored. One row per
+method (τ and λ outside σN-Ens, see :func:`snens.engine.sweep.applies`) are ignored. One row per
 group: the config keys that vary between groups, n (the number of runs) and, for each metric
 some run of the group holds, the mean ± std over its runs (std with ddof=1; a group of one run
 shows its value and "n=1"). A value that is not finite (inf, or NaN: null in final.json) is
@@ -25,11 +25,12 @@ and ``<metric> left out`` for a metric some run holds a non-finite value of).
 Each run counts once: a directory inside another run's directory (a backup, a copy) and a run
 of the same configuration and seed as one already counted (a copied run directory) are
 skipped with a note naming both; counting them had made one seed look like two, with a std of
-0. The files are written atomically (:func:`snens.checkpoint.atomic_write`): a full disk
+0. The files are written atomically (:func:`snens.engine.checkpoint.atomic_write`): a full disk
 leaves the previous report as it was, and the error names the file.
-With matplotlib (``pip install snens[plot]``), :mod:`snens.plots` draws ``pareto_nll.png`` and
-``pareto_ece.png`` (accuracy against NLL and ECE, one point per group) and, when the runs
-evaluated corruptions, ``shift.png`` (accuracy and ECE against severity per group).
+With matplotlib (``pip install snens[plot]``), :mod:`snens.evaluation.plots` draws
+``pareto_nll.png`` and ``pareto_ece.png`` (accuracy against NLL and ECE, one point per group)
+and, when the runs evaluated corruptions, ``shift.png`` (accuracy and ECE against severity per
+group).
 """
 
 from __future__ import annotations
@@ -47,10 +48,10 @@ from typing import Any
 
 import numpy as np
 
-from snens.checkpoint import atomic_write
-from snens.config import to_dict
-from snens.runs import CONFIG, FINAL, PROVENANCE, read_config, read_final, read_run_file
-from snens.sweep import applies
+from snens.engine.checkpoint import atomic_write
+from snens.engine.config import to_dict
+from snens.engine.runs import CONFIG, FINAL, PROVENANCE, read_config, read_final, read_run_file
+from snens.engine.sweep import applies
 
 __all__ = ["Group", "Report", "collect_runs", "group_runs", "summarize", "write_report"]
 
@@ -514,7 +515,7 @@ def _plots(groups: Sequence[Group], varied: Sequence[str], out: Path) -> tuple[l
         import matplotlib  # noqa: F401
     except ImportError:
         return [], "Plots skipped: matplotlib is not installed (`pip install snens[plot]`)."
-    from snens import plots
+    from snens.evaluation import plots
 
     means = {_label(g, varied): _mean_results(g) for g in groups}
     # each point is written with what sets its group apart (an empty label writes nothing)

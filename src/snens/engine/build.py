@@ -4,8 +4,8 @@
 (what trains), :func:`build_optimizer` and :func:`build_schedule` (per step, of
 :func:`lr_factor`); and for the process: :func:`seed_everything`, :func:`reproducible`
 (threads and deterministic algorithms), :func:`resolve_device`, and :func:`text_encoder` (whose
-tokenizer the data needs). The engine (:func:`snens.train.train`) and a reloaded run
-(:mod:`snens.reload`) both build through these.
+tokenizer the data needs). The engine (:func:`snens.engine.train.train`) and a reloaded run
+(:mod:`snens.engine.reload`) both build through these.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import torch
 from torch import nn
 
 from snens import baselines, models
-from snens.checkpoint import load_checkpoint_with_digest, load_model_state
-from snens.config import OptimConfig, RunConfig, to_dict
+from snens.engine.checkpoint import load_checkpoint_with_digest, load_model_state
+from snens.engine.config import OptimConfig, RunConfig, to_dict
 from snens.nn.linear import MemberLinear
 from snens.nn.surgery import is_norm
 

@@ -4,7 +4,7 @@
 last.pt; :func:`evaluate_run` scores it on its data as the engine did, so it reproduces
 final.json's metrics. The checks of a checkpoint (:func:`saved_config`, :func:`check_progress`)
 and the validation metrics (:func:`validation_metrics`) are the ones the engine
-(:mod:`snens.train`) uses when it resumes and trains.
+(:mod:`snens.engine.train`) uses when it resumes and trains.
 """
 
 from __future__ import annotations
@@ -19,17 +19,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from snens.build import build_model, reproducible, resolve_device, text_encoder
-from snens.checkpoint import (
+from snens.engine.build import build_model, reproducible, resolve_device, text_encoder
+from snens.engine.checkpoint import (
     CheckpointError,
     check_training_state,
     load_checkpoint,
     load_model_state,
 )
-from snens.config import RunConfig, from_dict, load_config, to_dict
-from snens.datasets import build_data
-from snens.evaluate import evaluate
-from snens.runs import CONFIG, RunDirError, config_differences
+from snens.engine.config import RunConfig, from_dict, load_config, to_dict
+from snens.engine.datasets import build_data
+from snens.engine.runs import CONFIG, RunDirError, config_differences
+from snens.evaluation.protocol import evaluate
 
 __all__ = [
     "check_progress",
@@ -44,7 +44,7 @@ def check_progress(state: Mapping[str, Any], checkpoint: Path, epochs: int) -> N
     """A checkpoint's counters must be what training can have written: a valid digest proves
     the file whole, not its values (an edited ``epoch = 10**9`` would end training at once and
     report a billion epochs). So must its optimizer and schedule states
-    (:func:`snens.checkpoint.check_training_state`): one of the wrong shape had failed inside
+    (:func:`snens.engine.checkpoint.check_training_state`): one of the wrong shape had failed inside
     ``torch.optim`` at the first step of the resumed run.
 
     Raises:
@@ -146,7 +146,7 @@ def load_run_model(run_dir: str | os.PathLike) -> tuple[nn.Module, RunConfig, di
 
 def _data_shape(config: RunConfig) -> tuple[int, int | None]:
     """(K, input channels) of the run's data set, without loading it (None channels: text)."""
-    from snens.datasets import data_shape
+    from snens.engine.datasets import data_shape
 
     return data_shape(config.data)
 

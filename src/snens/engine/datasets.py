@@ -1,5 +1,5 @@
 """The data sets the training engine reads: :func:`build_data` turns a
-:class:`~snens.config.DataConfig` into a :class:`Data` of loaders.
+:class:`~snens.engine.config.DataConfig` into a :class:`Data` of loaders.
 
 In-memory image sets (Fashion-MNIST, CIFAR-10/100, SVHN) become :class:`snens.data.TensorLoader`
 objects (the whole set on the device, vectorized augmentation); text sets are tokenized once
@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from snens import data
-from snens.config import (
+from snens.engine.config import (
     FOLDER_DATASETS,
     IMAGE_CHANNELS,
     IMAGE_OOD_SETS,

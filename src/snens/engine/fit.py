@@ -1,8 +1,8 @@
 """Training and prediction for a model and batches built by hand, without a run directory.
 
-:func:`fit` trains with the engine's step (:func:`snens.epoch.run_epoch`), AdamW and a cosine
+:func:`fit` trains with the engine's step (:func:`snens.engine.epoch.run_epoch`), AdamW and a cosine
 schedule; :func:`predict` returns the member probabilities and labels. For a run from a config,
-with checkpoints, resuming and the full evaluation, use :func:`snens.train.train`.
+with checkpoints, resuming and the full evaluation, use :func:`snens.engine.train.train`.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from snens.build import lr_factor
-from snens.epoch import StepSettings, run_epoch
+from snens.engine.build import lr_factor
+from snens.engine.epoch import StepSettings, run_epoch
+from snens.method.optim import GAMMA_LR_MULTIPLIER, param_groups
+from snens.method.regularizer import DEFAULT_TEMPERATURE, diversity_gain
 from snens.nn.norms import MemberNorm
-from snens.optim import GAMMA_LR_MULTIPLIER, param_groups
-from snens.regularizer import DEFAULT_TEMPERATURE, diversity_gain
 
 __all__ = ["TrainResult", "fit", "predict"]
 

@@ -4,7 +4,7 @@ The model is SmolLM2-135M's architecture (Llama: hidden 576, 9 heads of 64, 3 ke
 heads, MLP 1,536, vocabulary 49,152), randomly initialized — no weights file is needed, and
 the cost does not depend on the weights — with ``layers`` of its 30 decoder layers (fewer for
 a quick CPU measure: the ratios are per layer), LoRA r=8 on q_proj/v_proj, a linear head on
-the last token. Rows, as :func:`snens.benchmark.run`'s:
+the last token. Rows, as :func:`snens.engine.benchmark.run`'s:
 
 * member ``LlamaRMSNorm`` forward + backward at LLM shapes (M·B·T, 576) vs a plain one;
 * σN-Ens-LoRA step (B texts, every member on every text) vs one LoRA model at M·B texts —
@@ -25,7 +25,7 @@ from torch import nn
 
 import snens
 from snens.baselines import DeepEnsemble
-from snens.benchmark import Measure, compare
+from snens.engine.benchmark import Measure, compare
 from snens.nn.adapters import member_converter
 
 __all__ = ["llm_measures", "smollm2_config"]

@@ -27,7 +27,7 @@ sharing. What the regularizer does on its own (derived, and pinned in the tests)
   feature at τ = 0.05 / 0.5 / 5, where k* = 0.20 / 1.37 / 1.93; at τ = 5 a sixth of the
   features end with 3 owners. **k* is the global optimum, not where gradient
   descent goes**, and in training the task loss pulls importances back up. Measure the
-  realized sharing with :func:`snens.allocation.allocation` (effective members per feature)
+  realized sharing with :func:`snens.method.allocation.allocation` (effective members per feature)
   and report it next to k*(τ); never assume it.
 """
 
@@ -257,7 +257,8 @@ def tau_for_k(k: float, num_members: int) -> float:
 
     Solves k*(τ) = M·(τ − 1/(e^{1/τ} − 1)) = k by bisection in log τ (k* increases with τ)
     to ~1e-12 relative. As with k*, this is the regularizer's global optimum, not a promise of
-    what training reaches: measure the realized sharing with :func:`snens.allocation.allocation`.
+    what training reaches: measure the realized sharing with
+    :func:`snens.method.allocation.allocation`.
 
     Args:
         k: target members per feature, 0 < k < M/2; may be fractional.

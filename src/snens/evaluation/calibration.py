@@ -63,7 +63,7 @@ def _check_temperature(temperature: Any) -> float:
     if not math.isfinite(value) or value <= 0:
         raise ValueError(
             f"temperature must be finite and > 0, got {value}; fit one with "
-            "snens.calibration.fit_temperature(val_logits, val_labels)"
+            "snens.evaluation.calibration.fit_temperature(val_logits, val_labels)"
         )
     return value
 
@@ -129,7 +129,7 @@ def fit_temperature(
     Deterministic and derivative-free: the NLL is evaluated on a grid of log T with step 0.2,
     then a golden-section search refines the best grid point's bracket to 1e-6 in log T.
     Get the validation logits with ``collect(model, val_loader, logits=True)``
-    (``from snens.evaluate import collect``).
+    (``from snens.evaluation.protocol import collect``).
     Log-probabilities work as well (softmax ignores a per-row shift; −inf entries of
     underflowed probabilities are allowed).
 

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from snens import metrics
-from snens.allocation import LayerAllocation, allocation
+from snens.method.allocation import LayerAllocation, allocation
 
 __all__ = [
     "allocation_heatmap",
@@ -63,7 +63,8 @@ def _figure(width: float, height: float) -> Any:
         from matplotlib.figure import Figure
     except ImportError as error:
         raise ImportError(
-            "snens.plots needs matplotlib: `pip install matplotlib` or `pip install snens[plot]`"
+            "snens.evaluation.plots needs matplotlib: `pip install matplotlib` or "
+            "`pip install snens[plot]`"
         ) from error
     figure = Figure(figsize=(width, height), dpi=_DPI, layout="constrained")
     FigureCanvasAgg(figure)
@@ -260,7 +261,7 @@ def shift_plot(
     Args:
         results: ``{method: flat dict of snens.evaluate}``, each run with ``corruptions``.
         path: PNG file to write.
-        metric: the second panel's metric, one of ``snens.evaluate.SHIFT_METRICS``.
+        metric: the second panel's metric, one of ``snens.evaluation.protocol.SHIFT_METRICS``.
 
     Returns:
         ``path`` as a ``pathlib.Path``.

@@ -1,4 +1,4 @@
-"""The evaluation protocol (DESIGN.md §3) for any model honouring (B, …) -> logits (M, B, K).
+"""The field's evaluation protocol for any model honouring (B, …) -> logits (M, B, K).
 
 One pass per data set: :func:`collect` runs the model batch by batch in eval mode and keeps
 only the members' float32 probabilities (M, N, K) on the CPU, never the inputs, so a test set
@@ -152,7 +152,7 @@ def collect(
         device: where the inputs are moved before the forward pass; default the device of the
             model's first parameter (the model itself is never moved).
         logits: return the members' logits instead of their softmax, e.g. for
-            :func:`snens.calibration.fit_temperature`.
+            :func:`snens.evaluation.calibration.fit_temperature`.
 
     Returns:
         ``(member_probs, labels)``; member logits instead with ``logits=True``.

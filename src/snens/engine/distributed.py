@@ -6,7 +6,7 @@ DistributedDataParallel: :func:`session` joins the process group that torchrun's
 when CUDA is available, gloo on the CPU — and every other function here is a no-op for a
 single process, so the engine reads the same either way.
 
-Contract of a distributed run (see :func:`snens.train.train`):
+Contract of a distributed run (see :func:`snens.engine.train.train`):
 
 * every rank seeds the same, so it builds the same model and the same shuffled order of every
   epoch; rank r takes rows ``[r·b, (r+1)·b)`` of each global batch of B examples, b = B / N;

@@ -3,7 +3,7 @@
     config = preset("cifar10_resnet18")          # a fresh RunConfig
     snens train --preset fashion_mnist_small_cnn --set optim.epochs=3
 
-Each preset is an ordinary :class:`~snens.config.RunConfig`, checked like any other; the list
+Each preset is an ordinary :class:`~snens.engine.config.RunConfig`, checked like any other; the list
 with what each one is for is :data:`PRESETS` (and ``snens train --help``).
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from snens.config import (
+from snens.engine.config import (
     DataConfig,
     MethodConfig,
     ModelConfig,
@@ -43,8 +43,8 @@ def _cifar(dataset: str, backbone: str, **optim: Any) -> RunConfig:
     )
 
 
-# ResNet-18 CIFAR recipe (DESIGN §4): 75 epochs SGD lr 0.05, momentum 0.9, wd 5e-4, ×0.1 at
-# epochs 25 and 50, batch 128, crop + flip.
+# ResNet-18 CIFAR recipe (the field's common one): 75 epochs SGD lr 0.05, momentum 0.9, wd 5e-4,
+# ×0.1 at epochs 25 and 50, batch 128, crop + flip.
 _RESNET18 = {
     "optimizer": "sgd",
     "lr": 0.05,

@@ -1,0 +1,62 @@
+"""The package plan shows the architecture, and its dependency rule holds: the engine (and the
+integrations beside it) import the method and evaluation, never the reverse."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "snens"
+#: Packages that must not import the engine (or the integrations): everything below them.
+BELOW_THE_ENGINE = ("method", "evaluation", "nn", "metrics", "models", "data", "baselines")
+ABOVE = ("snens.engine", "snens.integrations")
+
+
+def _imports(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+@pytest.mark.parametrize("package", BELOW_THE_ENGINE)
+def test_the_method_evaluation_and_layers_never_import_the_engine(package):
+    offending = {
+        str(path.relative_to(SRC)): sorted(n for n in _imports(path) if n.startswith(ABOVE))
+        for path in (SRC / package).rglob("*.py")
+    }
+    assert {k: v for k, v in offending.items() if v} == {}
+
+
+def test_the_method_never_imports_evaluation():
+    """The method is below evaluation: it never imports it."""
+    offending = [
+        str(p.relative_to(SRC))
+        for p in (SRC / "method").rglob("*.py")
+        if any(n.startswith("snens.evaluation") for n in _imports(p))
+    ]
+    assert offending == []
+
+
+def test_the_top_level_holds_only_the_public_api_and_library_wide_modules():
+    """A newcomer finds each part from the folder names: no module sits beside the packages
+    but the public API (``__init__``), the ``python -m snens`` entry and the file locks that
+    the kernel build and the run directories share."""
+    modules = sorted(p.name for p in SRC.glob("*.py"))
+    assert modules == ["__init__.py", "__main__.py", "locks.py"]
+    packages = sorted(p.name for p in SRC.iterdir() if (p / "__init__.py").is_file())
+    assert packages == [
+        "baselines",
+        "data",
+        "engine",
+        "evaluation",
+        "integrations",
+        "method",
+        "metrics",
+        "models",
+        "nn",
+    ]
