@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.snens-installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup test test-fast fuzz demo lint clean
+.PHONY: setup test test-fast docs fuzz demo lint clean
 
 setup: $(STAMP)
 
@@ -37,6 +37,10 @@ fuzz: setup
 	SNENS_FUZZ_PROFILE=explore SNENS_FUZZ_SCALE=20 $(BIN)/python -m pytest -q \
 		tests/test_fuzz.py tests/test_fuzz_cli.py tests/test_fuzz_config.py
 
+# the documentation site, docs/_build/html/index.html (warnings are errors)
+docs: setup
+	$(BIN)/python -m sphinx -W --keep-going -b html docs docs/_build/html
+
 demo: setup
 	$(BIN)/snens demo
 
@@ -45,4 +49,4 @@ lint: setup
 	$(BIN)/ruff format --check src tests benchmarks experiments
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache docs/_build

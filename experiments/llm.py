@@ -136,7 +136,7 @@ def zeroshot() -> Path:
 
     from snens.baselines import SingleModel
     from snens.engine.build import text_encoder
-    from snens.engine.config import to_dict, to_toml
+    from snens.engine.config import to_toml
     from snens.engine.datasets import build_data
     from snens.engine.reload import validation_metrics
     from snens.engine.runs import Run
@@ -154,7 +154,7 @@ def zeroshot() -> Path:
     metrics.update(temperature_scaled_metrics(outputs))
     path = WHERE["out"] / "zeroshot"
     path.mkdir(parents=True, exist_ok=True)
-    (path / "config.toml").write_text(to_toml(to_dict(config)))
+    (path / "config.toml").write_text(to_toml(config))
     run = Run(path, config)
     run.write_outputs(outputs)
     run.write_final(

@@ -1,4 +1,5 @@
-"""The README's converged-study numbers are the committed run directories' numbers.
+"""The converged study's numbers in the README and the results page (docs/results.md) are the
+committed run directories' numbers.
 
 Every cell checked here is recomputed from ``results/converged/<stage>/<variant>/seed=<s>/
 final.json`` (mean over seeds, sample standard deviation after ``±``), so a table that was
@@ -14,7 +15,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-README = ROOT / "README.md"
+#: The pages that report the study: the README's table at a glance, the results page's tables.
+PAGES = (ROOT / "README.md", ROOT / "docs" / "results.md")
 RESULTS = ROOT / "results" / "converged"
 SEEDS = (0, 1, 2)
 SEV5_ECE = "shift/severity/5/ece"
@@ -26,7 +28,7 @@ def _metrics(stage: str, variant: str) -> tuple[dict, ...]:
     """Each seed's ``final.json`` metrics, read once."""
     runs = [RESULTS / stage / variant / f"seed={s}" / "final.json" for s in SEEDS]
     missing = [str(r.relative_to(ROOT)) for r in runs if not r.is_file()]
-    assert not missing, f"the README reports runs that are not committed: {missing}"
+    assert not missing, f"the results pages report runs that are not committed: {missing}"
     return tuple(json.loads(r.read_text())["metrics"] for r in runs)
 
 
@@ -45,7 +47,7 @@ def _mean_std(stage: str, variant: str, key: str, digits: int = 3) -> str:
 
 def _table(after: str) -> list[list[str]]:
     """The cells of the first Markdown table after the line starting with ``after``."""
-    lines = README.read_text(encoding="utf-8").splitlines()
+    lines = [line for page in PAGES for line in page.read_text(encoding="utf-8").splitlines()]
     start = next(i for i, line in enumerate(lines) if line.startswith(after))
     first = next(i for i in range(start, len(lines)) if lines[i].startswith("|"))
     rows = []

@@ -212,8 +212,8 @@ class BatchEnsembleConv2d(_FastWeights, nn.Conv2d):
     member, applied per channel.
 
     Args:
-        in_channels, out_channels, kernel_size, stride, padding, dilation, groups,
-            padding_mode: as in ``torch.nn.Conv2d``.
+        in_channels, out_channels, kernel_size: as in ``torch.nn.Conv2d``.
+        stride, padding, dilation, groups, padding_mode: as in ``torch.nn.Conv2d``.
         num_members: M.
         bias: whether each member has a bias.
         init_std: r, s ~ N(1, init_std²).

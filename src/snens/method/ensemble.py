@@ -493,6 +493,11 @@ def ensemble_loss(logits: Tensor, labels: Tensor, *, label_smoothing: float = 0.
         ValueError: if the shapes fit neither policy, a label is out of range, the logits are
             empty or not 3-D, or ``label_smoothing`` is outside [0, 1].
         TypeError: for non-floating logits, or labels that are not integer tensors.
+
+    Example:
+        >>> logits = torch.tensor([[[2.0, 0.0]], [[0.0, 2.0]]])  # (M=2, B=1, K=2)
+        >>> snens.ensemble_loss(logits, torch.tensor([0]))  # (0.1269 + 2.1269) / 2
+        tensor(1.1269)
     """
     _check_logits(logits)
     if logits.dim() != 3:
@@ -539,6 +544,11 @@ def predictive_probs(logits: Tensor) -> Tensor:
     Raises:
         ValueError: if ``logits`` has fewer than 3 dimensions or no members (M = 0).
         TypeError: if ``logits`` is not floating point.
+
+    Example:
+        >>> logits = torch.tensor([[[2.0, 0.0]], [[0.0, 2.0]]])  # (M=2, B=1, K=2)
+        >>> snens.predictive_probs(logits)  # two confident members that disagree
+        tensor([[0.5000, 0.5000]])
     """
     _check_logits(logits, allow_empty=True)
     return logits.float().softmax(dim=-1).mean(dim=0)
@@ -579,7 +589,7 @@ def export(ensemble: Ensemble, /, *args: Any, **kwargs: Any) -> torch.export.Exp
 
     Args:
         ensemble: an :class:`Ensemble` in eval mode.
-        *args, **kwargs: example inputs, as ``ensemble(*args, **kwargs)`` takes them.
+        args, kwargs: example inputs, as ``ensemble(*args, **kwargs)`` takes them.
 
     Returns:
         A ``torch.export.ExportedProgram``.

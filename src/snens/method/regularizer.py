@@ -236,6 +236,12 @@ def optimal_k(temperature: float, num_members: int) -> float:
     Raises:
         TypeError: if ``temperature`` is not a real number or ``num_members`` not an int.
         ValueError: if ``temperature`` is not finite and > 0, or ``num_members < 1``.
+
+    Example:
+        >>> round(snens.optimal_k(1.0, num_members=4), 4)  # 4·(1 − 1/(e − 1))
+        1.6721
+        >>> round(snens.optimal_k(0.05, num_members=4), 2)  # ≈ M·τ: one owner per feature
+        0.2
     """
     tau = _check_temperature(temperature)
     M = check_num_members(num_members, ceiling=False)
@@ -270,6 +276,12 @@ def tau_for_k(k: float, num_members: int) -> float:
     Raises:
         TypeError: if ``k`` is not a real number or ``num_members`` not an int.
         ValueError: if ``k`` is outside (0, M/2) or ``num_members < 1``.
+
+    Example:
+        >>> round(snens.tau_for_k(1.5, num_members=4), 3)
+        0.641
+        >>> round(snens.optimal_k(snens.tau_for_k(1.5, num_members=4), num_members=4), 6)
+        1.5
     """
     M = check_num_members(num_members, ceiling=False)
     if isinstance(k, bool) or not isinstance(k, numbers.Real):

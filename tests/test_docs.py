@@ -1,0 +1,87 @@
+"""The documentation is tested: the site builds with warnings as errors, every how-to script
+runs as a user would run it, and the examples in the main docstrings are doctests."""
+
+import doctest
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import snens
+import snens.method.ensemble
+import snens.method.regularizer
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = sorted((ROOT / "docs" / "howto" / "scripts").glob("*.py"))
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=[s.stem for s in SCRIPTS])
+def test_every_how_to_script_runs(script, tmp_path):
+    if script.stem == "llm_peft":
+        pytest.importorskip("peft")
+    result = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip(), "a how-to script says what it did"
+
+
+def test_every_how_to_script_is_shown_on_a_page():
+    pages = "".join(p.read_text() for p in (ROOT / "docs").rglob("*.md"))
+    assert [s.name for s in SCRIPTS if f"scripts/{s.name}" not in pages] == []
+
+
+@pytest.mark.parametrize("module", [snens.method.ensemble, snens.method.regularizer])
+def test_docstring_examples_run(module):
+    results = doctest.testmod(module, extraglobs={"snens": snens, "torch": torch})
+    assert results.attempted > 0 and results.failed == 0
+
+
+@pytest.mark.slow
+def test_the_site_builds_with_warnings_as_errors(tmp_path):
+    pytest.importorskip("sphinx")
+    pytest.importorskip("furo")
+    pytest.importorskip("myst_parser")
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sphinx",
+            "-W",
+            "--keep-going",
+            "-E",
+            "-q",
+            "-b",
+            "html",
+            str(ROOT / "docs"),
+            str(tmp_path / "html"),
+        ],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stderr[-5000:]
+    html = tmp_path / "html"
+    for page in (
+        "index.html",
+        "reference/api.html",
+        "reference/config.html",
+        "howto/llm.html",
+        "study/converged.html",
+        "search.html",
+    ):
+        assert (html / page).is_file(), page
+    config = (html / "reference" / "config.html").read_text()
+    assert "method.temperature" in config and "optim.lr" in config  # generated, every key
+    api = (html / "reference" / "api.html").read_text()
+    assert "snens.convert" in api and "tau_for_k" in api
