@@ -307,6 +307,10 @@ def test_llm_lora_snens_trains_under_torchrun(tiny_llm, tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["llm"]  # rank 0 alone writes
     (record,) = _metrics(tmp_path / "llm")
     assert record["step"] == 4  # 32 texts in global batches of 8, each rank taking 4 of them
+    # the run says how it was launched: world size, backend, the launcher
+    launch = json.loads((tmp_path / "llm" / "provenance.json").read_text())["distributed"]
+    assert launch["world_size"] == 2 and launch["backend"] == "gloo"
+    assert launch["launcher"] == "torchrun" and launch["nproc_per_node"] == 2
     final = _final(tmp_path / "llm")
     assert final["test/num_members"] == 4.0 and 0.0 <= final["test/accuracy"] <= 1.0
     assert 0.0 < final["test/nll"] < 5.0

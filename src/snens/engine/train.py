@@ -284,6 +284,13 @@ def _train(
                 _discard_after_checkpoint(run, epoch, say)
         group.barrier("waiting for rank 0 to prepare the run directory")
         say(_run_line(run, model, trainable, steps_per_epoch, device))
+        if group.enabled:
+            if group.is_main:
+                run.record(distributed=_launch_record(group))
+            say(
+                f"data-parallel over {group.world_size} processes ({group.backend}); each "
+                f"takes {config.data.batch_size // group.world_size} rows of every global batch"
+            )
         if source is not None:
             if group.is_main:
                 run.record(init_from=source)
@@ -341,6 +348,22 @@ def _train(
         run.write_final(final)
         say(_done_line(final["metrics"], run.path / "final.json"))
     return run.path
+
+
+def _launch_record(group: distributed.Context) -> dict[str, Any]:
+    """What ``provenance.json`` records of a data-parallel run: its size, its backend and how
+    it was launched (torchrun sets ``TORCHELASTIC_RUN_ID``; the launcher's own command line
+    is not visible to its workers, so its settings are read from the environment it gave them)."""
+    env = os.environ
+    launcher = "torchrun" if "TORCHELASTIC_RUN_ID" in env else "environment (MASTER_ADDR, …)"
+    return {
+        "world_size": group.world_size,
+        "backend": group.backend,
+        "launcher": launcher,
+        "nproc_per_node": int(env.get("LOCAL_WORLD_SIZE", group.world_size)),
+        "nnodes": int(env.get("GROUP_WORLD_SIZE", 1)),
+        "master": f"{env.get('MASTER_ADDR', '?')}:{env.get('MASTER_PORT', '?')}",
+    }
 
 
 def _run_line(
