@@ -662,7 +662,7 @@ def _reference_diversity(model: nn.Module, tau: float, lam: float) -> float:
     for m in model.modules():
         if isinstance(m, MemberNorm):
             s = m.importances().detach().double()
-            total += torch.log_softmax(s / tau, dim=0).sum().item()
+            total += (torch.log_softmax(s / tau, dim=0) + math.log(s.shape[0])).sum().item()
     return lam * total
 
 

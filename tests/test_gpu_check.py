@@ -97,12 +97,12 @@ def test_failed_sections_are_reported_and_the_run_goes_on(tmp_path):
     assert "| 1. environment | passed |" in summary
     for section, command in [
         ("2. CUDA tests", "pytest -m cuda"),
-        ("3. snens bench ratios", "snens bench --quick"),
+        ("3. snens bench ratios", "snens bench --quick exited 3; snens bench --llm"),
         ("4. snens bench --absolute", "snens bench --absolute (ResNet-18)"),
         ("5. torch.compile", "snens bench --compile-only --quick"),
     ]:
         assert f"| {section} | FAILED: {command} exited 3 |" in summary, summary
-    assert report.count("no module run here: -m ") == 4
+    assert report.count("no module run here: -m ") == 5  # section 3 runs two commands
     assert "| 6. multi-GPU (NCCL) | no GPU: NCCL not checked |" in summary
 
 

@@ -75,8 +75,11 @@ def _member_norms(M: int, gammas: str, seed: int = 0) -> nn.Module:
 
 
 def _reference_loss(model: nn.Module, tau: float) -> float:
+    """Σ_i Σ_m (log softmax_m(s_i / τ) + log M), in float64: 0 at equal sharing."""
     return sum(
-        torch.log_softmax(m.importances().detach().double() / tau, 0).sum().item()
+        (torch.log_softmax(m.importances().detach().double() / tau, 0) + math.log(m.num_members))
+        .sum()
+        .item()
         for m in model.modules()
         if isinstance(m, MemberNorm)
     )

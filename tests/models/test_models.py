@@ -309,7 +309,7 @@ def test_vit_attention_goes_through_sdpa(monkeypatch):
 
 
 def test_available_lists_the_models():
-    assert models.available() == sorted([*EXPECTED, "minilm"])
+    assert models.available() == sorted([*EXPECTED, "minilm", "smollm2"])
 
 
 def test_create_keeps_builder_default_num_classes():
