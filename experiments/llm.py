@@ -20,7 +20,8 @@ baseline: M independent adapters (and heads) over the same frozen base, each und
 Stages (each run's directory: ``results/llm/<stage>/<variant>/seed=<s>/``):
 
 * ``final`` — one LoRA model (plain and fair), σN-Ens at the preset's recipe (``repeat`` and
-  ``split``), the LoRA ensemble (fair), seed by seed (0, 1, 2). Every run's ``final.json``
+  ``split``), the LoRA ensemble (fair), MC-dropout on the LoRA path (fair), seed by seed
+  (0, 1, 2). Every run's ``final.json``
   holds the test metrics after temperature scaling fitted on the validation split
   (``test_ts/…``), and ``outputs.npz`` the member logits.
 * ``tune`` — σN-Ens recipes on the validation split, seed 0: the library's defaults (τ=1,
@@ -77,6 +78,9 @@ STAGES: dict[str, list[Variant]] = {
         Variant("snens_split", ("method.input_policy=split",)),
         Variant("single", SINGLE),
         Variant("lora_ensemble_fair", ("method.name=deep_ensemble", *FAIR)),
+        # MC-dropout on the LoRA path: the adapters' dropout (p = 0.05) left on in evaluation,
+        # 4 samples; trained as one LoRA model
+        Variant("mc_dropout_fair", ("method.name=mc_dropout", *FAIR)),
     ],
     "tune": [
         Variant("snens_defaults", ("method.temperature=1.0", "method.diversity_weight=0.1"), (0,)),
@@ -169,6 +173,7 @@ ROWS = (
     ("one LoRA model", "final", "single"),
     ("one LoRA model, norms trainable (fair)", "final", "single_fair"),
     ("LoRA ensemble, M=4, norms trainable (fair)", "final", "lora_ensemble_fair"),
+    ("MC-dropout on LoRA, 4 samples, norms trainable (fair)", "final", "mc_dropout_fair"),
     ("σN-Ens-LoRA, τ=5 λ=0.01 (preset)", "final", "snens"),
     ("σN-Ens-LoRA, τ=5 λ=0.01, split", "final", "snens_split"),
     ("σN-Ens-LoRA, τ=1 λ=0.1 (library defaults)", "tune", "snens_defaults"),
