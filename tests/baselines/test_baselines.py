@@ -543,3 +543,17 @@ def test_mc_dropout_trains_as_the_plain_model_and_samples_m_in_eval(x):
     for bad, error in ((0, ValueError), (1.0, TypeError), (True, TypeError)):
         with pytest.raises(error, match="train_samples must be"):
             MCDropout(net, 4, train_samples=bad)
+
+
+def test_one_method_record_answers_what_each_method_is():
+    """The engine asks the record, not the method's name: what wraps one network, what has
+    member norms, what the regularizer and split inputs apply to."""
+    from snens.baselines import METHOD_RECORDS
+    from snens.engine.config import MEMBER_NORM_METHODS, ONE_NETWORK_METHODS, REGULARIZED_METHODS
+
+    assert tuple(METHOD_RECORDS) == baselines.METHODS
+    assert REGULARIZED_METHODS == ("snens",)
+    assert MEMBER_NORM_METHODS == ("film", "snens")
+    assert ONE_NETWORK_METHODS == ("single", "batch_ensemble", "film", "mc_dropout", "snens")
+    assert METHOD_RECORDS["single"].fixed_members == 1
+    assert all(m.fixed_members is None for n, m in METHOD_RECORDS.items() if n != "single")

@@ -18,7 +18,7 @@ from snens.baselines.batch_ensemble import (
     batch_ensemble,
 )
 from snens.baselines.deep_ensemble import DeepEnsemble, reinitialized_copy
-from snens.baselines.factory import DEFAULT_NUM_MEMBERS, METHODS, create
+from snens.baselines.factory import DEFAULT_NUM_MEMBERS, METHOD_RECORDS, METHODS, Method, create
 from snens.baselines.film import (
     FILM_NORMS,
     FiLMBatchNorm1d,
@@ -48,6 +48,7 @@ __all__ = [
     "DEFAULT_NUM_MEMBERS",
     "FILM_NORMS",
     "METHODS",
+    "METHOD_RECORDS",
     "BatchEnsemble",
     "BatchEnsembleConv2d",
     "BatchEnsembleLinear",
@@ -60,6 +61,7 @@ __all__ = [
     "FiLMRMSNorm",
     "MCDropout",
     "MCDropoutLayer",
+    "Method",
     "PackedBasicBlock",
     "PackedBottleneck",
     "PackedConv2d",

@@ -10,6 +10,7 @@ widened network, so they take only the names ``resnet18``, ``resnet50`` and ``sm
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
@@ -24,18 +25,46 @@ from snens.baselines.single import SingleModel
 from snens.method.ensemble import convert
 from snens.nn.norms import check_num_members
 
-__all__ = ["DEFAULT_NUM_MEMBERS", "METHODS", "create"]
+__all__ = ["DEFAULT_NUM_MEMBERS", "METHODS", "METHOD_RECORDS", "Method", "create"]
 
+
+@dataclass(frozen=True)
+class Method:
+    """What a method is, for the code that builds, trains and configures it.
+
+    Attributes:
+        name: the name :func:`create` and ``method.name`` take.
+        one_network: it wraps one network (``model.init_from`` can hand it a trained one); a
+            deep ensemble builds M networks, Packed-Ensembles its own widened one.
+        member_norms: its norms are member norms with an affine of each member's own
+            (``optim.affine_weight_decay`` decays them).
+        regularized: the diversity regularizer (τ, λ, the layers it acts on) applies, and
+            ``split`` inputs are implemented (σN-Ens).
+        fixed_members: the number of members it has whatever is asked (1 for ``single``).
+    """
+
+    name: str
+    one_network: bool
+    member_norms: bool = False
+    regularized: bool = False
+    fixed_members: int | None = None
+
+
+#: Every method :func:`create` builds, by name: the one table the engine reads.
+METHOD_RECORDS: dict[str, Method] = {
+    m.name: m
+    for m in (
+        Method("single", one_network=True, fixed_members=1),
+        Method("deep_ensemble", one_network=False),
+        Method("batch_ensemble", one_network=True),
+        Method("packed", one_network=False),
+        Method("film", one_network=True, member_norms=True),
+        Method("mc_dropout", one_network=True),
+        Method("snens", one_network=True, member_norms=True, regularized=True),
+    )
+}
 #: Every method :func:`create` builds.
-METHODS = (
-    "single",
-    "deep_ensemble",
-    "batch_ensemble",
-    "packed",
-    "film",
-    "mc_dropout",
-    "snens",
-)
+METHODS = tuple(METHOD_RECORDS)
 
 #: M when ``num_members`` is not given (the field's standard).
 DEFAULT_NUM_MEMBERS = 4

@@ -59,9 +59,10 @@ def build_model(
     image = {} if channels is None else {"in_channels": channels}
     backbone_options = {**image, **config.model.options}
     options = dict(config.method.options)
-    if config.method.name == "snens":
+    method = baselines.METHOD_RECORDS[config.method.name]
+    if method.regularized:  # the one method with split inputs
         options.setdefault("input_policy", config.method.input_policy)
-    single = config.method.name == "single"
+    single = method.fixed_members == 1
     num_classes = config.model.num_classes or num_classes
     backbone: str | nn.Module = config.model.backbone
     if start is not None:

@@ -35,7 +35,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from snens.baselines.factory import METHODS
+from snens.baselines.factory import METHOD_RECORDS, METHODS
 from snens.data.corruptions import CORRUPTIONS, EXTRA_CORRUPTIONS, SEVERITIES
 from snens.engine.toml_io import (
     TOMLDecodeError,
@@ -44,8 +44,10 @@ from snens.engine.toml_io import (
     parse_value,
     read_toml,
 )
+from snens.evaluation.conformal import min_calibration_size
 from snens.method.optim import GAMMA_LR_MULTIPLIER
 from snens.method.regularizer import DEFAULT_DIVERSITY_WEIGHT, DEFAULT_TEMPERATURE
+from snens.metrics import LOGIT_OOD_SCORES, OOD_SCORES
 from snens.nn.norms import MAX_MEMBERS
 
 __all__ = [
@@ -240,6 +242,13 @@ class DataConfig(_Section):
     augment: tuple[str, ...] = ("crop", "flip")  # random crop (pad 2 px < 32 px, else 4) / flip
     ood: tuple[str, ...] = ()  # OOD test sets, from OOD_SETS
     ood_examples: int = 0  # examples per OOD set (a fixed random subset); 0 = all
+    # OOD scores reported beside msp (ood/<name>/auroc, …) as ood/<name>/<score>/{auroc,aupr,
+    # fpr95}, from the same pass: max_logit, energy (of the members' mean logit), entropy,
+    # mutual_information, msp
+    ood_scores: tuple[str, ...] = ("max_logit", "energy")
+    # miscoverage α of the split-conformal prediction sets calibrated on the validation split
+    # (test/conformal_{thr,aps}_{coverage,size}); needs validation_examples >= ⌈1/α⌉ − 1
+    conformal_alpha: float = 0.1
     corruptions: bool = False  # evaluate on generated CIFAR-C-style corruptions of the test set
     corruption_names: tuple[str, ...] = ()  # () = the 15 CIFAR-10-C corruptions
     severities: tuple[int, ...] = SEVERITIES  # each in 1..5
@@ -285,6 +294,18 @@ class DataConfig(_Section):
             _require(a in ("crop", "flip"), self.key("augment"), "a list of 'crop', 'flip'", a)
         for name in self.ood:
             _require(name in OOD_SETS, self.key("ood"), f"a list of {OOD_SETS}", name)
+        scores = (*OOD_SCORES, *LOGIT_OOD_SCORES)
+        for score in self.ood_scores:
+            _require(score in scores, self.key("ood_scores"), f"a list of {scores}", score)
+        alpha = self.conformal_alpha
+        _require(0 < alpha < 1, self.key("conformal_alpha"), "a number in (0, 1)", alpha)
+        least = min_calibration_size(alpha)
+        if 0 < self.validation_examples < least:
+            raise ValueError(
+                f"{self.key('validation_examples')} = {self.validation_examples} is too few to "
+                f"calibrate conformal sets at {self.key('conformal_alpha')} = {alpha}: give at "
+                f"least {least} validation examples, or a larger conformal_alpha"
+            )
         _require(self.max_length >= 2, self.key("max_length"), "an int >= 2", self.max_length)
         _require(self.image_size >= 1, self.key("image_size"), "an int >= 1", self.image_size)
         _require(self.resize >= 0, self.key("resize"), "an int >= 0 (0 = as stored)", self.resize)
@@ -303,7 +324,7 @@ class DataConfig(_Section):
             _require(name in known, self.key("corruption_names"), f"a list of {known}", name)
         for s in self.severities:
             _require(1 <= s <= 5, self.key("severities"), "a list of ints in 1..5", s)
-        for name in ("augment", "ood", "corruption_names", "severities"):
+        for name in ("augment", "ood", "ood_scores", "corruption_names", "severities"):
             values = list(getattr(self, name))
             twice = sorted({v for v in values if values.count(v) > 1}, key=values.index)
             if twice:
@@ -407,11 +428,14 @@ class ModelConfig(_Section):
 
 #: The methods built around one network, so ``model.init_from`` can hand them a trained one
 #: (a deep ensemble builds M fresh networks, Packed-Ensembles its own widened one).
-ONE_NETWORK_METHODS = ("single", "snens", "batch_ensemble", "film", "mc_dropout")
+ONE_NETWORK_METHODS = tuple(n for n, m in METHOD_RECORDS.items() if m.one_network)
 
 #: The methods whose norms are member norms with an affine of each member's own, which
 #: ``optim.affine_weight_decay`` decays.
-MEMBER_NORM_METHODS = ("snens", "film")
+MEMBER_NORM_METHODS = tuple(n for n, m in METHOD_RECORDS.items() if m.member_norms)
+
+#: The methods the diversity regularizer (τ, λ, its layers) and ``split`` inputs apply to.
+REGULARIZED_METHODS = tuple(n for n, m in METHOD_RECORDS.items() if m.regularized)
 
 
 @dataclass(frozen=True)
@@ -441,10 +465,11 @@ class MethodConfig(_Section):
             f"an int in 1..{MAX_MEMBERS}",
             self.num_members,
         )
-        if self.name == "single" and self.num_members != 1:
+        fixed = METHOD_RECORDS[self.name].fixed_members
+        if fixed is not None and self.num_members != fixed:
             raise ValueError(
-                f"method.num_members must be 1 for method 'single', got {self.num_members}; "
-                "set method.num_members=1"
+                f"method.num_members must be {fixed} for method {self.name!r}, got "
+                f"{self.num_members}; set method.num_members={fixed}"
             )
         tau = self.temperature
         _require(math.isfinite(tau) and tau > 0, self.key("temperature"), "finite and > 0", tau)
@@ -454,14 +479,14 @@ class MethodConfig(_Section):
         _require(math.isfinite(ramp) and ramp >= 0, self.key("diversity_ramp_epochs"), ">= 0", ramp)
         mult = self.gamma_lr_multiplier
         _require(math.isfinite(mult) and mult >= 0, self.key("gamma_lr_multiplier"), ">= 0", mult)
-        if self.diversity_layers and self.name != "snens":
+        if self.diversity_layers and self.name not in REGULARIZED_METHODS:
             raise ValueError(
                 f"method.diversity_layers applies to method 'snens' only, got method.name "
                 f"{self.name!r}; leave diversity_layers empty"
             )
         blank = [n for n in self.diversity_layers if not n.strip()]
         _require(not blank, self.key("diversity_layers"), "module names", self.diversity_layers)
-        if self.input_policy == "split" and self.name != "snens":
+        if self.input_policy == "split" and self.name not in REGULARIZED_METHODS:
             raise ValueError(
                 f"method.input_policy 'split' is implemented for method 'snens' only, got "
                 f"method.name {self.name!r}; use input_policy 'repeat'"

@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from snens.baselines import METHOD_RECORDS
 from snens.method.regularizer import DEFAULT_DIVERSITY_WEIGHT, DEFAULT_TEMPERATURE
 
 __all__ = [
@@ -232,7 +233,9 @@ def run(
         report = final["metrics"]
         net = _trained_model(path)
         tau = (
-            sweep_run.config.method.temperature if sweep_run.config.method.name == "snens" else None
+            sweep_run.config.method.temperature
+            if METHOD_RECORDS[sweep_run.config.method.name].regularized
+            else None
         )
         results[label] = report
         nets[label] = (net, sweep_run.config)

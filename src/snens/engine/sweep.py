@@ -48,6 +48,7 @@ from typing import Any
 from snens.engine.config import (
     MEMBER_NORM_METHODS,
     ONE_NETWORK_METHODS,
+    REGULARIZED_METHODS,
     RunConfig,
     apply_overrides,
     load_config,
@@ -74,9 +75,9 @@ MAX_RUNS = 10_000
 #: Config keys that apply to some methods only: key -> the methods they apply to (None: every
 #: method but "single").
 METHOD_ONLY_KEYS: dict[str, tuple[str, ...] | None] = {
-    "method.temperature": ("snens",),
-    "method.diversity_weight": ("snens",),
-    "method.diversity_layers": ("snens",),
+    "method.temperature": REGULARIZED_METHODS,
+    "method.diversity_weight": REGULARIZED_METHODS,
+    "method.diversity_layers": REGULARIZED_METHODS,
     "optim.affine_weight_decay": MEMBER_NORM_METHODS,
     "model.init_from": ONE_NETWORK_METHODS,
     "method.num_members": None,

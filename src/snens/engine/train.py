@@ -45,6 +45,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
+from snens.baselines import METHOD_RECORDS
 from snens.engine import distributed
 from snens.engine.build import (
     build_model,
@@ -81,7 +82,7 @@ from snens.engine.reload import (
 )
 from snens.engine.runs import Run, create_run, hold_run, open_run, refuse_existing_run
 from snens.evaluation.calibration import fit_temperature
-from snens.evaluation.protocol import _test_metrics, evaluate
+from snens.evaluation.protocol import _test_metrics, evaluate, posthoc_metrics
 from snens.method.allocation import allocation, mean_effective_members
 from snens.method.optim import param_groups
 from snens.method.regularizer import diversity_gain, optimal_k
@@ -299,7 +300,7 @@ def _train(
                 f"(sha256 {source['sha256'][:12]}…)"
             )
         say(f"parameter groups: {_describe_groups(groups)}")
-        if config.method.name == "snens":
+        if METHOD_RECORDS[config.method.name].regularized:
             say(_legend_line(config))
         replicated = _wrap_ddp(model, group, device)  # checkpoints hold the plain model's state
         forward = _CompiledOrEager(replicated) if config.optim.compile else replicated
@@ -409,9 +410,10 @@ def _check_start(
 
 def _step_settings(config: RunConfig, steps_per_epoch: int) -> StepSettings:
     """The training step's settings (no diversity loss but for σN-Ens)."""
+    regularized = METHOD_RECORDS[config.method.name].regularized
     return StepSettings(
         temperature=config.method.temperature,
-        diversity_weight=config.method.diversity_weight if config.method.name == "snens" else 0.0,
+        diversity_weight=config.method.diversity_weight if regularized else 0.0,
         diversity_ramp_steps=round(config.method.diversity_ramp_epochs * steps_per_epoch),
         diversity_layers=config.method.diversity_layers,
         label_smoothing=config.optim.label_smoothing,
@@ -511,7 +513,9 @@ def _epoch_record(
         "skipped_steps": stats.skipped,
         "seconds": stats.seconds,
     }
-    if config.method.name == "snens":  # the realized allocation, to report next to k*(τ)
+    if METHOD_RECORDS[
+        config.method.name
+    ].regularized:  # the realized allocation, to report next to k*(τ)
         layers = config.method.diversity_layers or None
         record["diversity_loss"] = stats.diversity_loss
         record["diversity_gain"] = diversity_gain(model, config.method.temperature, layers)
@@ -573,7 +577,12 @@ def _final_results(
     seconds: float,
     skipped_steps: int,
 ) -> dict[str, Any]:
-    """final.json: the full evaluation, the model's size and the training counters."""
+    """final.json: the full evaluation, the model's size and the training counters.
+
+    From the kept logits, with no second pass: the OOD scores of ``data.ood_scores``
+    (``ood/<name>/<score>/…``) and, with a validation split, temperature scaling
+    (``test_ts/…``) and conformal sets at α = ``data.conformal_alpha``
+    (``test/conformal_…``), both fitted on the validation split."""
     outputs: dict[str, Tensor] = {}
     results = evaluate(
         model, loaded.test, ood=loaded.ood, corruptions=loaded.corruptions, keep_logits=outputs
@@ -581,6 +590,13 @@ def _final_results(
     if loaded.validation is not None:
         results.update(validation_metrics(model, loaded.validation, keep_logits=outputs))
         results.update(temperature_scaled_metrics(outputs))
+    results.update(
+        posthoc_metrics(
+            outputs,
+            ood_scores=config.data.ood_scores,
+            conformal_alpha=config.data.conformal_alpha,
+        )
+    )
     final: dict[str, Any] = {
         "metrics": results,
         "model": _model_summary(model, config),
@@ -671,7 +687,7 @@ def _model_summary(model: nn.Module, config: RunConfig) -> dict[str, Any]:
         "params": sum(p.numel() for p in model.parameters()),
         "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
     }
-    if config.method.name == "snens":
+    if METHOD_RECORDS[config.method.name].regularized:
         summary["effective_members"] = _effective_members(model, config)
         summary["k_star"] = optimal_k(config.method.temperature, config.method.num_members)
     return summary
