@@ -3,7 +3,9 @@
 Fast checks on a tiny pre-norm transformer pin the invariants: the columns Trainer keeps are the
 wrapped model's; the loss's value is the task loss while its gradient is that of task +
 diversity; γ has its own optimizer group at lr × multiplier; evaluation returns the mean of
-the members' softmaxes. Two real runs show it training:
+the members' softmaxes; a saved ensemble (``trainer.save_model`` + ``load_ensemble``,
+``SnensModule.load_from_checkpoint``) reloads into a fresh model with bitwise-equal outputs.
+Two real runs show it training:
 
 * Hugging Face: pretrained MiniLM-L6, M=4, on 320 Rotten Tomatoes snippets (balanced, 32
   tokens, batch 16, 20 steps, full fine-tune, lr 3e-4, γ ×10), 160 balanced held-out snippets;
@@ -15,6 +17,7 @@ Each part skips only when its framework is not installed.
 """
 
 import importlib.util
+import json
 import math
 import subprocess
 import sys
@@ -306,6 +309,125 @@ def test_trainer_stops_on_a_non_finite_loss_naming_the_cause(tmp_path):
         torch.testing.assert_close(p.detach(), before[name], rtol=0, atol=0)
 
 
+# -- saving and reloading ------------------------------------------------------------------------
+
+
+def _outputs(ens, examples):
+    ens.eval()
+    with torch.no_grad():
+        return ens(input_ids=examples.ids, attention_mask=examples.mask)  # (M, N, K)
+
+
+def test_trainer_save_model_reloads_the_trained_ensemble_exactly(tmp_path):
+    from snens.integrations.huggingface import load_ensemble
+
+    ens = _tiny_ensemble()
+    examples = _tiny_examples()
+    args = {"max_steps": 2, "save_strategy": "steps", "save_steps": 2}
+    trainer = _hf_trainer(tmp_path / "out", ens, train_dataset=examples, args=args)
+    trainer.train()
+    trainer.save_model(tmp_path / "saved")
+    trained = _outputs(ens, examples)
+    meta = json.loads((tmp_path / "saved" / "snens.json").read_text())
+    assert meta == {
+        "format": 1,
+        "num_members": 3,
+        "input_policy": "repeat",
+        "converted": True,
+        "head": "head",
+        "skip_unsupported": False,
+        "custom_output": False,
+    }
+    torch.manual_seed(1)  # another initialization: every weight comes from the save
+    for model, directory in (
+        (TinyTransformer(), tmp_path / "saved"),
+        (TinyTransformer, tmp_path / "out" / "checkpoint-2"),  # Trainer's checkpoint, a factory
+    ):
+        again = load_ensemble(model, directory)
+        assert not again.training and again.num_members == 3
+        torch.testing.assert_close(_outputs(again, examples), trained, rtol=0, atol=0)
+
+
+def test_trainer_saves_tied_weights(tmp_path):
+    """safetensors refuses tensors that share memory; Trainer writes safetensors."""
+    from snens.integrations.huggingface import load_ensemble
+
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.again = torch.nn.Linear(4, 8), torch.nn.Linear(4, 8)
+            self.again.weight = self.embed.weight  # a tied weight: one tensor, two names
+            self.norm, self.head = torch.nn.LayerNorm(8), torch.nn.Linear(8, 3)
+
+        def forward(self, features):
+            return self.head(self.norm(self.embed(features) + self.again(features)))
+
+    torch.manual_seed(0)
+    ens = snens.convert(Tied(), num_members=2)
+    _hf_trainer(tmp_path, ens).save_model(tmp_path / "saved")
+    again = load_ensemble(Tied(), tmp_path / "saved")
+    x = torch.randn(5, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(again(features=x), ens.eval()(features=x), rtol=0, atol=0)
+    assert again.model.again.weight is again.model.embed.weight  # still tied
+
+
+def _tiny_bert():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(
+        vocab_size=50,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=16,
+        num_labels=3,
+    )
+    return transformers.BertForSequenceClassification(config)
+
+
+def test_load_ensemble_reads_what_save_pretrained_writes(tmp_path):
+    """Hugging Face's from_pretrained refuses the member shapes ("size mismatch"); the
+    directory ens.model.save_pretrained writes loads with load_ensemble, M read from γ."""
+    from snens.integrations.huggingface import load_ensemble
+
+    torch.manual_seed(0)
+    ens = snens.convert(_tiny_bert(), num_members=3)
+    with torch.no_grad():
+        for p in ens.parameters():  # stands in for training: the members now differ
+            p.add_(0.1 * torch.randn_like(p))
+    ens.model.save_pretrained(tmp_path / "saved")
+    again = load_ensemble(_tiny_bert, tmp_path / "saved")
+    examples = _tiny_examples()
+    assert again.num_members == 3
+    torch.testing.assert_close(_outputs(again, examples), _outputs(ens, examples), rtol=0, atol=0)
+
+
+def test_load_ensemble_refuses_what_does_not_fit_saying_what_to_do(tmp_path):
+    from snens.integrations.huggingface import load_ensemble
+
+    ens = _tiny_ensemble()
+    _hf_trainer(tmp_path, ens).save_model(tmp_path / "saved")
+    with pytest.raises(ValueError, match=r"do not fit the model given .*architecture"):
+        load_ensemble(TinyTransformer(dim=8), tmp_path / "saved")
+    with pytest.raises(ValueError, match="num_members=2, .* num_members=3; build it with"):
+        load_ensemble(snens.convert(TinyTransformer(), num_members=2), tmp_path / "saved")
+    with pytest.raises(FileNotFoundError, match="not a directory"):
+        load_ensemble(TinyTransformer(), tmp_path / "nowhere")
+    (tmp_path / "saved" / "snens.json").unlink()
+    with pytest.raises(FileNotFoundError, match="snens.json is missing"):
+        load_ensemble(TinyTransformer(), tmp_path / "saved")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"holds no weights .* trainer\.save_model"):
+        load_ensemble(TinyTransformer(), tmp_path / "empty")
+    torch.manual_seed(0)
+    custom = snens.convert(TinyTransformer(), num_members=3, output=lambda out: out)
+    _hf_trainer(tmp_path, custom).save_model(tmp_path / "custom")
+    with pytest.raises(ValueError, match=r"output=, a function that is not saved; pass the"):
+        load_ensemble(TinyTransformer(), tmp_path / "custom")
+    load_ensemble(TinyTransformer(), tmp_path / "custom", output=lambda out: out)
+
+
 def _balanced(texts, labels, per_class, seed):
     g = torch.Generator().manual_seed(seed)
     keep = []
@@ -526,3 +648,63 @@ def test_lightning_module_refuses_a_plain_model():
         SnensModule(TinyTransformer(), lr=1e-3)
     with pytest.raises(ValueError, match="lr"):
         SnensModule(_tiny_ensemble(), lr=-1.0)
+
+
+def test_lightning_checkpoint_reloads_with_load_from_checkpoint(tmp_path):
+    """load_from_checkpoint had failed: no hyperparameters saved, ensemble= and lr= needed."""
+    pytest.importorskip("lightning.pytorch")
+    from snens.integrations.lightning import SnensModule
+
+    examples = _tiny_examples(n=16)
+    pairs = _Batches([
+        ({"input_ids": examples.ids[i : i + 8], "attention_mask": examples.mask[i : i + 8]},
+         examples.labels[i : i + 8])
+        for i in (0, 8)
+    ])  # fmt: skip
+    module = SnensModule(
+        _tiny_ensemble(), lr=3e-3, temperature=0.5, diversity_layers=["model.norm"]
+    )
+    trainer = _lightning_trainer(max_steps=2)
+    trainer.fit(module, pairs)
+    trainer.save_checkpoint(tmp_path / "last.ckpt")
+    trained = _outputs(module.ensemble, examples)
+
+    torch.manual_seed(1)  # another initialization: every weight comes from the checkpoint
+    again = SnensModule.load_from_checkpoint(
+        tmp_path / "last.ckpt", ensemble=snens.convert(TinyTransformer(), num_members=3)
+    )
+    assert (again.lr, again.temperature, again.diversity_layers) == (3e-3, 0.5, ["model.norm"])
+    torch.testing.assert_close(_outputs(again.ensemble, examples), trained, rtol=0, atol=0)
+
+    with pytest.raises(ValueError, match=r"num_members=3, .* has 2; pass ensemble=snens\.convert"):
+        SnensModule.load_from_checkpoint(
+            tmp_path / "last.ckpt", ensemble=snens.convert(TinyTransformer(), num_members=2)
+        )
+    with pytest.raises(ValueError, match="another shape: .*architecture it was trained from"):
+        SnensModule.load_from_checkpoint(
+            tmp_path / "last.ckpt", ensemble=snens.convert(TinyTransformer(dim=8), num_members=3)
+        )
+    with pytest.raises(TypeError, match=r"load_from_checkpoint\(path, ensemble=snens\.convert"):
+        SnensModule.load_from_checkpoint(tmp_path / "last.ckpt")
+
+
+def test_lightning_checkpoint_asks_again_for_a_layer_selecting_function(tmp_path):
+    pytest.importorskip("lightning.pytorch")
+    from snens.integrations.lightning import SnensModule
+
+    def final_norm(name, module):
+        return name == "model.norm"
+
+    examples = _tiny_examples(n=8)
+    batch = ({"input_ids": examples.ids, "attention_mask": examples.mask}, examples.labels)
+    module = SnensModule(_tiny_ensemble(), lr=1e-3, diversity_layers=final_norm)
+    trainer = _lightning_trainer(max_steps=1)
+    trainer.fit(module, _Batches([batch]))
+    trainer.save_checkpoint(tmp_path / "last.ckpt")
+    fresh = snens.convert(TinyTransformer(), num_members=3)
+    with pytest.raises(ValueError, match="diversity_layers a function, which is not saved"):
+        SnensModule.load_from_checkpoint(tmp_path / "last.ckpt", ensemble=fresh)
+    again = SnensModule.load_from_checkpoint(
+        tmp_path / "last.ckpt", ensemble=fresh, diversity_layers=final_norm
+    )
+    assert again.diversity_layers is final_norm

@@ -2,6 +2,7 @@
 
 import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -111,7 +112,9 @@ def test_ood_histograms(tmp_path, predictions):
 def test_allocation_heatmap_of_a_converted_model(tmp_path, resnet):
     ens = snens.convert(resnet, num_members=4, generator=torch.Generator().manual_seed(0))
     _assert_png(allocation_heatmap(ens, tmp_path / "allocation.png", max_features=8))
-    _assert_png(allocation_heatmap(snens.allocation(ens), tmp_path / "allocation2.png"))
+    _assert_png(
+        allocation_heatmap(snens.allocation(ens), tmp_path / "allocation2.png", title="seed 0")
+    )
     with pytest.raises(ValueError, match="max_features"):
         allocation_heatmap(ens, tmp_path / "bad.png", max_features=0)
     with pytest.raises(ValueError, match="no member norm"):
@@ -128,6 +131,63 @@ def test_pareto_plot(tmp_path):
     _assert_png(pareto_plot(rows, tmp_path / "pareto.png", annotate="tau"))
     with pytest.raises(ValueError, match=r"row 0 lacks \['ece'\]"):
         pareto_plot(rows, tmp_path / "bad.png", x="ece")
+
+
+def _errorbars(monkeypatch):
+    """The figures the plots write, by file name, and a function listing an axis's error
+    bars as (x half-lengths, y half-lengths), the empty ones (no bar) left out."""
+    from matplotlib.container import ErrorbarContainer
+
+    from snens.evaluation import plots
+
+    figures, save = {}, plots._save
+
+    def keep(figure, path):
+        figures[Path(path).name] = figure
+        return save(figure, path)
+
+    def half_lengths(ax, axis):
+        lengths = []
+        for bars in (c for c in ax.containers if isinstance(c, ErrorbarContainer)):
+            for collection in bars.lines[2]:
+                for seg in collection.get_segments():
+                    if len(seg) and seg[0, 1 - axis] == seg[1, 1 - axis]:  # along this axis
+                        lengths.append(round(float(seg[1, axis] - seg[0, axis]) / 2, 9))
+        return sorted(lengths)
+
+    monkeypatch.setattr(plots, "_save", keep)
+    return figures, half_lengths
+
+
+def test_pareto_plot_draws_the_given_std_as_error_bars(tmp_path, monkeypatch):
+    figures, half_lengths = _errorbars(monkeypatch)
+    rows = [
+        {"method": "σN-Ens", "nll": 0.30, "accuracy": 0.90, "nll std": 0.02, "acc std": 0.01},
+        {"method": "σN-Ens", "nll": 0.25, "accuracy": 0.91, "nll std": None, "acc std": 0.005},
+        {"method": "single", "nll": 0.35, "accuracy": 0.89},  # one run: no std, no bar
+    ]
+    path = pareto_plot(rows, tmp_path / "pareto.png", x_err="nll std", y_err="acc std")
+    _assert_png(path)
+    (ax,) = figures["pareto.png"].axes
+    assert half_lengths(ax, 0) == [0.02]
+    assert half_lengths(ax, 1) == [0.005, 0.01]
+    assert "bars: ± std over seeds" in ax.get_title()
+    pareto_plot(rows, tmp_path / "plain.png")
+    (ax,) = figures["plain.png"].axes
+    assert half_lengths(ax, 0) == half_lengths(ax, 1) == []
+    assert "bars" not in ax.get_title()
+
+
+def test_shift_plot_draws_the_given_std_as_error_bars(tmp_path, monkeypatch):
+    figures, half_lengths = _errorbars(monkeypatch)
+    results = {"σN-Ens": _flat_result(0.9, 0.02), "single": _flat_result(0.88, 0.05)}
+    std = {"σN-Ens": {"test/accuracy": 0.01, "shift/severity/3/accuracy": 0.03}}
+    _assert_png(shift_plot(results, tmp_path / "shift.png", metric="ece", std=std))
+    accuracy, ece = figures["shift.png"].axes[:2]
+    assert half_lengths(accuracy, 1) == [0.01, 0.03]
+    assert half_lengths(ece, 1) == []
+    assert "bars: ± std over seeds" in accuracy.get_title()
+    assert "bars" not in ece.get_title()
 
 
 def test_pareto_front():

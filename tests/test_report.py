@@ -1,5 +1,6 @@
 """snens report: groups by everything but seed, mean ± std (ddof=1) equal to NumPy's, the CSV,
-the plots, and the report without matplotlib.
+the plots with that std as error bars, reliability diagrams from the runs' member logits and
+allocation heatmaps from their checkpoints, and the report without matplotlib.
 
 Run directories are written by hand (config.toml from a preset, final.json with chosen
 numbers), so every expected number is known.
@@ -18,8 +19,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
+import snens
 import snens.engine.runs
+from snens.engine.checkpoint import save_checkpoint
 from snens.engine.cli import main
 from snens.engine.config import load_config, to_toml
 from snens.engine.presets import preset
@@ -284,6 +288,146 @@ def test_groups_apart_only_by_a_key_some_lack_are_labelled_by_it(tmp_path, monke
     write_report([tmp_path / "runs"], tmp_path / "report")
     assert [r["settings"] for r in drawn["rows"]] == ["", "head_init=reset"]
     assert list(drawn["legend"]) == ["snens", "snens head_init=reset"]
+
+
+# -- figures from the runs' member logits and checkpoints, error bars --------------------------
+
+
+def _member_model():
+    torch.manual_seed(0)
+    plain = torch.nn.Sequential(
+        torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(),
+        torch.nn.Linear(8, 8), torch.nn.LayerNorm(8), torch.nn.Linear(8, 10),
+    )  # fmt: skip
+    return snens.convert(plain, num_members=4)
+
+
+def _keep_outputs(path, seed):
+    """outputs.npz as snens train writes it: member logits (M, N, K) and labels (N,)."""
+    g = torch.Generator().manual_seed(seed)
+    logits = 3 * torch.randn(4, 300, 10, generator=g)
+    labels = torch.randint(0, 10, (300,), generator=g)
+    labels[:200] = logits.mean(0)[:200].argmax(-1)  # better than chance
+    np.savez_compressed(path / "outputs.npz", test=logits.numpy(), test_labels=labels.numpy())
+    return snens.predictive_probs(logits), labels
+
+
+@pytest.fixture
+def kept(tmp_path):
+    """σN-Ens τ=1 × 2 seeds with outputs.npz, seed 1 with last.pt; a single model with
+    outputs.npz; σN-Ens τ=5 with neither."""
+    root = tmp_path / "kept"
+    for seed in (0, 1):
+        _write_run(root / f"snens-{seed}", "snens", 1.0, seed)
+        _keep_outputs(root / f"snens-{seed}", seed)
+    ens = _member_model()
+    save_checkpoint(root / "snens-1" / "last.pt", {"model": ens.state_dict()})
+    _write_run(root / "single", "single", 1.0, 0)
+    _keep_outputs(root / "single", 2)
+    _write_run(root / "bare", "snens", 5.0, 0)
+    return root, ens
+
+
+def _figures(monkeypatch):
+    """The matplotlib figures the plots write, by file name."""
+    from snens.evaluation import plots
+
+    figures, save = {}, plots._save
+
+    def keep(figure, path):
+        figures[Path(path).name] = figure
+        return save(figure, path)
+
+    monkeypatch.setattr(plots, "_save", keep)
+    return figures
+
+
+def _bars(ax):
+    from matplotlib.container import ErrorbarContainer
+
+    return [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
+
+
+def test_report_draws_reliability_and_allocation_where_the_runs_kept_them(kept, tmp_path):
+    pytest.importorskip("matplotlib")
+    root, _ = kept
+    report = write_report([root], tmp_path / "report")
+    # rows: single (1), σN-Ens τ=1 (2), σN-Ens τ=5 (3)
+    assert [p.name for p in report.plots] == [
+        "pareto_nll.png", "pareto_ece.png", "shift.png",
+        "reliability_1.png", "reliability_2.png", "allocation_2.png",
+    ]  # fmt: skip
+    for path in report.plots:
+        data = path.read_bytes()
+        assert data[:8] == PNG_SIGNATURE and len(data) > 5000, path.name
+    text = report.path.read_text()
+    assert "![reliability: snens, M=4, τ=1.0, λ=0.1](reliability_2.png)" in text
+    assert "![allocation: snens, M=4, τ=1.0, λ=0.1](allocation_2.png)" in text
+    assert (
+        "Reliability diagrams not drawn for snens, M=4, τ=5.0, λ=0.1: no run of theirs holds "
+        "outputs.npz"
+    ) in text
+    assert (
+        "Allocation heatmaps not drawn for snens, M=4, τ=5.0, λ=0.1: no run of theirs holds its "
+        "checkpoint (last.pt)"
+    ) in text
+
+
+def test_report_figures_draw_the_std_over_seeds_as_error_bars(kept, tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    root, _ = kept
+    figures = _figures(monkeypatch)
+    report = write_report([root], tmp_path / "report")
+    rows = _read_csv(report.csv)
+    assert [r["n"] for r in rows] == ["1", "2", "1"]
+    std = {k: float(rows[1][f"{k} std"]) for k in ("test/nll", "test/accuracy")}
+    (ax,) = figures["pareto_nll.png"].axes
+    # the σN-Ens points (one colour): τ=1 has two runs, τ=5 one; the single model no bars
+    (bars,) = _bars(ax)
+    _, caps, (x_bar, y_bar) = bars
+    (x_segment,) = [seg for seg in x_bar.get_segments() if len(seg)]
+    (y_segment,) = [seg for seg in y_bar.get_segments() if len(seg)]
+    assert x_segment[1, 0] - x_segment[0, 0] == pytest.approx(2 * std["test/nll"], rel=1e-9)
+    assert y_segment[1, 1] - y_segment[0, 1] == pytest.approx(2 * std["test/accuracy"], rel=1e-9)
+    assert "bars: ± std over seeds" in ax.get_title()
+    accuracy, ece = figures["shift.png"].axes[:2]
+    for panel, metric in ((accuracy, "accuracy"), (ece, "ece")):
+        (bars,) = _bars(panel)
+        (y_bar,) = bars.lines[2]
+        lengths = [seg[1, 1] - seg[0, 1] for seg in y_bar.get_segments()]
+        finals = [json.loads((root / f"snens-{s}" / "final.json").read_text()) for s in (0, 1)]
+        expected = [
+            np.std([f["metrics"][key] for f in finals], ddof=1) * 2
+            for key in (f"test/{metric}", *(f"shift/severity/{s}/{metric}" for s in (1, 2)))
+        ]
+        assert lengths == pytest.approx(expected, rel=1e-9)
+
+
+def test_allocation_from_a_checkpoint_is_the_models(kept):
+    from snens.engine.report import _checkpoint_allocation
+
+    root, ens = kept
+    got = _checkpoint_allocation(root / "snens-1" / "last.pt")
+    expected = snens.allocation(ens)
+    assert list(got) == list(expected) == ["model.1", "model.4"]
+    for name, layer in expected.items():
+        torch.testing.assert_close(got[name].importances, layer.importances, rtol=0, atol=0)
+        torch.testing.assert_close(
+            got[name].effective_members, layer.effective_members, rtol=0, atol=0
+        )
+
+
+def test_a_damaged_outputs_file_is_left_out_by_name(kept, tmp_path):
+    pytest.importorskip("matplotlib")
+    root, _ = kept
+    (root / "snens-0" / "outputs.npz").write_bytes(b"PK\x03\x04 not a whole archive")
+    report = write_report([root], tmp_path / "report")
+    assert "reliability_2.png" in [p.name for p in report.plots]  # from seed 1 alone
+    assert any(
+        f"{root / 'snens-0'} left out: {root / 'snens-0' / 'outputs.npz'} holds no test logits"
+        in note
+        for note in report.notes
+    )
 
 
 # -- faults a red-team run found: files that are not what they seem, a full disk, copies ------

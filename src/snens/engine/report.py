@@ -27,10 +27,22 @@ of the same configuration and seed as one already counted (a copied run director
 skipped with a note naming both; counting them had made one seed look like two, with a std of
 0. The files are written atomically (:func:`snens.engine.checkpoint.atomic_write`): a full disk
 leaves the previous report as it was, and the error names the file.
-With matplotlib (``pip install snens[plot]``), :mod:`snens.evaluation.plots` draws
-``pareto_nll.png`` and ``pareto_ece.png`` (accuracy against NLL and ECE, one point per group)
-and, when the runs evaluated corruptions, ``shift.png`` (accuracy and ECE against severity per
-group).
+With matplotlib (``pip install snens[plot]``), :mod:`snens.evaluation.plots` draws, each
+point the mean over a group's runs and, where a group has more than one, crossed by a bar of
+± the std over them (ddof=1, as the table):
+
+* ``pareto_nll.png`` and ``pareto_ece.png``: accuracy against NLL and ECE, one point per group;
+* ``shift.png``, when the runs evaluated corruptions: accuracy and ECE against severity per
+  group;
+* ``reliability_<row>.png`` per group (``<row>``: its row in the table, from 1) whose runs kept
+  their member logits (``outputs.npz``): the reliability diagram of the test predictions of
+  its runs pooled;
+* ``allocation_<row>.png`` per σN-Ens group whose first run (in seed order) with a checkpoint
+  still holds it (``last.pt``): the importances σ(γ) of every member norm, read from the
+  checkpoint's state dict without building the model.
+
+Groups whose runs hold no ``outputs.npz`` or ``last.pt`` are named in a note. Without
+matplotlib the report says so and writes the table alone.
 """
 
 from __future__ import annotations
@@ -41,17 +53,32 @@ import json
 import math
 import os
 import stat
+import zipfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
+from torch import Tensor, nn
 
-from snens.engine.checkpoint import atomic_write
+from snens.engine.checkpoint import CheckpointError, atomic_write, load_checkpoint
 from snens.engine.config import to_dict
-from snens.engine.runs import CONFIG, FINAL, PROVENANCE, read_config, read_final, read_run_file
+from snens.engine.runs import (
+    CONFIG,
+    FINAL,
+    LAST,
+    OUTPUTS,
+    PROVENANCE,
+    read_config,
+    read_final,
+    read_run_file,
+)
 from snens.engine.sweep import applies
+from snens.method.allocation import LayerAllocation, allocation
+from snens.method.ensemble import predictive_probs
+from snens.nn import MemberNorm
 
 __all__ = ["Group", "Report", "collect_runs", "group_runs", "summarize", "write_report"]
 
@@ -70,6 +97,11 @@ _CORE = ("test/accuracy", "test/nll", "test/ece", "test/brier")
 _SHIFT = ("shift/mean/accuracy", "shift/mean/ece")
 _OOD = ("auroc", "aupr", "fpr95")
 _EXTRA = {"params": ("model", "params"), "train seconds": ("train", "seconds")}
+# outputs.npz holds the member logits of every evaluated set: (M, N, K) float32 is 800 MB for
+# ImageNet's 50,000 test images at M=4, K=1000; above this it is refused by name.
+_OUTPUTS_MAX_BYTES = 4 * 2**30
+# The methods whose member norms learn importances σ(γ) (FiLM's γ is fixed at +∞).
+_ALLOCATION_METHODS = ("snens",)
 
 
 @dataclass(frozen=True)
@@ -415,8 +447,9 @@ def write_report(dirs: Sequence[str | os.PathLike], out: str | os.PathLike) -> R
         writer.writerow(["" if row[c] is None else _csv_value(row[c]) for c in columns])
     _write(csv_path, text_csv.getvalue())
 
-    plots, plot_note = _plots(groups, varied, out)
-    notes.append(plot_note)
+    drawn, plot_notes = _plots(groups, varied, out)
+    plots = [path for path, _ in drawn]
+    notes += plot_notes
     text = [
         "# snens report",
         "",
@@ -433,8 +466,8 @@ def write_report(dirs: Sequence[str | os.PathLike], out: str | os.PathLike) -> R
     evidence = _provenance(runs)
     if evidence:
         text += ["", evidence]
-    if plots:
-        text += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots]
+    if drawn:
+        text += ["", "## Plots", ""] + [f"![{_alt(caption)}]({p.name})" for p, caption in drawn]
     text += ["", *(f"{note}" for note in notes if note)]
     path = out / "report.md"
     _write(path, "\n".join(text) + "\n")
@@ -496,6 +529,18 @@ def _csv_value(value: Any) -> str:
 
 def _mean_results(group: Group) -> dict[str, float]:
     """The mean over the group's runs of every metric of final.json (for the plots)."""
+    return {key: mean for key, (mean, _) in _group_stats(group).items()}
+
+
+def _std_results(group: Group) -> dict[str, float]:
+    """The std over the group's runs (ddof=1, as the table) of every metric of final.json
+    that more than one run holds a finite value of: the error bars of the plots."""
+    return {key: std for key, (_, std) in _group_stats(group).items() if math.isfinite(std)}
+
+
+def _group_stats(group: Group) -> dict[str, tuple[float, float]]:
+    """``{metric: (mean, std)}`` over the finite values of the group's runs, as the table:
+    the mean NaN where no value is finite (no point is drawn), the std NaN below two."""
     keys: dict[str, None] = {}
     for run in group.runs:
         keys.update(dict.fromkeys(run.final.get("metrics", {})))
@@ -503,25 +548,47 @@ def _mean_results(group: Group) -> dict[str, float]:
     for key in keys:
         values = [run.metric(key) for run in group.runs]
         values = [v for v in values if v is not None]
-        if values:  # over the finite values, as the table; none finite: no point is drawn
+        if values:
             finite = [v for v in values if math.isfinite(v)]
-            out[key] = float(np.mean(finite)) if finite else math.nan
+            out[key] = summarize(finite)[:2] if finite else (math.nan, math.nan)
     return out
 
 
-def _plots(groups: Sequence[Group], varied: Sequence[str], out: Path) -> tuple[list[Path], str]:
-    """The Pareto and shift plots, or none and a note saying why."""
+def _plots(
+    groups: Sequence[Group], varied: Sequence[str], out: Path
+) -> tuple[list[tuple[Path, str]], list[str]]:
+    """The figures drawn, each with its caption, and notes on what was not drawn and why."""
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        return [], "Plots skipped: matplotlib is not installed (`pip install snens[plot]`)."
+        return [], ["Plots skipped: matplotlib is not installed (`pip install snens[plot]`)."]
+    drawn, failed = _summary_plots(groups, varied, out)
+    labels = [_label(group, varied) for group in groups]
+    reliability, notes = _reliability_diagrams(groups, labels, out)
+    allocations, allocation_notes = _allocation_heatmaps(groups, labels, out)
+    notes += allocation_notes
+    if failed:
+        notes.append("; ".join(["Plots not drawn:", *failed]))
+    return drawn + reliability + allocations, notes
+
+
+def _summary_plots(
+    groups: Sequence[Group], varied: Sequence[str], out: Path
+) -> tuple[list[tuple[Path, str]], list[str]]:
+    """The Pareto and shift plots of the groups' means, with ± std bars."""
     from snens.evaluation import plots
 
     means = {_label(g, varied): _mean_results(g) for g in groups}
+    spread = {_label(g, varied): _std_results(g) for g in groups}
     # each point is written with what sets its group apart (an empty label writes nothing)
     settings = _point_labels(groups, [k for k in varied if k != "method.name"])
     rows = [
-        {"method": dict(group.key)["method.name"], **means[_label(group, varied)], "settings": s}
+        {
+            "method": dict(group.key)["method.name"],
+            **means[_label(group, varied)],
+            **{f"{k} std": v for k, v in spread[_label(group, varied)].items()},
+            "settings": s,
+        }
         for group, s in zip(groups, settings, strict=True)
     ]
     written, failed = [], []
@@ -529,17 +596,18 @@ def _plots(groups: Sequence[Group], varied: Sequence[str], out: Path) -> tuple[l
         usable = [r for r in rows if _finite(r, x) and _finite(r, "test/accuracy")]
         if usable:
             try:
-                written.append(
-                    plots.pareto_plot(
-                        usable,
-                        out / name,
-                        x=x,
-                        y="test/accuracy",
-                        label="method",
-                        annotate="settings",
-                        annotate_with_key=False,
-                    )
+                path = plots.pareto_plot(
+                    usable,
+                    out / name,
+                    x=x,
+                    y="test/accuracy",
+                    label="method",
+                    annotate="settings",
+                    annotate_with_key=False,
+                    x_err=f"{x} std",
+                    y_err="test/accuracy std",
                 )
+                written.append((path, path.stem))
             except (ValueError, OSError) as error:  # the table stands without the figure
                 failed.append(f"{name}: {error}")
     # the legend names each group as its point is named: the method and what sets it apart
@@ -549,17 +617,160 @@ def _plots(groups: Sequence[Group], varied: Sequence[str], out: Path) -> tuple[l
     }
     if len(set(short.values())) < len(short):  # two alike: the full labels, which differ
         short = {label: label for label in short}
-    shifted = {
-        short[label]: m
-        for label, m in means.items()
-        if any(k.startswith("shift/severity/") for k in m)
-    }
+    shifted = [
+        label for label, m in means.items() if any(k.startswith("shift/severity/") for k in m)
+    ]
     if shifted:
         try:
-            written.append(plots.shift_plot(shifted, out / "shift.png", metric="ece"))
+            path = plots.shift_plot(
+                {short[label]: means[label] for label in shifted},
+                out / "shift.png",
+                metric="ece",
+                std={short[label]: spread[label] for label in shifted},
+            )
+            written.append((path, path.stem))
         except (ValueError, OSError) as error:
             failed.append(f"shift.png: {error}")
-    return written, "; ".join(["Plots not drawn:", *failed]) if failed else ""
+    return written, failed
+
+
+def _test_predictions(run: RunRecord) -> tuple[Tensor, Tensor]:
+    """A run's test predictive probabilities (N, K), the mean of its members' softmaxes, and
+    labels (N,), from its ``outputs.npz``.
+
+    Raises:
+        OSError: the file cannot be read (not a regular file, above the size limit).
+        ValueError: not an npz archive, or without ``test`` (M, N, K) and ``test_labels``.
+    """
+    path = run.path / OUTPUTS
+    data = read_run_file(path, limit=_OUTPUTS_MAX_BYTES)
+    # not an archive: ValueError (pickled data refused); a damaged one: BadZipFile, EOFError
+    try:
+        archive = np.load(io.BytesIO(data), allow_pickle=False)
+        if not isinstance(archive, np.lib.npyio.NpzFile):
+            raise ValueError("a single array, not an npz archive")
+        with archive:
+            logits = torch.from_numpy(archive["test"])
+            labels = torch.from_numpy(archive["test_labels"])
+    except (KeyError, ValueError, EOFError, zipfile.BadZipFile) as error:
+        raise ValueError(f"{path} holds no test logits and labels ({error})") from None
+    if logits.dim() != 3 or labels.shape != logits.shape[1:2]:
+        raise ValueError(
+            f"{path}: test logits {tuple(logits.shape)} and labels "
+            f"{tuple(labels.shape)}, expected (M, N, K) and (N,)"
+        )
+    return predictive_probs(logits.float()), labels.long()
+
+
+def _reliability_diagrams(
+    groups: Sequence[Group], labels: Sequence[str], out: Path
+) -> tuple[list[tuple[Path, str]], list[str]]:
+    """A reliability diagram per group from its runs' ``outputs.npz``: the test predictions of
+    the runs that hold one, pooled (the same test set once per seed)."""
+    from snens.evaluation import plots
+
+    drawn, notes, without = [], [], []
+    for row, (group, label) in enumerate(zip(groups, labels, strict=True), start=1):
+        probs, targets = [], []
+        for run in group.runs:
+            if not os.path.lexists(run.path / OUTPUTS):
+                continue
+            try:
+                p, y = _test_predictions(run)
+            except (OSError, ValueError) as error:
+                notes.append(f"Reliability diagram of {label}: {run.path} left out: {error}")
+                continue
+            probs.append(p)
+            targets.append(y)
+        if not probs:
+            without.append(label)
+            continue
+        pooled = "1 run" if len(probs) == 1 else f"{len(probs)} runs pooled"
+        if len(probs) < len(group.runs):
+            pooled += f", of {len(group.runs)}"
+        name = f"reliability_{row}.png"
+        try:
+            path = plots.reliability_diagram(
+                torch.cat(probs), torch.cat(targets), out / name, title=f"{label} ({pooled})"
+            )
+        except (ValueError, TypeError, OSError) as error:
+            notes.append(f"{name} ({label}) not drawn: {error}")
+            continue
+        drawn.append((path, f"reliability: {label}"))
+    if without:
+        notes.append(
+            f"Reliability diagrams not drawn for {'; '.join(without)}: no run of theirs holds "
+            f"{OUTPUTS}, the member logits snens train keeps beside {FINAL} (runs finished "
+            "before it kept them have none); train them again to draw them"
+        )
+    return drawn, notes
+
+
+def _checkpoint_allocation(path: Path) -> dict[str, LayerAllocation]:
+    """The allocation of every member norm of a checkpoint, without building its model.
+
+    Each ``<name>.gamma`` (M, …) of the checkpoint's model state is set in a bare
+    :class:`snens.nn.MemberNorm` placed at ``<name>``, so :func:`snens.allocation` measures
+    the importances σ(γ) as it measures the trained model.
+
+    Raises:
+        CheckpointError: the checkpoint is damaged, or holds no model state.
+        ValueError: the model state holds no member norm γ.
+    """
+    state = load_checkpoint(path, required=("model",))["model"]
+    root = nn.Module()
+    for key, gamma in state.items():
+        if not key.endswith(".gamma") or not isinstance(gamma, Tensor) or gamma.dim() < 2:
+            continue
+        *parents, leaf = key.split(".")[:-1]
+        node = root
+        for part in parents:
+            if part not in node._modules:
+                node.add_module(part, nn.Module())
+            node = node._modules[part]
+        norm = MemberNorm(gamma.shape[1:], gamma.shape[0])
+        with torch.no_grad():
+            norm.gamma.copy_(gamma)
+        node.add_module(leaf, norm)
+    return allocation(root)
+
+
+def _allocation_heatmaps(
+    groups: Sequence[Group], labels: Sequence[str], out: Path
+) -> tuple[list[tuple[Path, str]], list[str]]:
+    """An allocation heatmap per σN-Ens group, from the checkpoint of its first run (in seed
+    order) that has one: importances are one run's, since members of different seeds do not
+    correspond."""
+    from snens.evaluation import plots
+
+    drawn, notes, without = [], [], []
+    for row, (group, label) in enumerate(zip(groups, labels, strict=True), start=1):
+        if dict(group.key)["method.name"] not in _ALLOCATION_METHODS:
+            continue
+        run = next((r for r in group.runs if os.path.lexists(r.path / LAST)), None)
+        if run is None:
+            without.append(label)
+            continue
+        name = f"allocation_{row}.png"
+        try:
+            layers = _checkpoint_allocation(run.path / LAST)
+            seed = run.config["seed"]
+            path = plots.allocation_heatmap(layers, out / name, title=f"{label}, seed {seed}")
+        except (CheckpointError, ValueError, OSError) as error:
+            notes.append(f"{name} ({label}) not drawn: {error}")
+            continue
+        drawn.append((path, f"allocation: {label}"))
+    if without:
+        notes.append(
+            f"Allocation heatmaps not drawn for {'; '.join(without)}: no run of theirs holds "
+            f"its checkpoint ({LAST}), which holds the importances σ(γ)"
+        )
+    return drawn, notes
+
+
+def _alt(caption: str) -> str:
+    """A caption as Markdown image text: brackets escaped (a list value shows as [1, 2])."""
+    return caption.replace("[", "\\[").replace("]", "\\]")
 
 
 def _point_labels(groups: Sequence[Group], keys: Sequence[str]) -> list[str]:

@@ -252,16 +252,23 @@ def shift_plot(
     results: Mapping[str, Mapping[str, float]],
     path: str | os.PathLike,
     metric: str = "ece",
+    *,
+    std: Mapping[str, Mapping[str, float]] | None = None,
 ) -> Path:
     """Accuracy and ``metric`` against corruption severity, 0 (clean) to 5, one line per method.
 
     A point at severity s is the mean over corruption names (``shift/severity/<s>/<metric>``);
     the band around it spans the min to max over names; severity 0 is the clean test set.
+    With ``std``, a bar of ± std crosses each point that has one (the spread over seeds of a
+    method whose results are means over runs).
 
     Args:
         results: ``{method: flat dict of snens.evaluate}``, each run with ``corruptions``.
         path: PNG file to write.
         metric: the second panel's metric, one of ``snens.evaluation.protocol.SHIFT_METRICS``.
+        std: ``{method: {key: standard deviation}}`` for keys of ``results``
+            (``test/<metric>`` at severity 0, ``shift/severity/<s>/<metric>``); a method or key
+            missing, or a value that is not finite, draws no bar.
 
     Returns:
         ``path`` as a ``pathlib.Path``.
@@ -284,12 +291,22 @@ def shift_plot(
     axes = figure.subplots(1, len(panels), squeeze=False)[0]
     styles = curve_styles(len(results), markers=True)
     for ax, panel in zip(axes, panels):
+        bars = False
         for style, (method, (sev, mean, low, high)) in zip(styles, curves[panel].items()):
             ax.plot(sev, mean, label=method, **style)
             ax.fill_between(sev, low, high, color=style["color"], alpha=0.15, linewidth=0)
+            spread = (std or {}).get(method, {})
+            keys = [f"test/{panel}" if s == 0 else f"shift/severity/{s}/{panel}" for s in sev]
+            errors = [float(spread.get(k, math.nan)) for k in keys]
+            if any(math.isfinite(e) for e in errors):
+                ax.errorbar(sev, mean, yerr=errors, fmt="none", ecolor=style["color"], capsize=3)
+                bars = True
         ax.set_xticks(range(0, 6), ["clean", "1", "2", "3", "4", "5"])
         ax.set(xlabel="corruption severity", ylabel=panel.replace("_", " "))
-        ax.set_title(f"{panel.replace('_', ' ')} under shift\n(band: min–max over corruptions)")
+        bars_note = "\n(bars: ± std over seeds)" if bars else ""
+        ax.set_title(
+            f"{panel.replace('_', ' ')} under shift\n(band: min–max over corruptions){bars_note}"
+        )
         ax.grid(alpha=0.3)
     handles, labels = axes[0].get_legend_handles_labels()
     figure.legend(handles, labels, loc="outside lower center", ncols=columns, fontsize=7)
@@ -389,6 +406,7 @@ def allocation_heatmap(
     model_or_allocation: nn.Module | Mapping[str, LayerAllocation],
     path: str | os.PathLike,
     max_features: int = 64,
+    title: str | None = None,
 ) -> Path:
     """Importance σ(γ) of every feature for every member, one heatmap row per member norm.
 
@@ -402,6 +420,7 @@ def allocation_heatmap(
         model_or_allocation: a model holding member norms, or ``snens.allocation(model)``.
         path: PNG file to write.
         max_features: at most this many feature columns per layer.
+        title: what the allocation is of (a run, a model), written after the figure's title.
 
     Returns:
         ``path`` as a ``pathlib.Path``.
@@ -451,7 +470,8 @@ def allocation_heatmap(
         ax.tick_params(labelsize=7)
     axes[-1].set_xlabel("feature (grouped by owner, strongest first)")
     figure.colorbar(image, ax=list(axes), label="importance σ(γ)", shrink=min(1.0, 6 / len(axes)))
-    figure.suptitle("Importance allocation of members to features", fontsize=10)
+    heading = "Importance allocation of members to features"
+    figure.suptitle(f"{heading}: {title}" if title else heading, fontsize=10)
     return _save(figure, path)
 
 
@@ -502,8 +522,13 @@ def pareto_plot(
     annotate_with_key: bool = True,
     lower_x_is_better: bool = True,
     higher_y_is_better: bool = True,
+    x_err: str | None = None,
+    y_err: str | None = None,
 ) -> Path:
     """Scatter of one metric against another, one colour per ``label``, with the Pareto front.
+
+    With ``x_err`` or ``y_err``, a bar of ± that value crosses each point that has one: the
+    standard deviation over seeds where a point is the mean of several runs.
 
     Args:
         rows: one mapping per run, e.g. ``{"method": "σN-Ens", "nll": 0.21, "accuracy": 0.93,
@@ -519,6 +544,9 @@ def pareto_plot(
             ``"τ=5, λ=0.01"``).
         lower_x_is_better: direction of ``x`` for the front (NLL: lower is better).
         higher_y_is_better: direction of ``y`` for the front (accuracy: higher is better).
+        x_err: key of the standard deviation of ``x`` in the rows that have one; a row
+            without it, or with a value that is not finite, draws no bar.
+        y_err: the same for ``y``.
 
     Returns:
         ``path`` as a ``pathlib.Path``.
@@ -540,10 +568,26 @@ def pareto_plot(
 
     figure = _figure(6.0, 4.5)
     ax = figure.subplots()
+    bars = False
     for i, (name, group) in enumerate(groups.items()):
         xs = [float(r[x]) for r in group]
         ys = [float(r[y]) for r in group]
         ax.scatter(xs, ys, s=40, color=f"C{i % 10}", edgecolor="black", linewidth=0.5, label=name)
+        x_errors = _errors(group, x_err)
+        y_errors = _errors(group, y_err)
+        if any(math.isfinite(e) for e in x_errors + y_errors):
+            ax.errorbar(
+                xs,
+                ys,
+                xerr=x_errors,
+                yerr=y_errors,
+                fmt="none",
+                ecolor=f"C{i % 10}",
+                elinewidth=1,
+                capsize=2,
+                zorder=1,
+            )
+            bars = True
         if annotate:
             for r, px, py in zip(group, xs, ys):
                 if r[annotate] == "":
@@ -565,7 +609,16 @@ def pareto_plot(
         f"{'↑' if higher_y_is_better else '↓'} {y} better"
     )
     ax.set(xlabel=axis_label(x), ylabel=axis_label(y))
-    ax.set_title(f"{axis_label(y)} vs {axis_label(x)}\n({better})", fontsize=10)
+    bars_note = "; bars: ± std over seeds" if bars else ""
+    ax.set_title(f"{axis_label(y)} vs {axis_label(x)}\n({better}{bars_note})", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return _save(figure, path)
+
+
+def _errors(rows: Sequence[Mapping[str, Any]], key: str | None) -> list[float]:
+    """Each row's value of ``key`` (a standard deviation); NaN, which draws no bar, where a
+    row lacks it or it is None."""
+    if key is None:
+        return [math.nan] * len(rows)
+    return [math.nan if r.get(key) is None else float(r[key]) for r in rows]

@@ -42,6 +42,19 @@ What it changes in ``transformers.Trainer``, and why a plain ``Trainer`` cannot 
   softmaxes. ``compute_metrics`` (and ``trainer.predict(...).predictions``) receives those
   mean probabilities, (N, K), summing to 1 over K; ``eval_loss`` is their negative
   log-likelihood, the ensemble's NLL (at most the mean member cross-entropy).
+* **saving**: ``trainer.save_model(directory)`` (and every checkpoint Trainer writes) holds the
+  ensemble's weights and ``snens.json`` beside them: M and the options of
+  :func:`snens.convert`. :func:`load_ensemble` converts a freshly built model with them and
+  loads the weights, which reproduces the trained ensemble's outputs exactly::
+
+      trainer.save_model("my-ensemble")
+      ens = load_ensemble(AutoModelForSequenceClassification.from_pretrained(name), "my-ensemble")
+
+  Hugging Face's ``from_pretrained`` cannot load a σN-Ens model: it builds the plain
+  architecture, whose norms and head have no member dimension, and refuses the saved shapes
+  ("size mismatch"; with ``ignore_mismatched_sizes=True`` it would replace the member layers
+  by random ones). :func:`load_ensemble` reads what ``ens.model.save_pretrained(directory)``
+  writes as well.
 
 Needs ``transformers`` and ``accelerate``: ``pip install 'snens[huggingface]'``.
 """
@@ -50,6 +63,10 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 try:
@@ -69,7 +86,7 @@ import torch
 from torch import Tensor, nn
 
 from snens.engine.epoch import NonFiniteLossError
-from snens.method.ensemble import Ensemble, ensemble_loss, predictive_probs
+from snens.method.ensemble import Ensemble, convert, ensemble_loss, predictive_probs
 from snens.method.optim import GAMMA_LR_MULTIPLIER, param_groups
 from snens.method.regularizer import (
     DEFAULT_DIVERSITY_WEIGHT,
@@ -80,7 +97,17 @@ from snens.method.regularizer import (
 )
 from snens.metrics import nll
 
-__all__ = ["SnensTrainer"]
+__all__ = ["FORMAT_VERSION", "SNENS_CONFIG", "SnensTrainer", "load_ensemble"]
+
+#: The file ``SnensTrainer.save_model`` writes beside the weights: how to convert a fresh model
+#: for them to load (M, the head's name, the input policy, the format's version).
+SNENS_CONFIG = "snens.json"
+#: The version of ``snens.json``.
+FORMAT_VERSION = 1
+# The weight files a Trainer save or a save_pretrained directory holds, in the order looked for.
+_SAFETENSORS = "model.safetensors"
+_SAFETENSORS_INDEX = "model.safetensors.index.json"
+_PICKLED = "pytorch_model.bin"
 
 
 class SnensTrainer(transformers.Trainer):
@@ -298,6 +325,19 @@ class SnensTrainer(transformers.Trainer):
             )
         super().log(logs, *args, **kwargs)
 
+    # -- saving ----------------------------------------------------------------------------------
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        """Trainer's save of a model that is not a ``PreTrainedModel`` (the ensemble's state
+        dict, ``model.safetensors``), and ``snens.json`` beside it, which
+        :func:`load_ensemble` reads. ``save_model`` and every checkpoint come through here."""
+        output_dir = self.args.output_dir if output_dir is None else output_dir
+        ensemble = self.accelerator.unwrap_model(self.model)
+        if state_dict is None:
+            state_dict = ensemble.state_dict()
+        super()._save(output_dir, state_dict=_unshared(state_dict))
+        if self.args.should_save:
+            _write_config(ensemble, Path(output_dir))
+
     # -- optimizer -------------------------------------------------------------------------------
     def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:
         """The optimizer ``args.optim`` names over :func:`snens.param_groups`.
@@ -353,3 +393,230 @@ class SnensTrainer(transformers.Trainer):
         if prediction_loss_only:
             return loss, None, None
         return loss, probs, labels
+
+
+# ------------------------------------------------------------------------------------------------
+# Saving and reloading
+# ------------------------------------------------------------------------------------------------
+
+
+def _unshared(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` with a copy of each tensor whose memory an earlier one holds (tied weights:
+    safetensors refuses to write tensors that share memory, and Trainer writes safetensors)."""
+    seen: set[int] = set()
+    out = {}
+    for name, value in state.items():
+        if isinstance(value, Tensor) and value.numel() and value.device.type != "meta":
+            value = value.detach().contiguous()
+            pointer = value.untyped_storage().data_ptr()
+            if pointer in seen:
+                value = value.clone()
+            seen.add(pointer)
+        out[name] = value
+    return out
+
+
+def _write_config(ensemble: Ensemble, directory: Path) -> None:
+    """Write ``snens.json``: how :func:`load_ensemble` converts a fresh model for the weights."""
+    report = ensemble.report
+    meta = {
+        "format": FORMAT_VERSION,
+        "num_members": ensemble.num_members,
+        "input_policy": ensemble.input_policy,
+        # built by snens.convert (False: member layers at construction, see load_ensemble)
+        "converted": report is not None,
+        "head": None if report is None else report.head,
+        "skip_unsupported": report is not None and bool(report.skipped),
+        "custom_output": ensemble.output is not None,
+    }
+    temporary = directory / (SNENS_CONFIG + ".tmp")
+    temporary.write_text(json.dumps(meta, indent=2) + "\n")
+    os.replace(temporary, directory / SNENS_CONFIG)
+
+
+def _read_weights(directory: Path) -> dict[str, Tensor]:
+    """The tensors of a Trainer save or a ``save_pretrained`` directory (sharded or not)."""
+    from safetensors.torch import load_file
+
+    if (directory / _SAFETENSORS).is_file():
+        return load_file(str(directory / _SAFETENSORS))
+    if (directory / _SAFETENSORS_INDEX).is_file():
+        index = json.loads((directory / _SAFETENSORS_INDEX).read_text())
+        state: dict[str, Tensor] = {}
+        for shard in sorted(set(index["weight_map"].values())):
+            state.update(load_file(str(directory / shard)))
+        return state
+    if (directory / _PICKLED).is_file():  # Trainer with save_safetensors=False (transformers 4)
+        return torch.load(directory / _PICKLED, map_location="cpu", weights_only=True)
+    raise FileNotFoundError(
+        f"{directory} holds no weights ({_SAFETENSORS}, {_SAFETENSORS_INDEX} or {_PICKLED}); "
+        "give the directory trainer.save_model(directory) wrote"
+    )
+
+
+def _read_config(directory: Path, state: dict[str, Tensor]) -> tuple[dict[str, Any], str]:
+    """``snens.json``, and the prefix that makes the saved names the ensemble's: "" for a
+    Trainer save (the ensemble's state dict), "model." for ``ens.model.save_pretrained``."""
+    path = directory / SNENS_CONFIG
+    if path.is_file():
+        meta = json.loads(path.read_text())
+        if meta.get("format") != FORMAT_VERSION:
+            raise ValueError(
+                f"{path}: format {meta.get('format')!r}, this snens reads format "
+                f"{FORMAT_VERSION}; save it again with this version"
+            )
+        return meta, ""
+    if not (directory / "config.json").is_file():
+        raise FileNotFoundError(
+            f"{path} is missing: {directory} was not written by SnensTrainer.save_model (or "
+            "the save was interrupted; save again)"
+        )
+    # ens.model.save_pretrained(directory): the converted model's own state dict, whose γ
+    # (M, C) give M; the head is the one snens.convert finds, the other options the defaults
+    members = {tuple(v.shape[:1]) for k, v in state.items() if k.endswith(".gamma") and v.dim()}
+    if len(members) != 1:
+        found = "no member norm γ" if not members else f"γ of {len(members)} sizes of M"
+        raise ValueError(
+            f"{directory} holds {found}, so it is not a σN-Ens model saved with "
+            "ens.model.save_pretrained; load a plain model with from_pretrained, a "
+            "SnensTrainer save with its snens.json"
+        )
+    (num_members,) = members.pop()
+    meta = {
+        "num_members": num_members,
+        "input_policy": "repeat",
+        "converted": True,
+        "head": "auto",
+        "skip_unsupported": False,
+        "custom_output": False,
+    }
+    return meta, "model."
+
+
+def _fresh_ensemble(
+    model: nn.Module, meta: dict[str, Any], output: Callable[[Any], Tensor] | None, where: Path
+) -> Ensemble:
+    """``model`` converted as ``meta`` says, or ``model`` itself if it is an ensemble of M."""
+    num_members = meta["num_members"]
+    if meta["custom_output"] and output is None:
+        raise ValueError(
+            f"{where} was saved from an ensemble built with output=, a function that is not "
+            "saved; pass the same function: load_ensemble(model, directory, output=...)"
+        )
+    if isinstance(model, Ensemble):
+        if model.num_members != num_members:
+            raise ValueError(
+                f"the ensemble given has num_members={model.num_members}, {where} holds "
+                f"num_members={num_members}; build it with num_members={num_members}"
+            )
+        return model
+    if not isinstance(model, nn.Module):
+        raise TypeError(
+            f"load_ensemble takes the model the ensemble was trained from (an nn.Module, or a "
+            f"function building one), got {type(model).__name__}"
+        )
+    if not meta["converted"]:
+        raise TypeError(
+            f"{where} was saved from an ensemble not built by snens.convert (member layers at "
+            f"construction); build that model again with num_members={num_members}, wrap it "
+            f"in snens.Ensemble(model, {num_members}) and pass the ensemble"
+        )
+    return convert(
+        model,
+        num_members,
+        head=meta["head"],
+        skip_unsupported=meta["skip_unsupported"],
+        input_policy=meta["input_policy"],
+        output=output,
+        inplace=True,
+    )
+
+
+def _load_weights(ensemble: Ensemble, state: dict[str, Tensor], where: Path) -> None:
+    """Load ``state`` into ``ensemble``; every tensor must fit, and every tensor of the
+    ensemble be given (a tied one through the tensor it shares memory with)."""
+    expected = ensemble.state_dict()
+    given = {expected[k].untyped_storage().data_ptr() for k in state if k in expected}
+    missing = [
+        k
+        for k, v in expected.items()
+        if k not in state and (not v.numel() or v.untyped_storage().data_ptr() not in given)
+    ]
+    unexpected = [k for k in state if k not in expected]
+    wrong = [
+        f"{k} {tuple(v.shape)} saved, {tuple(expected[k].shape)} here"
+        for k, v in state.items()
+        if k in expected and v.shape != expected[k].shape
+    ]
+    if missing or unexpected or wrong:
+        problems = [
+            f"{len(items)} {what}: {', '.join(items[:3])}{', …' if len(items) > 3 else ''}"
+            for what, items in (
+                ("missing", missing),
+                ("unexpected", unexpected),
+                ("of another shape", wrong),
+            )
+            if items
+        ]
+        raise ValueError(
+            f"the weights in {where} do not fit the model given ({'; '.join(problems)}); pass "
+            "the architecture the ensemble was trained from (the same class and configuration), "
+            "freshly built"
+        )
+    ensemble.load_state_dict(state, strict=False)
+
+
+def load_ensemble(
+    model: nn.Module | Callable[[], nn.Module],
+    directory: str | os.PathLike,
+    *,
+    output: Callable[[Any], Tensor] | None = None,
+) -> Ensemble:
+    """The trained ensemble saved in ``directory``: ``model`` converted afresh, the weights loaded.
+
+    Reads what ``SnensTrainer.save_model(directory)`` writes (the ensemble's weights and
+    ``snens.json``: M, the head's name, the input policy) and Trainer's checkpoints
+    (``output_dir/checkpoint-<step>``). It also reads what Hugging Face's
+    ``ens.model.save_pretrained(directory)`` writes, M then taken from the shape of γ (M, C)
+    and the head found as :func:`snens.convert` finds it (the last ``nn.Linear``). The
+    ensemble returned computes what the saved one did, bit for bit on the same hardware.
+
+    Args:
+        model: the model the ensemble was trained from, freshly built (the same class and
+            configuration; its weights are all replaced, so pretrained ones need not be
+            loaded), or a function of no arguments building it. It is converted in place.
+            An ensemble built without :func:`snens.convert` (member layers at construction)
+            is passed as the :class:`snens.Ensemble` of M, built as before.
+        directory: the directory ``save_model`` (or ``save_pretrained``) wrote.
+        output: the ``output=`` function the trained ensemble was built with, if it had one
+            (a function is not saved).
+
+    Returns:
+        The :class:`snens.Ensemble`, in eval mode (as ``from_pretrained`` returns a model).
+
+    Raises:
+        FileNotFoundError: ``directory`` holds no weights, or neither ``snens.json`` nor
+            ``config.json``.
+        ValueError: a PEFT save (read by :func:`snens.integrations.peft.from_pretrained`); a
+            ``snens.json`` of another format version; weights that do not fit the model (the
+            names given); an ensemble of another M; a saved ``output=`` not passed again.
+        TypeError: ``model`` is not a module; a save of an ensemble not built by convert,
+            given a plain model.
+    """
+    where = Path(directory)
+    if not where.is_dir():
+        raise FileNotFoundError(
+            f"{where} is not a directory; give the directory trainer.save_model(directory) wrote"
+        )
+    if (where / "adapter_config.json").is_file():
+        raise ValueError(
+            f"{where} holds a PEFT save (adapter_config.json); load it with "
+            "snens.integrations.peft.from_pretrained(base_model, directory)"
+        )
+    state = _read_weights(where)
+    meta, prefix = _read_config(where, state)
+    if not isinstance(model, nn.Module) and callable(model):
+        model = model()
+    ensemble = _fresh_ensemble(model, meta, output, where)
+    _load_weights(ensemble, {prefix + k: v for k, v in state.items()}, where)
+    return ensemble.eval()

@@ -17,6 +17,16 @@ What :class:`SnensModule` does:
   softmaxes, :func:`snens.predictive_probs`), logged as ``val_loss`` / ``test_loss`` (its NLL)
   and ``val_accuracy`` / ``test_accuracy``, averaged over the epoch by batch size.
 * **prediction**: ``trainer.predict`` returns the mean probabilities (B, K) of each batch.
+* **checkpoints**: the hyperparameters (``lr``, τ, λ, …; not the ensemble, nor the optimizer
+  or a layer-selecting function, which are not plain data) and M are saved in each
+  checkpoint, so Lightning's own reload needs only a fresh ensemble of the same architecture
+  and M, whose weights it replaces::
+
+      module = SnensModule.load_from_checkpoint(ckpt, ensemble=snens.convert(fresh_model, 4))
+
+  It then computes what the saved module did, bit for bit. A checkpoint of another M, or
+  tensors of other shapes, is refused naming the M or the tensors; pass ``optimizer=`` again
+  to go on training with another optimizer than AdamW.
 
 Batches: ``(x, y)`` for image models; ``(inputs, y)`` with ``inputs`` a dict of keyword
 inputs (``snens.data.TokenLoader``); or a dict of keyword inputs holding ``"labels"`` (or
@@ -55,6 +65,10 @@ from snens.metrics import accuracy, nll
 
 __all__ = ["SnensModule"]
 
+#: The checkpoint entry holding what the hyperparameters cannot: M, and whether a function
+#: chose the regularized layers.
+CHECKPOINT_KEY = "snens"
+
 OptimizerFactory = Callable[[Iterable[dict]], torch.optim.Optimizer]
 _LABEL_KEYS = ("labels", "label")
 
@@ -90,6 +104,9 @@ class SnensModule(LightningModule):
     ``train_loss`` (the first term), ``diversity_gain``; ``val_loss``, ``val_accuracy``
     (``test_*`` in testing) of the ensemble's mean prediction.
 
+    Reload a checkpoint with ``SnensModule.load_from_checkpoint(path,
+    ensemble=snens.convert(fresh_model, M))``: the other arguments are saved in it.
+
     Args:
         ensemble: the ensemble, from :func:`snens.convert`.
         lr: base learning rate (groups "decay" and "no_decay").
@@ -109,15 +126,16 @@ class SnensModule(LightningModule):
         ``module(*inputs)``: (B, …) -> logits (M, B, K). Labels: (B,).
 
     Raises:
-        TypeError: ``ensemble`` is not a :class:`snens.Ensemble`.
+        TypeError: ``ensemble`` is missing or not a :class:`snens.Ensemble`.
         ValueError: a learning rate, weight decay or multiplier that :func:`snens.param_groups`
             refuses, or a temperature, weight or layer selection that
-            :func:`snens.diversity_loss` refuses.
+            :func:`snens.diversity_loss` refuses; on loading a checkpoint, one of another M,
+            of weights that do not fit, or chosen layers not passed again.
     """
 
     def __init__(
         self,
-        ensemble: Ensemble,
+        ensemble: Ensemble | None = None,
         *,
         lr: float,
         weight_decay: float = 0.0,
@@ -129,11 +147,23 @@ class SnensModule(LightningModule):
         optimizer: OptimizerFactory = torch.optim.AdamW,
     ) -> None:
         super().__init__()
+        if ensemble is None:
+            raise TypeError(
+                "SnensModule needs the ensemble: SnensModule(snens.convert(model, num_members=4), "
+                "lr=...); to reload a checkpoint, SnensModule.load_from_checkpoint(path, "
+                "ensemble=snens.convert(fresh_model, M)) with the M it was trained with"
+            )
         if not isinstance(ensemble, Ensemble):
             raise TypeError(
                 f"SnensModule trains a snens.Ensemble, got {type(ensemble).__name__}; build one "
                 "with snens.convert(model, num_members=4)"
             )
+        # The ensemble is saved as the state dict; the optimizer factory and a layer-selecting
+        # function are code, which Lightning's reload (torch.load(weights_only=True)) refuses.
+        ignore = ["ensemble", "optimizer"]
+        if callable(diversity_layers):
+            ignore.append("diversity_layers")
+        self.save_hyperparameters(ignore=ignore)
         # refuse bad settings now, not at the first step
         param_groups(ensemble, lr, weight_decay, gamma_lr_multiplier)
         with torch.no_grad():
@@ -147,6 +177,54 @@ class SnensModule(LightningModule):
         self.diversity_layers = diversity_layers
         self.label_smoothing = label_smoothing
         self.optimizer_factory = optimizer
+
+    # -- checkpoints -------------------------------------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Saves M, and whether a function chose the regularized layers, beside the
+        hyperparameters."""
+        checkpoint[CHECKPOINT_KEY] = {
+            "num_members": self.ensemble.num_members,
+            "layers_chosen_by_function": callable(self.diversity_layers),
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Refuses a checkpoint this module cannot hold, before its weights are loaded.
+
+        Raises:
+            ValueError: the checkpoint's M differs from the ensemble's; a saved tensor has
+                another shape (names and shapes given); it was trained with
+                ``diversity_layers`` a function, not passed again.
+        """
+        saved = checkpoint.get(CHECKPOINT_KEY, {})
+        num_members = saved.get("num_members", self.ensemble.num_members)
+        if num_members != self.ensemble.num_members:
+            raise ValueError(
+                f"the checkpoint holds an ensemble of num_members={num_members}, the ensemble "
+                f"given has {self.ensemble.num_members}; pass "
+                f"ensemble=snens.convert(fresh_model, {num_members})"
+            )
+        if saved.get("layers_chosen_by_function") and self.diversity_layers is None:
+            raise ValueError(
+                "the checkpoint was trained with diversity_layers a function, which is not "
+                "saved; pass the same function again: load_from_checkpoint(path, ensemble=..., "
+                "diversity_layers=...)"
+            )
+        # names missing or unexpected are Lightning's to judge (strict=False allows them);
+        # a tensor of another shape never loads
+        expected = self.state_dict()
+        wrong = [
+            f"{k} {tuple(v.shape)} saved, {tuple(expected[k].shape)} here"
+            for k, v in checkpoint.get("state_dict", {}).items()
+            if k in expected and v.shape != expected[k].shape
+        ]
+        if wrong:
+            shown = "; ".join(wrong[:3]) + ("; …" if len(wrong) > 3 else "")
+            raise ValueError(
+                f"the checkpoint's weights do not fit the ensemble given ({len(wrong)} tensors of "
+                f"another shape: {shown}); pass ensemble=snens.convert(fresh_model, "
+                f"{num_members}) of the architecture it was trained from (the same class and "
+                "configuration)"
+            )
 
     def forward(self, *args: Any, **kwargs: Any) -> Tensor:
         return self.ensemble(*args, **kwargs)  # (M, B, K)
