@@ -17,7 +17,14 @@ from snens.data import (
     load_mnist_5k,
 )
 from snens.engine.fit import fit, predict
-from snens.evaluation.protocol import SHIFT_METRICS, collect, evaluate, ood_detection
+from snens.evaluation import conformal
+from snens.evaluation.protocol import (
+    SHIFT_METRICS,
+    collect,
+    evaluate,
+    ood_detection,
+    posthoc_metrics,
+)
 from snens.models import create
 from snens.nn.norms import MemberNorm
 
@@ -236,21 +243,51 @@ def test_empty_loader_names_the_data_set(ensemble, data):
 
 def test_unknown_ood_score_lists_the_choices(ensemble, data):
     x, y, _ = data
-    with pytest.raises(ValueError, match="'entropy', 'msp', 'mutual_information'"):
-        evaluate(ensemble, TensorLoader(x, y, 7), ood_score="energy")
+    choices = "'energy', 'entropy', 'max_logit', 'msp', 'mutual_information'"
+    with pytest.raises(ValueError, match=choices):
+        evaluate(ensemble, TensorLoader(x, y, 7), ood_score="odin")
+
+
+@pytest.mark.parametrize("score", ["max_logit", "energy"])
+def test_logit_scores_equal_metrics_on_independently_collected_logits(ensemble, data, score):
+    """The logit scores read the logits of the same pass: equal to snens.metrics on the
+    members' logits collected in one batch, and to ood_detection(..., logits=True)."""
+    x, _, ood = data
+    result = _run(ensemble, data, 3, ood_score=score)
+    with torch.no_grad():
+        inside, outside = ensemble(x), ensemble(ood)
+    s_in = metrics.LOGIT_OOD_SCORES[score](inside)
+    s_out = metrics.LOGIT_OOD_SCORES[score](outside)
+    direct = ood_detection(inside, outside, score, logits=True)
+    assert result["ood/blobs/auroc"] == pytest.approx(metrics.auroc(s_in, s_out), abs=1e-6)
+    assert result["ood/blobs/aupr"] == pytest.approx(metrics.aupr(s_in, s_out), abs=1e-6)
+    assert result["ood/blobs/fpr95"] == pytest.approx(metrics.fpr_at_95_tpr(s_in, s_out), abs=1e-6)
+    for key in ("auroc", "aupr", "fpr95"):
+        assert result[f"ood/blobs/{key}"] == pytest.approx(direct[key], abs=1e-6)
+    with pytest.raises(ValueError, match=f"OOD score '{score}' reads logits"):
+        ood_detection(inside.softmax(-1), outside.softmax(-1), score)
+
+
+def test_ood_detection_on_logits_equals_it_on_probabilities(ensemble, data):
+    x, _, ood = data
+    with torch.no_grad():
+        inside, outside = ensemble(x), ensemble(ood)
+    for score in metrics.OOD_SCORES:
+        on_logits = ood_detection(inside, outside, score, logits=True)
+        assert on_logits == ood_detection(inside.softmax(-1), outside.softmax(-1), score)
 
 
 def test_several_ood_scores_from_one_pass_equal_each_alone(ensemble, data):
     """A list of scores gives ood/<name>/<score>/… keys, each equal to that score's own call
     and to ood_detection on the member probabilities; the other keys are unchanged."""
     x, y, ood = data
-    scores = ["msp", "entropy", "mutual_information"]
+    scores = ["msp", "entropy", "mutual_information", "max_logit", "energy"]
     together = _run(ensemble, data, 3, ood_score=scores)
     with torch.no_grad():
-        inside, outside = ensemble(x).softmax(-1), ensemble(ood).softmax(-1)
+        inside, outside = ensemble(x), ensemble(ood)
     for score in scores:
         alone = _run(ensemble, data, 3, ood_score=score)
-        direct = ood_detection(inside, outside, score)
+        direct = ood_detection(inside, outside, score, logits=True)
         for key in ("auroc", "aupr", "fpr95"):
             assert together[f"ood/blobs/{score}/{key}"] == alone[f"ood/blobs/{key}"]
             assert together[f"ood/blobs/{score}/{key}"] == pytest.approx(direct[key], abs=1e-6)
@@ -260,10 +297,42 @@ def test_several_ood_scores_from_one_pass_equal_each_alone(ensemble, data):
     assert not any(k in together for k in ("ood/blobs/auroc", "ood/blobs/aupr"))
     with pytest.raises(ValueError, match="ood_score is an empty list"):
         _run(ensemble, data, 3, ood_score=[])
-    with pytest.raises(ValueError, match="unknown ood_score 'energy'"):
-        _run(ensemble, data, 3, ood_score=["msp", "energy"])
-    with pytest.raises(ValueError, match="unknown OOD score 'energy'"):
-        ood_detection(inside, outside, "energy")
+    with pytest.raises(ValueError, match="unknown ood_score 'odin'"):
+        _run(ensemble, data, 3, ood_score=["msp", "odin"])
+    with pytest.raises(ValueError, match="unknown OOD score 'odin'"):
+        ood_detection(inside, outside, "odin")
+
+
+def test_posthoc_metrics_from_kept_logits_equal_a_second_pass(ensemble, data):
+    """posthoc_metrics reads the logits evaluate kept: its OOD keys equal evaluate's own for
+    those scores, and its conformal keys are calibrate → predict → coverage, size on them."""
+    x, y, ood = data
+    kept = {}
+    result = _run(ensemble, data, 3, keep_logits=kept)
+    assert set(kept) == {"test", "test_labels", "ood/blobs"}
+    extra = posthoc_metrics(kept, ood_scores=("max_logit", "energy", "entropy"))
+    listed = _run(ensemble, data, 3, ood_score=["max_logit", "energy", "entropy"])
+    assert extra == {k: v for k, v in listed.items() if k.startswith("ood/")}
+    assert not set(extra) & set(result)  # the msp keys ood/blobs/auroc, … stay evaluate's
+
+    g = torch.Generator().manual_seed(1)
+    val_x = torch.randn(30, 3, 8, 8, generator=g)
+    val_y = torch.randint(0, K, (30,), generator=g)
+    with torch.no_grad():
+        val = ensemble(val_x)
+    kept.update(val=val, val_labels=val_y)
+    extra = posthoc_metrics(kept, ood_scores=(), conformal_alpha=0.2)
+    generator = torch.Generator().manual_seed(0)
+    for score in ("thr", "aps"):
+        fit = conformal.calibrate(val, val_y, 0.2, score, generator=generator)
+        sets = fit.predict(kept["test"], generator=generator)
+        assert extra[f"test/conformal_{score}_coverage"] == conformal.coverage(sets, y)
+        assert extra[f"test/conformal_{score}_size"] == conformal.mean_set_size(sets)
+    assert len(extra) == 4
+    with pytest.raises(ValueError, match="n = 30 examples is too small for alpha = 0.01"):
+        posthoc_metrics(kept, conformal_alpha=0.01)
+    with pytest.raises(ValueError, match="unknown ood_score 'odin'"):
+        posthoc_metrics(kept, ood_scores=["odin"])
 
 
 @pytest.mark.parametrize("severity", [7, 0, -1, 2.0, True])

@@ -12,6 +12,7 @@ from sklearn.metrics import average_precision_score, log_loss, roc_auc_score, ro
 from torch.testing import assert_close
 
 from snens.metrics import (
+    LOGIT_OOD_SCORES,
     OOD_SCORES,
     accuracy,
     adaptive_ece,
@@ -22,8 +23,10 @@ from snens.metrics import (
     classwise_ece,
     disagreement,
     ece,
+    energy_score,
     expected_entropy,
     fpr_at_95_tpr,
+    max_logit_score,
     member_correlation,
     mutual_information,
     nll,
@@ -450,6 +453,49 @@ def test_ood_scores():
     assert OOD_SCORES["mutual_information"](probs)[1].item() == pytest.approx(0, abs=1e-15)
 
 
+# Member logits (M=2, B=2, K=3); their mean over members is [2, 2, 2] and [1, 0, −1].
+LOGITS = torch.tensor(
+    [[[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]], [[3.0, 2.0, 1.0], [2.0, 0.0, -2.0]]],
+    dtype=torch.float64,
+)
+
+
+def test_logit_ood_scores_hand():
+    assert LOGIT_OOD_SCORES == {"max_logit": max_logit_score, "energy": energy_score}
+    # −max of the mean logit: −2 and −1 (the members' own maxima, 3 and 2, are not used)
+    assert_close(max_logit_score(LOGITS), torch.tensor([-2.0, -1.0], dtype=torch.float64))
+    # −log(3 e²) = −(2 + log 3) = −3.0986…; −log(e + 1 + 1/e) = −1.4076…
+    expected = [-(2 + math.log(3)), -math.log(math.e + 1 + 1 / math.e)]
+    assert_close(energy_score(LOGITS), torch.tensor(expected, dtype=torch.float64))
+    assert energy_score(LOGITS).tolist() == pytest.approx([-3.0986123, -1.4076060], abs=1e-7)
+
+
+def test_logit_ood_scores_follow_torch_uncertainty():
+    """torch-uncertainty's MaxLogitCriterion and EnergyCriterion, on its (B, M, K) layout:
+    −inputs.mean(dim=1).max(dim=-1).values and −inputs.mean(dim=1).logsumexp(dim=-1)."""
+    z = torch.randn(3, 7, 5, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    theirs = z.transpose(0, 1)  # (B, M, K)
+    assert_close(max_logit_score(z), -theirs.mean(dim=1).max(dim=-1).values, rtol=0, atol=0)
+    assert_close(energy_score(z), -theirs.mean(dim=1).logsumexp(dim=-1), rtol=0, atol=1e-15)
+
+
+def test_logit_ood_scores_of_one_member_and_their_invariants():
+    g = torch.Generator().manual_seed(1)
+    z = 3 * torch.randn(1, 50, 10, generator=g, dtype=torch.float64)
+    # M = 1: the plain max logit and energy (Liu et al., 2020) of the one model
+    assert_close(max_logit_score(z), -z[0].amax(-1), rtol=0, atol=0)
+    assert_close(energy_score(z), -torch.logsumexp(z[0], -1), rtol=0, atol=0)
+    # a shift c of every logit moves both by −c: the scores read the logits' level
+    assert_close(energy_score(z + 2.0), energy_score(z) - 2.0)
+    assert_close(max_logit_score(z + 2.0), max_logit_score(z) - 2.0)
+    # the energy of the mean logit is >= the mean of the members' energies (logsumexp convex)
+    members = 3 * torch.randn(4, 50, 10, generator=g, dtype=torch.float64)
+    member_energies = torch.stack([energy_score(m.unsqueeze(0)) for m in members])
+    assert (energy_score(members) >= member_energies.mean(0) - 1e-12).all()
+    # float32 and NumPy input: computed in float64
+    assert energy_score(z.float().numpy()).dtype == torch.float64
+
+
 # ------------------------------------------------------------------------------------------------
 # Bad input
 # ------------------------------------------------------------------------------------------------
@@ -518,6 +564,18 @@ def test_bad_member_probs(metric):
         metric(torch.ones(2, 3, 4))
     with pytest.raises(ValueError, match="empty"):
         metric(torch.empty(2, 0, 4))
+
+
+@pytest.mark.parametrize("score", [max_logit_score, energy_score])
+def test_bad_member_logits(score):
+    with pytest.raises(ValueError, match=r"3-D \(M, B, K\).*unsqueeze\(0\)"):
+        score(torch.zeros(2, 3))
+    with pytest.raises(ValueError, match="empty"):
+        score(torch.empty(2, 0, 4))
+    with pytest.raises(ValueError, match="NaN or inf.*not log-probabilities"):
+        score(torch.tensor([[[0.0, -math.inf]]]))
+    with pytest.raises(TypeError, match="floating-point logits"):
+        score(torch.zeros(1, 2, 3, dtype=torch.long))
 
 
 def test_per_member_checks_labels():

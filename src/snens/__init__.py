@@ -6,7 +6,7 @@ probs = snens.predictive_probs(ens(x))         # (B, K)
 """
 
 from snens import baselines, metrics, models, nn
-from snens.evaluation.calibration import TemperatureScaled, fit_temperature
+from snens.evaluation.calibration import TemperatureScaled, fit_calibrator, fit_temperature
 from snens.evaluation.protocol import evaluate
 from snens.method.allocation import LayerAllocation, allocation, mean_effective_members
 from snens.method.ensemble import (
@@ -45,6 +45,7 @@ __all__ = [
     "evaluate",
     "export",
     "extract_member",
+    "fit_calibrator",
     "fit_temperature",
     "fold_members",
     "forward_repeated",

@@ -29,7 +29,7 @@ from snens.engine.checkpoint import (
 from snens.engine.config import RunConfig, from_dict, load_config, to_dict
 from snens.engine.datasets import build_data
 from snens.engine.runs import CONFIG, RunDirError, config_differences
-from snens.evaluation.protocol import evaluate
+from snens.evaluation.protocol import evaluate, posthoc_metrics
 
 __all__ = [
     "check_progress",
@@ -160,26 +160,33 @@ def evaluate_run(
 ) -> tuple[dict[str, float], dict[str, Any]]:
     """Re-evaluate a run: its model (:func:`load_run_model`) on its data, rebuilt from its
     config.toml, with the run's threads and determinism settings, so it reproduces
-    ``final.json``'s metrics.
+    ``final.json``'s metrics: :func:`snens.evaluate`'s, the validation split's, and those of
+    the kept logits (``data.ood_scores``; temperature scaling and conformal sets at
+    ``data.conformal_alpha`` fitted on the validation split).
 
     Args:
         run_dir: the run directory.
         ood_score: as in :func:`snens.evaluate` (a list scores each OOD set several ways).
         corruptions: False leaves the corrupted test sets out (the slow part).
-        validation: False leaves the validation split out (no ``val/*`` metrics).
+        validation: False leaves the validation split out (no ``val/*``, ``test_ts/*`` or
+            ``test/conformal_*`` metrics).
 
     Returns:
-        ``(metrics, state)``: what :func:`snens.evaluate` returns, and the checkpoint.
+        ``(metrics, state)``: the metrics as in ``final.json``, and the checkpoint.
 
     Raises:
         RunDirError, FileNotFoundError, CheckpointError: see :func:`load_run_model`.
     """
+    # train imports this module: its post-hoc temperature scaling is imported when called
+    from snens.engine.train import temperature_scaled_metrics
+
     model, config, state = load_run_model(run_dir)
     data_config = dataclasses.replace(
         config.data,
         corruptions=config.data.corruptions and corruptions,
         validation_examples=config.data.validation_examples if validation else 0,
     )
+    outputs: dict[str, Any] = {}
     with reproducible(config):
         device = resolve_device(config.device)
         loaded = build_data(
@@ -191,7 +198,16 @@ def evaluate_run(
             ood=loaded.ood,
             corruptions=loaded.corruptions,
             ood_score=ood_score,
+            keep_logits=outputs,
         )
     if loaded.validation is not None:
-        metrics.update(validation_metrics(model, loaded.validation))
+        metrics.update(validation_metrics(model, loaded.validation, keep_logits=outputs))
+        metrics.update(temperature_scaled_metrics(outputs))
+    metrics.update(
+        posthoc_metrics(
+            outputs,
+            ood_scores=config.data.ood_scores,
+            conformal_alpha=config.data.conformal_alpha,
+        )
+    )
     return metrics, state

@@ -1,7 +1,8 @@
-"""Post-hoc temperature scaling of an ensemble's prediction (Guo et al., 2017).
+"""Post-hoc calibration of an ensemble's prediction, fitted on a validation split.
 
-One scalar T > 0 divides every member's logits; it is chosen to minimize the negative
-log-likelihood of the ensemble's prediction on held-out **validation** data:
+Temperature scaling (Guo et al., 2017): one scalar T > 0 divides every member's logits; it is
+chosen to minimize the negative log-likelihood of the ensemble's prediction on held-out
+**validation** data:
 
     T* = argmin_T  −(1/N) Σ_i log p̄_T(y_i | x_i)
 
@@ -17,6 +18,24 @@ predictions, T < 1 sharpens underconfident ones; the argmax, hence accuracy, is 
 
 Fit T on a validation split, never on the test set: a temperature fitted on the data it is
 evaluated on reports a calibration the model does not have.
+
+Every calibrator behind one interface, :func:`fit_calibrator` (validation logits → a frozen
+:class:`Calibrator`, whose :meth:`~Calibrator.apply` maps test logits to calibrated logits):
+
+* ``"temperature"`` — z_m / T, T from :func:`fit_temperature`;
+* ``"vector"`` — z'_m = w ⊙ z_m + b, w, b ∈ R^K;
+* ``"matrix"`` — z'_m = W z_m + b, W ∈ R^{K×K}, its off-diagonal entries L2-regularized
+  (Kull et al., 2019);
+* ``"histogram"`` — one-vs-rest histogram binning of the ensemble prediction p̄ (Zadrozny and
+  Elkan, 2001), then renormalized.
+
+On an ensemble the parametric maps act on every member's logits alike (one shared map, M
+independent) and are fitted, like T, on the NLL of the mean of the mapped members' softmaxes:
+what snens reports is that mean, and the members stay members, so disagreement, mutual
+information and prediction sets keep their meaning after calibration. Histogram binning maps
+probabilities, not logits, so it acts on p̄ alone and returns log-probabilities as one member
+(1, N, K). Either way ``snens.predictive_probs(calibrator.apply(logits))`` is the calibrated
+prediction.
 """
 
 from __future__ import annotations
@@ -24,12 +43,24 @@ from __future__ import annotations
 import math
 import numbers
 import warnings
-from typing import Any, Literal
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import Tensor, nn
 
-__all__ = ["TemperatureScaled", "fit_temperature"]
+__all__ = [
+    "CALIBRATORS",
+    "Calibrator",
+    "HistogramBinning",
+    "MatrixScaling",
+    "TemperatureScaled",
+    "TemperatureScaling",
+    "VectorScaling",
+    "fit_calibrator",
+    "fit_temperature",
+]
 
 Mode = Literal["mean_of_softmax", "logits"]
 MODES = ("mean_of_softmax", "logits")
@@ -68,8 +99,8 @@ def _check_temperature(temperature: Any) -> float:
     return value
 
 
-def _check_inputs(logits: Any, labels: Any) -> tuple[Tensor, Tensor]:
-    """Logits as float64 (M, N, K) and labels as int64 (N,), on the logits' device."""
+def _check_logits(logits: Any) -> Tensor:
+    """Logits as float64 (M, N, K), detached; (N, K) of one model becomes (1, N, K)."""
     if not isinstance(logits, Tensor) or not logits.is_floating_point():
         got = logits.dtype if isinstance(logits, Tensor) else type(logits).__name__
         raise TypeError(f"logits must be a floating-point tensor, got {got}")
@@ -80,25 +111,38 @@ def _check_inputs(logits: Any, labels: Any) -> tuple[Tensor, Tensor]:
         )
     z = logits.detach()
     z = (z if z.dim() == 3 else z.unsqueeze(0)).double()  # (M, N, K)
-    if z.shape[1] == 0 or z.shape[2] < 2:
-        raise ValueError(f"logits {tuple(logits.shape)} need at least one example and two classes")
+    if z.shape[0] == 0 or z.shape[1] == 0 or z.shape[2] < 2:
+        raise ValueError(
+            f"logits {tuple(logits.shape)} need at least one member, one example and two classes"
+        )
     # -inf is a logit of probability 0 (from log-probabilities): allowed where a row keeps a
     # finite entry, since softmax ignores it.
     if torch.isnan(z).any() or (z == math.inf).any() or not torch.isfinite(z).any(-1).all():
         raise ValueError("logits contain NaN, +inf, or a row with no finite entry")
+    return z
+
+
+def _check_labels(labels: Any, z: Tensor, what: str = "logits") -> Tensor:
+    """Labels as int64 (N,) on the device of the checked ``what`` ``z`` (M, N, K)."""
     if not isinstance(labels, Tensor) or labels.is_floating_point() or labels.dtype == torch.bool:
         got = labels.dtype if isinstance(labels, Tensor) else type(labels).__name__
         raise TypeError(f"labels must be an integer tensor of class indices, got {got}")
     if labels.dim() != 1 or labels.shape[0] != z.shape[1]:
         raise ValueError(
-            f"labels must be (N,) with N = {z.shape[1]} to match logits "
-            f"{tuple(logits.shape)}, got shape {tuple(labels.shape)}"
+            f"labels must be (N,) with N = {z.shape[1]} to match the {what}' "
+            f"{z.shape[1]} examples, got shape {tuple(labels.shape)}"
         )
     y = labels.to(z.device, torch.long)
     K = z.shape[2]
     if ((y < 0) | (y >= K)).any():
         raise ValueError(f"labels must lie in [0, {K - 1}] for K = {K} classes")
-    return z, y
+    return y
+
+
+def _check_inputs(logits: Any, labels: Any) -> tuple[Tensor, Tensor]:
+    """Logits as float64 (M, N, K) and labels as int64 (N,), on the logits' device."""
+    z = _check_logits(logits)
+    return z, _check_labels(labels, z)
 
 
 def _nll(z: Tensor, y: Tensor, log_t: float, mode: str) -> float:
@@ -240,3 +284,326 @@ class TemperatureScaled(nn.Module):
 
     def extra_repr(self) -> str:
         return f"temperature={self.temperature.item():.4g}, mode={self.mode!r}"
+
+
+# ------------------------------------------------------------------------------------------------
+# One interface for post-hoc calibrators
+# ------------------------------------------------------------------------------------------------
+
+# L-BFGS of vector and matrix scaling: at most this many iterations (each with a strong-Wolfe
+# line search) from the identity map; deterministic, and converged (gradient < 1e-9) within
+# ~50 on K = 10 classes and 10 000 examples.
+_LBFGS_ITERATIONS = 200
+
+
+def _mean_of_softmax_nll(z: Tensor, y: Tensor) -> Tensor:
+    """−(1/N) Σ_i log p̄(y_i), p̄ = (1/M) Σ_m softmax(z_m), in the log domain; differentiable."""
+    log_p = torch.logsumexp(z.log_softmax(-1), dim=0) - math.log(z.shape[0])  # (N, K)
+    return -log_p.gather(-1, y.unsqueeze(-1)).mean()
+
+
+def _minimize(loss: Callable[[], Tensor], params: list[Tensor]) -> None:
+    """Minimize ``loss`` over ``params`` in place with full-batch L-BFGS."""
+    optimizer = torch.optim.LBFGS(
+        params,
+        lr=1.0,
+        max_iter=_LBFGS_ITERATIONS,
+        tolerance_grad=1e-9,
+        tolerance_change=1e-12,
+        history_size=20,
+        line_search_fn="strong_wolfe",
+    )
+
+    def closure() -> Tensor:
+        optimizer.zero_grad()
+        value = loss()
+        value.backward()
+        return value
+
+    with torch.enable_grad():
+        optimizer.step(closure)
+    for param in params:
+        param.requires_grad_(False)
+
+
+class Calibrator:
+    """A post-hoc calibrator fitted on validation logits; :meth:`apply` maps test logits.
+
+    Build one with :func:`fit_calibrator` (or a subclass's ``fit``); it is frozen.
+
+    Shape:
+        apply: logits (M, N, K) or (N, K) -> calibrated logits (M, N, K), or (1, N, K) for
+        calibrators of the ensemble prediction (histogram binning, temperature in ``"logits"``
+        mode), in the dtype of the input.
+    """
+
+    method: ClassVar[str] = ""
+    num_classes: ClassVar[int | None] = None  # K the calibrator was fitted on; None = any
+
+    def apply(self, logits: Tensor) -> Tensor:
+        """Calibrated logits, whose mean of softmaxes is the calibrated prediction.
+
+        Raises:
+            TypeError, ValueError: logits that are not (M, N, K) or (N, K) floating point, or
+                whose K is not the K the calibrator was fitted on.
+        """
+        z = _check_logits(logits)
+        K = self.num_classes
+        if K is not None and z.shape[-1] != K:
+            raise ValueError(
+                f"this {self.method} calibrator was fitted on K = {K} classes, got logits "
+                f"{tuple(logits.shape)}"
+            )
+        return self._map(z).to(logits.dtype)
+
+    @classmethod
+    def fit(cls, logits: Tensor, labels: Tensor, **options: Any) -> Calibrator:
+        """Fit on validation logits (M, N, K) or (N, K) and labels (N,); see
+        :func:`fit_calibrator` for the options of each calibrator."""
+        raise NotImplementedError
+
+    def _map(self, z: Tensor) -> Tensor:
+        """Checked float64 logits (M, N, K) -> calibrated logits."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class TemperatureScaling(Calibrator):
+    """z_m / T (``mode="mean_of_softmax"``), or mean_m z_m / T as one member (``"logits"``).
+
+    Fit with ``fit_calibrator("temperature", logits, labels)`` (:func:`fit_temperature`); wrap a
+    model with ``TemperatureScaled(model, calibrator.temperature)``.
+
+    Args:
+        temperature: T, finite and > 0.
+        mode: the ``mode`` T was fitted with.
+    """
+
+    method: ClassVar[str] = "temperature"
+    temperature: float
+    mode: Mode = "mean_of_softmax"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "temperature", _check_temperature(self.temperature))
+        _check_mode(self.mode)
+
+    @classmethod
+    def fit(
+        cls, logits: Tensor, labels: Tensor, *, mode: Mode = "mean_of_softmax"
+    ) -> TemperatureScaling:
+        return cls(fit_temperature(logits, labels, mode=mode), mode)
+
+    def _map(self, z: Tensor) -> Tensor:
+        if self.mode == "logits":
+            z = z.mean(0, keepdim=True)  # (M, N, K) -> (1, N, K)
+        return z / self.temperature
+
+
+@dataclass(frozen=True, eq=False)
+class VectorScaling(Calibrator):
+    """z'_m = w ⊙ z_m + b, one (w, b) for every member (Guo et al., 2017).
+
+    Fitted by L-BFGS from w = 1, b = 0 on the mean-of-softmax NLL of the validation split:
+
+        (w, b)* = argmin −(1/N) Σ_i log (1/M) Σ_m softmax(w ⊙ z_mi + b)_{y_i}
+
+    It can move the argmax (a class's logit is rescaled alone).
+
+    Args:
+        weight: w, float64.
+        bias: b, float64.
+
+    Shape:
+        weight: (K,). bias: (K,).
+    """
+
+    method: ClassVar[str] = "vector"
+    weight: Tensor
+    bias: Tensor
+
+    @property
+    def num_classes(self) -> int:  # type: ignore[override]
+        return self.weight.shape[0]
+
+    @classmethod
+    def fit(cls, logits: Tensor, labels: Tensor) -> VectorScaling:
+        z, y = _check_inputs(logits, labels)
+        K = z.shape[-1]
+        weight = torch.ones(K, dtype=torch.float64, device=z.device, requires_grad=True)
+        bias = torch.zeros(K, dtype=torch.float64, device=z.device, requires_grad=True)
+        _minimize(lambda: _mean_of_softmax_nll(z * weight + bias, y), [weight, bias])
+        return cls(weight, bias)
+
+    def _map(self, z: Tensor) -> Tensor:
+        return z * self.weight.to(z.device) + self.bias.to(z.device)
+
+
+@dataclass(frozen=True, eq=False)
+class MatrixScaling(Calibrator):
+    """z'_m = W z_m + b, one (W, b) for every member, with off-diagonal L2 regularization.
+
+    Fitted by L-BFGS from W = I, b = 0 on the mean-of-softmax NLL plus the off-diagonal
+    penalty of Kull et al. (2019) (ODIR, without its bias term):
+
+        (W, b)* = argmin −(1/N) Σ_i log p̄_{W,b}(y_i) + λ/(K(K−1)) Σ_{j≠k} W_jk²
+
+    λ (``off_diagonal``) keeps the K² − K class-to-class weights, which K(K−1) examples would
+    be needed to pin, near 0; the diagonal and b are free (vector scaling is λ → ∞).
+
+    Args:
+        weight: W, float64.
+        bias: b, float64.
+        off_diagonal: λ it was fitted with.
+
+    Shape:
+        weight: (K, K). bias: (K,).
+    """
+
+    method: ClassVar[str] = "matrix"
+    weight: Tensor
+    bias: Tensor
+    off_diagonal: float
+
+    @property
+    def num_classes(self) -> int:  # type: ignore[override]
+        return self.weight.shape[0]
+
+    @classmethod
+    def fit(cls, logits: Tensor, labels: Tensor, *, off_diagonal: float = 1e-2) -> MatrixScaling:
+        lam = float(off_diagonal)
+        if not (math.isfinite(lam) and lam >= 0):
+            raise ValueError(f"off_diagonal must be finite and >= 0, got {off_diagonal!r}")
+        z, y = _check_inputs(logits, labels)
+        K = z.shape[-1]
+        eye = torch.eye(K, dtype=torch.float64, device=z.device)
+        weight = eye.clone().requires_grad_(True)
+        bias = torch.zeros(K, dtype=torch.float64, device=z.device, requires_grad=True)
+
+        def loss() -> Tensor:
+            penalty = ((weight * (1 - eye)) ** 2).sum() / (K * (K - 1))
+            return _mean_of_softmax_nll(z @ weight.T + bias, y) + lam * penalty
+
+        _minimize(loss, [weight, bias])
+        return cls(weight, bias, lam)
+
+    def _map(self, z: Tensor) -> Tensor:
+        return z @ self.weight.to(z.device).T + self.bias.to(z.device)
+
+
+@dataclass(frozen=True, eq=False)
+class HistogramBinning(Calibrator):
+    """One-vs-rest histogram binning of the ensemble prediction p̄, renormalized.
+
+    For each class k, the validation values of p̄_k are cut into B bins of equal mass; a bin's
+    value is the frequency of class k among its examples, with Laplace's rule of succession:
+
+        θ_kb = (#{i in bin b : y_i = k} + 1) / (#{i in bin b} + 2)
+
+    (a bin with no positive would otherwise give probability 0, and one miss an infinite NLL).
+    At test, q_k = θ_{k, bin_k(p̄_k)} and the prediction is q / Σ_k q, returned as log q̄ of one
+    member (1, N, K). The argmax can move; p̄ is binned, so the members are not kept.
+
+    Args:
+        edges: the B − 1 inner bin edges of each class (the validation values of p̄_k of rank
+            ⌊jN/B⌋, j = 1..B−1); a value x falls in the bin whose index is the number of
+            edges <= x.
+        values: θ.
+
+    Shape:
+        edges: (K, B − 1). values: (K, B).
+    """
+
+    method: ClassVar[str] = "histogram"
+    edges: Tensor
+    values: Tensor
+
+    @property
+    def num_classes(self) -> int:  # type: ignore[override]
+        return self.values.shape[0]
+
+    @classmethod
+    def fit(cls, logits: Tensor, labels: Tensor, *, num_bins: int = 15) -> HistogramBinning:
+        if isinstance(num_bins, bool) or not isinstance(num_bins, numbers.Integral):
+            raise TypeError(f"num_bins must be an int, got {num_bins!r}")
+        z, y = _check_inputs(logits, labels)
+        N, K = z.shape[1:]
+        if not 1 <= num_bins <= N:
+            raise ValueError(
+                f"num_bins must be in 1..N = {N} (validation examples), got {num_bins}"
+            )
+        p = z.softmax(-1).mean(0).T  # (K, N)
+        # edge j: the value of rank ⌊jN/B⌋ (0-based), so without ties bin b holds the ranks
+        # ⌊bN/B⌋ .. ⌊(b+1)N/B⌋ − 1 (torch.quantile refuses more than 2^24 values: K·N of
+        # ImageNet is 5·10^7)
+        ranks = torch.arange(1, num_bins, device=z.device) * N // num_bins
+        edges = p.sort(dim=1).values[:, ranks].contiguous()  # (K, B − 1)
+        bins = _bin_index(edges, p)  # (K, N)
+        is_class = y.unsqueeze(0) == torch.arange(K, device=z.device).unsqueeze(1)  # (K, N)
+        positives = torch.zeros(K, num_bins, dtype=torch.float64, device=z.device)
+        counts = torch.zeros_like(positives)
+        positives.scatter_add_(1, bins, is_class.double())
+        counts.scatter_add_(1, bins, torch.ones_like(p))
+        return cls(edges, (positives + 1) / (counts + 2))
+
+    def _map(self, z: Tensor) -> Tensor:
+        edges, values = self.edges.to(z.device), self.values.to(z.device)
+        p = z.softmax(-1).mean(0).T  # (K, N)
+        q = values.gather(1, _bin_index(edges, p)).T  # (N, K), every entry > 0
+        return (q / q.sum(-1, keepdim=True)).log().unsqueeze(0)  # (1, N, K)
+
+
+def _bin_index(edges: Tensor, p: Tensor) -> Tensor:
+    """Per class, the number of inner edges <= each value: bin indices in 0..B−1, (K, N)."""
+    return torch.searchsorted(edges, p.contiguous(), right=True)
+
+
+CALIBRATORS: dict[str, type[Calibrator]] = {
+    "temperature": TemperatureScaling,
+    "vector": VectorScaling,
+    "matrix": MatrixScaling,
+    "histogram": HistogramBinning,
+}
+"""The calibrators of :func:`fit_calibrator`, by name."""
+
+
+def fit_calibrator(method: str, logits: Tensor, labels: Tensor, **options: Any) -> Calibrator:
+    """Fit a post-hoc calibrator on validation logits; apply it to test logits.
+
+        calibrator = fit_calibrator(method, val_logits, val_labels)
+        p̄_calibrated = snens.predictive_probs(calibrator.apply(test_logits))
+
+    Every fit is deterministic: a grid and golden-section search (temperature), L-BFGS with a
+    strong-Wolfe line search for at most 200 iterations from the identity (vector, matrix),
+    counting (histogram). See the module docstring for how each acts on an ensemble.
+
+    Args:
+        method: one of :data:`CALIBRATORS`: ``"temperature"``, ``"vector"``, ``"matrix"``,
+            ``"histogram"``.
+        logits: validation logits of the members, or of one model; log-probabilities work too
+            (softmax ignores a per-row shift).
+        labels: validation class indices.
+        **options: ``mode`` (temperature: ``"mean_of_softmax"`` or ``"logits"``),
+            ``off_diagonal`` (matrix: λ >= 0, default 0.01), ``num_bins`` (histogram: B,
+            default 15).
+
+    Returns:
+        A frozen :class:`Calibrator`.
+
+    Shape:
+        logits: (M, N, K) or (N, K). labels: (N,).
+
+    Raises:
+        ValueError: an unknown method; bad shapes, labels out of range, NaN or +inf logits; an
+            option out of range.
+        TypeError: an option the method does not take; non-floating logits or non-integer
+            labels.
+
+    >>> g = torch.Generator().manual_seed(0)
+    >>> logits = 3 * torch.randn(4, 500, 10, generator=g)
+    >>> labels = torch.randint(0, 10, (500,), generator=g)
+    >>> fit_calibrator("vector", logits, labels).apply(logits).shape
+    torch.Size([4, 500, 10])
+    """
+    if method not in CALIBRATORS:
+        raise ValueError(f"unknown calibrator {method!r}; choose one of {list(CALIBRATORS)}")
+    return CALIBRATORS[method].fit(logits, labels, **options)

@@ -11,10 +11,15 @@ images. Every number is then computed from those probabilities by :mod:`snens.me
   uncertainty), member correlation (NaN for one member); member accuracy, NLL and ECE
   averaged over members; the number of members.
 * ``ood/<name>/…``: AUROC, AUPR and FPR@95%TPR of the test set against each OOD set, OOD the
-  positive class, with one score of :data:`snens.metrics.OOD_SCORES`.
+  positive class, with one score of :data:`snens.metrics.OOD_SCORES` (from probabilities) or
+  :data:`snens.metrics.LOGIT_OOD_SCORES` (from logits: max logit, energy).
 * ``shift/<name>/<severity>/…``: accuracy, NLL, ECE, Brier on each corrupted copy of the test
   set; ``shift/severity/<s>/…`` their mean over corruption names at severity s, and
   ``shift/mean/…`` the mean over every (name, severity).
+
+:func:`posthoc_metrics` adds what the logits kept by :func:`evaluate` (``keep_logits``) and a
+validation split give without another pass: more OOD scores, and split-conformal prediction
+sets calibrated on the validation split (:mod:`snens.evaluation.conformal`).
 """
 
 from __future__ import annotations
@@ -28,13 +33,26 @@ import torch
 from torch import Tensor, nn
 
 from snens import metrics
+from snens.evaluation import conformal
 
-__all__ = ["SHIFT_METRICS", "collect", "evaluate", "ood_detection"]
+__all__ = [
+    "CONFORMAL_SCORES",
+    "SHIFT_METRICS",
+    "collect",
+    "evaluate",
+    "ood_detection",
+    "posthoc_metrics",
+]
 
 SHIFT_METRICS = ("accuracy", "nll", "ece", "brier")
 """The metrics reported per corruption, per severity and on average."""
 
+CONFORMAL_SCORES = ("thr", "aps")
+"""The conformal scores :func:`posthoc_metrics` reports: the smallest sets (THR) and the sets
+adapting to uncertainty (randomized APS)."""
+
 _SEVERITIES = range(1, 6)
+_SCORE_NAMES = sorted([*metrics.OOD_SCORES, *metrics.LOGIT_OOD_SCORES])
 # Names a corruption cannot take: "shift/severity/…" and "shift/mean/…" hold the averages.
 _RESERVED_SHIFT_NAMES = ("severity", "mean")
 
@@ -275,23 +293,50 @@ def _check_corruptions(
 # ------------------------------------------------------------------------------------------------
 
 
-def ood_detection(in_probs: Tensor, out_probs: Tensor, score: str = "msp") -> dict[str, float]:
+def ood_detection(
+    in_outputs: Tensor, out_outputs: Tensor, score: str = "msp", *, logits: bool = False
+) -> dict[str, float]:
     """AUROC, AUPR and FPR at 95% TPR of one OOD score, OOD as the positive class.
 
     Args:
-        in_probs: member probabilities of the in-distribution set.
-        out_probs: member probabilities of the OOD set.
-        score: one of ``snens.metrics.OOD_SCORES`` (high = OOD).
+        in_outputs: member probabilities of the in-distribution set, or member logits with
+            ``logits=True``.
+        out_outputs: the same of the OOD set.
+        score: one of ``snens.metrics.OOD_SCORES`` or, with ``logits=True``, of
+            ``snens.metrics.LOGIT_OOD_SCORES`` (high = OOD).
+        logits: the outputs are logits (``collect(..., logits=True)``), not probabilities.
 
     Shape:
-        in_probs: (M, N, K); out_probs: (M, N', K).
+        in_outputs: (M, N, K); out_outputs: (M, N', K).
 
     Returns:
         ``{"auroc": …, "aupr": …, "fpr95": …}``.
+
+    Raises:
+        ValueError: an unknown score; a logit score (``"max_logit"``, ``"energy"``) without
+            ``logits=True``.
     """
-    if score not in metrics.OOD_SCORES:
-        raise ValueError(f"unknown OOD score {score!r}; choose one of {sorted(metrics.OOD_SCORES)}")
-    return _detection(metrics.OOD_SCORES[score](in_probs), metrics.OOD_SCORES[score](out_probs))
+    if score not in metrics.OOD_SCORES and score not in metrics.LOGIT_OOD_SCORES:
+        raise ValueError(f"unknown OOD score {score!r}; choose one of {_SCORE_NAMES}")
+    if score in metrics.LOGIT_OOD_SCORES and not logits:
+        raise ValueError(
+            f"OOD score {score!r} reads logits, which softmax has removed from probabilities; "
+            "pass member logits and logits=True"
+        )
+    if logits:
+        s_in = _score(score, in_outputs, in_outputs.softmax(-1))
+        s_out = _score(score, out_outputs, out_outputs.softmax(-1))
+    else:
+        s_in, s_out = metrics.OOD_SCORES[score](in_outputs), metrics.OOD_SCORES[score](out_outputs)
+    return _detection(s_in, s_out)
+
+
+def _score(score: str, member_logits: Tensor, member_probs: Tensor) -> Tensor:
+    """Per-example OOD scores (N,) of any known score, from the members' logits (M, N, K) or
+    their probabilities (the same pass, softmaxed once)."""
+    if score in metrics.LOGIT_OOD_SCORES:
+        return metrics.LOGIT_OOD_SCORES[score](member_logits)
+    return metrics.OOD_SCORES[score](member_probs)
 
 
 def _detection(s_in: Tensor, s_out: Tensor) -> dict[str, float]:
@@ -332,13 +377,16 @@ def evaluate(
         corruptions: ``{(name, severity): loader}`` of corrupted test sets, severity in 1..5
             (e.g. built with ``snens.data.corruptions``).
         ood_score: one of ``snens.metrics.OOD_SCORES``: ``"msp"`` (1 − max p̄),
-            ``"entropy"`` (H[p̄]) or ``"mutual_information"``; or a list of them, each
-            scored from the same pass (keys ``ood/<name>/<score>/…``).
+            ``"entropy"`` (H[p̄]) or ``"mutual_information"``, or of
+            ``snens.metrics.LOGIT_OOD_SCORES``: ``"max_logit"`` (−max_k z̄_k) or ``"energy"``
+            (−log Σ_k exp z̄_k), z̄ the members' mean logit; or a list of them, each scored
+            from the same pass (keys ``ood/<name>/<score>/…``).
         num_bins: bins of the ECEs; 15 is the field's convention.
         device: where inputs go, by default the model's device.
         keep_logits: a dict that receives the member logits (M, N, K) of the pass over each
             set — ``"test"``, ``"test_labels"`` (N,), ``"ood/<name>"`` — so a post-hoc
-            calibrator, another OOD score or a prediction set needs no second pass.
+            calibrator, another OOD score or a prediction set needs no second pass
+            (:func:`posthoc_metrics`).
 
     Returns:
         A flat ``{key: float}``: ``"test/<metric>"``, ``"ood/<name>/{auroc,aupr,fpr95}"``
@@ -369,19 +417,84 @@ def evaluate(
     results = {f"test/{k}": v for k, v in _test_metrics(member_probs, labels, num_bins).items()}
 
     results.update(
-        _ood_results(model, ood_sets, member_probs, scores, ood_score, device, keep_logits)
+        _ood_results(
+            model, ood_sets, (member_logits, member_probs), scores, ood_score, device, keep_logits
+        )
     )
     results.update(_shift_results(model, shifted, (M, K), num_bins, device))
     return results
 
 
+def posthoc_metrics(
+    outputs: Mapping[str, Tensor],
+    *,
+    ood_scores: str | Sequence[str] = ("max_logit", "energy"),
+    conformal_alpha: float = 0.1,
+) -> dict[str, float]:
+    """Metrics from the logits :func:`evaluate` kept, with no second pass over any data.
+
+    * ``ood/<name>/<score>/{auroc,aupr,fpr95}``: the test set against each ``"ood/<name>"`` of
+      ``outputs``, for each of ``ood_scores`` (by default the logit scores, which
+      :func:`evaluate`'s default ``"msp"`` leaves out);
+    * with a validation split (``"val"``, ``"val_labels"``): split-conformal prediction sets
+      at α = ``conformal_alpha`` calibrated on it and measured on the test set,
+      ``test/conformal_<score>_coverage`` (the fraction of sets holding the label, >= 1 − α in
+      expectation) and ``test/conformal_<score>_size`` (the mean number of classes per set),
+      for each of :data:`CONFORMAL_SCORES`: THR, and randomized APS whose u are drawn by a
+      generator seeded 0, so every run and every re-evaluation draws the same.
+
+    Args:
+        outputs: the dict ``evaluate(..., keep_logits=outputs)`` filled: ``"test"``,
+            ``"test_labels"``, ``"ood/<name>"``; plus ``"val"`` and ``"val_labels"`` of a
+            validation split, if any.
+        ood_scores: names of ``snens.metrics.OOD_SCORES`` and
+            ``snens.metrics.LOGIT_OOD_SCORES``; ``()`` for none.
+        conformal_alpha: the miscoverage α of the prediction sets, in (0, 1).
+
+    Returns:
+        A flat ``{key: float}``.
+
+    Shape:
+        outputs: ``"test"`` (M, N, K), ``"test_labels"`` (N,), ``"ood/<name>"`` (M, N', K),
+        ``"val"`` (M, N_val, K), ``"val_labels"`` (N_val,).
+
+    Raises:
+        ValueError: an unknown score; α outside (0, 1); a validation split smaller than
+            ``snens.evaluation.conformal.min_calibration_size(α)``.
+        KeyError: ``outputs`` without ``"test"`` or ``"test_labels"``.
+    """
+    scores = _check_scores(ood_scores) if len(ood_scores) else []
+    test, labels = outputs["test"], outputs["test_labels"]
+    names = [key.removeprefix("ood/") for key in outputs if key.startswith("ood/")]
+    test_probs = test.softmax(dim=-1)
+    in_scores = {s: _score(s, test, test_probs) for s in scores} if names else {}
+    results = {}
+    for name in names:
+        out_logits = outputs[f"ood/{name}"]
+        out_probs = out_logits.softmax(dim=-1)
+        for score in scores:
+            s_out = _score(score, out_logits, out_probs)
+            for key, value in _detection(in_scores[score], s_out).items():
+                results[f"ood/{name}/{score}/{key}"] = value
+    if "val" in outputs:
+        generator = torch.Generator().manual_seed(0)
+        for score in CONFORMAL_SCORES:
+            fit = conformal.calibrate(
+                outputs["val"], outputs["val_labels"], conformal_alpha, score, generator=generator
+            )
+            sets = fit.predict(test, generator=generator)  # (N, K)
+            results[f"test/conformal_{score}_coverage"] = conformal.coverage(sets, labels)
+            results[f"test/conformal_{score}_size"] = conformal.mean_set_size(sets)
+    return results
+
+
 def _ood_results(
-    model, ood_sets, member_probs, scores, ood_score, device, keep_logits=None
+    model, ood_sets, member_outputs, scores, ood_score, device, keep_logits=None
 ) -> dict[str, float]:
     """``ood/<name>/[<score>/]{auroc,aupr,fpr95}`` of every OOD set against the test set's
-    member probabilities (M, N, K), whose scores are computed once per score."""
-    M, _, K = member_probs.shape
-    in_scores = {s: metrics.OOD_SCORES[s](member_probs) for s in scores} if ood_sets else {}
+    member (logits, probabilities), each (M, N, K), whose scores are computed once per score."""
+    M, _, K = member_outputs[0].shape
+    in_scores = {s: _score(s, *member_outputs) for s in scores} if ood_sets else {}
     results = {}
     for name, loader in ood_sets.items():
         out_logits, _ = _collect(model, loader, device, what=f"OOD set {name!r}", logits=True)
@@ -391,7 +504,7 @@ def _ood_results(
         _check_same_members(out_probs, M, K, f"OOD set {name!r}")
         for score in scores:
             prefix = f"ood/{name}/" if isinstance(ood_score, str) else f"ood/{name}/{score}/"
-            s_out = metrics.OOD_SCORES[score](out_probs)
+            s_out = _score(score, out_logits, out_probs)
             for key, value in _detection(in_scores[score], s_out).items():
                 results[prefix + key] = value
     return results
@@ -425,10 +538,11 @@ def _shift_results(model, shifted, members_classes, num_bins, device) -> dict[st
 def _check_scores(ood_score: str | Sequence[str]) -> list[str]:
     scores = [ood_score] if isinstance(ood_score, str) else list(ood_score)
     for score in scores:
-        if not isinstance(score, str) or score not in metrics.OOD_SCORES:
-            raise ValueError(
-                f"unknown ood_score {score!r}; choose one of {sorted(metrics.OOD_SCORES)}"
-            )
+        known = isinstance(score, str) and (
+            score in metrics.OOD_SCORES or score in metrics.LOGIT_OOD_SCORES
+        )
+        if not known:
+            raise ValueError(f"unknown ood_score {score!r}; choose one of {_SCORE_NAMES}")
     if not scores:
         raise ValueError("ood_score is an empty list; give at least one, e.g. 'msp'")
     return scores

@@ -14,13 +14,18 @@ Conventions shared by every function here:
 * The prediction is the argmax (the first index on ties), the confidence its probability.
   Entropies are in nats.
 * OOD metrics take uncertainty scores, higher = more likely out-of-distribution, with OOD as the
-  positive class; :data:`OOD_SCORES` turns member probabilities into such scores.
+  positive class; :data:`OOD_SCORES` turns member probabilities into such scores,
+  :data:`LOGIT_OOD_SCORES` member logits (M, B, K) (max logit and energy of the members' mean
+  logit, torch-uncertainty's convention).
 """
 
 from snens.metrics.ensemble import (
+    LOGIT_OOD_SCORES,
     OOD_SCORES,
     disagreement,
+    energy_score,
     expected_entropy,
+    max_logit_score,
     member_correlation,
     mutual_information,
     per_member,
@@ -30,6 +35,7 @@ from snens.metrics.ood import aupr, auroc, fpr_at_95_tpr
 from snens.metrics.predictive import accuracy, adaptive_ece, aurc, brier, classwise_ece, ece, nll
 
 __all__ = [
+    "LOGIT_OOD_SCORES",
     "OOD_SCORES",
     "accuracy",
     "adaptive_ece",
@@ -40,8 +46,10 @@ __all__ = [
     "classwise_ece",
     "disagreement",
     "ece",
+    "energy_score",
     "expected_entropy",
     "fpr_at_95_tpr",
+    "max_logit_score",
     "member_correlation",
     "mutual_information",
     "nll",

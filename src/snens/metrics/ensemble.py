@@ -8,13 +8,16 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from snens.metrics._inputs import _check_labels, _check_probs
+from snens.metrics._inputs import _as_tensor, _check_labels, _check_probs
 from snens.metrics.predictive import _log_true_class
 
 __all__ = [
+    "LOGIT_OOD_SCORES",
     "OOD_SCORES",
     "disagreement",
+    "energy_score",
     "expected_entropy",
+    "max_logit_score",
     "member_correlation",
     "mutual_information",
     "per_member",
@@ -215,4 +218,102 @@ OOD_SCORES: dict[str, Callable[[Any], Tensor]] = {
 }
 """OOD scores from member probabilities (M, B, K) to per-example scores (B,), higher = more
 likely OOD: ``"msp"`` 1 − max of the mean probability (the default in the field),
-``"entropy"`` the predictive entropy, ``"mutual_information"`` the epistemic part."""
+``"entropy"`` the predictive entropy, ``"mutual_information"`` the epistemic part. The scores
+that need logits are :data:`LOGIT_OOD_SCORES`."""
+
+
+# ------------------------------------------------------------------------------------------------
+# OOD scores from logits
+# ------------------------------------------------------------------------------------------------
+
+
+def _check_member_logits(member_logits: Any) -> Tensor:
+    """``member_logits`` as float64 (M, B, K), finite."""
+    z = _as_tensor(member_logits, "member_logits")
+    if not z.is_floating_point():
+        raise TypeError(f"member_logits must be floating-point logits (M, B, K), got {z.dtype}")
+    if z.dim() != 3:
+        hint = "; for a single model pass logits.unsqueeze(0) (M = 1)" if z.dim() == 2 else ""
+        raise ValueError(f"member_logits must be 3-D (M, B, K), got shape {tuple(z.shape)}{hint}")
+    if z.numel() == 0:
+        raise ValueError(
+            f"member_logits is empty (shape {tuple(z.shape)}); scores need at least one member, "
+            "example and class"
+        )
+    z = z.to(torch.float64)
+    if not torch.isfinite(z).all():
+        raise ValueError(
+            "member_logits contains NaN or inf; these scores need the model's finite logits "
+            "(collect(model, loader, logits=True)), not log-probabilities"
+        )
+    return z
+
+
+def max_logit_score(member_logits: Any) -> Tensor:
+    """OOD score of the maximum logit (Hendrycks et al., 2022) of the members' mean logit.
+
+        s(x) = −max_k z̄_k,     z̄ = (1/M) Σ_m z_m
+
+    higher = more likely OOD (a low top logit). The members' logits are averaged first, as
+    torch-uncertainty's ``MaxLogitCriterion`` does on ``(B, M, K)``, so the score of an
+    ensemble is comparable across libraries; for M = 1 it is the plain max logit. Unlike the
+    probability scores it is not invariant to a shift of the logits: compare it only between
+    outputs of one model.
+
+    Args:
+        member_logits: the members' logits.
+
+    Returns:
+        Float64 scores.
+
+    Shape:
+        member_logits: (M, B, K). Output: (B,).
+
+    Raises:
+        TypeError: if ``member_logits`` is not floating point.
+        ValueError: if it is not 3-D, is empty, or holds NaN or inf.
+
+    >>> max_logit_score(torch.tensor([[[2.0, 0.0]], [[0.0, 1.0]]]))
+    tensor([-1.], dtype=torch.float64)
+    """
+    return -_check_member_logits(member_logits).mean(0).amax(-1)
+
+
+def energy_score(member_logits: Any) -> Tensor:
+    """OOD score of the free energy (Liu et al., 2020) of the members' mean logit, at T = 1.
+
+        s(x) = E(x) = −log Σ_k exp(z̄_k),     z̄ = (1/M) Σ_m z_m
+
+    higher = more likely OOD (Liu et al. flag high energy; −E is the in-distribution score).
+    The convention is torch-uncertainty's ``EnergyCriterion`` (``−logsumexp`` of the mean over
+    members of the logits) so the numbers compare across libraries, and for M = 1 it is the
+    plain energy. The mean of the members' energies, (1/M) Σ_m −log Σ_k exp(z_mk), is lower by
+    convexity of logsumexp (Jensen); the gap grows with the members' disagreement, which this
+    score does not reward separately (:func:`mutual_information` does).
+
+    Args:
+        member_logits: the members' logits.
+
+    Returns:
+        Float64 scores.
+
+    Shape:
+        member_logits: (M, B, K). Output: (B,).
+
+    Raises:
+        TypeError: if ``member_logits`` is not floating point.
+        ValueError: if it is not 3-D, is empty, or holds NaN or inf.
+
+    >>> energy_score(torch.zeros(1, 1, 4))  # −log 4
+    tensor([-1.3863], dtype=torch.float64)
+    """
+    return -torch.logsumexp(_check_member_logits(member_logits).mean(0), dim=-1)
+
+
+LOGIT_OOD_SCORES: dict[str, Callable[[Any], Tensor]] = {
+    "max_logit": max_logit_score,
+    "energy": energy_score,
+}
+"""OOD scores from member logits (M, B, K) to per-example scores (B,), higher = more likely OOD,
+of the members' mean logit z̄: ``"max_logit"`` −max_k z̄_k, ``"energy"`` −log Σ_k exp z̄_k.
+Logits, not probabilities: softmax removes the scale these scores read."""

@@ -1,0 +1,478 @@
+"""Split conformal prediction sets from an ensemble's prediction (Vovk et al., 2005).
+
+A score s(x, y) says how badly class y conforms to the prediction p̄ = (1/M) Σ_m softmax(z_m)
+(the ensemble mean; one model is M = 1). On a **calibration** split of n examples, held out of
+training and exchangeable with the test data, the threshold is the ⌈(n+1)(1−α)⌉-th smallest
+calibration score of the true class,
+
+    q̂ = s_(⌈(n+1)(1−α)⌉),        C(x) = {y : s(x, y) <= q̂},
+
+and then P(y ∈ C(x)) >= 1 − α over the draw of calibration and test data, for any model
+(marginal coverage; also <= 1 − α + 1/(n+1) when the scores have no ties). Scores:
+
+* ``"thr"`` (LAC, Sadinle et al., 2019): s = 1 − p̄_y — the smallest sets on average;
+* ``"aps"`` (Romano et al., 2020): s = ρ(y) + u·p̄_y, ρ(y) = Σ_{j : p̄_j > p̄_y} p̄_j the mass of
+  the classes ranked above y, u ~ U(0, 1) (randomized) or u = 1 — sets grow with the
+  prediction's uncertainty, for better conditional coverage;
+* ``"raps"`` (Angelopoulos et al., 2021): APS + λ·max(0, o(y) − k_reg), o(y) the 1-based rank
+  of y in p̄ — the penalty λ keeps the many unlikely classes of a large K out of the sets.
+
+Classes of equal probability are ranked by index (a stable sort), so every score is
+deterministic given u; one u is drawn per example (the sets stay prefixes of the ranking) from
+a ``torch.Generator``. Sets can be empty: THR when no p̄_y reaches 1 − q̂, APS and RAPS when
+the first class's score exceeds q̂.
+
+:func:`calibrate` fits on calibration logits and returns a frozen :class:`ConformalPredictor`;
+:func:`coverage`, :func:`mean_set_size`, :func:`size_stratified_coverage` and
+:func:`class_conditional_coverage` measure the sets it predicts on test data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from collections.abc import Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from snens.evaluation.calibration import _check_labels, _check_logits
+
+__all__ = [
+    "SCORES",
+    "ConformalPredictor",
+    "calibrate",
+    "class_conditional_coverage",
+    "conformal_quantile",
+    "coverage",
+    "mean_set_size",
+    "min_calibration_size",
+    "size_stratified_coverage",
+]
+
+SCORES = ("thr", "aps", "raps")
+"""The conformity scores of :func:`calibrate`."""
+
+# RAPS defaults: a light penalty (0.01 per rank) past the 5 most likely classes. Tune them for
+# your K; Angelopoulos et al. choose them on a part of the calibration data, kept out of q̂.
+_PENALTY, _K_REG = 0.01, 5
+# Size bins of the size-stratified coverage, as in Angelopoulos et al. (2021): 0-1, 2-3, 4-6,
+# 7-10, 11-100, 101-1000.
+_SIZE_EDGES = (1, 3, 6, 10, 100, 1000)
+
+
+# ------------------------------------------------------------------------------------------------
+# The quantile
+# ------------------------------------------------------------------------------------------------
+
+
+def _check_alpha(alpha: Any) -> float:
+    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real):
+        raise TypeError(f"alpha must be a real number in (0, 1), got {alpha!r}")
+    if not 0 < alpha < 1:
+        raise ValueError(
+            f"alpha must lie in (0, 1) (the miscoverage: sets hold the label with probability "
+            f">= 1 − alpha), got {alpha!r}; e.g. alpha=0.1 for 90% coverage"
+        )
+    return float(alpha)
+
+
+def _exact(alpha: float) -> Fraction:
+    """α as written: in floats 1 − 0.7 = 0.30000000000000004, and ⌈10·that⌉ = 4, not 3."""
+    return Fraction(repr(alpha))
+
+
+def _rank(n: int, alpha: float) -> int:
+    """k = ⌈(n+1)(1−α)⌉, the rank of q̂ among n calibration scores; refused when k > n."""
+    k = math.ceil((n + 1) * (1 - _exact(alpha)))
+    if k > n:
+        raise ValueError(
+            f"a calibration split of n = {n} examples is too small for alpha = {alpha}: the "
+            f"conformal quantile is the ⌈(n+1)(1−α)⌉ = {k}-th smallest score; use at least "
+            f"n = {min_calibration_size(alpha)} examples, or a larger alpha"
+        )
+    return k
+
+
+def min_calibration_size(alpha: float) -> int:
+    """The fewest calibration examples for which the conformal quantile at ``alpha`` exists.
+
+        n_min = ⌈1/α⌉ − 1,   the least n with ⌈(n+1)(1−α)⌉ <= n
+
+    Below it the ⌈(n+1)(1−α)⌉-th smallest score does not exist: only the set of every class
+    would be guaranteed to cover.
+
+    Raises:
+        TypeError, ValueError: ``alpha`` not a number in (0, 1).
+
+    >>> min_calibration_size(0.1), min_calibration_size(0.05)
+    (9, 19)
+    """
+    return math.ceil(1 / _exact(_check_alpha(alpha))) - 1
+
+
+def conformal_quantile(scores: Tensor, alpha: float) -> float:
+    """The split-conformal threshold: the ⌈(n+1)(1−α)⌉-th smallest of n calibration scores.
+
+        q̂ = s_(k),   k = ⌈(n+1)(1−α)⌉
+
+    i.e. the empirical quantile at level k/n, the finite-sample correction that makes
+    P(s_test <= q̂) >= 1 − α for a score s_test exchangeable with the n others.
+
+    Args:
+        scores: the calibration scores of the true classes.
+        alpha: the miscoverage, in (0, 1).
+
+    Returns:
+        q̂ as a float.
+
+    Shape:
+        scores: (n,).
+
+    Raises:
+        TypeError, ValueError: ``alpha`` not a number in (0, 1); ``scores`` not 1-D or not
+            finite.
+        ValueError: n < :func:`min_calibration_size` (``alpha``), naming n, α and the minimum.
+
+    >>> scores = torch.tensor([0.3, 0.1, 0.4, 0.2], dtype=torch.float64)
+    >>> conformal_quantile(scores, alpha=0.4)  # k = ⌈5·0.6⌉ = 3
+    0.3
+    """
+    alpha = _check_alpha(alpha)
+    if not isinstance(scores, Tensor) or scores.dim() != 1:
+        got = tuple(scores.shape) if isinstance(scores, Tensor) else type(scores).__name__
+        raise ValueError(f"scores must be a 1-D tensor (n,), got {got}")
+    if not torch.isfinite(scores).all():
+        raise ValueError("scores contain NaN or inf")
+    k = _rank(scores.shape[0], alpha)
+    return scores.sort().values[k - 1].item()
+
+
+# ------------------------------------------------------------------------------------------------
+# The scores
+# ------------------------------------------------------------------------------------------------
+
+
+def _class_scores(p: Tensor, score: str, u: Tensor, penalty: float, k_reg: int) -> Tensor:
+    """s(x, y) of every class y: (N, K) from probabilities p (N, K) and one u per example."""
+    if score == "thr":
+        return 1 - p
+    p_sorted, order = p.sort(dim=-1, descending=True, stable=True)  # ties: by class index
+    above_and_own = p_sorted.cumsum(-1)  # ρ(y) + p̄_y at each rank
+    s_sorted = above_and_own - (1 - u.unsqueeze(-1)) * p_sorted  # ρ(y) + u·p̄_y
+    if score == "raps":
+        rank = torch.arange(1, p.shape[-1] + 1, dtype=p.dtype, device=p.device)
+        s_sorted = s_sorted + penalty * (rank - k_reg).clamp_min(0)
+    return torch.empty_like(p).scatter_(-1, order, s_sorted)
+
+
+def _uniforms(n: int, randomized: bool, generator: torch.Generator | None) -> Tensor:
+    """One u ~ U(0, 1) per example, float64 on the CPU (u = 1 when not randomized)."""
+    if not randomized:
+        return torch.ones(n, dtype=torch.float64)
+    device = generator.device if generator is not None else None
+    return torch.rand(n, generator=generator, dtype=torch.float64, device=device).cpu()
+
+
+def _probs(logits: Tensor) -> Tensor:
+    """p̄ = (1/M) Σ_m softmax(z_m) in float64 (N, K) from checked logits."""
+    return _check_logits(logits).softmax(-1).mean(0)
+
+
+@dataclass(frozen=True)
+class ConformalPredictor:
+    """Split-conformal prediction sets fitted by :func:`calibrate`: C(x) = {y : s(x, y) <= q̂}.
+
+    Args:
+        score: one of :data:`SCORES`.
+        alpha: the miscoverage α it was calibrated for.
+        threshold: q̂.
+        num_calibration: n, the calibration examples.
+        num_classes: K.
+        randomized: whether APS and RAPS draw u ~ U(0, 1) per example (False for THR).
+        penalty: λ of RAPS (0 for THR and APS).
+        k_reg: k_reg of RAPS (0 for THR and APS).
+    """
+
+    score: str
+    alpha: float
+    threshold: float
+    num_calibration: int
+    num_classes: int
+    randomized: bool
+    penalty: float
+    k_reg: int
+
+    def scores(self, logits: Tensor, *, generator: torch.Generator | None = None) -> Tensor:
+        """s(x, y) of every class under this predictor's score, float64.
+
+        Args:
+            logits: member logits, or one model's; log-probabilities work as well.
+            generator: draws u of randomized APS and RAPS, one per example (default: torch's
+                global generator).
+
+        Shape:
+            logits: (M, N, K) or (N, K). Output: (N, K).
+
+        Raises:
+            TypeError, ValueError: logits that are not floating (M, N, K) or (N, K), or whose
+                K is not the calibration's.
+        """
+        p = _probs(logits)
+        if p.shape[-1] != self.num_classes:
+            raise ValueError(
+                f"the predictor was calibrated on K = {self.num_classes} classes, got logits "
+                f"{tuple(logits.shape)}"
+            )
+        return self._scores(p, generator)
+
+    def _scores(self, p: Tensor, generator: torch.Generator | None) -> Tensor:
+        u = _uniforms(p.shape[0], self.randomized, generator).to(p.device)
+        return _class_scores(p, self.score, u, self.penalty, self.k_reg)
+
+    def predict(self, logits: Tensor, *, generator: torch.Generator | None = None) -> Tensor:
+        """Prediction sets as boolean masks: ``sets[i, y]`` is True when y ∈ C(x_i).
+
+        Args:
+            logits: member logits, or one model's, of the test examples.
+            generator: draws u of randomized APS and RAPS, one per example (default: torch's
+                global generator).
+
+        Shape:
+            logits: (M, B, K) or (B, K). Output: (B, K) bool.
+
+        Raises:
+            TypeError, ValueError: as :meth:`scores`.
+        """
+        return self.scores(logits, generator=generator) <= self.threshold
+
+
+def calibrate(
+    logits: Tensor,
+    labels: Tensor,
+    alpha: float = 0.1,
+    score: str = "aps",
+    *,
+    randomized: bool | None = None,
+    penalty: float | None = None,
+    k_reg: int | None = None,
+    generator: torch.Generator | None = None,
+) -> ConformalPredictor:
+    """Fit split-conformal prediction sets on a calibration split of an ensemble's logits.
+
+        q̂ = s_(⌈(n+1)(1−α)⌉) of {s(x_i, y_i)}_{i=1..n},     C(x) = {y : s(x, y) <= q̂}
+
+    with s of ``score`` on p̄ = (1/M) Σ_m softmax(z_m) (see the module docstring). The
+    calibration split must be held out of training and exchangeable with the test data (e.g.
+    the run's validation split), never the test set the coverage is reported on.
+
+    Args:
+        logits: calibration logits of the members, or of one model; log-probabilities work as
+            well (softmax ignores a per-row shift; −inf entries are allowed).
+        labels: calibration class indices.
+        alpha: the miscoverage, in (0, 1): sets cover with probability >= 1 − α.
+        score: ``"thr"``, ``"aps"`` or ``"raps"``.
+        randomized: draw u ~ U(0, 1) in APS and RAPS (default True: exact coverage and smaller
+            sets); False uses u = 1 (conservative). THR has no u.
+        penalty: λ >= 0 of RAPS (default 0.01).
+        k_reg: k_reg >= 0 of RAPS, the ranks free of penalty (default 5).
+        generator: draws the calibration examples' u (default: torch's global generator).
+
+    Returns:
+        A frozen :class:`ConformalPredictor`; ``.threshold`` is q̂, ``.predict(logits)`` the
+        sets.
+
+    Shape:
+        logits: (M, n, K) or (n, K). labels: (n,).
+
+    Raises:
+        TypeError: non-floating logits, non-integer labels or alpha, a non-int ``k_reg``.
+        ValueError: α outside (0, 1); an unknown score; ``randomized=True`` with THR;
+            ``penalty`` or ``k_reg`` with a score other than RAPS, or out of range; bad shapes,
+            labels out of range, NaN or +inf logits; a calibration split smaller than
+            :func:`min_calibration_size` (``alpha``).
+
+    >>> g = torch.Generator().manual_seed(0)
+    >>> logits, labels = torch.randn(4, 200, 10, generator=g), torch.randint(0, 10, (200,))
+    >>> fit = calibrate(logits, labels, alpha=0.1, score="thr")
+    >>> fit.predict(torch.randn(4, 3, 10, generator=g)).shape
+    torch.Size([3, 10])
+    """
+    alpha = _check_alpha(alpha)
+    if score not in SCORES:
+        raise ValueError(f"unknown conformal score {score!r}; choose one of {list(SCORES)}")
+    if score == "thr" and randomized:
+        raise ValueError("score 'thr' has no randomization; leave randomized unset")
+    if score != "raps" and (penalty is not None or k_reg is not None):
+        raise ValueError(
+            f"penalty and k_reg are the regularization of score 'raps', not {score!r}; leave "
+            "them unset or use score='raps'"
+        )
+    penalty, k_reg = _check_raps(penalty, k_reg) if score == "raps" else (0.0, 0)
+    randomized = score != "thr" if randomized is None else bool(randomized)
+    z = _check_logits(logits)
+    y = _check_labels(labels, z)
+    _rank(y.shape[0], alpha)  # a split too small is refused before any work
+    predictor = ConformalPredictor(
+        score=score,
+        alpha=alpha,
+        threshold=math.nan,
+        num_calibration=y.shape[0],
+        num_classes=z.shape[-1],
+        randomized=randomized,
+        penalty=penalty,
+        k_reg=k_reg,
+    )
+    p = z.softmax(-1).mean(0)  # (n, K)
+    true_class = predictor._scores(p, generator).gather(-1, y.unsqueeze(-1)).squeeze(-1)
+    return dataclasses.replace(predictor, threshold=conformal_quantile(true_class, alpha))
+
+
+def _check_raps(penalty: Any, k_reg: Any) -> tuple[float, int]:
+    penalty = _PENALTY if penalty is None else penalty
+    k_reg = _K_REG if k_reg is None else k_reg
+    if isinstance(penalty, bool) or not isinstance(penalty, numbers.Real):
+        raise TypeError(f"penalty must be a real number >= 0, got {penalty!r}")
+    if not (math.isfinite(penalty) and penalty >= 0):
+        raise ValueError(f"penalty (λ of RAPS) must be finite and >= 0, got {penalty!r}")
+    if isinstance(k_reg, bool) or not isinstance(k_reg, numbers.Integral):
+        raise TypeError(f"k_reg must be an int >= 0, got {k_reg!r}")
+    if k_reg < 0:
+        raise ValueError(f"k_reg (the ranks RAPS does not penalize) must be >= 0, got {k_reg}")
+    return float(penalty), int(k_reg)
+
+
+# ------------------------------------------------------------------------------------------------
+# Measuring prediction sets
+# ------------------------------------------------------------------------------------------------
+
+
+def _check_sets(sets: Any) -> Tensor:
+    if not isinstance(sets, Tensor) or sets.dtype != torch.bool:
+        got = sets.dtype if isinstance(sets, Tensor) else type(sets).__name__
+        raise TypeError(f"sets must be a boolean tensor (B, K), e.g. predict()'s, got {got}")
+    if sets.dim() != 2 or sets.shape[0] == 0:
+        raise ValueError(f"sets must be (B, K) with B >= 1, got shape {tuple(sets.shape)}")
+    return sets
+
+
+def _covered(sets: Any, labels: Any) -> tuple[Tensor, Tensor, Tensor]:
+    """Checked sets (B, K), labels (B,), and whether each set holds its label (B,)."""
+    sets = _check_sets(sets)
+    y = _check_labels(labels, sets.unsqueeze(0), "sets")
+    return sets, y, sets.gather(-1, y.unsqueeze(-1)).squeeze(-1)
+
+
+def coverage(sets: Tensor, labels: Tensor) -> float:
+    """The empirical coverage: the fraction of sets that hold their label.
+
+        cov = (1/B) Σ_i 1[y_i ∈ C(x_i)]
+
+    Shape:
+        sets: (B, K) bool. labels: (B,).
+
+    Raises:
+        TypeError: ``sets`` not boolean, ``labels`` not integer.
+        ValueError: bad shapes, labels out of range.
+
+    >>> coverage(torch.tensor([[True, False], [True, True]]), torch.tensor([1, 0]))
+    0.5
+    """
+    _, _, hit = _covered(sets, labels)
+    return hit.double().mean().item()
+
+
+def mean_set_size(sets: Tensor) -> float:
+    """The mean number of classes per prediction set, (1/B) Σ_i #C(x_i).
+
+    Shape:
+        sets: (B, K) bool.
+
+    Raises:
+        TypeError, ValueError: ``sets`` not a boolean (B, K) tensor.
+
+    >>> mean_set_size(torch.tensor([[True, False], [True, True]]))
+    1.5
+    """
+    return _check_sets(sets).sum(-1).double().mean().item()
+
+
+def size_stratified_coverage(
+    sets: Tensor, labels: Tensor, *, edges: Sequence[int] = _SIZE_EDGES
+) -> dict[tuple[int, int], float]:
+    """Coverage among the sets of each size range (Angelopoulos et al., 2021).
+
+        cov_b = Σ_i 1[y_i ∈ C(x_i), #C(x_i) ∈ b] / #{i : #C(x_i) ∈ b}
+
+    over the size bins 0..e_1, e_1+1..e_2, …, the last ending at K. A method that covers by
+    giving easy examples huge sets and hard ones small sets has a low coverage in some bin;
+    the size-stratified coverage (SSC) is min_b cov_b, 1 − α for ideal conditional coverage.
+
+    Args:
+        sets: prediction sets.
+        labels: class indices.
+        edges: the increasing upper ends of the bins (default 1, 3, 6, 10, 100, 1000).
+
+    Returns:
+        ``{(low, high): cov_b}`` for the bins that hold a set, in increasing order.
+
+    Shape:
+        sets: (B, K) bool. labels: (B,).
+
+    Raises:
+        TypeError: ``sets`` not boolean, ``labels`` not integer.
+        ValueError: bad shapes, labels out of range, ``edges`` not increasing ints >= 0.
+
+    >>> sets = torch.tensor([[True, False, False], [True, True, True], [False, True, True]])
+    >>> size_stratified_coverage(sets, torch.tensor([1, 2, 0]), edges=(1,))
+    {(0, 1): 0.0, (2, 3): 0.5}
+    """
+    sets, _, hit = _covered(sets, labels)
+    edges = list(edges)
+    ints = all(isinstance(e, numbers.Integral) and not isinstance(e, bool) for e in edges)
+    if not edges or not ints or edges[0] < 0 or any(b <= a for a, b in zip(edges, edges[1:])):
+        raise ValueError(f"edges must be increasing ints >= 0, got {edges!r}")
+    K = sets.shape[-1]
+    highs = [e for e in edges if e < K] + [K]
+    sizes = sets.sum(-1)
+    result = {}
+    for low, high in zip([0] + [h + 1 for h in highs[:-1]], highs):
+        in_bin = (sizes >= low) & (sizes <= high)
+        if in_bin.any():
+            result[(low, high)] = hit[in_bin].double().mean().item()
+    return result
+
+
+def class_conditional_coverage(sets: Tensor, labels: Tensor) -> Tensor:
+    """Coverage among the examples of each class; NaN for a class with no example.
+
+        cov_k = Σ_i 1[y_i = k, k ∈ C(x_i)] / #{i : y_i = k}
+
+    Split conformal guarantees the mean over examples, not each cov_k: min_k cov_k, or the
+    mean absolute gap between cov_k and 1 − α, shows how unevenly the classes are covered.
+
+    Returns:
+        Float64 coverages.
+
+    Shape:
+        sets: (B, K) bool. labels: (B,). Output: (K,).
+
+    Raises:
+        TypeError: ``sets`` not boolean, ``labels`` not integer.
+        ValueError: bad shapes, labels out of range.
+
+    >>> sets = torch.tensor([[True, False, False], [True, True, False], [False, True, False]])
+    >>> class_conditional_coverage(sets, torch.tensor([0, 1, 0]))
+    tensor([0.5000, 1.0000,    nan], dtype=torch.float64)
+    """
+    sets, y, hit = _covered(sets, labels)
+    K = sets.shape[-1]
+    count = torch.zeros(K, dtype=torch.float64, device=y.device).index_add_(
+        0, y, torch.ones_like(hit, dtype=torch.float64)
+    )
+    covered = torch.zeros_like(count).index_add_(0, y, hit.double())
+    return covered / count  # 0/0 = NaN for an absent class
