@@ -178,3 +178,12 @@ def test_what_it_cannot_start_from_is_refused_naming_it(trained, tmp_path):
     (broken / "last.pt").write_bytes(bytes(raw))
     with pytest.raises(CheckpointError, match=r"digest mismatch"):
         build(f"model.init_from={json.dumps(str(broken))}")
+    # an unfinished source (its checkpoint at epoch 1 of 2, no final.json) is said, not silent
+    unfinished = tmp_path / "unfinished"
+    shutil.copytree(source, unfinished)
+    shutil.copy(unfinished / "prev.pt", unfinished / "last.pt")  # the epoch-1 checkpoint
+    (unfinished / "final.json").unlink()
+    with pytest.warns(
+        UserWarning, match=r"source run is unfinished, its checkpoint is at epoch 1 of 2"
+    ):
+        build(f"model.init_from={json.dumps(str(unfinished))}")

@@ -15,6 +15,7 @@ import functools
 import math
 import os
 import random
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -145,6 +146,16 @@ def read_init_from(config: RunConfig) -> InitFrom:
             f"model.init_from {str(where)!r} trained another network: model."
             + "; model.".join(differ)
             + "; start from a run of the same backbone and options"
+        )
+    done, epochs = state.get("epoch"), source.get("optim", {}).get("epochs")
+    if isinstance(done, int) and isinstance(epochs, int) and done < epochs:
+        # an early checkpoint may be what the user wants: said, not refused
+        warnings.warn(
+            f"model.init_from {str(where)!r}: the source run is unfinished, its checkpoint is "
+            f"at epoch {done} of {epochs}; the run starts from that network (let the source "
+            f"finish first, snens train --resume {path.parent}, to start from its trained one)",
+            UserWarning,
+            stacklevel=2,
         )
     weights = {
         name.removeprefix("model."): tensor
