@@ -81,3 +81,17 @@ def test_resume_with_the_config_it_was_trained_with_goes_on(tmp_path, capsys, mo
     run = _edited_run(tmp_path)
     assert main(["train", "--resume", str(run), "--no-progress"]) == 0
     assert capsys.readouterr().out == f"{run}\n"
+
+
+def test_ctrl_c_says_how_to_resume_instead_of_a_traceback(tmp_path, capsys, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(snens.engine.train, "train", interrupted)
+    argv = ["train", "--preset", "fashion_mnist_small_cnn_tiny", "--out", str(tmp_path)]
+    assert main([*argv, "--set", 'name="cut"']) == 130
+    err = capsys.readouterr().err
+    assert err.strip() == (
+        "snens train: interrupted; the run keeps its last complete checkpoint, continue it "
+        f"with: snens train --resume {tmp_path / 'cut'}"
+    )

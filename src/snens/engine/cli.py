@@ -75,6 +75,15 @@ def _train(args: argparse.Namespace) -> int:
     except NonFiniteLossError as error:
         print(f"snens train: {error}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        # the checkpoints are written atomically: the last complete one is whole
+        where = args.resume or _run_dir_of(config)
+        print(
+            f"snens train: interrupted; the run keeps its last complete checkpoint, continue "
+            f"it with: snens train --resume {where}",
+            file=sys.stderr,
+        )
+        return 130
     except (RunDirError, CheckpointError, FileNotFoundError, ValueError) as error:
         print(f"snens train: {error}", file=sys.stderr)
         return 2
@@ -83,6 +92,12 @@ def _train(args: argparse.Namespace) -> int:
         return 1
     print(run_dir)
     return 0
+
+
+def _run_dir_of(config) -> str:
+    """The run directory a config trains into, or a placeholder where its name is made at
+    start (a time stamp)."""
+    return str(Path(config.out_dir) / config.name) if config.name else "<the run directory>"
 
 
 def _check_config_unedited(run_dir: Path) -> None:
