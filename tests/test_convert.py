@@ -141,6 +141,9 @@ def test_instance_norms_convert_exactly_unless_they_keep_running_statistics():
 
 
 def test_custom_norm_classes_are_refused_but_normalize_is_not():
+    """A class that looks like a norm converts only where it computes one (probed), whatever
+    its name; a torch subclass that changes forward is refused, one that does not converts."""
+
     class T5LayerNorm(nn.Module):
         def __init__(self):
             super().__init__()
@@ -153,13 +156,19 @@ def test_custom_norm_classes_are_refused_but_normalize_is_not():
         def forward(self, x):
             return (x - 0.5) / 0.25
 
-    class MyBatchNorm(nn.BatchNorm1d):  # a subclass may change forward
+    class ShiftedBatchNorm(nn.BatchNorm1d):  # a subclass may change forward
+        def forward(self, x):
+            return super().forward(x) + 1
+
+    class MyBatchNorm(nn.BatchNorm1d):  # computes BatchNorm1d
         pass
 
-    with pytest.raises(TypeError, match=r"1 \(T5LayerNorm\)"):
+    with pytest.raises(TypeError, match=r"1 \(T5LayerNorm\)\. T5LayerNorm computes none"):
         snens.convert(nn.Sequential(nn.BatchNorm1d(4), T5LayerNorm()), num_members=2)
-    with pytest.raises(TypeError, match=r"0 \(MyBatchNorm\)"):
-        snens.convert(nn.Sequential(MyBatchNorm(4), nn.BatchNorm1d(4)), num_members=2)
+    with pytest.raises(TypeError, match=r"0 \(ShiftedBatchNorm\)\. ShiftedBatchNorm computes"):
+        snens.convert(nn.Sequential(ShiftedBatchNorm(4), nn.BatchNorm1d(4)), num_members=2)
+    ens = snens.convert(nn.Sequential(MyBatchNorm(4), nn.BatchNorm1d(4)), num_members=2)
+    assert ens.report.converted[0] == ("0", "MyBatchNorm", "MemberBatchNorm1d")
     ens = snens.convert(nn.Sequential(Normalize(), nn.BatchNorm1d(4)), num_members=2)
     assert ens.report.skipped == ()
 

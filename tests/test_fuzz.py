@@ -38,8 +38,8 @@ from torch.testing import assert_close
 import snens
 from snens import metrics
 from snens.data.corruptions import CORRUPTIONS, EXTRA_CORRUPTIONS, corrupt
-from snens.nn.factory import MEMBER_NORMS
 from snens.nn.norms import MemberNorm
+from snens.nn.registry import MEMBER_NORMS
 
 from conftest import TinyTransformer
 

@@ -1,9 +1,11 @@
 """Norm families of modern models convert output-preservingly; users can register their own.
 
-Hugging Face RMS norms (Llama, Mistral, Qwen2, Gemma, T5, OLMo-2, Gemma 3n), Hugging Face's
-float32 layer norms (Cohere, OLMo-1), channels-first LayerNorms (timm's LayerNorm2d,
-ConvNextLayerNorm) and user-registered norms. Models are tiny random configs built from their
-config classes, with randomized norm weights so that a plain identity cannot pass.
+Hugging Face RMS norms (Llama, Mistral, Qwen2, Gemma, T5, OLMo-2, Gemma 3n, Helium, Llama 4,
+CPM-Ant, ImageGPT), Hugging Face's float32 layer norms (Cohere, OLMo-1, DeBERTa), channels-first
+LayerNorms (timm's LayerNorm2d, ConvNextLayerNorm, SqueezeBERT's), a GroupNorm subclass
+(PoolFormer) and user-registered norms, all recognized by what they compute
+(:mod:`snens.nn.probe`). Models are tiny random configs built from their config classes, with
+randomized norm weights so that a plain identity cannot pass.
 """
 
 import copy
@@ -17,16 +19,14 @@ from torch import nn
 
 import snens
 import snens.nn as snn
-from snens.nn import external_norms, hf_formulas, hf_norms, plain_conversion
-from snens.nn.adapters import member_converter
-from snens.nn.channels_first import layer_norm_layout
-from snens.nn.hf_formulas import hf_formula
+from snens.nn.registry import member_converter, refusal
 
 tf = pytest.importorskip("transformers")
 tf.logging.set_verbosity_error()
 
 from transformers.models.cohere.modeling_cohere import CohereLayerNorm  # noqa: E402
 from transformers.models.convnext.modeling_convnext import ConvNextLayerNorm  # noqa: E402
+from transformers.models.deberta.modeling_deberta import DebertaLayerNorm  # noqa: E402
 from transformers.models.gemma.modeling_gemma import GemmaRMSNorm  # noqa: E402
 from transformers.models.gemma3n.modeling_gemma3n import Gemma3nRMSNorm  # noqa: E402
 from transformers.models.llama.modeling_llama import LlamaRMSNorm  # noqa: E402
@@ -86,6 +86,18 @@ _DECODER = dict(
     num_hidden_layers=2,
     num_attention_heads=2,
     num_key_value_heads=1,
+    max_position_embeddings=32,
+    num_labels=3,
+    pad_token_id=0,
+)
+
+
+_ENCODER = dict(
+    vocab_size=64,
+    hidden_size=16,
+    intermediate_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=2,
     max_position_embeddings=32,
     num_labels=3,
     pad_token_id=0,
@@ -184,12 +196,61 @@ FAMILIES = {
         },
     ),
     "layernorm2d": (TinyConvNet, {"LayerNorm2d": "MemberLayerNorm2d"}),
+    # recognized by what they compute since their source differs from every known one
+    "helium": (  # OLMo-2's cast with the weight in float32: Gemma 3n's formula
+        lambda: tf.HeliumForSequenceClassification(tf.HeliumConfig(**_DECODER, head_dim=8)),
+        {"HeliumRMSNorm": "MemberGemma3nRMSNorm"},
+    ),
+    "llama4": (  # its QK norms, Llama4TextL2Norm, hold no weight and record no size
+        lambda: LastTokenClassifier(
+            tf.Llama4TextModel(
+                tf.Llama4TextConfig(
+                    **_DECODER, intermediate_size_mlp=32, head_dim=8, num_local_experts=2
+                )
+            )
+        ),
+        {"Llama4TextRMSNorm": "MemberLlamaRMSNorm", "Llama4TextL2Norm": None},
+    ),
+    "deberta": (
+        lambda: tf.DebertaForSequenceClassification(tf.DebertaConfig(**_ENCODER)),
+        {"DebertaLayerNorm": "MemberDebertaLayerNorm"},
+    ),
+    "squeezebert": (  # nn.LayerNorm subclasses over the channels of (N, C, W)
+        lambda: tf.SqueezeBertForSequenceClassification(
+            tf.SqueezeBertConfig(**_ENCODER, embedding_size=16, q_groups=1, k_groups=1)
+        ),
+        {"SqueezeBertLayerNorm": "MemberLayerNorm2d", "LayerNorm": "MemberLayerNorm"},
+    ),
+    "imagegpt": (  # an RMS norm in the input's dtype, closest to T5's
+        lambda: tf.ImageGPTForImageClassification(
+            tf.ImageGPTConfig(
+                vocab_size=64, n_positions=32, n_embd=16, n_layer=2, n_head=2, num_labels=3
+            )
+        ),
+        {"ImageGPTLayerNorm": "MemberT5RMSNorm"},
+    ),
+    "poolformer": (  # a GroupNorm subclass with one group
+        lambda: tf.PoolFormerForImageClassification(
+            tf.PoolFormerConfig(
+                hidden_sizes=[8, 16],
+                depths=[1, 1],
+                num_encoder_blocks=2,
+                patch_sizes=[7, 3],
+                strides=[4, 2],
+                padding=[2, 1],
+                num_labels=3,
+                layer_scale_init_value=1.0,  # HF's 1e-5 leaves the blocks' norms no gradient
+            )
+        ),
+        {"PoolFormerGroupNorm": "MemberGroupNorm"},
+    ),
 }
 #: family -> the plain class of the norms it leaves, refused by name: Gemma 3n's value norms,
-#: Gemma3nRMSNorm(with_scale=False), hold no weight and do not record their size
-REFUSED = {"gemma3n": "Gemma3nRMSNorm"}
+#: Gemma3nRMSNorm(with_scale=False), and Llama 4's QK norms hold no weight and do not record
+#: their size
+REFUSED = {"gemma3n": "Gemma3nRMSNorm", "llama4": "Llama4TextL2Norm"}
 #: the plain class a member norm's to_plain gives, where it is not the class converted
-EXTRACTED_AS = {"OlmoLayerNorm": "CohereLayerNorm"}
+EXTRACTED_AS = {"OlmoLayerNorm": "CohereLayerNorm", "PoolFormerGroupNorm": "GroupNorm"}
 
 
 def _randomize_norms(model: nn.Module, seed: int = 0) -> nn.Module:
@@ -206,8 +267,8 @@ def _randomize_norms(model: nn.Module, seed: int = 0) -> nn.Module:
 
 def _inputs(family: str) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(1)
-    if family in ("convnext", "layernorm2d"):
-        key = "pixel_values" if family == "convnext" else "x"
+    if family in ("convnext", "layernorm2d", "poolformer"):
+        key = "x" if family == "layernorm2d" else "pixel_values"
         return {key: torch.randn(B, 3, 32, 32, generator=g)}
     ids = torch.randint(2, 64, (B, 7), generator=g)
     ids[:, -1] = 1  # T5 classifies at the <eos> token; a plain token for the decoders
@@ -345,6 +406,7 @@ HF_NORM_CLASSES = {
     Gemma3nRMSNorm: snn.MemberGemma3nRMSNorm,
     CohereLayerNorm: snn.MemberCohereLayerNorm,
     OlmoLayerNorm: snn.MemberOlmoLayerNorm,
+    DebertaLayerNorm: snn.MemberDebertaLayerNorm,
 }
 HALF = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -355,7 +417,8 @@ def _random_hf_norm(cls, C=24, dtype=torch.float32, seed=0):
     g = torch.Generator().manual_seed(seed)
     plain = cls(C, eps=1e-6)
     with torch.no_grad():
-        plain.weight.add_(0.5 * torch.randn(C, generator=g))
+        for p in plain.parameters():
+            p.add_(0.5 * torch.randn(C, generator=g))
     return plain.to(dtype)
 
 
@@ -403,6 +466,7 @@ def test_hf_member_reproduces_the_plain_module_in_float32(cls):
                 Olmo2RMSNorm,
                 Gemma3nRMSNorm,
                 CohereLayerNorm,
+                DebertaLayerNorm,
             ],
             HALF,
             HALF,
@@ -415,7 +479,8 @@ def test_hf_member_keeps_the_half_precision_casts(cls, param_dtype, input_dtype)
     has the plain module's dtype and equals, bit for bit, the plain class holding the member's
     folded scale (Gemma: within one rounding of that scale − 1); against the original it differs
     by the rounding of weight/σ(γ_m) stored in the parameter dtype (≤ 2 ulp there) and one
-    rounding of the output."""
+    rounding of the output (DeBERTa's: also of bias/σ(γ_m), relative to the output's scale
+    where w·x̂ + b cancels)."""
     plain = _random_hf_norm(cls, dtype=param_dtype)
     member = _convert(plain).eval()
     x = (3 * torch.randn(B, 5, 24)).to(input_dtype)
@@ -425,12 +490,13 @@ def test_hf_member_keeps_the_half_precision_casts(cls, param_dtype, input_dtype)
         assert out.dtype == ref.dtype
         rounding = 2 * torch.finfo(param_dtype).eps + torch.finfo(out.dtype).eps
         exact = 0.0 if cls is not GemmaRMSNorm else rounding
+        scale = ref.abs().max().item() if cls is DebertaLayerNorm else 1e-2
         for m in range(M):
             back = member.to_plain(m)
             assert type(back) is cls and back.weight.dtype == param_dtype
             torch.testing.assert_close(out[m], back(x), rtol=exact, atol=exact * 1e-2)
             torch.testing.assert_close(
-                out[m].float(), ref.float(), rtol=rounding, atol=max(1e-6, rounding * 1e-2)
+                out[m].float(), ref.float(), rtol=rounding, atol=max(1e-6, rounding * scale)
             )
 
 
@@ -507,7 +573,9 @@ def test_a_weightless_gemma3n_norm_is_refused_by_name_and_left_shared_on_request
     member version can be built: conversion names it and the fixes; ``skip_unsupported=True``
     leaves it shared, which is exact (it has no parameters)."""
     weightless = Gemma3nRMSNorm(8, with_scale=False)
-    assert hf_formula(weightless) is None and hf_formula(Gemma3nRMSNorm(8)) == "gemma3n"
+    assert member_converter(weightless) is None
+    assert "holds no weight and records no size" in refusal(weightless)
+    assert type(_convert(Gemma3nRMSNorm(8))) is snn.MemberGemma3nRMSNorm
     model = nn.Sequential(nn.Linear(4, 8), weightless, nn.LayerNorm(8)).eval()
     with pytest.raises(
         TypeError,
@@ -525,23 +593,13 @@ def test_a_weightless_gemma3n_norm_is_refused_by_name_and_left_shared_on_request
         torch.testing.assert_close(out[m], ref, **NORM_TOL)
 
 
-def test_external_norms_re_exports_the_modules_split_from_it():
-    for name in external_norms.__all__:
-        assert getattr(external_norms, name) is not None
-    assert external_norms.MemberLlamaRMSNorm is hf_norms.MemberLlamaRMSNorm
-    assert external_norms.MemberLayerNorm2d is snn.MemberLayerNorm2d
-    assert external_norms.from_plain_as is plain_conversion.from_plain_as
-    assert external_norms.rms_formula is hf_formulas.hf_formula
-    assert external_norms.RMS_MEMBER_NORMS is hf_norms.HF_MEMBER_NORMS
-
-
 @pytest.mark.parametrize("data_format", ["channels_first", "channels_last"])
 def test_convnext_layer_norm_is_recognised_by_what_it_computes(data_format):
     plain = ConvNextLayerNorm(8, eps=1e-6, data_format=data_format)
     _randomize_norms(plain)
     member = _convert(plain).eval()
     expected = snn.MemberLayerNorm2d if data_format == "channels_first" else snn.MemberLayerNorm
-    assert layer_norm_layout(plain) == data_format and type(member) is expected
+    assert type(member) is expected
     x = torch.randn(B, 8, 4, 5) if data_format == "channels_first" else torch.randn(B, 4, 5, 8)
     with torch.no_grad():
         out = member(x.repeat(M, 1, 1, 1)).unflatten(0, (M, -1))
@@ -553,31 +611,16 @@ def test_convnext_layer_norm_is_recognised_by_what_it_computes(data_format):
         assert type(back) is ConvNextLayerNorm and back.data_format == "channels_first"
 
 
-@pytest.mark.parametrize("bias", [True, False])
-def test_layer_norm_2d_member_equals_the_per_member_loop(bias):
-    plain = _randomize_norms(LayerNorm2d(6, bias=bias))
-    member = _convert(plain).train()
-    x = torch.randn(M * B, 6, 3, 4, requires_grad=True)
-    out = member(x)
-    scale, shift = member.scale_and_shift()
-    reference = torch.cat(
-        [
-            F.layer_norm(
-                rows.permute(0, 2, 3, 1), (6,), scale[m], None if shift is None else shift[m], 1e-6
-            ).permute(0, 3, 1, 2)
-            for m, rows in enumerate(x.split(B))
-        ]
-    )
-    torch.testing.assert_close(out, reference, rtol=1e-6, atol=1e-6)
-    grad = torch.randn_like(out)
-    (g_out,) = torch.autograd.grad(out, x, grad)
-    (g_ref,) = torch.autograd.grad(reference, x, grad)
-    torch.testing.assert_close(g_out, g_ref, rtol=1e-5, atol=1e-5)
+def test_layer_norm_2d_member_names_the_channels_it_wants():
+    member = _convert(_randomize_norms(LayerNorm2d(6)))
     with pytest.raises(ValueError, match="6 channels at dim 1"):
         member(torch.randn(M * B, 3, 4, 6))
 
 
-def test_recognition_needs_the_known_formula():
+def test_recognition_is_by_what_a_module_computes_not_its_source():
+    """Copies of Hugging Face norms convert whatever their source, where they compute a
+    supported formula; edited ones that compute something else are refused by name."""
+
     class MyLlamaRMSNorm(LlamaRMSNorm):  # inherits the known forward
         pass
 
@@ -617,27 +660,27 @@ def test_recognition_needs_the_known_formula():
         def forward(self, x):
             return super().forward(x.permute(0, 2, 3, 1))
 
-    matrix_weight = LlamaRMSNorm(8)  # Llama's formula, but a weight only Cohere's may have
+    matrix_weight = LlamaRMSNorm(8)  # Llama's formula with a weight per (head, feature)
     matrix_weight.weight = nn.Parameter(torch.ones(2, 8))
     with_bias = CohereLayerNorm(8)  # Cohere's forward ignores a bias: state beyond its own
     with_bias.bias = nn.Parameter(torch.zeros(8))
 
-    assert hf_formula(MyLlamaRMSNorm(8)) == "llama"
-    assert hf_formula(OlmoStyleRMSNorm(8)) == "olmo2"  # Olmo2RMSNorm's forward, token for token
-    assert hf_formula(OlmoLayerNorm(8)) == "olmo"
-    assert hf_formula(CohereLayerNorm((2, 8))) == "cohere"
-    unknowns = (
-        EditedLlamaRMSNorm(8),
-        SqrtRMSNorm(8),
-        Eps6OlmoLayerNorm(8),
-        matrix_weight,
-        with_bias,
-        HalfLayerNorm2d(8),
-    )
-    assert all(hf_formula(unknown) is None for unknown in unknowns)
-    assert layer_norm_layout(HalfLayerNorm2d(8)) is None
-    for unknown in unknowns:
+    converts = {
+        MyLlamaRMSNorm(8): (snn.MemberLlamaRMSNorm, 1e-6),
+        OlmoStyleRMSNorm(8): (snn.MemberOlmo2RMSNorm, 1e-6),  # Olmo2RMSNorm's formula
+        SqrtRMSNorm(8): (snn.MemberOlmo2RMSNorm, 1e-6),  # within a rounding of it
+        OlmoLayerNorm(8): (snn.MemberOlmoLayerNorm, 1e-5),  # the constant in its forward
+        Eps6OlmoLayerNorm(8): (snn.MemberOlmoLayerNorm, 1e-6),
+        CohereLayerNorm((2, 8)): (snn.MemberCohereLayerNorm, 1e-5),
+        matrix_weight: (snn.MemberLlamaRMSNorm, 1e-6),
+    }
+    for module, (member_type, eps) in converts.items():
+        convert = member_converter(module)
+        assert (convert.args, convert.keywords) == ((member_type,), {"eps": eps}), module
+    for unknown in (EditedLlamaRMSNorm(8), with_bias, HalfLayerNorm2d(8)):
         name = type(unknown).__name__
+        assert member_converter(unknown) is None
+        assert refusal(unknown).startswith(f"{name} computes none of the supported formulas")
         model = nn.Sequential(nn.Linear(4, 8), unknown, nn.LayerNorm(8))
         with pytest.raises(TypeError, match=rf"1 \({name}\).*register_norm\({name}"):
             snens.convert(model, 2)
@@ -682,20 +725,26 @@ def gain_offset_to_members(plain, num_members, **kw):
 
 
 @pytest.mark.parametrize(
-    ("norm", "registration"),
+    ("norm", "registration", "probed"),
     [
-        (ScaleRMSNorm, {"member_type": snn.MemberRMSNorm}),
-        (GainOffsetNorm, {"from_plain": gain_offset_to_members}),
+        (ScaleRMSNorm, {"member_type": snn.MemberRMSNorm}, snn.MemberT5RMSNorm),
+        (GainOffsetNorm, {"from_plain": gain_offset_to_members}, None),
     ],
     ids=["member_type", "from_plain"],
 )
-def test_register_norm_converts_a_user_norm_in_one_line(norm, registration):
+def test_register_norm_converts_a_user_norm_in_one_line(norm, registration, probed):
+    """A norm the probe does not recognize (its affine named gain and offset) is refused until
+    registered; one it recognizes (an RMS norm computed in the input's dtype, closest to T5's)
+    converts, and registration overrides its choice."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 8), norm(8), nn.GELU(), nn.Linear(8, 3)).eval()
     x = torch.randn(B, 6)
     name = norm.__name__
-    with pytest.raises(TypeError, match=rf"1 \({name}\).*register_norm\({name}"):
-        snens.convert(model, M)
+    if probed is None:
+        with pytest.raises(TypeError, match=rf"1 \({name}\).*register_norm\({name}"):
+            snens.convert(model, M)
+    else:
+        assert snens.convert(model, M).report.converted[0][1:] == (name, probed.__name__)
     snn.register_norm(norm, **registration)
     with torch.no_grad():
         ref = model(x)
@@ -705,6 +754,8 @@ def test_register_norm_converts_a_user_norm_in_one_line(norm, registration):
             torch.testing.assert_close(out[m], ref, **NORM_TOL)
             torch.testing.assert_close(snens.extract_member(ens, m)(x), out[m], **NORM_TOL)
     assert ens.report.converted[0][1] == name and ens.report.skipped == ()
+    if probed is not None:
+        assert ens.report.converted[0][2] == registration["member_type"].__name__
 
 
 def test_register_norm_refuses_what_it_cannot_use():
@@ -768,3 +819,141 @@ def test_a_model_holding_an_hf_member_norm_moves_and_casts(cls):
             torch.testing.assert_close(out[m], member(x), rtol=exact, atol=exact)
             # the fold weight/σ(γ_m) was rounded in float32 before the cast
             torch.testing.assert_close(out[m], reference(x), rtol=1e-6, atol=1e-6)
+
+
+# -- norms recognized by what they compute, and those refused -----------------------------------
+def _cpmant_norm(C):
+    from transformers.models.cpmant.modeling_cpmant import CpmAntLayerNorm
+
+    return CpmAntLayerNorm(tf.CpmAntConfig(hidden_size=C, eps=1e-6))
+
+
+def _hf_class(path: str):
+    module, name = path.rsplit(".", 1)
+    return getattr(__import__(f"transformers.models.{module}", fromlist=[name]), name)
+
+
+#: norm -> (build it with C features, the member class reproducing it); none has a source
+#: snens knew before it recognized norms by what they compute
+RECOGNIZED = {
+    "HeliumRMSNorm": (lambda C: _hf_class("helium.modeling_helium.HeliumRMSNorm")(C), "Gemma3n"),
+    "NemotronHRMSNorm": (
+        lambda C: _hf_class("nemotron_h.modeling_nemotron_h.NemotronHRMSNorm")(C),
+        "Gemma3n",
+    ),
+    "Llama4TextRMSNorm": (
+        lambda C: _hf_class("llama4.modeling_llama4.Llama4TextRMSNorm")(C),
+        "Llama",
+    ),
+    "DebertaLayerNorm": (
+        lambda C: _hf_class("deberta.modeling_deberta.DebertaLayerNorm")(C),
+        "Deberta",
+    ),
+    "ImageGPTLayerNorm": (
+        lambda C: _hf_class("imagegpt.modeling_imagegpt.ImageGPTLayerNorm")(C),
+        "T5",
+    ),
+    "CpmAntLayerNorm": (_cpmant_norm, "Llama"),
+}
+
+
+@pytest.mark.parametrize("name", RECOGNIZED)
+def test_norms_recognized_by_what_they_compute_convert_exactly(name):
+    """Every member reproduces the plain module: float32 to 1e-6, bfloat16 (parameters and
+    input) to one rounding of its output; ``to_plain`` gives the module's own class back, or
+    says why it cannot (CpmAntLayerNorm is built from a whole config)."""
+    make, formula = RECOGNIZED[name]
+    for dtype, tol in ((torch.float32, 1e-6), (torch.bfloat16, 2 * 2**-7)):
+        plain = make(24)
+        g = torch.Generator().manual_seed(0)
+        with torch.no_grad():  # ImageGPT's and CPM-Ant's weights start uninitialized
+            for p in plain.parameters():
+                p.copy_(1 + 0.5 * torch.randn(p.shape, generator=g))
+        plain = plain.to(dtype)
+        member = _convert(plain).eval()
+        assert type(member).__name__.startswith(f"Member{formula}")
+        x = (3 * torch.randn(B, 5, 24)).to(dtype)
+        with torch.no_grad():
+            out = member(x.repeat(M, 1, 1)).unflatten(0, (M, -1))
+            for m in range(M):
+                torch.testing.assert_close(out[m], plain(x), rtol=tol, atol=tol)
+    if name == "CpmAntLayerNorm":
+        with pytest.raises(TypeError, match=r"cannot rebuild CpmAntLayerNorm\(24"):
+            member.to_plain(0)
+    else:
+        assert type(member.to_plain(0)) is type(plain)
+
+
+def test_a_cpmant_model_converts_exactly():
+    torch.manual_seed(0)
+    config = tf.CpmAntConfig(
+        vocab_size=128, hidden_size=16, num_attention_heads=2, dim_head=8, dim_ff=32,
+        num_hidden_layers=2,
+    )  # fmt: skip
+    model = _randomize_norms(tf.CpmAntForCausalLM(config).eval())
+    ids = torch.randint(3, 128, (B, 7), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = model(input_ids=ids).logits
+        ens = snens.convert(model, M).eval()
+        out = ens(input_ids=ids)
+    assert {member for _, _, member in ens.report.converted} == {"MemberLlamaRMSNorm"}
+    for m in range(M):
+        torch.testing.assert_close(out[m], ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+
+
+#: model -> (build it, the norm class refused, why)
+REFUSED_MODELS = {
+    "ibert": (
+        lambda: tf.IBertForSequenceClassification(tf.IBertConfig(**_ENCODER)),
+        "IntLayerNorm",
+        r"holds submodules \(activation\)",
+    ),
+    "mobilebert": (
+        lambda: tf.MobileBertForSequenceClassification(
+            tf.MobileBertConfig(**_ENCODER, embedding_size=16, intra_bottleneck_size=16)
+        ),
+        "NoNorm",
+        "computes none of the supported formulas",
+    ),
+    "nemotron": (  # F.layer_norm with the weight 1 + w: no member version computes it
+        lambda: tf.NemotronForSequenceClassification(tf.NemotronConfig(**_DECODER, head_dim=8)),
+        "NemotronLayerNorm1P",
+        "computes none of the supported formulas",
+    ),
+    "bit": (
+        lambda: tf.BitForImageClassification(
+            tf.BitConfig(embedding_size=8, hidden_sizes=[32, 64], depths=[1, 1], num_groups=4)
+        ),
+        "BitGroupNormActivation",
+        r"holds submodules \(activation\)",
+    ),
+    "nemotron_h": (
+        lambda: tf.NemotronHForCausalLM(
+            tf.NemotronHConfig(
+                vocab_size=64,
+                hidden_size=16,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                num_key_value_heads=1,
+                head_dim=8,
+                mamba_num_heads=2,
+                mamba_head_dim=16,
+                ssm_state_size=8,
+                n_groups=1,
+                intermediate_size=32,
+                layers_block_type=["mamba", "attention"],
+                pad_token_id=0,
+            )
+        ),  # fmt: skip
+        "NemotronHRMSNormGated",
+        r"takes more than one input \(gate\)",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", REFUSED_MODELS)
+def test_models_with_norms_no_member_version_computes_are_refused_by_name(name):
+    build, norm, why = REFUSED_MODELS[name]
+    torch.manual_seed(0)
+    with pytest.raises(TypeError, match=rf"\({norm}\).*\. {norm} {why}.*register_norm\({norm}"):
+        snens.convert(build(), M)

@@ -73,9 +73,9 @@ def test_param_groups_refuse_bad_values():
 def test_one_definition_of_a_norm_for_decay_and_finetuning():
     """A norm snens does not convert (a Hugging Face-style T5LayerNorm, a FrozenBatchNorm2d)
     is a norm for the parameter groups (no weight decay) and for fine-tuning (trained with
-    norms_and_heads) alike: both ask snens.nn.surgery.is_norm."""
+    norms_and_heads) alike: both ask snens.nn.registry.is_norm."""
     from snens.engine.build import select_finetune
-    from snens.nn.surgery import is_norm
+    from snens.nn.registry import is_norm
 
     class T5LayerNorm(nn.Module):
         def __init__(self, d):

@@ -36,10 +36,10 @@ from torch import Tensor, nn
 
 from snens.method.ensemble import Ensemble
 from snens.nn.batch_norms import MemberBatchNorm1d, MemberBatchNorm2d, MemberBatchNorm3d
-from snens.nn.factory import MEMBER_NORMS
 from snens.nn.norms import MemberNorm, check_num_members
 from snens.nn.per_example_norms import MemberGroupNorm, MemberLayerNorm, MemberRMSNorm
-from snens.nn.surgery import ConversionReport, is_unsupported_norm, replace_modules
+from snens.nn.registry import MEMBER_NORMS, is_unsupported_norm
+from snens.nn.surgery import ConversionReport, replace_modules
 
 __all__ = [
     "FILM_NORMS",

@@ -26,7 +26,7 @@ from torch import nn
 import snens
 from snens.baselines import DeepEnsemble
 from snens.engine.benchmark import Measure, compare
-from snens.nn.adapters import member_converter
+from snens.nn.registry import member_converter
 
 __all__ = ["llm_measures", "smollm2_config"]
 

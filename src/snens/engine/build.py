@@ -28,7 +28,7 @@ from snens import baselines, models
 from snens.engine.checkpoint import load_checkpoint_with_digest, load_model_state
 from snens.engine.config import OptimConfig, RunConfig, to_dict
 from snens.nn.linear import MemberLinear
-from snens.nn.surgery import is_norm
+from snens.nn.registry import is_norm
 
 __all__ = [
     "build_model",

@@ -11,7 +11,7 @@ from __future__ import annotations
 from torch import nn
 
 from snens.nn.norms import MemberNorm
-from snens.nn.surgery import is_norm
+from snens.nn.registry import is_norm
 
 __all__ = ["GAMMA_LR_MULTIPLIER", "param_groups"]
 

@@ -1,12 +1,11 @@
 """Layers of σN-Ens: member norms, member heads, the ``norm_layer`` factory, and
-``register_norm`` for norm classes snens does not know."""
+``register_norm`` for norm classes snens does not recognize (:mod:`snens.nn.registry`)."""
 
-from snens.nn.adapters import register_norm
 from snens.nn.batch_norms import MemberBatchNorm1d, MemberBatchNorm2d, MemberBatchNorm3d
 from snens.nn.channels_first import MemberLayerNorm2d
-from snens.nn.factory import MEMBER_NORMS, member_norm
 from snens.nn.hf_norms import (
     MemberCohereLayerNorm,
+    MemberDebertaLayerNorm,
     MemberGemma3nRMSNorm,
     MemberGemmaRMSNorm,
     MemberLlamaRMSNorm,
@@ -25,6 +24,7 @@ from snens.nn.per_example_norms import (
     MemberLayerNorm,
     MemberRMSNorm,
 )
+from snens.nn.registry import MEMBER_NORMS, member_norm, register_norm
 
 __all__ = [
     "MEMBER_NORMS",
@@ -32,6 +32,7 @@ __all__ = [
     "MemberBatchNorm2d",
     "MemberBatchNorm3d",
     "MemberCohereLayerNorm",
+    "MemberDebertaLayerNorm",
     "MemberGemma3nRMSNorm",
     "MemberGemmaRMSNorm",
     "MemberGroupNorm",

@@ -390,20 +390,17 @@ class _MemberBatchNorm(MemberNorm):
             self.num_members,
         )
 
-    def _load_from_state_dict(
-        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
-    ):
+    # a plain batch norm with affine=False saves only its running statistics
+    _plain_keys = ("weight", "bias", "running_mean", "running_var")
+
+    def _migrate_plain_state(self, state_dict, prefix, local_metadata) -> None:
+        """The plain affine as every member's (the base class), and the plain running
+        statistics as every member's rows (M, C)."""
         for key in ("running_mean", "running_var"):
             value = state_dict.get(prefix + key)
-            if value is not None and value.dim() == 1 and self.track_running_stats:
-                # A plain BatchNorm's running stats: every member starts from them.
+            if value is not None and self.track_running_stats:
                 state_dict[prefix + key] = value.unsqueeze(0).expand(self.num_members, -1).clone()
-        super()._load_from_state_dict(
-            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
-        )
-
-    def _is_plain_state(self, state_dict, prefix) -> bool:
-        return prefix + "running_mean" in state_dict
+        super()._migrate_plain_state(state_dict, prefix, local_metadata)
 
     @staticmethod
     def _plain_config(plain: nn.Module) -> dict[str, Any]:

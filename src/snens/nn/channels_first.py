@@ -1,83 +1,25 @@
 """Member norms for channels-first LayerNorms: layer norm over dim 1 of (B, C, *) inputs.
 
-timm's ``LayerNorm2d`` and Hugging Face's ``ConvNextLayerNorm``
-(``data_format="channels_first"``) are ``nn.LayerNorm`` subclasses that normalize (B, C, H, W)
-inputs over C: permute to channels-last, layer norm, permute back. Their sources vary between
-libraries and versions, so these are recognised by what they compute: a float32 copy of the
-module with a random affine runs on a probe input and must equal that formula
-(:func:`layer_norm_layout`). A subclass that computes layer norm over the last dimension
-instead (``ConvNextLayerNorm``'s default) becomes a :class:`MemberLayerNorm`; one over dim 1 a
-:class:`MemberLayerNorm2d`, converted through :func:`~snens.nn.plain_conversion.from_plain_as`;
-``snens.nn.adapters`` decides which module goes where.
+timm's ``LayerNorm2d``, Hugging Face's ``ConvNextLayerNorm`` (``data_format="channels_first"``)
+and ``SqueezeBertLayerNorm`` normalize (B, C, *) inputs over C: permute to channels-last, layer
+norm, permute back. Their sources vary between libraries and versions; :mod:`snens.nn.registry`
+recognizes them by what they compute (:mod:`snens.nn.probe`) and converts them to a
+:class:`MemberLayerNorm2d` through :func:`~snens.nn.plain_conversion.from_plain_as`.
 """
 
 from __future__ import annotations
 
-import copy
-from typing import Any, Literal
+from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from snens.nn import fused
+from snens.nn import fused, probe
 from snens.nn.norms import path_override
 from snens.nn.per_example_norms import MemberLayerNorm
-from snens.nn.plain_conversion import RebuildsPlain, from_plain_as, only_state
+from snens.nn.plain_conversion import RebuildsPlain, feature_shape, from_plain_as, norm_eps
 
-__all__ = ["MemberLayerNorm2d", "layer_norm_layout"]
-
-Layout = Literal["channels_first", "channels_last"]
-
-
-# -- recognition ---------------------------------------------------------------------------------
-def layer_norm_layout(module: nn.Module) -> Layout | None:
-    """Which layout an ``nn.LayerNorm`` (or subclass) over one dimension C normalizes, found by
-    running its forward.
-
-    A float32 CPU copy with a random affine (whatever the module's device and dtype, meta
-    included) runs, hooks aside, on a random (2, C, 1, W) input, W ≠ C: "channels_first" if it
-    equals layer norm over dim 1 (to channels-last, ``F.layer_norm``, back); else on a
-    (2, 3, C) input, "channels_last" if it equals ``F.layer_norm`` over the last dim; else None
-    (a forward that raises on a probe does not take that layout).
-    """
-    if not isinstance(module, nn.LayerNorm) or len(module.normalized_shape) != 1:
-        return None
-    if not only_state(module, {"weight", "bias"}):
-        return None
-    probe = copy.deepcopy(module).to_empty(device="cpu").float()
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        if probe.weight is not None:
-            probe.weight.copy_(1 + 0.5 * torch.randn(probe.weight.shape, generator=g))
-        if probe.bias is not None:
-            probe.bias.copy_(0.5 * torch.randn(probe.bias.shape, generator=g))
-        (C,) = probe.normalized_shape
-
-        def layer_norm(x: Tensor) -> Tensor:
-            return F.layer_norm(x, (C,), probe.weight, probe.bias, probe.eps)
-
-        channels_first = torch.randn(2, C, 1, 2 if C != 2 else 3, generator=g)
-        if _computes(
-            probe, channels_first, layer_norm(channels_first.movedim(1, -1)).movedim(-1, 1)
-        ):
-            return "channels_first"
-        channels_last = torch.randn(2, 3, C, generator=g)
-        if _computes(probe, channels_last, layer_norm(channels_last)):
-            return "channels_last"
-    return None
-
-
-def _computes(module: nn.Module, x: Tensor, expected: Tensor) -> bool:
-    try:
-        out = type(module).forward(module, x)
-    except (RuntimeError, ValueError, IndexError):
-        return False
-    return (
-        isinstance(out, Tensor)
-        and out.shape == expected.shape
-        and torch.allclose(out, expected, rtol=1e-5, atol=1e-5)
-    )
+__all__ = ["MemberLayerNorm2d"]
 
 
 # -- the member norm -----------------------------------------------------------------------------
@@ -177,31 +119,36 @@ class MemberLayerNorm2d(RebuildsPlain, MemberLayerNorm):
     def from_plain(
         cls, plain: nn.Module, num_members: int, *, generator: torch.Generator | None = None, **kw
     ) -> MemberLayerNorm2d:
-        """A member norm whose every member reproduces ``plain``, an ``nn.LayerNorm`` subclass
-        that normalizes over dim 1 (see :func:`layer_norm_layout`).
+        """A member norm whose every member reproduces ``plain``, a module that normalizes
+        over dim 1 on probe inputs (:func:`snens.nn.probe.match`).
 
         Raises:
             TypeError: if ``plain`` does not compute a channels-first layer norm.
         """
-        if layer_norm_layout(plain) != "channels_first":
+        found = probe.match(plain, [cls])
+        if found is None or not found.reproduces:
             raise TypeError(
-                f"{cls.__name__}.from_plain expects an nn.LayerNorm subclass normalizing over "
-                f"dim 1 (timm's LayerNorm2d, ConvNextLayerNorm(data_format='channels_first')); "
+                f"{cls.__name__}.from_plain expects a layer norm normalizing over dim 1 (timm's "
+                f"LayerNorm2d, ConvNextLayerNorm(data_format='channels_first')); "
                 f"{type(plain).__name__} does not compute one on a probe input"
             )
-        return from_plain_as(cls, plain, num_members, generator=generator, **kw)
+        return from_plain_as(cls, plain, num_members, eps=found.eps, generator=generator, **kw)
 
     @staticmethod
     def _plain_config(plain: nn.Module) -> dict[str, Any]:
+        shape = feature_shape(plain)
+        if shape is None or len(shape) != 1:
+            raise TypeError(f"it normalizes over {shape}, not one channel dimension")
         options: dict[str, Any] = {}
         if hasattr(plain, "data_format"):
             options["data_format"] = plain.data_format
-        has_bias = plain.bias is not None or plain.weight is None
+        weight = plain._parameters.get("weight")
+        has_bias = plain._parameters.get("bias") is not None or weight is None
         if not has_bias:
             options["bias"] = False
         return {
-            "num_channels": plain.normalized_shape[0],
-            "eps": plain.eps,
+            "num_channels": shape[0],
+            "eps": norm_eps(plain),
             "bias": has_bias,
             "plain_type": type(plain),
             "plain_options": options,

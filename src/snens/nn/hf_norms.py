@@ -3,9 +3,9 @@
 Each member version computes one formula of :mod:`snens.nn.hf_formulas`, op for op, with
 member m's folded scale sigmoid(gamma_m)·weight_m in place of the weight (for Gemma in place of
 the whole factor 1 + weight), so every member reproduces the plain module in every dtype, up to
-the rounding of that folded scale (none in float32 beyond 1e-6). ``snens.nn.adapters`` finds the
-formula a module computes (:func:`~snens.nn.hf_formulas.hf_formula`) and converts it through
-:func:`~snens.nn.plain_conversion.from_plain_as`.
+the rounding of that folded scale (none in float32 beyond 1e-6). :mod:`snens.nn.registry` finds
+the one that reproduces a module (:func:`snens.nn.probe.match`) and converts it through
+:func:`~snens.nn.plain_conversion.from_plain_as`; each class's ``from_plain`` checks the same.
 
 A norm without a weight converts as torch's do with ``elementwise_affine=False``: the member
 affine starts at the identity, weight_m = 1/sigmoid(gamma_m). OLMo-1's ``OlmoLayerNorm`` has no
@@ -17,30 +17,30 @@ does not record its size, so no member version can be built for it: it is refuse
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from snens.nn import probe
 from snens.nn.hf_formulas import (
-    HFFormula,
     cohere_layer_norm,
-    formula_eps,
+    deberta_layer_norm,
     gemma3n_rms_norm,
     gemma_rms_norm,
-    hf_formula,
     llama_rms_norm,
     olmo2_rms_norm,
     olmo_layer_norm,
     t5_rms_norm,
 )
 from snens.nn.norms import MemberNorm
-from snens.nn.plain_conversion import RebuildsPlain, from_plain_as
+from snens.nn.plain_conversion import RebuildsPlain, feature_shape, from_plain_as, norm_eps
 
 __all__ = [
-    "HF_MEMBER_NORMS",
     "MemberCohereLayerNorm",
+    "MemberDebertaLayerNorm",
     "MemberGemma3nRMSNorm",
     "MemberGemmaRMSNorm",
     "MemberLlamaRMSNorm",
@@ -63,13 +63,14 @@ class _MemberHFNorm(RebuildsPlain, MemberNorm):
     """Shared body of the member versions of Hugging Face's norms.
 
     Member m computes ``formula(x_m, scale_m, eps)`` with its folded scale
-    sigmoid(gamma_m)·weight_m (:meth:`_reference`); ``_normalize`` computes all members at
-    once, the (M·B, …, C) input viewed as (M, B, …, C) and the scales as (M, 1, …, C), which is
-    each member's formula elementwise.
+    sigmoid(gamma_m)·weight_m (and its folded shift, for DeBERTa's) (:meth:`_reference`);
+    ``_normalize`` computes all members at once, the (M·B, …, C) input viewed as (M, B, …, C)
+    and the scales as (M, 1, …, C), which is each member's formula elementwise.
     """
 
     has_bias = False
-    formula: HFFormula
+    #: the formula's name, as in :mod:`snens.nn.hf_formulas`
+    formula: str
     norm_kind = "RMS norm"
     plain_type = None
 
@@ -86,6 +87,8 @@ class _MemberHFNorm(RebuildsPlain, MemberNorm):
         dtype=None,
     ) -> None:
         shape = _feature_shape(hidden_size)
+        if isinstance(eps, bool) or not isinstance(eps, int | float) or not math.isfinite(eps):
+            raise TypeError(f"eps must be a real number, got {eps!r}")
         super().__init__(
             shape,
             num_members,
@@ -106,6 +109,10 @@ class _MemberHFNorm(RebuildsPlain, MemberNorm):
     def _norm_fn(x: Tensor, scale: Tensor, eps: float) -> Tensor:
         raise NotImplementedError
 
+    def _formula(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
+        """The formula with a folded scale (and shift, for the classes with a bias)."""
+        return self._norm_fn(x, scale, self.eps)
+
     def _check_input(self, x: Tensor) -> None:
         n = len(self.feature_shape)
         if x.dim() < n + 1 or tuple(x.shape[-n:]) != self.feature_shape:
@@ -122,14 +129,14 @@ class _MemberHFNorm(RebuildsPlain, MemberNorm):
         concatenation."""
         M = self.num_members
         rows = x.unflatten(0, (M, -1))  # (M·B, …, C) -> (M, B, …, C)
-        ones = (1,) * (rows.dim() - 1 - len(self.feature_shape))
-        scale = scale.view(M, *ones, *self.feature_shape)
-        return self._norm_fn(rows, scale, self.eps).flatten(0, 1)
+        affine = (M, *(1,) * (rows.dim() - 1 - len(self.feature_shape)), *self.feature_shape)
+        shift = None if shift is None else shift.view(affine)
+        return self._formula(rows, scale.view(affine), shift).flatten(0, 1)
 
     def _reference(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
         """The formula on each member's rows with its folded scale, concatenated."""
         return self._per_member(
-            x, scale, None, lambda rows, m, scale_m, _: self._norm_fn(rows, scale_m, self.eps)
+            x, scale, shift, lambda rows, m, scale_m, shift_m: self._formula(rows, scale_m, shift_m)
         )
 
     @classmethod
@@ -137,24 +144,35 @@ class _MemberHFNorm(RebuildsPlain, MemberNorm):
         cls, plain: nn.Module, num_members: int, *, generator: torch.Generator | None = None, **kw
     ) -> MemberNorm:
         """A member norm whose every member reproduces ``plain``, a module computing this
-        class's formula (see :func:`~snens.nn.hf_formulas.hf_formula`).
+        class's formula: on probe inputs, in float32 and half precision
+        (:func:`snens.nn.probe.match`).
 
         Raises:
-            TypeError: if ``plain`` is not recognised as computing it.
+            TypeError: if ``plain`` does not compute it.
         """
-        if hf_formula(plain) != cls.formula:
-            raise TypeError(
-                f"{cls.__name__}.from_plain expects a module whose forward is the Hugging Face "
-                f"{cls.formula} {cls.norm_kind} formula; {type(plain).__name__} is not one"
+        found = probe.match(plain, [cls])
+        if found is None or not found.reproduces:
+            why = probe.unprobeable(plain) or (
+                "it computes something else"
+                if found is None
+                else f"{found.worst_setting} differs by {found.worst:.3g}× the tolerance"
             )
-        return from_plain_as(cls, plain, num_members, generator=generator, **kw)
+            raise TypeError(
+                f"{cls.__name__}.from_plain expects a module computing the Hugging Face "
+                f"{cls.formula} {cls.norm_kind} formula; {type(plain).__name__} is not one "
+                f"(on probe inputs: {why})"
+            )
+        return from_plain_as(cls, plain, num_members, eps=found.eps, generator=generator, **kw)
 
     @classmethod
     def _plain_config(cls, plain: nn.Module) -> dict[str, Any]:
-        shape = tuple(plain.weight.shape)
+        weight = plain._parameters.get("weight")
+        if weight is None:
+            raise TypeError(f"it has no weight parameter for {cls.__name__} to hold")
+        shape = tuple(weight.shape)
         return {
             "hidden_size": shape[0] if len(shape) == 1 else shape,
-            "eps": formula_eps(plain, cls.formula),
+            "eps": norm_eps(plain),
             "plain_type": type(plain),
         }
 
@@ -165,8 +183,11 @@ class _MemberHFNorm(RebuildsPlain, MemberNorm):
     def to_plain(self, member: int) -> nn.Module:
         self._check_member(member)
         plain = self._rebuild_plain(self.hidden_size)
+        scale, shift = self.scale_and_shift()
         with torch.no_grad():
-            plain.weight.copy_(self._plain_weight(self.scale_and_shift()[0][member]))
+            plain.weight.copy_(self._plain_weight(scale[member]))
+            if shift is not None:
+                plain.bias.copy_(shift[member])
         return plain.train(self.training)
 
     def extra_repr(self) -> str:
@@ -331,7 +352,7 @@ class MemberOlmoLayerNorm(_MemberHFNorm):
     Args:
         hidden_size: C.
         num_members: M.
-        eps: 1e-5, the constant of ``OlmoLayerNorm``'s forward.
+        eps: 1e-5, the constant of ``OlmoLayerNorm``'s forward (found by the probe).
         plain_type: the class ``to_plain`` rebuilds as ``plain_type(C, eps=eps)``
             (``from_plain`` records ``CohereLayerNorm``).
 
@@ -348,21 +369,54 @@ class MemberOlmoLayerNorm(_MemberHFNorm):
         # transformers is installed wherever an OlmoLayerNorm exists
         from transformers.models.cohere.modeling_cohere import CohereLayerNorm
 
-        (size,) = plain.normalized_shape
+        if plain._parameters.get("weight") is not None:
+            raise TypeError(f"it has a weight; {cls.__name__} is for layer norms without one")
+        shape = feature_shape(plain)
+        if shape is None:
+            raise TypeError("it records no size (normalized_shape, hidden_size, …)")
         return {
-            "hidden_size": size,
-            "eps": formula_eps(plain, cls.formula),
+            "hidden_size": shape[0] if len(shape) == 1 else shape,
+            "eps": norm_eps(plain),
             "plain_type": CohereLayerNorm,
         }
 
 
-#: Formula -> member version.
-HF_MEMBER_NORMS: dict[HFFormula, type[_MemberHFNorm]] = {
-    "llama": MemberLlamaRMSNorm,
-    "gemma": MemberGemmaRMSNorm,
-    "t5": MemberT5RMSNorm,
-    "olmo2": MemberOlmo2RMSNorm,
-    "gemma3n": MemberGemma3nRMSNorm,
-    "cohere": MemberCohereLayerNorm,
-    "olmo": MemberOlmoLayerNorm,
-}
+class MemberDebertaLayerNorm(_MemberHFNorm):
+    """σNorm over ``DebertaLayerNorm``: a mean-centred layer norm in float32, cast back to the
+    input's dtype, then the affine (Llama's order), over the last dimension.
+
+    Member m computes :func:`~snens.nn.hf_formulas.deberta_layer_norm` with its folded scale
+    and shift: sigmoid(gamma_m)·weight_m ⊙ ((x_f32 − μ) / sqrt(var + eps)).to(x.dtype)
+    + sigmoid(gamma_m)·bias_m.
+
+    Args:
+        hidden_size: C.
+        num_members: M.
+        eps: the plain module's ``variance_epsilon``.
+        bias: whether the member affine has a bias (default True).
+        plain_type: the class ``to_plain`` rebuilds as ``plain_type(C, eps=eps)``.
+
+    Shape:
+        Input: (M·B, *, C), member-major. Output: same shape.
+    """
+
+    formula = "deberta"
+    norm_kind = "layer norm"
+
+    def __init__(
+        self,
+        hidden_size: int | Sequence[int],
+        num_members: int,
+        eps: float = 1e-12,
+        bias: bool = True,
+        **kw,
+    ) -> None:
+        self.has_bias = bias
+        super().__init__(hidden_size, num_members, eps, **kw)
+
+    def _formula(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
+        return deberta_layer_norm(x, scale, shift, self.eps)
+
+    @classmethod
+    def _plain_config(cls, plain: nn.Module) -> dict[str, Any]:
+        return {**super()._plain_config(plain), "bias": plain._parameters.get("bias") is not None}

@@ -105,22 +105,29 @@ class MemberLinear(nn.Module):
                 plain.bias.copy_(self.bias[member])
         return plain.train(self.training)
 
+    #: The layout of this layer's entries, recorded by ``state_dict``: 2, per-member rows
+    #: (M, K, D) and (M, K). An nn.Linear records 1, and so did a MemberLinear before member
+    #: layers recorded a version.
+    _version = 2
+
     def _load_from_state_dict(
         self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
     ):
-        # A plain nn.Linear's state_dict: every member starts as a copy of it.
+        version = local_metadata.get("version")
         for key in ("weight", "bias"):
             value = state_dict.get(prefix + key)
             param = getattr(self, key)
             if value is None or param is None:
                 continue
-            if value.dim() == param.dim() - 1:
+            if (version is None or version < 2) and value.dim() == param.dim() - 1:
+                # version 1 without a member dimension: a plain nn.Linear's, the head this
+                # layer replaced; every member starts as a copy of it
                 state_dict[prefix + key] = value.unsqueeze(0).expand_as(param).clone()
-            elif value.shape[0] != self.num_members:
+            elif tuple(value.shape) != tuple(param.shape):
                 raise ValueError(
-                    f"cannot load {prefix}{key} of shape {tuple(value.shape)} into MemberLinear "
-                    f"with num_members={self.num_members}: it comes from an ensemble with "
-                    f"num_members={value.shape[0]}"
+                    f"cannot load {prefix}{key} of shape {tuple(value.shape)} (state_dict "
+                    f"version {version}) into MemberLinear of {key} {tuple(param.shape)}: it "
+                    f"comes from an ensemble with num_members={value.shape[0]} or another layer"
                 )
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs

@@ -42,7 +42,9 @@ member affine, its folding, the plain-state migration), the checks of M and of a
 and :func:`force_path`.
 
 Loading a plain norm's state_dict (weight of shape (C,) instead of (M, C)) into a member norm is
-output-preserving: every member is set so that it reproduces the plain layer exactly.
+output-preserving: every member is set so that it reproduces the plain layer exactly. Member
+norms record the version of their state_dict layout (``MemberNorm._version``, 2) as torch's
+norms do; a plain norm's entries are told apart by their missing ``gamma``.
 """
 
 from __future__ import annotations
@@ -176,6 +178,12 @@ def path_override(x: Tensor) -> str | None:
     if _forced_path is not None:
         return _forced_path
     return None if x.device.type == "cpu" else "vectorized"
+
+
+def _state(module: nn.Module, name: str) -> Tensor | None:
+    """``module``'s own parameter or buffer ``name`` (a plain attribute is not its state)."""
+    value = module._parameters.get(name)
+    return module._buffers.get(name) if value is None else value
 
 
 class MemberNorm(nn.Module):
@@ -342,29 +350,39 @@ class MemberNorm(nn.Module):
             [normalize(rows, m, scales[m], shifts[m]) for m, rows in enumerate(chunks)]
         )
 
-    # -- state_dict migration -----------------------------------------------------------------
+    # -- state_dict versions and migration ---------------------------------------------------
+    #: The layout of this layer's entries, recorded by ``state_dict`` as torch's norms record
+    #: theirs. 2: the member layout, ``gamma`` and per-member rows (M, …) of the affine and of
+    #: the running statistics. 1, or none recorded (a safetensors file, a dict copy): written
+    #: before member norms recorded a version, in the same layout, which loads as it is.
+    _version = 2
+    #: Entries a plain norm of this family saves (any one of them marks its state).
+    _plain_keys: tuple[str, ...] = ("weight", "bias")
+
     def _load_from_state_dict(
         self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
     ):
-        gamma_key, weight_key = prefix + "gamma", prefix + "weight"
-        if gamma_key in state_dict:
-            got = state_dict[gamma_key].shape
-            if tuple(got) != tuple(self.gamma.shape):
-                raise ValueError(
-                    f"cannot load {gamma_key} of shape {tuple(got)} into {type(self).__name__} "
-                    f"with gamma {tuple(self.gamma.shape)}: the state_dict comes from an ensemble "
-                    f"with num_members={got[0]}, this one has num_members={self.num_members}; "
-                    f"convert with num_members={got[0]} or use snens.extract_member to get one "
-                    "member as a plain model"
-                )
-        elif weight_key in state_dict or self._is_plain_state(state_dict, prefix):
+        version = local_metadata.get("version")
+        if prefix + "gamma" in state_dict:
+            # versions 1 and 2 hold the same member layout: nothing to migrate
+            self._check_num_members(state_dict[prefix + "gamma"], prefix + "gamma", version)
+        elif any(prefix + key in state_dict for key in self._plain_keys):
+            # No gamma, whatever the version says (torch's batch norms record a version 2 of
+            # their own): the entries of the plain norm this layer replaced.
             self._migrate_plain_state(state_dict, prefix, local_metadata)
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )
 
-    def _is_plain_state(self, state_dict, prefix) -> bool:
-        return False
+    def _check_num_members(self, gamma: Tensor, key: str, version: int | None) -> None:
+        if tuple(gamma.shape) != tuple(self.gamma.shape):
+            raise ValueError(
+                f"cannot load {key} of shape {tuple(gamma.shape)} into {type(self).__name__} "
+                f"with gamma {tuple(self.gamma.shape)}: the state_dict (version {version}) comes "
+                f"from an ensemble with num_members={gamma.shape[0]}, this one has "
+                f"num_members={self.num_members}; convert with num_members={gamma.shape[0]} or "
+                "use snens.extract_member to get one member as a plain model"
+            )
 
     def _migrate_plain_state(self, state_dict, prefix, local_metadata) -> None:
         """Rewrite a plain norm's entries in place into this layer's member layout."""
@@ -429,7 +447,7 @@ class MemberNorm(nn.Module):
         generator: torch.Generator | None,
         kw: dict[str, Any],
     ) -> MemberNorm:
-        """``from_plain``'s steps after its type check (shared with ``adapters``' conversions
+        """``from_plain``'s steps after its type check (shared with ``from_plain_as``'s conversions
         of classes that compute what ``cls`` does): build from ``config`` on plain's device and
         dtype, draw gamma, fold plain's affine, copy its running statistics."""
         tensors = [*plain.parameters(recurse=False), *plain.buffers(recurse=False)]
@@ -443,7 +461,7 @@ class MemberNorm(nn.Module):
             if generator is not None:
                 noise = torch.randn(member.gamma.shape, generator=generator, dtype=torch.float32)
                 member.gamma.copy_(noise.mul_(member.gamma_std).add_(member.gamma_mean))
-            member.load_plain_affine(getattr(plain, "weight", None), getattr(plain, "bias", None))
+            member.load_plain_affine(_state(plain, "weight"), _state(plain, "bias"))
             member._copy_plain_stats(plain)
         return member.train(plain.training)
 

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from snens.nn import fused
 from snens.nn.norms import MemberNorm, path_override
+from snens.nn.plain_conversion import feature_shape, norm_eps
 
 __all__ = [
     "MemberGroupNorm",
@@ -159,10 +160,16 @@ class MemberLayerNorm(MemberNorm):
 
     @staticmethod
     def _plain_config(plain: nn.Module) -> dict[str, Any]:
+        # nn.LayerNorm's attributes, or what a module computing layer norm holds (a weight, a
+        # bias, an eps under another name)
+        shape = getattr(plain, "normalized_shape", None) or feature_shape(plain)
+        if shape is None:
+            raise TypeError("it records no size (normalized_shape, hidden_size, …)")
+        weight = plain._parameters.get("weight")
         return {
-            "normalized_shape": plain.normalized_shape,
-            "eps": plain.eps,
-            "bias": plain.bias is not None or plain.weight is None,
+            "normalized_shape": shape,
+            "eps": norm_eps(plain),
+            "bias": plain._parameters.get("bias") is not None or weight is None,
         }
 
     def to_plain(self, member: int) -> nn.Module:
@@ -264,7 +271,10 @@ class MemberRMSNorm(MemberNorm):
 
     @staticmethod
     def _plain_config(plain: nn.Module) -> dict[str, Any]:
-        return {"normalized_shape": plain.normalized_shape, "eps": plain.eps}
+        shape = getattr(plain, "normalized_shape", None) or feature_shape(plain)
+        if shape is None:
+            raise TypeError("it records no size (normalized_shape, hidden_size, …)")
+        return {"normalized_shape": shape, "eps": norm_eps(plain)}
 
     def to_plain(self, member: int) -> nn.Module:
         self._check_member(member)

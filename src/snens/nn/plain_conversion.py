@@ -1,11 +1,11 @@
 """Conversion to and from plain norm classes a member norm does not own.
 
 A torch member norm converts exactly its ``plain_type`` (``MemberNorm.from_plain``). The
-member versions of other libraries' norms (:mod:`snens.nn.hf_norms`,
-:mod:`snens.nn.channels_first`) and the norms users register (``snens.nn.register_norm``)
-convert modules of other classes: :func:`from_plain_as` runs ``from_plain``'s steps for them,
-:class:`RebuildsPlain` gives ``to_plain`` the class it rebuilds, and :func:`only_state` is the
-first check of recognition, what a module holds.
+member norms that replace modules of other classes (the norms :mod:`snens.nn.registry`
+recognizes by what they compute, and those users register with ``snens.nn.register_norm``)
+convert through :func:`from_plain_as`, reading the module's size and eps with
+:func:`feature_shape` and :func:`norm_eps`; :class:`RebuildsPlain` gives ``to_plain`` the class
+it rebuilds.
 """
 
 from __future__ import annotations
@@ -17,17 +17,46 @@ from torch import Tensor, nn
 
 from snens.nn.norms import MemberNorm
 
-__all__ = ["RebuildsPlain", "from_plain_as", "only_state"]
+__all__ = [
+    "EPS_ATTRIBUTES",
+    "SIZE_ATTRIBUTES",
+    "RebuildsPlain",
+    "feature_shape",
+    "from_plain_as",
+    "norm_eps",
+]
+
+#: Where norms keep eps: torch's, Hugging Face's (``variance_epsilon``) and other spellings.
+EPS_ATTRIBUTES = ("eps", "variance_epsilon", "epsilon", "layer_norm_eps", "norm_eps")
+#: Where a norm without a weight records its size.
+SIZE_ATTRIBUTES = ("normalized_shape", "hidden_size", "dim", "num_features", "num_channels")
 
 
-def only_state(module: nn.Module, names: set[str]) -> bool:
-    """A leaf holding no parameters beyond ``names`` and no buffers."""
-    params = {name for name, _ in module.named_parameters(recurse=False)}
-    return (
-        next(module.children(), None) is None
-        and params <= names
-        and next(module.buffers(recurse=False), None) is None
-    )
+def _is_real(value: object) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int | float)
+
+
+def norm_eps(module: nn.Module) -> float | None:
+    """The first real value among ``module``'s :data:`EPS_ATTRIBUTES`, or None."""
+    for name in EPS_ATTRIBUTES:
+        value = getattr(module, name, None)
+        if _is_real(value):
+            return float(value)
+    return None
+
+
+def feature_shape(module: nn.Module) -> tuple[int, ...] | None:
+    """The shape of one member's affine for ``module``: its own ``weight``'s, else the size it
+    records (:data:`SIZE_ATTRIBUTES`, an int or a tuple of ints >= 1), else None."""
+    weight = module._parameters.get("weight")
+    if weight is not None:
+        return tuple(weight.shape)
+    for name in SIZE_ATTRIBUTES:
+        value = getattr(module, name, None)
+        sizes = tuple(value) if isinstance(value, tuple | list | torch.Size) else (value,)
+        if sizes and all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in sizes):
+            return sizes
+    return None
 
 
 def from_plain_as(
@@ -35,6 +64,7 @@ def from_plain_as(
     plain: nn.Module,
     num_members: int,
     *,
+    eps: float | None = None,
     generator: torch.Generator | None = None,
     **kw: Any,
 ) -> MemberNorm:
@@ -42,28 +72,51 @@ def from_plain_as(
     computes what ``member_type`` does.
 
     ``MemberNorm.from_plain`` without its exact-type check: ``member_type`` is built
-    from ``member_type._plain_config(plain)`` on plain's device and dtype, gamma drawn from
-    N(gamma_mean, gamma_std²), each member's affine set to plain's ``weight`` and ``bias``
-    divided by sigmoid(gamma_m), running statistics copied.
+    from ``member_type._plain_config(plain)`` (``eps`` in place of the eps it reads, where
+    given) on plain's device and dtype, gamma drawn from N(gamma_mean, gamma_std²), each
+    member's affine set to plain's ``weight`` and ``bias`` divided by sigmoid(gamma_m), running
+    statistics copied.
 
     Args:
         member_type: a :class:`MemberNorm` subclass.
         plain: the module to replace.
         num_members: M.
+        eps: the eps ``plain`` computes with, where it keeps none of :data:`EPS_ATTRIBUTES`
+            (found by :mod:`snens.nn.probe`).
         generator: optional ``torch.Generator`` for gamma.
         **kw: ``gamma_mean``, ``gamma_std``.
 
     Raises:
-        TypeError: if ``plain`` lacks what ``member_type`` reads from it (named in the message).
+        TypeError: if ``plain`` lacks what ``member_type`` reads from it or holds a bias the
+            member norm has none for (named in the message).
     """
     try:
         config = member_type._plain_config(plain)
-    except AttributeError as err:
+    except (AttributeError, TypeError) as err:
         raise TypeError(
             f"{member_type.__name__} cannot be built from {type(plain).__name__}: {err}; "
             "register it with snens.nn.register_norm(..., from_plain=function) instead"
         ) from None
-    return member_type._from_plain_config(plain, config, num_members, generator, kw)
+    if eps is not None:
+        config["eps"] = eps
+    if (
+        "eps" in config
+        and config["eps"] is None
+        and getattr(member_type, "plain_type", None) is not nn.RMSNorm
+    ):
+        # None is nn.RMSNorm's "the input dtype's machine epsilon", which only its member has
+        raise TypeError(
+            f"{member_type.__name__} needs the eps of {type(plain).__name__}, which keeps it in "
+            f"none of {', '.join(EPS_ATTRIBUTES)}; register it with "
+            "snens.nn.register_norm(..., from_plain=function) instead"
+        )
+    member = member_type._from_plain_config(plain, config, num_members, generator, kw)
+    if plain._parameters.get("bias") is not None and member.bias is None:
+        raise TypeError(
+            f"{type(plain).__name__} has a bias, which {member_type.__name__} has none for; "
+            "register it with snens.nn.register_norm and a member class with a bias"
+        )
+    return member
 
 
 class RebuildsPlain:

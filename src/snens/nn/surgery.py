@@ -9,7 +9,6 @@ splits state that was.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -17,43 +16,23 @@ from typing import Literal
 import torch
 from torch import nn
 
-from snens.nn.adapters import REGISTERED_NORMS, Converter, member_converter
-from snens.nn.factory import MEMBER_NORMS, refusal
 from snens.nn.linear import MemberLinear
 from snens.nn.norms import MemberNorm, check_num_members
+from snens.nn.registry import (
+    MEMBER_NORMS,
+    SUPPORTED,
+    Converter,
+    lookup,
+)
 
 __all__ = [
     "ConversionReport",
     "convert_modules",
-    "is_norm",
-    "is_unsupported_norm",
     "member_modules",
     "replace_modules",
 ]
 
 HeadInit = Literal["copy", "reset"]
-
-# Norm families torch ships; beyond MEMBER_NORMS' exact types (subclasses, LocalResponseNorm, …)
-# they have no member version.
-_NORM_BASES: tuple[type[nn.Module], ...] = (
-    nn.modules.batchnorm._NormBase,
-    nn.LayerNorm,
-    nn.GroupNorm,
-    nn.RMSNorm,
-    nn.LocalResponseNorm,
-    nn.CrossMapLRN2d,
-)
-
-# "LayerNorm", "T5LayerNorm", "FrozenBatchNorm2d", "RMSNormGated" — but not "Normalize".
-_NORM_NAME = re.compile(r"Norm(?:$|[A-Z0-9])")
-
-_SUPPORTED = (
-    f"{', '.join(t.__name__ for t in MEMBER_NORMS)} (instance norms without running "
-    "statistics); Hugging Face RMS norms whose forward is "
-    "the Llama, Gemma, Gemma 3n, T5 or OLMo-2 formula, Cohere and OLMo-1 layer norms; "
-    "LayerNorm subclasses normalizing over channels first "
-    "(LayerNorm2d, ConvNextLayerNorm) or last; types registered with snens.nn.register_norm"
-)
 
 
 @dataclass(frozen=True)
@@ -109,41 +88,6 @@ def member_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return [
         (name, m) for name, m in model.named_modules() if isinstance(m, (MemberNorm, MemberLinear))
     ]
-
-
-def is_norm(module: nn.Module) -> bool:
-    """Whether ``module`` is a normalization layer — the one definition that conversion,
-    parameter groups (no weight decay) and fine-tuning (``norms_and_heads``) share.
-
-    A member norm, a torch norm family (batch, layer, group, RMS, instance, local response
-    norms), a type registered with ``snens.nn.register_norm``, or a leaf module whose class
-    name says "…Norm" (a Hugging Face ``T5LayerNorm``, ``LlamaRMSNorm``, ``FrozenBatchNorm2d``).
-    """
-    return (
-        isinstance(module, MemberNorm)
-        or type(module) in MEMBER_NORMS
-        or is_unsupported_norm(module)
-    )
-
-
-def is_unsupported_norm(module: nn.Module) -> bool:
-    """True for a normalization layer that is not one of the exact torch types of
-    ``MEMBER_NORMS``.
-
-    Torch norm families other than those exact types (subclasses may change forward), types
-    registered with ``snens.nn.register_norm``, and leaf modules whose class name says "…Norm"
-    (e.g. a Hugging Face ``T5LayerNorm``). :func:`convert_modules` converts what
-    ``snens.nn.adapters.member_converter`` finds first and refuses the rest of these; a
-    conversion with a table of exact types of its own (FiLM) refuses all of them.
-    """
-    if isinstance(module, (MemberNorm, MemberLinear)):
-        return False
-    if type(module) in MEMBER_NORMS:  # a setting its member version does not compute
-        return refusal(module) is not None
-    if isinstance(module, _NORM_BASES) or type(module) in REGISTERED_NORMS:
-        return True
-    has_children = next(module.children(), None) is not None
-    return not has_children and _NORM_NAME.search(type(module).__name__) is not None
 
 
 def _count_params(model: nn.Module) -> int:
@@ -215,11 +159,12 @@ def convert_modules(
     """Replace, in place, every supported norm by its member norm and the head by a member head.
 
     Which norms are supported, and by which member norm, is decided by
-    ``snens.nn.adapters.member_converter``: torch's norms, Hugging Face RMS norms and
-    channels-first LayerNorms it recognises, and types registered with
-    ``snens.nn.register_norm``. Every member is set to reproduce the plain layer it replaces (see
-    ``MemberNorm.from_plain``); with ``head_init="copy"`` each member head is a copy of the
-    plain head, so right after conversion every member computes the original function.
+    :func:`snens.nn.registry.lookup`: torch's norms, types registered with
+    ``snens.nn.register_norm``, and other modules that look like norms, by what they compute on
+    probe inputs; every other module that looks like a norm is refused with the reason. Every
+    member is set to reproduce the plain layer it replaces (see ``MemberNorm.from_plain``);
+    with ``head_init="copy"`` each member head is a copy of the plain head, so right after
+    conversion every member computes the original function.
 
     Args:
         model: any ``nn.Module``; modified in place.
@@ -247,8 +192,8 @@ def convert_modules(
     params_before = _count_params(model)
     existing = _existing_members(model, num_members)
 
-    targets, unsupported = _collect_norms(model)
-    _refuse_unsupported(model, unsupported, skip_unsupported)
+    targets, refused = _collect_norms(model)
+    _refuse_unsupported(model, refused, skip_unsupported)
     _require_a_norm(model, targets, existing)
     if head not in ("auto", None):  # a bad head name fails before anything is replaced
         _head_to_replace(model, head, existing)
@@ -263,7 +208,7 @@ def convert_modules(
         num_members=num_members,
         converted=tuple(converted),
         head=head_name,
-        skipped=tuple(unsupported),
+        skipped=tuple((name, type(m).__name__) for name, m, _ in refused),
         params_before=params_before,
         params_after=_count_params(model),
         notes=_notes(found, head, existing),
@@ -300,40 +245,45 @@ def _existing_members(model: nn.Module, num_members: int) -> list[tuple[str, nn.
     return existing
 
 
-def _collect_norms(model: nn.Module) -> tuple[dict[int, Converter], list[tuple[str, str]]]:
-    """(id -> conversion) of every supported norm, and (name, type) of every unsupported one."""
+def _collect_norms(
+    model: nn.Module,
+) -> tuple[dict[int, Converter], list[tuple[str, nn.Module, str]]]:
+    """(id -> conversion) of every supported norm, and (name, module, reason) of every refused
+    one, as :func:`snens.nn.registry.lookup` answers (one probe per class and settings)."""
     targets: dict[int, Converter] = {}
     inside_targets: set[int] = set()  # modules of a registered norm that is replaced whole
-    unsupported: list[tuple[str, str]] = []
+    refused: list[tuple[str, nn.Module, str]] = []
+    memo: dict = {}
     for name, m in model.named_modules():
         if id(m) in inside_targets:
             continue
-        convert = member_converter(m)
-        if convert is not None:
-            targets[id(m)] = convert
+        found = lookup(m, memo)
+        if isinstance(found, str):
+            refused.append((name, m, found))
+        elif found is not None:
+            targets[id(m)] = found
             inside_targets.update(id(child) for child in m.modules())
-        elif is_unsupported_norm(m):
-            unsupported.append((name, type(m).__name__))
-    return targets, unsupported
+    return targets, refused
+
+
+#: The most distinct reasons a refusal spells out.
+_REASONS = 4
 
 
 def _refuse_unsupported(
-    model: nn.Module, unsupported: list[tuple[str, str]], skip_unsupported: bool
+    model: nn.Module, refused: list[tuple[str, nn.Module, str]], skip_unsupported: bool
 ) -> None:
-    """Raise naming the unsupported norms (the first 8) unless they are to be skipped."""
-    if not unsupported or skip_unsupported:
+    """Raise naming the refused norms (the first 8) and why, unless they are to be skipped."""
+    if not refused or skip_unsupported:
         return
-    listed = ", ".join(f"{n} ({t})" for n, t in unsupported[:8])
-    more = f" and {len(unsupported) - 8} more" if len(unsupported) > 8 else ""
-    # a supported type in a setting its member version does not compute: the reason, not
-    # registration (torch's own types cannot be registered)
-    reasons = {
-        name: reason
-        for name, _ in unsupported
-        if (reason := refusal(model.get_submodule(name))) is not None
-    }
-    why = "".join(f" {reason}." for reason in sorted(set(reasons.values())))
-    others = [kind for name, kind in unsupported if name not in reasons]
+    listed = ", ".join(f"{n} ({type(m).__name__})" for n, m, _ in refused[:8])
+    more = f" and {len(refused) - 8} more" if len(refused) > 8 else ""
+    reasons = list(dict.fromkeys(reason for _, _, reason in refused))
+    why = "".join(f" {reason}." for reason in reasons[:_REASONS])
+    if len(reasons) > _REASONS:
+        why += f" ({len(reasons) - _REASONS} more reasons.)"
+    # torch's own types cannot be registered: for them the reason is the answer
+    others = [type(m).__name__ for _, m, _ in refused if type(m) not in MEMBER_NORMS]
     register = (
         f" Register yours with snens.nn.register_norm({others[0]}, <MemberNorm class computing "
         f"it>) or register_norm({others[0]}, from_plain=<function>),"
@@ -342,7 +292,7 @@ def _refuse_unsupported(
     )
     raise TypeError(
         f"{type(model).__name__} has norms with no member version: {listed}{more}.{why} "
-        f"Supported: {_SUPPORTED}.{register} Pass skip_unsupported=True to leave them shared, "
+        f"Supported: {SUPPORTED}.{register} Pass skip_unsupported=True to leave them shared, "
         "or replace them with a supported norm first"
     )
 
@@ -355,7 +305,7 @@ def _require_a_norm(
     if not targets and not has_member_norms:
         raise ValueError(
             f"{type(model).__name__} has no supported norm layer to convert (looked for "
-            f"{_SUPPORTED}); σN-Ens members live in the norms, so the model needs at least one"
+            f"{SUPPORTED}); σN-Ens members live in the norms, so the model needs at least one"
         )
 
 

@@ -1,0 +1,396 @@
+"""What a norm computes, found by running it: whether a member class reproduces a module.
+
+:mod:`snens.nn.registry` recognizes norms from outside torch by what they compute, not by their
+source: :func:`match` runs the module and a member norm built from it side by side and says
+whether, and how closely, the member computes what the module does.
+
+The module is never run itself: a shallow copy of it holding random tensors in place of its
+parameters and buffers runs, hooks aside (weights 1 + 0.5·N(0, 1), biases and running means
+0.5·N(0, 1), running variances 0.5 + U(0, 1), so that neither an identity affine nor a unit
+variance hides a formula), and the module's own tensors stay the same objects, bit for bit. The
+member norm is built from that copy with one member and σ(γ) = 1 exactly (γ = 100), so it holds
+the copy's weight as it is. The random draws have their own generator, seeded, and the global
+random state is restored: probing changes nothing a user can see.
+
+Inputs, for a feature shape S (C for one dimension), with sizes a, b, c from 2, 3, 5, 7, 11,
+13 that are not in S:
+
+* normalized over the trailing S: (a, b, *S), (a, a, b, *S), and (c, *S) for S of two or more
+  dimensions;
+* channels first (S = (C,)): (a, C, b), (a, C, b, c), (a, C, a, b, a);
+* the first of each again at 1e-3 scale (variance ~1e-6, where eps = 1e-5, 1e-6, 1e-8 give
+  outputs apart by more than 0.5 %, so the eps is pinned too).
+
+No input is 2-D: (N, C) is both channels first and channels last, and the sizes a, b, c keep
+the two layouts apart on every other rank.
+
+A member class rejects the inputs it is not defined on (its ``_check_input``), a module may
+raise on some; the rest must agree:
+
+1. **float32**, eval and train mode, every input both take (at least one): within
+   rtol = atol = 1e-5, and batch norms' running statistics after each training step too. This
+   decides what the module computes.
+2. **half precision** (parameters / input: bfloat16 / bfloat16, float32 / bfloat16, float16 /
+   float16; and float64 / float32, where an OLMo-2 norm multiplies in float64 and a Gemma 3n
+   norm in float32), eval and train mode, the first two inputs of the first step: the same
+   output dtype, within 2 units of the input dtype's epsilon relative to 1 + |output|
+   (float32: 1e-5). The error of each setting is its largest difference over that tolerance
+   (0 when the two are equal bit for bit); a setting where the module raises is skipped. This
+   decides which member version: the formulas of one kind differ by where they round.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import inspect
+import math
+import warnings
+from collections.abc import Iterable, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from snens.nn.norms import MemberNorm
+from snens.nn.plain_conversion import feature_shape, from_plain_as, norm_eps
+
+__all__ = ["Comparison", "compare", "match", "unprobeable"]
+
+#: Eps values tried, after the module's own, for modules that keep none (OLMo-1's layer norm
+#: writes its 1e-5 into its forward).
+COMMON_EPS = (1e-5, 1e-6, 1e-12, 1e-8)
+#: Buffers a probed module may hold: torch's batch and instance norms' running statistics.
+STATISTICS = frozenset({"running_mean", "running_var", "num_batches_tracked"})
+FLOAT32_TOLERANCE = 1e-5
+#: Units of the input dtype's epsilon a member may differ by in half precision.
+HALF_ULPS = 2
+#: (parameter dtype, input dtype) of step 2.
+PRECISIONS = (
+    (torch.bfloat16, torch.bfloat16),
+    (torch.float32, torch.bfloat16),
+    (torch.float16, torch.float16),
+    (torch.float64, torch.float32),
+)
+_GAMMA_FOR_SIGMA_ONE = 100.0  # sigmoid(100) is 1.0 in float16, float32 and float64
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+    """How ``member_type`` (built with ``eps``) compares with a module.
+
+    Attributes:
+        computes: it computes what the module does in float32 (step 1).
+        error: the sum over the half-precision settings of each one's largest difference over
+            its tolerance (0: equal bit for bit everywhere); inf where it does not compute it.
+        worst: the largest of those, and the setting it was in ("bfloat16 / bfloat16", …).
+        reason: why it does not compute it, or ``""``.
+    """
+
+    member_type: type[MemberNorm]
+    eps: float | None
+    computes: bool
+    error: float = math.inf
+    worst: float = math.inf
+    worst_setting: str = ""
+    reason: str = ""
+
+    @property
+    def reproduces(self) -> bool:
+        """It computes what the module does, within tolerance in every setting."""
+        return self.computes and self.worst <= 1.0
+
+
+def unprobeable(module: nn.Module) -> str | None:
+    """Why the probe cannot run ``module`` as a norm, or None: a norm holds a weight (and a
+    bias) of its feature size, or none and records that size, batch and instance norms their
+    running statistics, nothing else, and its forward takes one input."""
+    children = [name for name, _ in module.named_children()]
+    if children:
+        return f"holds submodules ({', '.join(children)}), more than a norm"
+    extra = sorted(n for n, p in module._parameters.items() if p is not None)
+    extra = [name for name in extra if name not in ("weight", "bias")]
+    if extra:
+        return f"holds parameters beyond a weight and a bias ({', '.join(extra)})"
+    weight, bias = module._parameters.get("weight"), module._parameters.get("bias")
+    if weight is not None and (
+        weight.dim() == 0 or (bias is not None and bias.shape != weight.shape)
+    ):
+        return f"holds a weight of shape {tuple(weight.shape)} and a bias that do not match"
+    buffers = {name for name, b in module._buffers.items() if b is not None}
+    allowed = STATISTICS if isinstance(module, nn.modules.batchnorm._NormBase) else set()
+    if not buffers <= allowed:
+        return f"holds buffers ({', '.join(sorted(buffers - allowed))}), more than a norm"
+    if feature_shape(module) is None:
+        return "holds no weight and records no size (normalized_shape, hidden_size, dim, …)"
+    inputs = _extra_inputs(type(module))
+    if inputs:
+        return f"takes more than one input ({', '.join(inputs)}); a member norm takes one tensor"
+    return None
+
+
+def _extra_inputs(cls: type) -> list[str]:
+    try:
+        signature = inspect.signature(cls.forward)
+    except (TypeError, ValueError):
+        return []
+    named = [
+        p
+        for p in list(signature.parameters.values())[1:]  # without self
+        if p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    ]
+    if named and named[0].kind is inspect.Parameter.KEYWORD_ONLY:
+        return [p.name for p in named]
+    return [p.name for p in named[1:]]
+
+
+def eps_candidates(module: nn.Module) -> list[float | None]:
+    """The module's own eps (:func:`~snens.nn.plain_conversion.norm_eps`), then
+    :data:`COMMON_EPS`; None first for nn.RMSNorm's default (the dtype's epsilon)."""
+    own = norm_eps(module)
+    if own is None and isinstance(module, nn.RMSNorm):
+        return [None]
+    return list(dict.fromkeys([own, *COMMON_EPS] if own is not None else COMMON_EPS))
+
+
+def match(module: nn.Module, member_types: Sequence[type[MemberNorm]]) -> Comparison | None:
+    """The member type (with its eps) that comes closest to ``module`` among those that compute
+    what it does in float32, the first in ``member_types`` among equally close ones; None where
+    none computes it, or :func:`unprobeable` has a reason. For each type the eps values of
+    :func:`eps_candidates` are tried in turn until one computes it."""
+    if unprobeable(module) is not None:
+        return None
+    best = None
+    for member_type in member_types:
+        for eps in eps_candidates(module):
+            comparison = compare(module, member_type, eps=eps)
+            if comparison.computes:
+                if best is None or comparison.error < best.error:
+                    best = comparison
+                break
+    return best
+
+
+def compare(module: nn.Module, member_type: type[MemberNorm], *, eps: float | None) -> Comparison:
+    """Run ``module`` and a one-member ``member_type`` built from it side by side (steps 1 and
+    2 of the module docstring)."""
+    device = _probe_device(module)
+    forks = [] if device.type != "cuda" else [device.index or 0]
+    with (
+        torch.random.fork_rng(devices=forks),
+        torch.no_grad(),
+        torch.autocast(device.type, enabled=False),
+        warnings.catch_warnings(),
+    ):
+        # the probe's own mixed dtypes make torch warn ("Mismatch dtype between input and
+        # weight"); nothing a user did
+        warnings.simplefilter("ignore")
+        generator = torch.Generator().manual_seed(0)
+        values = _random_state(module, generator)
+        inputs, unit = [], []
+        for shape, scale in _input_shapes(feature_shape(module)):
+            x = torch.randn(shape, generator=generator, dtype=torch.float64)
+            inputs.append(scale * (x + 0.5))  # a mean ≠ 0 sets layer norms apart from RMS norms
+            if scale == 1.0:
+                unit.append(inputs[-1])
+        reason = _float32(module, member_type, eps, values, inputs, device)
+        if reason:
+            return Comparison(member_type, eps, computes=False, reason=reason)
+        errors = {}
+        for param_dtype, input_dtype in PRECISIONS:
+            setting = f"{_name(param_dtype)} / {_name(input_dtype)}"
+            errors[setting] = _precision(
+                module, member_type, eps, values, unit, param_dtype, input_dtype, device
+            )
+    worst_setting = max(errors, key=errors.get)
+    return Comparison(
+        member_type,
+        eps,
+        computes=True,
+        error=sum(errors.values()),
+        worst=errors[worst_setting],
+        worst_setting=worst_setting,
+    )
+
+
+# -- the steps ----------------------------------------------------------------------------------
+def _float32(module, member_type, eps, values, inputs, device) -> str:
+    """Step 1: "" where the member computes what the module does in float32, else why not."""
+    try:
+        plain = _copy_holding(module, values, torch.float32, device)
+        member = _member(member_type, plain, eps)
+    except (TypeError, ValueError) as err:
+        return str(err)
+    compared = 0
+    for training in (False, True):
+        plain.train(training)
+        member.train(training)
+        for x in inputs:
+            x = x.to(device, torch.float32)
+            expected, got = _both(plain, member, x)
+            if expected is None:
+                continue
+            if isinstance(got, str):
+                return got
+            if not _close(got, expected, FLOAT32_TOLERANCE):
+                return f"differs on an input of shape {tuple(x.shape)} ({_mode(training)})"
+            if training and not _same_statistics(plain, member):
+                return "updates its running statistics otherwise"
+            compared += 1
+    return "" if compared else "runs on none of the inputs its member version takes"
+
+
+def _precision(module, member_type, eps, values, inputs, param_dtype, input_dtype, device):
+    """Step 2 in one setting: the largest difference over the tolerance (0: bit for bit)."""
+    tolerance = FLOAT32_TOLERANCE if input_dtype == torch.float32 else _ulps(input_dtype)
+    try:
+        plain = _copy_holding(module, values, param_dtype, device)
+        member = _member(member_type, plain, eps)
+    except (TypeError, ValueError):
+        return math.inf
+    error = 0.0
+    for training in (False, True):
+        plain.train(training)
+        member.train(training)
+        taken = [x for x in inputs if _takes(member, x)][:2]
+        for x in taken:
+            expected, got = _both(plain, member, x.to(device, input_dtype))
+            if expected is None:
+                continue
+            if isinstance(got, str) or got.dtype != expected.dtype:
+                return math.inf
+            error = max(error, _relative_error(got, expected, tolerance))
+    return error
+
+
+def _both(plain: nn.Module, member: MemberNorm, x: Tensor) -> tuple[Tensor | None, Tensor | str]:
+    """(the module's output or None where it raises, the member's output or why not)."""
+    if not _takes(member, x):
+        return None, ""
+    try:
+        expected = type(plain).forward(plain, x)  # hooks aside
+    except Exception:  # noqa: BLE001 - any failure means it does not take this input
+        return None, ""
+    if not isinstance(expected, Tensor):
+        return expected, f"returns a {type(expected).__name__}, not a tensor"
+    try:
+        got = member(x)
+    except (RuntimeError, ValueError, TypeError) as err:
+        return expected, f"its member version fails where it runs ({err})"
+    if got.shape != expected.shape:
+        return (
+            expected,
+            f"gives shape {tuple(expected.shape)} where its member gives {tuple(got.shape)}",
+        )
+    return expected, got
+
+
+def _takes(member: MemberNorm, x: Tensor) -> bool:
+    try:
+        member._check_input(x)
+    except ValueError:
+        return False
+    return True
+
+
+# -- what runs ----------------------------------------------------------------------------------
+def _probe_device(module: nn.Module) -> torch.device:
+    tensors = [*module._parameters.values(), *module._buffers.values()]
+    devices = [t.device for t in tensors if t is not None and t.device.type != "meta"]
+    return devices[0] if devices else torch.device("cpu")
+
+
+def _random_state(module: nn.Module, generator: torch.Generator) -> dict[str, Tensor]:
+    """float64 values for the module's parameters and buffers (see the module docstring)."""
+    values = {}
+    named = [*module._parameters.items(), *module._buffers.items()]
+    for name, tensor in named:
+        if tensor is None:
+            continue
+        noise = torch.randn(tensor.shape, generator=generator, dtype=torch.float64)
+        if name == "weight":
+            values[name] = 1 + 0.5 * noise
+        elif name == "running_var":
+            values[name] = 0.5 + torch.rand(tensor.shape, generator=generator, dtype=torch.float64)
+        elif name == "num_batches_tracked":
+            values[name] = torch.tensor(3)
+        else:
+            values[name] = 0.5 * noise
+    return values
+
+
+def _copy_holding(
+    module: nn.Module, values: dict[str, Tensor], dtype: torch.dtype, device: torch.device
+) -> nn.Module:
+    """A shallow copy of ``module`` whose parameters and buffers are ``values`` in ``dtype``
+    (integer buffers as they are): its own dictionaries, so the module is never touched."""
+    probe = copy.copy(module)
+
+    def cast(value: Tensor) -> Tensor:
+        return value.to(device, dtype if value.is_floating_point() else value.dtype)
+
+    probe.__dict__["_parameters"] = {
+        name: None if p is None else nn.Parameter(cast(values[name]), requires_grad=False)
+        for name, p in module._parameters.items()
+    }
+    probe.__dict__["_buffers"] = {
+        name: None if b is None else cast(values[name]) for name, b in module._buffers.items()
+    }
+    return probe
+
+
+def _member(member_type: type[MemberNorm], plain: nn.Module, eps: float | None) -> MemberNorm:
+    reason = member_type.refusal(plain) if isinstance(plain, member_type.plain_type or ()) else None
+    if reason:
+        raise ValueError(reason)
+    return from_plain_as(
+        member_type, plain, 1, eps=eps, gamma_mean=_GAMMA_FOR_SIGMA_ONE, gamma_std=0.0
+    )
+
+
+def _same_statistics(plain: nn.Module, member: MemberNorm) -> bool:
+    for name in ("running_mean", "running_var"):
+        ours = plain._buffers.get(name)
+        if ours is not None and not _close(member._buffers[name][0], ours, FLOAT32_TOLERANCE):
+            return False
+    return True
+
+
+def _input_shapes(shape: tuple[int, ...]) -> Iterable[tuple[tuple[int, ...], float]]:
+    """(shape, scale) of every probe input, the small-scale ones first (they reject a wrong
+    eps at once). None is 2-D: (N, C) is both channels first and channels last."""
+    a, b, c = [n for n in (2, 3, 5, 7, 11, 13) if n not in shape][:3]
+    trailing = [(a, b, *shape), (a, a, b, *shape)] + ([(c, *shape)] if len(shape) > 1 else [])
+    channels = []
+    if len(shape) == 1:
+        (C,) = shape
+        channels = [(a, C, b), (a, C, b, c), (a, C, a, b, a)]
+    small = [(s, 1e-3) for s in trailing[:1] + channels[:1]]
+    return small + [(s, 1.0) for s in trailing + channels]
+
+
+# -- comparisons --------------------------------------------------------------------------------
+def _close(got: Tensor, expected: Tensor, tolerance: float) -> bool:
+    return _relative_error(got, expected, tolerance) <= 1.0
+
+
+def _relative_error(got: Tensor, expected: Tensor, tolerance: float) -> float:
+    """max |got − expected| / (tolerance · (1 + |expected|)); 0 where equal (NaN included)."""
+    got, expected = got.double(), expected.double()
+    same = (got == expected) | (got.isnan() & expected.isnan())
+    if bool(same.all()):
+        return 0.0
+    ratio = (got - expected).abs() / (tolerance * (1 + expected.abs()))
+    ratio = torch.where(same, 0.0, ratio.nan_to_num(nan=math.inf))
+    return float(ratio.max())
+
+
+def _ulps(dtype: torch.dtype) -> float:
+    return HALF_ULPS * torch.finfo(dtype).eps
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _mode(training: bool) -> str:
+    return "train mode" if training else "eval mode"
