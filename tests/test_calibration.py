@@ -164,3 +164,22 @@ def test_bad_inputs_to_fit():
         fit_temperature(torch.full((8, K), math.nan), y)
     with pytest.raises(ValueError, match="mode"):
         fit_temperature(z, y, mode="vector")
+
+
+def test_fit_temperature_takes_the_model_and_its_validation_loader():
+    """What a user has, an ensemble and a loader: the same T as from the collected logits."""
+    import snens
+    from snens.evaluation.protocol import collect
+
+    torch.manual_seed(0)
+    ens = snens.convert(
+        torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.LayerNorm(8), torch.nn.Linear(8, 3)),
+        num_members=2,
+    )
+    x = torch.randn(60, 4)
+    with torch.no_grad():  # labels the ensemble gets right two times in three: a finite T
+        y = snens.predictive_probs(ens.eval()(x)).argmax(-1)
+    y[::3] = torch.randint(0, 3, (20,))
+    loader = [(x[i : i + 20], y[i : i + 20]) for i in range(0, 60, 20)]
+    logits, labels = collect(ens, loader, logits=True)
+    assert snens.fit_temperature(ens, loader) == snens.fit_temperature(logits, labels)

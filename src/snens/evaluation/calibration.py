@@ -159,8 +159,8 @@ def _nll(z: Tensor, y: Tensor, log_t: float, mode: str) -> float:
 
 
 def fit_temperature(
-    logits: Tensor,
-    labels: Tensor,
+    logits: Tensor | nn.Module,
+    labels: Tensor | Any,
     *,
     mode: Mode = "mean_of_softmax",
 ) -> float:
@@ -172,16 +172,17 @@ def fit_temperature(
 
     Deterministic and derivative-free: the NLL is evaluated on a grid of log T with step 0.2,
     then a golden-section search refines the best grid point's bracket to 1e-6 in log T.
-    Get the validation logits with ``collect(model, val_loader, logits=True)``
-    (``from snens.evaluation.protocol import collect``).
+    Takes what a user has: ``fit_temperature(ens, val_loader)`` runs the model over the loader
+    (:func:`snens.evaluation.protocol.collect`), or give the validation logits and labels.
     Log-probabilities work as well (softmax ignores a per-row shift; −inf entries of
     underflowed probabilities are allowed).
 
     Fit on a validation split, never on the test set you report.
 
     Args:
-        logits: validation logits of the members, or of one model.
-        labels: validation class indices.
+        logits: validation logits of the members, or of one model; or the model itself
+            (returning (M, B, K)), with its validation loader as ``labels``.
+        labels: validation class indices; or the loader of ``(x, y)`` batches.
         mode: ``"mean_of_softmax"`` (the snens ensemble prediction) or ``"logits"``.
 
     Returns:
@@ -197,6 +198,10 @@ def fit_temperature(
         ValueError: bad shapes, labels out of range, NaN or +inf logits, unknown ``mode``.
     """
     mode = _check_mode(mode)
+    if isinstance(logits, nn.Module):  # (model, loader): one pass over the validation split
+        from snens.evaluation.protocol import collect
+
+        logits, labels = collect(logits, labels, logits=True)
     z, y = _check_inputs(logits, labels)  # detached: no graph is built
     low, high = _LOG_T_BOUNDS
     steps = round((high - low) / _GRID_STEP)
