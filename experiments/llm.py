@@ -144,8 +144,7 @@ def zeroshot() -> Path:
     from snens.engine.datasets import build_data
     from snens.engine.reload import validation_metrics
     from snens.engine.runs import Run
-    from snens.engine.train import temperature_scaled_metrics
-    from snens.evaluation.protocol import evaluate
+    from snens.evaluation.protocol import evaluate, temperature_scaled_metrics
     from snens.models import create
 
     config = runs_of("final")[0][1].config  # the study's data; the model is never trained

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from snens.engine.build import build_model, reproducible, resolve_device, text_encoder
 from snens.engine.checkpoint import (
@@ -29,7 +29,7 @@ from snens.engine.checkpoint import (
 from snens.engine.config import RunConfig, from_dict, load_config, to_dict
 from snens.engine.datasets import build_data
 from snens.engine.runs import CONFIG, RunDirError, config_differences
-from snens.evaluation.protocol import evaluate, posthoc_metrics
+from snens.evaluation.protocol import evaluate, posthoc_metrics, temperature_scaled_metrics
 
 __all__ = [
     "check_progress",
@@ -76,6 +76,32 @@ def check_progress(state: Mapping[str, Any], checkpoint: Path, epochs: int) -> N
             "prev.pt (copy it over last.pt) or start the run again"
         )
     check_training_state(state, checkpoint)
+
+
+def final_metrics(
+    model: nn.Module, loaded: Any, config: RunConfig, ood_score: str | Sequence[str] = "msp"
+) -> tuple[dict[str, float], dict[str, Tensor]]:
+    """What ``final.json`` holds of a model on a run's data (:class:`~snens.engine.datasets.
+    Data`), and the member logits it kept (``outputs.npz``): :func:`snens.evaluate`'s metrics,
+    the validation split's, and, from the kept logits with no second pass, the OOD scores of
+    ``data.ood_scores`` and, with a validation split, temperature scaling and conformal sets
+    at ``data.conformal_alpha`` fitted on it. The engine and :func:`evaluate_run` both call it.
+    """
+    outputs: dict[str, Tensor] = {}
+    metrics = evaluate(
+        model,
+        loaded.test,
+        ood=loaded.ood,
+        corruptions=loaded.corruptions,
+        ood_score=ood_score,
+        keep_logits=outputs,
+    )
+    if loaded.validation is not None:
+        metrics.update(validation_metrics(model, loaded.validation, keep_logits=outputs))
+        metrics.update(temperature_scaled_metrics(outputs))
+    ood_scores, alpha = config.data.ood_scores, config.data.conformal_alpha
+    metrics.update(posthoc_metrics(outputs, ood_scores=ood_scores, conformal_alpha=alpha))
+    return metrics, outputs
 
 
 def validation_metrics(
@@ -177,37 +203,16 @@ def evaluate_run(
     Raises:
         RunDirError, FileNotFoundError, CheckpointError: see :func:`load_run_model`.
     """
-    # train imports this module: its post-hoc temperature scaling is imported when called
-    from snens.engine.train import temperature_scaled_metrics
-
     model, config, state = load_run_model(run_dir)
     data_config = dataclasses.replace(
         config.data,
         corruptions=config.data.corruptions and corruptions,
         validation_examples=config.data.validation_examples if validation else 0,
     )
-    outputs: dict[str, Any] = {}
     with reproducible(config):
         device = resolve_device(config.device)
         loaded = build_data(
             data_config, seed=config.seed, device=device, encoder=text_encoder(config)
         )
-        metrics = evaluate(
-            model,
-            loaded.test,
-            ood=loaded.ood,
-            corruptions=loaded.corruptions,
-            ood_score=ood_score,
-            keep_logits=outputs,
-        )
-    if loaded.validation is not None:
-        metrics.update(validation_metrics(model, loaded.validation, keep_logits=outputs))
-        metrics.update(temperature_scaled_metrics(outputs))
-    metrics.update(
-        posthoc_metrics(
-            outputs,
-            ood_scores=config.data.ood_scores,
-            conformal_alpha=config.data.conformal_alpha,
-        )
-    )
+        metrics, _ = final_metrics(model, loaded, config, ood_score=ood_score)
     return metrics, state

@@ -76,13 +76,13 @@ from snens.engine.fit import TrainResult, fit, predict
 from snens.engine.reload import (
     check_progress,
     evaluate_run,
+    final_metrics,
     load_run_model,
     saved_config,
     validation_metrics,
 )
 from snens.engine.runs import Run, create_run, hold_run, open_run, refuse_existing_run
-from snens.evaluation.calibration import fit_temperature
-from snens.evaluation.protocol import _test_metrics, evaluate, posthoc_metrics
+from snens.evaluation.protocol import evaluate
 from snens.method.allocation import allocation, mean_effective_members
 from snens.method.optim import param_groups
 from snens.method.regularizer import diversity_gain, optimal_k
@@ -577,26 +577,10 @@ def _final_results(
     seconds: float,
     skipped_steps: int,
 ) -> dict[str, Any]:
-    """final.json: the full evaluation, the model's size and the training counters.
-
-    From the kept logits, with no second pass: the OOD scores of ``data.ood_scores``
-    (``ood/<name>/<score>/…``) and, with a validation split, temperature scaling
-    (``test_ts/…``) and conformal sets at α = ``data.conformal_alpha``
-    (``test/conformal_…``), both fitted on the validation split."""
-    outputs: dict[str, Tensor] = {}
-    results = evaluate(
-        model, loaded.test, ood=loaded.ood, corruptions=loaded.corruptions, keep_logits=outputs
-    )
-    if loaded.validation is not None:
-        results.update(validation_metrics(model, loaded.validation, keep_logits=outputs))
-        results.update(temperature_scaled_metrics(outputs))
-    results.update(
-        posthoc_metrics(
-            outputs,
-            ood_scores=config.data.ood_scores,
-            conformal_alpha=config.data.conformal_alpha,
-        )
-    )
+    """final.json: the evaluation (:func:`~snens.engine.reload.final_metrics`, which
+    ``snens eval`` repeats), the model's size and the training counters; the kept member
+    logits under ``"outputs"``, for ``outputs.npz``."""
+    results, outputs = final_metrics(model, loaded, config)
     final: dict[str, Any] = {
         "metrics": results,
         "model": _model_summary(model, config),
@@ -612,19 +596,6 @@ def _final_results(
     if bad is not None:  # in this process's life: a resumed run counts from its restart
         final["data"] = {"bad_images": bad}
     return final
-
-
-def temperature_scaled_metrics(outputs: Mapping[str, Tensor]) -> dict[str, float]:
-    """``test_ts/<metric>``: the test metrics after temperature scaling fitted on the
-    validation logits (one T for every member, the ensemble's mean of softmaxes), and
-    ``test_ts/temperature``; the baseline a user would try first."""
-    with warnings.catch_warnings():  # a T at the search's bound is reported, not warned
-        warnings.simplefilter("ignore")
-        T = fit_temperature(outputs["val"], outputs["val_labels"])
-    probs = (outputs["test"] / T).softmax(dim=-1)  # (M, N, K)
-    values = _test_metrics(probs, outputs["test_labels"], 15)
-    keep = ("accuracy", "nll", "brier", "ece", "adaptive_ece")
-    return {"test_ts/temperature": T, **{f"test_ts/{k}": values[k] for k in keep}}
 
 
 #: Validation metrics logged after every epoch: the learning curve, and where members differ.

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -42,6 +43,7 @@ __all__ = [
     "evaluate",
     "ood_detection",
     "posthoc_metrics",
+    "temperature_scaled_metrics",
 ]
 
 SHIFT_METRICS = ("accuracy", "nll", "ece", "brier")
@@ -558,3 +560,18 @@ def _check_same_members(member_probs: Tensor, num_members: int, num_classes: int
             f"{what}: the model returned (M, K) = ({member_probs.shape[0]}, "
             f"{member_probs.shape[2]}) but ({num_members}, {num_classes}) on the test set"
         )
+
+
+def temperature_scaled_metrics(outputs: Mapping[str, Tensor]) -> dict[str, float]:
+    """``test_ts/<metric>``: the test metrics after temperature scaling fitted on the
+    validation logits (one T for every member, the ensemble's mean of softmaxes), and
+    ``test_ts/temperature``; the baseline a user would try first."""
+    from snens.evaluation.calibration import fit_temperature  # calibration imports this module
+
+    with warnings.catch_warnings():  # a T at the search's bound is reported, not warned
+        warnings.simplefilter("ignore")
+        T = fit_temperature(outputs["val"], outputs["val_labels"])
+    probs = (outputs["test"] / T).softmax(dim=-1)  # (M, N, K)
+    values = _test_metrics(probs, outputs["test_labels"], 15)
+    keep = ("accuracy", "nll", "brier", "ece", "adaptive_ece")
+    return {"test_ts/temperature": T, **{f"test_ts/{k}": values[k] for k in keep}}
