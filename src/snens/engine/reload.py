@@ -82,10 +82,11 @@ def final_metrics(
     model: nn.Module, loaded: Any, config: RunConfig, ood_score: str | Sequence[str] = "msp"
 ) -> tuple[dict[str, float], dict[str, Tensor]]:
     """What ``final.json`` holds of a model on a run's data (a
-    :class:`~snens.engine.datasets.Data`), and the member logits it kept (``outputs.npz``): :func:`snens.evaluate`'s metrics,
-    the validation split's, and, from the kept logits with no second pass, the OOD scores of
-    ``data.ood_scores`` and, with a validation split, temperature scaling and conformal sets
-    at ``data.conformal_alpha`` fitted on it. The engine and :func:`evaluate_run` both call it.
+    :class:`~snens.engine.datasets.Data`), and the member logits it kept (``outputs.npz``):
+    :func:`snens.evaluate`'s metrics, the validation split's, and, from the kept logits with
+    no second pass, the OOD scores of ``data.ood_scores`` and, with a validation split,
+    temperature scaling and conformal sets at ``data.conformal_alpha`` fitted on it. The
+    engine and :func:`evaluate_run` both call it.
     """
     outputs: dict[str, Tensor] = {}
     metrics = evaluate(
