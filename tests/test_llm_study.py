@@ -1,0 +1,86 @@
+"""experiments/llm.py's plan and report: the report's cells are the runs' numbers, mean ± std
+over seeds, and its OOD table is computed from the kept member logits (near and far OOD)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "llm.py"
+
+
+@pytest.fixture()
+def study(monkeypatch):
+    spec = importlib.util.spec_from_file_location("llm_study", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "llm_study", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _finished(path: Path, nll: float, members: int, far: np.ndarray | None, seconds=100.0):
+    """A finished run: final.json, and member logits where the test reviews are confident
+    (logit gap 4) and the OOD texts are not (gap 0 for all but the first)."""
+    path.mkdir(parents=True)
+    metrics = {"test/nll": nll, "test/accuracy": 0.8, "val/nll": nll - 0.05}
+    final = {
+        "metrics": metrics,
+        "model": {"trainable_params": 1_000 * members},
+        "train": {"seconds": seconds},
+    }
+    (path / "final.json").write_text(json.dumps(final))
+    test = np.zeros((members, 4, 2), np.float32)
+    test[:, :, 1] = 4.0
+    near = np.zeros((members, 3, 2), np.float32)
+    near[:, 0, 1] = 8.0  # one plot text more confident than any review: AUROC 2/3
+    np.savez(
+        path / "outputs.npz", test=test, test_labels=np.ones(4, np.int64), **{"ood/rt_plots": near}
+    )
+    if far is not None:
+        np.savez(path / "ood_tweets.npz", logits=far, seconds=np.float64(12.5))
+
+
+def test_report_means_seeds_and_scores_both_ood_sets(study, tmp_path):
+    out = tmp_path / "llm"
+    study.WHERE["out"] = out
+    far = np.zeros((4, 2, 2), np.float32)
+    far[1:, :, 1] = 3.0  # members disagree on the tweets: mutual information > 0 there
+    _finished(out / "final" / "snens_split" / "seed=0", 0.40, 4, far)
+    _finished(out / "final" / "snens_split" / "seed=1", 0.44, 4, far, seconds=300.0)
+    _finished(out / "final" / "single_fair" / "seed=0", 0.50, 1, None)
+    (out / "final" / "single_fair" / "seed=1").mkdir()  # unfinished: not a row's seed
+
+    text = study.report().read_text()
+    split = next(
+        line for line in text.splitlines() if line.startswith("| σN-Ens-LoRA, τ=5 λ=0.01, split")
+    )
+    cells = [c.strip() for c in split.strip("|").split("|")]
+    assert cells[1] == "0 1"
+    assert cells[2] == "0.370 ± 0.028"  # val NLL: 0.35 and 0.39
+    assert cells[4] == "0.420 ± 0.028"  # NLL
+    assert cells[-3:] == ["200", "12", "4,000"]  # train s (mean), infer s, trainable
+
+    single, split_ood = (
+        [c.strip() for c in line.strip("|").split("|")]
+        for line in text.split("OOD detection")[1].splitlines()
+        if line.startswith(("| one LoRA model, norms", "| σN-Ens-LoRA, τ=5 λ=0.01, split"))
+    )
+    assert single[1:] == ["0", "0.667", "0.500", "—", "—"]  # no far-OOD pass: blank
+    assert split_ood[2] == "0.667 ± 0.000"  # plots MSP, both seeds
+    assert split_ood[3] == "0.500 ± 0.000"  # plots MI: the members agree everywhere
+    assert split_ood[4] == "1.000 ± 0.000"  # tweets MSP: every tweet less sure than any review
+    assert split_ood[5] == "1.000 ± 0.000"  # tweets MI: members disagree on tweets only
+
+
+def test_plan_lists_every_run_of_both_stages(study, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # main() moves to the repository root
+    assert study.main(["--out", str(tmp_path / "llm"), "plan"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 6 * 3 + 3
+    assert lines[0].split() == ["final", "single_fair", "seed=0", "todo"]
+    assert lines[-1].split() == ["tune", "snens_lambda0", "seed=0", "todo"]
