@@ -7,6 +7,7 @@ Real Fashion-MNIST and MNIST-5k, a few hundred images; RGB sets (CIFAR-10) are s
 here, as the CIFAR files are not on this machine.
 """
 
+import dataclasses
 import json
 import math
 
@@ -17,6 +18,7 @@ import torch.nn.functional as F
 import snens.engine.datasets
 import snens.engine.train
 from snens import data
+from snens.data import registry
 from snens.data.images import grey_to_rgb, resize_images
 from snens.engine.config import DataConfig, load_config
 from snens.engine.datasets import build_data, data_shape
@@ -132,9 +134,10 @@ def _fake_rgb(monkeypatch, name: str = "cifar10") -> torch.Tensor:
     g = torch.Generator().manual_seed(1)
     images = torch.randint(0, 256, (300, 3, 32, 32), dtype=torch.uint8, generator=g)
     labels = torch.arange(300) % 10
-    spec = snens.engine.datasets._IMAGE_SETS[name]
-    fake = spec._replace(load=lambda split, root, download: (images, labels))
-    monkeypatch.setitem(snens.engine.datasets._IMAGE_SETS, name, fake)
+    fake = dataclasses.replace(
+        registry.DATASETS[name], load=lambda split, root, download: (images, labels)
+    )
+    monkeypatch.setitem(registry.DATASETS, name, fake)
     return images
 
 

@@ -207,7 +207,6 @@ class ImageFolder(Dataset):
         classes: class names, sorted; ``class_to_idx`` maps them to labels.
         samples: ``(path, label)`` pairs; ``targets`` the labels alone.
         skipped: entries left out at construction, ``{reason: [path, …]}``.
-        bad_images: files found undecodable while reading in this process, ``{path: reason}``.
 
     Raises:
         FileNotFoundError: ``root`` missing, without class folders, or with a class folder

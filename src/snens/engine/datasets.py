@@ -17,15 +17,15 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from snens import data
+from snens.data import registry
 from snens.engine.config import (
     FOLDER_DATASETS,
-    IMAGE_CHANNELS,
     IMAGE_OOD_SETS,
     TEXT_DATASETS,
     TEXT_OOD_SETS,
@@ -33,23 +33,6 @@ from snens.engine.config import (
 )
 
 __all__ = ["Data", "build_data", "data_shape"]
-
-
-class _ImageSet(NamedTuple):
-    load: Callable[..., tuple[Tensor, Tensor]]  # (split, root, download) -> (N, C, H, W) uint8
-    num_classes: int
-    mean: float | tuple[float, ...]  # of the stored images in [0, 1]; channels: IMAGE_CHANNELS
-    std: float | tuple[float, ...]
-
-
-_IMAGE_SETS = {
-    "fashion_mnist": _ImageSet(
-        data.load_fashion_mnist, 10, data.FASHION_MNIST_MEAN, data.FASHION_MNIST_STD
-    ),
-    "cifar10": _ImageSet(data.load_cifar10, 10, data.CIFAR10_MEAN, data.CIFAR10_STD),
-    "cifar100": _ImageSet(data.load_cifar100, 100, data.CIFAR100_MEAN, data.CIFAR100_STD),
-    "svhn": _ImageSet(data.load_svhn, 10, data.SVHN_MEAN, data.SVHN_STD),
-}
 
 
 def _convert(images: Tensor, config: DataConfig) -> Tensor:
@@ -67,18 +50,12 @@ def _convert(images: Tensor, config: DataConfig) -> Tensor:
     return images
 
 
-def _normalization(spec: _ImageSet, config: DataConfig) -> dict[str, Any]:
+def _normalization(spec: registry.DataSet, config: DataConfig) -> dict[str, Any]:
     """The mean and std ``data.normalize`` names; a grey set's one value serves every channel
     it is repeated to (the TensorLoader broadcasts it)."""
     if config.normalize == "imagenet":
         return {"mean": data.IMAGENET_MEAN, "std": data.IMAGENET_STD}
     return {"mean": spec.mean, "std": spec.std}
-
-
-def _load_ood(name: str, root: str | None, download: bool) -> tuple[Tensor, Tensor]:
-    if name == "mnist_5k":
-        return data.load_mnist_5k(root)
-    return _IMAGE_SETS[name].load("test", root, download)
 
 
 class _CorruptedLoader:
@@ -240,8 +217,8 @@ def build_data(
         return _text_data(config, seed=seed, device=device, encoder=encoder)
     if config.dataset in FOLDER_DATASETS:
         return _folder_data(config, seed=seed, device=device)
-    spec = _IMAGE_SETS[config.dataset]
-    channels = config.channels_after(IMAGE_CHANNELS[config.dataset])
+    spec = registry.DATASETS[config.dataset]
+    channels = config.channels_after(spec.channels)
     root = config.root or None
     # A loader given no seed draws one from torch's global generator; give every loader one
     # so that building the data leaves the generator (and so the model's init) untouched.
@@ -284,7 +261,7 @@ def build_data(
     ood = {}
     for name in config.ood:
         _check_ood_name(name, IMAGE_OOD_SETS, config.dataset)
-        xo, yo = _load_ood(name, root, config.download)
+        xo, yo = registry.OOD_SETS[name].load(root, config.download)
         ood_channels = config.channels_after(xo.shape[1])
         if ood_channels != channels:
             raise ValueError(
@@ -324,8 +301,8 @@ def data_shape(config: DataConfig) -> tuple[int, int | None]:
         return 2, None
     if config.dataset in FOLDER_DATASETS:
         return len(data.imagenet_folder(config.root or None, "train").classes), 3
-    channels = config.channels_after(IMAGE_CHANNELS[config.dataset])
-    return _IMAGE_SETS[config.dataset].num_classes, channels
+    spec = registry.DATASETS[config.dataset]
+    return spec.num_classes, config.channels_after(spec.channels)
 
 
 def _check_ood_name(name: str, allowed: tuple[str, ...], dataset: str) -> None:
@@ -351,15 +328,9 @@ def _text_data(
             "data.corruptions=false (both apply to images)"
         )
     root = config.root or None
-    corpus = None
-    if config.dataset == "sst2":
-        texts, labels = data.load_sst2("train", root, config.download)
-        test_texts, test_labels = data.load_sst2("validation", root, config.download)
-    else:
-        corpus = data.load_rotten_tomatoes(root)
-        texts, labels, test_texts, test_labels = data.split_texts(
-            corpus.texts, corpus.labels, test_fraction=0.2, seed=0
-        )
+    texts, labels, test_texts, test_labels = registry.DATASETS[config.dataset].load(
+        root, config.download
+    )
 
     held: list[int] = []
     if config.validation_examples:  # texts are stored in order: a fixed random N, not the last
@@ -413,10 +384,7 @@ def _text_data(
     ood = {}
     for name in config.ood:
         _check_ood_name(name, TEXT_OOD_SETS, config.dataset)
-        if name == "tweets":
-            ood_texts = data.load_tweets(root).texts
-        else:  # "rt_plots"
-            ood_texts = (corpus or data.load_rotten_tomatoes(root)).ood_texts
+        ood_texts = registry.OOD_SETS[name].load(root, config.download)
         zeros = [0] * len(ood_texts)  # OOD labels are not used
         ood[name] = loader(ood_texts, zeros, config.ood_examples, config.eval_batch_size)
     return Data(

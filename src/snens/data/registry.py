@@ -1,0 +1,144 @@
+"""The data sets snens knows by name, and their OOD test sets: one table that the engine's
+config checks and its loaders read.
+
+A data set is one of three kinds, which decides how it is loaded and which options apply:
+
+* ``image``: held in memory as uint8 tensors ``(N, C, H, W)`` and augmented on the device;
+  the entry gives the stored channels, the mean and std of the stored images in [0, 1], and
+  ``load(split, root, download)``;
+* ``folder``: ImageNet-style class folders streamed from disk (the classes are the folders);
+* ``text``: labelled texts, tokenized once by the model's tokenizer; the entry's
+  ``load(root, download)`` gives a :class:`~snens.data.TextSplit` (training and test texts).
+
+An OOD set serves the data sets of its kind: ``load(root, download)`` gives uint8 images and
+labels for ``image``, a list of texts for ``text``.
+
+Adding a data set is one entry here and its loader: the engine's config (which reads this table
+when imported) then accepts the name, with the options that apply to its kind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .cifar import (
+    CIFAR10_MEAN,
+    CIFAR10_STD,
+    CIFAR100_MEAN,
+    CIFAR100_STD,
+    load_cifar10,
+    load_cifar100,
+)
+from .images import FASHION_MNIST_MEAN, FASHION_MNIST_STD, load_fashion_mnist, load_mnist_5k
+from .sst2 import load_sst2
+from .svhn import SVHN_MEAN, SVHN_STD, load_svhn
+from .text import TextSplit, load_rotten_tomatoes, split_texts
+from .tweets import load_tweets
+
+__all__ = ["DATASETS", "KINDS", "OOD_SETS", "DataSet", "OODSet", "dataset_names", "ood_names"]
+
+#: The kinds of data set, see the module docstring.
+KINDS = ("image", "folder", "text")
+
+
+@dataclass(frozen=True)
+class DataSet:
+    """A data set by name: its kind, classes and, for in-memory images, how it is stored.
+
+    Attributes:
+        kind: one of :data:`KINDS`.
+        num_classes: classes of a fixed label set; None where the data decides (class folders).
+        channels: channels of the stored images (``image`` only).
+        mean: per-channel mean of the stored images in [0, 1] (``image`` only).
+        std: per-channel std, likewise.
+        load: ``image``: ``load(split, root, download) -> (images, labels)``, split
+            ``"train"`` or ``"test"``; ``text``: ``load(root, download) ->``
+            :class:`~snens.data.TextSplit`; ``folder``: None (read by
+            :func:`~snens.data.imagenet_folder`).
+    """
+
+    kind: str
+    num_classes: int | None
+    channels: int | None = None
+    mean: float | tuple[float, ...] | None = None
+    std: float | tuple[float, ...] | None = None
+    load: Callable[..., Any] | None = None
+
+
+@dataclass(frozen=True)
+class OODSet:
+    """An out-of-distribution test set for the data sets of one kind.
+
+    Attributes:
+        kind: ``"image"`` or ``"text"``.
+        load: ``load(root, download)``: uint8 images ``(N, C, H, W)`` and labels for images,
+            a list of texts for text.
+        about: what the set is, in a few words.
+    """
+
+    kind: str
+    load: Callable[..., Any]
+    about: str
+
+
+def _sst2(root: Any, download: bool) -> TextSplit:
+    """GLUE SST-2: its train split for training, its validation split as the test set (GLUE's
+    test labels are not public)."""
+    return TextSplit(*load_sst2("train", root, download), *load_sst2("validation", root, download))
+
+
+def _rotten_tomatoes(root: Any, download: bool) -> TextSplit:
+    """Rotten Tomatoes has no split of its own: a fixed stratified 80/20 one (seed 0)."""
+    corpus = load_rotten_tomatoes(root)
+    return split_texts(corpus.texts, corpus.labels, test_fraction=0.2, seed=0)
+
+
+DATASETS: dict[str, DataSet] = {
+    "fashion_mnist": DataSet(
+        "image", 10, 1, FASHION_MNIST_MEAN, FASHION_MNIST_STD, load_fashion_mnist
+    ),
+    "cifar10": DataSet("image", 10, 3, CIFAR10_MEAN, CIFAR10_STD, load_cifar10),
+    "cifar100": DataSet("image", 100, 3, CIFAR100_MEAN, CIFAR100_STD, load_cifar100),
+    "svhn": DataSet("image", 10, 3, SVHN_MEAN, SVHN_STD, load_svhn),
+    "imagenet": DataSet("folder", None),
+    "sst2": DataSet("text", 2, load=_sst2),
+    "rotten_tomatoes": DataSet("text", 2, load=_rotten_tomatoes),
+}
+
+
+def _test_split(name: str) -> Callable[..., Any]:
+    def load(root: Any, download: bool) -> Any:
+        return DATASETS[name].load("test", root, download)
+
+    return load
+
+
+OOD_SETS: dict[str, OODSet] = {
+    "mnist_5k": OODSet("image", lambda root, download: load_mnist_5k(root), "MNIST, 5,000 digits"),
+    **{
+        name: OODSet("image", _test_split(name), f"the {name} test set")
+        for name in ("fashion_mnist", "cifar10", "cifar100", "svhn")
+    },
+    "rt_plots": OODSet(
+        "text",
+        lambda root, download: load_rotten_tomatoes(root).ood_texts,
+        "Rotten Tomatoes movie plot descriptions (near OOD for reviews)",
+    ),
+    "tweets": OODSet(
+        "text",
+        lambda root, download: load_tweets(root).texts,
+        "tweets on airlines, brands and self-driving cars (far OOD for reviews)",
+    ),
+}
+
+
+def dataset_names(kind: str) -> tuple[str, ...]:
+    """The data sets of one of :data:`KINDS`, in table order."""
+    return tuple(name for name, entry in DATASETS.items() if entry.kind == kind)
+
+
+def ood_names(kind: str) -> tuple[str, ...]:
+    """The OOD sets for data sets of ``kind`` (``"image"`` or ``"text"``), in table order."""
+    return tuple(name for name, entry in OOD_SETS.items() if entry.kind == kind)
