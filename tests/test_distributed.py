@@ -314,3 +314,98 @@ def test_llm_lora_snens_trains_under_torchrun(tiny_llm, tmp_path):
     final = _final(tmp_path / "llm")
     assert final["test/num_members"] == 4.0 and 0.0 <= final["test/accuracy"] <= 1.0
     assert 0.0 < final["test/nll"] < 5.0
+
+
+# SnensTrainer over a LoRA-adapted Llama of 2 layers (random weights), 64 token sequences whose
+# label is the parity of their first token; each rank writes what it trained.
+ACCELERATE_SCRIPT = """\
+import json
+import sys
+
+import peft
+import torch
+import transformers
+from accelerate import PartialState
+from transformers import TrainingArguments
+
+import snens
+from snens.integrations.huggingface import SnensTrainer
+
+out = sys.argv[1]
+torch.manual_seed(0)
+config = transformers.LlamaConfig(
+    vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, num_labels=2, pad_token_id=0,
+)
+lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="SEQ_CLS")
+model = peft.get_peft_model(transformers.LlamaForSequenceClassification(config), lora)
+ens = snens.convert(model, num_members=4)
+
+
+def sums():
+    with torch.no_grad():
+        return {n: p.double().sum().item() for n, p in ens.named_parameters() if p.requires_grad}
+
+
+before = sums()
+ids = torch.randint(1, 64, (64, 8), generator=torch.Generator().manual_seed(1))
+mask = torch.ones(8, dtype=torch.long)
+rows = [{"input_ids": x, "attention_mask": mask, "labels": x[0] % 2} for x in ids]
+args = TrainingArguments(
+    output_dir=out, per_device_train_batch_size=8, num_train_epochs=1, learning_rate=1e-2,
+    report_to="none", save_strategy="no", use_cpu=True, disable_tqdm=True, logging_steps=1,
+    seed=0, dataloader_num_workers=0,
+)
+trainer = SnensTrainer(model=ens, args=args, train_dataset=rows, gamma_lr_multiplier=10.0)
+trainer.train()
+state = PartialState()
+gamma = [g["initial_lr"] for g in trainer.optimizer.param_groups if g.get("name") == "gamma"]
+record = {
+    "world": state.num_processes,
+    "backend": torch.distributed.get_backend() if state.num_processes > 1 else None,
+    "steps": trainer.state.global_step,
+    "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h],
+    "gamma_lr": gamma,
+    "before": before,
+    "trained": sums(),
+}
+with open(f"{out}/rank{state.process_index}.json", "w") as f:
+    json.dump(record, f)
+"""
+
+
+@pytest.mark.slow
+def test_snens_trainer_under_accelerate_launch(tmp_path):
+    """The Trainer path launched as its users launch it: `accelerate launch`, 2 CPU processes
+    (accelerate's multi-process launcher; its `--cpu` flag alone starts one process)."""
+    pytest.importorskip("accelerate")
+    pytest.importorskip("peft")
+    pytest.importorskip("transformers")
+    script = tmp_path / "train.py"
+    script.write_text(ACCELERATE_SCRIPT)
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu"]
+    command += ["--num_processes", "2", "--num_machines", "1", "--main_process_port"]
+    command += [str(_free_port()), "--mixed_precision", "no", "--dynamo_backend", "no"]
+    result = subprocess.run(
+        [*command, str(script), str(tmp_path)],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for record in ranks:
+        assert record["world"] == 2 and record["backend"] == "gloo"
+        assert record["steps"] == 64 // (8 * 2)  # a global batch of 16, 8 per rank
+        assert record["gamma_lr"] == [pytest.approx(0.1)]  # γ at lr × 10 in its own group
+        assert len(record["losses"]) == 4 and all(0.3 < x < 1.5 for x in record["losses"])
+    # the ranks stay one model: every trained tensor (LoRA, member γ/β, member heads) the same
+    first, second = (r["trained"] for r in ranks)
+    assert first.keys() == second.keys()
+    for name in first:
+        assert first[name] == pytest.approx(second[name], rel=1e-6, abs=1e-9), name
+    # …and trained: the LoRA factors and the member norms' γ moved
+    moved = {name for name in first if first[name] != ranks[0]["before"][name]}
+    assert any("lora_B" in name for name in moved) and any("gamma" in name for name in moved)
+    assert ranks[0]["losses"] == ranks[1]["losses"]  # the logged loss is averaged over ranks
