@@ -57,6 +57,36 @@ def _keyword_images(batch: int, seed: int = 0):
     return (), {"x": x}
 
 
+def _llama_classifier():
+    """A Hugging Face ``LlamaForSequenceClassification`` (2 layers of width 32): it pools the
+    last token that is not padding, whose index the export must keep dynamic in the batch."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        vocab_size=50,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_labels=3,
+        pad_token_id=0,
+        use_cache=False,
+    )
+    torch.manual_seed(0)
+    return randomize_norms(transformers.LlamaForSequenceClassification(config)).eval()
+
+
+def _padded_tokens(batch: int, seed: int = 0):
+    """Right-padded token ids (pad 0) with their mask, by keyword as a Hugging Face model takes
+    them; lengths differ between examples."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, 50, (batch, 7), generator=g)
+    mask = torch.ones(batch, 7, dtype=torch.long)
+    for i in range(batch):
+        mask[i, 7 - i % 4 :] = 0
+    return (), {"input_ids": ids * mask, "attention_mask": mask}
+
+
 # (name, model, inputs(batch) -> (args, kwargs))
 CASES = [
     ("resnet", _resnet, _images(3, 8)),
@@ -64,6 +94,7 @@ CASES = [
     ("transformer", _transformer, _tokens),
     ("transformer_mask", _transformer, _tokens_with_mask),
     ("small_cnn", _small_cnn, _images(1, 28)),
+    ("llama_sequence_classification", _llama_classifier, _padded_tokens),
 ]
 
 

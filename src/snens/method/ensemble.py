@@ -616,7 +616,10 @@ def export(ensemble: Ensemble, /, *args: Any, **kwargs: Any) -> torch.export.Exp
             f"the example batch has B={B}, and torch.export fixes a dimension of size 0 or 1 to "
             "that size; pass an example with B >= 2 (the program then takes any B >= 1)"
         )
-    batch = torch.export.Dim("batch")
+    # DYNAMIC, not a named Dim: a guard the shape solver cannot prove for every B (the
+    # last-non-pad-token pooling of a *ForSequenceClassification yields B·min(L, L·B) == L·B)
+    # becomes a runtime check instead of an export error; a B it would fix still raises
+    batch = torch.export.Dim.DYNAMIC
 
     def spec(value: Any) -> dict | None:
         return {0: batch} if _per_example(value, B) else None
