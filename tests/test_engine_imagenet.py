@@ -88,6 +88,26 @@ def test_trains_and_evaluates_on_class_folders(tree, tmp_path):
     assert again == pytest.approx(metrics, rel=1e-6, abs=1e-9, nan_ok=True)
 
 
+def test_your_own_class_folders_train_under_their_own_name(tree, tmp_path):
+    """data.dataset 'image_folder': data.root holds train/ and val/ directly (here the tree's
+    imagenet/ folder), the same images as the ImageNet run, so the same run."""
+    grey = f"data.ood_folder={json.dumps(str(tree / 'grey'))}"
+    own = _config(tree / "imagenet", tmp_path / "own", "data.dataset='image_folder'", grey)
+    imagenet = train(_config(tree, tmp_path / "imagenet"), progress=False, log=None)
+    run_dir = train(own, progress=False, log=None)
+    got = json.loads((run_dir / "final.json").read_text())["metrics"]
+    expected = json.loads((imagenet / "final.json").read_text())["metrics"]
+    assert got == pytest.approx(expected, rel=1e-6, abs=1e-9, nan_ok=True)
+    with pytest.raises(
+        ValueError, match=r"'image_folder' reads your class folders from data\.root"
+    ):
+        _config(tree, tmp_path, "data.dataset='image_folder'", 'data.root=""')
+    with pytest.raises(FileNotFoundError, match=r"needs .*nowhere[/\\]train \(class sub-folders"):
+        build_data(
+            _config(tree / "nowhere", tmp_path, "data.dataset='image_folder'", grey).data, seed=0
+        )
+
+
 def test_folder_loader_is_seeded_independent_of_workers_and_shards(tree):
     dataset = ImageFolder(tree / "imagenet" / "train", TrainTransform(size=32))
     batches = {}

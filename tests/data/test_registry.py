@@ -10,7 +10,7 @@ from snens.engine import config
 
 def test_the_table_names_every_kind():
     assert registry.dataset_names("image") == ("fashion_mnist", "cifar10", "cifar100", "svhn")
-    assert registry.dataset_names("folder") == ("imagenet",)
+    assert registry.dataset_names("folder") == ("imagenet", "image_folder")
     assert registry.dataset_names("text") == ("sst2", "rotten_tomatoes")
     assert registry.ood_names("image") == (
         "mnist_5k",

@@ -6,7 +6,9 @@ A data set is one of three kinds, which decides how it is loaded and which optio
 * ``image``: held in memory as uint8 tensors ``(N, C, H, W)`` and augmented on the device;
   the entry gives the stored channels, the mean and std of the stored images in [0, 1], and
   ``load(split, root, download)``;
-* ``folder``: ImageNet-style class folders streamed from disk (the classes are the folders);
+* ``folder``: class folders streamed from disk (the classes are the folder names); the entry's
+  ``load(root, split, transform, **policy)`` gives an :class:`~snens.data.ImageFolder` of
+  split ``"train"`` or ``"val"``;
 * ``text``: labelled texts, tokenized once by the model's tokenizer; the entry's
   ``load(root, download)`` gives a :class:`~snens.data.TextSplit` (training and test texts).
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from .cifar import (
@@ -31,6 +34,7 @@ from .cifar import (
     load_cifar10,
     load_cifar100,
 )
+from .imagenet import ImageFolder, imagenet_folder
 from .images import FASHION_MNIST_MEAN, FASHION_MNIST_STD, load_fashion_mnist, load_mnist_5k
 from .sst2 import load_sst2
 from .svhn import SVHN_MEAN, SVHN_STD, load_svhn
@@ -55,8 +59,8 @@ class DataSet:
         std: per-channel std, likewise.
         load: ``image``: ``load(split, root, download) -> (images, labels)``, split
             ``"train"`` or ``"test"``; ``text``: ``load(root, download) ->``
-            :class:`~snens.data.TextSplit`; ``folder``: None (read by
-            :func:`~snens.data.imagenet_folder`).
+            :class:`~snens.data.TextSplit`; ``folder``: ``load(root, split, transform,
+            **policy) ->`` :class:`~snens.data.ImageFolder`.
     """
 
     kind: str
@@ -95,6 +99,23 @@ def _rotten_tomatoes(root: Any, download: bool) -> TextSplit:
     return split_texts(corpus.texts, corpus.labels, test_fraction=0.2, seed=0)
 
 
+def _image_folder(root: Any, split: str, transform: Any = None, **policy: Any) -> ImageFolder:
+    """Your own images: ``<root>/train/<class>/…`` and ``<root>/val/<class>/…``."""
+    if root is None:
+        raise ValueError(
+            "data.dataset 'image_folder' reads your class folders from data.root: set "
+            "data.root to the folder holding train/ and val/, each with one sub-folder of "
+            "images per class"
+        )
+    folder = Path(root).expanduser() / split
+    if not folder.is_dir():
+        raise FileNotFoundError(
+            f"data.dataset 'image_folder' needs {folder} (class sub-folders of images); "
+            f"data.root {str(root)!r} holds train/ and val/"
+        )
+    return ImageFolder(folder, transform, **policy)
+
+
 DATASETS: dict[str, DataSet] = {
     "fashion_mnist": DataSet(
         "image", 10, 1, FASHION_MNIST_MEAN, FASHION_MNIST_STD, load_fashion_mnist
@@ -102,7 +123,8 @@ DATASETS: dict[str, DataSet] = {
     "cifar10": DataSet("image", 10, 3, CIFAR10_MEAN, CIFAR10_STD, load_cifar10),
     "cifar100": DataSet("image", 100, 3, CIFAR100_MEAN, CIFAR100_STD, load_cifar100),
     "svhn": DataSet("image", 10, 3, SVHN_MEAN, SVHN_STD, load_svhn),
-    "imagenet": DataSet("folder", None),
+    "imagenet": DataSet("folder", None, load=imagenet_folder),
+    "image_folder": DataSet("folder", None, load=_image_folder),
     "sst2": DataSet("text", 2, load=_sst2),
     "rotten_tomatoes": DataSet("text", 2, load=_rotten_tomatoes),
 }

@@ -100,7 +100,14 @@ OOD_SETS = tuple(registry.OOD_SETS)
 MAX_THREADS = 1024
 
 Dataset = Literal[
-    "fashion_mnist", "cifar10", "cifar100", "svhn", "imagenet", "sst2", "rotten_tomatoes"
+    "fashion_mnist",
+    "cifar10",
+    "cifar100",
+    "svhn",
+    "imagenet",
+    "image_folder",
+    "sst2",
+    "rotten_tomatoes",
 ]
 
 
@@ -259,7 +266,8 @@ class DataConfig(_Section):
     # text sets (sst2, rotten_tomatoes), tokenized once with the model's tokenizer
     max_length: int = 128  # tokens per text, [CLS] and [SEP] included; longer texts are cut
     padding: Literal["longest", "max_length"] = "longest"  # pad a batch to its longest text
-    # class folders (imagenet), read and transformed by DataLoader workers
+    # class folders (imagenet; image_folder: your own, <root>/train and <root>/val), read and
+    # transformed by DataLoader workers
     image_size: int = 224  # px, side of the training crop and of the evaluation center crop
     resize_size: int = 256  # px, shorter side before the evaluation center crop
     num_workers: int = -1  # DataLoader worker processes; -1 = min(8, CPU count)
@@ -353,6 +361,12 @@ class DataConfig(_Section):
                 )
             _check_ood(self.ood, TEXT_OOD_SETS, dataset, "text")
         elif dataset in FOLDER_DATASETS:
+            if dataset == "image_folder" and not self.root:
+                raise ValueError(
+                    "data.dataset 'image_folder' reads your class folders from data.root: set "
+                    "data.root to the folder holding train/ and val/, each with one sub-folder "
+                    "of images per class"
+                )
             if self.corruptions:
                 raise ValueError(
                     f"data.corruptions is not available for data.dataset {dataset!r}: the "

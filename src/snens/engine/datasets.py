@@ -300,7 +300,8 @@ def data_shape(config: DataConfig) -> tuple[int, int | None]:
     if config.dataset in TEXT_DATASETS:
         return 2, None
     if config.dataset in FOLDER_DATASETS:
-        return len(data.imagenet_folder(config.root or None, "train").classes), 3
+        folders = registry.DATASETS[config.dataset].load(config.root or None, "train")
+        return len(folders.classes), 3
     spec = registry.DATASETS[config.dataset]
     return spec.num_classes, config.channels_after(spec.channels)
 
@@ -435,8 +436,9 @@ def _folder_data(config: DataConfig, *, seed: int, device: torch.device | str) -
     else:
         training = _Flip(evaluation, flip) if flip else evaluation
     policy = {"on_bad_image": config.on_bad_image, "scan": config.scan_images}
-    train_set = data.imagenet_folder(root, "train", transform=training, **policy)
-    test_set = data.imagenet_folder(root, "val", transform=evaluation, **policy)
+    load = registry.DATASETS[config.dataset].load
+    train_set = load(root, "train", transform=training, **policy)
+    test_set = load(root, "val", transform=evaluation, **policy)
     if test_set.classes != train_set.classes:
         extra = sorted(set(test_set.classes) ^ set(train_set.classes))
         raise ValueError(
