@@ -385,9 +385,13 @@ def build_parser() -> argparse.ArgumentParser:
         "directories, group runs whose configs differ only in seed, and write DIR/report.md and "
         "DIR/report.csv: one row per group with the config keys that vary, the number of seeds "
         "and mean ± std (over seeds, ddof=1) of accuracy, NLL, ECE, Brier, OOD AUROC/AUPR/"
-        "FPR95, corrupted accuracy and ECE, parameters and training time. With matplotlib: "
-        "accuracy–NLL and accuracy–ECE Pareto plots and, when the runs evaluated corruptions, "
-        "accuracy and ECE against severity.",
+        "FPR95, corrupted accuracy and ECE, parameters and training time. With matplotlib, "
+        "each point a group's mean crossed by ± its std: accuracy–NLL and accuracy–ECE Pareto "
+        "plots (pareto_nll.png, pareto_ece.png); when the runs evaluated corruptions, accuracy "
+        "and ECE against severity (shift.png); per group whose runs kept their member logits "
+        "(outputs.npz), the reliability diagram of its test predictions (reliability_<row>.png); "
+        "per σN-Ens group with a checkpoint (last.pt), every member norm's importances σ(γ) "
+        "(allocation_<row>.png).",
         epilog="example: snens report runs/sweeps/tau runs/single-seed3 --out reports/tau",
     )
     report.add_argument(
