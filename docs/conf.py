@@ -26,7 +26,7 @@ extensions = [
     "snens_reference",
 ]
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
-exclude_patterns = ["_build", "howto/scripts"]
+exclude_patterns = ["_build", "howto/scripts", "study/sections"]
 myst_heading_anchors = 3
 myst_enable_extensions = ["colon_fence"]
 

@@ -147,6 +147,11 @@ def _study_page(source: Path) -> str:
     return re.sub(r"\]\((?!https?:|/|\.\./)([^)]+\.png)\)", r"](../../results/\1)", text)
 
 
+#: The short-budget experiments' reports, included whole in the results page (not pages of
+#: their own).
+SECTIONS = ("tau_sweep", "m_scaling", "corruption", "ood", "lambda_sensitivity", "split_vs_repeat")
+
+
 def _write(path: Path, text: str) -> None:
     if not path.is_file() or path.read_text(encoding="utf-8") != text:  # unchanged: no rebuild
         path.write_text(text, encoding="utf-8")
@@ -163,6 +168,12 @@ def write(docs: Path) -> None:
         source = docs.parent / "results" / f"{name}.md"
         if source.is_file():
             _write(study / f"{name}.md", _study_page(source))
+    sections = study / "sections"  # excluded from the pages (conf.py): included, not listed
+    sections.mkdir(exist_ok=True)
+    for name in SECTIONS:
+        # as the study pages, figures relative to docs/study/sections/
+        text = _study_page(docs.parent / "results" / f"{name}.md")
+        _write(sections / f"{name}.md", text.replace("](../../results/", "](../../../results/"))
 
 
 def _indent(line: str) -> int:
