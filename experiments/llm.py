@@ -31,6 +31,9 @@ Stages (each run's directory: ``results/llm/<stage>/<variant>/seed=<s>/``):
 Resumable and parallel, as the converged study: run the same command in two processes; each
 takes the next run nobody trains (``run.lock``); a finished run is skipped, an interrupted one
 resumes from its ``last.pt``. Checkpoints (a copy of the 135 M base each) are not committed.
+Memory: a run of M·B rows (σN-Ens ``repeat``, the LoRA ensemble) holds ~11 GB at one thread,
+one of B rows (one model, MC-dropout, ``split``) ~3.5 GB; on a 24 GB machine give the second
+process the small ones (``--only single_fair single snens_split mc_dropout_fair``).
 
     OMP_NUM_THREADS=1 python experiments/llm.py run &     # two of these share the queue
     python experiments/llm.py zeroshot                    # the prompted base model, untrained
@@ -110,10 +113,11 @@ def runs_of(stage: str) -> list[tuple[Variant, SweepRun]]:
     return out
 
 
-def run(stages: Sequence[str]) -> int:
-    """Train every unfinished run of ``stages``, seed by seed (seed 0 of every stage first);
-    two processes share the queue."""
+def run(stages: Sequence[str], only: Sequence[str] = ()) -> int:
+    """Train every unfinished run of ``stages`` (of the variants ``only``, if given), seed by
+    seed (seed 0 of every stage first); two processes share the queue."""
     queue = [(stage, v, r) for stage in stages for v, r in runs_of(stage)]
+    queue = [item for item in queue if not only or item[1].name in only]
     queue.sort(key=lambda item: (item[2].config.seed, stages.index(item[0])))
     seeds: dict[tuple[str, str], list[SweepRun]] = {}
     for stage, variant, sweep_run in queue:
@@ -362,6 +366,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     run_parser = sub.add_parser("run", help="train the stages' runs not yet done")
     run_parser.add_argument("--stage", nargs="+", choices=list(STAGES), default=list(STAGES))
+    variants = sorted({v.name for stage in STAGES.values() for v in stage})
+    run_parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=variants,
+        default=[],
+        metavar="VARIANT",
+        help="only these variants (e.g. the ones that fit in memory beside a running one)",
+    )
     sub.add_parser("plan", help="list the runs and their status")
     sub.add_parser("zeroshot", help="evaluate the prompted base model, untrained")
     sub.add_parser("far-ood", help=f"score the finished runs on the far-OOD set ({FAR_OOD})")
@@ -370,7 +383,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     WHERE.update(out=args.out.resolve(), extra=tuple(args.set))
     os.chdir(ROOT)
     if args.command == "run":
-        return run(args.stage)
+        return run(args.stage, args.only)
     if args.command == "zeroshot":
         print(zeroshot())
         return 0
