@@ -65,13 +65,15 @@ import math
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
-from snens.engine.presets import preset
+import study
+from study import Variant, plan_variant
+
 from snens.engine.report import summarize, write_report
 from snens.engine.runs import FINAL, read_metrics
-from snens.engine.sweep import SweepRun, plan, run_sweep
+from snens.engine.sweep import SweepRun
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Where the study lives, and ``--set`` values over every run (``--out``, ``--set``: a smaller
@@ -108,14 +110,6 @@ def _snens(tau: float, lam: float, *extra: str) -> tuple[str, ...]:
         f"method.diversity_weight={lam}",
         *extra,
     )
-
-
-@dataclass(frozen=True)
-class Variant:
-    name: str
-    overrides: tuple[str, ...]
-    seeds: tuple[int, ...] = (0,)
-    preset: str = "fashion_mnist_small_cnn"
 
 
 #: What the fine-tunes of pretrained models share: 3 epochs, τ and λ pinned as in BASE.
@@ -484,15 +478,9 @@ def runs_of(stage: str) -> list[tuple[Variant, SweepRun]]:
     """Every run of a stage, its config built and checked (nothing is written)."""
     out = []
     for variant in _variants(stage):
-        grid = [f"seed={','.join(str(s) for s in variant.seeds)}"]
         base = {TEXT: TEXT_BASE, VISION: VISION_BASE}.get(variant.preset, BASE)
-        for run in plan(
-            preset(variant.preset),
-            grid,
-            WHERE["out"] / stage / variant.name,
-            overrides=(*base, *variant.overrides, *WHERE["extra"]),
-        ):
-            out.append((variant, run))
+        overrides = (*base, *WHERE["extra"])
+        out += [(variant, run) for run in plan_variant(variant, WHERE["out"] / stage, overrides)]
     if stage == "final":
         # seed by seed, a whole first seed's table before the second seed; within a seed the
         # rows the targets compare (one model, the deep ensemble, σN-Ens) before the other
@@ -507,22 +495,12 @@ def _queue_rank(name: str) -> float:
 
 
 def run(stages: Sequence[str]) -> int:
-    """Train every unfinished run of ``stages`` in order. Two processes share the queue: a run
-    the other is training holds its ``run.lock``, and the engine leaves it to that one."""
+    """Train every unfinished run of ``stages`` in order (a stage's variants may depend on the
+    previous stage's results, so each stage is planned when its turn comes)."""
     failed = 0
     for stage in stages:
-        queue = runs_of(stage)
-        seeds: dict[str, list[SweepRun]] = {}  # a variant's runs: its sweep.csv lists them all
-        for variant, sweep_run in queue:
-            seeds.setdefault(variant.name, []).append(sweep_run)
-        for variant, sweep_run in queue:
-            path = sweep_run.path()
-            if (path / FINAL).is_file():
-                continue
-            print(f"== {stage}/{variant.name}/{sweep_run.name}", flush=True)
-            result = run_sweep([sweep_run], path.parent, keys=("seed",), table=seeds[variant.name])
-            failed += len(result.failed)
-    return 1 if failed else 0
+        failed |= study.train([(stage, variant, run) for variant, run in runs_of(stage)])
+    return failed
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1010,11 +988,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "report":
         print(report())
         return 0
-    for stage in STAGES:
-        for variant, sweep_run in runs_of(stage):
-            path = sweep_run.path()
-            status = "done" if (path / FINAL).is_file() else "started" if path.is_dir() else "todo"
-            print(f"{stage:9s} {variant.name:32s} {sweep_run.name:8s} {status}")
+    study.print_plan([(stage, v, r) for stage in STAGES for v, r in runs_of(stage)])
     return 0
 
 

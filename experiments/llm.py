@@ -50,13 +50,13 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
-from snens.engine.presets import preset
+import study
+from study import Item, Variant, plan_variant
+
 from snens.engine.report import summarize
 from snens.engine.runs import FINAL
-from snens.engine.sweep import SweepRun, plan, run_sweep
 
 ROOT = Path(__file__).resolve().parent.parent
 WHERE = {"out": ROOT / "results" / "llm", "extra": ()}
@@ -69,69 +69,52 @@ FAIR = ("model.options.train_norms=true",)
 SEEDS = (0, 1, 2)
 
 
-@dataclass(frozen=True)
-class Variant:
-    name: str
-    overrides: tuple[str, ...]
-    seeds: tuple[int, ...] = SEEDS
+def _final(name: str, overrides: tuple[str, ...]) -> Variant:
+    return Variant(name, overrides, SEEDS, PRESET)
+
+
+def _tune(name: str, overrides: tuple[str, ...]) -> Variant:
+    return Variant(name, overrides, (0,), PRESET)
 
 
 STAGES: dict[str, list[Variant]] = {
     "final": [
-        Variant("single_fair", (*SINGLE, *FAIR)),
-        Variant("snens", ()),
-        Variant("snens_split", ("method.input_policy=split",)),
-        Variant("single", SINGLE),
-        Variant("lora_ensemble_fair", ("method.name=deep_ensemble", *FAIR)),
+        _final("single_fair", (*SINGLE, *FAIR)),
+        _final("snens", ()),
+        _final("snens_split", ("method.input_policy=split",)),
+        _final("single", SINGLE),
+        _final("lora_ensemble_fair", ("method.name=deep_ensemble", *FAIR)),
         # MC-dropout on the LoRA path: the adapters' dropout (p = 0.05) left on in evaluation,
         # 4 samples; trained as one LoRA model
-        Variant("mc_dropout_fair", ("method.name=mc_dropout", *FAIR)),
+        _final("mc_dropout_fair", ("method.name=mc_dropout", *FAIR)),
     ],
     "tune": [
-        Variant("snens_defaults", ("method.temperature=1.0", "method.diversity_weight=0.1"), (0,)),
-        Variant("snens_gamma1", ("method.gamma_lr_multiplier=1.0",), (0,)),
-        Variant("snens_lambda0", ("method.diversity_weight=0.0",), (0,)),
+        _tune("snens_defaults", ("method.temperature=1.0", "method.diversity_weight=0.1")),
+        _tune("snens_gamma1", ("method.gamma_lr_multiplier=1.0",)),
+        _tune("snens_lambda0", ("method.diversity_weight=0.0",)),
     ],
 }
 
 
-def runs_of(stage: str) -> list[tuple[Variant, SweepRun]]:
-    """Every run of a stage, its config built and checked (nothing is written)."""
-    out = []
-    for variant in STAGES[stage]:
-        grid = [f"seed={','.join(str(s) for s in variant.seeds)}"]
-        for run in plan(
-            preset(PRESET),
-            grid,
-            WHERE["out"] / stage / variant.name,
-            overrides=(*BASE, *variant.overrides, *WHERE["extra"]),
-        ):
-            out.append((variant, run))
+def runs_of(stage: str) -> list[Item]:
+    """Every run of a stage, seed by seed (a whole seed's table before the next seed's), its
+    config built and checked (nothing is written)."""
+    out = [
+        (stage, variant, run)
+        for variant in STAGES[stage]
+        for run in plan_variant(variant, WHERE["out"] / stage, (*BASE, *WHERE["extra"]))
+    ]
     order = [v.name for v in STAGES[stage]]
-    # seed by seed: a whole seed's table before the next seed's
-    out.sort(key=lambda item: (item[1].config.seed, order.index(item[0].name)))
+    out.sort(key=lambda item: (item[2].config.seed, order.index(item[1].name)))
     return out
 
 
-def run(stages: Sequence[str], only: Sequence[str] = ()) -> int:
-    """Train every unfinished run of ``stages`` (of the variants ``only``, if given), seed by
-    seed (seed 0 of every stage first); two processes share the queue."""
-    queue = [(stage, v, r) for stage in stages for v, r in runs_of(stage)]
-    queue = [item for item in queue if not only or item[1].name in only]
-    queue.sort(key=lambda item: (item[2].config.seed, stages.index(item[0])))
-    seeds: dict[tuple[str, str], list[SweepRun]] = {}
-    for stage, variant, sweep_run in queue:
-        seeds.setdefault((stage, variant.name), []).append(sweep_run)
-    failed = 0
-    for stage, variant, sweep_run in queue:
-        path = sweep_run.path()
-        if (path / FINAL).is_file():
-            continue
-        print(f"== {stage}/{variant.name}/{sweep_run.name}", flush=True)
-        table = seeds[(stage, variant.name)]
-        result = run_sweep([sweep_run], path.parent, keys=("seed",), table=table)
-        failed += len(result.failed)
-    return 1 if failed else 0
+def queue(stages: Sequence[str], only: Sequence[str] = ()) -> list[Item]:
+    """The runs of ``stages`` (of the variants ``only``, if given), seed 0 of every stage
+    first."""
+    items = [item for stage in stages for item in runs_of(stage)]
+    items.sort(key=lambda item: (item[2].config.seed, stages.index(item[0])))
+    return [item for item in items if not only or item[1].name in only]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -153,7 +136,7 @@ def zeroshot() -> Path:
     from snens.evaluation.protocol import evaluate, temperature_scaled_metrics
     from snens.models import create
 
-    config = runs_of("final")[0][1].config  # the study's data; the model is never trained
+    config = runs_of("final")[0][2].config  # the study's data; the model is never trained
     torch.set_num_threads(1)
     loaded = build_data(config.data, seed=0, device="cpu", encoder=text_encoder(config))
     model = SingleModel(create("smollm2", num_classes=2, lora=False)).eval()
@@ -202,7 +185,7 @@ def far_ood() -> list[Path]:
         if (path / FAR_OOD_FILE).is_file() or not (path / FINAL).is_file():
             continue
         if path.name == "zeroshot":
-            config = runs_of("final")[0][1].config
+            config = runs_of("final")[0][2].config
             model = SingleModel(create("smollm2", num_classes=2, lora=False))
         elif (path / "last.pt").is_file():
             model, config, _ = load_run_model(path)
@@ -383,7 +366,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     WHERE.update(out=args.out.resolve(), extra=tuple(args.set))
     os.chdir(ROOT)
     if args.command == "run":
-        return run(args.stage, args.only)
+        return study.train(queue(args.stage, args.only))
     if args.command == "zeroshot":
         print(zeroshot())
         return 0
@@ -394,11 +377,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "report":
         print(report().read_text())
         return 0
-    for stage in STAGES:
-        for variant, sweep_run in runs_of(stage):
-            path = sweep_run.path()
-            status = "done" if (path / FINAL).is_file() else "started" if path.is_dir() else "todo"
-            print(f"{stage:6s} {variant.name:22s} {sweep_run.name:8s} {status}")
+    study.print_plan([item for stage in STAGES for item in runs_of(stage)])
     return 0
 
 

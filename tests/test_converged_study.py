@@ -81,6 +81,8 @@ def test_two_workers_share_the_budget_stage_and_the_report_picks_the_budget(tmp_
 def _converged_module():
     import importlib.util
 
+    if str(SCRIPT.parent) not in sys.path:
+        sys.path.insert(0, str(SCRIPT.parent))  # the studies import their sibling `study`
     spec = importlib.util.spec_from_file_location("converged_study", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up

@@ -16,6 +16,7 @@ SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "llm.py"
 
 @pytest.fixture()
 def study(monkeypatch):
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))  # the studies import their sibling `study`
     spec = importlib.util.spec_from_file_location("llm_study", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "llm_study", module)

@@ -1,0 +1,76 @@
+"""What the long studies (``converged.py``, ``llm.py``) share: variants of a preset planned as
+engine runs (:func:`snens.engine.sweep.plan`), a queue of them that two processes share, and
+the listing of their status.
+
+A variant is a name, ``--set`` overrides over a preset, and the seeds it runs; its runs live
+in ``<out>/<stage>/<variant>/seed=<s>/`` and its ``sweep.csv`` lists them all. The queue is
+resumable and parallel: each process takes the next run nobody trains (the engine's
+``run.lock``), a finished run is skipped, an interrupted one resumes from its ``last.pt``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from snens.engine.presets import preset
+from snens.engine.runs import FINAL
+from snens.engine.sweep import SweepRun, plan, run_sweep
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One row of a study: ``overrides`` (``--set`` syntax) over ``preset``, run per seed."""
+
+    name: str
+    overrides: tuple[str, ...]
+    seeds: tuple[int, ...] = (0,)
+    preset: str = "fashion_mnist_small_cnn"
+
+
+#: A run in a study's queue: (stage, variant, the run).
+Item = tuple[str, Variant, SweepRun]
+
+
+def plan_variant(
+    variant: Variant, out: Path, overrides: Sequence[str] = ()
+) -> list[SweepRun]:
+    """The variant's runs, one per seed, in ``out/<variant>/``: their configs built and
+    checked, nothing written. ``overrides`` come before the variant's own."""
+    return plan(
+        preset(variant.preset),
+        [f"seed={','.join(str(s) for s in variant.seeds)}"],
+        out / variant.name,
+        overrides=(*overrides, *variant.overrides),
+    )
+
+
+def train(queue: Sequence[Item]) -> int:
+    """Train every unfinished run of ``queue`` in order; a run another process trains (its
+    ``run.lock`` held) is left to it. Returns 1 if a run failed, else 0."""
+    tables: dict[tuple[str, str], list[SweepRun]] = {}  # a variant's sweep.csv lists every run
+    for stage, variant, sweep_run in queue:
+        tables.setdefault((stage, variant.name), []).append(sweep_run)
+    failed = 0
+    for stage, variant, sweep_run in queue:
+        path = sweep_run.path()
+        if (path / FINAL).is_file():
+            continue
+        print(f"== {stage}/{variant.name}/{sweep_run.name}", flush=True)
+        table = tables[(stage, variant.name)]
+        failed += len(run_sweep([sweep_run], path.parent, keys=("seed",), table=table).failed)
+    return 1 if failed else 0
+
+
+def status(run: SweepRun) -> str:
+    """``done`` (its ``final.json`` written), ``started`` or ``todo``."""
+    path = run.path()
+    return "done" if (path / FINAL).is_file() else "started" if path.is_dir() else "todo"
+
+
+def print_plan(queue: Sequence[Item]) -> None:
+    """One line per run: stage, variant, seed, status."""
+    width = max((len(variant.name) for _, variant, _ in queue), default=0)
+    for stage, variant, sweep_run in queue:
+        print(f"{stage:11s} {variant.name:{width}s} {sweep_run.name:8s} {status(sweep_run)}")
