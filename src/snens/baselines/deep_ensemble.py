@@ -58,6 +58,12 @@ def reinitialized_copy(model: nn.Module) -> nn.Module:
     This is PyTorch's default initialization of each layer; a model's own initialization rule
     (e.g. Kaiming-normal convolutions) is not reproduced, so pass a factory that builds the model
     to :class:`DeepEnsemble` when it matters.
+
+    Args:
+        model: the model to copy; it is not modified.
+
+    Returns:
+        The new module, of ``model``'s class.
     """
     fresh = copy.deepcopy(model)
     for module in fresh.modules():

@@ -103,6 +103,9 @@ def create(
     ``snens``             ``snens.convert(model, M, **options)``
     ====================  ===========================================================
 
+    What :func:`snens.models.create` raises for a backbone built by name, and the method for
+    options it refuses, passes through.
+
     Args:
         method: one of :data:`METHODS`.
         backbone: a name from :func:`snens.models.available`, or an ``nn.Module``.
@@ -114,10 +117,17 @@ def create(
             and ``gamma`` for ``packed``, ``spread`` for ``film``, ``p`` for ``mc_dropout``,
             ``seed`` and ``vectorize`` for ``deep_ensemble``, ``head_init`` for ``snens``).
 
+    Returns:
+        An ``nn.Module`` of the class in the table (an :class:`snens.Ensemble` for ``snens``
+        and ``film``) that maps (B, …) to logits (M, B, K).
+
     Raises:
         ValueError: an unknown method (the message lists them), ``num_members != 1`` for
-            ``single``, or a ``packed`` backbone other than ``resnet18``/``resnet50``/``small_cnn``.
-        TypeError: a backbone that is neither a name nor an ``nn.Module``.
+            ``single``, or a ``packed`` backbone other than ``resnet18``/``resnet50``/``small_cnn``;
+            also ``num_members`` outside [1, :data:`~snens.nn.norms.MAX_MEMBERS`], or
+            ``backbone_options`` with a module backbone.
+        TypeError: a backbone that is neither a name nor an ``nn.Module``; a ``num_members``
+            that is not an int.
     """
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")

@@ -193,8 +193,19 @@ def film_norm(
 ) -> Callable[..., MemberNorm]:
     """A ``norm_layer=`` factory: ``film_norm(4)(64)`` builds ``FiLMBatchNorm2d(64, 4)``.
 
+    Args:
+        num_members: M.
+        norm: the plain norm type the model would otherwise use: a key of :data:`FILM_NORMS`.
+        **defaults: keyword arguments for every layer built (e.g. ``eps``, ``spread``).
+
+    Returns:
+        A ``functools.partial`` of the FiLM class of ``norm`` with ``num_members`` and
+        ``defaults`` bound; called with the layer's own arguments, it builds a new FiLM norm.
+
     Raises:
-        TypeError: on a norm type with no FiLM version.
+        TypeError: on a norm type with no FiLM version, or a ``num_members`` that is not an
+            int.
+        ValueError: if ``num_members`` is outside [1, :data:`~snens.nn.norms.MAX_MEMBERS`].
     """
     check_num_members(num_members)
     if norm not in FILM_NORMS:

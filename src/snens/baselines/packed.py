@@ -415,8 +415,16 @@ def packed_resnet18(
 
     Args: see :class:`PackedResNet`.
 
+    Returns:
+        A new :class:`PackedResNet` of :class:`PackedBasicBlock` (2-2-2-2).
+
     Shape:
         Input: (B, C, H, W). Output: (M, B, K).
+
+    Raises:
+        TypeError: if ``num_members`` is not an int.
+        ValueError: if ``num_members`` is outside [1, :data:`~snens.nn.norms.MAX_MEMBERS`],
+            ``alpha`` is not a number > 0, or ``gamma`` is not an int >= 1.
     """
     return PackedResNet(
         PackedBasicBlock,
@@ -444,8 +452,16 @@ def packed_resnet50(
 
     Args: see :class:`PackedResNet`.
 
+    Returns:
+        A new :class:`PackedResNet` of :class:`PackedBottleneck` (3-4-6-3).
+
     Shape:
         Input: (B, C, H, W). Output: (M, B, K).
+
+    Raises:
+        TypeError: if ``num_members`` is not an int.
+        ValueError: if ``num_members`` is outside [1, :data:`~snens.nn.norms.MAX_MEMBERS`],
+            ``alpha`` is not a number > 0, or ``gamma`` is not an int >= 1.
     """
     return PackedResNet(
         PackedBottleneck,
@@ -538,8 +554,18 @@ def packed_small_cnn(
 ) -> PackedSmallCNN:
     """Packed-Ensembles of :class:`snens.models.SmallCNN`; see :class:`PackedSmallCNN`.
 
+    Args: see :class:`PackedSmallCNN`.
+
+    Returns:
+        A new :class:`PackedSmallCNN`.
+
     Shape:
         Input: (B, C, H, W). Output: (M, B, K).
+
+    Raises:
+        TypeError: if ``num_members`` is not an int.
+        ValueError: if ``num_members`` is outside [1, :data:`~snens.nn.norms.MAX_MEMBERS`],
+            ``alpha`` is not a number > 0, or ``gamma`` is not an int >= 1.
     """
     return PackedSmallCNN(
         num_classes,

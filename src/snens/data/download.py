@@ -88,6 +88,13 @@ def file_digest(path: str | os.PathLike, algorithm: str) -> str:
     Args:
         path: file to hash.
         algorithm: any name ``hashlib.new`` accepts, e.g. ``"sha256"`` or ``"md5"``.
+
+    Returns:
+        The digest as a lowercase hex string.
+
+    Raises:
+        ValueError: from ``hashlib.new``, for an algorithm it does not know.
+        OSError: if the file cannot be read (``FileNotFoundError`` if it does not exist).
     """
     digest = hashlib.new(algorithm)
     with open(path, "rb") as f:

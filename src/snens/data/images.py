@@ -456,6 +456,10 @@ def resize_images(images: torch.Tensor, size: int, *, chunk: int = 4096) -> torc
         size: side of the output in pixels.
         chunk: images interpolated at a time, which bounds the float32 temporaries.
 
+    Returns:
+        A new uint8 tensor on ``images``' device; ``images`` itself when it is already
+        ``size`` × ``size``.
+
     Shape:
         images: ``(N, C, H, W)``; out: ``(N, C, size, size)``.
 
@@ -481,6 +485,12 @@ def resize_images(images: torch.Tensor, size: int, *, chunk: int = 4096) -> torc
 
 def grey_to_rgb(images: torch.Tensor) -> torch.Tensor:
     """Grey images with the one channel repeated to three (a copy), for RGB-pretrained models.
+
+    Args:
+        images: grey images, of any dtype.
+
+    Returns:
+        A new tensor of ``images``' dtype and device.
 
     Shape:
         images: ``(N, 1, H, W)``; out: ``(N, 3, H, W)``, every channel equal to the input's.

@@ -33,7 +33,12 @@ _WORKERS = 2**63  # third seed number of the workers' base seed; item seeds use 
 
 
 def default_num_workers() -> int:
-    """min(8, usable CPUs): enough to decode JPEGs for one GPU without crowding the host."""
+    """min(8, usable CPUs): enough to decode JPEGs for one GPU without crowding the host.
+
+    Returns:
+        The number of DataLoader workers, an int in [1, 8]: the CPUs this process may run on
+        (``os.cpu_count()`` where the platform cannot say), at most 8.
+    """
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux

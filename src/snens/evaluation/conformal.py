@@ -106,6 +106,12 @@ def min_calibration_size(alpha: float) -> int:
     Below it the ⌈(n+1)(1−α)⌉-th smallest score does not exist: only the set of every class
     would be guaranteed to cover.
 
+    Args:
+        alpha: the miscoverage, in (0, 1).
+
+    Returns:
+        n_min as an int (at least 1).
+
     Raises:
         TypeError, ValueError: ``alpha`` not a number in (0, 1).
 
@@ -372,6 +378,13 @@ def coverage(sets: Tensor, labels: Tensor) -> float:
 
         cov = (1/B) Σ_i 1[y_i ∈ C(x_i)]
 
+    Args:
+        sets: prediction sets, e.g. :meth:`ConformalPredictor.predict`'s.
+        labels: class indices.
+
+    Returns:
+        cov as a float in [0, 1].
+
     Shape:
         sets: (B, K) bool. labels: (B,).
 
@@ -388,6 +401,12 @@ def coverage(sets: Tensor, labels: Tensor) -> float:
 
 def mean_set_size(sets: Tensor) -> float:
     """The mean number of classes per prediction set, (1/B) Σ_i #C(x_i).
+
+    Args:
+        sets: prediction sets.
+
+    Returns:
+        The mean size as a float in [0, K].
 
     Shape:
         sets: (B, K) bool.

@@ -565,7 +565,26 @@ def _check_same_members(member_probs: Tensor, num_members: int, num_classes: int
 def temperature_scaled_metrics(outputs: Mapping[str, Tensor]) -> dict[str, float]:
     """``test_ts/<metric>``: the test metrics after temperature scaling fitted on the
     validation logits (one T for every member, the ensemble's mean of softmaxes), and
-    ``test_ts/temperature``; the baseline a user would try first."""
+    ``test_ts/temperature``; the baseline a user would try first.
+
+    Args:
+        outputs: the dict ``evaluate(..., keep_logits=outputs)`` filled, with a validation
+            split: ``"val"``, ``"val_labels"``, ``"test"``, ``"test_labels"``.
+
+    Returns:
+        A flat ``{key: float}``: ``"test_ts/temperature"`` (T) and ``"test_ts/<metric>"`` for
+        ``accuracy``, ``nll``, ``brier``, ``ece`` and ``adaptive_ece`` (15 bins).
+
+    Shape:
+        outputs: ``"val"`` (M, N_val, K), ``"val_labels"`` (N_val,), ``"test"`` (M, N, K),
+        ``"test_labels"`` (N,).
+
+    Raises:
+        KeyError: ``outputs`` without one of those four keys.
+        TypeError, ValueError: validation logits or labels that
+            :func:`~snens.evaluation.calibration.fit_temperature` refuses (non-floating logits,
+            non-integer labels, bad shapes, labels out of range, NaN or +inf logits).
+    """
     from snens.evaluation.calibration import fit_temperature  # calibration imports this module
 
     with warnings.catch_warnings():  # a T at the search's bound is reported, not warned

@@ -112,10 +112,19 @@ def from_pretrained(base_model: nn.Module, directory: str | os.PathLike) -> Ense
     ``base_model`` must be the model the adapters were trained on, freshly loaded (the same
     class, configuration and weights); it is wrapped in place.
 
+    Args:
+        base_model: the base model, freshly loaded.
+        directory: a directory :func:`save_pretrained` wrote.
+
+    Returns:
+        An :class:`~snens.Ensemble` over a ``peft.PeftModel`` of ``base_model``, with the saved
+        M, input policy and head, and the saved adapters and member layers loaded.
+
     Raises:
         FileNotFoundError: ``directory`` holds no complete save (the missing file named).
         ValueError: a save of another format version, or tensors that do not fit the model
             (the names given: a different base model, or another M).
+        ImportError: ``peft`` is not installed.
     """
     from safetensors.torch import load_file
 

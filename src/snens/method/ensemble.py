@@ -66,6 +66,9 @@ def fold_members(x: Tensor, num_members: int) -> Tensor:
         x: a batch with at least one dimension.
         num_members: M.
 
+    Returns:
+        A new tensor of ``x``'s dtype and device, ``x`` repeated M times along dimension 0.
+
     Shape:
         x: (B, …). Output: (M·B, …).
 
@@ -91,6 +94,10 @@ def unfold_members(x: Tensor, num_members: int, *, batch_size: int | None = None
         num_members: M.
         batch_size: B, when the caller knows it: the row count must then be exactly M·B (a
             model whose output skipped the members, with B a multiple of M, is caught here).
+
+    Returns:
+        ``x`` reshaped to one block of rows per member: a view of ``x`` where its strides
+        allow one (a copy under ``torch.export``).
 
     Shape:
         x: (M·B, …). Output: (M, B, …).
@@ -203,12 +210,16 @@ def forward_repeated(
         output: callable picking the logits from the model's output; by default a tensor, a
             Hugging Face output's ``.logits``, or the first element of a tuple.
 
+    Returns:
+        The logits of every member, as a tensor.
+
     Shape:
         Inputs: (B, …). Output: (M, B, K).
 
     Raises:
         TypeError: if the inputs hold no tensor with a batch dimension, or no logits are found
-            in the model's output.
+            in the model's output; or ``num_members`` is not an int.
+        ValueError: if ``num_members`` is outside [1, :data:`~snens.nn.norms.MAX_MEMBERS`].
         RuntimeError: if the logits are not (M·B, K).
     """
     B = _batch_size(args, kwargs)
@@ -486,13 +497,17 @@ def ensemble_loss(logits: Tensor, labels: Tensor, *, label_smoothing: float = 0.
         labels: class indices.
         label_smoothing: as in ``torch.nn.functional.cross_entropy``.
 
+    Returns:
+        The loss as a float32 scalar tensor, differentiable with respect to ``logits``.
+
     Shape:
         logits: (M, B, K) or (M, B/M, K). labels: (B,). Output: scalar.
 
     Raises:
         ValueError: if the shapes fit neither policy, a label is out of range, the logits are
             empty or not 3-D, or ``label_smoothing`` is outside [0, 1].
-        TypeError: for non-floating logits, or labels that are not integer tensors.
+        TypeError: for non-floating logits, labels that are not integer tensors, or a
+            ``label_smoothing`` that is not a number.
 
     Example:
         >>> logits = torch.tensor([[[2.0, 0.0]], [[0.0, 2.0]]])  # (M=2, B=1, K=2)
@@ -538,6 +553,12 @@ def predictive_probs(logits: Tensor) -> Tensor:
 
     Computed in float32 whatever the logits' dtype.
 
+    Args:
+        logits: member logits.
+
+    Returns:
+        A float32 tensor of class probabilities; each row sums to 1.
+
     Shape:
         logits: (M, B, K). Output: (B, K).
 
@@ -560,6 +581,13 @@ def extract_member(ensemble: Ensemble, member: int) -> nn.Module:
     Norms become ordinary norms holding that member's statistics, with sigmoid(gamma) folded
     into their affine; the member head becomes an ordinary ``nn.Linear``. The result's output
     equals ``ensemble(x)[member]``.
+
+    Args:
+        ensemble: an :class:`Ensemble`; it is not modified.
+        member: the member's index, 0 <= member < M.
+
+    Returns:
+        A new ``nn.Module``: a deep copy of ``ensemble.model`` whose member layers are plain.
 
     Raises:
         TypeError: if ``ensemble`` is not an :class:`Ensemble` or ``member`` not an int.

@@ -79,8 +79,11 @@ def register(name: str) -> Callable[[Builder], Builder]:
         @snens.models.register("my_net")
         def my_net(num_classes=10, **kwargs): ...
 
+    Returns:
+        The decorator: it registers the builder it is applied to and returns it unchanged.
+
     Raises:
-        ValueError: if ``name`` is already registered.
+        ValueError: if ``name`` is already registered (raised when the decorator is applied).
     """
 
     def decorator(builder: Builder) -> Builder:
@@ -96,7 +99,11 @@ def register(name: str) -> Callable[[Builder], Builder]:
 
 
 def available() -> list[str]:
-    """Names accepted by :func:`create`, sorted."""
+    """Names accepted by :func:`create`, sorted.
+
+    Returns:
+        A new list of the registered names, in sorted order.
+    """
     return sorted(_BUILDERS)
 
 
@@ -108,10 +115,16 @@ def create(name: str, num_classes: int | None = None, **kwargs) -> nn.Module:
         num_classes: K; ``None`` keeps the builder's default (10, or 1000 for ``mobilenet_v2``).
         **kwargs: passed to the builder (``in_channels``, ``norm_layer``, ``pretrained``, …).
 
+    Returns:
+        The builder's model; for the built-in names, a new ``nn.Module`` returning logits
+        (B, K).
+
     Raises:
         ValueError: if ``name`` is not registered (the message lists the available names), an
             option the model does not take (with the ones it takes), or a size that is not an
             int >= 1 / a rate that is not a finite number (named, before anything is built).
+        FileNotFoundError, ImportError: from the builder, for weights or packages it needs and
+            does not find (``pretrained`` MobileNetV2, ``minilm``, ``smollm2``).
     """
     if name not in _BUILDERS:
         raise ValueError(f"unknown model {name!r}; available: {', '.join(available())}")

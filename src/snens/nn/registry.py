@@ -394,8 +394,14 @@ def member_norm(
             or a type registered with a member class.
         **defaults: keyword arguments for every layer built (e.g. ``eps``, ``gamma_std``).
 
+    Returns:
+        A callable taking ``norm``'s arguments and returning a new
+        :class:`~snens.nn.MemberNorm` of ``num_members`` members (the member class of
+        ``norm``); it raises what ``norm`` raises on arguments ``norm`` refuses.
+
     Raises:
-        TypeError, ValueError: on a bad ``num_members`` or a norm type with no member class.
+        TypeError: if ``num_members`` is not an int, or ``norm`` has no member class.
+        ValueError: if ``num_members`` is outside [1, :data:`~snens.nn.norms.MAX_MEMBERS`].
     """
     check_num_members(num_members)
     entry = _TABLE.get(norm)
