@@ -31,7 +31,9 @@ myst_heading_anchors = 3
 myst_enable_extensions = ["colon_fence"]
 
 autodoc_member_order = "bysource"
-autodoc_typehints = "description"
+# types in the signature, as PyTorch's reference shows them: merged into the description they
+# would follow a docstring's Shape section as a second Parameters/Return type list
+autodoc_typehints = "signature"
 autodoc_default_options = {"members": True, "show-inheritance": False}
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
