@@ -25,15 +25,18 @@ Stages (each run's directory: ``results/llm/<stage>/<variant>/seed=<s>/``):
   holds the test metrics after temperature scaling fitted on the validation split
   (``test_ts/…``), and ``outputs.npz`` the member logits.
 * ``tune`` — σN-Ens recipes on the validation split, seed 0: the library's defaults (τ=1,
-  λ=0.1), γ at ×1, λ=0 (member norms without the regularizer), and the regularizer on the last
-  ten blocks' norms only.
+  λ=0.1), γ at ×1, λ=0 (member norms without the regularizer).
+* ``tune_split`` — the same questions asked of ``split`` (one fine-tune's compute, and a run
+  of B rows, so it fits in memory beside a run of M·B): λ=0, γ at ×10, τ=1 (a stronger
+  partition at the preset's λ), 3 epochs; seed 0, read on the validation split.
 
 Resumable and parallel, as the converged study: run the same command in two processes; each
 takes the next run nobody trains (``run.lock``); a finished run is skipped, an interrupted one
 resumes from its ``last.pt``. Checkpoints (a copy of the 135 M base each) are not committed.
 Memory: a run of M·B rows (σN-Ens ``repeat``, the LoRA ensemble) holds ~11 GB at one thread,
 one of B rows (one model, MC-dropout, ``split``) ~3.5 GB; on a 24 GB machine give the second
-process the small ones (``--only single_fair single snens_split mc_dropout_fair``).
+process the small ones (``--only single_fair single snens_split mc_dropout_fair`` and the
+``tune_split`` stage).
 
     OMP_NUM_THREADS=1 python experiments/llm.py run &     # two of these share the queue
     python experiments/llm.py zeroshot                    # the prompted base model, untrained
@@ -92,6 +95,15 @@ STAGES: dict[str, list[Variant]] = {
         _tune("snens_defaults", ("method.temperature=1.0", "method.diversity_weight=0.1")),
         _tune("snens_gamma1", ("method.gamma_lr_multiplier=1.0",)),
         _tune("snens_lambda0", ("method.diversity_weight=0.0",)),
+    ],
+    "tune_split": [
+        _tune(f"split_{name}", ("method.input_policy=split", *overrides))
+        for name, overrides in (
+            ("lambda0", ("method.diversity_weight=0.0",)),
+            ("gamma10", ("method.gamma_lr_multiplier=10.0",)),
+            ("tau1", ("method.temperature=1.0",)),
+            ("epochs3", ("optim.epochs=3",)),
+        )
     ],
 }
 
@@ -243,6 +255,10 @@ ROWS = (
     ("σN-Ens-LoRA, τ=1 λ=0.1 (library defaults)", "tune", "snens_defaults"),
     ("σN-Ens-LoRA, γ ×1", "tune", "snens_gamma1"),
     ("σN-Ens-LoRA, λ=0", "tune", "snens_lambda0"),
+    ("σN-Ens-LoRA split, λ=0", "tune_split", "split_lambda0"),
+    ("σN-Ens-LoRA split, γ ×10", "tune_split", "split_gamma10"),
+    ("σN-Ens-LoRA split, τ=1", "tune_split", "split_tau1"),
+    ("σN-Ens-LoRA split, 3 epochs", "tune_split", "split_epochs3"),
 )
 COLUMNS = (
     ("val NLL", "val/nll"),

@@ -78,10 +78,17 @@ def test_report_means_seeds_and_scores_both_ood_sets(study, tmp_path):
     assert split_ood[5] == "1.000 ± 0.000"  # tweets MI: members disagree on tweets only
 
 
-def test_plan_lists_every_run_of_both_stages(study, tmp_path, capsys, monkeypatch):
+def test_plan_lists_every_run_of_every_stage(study, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)  # main() moves to the repository root
     assert study.main(["--out", str(tmp_path / "llm"), "plan"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 6 * 3 + 3
+    assert len(lines) == 6 * 3 + 3 + 4  # final: 6 variants × 3 seeds; tune 3, tune_split 4
     assert lines[0].split() == ["final", "single_fair", "seed=0", "todo"]
-    assert lines[-1].split() == ["tune", "snens_lambda0", "seed=0", "todo"]
+    assert lines[-1].split() == ["tune_split", "split_epochs3", "seed=0", "todo"]
+    # every split tune run trains on split inputs, one change from the preset's recipe each
+    configs = {v.name: r.config for _, v, r in study.runs_of("tune_split")}
+    assert {c.method.input_policy for c in configs.values()} == {"split"}
+    assert configs["split_lambda0"].method.diversity_weight == 0.0
+    assert configs["split_tau1"].method.temperature == 1.0
+    assert configs["split_tau1"].method.diversity_weight == 0.01
+    assert configs["split_epochs3"].optim.epochs == 3
