@@ -49,7 +49,10 @@ def test_demo_trains_every_method_and_writes_its_table(demo):
         "σN-Ens τ=0.05",
         "σN-Ens τ=1 (default)",
         "σN-Ens τ=5",
+        "σN-Ens τ=1, split",
     ]
+    # split inputs: each member sees a quarter of the batch, the same parameters
+    assert rows["σN-Ens τ=1, split"]["params"] == rows["σN-Ens τ=1 (default)"]["params"]
     single = rows["single"]["params"]
     assert rows["deep ensemble"]["params"] == 4 * single
     # σN-Ens adds M−1 heads and M−1 copies of each norm's affine and gamma, nothing else
@@ -75,7 +78,12 @@ def test_demo_trains_every_method_and_writes_its_table(demo):
     assert table.count("\n| ") == 1 + len(rows)  # the header, one line per run
     assert "| Packed-Ensembles | " in table and "corrupted ECE" in table
     # the budget it ran, said to be short, and the converged study's table beside it
-    assert "600 images for 1 epoch (4 steps" in reference and "far from converged" in reference
+    assert "600 images for 1 epoch (4 steps, SmallCNN width 4, no augmentation)" in reference
+    # whether one model overfit, read off its own run: after one epoch it has not
+    loss, nll = rows["single"]["train_loss"], rows["single"]["nll"]
+    assert f"training loss of {loss:.3f} and a test NLL of {nll:.3f}: it does not overfit" in (
+        reference.replace("\n", " ")
+    )
     assert "| single | 288,170 | 0.8824 | 0.5027 | " in reference
     assert reference.count("\n| ") == 2 + len(CONVERGED_OVERFIT) + len(CONVERGED_FINAL)
     assert "`python experiments/converged.py report`" in reference
@@ -157,6 +165,7 @@ def test_demo_draws_every_figure(demo):
                     "snens_tau0.05",
                     "snens_tau1_default",
                     "snens_tau5",
+                    "snens_tau1_split",
                 ]
             )
         ]
@@ -164,6 +173,7 @@ def test_demo_draws_every_figure(demo):
             "allocation_snens_tau0.05.png",
             "allocation_snens_tau1_default.png",
             "allocation_snens_tau5.png",
+            "allocation_snens_tau1_split.png",
         ]
     )
     report = (out / "report.md").read_text()
@@ -220,3 +230,21 @@ def test_demo_again_reads_its_finished_runs_and_refuses_other_settings(demo, cap
     assert main(["demo", "--full", "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert "holds a run of another config" in err and "data.train_examples" in err
+
+
+def test_the_report_says_whether_one_model_overfit_from_its_own_numbers():
+    """Measured on the default demo's settings (2,000 images, no augmentation, width 32, 20
+    epochs, seed 0): the single model's last training loss 0.005 against a test NLL of 0.592."""
+    from snens.engine.demo import _reference
+
+    def reference(train_loss, nll):
+        row = {"method": "single", "train_loss": train_loss, "nll": nll}
+        return _reference(DemoConfig(), 300, [row]).replace("\n", " ")
+
+    assert "2,000 images for 20 epochs (300 steps, SmallCNN width 32, no augmentation)" in (
+        reference(0.005, 0.592)
+    )
+    assert "a test NLL of 0.592: it overfits, the regime where σN-Ens pays" in reference(
+        0.005, 0.592
+    )
+    assert "it does not overfit" in reference(0.30, 0.35)
