@@ -99,14 +99,17 @@ def _rotten_tomatoes(root: Any, download: bool) -> TextSplit:
     return split_texts(corpus.texts, corpus.labels, test_fraction=0.2, seed=0)
 
 
+#: Why ``image_folder`` needs a root (the engine's config says it before anything runs).
+IMAGE_FOLDER_NEEDS_ROOT = (
+    "data.dataset 'image_folder' reads your class folders from data.root: set data.root to the "
+    "folder holding train/ and val/, each with one sub-folder of images per class"
+)
+
+
 def _image_folder(root: Any, split: str, transform: Any = None, **policy: Any) -> ImageFolder:
     """Your own images: ``<root>/train/<class>/…`` and ``<root>/val/<class>/…``."""
     if root is None:
-        raise ValueError(
-            "data.dataset 'image_folder' reads your class folders from data.root: set "
-            "data.root to the folder holding train/ and val/, each with one sub-folder of "
-            "images per class"
-        )
+        raise ValueError(IMAGE_FOLDER_NEEDS_ROOT)
     folder = Path(root).expanduser() / split
     if not folder.is_dir():
         raise FileNotFoundError(

@@ -362,11 +362,7 @@ class DataConfig(_Section):
             _check_ood(self.ood, TEXT_OOD_SETS, dataset, "text")
         elif dataset in FOLDER_DATASETS:
             if dataset == "image_folder" and not self.root:
-                raise ValueError(
-                    "data.dataset 'image_folder' reads your class folders from data.root: set "
-                    "data.root to the folder holding train/ and val/, each with one sub-folder "
-                    "of images per class"
-                )
+                raise ValueError(registry.IMAGE_FOLDER_NEEDS_ROOT)
             if self.corruptions:
                 raise ValueError(
                     f"data.corruptions is not available for data.dataset {dataset!r}: the "

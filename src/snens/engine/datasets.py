@@ -185,7 +185,8 @@ def build_data(
       :class:`~snens.data.TokenLoader` whose batches are ``({"input_ids", "attention_mask"},
       y)``; OOD sets ``rt_plots`` (Rotten Tomatoes plot descriptions, near) and ``tweets``
       (tweets on airlines, brands and self-driving cars, far);
-    * class folders (``imagenet``: ``train/`` and ``val/``): a
+    * class folders (``imagenet``, and ``image_folder`` for your own: ``train/`` and
+      ``val/``): a
       :class:`~snens.data.FolderLoader` over a DataLoader with ``num_workers`` workers;
       training views are random-resized crops (``"crop"``) and flips (``"flip"``) at
       ``image_size``, evaluation views the resized (``resize_size``) center crop; an OOD set
