@@ -142,6 +142,22 @@ def _hf_trainer(tmp_path, ens, **kwargs):
     return SnensTrainer(model=ens, args=TrainingArguments(**options), **kwargs)
 
 
+def test_trainer_builds_the_fused_kernels_before_training_not_mid_run(tmp_path, monkeypatch):
+    """A model with member LayerNorms on the CPU: SnensTrainer asks for the fused kernels at
+    construction (their one-time build, about a minute, then happens before training starts,
+    not inside the first evaluate()); a model without such norms does not."""
+    from snens.nn import fused
+
+    calls = []
+    monkeypatch.setattr(fused, "available", lambda: calls.append(1) or True)
+    _hf_trainer(tmp_path, _tiny_ensemble(), train_dataset=_tiny_examples())
+    assert calls == [1]
+    torch.manual_seed(0)
+    rms = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.RMSNorm(8), torch.nn.Linear(8, 3))
+    _hf_trainer(tmp_path, snens.convert(rms, num_members=2))  # RMSNorm: no fused kernel
+    assert calls == [1]
+
+
 def test_trainer_keeps_the_wrapped_models_columns(tmp_path):
     trainer = _hf_trainer(tmp_path, _tiny_ensemble(), train_dataset=_tiny_examples())
     assert trainer.args.remove_unused_columns

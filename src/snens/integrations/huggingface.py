@@ -96,6 +96,14 @@ from snens.method.regularizer import (
     diversity_loss,
 )
 from snens.metrics import nll
+from snens.nn import (
+    MemberBatchNorm1d,
+    MemberBatchNorm2d,
+    MemberBatchNorm3d,
+    MemberLayerNorm,
+    MemberLayerNorm2d,
+    fused,
+)
 
 __all__ = ["FORMAT_VERSION", "SNENS_CONFIG", "SnensTrainer", "load_ensemble"]
 
@@ -108,6 +116,16 @@ FORMAT_VERSION = 1
 _SAFETENSORS = "model.safetensors"
 _SAFETENSORS_INDEX = "model.safetensors.index.json"
 _PICKLED = "pytorch_model.bin"
+
+
+#: Member norms with fused CPU kernels (:mod:`snens.nn.fused`).
+_FUSABLE = (
+    MemberLayerNorm,
+    MemberLayerNorm2d,
+    MemberBatchNorm1d,
+    MemberBatchNorm2d,
+    MemberBatchNorm3d,
+)
 
 
 class SnensTrainer(transformers.Trainer):
@@ -212,6 +230,11 @@ class SnensTrainer(transformers.Trainer):
                 "pass TrainingArguments(label_names=['labels'])"
             )
         self.label_names = names
+        # The fused CPU kernels of member LayerNorms and batch norms build on their first use
+        # (about a minute, once per environment, announced): build them now, before training,
+        # rather than in the middle of the first evaluate()
+        if self.args.device.type == "cpu" and any(isinstance(m, _FUSABLE) for m in model.modules()):
+            fused.available()
 
     # -- columns ---------------------------------------------------------------------------------
     def _set_signature_columns_if_needed(self) -> None:
