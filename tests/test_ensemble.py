@@ -127,23 +127,12 @@ def test_models_built_with_the_factory():
         snens.Ensemble(nn.Linear(2, 2), num_members=2)
 
 
-@pytest.mark.parametrize("replication", ["auto", "lazy", "eager"])
-def test_the_removed_replication_argument_is_refused_with_the_reason(resnet, replication):
-    """One path: the batch is repeated at the input. A caller still passing ``replication=``
-    is told so, and ``convert`` refuses before touching the model (``inplace=True``)."""
-    message = (
-        f"replication={replication!r}: lazy replication was removed; ensembles always repeat "
-        "the batch at the input (one path; lazy measured 1.00–1.02× on ResNet-18). Drop the "
-        "replication argument"
-    )
-    with pytest.raises(TypeError) as err:
-        snens.convert(resnet, M, replication=replication, inplace=True)
-    assert str(err.value) == message
-    assert not any(isinstance(m, snens.nn.MemberNorm) for m in resnet.modules())
-    model = snens.convert(resnet, M).model
-    with pytest.raises(TypeError) as err:
-        snens.Ensemble(model, M, replication=replication)
-    assert str(err.value) == message
+def test_there_is_one_input_path_and_no_replication_argument(resnet):
+    """The batch is repeated at the input, always; no option chooses another path."""
+    with pytest.raises(TypeError, match="unexpected keyword argument 'replication'"):
+        snens.convert(resnet, M, replication="lazy")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'replication'"):
+        snens.Ensemble(snens.convert(resnet, M).model, M, replication="lazy")
 
 
 def test_output_selection_and_errors(resnet):

@@ -129,16 +129,6 @@ def unfold_members(x: Tensor, num_members: int, *, batch_size: int | None = None
     return x.reshape(M, batch_size, *x.shape[1:])  # (M, B, …)
 
 
-def _check_no_replication(replication: None) -> None:
-    """``replication=`` is gone; a caller still passing it is told why and what to do."""
-    if replication is not None:
-        raise TypeError(
-            f"replication={replication!r}: lazy replication was removed; ensembles always repeat "
-            "the batch at the input (one path; lazy measured 1.00–1.02× on ResNet-18). Drop "
-            "the replication argument"
-        )
-
-
 def _default_output(out: Any) -> Tensor:
     if isinstance(out, Tensor):
         return out
@@ -242,7 +232,6 @@ class Ensemble(nn.Module):
         output: callable picking the logits from the model's output; by default a tensor, a
             Hugging Face output's ``.logits``, or the first element of a tuple.
         report: the :class:`~snens.nn.surgery.ConversionReport`, when built by ``convert``.
-        replication: removed (the batch is always repeated at the input); passing it raises.
 
     Shape:
         Input: (B, …) (any positional and keyword arguments; every tensor whose leading
@@ -251,7 +240,6 @@ class Ensemble(nn.Module):
 
     Raises:
         ValueError: if ``model`` holds no member norm, or a member layer has another M.
-        TypeError: if ``replication`` is passed.
     """
 
     def __init__(
@@ -262,10 +250,8 @@ class Ensemble(nn.Module):
         input_policy: InputPolicy = "repeat",
         output: Callable[[Any], Tensor] | None = None,
         report: ConversionReport | None = None,
-        replication: None = None,
     ) -> None:
         super().__init__()
-        _check_no_replication(replication)
         self.num_members = check_num_members(num_members)
         members = member_modules(model)
         if not any(isinstance(m, MemberNorm) for _, m in members):
@@ -384,7 +370,6 @@ def convert(
     input_policy: InputPolicy = "repeat",
     output: Callable[[Any], Tensor] | None = None,
     inplace: bool = False,
-    replication: None = None,
 ) -> Ensemble:
     """Turn any model with norm layers into a σN-Ens ensemble of ``num_members`` members.
 
@@ -401,20 +386,17 @@ def convert(
             :func:`snens.nn.surgery.convert_modules`.
         input_policy, output: see :class:`Ensemble`.
         inplace: convert ``model`` itself instead of a deep copy of it.
-        replication: removed (the batch is always repeated at the input); passing it raises,
-            before ``model`` is touched.
 
     Returns:
         An :class:`Ensemble`; its ``report`` says what was converted and the parameters added.
 
     Raises:
         TypeError: bad ``num_members``; an unsupported norm, named (unless
-            ``skip_unsupported``); a head that is not ``nn.Linear``; ``replication`` passed;
-            ``model`` is (or holds) an :class:`Ensemble` already, e.g. a notebook cell
-            ``model = snens.convert(model, M)`` run twice.
+            ``skip_unsupported``); a head that is not ``nn.Linear``; ``model`` is (or holds)
+            an :class:`Ensemble` already, e.g. a notebook cell ``model = snens.convert(model,
+            M)`` run twice.
         ValueError: ``num_members < 1``; no supported norm in the model.
     """
-    _check_no_replication(replication)
     check_num_members(num_members)
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
