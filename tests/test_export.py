@@ -170,13 +170,16 @@ def test_onnx_model_equals_eager_at_every_batch_size(case, tmp_path):
     name, model, inputs = case
     ens = snens.convert(model(), num_members=M).eval()
     args, kwargs = inputs(5, seed=99)
-    onnx_program = torch.onnx.export(snens.export(ens, *args, **kwargs), dynamo=True)
-    path = tmp_path / f"{name}.onnx"
-    onnx_program.save(path)
+    path = snens.export_onnx(ens, tmp_path / f"{name}.onnx", *args, **kwargs)
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
     names = [i.name for i in session.get_inputs()]
+    # named as the forward's keywords (positional: input), the output logits, the batch batch
+    assert names == ["input"] * len(args) + list(kwargs)
+    assert [i.shape[0] for i in session.get_inputs()] == ["batch"] * len(names)
+    (output,) = session.get_outputs()
+    assert output.name == "logits" and output.shape[:2] == [M, "batch"]
     for b in BATCH_SIZES:
         args, kwargs = inputs(b)
         feed = dict(zip(names, [t.numpy() for t in (*args, *kwargs.values())], strict=True))
@@ -184,3 +187,18 @@ def test_onnx_model_equals_eager_at_every_batch_size(case, tmp_path):
         with torch.no_grad():
             expected = ens(*args, **kwargs)
         torch.testing.assert_close(torch.from_numpy(got), expected, **TOL)
+
+
+def test_onnx_input_names_are_checked_against_the_inputs(tmp_path):
+    pytest.importorskip("onnx")
+    pytest.importorskip("onnxscript")
+    ens = snens.convert(_transformer(), num_members=M).eval()
+    (ids,), kwargs = _tokens_with_mask(5)
+    with pytest.raises(ValueError, match=r"input_names \['ids'\] name 1 inputs, but the example"):
+        snens.export_onnx(ens, tmp_path / "t.onnx", ids, input_names=["ids"], **kwargs)
+    path = snens.export_onnx(ens, tmp_path / "t.onnx", ids, input_names=["ids", "mask"], **kwargs)
+    import onnx
+
+    graph = onnx.load(path).graph
+    assert [i.name for i in graph.input] == ["ids", "mask"]
+    assert [o.name for o in graph.output] == ["logits"]

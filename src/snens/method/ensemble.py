@@ -27,7 +27,9 @@ from __future__ import annotations
 import copy
 import dataclasses
 import inspect
+import os
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -45,6 +47,7 @@ __all__ = [
     "convert",
     "ensemble_loss",
     "export",
+    "export_onnx",
     "extract_member",
     "fold_members",
     "forward_repeated",
@@ -644,6 +647,74 @@ def export(ensemble: Ensemble, /, *args: Any, **kwargs: Any) -> torch.export.Exp
         kwargs=kwargs,
         dynamic_shapes=dynamic_shapes,
     )
+
+
+def export_onnx(
+    ensemble: Ensemble,
+    path: str | os.PathLike,
+    /,
+    *args: Any,
+    input_names: Sequence[str] | None = None,
+    **kwargs: Any,
+) -> Path:
+    """The whole ensemble as an ONNX file that takes any batch size, with named inputs, output
+    and batch dimension.
+
+    :func:`export`, then ``torch.onnx.export(program, dynamo=True)``; the file's inputs are
+    named after the forward's keywords (``input_ids``, ``attention_mask``, …; positional
+    inputs ``input``, ``input_1``, …, or ``input_names``), its output ``logits``, and the
+    shared batch dimension ``batch`` wherever it appears. Needs ``onnx`` and ``onnxscript``
+    (``pip install 'snens[export]'``); ONNX Runtime runs the file.
+
+    Args:
+        ensemble: an :class:`Ensemble` in eval mode.
+        path: the ``.onnx`` file to write.
+        args, kwargs: example inputs, as ``ensemble(*args, **kwargs)`` takes them (B >= 2).
+        input_names: names for the inputs in order, positional then keyword; default as above.
+
+    Returns:
+        ``path``, as a :class:`~pathlib.Path`.
+
+    Shape:
+        Inputs: (batch, …). Output ``logits``: (M, batch, K).
+
+    Raises:
+        TypeError, ValueError: as :func:`export`; ``input_names`` of another length than the
+            inputs.
+        ImportError: ``onnx`` or ``onnxscript`` missing (the message says what to install).
+    """
+    try:
+        import onnx
+        import onnxscript  # noqa: F401 - torch.onnx's dynamo exporter needs it
+    except ImportError as error:
+        raise ImportError(
+            f"snens.export_onnx needs onnx and onnxscript ({error}); pip install 'snens[export]'"
+        ) from error
+    default = ["input" if i == 0 else f"input_{i}" for i in range(len(args))] + list(kwargs)
+    names = list(input_names) if input_names is not None else default
+    if len(names) != len(default):
+        raise ValueError(
+            f"input_names {names} name {len(names)} inputs, but the example has {len(default)} "
+            f"({len(args)} positional, keywords {list(kwargs)})"
+        )
+    program = export(ensemble, *args, **kwargs)
+    onnx_program = torch.onnx.export(
+        program, dynamo=True, input_names=names, output_names=["logits"]
+    )
+    model = onnx_program.model_proto
+    batch = next(
+        dim.dim_param
+        for value in model.graph.input
+        for dim in value.type.tensor_type.shape.dim[:1]
+        if dim.dim_param
+    )
+    for value in (*model.graph.input, *model.graph.output, *model.graph.value_info):
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.dim_param == batch:
+                dim.dim_param = "batch"
+    out = Path(path)
+    onnx.save(model, out)
+    return out
 
 
 class _NamedKeywords(nn.Module):
