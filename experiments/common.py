@@ -22,7 +22,6 @@ import json
 import math
 import platform
 import re
-import statistics
 import sys
 import tempfile
 import time
@@ -42,9 +41,11 @@ from snens.data import (
     load_fashion_mnist,
     load_mnist_5k,
 )
+from snens.engine import sweep
 from snens.engine.config import RunConfig, load_config, to_dict
 from snens.engine.presets import preset
 from snens.engine.reload import load_run_model
+from snens.engine.report import summarize
 from snens.engine.runs import read_metrics
 from snens.engine.train import train
 from snens.evaluation.protocol import collect, ood_detection
@@ -466,17 +467,14 @@ def log_row(row: Mapping[str, Any], label: str) -> None:
 
 
 def write_csv(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
-    """One row per run; the columns are the union of the rows' keys, in first-seen order (a row
-    without a column gets ``nan`` there)."""
-    columns = list(dict.fromkeys(k for row in rows for k in row))
-    with path.open("w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=columns, restval="nan")
-        writer.writeheader()
-        writer.writerows(rows)
-    return path
+    """One row per run, as the engine's sweeps write them (:func:`snens.engine.sweep.write_csv`:
+    the union of the rows' keys in first-seen order, a missing cell empty, written atomically)."""
+    return sweep.write_csv(path, rows)
 
 
 def _parse(value: str) -> Any:
+    if value == "":  # a cell the row did not have
+        return math.nan
     for kind in (int, float):
         try:
             return kind(value)
@@ -541,9 +539,10 @@ def label(row: Mapping[str, Any]) -> str:
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (0 for one value)."""
-    values = [float(v) for v in values]
-    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+    """Mean and sample standard deviation (:func:`snens.engine.report.summarize`; 0 for one
+    value, where the report shows none)."""
+    mean, std, n = summarize([float(v) for v in values])
+    return mean, std if n > 1 else 0.0
 
 
 def groups(rows: Sequence[Mapping[str, Any]], by: Sequence[str]) -> dict[tuple, list[Mapping]]:
