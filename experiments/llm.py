@@ -217,8 +217,8 @@ def far_ood() -> list[Path]:
 
 
 def ood_metrics(path: Path) -> dict[str, float]:
-    """AUROC of the test set against each OOD set, per score (MSP, entropy, mutual
-    information), from the kept member logits (``outputs.npz``, ``ood_tweets.npz``)."""
+    """AUROC of the test set against each OOD set, per score of :data:`OOD_SCORES` (MSP and
+    mutual information), from the kept member logits (``outputs.npz``, ``ood_tweets.npz``)."""
     import numpy as np
     import torch
 
