@@ -33,9 +33,7 @@ class Variant:
 Item = tuple[str, Variant, SweepRun]
 
 
-def plan_variant(
-    variant: Variant, out: Path, overrides: Sequence[str] = ()
-) -> list[SweepRun]:
+def plan_variant(variant: Variant, out: Path, overrides: Sequence[str] = ()) -> list[SweepRun]:
     """The variant's runs, one per seed, in ``out/<variant>/``: their configs built and
     checked, nothing written. ``overrides`` come before the variant's own."""
     return plan(
