@@ -321,11 +321,21 @@ def report() -> Path:
         inference = [s for s in map(inference_seconds, paths) if s is not None]
         params = {f["model"].get("trainable_params") for f in finals}
         trained = f"{params.pop():,}" if len(params) == 1 and None not in params else "—"
+        peaks = [f["train"]["peak_rss_mib"] / 1024 for f in finals if "peak_rss_mib" in f["train"]]
         train_s = f"{summarize(seconds)[0]:,.0f}" if seconds else "0"
         infer_s = f"{summarize(inference)[0]:,.0f}" if inference else "—"
-        main_rows.append([label, seeds, *cells(COLUMNS), train_s, infer_s, trained])
+        peak = f"{max(peaks):.1f}" if peaks else "—"
+        main_rows.append([label, seeds, *cells(COLUMNS), train_s, infer_s, peak, trained])
         ood_rows.append([label, seeds, *cells(OOD_COLUMNS)])
-    main_header = ["run", "seeds", *(c for c, _ in COLUMNS), "train s", "infer s", "trainable"]
+    main_header = [
+        "run",
+        "seeds",
+        *(c for c, _ in COLUMNS),
+        "train s",
+        "infer s",
+        "peak GiB",
+        "trainable",
+    ]
     text = "\n".join(
         [
             "# σN-Ens on a pretrained LLM: SmolLM2-135M-Instruct + LoRA on Rotten Tomatoes",
@@ -338,7 +348,9 @@ def report() -> Path:
             "the model over 500 texts: the far-OOD pass, `python experiments/llm.py far-ood`)",
             "are wall seconds under the load of whatever else the machine ran, which varied: the",
             "two single models' identical inference took 107 and 224 s. The per-step costs",
-            "measured in isolation are `snens bench --llm`'s (the performance page).",
+            "measured in isolation are `snens bench --llm`'s (the performance page). `peak GiB`",
+            "is the largest peak resident set of the training process over the seeds' epochs",
+            "(`peak_rss_mib` in `final.json`; — for runs finished before the engine recorded it).",
             "",
             *_table(main_header, main_rows),
             "",

@@ -24,7 +24,9 @@ def study(monkeypatch):
     return module
 
 
-def _finished(path: Path, nll: float, members: int, far: np.ndarray | None, seconds=100.0):
+def _finished(
+    path: Path, nll: float, members: int, far: np.ndarray | None, seconds=100.0, peak=None
+):
     """A finished run: final.json, and member logits where the test reviews are confident
     (logit gap 4) and the OOD texts are not (gap 0 for all but the first)."""
     path.mkdir(parents=True)
@@ -32,7 +34,7 @@ def _finished(path: Path, nll: float, members: int, far: np.ndarray | None, seco
     final = {
         "metrics": metrics,
         "model": {"trainable_params": 1_000 * members},
-        "train": {"seconds": seconds},
+        "train": {"seconds": seconds} | ({} if peak is None else {"peak_rss_mib": peak}),
     }
     (path / "final.json").write_text(json.dumps(final))
     test = np.zeros((members, 4, 2), np.float32)
@@ -51,8 +53,8 @@ def test_report_means_seeds_and_scores_both_ood_sets(study, tmp_path):
     study.WHERE["out"] = out
     far = np.zeros((4, 2, 2), np.float32)
     far[1:, :, 1] = 3.0  # members disagree on the tweets: mutual information > 0 there
-    _finished(out / "final" / "snens_split" / "seed=0", 0.40, 4, far)
-    _finished(out / "final" / "snens_split" / "seed=1", 0.44, 4, far, seconds=300.0)
+    _finished(out / "final" / "snens_split" / "seed=0", 0.40, 4, far)  # before peaks were kept
+    _finished(out / "final" / "snens_split" / "seed=1", 0.44, 4, far, seconds=300.0, peak=4608)
     _finished(out / "final" / "single_fair" / "seed=0", 0.50, 1, None)
     (out / "final" / "single_fair" / "seed=1").mkdir()  # unfinished: not a row's seed
 
@@ -64,7 +66,10 @@ def test_report_means_seeds_and_scores_both_ood_sets(study, tmp_path):
     assert cells[1] == "0 1"
     assert cells[2] == "0.370 ± 0.028"  # val NLL: 0.35 and 0.39
     assert cells[4] == "0.420 ± 0.028"  # NLL
-    assert cells[-3:] == ["200", "12", "4,000"]  # train s (mean), infer s, trainable
+    # train s (mean), infer s, peak GiB (the one seed that recorded it), trainable
+    assert cells[-4:] == ["200", "12", "4.5", "4,000"]
+    single = next(line for line in text.splitlines() if line.startswith("| one LoRA model, n"))
+    assert single.split("|")[-3].strip() == "—"  # no peak recorded
 
     single, split_ood = (
         [c.strip() for c in line.strip("|").split("|")]

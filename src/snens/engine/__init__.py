@@ -9,6 +9,7 @@
   run directories (locked with :mod:`snens.locks`), checkpoints, a run read back;
 * :mod:`~snens.engine.sweep`, :mod:`~snens.engine.report` — grids of runs and their report;
 * :mod:`~snens.engine.distributed` — data-parallel training under ``torchrun``;
+* :mod:`~snens.engine.memory` — the peak memory each epoch record carries;
 * :mod:`~snens.engine.cli`, :mod:`~snens.engine.demo`, :mod:`~snens.engine.benchmark`,
   :mod:`~snens.engine.benchmark_llm` — the ``snens`` command, the demo, the cost measures.
 

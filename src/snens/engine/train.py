@@ -73,6 +73,7 @@ from snens.engine.config import RunConfig, to_dict
 from snens.engine.datasets import Data, build_data
 from snens.engine.epoch import EpochStats, NonFiniteLossError, StepSettings, run_epoch
 from snens.engine.fit import TrainResult, fit, predict
+from snens.engine.memory import PeakMemory, peak_over
 from snens.engine.reload import (
     check_progress,
     evaluate_run,
@@ -81,7 +82,14 @@ from snens.engine.reload import (
     saved_config,
     validation_metrics,
 )
-from snens.engine.runs import Run, create_run, hold_run, open_run, refuse_existing_run
+from snens.engine.runs import (
+    Run,
+    create_run,
+    hold_run,
+    open_run,
+    read_metrics,
+    refuse_existing_run,
+)
 from snens.evaluation.protocol import evaluate
 from snens.method.allocation import allocation, mean_effective_members
 from snens.method.optim import param_groups
@@ -311,7 +319,11 @@ def _train(
             description = f"epoch {epoch + 1}/{config.optim.epochs}"
             batches = _progress(loaded.train, progress and group.is_main, description)
             all_reduce = f"epoch {epoch + 1} (gradient all-reduce)"
-            with _naming_last_checkpoint(run), distributed.guard(group, all_reduce):
+            with (
+                _naming_last_checkpoint(run),
+                distributed.guard(group, all_reduce),
+                PeakMemory(device) as peak,
+            ):
                 stats = run_epoch(
                     model,
                     batches,
@@ -331,6 +343,7 @@ def _train(
             if not group.is_main:
                 continue
             record, bad = _epoch_record(config, model, loaded, stats, epoch, step, task_loss)
+            record.update(peak.record())
             run.log(record)
             say(_epoch_line(record, config.optim.epochs))
             if bad:
@@ -345,6 +358,7 @@ def _train(
         if not group.is_main:
             return run.path
         final = _final_results(config, model, loaded, epoch, step, seconds, skipped)
+        final["train"].update(peak_over(read_metrics(run.path)))  # over every epoch logged
         run.write_outputs(final.pop("outputs"))
         run.write_final(final)
         say(_done_line(final["metrics"], run.path / "final.json"))
