@@ -26,13 +26,15 @@ $(STAMP): pyproject.toml Makefile constraints.txt scripts/install-data.sh
 	-$(BIN)/snens build-kernels  # once per environment; without a compiler: native paths
 	touch $(STAMP)
 
-# the 20 slowest tests listed; a test that hangs fails after 15 minutes instead of holding CI
+# Two worker processes of one torch thread each (pytest-xdist; -n 1 for one); the 20 slowest
+# tests listed; a test that hangs fails after 15 minutes instead of holding CI.
+WORKERS ?= 2
 test: setup
-	$(BIN)/python -m pytest -q --durations=20 --timeout=900
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n $(WORKERS) --durations=20 --timeout=900
 
 # the edit loop: the suite without the tests that train on real data (marked slow)
 test-fast: setup
-	$(BIN)/python -m pytest -q -m "not slow" --timeout=900
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n $(WORKERS) -m "not slow" --timeout=900
 
 # An exploratory search for bugs: new random inputs every run, 20× as many (about 20 min).
 # `make test` draws a fixed set (tests/conftest.py), so CI never passes or fails by chance.
