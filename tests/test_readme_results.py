@@ -1,22 +1,32 @@
 """The converged study's numbers in the README and the results page (docs/results.md) are the
 committed run directories' numbers.
 
-Every cell checked here is recomputed from ``results/converged/<stage>/<variant>/seed=<s>/
-final.json`` (mean over seeds, sample standard deviation after ``±``), so a table that was
-written by hand and not updated after a run finished, or rounded the wrong way, fails.
+The results page's tables are written from ``results/converged/<stage>/<variant>/seed=<s>/``
+by ``docs/_ext/results_tables.py`` when the docs build; the README's table at a glance is
+typed by hand (GitHub shows the README without the docs build). Both are checked here: every
+cell is recomputed from the runs' ``final.json`` (mean over seeds, sample standard deviation
+after ``±``), so a README not updated after a run finished, or a table rounded the wrong way,
+fails; and cells of the generated tables are pinned to literal values, so a change to the
+generator or to a committed run shows up as a failing line.
 """
 
 import functools
 import json
 import re
+import shutil
 import statistics
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-#: The pages that report the study: the README's table at a glance, the results page's tables.
-PAGES = (ROOT / "README.md", ROOT / "docs" / "results.md")
+sys.path.insert(0, str(ROOT / "docs" / "_ext"))
+
+import results_tables  # noqa: E402
+
+README = ROOT / "README.md"
+RESULTS_PAGE = ROOT / "docs" / "results.md"
 RESULTS = ROOT / "results" / "converged"
 SEEDS = (0, 1, 2)
 SEV5_ECE = "shift/severity/5/ece"
@@ -45,25 +55,60 @@ def _mean_std(stage: str, variant: str, key: str, digits: int = 3) -> str:
     return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
 
 
-def _table(after: str) -> list[list[str]]:
-    """The cells of the first Markdown table after the line starting with ``after``."""
-    lines = [line for page in PAGES for line in page.read_text(encoding="utf-8").splitlines()]
-    start = next(i for i, line in enumerate(lines) if line.startswith(after))
-    first = next(i for i in range(start, len(lines)) if lines[i].startswith("|"))
+@functools.cache
+def _generated() -> dict[str, str]:
+    """The generated tables by name, from the committed runs, made once."""
+    return results_tables.tables(RESULTS)
+
+
+def _rows(lines: list[str], after: str = "|") -> list[list[str]]:
+    """The cells of the first Markdown table of ``lines`` whose header starts with ``after``
+    (bold marks kept)."""
+    first = next(i for i, line in enumerate(lines) if line.startswith(after))
     rows = []
-    for line in lines[first + 2 :]:  # past the header and its |---| line
+    for line in lines[first:]:
         if not line.startswith("|"):
             break
-        rows.append([cell.strip().replace("**", "") for cell in line.strip("|").split("|")])
+        rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
     return rows
+
+
+def _plain(rows: list[list[str]]) -> list[list[str]]:
+    """``rows`` without bold marks."""
+    return [[cell.replace("**", "") for cell in row] for row in rows]
+
+
+def _readme_glance() -> list[list[str]]:
+    """The README's table at a glance: header and body rows."""
+    lines = README.read_text(encoding="utf-8").splitlines()
+    start = next(i for i, line in enumerate(lines) if "At a glance" in line)
+    return _rows(lines[start:])
+
+
+def _table(name: str) -> list[list[str]]:
+    """A generated table's body rows, bold marks kept."""
+    return _rows(_generated()[name].splitlines())[2:]
+
+
+def _cell(name: str, label: str, column: str) -> str:
+    """The cell of the generated table ``name`` in the row labelled ``label`` (bold marks
+    ignored) and the column headed ``column``."""
+    header, _, *body = _rows(_generated()[name].splitlines())
+    row = next(row for row in body if row[0].replace("**", "") == label)
+    return row[header.index(column)]
 
 
 def _numbers(cell: str) -> list[str]:
     return NUMBER.findall(cell)
 
 
+# ------------------------------------------------------------------------------------------------
+# The README's table at a glance (typed by hand)
+# ------------------------------------------------------------------------------------------------
+
+
 def test_the_at_a_glance_table_is_the_runs_test_nll_and_corrupted_ece():
-    rows = _table("At a glance")
+    rows = _plain(_readme_glance())[2:]
     # (stage, the single / deep ensemble / σN-Ens variants, σN-Ens' second variant or None);
     # every regime but text has corruptions
     regimes = [
@@ -86,10 +131,31 @@ def test_the_at_a_glance_table_is_the_runs_test_nll_and_corrupted_ece():
     assert _numbers(rows[2][4]) == [_mean("text", "mc_dropout", "test/nll")]
 
 
-# Each table of the converged section: the line its header starts with, the row label →
-# (stage, variant), and the columns checked: index → (metric key, "mean" or "mean ± std",
-# decimals). Parameters, seeds and training seconds are left out (the seconds are the
-# epochs × the median epoch's, tested in test_converged_study.py).
+def test_the_readme_table_at_a_glance_is_the_generated_one():
+    assert _readme_glance() == _rows(_generated()["glance"].splitlines())
+
+
+# ------------------------------------------------------------------------------------------------
+# The results page's tables (generated)
+# ------------------------------------------------------------------------------------------------
+
+
+def test_the_results_page_includes_every_generated_table_and_types_only_the_defaults():
+    text = RESULTS_PAGE.read_text(encoding="utf-8")
+    for name in results_tables.TABLES:
+        assert f"```{{include}} study/sections/converged_{name}.md\n```" in text, name
+    lines = text.splitlines()
+    headers = [
+        line
+        for before, line in zip([""] + lines, lines)
+        if line.startswith("|") and not before.startswith("|")
+    ]
+    assert [h.split("|")[1].strip() for h in headers] == ["setting"]  # the defaults' evidence
+
+
+# Each generated table: the row label → (stage, variant), and the columns recomputed here:
+# index → (metric key, "mean" or "mean ± std", decimals). Parameters, seeds and training
+# seconds are pinned below instead.
 FINAL = {
     "single": ("final", "single"),
     "deep ensemble": ("final", "deep_ensemble"),
@@ -101,7 +167,6 @@ FINAL = {
 }
 TABLES = {
     "final": (
-        "| method | params | seeds | val NLL |",
         FINAL,
         {
             3: ("val/nll", "±", 3),
@@ -116,7 +181,6 @@ TABLES = {
         },
     ),
     "overfit": (
-        "| method | params | val NLL | val ECE |",
         {
             "single": ("overfit", "single"),
             "deep ensemble": ("overfit", "deep_ensemble"),
@@ -135,7 +199,6 @@ TABLES = {
         },
     ),
     "posthoc": (
-        "| method | val NLL | member NLL (val) |",
         {
             "single, 40 epochs": ("final", "single"),
             "… + 4 epochs more": ("posthoc", "single_continued"),
@@ -155,7 +218,6 @@ TABLES = {
         },
     ),
     "text": (
-        "| method | params | test acc | test NLL | test ECE | Brier | OOD AUROC (MSP) |",
         {
             "single": ("text", "single"),
             "deep ensemble": ("text", "deep_ensemble"),
@@ -173,7 +235,6 @@ TABLES = {
         },
     ),
     "vision": (
-        "| method | params | test acc | test NLL | test ECE | Brier | ECE, sev. 5 |",
         {
             "single": ("vision", "single"),
             "deep ensemble": ("vision", "deep_ensemble"),
@@ -195,9 +256,9 @@ TABLES = {
 
 
 @pytest.mark.parametrize("table", TABLES)
-def test_every_converged_table_is_the_runs_it_names(table):
-    header, labels, columns = TABLES[table]
-    rows = {row[0].replace("**", ""): row for row in _table(header)}
+def test_every_generated_table_is_the_runs_it_names(table):
+    labels, columns = TABLES[table]
+    rows = {row[0]: row for row in _plain(_table(table))}
     assert set(rows) == set(labels), "a row added or renamed: name its runs here"
     for label, (stage, variant) in labels.items():
         for index, (key, kind, digits) in columns.items():
@@ -211,9 +272,76 @@ def test_every_converged_table_is_the_runs_it_names(table):
 
 @pytest.mark.parametrize("label", FINAL)
 def test_the_final_table_names_each_runs_parameters_and_seeds(label):
-    row = {row[0]: row for row in _table(TABLES["final"][0])}[label]
+    row = {row[0]: row for row in _plain(_table("final"))}[label]
     stage, variant = FINAL[label]
     final = json.loads((RESULTS / stage / variant / "seed=0" / "final.json").read_text())
     assert row[1] == f"{final['model']['params']:,}"
     assert row[2] == "0, 1, 2"
     assert _numbers(row[12])[0] == _mean(stage, variant, "ood/mnist_5k/auroc")  # MSP
+
+
+# (table, row label, column header) → the cell, as the committed runs give it: the bold marks
+# are the best of the column by its direction (lower NLL / ECE, higher accuracy / AUROC)
+PINNED = {
+    ("overfit", "σN-Ens τ=1 λ=0.1, split", "test NLL"): "**0.311** ± 0.003",
+    ("overfit", "σN-Ens τ=1 λ=0.1, split", "method"): "σN-Ens τ=1 λ=0.1, **split**",
+    ("overfit", "σN-Ens τ=1 λ=0.1, split", "val ECE"): "**0.009**",
+    ("overfit", "deep ensemble", "test acc"): "**0.8952** ± 0.0027",
+    ("overfit", "single", "params"): "288,170",
+    ("overfit", "single", "train s"): "155",
+    ("final", "single", "disagreement"): "–",
+    ("final", "single", "OOD AUROC MSP / entropy / MI"): "0.816 / 0.831 / –",
+    # 0.8415 and 0.8419 both show 0.842: only the higher is bold
+    ("final", "deep ensemble", "OOD AUROC MSP / entropy / MI"): "0.822 / 0.842 / **0.909**",
+    (
+        "final",
+        "σN-Ens λ=0, γ ×1 (chosen on validation)",
+        "OOD AUROC MSP / entropy / MI",
+    ): "**0.824** / **0.842** / 0.900",
+    ("final", "σN-Ens τ=1 λ=0.1 (default)", "test NLL"): "0.233 ± 0.004",
+    ("final", "σN-Ens τ=1 λ=0.1 (default)", "train s"): "1996",  # epochs × median epoch
+    ("posthoc", "… + 4 epochs more", "train s"): "+ 56",
+    ("posthoc", "… + σN-Ens τ=1 λ=0.1, γ ×3, 4 epochs", "ECE, sev. 5"): "0.149 ± 0.018",
+    ("posthoc", "deep ensemble, 40 epochs", "ECE, sev. 5"): "**0.113** ± 0.007",
+    ("text", "σN-Ens τ=1 λ=0.1, γ ×150 (chosen on validation)", "test NLL"): "**0.513** ± 0.007",
+    ("text", "σN-Ens τ=1 λ=0.1, γ ×150 (chosen on validation)", "params"): "22.77 M",
+    ("text", "single", "disagreement"): "–",
+    ("text", "single", "OOD AUROC (MSP)"): "0.662 ± 0.018",  # not a column marked bold
+    ("vision", "σN-Ens, γ ×10", "OOD AUROC MSP / entropy / MI"): "0.809 / 0.853 / 0.887",
+    ("vision", "σN-Ens, γ ×3 (chosen; the preset)", "ECE, sev. 5"): "**0.101**",
+    ("vision", "single", "train s"): "82",  # wall clock, 81.51 s
+    (
+        "glance",
+        "one model overfits: 10,000 images, SmallCNN width 32, 20 epochs",
+        "σN-Ens, the defaults (1.002–1.09×)",
+    ): "0.331 / 0.199 (`split`: **0.311** / **0.184**)",
+    (
+        "glance",
+        "MiniLM fine-tuned on 2,000 Rotten Tomatoes reviews",
+        "best",
+    ): "σN-Ens (MC-dropout ties, 0.535)",
+}
+
+
+@pytest.mark.parametrize("where", PINNED, ids=[" / ".join(k) for k in PINNED])
+def test_a_generated_cell_is_the_committed_runs_value(where):
+    assert _cell(*where) == PINNED[where]
+
+
+def test_the_tables_are_the_same_each_time_they_are_written(tmp_path):
+    first = results_tables.tables(RESULTS)
+    assert results_tables.tables(RESULTS) == first
+    paths = results_tables.write(tmp_path, RESULTS)
+    assert {p.name for p in paths} == {f"converged_{name}.md" for name in first}
+    for name, text in first.items():
+        assert (tmp_path / f"converged_{name}.md").read_text(encoding="utf-8") == text
+
+
+def test_a_missing_seed_fails_naming_its_file(tmp_path):
+    root = tmp_path / "converged"
+    shutil.copytree(RESULTS, root)
+    assert results_tables.tables(root) == _generated()  # the copy gives the same tables
+    missing = root / "final" / "snens_default" / "seed=1" / "final.json"
+    missing.unlink()
+    with pytest.raises(FileNotFoundError, match=re.escape(str(missing))):
+        results_tables.tables(root)

@@ -3,19 +3,23 @@
 * ``reference/config.md`` — every key of the run config, from the config dataclasses: section,
   key, type, default and the meaning (the comment beside the field in ``snens.engine.config``);
 * ``reference/cli.md`` — every ``snens`` sub-command and option, from the argument parser;
-* ``reference/presets.md`` — every preset, as the TOML file ``--print-config`` writes.
+* ``reference/presets.md`` — every preset, as the TOML file ``--print-config`` writes;
+* ``study/sections/converged_*.md`` — the converged study's tables of the results page, from
+  the committed runs (``results_tables``).
 """
 
 from __future__ import annotations
 
 import ast
-import re
 import dataclasses
 import inspect
 import io
+import re
 import tokenize
 import typing
 from pathlib import Path
+
+import results_tables
 
 
 def _field_comments(cls: type) -> dict[str, str]:
@@ -91,9 +95,8 @@ def config_page() -> str:
                 default = "—"
             key = f"{prefix}.{f.name}" if prefix else f.name
             meaning = _cell(comments.get(f.name, ""))
-            lines.append(
-                f"| `{key}` | `{_cell(_type_name(hints[f.name]))}` | `{_cell(default)}` | {meaning} |"
-            )
+            kind = _cell(_type_name(hints[f.name]))
+            lines.append(f"| `{key}` | `{kind}` | `{_cell(default)}` | {meaning} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -174,6 +177,8 @@ def write(docs: Path) -> None:
         # as the study pages, figures relative to docs/study/sections/
         text = _study_page(docs.parent / "results" / f"{name}.md")
         _write(sections / f"{name}.md", text.replace("](../../results/", "](../../../results/"))
+    # the converged study's tables of the results page, from its committed runs
+    results_tables.write(sections, docs.parent / "results" / "converged")
 
 
 def _indent(line: str) -> int:
