@@ -321,7 +321,8 @@ def report() -> Path:
         inference = [s for s in map(inference_seconds, paths) if s is not None]
         params = {f["model"].get("trainable_params") for f in finals}
         trained = f"{params.pop():,}" if len(params) == 1 and None not in params else "—"
-        peaks = [f["train"]["peak_rss_mib"] / 1024 for f in finals if "peak_rss_mib" in f["train"]]
+        training = [f.get("train", {}) for f in finals]  # the zero-shot row trains nothing
+        peaks = [t["peak_rss_mib"] / 1024 for t in training if "peak_rss_mib" in t]
         train_s = f"{summarize(seconds)[0]:,.0f}" if seconds else "0"
         infer_s = f"{summarize(inference)[0]:,.0f}" if inference else "—"
         peak = f"{max(peaks):.1f}" if peaks else "—"

@@ -57,6 +57,10 @@ def test_report_means_seeds_and_scores_both_ood_sets(study, tmp_path):
     _finished(out / "final" / "snens_split" / "seed=1", 0.44, 4, far, seconds=300.0, peak=4608)
     _finished(out / "final" / "single_fair" / "seed=0", 0.50, 1, None)
     (out / "final" / "single_fair" / "seed=1").mkdir()  # unfinished: not a row's seed
+    _finished(out / "zeroshot", 0.60, 1, None)  # the untrained reference: no training record
+    untrained = json.loads((out / "zeroshot" / "final.json").read_text())
+    del untrained["train"]
+    (out / "zeroshot" / "final.json").write_text(json.dumps(untrained))
 
     text = study.report().read_text()
     split = next(
@@ -70,6 +74,8 @@ def test_report_means_seeds_and_scores_both_ood_sets(study, tmp_path):
     assert cells[-4:] == ["200", "12", "4.5", "4,000"]
     single = next(line for line in text.splitlines() if line.startswith("| one LoRA model, n"))
     assert single.split("|")[-3].strip() == "—"  # no peak recorded
+    zero = next(line for line in text.splitlines() if line.startswith("| prompted base model"))
+    assert [c.strip() for c in zero.strip("|").split("|")][-4:] == ["0", "—", "—", "1,000"]
 
     single, split_ood = (
         [c.strip() for c in line.strip("|").split("|")]
