@@ -1,10 +1,13 @@
-"""The fused member LayerNorm kernel equals the member loop of plain layer norms.
+"""The fused member-norm kernels: built once, used where they apply, never in the way.
 
-Reference: for each member m, ``F.layer_norm`` on rows [m·B, (m+1)·B) with the folded affine
-sigmoid(gamma_m)·weight_m, sigmoid(gamma_m)·bias_m, concatenated. The fused kernel must match it
-in outputs, input gradients and the gradients of gamma, weight and bias; it must be the path a
-float32/float64 CPU input takes, and every other case (SNENS_FUSED=0, bf16, a failed build) must
-take the loop with the same results.
+A failed build falls back to the native per-member paths after one warning; ``SNENS_FUSED=0``,
+bf16 and code being traced take them too; results with two threads equal the per-member loop;
+concurrent and killed builds never block one another; each environment has its own build. That
+the fused kernels compute the per-member loop of plain norms (outputs, input and parameter
+gradients, running statistics, float32 and float64, every shape) is the matrix's
+(``tests/test_norms.py::test_every_member_norm_is_the_per_member_loop_of_plain_norms``, its
+``dispatch`` path; ``no_fused`` is the fallback), and which input takes them
+``tests/test_norm_dispatch.py``'s.
 """
 
 import copy
@@ -12,6 +15,7 @@ import importlib.util
 import os
 import shutil
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -23,7 +27,7 @@ from snens.nn import fused
 from conftest import member_loop
 
 M = 4
-TOL = {"float32": {"rtol": 1e-5, "atol": 1e-5}, "float64": {"rtol": 1e-12, "atol": 1e-12}}
+TOL = {"rtol": 1e-5, "atol": 1e-5}
 
 pytestmark = [
     pytest.mark.usefixtures("one_thread"),
@@ -53,86 +57,59 @@ def built():
     assert fused.available(), f"the fused kernels failed to build: {fused.build_error()}"
 
 
-def _layer(normalized_shape, bias=True, dtype=torch.float32, seed=0):
+def _randomized(layer: snn.MemberNorm, seed: int = 0) -> snn.MemberNorm:
     g = torch.Generator().manual_seed(seed)
-    layer = snn.MemberLayerNorm(normalized_shape, M, bias=bias).to(dtype)
     with torch.no_grad():
         for p in layer.parameters():
-            p.copy_(torch.randn(p.shape, generator=g, dtype=dtype))
+            p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype))
+        if getattr(layer, "running_mean", None) is not None:
+            layer.running_mean.copy_(torch.randn(layer.running_mean.shape, generator=g))
+            layer.running_var.copy_(torch.rand(layer.running_var.shape, generator=g) + 0.5)
     return layer
 
 
-def _both(layer, x, grad):
-    results = []
-    for lay, run in ((layer, layer), (copy.deepcopy(layer), None)):
-        run = run or (lambda t, lay=lay: member_loop(lay, t))
-        xi = x.detach().clone().requires_grad_(True)
-        y = run(xi)
-        y.backward(grad)
-        results.append((y, xi.grad, {n: p.grad for n, p in lay.named_parameters()}))
-    return results
-
-
-def _assert_same(results, tol):
-    (y, gx, params), (y_ref, gx_ref, params_ref) = results
-    torch.testing.assert_close(y, y_ref, **tol)
-    torch.testing.assert_close(gx, gx_ref, **tol)
-    assert params.keys() == params_ref.keys()
-    for name in params:
-        torch.testing.assert_close(params[name], params_ref[name], **tol, msg=name)
-
-
-CASES = {
-    "seq": (8, (3, 7, 8), True),
-    "two_dims": ((3, 8), (3, 3, 8), True),
-    "no_bias": (8, (3, 7, 8), False),
-    "one_row_per_member": (16, (1, 16), True),
-    "wide_offset": (384, (2, 5, 384), True),  # large D, mean far from 0
+# layer, one member's input, the fused kernel's autograd function
+THREAD_CASES = {
+    "layer_norm": (lambda: snn.MemberLayerNorm(64, M), (16, 9, 64), "_FusedMemberLayerNorm"),
+    "batch_norm_2d": (lambda: snn.MemberBatchNorm2d(16, M), (8, 16, 6, 6), "_FusedMemberBatchNorm"),
 }
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
-@pytest.mark.parametrize("case", CASES)
-def test_fused_equals_the_member_loop(case, dtype):
-    shape, per_member, bias = CASES[case]
-    layer = _layer(shape, bias, dtype)
+@pytest.mark.parametrize("case", THREAD_CASES)
+def test_two_threads_give_the_loop_results(case):
+    """With two threads the fused kernels split their rows or channels between them: output,
+    input and parameter gradients and running statistics still equal the member loop's."""
+    make, per_member, function = THREAD_CASES[case]
+    layer = _randomized(make()).train()
+    ref = copy.deepcopy(layer)
+    stats = {k: v.clone() for k, v in ref.named_buffers() if k in ("running_mean", "running_var")}
     g = torch.Generator().manual_seed(1)
-    x = torch.randn((M * per_member[0], *per_member[1:]), generator=g, dtype=dtype) * 3 + 0.5
-    if case == "wide_offset":
-        x = x * 100 + 1000
-    grad = torch.randn(x.shape, generator=g, dtype=dtype)
-    results = _both(layer, x, grad)
-    assert type(results[0][0].grad_fn).__name__ == "_FusedMemberLayerNormBackward"
-    _assert_same(results, TOL[str(dtype).split(".")[-1]])
-
-
-def test_strided_input_and_no_grad_eval():
-    layer = _layer(8).eval()
-    base = torch.randn(M * 3, 8, 7)
-    x = base.transpose(1, 2)  # (M·3, 7, 8), not contiguous
-    grad = torch.randn(x.shape)
-    _assert_same(_both(layer, x, grad), TOL["float32"])
-    with torch.no_grad():
-        y = layer(x)
-        assert y.grad_fn is None
-        torch.testing.assert_close(y, member_loop(layer, x), **TOL["float32"])
-
-
-def test_two_threads_give_the_loop_results():
-    layer = _layer(64)
-    x = torch.randn(M * 16, 9, 64)
-    grad = torch.randn(x.shape)
+    x = torch.randn((M * per_member[0], *per_member[1:]), generator=g) * 2 + 0.5
+    grad = torch.randn(x.shape, generator=g)
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        results = _both(layer, x, grad)
+        results = []
+        for lay, run in ((layer, layer), (ref, lambda t: member_loop(ref, t, stats))):
+            xi = x.clone().requires_grad_(True)
+            y = run(xi)
+            y.backward(grad)
+            results.append((y, xi.grad, {n: p.grad for n, p in lay.named_parameters()}))
     finally:
         torch.set_num_threads(threads)
-    _assert_same(results, TOL["float32"])
+    (y, gx, params), (y_ref, gx_ref, params_ref) = results
+    assert type(y.grad_fn).__name__ == f"{function}Backward"
+    torch.testing.assert_close(y, y_ref, **TOL)
+    torch.testing.assert_close(gx, gx_ref, **TOL)
+    assert params.keys() == params_ref.keys() >= {"gamma", "weight", "bias"}
+    for name in params:
+        torch.testing.assert_close(params[name], params_ref[name], **TOL, msg=name)
+    for name, value in stats.items():
+        torch.testing.assert_close(getattr(layer, name), value, **TOL, msg=name)
 
 
 def test_switched_off_bf16_and_compiled_inputs_take_the_loop(monkeypatch):
-    layer = _layer(8)
+    layer = _randomized(snn.MemberLayerNorm(8, M))
     x = torch.randn(M * 3, 5, 8, requires_grad=True)
     monkeypatch.setenv(fused.ENV, "0")
     assert not fused.available()
@@ -147,96 +124,15 @@ def test_a_failed_build_warns_once_and_falls_back(monkeypatch):
     monkeypatch.setattr(fused, "_built", None)
     monkeypatch.setattr(fused, "_error", None)
     monkeypatch.setattr(fused, "_build", lambda: (False, "CalledProcessError: no compiler"))
-    layer = _layer(8)
+    layer = _randomized(snn.MemberLayerNorm(8, M))
     x = torch.randn(M * 3, 5, 8)
     with pytest.warns(RuntimeWarning, match="no compiler.*SNENS_FUSED=0"):
         y = layer(x)
     assert fused.build_error() == "CalledProcessError: no compiler"
     torch.testing.assert_close(y, member_loop(layer, x), rtol=0, atol=0)  # the loop itself
-    import warnings
-
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no second warning
         layer(x)
-
-
-# ---------------------------------------------------------------------------- batch norm
-
-
-def _bn_layer(kind, C, track=True, momentum=0.1, dtype=torch.float32, seed=0):
-    cls = {"1d": snn.MemberBatchNorm1d, "2d": snn.MemberBatchNorm2d, "3d": snn.MemberBatchNorm3d}
-    layer = cls[kind](C, M, track_running_stats=track, momentum=momentum).to(dtype)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in layer.parameters():
-            p.copy_(torch.randn(p.shape, generator=g, dtype=dtype))
-        if track:
-            layer.running_mean.copy_(torch.randn(layer.running_mean.shape, generator=g))
-            layer.running_var.copy_(torch.rand(layer.running_var.shape, generator=g) + 0.5)
-    return layer
-
-
-BN_CASES = {
-    "1d_flat": ("1d", (3, 5)),
-    "1d_seq": ("1d", (3, 5, 7)),
-    "2d": ("2d", (3, 6, 5, 4)),
-    "3d": ("3d", (2, 6, 3, 4, 2)),
-    "2d_one_image": ("2d", (1, 6, 3, 3)),
-}
-
-
-@pytest.mark.parametrize("fused_on", [True, False], ids=["fused", "out_kernel"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
-@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
-@pytest.mark.parametrize("track", [True, False], ids=["running", "batch_only"])
-@pytest.mark.parametrize("case", BN_CASES)
-def test_batch_norm_paths_equal_the_member_loop(
-    case, track, training, dtype, fused_on, monkeypatch
-):
-    if not fused_on:
-        monkeypatch.setenv(fused.ENV, "0")
-    kind, per_member = BN_CASES[case]
-    layer = _bn_layer(kind, per_member[1], track=track, dtype=dtype).train(training)
-    ref = copy.deepcopy(layer)
-    stats = {k: v.clone() for k, v in ref.named_buffers() if k in ("running_mean", "running_var")}
-    g = torch.Generator().manual_seed(2)
-    x = torch.randn((M * per_member[0], *per_member[1:]), generator=g, dtype=dtype) * 2 + 0.5
-    grad = torch.randn(x.shape, generator=g, dtype=dtype)
-    results = []
-    for lay, run in ((layer, layer), (ref, lambda t: member_loop(ref, t, stats))):
-        xi = x.clone().requires_grad_(True)
-        y = run(xi)
-        y.backward(grad)
-        results.append((y, xi.grad, {n: p.grad for n, p in lay.named_parameters()}))
-    expected = "_FusedMemberBatchNormBackward" if fused_on else "_MemberBatchNormFunctionBackward"
-    assert type(results[0][0].grad_fn).__name__ == expected
-    _assert_same(results, TOL[str(dtype).split(".")[-1]])
-    for name, value in stats.items():
-        torch.testing.assert_close(getattr(layer, name), value, **TOL[str(dtype).split(".")[-1]])
-
-
-def test_batch_norm_no_grad_and_cumulative_momentum():
-    layer = _bn_layer("2d", 6, momentum=None).train()
-    ref = copy.deepcopy(layer)
-    stats = {"running_mean": ref.running_mean.clone(), "running_var": ref.running_var.clone()}
-    for call in range(1, 4):
-        x = torch.randn(M * 3, 6, 4, 4) + call
-        with torch.no_grad():
-            y = layer(x)
-            want = member_loop(ref, x, stats, momentum=1.0 / call)
-        assert y.grad_fn is None
-        torch.testing.assert_close(y, want, **TOL["float32"])
-    torch.testing.assert_close(layer.running_mean, stats["running_mean"], **TOL["float32"])
-    torch.testing.assert_close(layer.running_var, stats["running_var"], **TOL["float32"])
-    assert int(layer.num_batches_tracked) == 3
-
-
-def test_batch_norm_channels_last_keeps_the_out_kernel_path():
-    layer = _bn_layer("2d", 6).train()
-    x = torch.randn(M * 3, 6, 5, 4).contiguous(memory_format=torch.channels_last)
-    y = layer(x.requires_grad_(True))
-    assert type(y.grad_fn).__name__ == "_MemberBatchNormFunctionBackward"
-    assert y.is_contiguous(memory_format=torch.channels_last)
 
 
 def _dead_pid() -> int:
