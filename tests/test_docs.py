@@ -85,3 +85,22 @@ def test_the_site_builds_with_warnings_as_errors(tmp_path):
     assert "method.temperature" in config and "optim.lr" in config  # generated, every key
     api = (html / "reference" / "api.html").read_text()
     assert "snens.convert" in api and "tau_for_k" in api
+
+
+def test_the_performance_page_tables_are_the_benchmark_record_s():
+    sys.path.insert(0, str(ROOT / "docs" / "_ext"))
+    try:
+        import bench_tables
+    finally:
+        sys.path.remove(str(ROOT / "docs" / "_ext"))
+    record = ROOT / "results" / "bench_cpu.md"
+    rows = bench_tables.table(record, "## Current record (run 10): the fused member-norm kernels")
+    rows = rows.splitlines()
+    assert rows[0].startswith("| measure | ratio (median) |") and len(rows) == 31
+    row = "| member BatchNorm2d fwd+bwd vs plain, same (M·B, …) | 0.877× | 0.72–1.04 |"
+    assert rows[2].startswith(row)
+    with pytest.raises(ValueError, match="no heading '## Run 99'") as error:
+        bench_tables.table(record, "## Run 99")
+    assert "bench_cpu.md" in str(error.value)
+    page = (ROOT / "docs" / "performance.md").read_text()
+    assert [n for n in bench_tables.TABLES if f"study/sections/bench_{n}.md" not in page] == []

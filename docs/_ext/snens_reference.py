@@ -19,6 +19,7 @@ import tokenize
 import typing
 from pathlib import Path
 
+import bench_tables
 import results_tables
 
 
@@ -179,6 +180,8 @@ def write(docs: Path) -> None:
         _write(sections / f"{name}.md", text.replace("](../../results/", "](../../../results/"))
     # the converged study's tables of the results page, from its committed runs
     results_tables.write(sections, docs.parent / "results" / "converged")
+    # the benchmark tables of the performance page, from the committed record
+    bench_tables.write(sections, docs.parent / "results" / "bench_cpu.md")
 
 
 def _indent(line: str) -> int:
