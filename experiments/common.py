@@ -45,7 +45,7 @@ from snens.engine import sweep
 from snens.engine.config import RunConfig, load_config, to_dict
 from snens.engine.presets import preset
 from snens.engine.reload import load_run_model
-from snens.engine.report import summarize
+from snens.engine.report import markdown_table, summarize
 from snens.engine.runs import read_metrics
 from snens.engine.train import train
 from snens.evaluation.protocol import collect, ood_detection
@@ -582,12 +582,12 @@ def table(
     headers = dict(headers or {})
     digits = dict(digits or {})
     names = [headers.get(k, k) for k in (*by, *columns)] + ["seeds"]
-    lines = ["| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
+    table_rows = []
     for key, group in groups(rows, by).items():
         shown = [NAMES.get(v, v) if isinstance(v, str) else f"{v:g}" for v in key]
         cells = [_cell([r[c] for r in group], digits.get(c, 4)) for c in columns]
-        lines.append("| " + " | ".join([*shown, *cells, str(len(group))]) + " |")
-    return "\n".join(lines)
+        table_rows.append([*shown, *cells, str(len(group))])
+    return markdown_table(names, table_rows)
 
 
 def cpu_name() -> str:

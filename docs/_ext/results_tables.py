@@ -39,10 +39,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from snens.engine.toml_io import parse_toml
+from snens.engine.report import markdown_table
+from snens.engine.runs import CONFIG, FINAL, METRICS, read_config, read_final, read_metrics
 
 #: The seeds every reported run has; a missing one fails the tables.
 SEEDS = (0, 1, 2)
+#: OOD detection's AUROC by each score, which the converged study keeps beside final.json.
+OOD_SCORES_FILE = "ood_scores.json"
 #: The cell of a value that does not apply (a single member's disagreement).
 DASH = "–"
 SEV5 = "shift/severity/5"
@@ -71,31 +74,27 @@ class Seed:
         return self.metrics.get("test/num_members") == 1.0
 
 
-def _read(path: Path) -> str:
-    """The text of ``path``; a missing file fails naming it."""
-    if not path.is_file():
-        raise FileNotFoundError(f"the converged study's tables need {path}, which is missing")
-    return path.read_text(encoding="utf-8")
-
-
-def _median_epochs_seconds(text: str) -> float:
-    """The training seconds of ``metrics.jsonl``'s text as its epochs × its median epoch's."""
-    records = [json.loads(line) for line in text.splitlines() if line.strip()]
-    seconds = [r["seconds"] for r in records if "seconds" in r]
-    return statistics.median(seconds) * len(seconds)
+#: The files the tables read of each run directory.
+RUN_FILES = (FINAL, CONFIG, METRICS, OOD_SCORES_FILE)
 
 
 def read_seed(path: Path) -> Seed:
-    """The run in directory ``path`` (``.../<variant>/seed=<s>``)."""
-    final = json.loads(_read(path / "final.json"))
-    config = parse_toml(_read(path / "config.toml"), path / "config.toml")
+    """The run in directory ``path`` (``.../<variant>/seed=<s>``); a missing file fails naming
+    it."""
+    for name in RUN_FILES:
+        if not (path / name).is_file():
+            raise FileNotFoundError(
+                f"the converged study's tables need {path / name}, which is missing"
+            )
+    final = read_final(path)
+    seconds = [r["seconds"] for r in read_metrics(path) if "seconds" in r]
     return Seed(
         metrics=final["metrics"],
         params=final["model"]["params"],
         wall_seconds=final["train"]["seconds"],
-        median_seconds=_median_epochs_seconds(_read(path / "metrics.jsonl")),
-        ood=json.loads(_read(path / "ood_scores.json")),
-        continues=bool(config.get("model", {}).get("init_from")),
+        median_seconds=statistics.median(seconds) * len(seconds),  # epochs × median epoch
+        ood=json.loads((path / OOD_SCORES_FILE).read_text(encoding="utf-8")),
+        continues=bool(read_config(path).model.init_from),
     )
 
 
@@ -237,13 +236,6 @@ def _render(parts: list[Part]) -> str:
     return " / ".join(p.text + p.suffix for p in parts)
 
 
-def markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """A Markdown table of ``header`` and ``rows``, ending with a newline."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines) + "\n"
-
-
 # ------------------------------------------------------------------------------------------------
 # The tables
 # ------------------------------------------------------------------------------------------------
@@ -266,7 +258,7 @@ class Table:
             [label] + [_render(column[r]) for column in grid]
             for r, (label, _, _) in enumerate(self.rows)
         ]
-        return markdown(["method"] + [c.header for c in self.columns], body)
+        return markdown_table(["method"] + [c.header for c in self.columns], body) + "\n"
 
 
 LOWER, HIGHER = "lower", "higher"
@@ -480,7 +472,7 @@ def glance(results: Results) -> str:
         for r in GLANCE
     ]
     header = [column.format(low=min(ratios), high=max(ratios)) for column in GLANCE_HEADER]
-    return markdown(header, [_glance_row(regime, results) for regime in GLANCE])
+    return markdown_table(header, [_glance_row(r, results) for r in GLANCE]) + "\n"
 
 
 #: Each generated table: its name (``converged_<name>.md``) → its Markdown from the results.

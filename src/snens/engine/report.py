@@ -80,7 +80,15 @@ from snens.method.allocation import LayerAllocation, allocation
 from snens.method.ensemble import predictive_probs
 from snens.nn import MemberNorm
 
-__all__ = ["Group", "Report", "collect_runs", "group_runs", "summarize", "write_report"]
+__all__ = [
+    "Group",
+    "Report",
+    "collect_runs",
+    "group_runs",
+    "markdown_table",
+    "summarize",
+    "write_report",
+]
 
 # Config keys that do not make runs different configurations.
 _IGNORED = ("seed", "name", "out_dir")
@@ -317,6 +325,19 @@ def summarize(values: Sequence[float]) -> tuple[float, float, int]:
     return float(np.mean(array)), std, int(array.size)
 
 
+def markdown_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    """A Markdown table of ``header`` and ``rows`` of cells (a ``|`` inside a cell escaped).
+
+    Returns:
+        The header line, its ``|---|`` line and one line per row, without a final newline.
+    """
+
+    def line(cells: Sequence[str]) -> str:
+        return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
+
+    return "\n".join([line(header), "|" + "---|" * len(header), *map(line, rows)])
+
+
 def _value(value: Any) -> str:
     if isinstance(value, float):
         return repr(value)
@@ -400,10 +421,7 @@ def write_report(dirs: Sequence[str | os.PathLike], out: str | os.PathLike) -> R
         m for m in metrics if any(_left_out([r.metric(m) for r in group.runs]) for group in groups)
     ]
     rows: list[dict[str, Any]] = []
-    lines = [
-        "| " + " | ".join([*(_SHORT.get(k, k) for k in varied), "n", "seeds", *metrics]) + " |",
-        "|" + "---|" * (len(varied) + 2 + len(metrics)),
-    ]
+    table_rows: list[list[str]] = []
     for group in groups:
         values = dict(group.key)
         row: dict[str, Any] = {k: values.get(k, _MISSING) for k in varied}
@@ -426,8 +444,9 @@ def write_report(dirs: Sequence[str | os.PathLike], out: str | os.PathLike) -> R
                 if v is not None and not math.isfinite(v)
             ]
         rows.append(row)
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-    table = "\n".join(lines)
+        table_rows.append(cells)
+    header = [*(_SHORT.get(k, k) for k in varied), "n", "seeds", *metrics]
+    table = markdown_table(header, table_rows)
 
     out = Path(out)
     try:
