@@ -23,8 +23,10 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+import snens
 import snens.nn as snn
 from snens.nn import batch_norms, fused
+from snens.nn.layout import model_rows
 from snens.nn.norms import FORCEABLE_PATHS, force_path
 
 from conftest import member_loop
@@ -481,6 +483,30 @@ def test_torch_compile_of_a_model_with_member_norms_runs():
     torch.testing.assert_close(got, want, **TOL[torch.float32])
     got.sum().backward()
     assert model[1].gamma.grad is not None
+
+
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_a_compiled_ensemble_is_one_graph(mode):
+    """torch.compile of a converted model traces it whole: the batch-layout check of each
+    member layer (a ContextVar, which dynamo cannot trace) broke the graph once per member
+    norm (a 2-block transformer: 5 breaks), so a deep model reached dynamo's recompile limit
+    and ran its norms eagerly."""
+    if not torch._dynamo.is_dynamo_supported():
+        pytest.skip("torch.compile is not supported on this Python/platform")
+    from conftest import TinyTransformer
+
+    torch.manual_seed(0)
+    ens = getattr(snens.convert(TinyTransformer(), num_members=M), mode)()
+    ids = torch.randint(1, 50, (2, 7))
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(ens)(ids)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), [
+        str(r.reason)[:200] for r in explained.break_reasons
+    ]
+    # the layout check still runs eagerly, where it names the mistake
+    norm = ens.model.norm
+    with model_rows(M * 2), pytest.raises(ValueError, match="not a multiple of the 8 rows"):
+        norm(torch.randn(M * 2 + 1, 16))
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -35,7 +35,14 @@ _MARK = "_snens_sequence_first"
 
 @contextlib.contextmanager
 def model_rows(rows: int) -> Iterator[None]:
-    """While the block runs, member layers expect a multiple of ``rows`` in dimension 0."""
+    """While the block runs, member layers expect a multiple of ``rows`` in dimension 0.
+
+    Under ``torch.compile`` the check is off (:func:`check_batch_first`) and nothing is set:
+    dynamo cannot trace a ``ContextVar``, and every member layer calling it broke the graph.
+    """
+    if torch.compiler.is_compiling():
+        yield
+        return
     token = _MODEL_ROWS.set(rows)
     try:
         yield
@@ -49,8 +56,10 @@ def check_batch_first(layer: nn.Module, x: Tensor) -> None:
     Raises:
         ValueError: naming the layer, the shape, the rows expected and the fix.
     """
+    if torch.compiler.is_compiling():  # before the ContextVar, which dynamo cannot trace
+        return
     rows = _MODEL_ROWS.get()
-    if not rows or x.dim() == 0 or torch.compiler.is_compiling():  # None, or an empty batch
+    if not rows or x.dim() == 0:  # None, or an empty batch
         return
     if x.shape[0] % rows:
         raise ValueError(
