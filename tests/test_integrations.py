@@ -16,6 +16,7 @@ Two real runs show it training:
 Each part skips only when its framework is not installed.
 """
 
+import copy
 import importlib.util
 import json
 import math
@@ -166,6 +167,64 @@ def test_trainer_keeps_the_wrapped_models_columns(tmp_path):
     # string column dropped, "label" renamed by the default collator
     assert set(batch) == {"input_ids", "attention_mask", "labels"}
     assert batch["input_ids"].shape == (8, 7)
+
+
+@pytest.mark.parametrize("remove_unused_columns", [True, False])
+def test_a_plain_trainer_is_told_to_use_snens_trainer(tmp_path, remove_unused_columns):
+    """A plain transformers.Trainer keeps the columns the ensemble's forward names (the
+    wrapped model's inputs, and labels), so the batch reaches the ensemble, which refuses the
+    labels naming SnensTrainer, instead of Trainer's "The batch received was empty … args,
+    kwargs"."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    from transformers import Trainer, TrainingArguments
+
+    examples = _tiny_examples()
+    if not remove_unused_columns:  # every column reaches the collator: leave out the text
+        examples = [{k: v for k, v in examples[i].items() if k != "text"} for i in range(24)]
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=8,
+        report_to="none",
+        save_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+        max_steps=1,
+        remove_unused_columns=remove_unused_columns,
+    )
+    trainer = Trainer(model=_tiny_ensemble(), args=args, train_dataset=examples)
+    batch = next(iter(trainer.get_train_dataloader()))
+    assert set(batch) == {"input_ids", "attention_mask", "labels"}
+    with pytest.raises(TypeError, match=r"got labels=.*SnensTrainer"):
+        trainer.train()
+
+
+def test_the_ensembles_forward_names_its_models_inputs():
+    """inspect.signature(ens.forward), which tools read for a module's inputs: (*args, the
+    wrapped model's named inputs keyword-only, **kwargs); the calls it takes are unchanged,
+    and a copy, a pickled ensemble and torch.export see the same."""
+    import inspect
+    import io
+
+    ens = _tiny_ensemble()
+    model_names = list(inspect.signature(ens.model.forward).parameters)
+    signature = inspect.signature(ens.forward)
+    assert list(signature.parameters) == ["args", *model_names, "kwargs"]
+    P = inspect.Parameter
+    assert [p.kind for p in signature.parameters.values()] == (
+        [P.VAR_POSITIONAL] + [P.KEYWORD_ONLY] * len(model_names) + [P.VAR_KEYWORD]
+    )
+    ids, mask = _tiny_examples().ids[:5], _tiny_examples().mask[:5]
+    ens.eval()
+    expected = ens(ids, attention_mask=mask)
+    assert torch.equal(ens(input_ids=ids, attention_mask=mask), expected)
+    buffer = io.BytesIO()
+    torch.save(ens, buffer)
+    buffer.seek(0)
+    for other in (copy.deepcopy(ens), torch.load(buffer, weights_only=False)):
+        assert other.forward.__self__ is other
+        assert inspect.signature(other.forward) == signature
+        torch.testing.assert_close(other(ids, attention_mask=mask), expected)
 
 
 def test_trainer_loss_is_the_task_loss_with_the_diversity_gradient(tmp_path):

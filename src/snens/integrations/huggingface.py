@@ -9,16 +9,13 @@
 What it changes in ``transformers.Trainer``, and why a plain ``Trainer`` cannot train an
 :class:`~snens.Ensemble`:
 
-* **columns**: ``Trainer`` keeps the batch columns named in ``model.forward``'s signature; an
-  ensemble's is ``(*args, **kwargs)``, so every column would be dropped. A plain ``Trainer``
-  on a converted model therefore fails with "The batch received was empty, your model won't
-  be able to train on it. Double-check that your training dataset contains keys expected by
-  the model: args,kwargs,label,label_ids,labels" (a ``datasets.Dataset``), or hands the
-  wrapped model nothing but ``labels`` (a torch ``Dataset``): use ``SnensTrainer``, which
-  reads the wrapped model's signature (``ens.model.forward``), so
-  ``remove_unused_columns=True`` keeps ``input_ids``, ``attention_mask``, … and the labels.
-  (Even with every column kept, a plain ``Trainer`` would pass the labels into the model and
-  take ``outputs[0]``, the first member's logits, as the loss.)
+* **columns and labels**: ``Trainer`` keeps the batch columns named in ``model.forward``'s
+  signature (an ensemble's names the wrapped model's inputs) and passes the labels into the
+  model, taking its output as the loss; an ensemble computes no loss, so a plain ``Trainer``
+  on a converted model fails at its first step with the ensemble's "got labels=" error, which
+  names this class. ``SnensTrainer`` keeps the wrapped model's columns and the labels
+  (``remove_unused_columns=True`` keeps ``input_ids``, ``attention_mask``, …) and takes the
+  labels out of the batch before the ensemble sees it.
 * **loss**: ``ensemble_loss(logits (M, B, K), labels) + diversity_loss(ens, τ, λ)``, with
   ``args.label_smoothing_factor`` as the label smoothing (applied here, in the ensemble loss:
   ``Trainer``'s own label smoother reads ``model.config``, which an ensemble has not). The
@@ -238,8 +235,8 @@ class SnensTrainer(transformers.Trainer):
 
     # -- columns ---------------------------------------------------------------------------------
     def _set_signature_columns_if_needed(self) -> None:
-        # Trainer keeps the columns named in model.forward's signature; the ensemble's is
-        # (*args, **kwargs), so name the wrapped model's parameters instead.
+        # Trainer keeps the columns named in model.forward's signature, "args" and "kwargs"
+        # included; keep the wrapped model's named inputs only, and say so if it names none.
         if self._signature_columns is not None:
             return
         forward = self.accelerator.unwrap_model(self.model).model.forward

@@ -28,6 +28,7 @@ import copy
 import dataclasses
 import inspect
 import os
+import types
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -277,6 +278,17 @@ class Ensemble(nn.Module):
         self.report = (
             report if report is None else dataclasses.replace(report, notes=report.notes + adapted)
         )
+        self.forward = _forward_naming_inputs(self)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # the instance's forward (see _forward_naming_inputs) is rebuilt, not pickled
+        state = super().__getstate__()
+        state.pop("forward", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self.forward = _forward_naming_inputs(self)
 
     # -- configuration ---------------------------------------------------------------------------
     @property
@@ -291,6 +303,15 @@ class Ensemble(nn.Module):
 
     # -- forward ---------------------------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Tensor:
+        if "labels" in kwargs:
+            raise TypeError(
+                "the ensemble got labels=: it returns its members' logits (M, B, K) and computes "
+                "no loss (its model would score the labels once per member and the loss be "
+                "dropped). Leave the labels out of its inputs and train on "
+                "snens.ensemble_loss(logits, labels) + snens.diversity_loss(ensemble, τ, λ); "
+                "with the Hugging Face Trainer, use snens.integrations.huggingface.SnensTrainer, "
+                "which does so"
+            )
         B = _batch_size(args, kwargs)
         M = self.num_members
         self._check_inputs(args, kwargs)
@@ -337,6 +358,43 @@ class Ensemble(nn.Module):
 
     def extra_repr(self) -> str:
         return f"num_members={self.num_members}, input_policy={self.input_policy!r}"
+
+
+def _forward_naming_inputs(ensemble: Ensemble) -> Callable[..., Tensor]:
+    """``ensemble.forward`` bound under the signature ``(*args, <the model's named inputs,
+    keyword-only>, **kwargs)``.
+
+    Tools read a module's inputs from ``inspect.signature(module.forward)``: Hugging Face's
+    ``Trainer`` keeps only the batch columns named there, and ``(*args, **kwargs)`` named none,
+    so every column was dropped before the ensemble was called. The calls it accepts are those
+    of ``(*args, **kwargs)``; positional inputs still bind to ``args`` (``torch.export``'s
+    ``dynamic_shapes={"args": …}``), keyword inputs by their names.
+    """
+    P = inspect.Parameter
+    try:
+        named = inspect.signature(ensemble.model.forward).parameters.values()
+    except (TypeError, ValueError):  # a forward without a signature: nothing to name
+        named = []
+    keywords = [
+        P(p.name, P.KEYWORD_ONLY, default=None if p.default is P.empty else p.default)
+        for p in named
+        if p.kind not in (P.VAR_POSITIONAL, P.VAR_KEYWORD) and p.name not in ("args", "kwargs")
+    ]
+    cls_forward = type(ensemble).forward
+    function = types.FunctionType(
+        cls_forward.__code__,
+        cls_forward.__globals__,
+        cls_forward.__name__,
+        cls_forward.__defaults__,
+        cls_forward.__closure__,
+    )
+    function.__qualname__ = cls_forward.__qualname__
+    function.__doc__ = cls_forward.__doc__
+    function.__signature__ = inspect.Signature(
+        [P("self", P.POSITIONAL_ONLY), P("args", P.VAR_POSITIONAL), *keywords]
+        + [P("kwargs", P.VAR_KEYWORD)]
+    )
+    return types.MethodType(function, ensemble)
 
 
 def _check_not_an_ensemble(model: nn.Module) -> None:
