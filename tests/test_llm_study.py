@@ -41,8 +41,15 @@ def _finished(
     test[:, :, 1] = 4.0
     near = np.zeros((members, 3, 2), np.float32)
     near[:, 0, 1] = 8.0  # one plot text more confident than any review: AUROC 2/3
+    val = np.zeros((members, 20, 2), np.float32)
+    val[:, :, 1] = 3.0  # calibration: less confident than the test reviews, every label right
     np.savez(
-        path / "outputs.npz", test=test, test_labels=np.ones(4, np.int64), **{"ood/rt_plots": near}
+        path / "outputs.npz",
+        test=test,
+        test_labels=np.ones(4, np.int64),
+        val=val,
+        val_labels=np.ones(20, np.int64),
+        **{"ood/rt_plots": near},
     )
     if far is not None:
         np.savez(path / "ood_tweets.npz", logits=far, seconds=np.float64(12.5))
@@ -79,14 +86,30 @@ def test_report_means_seeds_and_scores_both_ood_sets(study, tmp_path):
 
     single, split_ood = (
         [c.strip() for c in line.strip("|").split("|")]
-        for line in text.split("OOD detection")[1].splitlines()
+        for line in text.split("OOD detection")[1].split("Split-conformal")[0].splitlines()
         if line.startswith(("| one LoRA model, norms", "| σN-Ens-LoRA, τ=5 λ=0.01, split"))
     )
-    assert single[1:] == ["0", "0.667", "0.500", "—", "—"]  # no far-OOD pass: blank
+    # plots MSP, MI, max-logit, energy; tweets the same. The plot texts with logits (0, 0)
+    # have a lower top logit (0 < 4) and a higher energy than any review: 2 of 3 ranked OOD
+    assert single[1:] == ["0", "0.667", "0.500", "0.667", "0.667", "—", "—", "—", "—"]
     assert split_ood[2] == "0.667 ± 0.000"  # plots MSP, both seeds
     assert split_ood[3] == "0.500 ± 0.000"  # plots MI: the members agree everywhere
-    assert split_ood[4] == "1.000 ± 0.000"  # tweets MSP: every tweet less sure than any review
-    assert split_ood[5] == "1.000 ± 0.000"  # tweets MI: members disagree on tweets only
+    assert split_ood[4:6] == ["0.667 ± 0.000"] * 2  # plots max-logit, energy
+    assert split_ood[6] == "1.000 ± 0.000"  # tweets MSP: every tweet less sure than any review
+    assert split_ood[7] == "1.000 ± 0.000"  # tweets MI: members disagree on tweets only
+    # tweets max-logit, energy: the mean logit (0, 2.25) tops out below a review's (0, 4)
+    assert split_ood[8:] == ["1.000 ± 0.000"] * 2
+
+    # conformal sets at α = 0.1 from the validation logits: THR's threshold is 1 − σ(3), so
+    # each test set holds the label (1 − σ(4) below it) and nothing else
+    conformal = text.split("Split-conformal")[1]
+    split_sets = next(
+        [c.strip() for c in line.strip("|").split("|")]
+        for line in conformal.splitlines()
+        if line.startswith("| σN-Ens-LoRA, τ=5 λ=0.01, split")
+    )
+    assert split_sets[2:4] == ["1.000 ± 0.000", "1.000 ± 0.000"]  # THR coverage, size
+    assert all(cell != "—" for cell in split_sets[4:])  # APS measured too
 
 
 def test_plan_lists_every_run_of_every_stage(study, tmp_path, capsys, monkeypatch):
