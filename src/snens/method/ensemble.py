@@ -241,6 +241,10 @@ class Ensemble(nn.Module):
         Input: (B, …) (any positional and keyword arguments; every tensor whose leading
         dimension is B is a per-example input, repeated to (M·B, …) at the input). Output:
         (M, B, K) logits, or (M, B/M, K) when training with ``input_policy="split"``.
+        ``inspect.signature(ensemble.forward)`` names the model's inputs (keyword-only,
+        between ``*args`` and ``**kwargs``), as tools that choose a module's inputs by name
+        read it. ``labels=`` is refused: an ensemble computes no loss (see
+        :func:`ensemble_loss`).
 
     Raises:
         ValueError: if ``model`` holds no member norm, or a member layer has another M.
