@@ -121,3 +121,60 @@ def test_loading_into_another_base_or_an_incomplete_save_is_refused(tmp_path):
         from_pretrained(_base(), tmp_path)
     with pytest.raises(TypeError, match="an Ensemble over a peft.PeftModel; got Sequential"):
         save_pretrained(snens.convert(torch.nn.Sequential(torch.nn.LayerNorm(4)), 2), tmp_path)
+
+
+FAMILIES = {  # (model class, config class, LoRA targets): RMS norms of four kinds, LayerNorm
+    "qwen3 (q/k norms)": ("Qwen3ForSequenceClassification", "Qwen3Config", ["q_proj", "v_proj"]),
+    "gemma (1 + w)": ("GemmaForSequenceClassification", "GemmaConfig", ["q_proj", "v_proj"]),
+    "phi3 (fused qkv)": ("Phi3ForSequenceClassification", "Phi3Config", ["qkv_proj"]),
+    "olmo2 (post-norms)": ("Olmo2ForCausalLM", "Olmo2Config", ["q_proj", "v_proj"]),
+    "bert (LayerNorm)": ("BertForSequenceClassification", "BertConfig", ["query", "value"]),
+}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_other_families_convert_train_reload_and_extract_exactly(tmp_path, family):
+    """Beyond Llama: each family's PEFT model converts with every member equal to it, and a
+    trained ensemble saved and loaded into a fresh base, and its extracted member, give the
+    trained ensemble's outputs."""
+    model_class, config_class, targets = FAMILIES[family]
+    causal = model_class.endswith("CausalLM")
+    # a config keeps keys its model does not use (BERT: head_dim, num_key_value_heads)
+    config = getattr(transformers, config_class)(**CONFIG, head_dim=8)
+
+    def base():
+        torch.manual_seed(0)
+        model = getattr(transformers, model_class)(config).eval()
+        with torch.no_grad():  # norm weights away from their init, so an identity cannot pass
+            for name, p in model.named_parameters():
+                if "norm" in name.lower() and p.dim() == 1:
+                    p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(2)) * 0.1)
+        return model
+
+    task = "CAUSAL_LM" if causal else "SEQ_CLS"
+    lora = peft.LoraConfig(task_type=task, r=4, lora_alpha=8, target_modules=targets)
+    model = peft.get_peft_model(base(), lora)
+    x = _batch()
+    with torch.no_grad():
+        plain = model(**x).logits
+    ens = snens.convert(model, 3, head=None if causal else "auto").eval()
+    with torch.no_grad():
+        for member_logits in ens(**x):
+            torch.testing.assert_close(member_logits, plain, rtol=1e-5, atol=1e-6)
+
+    optimizer = torch.optim.AdamW(snens.param_groups(ens, lr=1e-2))
+    logits = ens.train()(**x)
+    logits = logits[:, :, -1] if causal else logits  # a causal LM: the last position's token
+    (
+        snens.ensemble_loss(logits, torch.tensor([0, 1, 2])) + snens.diversity_loss(ens, 5.0, 0.01)
+    ).backward()
+    optimizer.step()
+    with torch.no_grad():
+        trained = ens.eval()(**x)
+        assert (trained[0] - trained[1]).abs().max() > 1e-4
+        save_pretrained(ens, tmp_path)
+        torch.testing.assert_close(
+            from_pretrained(base(), tmp_path).eval()(**x), trained, rtol=0, atol=0
+        )
+        member = snens.extract_member(ens, 1).eval()
+        torch.testing.assert_close(member(**x).logits, trained[1], rtol=1e-5, atol=1e-6)
