@@ -1,5 +1,6 @@
 """snens.engine.memory: the peak memory an epoch record carries."""
 
+import mmap
 import sys
 
 import pytest
@@ -12,10 +13,19 @@ linux = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc/self/sta
 
 
 @linux
+def _touch_fresh_pages(size: int) -> None:
+    """Map ``size`` bytes of new anonymous memory, write every page, unmap it. (A tensor would
+    come from the allocator, which may serve it from memory an earlier test left resident:
+    then nothing new is resident, as a long-lived test worker showed.)"""
+    block = mmap.mmap(-1, size)
+    for offset in range(0, size, mmap.PAGESIZE):
+        block[offset] = 1
+    block.close()
+
+
 def test_the_resident_peak_covers_an_allocation_inside_the_block_and_restarts_after_it():
     with PeakMemory(torch.device("cpu")) as peak:
-        block = torch.ones(64 * 2**20)  # 256 MiB, touched
-        del block
+        _touch_fresh_pages(256 * 2**20)
     inside = peak.record()["peak_rss_mib"]
     with PeakMemory(torch.device("cpu")) as peak:
         pass
