@@ -116,7 +116,7 @@ def test_plan_lists_every_run_of_every_stage(study, tmp_path, capsys, monkeypatc
     monkeypatch.chdir(tmp_path)  # main() moves to the repository root
     assert study.main(["--out", str(tmp_path / "llm"), "plan"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 6 * 3 + 3 + 4  # final: 6 variants × 3 seeds; tune 3, tune_split 4
+    assert len(lines) == 6 * 3 + 4 + 4  # final: 6 variants × 3 seeds; tune 4, tune_split 4
     assert lines[0].split() == ["final", "single_fair", "seed=0", "todo"]
     assert lines[-1].split() == ["tune_split", "split_epochs3", "seed=0", "todo"]
     # every split tune run trains on split inputs, one change from the preset's recipe each
@@ -126,3 +126,6 @@ def test_plan_lists_every_run_of_every_stage(study, tmp_path, capsys, monkeypatc
     assert configs["split_tau1"].method.temperature == 1.0
     assert configs["split_tau1"].method.diversity_weight == 0.01
     assert configs["split_epochs3"].optim.epochs == 3
+    tune = {v.name: r.config for _, v, r in study.runs_of("tune")}
+    assert tune["snens_epochs1"].optim.epochs == 1
+    assert tune["snens_epochs1"].method.input_policy == "repeat"
