@@ -214,7 +214,8 @@ def test_the_ensembles_forward_names_its_models_inputs():
     assert [p.kind for p in signature.parameters.values()] == (
         [P.VAR_POSITIONAL] + [P.KEYWORD_ONLY] * len(model_names) + [P.VAR_KEYWORD]
     )
-    ids, mask = _tiny_examples().ids[:5], _tiny_examples().mask[:5]
+    examples = _tiny_examples()
+    ids, mask = examples.ids[:5], examples.mask[:5]
     ens.eval()
     expected = ens(ids, attention_mask=mask)
     assert torch.equal(ens(input_ids=ids, attention_mask=mask), expected)

@@ -29,7 +29,7 @@ from snens.nn import batch_norms, fused
 from snens.nn.layout import model_rows
 from snens.nn.norms import FORCEABLE_PATHS, force_path
 
-from conftest import member_loop
+from conftest import TinyTransformer, member_loop
 
 M = 4
 TOL = {
@@ -493,8 +493,6 @@ def test_a_compiled_ensemble_is_one_graph(mode):
     and ran its norms eagerly."""
     if not torch._dynamo.is_dynamo_supported():
         pytest.skip("torch.compile is not supported on this Python/platform")
-    from conftest import TinyTransformer
-
     torch.manual_seed(0)
     ens = getattr(snens.convert(TinyTransformer(), num_members=M), mode)()
     ids = torch.randint(1, 50, (2, 7))
