@@ -3,11 +3,12 @@
 #
 #   scripts/gpu_check.sh [--device cuda|cpu] [--tiny] [--out FILE]
 #
-# Six sections, each under its own time limit (seconds, LIMITS_* below), each written to the
+# Seven sections, each under its own time limit (seconds, LIMITS_* below), each written to the
 # report even when it fails; the script goes on and exits 1 if any section failed:
 #
 #   1. environment    nvidia-smi, torch, CUDA, cuDNN, NCCL, the device, bf16 support
-#   2. CUDA tests     python -m pytest -q -m cuda (on a CPU they are collected and skip)
+#   2. CUDA tests     python -m pytest -q -m cuda over the test files that carry the marker
+#                     (on a CPU they are collected and skip)
 #   3. bench ratios   snens bench --steps-only, --norms-only (tiny: --quick), and --llm: a
 #                     random-init SmolLM2-135M (30 layers, bf16), σN-Ens-LoRA vs one LoRA model
 #                     at M·B and vs a LoRA ensemble, member RMSNorm at LLM shapes
@@ -15,9 +16,13 @@
 #                     deep ensemble, CIFAR ResNet-18 and --backbone wrn28_10 (tiny: ResNet-18)
 #   5. torch.compile  snens bench --compile-only --quick
 #   6. multi-GPU      2 processes over NCCL (torchrun), one epoch of the tiny preset
+#   7. profile        benchmarks/profile_steps.py: torch.profiler tables of the σN-Ens step
+#                     against its floor (SmolLM2-LoRA and ResNet-18 at M·B, bf16 on a GPU):
+#                     time and kernel launches per step, top kernels, largest differences —
+#                     where a ratio that misses its target loses its time
 #
-# On a GPU the limits add up to 470 s, so the check fits in 8 minutes of device time. Sections
-# 3-5 pass --device to snens bench: its models and inputs live on that device, its bf16 rows
+# On a GPU the limits add up to 480 s, so the check fits in 8 minutes of device time. Sections
+# 3-5 and 7 run on --device: the models and inputs live on that device, the bf16 rows
 # autocast there, and on CUDA each timed repeat starts and ends with torch.cuda.synchronize().
 #
 # --tiny (implied by --device cpu) shrinks every size, so that CI runs this same script on a CPU
@@ -40,9 +45,9 @@ else
     PY=${PYTHON:-python}
 fi
 
-#            env tests ratios absolute compile multi-GPU
-LIMITS_GPU=(30 90 90 90 120 50)          # 470 s: the device-time budget
-LIMITS_TINY=(60 180 180 180 180 60)      # a CPU run takes about 90 s; these only stop a hang
+#            env tests ratios absolute compile multi-GPU profile
+LIMITS_GPU=(20 80 100 90 100 30 60)      # 480 s: the device-time budget
+LIMITS_TINY=(60 180 180 180 180 60 180)  # a CPU run takes about 2 min; these only stop a hang
 MAX_LINES=400                            # of each command's output kept in the report (the tail)
 
 usage() {
@@ -353,7 +358,11 @@ else
     note "The cuda marker is not registered in pyproject.toml:" \
         "pytest runs without --strict-markers."
 fi
-run "$PY" -m pytest "${pytest_args[@]}"
+# Only the files that carry the marker: collecting the whole suite would import every optional
+# dependency its other files need, which a GPU machine's environment need not have.
+mapfile -t cuda_files < <(grep -rlE --include='test_*.py' 'mark\.cuda\b' tests | sort)
+if ((${#cuda_files[@]} == 0)); then cuda_files=(tests); fi
+run "$PY" -m pytest "${pytest_args[@]}" "${cuda_files[@]}"
 summary=$(grep -E 'passed|failed|skipped|deselected|error|no tests ran' "$LAST_LOG" |
     tail -n 1 || true)
 skipped=0
@@ -469,6 +478,20 @@ elif ((gpus == 0)); then
 else
     section_unchecked "--device cpu ($gpus CUDA devices seen): NCCL not checked"
 fi
+section_end
+
+# ------------------------------------------------------------------------------------------------
+# 7. profile
+# ------------------------------------------------------------------------------------------------
+
+section_begin 7 profile
+if ((TINY)); then
+    run "$PY" benchmarks/profile_steps.py --device "$DEVICE" --llm-layers 1 --tokens 8 \
+        --num-members 2 --batch 2 --steps 1 --top 5
+else
+    run "$PY" benchmarks/profile_steps.py --device "$DEVICE" --bf16
+fi
+check "benchmarks/profile_steps.py"
 section_end
 
 # ------------------------------------------------------------------------------------------------

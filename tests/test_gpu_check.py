@@ -1,8 +1,8 @@
 """scripts/gpu_check.sh at tiny sizes on the CPU: every section runs and lands in the report.
 
 The GPU machine runs the same script at full sizes; this keeps its commands and flags working.
-One run takes about 45 s of CPU time: 85-100 s of wall time on a 2-core machine that other jobs
-keep busy.
+One run takes about 60 s of CPU time: about 2 minutes of wall time on a 2-core machine that other
+jobs keep busy.
 """
 
 import os
@@ -23,10 +23,11 @@ HEADINGS = (
     "## 4. snens bench --absolute",
     "## 5. torch.compile",
     "## 6. multi-GPU (NCCL)",
+    "## 7. profile",
     "## Summary",
 )
-# The sections' own limits add up to 840 s at tiny sizes; this only stops a hang.
-TIMEOUT_S = 900
+# The sections' own limits add up to 1,020 s at tiny sizes; this only stops a hang.
+TIMEOUT_S = 1100
 
 
 def _gpu_check(*args: str) -> subprocess.CompletedProcess:
@@ -69,15 +70,20 @@ def test_every_section_runs_on_the_cpu_and_is_reported(tmp_path):
     assert re.search(r"^\| σN-Ens \| [\d,]+ \| [\d,]+ \|", absolute, re.MULTILINE), absolute
     assert "skipped (no CUDA device)" in report.split("## 2. CUDA tests")[1]
     assert "NCCL not checked" in report.split("## 6. multi-GPU (NCCL)")[1]
+    # the profile: both pairs, with their ratio and the operators that differ
+    profile = report.split("## 7. profile")[1].split("## Summary")[0]
+    assert len(re.findall(r"^ratio σN-Ens / floor: \d+\.\d{3}$", profile, re.MULTILINE)) == 2
+    assert profile.count("largest differences, σN-Ens − floor (CPU µs per step)") == 2
 
 
 def test_failed_sections_are_reported_and_the_run_goes_on(tmp_path):
-    """A Python whose every ``-m`` command fails: sections 2-5 fail, each is written with its
-    command and output, the environment section still passes, and the exit status is 1."""
+    """A Python whose every ``-m`` command and script fails: sections 2-5 and 7 fail, each is
+    written with its command and output, the environment section still passes, and the exit
+    status is 1."""
     python = tmp_path / "python"
     python.write_text(
         "#!/usr/bin/env bash\n"
-        'if [[ $1 == -m ]]; then echo "no module run here: $*" >&2; exit 3; fi\n'
+        'if [[ $1 == -m || $1 == *.py ]]; then echo "no module run here: $*" >&2; exit 3; fi\n'
         f'exec {sys.executable} "$@"\n'
     )
     python.chmod(0o755)
@@ -100,9 +106,11 @@ def test_failed_sections_are_reported_and_the_run_goes_on(tmp_path):
         ("3. snens bench ratios", "snens bench --quick exited 3; snens bench --llm"),
         ("4. snens bench --absolute", "snens bench --absolute (ResNet-18)"),
         ("5. torch.compile", "snens bench --compile-only --quick"),
+        ("7. profile", "benchmarks/profile_steps.py"),
     ]:
         assert f"| {section} | FAILED: {command} exited 3 |" in summary, summary
     assert report.count("no module run here: -m ") == 5  # section 3 runs two commands
+    assert report.count("no module run here: benchmarks/profile_steps.py") == 1
     assert "| 6. multi-GPU (NCCL) | no GPU: NCCL not checked |" in summary
 
 

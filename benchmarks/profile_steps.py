@@ -1,0 +1,161 @@
+"""Where a σN-Ens training step spends its time, against the step it must not exceed.
+
+Two pairs, each step profiled by ``torch.profiler`` over ``--steps`` steps after two warm-ups:
+
+* SmolLM2's architecture (random weights, LoRA r=8 on q/v, a linear head on the last token):
+  σN-Ens-LoRA at B texts against one LoRA model at M·B texts, its floor;
+* CIFAR ResNet-18: σN-Ens at B images against one model at M·B images.
+
+For each step: its time per step on the device (the CUDA kernels' total; on a CPU, the
+operators' self time), its kernel launches per step, and its most expensive operators; then,
+per pair, the operators whose time per step differs most between the two steps — where an
+overhead sits, or where σN-Ens runs a kernel its floor does not.
+
+    python benchmarks/profile_steps.py --device cuda --bf16          # the GPU check's profile
+    python benchmarks/profile_steps.py --llm-layers 1 --tokens 8 --batch 2 --num-members 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+from collections.abc import Callable
+
+import torch
+
+import snens
+from snens.engine.benchmark import _train_step, resolve_device
+from snens.engine.benchmark_llm import _lora_model
+from snens.engine.benchmark_llm import _step as _llm_step
+from snens.models import create
+
+LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
+
+
+def profile(step: Callable[[], None], steps: int, device: torch.device) -> dict[str, float]:
+    """Self time per step in microseconds of every operator or kernel ``step`` runs, by name;
+    ``"(launches)"`` holds the kernel launches per step."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    for _ in range(2):
+        step()
+    if cuda:
+        torch.cuda.synchronize(device)
+    with torch_profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+        if cuda:
+            torch.cuda.synchronize(device)
+    times: dict[str, float] = {}
+    launches = 0
+    for event in prof.key_averages():
+        if event.key in LAUNCHES:
+            launches += event.count
+        own = event.self_device_time_total if cuda else event.self_cpu_time_total
+        if own > 0:
+            times[event.key] = own / steps
+    times["(launches)"] = launches / steps
+    return times
+
+
+def _total(times: dict[str, float]) -> float:
+    return sum(t for name, t in times.items() if name != "(launches)")
+
+
+def _short(name: str, width: int = 72) -> str:
+    return name if len(name) <= width else name[: width - 1] + "…"
+
+
+def report(
+    title: str, variant: dict[str, float], floor: dict[str, float], top: int, unit: str
+) -> str:
+    """The pair's Markdown: totals, each step's top operators, the largest differences."""
+    lines = [
+        f"### {title}",
+        "",
+        "| step | time per step (ms) | kernel launches per step |",
+        "|---|---|---|",
+        f"| σN-Ens | {_total(variant) / 1e3:.2f} | {variant['(launches)']:.0f} |",
+        f"| floor | {_total(floor) / 1e3:.2f} | {floor['(launches)']:.0f} |",
+        "",
+        f"ratio σN-Ens / floor: {_total(variant) / max(_total(floor), 1e-9):.3f}",
+    ]
+    for label, times in (("σN-Ens", variant), ("floor", floor)):
+        ranked = sorted(((t, n) for n, t in times.items() if n != "(launches)"), reverse=True)
+        lines += ["", f"{label}: top {top} by self {unit} per step", "", "| op | µs | share |"]
+        lines.append("|---|---|---|")
+        total = max(_total(times), 1e-9)
+        for t, name in ranked[:top]:
+            lines.append(f"| `{_short(name)}` | {t:.1f} | {t / total:.1%} |")
+    names = (set(variant) | set(floor)) - {"(launches)"}
+    diffs = sorted(((variant.get(n, 0.0) - floor.get(n, 0.0), n) for n in names), reverse=True)
+    lines += ["", f"largest differences, σN-Ens − floor ({unit} per step)", ""]
+    lines += ["| op | σN-Ens | floor | difference |", "|---|---|---|---|"]
+    for d, name in [*diffs[:top], *[x for x in diffs[-3:] if x[0] < 0]]:
+        lines.append(
+            f"| `{_short(name)}` | {variant.get(name, 0.0):.1f} | {floor.get(name, 0.0):.1f} "
+            f"| {d:+.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--num-members", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=8, help="texts or images per member (B)")
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--llm-layers", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=3, help="profiled steps per model")
+    parser.add_argument("--top", type=int, default=12, help="operators listed per table")
+    parser.add_argument("--bf16", action="store_true", help="bfloat16 autocast")
+    args = parser.parse_args(argv)
+    try:
+        device = resolve_device(args.device)
+    except ValueError as err:
+        parser.error(f"argument --device: {err}")
+    M, B, T = args.num_members, args.batch, args.tokens
+    unit = "device µs" if device.type == "cuda" else "CPU µs"
+    g = torch.Generator().manual_seed(0)
+
+    single = _lora_model(args.llm_layers, 0, device)
+    ens = snens.convert(copy.deepcopy(single), M)
+    ids_b = torch.randint(3, 49152, (B, T), generator=g).to(device)
+    ids_mb = torch.randint(3, 49152, (M * B, T), generator=g).to(device)
+    y_b = torch.randint(0, 2, (B,), generator=g).to(device)
+    y_mb = torch.randint(0, 2, (M * B,), generator=g).to(device)
+    llm = report(
+        f"SmolLM2 ({args.llm_layers} layers, T={T}): σN-Ens-LoRA at B={B} vs one LoRA model "
+        f"at M·B={M * B}",
+        profile(_llm_step(ens, ids_b, y_b, args.bf16), args.steps, device),
+        profile(_llm_step(single, ids_mb, y_mb, args.bf16), args.steps, device),
+        args.top,
+        unit,
+    )
+    del single, ens
+
+    torch.manual_seed(0)
+    plain = create("resnet18", num_classes=10).to(device)
+    floor = copy.deepcopy(plain)
+    x_b = torch.randn(B, 3, 32, 32, device=device)
+    x_mb = torch.randn(M * B, 3, 32, 32, device=device)
+    c_b = torch.randint(0, 10, (B,), device=device)
+    c_mb = torch.randint(0, 10, (M * B,), device=device)
+    cnn = report(
+        f"ResNet-18 (CIFAR): σN-Ens at B={B} vs one model at M·B={M * B}",
+        profile(_train_step(snens.convert(plain, M), x_b, c_b, args.bf16), args.steps, device),
+        profile(_train_step(floor, x_mb, c_mb, args.bf16), args.steps, device),
+        args.top,
+        unit,
+    )
+    what = "bf16 autocast" if args.bf16 else "float32"
+    print(f"## Profile: {device}, M={M}, {what}, torch {torch.__version__}\n\n{llm}\n\n{cnn}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
