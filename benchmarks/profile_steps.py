@@ -6,8 +6,9 @@ Two pairs, each step profiled by ``torch.profiler`` over ``--steps`` steps after
   σN-Ens-LoRA at B texts against one LoRA model at M·B texts, its floor;
 * CIFAR ResNet-18: σN-Ens at B images against one model at M·B images.
 
-For each step: its time per step on the device (the CUDA kernels' total; on a CPU, the
-operators' self time), its kernel launches per step, and its most expensive operators; then,
+For each step: its wall-clock time per step, its time on the device (the CUDA kernels' total;
+on a CPU, the operators' self time), its kernel launches per step — a step whose wall time far
+exceeds its kernels' waits on the host's launches — and its most expensive kernels; then,
 per pair, the operators whose time per step differs most between the two steps — where an
 overhead sits, or where σN-Ens runs a kernel its floor does not.
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import copy
 import sys
+import time
 from collections.abc import Callable
 
 import torch
@@ -33,9 +35,20 @@ from snens.models import create
 LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
 
 
+COUNTS = ("(launches)", "(wall)")
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def profile(step: Callable[[], None], steps: int, device: torch.device) -> dict[str, float]:
-    """Self time per step in microseconds of every operator or kernel ``step`` runs, by name;
-    ``"(launches)"`` holds the kernel launches per step."""
+    """Time per step in microseconds of every kernel (on a GPU: kernels, copies and memsets)
+    or operator (on a CPU: its self time) that ``step`` runs, by name; ``"(launches)"`` holds
+    the kernel launches per step and ``"(wall)"`` the wall-clock µs per step, timed apart
+    from the profiler."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
@@ -43,27 +56,34 @@ def profile(step: Callable[[], None], steps: int, device: torch.device) -> dict[
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     for _ in range(2):
         step()
-    if cuda:
-        torch.cuda.synchronize(device)
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    _sync(device)
+    wall = (time.perf_counter() - start) / steps * 1e6
     with torch_profile(activities=activities) as prof:
         for _ in range(steps):
             step()
-        if cuda:
-            torch.cuda.synchronize(device)
+        _sync(device)
     times: dict[str, float] = {}
     launches = 0
     for event in prof.key_averages():
         if event.key in LAUNCHES:
             launches += event.count
-        own = event.self_device_time_total if cuda else event.self_cpu_time_total
+        if cuda:  # the device's own events only: an operator's device time repeats its kernels'
+            own = event.self_device_time_total if event.device_type == DeviceType.CUDA else 0
+        else:
+            own = event.self_cpu_time_total
         if own > 0:
             times[event.key] = own / steps
     times["(launches)"] = launches / steps
+    times["(wall)"] = wall
     return times
 
 
 def _total(times: dict[str, float]) -> float:
-    return sum(t for name, t in times.items() if name != "(launches)")
+    return sum(t for name, t in times.items() if name not in COUNTS)
 
 
 def _short(name: str, width: int = 72) -> str:
@@ -77,21 +97,27 @@ def report(
     lines = [
         f"### {title}",
         "",
-        "| step | time per step (ms) | kernel launches per step |",
-        "|---|---|---|",
-        f"| σN-Ens | {_total(variant) / 1e3:.2f} | {variant['(launches)']:.0f} |",
-        f"| floor | {_total(floor) / 1e3:.2f} | {floor['(launches)']:.0f} |",
-        "",
-        f"ratio σN-Ens / floor: {_total(variant) / max(_total(floor), 1e-9):.3f}",
+        f"| step | wall ms per step | {unit.split()[0]} ms per step | kernel launches per step |",
+        "|---|---|---|---|",
     ]
     for label, times in (("σN-Ens", variant), ("floor", floor)):
-        ranked = sorted(((t, n) for n, t in times.items() if n != "(launches)"), reverse=True)
+        lines.append(
+            f"| {label} | {times['(wall)'] / 1e3:.2f} | {_total(times) / 1e3:.2f} "
+            f"| {times['(launches)']:.0f} |"
+        )
+    lines += [
+        "",
+        f"ratio σN-Ens / floor: {variant['(wall)'] / max(floor['(wall)'], 1e-9):.3f} "
+        f"(wall), {_total(variant) / max(_total(floor), 1e-9):.3f} ({unit.split()[0]})",
+    ]
+    for label, times in (("σN-Ens", variant), ("floor", floor)):
+        ranked = sorted(((t, n) for n, t in times.items() if n not in COUNTS), reverse=True)
         lines += ["", f"{label}: top {top} by self {unit} per step", "", "| op | µs | share |"]
         lines.append("|---|---|---|")
         total = max(_total(times), 1e-9)
         for t, name in ranked[:top]:
             lines.append(f"| `{_short(name)}` | {t:.1f} | {t / total:.1%} |")
-    names = (set(variant) | set(floor)) - {"(launches)"}
+    names = (set(variant) | set(floor)) - set(COUNTS)
     diffs = sorted(((variant.get(n, 0.0) - floor.get(n, 0.0), n) for n in names), reverse=True)
     lines += ["", f"largest differences, σN-Ens − floor ({unit} per step)", ""]
     lines += ["| op | σN-Ens | floor | difference |", "|---|---|---|---|"]
@@ -110,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=8, help="texts or images per member (B)")
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--llm-layers", type=int, default=30)
-    parser.add_argument("--steps", type=int, default=3, help="profiled steps per model")
+    parser.add_argument("--steps", type=int, default=5, help="timed and profiled steps per model")
     parser.add_argument("--top", type=int, default=12, help="operators listed per table")
     parser.add_argument("--bf16", action="store_true", help="bfloat16 autocast")
     args = parser.parse_args(argv)

@@ -72,7 +72,8 @@ def test_every_section_runs_on_the_cpu_and_is_reported(tmp_path):
     assert "NCCL not checked" in report.split("## 6. multi-GPU (NCCL)")[1]
     # the profile: both pairs, with their ratio and the operators that differ
     profile = report.split("## 7. profile")[1].split("## Summary")[0]
-    assert len(re.findall(r"^ratio σN-Ens / floor: \d+\.\d{3}$", profile, re.MULTILINE)) == 2
+    ratio = r"^ratio σN-Ens / floor: \d+\.\d{3} \(wall\), \d+\.\d{3} \(CPU\)$"
+    assert len(re.findall(ratio, profile, re.MULTILINE)) == 2, profile
     assert profile.count("largest differences, σN-Ens − floor (CPU µs per step)") == 2
 
 

@@ -263,13 +263,11 @@ class _MemberBatchNorm(MemberNorm):
            does not apply: channels-last or strided inputs, bf16/fp16 or mixed dtypes, kernels
            unavailable or ``SNENS_FUSED=0``. Why: no concatenation (eval forward 1.9× → 1.1× a
            plain BatchNorm2d).
-        3. vectorized (:meth:`_vectorized`, plain torch ops over the (M, B, C, S) view): M > 1,
-           non-empty, on any device other than the CPU (CUDA, MPS, …), traced by
-           ``torch.compile``/``torch.export`` and inside ``torch.func`` too. Why: paths 1 and 2
-           are CPU kernels (the out= kernel's saved-statistics dtypes are pinned down for CPU
+        3. vectorized (:meth:`_vectorized`, one ``F.batch_norm`` over the members stacked as
+           channels): M > 1, non-empty, on any device other than the CPU (CUDA, MPS, …), traced
+           by ``torch.compile``/``torch.export`` and inside ``torch.func`` too. Why: paths 1 and
+           2 are CPU kernels (the out= kernel's saved-statistics dtypes are pinned down for CPU
            kernels only), and the reference costs M kernel launches per op and a concatenation.
-           Unmeasured on a GPU so far: ``scripts/gpu_check.sh`` compares it with the reference
-           loop.
         4. reference (:meth:`_reference`): everything else: M = 1, empty inputs, and on the CPU
            ``torch.compile``/``torch.export`` (an exported graph holds only standard ops) and
            ``torch.func`` (the autograd functions have no vmap or jvp rules).
@@ -323,47 +321,33 @@ class _MemberBatchNorm(MemberNorm):
         )
 
     def _vectorized(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
-        """Every member at once, in plain torch ops over the (M, B, C, S) view of x:
+        """Every member in one ``F.batch_norm`` call, the members stacked as channels:
 
-            y = (x - mean_m) · rsqrt(var_m + eps) · scale_m + shift_m
+            (M·B, C, *) -> (B, M·C, *) -> F.batch_norm -> (M·B, C, *)
 
-        with mean and biased variance per (member, channel) over (B, S) in training (and
-        without running statistics), the member's running statistics in eval, and the affine
-        broadcast over (M, 1, C, 1). Half inputs are computed in float32 and the output rounded
-        to their dtype, as torch's batch norm does. In training the running statistics are
-        updated as ``F.batch_norm`` updates each member's rows: with the update factor of
-        :meth:`_momentum` and the unbiased variance, in place.
+        Channel m·C + c of the stacked input holds member m's channel c over that member's B
+        rows, so the native kernel's per-channel statistics, affine (the (M, C) scale and
+        shift, flattened) and running statistics (the (M, C) buffers' flat views, updated in
+        place with the kernel's update factor and unbiased variance) are each member's. Two
+        transposing copies, in and out, against ~10 elementwise and reduction kernels of the
+        arithmetic written out: measured on an H200 in ``results/gpu_nvidia-h200.md``. Half
+        inputs keep their dtype, as a plain batch norm's do (the kernel accumulates in float32).
         """
         self._check_values_per_channel(x)
-        M, C = self.num_members, self.num_features
-        rows = x.shape[0] // M
-        spatial = math.prod(x.shape[2:])  # 1 for (M·B, C) inputs
-        # float32 for bf16/fp16 inputs, as torch's batch norm accumulates; float64 stays
-        compute = torch.promote_types(x.dtype, torch.float32)
-        xs = x.reshape(M, rows, C, spatial).to(compute)  # (M·B, C, *) -> (M, B, C, S)
-        if self.training or not self.track_running_stats:
-            var, mean = torch.var_mean(xs, dim=(1, 3), correction=0, keepdim=True)  # (M, 1, C, 1)
-            if self.training and self.track_running_stats:
-                self._update_running_stats(mean.view(M, C), var.view(M, C), rows * spatial)
-        else:
-            mean = self.running_mean.view(M, 1, C, 1).to(compute)
-            var = self.running_var.view(M, 1, C, 1).to(compute)
-        coefficient = torch.rsqrt(var + self.eps) * scale.view(M, 1, C, 1)
-        centered = xs - mean
-        if shift is None:
-            y = centered * coefficient
-        else:
-            y = torch.addcmul(shift.view(M, 1, C, 1), centered, coefficient)
-        return y.to(x.dtype).reshape(x.shape)
-
-    @torch.no_grad()
-    def _update_running_stats(self, mean: Tensor, var: Tensor, count: int) -> None:
-        """running ← (1 - f)·running + f·batch, f from :meth:`_momentum`, for the (M, C) mean
-        and the unbiased variance var · count / (count - 1), as ``F.batch_norm`` does per member.
-        """
-        factor = self._momentum()
-        self.running_mean.mul_(1 - factor).add_(mean, alpha=factor)
-        self.running_var.mul_(1 - factor).add_(var, alpha=factor * count / (count - 1))
+        M = self.num_members
+        stacked = x.unflatten(0, (M, -1)).transpose(0, 1).flatten(1, 2)  # (B, M·C, *)
+        tracked = self.track_running_stats
+        y = F.batch_norm(
+            stacked,
+            self.running_mean.view(-1) if tracked else None,  # views: updated in place
+            self.running_var.view(-1) if tracked else None,
+            scale.reshape(-1),
+            None if shift is None else shift.reshape(-1),
+            self.training or not tracked,
+            self._momentum(),
+            self.eps,
+        )
+        return y.unflatten(1, (M, -1)).transpose(0, 1).flatten(0, 1)  # (M·B, C, *)
 
     def _check_values_per_channel(self, x: Tensor) -> None:
         """The check ``F.batch_norm`` makes on each member's rows, for the kernel and
