@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=8, help="texts or images per member (B)")
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--llm-layers", type=int, default=30)
-    parser.add_argument("--steps", type=int, default=5, help="timed and profiled steps per model")
+    parser.add_argument("--steps", type=int, default=3, help="timed and profiled steps per model")
     parser.add_argument("--top", type=int, default=12, help="operators listed per table")
     parser.add_argument("--bf16", action="store_true", help="bfloat16 autocast")
     args = parser.parse_args(argv)

@@ -46,7 +46,7 @@ else
 fi
 
 #            env tests ratios absolute compile multi-GPU profile
-LIMITS_GPU=(20 70 130 60 80 30 80)       # 470 s: the device-time budget
+LIMITS_GPU=(15 60 150 50 75 30 90)       # 470 s: the device-time budget
 LIMITS_TINY=(60 180 180 180 180 60 180)  # a CPU run takes about 2 min; these only stop a hang
 MAX_LINES=400                            # of each command's output kept in the report (the tail)
 
@@ -175,7 +175,7 @@ if ((TINY)); then
     RATIO_SIZES=(--num-members 2 --batch 2 --repeats 1)
     ABS_MEMBERS=2 ABS_BATCH=4 ABS_REPEATS=1
 else
-    SIZES="full (ratios: M=4, B=8, 5 repeats, compile 3; --absolute: M=4, B=128, 10 repeats, bf16)"
+    SIZES="full (ratios: M=4, B=8, 5 repeats, LLM 3; --absolute: M=4, B=128, 10 repeats, bf16)"
     RATIO_SIZES=(--repeats 5)
     ABS_MEMBERS=4 ABS_BATCH=128 ABS_REPEATS=10
 fi
@@ -408,7 +408,7 @@ else
     # kernels, not their launches, set the time
     for tokens in 128 512; do
         run "$PY" -m snens bench --llm --bf16 --device "$DEVICE" --batch 8 --tokens "$tokens" \
-            --repeats 5
+            --repeats 3
         check "snens bench --llm --tokens $tokens"
     done
 fi

@@ -142,7 +142,12 @@ def presets_page() -> str:
 
 
 #: The study reports the experiments write under results/, shown as pages of their own.
-STUDIES = {"converged": "the converged study", "llm": "the LLM study", "bench_cpu": "CPU costs"}
+STUDIES = {
+    "converged": "the converged study",
+    "llm": "the LLM study",
+    "bench_cpu": "CPU costs",
+    "gpu_nvidia-h200": "GPU costs (NVIDIA H200)",
+}
 
 
 def _study_page(source: Path) -> str:

@@ -6,9 +6,9 @@ and applies its folded affine sigmoid(gamma_m)·weight_m, sigmoid(gamma_m)·bias
 contiguous float32/64 inputs go through the fused kernel of :mod:`snens.nn.fused` (all members
 in one call); other CPU inputs run the native batch-norm kernel per member straight into its
 slice of one preallocated output; CPU inputs under ``torch.compile`` and ``torch.func``, the
-per-member loop of ``F.batch_norm``; other devices (CUDA, MPS, …), plain torch ops over the
-(M, B, C, S) view of the input, all members at once (``_MemberBatchNorm._normalize`` lists the
-conditions).
+per-member loop of ``F.batch_norm``; other devices (CUDA, MPS, …), one ``F.batch_norm`` over
+the members stacked as channels, (M·B, C, *) → (B, M·C, *), all members at once
+(``_MemberBatchNorm._normalize`` lists the conditions).
 """
 
 from __future__ import annotations

@@ -13,8 +13,9 @@ that compute them:
   all members in one call of snens' fused kernel (``snens.nn.fused``, contiguous float32/64,
   built on first use), else one native kernel per member writing straight into its slice of
   one preallocated output, inside an autograd function whose backward runs the native backward
-  kernel per member; on other devices (CUDA, MPS, …), the vectorized path: plain torch ops over
-  the (M, B, C, S) view, per-(member, channel) statistics and the member affine broadcast;
+  kernel per member; on other devices (CUDA, MPS, …), the vectorized path: one native batch
+  norm over the members stacked as channels, (M·B, C, S) → (B, M·C, S), whose per-channel
+  statistics, affine and running statistics are each member's;
 * per-example norms (``snens.nn.per_example_norms``): group norm as one native kernel over the
   whole (M·B, …) tensor, viewed as a single example of M·B·C channels, so the per-member affine
   becomes a per-channel one; RMS norm in float32/64 as one un-weighted kernel and a broadcast
