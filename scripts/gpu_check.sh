@@ -9,7 +9,7 @@
 #   1. environment    nvidia-smi, torch, CUDA, cuDNN, NCCL, the device, bf16 support
 #   2. CUDA tests     python -m pytest -q -m cuda over the test files that carry the marker
 #                     (on a CPU they are collected and skip)
-#   3. bench ratios   snens bench --steps-only, --norms-only (tiny: --quick), and --llm: a
+#   3. bench ratios   snens bench --steps-only --bf16, --norms-only (tiny: --quick), and --llm: a
 #                     random-init SmolLM2-135M (30 layers, bf16), σN-Ens-LoRA vs one LoRA model
 #                     at M·B and vs a LoRA ensemble, member RMSNorm at LLM shapes
 #   4. bench absolute snens bench --absolute: images/s and peak memory of single, σN-Ens and
@@ -400,8 +400,8 @@ if ((TINY)); then
         --num-members 2 --batch 2 --repeats 1
     check "snens bench --llm"
 else
-    run "$PY" -m snens bench --steps-only --device "$DEVICE" "${RATIO_SIZES[@]}"
-    check "snens bench --steps-only"
+    run "$PY" -m snens bench --steps-only --bf16 --device "$DEVICE" "${RATIO_SIZES[@]}"
+    check "snens bench --steps-only --bf16"
     run "$PY" -m snens bench --norms-only --device "$DEVICE" "${RATIO_SIZES[@]}"
     check "snens bench --norms-only"
     # T=128: the step of a short-text fine-tune, launch-bound on a large GPU; T=512: one whose

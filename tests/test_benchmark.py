@@ -205,6 +205,30 @@ def test_absolute_refuses_a_backbone_without_an_image_input(capsys):
         benchmark.throughput("minilm")
 
 
+def test_bf16_steps_autocast_and_say_so(monkeypatch, capsys):
+    """--steps-only --bf16: every timed training step runs under bf16 autocast, and each row
+    names it; without the flag none does."""
+    seen = []
+    train_step = benchmark._train_step
+
+    def recording_train_step(model, x, y, bf16=False):
+        seen.append(bf16)
+        return train_step(model, x, y, bf16)
+
+    monkeypatch.setattr(benchmark, "_train_step", recording_train_step)
+    monkeypatch.setattr(benchmark, "compare", lambda *a, **k: (1.0, (1.0, 1.0), 1e-3))
+    assert benchmark.main(["--steps-only", "--bf16", "--quick", *TINY]) == 0
+    assert _row_names(capsys.readouterr().out) == [
+        "resnet18 (bf16): σN-Ens step (B=2) vs single at M·B",
+        "resnet18 (bf16): σN-Ens step with plain norms (heads, replication) vs single at M·B",
+        "resnet18 (bf16): σN-Ens step vs deep ensemble, B=2",
+    ]
+    assert seen == [True] * 5, seen  # σN-Ens, single, plain-norm σN-Ens, single, deep
+    seen.clear()
+    assert benchmark.main(["--steps-only", "--quick", *TINY]) == 0
+    assert "(bf16)" not in capsys.readouterr().out and seen == [False] * 5
+
+
 def test_compile_only_yields_only_the_compile_rows(monkeypatch, capsys):
     # compilation itself is not what is tested (minutes on a CPU): torch.compile is the identity
     # here, undone cleanly (patching torch._dynamo.config.disable left it unreadable, and every

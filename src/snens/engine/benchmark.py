@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import itertools
 import platform
 import statistics
@@ -298,7 +299,12 @@ def _model_measures(
     *,
     compile_only: bool = False,
     device: str | torch.device = "cpu",
+    bf16: bool = False,
 ) -> list[Measure]:
+    """The rows of one backbone; ``bf16``: its training steps under bfloat16 autocast, named
+    "<backbone> (bf16)"."""
+
+    step = functools.partial(_train_step, bf16=bf16)
     torch.manual_seed(0)
     plain = create(backbone, num_classes=10).to(device)
     x_b = torch.randn(B, *image, device=device)
@@ -306,6 +312,7 @@ def _model_measures(
     x_mb = torch.randn(M * B, *image, device=device)
     y_mb = torch.randint(0, 10, (M * B,), device=device)
     ens = snens.convert(plain, M)
+    label = f"{backbone} (bf16)" if bf16 else backbone
     if compile_only:
         return [_compile_measure(backbone, ens, x_b, y_b, repeats)]
     single = copy.deepcopy(plain)
@@ -313,35 +320,33 @@ def _model_measures(
     split = copy.deepcopy(ens)
     split.input_policy = "split"
 
-    ens_step = _train_step(ens, x_b, y_b)
+    ens_step = step(ens, x_b, y_b)
     rows = []
-    ratio, spread, base = compare(ens_step, _train_step(single, x_mb, y_mb), repeats=repeats)
+    ratio, spread, base = compare(ens_step, step(single, x_mb, y_mb), repeats=repeats)
     rows.append(
         Measure(
-            f"{backbone}: σN-Ens step (B={B}) vs single at M·B", ratio, spread, "≤1.05×", base * 1e3
+            f"{label}: σN-Ens step (B={B}) vs single at M·B", ratio, spread, "≤1.05×", base * 1e3
         )
     )
     # where the overhead over the floor lies: the same ensemble with every member norm swapped
     # for member 0's plain norm keeps the replication, the member heads and the loss
     ratio, spread, base = compare(
-        _train_step(_with_plain_norms(ens), x_b, y_b),
-        _train_step(single, x_mb, y_mb),
+        step(_with_plain_norms(ens), x_b, y_b),
+        step(single, x_mb, y_mb),
         repeats=repeats,
     )
     rows.append(
         Measure(
-            f"{backbone}: σN-Ens step with plain norms (heads, replication) vs single at M·B",
+            f"{label}: σN-Ens step with plain norms (heads, replication) vs single at M·B",
             ratio,
             spread,
             "report",
             base * 1e3,
         )
     )
-    ratio, spread, base = compare(ens_step, _train_step(deep, x_b, y_b), repeats=repeats)
+    ratio, spread, base = compare(ens_step, step(deep, x_b, y_b), repeats=repeats)
     rows.append(
-        Measure(
-            f"{backbone}: σN-Ens step vs deep ensemble, B={B}", ratio, spread, "≤1.0×", base * 1e3
-        )
+        Measure(f"{label}: σN-Ens step vs deep ensemble, B={B}", ratio, spread, "≤1.0×", base * 1e3)
     )
     if steps_only:
         return rows
@@ -349,13 +354,13 @@ def _model_measures(
         last = copy.deepcopy(ens).to(memory_format=torch.channels_last)
         x_last = x_b.contiguous(memory_format=torch.channels_last)
         ratio, spread, base = compare(
-            _train_step(last, x_last, y_b),
-            _train_step(copy.deepcopy(ens), x_b, y_b),
+            step(last, x_last, y_b),
+            step(copy.deepcopy(ens), x_b, y_b),
             repeats=repeats,
         )
         rows.append(
             Measure(
-                f"{backbone}: σN-Ens step channels-last vs contiguous",
+                f"{label}: σN-Ens step channels-last vs contiguous",
                 ratio,
                 spread,
                 "report",
@@ -364,12 +369,8 @@ def _model_measures(
         )
     if compile_model:
         rows.append(_compile_measure(backbone, ens, x_b, y_b, repeats))
-    ratio, spread, base = compare(
-        _train_step(split, x_b, y_b), _train_step(single, x_b, y_b), repeats=repeats
-    )
-    rows.append(
-        Measure(f"{backbone}: split step vs single at B", ratio, spread, "≤1.1×", base * 1e3)
-    )
+    ratio, spread, base = compare(step(split, x_b, y_b), step(single, x_b, y_b), repeats=repeats)
+    rows.append(Measure(f"{label}: split step vs single at B", ratio, spread, "≤1.1×", base * 1e3))
 
     def infer(model):
         model.eval()
@@ -421,6 +422,7 @@ def run(
     steps_only: bool = False,
     compile_only: bool = False,
     device: str | torch.device = "cpu",
+    bf16: bool = False,
 ) -> list[Measure]:
     """All measures, as :class:`Measure` rows.
 
@@ -435,6 +437,8 @@ def run(
             same with plain norms, a deep ensemble), e.g. for more repeats of them.
         compile_only: the ``torch.compile`` rows alone, one per backbone.
         device: where models and inputs live, e.g. ``"cuda"``.
+        bf16: the backbones' training steps under bfloat16 autocast (the norm rows have their
+            own bf16 rows).
 
     Raises:
         ValueError: if more than one of ``norms_only``, ``steps_only``, ``compile_only`` is
@@ -458,6 +462,7 @@ def run(
             steps_only,
             compile_only=compile_only,
             device=device,
+            bf16=bf16,
         )
     return rows
 
@@ -656,7 +661,9 @@ def main(argv: list[str] | None = None) -> int:
         "inputs 1×28×28 for small_cnn, 3×224×224 for mobilenet_v2, else 3×32×32",
     )
     parser.add_argument(
-        "--bf16", action="store_true", help="bfloat16 autocast for --absolute and --llm"
+        "--bf16",
+        action="store_true",
+        help="bfloat16 autocast for the training steps, --absolute and --llm",
     )
     parser.add_argument(
         "--llm",
@@ -717,6 +724,7 @@ def main(argv: list[str] | None = None) -> int:
         args.steps_only,
         args.compile_only,
         args.device,
+        args.bf16,
     )
     print(format_table(rows))
     print(
