@@ -71,7 +71,9 @@ def test_report_means_seeds_and_scores_both_ood_sets(study, tmp_path):
 
     text = study.report().read_text()
     split = next(
-        line for line in text.splitlines() if line.startswith("| σN-Ens-LoRA, τ=5 λ=0.01, split")
+        line
+        for line in text.splitlines()
+        if line.startswith("| σN-Ens-LoRA, τ=5 λ=0.01, split (preset)")
     )
     cells = [c.strip() for c in split.strip("|").split("|")]
     assert cells[1] == "0 1"
@@ -87,7 +89,7 @@ def test_report_means_seeds_and_scores_both_ood_sets(study, tmp_path):
     single, split_ood = (
         [c.strip() for c in line.strip("|").split("|")]
         for line in text.split("OOD detection")[1].split("Split-conformal")[0].splitlines()
-        if line.startswith(("| one LoRA model, norms", "| σN-Ens-LoRA, τ=5 λ=0.01, split"))
+        if line.startswith(("| one LoRA model, norms", "| σN-Ens-LoRA, τ=5 λ=0.01, split (preset)"))
     )
     # plots MSP, MI, max-logit, energy; tweets the same. The plot texts with logits (0, 0)
     # have a lower top logit (0 < 4) and a higher energy than any review: 2 of 3 ranked OOD
@@ -106,7 +108,7 @@ def test_report_means_seeds_and_scores_both_ood_sets(study, tmp_path):
     split_sets = next(
         [c.strip() for c in line.strip("|").split("|")]
         for line in conformal.splitlines()
-        if line.startswith("| σN-Ens-LoRA, τ=5 λ=0.01, split")
+        if line.startswith("| σN-Ens-LoRA, τ=5 λ=0.01, split (preset)")
     )
     assert split_sets[2:4] == ["1.000 ± 0.000", "1.000 ± 0.000"]  # THR coverage, size
     assert all(cell != "—" for cell in split_sets[4:])  # APS measured too
@@ -126,6 +128,27 @@ def test_plan_lists_every_run_of_every_stage(study, tmp_path, capsys, monkeypatc
     assert configs["split_tau1"].method.temperature == 1.0
     assert configs["split_tau1"].method.diversity_weight == 0.01
     assert configs["split_epochs3"].optim.epochs == 3
+    final = {v.name: r.config for _, v, r in study.runs_of("final") if r.config.seed == 0}
+    assert final["snens"].method.input_policy == "repeat"
+    assert final["snens_split"].method.input_policy == "split"  # the preset's
     tune = {v.name: r.config for _, v, r in study.runs_of("tune")}
     assert tune["snens_epochs1"].optim.epochs == 1
     assert tune["snens_epochs1"].method.input_policy == "repeat"
+
+
+def test_every_committed_run_is_the_run_its_variant_plans(study):
+    """The study's definitions (the preset and each variant's overrides) still plan, for every
+    run whose config is committed under results/llm, exactly the config it ran with: a change
+    to the preset that silently moved a finished run to another recipe fails here."""
+    from snens.engine.config import to_dict
+    from snens.engine.runs import read_config
+
+    compared = 0
+    for stage in study.STAGES:
+        for _, variant, run in study.runs_of(stage):
+            if (run.path() / "config.toml").is_file():
+                recorded = to_dict(read_config(run.path()))
+                planned = to_dict(run.config)
+                assert recorded == planned, (stage, variant.name, run.name)
+                compared += 1
+    assert compared >= 13  # 12 final runs of seeds 0-1 and the finished tune runs

@@ -229,7 +229,10 @@ PRESETS: dict[str, RunConfig] = {
     # next-token scores of " negative" / " positive" as the class scores (member-specific
     # rows), LoRA r=8, α=16 on q_proj/v_proj (the base frozen), 1,000 Rotten Tomatoes
     # reviews of ≤ 64 tokens, 2 epochs. σN-Ens partitions the 61 RMSNorms weakly (τ=5,
-    # λ=0.01): the library's defaults (τ=1, λ=0.1) partition a pretrained LLM too hard.
+    # λ=0.01): the library's defaults (τ=1, λ=0.1) partition a pretrained LLM too hard. Split
+    # inputs (member m trains on its quarter of each batch: one fine-tune's compute and
+    # memory): chosen over repeat on the validation split of the LLM study
+    # (experiments/llm.py, results/llm.md).
     "rotten_tomatoes_smollm2": RunConfig(
         data=DataConfig(
             dataset="rotten_tomatoes",
@@ -243,7 +246,13 @@ PRESETS: dict[str, RunConfig] = {
             max_length=64,
         ),
         model=ModelConfig(backbone="smollm2", num_classes=2),
-        method=MethodConfig(name="snens", num_members=4, temperature=5.0, diversity_weight=0.01),
+        method=MethodConfig(
+            name="snens",
+            num_members=4,
+            temperature=5.0,
+            diversity_weight=0.01,
+            input_policy="split",
+        ),
         optim=OptimConfig(
             optimizer="adamw",
             lr=3e-4,
