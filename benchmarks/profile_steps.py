@@ -27,20 +27,13 @@ from collections.abc import Callable
 import torch
 
 import snens
-from snens.engine.benchmark import _train_step, resolve_device
-from snens.engine.benchmark_llm import _lora_model
+from snens.engine.benchmark import _sync, _train_step, resolve_device
+from snens.engine.benchmark_llm import _lora_model, _texts
 from snens.engine.benchmark_llm import _step as _llm_step
 from snens.models import create
 
 LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
-
-
-COUNTS = ("(launches)", "(wall)")
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+COUNTS = ("(launches)", "(wall)")  # the entries of profile()'s result that are not times
 
 
 def profile(step: Callable[[], None], steps: int, device: torch.device) -> dict[str, float]:
@@ -56,16 +49,16 @@ def profile(step: Callable[[], None], steps: int, device: torch.device) -> dict[
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     for _ in range(2):
         step()
-    _sync(device)
+    _sync()
     start = time.perf_counter()
     for _ in range(steps):
         step()
-    _sync(device)
+    _sync()
     wall = (time.perf_counter() - start) / steps * 1e6
     with torch_profile(activities=activities) as prof:
         for _ in range(steps):
             step()
-        _sync(device)
+        _sync()
     times: dict[str, float] = {}
     launches = 0
     for event in prof.key_averages():
@@ -146,14 +139,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"argument --device: {err}")
     M, B, T = args.num_members, args.batch, args.tokens
     unit = "device µs" if device.type == "cuda" else "CPU µs"
-    g = torch.Generator().manual_seed(0)
 
     single = _lora_model(args.llm_layers, 0, device)
     ens = snens.convert(copy.deepcopy(single), M)
-    ids_b = torch.randint(3, 49152, (B, T), generator=g).to(device)
-    ids_mb = torch.randint(3, 49152, (M * B, T), generator=g).to(device)
-    y_b = torch.randint(0, 2, (B,), generator=g).to(device)
-    y_mb = torch.randint(0, 2, (M * B,), generator=g).to(device)
+    ids_b, y_b, ids_mb, y_mb = _texts(M, B, T, device)
     llm = report(
         f"SmolLM2 ({args.llm_layers} layers, T={T}): σN-Ens-LoRA at B={B} vs one LoRA model "
         f"at M·B={M * B}",

@@ -58,6 +58,17 @@ def _lora_model(layers: int, seed: int, device: torch.device) -> nn.Module:
     return LLMClassifier(lm, None, 2, head="linear", prompt="{text}").to(device)
 
 
+def _texts(M: int, B: int, T: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Random token ids and labels, the same on every call: (B, T) ids and (B,) labels for an
+    ensemble's step, then (M·B, T) and (M·B,) for one model's step at M·B."""
+    g = torch.Generator().manual_seed(0)
+    ids_b = torch.randint(3, 49152, (B, T), generator=g).to(device)
+    ids_mb = torch.randint(3, 49152, (M * B, T), generator=g).to(device)
+    y_b = torch.randint(0, 2, (B,), generator=g).to(device)
+    y_mb = torch.randint(0, 2, (M * B,), generator=g).to(device)
+    return ids_b, y_b, ids_mb, y_mb
+
+
 def _step(model: nn.Module, ids: torch.Tensor, y: torch.Tensor, bf16: bool) -> Callable[[], None]:
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=1e-4)
@@ -119,11 +130,7 @@ def llm_measures(
     single = _lora_model(layers, 0, device)
     ens = snens.convert(copy.deepcopy(single), M)
     lora_ensemble = DeepEnsemble([_lora_model(layers, s, device) for s in range(M)])
-    g = torch.Generator().manual_seed(0)
-    ids_b = torch.randint(3, 49152, (B, T), generator=g).to(device)
-    ids_mb = torch.randint(3, 49152, (M * B, T), generator=g).to(device)
-    y_b = torch.randint(0, 2, (B,), generator=g).to(device)
-    y_mb = torch.randint(0, 2, (M * B,), generator=g).to(device)
+    ids_b, y_b, ids_mb, y_mb = _texts(M, B, T, device)
     where = f"{layers} layers, T={T}"
     ens_step = _step(ens, ids_b, y_b, bf16)
     ratio, spread, base = compare(ens_step, _step(single, ids_mb, y_mb, bf16), repeats=repeats)

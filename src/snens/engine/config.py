@@ -492,7 +492,7 @@ class MethodConfig(_Section):
         if self.input_policy == "split" and self.name not in REGULARIZED_METHODS:
             raise ValueError(
                 f"method.input_policy 'split' is implemented for method 'snens' only, got "
-                f"method.name {self.name!r}; set method.input_policy=\"repeat\" beside it"
+                f'method.name {self.name!r}; set method.input_policy="repeat" beside it'
             )
 
 

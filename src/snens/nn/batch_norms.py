@@ -334,18 +334,17 @@ class _MemberBatchNorm(MemberNorm):
         inputs keep their dtype, as a plain batch norm's do (the kernel accumulates in float32).
         """
         self._check_values_per_channel(x)
-        M = self.num_members
+        _, _, mean, var, batch_stats, momentum, eps, M = self._kernel_args(scale, shift)
         stacked = x.unflatten(0, (M, -1)).transpose(0, 1).flatten(1, 2)  # (B, M·C, *)
-        tracked = self.track_running_stats
         y = F.batch_norm(
             stacked,
-            self.running_mean.view(-1) if tracked else None,  # views: updated in place
-            self.running_var.view(-1) if tracked else None,
+            None if mean is None else mean.view(-1),  # flat views: updated in place
+            None if var is None else var.view(-1),
             scale.reshape(-1),
             None if shift is None else shift.reshape(-1),
-            self.training or not tracked,
-            self._momentum(),
-            self.eps,
+            batch_stats,
+            momentum,
+            eps,
         )
         return y.unflatten(1, (M, -1)).transpose(0, 1).flatten(0, 1)  # (M·B, C, *)
 
