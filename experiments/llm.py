@@ -97,9 +97,7 @@ STAGES: dict[str, list[Variant]] = {
         _final("mc_dropout_fair", ("method.name=mc_dropout", *REPEAT, *FAIR)),
     ],
     "tune": [
-        _tune(
-            "snens_defaults", (*REPEAT, "method.temperature=1.0", "method.diversity_weight=0.1")
-        ),
+        _tune("snens_defaults", (*REPEAT, "method.temperature=1.0", "method.diversity_weight=0.1")),
         _tune("snens_gamma1", (*REPEAT, "method.gamma_lr_multiplier=1.0")),
         _tune("snens_lambda0", (*REPEAT, "method.diversity_weight=0.0")),
         # repeat inputs fit the training reviews faster than one model (task loss 0.22-0.27
