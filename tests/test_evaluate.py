@@ -21,6 +21,7 @@ from snens.evaluation import conformal
 from snens.evaluation.protocol import (
     SHIFT_METRICS,
     collect,
+    ensemble_metrics,
     evaluate,
     ood_detection,
     posthoc_metrics,
@@ -333,6 +334,38 @@ def test_posthoc_metrics_from_kept_logits_equal_a_second_pass(ensemble, data):
         posthoc_metrics(kept, conformal_alpha=0.01)
     with pytest.raises(ValueError, match="unknown ood_score 'odin'"):
         posthoc_metrics(kept, ood_scores=["odin"])
+
+
+def test_ensemble_metrics_of_models_evaluated_apart_equal_evaluate_of_their_ensemble(data):
+    """Two models evaluated one by one, their probabilities stacked: ensemble_metrics gives
+    evaluate's test metrics of the DeepEnsemble of the two, and the member means are the two
+    models' own metrics."""
+    x, y, _ = data
+    torch.manual_seed(0)
+    models = [TinyResNet(num_classes=K).eval() for _ in range(2)]
+    loader = TensorLoader(x, y, 7)
+    apart = torch.cat([collect(SingleModel(model), loader)[0] for model in models])  # (2, N, K)
+    values = ensemble_metrics(apart, y)
+    together = evaluate(snens.baselines.DeepEnsemble(models), loader)
+    assert values.keys() == {k.removeprefix("test/") for k in together if k.startswith("test/")}
+    for key, value in values.items():
+        assert value == pytest.approx(together[f"test/{key}"], rel=1e-5, abs=1e-7), key
+    alone = [metrics.nll(p, y) for p in apart]
+    assert values["member_nll_mean"] == pytest.approx(sum(alone) / 2, rel=1e-6)
+    assert values["num_members"] == 2.0
+    assert values["nll"] == pytest.approx(metrics.nll(apart.mean(0), y), rel=1e-12)
+    assert values["nll"] < values["member_nll_mean"]  # mixing two models helps the NLL here
+
+
+def test_ensemble_metrics_refuses_a_shape_without_members(data):
+    _, y, _ = data
+    probs = torch.full((N, K), 1 / K)
+    with pytest.raises(ValueError, match=r"member_probs must be \(M, N, K\), got shape \(23, 5\)"):
+        ensemble_metrics(probs, y)
+    with pytest.raises(ValueError, match="num_bins must be an int >= 1, got 0"):
+        ensemble_metrics(probs[None], y, num_bins=0)
+    with pytest.raises(ValueError, match="label"):
+        ensemble_metrics(probs[None], torch.full((N,), K))
 
 
 @pytest.mark.parametrize("severity", [7, 0, -1, 2.0, True])

@@ -114,11 +114,73 @@ def test_report_means_seeds_and_scores_both_ood_sets(study, tmp_path):
     assert all(cell != "—" for cell in split_sets[4:])  # APS measured too
 
 
+def test_lora_ensemble_of_fine_tunes_run_apart_pools_four_seeds(study, tmp_path):
+    """The field's LoRA ensemble is four fair single runs of seeds 4g..4g+3, their logits
+    stacked: the report's row has a seed group only once all four have finished, its NLL is
+    the NLL of the mean of the four runs' probabilities, and its costs are summed."""
+    import torch
+
+    from snens import metrics
+
+    out = tmp_path / "llm"
+    study.WHERE["out"] = out
+    for seed in range(6):  # seeds 4 and 5 of the second group: unfinished
+        _finished(out / "final" / "single_fair" / f"seed={seed}", 0.5, 1, None, seconds=10.0 + seed)
+        kept = dict(np.load(out / "final" / "single_fair" / f"seed={seed}" / "outputs.npz"))
+        kept["test"] = kept["test"] * (1 - seed / 8)  # four runs of four confidences
+        kept["test"][:, 0] = kept["test"][:, 0][..., ::-1] if seed % 2 else kept["test"][:, 0]
+        np.savez(out / "final" / "single_fair" / f"seed={seed}" / "outputs.npz", **kept)
+    assert [len(u) for u in study._units("final", "single_fair", study.POOL)] == [4]
+
+    pooled = study.pooled_metrics([out / "final" / "single_fair" / f"seed={s}" for s in range(4)])
+    logits = torch.cat(
+        [
+            torch.from_numpy(
+                np.load(out / "final" / "single_fair" / f"seed={s}" / "outputs.npz")["test"]
+            )
+            for s in range(4)
+        ]
+    )  # (4, 4, 2)
+    labels = torch.ones(4, dtype=torch.long)
+    assert pooled["test/nll"] == pytest.approx(metrics.nll(logits.softmax(-1).mean(0), labels))
+    assert pooled["test/num_members"] == 4.0
+    # text 0: runs 0 and 2 say positive, 1 and 3 negative, 4 of 6 pairs differ; the rest agree
+    assert pooled["test/disagreement"] == pytest.approx(4 / 6 / 4)
+    assert {"test_ts/nll", "val/member_nll_mean", "ood/rt_plots/msp/auroc"} <= pooled.keys()
+    assert not any(key.startswith("ood/tweets") for key in pooled)  # no run scored on tweets
+
+    text = study.report().read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| LoRA ensemble, M=4 fine-"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1] == "0–3"
+    assert cells[4] == f"{pooled['test/nll']:.3f}"
+    # train s: 10 + 11 + 12 + 13; infer s: none scored on tweets; peak: none recorded;
+    # trainable: four runs of 1,000
+    assert cells[-4:] == ["46", "—", "—", "4,000"]
+    single = next(line for line in text.splitlines() if line.startswith("| one LoRA model, n"))
+    assert single.split("|")[2].strip() == "0 1 2 3 4 5"
+    diagnosis = text.split("Diagnosis")[1].split("OOD detection")[0]
+    row = next(line for line in diagnosis.splitlines() if line.startswith("| LoRA ensemble, M=4 f"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    gain = pooled["val/member_nll_mean"] - pooled["val/nll"]
+    assert cells[6] == f"{gain:.3f}" and cells[-2:] == ["—", "—"]
+
+    mismatched = dict(np.load(out / "final" / "single_fair" / "seed=3" / "outputs.npz"))
+    mismatched["test_labels"] = np.zeros(4, np.int64)
+    np.savez(out / "final" / "single_fair" / "seed=3" / "outputs.npz", **mismatched)
+    with pytest.raises(ValueError, match="evaluated on different test examples"):
+        study.pooled_metrics([out / "final" / "single_fair" / f"seed={s}" for s in range(4)])
+
+
 def test_plan_lists_every_run_of_every_stage(study, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)  # main() moves to the repository root
     assert study.main(["--out", str(tmp_path / "llm"), "plan"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 6 * 3 + 4 + 4  # final: 6 variants × 3 seeds; tune 4, tune_split 4
+    # final: 5 variants × 3 seeds and the fair single model's 12 (three LoRA ensembles of
+    # four fine-tunes run apart); tune 4, tune_split 4
+    assert len(lines) == 5 * 3 + 12 + 4 + 4
+    single_fair = [line.split()[2] for line in lines if line.split()[1] == "single_fair"]
+    assert single_fair == [f"seed={s}" for s in range(12)]
     assert lines[0].split() == ["final", "single_fair", "seed=0", "todo"]
     assert lines[-1].split() == ["tune_split", "split_epochs3", "seed=0", "todo"]
     # every split tune run trains on split inputs, one change from the preset's recipe each

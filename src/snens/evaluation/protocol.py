@@ -9,7 +9,8 @@ images. Every number is then computed from those probabilities by :mod:`snens.me
   of the ensemble mean (the mean of member softmaxes); disagreement, predictive (total) and
   expected (aleatoric) entropy, mutual information (epistemic: in σN-Ens the modulation
   uncertainty), member correlation (NaN for one member); member accuracy, NLL and ECE
-  averaged over members; the number of members.
+  averaged over members; the number of members. :func:`ensemble_metrics` computes them from
+  member probabilities at hand (e.g. M models trained apart, each evaluated once).
 * ``ood/<name>/…``: AUROC, AUPR and FPR@95%TPR of the test set against each OOD set, OOD the
   positive class, with one score of :data:`snens.metrics.OOD_SCORES` (from probabilities) or
   :data:`snens.metrics.LOGIT_OOD_SCORES` (from logits: max logit, energy).
@@ -40,6 +41,7 @@ __all__ = [
     "CONFORMAL_SCORES",
     "SHIFT_METRICS",
     "collect",
+    "ensemble_metrics",
     "evaluate",
     "ood_detection",
     "posthoc_metrics",
@@ -196,7 +198,40 @@ def collect(
 # ------------------------------------------------------------------------------------------------
 
 
-def _test_metrics(member_probs: Tensor, labels: Tensor, num_bins: int) -> dict[str, float]:
+def ensemble_metrics(member_probs: Any, labels: Any, num_bins: int = 15) -> dict[str, float]:
+    """The test metrics of :func:`evaluate` (its ``test/<metric>``, without the prefix) from
+    member probabilities already at hand: the members of an ensemble, or M models trained
+    apart and evaluated one by one, stacked.
+
+    Args:
+        member_probs: the members' probabilities, e.g. ``logits.softmax(-1)``.
+        labels: class indices.
+        num_bins: bins of the calibration errors.
+
+    Returns:
+        A flat ``{metric: float}``: ``accuracy``, ``nll``, ``brier``, ``ece``, ``adaptive_ece``,
+        ``classwise_ece`` and ``aurc`` of the ensemble's prediction (the mean of the members'
+        probabilities); ``disagreement``, ``predictive_entropy``, ``expected_entropy`` and
+        ``mutual_information`` (means over examples), ``member_correlation`` (NaN for one
+        member); ``member_accuracy_mean``, ``member_nll_mean``, ``member_ece_mean``;
+        ``num_members``.
+
+    Shape:
+        member_probs: (M, N, K). labels: (N,).
+
+    Raises:
+        TypeError, ValueError: as :mod:`snens.metrics` does: probabilities that are not
+            floating point, not (M, N, K) or whose rows do not sum to 1; labels that are not
+            integers, not (N,) or out of range; ``num_bins`` not an int >= 1.
+    """
+    member_probs = torch.as_tensor(member_probs)
+    if member_probs.dim() != 3:
+        raise ValueError(
+            f"member_probs must be (M, N, K), got shape {tuple(member_probs.shape)}; "
+            "stack the members' probabilities on a first dimension"
+        )
+    if isinstance(num_bins, bool) or not isinstance(num_bins, numbers.Integral) or num_bins < 1:
+        raise ValueError(f"num_bins must be an int >= 1, got {num_bins!r}; use e.g. num_bins=15")
     probs = member_probs.mean(0)  # (N, K): the ensemble's prediction
     M = member_probs.shape[0]
     members = metrics.per_member(member_probs, labels)
@@ -416,7 +451,7 @@ def evaluate(
     if keep_logits is not None:
         keep_logits.update(test=member_logits, test_labels=labels)
     M, _, K = member_probs.shape
-    results = {f"test/{k}": v for k, v in _test_metrics(member_probs, labels, num_bins).items()}
+    results = {f"test/{k}": v for k, v in ensemble_metrics(member_probs, labels, num_bins).items()}
 
     results.update(
         _ood_results(
@@ -591,6 +626,6 @@ def temperature_scaled_metrics(outputs: Mapping[str, Tensor]) -> dict[str, float
         warnings.simplefilter("ignore")
         T = fit_temperature(outputs["val"], outputs["val_labels"])
     probs = (outputs["test"] / T).softmax(dim=-1)  # (M, N, K)
-    values = _test_metrics(probs, outputs["test_labels"], 15)
+    values = ensemble_metrics(probs, outputs["test_labels"])
     keep = ("accuracy", "nll", "brier", "ece", "adaptive_ece")
     return {"test_ts/temperature": T, **{f"test_ts/{k}": values[k] for k in keep}}
