@@ -662,6 +662,18 @@ def _median_epochs_seconds(path: Path) -> float:
     return float(np.median(seconds)) * len(seconds)
 
 
+def cell(rows: list[dict], key: str) -> str:
+    """A table cell: ``key``'s mean ± std over the rows that have it ("–" where none do)."""
+    import numpy as np
+
+    values = [r[key] for r in rows if r.get(key) is not None]
+    if not values:
+        return "–"
+    if len(values) == 1:
+        return f"{values[0]:.4f}"
+    return f"{np.mean(values):.4f} ± {np.std(values, ddof=1):.4f}"
+
+
 def test_tables(stage: str) -> list[str]:
     """The test set, read after every choice was made on validation: clean and corrupted
     accuracy and ECE per severity, and OOD detection by MSP, entropy and mutual information
@@ -680,14 +692,6 @@ def test_tables(stage: str) -> list[str]:
         # one OOD set per stage (MNIST-5k, or the plot descriptions for text): keyed by score
         row.update({f"ood/{k.split('/', 1)[1]}": v for k, v in ood.items()})
         by_variant.setdefault(variant.name, []).append(row)
-
-    def cell(rows: list[dict], key: str) -> str:
-        values = [r[key] for r in rows if r.get(key) is not None]
-        if not values:
-            return "–"
-        if len(values) == 1:
-            return f"{values[0]:.4f}"
-        return f"{np.mean(values):.4f} ± {np.std(values, ddof=1):.4f}"
 
     sev = [f"shift/severity/{s}" for s in range(1, 6)]
     head = (
@@ -713,6 +717,53 @@ def test_tables(stage: str) -> list[str]:
         seconds = [r["train/median_seconds"] for r in rows]
         spread = f" ± {np.std(seconds, ddof=1):.0f}" if len(seconds) > 1 else ""
         cells.append(f"{np.mean(seconds):.0f}{spread}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+#: The test metrics a run's kept logits give without another pass (the engine writes them to
+#: ``final.json`` since it keeps ``outputs.npz``): (header, key under ``test/`` or the OOD set).
+POSTHOC_COLUMNS = (
+    ("OOD AUROC max-logit", "max_logit/auroc"),
+    ("energy", "energy/auroc"),
+    ("THR coverage", "test/conformal_thr_coverage"),
+    ("THR size", "test/conformal_thr_size"),
+    ("APS coverage", "test/conformal_aps_coverage"),
+    ("APS size", "test/conformal_aps_size"),
+)
+
+
+def posthoc_table(stage: str) -> list[str]:
+    """OOD detection by the logit scores (max logit and energy of the members' mean logit) and
+    split-conformal prediction sets at the runs' α (calibrated on the validation split,
+    measured on the test set: coverage and mean set size), mean ± std over each variant's
+    seeds; a note instead when no run of the stage recorded them (it finished before the
+    engine kept its logits: retrain it into a fresh ``--out``)."""
+    by_variant: dict[str, list[dict]] = {}
+    for variant, sweep_run in runs_of(stage):
+        final = _final(sweep_run.path())
+        if final is None:
+            continue
+        metrics = final["metrics"]
+        row = {k: v for k, v in metrics.items() if k.startswith("test/conformal_")}
+        # one OOD set per stage: keyed by score
+        row.update({k.split("/", 2)[2]: v for k, v in metrics.items() if k.startswith("ood/")})
+        by_variant.setdefault(variant.name, []).append(row)
+    if not any(
+        key in row for rows in by_variant.values() for row in rows for _, key in POSTHOC_COLUMNS
+    ):
+        return [
+            "Logit OOD scores and conformal sets: not recorded by these runs (they finished "
+            "before the engine kept their member logits); a retrain into a fresh `--out` adds "
+            "them."
+        ]
+
+    lines = [
+        "| variant | n | " + " | ".join(h for h, _ in POSTHOC_COLUMNS) + " |",
+        "|" + "---|" * (2 + len(POSTHOC_COLUMNS)),
+    ]
+    for name, rows in by_variant.items():
+        cells = [name, str(len(rows)), *(cell(rows, key) for _, key in POSTHOC_COLUMNS)]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -941,6 +992,13 @@ def report() -> Path:
             sections += ["Diagnosis (validation split):", "", *diagnosis(stage), ""]
         if stage in ("overfit", "text", "vision", "final", "posthoc"):
             sections += ["Test set, corruption and OOD:", "", *test_tables(stage), ""]
+            sections += [
+                "Logit OOD scores and split-conformal sets (α of the runs' config, calibrated "
+                "on the validation split):",
+                "",
+                *posthoc_table(stage),
+                "",
+            ]
         plot = _plot_curves(stage, WHERE["out"].parent) if stage not in ("text", "vision") else None
         if plot:
             sections += [f"![{stage} learning curves]({plot.name})", ""]

@@ -289,3 +289,43 @@ def test_the_width_table_averages_the_finished_seeds_and_gives_the_defaults_gap(
     assert table[4] == (
         "| 64 | 0.185 ± 0.003 (n=3) | 0.180 ± 0.000 (n=2) | – | – | 0.195 ± 0.001 (n=3) | +0.010 |"
     )
+
+
+def test_the_posthoc_table_reads_logit_scores_and_conformal_sets_where_runs_recorded_them(
+    tmp_path,
+):
+    """Runs that kept their logits record max-logit and energy AUROC and the conformal sets in
+    final.json; the table means them over seeds. Runs that predate them get a note, not a
+    table of dashes."""
+    study = _converged_module()
+    study.WHERE["out"] = tmp_path
+    single, snens_run = (v.name for v in study.STAGES["overfit"][:2])
+    runs = ((single, 0, 0.90), (single, 1, 0.92), (snens_run, 0, 0.91))
+    for name, seed, _ in runs:
+        run = tmp_path / "overfit" / name / f"seed={seed}"
+        run.mkdir(parents=True)
+        (run / study.FINAL).write_text(json.dumps({"metrics": {"test/accuracy": 0.9}}))
+    assert study.posthoc_table("overfit")[0].startswith("Logit OOD scores and conformal sets: not")
+
+    for name, seed, coverage in runs:
+        metrics = {
+            "ood/mnist_5k/max_logit/auroc": 0.7 + seed / 10,
+            "ood/mnist_5k/energy/auroc": 0.75,
+            "test/conformal_thr_coverage": coverage,
+            "test/conformal_thr_size": 1.2,
+        }
+        final = tmp_path / "overfit" / name / f"seed={seed}" / study.FINAL
+        final.write_text(json.dumps({"metrics": metrics}))
+    header, _, *lines = study.posthoc_table("overfit")
+    assert [c.strip() for c in header.strip("|").split("|")][2:4] == [
+        "OOD AUROC max-logit",
+        "energy",
+    ]
+    rows = {
+        cells[0]: cells[1:]
+        for cells in ([c.strip() for c in line.strip("|").split("|")] for line in lines)
+    }
+    # max-logit 0.7 and 0.8; energy 0.75 twice; THR coverage 0.90 and 0.92; APS never recorded
+    assert rows[single] == ["2", "0.7500 ± 0.0707", "0.7500 ± 0.0000", "0.9100 ± 0.0141",
+                            "1.2000 ± 0.0000", "–", "–"]  # fmt: skip
+    assert rows[snens_run][:4] == ["1", "0.7000", "0.7500", "0.9100"]
