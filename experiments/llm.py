@@ -422,6 +422,8 @@ def _unit_row(unit: list[Path]) -> dict:
         metrics = {**finals[0]["metrics"], **ood_metrics(unit[0])}
     else:
         metrics = pooled_metrics(unit)
+    if "val/member_nll_mean" in metrics:  # what combining the members buys
+        metrics["val/ensemble_gain"] = metrics["val/member_nll_mean"] - metrics["val/nll"]
     training = [f.get("train", {}) for f in finals]  # the zero-shot run trains nothing
     inference = [inference_seconds(path) for path in unit]
     params = [f["model"].get("trainable_params") for f in finals]
@@ -461,9 +463,6 @@ def report() -> Path:
         main_rows.append([label, seeds, *cells(COLUMNS), train_s, infer_s, peak, trained])
         ood_rows.append([label, seeds, *cells(OOD_COLUMNS)])
         conformal_rows.append([label, seeds, *cells(CONFORMAL_COLUMNS)])
-        for m in metrics:
-            if "val/member_nll_mean" in m:
-                m["val/ensemble_gain"] = m["val/member_nll_mean"] - m["val/nll"]
         models = [row["model"] for row in rows]
         sharing = [[model[key] for model in models if key in model] for key in MODEL_COLUMNS]
         diagnosis_rows.append([label, seeds, *cells(DIAGNOSIS_COLUMNS), *map(_cell, sharing)])

@@ -230,8 +230,7 @@ def ensemble_metrics(member_probs: Any, labels: Any, num_bins: int = 15) -> dict
             f"member_probs must be (M, N, K), got shape {tuple(member_probs.shape)}; "
             "stack the members' probabilities on a first dimension"
         )
-    if isinstance(num_bins, bool) or not isinstance(num_bins, numbers.Integral) or num_bins < 1:
-        raise ValueError(f"num_bins must be an int >= 1, got {num_bins!r}; use e.g. num_bins=15")
+    _check_num_bins(num_bins)
     probs = member_probs.mean(0)  # (N, K): the ensemble's prediction
     M = member_probs.shape[0]
     members = metrics.per_member(member_probs, labels)
@@ -270,6 +269,11 @@ def _shift_metrics(member_probs: Tensor, labels: Tensor, num_bins: int) -> dict[
 # ------------------------------------------------------------------------------------------------
 # Validation of the arguments, before any forward pass
 # ------------------------------------------------------------------------------------------------
+
+
+def _check_num_bins(num_bins: Any) -> None:
+    if isinstance(num_bins, bool) or not isinstance(num_bins, numbers.Integral) or num_bins < 1:
+        raise ValueError(f"num_bins must be an int >= 1, got {num_bins!r}; use e.g. num_bins=15")
 
 
 def _check_name(name: Any, what: str) -> str:
@@ -439,8 +443,7 @@ def evaluate(
         TypeError: ``ood`` or ``corruptions`` not a mapping.
     """
     scores = _check_scores(ood_score)
-    if isinstance(num_bins, bool) or not isinstance(num_bins, numbers.Integral) or num_bins < 1:
-        raise ValueError(f"num_bins must be an int >= 1, got {num_bins!r}; use e.g. num_bins=15")
+    _check_num_bins(num_bins)
     ood_sets = _check_ood_sets(ood)
     shifted = _check_corruptions(corruptions)
 
