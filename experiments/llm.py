@@ -33,7 +33,9 @@ Stages (each run's directory: ``results/llm/<stage>/<variant>/seed=<s>/``):
   (τ=1, λ=0.1), γ at ×1, λ=0 (member norms without the regularizer), 1 epoch.
 * ``tune_split`` — the same questions asked of ``split`` (one fine-tune's compute, and a run
   of B rows, so it fits in memory beside a run of M·B): λ=0, γ at ×10, τ=1 (a stronger
-  partition at the preset's λ), 3 epochs; seed 0, read on the validation split.
+  partition at the preset's λ), which norms to partition (the last 8 of 30 blocks and the
+  final norm; the norms before the MLPs and the final norm; the final norm alone: the others
+  stay shared), 3 epochs; seed 0, read on the validation split.
 
 Resumable and parallel, as the converged study: run the same command in two processes; each
 takes the next run nobody trains (``run.lock``); a finished run is skipped, an interrupted one
@@ -85,6 +87,15 @@ SEEDS = (0, 1, 2)
 POOL = 4
 
 
+#: Norm choices (``snens.convert(norms=...)``) over the classifier's module names
+#: (``decoder.base_model.model.layers.<i>.{input,post_attention}_layernorm`` and the final
+#: ``decoder.base_model.model.norm``): the last 8 of 30 blocks and the final norm; the norm
+#: before each MLP and the final norm; the final norm alone.
+LAST_BLOCKS = r".*\.layers\.(2[2-9])\..*|.*\.model\.norm"
+MLP_NORMS = '["post_attention_layernorm", "model.norm"]'
+FINAL_NORM = '["model.norm"]'
+
+
 def _final(name: str, overrides: tuple[str, ...], seeds: tuple[int, ...] = SEEDS) -> Variant:
     return Variant(name, overrides, seeds, PRESET)
 
@@ -118,6 +129,11 @@ STAGES: dict[str, list[Variant]] = {
             ("lambda0", ("method.diversity_weight=0.0",)),
             ("gamma10", ("method.gamma_lr_multiplier=10.0",)),
             ("tau1", ("method.temperature=1.0",)),
+            # which norms to partition (the preset: all 61); the others stay shared and, as
+            # in the preset, every norm trains
+            ("last8", (f"method.options.norms='{LAST_BLOCKS}'", *FAIR)),
+            ("mlp", (f"method.options.norms={MLP_NORMS}", *FAIR)),
+            ("final", (f"method.options.norms={FINAL_NORM}", *FAIR)),
             ("epochs3", ("optim.epochs=3",)),
         )
     ],
@@ -334,6 +350,9 @@ ROWS = (
     ("σN-Ens-LoRA split, λ=0", "tune_split", "split_lambda0", 1),
     ("σN-Ens-LoRA split, γ ×10", "tune_split", "split_gamma10", 1),
     ("σN-Ens-LoRA split, τ=1", "tune_split", "split_tau1", 1),
+    ("σN-Ens-LoRA split, last 8 blocks' norms + final norm", "tune_split", "split_last8", 1),
+    ("σN-Ens-LoRA split, MLP norms + final norm", "tune_split", "split_mlp", 1),
+    ("σN-Ens-LoRA split, final norm only", "tune_split", "split_final", 1),
     ("σN-Ens-LoRA split, 3 epochs", "tune_split", "split_epochs3", 1),
 )
 COLUMNS = (

@@ -318,3 +318,102 @@ def test_converting_an_ensemble_again_names_it_and_the_fix():
     # the original model, and the ensemble's own model (member norms, no wrapper), still convert
     assert snens.convert(model, num_members=2)(torch.randn(5, 4)).shape == (2, 5, 3)
     assert snens.convert(ens.model, num_members=4)(torch.randn(5, 4)).shape == (4, 5, 3)
+
+
+# ------------------------------------------------------------------------------------------
+# norms=: convert some norms only
+
+
+NORM_NAMES = ["blocks.0.norm1", "blocks.0.norm2", "blocks.1.norm1", "blocks.1.norm2", "norm"]
+
+
+@pytest.mark.parametrize(
+    ("norms", "converted"),
+    [
+        (["norm2"], ["blocks.0.norm2", "blocks.1.norm2"]),  # a name ending
+        (["blocks.1.norm1", "norm"], ["blocks.1.norm1", "norm"]),  # whole names
+        (r"blocks\.1\..*|norm", ["blocks.1.norm1", "blocks.1.norm2", "norm"]),  # a regex
+        (lambda name, module: name.startswith("blocks.0"), ["blocks.0.norm1", "blocks.0.norm2"]),
+    ],
+    ids=["name ending", "whole names", "regex", "function"],
+)
+def test_norms_converts_the_chosen_norms_and_leaves_the_others_shared(
+    transformer, text_batch, norms, converted
+):
+    ids, mask = text_batch
+    ref = transformer(ids, attention_mask=mask)
+    ens = snens.convert(transformer, num_members=3, norms=norms).eval()
+    report = ens.report
+    assert [name for name, _, _ in report.converted] == converted
+    assert [name for name, _ in report.unselected] == [n for n in NORM_NAMES if n not in converted]
+    assert report.head == "head"
+    for name in NORM_NAMES:  # the ones left out are the plain modules, not member norms
+        member = isinstance(ens.model.get_submodule(name), snn.MemberNorm)
+        assert member == (name in converted)
+    # per member norm of 16 features: weight, bias and γ of (3, 16) for a weight and bias
+    # of 16; the head's 16·3 + 3 = 51 parameters become 3 × 51
+    assert report.params_added == len(converted) * (3 * 3 * 16 - 2 * 16) + 2 * 51
+    assert f"left shared by norms=: {len(NORM_NAMES) - len(converted)}" in str(report)
+    out = ens(ids, attention_mask=mask)
+    for m in range(3):
+        torch.testing.assert_close(out[m], ref, **TOL)
+
+
+def test_members_differ_through_the_chosen_norms_only_and_train(transformer, text_batch):
+    ids, mask = text_batch
+    ens = snens.convert(transformer, num_members=3, norms=["norm"])
+    optimizer = torch.optim.AdamW(snens.param_groups(ens, lr=1e-2))
+    for _ in range(3):
+        loss = snens.ensemble_loss(
+            ens.train()(ids, attention_mask=mask), torch.tensor([0, 1, 2, 0, 1])
+        )
+        loss = loss + snens.diversity_loss(ens, 1.0, 0.1)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    gammas = [n for n, p in ens.named_parameters() if n.endswith("gamma")]
+    assert gammas == ["model.norm.gamma"]
+    with torch.no_grad():
+        out = ens.eval()(ids, attention_mask=mask)
+    assert (out[0] - out[1]).abs().max() > 1e-3
+
+
+def test_an_unsupported_norm_left_out_by_norms_is_not_refused():
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.LocalResponseNorm(2), nn.BatchNorm2d(4))
+    model = nn.Sequential(*model, nn.Flatten(), nn.LazyLinear(2))
+    model(torch.randn(1, 3, 6, 6))
+    with pytest.raises(TypeError, match=r"1 \(LocalResponseNorm\)"):
+        snens.convert(model, 2)
+    ens = snens.convert(model, 2, norms=["2"])
+    assert ens.report.converted == (("2", "BatchNorm2d", "MemberBatchNorm2d"),)
+    assert ens.report.unselected == (("1", "LocalResponseNorm"),)
+    assert ens.report.skipped == ()
+
+
+@pytest.mark.parametrize(
+    ("norms", "error", "message"),
+    [
+        (
+            ["norm2", "norm3"],
+            ValueError,
+            r"norms= names \['norm3'\] match no norm of TinyTransformer; its norms are named "
+            r"like blocks.0.norm1, blocks.0.norm2, norm",
+        ),
+        (
+            r"layers\..*",
+            ValueError,
+            r"chooses none of the 5 norms of TinyTransformer, named like blocks.0.norm1, "
+            r"blocks.0.norm2, norm",
+        ),
+        ("blocks.(", ValueError, "is not a valid regular expression"),
+        (["norm", ""], TypeError, "norms must be None, a regular expression, a list"),
+        (3, TypeError, "got 3"),
+    ],
+    ids=["unmatched name", "regex choosing none", "bad regex", "empty name", "not a selection"],
+)
+def test_a_bad_norms_is_refused_naming_it_before_the_model_is_touched(
+    transformer, norms, error, message
+):
+    with pytest.raises(error, match=message):
+        snens.convert(transformer, 2, norms=norms, inplace=True)
+    assert not any(isinstance(m, snn.MemberNorm) for m in transformer.modules())

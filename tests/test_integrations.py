@@ -784,3 +784,18 @@ def test_lightning_checkpoint_asks_again_for_a_layer_selecting_function(tmp_path
         tmp_path / "last.ckpt", ensemble=fresh, diversity_layers=final_norm
     )
     assert again.diversity_layers is final_norm
+
+
+def test_an_ensemble_of_some_norms_reloads_with_the_same_norms_converted(tmp_path):
+    from snens.integrations.huggingface import load_ensemble
+
+    torch.manual_seed(0)
+    ens = snens.convert(TinyTransformer(), num_members=3, norms=["norm"])
+    examples = _tiny_examples()
+    trainer = _hf_trainer(tmp_path / "out", ens, train_dataset=examples, args={"max_steps": 2})
+    trainer.train()
+    trainer.save_model(tmp_path / "saved")
+    assert json.loads((tmp_path / "saved" / "snens.json").read_text())["norms"] == ["norm"]
+    again = load_ensemble(TinyTransformer(), tmp_path / "saved")
+    assert [name for name, _, _ in again.report.converted] == ["norm"]
+    torch.testing.assert_close(_outputs(again, examples), _outputs(ens, examples), rtol=0, atol=0)

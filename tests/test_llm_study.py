@@ -177,8 +177,8 @@ def test_plan_lists_every_run_of_every_stage(study, tmp_path, capsys, monkeypatc
     assert study.main(["--out", str(tmp_path / "llm"), "plan"]) == 0
     lines = capsys.readouterr().out.splitlines()
     # final: 5 variants × 3 seeds and the fair single model's 12 (three LoRA ensembles of
-    # four fine-tunes run apart); tune 4, tune_split 4
-    assert len(lines) == 5 * 3 + 12 + 4 + 4
+    # four fine-tunes run apart); tune 4, tune_split 7
+    assert len(lines) == 5 * 3 + 12 + 4 + 7
     single_fair = [line.split()[2] for line in lines if line.split()[1] == "single_fair"]
     assert single_fair == [f"seed={s}" for s in range(12)]
     assert lines[0].split() == ["final", "single_fair", "seed=0", "todo"]
@@ -190,6 +190,14 @@ def test_plan_lists_every_run_of_every_stage(study, tmp_path, capsys, monkeypatc
     assert configs["split_tau1"].method.temperature == 1.0
     assert configs["split_tau1"].method.diversity_weight == 0.01
     assert configs["split_epochs3"].optim.epochs == 3
+    assert configs["split_final"].method.options == {"norms": ["model.norm"]}
+    assert configs["split_final"].model.options["train_norms"] is True  # every norm trains
+    assert configs["split_mlp"].method.options == {
+        "norms": ["post_attention_layernorm", "model.norm"]
+    }
+    assert configs["split_last8"].method.options == {
+        "norms": r".*\.layers\.(2[2-9])\..*|.*\.model\.norm"
+    }
     final = {v.name: r.config for _, v, r in study.runs_of("final") if r.config.seed == 0}
     assert final["snens"].method.input_policy == "repeat"
     assert final["snens_split"].method.input_policy == "split"  # the preset's

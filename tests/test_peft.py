@@ -178,3 +178,27 @@ def test_other_families_convert_train_reload_and_extract_exactly(tmp_path, famil
         )
         member = snens.extract_member(ens, 1).eval()
         torch.testing.assert_close(member(**x).logits, trained[1], rtol=1e-5, atol=1e-6)
+
+
+def test_the_last_layers_norms_only_save_load_and_extract_exactly(tmp_path):
+    """A partition of the last layer's norms and the final norm (the rest shared, plain)
+    round-trips: the save records which norms are member norms, loading converts those."""
+    ens = _trained(norms=r".*layers\.1\..*|.*model\.norm")
+    assert [name for name, _, _ in ens.report.converted] == [
+        "base_model.model.model.layers.1.input_layernorm",
+        "base_model.model.model.layers.1.post_attention_layernorm",
+        "base_model.model.model.norm",
+    ]
+    assert len(ens.report.unselected) == 2
+    with torch.no_grad():
+        expected = ens(**_batch())
+    assert (expected[0] - expected[1]).abs().max() > 1e-4
+    save_pretrained(ens, tmp_path)
+    meta = json.loads((tmp_path / "snens.json").read_text())
+    assert meta["norms"] == [name for name, _, _ in ens.report.converted]
+    loaded = from_pretrained(_base(), tmp_path).eval()
+    assert loaded.report.converted == ens.report.converted
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(**_batch()), expected, rtol=0, atol=0)
+        member = snens.extract_member(loaded, 1).eval()
+        torch.testing.assert_close(member(**_batch()).logits, expected[1], rtol=1e-5, atol=1e-6)

@@ -101,6 +101,7 @@ from snens.nn import (
     MemberLayerNorm2d,
     fused,
 )
+from snens.nn.surgery import only_named
 
 __all__ = ["FORMAT_VERSION", "SNENS_CONFIG", "SnensTrainer", "load_ensemble"]
 
@@ -449,6 +450,8 @@ def _write_config(ensemble: Ensemble, directory: Path) -> None:
         "skip_unsupported": report is not None and bool(report.skipped),
         "custom_output": ensemble.output is not None,
     }
+    if report is not None and report.unselected:  # converted with norms=: which ones
+        meta["norms"] = [name for name, _, _ in report.converted]
     temporary = directory / (SNENS_CONFIG + ".tmp")
     temporary.write_text(json.dumps(meta, indent=2) + "\n")
     os.replace(temporary, directory / SNENS_CONFIG)
@@ -546,6 +549,7 @@ def _fresh_ensemble(
         num_members,
         head=meta["head"],
         skip_unsupported=meta["skip_unsupported"],
+        norms=only_named(meta.get("norms")),
         input_policy=meta["input_policy"],
         output=output,
         inplace=True,

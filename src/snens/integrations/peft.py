@@ -34,6 +34,7 @@ from torch import nn
 from snens.method.ensemble import Ensemble, convert
 from snens.nn.linear import MemberLinear
 from snens.nn.norms import MemberNorm
+from snens.nn.surgery import only_named
 
 __all__ = ["FORMAT_VERSION", "from_pretrained", "save_pretrained"]
 
@@ -101,6 +102,8 @@ def save_pretrained(ensemble: Ensemble, directory: str | os.PathLike) -> Path:
         "input_policy": ensemble.input_policy,
         "head": report.head if report is not None else "auto",
     }
+    if report is not None and report.unselected:  # converted with norms=: which ones
+        meta["norms"] = [name for name, _, _ in report.converted]
     (path / (_CONFIG + ".tmp")).write_text(json.dumps(meta, indent=2) + "\n")
     os.replace(path / (_CONFIG + ".tmp"), path / _CONFIG)  # last: a complete save has it
     return path
@@ -148,6 +151,7 @@ def from_pretrained(base_model: nn.Module, directory: str | os.PathLike) -> Ense
         peft_model,
         meta["num_members"],
         head=meta["head"],
+        norms=only_named(meta.get("norms")),
         input_policy=meta["input_policy"],
         inplace=True,
     )

@@ -40,7 +40,13 @@ from torch import Tensor, nn
 from snens.nn.layout import model_rows
 from snens.nn.linear import MemberLinear
 from snens.nn.norms import MemberNorm, check_member, check_num_members
-from snens.nn.surgery import ConversionReport, convert_modules, member_modules, replace_modules
+from snens.nn.surgery import (
+    ConversionReport,
+    NormSelection,
+    convert_modules,
+    member_modules,
+    replace_modules,
+)
 from snens.nn.torch_transformers import adapt, restore_fast_paths
 
 __all__ = [
@@ -435,6 +441,7 @@ def convert(
     input_policy: InputPolicy = "repeat",
     output: Callable[[Any], Tensor] | None = None,
     inplace: bool = False,
+    norms: NormSelection = None,
 ) -> Ensemble:
     """Turn any model with norm layers into a σN-Ens ensemble of ``num_members`` members.
 
@@ -451,6 +458,10 @@ def convert(
             :func:`snens.nn.surgery.convert_modules`.
         input_policy, output: see :class:`Ensemble`.
         inplace: convert ``model`` itself instead of a deep copy of it.
+        norms: convert only these norms, by name (a regular expression for the whole name,
+            a list of names or name endings such as ``["model.norm"]``, or a function
+            ``(name, module) -> bool``); the others stay shared. Default: every norm. See
+            :func:`snens.nn.surgery.convert_modules`.
 
     Returns:
         An :class:`Ensemble`; its ``report`` says what was converted and the parameters added.
@@ -486,6 +497,7 @@ def convert(
         gamma_mean=gamma_mean,
         gamma_std=gamma_std,
         generator=generator,
+        norms=norms,
     )
     return Ensemble(
         target,

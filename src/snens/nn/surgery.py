@@ -9,7 +9,8 @@ splits state that was.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -27,12 +28,20 @@ from snens.nn.registry import (
 
 __all__ = [
     "ConversionReport",
+    "NormSelection",
     "convert_modules",
     "member_modules",
+    "only_named",
     "replace_modules",
 ]
 
 HeadInit = Literal["copy", "reset"]
+
+#: Which norms become member norms (``norms=`` of :func:`convert_modules`), as PEFT's
+#: ``target_modules`` names modules: a regular expression the whole module name must match,
+#: a sequence of names (a module is chosen when its name is one of them or ends with
+#: ``"." + name``), or a function ``(name, module) -> bool``; None chooses every norm.
+NormSelection = str | Sequence[str] | Callable[[str, nn.Module], bool] | None
 
 
 @dataclass(frozen=True)
@@ -45,6 +54,7 @@ class ConversionReport:
         head: name of the replicated head, or None.
         skipped: (module name, type) of unsupported norms left as they were.
         params_before, params_after: parameter counts around the surgery.
+        unselected: (module name, type) of the norms ``norms=`` left shared (plain).
     """
 
     num_members: int
@@ -54,6 +64,7 @@ class ConversionReport:
     params_before: int = 0
     params_after: int = 0
     notes: tuple[str, ...] = field(default=())
+    unselected: tuple[tuple[str, str], ...] = ()
 
     @property
     def params_added(self) -> int:
@@ -75,6 +86,10 @@ class ConversionReport:
         if self.skipped:
             names = ", ".join(f"{n} ({t})" for n, t in self.skipped)
             lines.append(f"  skipped unsupported norms: {names}")
+        if self.unselected:
+            first = ", ".join(n for n, _ in self.unselected[:3])
+            more = ", …" if len(self.unselected) > 3 else ""
+            lines.append(f"  left shared by norms=: {len(self.unselected)} ({first}{more})")
         lines += [f"  note: {note}" for note in self.notes]
         lines.append(
             f"  parameters: {self.params_before:,} -> {self.params_after:,} "
@@ -155,8 +170,9 @@ def convert_modules(
     gamma_mean: float = 0.0,
     gamma_std: float = 1.0,
     generator: torch.Generator | None = None,
+    norms: NormSelection = None,
 ) -> ConversionReport:
-    """Replace, in place, every supported norm by its member norm and the head by a member head.
+    r"""Replace, in place, every supported norm by its member norm and the head by a member head.
 
     Which norms are supported, and by which member norm, is decided by
     :func:`snens.nn.registry.lookup`: torch's norms, types registered with
@@ -164,7 +180,9 @@ def convert_modules(
     probe inputs; every other module that looks like a norm is refused with the reason. Every
     member is set to reproduce the plain layer it replaces (see ``MemberNorm.from_plain``);
     with ``head_init="copy"`` each member head is a copy of the plain head, so right after
-    conversion every member computes the original function.
+    conversion every member computes the original function. ``norms=`` converts some norms
+    only (e.g. a pretrained network's last blocks); the others stay plain, shared by the
+    members, and are listed in the report's ``unselected``.
 
     Args:
         model: any ``nn.Module``; modified in place.
@@ -176,6 +194,12 @@ def convert_modules(
         skip_unsupported: leave norms with no member version as they are instead of raising.
         gamma_mean, gamma_std: gamma ~ N(gamma_mean, gamma_std²).
         generator: optional ``torch.Generator`` for gamma and reset heads.
+        norms: which norms to convert, by their names in ``model.named_modules()``: a
+            regular expression the whole name must match (``r".*layers\.(2[2-9])\..*"``), a
+            sequence of names or name endings (``["input_layernorm", "model.norm"]``), or a
+            function ``(name, module) -> bool``; None (the default) converts every norm.
+            A norm not chosen is left as it is, shared by the members, even an unsupported
+            one; the head is replicated either way.
 
     Returns:
         A :class:`ConversionReport`.
@@ -184,15 +208,19 @@ def convert_modules(
         TypeError: on a bad ``num_members``, an unsupported norm (its name and type in the
             message) unless ``skip_unsupported``, a registered conversion that does not return
             a member norm with ``num_members``, or a head that is not ``nn.Linear``.
-        ValueError: if the model has no supported norm, already holds member modules with a
-            different M, or ``head_init`` is unknown.
+        ValueError: if the model has no supported norm (or ``norms=`` chooses none), a name
+            in a ``norms=`` sequence matches no norm, ``norms=`` is not a valid regular
+            expression, the model already holds member modules with a different M, or
+            ``head_init`` is unknown.
     """
     _check_arguments(num_members, head_init)
+    chosen = _norm_selector(norms)
     _check_initialized(model)
     params_before = _count_params(model)
     existing = _existing_members(model, num_members)
 
-    targets, refused = _collect_norms(model)
+    targets, refused, unselected = _collect_norms(model, chosen)
+    _check_selection(model, norms, targets, refused, unselected)
     _refuse_unsupported(model, refused, skip_unsupported)
     _require_a_norm(model, targets, existing)
     if head not in ("auto", None):  # a bad head name fails before anything is replaced
@@ -212,6 +240,7 @@ def convert_modules(
         params_before=params_before,
         params_after=_count_params(model),
         notes=_notes(found, head, existing),
+        unselected=tuple((name, type(m).__name__) for name, m in unselected),
     )
 
 
@@ -245,25 +274,101 @@ def _existing_members(model: nn.Module, num_members: int) -> list[tuple[str, nn.
     return existing
 
 
+def only_named(names: Sequence[str] | None) -> Callable[[str, nn.Module], bool] | None:
+    """A ``norms=`` choosing exactly the modules named ``names`` (None: every norm); how a
+    saved ensemble's converted norms are converted again on loading."""
+    if names is None:
+        return None
+    chosen = frozenset(names)
+    return lambda name, _: name in chosen
+
+
+def _norm_selector(norms: NormSelection) -> Callable[[str, nn.Module], bool] | None:
+    """``norms=`` as a function ``(name, module) -> bool`` (None: every norm), checked."""
+    if norms is None or callable(norms):
+        return norms
+    if isinstance(norms, str):
+        try:
+            pattern = re.compile(norms)
+        except re.error as error:
+            raise ValueError(
+                f"norms={norms!r} is not a valid regular expression ({error}); a string is "
+                "matched against whole module names, a list of strings by name endings"
+            ) from error
+        return lambda name, _: pattern.fullmatch(name) is not None
+    if isinstance(norms, Sequence) and all(isinstance(n, str) and n for n in norms):
+        ends = tuple(norms)
+        return lambda name, _: any(name == end or name.endswith("." + end) for end in ends)
+    raise TypeError(
+        f"norms must be None, a regular expression, a list of module names or name endings, "
+        f"or a function (name, module) -> bool; got {norms!r}"
+    )
+
+
 def _collect_norms(
-    model: nn.Module,
-) -> tuple[dict[int, Converter], list[tuple[str, nn.Module, str]]]:
-    """(id -> conversion) of every supported norm, and (name, module, reason) of every refused
-    one, as :func:`snens.nn.registry.lookup` answers (one probe per class and settings)."""
+    model: nn.Module, chosen: Callable[[str, nn.Module], bool] | None = None
+) -> tuple[dict[int, Converter], list[tuple[str, nn.Module, str]], list[tuple[str, nn.Module]]]:
+    """(id -> conversion) of every supported norm, (name, module, reason) of every refused
+    one, as :func:`snens.nn.registry.lookup` answers (one probe per class and settings), and
+    (name, module) of every norm ``chosen`` leaves out (never refused, never converted)."""
     targets: dict[int, Converter] = {}
-    inside_targets: set[int] = set()  # modules of a registered norm that is replaced whole
+    inside_targets: set[int] = set()  # modules of a norm replaced whole, or left whole
     refused: list[tuple[str, nn.Module, str]] = []
+    unselected: list[tuple[str, nn.Module]] = []
     memo: dict = {}
     for name, m in model.named_modules():
         if id(m) in inside_targets:
             continue
         found = lookup(m, memo)
-        if isinstance(found, str):
+        if found is None:
+            continue
+        if chosen is not None and not chosen(name, m):
+            unselected.append((name, m))
+            if not isinstance(found, str):
+                inside_targets.update(id(child) for child in m.modules())
+        elif isinstance(found, str):
             refused.append((name, m, found))
-        elif found is not None:
+        else:
             targets[id(m)] = found
             inside_targets.update(id(child) for child in m.modules())
-    return targets, refused
+    return targets, refused, unselected
+
+
+def _check_selection(
+    model: nn.Module,
+    norms: NormSelection,
+    targets: dict[int, Converter],
+    refused: list[tuple[str, nn.Module, str]],
+    unselected: list[tuple[str, nn.Module]],
+) -> None:
+    """Refuse a ``norms=`` that chooses no norm, or a listed name that matches none."""
+    if norms is None:
+        return
+    ids = set(targets) | {id(m) for _, m, _ in refused} | {id(m) for _, m in unselected}
+    names = [n for n, m in model.named_modules() if id(m) in ids]  # in the model's order
+    if isinstance(norms, Sequence) and not isinstance(norms, str):
+        left_out = {n for n, _ in unselected}
+        chosen = [n for n in names if n not in left_out]
+        unmatched = [
+            end for end in norms if not any(n == end or n.endswith("." + end) for n in chosen)
+        ]
+        if unmatched:
+            raise ValueError(
+                f"norms= names {unmatched} match no norm of {type(model).__name__}; its norms "
+                f"are named like {_examples(names)}"
+            )
+    if not targets and not refused and unselected:
+        raise ValueError(
+            f"norms={norms!r} chooses none of the {len(unselected)} norms of "
+            f"{type(model).__name__}, named like {_examples(names)}"
+        )
+
+
+def _examples(names: list[str]) -> str:
+    """A few of ``names`` for an error message: the first two and the last."""
+    unique = list(dict.fromkeys(names))
+    shown = unique[:2] + unique[-1:] if len(unique) > 3 else unique
+    return ", ".join(shown) or "(none)"
 
 
 #: The most distinct reasons a refusal spells out.
