@@ -278,39 +278,21 @@ def _outputs(path: Path) -> dict:
 
 
 def pooled_metrics(paths: Sequence[Path]) -> dict[str, float]:
-    """The metrics of one ensemble of runs trained apart: their kept member logits stacked on
-    the member dimension, measured as the engine measures an ensemble it trained (test and
-    validation metrics, temperature scaling fitted on validation, OOD AUROC and conformal
-    sets). An OOD set counts where every run has been scored on it."""
-    import torch
-
-    from snens.evaluation.protocol import (
-        ensemble_metrics,
-        posthoc_metrics,
-        temperature_scaled_metrics,
-    )
+    """The metrics of one ensemble of runs trained apart (``snens pool``'s, with the far-OOD
+    set this study keeps beside ``outputs.npz``): their kept member logits stacked on the
+    member dimension, measured as the engine measures an ensemble it trained. An OOD set
+    counts where every run has been scored on it."""
+    from snens.evaluation.protocol import logit_metrics, stack_members
 
     runs = [_outputs(path) for path in paths]
-    stacked = {}
-    for key in set.intersection(*(set(outputs) for outputs in runs)):
-        if key.endswith("_labels"):
-            if any(not torch.equal(outputs[key], runs[0][key]) for outputs in runs):
-                raise ValueError(
-                    f"{', '.join(map(str, paths))}: the runs were evaluated on different "
-                    f"{key.removesuffix('_labels')} examples; pool runs of one data config"
-                )
-            stacked[key] = runs[0][key]
-        else:
-            stacked[key] = torch.cat([outputs[key] for outputs in runs])  # (ΣM, N, K)
-    metrics = {}
-    for split in ("test", "val"):
-        values = ensemble_metrics(stacked[split].softmax(-1), stacked[f"{split}_labels"])
-        metrics.update({f"{split}/{key}": value for key, value in values.items()})
-    return {
-        **metrics,
-        **temperature_scaled_metrics(stacked),
-        **posthoc_metrics(stacked, ood_scores=OOD_SCORES),
-    }
+    common = set.intersection(*(set(outputs) for outputs in runs))
+    try:
+        stacked = stack_members([{k: o[k] for k in common} for o in runs])
+    except ValueError as error:
+        raise ValueError(
+            f"{', '.join(map(str, paths))}: {error}; pool runs of one data config"
+        ) from None
+    return logit_metrics(stacked, ood_scores=OOD_SCORES)
 
 
 def inference_seconds(path: Path) -> float | None:

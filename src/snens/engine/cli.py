@@ -196,6 +196,26 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pool(args: argparse.Namespace) -> int:
+    from snens.engine.pool import pool_runs
+    from snens.engine.runs import to_json
+
+    try:
+        result = pool_runs(args.run_dirs, args.out)
+    except (ValueError, TypeError, OSError) as error:
+        print(f"snens pool: {error}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(to_json(result, indent=2))
+    else:
+        members = result["model"]["members"]
+        print(f"{len(args.run_dirs)} runs pooled: one ensemble of {members} members\n")
+        print(_metrics_table(result["metrics"]))
+        if args.out is not None:
+            print(f"\nsnens pool: {args.out}")
+    return 0
+
+
 def _sweep(args: argparse.Namespace) -> int:
     from snens.engine.presets import preset
     from snens.engine.runs import RunDirError
@@ -335,6 +355,23 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("run_dir", metavar="RUN_DIR", help="a directory made by snens train")
     evaluate.add_argument("--json", action="store_true", help="print the metrics as JSON")
     evaluate.set_defaults(run=_eval)
+    pool = sub.add_parser(
+        "pool",
+        help="measure finished runs trained apart (e.g. one per seed) as one ensemble of all "
+        "their members, from the logits they kept: the deep ensemble as the field runs it",
+        description="Stack the member logits (outputs.npz) of finished runs of one data "
+        "config and compute the final metrics of the ensemble of all their members: test and "
+        "validation metrics, temperature scaling, OOD detection, conformal sets (not the "
+        "corruption metrics: runs keep no logits of corrupted sets). No data is read again.",
+        epilog="example: snens pool runs/single-s0 runs/single-s1 runs/single-s2 runs/single-s3 "
+        "--out runs/deep-ensemble",
+    )
+    pool.add_argument("run_dirs", metavar="RUN_DIR", nargs="+", help="finished run directories")
+    pool.add_argument(
+        "--out", metavar="DIR", help="write the ensemble's final.json and outputs.npz here"
+    )
+    pool.add_argument("--json", action="store_true", help="print the result as JSON")
+    pool.set_defaults(run=_pool)
     sweep = sub.add_parser(
         "sweep",
         help="train every combination of a grid of config values (τ, M, λ, seeds, methods, …), "

@@ -53,7 +53,6 @@ import json
 import math
 import os
 import stat
-import zipfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,6 +72,7 @@ from snens.engine.runs import (
     PROVENANCE,
     read_config,
     read_final,
+    read_outputs,
     read_run_file,
 )
 from snens.engine.sweep import applies
@@ -105,9 +105,6 @@ _CORE = ("test/accuracy", "test/nll", "test/ece", "test/brier")
 _SHIFT = ("shift/mean/accuracy", "shift/mean/ece")
 _OOD = ("auroc", "aupr", "fpr95")
 _EXTRA = {"params": ("model", "params"), "train seconds": ("train", "seconds")}
-# outputs.npz holds the member logits of every evaluated set: (M, N, K) float32 is 800 MB for
-# ImageNet's 50,000 test images at M=4, K=1000; above this it is refused by name.
-_OUTPUTS_MAX_BYTES = 4 * 2**30
 # The methods whose member norms learn importances σ(γ) (FiLM's γ is fixed at +∞).
 _ALLOCATION_METHODS = ("snens",)
 
@@ -655,29 +652,10 @@ def _summary_plots(
 
 def _test_predictions(run: RunRecord) -> tuple[Tensor, Tensor]:
     """A run's test predictive probabilities (N, K), the mean of its members' softmaxes, and
-    labels (N,), from its ``outputs.npz``.
-
-    Raises:
-        OSError: the file cannot be read (not a regular file, above the size limit).
-        ValueError: not an npz archive, or without ``test`` (M, N, K) and ``test_labels``.
-    """
-    path = run.path / OUTPUTS
-    data = read_run_file(path, limit=_OUTPUTS_MAX_BYTES)
-    # not an archive: ValueError (pickled data refused); a damaged one: BadZipFile, EOFError
-    try:
-        archive = np.load(io.BytesIO(data), allow_pickle=False)
-        if not isinstance(archive, np.lib.npyio.NpzFile):
-            raise ValueError("a single array, not an npz archive")
-        with archive:
-            logits = torch.from_numpy(archive["test"])
-            labels = torch.from_numpy(archive["test_labels"])
-    except (KeyError, ValueError, EOFError, zipfile.BadZipFile) as error:
-        raise ValueError(f"{path} holds no test logits and labels ({error})") from None
-    if logits.dim() != 3 or labels.shape != logits.shape[1:2]:
-        raise ValueError(
-            f"{path}: test logits {tuple(logits.shape)} and labels "
-            f"{tuple(labels.shape)}, expected (M, N, K) and (N,)"
-        )
+    labels (N,), from its ``outputs.npz`` (read by :func:`snens.engine.runs.read_outputs`,
+    whose errors pass through)."""
+    outputs = read_outputs(run.path)
+    logits, labels = outputs["test"], outputs["test_labels"]
     return predictive_probs(logits.float()), labels.long()
 
 

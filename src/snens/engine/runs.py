@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import warnings
+import zipfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,6 +75,9 @@ LOCK = "run.lock"
 #: The largest run file read (config.toml, final.json, metrics.jsonl, provenance.json): each is
 #: kilobytes (metrics.jsonl: a line of ~1 kB per epoch); a larger one is refused by name.
 MAX_FILE_BYTES = 64 * 2**20
+#: outputs.npz holds the member logits of every evaluated set: (M, N, K) float32 is 800 MB for
+#: ImageNet's 50,000 test images at M=4, K=1000; above this it is refused by name.
+OUTPUTS_MAX_BYTES = 4 * 2**30
 
 
 class RunDirError(OSError):
@@ -565,6 +569,50 @@ def read_final(run_dir: str | os.PathLike) -> dict[str, Any]:
             f"{Path(run_dir)}`"
         )
     return final
+
+
+def read_outputs(run_dir: str | os.PathLike) -> dict[str, Any]:
+    """A finished run's kept member logits, ``outputs.npz``, as tensors: ``test`` (M, N, K),
+    ``test_labels`` (N,), and ``val``, ``val_labels``, ``ood/<name>`` where the run had them.
+
+    Raises:
+        FileNotFoundError: no outputs.npz (a run finished before runs kept their logits).
+        RunDirError: outputs.npz is not a regular file, or above :data:`OUTPUTS_MAX_BYTES`.
+        ValueError: not an npz archive (pickled data refused), damaged, without ``test`` and
+            ``test_labels``, or an array of the wrong kind (logits must be (M, N, K) floats,
+            labels (N,) integers of their set's N).
+    """
+    import torch  # runs.py serves the CLI's light commands without torch
+
+    path = Path(run_dir) / OUTPUTS
+    data = read_run_file(path, limit=OUTPUTS_MAX_BYTES)
+    try:  # not an archive: ValueError; a damaged one: BadZipFile, EOFError
+        archive = np.load(io.BytesIO(data), allow_pickle=False)
+        if not isinstance(archive, np.lib.npyio.NpzFile):
+            raise ValueError("a single array, not an npz archive")
+        with archive:
+            arrays = {key: archive[key] for key in archive.files}
+    except (ValueError, EOFError, zipfile.BadZipFile) as error:
+        raise ValueError(f"{path} is not a readable npz archive of logits ({error})") from None
+    if "test" not in arrays or "test_labels" not in arrays:
+        raise ValueError(f"{path} holds no test logits and labels (test, test_labels)")
+    out = {}
+    for key, array in arrays.items():
+        labels = key.endswith("_labels")
+        logits_of = arrays.get(key.removesuffix("_labels")) if labels else None
+        if labels:
+            ok = array.ndim == 1 and array.dtype.kind in "iu"
+            ok = ok and logits_of is not None and logits_of.ndim == 3
+            ok = ok and array.shape[0] == logits_of.shape[1]
+        else:
+            ok = array.ndim == 3 and array.dtype.kind == "f"
+        if not ok:
+            want = "(N,) integer labels of its logits' N" if labels else "(M, N, K) float logits"
+            raise ValueError(
+                f"{path}: {key} is a {array.dtype} array of shape {array.shape}, expected {want}"
+            )
+        out[key] = torch.from_numpy(array)
+    return out
 
 
 def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:

@@ -43,8 +43,10 @@ __all__ = [
     "collect",
     "ensemble_metrics",
     "evaluate",
+    "logit_metrics",
     "ood_detection",
     "posthoc_metrics",
+    "stack_members",
     "temperature_scaled_metrics",
 ]
 
@@ -511,11 +513,8 @@ def posthoc_metrics(
     results = {}
     for name in names:
         out_logits = outputs[f"ood/{name}"]
-        out_probs = out_logits.softmax(dim=-1)
-        for score in scores:
-            s_out = _score(score, out_logits, out_probs)
-            for key, value in _detection(in_scores[score], s_out).items():
-                results[f"ood/{name}/{score}/{key}"] = value
+        member_outputs = (out_logits, out_logits.softmax(dim=-1))
+        results.update(_ood_keys(name, in_scores, member_outputs, scores, ood_score=scores))
     if "val" in outputs:
         generator = torch.Generator().manual_seed(0)
         for score in CONFORMAL_SCORES:
@@ -542,11 +541,26 @@ def _ood_results(
         if keep_logits is not None:
             keep_logits[f"ood/{name}"] = out_logits
         _check_same_members(out_probs, M, K, f"OOD set {name!r}")
-        for score in scores:
-            prefix = f"ood/{name}/" if isinstance(ood_score, str) else f"ood/{name}/{score}/"
-            s_out = _score(score, out_logits, out_probs)
-            for key, value in _detection(in_scores[score], s_out).items():
-                results[prefix + key] = value
+        results.update(_ood_keys(name, in_scores, (out_logits, out_probs), scores, ood_score))
+    return results
+
+
+def _ood_keys(
+    name: str,
+    in_scores: Mapping[str, Tensor],
+    member_outputs: tuple[Tensor, Tensor],
+    scores: Sequence[str],
+    ood_score: str | Sequence[str],
+) -> dict[str, float]:
+    """``ood/<name>/[<score>/]{auroc,aupr,fpr95}`` of one OOD set's member (logits,
+    probabilities) against the test set's ``in_scores``; the score in the key where
+    ``ood_score`` is a list, as :func:`evaluate` names them."""
+    results = {}
+    for score in scores:
+        prefix = f"ood/{name}/" if isinstance(ood_score, str) else f"ood/{name}/{score}/"
+        s_out = _score(score, *member_outputs)
+        for key, value in _detection(in_scores[score], s_out).items():
+            results[prefix + key] = value
     return results
 
 
@@ -632,3 +646,111 @@ def temperature_scaled_metrics(outputs: Mapping[str, Tensor]) -> dict[str, float
     values = ensemble_metrics(probs, outputs["test_labels"])
     keep = ("accuracy", "nll", "brier", "ece", "adaptive_ece")
     return {"test_ts/temperature": T, **{f"test_ts/{k}": values[k] for k in keep}}
+
+
+def stack_members(outputs: Sequence[Mapping[str, Tensor]]) -> dict[str, Tensor]:
+    """One ensemble's kept logits from the kept logits of models trained apart: each set's
+    member logits concatenated on the member dimension, its labels checked equal.
+
+    The deep ensemble as the field runs it is M models trained one by one (on other machines,
+    under other seeds) and evaluated one by one; stacking their ``keep_logits`` dicts (or
+    engine runs' ``outputs.npz``) makes the dict one ensemble of all their members would
+    have kept, ready for :func:`logit_metrics`.
+
+    Args:
+        outputs: two or more dicts as ``evaluate(..., keep_logits=...)`` fills them:
+            ``"test"`` and ``"test_labels"``, and optionally ``"val"``/``"val_labels"`` and
+            ``"ood/<name>"``; every dict with the same keys.
+
+    Returns:
+        The same keys: logits (ΣM, N, K), labels (N,).
+
+    Raises:
+        ValueError: fewer than two dicts; dicts with different keys, or labels, or numbers
+            of examples or classes for one set (models evaluated on different data).
+        KeyError: no ``"test"`` or ``"test_labels"``.
+    """
+    if isinstance(outputs, Mapping) or len(outputs) < 2:
+        raise ValueError(
+            "stack_members takes a list of two or more keep_logits dicts, one per model "
+            f"trained apart; got {type(outputs).__name__}"
+            + ("" if isinstance(outputs, Mapping) else f" of {len(outputs)}")
+        )
+    keys = set(outputs[0])
+    for key in ("test", "test_labels"):
+        if key not in keys:
+            raise KeyError(f"the first outputs hold no {key!r}; give what evaluate kept")
+    for i, other in enumerate(outputs[1:], 1):
+        if set(other) != keys:
+            differ = sorted(keys ^ set(other))
+            raise ValueError(
+                f"outputs 0 and {i} hold different sets ({', '.join(differ)} in one only); "
+                "stack models evaluated on the same data"
+            )
+    stacked: dict[str, Tensor] = {}
+    for key in sorted(keys):
+        values = [o[key] for o in outputs]
+        if key.endswith("_labels"):
+            for i, labels in enumerate(values[1:], 1):
+                if labels.shape != values[0].shape or not torch.equal(labels, values[0]):
+                    raise ValueError(
+                        f"{key}: outputs 0 and {i} hold different labels; the models were "
+                        f"evaluated on different {key.removesuffix('_labels')} examples"
+                    )
+            stacked[key] = values[0]
+            continue
+        shapes = {tuple(v.shape[1:]) for v in values}
+        if len(shapes) != 1 or any(v.dim() != 3 for v in values):
+            raise ValueError(
+                f"{key}: member logits of shapes {[tuple(v.shape) for v in values]}; each must "
+                "be (M_i, N, K) with one N and K"
+            )
+        stacked[key] = torch.cat(values)
+    return stacked
+
+
+def logit_metrics(
+    outputs: Mapping[str, Tensor],
+    *,
+    ood_score: str | Sequence[str] = "msp",
+    ood_scores: str | Sequence[str] = ("max_logit", "energy"),
+    conformal_alpha: float = 0.1,
+    num_bins: int = 15,
+) -> dict[str, float]:
+    """The metrics a run's final evaluation reports, from kept logits alone: what
+    :func:`evaluate` gives on the test and OOD sets (with the same ``ood_score`` keys), the
+    validation split's (``val/<metric>``), temperature scaling fitted on it
+    (:func:`temperature_scaled_metrics`) and :func:`posthoc_metrics`. Metrics of corrupted
+    sets are not among them: ``evaluate`` keeps no logits of those.
+
+    Args:
+        outputs: as :func:`posthoc_metrics` takes them, e.g. :func:`stack_members`' result.
+        ood_score: the score (or scores) of :func:`evaluate`'s ``ood/<name>/…`` keys.
+        ood_scores, conformal_alpha: of :func:`posthoc_metrics`.
+        num_bins: bins of the calibration errors.
+
+    Returns:
+        A flat ``{key: float}``.
+
+    Raises:
+        ValueError: as :func:`evaluate` and :func:`posthoc_metrics` raise.
+        KeyError: ``outputs`` without ``"test"`` or ``"test_labels"``.
+    """
+    scores = _check_scores(ood_score)
+    _check_num_bins(num_bins)
+    test, labels = outputs["test"], outputs["test_labels"]
+    test_probs = test.softmax(dim=-1)
+    results = {f"test/{k}": v for k, v in ensemble_metrics(test_probs, labels, num_bins).items()}
+    names = [key.removeprefix("ood/") for key in outputs if key.startswith("ood/")]
+    in_scores = {s: _score(s, test, test_probs) for s in scores} if names else {}
+    for name in names:
+        out_logits = outputs[f"ood/{name}"]
+        _check_same_members(out_logits, *test.shape[::2], f"OOD set {name!r}")
+        member_outputs = (out_logits, out_logits.softmax(dim=-1))
+        results.update(_ood_keys(name, in_scores, member_outputs, scores, ood_score))
+    if "val" in outputs:
+        values = ensemble_metrics(outputs["val"].softmax(dim=-1), outputs["val_labels"], num_bins)
+        results.update({f"val/{k}": v for k, v in values.items()})
+        results.update(temperature_scaled_metrics(outputs))
+    results.update(posthoc_metrics(outputs, ood_scores=ood_scores, conformal_alpha=conformal_alpha))
+    return results

@@ -1,0 +1,176 @@
+"""snens pool: finished runs trained apart measured as one ensemble of all their members."""
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from snens.engine.config import load_config, to_toml
+from snens.engine.pool import pool_runs
+from snens.engine.presets import preset
+from snens.engine.runs import read_outputs
+from snens.engine.train import train
+from snens.evaluation.protocol import logit_metrics, stack_members
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SEEDS = (0, 1, 2)
+
+
+def _config(out, seed, *overrides):
+    base = preset("fashion_mnist_small_cnn_tiny")
+    path = out / f"config-{seed}.toml"
+    path.write_text(to_toml(base))
+    return load_config(
+        path,
+        [
+            f"out_dir='{out}'",
+            f"name='single-{seed}'",
+            f"seed={seed}",
+            "threads=1",
+            "method.name='single'",
+            "method.num_members=1",
+            "data.train_examples=400",
+            "data.validation_examples=200",
+            "data.test_examples=300",
+            "data.ood_examples=300",
+            *overrides,
+        ],
+    )
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Three single models of the tiny preset under seeds 0, 1, 2: a deep ensemble run apart."""
+    out = tmp_path_factory.mktemp("pool")
+    return [train(_config(out, seed), progress=False, log=None) for seed in SEEDS]
+
+
+def _copy(run, where):
+    return shutil.copytree(run, where, ignore=shutil.ignore_patterns("*.pt"))
+
+
+def test_pooled_metrics_are_the_ensemble_of_the_runs_models(runs, tmp_path):
+    result = pool_runs(runs, tmp_path / "ensemble")
+    metrics = result["metrics"]
+    # computed here by hand from the three runs' kept logits
+    kept = [np.load(run / "outputs.npz") for run in runs]
+    probs = np.stack([torch.from_numpy(k["test"][0]).softmax(-1).numpy() for k in kept])
+    labels = kept[0]["test_labels"]
+    mean = probs.mean(axis=0)
+    assert metrics["test/num_members"] == 3
+    assert metrics["test/accuracy"] == pytest.approx(float((mean.argmax(1) == labels).mean()))
+    nll = -np.log(mean[np.arange(len(labels)), labels]).mean()
+    assert metrics["test/nll"] == pytest.approx(float(nll), rel=1e-5)
+    # each member is its run's model: their mean accuracy is the runs' own, from final.json
+    finals = [json.loads((run / "final.json").read_text()) for run in runs]
+    own = [f["metrics"]["test/accuracy"] for f in finals]
+    assert metrics["test/member_accuracy_mean"] == pytest.approx(np.mean(own))
+    assert metrics["val/num_members"] == 3 and "test_ts/nll" in metrics
+    assert {"ood/mnist_5k/auroc", "ood/mnist_5k/energy/auroc"} <= set(metrics)
+    assert "test/conformal_aps_coverage" in metrics
+    assert result["model"] == {
+        "params": sum(f["model"]["params"] for f in finals),
+        "trainable_params": sum(f["model"]["trainable_params"] for f in finals),
+        "members": 3,
+    }
+    assert result["train"]["seconds"] == pytest.approx(sum(f["train"]["seconds"] for f in finals))
+    assert [r["path"] for r in result["runs"]] == [str(r) for r in runs]
+    written = json.loads((tmp_path / "ensemble" / "final.json").read_text())
+    assert written["metrics"] == pytest.approx(metrics, nan_ok=True)
+    assert read_outputs(tmp_path / "ensemble")["test"].shape == (3, 300, 10)
+
+
+def test_one_runs_own_logits_give_its_final_metrics(runs):
+    """logit_metrics composes what the engine's final evaluation measured, from logits alone:
+    one run's kept logits give its final.json's metrics."""
+    final = json.loads((runs[0] / "final.json").read_text())["metrics"]
+    config = load_config(runs[0] / "config.toml")
+    again = logit_metrics(
+        read_outputs(runs[0]),
+        ood_scores=config.data.ood_scores,
+        conformal_alpha=config.data.conformal_alpha,
+    )
+    assert set(again) == set(final)
+    for key, value in final.items():
+        if value is None:  # NaN, which JSON writes as null: a single model's correlation
+            assert math.isnan(again[key]), key
+        else:
+            assert again[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+
+
+def test_the_cli_pools_and_names_what_it_refuses(runs, tmp_path):
+    ok = subprocess.run(
+        [sys.executable, "-m", "snens", "pool", *map(str, runs), "--out", str(tmp_path / "e")],
+        capture_output=True,
+        text=True,
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert "3 runs pooled: one ensemble of 3 members" in ok.stdout
+    assert "| test/nll |" in ok.stdout
+    bad = subprocess.run(
+        [sys.executable, "-m", "snens", "pool", str(runs[0]), str(runs[0])],
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 2
+    assert f"snens pool: {runs[0]} is given twice" in bad.stderr
+
+
+def test_runs_that_are_not_one_ensemble_are_refused_by_name(runs, tmp_path):
+    with pytest.raises(ValueError, match="pool two or more run directories"):
+        pool_runs(runs[:1])
+    copy = _copy(runs[1], tmp_path / "copy")  # the same model under another path
+    with pytest.raises(ValueError, match=r"same configuration and seed \(1\).*copies"):
+        pool_runs([runs[0], runs[1], copy])
+    other = _copy(runs[2], tmp_path / "other")
+    text = (other / "config.toml").read_text()
+    (other / "config.toml").write_text(text.replace("test_examples = 300", "test_examples = 299"))
+    with pytest.raises(ValueError, match=r"differ in data.test_examples.*same data"):
+        pool_runs([runs[0], other])
+
+
+def test_unfinished_runs_and_damaged_logits_are_refused_by_name(runs, tmp_path):
+    unfinished = _copy(runs[1], tmp_path / "unfinished")
+    (unfinished / "final.json").unlink()
+    with pytest.raises(FileNotFoundError, match="final.json"):
+        pool_runs([runs[0], unfinished])
+    bare = _copy(runs[1], tmp_path / "bare")
+    (bare / "outputs.npz").unlink()
+    with pytest.raises(FileNotFoundError, match=f"{bare} kept no outputs.npz"):
+        pool_runs([runs[0], bare])
+    damaged = _copy(runs[1], tmp_path / "damaged")
+    (damaged / "outputs.npz").write_bytes(b"PK\x03\x04 cut short")
+    with pytest.raises(ValueError, match="is not a readable npz archive"):
+        pool_runs([runs[0], damaged])
+    relabeled = _copy(runs[1], tmp_path / "relabeled")
+    arrays = dict(np.load(relabeled / "outputs.npz"))
+    arrays["test_labels"] = np.roll(arrays["test_labels"], 1)
+    np.savez(relabeled / "outputs.npz", **arrays)
+    with pytest.raises(ValueError, match="evaluated on different test examples"):
+        pool_runs([runs[0], relabeled])
+    wrong = _copy(runs[1], tmp_path / "wrong")
+    arrays["test_labels"] = arrays["test_labels"].astype(np.float32)
+    np.savez(wrong / "outputs.npz", **arrays)
+    with pytest.raises(ValueError, match=r"test_labels is a float32 array .* integer labels"):
+        pool_runs([runs[0], wrong])
+
+
+def test_stack_members_refuses_dicts_of_other_sets():
+    a = {"test": torch.zeros(2, 5, 3), "test_labels": torch.zeros(5, dtype=torch.long)}
+    b = {**a, "ood/x": torch.zeros(2, 4, 3)}
+    assert stack_members([a, a])["test"].shape == (4, 5, 3)
+    with pytest.raises(ValueError, match=r"different sets \(ood/x in one only\)"):
+        stack_members([a, b])
+    with pytest.raises(ValueError, match="two or more keep_logits dicts"):
+        stack_members(a)
+    c = {"test": torch.zeros(2, 5, 4), "test_labels": a["test_labels"]}
+    with pytest.raises(
+        ValueError, match=r"test: member logits of shapes \[\(2, 5, 3\), \(2, 5, 4\)\]"
+    ):
+        stack_members([a, c])
