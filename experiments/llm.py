@@ -25,12 +25,15 @@ Stages (each run's directory: ``results/llm/<stage>/<variant>/seed=<s>/``):
 * ``final`` — one LoRA model (plain and fair), σN-Ens at the preset's τ and λ with ``repeat``
   and ``split`` inputs (``split``, one fine-tune's compute, became the preset's default when
   its validation NLL led on seeds 0 and 1), the LoRA ensemble (fair), MC-dropout on the LoRA
-  path (fair), seed by seed (0, 1, 2; the fair single model 0-11, for three ensembles of
-  fine-tunes run apart). Every run's ``final.json``
+  path (fair), the LoRA ensemble with each member on batches of its own
+  (``method.input_policy=own``: the field's ensemble in one run), seed by seed (0, 1, 2; the
+  fair single model 0-11, for three ensembles of fine-tunes run apart). Every run's
+  ``final.json``
   holds the test metrics after temperature scaling fitted on the validation split
   (``test_ts/…``), and ``outputs.npz`` the member logits.
-* ``tune`` — σN-Ens ``repeat`` recipes on the validation split, seed 0: the library's defaults
-  (τ=1, λ=0.1), γ at ×1, λ=0 (member norms without the regularizer), 1 epoch.
+* ``tune`` — σN-Ens recipes of M·B rows on the validation split, seed 0: each member on
+  batches of its own (``own``); with ``repeat``, the library's defaults (τ=1, λ=0.1), γ at
+  ×1, λ=0 (member norms without the regularizer), 1 epoch.
 * ``tune_split`` — the same questions asked of ``split`` (one fine-tune's compute, and a run
   of B rows, so it fits in memory beside a run of M·B): λ=0, γ at ×10, τ=1 (a stronger
   partition at the preset's λ), which norms to partition (the last 8 of 30 blocks and the
@@ -78,6 +81,8 @@ BASE = ("data.validation_examples=500", "threads=1")
 #: do not implement.
 REPEAT = ("method.input_policy=repeat",)
 SINGLE = ("method.name=single", "method.num_members=1", *REPEAT)
+#: Each member a batch of its own from a training order of its own.
+OWN = ("method.input_policy=own",)
 FAIR = ("model.options.train_norms=true",)
 SEEDS = (0, 1, 2)
 #: The field's LoRA ensemble is M fine-tunes run apart, each under its own seed (its own data
@@ -114,8 +119,13 @@ STAGES: dict[str, list[Variant]] = {
         # MC-dropout on the LoRA path: the adapters' dropout (p = 0.05) left on in evaluation,
         # 4 samples; trained as one LoRA model
         _final("mc_dropout_fair", ("method.name=mc_dropout", *REPEAT, *FAIR)),
+        # the field's LoRA ensemble in one run: each member its own batches, from its own
+        # order of the training reviews (M·B rows per step)
+        _final("lora_ensemble_own", ("method.name=deep_ensemble", *OWN, *FAIR)),
     ],
     "tune": [
+        # σN-Ens with each member on batches of its own (M·B rows, as repeat)
+        _tune("snens_own", OWN),
         _tune("snens_defaults", (*REPEAT, "method.temperature=1.0", "method.diversity_weight=0.1")),
         _tune("snens_gamma1", (*REPEAT, "method.gamma_lr_multiplier=1.0")),
         _tune("snens_lambda0", (*REPEAT, "method.diversity_weight=0.0")),
@@ -323,8 +333,15 @@ ROWS = (
         1,
     ),
     ("MC-dropout on LoRA, 4 samples, norms trainable (fair)", "final", "mc_dropout_fair", 1),
+    (
+        "LoRA ensemble, M=4 trained together, each member its own batches, norms trainable (fair)",
+        "final",
+        "lora_ensemble_own",
+        1,
+    ),
     ("σN-Ens-LoRA, τ=5 λ=0.01, repeat", "final", "snens", 1),
     ("σN-Ens-LoRA, τ=5 λ=0.01, split (preset)", "final", "snens_split", 1),
+    ("σN-Ens-LoRA, each member its own batches", "tune", "snens_own", 1),
     ("σN-Ens-LoRA repeat, τ=1 λ=0.1 (library defaults)", "tune", "snens_defaults", 1),
     ("σN-Ens-LoRA repeat, γ ×1", "tune", "snens_gamma1", 1),
     ("σN-Ens-LoRA repeat, λ=0", "tune", "snens_lambda0", 1),

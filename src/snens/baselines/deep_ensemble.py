@@ -88,14 +88,20 @@ class DeepEnsemble(nn.Module):
             ``torch.manual_seed`` makes it reproducible).
         vectorize: run the members with ``torch.func.vmap`` instead of a loop (see the module
             docstring for when that pays: on CPU it did not).
+        input_policy: ``"repeat"``: every member on the whole batch; ``"split"`` (training
+            only; evaluation always repeats): member m on the m-th of M equal blocks of the
+            batch's rows — with a loader drawing each member's own order
+            (``TensorLoader(member_orders=M)``), M models trained apart, in one run.
 
     Shape:
-        Input: (B, …), any positional and keyword arguments, passed to every member.
-        Output: (M, B, K).
+        Input: (B, …), any positional and keyword arguments, passed to every member (every
+        tensor whose leading dimension is B cut into M blocks with ``split``).
+        Output: (M, B, K); (M, B/M, K) when training with ``split``.
 
     Raises:
         TypeError: if ``models`` is neither a sequence of modules nor a callable.
-        ValueError: on an empty sequence, a missing or inconsistent ``num_members``.
+        ValueError: on an empty sequence, a missing or inconsistent ``num_members``, an
+            unknown ``input_policy``, or ``split`` with ``vectorize``.
     """
 
     def __init__(
@@ -105,8 +111,17 @@ class DeepEnsemble(nn.Module):
         *,
         seed: int | None = None,
         vectorize: bool = False,
+        input_policy: str = "repeat",
     ) -> None:
         super().__init__()
+        if input_policy not in ("repeat", "split"):
+            raise ValueError(f"input_policy must be 'repeat' or 'split', got {input_policy!r}")
+        if input_policy == "split" and vectorize:
+            raise ValueError(
+                "input_policy='split' runs the members in a loop, each on its own rows; "
+                "leave vectorize=False"
+            )
+        self.input_policy = input_policy
         if isinstance(models, nn.Module):
             raise TypeError(
                 "DeepEnsemble takes a list of models or a factory; to ensemble copies of one "
@@ -140,9 +155,42 @@ class DeepEnsemble(nn.Module):
         self.vectorize = vectorize
 
     def forward(self, *args: Any, **kwargs: Any) -> Tensor:
+        if self.training and self.input_policy == "split":
+            return self._forward_split(args, kwargs)
         if self.vectorize and self.num_members > 1:
             return self._forward_vmap(args, kwargs)
         return torch.stack([_logits(m(*args, **kwargs)) for m in self.members])  # (M, B, K)
+
+    def _forward_split(self, args: tuple, kwargs: dict) -> Tensor:
+        """Member m on the m-th block of rows of every per-example tensor: (M, B/M, K)."""
+        M = self.num_members
+        B = next(
+            (v.shape[0] for v in (*args, *kwargs.values()) if torch.is_tensor(v) and v.dim()),
+            None,
+        )
+        if B is None:
+            raise TypeError("the ensemble's input holds no tensor with a batch dimension")
+        if B % M:
+            raise ValueError(
+                f"input_policy='split' needs a batch size divisible by num_members={M}, got "
+                f"B={B}; use a multiple of {M} or drop_last=True in the data loader"
+            )
+        b = B // M
+
+        def block(value: Any, m: int) -> Any:
+            per_example = torch.is_tensor(value) and value.dim() and value.shape[0] == B
+            return value[m * b : (m + 1) * b] if per_example else value
+
+        return torch.stack(
+            [
+                _logits(
+                    member(
+                        *(block(a, m) for a in args), **{k: block(v, m) for k, v in kwargs.items()}
+                    )
+                )
+                for m, member in enumerate(self.members)
+            ]
+        )  # (M, B/M, K)
 
     def _forward_vmap(self, args: tuple, kwargs: dict) -> Tensor:
         names = [n for n, _ in self.members[0].named_parameters()]
@@ -175,7 +223,8 @@ class DeepEnsemble(nn.Module):
         return skeleton.train(self.training)
 
     def extra_repr(self) -> str:
-        return f"num_members={self.num_members}, vectorize={self.vectorize}"
+        split = ", input_policy='split'" if self.input_policy == "split" else ""
+        return f"num_members={self.num_members}, vectorize={self.vectorize}{split}"
 
 
 def time_forward(

@@ -34,6 +34,10 @@ def _is_int_at_least(value: object, minimum: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
 
 
+#: The most member orders a loader draws: the largest M (snens.nn.norms.MAX_MEMBERS).
+_MAX_ORDERS = 1024
+
+
 def check_shard(rank: int, world_size: int, batch_size: int) -> None:
     """Check that rank ``rank`` of ``world_size`` can take an equal share of each batch.
 
@@ -172,6 +176,13 @@ class TensorLoader:
     whole epoch at once on the CPU. Each full or partial pass advances ``epoch`` by one;
     :meth:`set_epoch` chooses the next one (e.g. when resuming).
 
+    Members' own orders (``member_orders=M``, with ``shuffle``): each epoch draws M
+    permutations (and M sets of crops and flips), and batch i is the M batches of
+    ``batch_size`` rows the M orders give at step i, one after another: (M·B, …) rows, member
+    m's at rows [m·B, (m+1)·B) — every member sees the whole set each epoch in an order of its
+    own, as M models trained apart would, and an ensemble taking member m's rows from its
+    m-th block (``input_policy="split"``) trains on them.
+
     Args:
         images: the inputs, first dimension N; images as ``(N, C, H, W)``.
         labels: targets, first dimension N.
@@ -189,15 +200,18 @@ class TensorLoader:
             CIFAR recipe).
         flip_prob: probability of a horizontal flip per example.
         dtype: floating dtype of converted inputs.
+        member_orders: M > 1 yields the M members' batches of M orders at once (above).
 
     Shape:
-        x: ``(B, C, H, W)`` (or ``(B, …)`` of the input); y: ``(B, …)`` of the labels.
+        x: ``(B, C, H, W)`` (or ``(B, …)`` of the input); y: ``(B, …)`` of the labels;
+        ``(M·B, …)`` each with ``member_orders=M``.
 
     Raises:
         ValueError: non-positive or non-int ``batch_size``, images and labels of different
             lengths (both named), an empty data set, ``drop_last`` with ``batch_size`` > N,
             an unknown augmentation, crop on inputs that are not (N, C, H, W), or
-            ``mean``/``std`` on token ids.
+            ``mean``/``std`` on token ids, ``member_orders`` not an int in
+            [1, 1024] or above 1 without ``shuffle``.
     """
 
     def __init__(
@@ -217,8 +231,19 @@ class TensorLoader:
         crop_padding: int | None = None,
         flip_prob: float = 0.5,
         dtype: torch.dtype = torch.float32,
+        member_orders: int = 1,
     ) -> None:
         images, labels = _as_dataset(images, labels, batch_size, drop_last)
+        if not _is_int_at_least(member_orders, 1) or member_orders > _MAX_ORDERS:
+            raise ValueError(
+                f"member_orders must be an int in 1..{_MAX_ORDERS} (M), got {member_orders!r}"
+            )
+        if member_orders > 1 and not shuffle:
+            raise ValueError(
+                f"member_orders={member_orders} draws each member's own order, which needs "
+                "shuffle=True (without it every order is the data set's)"
+            )
+        self.member_orders = member_orders
         if (
             isinstance(flip_prob, bool)
             or not isinstance(flip_prob, int | float)
@@ -292,15 +317,17 @@ class TensorLoader:
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         epoch, self.epoch = self.epoch, self.epoch + 1
-        n, batch_size = len(self.images), self.batch_size
+        n, batch_size, M = len(self.images), self.batch_size, self.member_orders
         generator = self.epoch_generator(epoch)
-        order = torch.randperm(n, generator=generator).to(self.device) if self.shuffle else None
+        orders: list[torch.Tensor | None] = [None]
+        if self.shuffle:
+            orders = [torch.randperm(n, generator=generator).to(self.device) for _ in range(M)]
         offsets = flips = None
         if "crop" in self.augment:
             span = 2 * self.crop_padding + 1
-            offsets = torch.randint(0, span, (n, 2), generator=generator).to(self.device)
+            offsets = torch.randint(0, span, (M, n, 2), generator=generator).to(self.device)
         if "flip" in self.augment:
-            flips = (torch.rand(n, generator=generator) < self.flip_prob).to(self.device)
+            flips = (torch.rand(M, n, generator=generator) < self.flip_prob).to(self.device)
         for i in range(len(self)):
             start, stop = i * batch_size, min((i + 1) * batch_size, n)
             if self.world_size > 1:  # this rank's contiguous share of the global batch
@@ -310,16 +337,34 @@ class TensorLoader:
                     start + size * (self.rank + 1) // self.world_size,
                 )
             rows = slice(start, stop)
-            if order is None:
-                x, y = self.images[rows], self.labels[rows]  # views, no copy
-            else:
-                index = order[rows]
-                x, y = self.images[index], self.labels[index]
-            if offsets is not None:
-                x = self._crop(x, offsets[rows])
-            if flips is not None:
-                x = torch.where(flips[rows].view(-1, *(1,) * (x.dim() - 1)), x.flip(-1), x)
-            yield x, y
+            batches = [
+                self._batch(order, rows, offsets, flips, m) for m, order in enumerate(orders)
+            ]
+            if len(batches) == 1:
+                yield batches[0]
+            else:  # member m's batch at rows [m·B, (m+1)·B)
+                yield torch.cat([x for x, _ in batches]), torch.cat([y for _, y in batches])
+
+    def _batch(
+        self,
+        order: torch.Tensor | None,
+        rows: slice,
+        offsets: torch.Tensor | None,
+        flips: torch.Tensor | None,
+        m: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batch at positions ``rows`` of an epoch's ``order`` (None: the stored order),
+        with member ``m``'s crops and flips."""
+        if order is None:
+            x, y = self.images[rows], self.labels[rows]  # views, no copy
+        else:
+            index = order[rows]
+            x, y = self.images[index], self.labels[index]
+        if offsets is not None:
+            x = self._crop(x, offsets[m, rows])
+        if flips is not None:
+            x = torch.where(flips[m, rows].view(-1, *(1,) * (x.dim() - 1)), x.flip(-1), x)
+        return x, y
 
     def _crop(self, x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         """Random crops of a batch: pad by p, then cut the H×W window at ``offsets``.
@@ -344,6 +389,7 @@ class TensorLoader:
             f"batch_size={self.batch_size}, shuffle={self.shuffle}, drop_last={self.drop_last}, "
             f"augment={self.augment}, crop_padding={self.crop_padding}, seed={self.seed}, "
             f"device={self.device}"
+            + (f", member_orders={self.member_orders}" if self.member_orders > 1 else "")
             + (f", rank={self.rank}, world_size={self.world_size}" if self.world_size > 1 else "")
             + ")"
         )

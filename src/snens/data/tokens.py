@@ -75,9 +75,12 @@ class TokenLoader:
         seed: base seed of the per-epoch permutations.
         device: where the ids live; default their device.
         trim: cut every batch to the last column any of its texts uses.
+        member_orders: M > 1: each batch is M members' batches from M orders of their own,
+            (M·B, T_batch) (see :class:`~snens.data.TensorLoader`).
 
     Shape:
-        x: ``input_ids``, ``attention_mask`` (B, T_batch) int64; y: (B,).
+        x: ``input_ids``, ``attention_mask`` (B, T_batch) int64; y: (B,); (M·B, …) with
+        ``member_orders=M``.
 
     Raises:
         ValueError: ids and mask of different shapes, floating ids, or what
@@ -96,6 +99,7 @@ class TokenLoader:
         seed: int = 0,
         device: torch.device | str | None = None,
         trim: bool = True,
+        member_orders: int = 1,
     ) -> None:
         input_ids, attention_mask = torch.as_tensor(input_ids), torch.as_tensor(attention_mask)
         if input_ids.dim() != 2 or input_ids.shape != attention_mask.shape:
@@ -116,6 +120,7 @@ class TokenLoader:
             drop_last=drop_last,
             device=device,
             seed=seed,
+            member_orders=member_orders,
         )
 
     def __len__(self) -> int:

@@ -61,8 +61,11 @@ def build_model(
     backbone_options = {**image, **config.model.options}
     options = dict(config.method.options)
     method = baselines.METHOD_RECORDS[config.method.name]
-    if method.regularized:  # the one method with split inputs
-        options.setdefault("input_policy", config.method.input_policy)
+    policy = config.method.input_policy
+    # "own": the loader gives member m a batch of its own at rows [m·B, (m+1)·B), which the
+    # model takes as split inputs
+    if method.regularized or policy == "own":
+        options.setdefault("input_policy", "split" if policy == "own" else policy)
     single = method.fixed_members == 1
     num_classes = config.model.num_classes or num_classes
     backbone: str | nn.Module = config.model.backbone

@@ -439,6 +439,8 @@ MEMBER_NORM_METHODS = tuple(n for n, m in METHOD_RECORDS.items() if m.member_nor
 
 #: The methods the diversity regularizer (τ, λ, its layers) and ``split`` inputs apply to.
 REGULARIZED_METHODS = tuple(n for n, m in METHOD_RECORDS.items() if m.regularized)
+#: The methods that train member m on rows of its own (``input_policy="own"``).
+OWN_BATCH_METHODS = (*REGULARIZED_METHODS, "deep_ensemble")
 
 
 @dataclass(frozen=True)
@@ -457,7 +459,10 @@ class MethodConfig(_Section):
     # the member norms the regularizer acts on, named as the ensemble's named_modules() names
     # them (e.g. "model.stage3.1.1"); () = every member norm
     diversity_layers: tuple[str, ...] = ()
-    input_policy: Literal["repeat", "split"] = "repeat"  # "split": member m sees B/M examples
+    # what each member trains on: "repeat" every row of each batch; "split" (snens) its B/M
+    # rows; "own" (snens, deep_ensemble) a batch of B rows of its own from an order of its own
+    # (M·B rows per step: M models trained apart, in one run)
+    input_policy: Literal["repeat", "split", "own"] = "repeat"
     gamma_lr_multiplier: float = GAMMA_LR_MULTIPLIER  # lr of gamma over the base lr
     options: dict[str, Any] = field(default_factory=dict)  # method kwargs: head_init, alpha, …
 
@@ -494,6 +499,17 @@ class MethodConfig(_Section):
                 f"method.input_policy 'split' is implemented for method 'snens' only, got "
                 f'method.name {self.name!r}; set method.input_policy="repeat" beside it'
             )
+        if self.input_policy == "own" and self.name not in OWN_BATCH_METHODS:
+            raise ValueError(
+                f"method.input_policy 'own' is implemented for methods "
+                f"{', '.join(repr(m) for m in OWN_BATCH_METHODS)}, got method.name "
+                f'{self.name!r}; set method.input_policy="repeat" beside it'
+            )
+
+    @property
+    def member_orders(self) -> int:
+        """Orders the training loader draws: M with ``input_policy="own"``, else 1."""
+        return self.num_members if self.input_policy == "own" else 1
 
 
 @dataclass(frozen=True)
@@ -637,6 +653,12 @@ class RunConfig(_Section):
                 f"model.init_from starts one network from a trained one, and method "
                 f"{self.method.name!r} builds networks of its own; use it with "
                 f"{', '.join(repr(m) for m in ONE_NETWORK_METHODS)}, or leave it empty"
+            )
+        if self.method.input_policy == "own" and self.data.dataset in FOLDER_DATASETS:
+            raise ValueError(
+                f"method.input_policy 'own' (a training order per member) is implemented for "
+                f"in-memory image sets and text sets, not class folders ({self.data.dataset}); "
+                'use method.input_policy="repeat"'
             )
         split = self.method.input_policy == "split"
         M, B = self.method.num_members, self.data.batch_size

@@ -168,6 +168,7 @@ def build_data(
     seed: int,
     device: torch.device | str = "cpu",
     encoder: str | os.PathLike | None = None,
+    member_orders: int = 1,
 ) -> Data:
     """Load the data set named by ``config`` and wrap it in loaders.
 
@@ -204,6 +205,9 @@ def build_data(
         device: where in-memory sets live.
         encoder: text only: the Hugging Face model directory whose tokenizer to use (the
             ``encoder`` option of the model); default MiniLM-L6's.
+        member_orders: M > 1: the training loader gives each of M members a batch of its own
+            from an order of its own, (M·B, …) rows per step (``method.input_policy="own"``);
+            in-memory image sets and text sets.
 
     Raises:
         ValueError: an OOD set whose channels differ from the data set's (both after
@@ -215,8 +219,16 @@ def build_data(
             (says how to get it).
     """
     if config.dataset in TEXT_DATASETS:
-        return _text_data(config, seed=seed, device=device, encoder=encoder)
+        return _text_data(
+            config, seed=seed, device=device, encoder=encoder, member_orders=member_orders
+        )
     if config.dataset in FOLDER_DATASETS:
+        if member_orders > 1:
+            raise ValueError(
+                f"method.input_policy 'own' (a training order per member) is implemented for "
+                f"in-memory image sets and text sets, not class folders ({config.dataset}); "
+                'use method.input_policy="repeat"'
+            )
         return _folder_data(config, seed=seed, device=device)
     spec = registry.DATASETS[config.dataset]
     channels = config.channels_after(spec.channels)
@@ -255,6 +267,7 @@ def build_data(
         shuffle=True,
         drop_last=True,
         augment=config.augment,
+        member_orders=member_orders,
         **norm,
     )
     test_loader = data.TensorLoader(_convert(xt, config), yt, config.eval_batch_size, **norm)
@@ -322,6 +335,7 @@ def _text_data(
     seed: int,
     device: torch.device | str,
     encoder: str | os.PathLike | None,
+    member_orders: int = 1,
 ) -> Data:
     """SST-2 or Rotten Tomatoes, tokenized once; see :func:`build_data`."""
     if config.augment or config.corruptions:
@@ -373,6 +387,7 @@ def _text_data(
         f"{config.dataset}'s training texts{' left after data.validation_examples' * bool(held)}",
         shuffle=True,
         drop_last=True,
+        member_orders=member_orders,
     )
     validation = loader(val_texts, val_labels, 0, config.eval_batch_size) if held else None
     test_loader = loader(

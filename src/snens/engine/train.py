@@ -247,7 +247,11 @@ def _train(
 
         # -- data
         loaded = build_data(
-            config.data, seed=config.seed, device=device, encoder=text_encoder(config)
+            config.data,
+            seed=config.seed,
+            device=device,
+            encoder=text_encoder(config),
+            member_orders=config.method.member_orders,
         )
         if group.enabled:
             loaded.train.shard(group.rank, group.world_size)
