@@ -298,11 +298,16 @@ def _norm_selector(norms: NormSelection) -> Callable[[str, nn.Module], bool] | N
         return lambda name, _: pattern.fullmatch(name) is not None
     if isinstance(norms, Sequence) and all(isinstance(n, str) and n for n in norms):
         ends = tuple(norms)
-        return lambda name, _: any(name == end or name.endswith("." + end) for end in ends)
+        return lambda name, _: any(_ends_with(name, end) for end in ends)
     raise TypeError(
         f"norms must be None, a regular expression, a list of module names or name endings, "
         f"or a function (name, module) -> bool; got {norms!r}"
     )
+
+
+def _ends_with(name: str, end: str) -> bool:
+    """Whether module ``name`` is ``end`` or ends with ``"." + end`` (PEFT's rule)."""
+    return name == end or name.endswith("." + end)
 
 
 def _collect_norms(
@@ -349,9 +354,7 @@ def _check_selection(
     if isinstance(norms, Sequence) and not isinstance(norms, str):
         left_out = {n for n, _ in unselected}
         chosen = [n for n in names if n not in left_out]
-        unmatched = [
-            end for end in norms if not any(n == end or n.endswith("." + end) for n in chosen)
-        ]
+        unmatched = [end for end in norms if not any(_ends_with(n, end) for n in chosen)]
         if unmatched:
             raise ValueError(
                 f"norms= names {unmatched} match no norm of {type(model).__name__}; its norms "
