@@ -125,6 +125,10 @@ def test_the_cli_pools_and_names_what_it_refuses(runs, tmp_path):
 def test_runs_that_are_not_one_ensemble_are_refused_by_name(runs, tmp_path):
     with pytest.raises(ValueError, match="pool two or more run directories"):
         pool_runs(runs[:1])
+    before = (runs[0] / "final.json").read_bytes()
+    with pytest.raises(ValueError, match="holds a config.toml: it is a run directory"):
+        pool_runs(runs, out=runs[0])  # would have replaced the run's own final.json
+    assert (runs[0] / "final.json").read_bytes() == before
     copy = _copy(runs[1], tmp_path / "copy")  # the same model under another path
     with pytest.raises(ValueError, match=r"same configuration and seed \(1\).*copies"):
         pool_runs([runs[0], runs[1], copy])

@@ -27,6 +27,7 @@ from typing import Any
 from snens.engine.checkpoint import atomic_write
 from snens.engine.config import to_dict
 from snens.engine.runs import (
+    CONFIG,
     FINAL,
     OUTPUTS,
     OUTPUTS_MAX_BYTES,
@@ -54,7 +55,8 @@ def pool_runs(
         run_dirs: two or more run directories ``snens train`` finished (``final.json`` and
             ``outputs.npz``), of one data configuration.
         out: where to write the ensemble's ``outputs.npz`` and ``final.json`` (created; an
-            existing ``final.json`` there is replaced); None writes nothing.
+            earlier ensemble's there is replaced; a run directory is refused); None writes
+            nothing.
 
     Returns:
         ``final.json``'s content: ``"metrics"`` (the keys of a run's final metrics, less the
@@ -64,7 +66,8 @@ def pool_runs(
         ``outputs.npz``).
 
     Raises:
-        ValueError: fewer than two runs, a run given twice, runs of different data
+        ValueError: fewer than two runs, a run given twice, ``out`` a run directory, runs
+            of different data
             configurations (the keys named) or of one configuration and seed (their members
             would be copies), kept logits that do not stack (different examples).
         FileNotFoundError: a run that has not finished, or kept no ``outputs.npz``.
@@ -73,6 +76,11 @@ def pool_runs(
     from snens.evaluation.protocol import logit_metrics, stack_members
 
     paths = _check_paths(run_dirs)
+    if out is not None and os.path.lexists(Path(out) / CONFIG):
+        raise ValueError(
+            f"{out} holds a config.toml: it is a run directory, whose final.json and "
+            f"{OUTPUTS} the ensemble's would replace; write the ensemble elsewhere"
+        )
     configs = [read_config(path) for path in paths]
     _check_configs(paths, configs)
     finals = [read_final(path) for path in paths]
