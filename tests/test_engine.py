@@ -343,3 +343,28 @@ def test_resume_before_the_first_checkpoint_starts_over(reference, tmp_path):
     snens.engine.runs.create_run(fresh)  # as if killed before epoch 1 ended
     path = train(fresh, resume=True, progress=False, log=None)
     assert _final(path)["metrics"] == _final(run_dir)["metrics"]
+
+
+def test_the_validation_split_is_not_run_again_for_final_json(tmp_path, monkeypatch):
+    """The last epoch's learning curve kept the validation logits of the final weights; the
+    final evaluation reuses them (one pass over the validation split fewer per run): its val/
+    metrics are those logits' and equal the last epoch's curve, and snens eval, which runs
+    the split again, reproduces them."""
+    import snens.engine.reload as reload
+
+    final_passes = []
+    real = reload.validation_metrics
+    monkeypatch.setattr(
+        reload, "validation_metrics", lambda *a, **k: final_passes.append(1) or real(*a, **k)
+    )
+    config = _config(tmp_path, "val", "data.validation_examples=200", "optim.epochs=2")
+    run_dir = train(config, progress=False, log=None)
+    assert final_passes == []  # final_metrics took the kept logits
+    final = _final(run_dir)["metrics"]
+    last = read_metrics(run_dir)[-1]
+    for key in ("val/accuracy", "val/nll", "val/ece", "val/disagreement"):
+        assert final[key] == last[key], key
+    monkeypatch.setattr(reload, "validation_metrics", real)
+    again, _ = reload.evaluate_run(run_dir)
+    for key in ("val/nll", "test_ts/nll", "test/conformal_aps_size"):
+        assert again[key] == pytest.approx(final[key], rel=1e-5, abs=1e-6), key

@@ -29,7 +29,12 @@ from snens.engine.checkpoint import (
 from snens.engine.config import RunConfig, from_dict, load_config, to_dict
 from snens.engine.datasets import build_data
 from snens.engine.runs import CONFIG, RunDirError, config_differences
-from snens.evaluation.protocol import evaluate, posthoc_metrics, temperature_scaled_metrics
+from snens.evaluation.protocol import (
+    ensemble_metrics,
+    evaluate,
+    posthoc_metrics,
+    temperature_scaled_metrics,
+)
 
 __all__ = [
     "check_progress",
@@ -79,14 +84,20 @@ def check_progress(state: Mapping[str, Any], checkpoint: Path, epochs: int) -> N
 
 
 def final_metrics(
-    model: nn.Module, loaded: Any, config: RunConfig, ood_score: str | Sequence[str] = "msp"
+    model: nn.Module,
+    loaded: Any,
+    config: RunConfig,
+    ood_score: str | Sequence[str] = "msp",
+    validation: Mapping[str, Tensor] | None = None,
 ) -> tuple[dict[str, float], dict[str, Tensor]]:
     """What ``final.json`` holds of a model on a run's data (a
     :class:`~snens.engine.datasets.Data`), and the member logits it kept (``outputs.npz``):
     :func:`snens.evaluate`'s metrics, the validation split's, and, from the kept logits with
     no second pass, the OOD scores of ``data.ood_scores`` and, with a validation split,
     temperature scaling and conformal sets at ``data.conformal_alpha`` fitted on it. The
-    engine and :func:`evaluate_run` both call it.
+    engine and :func:`evaluate_run` both call it; the engine passes the ``validation``
+    logits (``"val"``, ``"val_labels"``) its last epoch's learning curve kept of this same
+    model, so the validation split is not run again.
     """
     outputs: dict[str, Tensor] = {}
     metrics = evaluate(
@@ -98,7 +109,12 @@ def final_metrics(
         keep_logits=outputs,
     )
     if loaded.validation is not None:
-        metrics.update(validation_metrics(model, loaded.validation, keep_logits=outputs))
+        if validation is None:
+            metrics.update(validation_metrics(model, loaded.validation, keep_logits=outputs))
+        else:
+            outputs.update(val=validation["val"], val_labels=validation["val_labels"])
+            values = ensemble_metrics(outputs["val"].softmax(dim=-1), outputs["val_labels"])
+            metrics.update({f"val/{k}": v for k, v in values.items()})
         metrics.update(temperature_scaled_metrics(outputs))
     ood_scores, alpha = config.data.ood_scores, config.data.conformal_alpha
     metrics.update(posthoc_metrics(outputs, ood_scores=ood_scores, conformal_alpha=alpha))

@@ -318,6 +318,8 @@ def _train(
         forward = _CompiledOrEager(replicated) if config.optim.compile else replicated
 
         # -- training
+        # the last epoch's validation logits: the final evaluation's, with the same weights
+        validation_logits: dict[str, Tensor] = {}
         while epoch < config.optim.epochs:
             loaded.train.set_epoch(epoch)
             description = f"epoch {epoch + 1}/{config.optim.epochs}"
@@ -346,7 +348,10 @@ def _train(
             task_loss = group.mean(stats.task_loss, f"averaging epoch {epoch}'s loss")
             if not group.is_main:
                 continue
-            record, bad = _epoch_record(config, model, loaded, stats, epoch, step, task_loss)
+            kept = validation_logits if epoch == config.optim.epochs else None
+            record, bad = _epoch_record(
+                config, model, loaded, stats, epoch, step, task_loss, keep_logits=kept
+            )
             record.update(peak.record())
             run.log(record)
             say(_epoch_line(record, config.optim.epochs))
@@ -361,7 +366,9 @@ def _train(
         distributed.leave(group, "finishing training")
         if not group.is_main:
             return run.path
-        final = _final_results(config, model, loaded, epoch, step, seconds, skipped)
+        final = _final_results(
+            config, model, loaded, epoch, step, seconds, skipped, validation_logits or None
+        )
         final["train"].update(peak_over(read_metrics(run.path)))  # over every epoch logged
         run.write_outputs(final.pop("outputs"))
         run.write_final(final)
@@ -520,8 +527,11 @@ def _epoch_record(
     epoch: int,
     step: int,
     task_loss: float,
+    keep_logits: dict[str, Tensor] | None = None,
 ) -> tuple[dict[str, Any], dict[str, str] | None]:
-    """The epoch's metrics.jsonl record, and the undecodable images so far (None: no folders)."""
+    """The epoch's metrics.jsonl record, and the undecodable images so far (None: no folders);
+    ``keep_logits`` receives the validation split's member logits (``"val"``,
+    ``"val_labels"``)."""
     record: dict[str, Any] = {
         "epoch": epoch,
         "step": step,
@@ -539,7 +549,8 @@ def _epoch_record(
         record["diversity_gain"] = diversity_gain(model, config.method.temperature, layers)
         record["effective_members"] = _effective_members(model, config)
     if loaded.validation is not None:  # the learning curve, on held-out training data
-        record.update(validation_metrics(model, loaded.validation, _CURVE_METRICS))
+        curve = validation_metrics(model, loaded.validation, _CURVE_METRICS, keep_logits)
+        record.update(curve)
     if config.eval_every and epoch % config.eval_every == 0:
         quick = evaluate(model, loaded.test)
         record.update({k: quick[k] for k in ("test/accuracy", "test/nll", "test/ece")})
@@ -594,11 +605,13 @@ def _final_results(
     step: int,
     seconds: float,
     skipped_steps: int,
+    validation: dict[str, Tensor] | None = None,
 ) -> dict[str, Any]:
     """final.json: the evaluation (:func:`~snens.engine.reload.final_metrics`, which
-    ``snens eval`` repeats), the model's size and the training counters; the kept member
-    logits under ``"outputs"``, for ``outputs.npz``."""
-    results, outputs = final_metrics(model, loaded, config)
+    ``snens eval`` repeats; ``validation``: the last epoch's validation logits, reused), the
+    model's size and the training counters; the kept member logits under ``"outputs"``, for
+    ``outputs.npz``."""
+    results, outputs = final_metrics(model, loaded, config, validation=validation)
     final: dict[str, Any] = {
         "metrics": results,
         "model": _model_summary(model, config),
