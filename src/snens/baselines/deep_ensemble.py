@@ -38,6 +38,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
+from snens.method.ensemble import _batch_size, _per_example
 from snens.nn.norms import check_num_members
 
 __all__ = ["DeepEnsemble", "reinitialized_copy", "time_forward"]
@@ -164,12 +165,7 @@ class DeepEnsemble(nn.Module):
     def _forward_split(self, args: tuple, kwargs: dict) -> Tensor:
         """Member m on the m-th block of rows of every per-example tensor: (M, B/M, K)."""
         M = self.num_members
-        B = next(
-            (v.shape[0] for v in (*args, *kwargs.values()) if torch.is_tensor(v) and v.dim()),
-            None,
-        )
-        if B is None:
-            raise TypeError("the ensemble's input holds no tensor with a batch dimension")
+        B = _batch_size(args, kwargs)
         if B % M:
             raise ValueError(
                 f"input_policy='split' needs a batch size divisible by num_members={M}, got "
@@ -178,8 +174,7 @@ class DeepEnsemble(nn.Module):
         b = B // M
 
         def block(value: Any, m: int) -> Any:
-            per_example = torch.is_tensor(value) and value.dim() and value.shape[0] == B
-            return value[m * b : (m + 1) * b] if per_example else value
+            return value[m * b : (m + 1) * b] if _per_example(value, B) else value
 
         return torch.stack(
             [
