@@ -1,5 +1,6 @@
 """snens pool: finished runs trained apart measured as one ensemble of all their members."""
 
+import hashlib
 import json
 import math
 import shutil
@@ -81,6 +82,8 @@ def test_pooled_metrics_are_the_ensemble_of_the_runs_models(runs, tmp_path):
     }
     assert result["train"]["seconds"] == pytest.approx(sum(f["train"]["seconds"] for f in finals))
     assert [r["path"] for r in result["runs"]] == [str(r) for r in runs]
+    digests = [hashlib.sha256((r / "outputs.npz").read_bytes()).hexdigest() for r in runs]
+    assert [r["outputs_sha256"] for r in result["runs"]] == digests
     written = json.loads((tmp_path / "ensemble" / "final.json").read_text())
     assert written["metrics"] == pytest.approx(metrics, nan_ok=True)
     assert read_outputs(tmp_path / "ensemble")["test"].shape == (3, 300, 10)

@@ -32,9 +32,9 @@ from snens.engine.runs import (
     OUTPUTS,
     OUTPUTS_MAX_BYTES,
     config_differences,
+    parse_outputs,
     read_config,
     read_final,
-    read_outputs,
     read_run_file,
     to_json,
 )
@@ -84,14 +84,16 @@ def pool_runs(
     configs = [read_config(path) for path in paths]
     _check_configs(paths, configs)
     finals = [read_final(path) for path in paths]
-    outputs = []
+    outputs, digests = [], []
     for path in paths:
         if not os.path.lexists(path / OUTPUTS):
             raise FileNotFoundError(
                 f"{path} kept no {OUTPUTS} (member logits): it finished before runs kept "
                 "them; train it again to pool it"
             )
-        outputs.append(read_outputs(path))
+        data = read_run_file(path / OUTPUTS, limit=OUTPUTS_MAX_BYTES)
+        digests.append(hashlib.sha256(data).hexdigest())
+        outputs.append(parse_outputs(path / OUTPUTS, data))
     try:
         stacked = stack_members(outputs)
     except ValueError as error:
@@ -111,7 +113,10 @@ def pool_runs(
             "seconds": _total(finals, "train", "seconds"),
             "peak_rss_mib": _largest(finals, "train", "peak_rss_mib"),
         },
-        "runs": [{"path": str(path), "outputs_sha256": _sha256(path / OUTPUTS)} for path in paths],
+        "runs": [
+            {"path": str(path), "outputs_sha256": digest}
+            for path, digest in zip(paths, digests, strict=True)
+        ],
     }
     if out is not None:
         _write(Path(out), stacked, result)
@@ -168,10 +173,6 @@ def _largest(finals: list[dict], section: str, key: str) -> float | None:
     values = [final.get(section, {}).get(key) for final in finals]
     numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
     return max(numbers) if numbers and len(numbers) == len(values) else None
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(read_run_file(path, limit=OUTPUTS_MAX_BYTES)).hexdigest()
 
 
 def _write(out: Path, stacked: dict, result: dict) -> None:

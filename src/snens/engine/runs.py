@@ -582,10 +582,15 @@ def read_outputs(run_dir: str | os.PathLike) -> dict[str, Any]:
             ``test_labels``, or an array of the wrong kind (logits must be (M, N, K) floats,
             labels (N,) integers of their set's N).
     """
+    path = Path(run_dir) / OUTPUTS
+    return parse_outputs(path, read_run_file(path, limit=OUTPUTS_MAX_BYTES))
+
+
+def parse_outputs(path: Path, data: bytes) -> dict[str, Any]:
+    """The tensors of ``outputs.npz``'s bytes ``data`` (read from ``path``, named in the
+    errors), checked as :func:`read_outputs` says."""
     import torch  # runs.py serves the CLI's light commands without torch
 
-    path = Path(run_dir) / OUTPUTS
-    data = read_run_file(path, limit=OUTPUTS_MAX_BYTES)
     try:  # not an archive: ValueError; a damaged one: BadZipFile, EOFError
         archive = np.load(io.BytesIO(data), allow_pickle=False)
         if not isinstance(archive, np.lib.npyio.NpzFile):
