@@ -385,7 +385,8 @@ def _runs(stage: str | None, variant: str) -> list[Path]:
     if stage is None:
         where = WHERE["out"] / variant
         return [where] if (where / FINAL).is_file() else []
-    return sorted(p.parent for p in (WHERE["out"] / stage / variant).glob(f"seed=*/{FINAL}"))
+    runs = [p.parent for p in (WHERE["out"] / stage / variant).glob(f"seed=*/{FINAL}")]
+    return sorted(runs, key=lambda path: int(path.name.removeprefix("seed=")))  # 2 before 10
 
 
 #: The diagnosis (validation split): the ensemble against its members, and how they share.

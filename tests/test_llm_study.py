@@ -230,3 +230,12 @@ def test_every_committed_run_is_the_run_its_variant_plans(study):
                 assert recorded == planned, (stage, variant.name, run.name)
                 compared += 1
     assert compared >= 13  # 12 final runs of seeds 0-1 and the finished tune runs
+
+
+def test_runs_are_listed_in_seed_order_not_as_text(study, tmp_path, monkeypatch):
+    for seed in (10, 2, 1):
+        run = tmp_path / "final" / "single_fair" / f"seed={seed}"
+        run.mkdir(parents=True)
+        (run / "final.json").write_text("{}")
+    monkeypatch.setitem(study.WHERE, "out", tmp_path)
+    assert [p.name for p in study._runs("final", "single_fair")] == ["seed=1", "seed=2", "seed=10"]
