@@ -13,7 +13,7 @@ from torch import nn
 
 from snens.baselines import DeepEnsemble
 from snens.data import TensorLoader, TokenLoader
-from snens.engine.config import load_config, to_toml
+from snens.engine.config import load_config
 from snens.engine.presets import preset
 from snens.engine.train import train
 
@@ -103,9 +103,8 @@ def test_a_deep_ensemble_with_split_inputs_trains_member_m_on_block_m():
 
 
 def _config(tmp_path, *overrides):
-    (tmp_path / "base.toml").write_text(to_toml(preset("fashion_mnist_small_cnn_tiny")))
     return load_config(
-        tmp_path / "base.toml",
+        preset("fashion_mnist_small_cnn_tiny"),
         [
             f"out_dir='{tmp_path}'",
             "threads=1",

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from snens.engine.config import load_config, to_toml
+from snens.engine.config import load_config
 from snens.engine.pool import pool_runs
 from snens.engine.presets import preset
 from snens.engine.runs import read_outputs
@@ -24,11 +24,8 @@ SEEDS = (0, 1, 2)
 
 
 def _config(out, seed, *overrides):
-    base = preset("fashion_mnist_small_cnn_tiny")
-    path = out / f"config-{seed}.toml"
-    path.write_text(to_toml(base))
     return load_config(
-        path,
+        preset("fashion_mnist_small_cnn_tiny"),
         [
             f"out_dir='{out}'",
             f"name='single-{seed}'",

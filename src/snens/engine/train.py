@@ -549,8 +549,7 @@ def _epoch_record(
         record["diversity_gain"] = diversity_gain(model, config.method.temperature, layers)
         record["effective_members"] = _effective_members(model, config)
     if loaded.validation is not None:  # the learning curve, on held-out training data
-        curve = validation_metrics(model, loaded.validation, _CURVE_METRICS, keep_logits)
-        record.update(curve)
+        record.update(validation_metrics(model, loaded.validation, _CURVE_METRICS, keep_logits))
     if config.eval_every and epoch % config.eval_every == 0:
         quick = evaluate(model, loaded.test)
         record.update({k: quick[k] for k in ("test/accuracy", "test/nll", "test/ece")})
