@@ -16,7 +16,12 @@ from snens.engine.pool import pool_runs
 from snens.engine.presets import preset
 from snens.engine.runs import read_outputs
 from snens.engine.train import train
-from snens.evaluation.protocol import logit_metrics, stack_members
+from snens.evaluation.protocol import (
+    held_out_metrics,
+    logit_metrics,
+    posthoc_metrics,
+    stack_members,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -102,6 +107,20 @@ def test_one_runs_own_logits_give_its_final_metrics(runs):
             assert math.isnan(again[key]), key
         else:
             assert again[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+
+
+def test_held_out_metrics_need_the_validation_split_for_its_metrics_and_temperature(runs):
+    outputs = read_outputs(runs[0])
+    final = json.loads((runs[0] / "final.json").read_text())["metrics"]
+    with_val = held_out_metrics(outputs, ("energy",), 0.2)
+    assert with_val["val/nll"] == pytest.approx(final["val/nll"], rel=1e-5)
+    assert with_val["test_ts/temperature"] == pytest.approx(final["test_ts/temperature"], rel=1e-4)
+    assert "test/conformal_aps_coverage" in with_val
+    test_only = {k: v for k, v in outputs.items() if not k.startswith("val")}
+    without = held_out_metrics(test_only, ("energy",), 0.2)
+    assert without == posthoc_metrics(test_only, ood_scores=("energy",), conformal_alpha=0.2)
+    assert not any(k.startswith(("val/", "test_ts/", "test/conformal")) for k in without)
+    assert any(k.endswith("/energy/auroc") for k in without)
 
 
 def test_the_cli_pools_and_names_what_it_refuses(runs, tmp_path):

@@ -29,12 +29,7 @@ from snens.engine.checkpoint import (
 from snens.engine.config import RunConfig, from_dict, load_config, to_dict
 from snens.engine.datasets import build_data
 from snens.engine.runs import CONFIG, RunDirError, config_differences
-from snens.evaluation.protocol import (
-    ensemble_metrics,
-    evaluate,
-    posthoc_metrics,
-    temperature_scaled_metrics,
-)
+from snens.evaluation.protocol import collect, evaluate, held_out_metrics
 
 __all__ = [
     "check_progress",
@@ -110,14 +105,10 @@ def final_metrics(
     )
     if loaded.validation is not None:
         if validation is None:
-            metrics.update(validation_metrics(model, loaded.validation, keep_logits=outputs))
+            outputs["val"], outputs["val_labels"] = collect(model, loaded.validation, logits=True)
         else:
             outputs.update(val=validation["val"], val_labels=validation["val_labels"])
-            values = ensemble_metrics(outputs["val"].softmax(dim=-1), outputs["val_labels"])
-            metrics.update({f"val/{k}": v for k, v in values.items()})
-        metrics.update(temperature_scaled_metrics(outputs))
-    ood_scores, alpha = config.data.ood_scores, config.data.conformal_alpha
-    metrics.update(posthoc_metrics(outputs, ood_scores=ood_scores, conformal_alpha=alpha))
+    metrics.update(held_out_metrics(outputs, config.data.ood_scores, config.data.conformal_alpha))
     return metrics, outputs
 
 

@@ -43,6 +43,7 @@ __all__ = [
     "collect",
     "ensemble_metrics",
     "evaluate",
+    "held_out_metrics",
     "logit_metrics",
     "ood_detection",
     "posthoc_metrics",
@@ -719,8 +720,8 @@ def logit_metrics(
 ) -> dict[str, float]:
     """The metrics a run's final evaluation reports, from kept logits alone: what
     :func:`evaluate` gives on the test and OOD sets (with the same ``ood_score`` keys), the
-    validation split's (``val/<metric>``), temperature scaling fitted on it
-    (:func:`temperature_scaled_metrics`) and :func:`posthoc_metrics`. Metrics of corrupted
+    validation split's, temperature scaling fitted on it and :func:`posthoc_metrics`
+    (:func:`held_out_metrics`). Metrics of corrupted
     sets are not among them: ``evaluate`` keeps no logits of those.
 
     Args:
@@ -748,6 +749,35 @@ def logit_metrics(
         _check_same_members(out_logits, *test.shape[::2], f"OOD set {name!r}")
         member_outputs = (out_logits, out_logits.softmax(dim=-1))
         results.update(_ood_keys(name, in_scores, member_outputs, scores, ood_score))
+    results.update(held_out_metrics(outputs, ood_scores, conformal_alpha, num_bins))
+    return results
+
+
+def held_out_metrics(
+    outputs: Mapping[str, Tensor],
+    ood_scores: str | Sequence[str] = ("max_logit", "energy"),
+    conformal_alpha: float = 0.1,
+    num_bins: int = 15,
+) -> dict[str, float]:
+    """What a run reports beyond :func:`evaluate`'s test and OOD metrics, from kept logits:
+    with a validation split (``"val"``, ``"val_labels"``), its metrics (``val/<metric>``) and
+    temperature scaling fitted on it (:func:`temperature_scaled_metrics`); and always
+    :func:`posthoc_metrics`. The engine's final evaluation, :func:`logit_metrics` and a run
+    evaluated again all compose their results with it.
+
+    Args:
+        outputs: as :func:`posthoc_metrics` takes them.
+        ood_scores, conformal_alpha: of :func:`posthoc_metrics`.
+        num_bins: bins of the validation split's calibration errors.
+
+    Returns:
+        A flat ``{key: float}``.
+
+    Raises:
+        ValueError, KeyError, TypeError: as :func:`temperature_scaled_metrics` and
+            :func:`posthoc_metrics` raise.
+    """
+    results = {}
     if "val" in outputs:
         values = ensemble_metrics(outputs["val"].softmax(dim=-1), outputs["val_labels"], num_bins)
         results.update({f"val/{k}": v for k, v in values.items()})
