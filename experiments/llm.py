@@ -38,7 +38,8 @@ Stages (each run's directory: ``results/llm/<stage>/<variant>/seed=<s>/``):
   of B rows, so it fits in memory beside a run of M·B): λ=0, γ at ×10, τ=1 (a stronger
   partition at the preset's λ), which norms to partition (the last 8 of 30 blocks and the
   final norm; the norms before the MLPs and the final norm; the final norm alone: the others
-  stay shared), 3 epochs; seed 0, read on the validation split.
+  stay shared), 3 epochs, γ's initial spread N(0, 3²), learning rate 1e-3; seed 0, read on
+  the validation split.
 
 Resumable and parallel, as the converged study: run the same command in two processes; each
 takes the next run nobody trains (``run.lock``); a finished run is skipped, an interrupted one
@@ -145,6 +146,10 @@ STAGES: dict[str, list[Variant]] = {
             ("mlp", (f"method.options.norms={MLP_NORMS}", *FAIR)),
             ("final", (f"method.options.norms={FINAL_NORM}", *FAIR)),
             ("epochs3", ("optim.epochs=3",)),
+            # γ's initial spread (the preset: N(0, 1)): members that start further apart
+            ("gamma_std3", ("method.options.gamma_std=3.0",)),
+            # the learning rate of every trained tensor (the preset: 3e-4)
+            ("lr1e3", ("optim.lr=1e-3",)),
         )
     ],
 }
@@ -353,6 +358,8 @@ ROWS = (
     ("σN-Ens-LoRA split, MLP norms + final norm", "tune_split", "split_mlp", 1),
     ("σN-Ens-LoRA split, final norm only", "tune_split", "split_final", 1),
     ("σN-Ens-LoRA split, 3 epochs", "tune_split", "split_epochs3", 1),
+    ("σN-Ens-LoRA split, γ spread N(0, 3²)", "tune_split", "split_gamma_std3", 1),
+    ("σN-Ens-LoRA split, lr 1e-3", "tune_split", "split_lr1e3", 1),
 )
 COLUMNS = (
     ("val NLL", "val/nll"),

@@ -177,12 +177,12 @@ def test_plan_lists_every_run_of_every_stage(study, tmp_path, capsys, monkeypatc
     assert study.main(["--out", str(tmp_path / "llm"), "plan"]) == 0
     lines = capsys.readouterr().out.splitlines()
     # final: 5 variants × 3 seeds and the fair single model's 12 (three LoRA ensembles of
-    # four fine-tunes run apart); tune 5, tune_split 7
-    assert len(lines) == 6 * 3 + 12 + 5 + 7
+    # four fine-tunes run apart); tune 5, tune_split 9
+    assert len(lines) == 6 * 3 + 12 + 5 + 9
     single_fair = [line.split()[2] for line in lines if line.split()[1] == "single_fair"]
     assert single_fair == [f"seed={s}" for s in range(12)]
     assert lines[0].split() == ["final", "single_fair", "seed=0", "todo"]
-    assert lines[-1].split() == ["tune_split", "split_epochs3", "seed=0", "todo"]
+    assert lines[-1].split() == ["tune_split", "split_lr1e3", "seed=0", "todo"]
     # every split tune run trains on split inputs, one change from the preset's recipe each
     configs = {v.name: r.config for _, v, r in study.runs_of("tune_split")}
     assert {c.method.input_policy for c in configs.values()} == {"split"}
@@ -190,6 +190,9 @@ def test_plan_lists_every_run_of_every_stage(study, tmp_path, capsys, monkeypatc
     assert configs["split_tau1"].method.temperature == 1.0
     assert configs["split_tau1"].method.diversity_weight == 0.01
     assert configs["split_epochs3"].optim.epochs == 3
+    assert configs["split_gamma_std3"].method.options == {"gamma_std": 3.0}
+    assert configs["split_lr1e3"].optim.lr == 1e-3
+    assert configs["split_lr1e3"].method.gamma_lr_multiplier == 30.0  # γ's lr follows: 3e-2
     assert configs["split_final"].method.options == {"norms": ["model.norm"]}
     assert configs["split_final"].model.options["train_norms"] is True  # every norm trains
     assert configs["split_mlp"].method.options == {
