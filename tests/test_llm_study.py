@@ -242,3 +242,42 @@ def test_runs_are_listed_in_seed_order_not_as_text(study, tmp_path, monkeypatch)
         (run / "final.json").write_text("{}")
     monkeypatch.setitem(study.WHERE, "out", tmp_path)
     assert [p.name for p in study._runs("final", "single_fair")] == ["seed=1", "seed=2", "seed=10"]
+
+
+def test_recipe_questions_are_paired_on_the_validation_reviews(study, tmp_path):
+    """A recipe's validation NLL against the preset's seed 0, review by review: validation
+    logits (0, 3) give each right label −log σ(3); a recipe at (0, 2) on half of the reviews
+    loses log σ(3) − log σ(2) on those, so its mean difference is half that and its standard
+    error the std of a two-valued 0/d column over √20."""
+    import math
+
+    out = tmp_path / "llm"
+    study.WHERE["out"] = out
+    _finished(out / "final" / "snens_split" / "seed=0", 0.40, 4, None)
+    _finished(out / "final" / "snens_split" / "seed=1", 0.40, 4, None)
+    _finished(out / "tune_split" / "split_tau1" / "seed=0", 0.40, 4, None)
+    recipe = dict(np.load(out / "tune_split" / "split_tau1" / "seed=0" / "outputs.npz"))
+    recipe["val"][:, :10, 1] = 2.0
+    np.savez(out / "tune_split" / "split_tau1" / "seed=0" / "outputs.npz", **recipe)
+
+    def log_sigmoid(x):
+        return -math.log1p(math.exp(-x))
+
+    d = log_sigmoid(3.0) - log_sigmoid(2.0)  # the loss on each changed review
+    mean, error = study.paired_val_nll(
+        out / "tune_split" / "split_tau1" / "seed=0", out / "final" / "snens_split" / "seed=0"
+    )
+    assert mean == pytest.approx(d / 2, rel=1e-6)
+    assert error == pytest.approx(math.sqrt(20 / 19 * (d / 2) ** 2) / math.sqrt(20), rel=1e-6)
+
+    rows = study.recipe_rows()
+    preset = "σN-Ens-LoRA, τ=5 λ=0.01, split (preset)"
+    assert rows == [
+        [f"{preset}, seed 1", f"{preset}, seed 0", "+0.0000", "0.0000"],
+        ["σN-Ens-LoRA split, τ=1", f"{preset}, seed 0", f"{d / 2:+.4f}", f"{error:.4f}"],
+    ]
+
+    other = dict(recipe, val_labels=np.zeros(20, np.int64))
+    np.savez(out / "tune_split" / "split_tau1" / "seed=0" / "outputs.npz", **other)
+    with pytest.raises(ValueError, match="validated on different reviews"):
+        study.recipe_rows()
