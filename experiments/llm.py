@@ -260,7 +260,10 @@ def far_ood() -> list[Path]:
         start = time.perf_counter()
         logits, _ = collect(model, loaded.ood[FAR_OOD], logits=True)
         seconds = time.perf_counter() - start
-        np.savez(path / FAR_OOD_FILE, logits=logits.numpy(), seconds=np.float64(seconds))
+        partial = path / f"{FAR_OOD_FILE}.tmp"  # a killed pass leaves no file that reads as scored
+        with open(partial, "wb") as file:
+            np.savez(file, logits=logits.numpy(), seconds=np.float64(seconds))
+        os.replace(partial, path / FAR_OOD_FILE)
         print(f"{path}: {FAR_OOD} scored in {seconds:.0f} s", flush=True)
         written.append(path / FAR_OOD_FILE)
     return written
