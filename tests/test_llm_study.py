@@ -177,12 +177,12 @@ def test_plan_lists_every_run_of_every_stage(study, tmp_path, capsys, monkeypatc
     assert study.main(["--out", str(tmp_path / "llm"), "plan"]) == 0
     lines = capsys.readouterr().out.splitlines()
     # final: 5 variants × 3 seeds and the fair single model's 12 (three LoRA ensembles of
-    # four fine-tunes run apart); tune 5, tune_split 9
-    assert len(lines) == 6 * 3 + 12 + 5 + 9
+    # four fine-tunes run apart); tune 1, tune_split 12
+    assert len(lines) == 6 * 3 + 12 + 1 + 12
     single_fair = [line.split()[2] for line in lines if line.split()[1] == "single_fair"]
     assert single_fair == [f"seed={s}" for s in range(12)]
     assert lines[0].split() == ["final", "single_fair", "seed=0", "todo"]
-    assert lines[-1].split() == ["tune_split", "split_lr1e3", "seed=0", "todo"]
+    assert lines[-1].split() == ["tune_split", "split_epochs1", "seed=0", "todo"]
     # every split tune run trains on split inputs, one change from the preset's recipe each
     configs = {v.name: r.config for _, v, r in study.runs_of("tune_split")}
     assert {c.method.input_policy for c in configs.values()} == {"split"}
@@ -208,8 +208,11 @@ def test_plan_lists_every_run_of_every_stage(study, tmp_path, capsys, monkeypatc
     assert final["lora_ensemble_own"].method.name == "deep_ensemble"
     tune = {v.name: r.config for _, v, r in study.runs_of("tune")}
     assert tune["snens_own"].method.input_policy == "own"
-    assert tune["snens_epochs1"].optim.epochs == 1
-    assert tune["snens_epochs1"].method.input_policy == "repeat"
+    assert list(tune) == ["snens_own"]
+    assert configs["split_epochs1"].optim.epochs == 1
+    assert configs["split_defaults"].method.temperature == 1.0
+    assert configs["split_defaults"].method.diversity_weight == 0.1
+    assert configs["split_gamma1"].method.gamma_lr_multiplier == 1.0
 
 
 def test_every_committed_run_is_the_run_its_variant_plans(study):
@@ -273,8 +276,8 @@ def test_recipe_questions_are_paired_on_the_validation_reviews(study, tmp_path):
     rows = study.recipe_rows()
     preset = "σN-Ens-LoRA, τ=5 λ=0.01, split (preset)"
     assert rows == [
-        [f"{preset}, seed 1", f"{preset}, seed 0", "+0.0000", "0.0000"],
-        ["σN-Ens-LoRA split, τ=1", f"{preset}, seed 0", f"{d / 2:+.4f}", f"{error:.4f}"],
+        [f"{preset}, seed 1", "+0.0000", "0.0000"],
+        ["σN-Ens-LoRA split, τ=1", f"{d / 2:+.4f}", f"{error:.4f}"],
     ]
 
     other = dict(recipe, val_labels=np.zeros(20, np.int64))
