@@ -453,11 +453,14 @@ def _seeds(stage: str | None, units: list[list[Path]]) -> str:
     return " ".join(n[0] if len(n) == 1 else f"{n[0]}–{n[-1]}" for n in names)
 
 
-def _cell(values: list[float]) -> str:
+def _cell(values: list[float], of: int | None = None) -> str:
+    """Mean ± std of a row's values; ``(n of N)`` where only n of its N ensembles have the
+    value (e.g. a run whose checkpoint was gone before it was scored on the far-OOD set)."""
     if not values:
         return "—"
     mean, std, n = summarize(values)
-    return f"{mean:.3f}" if n == 1 else f"{mean:.3f} ± {std:.3f}"
+    cell = f"{mean:.3f}" if n == 1 else f"{mean:.3f} ± {std:.3f}"
+    return cell if of is None or n == of else f"{cell} ({n} of {of})"
 
 
 def _unit_row(unit: list[Path]) -> dict:
@@ -531,7 +534,9 @@ def report() -> Path:
         seeds = _seeds(stage, units)
 
         def cells(columns, metrics=metrics):
-            return [_cell([m[key] for m in metrics if key in m]) for _, key in columns]
+            return [
+                _cell([m[key] for m in metrics if key in m], len(metrics)) for _, key in columns
+            ]
 
         seconds = [row["train_s"] for row in rows if row["train_s"] is not None]
         inference = [row["infer_s"] for row in rows if row["infer_s"] is not None]

@@ -64,6 +64,8 @@ def test_report_means_seeds_and_scores_both_ood_sets(study, tmp_path):
     _finished(out / "final" / "snens_split" / "seed=1", 0.44, 4, far, seconds=300.0, peak=4608)
     _finished(out / "final" / "single_fair" / "seed=0", 0.50, 1, None)
     (out / "final" / "single_fair" / "seed=1").mkdir()  # unfinished: not a row's seed
+    _finished(out / "final" / "single" / "seed=0", 0.50, 1, np.zeros((1, 2, 2), np.float32))
+    _finished(out / "final" / "single" / "seed=1", 0.50, 1, None)  # never scored on tweets
     _finished(out / "zeroshot", 0.60, 1, None)  # the untrained reference: no training record
     untrained = json.loads((out / "zeroshot" / "final.json").read_text())
     del untrained["train"]
@@ -94,6 +96,13 @@ def test_report_means_seeds_and_scores_both_ood_sets(study, tmp_path):
     # plots MSP, MI, max-logit, energy; tweets the same. The plot texts with logits (0, 0)
     # have a lower top logit (0 < 4) and a higher energy than any review: 2 of 3 ranked OOD
     assert single[1:] == ["0", "0.667", "0.500", "0.667", "0.667", "—", "—", "—", "—"]
+    plain = next(
+        [c.strip() for c in line.strip("|").split("|")]
+        for line in text.split("OOD detection")[1].splitlines()
+        if line.startswith("| one LoRA model |")
+    )
+    assert plain[2] == "0.667 ± 0.000"  # plots MSP: both seeds
+    assert plain[6] == "1.000 (1 of 2)"  # tweets MSP: one seed of two scored, and said so
     assert split_ood[2] == "0.667 ± 0.000"  # plots MSP, both seeds
     assert split_ood[3] == "0.500 ± 0.000"  # plots MI: the members agree everywhere
     assert split_ood[4:6] == ["0.667 ± 0.000"] * 2  # plots max-logit, energy
