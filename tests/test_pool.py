@@ -112,12 +112,12 @@ def test_one_runs_own_logits_give_its_final_metrics(runs):
 def test_held_out_metrics_need_the_validation_split_for_its_metrics_and_temperature(runs):
     outputs = read_outputs(runs[0])
     final = json.loads((runs[0] / "final.json").read_text())["metrics"]
-    with_val = held_out_metrics(outputs, ("energy",), 0.2)
+    with_val = held_out_metrics(outputs, ood_scores=("energy",), conformal_alpha=0.2)
     assert with_val["val/nll"] == pytest.approx(final["val/nll"], rel=1e-5)
     assert with_val["test_ts/temperature"] == pytest.approx(final["test_ts/temperature"], rel=1e-4)
     assert "test/conformal_aps_coverage" in with_val
     test_only = {k: v for k, v in outputs.items() if not k.startswith("val")}
-    without = held_out_metrics(test_only, ("energy",), 0.2)
+    without = held_out_metrics(test_only, ood_scores=("energy",), conformal_alpha=0.2)
     assert without == posthoc_metrics(test_only, ood_scores=("energy",), conformal_alpha=0.2)
     assert not any(k.startswith(("val/", "test_ts/", "test/conformal")) for k in without)
     assert any(k.endswith("/energy/auroc") for k in without)

@@ -108,7 +108,10 @@ def final_metrics(
             outputs["val"], outputs["val_labels"] = collect(model, loaded.validation, logits=True)
         else:
             outputs.update(val=validation["val"], val_labels=validation["val_labels"])
-    metrics.update(held_out_metrics(outputs, config.data.ood_scores, config.data.conformal_alpha))
+    alpha = config.data.conformal_alpha
+    metrics.update(
+        held_out_metrics(outputs, ood_scores=config.data.ood_scores, conformal_alpha=alpha)
+    )
     return metrics, outputs
 
 

@@ -749,12 +749,17 @@ def logit_metrics(
         _check_same_members(out_logits, *test.shape[::2], f"OOD set {name!r}")
         member_outputs = (out_logits, out_logits.softmax(dim=-1))
         results.update(_ood_keys(name, in_scores, member_outputs, scores, ood_score))
-    results.update(held_out_metrics(outputs, ood_scores, conformal_alpha, num_bins))
+    results.update(
+        held_out_metrics(
+            outputs, ood_scores=ood_scores, conformal_alpha=conformal_alpha, num_bins=num_bins
+        )
+    )
     return results
 
 
 def held_out_metrics(
     outputs: Mapping[str, Tensor],
+    *,
     ood_scores: str | Sequence[str] = ("max_logit", "energy"),
     conformal_alpha: float = 0.1,
     num_bins: int = 15,
