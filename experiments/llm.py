@@ -318,18 +318,30 @@ def paired_val_nll(run: Path, reference: Path) -> tuple[float, float]:
     the same review), and its standard error (their std / √n). Differences of one seed's runs
     are paired on the same reviews, so this error is what the 500 reviews leave uncertain;
     the seed's share shows in the reference recipe's other seeds, compared the same way."""
+    return _paired(run, _val_nll(run), reference, _val_nll(reference))
+
+
+def _val_nll(path: Path) -> tuple:
+    """A run's validation labels and its ensemble's NLL of each review (float64), from the
+    kept validation logits alone."""
+    import numpy as np
     import torch
 
-    first, second = _outputs(run), _outputs(reference)
-    labels = first["val_labels"]
-    if not torch.equal(labels, second["val_labels"]):
+    with np.load(path / "outputs.npz") as kept:
+        logits, labels = torch.from_numpy(kept["val"]), torch.from_numpy(kept["val_labels"])
+    probs = logits.double().softmax(dim=-1).mean(dim=0)  # (N, K)
+    return labels, -probs.gather(1, labels[:, None].long()).squeeze(1).log()
+
+
+def _paired(
+    run: Path, values: tuple, reference: Path, reference_values: tuple
+) -> tuple[float, float]:
+    import torch
+
+    (labels, nll), (reference_labels, reference_nll) = values, reference_values
+    if not torch.equal(labels, reference_labels):
         raise ValueError(f"{run} and {reference} were validated on different reviews")
-
-    def per_review(outputs: dict) -> torch.Tensor:
-        probs = outputs["val"].double().softmax(dim=-1).mean(dim=0)  # (N, K)
-        return -probs.gather(1, labels[:, None].long()).squeeze(1).log()
-
-    diff = per_review(first) - per_review(second)
+    diff = nll - reference_nll
     return diff.mean().item(), (diff.std() / len(diff) ** 0.5).item()
 
 
@@ -497,7 +509,7 @@ QUESTIONS = (("final", "snens"), *((s, v.name) for s in ("tune", "tune_split") f
 
 def recipe_rows() -> list[list[str]]:
     """Each recipe question (:data:`QUESTIONS`) against the preset's seed 0 on the validation
-    split (:func:`paired_val_nll`), after the preset's other seeds against its seed 0: the
+    split (as :func:`paired_val_nll`), after the preset's other seeds against its seed 0: the
     differences a seed alone makes."""
     labels = {(stage, variant): label for label, stage, variant, _ in ROWS}
     reference = WHERE["out"] / REFERENCE[0] / REFERENCE[1] / "seed=0"
@@ -515,9 +527,9 @@ def recipe_rows() -> list[list[str]]:
         for path in _runs(*question)
         if path.name == "seed=0"
     ]
-    rows = []
+    rows, reference_values = [], _val_nll(reference)  # read once for every row
     for label, path in [*others, *questions]:
-        mean, error = paired_val_nll(path, reference)
+        mean, error = _paired(path, _val_nll(path), reference, reference_values)
         rows.append([label, f"{mean:+.4f}", f"{error:.4f}"])
     return rows
 
