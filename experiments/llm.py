@@ -101,6 +101,8 @@ POOL = 4
 LAST_BLOCKS = r".*\.layers\.(2[2-9])\..*|.*\.model\.norm"
 MLP_NORMS = '["post_attention_layernorm", "model.norm"]'
 FINAL_NORM = '["model.norm"]'
+#: LoRA on every linear layer of a block (attention and MLP projections).
+ALL_LINEAR = '["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]'
 
 
 def _final(name: str, overrides: tuple[str, ...], seeds: tuple[int, ...] = SEEDS) -> Variant:
@@ -149,6 +151,11 @@ STAGES: dict[str, list[Variant]] = {
             ("lr1e3", ("optim.lr=1e-3",)),
             ("gamma1", ("method.gamma_lr_multiplier=1.0",)),
             ("epochs1", ("optim.epochs=1",)),
+            # LoRA's rank (the preset: r=8, α=16; α/r kept at 2) and targets (the preset: q and
+            # v projections; here every linear layer of each block). A winner here changes
+            # the baselines' adapters too before it can become the preset.
+            ("r16", ("model.options.lora_r=16", "model.options.lora_alpha=32.0")),
+            ("lora_all", (f"model.options.lora_targets={ALL_LINEAR}",)),
         )
     ],
 }
@@ -394,6 +401,8 @@ ROWS = (
     ("σN-Ens-LoRA split, lr 1e-3", "tune_split", "split_lr1e3", 1),
     ("σN-Ens-LoRA split, γ ×1", "tune_split", "split_gamma1", 1),
     ("σN-Ens-LoRA split, 1 epoch", "tune_split", "split_epochs1", 1),
+    ("σN-Ens-LoRA split, LoRA r=16 (α=32)", "tune_split", "split_r16", 1),
+    ("σN-Ens-LoRA split, LoRA on every linear layer", "tune_split", "split_lora_all", 1),
 )
 COLUMNS = (
     ("val NLL", "val/nll"),
