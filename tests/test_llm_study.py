@@ -187,7 +187,7 @@ def test_plan_lists_every_run_of_every_stage(study, tmp_path, capsys, monkeypatc
     lines = capsys.readouterr().out.splitlines()
     # final: 5 variants × 3 seeds and the fair single model's 12 (three LoRA ensembles of
     # four fine-tunes run apart); tune 1, tune_split 14
-    assert len(lines) == 6 * 3 + 12 + 1 + 14
+    assert len(lines) == 5 * 3 + 12 + 1 + 14
     single_fair = [line.split()[2] for line in lines if line.split()[1] == "single_fair"]
     assert single_fair == [f"seed={s}" for s in range(12)]
     assert lines[0].split() == ["final", "single_fair", "seed=0", "todo"]
@@ -213,8 +213,6 @@ def test_plan_lists_every_run_of_every_stage(study, tmp_path, capsys, monkeypatc
     final = {v.name: r.config for _, v, r in study.runs_of("final") if r.config.seed == 0}
     assert final["snens"].method.input_policy == "repeat"
     assert final["snens_split"].method.input_policy == "split"  # the preset's
-    assert final["lora_ensemble_own"].method.input_policy == "own"
-    assert final["lora_ensemble_own"].method.name == "deep_ensemble"
     tune = {v.name: r.config for _, v, r in study.runs_of("tune")}
     assert tune["snens_own"].method.input_policy == "own"
     assert list(tune) == ["snens_own"]
