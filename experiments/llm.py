@@ -306,6 +306,39 @@ def _outputs(path: Path) -> dict:
     return outputs
 
 
+#: Conformal sets calibrated on a random half of the test reviews and measured on the other
+#: half, averaged over this many halvings: calibration and test exchangeable by construction.
+HALVINGS = 200
+
+
+def halved_test_conformal(logits, labels, alpha: float = 0.1) -> dict[str, float]:
+    """THR (LAC) sets at ``alpha`` calibrated on half of the test examples and measured on the
+    other half, mean coverage and set size over :data:`HALVINGS` random halvings (a fixed
+    generator): what the sets give where the calibration split is exchangeable with the test
+    set, which the validation split here is not.
+
+    Shape:
+        logits: (M, N, K). labels: (N,).
+    """
+    import torch
+
+    from snens.evaluation.conformal import calibrate, coverage, mean_set_size
+
+    generator = torch.Generator().manual_seed(0)
+    n = labels.shape[0]
+    covered, sizes = [], []
+    for _ in range(HALVINGS):
+        order = torch.randperm(n, generator=generator)
+        fit, held = order[: n // 2], order[n // 2 :]
+        sets = calibrate(logits[:, fit], labels[fit], alpha, "thr").predict(logits[:, held])
+        covered.append(coverage(sets, labels[held]))
+        sizes.append(mean_set_size(sets))
+    return {
+        "test/conformal_thr_halves_coverage": sum(covered) / HALVINGS,
+        "test/conformal_thr_halves_size": sum(sizes) / HALVINGS,
+    }
+
+
 def pooled_metrics(paths: Sequence[Path]) -> dict[str, float]:
     """The metrics of one ensemble of runs trained apart (``snens pool``'s, with the far-OOD
     set this study keeps beside ``outputs.npz``): their kept member logits stacked on the
@@ -428,6 +461,9 @@ CONFORMAL_COLUMNS = tuple(
     (f"{label} {what}", f"test/conformal_{score}_{key}")
     for score, label in (("thr", "THR"), ("aps", "APS"))
     for what, key in (("coverage", "coverage"), ("size", "size"))
+) + (
+    ("THR coverage, test halves", "test/conformal_thr_halves_coverage"),
+    ("THR size, test halves", "test/conformal_thr_halves_size"),
 )
 
 
@@ -494,6 +530,11 @@ def _unit_row(unit: list[Path]) -> dict:
         metrics = {**finals[0]["metrics"], **ood_metrics(unit[0])}
     else:
         metrics = pooled_metrics(unit)
+    import torch
+
+    kept = [_outputs(path) for path in unit]  # pooled: the members of every run, stacked
+    logits = torch.cat([outputs["test"] for outputs in kept])
+    metrics |= halved_test_conformal(logits, kept[0]["test_labels"])
     if "val/member_nll_mean" in metrics:  # what combining the members buys
         metrics["val/ensemble_gain"] = metrics["val/member_nll_mean"] - metrics["val/nll"]
     training = [f.get("train", {}) for f in finals]  # the zero-shot run trains nothing
@@ -654,6 +695,10 @@ def report() -> Path:
             "guarantee assumes calibration and test texts exchangeable; here the validation",
             "reviews come from the training split and are easier than the test split's (every",
             "run's accuracy is higher on them), and the coverage falls short of 0.9 alike.",
+            "Calibrated instead on a random half of the test reviews and measured on the other",
+            "half (exchangeable by construction; THR, the mean over 200 random halvings), every",
+            "run covers 0.90 as the guarantee says, and the set sizes compare the methods at",
+            "the coverage they promise.",
             "",
             markdown_table(["run", "seeds", *(c for c, _ in CONFORMAL_COLUMNS)], conformal_rows),
             "",

@@ -396,3 +396,26 @@ def test_the_readme_llm_tables_are_the_report_cells():
     _, questions = source("Δ val NLL")
     assert [row[0] for row in recipe[1:] if row[0] in questions] == list(questions)
     assert checked > 100
+
+
+def test_conformal_sets_calibrated_on_test_halves_cover_as_promised(study):
+    """Sets calibrated on one half of the test examples and measured on the other: confident,
+    right members give the one right class every time (coverage and size exactly 1); on
+    random logits the mean coverage over the halvings lies within the guarantee's bounds,
+    1 − α ≤ coverage ≤ 1 − α + 1/(n + 1) for n calibration examples."""
+    import torch
+
+    labels = torch.arange(40) % 2
+    confident = torch.zeros(3, 40, 2)
+    confident[:, torch.arange(40), labels] = 4.0
+    assert study.halved_test_conformal(confident, labels) == {
+        "test/conformal_thr_halves_coverage": 1.0,
+        "test/conformal_thr_halves_size": 1.0,
+    }
+
+    generator = torch.Generator().manual_seed(1)
+    logits = torch.randn(3, 400, 5, generator=generator)
+    labels = torch.randint(0, 5, (400,), generator=generator)
+    halves = study.halved_test_conformal(logits, labels, alpha=0.2)
+    assert 0.8 - 0.01 <= halves["test/conformal_thr_halves_coverage"] <= 0.8 + 1 / 201 + 0.01
+    assert 1.0 < halves["test/conformal_thr_halves_size"] < 5.0
