@@ -315,17 +315,20 @@ def halved_test_conformal(logits, labels, alpha: float = 0.1) -> dict[str, float
     """THR (LAC) sets at ``alpha`` calibrated on half of the test examples and measured on the
     other half, mean coverage and set size over :data:`HALVINGS` random halvings (a fixed
     generator): what the sets give where the calibration split is exchangeable with the test
-    set, which the validation split here is not.
+    set, which the validation split here is not. Nothing (``{}``) for a test set whose half
+    is too small for the conformal quantile at ``alpha``.
 
     Shape:
         logits: (M, N, K). labels: (N,).
     """
     import torch
 
-    from snens.evaluation.conformal import calibrate, coverage, mean_set_size
+    from snens.evaluation.conformal import calibrate, coverage, mean_set_size, min_calibration_size
 
-    generator = torch.Generator().manual_seed(0)
     n = labels.shape[0]
+    if n // 2 < min_calibration_size(alpha):
+        return {}
+    generator = torch.Generator().manual_seed(0)
     covered, sizes = [], []
     for _ in range(HALVINGS):
         order = torch.randperm(n, generator=generator)

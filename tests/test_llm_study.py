@@ -120,7 +120,8 @@ def test_report_means_seeds_and_scores_both_ood_sets(study, tmp_path):
         if line.startswith("| σN-Ens-LoRA, τ=5 λ=0.01, split (preset)")
     )
     assert split_sets[2:4] == ["1.000 ± 0.000", "1.000 ± 0.000"]  # THR coverage, size
-    assert all(cell != "—" for cell in split_sets[4:])  # APS measured too
+    assert all(cell != "—" for cell in split_sets[4:6])  # APS measured too
+    assert split_sets[6:] == ["—", "—"]  # halves of 2 test reviews: too few to calibrate on
 
 
 def test_lora_ensemble_of_fine_tunes_run_apart_pools_four_seeds(study, tmp_path):
@@ -419,3 +420,5 @@ def test_conformal_sets_calibrated_on_test_halves_cover_as_promised(study):
     halves = study.halved_test_conformal(logits, labels, alpha=0.2)
     assert 0.8 - 0.01 <= halves["test/conformal_thr_halves_coverage"] <= 0.8 + 1 / 201 + 0.01
     assert 1.0 < halves["test/conformal_thr_halves_size"] < 5.0
+    # 16 examples: halves of 8, too few for the quantile at α = 0.1 (9 at least)
+    assert study.halved_test_conformal(confident[:, :16], torch.arange(16) % 2) == {}
