@@ -157,6 +157,9 @@ STAGES: dict[str, list[Variant]] = {
             # the baselines' adapters too before it can become the preset.
             ("r16", ("model.options.lora_r=16", "model.options.lora_alpha=32.0")),
             ("lora_all", (f"model.options.lora_targets={ALL_LINEAR}",)),
+            # γ ×1, ×10 and the preset's ×30 raise the disagreement and lower the validation
+            # NLL in turn: does a faster γ still?
+            ("gamma100", ("method.gamma_lr_multiplier=100.0",)),
             # the member heads (the preset: copies of the LM head's label-word rows, so the
             # members start apart only through γ): each member's rows drawn afresh, which
             # gives up the pretrained rows the zero-shot row reads
@@ -438,6 +441,7 @@ ROWS = (
     ("σN-Ens-LoRA split, 1 epoch", "tune_split", "split_epochs1", 1),
     ("σN-Ens-LoRA split, LoRA r=16 (α=32)", "tune_split", "split_r16", 1),
     ("σN-Ens-LoRA split, LoRA on every linear layer", "tune_split", "split_lora_all", 1),
+    ("σN-Ens-LoRA split, γ ×100", "tune_split", "split_gamma100", 1),
     ("σN-Ens-LoRA split, member label-word rows drawn afresh", "tune_split", "split_head_reset", 1),
 )
 COLUMNS = (

@@ -187,12 +187,13 @@ def test_plan_lists_every_run_of_every_stage(study, tmp_path, capsys, monkeypatc
     assert study.main(["--out", str(tmp_path / "llm"), "plan"]) == 0
     lines = capsys.readouterr().out.splitlines()
     # final: 5 variants × 3 seeds and the fair single model's 12 (three LoRA ensembles of
-    # four fine-tunes run apart); tune 1, tune_split 15
-    assert len(lines) == 5 * 3 + 12 + 1 + 15
+    # four fine-tunes run apart); tune 1, tune_split 16
+    assert len(lines) == 5 * 3 + 12 + 1 + 16
     single_fair = [line.split()[2] for line in lines if line.split()[1] == "single_fair"]
     assert single_fair == [f"seed={s}" for s in range(12)]
     assert lines[0].split() == ["final", "single_fair", "seed=0", "todo"]
     assert lines[-1].split() == ["tune_split", "split_head_reset", "seed=0", "todo"]
+    assert lines[-2].split() == ["tune_split", "split_gamma100", "seed=0", "todo"]
     # every split tune run trains on split inputs, one change from the preset's recipe each
     configs = {v.name: r.config for _, v, r in study.runs_of("tune_split")}
     assert {c.method.input_policy for c in configs.values()} == {"split"}
@@ -233,6 +234,7 @@ def test_plan_lists_every_run_of_every_stage(study, tmp_path, capsys, monkeypatc
         "down_proj",
     ]
     assert configs["split_head_reset"].method.options == {"head_init": "reset"}
+    assert configs["split_gamma100"].method.gamma_lr_multiplier == 100.0
 
 
 def test_every_committed_run_is_the_run_its_variant_plans(study):
