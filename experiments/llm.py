@@ -532,13 +532,13 @@ def _unit_row(unit: list[Path]) -> dict:
     for one run, or the pooled logits' for runs trained apart) and its costs, summed over
     the runs it took (training seconds, inference seconds, trainable parameters) or their
     largest (peak memory: the runs trained one after another)."""
+    import torch
+
     finals = [json.loads((path / FINAL).read_text()) for path in unit]
     if len(unit) == 1:
         metrics = {**finals[0]["metrics"], **ood_metrics(unit[0])}
     else:
         metrics = pooled_metrics(unit)
-    import torch
-
     kept = [_outputs(path) for path in unit]  # pooled: the members of every run, stacked
     logits = torch.cat([outputs["test"] for outputs in kept])
     metrics |= halved_test_conformal(logits, kept[0]["test_labels"])
