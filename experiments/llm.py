@@ -283,13 +283,13 @@ def far_ood() -> list[Path]:
     return written
 
 
-def ood_metrics(path: Path) -> dict[str, float]:
+def ood_metrics(outputs: dict) -> dict[str, float]:
     """AUROC of the test set against each OOD set, per score of :data:`OOD_SCORES`, and the
-    split-conformal sets at α = 0.1 calibrated on the validation split, from the kept member
-    logits (``outputs.npz``, ``ood_tweets.npz``)."""
+    split-conformal sets at α = 0.1 calibrated on the validation split, from one run's kept
+    member logits (:func:`_outputs`)."""
     from snens.evaluation.protocol import posthoc_metrics
 
-    return posthoc_metrics(_outputs(path), ood_scores=OOD_SCORES)
+    return posthoc_metrics(outputs, ood_scores=OOD_SCORES)
 
 
 def _outputs(path: Path) -> dict:
@@ -345,22 +345,29 @@ def halved_test_conformal(logits, labels, alpha: float = 0.1) -> dict[str, float
     }
 
 
-def pooled_metrics(paths: Sequence[Path]) -> dict[str, float]:
-    """The metrics of one ensemble of runs trained apart (``snens pool``'s, with the far-OOD
-    set this study keeps beside ``outputs.npz``): their kept member logits stacked on the
-    member dimension, measured as the engine measures an ensemble it trained. An OOD set
-    counts where every run has been scored on it."""
-    from snens.evaluation.protocol import logit_metrics, stack_members
+def pooled_outputs(paths: Sequence[Path], runs: Sequence[dict] | None = None) -> dict:
+    """One ensemble of runs trained apart: their kept member logits (``runs``, read from
+    ``paths`` when not given) stacked on the member dimension, each set's labels checked
+    equal. An OOD set counts where every run has been scored on it."""
+    from snens.evaluation.protocol import stack_members
 
-    runs = [_outputs(path) for path in paths]
+    runs = [_outputs(path) for path in paths] if runs is None else runs
     common = set.intersection(*(set(outputs) for outputs in runs))
     try:
-        stacked = stack_members([{k: o[k] for k in common} for o in runs])
+        return stack_members([{k: o[k] for k in common} for o in runs])
     except ValueError as error:
         raise ValueError(
             f"{', '.join(map(str, paths))}: {error}; pool runs of one data config"
         ) from None
-    return logit_metrics(stacked, ood_scores=OOD_SCORES)
+
+
+def pooled_metrics(paths: Sequence[Path]) -> dict[str, float]:
+    """The metrics of one ensemble of runs trained apart (``snens pool``'s, with the far-OOD
+    set this study keeps beside ``outputs.npz``): :func:`pooled_outputs`, measured as the
+    engine measures an ensemble it trained."""
+    from snens.evaluation.protocol import logit_metrics
+
+    return logit_metrics(pooled_outputs(paths), ood_scores=OOD_SCORES)
 
 
 def paired_val_nll(run: Path, reference: Path) -> tuple[float, float]:
@@ -532,16 +539,17 @@ def _unit_row(unit: list[Path]) -> dict:
     for one run, or the pooled logits' for runs trained apart) and its costs, summed over
     the runs it took (training seconds, inference seconds, trainable parameters) or their
     largest (peak memory: the runs trained one after another)."""
-    import torch
+    from snens.evaluation.protocol import logit_metrics
 
     finals = [json.loads((path / FINAL).read_text()) for path in unit]
+    kept = [_outputs(path) for path in unit]  # each run's kept logits, read once
     if len(unit) == 1:
-        metrics = {**finals[0]["metrics"], **ood_metrics(unit[0])}
+        outputs = kept[0]
+        metrics = {**finals[0]["metrics"], **ood_metrics(outputs)}
     else:
-        metrics = pooled_metrics(unit)
-    kept = [_outputs(path) for path in unit]  # pooled: the members of every run, stacked
-    logits = torch.cat([outputs["test"] for outputs in kept])
-    metrics |= halved_test_conformal(logits, kept[0]["test_labels"])
+        outputs = pooled_outputs(unit, kept)
+        metrics = logit_metrics(outputs, ood_scores=OOD_SCORES)
+    metrics |= halved_test_conformal(outputs["test"], outputs["test_labels"])
     if "val/member_nll_mean" in metrics:  # what combining the members buys
         metrics["val/ensemble_gain"] = metrics["val/member_nll_mean"] - metrics["val/nll"]
     training = [f.get("train", {}) for f in finals]  # the zero-shot run trains nothing
