@@ -122,7 +122,7 @@ def test_report_means_seeds_and_scores_both_ood_sets(study, tmp_path):
     )
     assert split_sets[2:4] == ["1.000 ± 0.000", "1.000 ± 0.000"]  # THR coverage, size
     assert all(cell != "—" for cell in split_sets[4:6])  # APS measured too
-    assert split_sets[6:] == ["—", "—"]  # halves of 2 test reviews: too few to calibrate on
+    assert split_sets[6:] == ["—"] * 3  # halves of 2 test reviews: too few to calibrate on
 
 
 def test_lora_ensemble_of_fine_tunes_run_apart_pools_four_seeds(study, tmp_path):
@@ -298,15 +298,73 @@ def test_recipe_questions_are_paired_on_the_validation_reviews(study, tmp_path):
 
     rows = study.recipe_rows()
     preset = "σN-Ens-LoRA, τ=5 λ=0.01, split (preset)"
+    unscored = ["—"] * 4  # not yet scored on the further validation reviews
     assert rows == [
-        [f"{preset}, seed 1", "+0.0000", "0.0000"],
-        ["σN-Ens-LoRA split, τ=1", f"{d / 2:+.4f}", f"{error:.4f}"],
+        [f"{preset}, seed 1", "+0.0000", "0.0000", *unscored],
+        ["σN-Ens-LoRA split, τ=1", f"{d / 2:+.4f}", f"{error:.4f}", *unscored],
+    ]
+
+    # The further reviews: 10 more, the recipe losing d on the first 2 (a fifth of them); of
+    # all 30 reviews, 12 changed
+    for run in (
+        "final/snens_split/seed=0",
+        "final/snens_split/seed=1",
+        "tune_split/split_tau1/seed=0",
+    ):
+        logits = np.zeros((4, 10, 2), np.float32)
+        logits[..., 1] = 3.0
+        if "tau1" in run:
+            logits[:, :2, 1] = 2.0
+        np.savez(
+            out / run / study.MORE_VALIDATION_FILE,
+            logits=logits,
+            labels=np.ones(10, np.int64),
+            seconds=1.0,
+        )
+    more_error = math.sqrt(10 / 9 * 0.2 * 0.8) * d / math.sqrt(10)
+    both_error = math.sqrt(30 / 29 * 0.4 * 0.6) * d / math.sqrt(30)
+    rows = study.recipe_rows()
+    assert rows[0][3:] == ["+0.0000", "0.0000", "+0.0000", "0.0000"]
+    assert rows[1][3:] == [
+        f"{d / 5:+.4f}",
+        f"{more_error:.4f}",
+        f"{0.4 * d:+.4f}",
+        f"{both_error:.4f}",
     ]
 
     other = dict(recipe, val_labels=np.zeros(20, np.int64))
     np.savez(out / "tune_split" / "split_tau1" / "seed=0" / "outputs.npz", **other)
     with pytest.raises(ValueError, match="validated on different reviews"):
         study.recipe_rows()
+
+
+def test_further_validation_reviews_are_neither_trained_nor_validated_on(study, monkeypatch):
+    """The further validation reviews are 1,000 reviews of the corpus that the engine puts in
+    none of a study run's sets: what it tokenizes for training, validation and test is
+    captured (a stand-in tokenizer: the texts are what matters) and compared."""
+    import torch
+
+    from snens import data
+    from snens.engine.datasets import build_data
+
+    tokenized = []
+
+    def capture(tokenizer, texts, *, max_length, padding):
+        tokenized.append(list(texts))
+        return torch.ones(len(texts), 1, dtype=torch.long), torch.ones(len(texts), 1).long()
+
+    monkeypatch.setattr(data, "tokenize", capture)
+    monkeypatch.setattr("snens.models.text.tokenizer", lambda encoder=None: None)
+    config = study.runs_of("final")[0][2].config
+    build_data(config.data, seed=0, encoder=None)
+    train, validation, test = map(set, tokenized[:3])
+    assert (len(train), len(validation), len(test)) == (1000, 500, 1000)
+
+    texts, labels = study.more_validation_texts(config)
+    assert len(set(texts)) == study.MORE_VALIDATION == 1000
+    assert not set(texts) & (train | validation | test)
+    assert sum(labels) == 578  # fresh reviews; the corpus is 57.8 % fresh
+    assert study.more_validation_texts(config) == (texts, labels)  # the same draw every time
 
 
 # ------------------------------------------------------------------------------------------------
@@ -448,6 +506,7 @@ def test_conformal_sets_calibrated_on_test_halves_cover_as_promised(study):
     confident[:, torch.arange(40), labels] = 4.0
     assert study.halved_test_conformal(confident, labels) == {
         "test/conformal_thr_halves_coverage": 1.0,
+        "test/conformal_thr_halves_coverage_std": 0.0,
         "test/conformal_thr_halves_size": 1.0,
     }
 
@@ -457,5 +516,8 @@ def test_conformal_sets_calibrated_on_test_halves_cover_as_promised(study):
     halves = study.halved_test_conformal(logits, labels, alpha=0.2)
     assert 0.8 - 0.01 <= halves["test/conformal_thr_halves_coverage"] <= 0.8 + 1 / 201 + 0.01
     assert 1.0 < halves["test/conformal_thr_halves_size"] < 5.0
+    # one calibration sample of 200 moves the coverage by ~√(α(1 − α)/200) = 0.028, and so
+    # does measuring it on 200 examples
+    assert 0.02 < halves["test/conformal_thr_halves_coverage_std"] < 0.06
     # 16 examples: halves of 8, too few for the quantile at α = 0.1 (9 at least)
     assert study.halved_test_conformal(confident[:, :16], torch.arange(16) % 2) == {}
