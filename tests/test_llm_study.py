@@ -387,6 +387,8 @@ SOURCE = {
     "tweets MSP": "plots MSP",
     "Δ val NLL": "Δ val NLL",
     "± SE": "Δ val NLL",
+    "Δ, all 1,500": "Δ val NLL",
+    "± SE (1,500)": "Δ val NLL",
     "member acc": "member acc",
     "member NLL − NLL": "member acc",
     "disagr.": "member acc",
