@@ -53,6 +53,7 @@ process the small ones (``--only single_fair single snens_split mc_dropout_fair`
     OMP_NUM_THREADS=1 python experiments/llm.py run &     # two of these share the queue
     python experiments/llm.py zeroshot                    # the prompted base model, untrained
     python experiments/llm.py far-ood                     # the finished runs on the tweets
+    python experiments/llm.py more-validation             # the recipe runs on 1,000 more reviews
     python experiments/llm.py report                      # results/llm.md
     python experiments/llm.py plan                        # the runs and their status
 """
