@@ -235,6 +235,20 @@ FAR_OOD = "tweets"
 FAR_OOD_FILE = f"ood_{FAR_OOD}.npz"
 
 
+def _save_npz(path: Path, **arrays) -> None:
+    """``np.savez`` of ``arrays`` to ``path``, atomically: a killed pass leaves no file that
+    reads as scored."""
+    import io
+
+    import numpy as np
+
+    from snens.engine.checkpoint import atomic_write
+
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    atomic_write(path, buffer.getvalue(), mode=0o644)
+
+
 def far_ood() -> list[Path]:
     """Score every finished run (and the zero-shot model) on the far-OOD set: the member logits
     over 500 tweets, and the seconds the pass took (the study's inference cost), in
@@ -276,10 +290,7 @@ def far_ood() -> list[Path]:
         start = time.perf_counter()
         logits, _ = collect(model, loaded.ood[FAR_OOD], logits=True)
         seconds = time.perf_counter() - start
-        partial = path / f"{FAR_OOD_FILE}.tmp"  # a killed pass leaves no file that reads as scored
-        with open(partial, "wb") as file:
-            np.savez(file, logits=logits.numpy(), seconds=np.float64(seconds))
-        os.replace(partial, path / FAR_OOD_FILE)
+        _save_npz(path / FAR_OOD_FILE, logits=logits.numpy(), seconds=np.float64(seconds))
         print(f"{path}: {FAR_OOD} scored in {seconds:.0f} s", flush=True)
         written.append(path / FAR_OOD_FILE)
     return written
@@ -335,7 +346,6 @@ def more_validation() -> list[Path]:
     list."""
     import time
 
-    import numpy as np
     import torch
 
     from snens import data
@@ -375,10 +385,12 @@ def more_validation() -> list[Path]:
                 start = time.perf_counter()
                 logits, seen = collect(model, loader, logits=True)
                 seconds = time.perf_counter() - start
-                partial = path / f"{MORE_VALIDATION_FILE}.tmp"
-                with open(partial, "wb") as file:
-                    np.savez(file, logits=logits.numpy(), labels=seen.numpy(), seconds=seconds)
-                os.replace(partial, path / MORE_VALIDATION_FILE)
+                _save_npz(
+                    path / MORE_VALIDATION_FILE,
+                    logits=logits.numpy(),
+                    labels=seen.numpy(),
+                    seconds=seconds,
+                )
         except LockHeldError:
             continue
         print(f"{path}: further validation reviews scored in {seconds:.0f} s", flush=True)
