@@ -307,19 +307,18 @@ def more_validation_texts(config) -> tuple[list[str], list[int]]:
     """The :data:`MORE_VALIDATION` reviews (texts, labels) of ``config``'s training split
     outside both its validation hold-out and its training subset: drawn by a generator of their
     own from the rest, in corpus order. Which reviews the engine holds out and trains on
-    depends only on the data config (not on the run's seed), so every run of the study shares
-    these."""
+    (:func:`snens.engine.datasets.text_split`) depends only on the data config, not on the
+    run's seed, so every run of the study shares these."""
     import torch
 
     from snens.data import registry
-    from snens.engine.datasets import _subset  # the engine's own draw of held-out and trained
+    from snens.engine.datasets import text_split
 
     data = config.data
     texts, labels, _, _ = registry.DATASETS[data.dataset].load(data.root or None, False)
-    held = set(_subset(len(texts), data.validation_examples))
-    rest = [i for i in range(len(texts)) if i not in held]
-    trained = {rest[i] for i in _subset(len(rest), data.train_examples)}
-    unused = [i for i in rest if i not in trained]
+    held, trained = text_split(data, len(texts))
+    used = set(held) | set(trained)
+    unused = [i for i in range(len(texts)) if i not in used]
     if len(unused) < MORE_VALIDATION:
         raise ValueError(
             f"{len(unused):,} training reviews are neither held out nor trained on; "

@@ -176,5 +176,31 @@ def test_text_validation_is_held_out_of_the_training_texts():
     )
     assert texts(again.validation) == held
     assert not set(texts(again.train)) & set(held)
+    # text_split names those texts by their index in the training file: the loaders hold
+    # exactly them (the 200 trained on as a multiset, since the loader shuffles)
+    from snens.data import registry, tokenize
+    from snens.engine.datasets import text_split
+    from snens.models.text import tokenizer
+
+    corpus, labels, _, _ = registry.DATASETS["rotten_tomatoes"].load(None, False)
+    config = data_config("data.validation_examples=300", "data.train_examples=192")
+    held_at, trained_at = text_split(config, len(corpus))
+    assert (len(held_at), len(trained_at)) == (300, 192)
+    assert held_at == sorted(held_at) and trained_at == sorted(trained_at)
+    assert not set(held_at) & set(trained_at)
+    assert text_split(config, len(corpus)) == (held_at, trained_at)  # not seeded by the run
+
+    def tokens(at):
+        ids, mask = tokenize(tokenizer(None), [corpus[i] for i in at], max_length=128)
+        return [tuple(i[m.bool()].tolist()) for i, m in zip(ids, mask, strict=True)]
+
+    loaded = build_data(config, seed=3)
+    assert texts(loaded.validation) == tokens(held_at) == held
+    assert sorted(texts(loaded.train)) == sorted(tokens(trained_at))
+    assert torch.cat([y for _, y in loaded.validation]).tolist() == [labels[i] for i in held_at]
+    # without a hold-out every text may be trained on; a count beyond the file is refused
+    assert text_split(data_config("data.train_examples=0"), 50) == ([], list(range(50)))
+    with pytest.raises(ValueError, match=r"data\.train_examples"):
+        text_split(data_config("data.validation_examples=10", "data.train_examples=41"), 50)
     with pytest.raises(ValueError, match=r"data.validation_examples 10,201 leaves no training"):
         build_data(data_config("data.validation_examples=10201"), seed=0)

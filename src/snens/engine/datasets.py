@@ -162,6 +162,30 @@ def _subset(total: int, n: int, key: str | None = None, what: str = "") -> list[
     return sorted(keep.tolist())
 
 
+def text_split(config: DataConfig, total: int) -> tuple[list[int], list[int]]:
+    """Which of a text set's ``total`` training texts ``config`` holds out for validation and
+    which it trains on: two disjoint lists of indices into the training file, each in
+    increasing order.
+
+    Both depend on the data config alone, not on the run's seed, so every run of one config
+    validates and trains on the same texts, and code that scores further texts of the training
+    file can take them from neither list.
+    """
+    held: list[int] = []
+    if config.validation_examples:  # texts are stored in order: a fixed random N, not the last
+        n = config.validation_examples
+        if n >= total:
+            raise ValueError(
+                f"data.validation_examples {n:,} leaves no training texts of the {total:,} "
+                f"in {config.dataset}'s training set; hold out fewer (e.g. {total // 10:,})"
+            )
+        held = _subset(total, n)
+    rest = sorted(set(range(total)) - set(held))
+    what = f"{config.dataset}'s training texts{' left after data.validation_examples' * bool(held)}"
+    keep = _subset(len(rest), config.train_examples, "data.train_examples", what)
+    return held, [rest[i] for i in keep]
+
+
 def build_data(
     config: DataConfig,
     *,
@@ -348,18 +372,8 @@ def _text_data(
         root, config.download
     )
 
-    held: list[int] = []
-    if config.validation_examples:  # texts are stored in order: a fixed random N, not the last
-        n = config.validation_examples
-        if n >= len(texts):
-            raise ValueError(
-                f"data.validation_examples {n:,} leaves no training texts of the {len(texts):,} "
-                f"in {config.dataset}'s training set; hold out fewer (e.g. {len(texts) // 10:,})"
-            )
-        held = _subset(len(texts), n)
-        rest = sorted(set(range(len(texts))) - set(held))
-        val_texts, val_labels = [texts[i] for i in held], [labels[i] for i in held]
-        texts, labels = [texts[i] for i in rest], [labels[i] for i in rest]
+    held, trained = text_split(config, len(texts))
+    val_texts, val_labels = [texts[i] for i in held], [labels[i] for i in held]
 
     from snens.models.text import tokenizer  # imports transformers: text only
 
@@ -379,12 +393,10 @@ def _text_data(
         return data.TokenLoader(ids, mask, y, batch_size, seed=seed, device=device, **options)
 
     train_loader = loader(
-        texts,
-        labels,
-        config.train_examples,
+        [texts[i] for i in trained],
+        [labels[i] for i in trained],
+        0,
         config.batch_size,
-        "data.train_examples",
-        f"{config.dataset}'s training texts{' left after data.validation_examples' * bool(held)}",
         shuffle=True,
         drop_last=True,
         member_orders=member_orders,
