@@ -188,8 +188,8 @@ def test_plan_lists_every_run_of_every_stage(study, tmp_path, capsys, monkeypatc
     assert study.main(["--out", str(tmp_path / "llm"), "plan"]) == 0
     lines = capsys.readouterr().out.splitlines()
     # final: 5 variants × 3 seeds and the fair single model's 12 (three LoRA ensembles of
-    # four fine-tunes run apart); tune 1, tune_split 16
-    assert len(lines) == 5 * 3 + 12 + 1 + 16
+    # four fine-tunes run apart); tune 2, tune_split 16
+    assert len(lines) == 5 * 3 + 12 + 2 + 16
     single_fair = [line.split()[2] for line in lines if line.split()[1] == "single_fair"]
     assert single_fair == [f"seed={s}" for s in range(12)]
     assert lines[0].split() == ["final", "single_fair", "seed=0", "todo"]
@@ -218,7 +218,9 @@ def test_plan_lists_every_run_of_every_stage(study, tmp_path, capsys, monkeypatc
     assert final["snens_split"].method.input_policy == "split"  # the preset's
     tune = {v.name: r.config for _, v, r in study.runs_of("tune")}
     assert tune["snens_own"].method.input_policy == "own"
-    assert list(tune) == ["snens_own"]
+    assert list(tune) == ["snens_own", "snens_own_epochs1"]
+    assert tune["snens_own_epochs1"].method.input_policy == "own"
+    assert tune["snens_own_epochs1"].optim.epochs == 1
     assert configs["split_epochs1"].optim.epochs == 1
     assert configs["split_defaults"].method.temperature == 1.0
     assert configs["split_defaults"].method.diversity_weight == 0.1
