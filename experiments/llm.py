@@ -127,7 +127,7 @@ STAGES: dict[str, list[Variant]] = {
         _final("mc_dropout_fair", ("method.name=mc_dropout", *REPEAT, *FAIR)),
         # (The field's LoRA ensemble, M fine-tunes each on its own order of the reviews, is
         # measured from ``single_fair``'s runs; the same trained in one process with
-        # ``input_policy=own`` would cost M·B rows a step, ~3–4 h of one core per seed, for
+        # ``input_policy=own`` would cost M·B rows a step, ~1 h of one core a seed for two epochs, for
         # what the runs apart already give.)
     ],
     "tune": [
