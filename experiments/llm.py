@@ -127,8 +127,8 @@ STAGES: dict[str, list[Variant]] = {
         _final("mc_dropout_fair", ("method.name=mc_dropout", *REPEAT, *FAIR)),
         # (The field's LoRA ensemble, M fine-tunes each on its own order of the reviews, is
         # measured from ``single_fair``'s runs; the same trained in one process with
-        # ``input_policy=own`` would cost M·B rows a step, ~1 h of one core a seed for two epochs, for
-        # what the runs apart already give.)
+        # ``input_policy=own`` would cost M·B rows a step, ~1 h of one core a seed for two
+        # epochs, for what the runs apart already give.)
     ],
     "tune": [
         # σN-Ens with each member on batches of its own (M·B rows, as repeat); then the same
