@@ -238,31 +238,17 @@ FAR_OOD = "tweets"
 FAR_OOD_FILE = f"ood_{FAR_OOD}.npz"
 
 
-def _save_npz(path: Path, **arrays) -> None:
-    """``np.savez`` of ``arrays`` to ``path``, atomically: a killed pass leaves no file that
-    reads as scored."""
-    import io
-
-    import numpy as np
-
-    from snens.engine.checkpoint import atomic_write
-
-    buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
-    atomic_write(path, buffer.getvalue(), mode=0o644)
-
-
 def far_ood() -> list[Path]:
     """Score every finished run (and the zero-shot model) on the far-OOD set: the member logits
     over 500 tweets, and the seconds the pass took (the study's inference cost), in
     ``<run>/ood_tweets.npz``. A run already scored, or whose ``last.pt`` is gone, is skipped."""
     import time
 
-    import numpy as np
     import torch
 
     from snens.baselines import SingleModel
     from snens.engine.build import text_encoder
+    from snens.engine.checkpoint import atomic_savez
     from snens.engine.datasets import build_data
     from snens.engine.reload import load_run_model
     from snens.evaluation.protocol import collect
@@ -293,7 +279,7 @@ def far_ood() -> list[Path]:
         start = time.perf_counter()
         logits, _ = collect(model, loaded.ood[FAR_OOD], logits=True)
         seconds = time.perf_counter() - start
-        _save_npz(path / FAR_OOD_FILE, logits=logits.numpy(), seconds=np.float64(seconds))
+        atomic_savez(path / FAR_OOD_FILE, {"logits": logits, "seconds": seconds}, mode=0o644)
         print(f"{path}: {FAR_OOD} scored in {seconds:.0f} s", flush=True)
         written.append(path / FAR_OOD_FILE)
     return written
@@ -352,6 +338,7 @@ def more_validation() -> list[Path]:
 
     from snens import data
     from snens.engine.build import text_encoder
+    from snens.engine.checkpoint import atomic_savez
     from snens.engine.reload import load_run_model
     from snens.evaluation.protocol import collect
     from snens.locks import LockHeldError, hold
@@ -387,11 +374,10 @@ def more_validation() -> list[Path]:
                 start = time.perf_counter()
                 logits, seen = collect(model, loader, logits=True)
                 seconds = time.perf_counter() - start
-                _save_npz(
+                atomic_savez(
                     path / MORE_VALIDATION_FILE,
-                    logits=logits.numpy(),
-                    labels=seen.numpy(),
-                    seconds=seconds,
+                    {"logits": logits, "labels": seen, "seconds": seconds},
+                    mode=0o644,
                 )
         except LockHeldError:
             continue

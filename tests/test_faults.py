@@ -6,11 +6,13 @@ import errno
 import json
 import os
 import socket
+import stat
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -18,6 +20,7 @@ import snens
 import snens.engine.runs
 from snens.engine.checkpoint import (
     CheckpointError,
+    atomic_savez,
     atomic_write,
     load_checkpoint,
     remove_stale_temporaries,
@@ -99,6 +102,23 @@ def test_atomic_write_exclusive_refuses_an_existing_file(tmp_path):
         atomic_write(target, b"two", exclusive=True)
     assert target.read_bytes() == b"one"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt"]
+
+
+def test_atomic_savez_writes_tensors_and_scalars_whole_or_not_at_all(tmp_path, monkeypatch):
+    target = tmp_path / "scores.npz"
+    logits = torch.tensor([[[0.5, -1.0]], [[2.0, 0.25]]])
+    atomic_savez(target, {"logits": logits, "labels": np.array([1]), "seconds": 3.5}, mode=0o644)
+    with np.load(target) as saved:
+        assert saved["logits"].tolist() == [[[0.5, -1.0]], [[2.0, 0.25]]]
+        assert saved["labels"].tolist() == [1] and saved["seconds"].item() == 3.5
+    assert stat.S_IMODE(target.stat().st_mode) == 0o644
+    # a write that fails leaves the old file and no temporary beside it
+    monkeypatch.setattr(os, "fsync", lambda fd: (_ for _ in ()).throw(OSError(28, "No space")))
+    with pytest.raises(OSError, match=r"scores\.npz"):
+        atomic_savez(target, {"logits": torch.zeros(3)})
+    with np.load(target) as saved:
+        assert saved["logits"].shape == (2, 1, 2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["scores.npz"]
 
 
 # -- a kill inside atomic_write -------------------------------------------------------------

@@ -146,6 +146,18 @@ def atomic_write(
     return path
 
 
+def atomic_savez(
+    path: str | os.PathLike, arrays: Mapping[str, Any], *, mode: int | None = None
+) -> Path:
+    """``np.savez_compressed`` of ``arrays`` (NumPy arrays, tensors or scalars) to ``path``
+    through :func:`atomic_write`: a killed writer leaves no file that reads as written."""
+    buffer = io.BytesIO()
+    np.savez_compressed(
+        buffer, **{k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in arrays.items()}
+    )
+    return atomic_write(path, buffer.getvalue(), mode=mode)
+
+
 def remove_stale_temporaries(directory: str | os.PathLike) -> list[Path]:
     """Remove the temporary files a killed :func:`atomic_write` left in ``directory``
     (``.<name>.<random>.tmp``, ``.<name>.link.tmp``); return them. Call it only where no other

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from snens.engine.checkpoint import atomic_write
+from snens.engine.checkpoint import atomic_savez, atomic_write
 from snens.engine.config import to_dict
 from snens.engine.runs import (
     CONFIG,
@@ -177,12 +177,6 @@ def _largest(finals: list[dict], section: str, key: str) -> float | None:
 
 def _write(out: Path, stacked: dict, result: dict) -> None:
     """``outputs.npz`` first, ``final.json`` last (each atomic): a complete ensemble has both."""
-    import io
-
-    import numpy as np
-
     out.mkdir(parents=True, exist_ok=True)
-    buffer = io.BytesIO()
-    np.savez_compressed(buffer, **{k: v.numpy() for k, v in stacked.items()})
-    atomic_write(out / OUTPUTS, buffer.getvalue())
+    atomic_savez(out / OUTPUTS, stacked)
     atomic_write(out / FINAL, (to_json(result, indent=2) + "\n").encode())

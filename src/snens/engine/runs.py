@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from snens import locks
-from snens.engine.checkpoint import atomic_write
+from snens.engine.checkpoint import atomic_savez, atomic_write
 from snens.engine.config import RunConfig, load_config, to_dict, to_toml
 from snens.engine.toml_io import parse_toml
 
@@ -319,10 +319,8 @@ class Run:
     def write_outputs(self, outputs: Mapping[str, Any]) -> Path:
         """Write the final evaluation's member logits and labels, ``outputs.npz`` (atomic):
         ``test``, ``test_labels``, ``val``, ``val_labels``, ``ood/<name>``; logits (M, N, K)."""
-        buffer = io.BytesIO()
-        np.savez_compressed(buffer, **{k: v.numpy() for k, v in outputs.items()})
         with self.writing(self.path / OUTPUTS):
-            return atomic_write(self.path / OUTPUTS, buffer.getvalue())
+            return atomic_savez(self.path / OUTPUTS, outputs)
 
     def write_final(self, results: Mapping[str, Any]) -> Path:
         """Write ``final.json`` atomically."""
