@@ -184,9 +184,18 @@ def _eval(args: argparse.Namespace) -> int:
     from snens.engine.runs import RunDirError, to_json
 
     try:
-        results, state = evaluate_run(args.run_dir)
+        results, state = evaluate_run(
+            args.run_dir,
+            corruptions=not args.no_corruptions,
+            ood_scores=args.ood_scores,
+            conformal_alpha=args.alpha,
+            calibrators=args.calibrators,
+        )
     except (RunDirError, CheckpointError, FileNotFoundError) as error:
         print(f"snens eval: {error}", file=sys.stderr)
+        return 2
+    except ValueError as error:  # an override the run's config refuses
+        print(f"snens eval: {error} (given on the command line)", file=sys.stderr)
         return 2
     if args.json:
         print(to_json(results, indent=2))
@@ -350,10 +359,38 @@ def build_parser() -> argparse.ArgumentParser:
         help="re-evaluate a run from its last.pt (loaded with weights_only) and print the "
         "metrics table",
         description="Rebuild a run's model and data from its config.toml, load last.pt "
-        "(verified, weights_only) and run the full evaluation.",
+        "(verified, weights_only) and run the full evaluation; the conformal α, the "
+        "calibrators and the OOD scores can differ from the run's, with no retraining.",
+        epilog="example: snens eval runs/snens --alpha 0.05 --calibrators temperature vector "
+        "--ood-scores energy --no-corruptions",
     )
     evaluate.add_argument("run_dir", metavar="RUN_DIR", help="a directory made by snens train")
     evaluate.add_argument("--json", action="store_true", help="print the metrics as JSON")
+    evaluate.add_argument(
+        "--alpha",
+        type=float,
+        metavar="A",
+        help="miscoverage α of the conformal prediction sets (test/conformal_*), in (0, 1); "
+        "default: the run's data.conformal_alpha",
+    )
+    evaluate.add_argument(
+        "--calibrators",
+        nargs="*",
+        metavar="NAME",
+        help="post-hoc calibrators fitted on the run's validation split: temperature "
+        "(test_ts/*), vector (test_vs/*), matrix (test_ms/*), histogram (test_hb/*); none "
+        "given: none; default: the run's data.calibrators",
+    )
+    evaluate.add_argument(
+        "--ood-scores",
+        nargs="*",
+        metavar="NAME",
+        help="OOD scores beside msp (ood/<set>/<score>/{auroc,aupr,fpr95}): max_logit, "
+        "energy, entropy, mutual_information, msp; default: the run's data.ood_scores",
+    )
+    evaluate.add_argument(
+        "--no-corruptions", action="store_true", help="leave the corrupted test sets out"
+    )
     evaluate.set_defaults(run=_eval)
     pool = sub.add_parser(
         "pool",

@@ -46,6 +46,7 @@ from snens.engine.toml_io import (
     read_toml,
 )
 from snens.evaluation.conformal import min_calibration_size
+from snens.evaluation.protocol import CALIBRATED_PREFIXES
 from snens.method.optim import GAMMA_LR_MULTIPLIER
 from snens.method.regularizer import DEFAULT_DIVERSITY_WEIGHT, DEFAULT_TEMPERATURE
 from snens.metrics import LOGIT_OOD_SCORES, OOD_SCORES
@@ -249,6 +250,10 @@ class DataConfig(_Section):
     # miscoverage α of the split-conformal prediction sets calibrated on the validation split
     # (test/conformal_{thr,aps}_{coverage,size}); needs validation_examples >= ⌈1/α⌉ − 1
     conformal_alpha: float = 0.1
+    # post-hoc calibrators fitted on the validation split, the test metrics after each under
+    # its prefix: temperature (test_ts/*), vector (test_vs/*), matrix (test_ms/*; K² + K
+    # parameters), histogram (test_hb/*); [] = none
+    calibrators: tuple[str, ...] = ("temperature",)
     corruptions: bool = False  # evaluate on generated CIFAR-C-style corruptions of the test set
     corruption_names: tuple[str, ...] = ()  # () = the 15 CIFAR-10-C corruptions
     severities: tuple[int, ...] = SEVERITIES  # each in 1..5
@@ -298,6 +303,9 @@ class DataConfig(_Section):
         scores = (*OOD_SCORES, *LOGIT_OOD_SCORES)
         for score in self.ood_scores:
             _require(score in scores, self.key("ood_scores"), f"a list of {scores}", score)
+        for name in self.calibrators:
+            choices = list(CALIBRATED_PREFIXES)
+            _require(name in choices, self.key("calibrators"), f"a list of {choices}", name)
         alpha = self.conformal_alpha
         _require(0 < alpha < 1, self.key("conformal_alpha"), "a number in (0, 1)", alpha)
         least = min_calibration_size(alpha)
@@ -325,7 +333,14 @@ class DataConfig(_Section):
             _require(name in known, self.key("corruption_names"), f"a list of {known}", name)
         for s in self.severities:
             _require(1 <= s <= 5, self.key("severities"), "a list of ints in 1..5", s)
-        for name in ("augment", "ood", "ood_scores", "corruption_names", "severities"):
+        for name in (
+            "augment",
+            "ood",
+            "ood_scores",
+            "calibrators",
+            "corruption_names",
+            "severities",
+        ):
             values = list(getattr(self, name))
             twice = sorted({v for v in values if values.count(v) > 1}, key=values.index)
             if twice:

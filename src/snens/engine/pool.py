@@ -100,7 +100,10 @@ def pool_runs(
         raise ValueError(f"cannot pool {', '.join(map(str, paths))}: {error}") from None
     data = configs[0].data
     metrics = logit_metrics(
-        stacked, ood_scores=data.ood_scores, conformal_alpha=data.conformal_alpha
+        stacked,
+        ood_scores=data.ood_scores,
+        conformal_alpha=data.conformal_alpha,
+        calibrators=data.calibrators,
     )
     result = {
         "metrics": metrics,

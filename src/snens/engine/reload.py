@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -88,8 +89,9 @@ def final_metrics(
     """What ``final.json`` holds of a model on a run's data (a
     :class:`~snens.engine.datasets.Data`), and the member logits it kept (``outputs.npz``):
     :func:`snens.evaluate`'s metrics, the validation split's, and, from the kept logits with
-    no second pass, the OOD scores of ``data.ood_scores`` and, with a validation split,
-    temperature scaling and conformal sets at ``data.conformal_alpha`` fitted on it. The
+    no second pass, the OOD scores of ``data.ood_scores`` and, with a validation split, the
+    calibrators of ``data.calibrators`` and conformal sets at ``data.conformal_alpha`` fitted
+    on it. The
     engine and :func:`evaluate_run` both call it; the engine passes the ``validation``
     logits (``"val"``, ``"val_labels"``) its last epoch's learning curve kept of this same
     model, so the validation split is not run again.
@@ -108,9 +110,14 @@ def final_metrics(
             outputs["val"], outputs["val_labels"] = collect(model, loaded.validation, logits=True)
         else:
             outputs.update(val=validation["val"], val_labels=validation["val_labels"])
-    alpha = config.data.conformal_alpha
+    data = config.data
     metrics.update(
-        held_out_metrics(outputs, ood_scores=config.data.ood_scores, conformal_alpha=alpha)
+        held_out_metrics(
+            outputs,
+            ood_scores=data.ood_scores,
+            conformal_alpha=data.conformal_alpha,
+            calibrators=data.calibrators,
+        )
     )
     return metrics, outputs
 
@@ -194,12 +201,17 @@ def evaluate_run(
     ood_score: str | Sequence[str] = "msp",
     corruptions: bool = True,
     validation: bool = True,
+    ood_scores: Sequence[str] | None = None,
+    conformal_alpha: float | None = None,
+    calibrators: Sequence[str] | None = None,
 ) -> tuple[dict[str, float], dict[str, Any]]:
     """Re-evaluate a run: its model (:func:`load_run_model`) on its data, rebuilt from its
     config.toml, with the run's threads and determinism settings, so it reproduces
     ``final.json``'s metrics: :func:`snens.evaluate`'s, the validation split's, and those of
-    the kept logits (``data.ood_scores``; temperature scaling and conformal sets at
-    ``data.conformal_alpha`` fitted on the validation split).
+    the kept logits (``data.ood_scores``; the calibrators of ``data.calibrators`` and
+    conformal sets at ``data.conformal_alpha`` fitted on the validation split). The last
+    three can be changed for this evaluation: another α, more calibrators, other OOD scores
+    need no retraining.
 
     Args:
         run_dir: the run directory.
@@ -207,19 +219,28 @@ def evaluate_run(
         corruptions: False leaves the corrupted test sets out (the slow part).
         validation: False leaves the validation split out (no ``val/*``, ``test_ts/*`` or
             ``test/conformal_*`` metrics).
+        ood_scores, conformal_alpha, calibrators: in place of the run's ``data.ood_scores``,
+            ``data.conformal_alpha`` and ``data.calibrators``; None keeps the run's.
 
     Returns:
         ``(metrics, state)``: the metrics as in ``final.json``, and the checkpoint.
 
     Raises:
         RunDirError, FileNotFoundError, CheckpointError: see :func:`load_run_model`.
+        ValueError: an override the config refuses (an unknown score or calibrator, α outside
+            (0, 1) or too small for the run's validation split); the message names it.
     """
     model, config, state = load_run_model(run_dir)
     data_config = dataclasses.replace(
         config.data,
         corruptions=config.data.corruptions and corruptions,
         validation_examples=config.data.validation_examples if validation else 0,
+        **_overrides(
+            ood_scores=ood_scores, conformal_alpha=conformal_alpha, calibrators=calibrators
+        ),
     )
+    data_config.validate()
+    config = dataclasses.replace(config, data=data_config)
     with reproducible(config):
         device = resolve_device(config.device)
         loaded = build_data(
@@ -227,3 +248,26 @@ def evaluate_run(
         )
         metrics, _ = final_metrics(model, loaded, config, ood_score=ood_score)
     return metrics, state
+
+
+def _overrides(**values: Any) -> dict[str, Any]:
+    """The evaluation settings given (not None) as the config holds them: a name or a list of
+    names as a tuple, α as a float.
+
+    Raises:
+        TypeError: α that is not a number, or names that are not strings.
+    """
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if value is None:
+            continue
+        if key == "conformal_alpha":
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise TypeError(f"conformal_alpha must be a number in (0, 1), got {value!r}")
+            out[key] = float(value)
+            continue
+        names = (value,) if isinstance(value, str) else tuple(value)
+        if not all(isinstance(name, str) for name in names):
+            raise TypeError(f"{key} must be a name or a list of names, got {value!r}")
+        out[key] = names
+    return out

@@ -38,9 +38,11 @@ from snens import metrics
 from snens.evaluation import conformal
 
 __all__ = [
+    "CALIBRATED_PREFIXES",
     "CONFORMAL_SCORES",
     "SHIFT_METRICS",
     "collect",
+    "calibrated_metrics",
     "ensemble_metrics",
     "evaluate",
     "held_out_metrics",
@@ -645,8 +647,78 @@ def temperature_scaled_metrics(outputs: Mapping[str, Tensor]) -> dict[str, float
         T = fit_temperature(outputs["val"], outputs["val_labels"])
     probs = (outputs["test"] / T).softmax(dim=-1)  # (M, N, K)
     values = ensemble_metrics(probs, outputs["test_labels"])
-    keep = ("accuracy", "nll", "brier", "ece", "adaptive_ece")
-    return {"test_ts/temperature": T, **{f"test_ts/{k}": values[k] for k in keep}}
+    return {"test_ts/temperature": T, **{f"test_ts/{k}": values[k] for k in _CALIBRATED_KEEP}}
+
+
+_CALIBRATED_KEEP = ("accuracy", "nll", "brier", "ece", "adaptive_ece")
+
+CALIBRATED_PREFIXES = {
+    "temperature": "test_ts",
+    "vector": "test_vs",
+    "matrix": "test_ms",
+    "histogram": "test_hb",
+}
+"""Each post-hoc calibrator's prefix in a run's metrics, ``<prefix>/<metric>``: temperature,
+vector and matrix scaling (TS, VS, MS) and histogram binning (HB)."""
+
+
+def calibrated_metrics(
+    outputs: Mapping[str, Tensor], calibrators: str | Sequence[str] = ("temperature",)
+) -> dict[str, float]:
+    """The test metrics after each post-hoc calibrator of ``calibrators``, fitted on the
+    validation logits and applied to the test logits
+    (:func:`~snens.evaluation.calibration.fit_calibrator`, its default options), keyed
+    ``<prefix>/<metric>`` by :data:`CALIBRATED_PREFIXES` (``test_ts/nll``, ``test_vs/ece``, …);
+    temperature also gives ``test_ts/temperature`` (:func:`temperature_scaled_metrics`).
+
+    Args:
+        outputs: the dict ``evaluate(..., keep_logits=outputs)`` filled, with a validation
+            split: ``"val"``, ``"val_labels"``, ``"test"``, ``"test_labels"``.
+        calibrators: names of :data:`CALIBRATED_PREFIXES`, each once; ``()`` for none.
+
+    Returns:
+        A flat ``{key: float}``: ``accuracy``, ``nll``, ``brier``, ``ece`` and
+        ``adaptive_ece`` (15 bins) under each calibrator's prefix.
+
+    Shape:
+        outputs: ``"val"`` (M, N_val, K), ``"val_labels"`` (N_val,), ``"test"`` (M, N, K),
+        ``"test_labels"`` (N,).
+
+    Raises:
+        ValueError: an unknown calibrator, or one listed twice (the message lists the
+            choices); validation logits or labels the calibrator refuses.
+        KeyError: ``outputs`` without one of those four keys.
+    """
+    from snens.evaluation.calibration import fit_calibrator  # calibration imports this module
+
+    names = _check_calibrators(calibrators)
+    results: dict[str, float] = {}
+    for name in names:
+        if name == "temperature":
+            results.update(temperature_scaled_metrics(outputs))
+            continue
+        calibrator = fit_calibrator(name, outputs["val"], outputs["val_labels"])
+        probs = calibrator.apply(outputs["test"]).softmax(dim=-1)  # (M, N, K) or (1, N, K)
+        values = ensemble_metrics(probs, outputs["test_labels"])
+        prefix = CALIBRATED_PREFIXES[name]
+        results.update({f"{prefix}/{k}": values[k] for k in _CALIBRATED_KEEP})
+    return results
+
+
+def _check_calibrators(calibrators: str | Sequence[str]) -> list[str]:
+    """``calibrators`` as a list of names of :data:`CALIBRATED_PREFIXES`, each once.
+
+    Raises:
+        ValueError: an unknown name, or one listed twice; the message lists the choices.
+    """
+    names = [calibrators] if isinstance(calibrators, str) else list(calibrators)
+    choices = list(CALIBRATED_PREFIXES)
+    for name in names:
+        if name not in CALIBRATED_PREFIXES:
+            raise ValueError(f"unknown calibrator {name!r}; choose among {choices}")
+        if names.count(name) > 1:
+            raise ValueError(f"calibrator {name!r} is listed twice; list each once")
+    return names
 
 
 def stack_members(outputs: Sequence[Mapping[str, Tensor]]) -> dict[str, Tensor]:
@@ -716,11 +788,12 @@ def logit_metrics(
     ood_score: str | Sequence[str] = "msp",
     ood_scores: str | Sequence[str] = ("max_logit", "energy"),
     conformal_alpha: float = 0.1,
+    calibrators: str | Sequence[str] = ("temperature",),
     num_bins: int = 15,
 ) -> dict[str, float]:
     """The metrics a run's final evaluation reports, from kept logits alone: what
     :func:`evaluate` gives on the test and OOD sets (with the same ``ood_score`` keys), the
-    validation split's, temperature scaling fitted on it and :func:`posthoc_metrics`
+    validation split's, the post-hoc calibrators fitted on it and :func:`posthoc_metrics`
     (:func:`held_out_metrics`). Metrics of corrupted
     sets are not among them: ``evaluate`` keeps no logits of those.
 
@@ -728,6 +801,7 @@ def logit_metrics(
         outputs: as :func:`posthoc_metrics` takes them, e.g. :func:`stack_members`' result.
         ood_score: the score (or scores) of :func:`evaluate`'s ``ood/<name>/…`` keys.
         ood_scores, conformal_alpha: of :func:`posthoc_metrics`.
+        calibrators: of :func:`calibrated_metrics`.
         num_bins: bins of the calibration errors.
 
     Returns:
@@ -751,7 +825,11 @@ def logit_metrics(
         results.update(_ood_keys(name, in_scores, member_outputs, scores, ood_score))
     results.update(
         held_out_metrics(
-            outputs, ood_scores=ood_scores, conformal_alpha=conformal_alpha, num_bins=num_bins
+            outputs,
+            ood_scores=ood_scores,
+            conformal_alpha=conformal_alpha,
+            calibrators=calibrators,
+            num_bins=num_bins,
         )
     )
     return results
@@ -762,30 +840,34 @@ def held_out_metrics(
     *,
     ood_scores: str | Sequence[str] = ("max_logit", "energy"),
     conformal_alpha: float = 0.1,
+    calibrators: str | Sequence[str] = ("temperature",),
     num_bins: int = 15,
 ) -> dict[str, float]:
     """What a run reports beyond :func:`evaluate`'s test and OOD metrics, from kept logits:
     with a validation split (``"val"``, ``"val_labels"``), its metrics (``val/<metric>``) and
-    temperature scaling fitted on it (:func:`temperature_scaled_metrics`); and always
-    :func:`posthoc_metrics`. The engine's final evaluation, :func:`logit_metrics` and a run
-    evaluated again all compose their results with it.
+    the post-hoc calibrators fitted on it (:func:`calibrated_metrics`: temperature scaling by
+    default); and always :func:`posthoc_metrics`. The engine's final evaluation,
+    :func:`logit_metrics` and a run evaluated again all compose their results with it.
 
     Args:
         outputs: as :func:`posthoc_metrics` takes them.
         ood_scores, conformal_alpha: of :func:`posthoc_metrics`.
+        calibrators: of :func:`calibrated_metrics` (checked with or without a validation
+            split; fitted only with one).
         num_bins: bins of the validation split's calibration errors.
 
     Returns:
         A flat ``{key: float}``.
 
     Raises:
-        ValueError, KeyError, TypeError: as :func:`temperature_scaled_metrics` and
+        ValueError, KeyError, TypeError: as :func:`calibrated_metrics` and
             :func:`posthoc_metrics` raise.
     """
+    _check_calibrators(calibrators)
     results = {}
     if "val" in outputs:
         values = ensemble_metrics(outputs["val"].softmax(dim=-1), outputs["val_labels"], num_bins)
         results.update({f"val/{k}": v for k, v in values.items()})
-        results.update(temperature_scaled_metrics(outputs))
+        results.update(calibrated_metrics(outputs, calibrators))
     results.update(posthoc_metrics(outputs, ood_scores=ood_scores, conformal_alpha=conformal_alpha))
     return results
