@@ -153,3 +153,26 @@ def test_snens_eval_refuses_bad_settings_naming_them(run, capsys, flags, message
     err = capsys.readouterr().err
     assert err.startswith("snens eval: ") and "(given on the command line)" in err
     assert re.search(message, err), err
+
+
+def test_alpha_or_calibrators_without_a_validation_split_are_refused(run, tmp_path, capsys):
+    with pytest.raises(ValueError, match="validation=False leaves it out"):
+        evaluate_run(run, corruptions=False, validation=False, conformal_alpha=0.2)
+    config = load_config(
+        preset("fashion_mnist_small_cnn_tiny"),
+        [
+            f"out_dir={json.dumps(str(tmp_path))}",
+            'name="plain"',
+            "threads=1",
+            "data.train_examples=200",
+            "data.test_examples=200",
+            "optim.epochs=1",
+        ],
+    )
+    plain = train(config, progress=False, log=None)
+    assert main(["eval", str(plain), "--no-corruptions", "--calibrators", "vector"]) == 2
+    err = capsys.readouterr().err
+    assert "it has none (data.validation_examples = 0)" in err, err
+    # no calibrators asked for: nothing to fit, measured as trained
+    got, _ = evaluate_run(plain, corruptions=False, calibrators=[])
+    assert "test/nll" in got and not [k for k in got if k.startswith(("val/", "test_"))]

@@ -228,7 +228,8 @@ def evaluate_run(
     Raises:
         RunDirError, FileNotFoundError, CheckpointError: see :func:`load_run_model`.
         ValueError: an override the config refuses (an unknown score or calibrator, α outside
-            (0, 1) or too small for the run's validation split); the message names it.
+            (0, 1) or too small for the run's validation split), or α or calibrators given for
+            a run without a validation split to fit them on; the message names it.
     """
     model, config, state = load_run_model(run_dir)
     data_config = dataclasses.replace(
@@ -240,6 +241,14 @@ def evaluate_run(
         ),
     )
     data_config.validate()
+    fitted = conformal_alpha is not None or bool(calibrators)
+    if fitted and data_config.validation_examples == 0:
+        why = "it has none" if validation else "validation=False leaves it out"
+        raise ValueError(
+            f"conformal sets and calibrators are fitted on the run's validation split, and "
+            f"{why} (data.validation_examples = {config.data.validation_examples}); train a run "
+            "with data.validation_examples > 0 to measure them"
+        )
     config = dataclasses.replace(config, data=data_config)
     with reproducible(config):
         device = resolve_device(config.device)
