@@ -11,12 +11,15 @@ import numpy as np
 import pytest
 import torch
 
+from snens.engine.cli import main
 from snens.engine.config import load_config
 from snens.engine.pool import pool_runs
 from snens.engine.presets import preset
 from snens.engine.runs import read_outputs
 from snens.engine.train import train
+from snens.evaluation.calibration import fit_calibrator
 from snens.evaluation.protocol import (
+    ensemble_metrics,
     held_out_metrics,
     logit_metrics,
     posthoc_metrics,
@@ -197,3 +200,55 @@ def test_stack_members_refuses_dicts_of_other_sets():
         ValueError, match=r"test: member logits of shapes \[\(2, 5, 3\), \(2, 5, 4\)\]"
     ):
         stack_members([a, c])
+
+
+def _with_config(run, where, old, new):
+    copy = _copy(run, where)
+    text = (copy / "config.toml").read_text()
+    assert old in text
+    (copy / "config.toml").write_text(text.replace(old, new))
+    return copy
+
+
+def test_pooled_logits_are_measured_at_the_alpha_calibrators_and_scores_given(runs, tmp_path):
+    runs_own = pool_runs(runs)["metrics"]
+    given = pool_runs(runs, conformal_alpha=0.3, calibrators=["vector"], ood_scores=["entropy"])
+    metrics = given["metrics"]
+    assert "test_vs/nll" in metrics and not [k for k in metrics if k.startswith("test_ts/")]
+    assert "ood/mnist_5k/entropy/auroc" in metrics and "ood/mnist_5k/energy/auroc" not in metrics
+    assert metrics["test/conformal_thr_size"] < runs_own["test/conformal_thr_size"]
+    assert metrics["test/nll"] == runs_own["test/nll"]  # the same logits
+    # by hand: vector scaling fitted on the pooled validation logits
+    kept = stack_members([read_outputs(run) for run in runs])
+    fitted = fit_calibrator("vector", kept["val"], kept["val_labels"])
+    expected = ensemble_metrics(fitted.apply(kept["test"]).softmax(-1), kept["test_labels"])
+    assert metrics["test_vs/nll"] == pytest.approx(expected["nll"], rel=1e-9)
+
+
+def test_runs_that_differ_only_in_how_they_are_measured_pool(runs, tmp_path, capsys):
+    """Calibrators, α and scores do not change the logits: such runs pool, measured as given;
+    their settings must then be given (or agree), and copies are still copies."""
+    other = _with_config(
+        runs[2], tmp_path / "other", "conformal_alpha = 0.1", "conformal_alpha = 0.2"
+    )
+    with pytest.raises(ValueError, match=r"conformal_alpha 0.1 and 0.2: give.*--alpha"):
+        pool_runs([runs[0], runs[1], other])
+    pooled = pool_runs([runs[0], runs[1], other], conformal_alpha=0.2)
+    assert pooled["metrics"]["test/num_members"] == 3
+    copy = _with_config(
+        runs[1], tmp_path / "copy", 'calibrators = ["temperature"]', 'calibrators = ["vector"]'
+    )
+    with pytest.raises(ValueError, match=r"same configuration and seed \(1\).*copies"):
+        pool_runs([runs[0], runs[1], copy], calibrators=["vector"])
+    assert main(["pool", str(runs[0]), str(runs[1]), "--alpha", "2"]) == 2
+    assert "data.conformal_alpha" in capsys.readouterr().err
+
+
+def test_alpha_or_calibrators_for_runs_without_a_validation_split_are_refused(tmp_path):
+    plain = [
+        train(_config(tmp_path, seed, "data.validation_examples=0"), progress=False, log=None)
+        for seed in (0, 1)
+    ]
+    assert "test_ts/nll" not in pool_runs(plain)["metrics"]
+    with pytest.raises(ValueError, match=r"kept none \(data.validation_examples = 0\)"):
+        pool_runs(plain, calibrators=["histogram"])

@@ -210,7 +210,13 @@ def _pool(args: argparse.Namespace) -> int:
     from snens.engine.runs import to_json
 
     try:
-        result = pool_runs(args.run_dirs, args.out)
+        result = pool_runs(
+            args.run_dirs,
+            args.out,
+            ood_scores=args.ood_scores,
+            conformal_alpha=args.alpha,
+            calibrators=args.calibrators,
+        )
     except (ValueError, TypeError, OSError) as error:
         print(f"snens pool: {error}", file=sys.stderr)
         return 2
@@ -318,6 +324,33 @@ def _metrics_table(results: dict[str, float]) -> str:
     return "\n".join(lines)
 
 
+def _measuring_flags(parser: argparse.ArgumentParser, whose: str) -> None:
+    """--alpha, --calibrators, --ood-scores: how the kept logits are measured, in place of
+    the config's."""
+    parser.add_argument(
+        "--alpha",
+        type=float,
+        metavar="A",
+        help="miscoverage α of the conformal prediction sets (test/conformal_*), in (0, 1); "
+        f"default: {whose} data.conformal_alpha",
+    )
+    parser.add_argument(
+        "--calibrators",
+        nargs="*",
+        metavar="NAME",
+        help="post-hoc calibrators fitted on the validation split: temperature (test_ts/*), "
+        "vector (test_vs/*), matrix (test_ms/*), histogram (test_hb/*); the flag alone: none; "
+        f"default: {whose} data.calibrators",
+    )
+    parser.add_argument(
+        "--ood-scores",
+        nargs="*",
+        metavar="NAME",
+        help="OOD scores beside msp (ood/<set>/<score>/{auroc,aupr,fpr95}): max_logit, "
+        f"energy, entropy, mutual_information, msp; default: {whose} data.ood_scores",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="snens",
@@ -366,28 +399,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     evaluate.add_argument("run_dir", metavar="RUN_DIR", help="a directory made by snens train")
     evaluate.add_argument("--json", action="store_true", help="print the metrics as JSON")
-    evaluate.add_argument(
-        "--alpha",
-        type=float,
-        metavar="A",
-        help="miscoverage α of the conformal prediction sets (test/conformal_*), in (0, 1); "
-        "default: the run's data.conformal_alpha",
-    )
-    evaluate.add_argument(
-        "--calibrators",
-        nargs="*",
-        metavar="NAME",
-        help="post-hoc calibrators fitted on the run's validation split: temperature "
-        "(test_ts/*), vector (test_vs/*), matrix (test_ms/*), histogram (test_hb/*); none "
-        "given: none; default: the run's data.calibrators",
-    )
-    evaluate.add_argument(
-        "--ood-scores",
-        nargs="*",
-        metavar="NAME",
-        help="OOD scores beside msp (ood/<set>/<score>/{auroc,aupr,fpr95}): max_logit, "
-        "energy, entropy, mutual_information, msp; default: the run's data.ood_scores",
-    )
+    _measuring_flags(evaluate, "the run's")
     evaluate.add_argument(
         "--no-corruptions", action="store_true", help="leave the corrupted test sets out"
     )
@@ -408,6 +420,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", metavar="DIR", help="write the ensemble's final.json and outputs.npz here"
     )
     pool.add_argument("--json", action="store_true", help="print the result as JSON")
+    _measuring_flags(pool, "the runs'")
     pool.set_defaults(run=_pool)
     sweep = sub.add_parser(
         "sweep",

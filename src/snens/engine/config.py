@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import numbers
 import os
 import re
 import typing
@@ -67,6 +68,7 @@ __all__ = [
     "OptimConfig",
     "RunConfig",
     "did_you_mean",
+    "evaluation_overrides",
     "from_dict",
     "load_config",
     "to_dict",
@@ -908,3 +910,27 @@ def to_toml(config: RunConfig) -> str:
     return format_toml(
         to_dict(config), "snens run config (every key; see snens.engine.config for units)"
     )
+
+
+def evaluation_overrides(**values: Any) -> dict[str, Any]:
+    """Evaluation settings given in place of a run's (``ood_scores``, ``conformal_alpha``,
+    ``calibrators``; None = not given) as :class:`DataConfig` holds them: a name or a list of
+    names as a tuple, α as a float; for ``dataclasses.replace(config.data, **...)``.
+
+    Raises:
+        TypeError: α that is not a number, or names that are not strings.
+    """
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if value is None:
+            continue
+        if key == "conformal_alpha":
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise TypeError(f"conformal_alpha must be a number in (0, 1), got {value!r}")
+            out[key] = float(value)
+            continue
+        names = (value,) if isinstance(value, str) else tuple(value)
+        if not all(isinstance(name, str) for name in names):
+            raise TypeError(f"{key} must be a name or a list of names, got {value!r}")
+        out[key] = names
+    return out

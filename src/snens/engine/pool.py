@@ -18,6 +18,7 @@ peak memory the largest run's; the runs pooled, each with the SHA-256 of its log
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 from collections.abc import Sequence
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from snens.engine.checkpoint import atomic_savez, atomic_write
-from snens.engine.config import to_dict
+from snens.engine.config import evaluation_overrides, to_dict
 from snens.engine.runs import (
     CONFIG,
     FINAL,
@@ -46,8 +47,19 @@ __all__ = ["pool_runs"]
 _WHERE = ("out_dir", "name", "device", "threads", "deterministic", "checkpoint_every")
 
 
+#: Data keys that say how the kept logits are measured, not which examples they are of: runs
+#: that differ in them pool, measured with the settings given (the same in every run, else
+#: given to :func:`pool_runs`).
+_MEASURE = ("ood_scores", "conformal_alpha", "calibrators", "eval_batch_size")
+
+
 def pool_runs(
-    run_dirs: Sequence[str | os.PathLike], out: str | os.PathLike | None = None
+    run_dirs: Sequence[str | os.PathLike],
+    out: str | os.PathLike | None = None,
+    *,
+    ood_scores: Sequence[str] | None = None,
+    conformal_alpha: float | None = None,
+    calibrators: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """The ensemble of finished runs trained apart, measured from their kept logits.
 
@@ -57,6 +69,9 @@ def pool_runs(
         out: where to write the ensemble's ``outputs.npz`` and ``final.json`` (created; an
             earlier ensemble's there is replaced; a run directory is refused); None writes
             nothing.
+        ood_scores, conformal_alpha, calibrators: in place of the runs' ``data.ood_scores``,
+            ``data.conformal_alpha`` and ``data.calibrators``; None keeps the runs' (which
+            must then agree).
 
     Returns:
         ``final.json``'s content: ``"metrics"`` (the keys of a run's final metrics, less the
@@ -67,9 +82,10 @@ def pool_runs(
 
     Raises:
         ValueError: fewer than two runs, a run given twice, ``out`` a run directory, runs
-            of different data
-            configurations (the keys named) or of one configuration and seed (their members
-            would be copies), kept logits that do not stack (different examples).
+            of different data configurations (the keys named) or of one configuration and
+            seed (their members would be copies), runs whose measuring settings differ and
+            none given, a setting the config refuses, kept logits that do not stack
+            (different examples).
         FileNotFoundError: a run that has not finished, or kept no ``outputs.npz``.
         RunDirError: a run file that is not a regular file, or too large.
     """
@@ -83,6 +99,13 @@ def pool_runs(
         )
     configs = [read_config(path) for path in paths]
     _check_configs(paths, configs)
+    measure = _measuring(
+        paths,
+        configs,
+        ood_scores=ood_scores,
+        conformal_alpha=conformal_alpha,
+        calibrators=calibrators,
+    )
     finals = [read_final(path) for path in paths]
     outputs, digests = [], []
     for path in paths:
@@ -98,12 +121,17 @@ def pool_runs(
         stacked = stack_members(outputs)
     except ValueError as error:
         raise ValueError(f"cannot pool {', '.join(map(str, paths))}: {error}") from None
-    data = configs[0].data
+    if (conformal_alpha is not None or calibrators) and "val" not in stacked:
+        raise ValueError(
+            "conformal sets and calibrators are fitted on the runs' validation split, and "
+            f"{paths[0]} kept none (data.validation_examples = 0); pool runs trained with "
+            "data.validation_examples > 0 to measure them"
+        )
     metrics = logit_metrics(
         stacked,
-        ood_scores=data.ood_scores,
-        conformal_alpha=data.conformal_alpha,
-        calibrators=data.calibrators,
+        ood_scores=measure.ood_scores,
+        conformal_alpha=measure.conformal_alpha,
+        calibrators=measure.calibrators,
     )
     result = {
         "metrics": metrics,
@@ -148,13 +176,16 @@ def _check_configs(paths: list[Path], configs: list) -> None:
     """One data configuration, and no two runs of one configuration and seed."""
     dicts = [to_dict(config) for config in configs]
     for i in range(1, len(dicts)):
-        differ = config_differences(dicts[0]["data"], dicts[i]["data"], "data.")
+        first, other = (
+            {k: v for k, v in d["data"].items() if k not in _MEASURE} for d in (dicts[0], dicts[i])
+        )
+        differ = config_differences(first, other, "data.")
         if differ:
             raise ValueError(
                 f"{paths[0]} and {paths[i]} differ in {', '.join(differ[:4])}: pool runs "
                 "evaluated on the same data"
             )
-    learned = [{k: v for k, v in d.items() if k not in _WHERE} for d in dicts]
+    learned = [_learned(d) for d in dicts]
     for i in range(len(learned)):
         for j in range(i):
             if learned[i] == learned[j]:
@@ -163,6 +194,35 @@ def _check_configs(paths: list[Path], configs: list) -> None:
                     f"({dicts[i]['seed']}): their members would be copies of each other; pool "
                     "runs of different seeds"
                 )
+
+
+def _learned(config: dict[str, Any]) -> dict[str, Any]:
+    """A config dict less what does not change the members: where and how it ran, and how
+    its logits are measured."""
+    out = {k: v for k, v in config.items() if k not in _WHERE}
+    out["data"] = {k: v for k, v in config["data"].items() if k not in _MEASURE}
+    return out
+
+
+def _measuring(paths: list[Path], configs: list, **given: Any) -> Any:
+    """The data config the pooled logits are measured with: the first run's, with the
+    settings given in place of its own; a setting not given must be the same in every run."""
+    for key, value in given.items():
+        if value is not None:
+            continue
+        values = [getattr(config.data, key) for config in configs]
+        for path, v in zip(paths[1:], values[1:], strict=True):
+            if v != values[0]:
+                raise ValueError(
+                    f"{paths[0]} and {path} measure with data.{key} {values[0]!r} and {v!r}: "
+                    f"give the one to pool with ({key}=..., snens pool --{_FLAGS[key]})"
+                )
+    data = dataclasses.replace(configs[0].data, **evaluation_overrides(**given))
+    data.validate()
+    return data
+
+
+_FLAGS = {"ood_scores": "ood-scores", "conformal_alpha": "alpha", "calibrators": "calibrators"}
 
 
 def _total(finals: list[dict], section: str, key: str) -> float | int | None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -27,7 +26,7 @@ from snens.engine.checkpoint import (
     load_checkpoint,
     load_model_state,
 )
-from snens.engine.config import RunConfig, from_dict, load_config, to_dict
+from snens.engine.config import RunConfig, evaluation_overrides, from_dict, load_config, to_dict
 from snens.engine.datasets import build_data
 from snens.engine.runs import CONFIG, RunDirError, config_differences
 from snens.evaluation.protocol import collect, evaluate, held_out_metrics
@@ -236,7 +235,7 @@ def evaluate_run(
         config.data,
         corruptions=config.data.corruptions and corruptions,
         validation_examples=config.data.validation_examples if validation else 0,
-        **_overrides(
+        **evaluation_overrides(
             ood_scores=ood_scores, conformal_alpha=conformal_alpha, calibrators=calibrators
         ),
     )
@@ -257,26 +256,3 @@ def evaluate_run(
         )
         metrics, _ = final_metrics(model, loaded, config, ood_score=ood_score)
     return metrics, state
-
-
-def _overrides(**values: Any) -> dict[str, Any]:
-    """The evaluation settings given (not None) as the config holds them: a name or a list of
-    names as a tuple, α as a float.
-
-    Raises:
-        TypeError: α that is not a number, or names that are not strings.
-    """
-    out: dict[str, Any] = {}
-    for key, value in values.items():
-        if value is None:
-            continue
-        if key == "conformal_alpha":
-            if isinstance(value, bool) or not isinstance(value, numbers.Real):
-                raise TypeError(f"conformal_alpha must be a number in (0, 1), got {value!r}")
-            out[key] = float(value)
-            continue
-        names = (value,) if isinstance(value, str) else tuple(value)
-        if not all(isinstance(name, str) for name in names):
-            raise TypeError(f"{key} must be a name or a list of names, got {value!r}")
-        out[key] = names
-    return out
