@@ -204,6 +204,10 @@ def _learned(config: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+#: The command-line flag of each measuring setting, named in the refusal of runs that differ.
+_FLAGS = {"ood_scores": "ood-scores", "conformal_alpha": "alpha", "calibrators": "calibrators"}
+
+
 def _measuring(paths: list[Path], configs: list, **given: Any) -> Any:
     """The data config the pooled logits are measured with: the first run's, with the
     settings given in place of its own; a setting not given must be the same in every run."""
@@ -220,9 +224,6 @@ def _measuring(paths: list[Path], configs: list, **given: Any) -> Any:
     data = dataclasses.replace(configs[0].data, **evaluation_overrides(**given))
     data.validate()
     return data
-
-
-_FLAGS = {"ood_scores": "ood-scores", "conformal_alpha": "alpha", "calibrators": "calibrators"}
 
 
 def _total(finals: list[dict], section: str, key: str) -> float | int | None:

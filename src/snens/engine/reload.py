@@ -90,10 +90,9 @@ def final_metrics(
     :func:`snens.evaluate`'s metrics, the validation split's, and, from the kept logits with
     no second pass, the OOD scores of ``data.ood_scores`` and, with a validation split, the
     calibrators of ``data.calibrators`` and conformal sets at ``data.conformal_alpha`` fitted
-    on it. The
-    engine and :func:`evaluate_run` both call it; the engine passes the ``validation``
-    logits (``"val"``, ``"val_labels"``) its last epoch's learning curve kept of this same
-    model, so the validation split is not run again.
+    on it. The engine and :func:`evaluate_run` both call it; the engine passes the
+    ``validation`` logits (``"val"``, ``"val_labels"``) its last epoch's learning curve kept
+    of this same model, so the validation split is not run again.
     """
     outputs: dict[str, Tensor] = {}
     metrics = evaluate(
