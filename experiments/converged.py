@@ -494,12 +494,24 @@ def _queue_rank(name: str) -> float:
     return order.index(name) if name in order else 2.5 if name.endswith("_chosen") else 9
 
 
+#: The stages whose test tables score OOD detection by every score of :data:`OOD_SCORES`.
+TEST_STAGES = ("overfit", "text", "vision", "final", "posthoc")
+
+
+def _score_ood(stage: str, path: Path) -> None:
+    """Once a run finished: its OOD scores (:func:`ood_scores`) from its checkpoint, which is
+    not committed, into ``ood_scores.json``, which is, so the report needs no checkpoint."""
+    if stage in TEST_STAGES:
+        ood_scores(path)
+
+
 def run(stages: Sequence[str]) -> int:
     """Train every unfinished run of ``stages`` in order (a stage's variants may depend on the
     previous stage's results, so each stage is planned when its turn comes)."""
     failed = 0
     for stage in stages:
-        failed |= study.train([(stage, variant, run) for variant, run in runs_of(stage)])
+        queue = [(stage, variant, run) for variant, run in runs_of(stage)]
+        failed |= study.train(queue, after=_score_ood)
     return failed
 
 
@@ -634,9 +646,12 @@ OOD_SCORES = ("msp", "entropy", "mutual_information")
 def ood_scores(path: Path) -> dict[str, float] | None:
     """AUROC, AUPR and FPR95 of each OOD score (OOD positive) of a finished run, keyed
     ``<set>/<score>/<metric>``, from its last.pt, cached in ``ood_scores.json`` beside it (None
-    without either). ``final.json`` holds MSP only (the engine's default score)."""
+    without either); a run of a test stage writes it once it finishes (:func:`_score_ood`).
+    ``final.json`` holds MSP and the logit scores of ``data.ood_scores``, not the entropy and
+    mutual information of the member softmaxes."""
     import torch
 
+    from snens.engine.checkpoint import atomic_write
     from snens.engine.config import load_config
     from snens.engine.reload import evaluate_run
 
@@ -648,7 +663,7 @@ def ood_scores(path: Path) -> dict[str, float] | None:
     torch.manual_seed(load_config(path / "config.toml").seed)  # MC-dropout masks
     metrics, _ = evaluate_run(path, ood_score=list(OOD_SCORES), corruptions=False, validation=False)
     values = {k.removeprefix("ood/"): v for k, v in metrics.items() if k.startswith("ood/")}
-    cache.write_text(json.dumps(values, indent=2) + "\n")
+    atomic_write(cache, (json.dumps(values, indent=2) + "\n").encode(), mode=0o644)
     return values
 
 
@@ -990,7 +1005,7 @@ def report() -> Path:
         sections += [f"## Stage `{stage}`", "", table.table, ""]
         if stage not in ("text", "vision"):
             sections += ["Diagnosis (validation split):", "", *diagnosis(stage), ""]
-        if stage in ("overfit", "text", "vision", "final", "posthoc"):
+        if stage in TEST_STAGES:
             sections += ["Test set, corruption and OOD:", "", *test_tables(stage), ""]
             sections += [
                 "Logit OOD scores and split-conformal sets (α of the runs' config, calibrated "

@@ -10,7 +10,7 @@ resumable and parallel: each process takes the next run nobody trains (the engin
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,9 +44,11 @@ def plan_variant(variant: Variant, out: Path, overrides: Sequence[str] = ()) -> 
     )
 
 
-def train(queue: Sequence[Item]) -> int:
+def train(queue: Sequence[Item], after: Callable[[str, Path], object] | None = None) -> int:
     """Train every unfinished run of ``queue`` in order; a run another process trains (its
-    ``run.lock`` held) is left to it. Returns 1 if a run failed, else 0."""
+    ``run.lock`` held) is left to it; ``after(stage, run directory)`` is called once a run this
+    process trained has finished, while its checkpoint is there. Returns 1 if a run failed,
+    else 0."""
     tables: dict[tuple[str, str], list[SweepRun]] = {}  # a variant's sweep.csv lists every run
     for stage, variant, sweep_run in queue:
         tables.setdefault((stage, variant.name), []).append(sweep_run)
@@ -58,6 +60,8 @@ def train(queue: Sequence[Item]) -> int:
         print(f"== {stage}/{variant.name}/{sweep_run.name}", flush=True)
         table = tables[(stage, variant.name)]
         failed += len(run_sweep([sweep_run], path.parent, keys=("seed",), table=table).failed)
+        if after is not None and (path / FINAL).is_file():
+            after(stage, path)
     return 1 if failed else 0
 
 

@@ -329,3 +329,39 @@ def test_the_posthoc_table_reads_logit_scores_and_conformal_sets_where_runs_reco
     assert rows[single] == ["2", "0.7500 ± 0.0707", "0.7500 ± 0.0000", "0.9100 ± 0.0141",
                             "1.2000 ± 0.0000", "–", "–"]  # fmt: skip
     assert rows[snens_run][:4] == ["1", "0.7000", "0.7500", "0.9100"]
+
+
+def test_a_finished_test_stage_run_keeps_its_ood_scores_before_its_checkpoint_goes(tmp_path):
+    """Checkpoints are not committed: the OOD scores the test tables read from one
+    (``ood_scores.json``) are written as soon as the run finishes, in the process that trained
+    it, so a report on a fresh clone has them."""
+    module = _converged_module()
+    import study  # the sibling module, on sys.path since _converged_module
+
+    tiny = [a for a in TINY if a != "--set"]
+    variant = study.Variant("single", (*module.SINGLE, "optim.epochs=1", "data.ood=['mnist_5k']"))
+    (run,) = study.plan_variant(variant, tmp_path / "final", ("threads=1", *tiny))
+    called = []
+
+    def after(stage, path):
+        called.append((stage, path))
+        module._score_ood(stage, path)
+
+    assert study.train([("final", variant, run)], after=after) == 0
+    path = run.path()
+    assert called == [("final", path)]
+    scores = json.loads((path / "ood_scores.json").read_text())
+    final = json.loads((path / "final.json").read_text())["metrics"]
+    for score in module.OOD_SCORES:
+        assert 0 <= scores[f"mnist_5k/{score}/auroc"] <= 1
+    # the engine's own MSP AUROC and the checkpoint's agree: the same model, the same sets
+    assert scores["mnist_5k/msp/auroc"] == pytest.approx(final["ood/mnist_5k/auroc"], abs=1e-6)
+    (path / "last.pt").unlink()
+    assert module.ood_scores(path) == scores  # read back, no checkpoint needed
+    # a stage without test tables keeps nothing
+    budget = tmp_path / "budget_run"
+    budget.mkdir()
+    module._score_ood("budget", budget)
+    assert not (budget / "ood_scores.json").exists()
+    # nothing more is called for a run that is already done
+    assert study.train([("final", variant, run)], after=after) == 0 and len(called) == 1
