@@ -751,8 +751,8 @@ POSTHOC_COLUMNS = (
 def posthoc_table(stage: str) -> list[str]:
     """OOD detection by the logit scores (max logit and energy of the members' mean logit) and
     split-conformal prediction sets at the runs' α (calibrated on the validation split,
-    measured on the test set: coverage and mean set size), mean ± std over each variant's
-    seeds; a note instead when no run of the stage recorded them (it finished before the
+    measured on the test set: coverage and mean set size), mean ± std over the seeds of each
+    variant that recorded them (``n``); a note instead when no run of the stage recorded them (it finished before the
     engine kept its logits: retrain it into a fresh ``--out``)."""
     by_variant: dict[str, list[dict]] = {}
     for variant, sweep_run in runs_of(stage):
@@ -778,7 +778,8 @@ def posthoc_table(stage: str) -> list[str]:
         "|" + "---|" * (2 + len(POSTHOC_COLUMNS)),
     ]
     for name, rows in by_variant.items():
-        cells = [name, str(len(rows)), *(cell(rows, key) for _, key in POSTHOC_COLUMNS)]
+        recorded = sum(any(key in row for _, key in POSTHOC_COLUMNS) for row in rows)
+        cells = [name, str(recorded), *(cell(rows, key) for _, key in POSTHOC_COLUMNS)]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 

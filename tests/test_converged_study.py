@@ -316,6 +316,10 @@ def test_the_posthoc_table_reads_logit_scores_and_conformal_sets_where_runs_reco
         }
         final = tmp_path / "overfit" / name / f"seed={seed}" / study.FINAL
         final.write_text(json.dumps({"metrics": metrics}))
+    # a seed that finished before the runs kept their logits counts in no cell, nor in n
+    older = tmp_path / "overfit" / single / "seed=2"
+    older.mkdir()
+    (older / study.FINAL).write_text(json.dumps({"metrics": {"test/accuracy": 0.9}}))
     header, _, *lines = study.posthoc_table("overfit")
     assert [c.strip() for c in header.strip("|").split("|")][2:4] == [
         "OOD AUROC max-logit",
