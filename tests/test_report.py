@@ -604,3 +604,39 @@ def test_report_files_are_readable_as_files_written_in_place(sweep, tmp_path):
     assert stat.S_IMODE(report.csv.stat().st_mode) == 0o644
     report.path.chmod(0o640)
     assert stat.S_IMODE(write_report([root], tmp_path / "report").path.stat().st_mode) == 0o640
+
+
+def test_calibrated_conformal_and_logit_ood_columns_where_runs_report_them(tmp_path):
+    """Runs with data.calibrators, conformal sets and data.ood_scores: the table and the CSV
+    carry those metrics after the test metrics, each OOD set's other scores after its MSP."""
+    extra = {"test_ts/nll": 0.30, "test_ts/ece": 0.02, "test_vs/nll": 0.31, "test_vs/ece": 0.03}
+    extra |= {"test/conformal_thr_coverage": 0.9, "test/conformal_thr_size": 1.1}
+    extra |= {"ood/mnist_5k/energy/auroc": 0.8, "ood/mnist_5k/energy/fpr95": 0.5}
+    for seed in (0, 1):
+        path = tmp_path / "runs" / f"s{seed}"
+        final = _write_run(path, "snens", 1.0, seed)
+        values = {k: v + seed / 100 for k, v in extra.items()}
+        (path / "final.json").write_text(
+            json.dumps({**final, "metrics": final["metrics"] | values})
+        )
+    report = write_report([tmp_path / "runs"], tmp_path / "report")
+    header = [c.strip() for c in report.table.splitlines()[0].strip("|").split("|")]
+    metrics = header[header.index("seeds") + 1 :]
+    assert metrics[:10] == [
+        "test/accuracy",
+        "test/nll",
+        "test/ece",
+        "test/brier",
+        "test_ts/nll",
+        "test_ts/ece",
+        "test_vs/nll",
+        "test_vs/ece",
+        "test/conformal_thr_coverage",
+        "test/conformal_thr_size",
+    ]
+    at = metrics.index("ood/mnist_5k/fpr95")
+    assert metrics[at + 1] == "ood/mnist_5k/energy/auroc"  # AUROC only: the table stays narrow
+    assert "ood/mnist_5k/energy/fpr95" not in metrics
+    row = _read_csv(tmp_path / "report" / "report.csv")[0]
+    assert float(row["test_vs/nll mean"]) == pytest.approx(0.315)
+    assert float(row["ood/mnist_5k/energy/auroc std"]) == pytest.approx(np.std([0.8, 0.81], ddof=1))

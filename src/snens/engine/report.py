@@ -15,7 +15,11 @@ left out of the mean and std and named in the cell (``0.4000 (n=1; left out: inf
 * ``val/accuracy``, ``val/nll``, ``val/ece``, ``val/disagreement`` when the runs held out a
   validation set (``data.validation_examples``);
 * ``test/accuracy``, ``test/nll``, ``test/ece``, ``test/brier``;
-* ``ood/<set>/auroc``, ``ood/<set>/aupr``, ``ood/<set>/fpr95`` for every OOD set;
+* ``<prefix>/nll``, ``<prefix>/ece`` after each post-hoc calibrator the runs report (``test_ts``,
+  ``test_vs``, ``test_ms``, ``test_hb``; ``data.calibrators``);
+* ``test/conformal_{thr,aps}_{coverage,size}``, the conformal sets at ``data.conformal_alpha``;
+* ``ood/<set>/auroc``, ``ood/<set>/aupr``, ``ood/<set>/fpr95`` for every OOD set (MSP), and
+  ``ood/<set>/<score>/auroc`` for each other score the runs report (``data.ood_scores``);
 * ``shift/mean/accuracy``, ``shift/mean/ece`` (the mean over corruptions and severities);
 * ``params`` (``model.params``) and ``train seconds`` (``train.seconds``).
 
@@ -76,6 +80,7 @@ from snens.engine.runs import (
     read_run_file,
 )
 from snens.engine.sweep import applies
+from snens.evaluation.protocol import CALIBRATED_PREFIXES
 from snens.method.allocation import LayerAllocation, allocation
 from snens.method.ensemble import predictive_probs
 from snens.nn import MemberNorm
@@ -102,6 +107,12 @@ _SHORT = {
 # Validation first: the split that chooses τ, λ and the budget (data.validation_examples).
 _VALIDATION = ("val/accuracy", "val/nll", "val/ece", "val/disagreement")
 _CORE = ("test/accuracy", "test/nll", "test/ece", "test/brier")
+_CALIBRATED = tuple(
+    f"{prefix}/{m}" for prefix in CALIBRATED_PREFIXES.values() for m in ("nll", "ece")
+)
+_CONFORMAL = tuple(
+    f"test/conformal_{score}_{m}" for score in ("thr", "aps") for m in ("coverage", "size")
+)
 _SHIFT = ("shift/mean/accuracy", "shift/mean/ece")
 _OOD = ("auroc", "aupr", "fpr95")
 _EXTRA = {"params": ("model", "params"), "train seconds": ("train", "seconds")}
@@ -307,9 +318,16 @@ def metric_names(runs: Sequence[RunRecord]) -> list[str]:
     present: dict[str, None] = {}
     for run in runs:
         present.update(dict.fromkeys(k for k, v in run.final.get("metrics", {}).items()))
-    names = [m for m in (*_VALIDATION, *_CORE) if m in present]
+    names = [m for m in (*_VALIDATION, *_CORE, *_CALIBRATED, *_CONFORMAL) if m in present]
     ood_sets = dict.fromkeys(k.split("/")[1] for k in present if k.startswith("ood/"))
-    names += [f"ood/{s}/{m}" for s in ood_sets for m in _OOD if f"ood/{s}/{m}" in present]
+    for s in ood_sets:
+        names += [f"ood/{s}/{m}" for m in _OOD if f"ood/{s}/{m}" in present]
+        # the other scores of the set (ood/<set>/<score>/auroc), in the order the runs hold them
+        names += [
+            k
+            for k in present
+            if k.startswith(f"ood/{s}/") and k.endswith("/auroc") and k.count("/") == 3
+        ]
     names += [m for m in _SHIFT if m in present]
     names += [m for m in _EXTRA if any(r.metric(m) is not None for r in runs)]
     return names
