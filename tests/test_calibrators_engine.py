@@ -127,7 +127,12 @@ def test_a_run_is_measured_again_at_another_alpha_with_other_calibrators(run):
         evaluate_run(run, conformal_alpha="0.1")
 
 
+def _files(run):
+    return {p.name: p.read_bytes() for p in sorted(run.iterdir()) if p.is_file()}
+
+
 def test_snens_eval_takes_alpha_calibrators_and_scores(run, capsys):
+    before = _files(run)
     argv = ["eval", str(run), "--json", "--no-corruptions", "--alpha", "0.3"]
     assert main([*argv, "--calibrators", "histogram", "--ood-scores", "entropy"]) == 0
     got = json.loads(capsys.readouterr().out)
@@ -137,6 +142,7 @@ def test_snens_eval_takes_alpha_calibrators_and_scores(run, capsys):
     assert got["test/conformal_aps_size"] == pytest.approx(again["test/conformal_aps_size"])
     assert main([*argv, "--calibrators"]) == 0  # none
     assert not [k for k in json.loads(capsys.readouterr().out) if k.startswith("test_")]
+    assert _files(run) == before  # measured, not rewritten: final.json is the run's own
 
 
 @pytest.mark.parametrize(
