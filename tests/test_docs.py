@@ -77,12 +77,16 @@ def test_the_site_builds_with_warnings_as_errors(tmp_path):
         "reference/api.html",
         "reference/config.html",
         "howto/llm.html",
+        "howto/uncertainty.html",
         "study/converged.html",
         "search.html",
     ):
         assert (html / page).is_file(), page
     config = (html / "reference" / "config.html").read_text()
     assert "method.temperature" in config and "optim.lr" in config  # generated, every key
+    assert "data.calibrators" in config and "data.conformal_alpha" in config
+    cli = (html / "reference" / "cli.html").read_text()
+    assert "--calibrators" in cli and "--alpha" in cli  # snens eval's and snens pool's flags
     api = (html / "reference" / "api.html").read_text()
     assert "snens.convert" in api and "tau_for_k" in api
 
