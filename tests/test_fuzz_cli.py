@@ -5,8 +5,8 @@ status 2 and a message on stderr (either returned or as ``SystemExit(2)``); no o
 escapes. Arguments mix real and garbage sub-commands, flags, ``--set``/``--grid`` items and values
 (unicode, lone surrogates as from undecodable bytes, NUL, line breaks, huge numbers, NaN,
 broken TOML). Only cheap paths are taken: ``train --print-config``/``--list-presets``,
-``sweep --dry-run``, ``eval`` and ``report`` of directories that do not exist; the engine is
-replaced by a function that fails the test if anything would train.
+``sweep --dry-run``, ``eval``, ``pool`` and ``report`` of directories that do not exist; the
+engine is replaced by a function that fails the test if anything would train.
 
 stdout is a strict UTF-8 stream, as in a UTF-8 terminal, and stderr replaces what it cannot
 encode, as Python's does, so a message that cannot be printed is found too.
@@ -37,7 +37,7 @@ import snens.engine.train
 from snens.engine.cli import main
 from snens.engine.presets import PRESETS
 
-TRIED = {"train": 0, "sweep": 0, "report": 0, "eval": 0, "other": 0}
+TRIED = {"train": 0, "sweep": 0, "report": 0, "eval": 0, "pool": 0, "other": 0}
 ROOT = Path(tempfile.mkdtemp(prefix="snens-fuzz-cli-"))  # stays empty: nothing is written
 atexit.register(shutil.rmtree, ROOT, True)
 
@@ -169,8 +169,30 @@ def report_args(draw):
 
 
 @st.composite
+def measuring(draw):
+    """snens eval's and snens pool's --alpha, --calibrators, --ood-scores, in any state."""
+    names = st.sampled_from(["temperature", "vector", "histogram", "energy", "msp"]) | value
+    args = []
+    if draw(st.booleans()):
+        args += ["--alpha", draw(st.sampled_from(["0.1", "0", "1.5", "nan", "-inf"]) | value)]
+    for flag in ("--calibrators", "--ood-scores"):
+        if draw(st.booleans()):
+            args += [flag, *draw(st.lists(names, max_size=3))]
+    return args
+
+
+@st.composite
 def eval_args(draw):
-    return ["eval", *draw(st.lists(path, max_size=2)), *draw(st.sampled_from([[], ["--json"]]))]
+    flags = draw(st.sampled_from([[], ["--json"], ["--no-corruptions"]]))
+    return ["eval", *draw(st.lists(path, max_size=2)), *flags, *draw(measuring())]
+
+
+@st.composite
+def pool_args(draw):
+    args = ["pool", *draw(st.lists(path, max_size=3)), *draw(measuring())]
+    if draw(st.booleans()):
+        args += ["--out", draw(path)]
+    return args
 
 
 other_args = st.lists(
@@ -236,6 +258,13 @@ def test_report(argv):
 @given(eval_args())
 def test_eval(argv):
     _check(argv, "eval")
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+@given(pool_args())
+def test_pool(argv):
+    _check(argv, "pool")
+    assert not (ROOT / "missing").exists()
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
