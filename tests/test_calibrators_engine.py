@@ -3,10 +3,13 @@
 on real Fashion-MNIST."""
 
 import json
+import math
 import re
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from snens.engine.cli import main
 from snens.engine.config import load_config
@@ -182,3 +185,28 @@ def test_alpha_or_calibrators_without_a_validation_split_are_refused(run, tmp_pa
     # no calibrators asked for: nothing to fit, measured as trained
     got, _ = evaluate_run(plain, corruptions=False, calibrators=[])
     assert "test/nll" in got and not [k for k in got if k.startswith(("val/", "test_"))]
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    alpha=st.none() | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=3),
+    calibrators=st.none() | st.lists(st.sampled_from(ALL) | st.text(max_size=4), max_size=3),
+    scores=st.none()
+    | st.text(max_size=4)
+    | st.lists(st.sampled_from(["energy", "msp"]) | st.integers(), max_size=2),
+)
+def test_any_override_is_measured_or_refused_with_a_message(run, alpha, calibrators, scores):
+    try:
+        got, _ = evaluate_run(
+            run,
+            corruptions=False,
+            conformal_alpha=alpha,
+            calibrators=calibrators,
+            ood_scores=scores,
+        )
+    except (ValueError, TypeError) as error:
+        assert len(str(error)) > 20 and "Traceback" not in str(error)
+        return
+    if alpha is not None:  # measured: only an α in (0, 1) gets this far
+        assert 0 < alpha < 1 and got["test/conformal_thr_size"] >= 0
+    assert math.isfinite(got["test/nll"])
