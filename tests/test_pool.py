@@ -252,3 +252,17 @@ def test_alpha_or_calibrators_for_runs_without_a_validation_split_are_refused(tm
     assert "test_ts/nll" not in pool_runs(plain)["metrics"]
     with pytest.raises(ValueError, match=r"kept none \(data.validation_examples = 0\)"):
         pool_runs(plain, calibrators=["histogram"])
+
+
+def test_runs_trained_on_other_machines_pool(runs, tmp_path):
+    """Where the data lay and how it was read (data.root, data.num_workers, …) differ from
+    machine to machine: such runs pool; a copy under another root is still a copy."""
+    moved = _with_config(runs[2], tmp_path / "moved", 'root = ""', 'root = "/mnt/data"')
+    text = (moved / "config.toml").read_text()
+    (moved / "config.toml").write_text(text.replace("num_workers = -1", "num_workers = 3"))
+    assert pool_runs([runs[0], runs[1], moved])["metrics"] == pytest.approx(
+        pool_runs(runs)["metrics"], nan_ok=True
+    )
+    copy = _with_config(runs[1], tmp_path / "copy", 'root = ""', 'root = "/mnt/data"')
+    with pytest.raises(ValueError, match=r"same configuration and seed \(1\).*copies"):
+        pool_runs([runs[0], runs[1], copy])

@@ -50,7 +50,16 @@ _WHERE = ("out_dir", "name", "device", "threads", "deterministic", "checkpoint_e
 #: Data keys that say how the kept logits are measured, not which examples they are of: runs
 #: that differ in them pool, measured with the settings given (the same in every run, else
 #: given to :func:`pool_runs`).
-_MEASURE = ("ood_scores", "conformal_alpha", "calibrators", "eval_batch_size")
+_MEASURE = ("ood_scores", "conformal_alpha", "calibrators")
+
+#: Data keys that say where the data lay and how it was read, not what it is: runs trained
+#: on other machines differ in them and pool.
+_DATA_WHERE = ("root", "download", "num_workers", "scan_images", "eval_batch_size")
+
+
+def _data(config: dict[str, Any]) -> dict[str, Any]:
+    """A config dict's data section less the keys that do not change the examples."""
+    return {k: v for k, v in config["data"].items() if k not in (*_MEASURE, *_DATA_WHERE)}
 
 
 def pool_runs(
@@ -176,10 +185,7 @@ def _check_configs(paths: list[Path], configs: list) -> None:
     """One data configuration, and no two runs of one configuration and seed."""
     dicts = [to_dict(config) for config in configs]
     for i in range(1, len(dicts)):
-        first, other = (
-            {k: v for k, v in d["data"].items() if k not in _MEASURE} for d in (dicts[0], dicts[i])
-        )
-        differ = config_differences(first, other, "data.")
+        differ = config_differences(_data(dicts[0]), _data(dicts[i]), "data.")
         if differ:
             raise ValueError(
                 f"{paths[0]} and {paths[i]} differ in {', '.join(differ[:4])}: pool runs "
@@ -200,7 +206,7 @@ def _learned(config: dict[str, Any]) -> dict[str, Any]:
     """A config dict less what does not change the members: where and how it ran, and how
     its logits are measured."""
     out = {k: v for k, v in config.items() if k not in _WHERE}
-    out["data"] = {k: v for k, v in config["data"].items() if k not in _MEASURE}
+    out["data"] = _data(config)
     return out
 
 
