@@ -752,8 +752,8 @@ def posthoc_table(stage: str) -> list[str]:
     """OOD detection by the logit scores (max logit and energy of the members' mean logit) and
     split-conformal prediction sets at the runs' α (calibrated on the validation split,
     measured on the test set: coverage and mean set size), mean ± std over the seeds of each
-    variant that recorded them (``n``); a note instead when no run of the stage recorded them (it finished before the
-    engine kept its logits: retrain it into a fresh ``--out``)."""
+    variant that recorded them (``n``); a note instead when no run of the stage recorded them
+    (it finished before the engine kept its logits: retrain it into a fresh ``--out``)."""
     by_variant: dict[str, list[dict]] = {}
     for variant, sweep_run in runs_of(stage):
         final = _final(sweep_run.path())
