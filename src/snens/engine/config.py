@@ -68,11 +68,11 @@ __all__ = [
     "OptimConfig",
     "RunConfig",
     "did_you_mean",
-    "evaluation_overrides",
     "from_dict",
     "load_config",
     "to_dict",
     "to_toml",
+    "with_evaluation_settings",
 ]
 
 #: Data sets a config may name (the table :data:`snens.data.registry.DATASETS`): image sets held
@@ -912,25 +912,32 @@ def to_toml(config: RunConfig) -> str:
     )
 
 
-def evaluation_overrides(**values: Any) -> dict[str, Any]:
-    """Evaluation settings given in place of a run's (``ood_scores``, ``conformal_alpha``,
-    ``calibrators``; None = not given) as :class:`DataConfig` holds them: a name or a list of
-    names as a tuple, α as a float; for ``dataclasses.replace(config.data, **...)``.
+def with_evaluation_settings(
+    data: DataConfig,
+    *,
+    ood_scores: str | Sequence[str] | None = None,
+    conformal_alpha: float | None = None,
+    calibrators: str | Sequence[str] | None = None,
+) -> DataConfig:
+    """``data`` measured with other evaluation settings (None keeps its own), checked as a
+    config is: a name or a list of names as a tuple, α as a float.
 
     Raises:
         TypeError: α that is not a number, or names that are not strings.
+        ValueError: a value the config refuses (see :meth:`DataConfig.validate`).
     """
-    out: dict[str, Any] = {}
-    for key, value in values.items():
+    values: dict[str, Any] = {}
+    if conformal_alpha is not None:
+        if isinstance(conformal_alpha, bool) or not isinstance(conformal_alpha, numbers.Real):
+            raise TypeError(f"conformal_alpha must be a number in (0, 1), got {conformal_alpha!r}")
+        values["conformal_alpha"] = float(conformal_alpha)
+    for key, value in (("ood_scores", ood_scores), ("calibrators", calibrators)):
         if value is None:
-            continue
-        if key == "conformal_alpha":
-            if isinstance(value, bool) or not isinstance(value, numbers.Real):
-                raise TypeError(f"conformal_alpha must be a number in (0, 1), got {value!r}")
-            out[key] = float(value)
             continue
         names = (value,) if isinstance(value, str) else tuple(value)
         if not all(isinstance(name, str) for name in names):
             raise TypeError(f"{key} must be a name or a list of names, got {value!r}")
-        out[key] = names
+        values[key] = names
+    out = dataclasses.replace(data, **values)
+    out.validate()
     return out

@@ -18,7 +18,6 @@ peak memory the largest run's; the runs pooled, each with the SHA-256 of its log
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import os
 from collections.abc import Sequence
@@ -26,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from snens.engine.checkpoint import atomic_savez, atomic_write
-from snens.engine.config import evaluation_overrides, to_dict
+from snens.engine.config import to_dict, with_evaluation_settings
 from snens.engine.runs import (
     CONFIG,
     FINAL,
@@ -115,6 +114,13 @@ def pool_runs(
         conformal_alpha=conformal_alpha,
         calibrators=calibrators,
     )
+    # one data configuration: the first run's validation split is every run's
+    if (conformal_alpha is not None or calibrators) and measure.validation_examples == 0:
+        raise ValueError(
+            "conformal sets and calibrators are fitted on the runs' validation split, and "
+            f"{paths[0]} kept none (data.validation_examples = 0); pool runs trained with "
+            "data.validation_examples > 0 to measure them"
+        )
     finals = [read_final(path) for path in paths]
     outputs, digests = [], []
     for path in paths:
@@ -130,12 +136,6 @@ def pool_runs(
         stacked = stack_members(outputs)
     except ValueError as error:
         raise ValueError(f"cannot pool {', '.join(map(str, paths))}: {error}") from None
-    if (conformal_alpha is not None or calibrators) and "val" not in stacked:
-        raise ValueError(
-            "conformal sets and calibrators are fitted on the runs' validation split, and "
-            f"{paths[0]} kept none (data.validation_examples = 0); pool runs trained with "
-            "data.validation_examples > 0 to measure them"
-        )
     metrics = logit_metrics(
         stacked,
         ood_scores=measure.ood_scores,
@@ -227,9 +227,7 @@ def _measuring(paths: list[Path], configs: list, **given: Any) -> Any:
                     f"{paths[0]} and {path} measure with data.{key} {values[0]!r} and {v!r}: "
                     f"give the one to pool with ({key}=..., snens pool --{_FLAGS[key]})"
                 )
-    data = dataclasses.replace(configs[0].data, **evaluation_overrides(**given))
-    data.validate()
-    return data
+    return with_evaluation_settings(configs[0].data, **given)
 
 
 def _total(finals: list[dict], section: str, key: str) -> float | int | None:

@@ -26,7 +26,13 @@ from snens.engine.checkpoint import (
     load_checkpoint,
     load_model_state,
 )
-from snens.engine.config import RunConfig, evaluation_overrides, from_dict, load_config, to_dict
+from snens.engine.config import (
+    RunConfig,
+    from_dict,
+    load_config,
+    to_dict,
+    with_evaluation_settings,
+)
 from snens.engine.datasets import build_data
 from snens.engine.runs import CONFIG, RunDirError, config_differences
 from snens.evaluation.protocol import collect, evaluate, held_out_metrics
@@ -230,15 +236,16 @@ def evaluate_run(
             a run without a validation split to fit them on; the message names it.
     """
     model, config, state = load_run_model(run_dir)
-    data_config = dataclasses.replace(
-        config.data,
-        corruptions=config.data.corruptions and corruptions,
-        validation_examples=config.data.validation_examples if validation else 0,
-        **evaluation_overrides(
-            ood_scores=ood_scores, conformal_alpha=conformal_alpha, calibrators=calibrators
+    data_config = with_evaluation_settings(
+        dataclasses.replace(
+            config.data,
+            corruptions=config.data.corruptions and corruptions,
+            validation_examples=config.data.validation_examples if validation else 0,
         ),
+        ood_scores=ood_scores,
+        conformal_alpha=conformal_alpha,
+        calibrators=calibrators,
     )
-    data_config.validate()
     fitted = conformal_alpha is not None or bool(calibrators)
     if fitted and data_config.validation_examples == 0:
         why = "it has none" if validation else "validation=False leaves it out"
