@@ -499,10 +499,13 @@ TEST_STAGES = ("overfit", "text", "vision", "final", "posthoc")
 
 
 def _score_ood(stage: str, path: Path) -> None:
-    """Once a run finished: its OOD scores (:func:`ood_scores`) from its checkpoint, which is
-    not committed, into ``ood_scores.json``, which is, so the report needs no checkpoint."""
+    """Once a run finished: its OOD scores (:func:`ood_scores`) from its checkpoint and its
+    conformal sets over test halvings (:func:`conformal_halves`) from its kept logits, neither
+    of which is committed, into ``ood_scores.json`` and ``conformal_halves.json``, which are,
+    so the report needs neither."""
     if stage in TEST_STAGES:
         ood_scores(path)
+        conformal_halves(path)
 
 
 def run(stages: Sequence[str]) -> int:
@@ -667,6 +670,47 @@ def ood_scores(path: Path) -> dict[str, float] | None:
     return values
 
 
+#: Conformal sets calibrated on a random half of the test set and measured on the other half,
+#: over this many halvings: calibration and test data exchangeable by construction.
+HALVINGS = 200
+CONFORMAL_HALVES = "conformal_halves.json"
+
+
+def conformal_halves(path: Path) -> dict[str, float] | None:
+    """THR and APS sets at the run's α calibrated on a random half of its test set and measured
+    on the other half, over :data:`HALVINGS` halvings
+    (:func:`snens.evaluation.conformal.resampled_coverage`, a generator seeded 0): keyed
+    ``<score>/coverage``, ``<score>/coverage_std`` (from one halving to the next) and
+    ``<score>/size``, from the run's kept logits (``outputs.npz``), cached in
+    ``conformal_halves.json`` beside them (None without either). The run's own sets are
+    calibrated on its validation split, one fixed draw; this says where their coverage may fall
+    by chance."""
+    from snens.engine.checkpoint import atomic_write
+    from snens.engine.config import load_config
+    from snens.engine.runs import OUTPUTS, read_outputs
+    from snens.evaluation.conformal import resampled_coverage
+
+    cache = path / CONFORMAL_HALVES
+    if cache.is_file():
+        return json.loads(cache.read_text())
+    if not (path / OUTPUTS).is_file():
+        return None
+    outputs = read_outputs(path)
+    alpha = load_config(path / "config.toml").data.conformal_alpha
+    values = {}
+    for score in ("thr", "aps"):
+        check = resampled_coverage(
+            outputs["test"], outputs["test_labels"], alpha, score, splits=HALVINGS
+        )
+        values |= {
+            f"{score}/coverage": check.coverage,
+            f"{score}/coverage_std": check.coverage_std,
+            f"{score}/size": check.size,
+        }
+    atomic_write(cache, (json.dumps(values, indent=2) + "\n").encode(), mode=0o644)
+    return values
+
+
 def _median_epochs_seconds(path: Path) -> float:
     """A run's training seconds as its epochs × its median epoch's: ``train/seconds`` counts the
     wall clock, so a stretch the process was stopped or shared its core (another job beside the
@@ -745,13 +789,17 @@ POSTHOC_COLUMNS = (
     ("THR size", "test/conformal_thr_size"),
     ("APS coverage", "test/conformal_aps_coverage"),
     ("APS size", "test/conformal_aps_size"),
+    ("THR coverage, test halves", "halves/thr/coverage"),
+    ("its std over the halvings", "halves/thr/coverage_std"),
+    ("APS coverage, test halves", "halves/aps/coverage"),
 )
 
 
 def posthoc_table(stage: str) -> list[str]:
     """OOD detection by the logit scores (max logit and energy of the members' mean logit) and
     split-conformal prediction sets at the runs' α (calibrated on the validation split,
-    measured on the test set: coverage and mean set size), mean ± std over the seeds of each
+    measured on the test set: coverage and mean set size) and the coverage of sets calibrated
+    on random test halves (:func:`conformal_halves`), mean ± std over the seeds of each
     variant that recorded them (``n``); a note instead when no run of the stage recorded them
     (it finished before the engine kept its logits: retrain it into a fresh ``--out``)."""
     by_variant: dict[str, list[dict]] = {}
@@ -763,6 +811,8 @@ def posthoc_table(stage: str) -> list[str]:
         row = {k: v for k, v in metrics.items() if k.startswith("test/conformal_")}
         # one OOD set per stage: keyed by score
         row.update({k.split("/", 2)[2]: v for k, v in metrics.items() if k.startswith("ood/")})
+        halves = conformal_halves(sweep_run.path()) or {}
+        row.update({f"halves/{k}": v for k, v in halves.items()})
         by_variant.setdefault(variant.name, []).append(row)
     if not any(
         key in row for rows in by_variant.values() for row in rows for _, key in POSTHOC_COLUMNS

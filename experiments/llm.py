@@ -64,7 +64,6 @@ import argparse
 import dataclasses
 import json
 import os
-import statistics
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -419,34 +418,24 @@ HALVINGS = 200
 
 def halved_test_conformal(logits, labels, alpha: float = 0.1) -> dict[str, float]:
     """THR (LAC) sets at ``alpha`` calibrated on half of the test examples and measured on the
-    other half, over :data:`HALVINGS` random halvings (a fixed generator): the mean coverage
-    and set size, and the coverage's standard deviation over the halvings — how far the
-    coverage of sets calibrated on one random sample of that size may fall from the mean.
-    Nothing (``{}``) for a test set whose half is too small for the conformal quantile at
-    ``alpha``.
+    other half, over :data:`HALVINGS` random halvings (a fixed generator;
+    :func:`snens.evaluation.conformal.resampled_coverage`): the mean coverage and set size, and
+    the coverage's standard deviation over the halvings — how far the coverage of sets
+    calibrated on one random sample of that size may fall from the mean. Nothing (``{}``) for a
+    test set whose half is too small for the conformal quantile at ``alpha``.
 
     Shape:
         logits: (M, N, K). labels: (N,).
     """
-    import torch
+    from snens.evaluation.conformal import min_calibration_size, resampled_coverage
 
-    from snens.evaluation.conformal import calibrate, coverage, mean_set_size, min_calibration_size
-
-    n = labels.shape[0]
-    if n // 2 < min_calibration_size(alpha):
+    if labels.shape[0] // 2 < min_calibration_size(alpha):
         return {}
-    generator = torch.Generator().manual_seed(0)
-    covered, sizes = [], []
-    for _ in range(HALVINGS):
-        order = torch.randperm(n, generator=generator)
-        fit, held = order[: n // 2], order[n // 2 :]
-        sets = calibrate(logits[:, fit], labels[fit], alpha, "thr").predict(logits[:, held])
-        covered.append(coverage(sets, labels[held]))
-        sizes.append(mean_set_size(sets))
+    check = resampled_coverage(logits, labels, alpha, "thr", splits=HALVINGS)
     return {
-        "test/conformal_thr_halves_coverage": statistics.fmean(covered),
-        "test/conformal_thr_halves_coverage_std": statistics.stdev(covered),
-        "test/conformal_thr_halves_size": statistics.fmean(sizes),
+        "test/conformal_thr_halves_coverage": check.coverage,
+        "test/conformal_thr_halves_coverage_std": check.coverage_std,
+        "test/conformal_thr_halves_size": check.size,
     }
 
 

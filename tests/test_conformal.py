@@ -19,6 +19,7 @@ from snens.evaluation.conformal import (
     coverage,
     mean_set_size,
     min_calibration_size,
+    resampled_coverage,
     size_stratified_coverage,
 )
 
@@ -229,19 +230,90 @@ def pool():
 def test_coverage_is_at_least_one_minus_alpha_over_random_splits(pool, score, options):
     """Over 200 random calibration/test splits of one pool, the mean coverage lies in
     [1 − α, 1 − α + 1/(n+1)] (the scores are continuous: no ties), within 4 standard errors
-    of the mean (per split ~ sqrt(α(1−α)/n) = 0.013)."""
+    of the mean (per split ~ sqrt(α(1−α)/n) = 0.013); ``resampled_coverage`` is that loop."""
     logits, labels = pool
     g = torch.Generator().manual_seed(1)
-    covered = []
+    covered, sizes = [], []
     for _ in range(SPLITS):
         perm = torch.randperm(N_POOL, generator=g)
         cal, test = perm[:N_CAL], perm[N_CAL:]
         fit = calibrate(logits[:, cal], labels[cal], ALPHA_COVER, score, generator=g, **options)
-        covered.append(coverage(fit.predict(logits[:, test], generator=g), labels[test]))
+        sets = fit.predict(logits[:, test], generator=g)
+        covered.append(coverage(sets, labels[test]))
+        sizes.append(mean_set_size(sets))
     mean = sum(covered) / SPLITS
-    se = (sum((c - mean) ** 2 for c in covered) / (SPLITS - 1) / SPLITS) ** 0.5
+    std = (sum((c - mean) ** 2 for c in covered) / (SPLITS - 1)) ** 0.5
+    se = std / SPLITS**0.5
     assert 1 - ALPHA_COVER - 4 * se <= mean <= 1 - ALPHA_COVER + 1 / (N_CAL + 1) + 4 * se
     assert se < 0.002
+
+    check = resampled_coverage(
+        logits,
+        labels,
+        ALPHA_COVER,
+        score,
+        splits=SPLITS,
+        calibration_size=N_CAL,
+        generator=torch.Generator().manual_seed(1),
+        **options,
+    )
+    assert (check.splits, check.calibration_size) == (SPLITS, N_CAL)
+    assert check.coverage == pytest.approx(mean, abs=1e-12)
+    assert check.coverage_std == pytest.approx(std, abs=1e-12)
+    assert check.size == pytest.approx(sum(sizes) / SPLITS, abs=1e-12)
+
+
+def test_resampled_coverage_spread_is_the_calibration_and_test_draws():
+    """One split's coverage varies by √(α(1−α)/n + α(1−α)/n') (the calibration quantile's draw
+    and the test sample's): 0.0147 for n = 500, n' = 2500; 200 splits estimate it within ~5%."""
+    g = torch.Generator().manual_seed(3)
+    logits = 2 * torch.randn(N_POOL, K, generator=g, dtype=torch.float64)
+    labels = torch.multinomial(logits.softmax(-1), 1, generator=g).squeeze(1)
+    check = resampled_coverage(logits, labels, 0.1, "thr", calibration_size=N_CAL)
+    predicted = math.sqrt(0.09 / N_CAL + 0.09 / (N_POOL - N_CAL))
+    assert predicted == pytest.approx(0.0147, abs=1e-4)
+    assert 0.8 * predicted < check.coverage_std < 1.2 * predicted
+    assert abs(check.coverage - 0.9) < 3 * check.coverage_std / math.sqrt(check.splits) + 0.002
+
+
+def test_resampled_coverage_hand():
+    """Every example confidently right: every set is the true class alone, in every split."""
+    labels = torch.arange(40) % 4
+    logits = 10 * torch.nn.functional.one_hot(labels, 4).double()
+    check = resampled_coverage(logits.unsqueeze(0), labels, 0.1, "thr", splits=5)
+    assert dataclasses.astuple(check) == (1.0, 0.0, 1.0, 5, 20)
+    # one model's (n, K) logits are the ensemble of one
+    assert resampled_coverage(logits, labels, 0.1, "thr", splits=5) == check
+
+
+def test_resampled_coverage_is_the_same_each_call_and_follows_its_generator(pool):
+    logits, labels = pool
+    first = resampled_coverage(logits, labels, 0.2, "aps", splits=20)
+    assert resampled_coverage(logits, labels, 0.2, "aps", splits=20) == first
+    other = resampled_coverage(
+        logits, labels, 0.2, "aps", splits=20, generator=torch.Generator().manual_seed(5)
+    )
+    assert other.coverage != first.coverage
+    assert first.calibration_size == N_POOL // 2
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"splits": 1}, r"splits must be an int >= 2 .*got 1"),
+        ({"splits": True}, r"splits must be an int >= 2"),
+        ({"splits": 2.5}, r"splits must be an int >= 2"),
+        ({"calibration_size": 0}, r"calibration_size must be an int in \[1, 19\] for 20"),
+        ({"calibration_size": 20}, r"calibration_size must be an int in \[1, 19\]"),
+        ({"calibration_size": 5.0}, r"calibration_size must be an int"),
+        ({"calibration_size": 5}, r"n = 5 examples is too small for alpha = 0.1.*n = 9"),
+        ({"alpha": 1.5}, r"alpha must lie in \(0, 1\)"),
+        ({"score": "saps"}, r"unknown conformal score 'saps'"),
+    ],
+)
+def test_resampled_coverage_refuses_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        resampled_coverage(CAL, LABELS, **{"alpha": 0.1, **kwargs})
 
 
 # ------------------------------------------------------------------------------------------------

@@ -329,16 +329,30 @@ def test_the_posthoc_table_reads_logit_scores_and_conformal_sets_where_runs_reco
         cells[0]: cells[1:]
         for cells in ([c.strip() for c in line.strip("|").split("|")] for line in lines)
     }
-    # max-logit 0.7 and 0.8; energy 0.75 twice; THR coverage 0.90 and 0.92; APS never recorded
+    # max-logit 0.7 and 0.8; energy 0.75 twice; THR coverage 0.90 and 0.92; APS never
+    # recorded; no sets over test halvings (no conformal_halves.json, no outputs.npz)
     assert rows[single] == ["2", "0.7500 ± 0.0707", "0.7500 ± 0.0000", "0.9100 ± 0.0141",
-                            "1.2000 ± 0.0000", "–", "–"]  # fmt: skip
+                            "1.2000 ± 0.0000", "–", "–", "–", "–", "–"]  # fmt: skip
     assert rows[snens_run][:4] == ["1", "0.7000", "0.7500", "0.9100"]
+    # the sets over test halvings, where a run recorded them
+    halves = {"thr/coverage": 0.9, "thr/coverage_std": 0.005, "aps/coverage": 0.901}
+    run = tmp_path / "overfit" / snens_run / "seed=0"
+    (run / study.CONFORMAL_HALVES).write_text(json.dumps(halves))
+    header, _, *lines = study.posthoc_table("overfit")
+    assert [c.strip() for c in header.strip("|").split("|")][-3:] == [
+        "THR coverage, test halves",
+        "its std over the halvings",
+        "APS coverage, test halves",
+    ]
+    row = next(line for line in lines if line.startswith(f"| {snens_run} |"))
+    assert row.endswith("| 0.9000 | 0.0050 | 0.9010 |")
 
 
 def test_a_finished_test_stage_run_keeps_its_ood_scores_before_its_checkpoint_goes(tmp_path):
-    """Checkpoints are not committed: the OOD scores the test tables read from one
-    (``ood_scores.json``) are written as soon as the run finishes, in the process that trained
-    it, so a report on a fresh clone has them."""
+    """Checkpoints and kept logits are not committed: the OOD scores the test tables read from
+    one (``ood_scores.json``) and the conformal sets over test halvings from the other
+    (``conformal_halves.json``) are written as soon as the run finishes, in the process that
+    trained it, so a report on a fresh clone has them."""
     module = _converged_module()
     import study  # the sibling module, on sys.path since _converged_module
 
@@ -360,12 +374,26 @@ def test_a_finished_test_stage_run_keeps_its_ood_scores_before_its_checkpoint_go
         assert 0 <= scores[f"mnist_5k/{score}/auroc"] <= 1
     # the engine's own MSP AUROC and the checkpoint's agree: the same model, the same sets
     assert scores["mnist_5k/msp/auroc"] == pytest.approx(final["ood/mnist_5k/auroc"], abs=1e-6)
+    # and its sets calibrated on random test halves, from the logits it kept
+    from snens.engine.runs import read_outputs
+    from snens.evaluation.conformal import resampled_coverage
+
+    halves = json.loads((path / "conformal_halves.json").read_text())
+    outputs = read_outputs(path)
+    for score in ("thr", "aps"):
+        check = resampled_coverage(outputs["test"], outputs["test_labels"], 0.1, score)
+        assert halves[f"{score}/coverage"] == check.coverage
+        assert halves[f"{score}/coverage_std"] == check.coverage_std
+        assert halves[f"{score}/size"] == check.size
     (path / "last.pt").unlink()
+    (path / "outputs.npz").unlink()
     assert module.ood_scores(path) == scores  # read back, no checkpoint needed
+    assert module.conformal_halves(path) == halves
     # a stage without test tables keeps nothing
     budget = tmp_path / "budget_run"
     budget.mkdir()
     module._score_ood("budget", budget)
     assert not (budget / "ood_scores.json").exists()
+    assert not (budget / "conformal_halves.json").exists()
     # nothing more is called for a run that is already done
     assert study.train([("final", variant, run)], after=after) == 0 and len(called) == 1

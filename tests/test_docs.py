@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import snens
+import snens.evaluation.conformal
 import snens.method.ensemble
 import snens.method.regularizer
 
@@ -40,7 +41,9 @@ def test_every_how_to_script_is_shown_on_a_page():
     assert [s.name for s in SCRIPTS if f"scripts/{s.name}" not in pages] == []
 
 
-@pytest.mark.parametrize("module", [snens.method.ensemble, snens.method.regularizer])
+@pytest.mark.parametrize(
+    "module", [snens.method.ensemble, snens.method.regularizer, snens.evaluation.conformal]
+)
 def test_docstring_examples_run(module):
     results = doctest.testmod(module, extraglobs={"snens": snens, "torch": torch})
     assert results.attempted > 0 and results.failed == 0

@@ -24,7 +24,8 @@ the first class's score exceeds q̂.
 
 :func:`calibrate` fits on calibration logits and returns a frozen :class:`ConformalPredictor`;
 :func:`coverage`, :func:`mean_set_size`, :func:`size_stratified_coverage` and
-:func:`class_conditional_coverage` measure the sets it predicts on test data.
+:func:`class_conditional_coverage` measure the sets it predicts on test data;
+:func:`resampled_coverage` checks the guarantee on held-out data by re-splitting it at random.
 """
 
 from __future__ import annotations
@@ -45,12 +46,14 @@ from snens.evaluation.calibration import _check_labels, _check_logits
 __all__ = [
     "SCORES",
     "ConformalPredictor",
+    "ResampledCoverage",
     "calibrate",
     "class_conditional_coverage",
     "conformal_quantile",
     "coverage",
     "mean_set_size",
     "min_calibration_size",
+    "resampled_coverage",
     "size_stratified_coverage",
 ]
 
@@ -495,3 +498,111 @@ def class_conditional_coverage(sets: Tensor, labels: Tensor) -> Tensor:
     )
     covered = torch.zeros_like(count).index_add_(0, y, hit.double())
     return covered / count  # 0/0 = NaN for an absent class
+
+
+@dataclass(frozen=True)
+class ResampledCoverage:
+    """The coverage of split-conformal sets over random calibration/test splits of one set of
+    examples (:func:`resampled_coverage`).
+
+    Attributes:
+        coverage: the mean over the splits of each split's test coverage — close to 1 − α, as
+            the guarantee is over the draw of the calibration split.
+        coverage_std: its standard deviation over the splits: how far the coverage of sets
+            calibrated on one sample of ``calibration_size`` may fall from the mean.
+        size: the mean set size over the splits.
+        splits: the number of random splits.
+        calibration_size: the examples calibrated on in each split; the rest are measured.
+    """
+
+    coverage: float
+    coverage_std: float
+    size: float
+    splits: int
+    calibration_size: int
+
+
+def resampled_coverage(
+    logits: Tensor,
+    labels: Tensor,
+    alpha: float = 0.1,
+    score: str = "aps",
+    *,
+    splits: int = 200,
+    calibration_size: int | None = None,
+    generator: torch.Generator | None = None,
+    **options: Any,
+) -> ResampledCoverage:
+    """Check split-conformal coverage on held-out examples: calibrate on a random
+    ``calibration_size`` of them, measure coverage and set size on the rest, ``splits`` times.
+
+    The guarantee P(y ∈ C(x)) >= 1 − α holds over the draw of the calibration split, so one
+    fixed split covers a little over or under 1 − α by chance: with n calibration and n'
+    test examples its coverage's standard deviation is about √(α(1−α)/n + α(1−α)/n') (0.005
+    for α = 0.1 and n = n' = 5,000). The mean over random splits of exchangeable data lies in
+    [1 − α, 1 − α + 1/(n+1)] (continuous scores); a mean well outside says the examples are not
+    exchangeable — or the sets are wrong. Each split draws a random permutation of the
+    examples, then (APS, RAPS) the calibration and test u, from ``generator``.
+
+    Args:
+        logits: held-out logits of the members, or of one model, as :func:`calibrate` takes.
+        labels: their class indices.
+        alpha: the miscoverage, in (0, 1).
+        score: ``"thr"``, ``"aps"`` or ``"raps"``.
+        splits: the number of random splits, >= 2.
+        calibration_size: the examples calibrated on in each split (default: half, rounded
+            down); at least :func:`min_calibration_size` (``alpha``), leaving at least one
+            to measure.
+        generator: draws the splits (default: a generator seeded 0, so the result is the same
+            each call).
+        **options: ``randomized``, ``penalty``, ``k_reg`` of :func:`calibrate`.
+
+    Returns:
+        A :class:`ResampledCoverage`.
+
+    Shape:
+        logits: (M, n, K) or (n, K). labels: (n,).
+
+    Raises:
+        TypeError, ValueError: as :func:`calibrate`; ``splits`` not an int >= 2;
+            ``calibration_size`` not an int that leaves a test example, or too small for α.
+
+    >>> g = torch.Generator().manual_seed(0)
+    >>> logits = torch.randn(4, 1000, 10, generator=g)
+    >>> labels = torch.distributions.Categorical(logits=logits.mean(0)).sample()
+    >>> check = resampled_coverage(logits, labels, alpha=0.1, score="thr", splits=50)
+    >>> check.calibration_size, round(check.coverage, 1)
+    (500, 0.9)
+    """
+    z = _check_logits(logits)
+    y = _check_labels(labels, z)
+    n = y.shape[0]
+    if isinstance(splits, bool) or not isinstance(splits, numbers.Integral) or splits < 2:
+        raise ValueError(f"splits must be an int >= 2 (a spread needs two), got {splits!r}")
+    size = n // 2 if calibration_size is None else calibration_size
+    if isinstance(size, bool) or not isinstance(size, numbers.Integral) or not 0 < size < n:
+        raise ValueError(
+            f"calibration_size must be an int in [1, {n - 1}] for {n} examples (the rest are "
+            f"measured), got {calibration_size!r}"
+        )
+    _rank(int(size), _check_alpha(alpha))  # too few to calibrate on: refused before any work
+    if z.dim() == 2:
+        z = z.unsqueeze(0)
+    generator = torch.Generator().manual_seed(0) if generator is None else generator
+    covered, sizes = [], []
+    for _ in range(int(splits)):
+        order = torch.randperm(n, generator=generator).to(y.device)
+        fit, held = order[:size], order[size:]
+        predictor = calibrate(z[:, fit], y[fit], alpha, score, generator=generator, **options)
+        sets = predictor.predict(z[:, held], generator=generator)
+        covered.append(coverage(sets, y[held]))
+        sizes.append(mean_set_size(sets))
+    mean = math.fsum(covered) / len(covered)
+    std = math.sqrt(math.fsum((c - mean) ** 2 for c in covered) / (len(covered) - 1))
+    return ResampledCoverage(
+        coverage=mean,
+        coverage_std=std,
+        size=math.fsum(sizes) / len(sizes),
+        splits=int(splits),
+        calibration_size=int(size),
+    )
