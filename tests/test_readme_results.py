@@ -180,6 +180,17 @@ TABLES = {
             11: (SEV5_ECE, "±", 3),
         },
     ),
+    "final_uncertainty": (
+        FINAL,
+        {
+            1: ("test/nll", "mean", 3),
+            2: ("test_ts/nll", "±", 3),
+            4: ("test/conformal_thr_coverage", "±", 3),
+            6: ("test/conformal_thr_size", "mean", 2),
+            7: ("test/conformal_aps_coverage", "±", 3),
+            9: ("test/conformal_aps_size", "mean", 2),
+        },
+    ),
     "overfit": (
         {
             "single": ("overfit", "single"),
@@ -280,6 +291,24 @@ def test_the_final_table_names_each_runs_parameters_and_seeds(label):
     assert _numbers(row[12])[0] == _mean(stage, variant, "ood/mnist_5k/auroc")  # MSP
 
 
+@pytest.mark.parametrize("label", FINAL)
+def test_the_final_tables_logit_scores_are_the_runs(label):
+    row = {row[0]: row for row in _plain(_table("final_uncertainty"))}[label]
+    stage, variant = FINAL[label]
+    assert _numbers(row[3]) == [
+        _mean(stage, variant, f"ood/mnist_5k/{score}/auroc") for score in ("max_logit", "energy")
+    ]
+    # the sets calibrated on random test halves: the seeds' mean coverage ± the halvings' std
+    halves = [
+        json.loads((RESULTS / stage / variant / f"seed={s}" / "conformal_halves.json").read_text())
+        for s in SEEDS
+    ]
+    for column, score in ((5, "thr"), (8, "aps")):
+        coverage = statistics.mean(h[f"{score}/coverage"] for h in halves)
+        spread = statistics.mean(h[f"{score}/coverage_std"] for h in halves)
+        assert row[column] == f"{coverage:.3f} ± {spread:.3f}", (label, score)
+
+
 # (table, row label, column header) → the cell, as the committed runs give it: the bold marks
 # are the best of the column by its direction (lower NLL / ECE, higher accuracy / AUROC)
 PINNED = {
@@ -299,7 +328,20 @@ PINNED = {
         "OOD AUROC MSP / entropy / MI",
     ): "**0.824** / **0.842** / 0.900",
     ("final", "σN-Ens τ=1 λ=0.1 (default)", "test NLL"): "0.233 ± 0.004",
-    ("final", "σN-Ens τ=1 λ=0.1 (default)", "train s"): "1996",  # epochs × median epoch
+    ("final", "σN-Ens τ=1 λ=0.1 (default)", "train s"): "1921",  # epochs × median epoch
+    (
+        "final_uncertainty",
+        "σN-Ens λ=0, γ ×1 (chosen on validation)",
+        "OOD AUROC max-logit / energy",
+    ): "**0.965** / **0.969**",
+    ("final_uncertainty", "deep ensemble", "THR size"): "**0.93**",
+    # the seeds' mean coverage over 200 test halvings ± the coverage's std from one to the next
+    (
+        "final_uncertainty",
+        "σN-Ens τ=1 λ=0.1 (default)",
+        "THR coverage, test halves (± per halving)",
+    ): "0.900 ± 0.006",
+    ("final_uncertainty", "σN-Ens τ=1 λ=0.1 (default)", "THR coverage"): "0.896 ± 0.001",
     ("posthoc", "… + 4 epochs more", "train s"): "+ 56",
     ("posthoc", "… + σN-Ens τ=1 λ=0.1, γ ×3, 4 epochs", "ECE, sev. 5"): "0.149 ± 0.018",
     ("posthoc", "deep ensemble, 40 epochs", "ECE, sev. 5"): "**0.113** ± 0.007",
@@ -344,4 +386,9 @@ def test_a_missing_seed_fails_naming_its_file(tmp_path):
     missing = root / "final" / "snens_default" / "seed=1" / "final.json"
     missing.unlink()
     with pytest.raises(FileNotFoundError, match=re.escape(str(missing))):
+        results_tables.tables(root)
+    shutil.copy(RESULTS / "final" / "snens_default" / "seed=1" / "final.json", missing)
+    halves = root / "final" / "packed" / "seed=2" / "conformal_halves.json"
+    halves.unlink()
+    with pytest.raises(FileNotFoundError, match=re.escape(str(halves))):
         results_tables.tables(root)

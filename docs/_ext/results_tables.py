@@ -8,6 +8,9 @@ Every number is read from the run directories
   ``±``), the parameter count and the training's wall-clock seconds;
 * ``ood_scores.json`` — OOD detection's AUROC by max-probability, entropy and mutual
   information;
+* ``conformal_halves.json`` — where a run has it (the final stage's): the coverage of conformal
+  sets calibrated on random halves of the test set, mean and standard deviation over the
+  halvings;
 * ``metrics.jsonl`` — the seconds of each epoch (a run's training seconds as its epochs × its
   median epoch's, robust to stretches a run was paused or shared its core);
 * ``config.toml`` — ``model.init_from``: a run that continues another's training shows its
@@ -50,6 +53,9 @@ OOD_SCORES_FILE = "ood_scores.json"
 DASH = "–"
 SEV5 = "shift/severity/5"
 OOD_SCORES = ("msp", "entropy", "mutual_information")
+#: Conformal sets calibrated on random test halves, which the converged study keeps for the runs
+#: whose logits it kept.
+HALVES_FILE = "conformal_halves.json"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -67,6 +73,8 @@ class Seed:
     median_seconds: float
     ood: dict[str, float]
     continues: bool  # trained from another run's weights (``model.init_from``)
+    path: Path
+    halves: dict[str, float] = field(default_factory=dict)  # empty: no conformal_halves.json
 
     @property
     def one_member(self) -> bool:
@@ -95,6 +103,12 @@ def read_seed(path: Path) -> Seed:
         median_seconds=statistics.median(seconds) * len(seconds),  # epochs × median epoch
         ood=json.loads((path / OOD_SCORES_FILE).read_text(encoding="utf-8")),
         continues=bool(read_config(path).model.init_from),
+        path=path,
+        halves=(
+            json.loads((path / HALVES_FILE).read_text(encoding="utf-8"))
+            if (path / HALVES_FILE).is_file()
+            else {}
+        ),
     )
 
 
@@ -184,6 +198,37 @@ def ood(dataset: str) -> Cell:
             else:
                 parts.append(_mean([s.ood[f"{dataset}/{score}/auroc"] for s in seeds], 3))
         return parts
+
+    return cell
+
+
+def logit_ood(dataset: str) -> Cell:
+    """AUROC of the ``dataset`` OOD set by the max logit / the energy of the members' mean
+    logit, as ``final.json`` records them."""
+
+    def cell(seeds: Sequence[Seed]) -> list[Part]:
+        return [
+            _mean([s.metrics[f"ood/{dataset}/{score}/auroc"] for s in seeds], 3)
+            for score in ("max_logit", "energy")
+        ]
+
+    return cell
+
+
+def halves(score: str) -> Cell:
+    """The coverage of ``score``'s sets calibrated on random test halves: the mean over the
+    seeds, then `` ± `` the standard deviation from one halving to the next (the seeds'
+    mean)."""
+
+    def cell(seeds: Sequence[Seed]) -> list[Part]:
+        missing = [str(s.path / HALVES_FILE) for s in seeds if not s.halves]
+        if missing:
+            raise FileNotFoundError(
+                f"the converged study's tables need {', '.join(missing)}, which is missing"
+            )
+        part = _mean([s.halves[f"{score}/coverage"] for s in seeds], 3)
+        spread = statistics.mean(s.halves[f"{score}/coverage_std"] for s in seeds)
+        return [Part(part.value, part.text, f" ± {spread:.3f}")]
 
     return cell
 
@@ -311,6 +356,25 @@ FINAL = Table(
         ("σN-Ens τ=1 λ=0.1 (default)", "final", "snens_default"),
         ("σN-Ens λ=0, γ ×1 (chosen on validation)", "final", "snens_lam0_glr1_chosen"),
     ),
+)
+
+#: The final stage's runs by what a user of the peer libraries reads next: the NLL after
+#: temperature scaling, OOD detection by the logit scores, and split-conformal prediction sets
+#: at α = 0.1 — calibrated on the validation split and measured on the test set, and
+#: calibrated on random test halves and measured on the other half.
+FINAL_UNCERTAINTY = Table(
+    columns=(
+        Column("test NLL", metric("test/nll"), LOWER),
+        Column("NLL +TS", metric("test_ts/nll", spread=True), LOWER),
+        Column("OOD AUROC max-logit / energy", logit_ood("mnist_5k"), HIGHER),
+        Column("THR coverage", metric("test/conformal_thr_coverage", spread=True)),
+        Column("THR coverage, test halves (± per halving)", halves("thr")),
+        Column("THR size", metric("test/conformal_thr_size", 2), LOWER),
+        Column("APS coverage", metric("test/conformal_aps_coverage", spread=True)),
+        Column("APS coverage, test halves (± per halving)", halves("aps")),
+        Column("APS size", metric("test/conformal_aps_size", 2), LOWER),
+    ),
+    rows=FINAL.rows,
 )
 
 #: The final stage's single model converted to σN-Ens and fine-tuned 4 epochs more.
@@ -480,6 +544,7 @@ TABLES: dict[str, Callable[[Results], str]] = {
     "glance": glance,
     "overfit": OVERFIT.render,
     "final": FINAL.render,
+    "final_uncertainty": FINAL_UNCERTAINTY.render,
     "posthoc": POSTHOC.render,
     "text": TEXT.render,
     "vision": VISION.render,

@@ -140,10 +140,10 @@ CONVERGED_OVERFIT = (
 # epochs (the converged budget), stage `final`. train_seconds: the epochs × the median epoch's
 # (the study's processes were paused at times, which the wall clock of a run counts).
 CONVERGED_FINAL = (
-    ConvergedRow("single", "single", 72_666, 0.9282, 0.2000, 0.0116, 0.2062, 596),
-    ConvergedRow("deep ensemble", "deep_ensemble", 290_664, 0.9348, 0.1809, 0.0066, 0.1131, 2518),
+    ConvergedRow("single", "single", 72_666, 0.9282, 0.2000, 0.0116, 0.2062, 517),
+    ConvergedRow("deep ensemble", "deep_ensemble", 290_664, 0.9348, 0.1809, 0.0066, 0.1131, 2025),
     ConvergedRow(
-        "σN-Ens τ=1 λ=0.1 (default)", "snens_default", 76_856, 0.9155, 0.2326, 0.0147, 0.2198, 1996
+        "σN-Ens τ=1 λ=0.1 (default)", "snens_default", 76_856, 0.9162, 0.2329, 0.0142, 0.2076, 1921
     ),
     ConvergedRow(
         "σN-Ens λ=0, γ ×1 (best on validation)",
@@ -153,7 +153,7 @@ CONVERGED_FINAL = (
         0.2022,
         0.0104,
         0.1730,
-        1971,
+        1740,
     ),
 )
 
