@@ -538,11 +538,13 @@ def resampled_coverage(
 
     The guarantee P(y ∈ C(x)) >= 1 − α holds over the draw of the calibration split, so one
     fixed split covers a little over or under 1 − α by chance: with n calibration and n'
-    test examples its coverage's standard deviation is about √(α(1−α)/n + α(1−α)/n') (0.005
-    for α = 0.1 and n = n' = 5,000). The mean over random splits of exchangeable data lies in
-    [1 − α, 1 − α + 1/(n+1)] (continuous scores); a mean well outside says the examples are not
-    exchangeable — or the sets are wrong. Each split draws a random permutation of the
-    examples, then (APS, RAPS) the calibration and test u, from ``generator``.
+    test examples its coverage's standard deviation is about √(α(1−α)/n + α(1−α)/n') (0.006
+    for α = 0.1 and n = n' = 5,000). Over random splits of exchangeable data the expected
+    coverage lies in [1 − α, 1 − α + 1/(n+1)] (continuous scores), and the mean over
+    ``splits`` of them estimates it to about ``coverage_std`` / √splits; a mean well outside
+    says the examples are not exchangeable — or the sets are wrong. Each split draws a random
+    permutation of the examples, then (APS, RAPS) the calibration and test u, from
+    ``generator``.
 
     Args:
         logits: held-out logits of the members, or of one model, as :func:`calibrate` takes.
