@@ -677,9 +677,10 @@ CONFORMAL_HALVES = "conformal_halves.json"
 
 
 def conformal_halves(path: Path) -> dict[str, float] | None:
-    """THR and APS sets at the run's α calibrated on a random half of its test set and measured
-    on the other half, over :data:`HALVINGS` halvings
-    (:func:`snens.evaluation.conformal.resampled_coverage`, a generator seeded 0): keyed
+    """THR and APS sets (the engine's :data:`~snens.evaluation.protocol.CONFORMAL_SCORES`) at
+    the run's α calibrated on a random half of its test set and measured on the other half,
+    over :data:`HALVINGS` halvings (:func:`snens.evaluation.conformal.resampled_coverage`, a
+    generator seeded 0): keyed
     ``<score>/coverage``, ``<score>/coverage_std`` (from one halving to the next) and
     ``<score>/size``, from the run's kept logits (``outputs.npz``), cached in
     ``conformal_halves.json`` beside them (None without either). The run's own sets are
@@ -689,6 +690,7 @@ def conformal_halves(path: Path) -> dict[str, float] | None:
     from snens.engine.config import load_config
     from snens.engine.runs import OUTPUTS, read_outputs
     from snens.evaluation.conformal import resampled_coverage
+    from snens.evaluation.protocol import CONFORMAL_SCORES
 
     cache = path / CONFORMAL_HALVES
     if cache.is_file():
@@ -698,7 +700,7 @@ def conformal_halves(path: Path) -> dict[str, float] | None:
     outputs = read_outputs(path)
     alpha = load_config(path / "config.toml").data.conformal_alpha
     values = {}
-    for score in ("thr", "aps"):
+    for score in CONFORMAL_SCORES:  # the engine's own sets' scores
         check = resampled_coverage(
             outputs["test"], outputs["test_labels"], alpha, score, splits=HALVINGS
         )

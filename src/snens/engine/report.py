@@ -80,7 +80,7 @@ from snens.engine.runs import (
     read_run_file,
 )
 from snens.engine.sweep import applies
-from snens.evaluation.protocol import CALIBRATED_PREFIXES
+from snens.evaluation.protocol import CALIBRATED_PREFIXES, CONFORMAL_SCORES
 from snens.method.allocation import LayerAllocation, allocation
 from snens.method.ensemble import predictive_probs
 from snens.nn import MemberNorm
@@ -111,7 +111,7 @@ _CALIBRATED = tuple(
     f"{prefix}/{m}" for prefix in CALIBRATED_PREFIXES.values() for m in ("nll", "ece")
 )
 _CONFORMAL = tuple(
-    f"test/conformal_{score}_{m}" for score in ("thr", "aps") for m in ("coverage", "size")
+    f"test/conformal_{score}_{m}" for score in CONFORMAL_SCORES for m in ("coverage", "size")
 )
 _SHIFT = ("shift/mean/accuracy", "shift/mean/ece")
 _OOD = ("auroc", "aupr", "fpr95")
