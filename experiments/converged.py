@@ -102,6 +102,14 @@ CONVERGED_WITHIN = 0.005
 
 SINGLE = ("method.name=single", "method.num_members=1")
 
+#: The evaluation protocol of the stages with test tables (:data:`TEST_STAGES`): every method
+#: evaluated at its best validation epoch (a deep ensemble's members each at their own), the
+#: same selection for all.
+PROTOCOL = ("optim.select=nll",)
+#: σN-Ens with each member on its own quarter of every batch (one model's training compute),
+#: τ=5 and λ=0.01: the LLM study's recipe, tried as the one default in every regime.
+SPLIT_RECIPE = ("method.input_policy=split",)
+
 
 def _snens(tau: float, lam: float, *extra: str) -> tuple[str, ...]:
     return (
@@ -126,6 +134,8 @@ FINETUNE = (
 TEXT = "rotten_tomatoes_minilm"
 TEXT_BASE = (
     *FINETUNE,
+    # 1,000 training texts held out (as text_tune's): every run is selected on them
+    "data.validation_examples=1000",
     # γ pinned at the ×50 these runs were made with, whatever the preset's default becomes
     "method.gamma_lr_multiplier=50.0",
 )
@@ -137,6 +147,8 @@ TEXT_BASE = (
 VISION = "fashion_mnist_mobilenet_v2"
 VISION_BASE = (
     *FINETUNE,
+    # 1,000 training images held out (as vision_tune's): every run is selected on them
+    "data.validation_examples=1000",
     # γ pinned at the ×10 these runs were made with, whatever the preset's default becomes
     "method.gamma_lr_multiplier=10.0",
     "data.corruptions=true",
@@ -288,6 +300,7 @@ def _stages() -> dict[str, list[Variant]]:
         Variant(
             "snens_tau1_lam0.1_split", (*_snens(1, 0.1, "method.input_policy=split"), *few), seeds
         ),
+        Variant("snens_tau5_lam0.01_split", (*_snens(5, 0.01, *SPLIT_RECIPE), *few), seeds),
         Variant("batch_ensemble", ("method.name=batch_ensemble", *few), seeds),
         Variant("packed", ("method.name=packed", *few), seeds),
         Variant("mc_dropout", ("method.name=mc_dropout", *few), seeds),
@@ -299,6 +312,7 @@ def _stages() -> dict[str, list[Variant]]:
         Variant("deep_ensemble", ("method.name=deep_ensemble",), seeds, TEXT),
         Variant("snens_default", ("method.name=snens",), seeds, TEXT),
         Variant("mc_dropout", ("method.name=mc_dropout",), seeds, TEXT),
+        Variant("snens_tau5_lam0.01_split", _snens(5, 0.01, *SPLIT_RECIPE), seeds, TEXT),
     ]
     vision = [Variant(v.name, v.overrides, v.seeds, VISION) for v in text]
     # the pretrained CNN's and the pretrained transformer's recipes on a validation split:
@@ -335,11 +349,16 @@ def chosen_recipe(stage: str = "ablation", variants: Sequence[Variant] = ()) -> 
     for variant in variants or STAGES[stage]:
         if not variant.name.startswith("snens") or variant.name.endswith("_e40"):
             continue
-        final = _final(WHERE["out"] / stage / variant.name / "seed=0")
+        path = WHERE["out"] / stage / variant.name / "seed=0"
+        final = _final(path)
         if final is None:
             return None
-        if final["metrics"]["val/nll"] < best_nll:
-            best, best_nll = variant, final["metrics"]["val/nll"]
+        # its best epoch's, as every run is now evaluated (the ablation and tune stages ran
+        # before selection and keep the curve of every epoch)
+        curve = [v for v in _curve(_records(path), "val/nll") if math.isfinite(v)]
+        nll = min(curve) if curve else final["metrics"]["val/nll"]
+        if nll < best_nll:
+            best, best_nll = variant, nll
     return best
 
 
@@ -372,8 +391,12 @@ def final_variants() -> list[Variant]:
         Variant(m, (*(SINGLE if m == "single" else (f"method.name={m}",)), length), FINAL_SEEDS)
         for m in FINAL_METHODS
     ]
-    # the library's defaults (what users get), and the ablation's winner on validation
+    # the library's defaults (what users get), the split recipe, and the ablation's winner on
+    # validation
     out.append(Variant("snens_default", ("method.name=snens", length), FINAL_SEEDS))
+    out.append(
+        Variant("snens_tau5_lam0.01_split", (*_snens(5, 0.01, *SPLIT_RECIPE), length), FINAL_SEEDS)
+    )
     kept = _without(recipe.overrides, "optim.epochs")
     out.append(Variant(f"{recipe.name}_chosen", (*kept, length), FINAL_SEEDS))
     return out
@@ -479,18 +502,25 @@ def runs_of(stage: str) -> list[tuple[Variant, SweepRun]]:
     out = []
     for variant in _variants(stage):
         base = {TEXT: TEXT_BASE, VISION: VISION_BASE}.get(variant.preset, BASE)
-        overrides = (*base, *WHERE["extra"])
+        protocol = PROTOCOL if stage in TEST_STAGES else ()
+        overrides = (*base, *protocol, *WHERE["extra"])
         out += [(variant, run) for run in plan_variant(variant, WHERE["out"] / stage, overrides)]
-    if stage == "final":
-        # seed by seed, a whole first seed's table before the second seed; within a seed the
-        # rows the targets compare (one model, the deep ensemble, σN-Ens) before the other
-        # baselines, the cheaper first
-        out.sort(key=lambda item: (item[1].config.seed, _queue_rank(item[0].name)))
+    if stage in TEST_STAGES:
+        # seed by seed, a whole first seed's table before the second seed (variants of one
+        # seed only, the diagnosis, after every seed); within a seed the rows the targets
+        # compare (one model, the deep ensemble, σN-Ens) before the other baselines
+        out.sort(
+            key=lambda item: (
+                len(item[0].seeds) == 1,
+                item[1].config.seed,
+                _queue_rank(item[0].name),
+            )
+        )
     return out
 
 
 def _queue_rank(name: str) -> float:
-    order = ("single", "deep_ensemble", "snens_default", "mc_dropout", "packed")
+    order = ("single", "snens_tau5_lam0.01_split", "deep_ensemble", "snens_default", "packed")
     return order.index(name) if name in order else 2.5 if name.endswith("_chosen") else 9
 
 
@@ -528,6 +558,11 @@ def _final(path: Path) -> dict | None:
         return json.loads((path / FINAL).read_text())
     except FileNotFoundError:
         return None
+
+
+def _records(path: Path) -> list[dict]:
+    """A run's ``metrics.jsonl`` records, none if it has no such file."""
+    return read_metrics(path) if (path / "metrics.jsonl").is_file() else []
 
 
 def _curve(records: Sequence[Mapping], key: str) -> list[float]:

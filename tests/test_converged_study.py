@@ -114,13 +114,18 @@ def test_the_vision_winner_is_chosen_on_validation_and_trained_without_it(tmp_pa
     assert study.vision_variants() == study.STAGES["vision"]  # nothing finished: no winner
     val_nll = dict(zip(names, (0.25, 0.30, 0.27, 0.26, 0.28, 0.29, 0.31), strict=True))
     # the single model's 0.25 is lowest, but only σN-Ens variants compete; the test NLL is
-    # a decoy that would pick another one
+    # a decoy that would pick another one, and so is the last epoch's validation NLL: the
+    # best epoch's counts (every run is evaluated at its best epoch)
     for i, (name, nll) in enumerate(val_nll.items()):
         run = tmp_path / "vision_tune" / name / "seed=0"
         run.mkdir(parents=True)
-        metrics = {"val/nll": nll, "test/nll": 0.1 + 0.01 * (6 - i)}
+        metrics = {"val/nll": 0.4 - 0.01 * i, "test/nll": 0.1 + 0.01 * (6 - i)}
+        curve = [nll + 0.05, nll, 0.4 - 0.01 * i]
         if name == "snens_lam0":
             assert study.chosen_recipe("vision_tune") is None  # one still to finish
+        (run / "metrics.jsonl").write_text(
+            "".join(json.dumps({"epoch": e + 1, "val/nll": v}) + "\n" for e, v in enumerate(curve))
+        )
         (run / study.FINAL).write_text(json.dumps({"metrics": metrics}))
     chosen = study.chosen_recipe("vision_tune")
     assert chosen.name == "snens_glr3"

@@ -310,7 +310,23 @@ def test_posthoc_metrics_from_kept_logits_equal_a_second_pass(ensemble, data):
     x, y, ood = data
     kept = {}
     result = _run(ensemble, data, 3, keep_logits=kept)
-    assert set(kept) == {"test", "test_labels", "ood/blobs"}
+    shifted = {f"shift/{n}/{s}" for n in ("noise", "loud_noise") for s in (1, 3, 5)}
+    assert set(kept) == {
+        "test",
+        "test_labels",
+        "ood/blobs",
+        *shifted,
+        *(k + "_labels" for k in shifted),
+    }
+    # a corrupted set's kept logits are the model's on it, its labels the test labels
+    was_training = ensemble.training
+    ensemble.eval()
+    with torch.no_grad():
+        noise = torch.randn(x.shape, generator=torch.Generator().manual_seed(1))
+        direct = ensemble(x + 0.5 * 3 * noise)
+    ensemble.train(was_training)
+    torch.testing.assert_close(kept["shift/loud_noise/3"], direct, rtol=1e-5, atol=1e-5)
+    assert torch.equal(kept["shift/loud_noise/3_labels"], y)
     extra = posthoc_metrics(kept, ood_scores=("max_logit", "energy", "entropy"))
     listed = _run(ensemble, data, 3, ood_score=["max_logit", "energy", "entropy"])
     assert extra == {k: v for k, v in listed.items() if k.startswith("ood/")}

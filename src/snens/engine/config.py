@@ -39,6 +39,7 @@ from typing import Any, ClassVar, Literal
 from snens.baselines.factory import METHOD_RECORDS, METHODS
 from snens.data import registry
 from snens.data.corruptions import CORRUPTIONS, EXTRA_CORRUPTIONS, SEVERITIES
+from snens.engine.selection import SELECT_METRICS
 from snens.engine.toml_io import (
     TOMLDecodeError,
     check_value,
@@ -553,8 +554,29 @@ class OptimConfig(_Section):
     compile: bool = False  # torch.compile the model (falls back to eager with a warning)
     channels_last: bool = False  # channels-last memory format for model and 4-d inputs
     finetune: Literal["all", "norms_and_heads"] = "all"  # which parameters train
+    # the validation metric whose best epoch the run keeps and evaluates ("nll", "brier",
+    # "ece", "accuracy"; a deep ensemble keeps each member at its own); "" = the last epoch
+    select: str = ""
+    patience: int = 0  # epochs without a better selected epoch before training stops; 0 = never
 
     def validate(self) -> None:
+        if self.select not in ("", *SELECT_METRICS):
+            raise ValueError(
+                f"optim.select must be one of {', '.join(repr(m) for m in SELECT_METRICS)} or "
+                f'"" (evaluate the last epoch), got {self.select!r}'
+            )
+        _require(
+            0 <= self.patience <= self.epochs,
+            self.key("patience"),
+            f"an int in [0, epochs={self.epochs}] (0 = train every epoch)",
+            self.patience,
+        )
+        if self.patience and not self.select:
+            raise ValueError(
+                f"optim.patience = {self.patience} stops when the selected metric stops "
+                'improving, and optim.select is "" (no selection); set optim.select = "nll" '
+                "beside it, or leave patience 0"
+            )
         finite = ("lr", "weight_decay", "affine_weight_decay", "grad_clip", "momentum", "lr_decay")
         for name in finite:
             value = getattr(self, name)
@@ -676,6 +698,13 @@ class RunConfig(_Section):
                 f"method.input_policy 'own' (a training order per member) is implemented for "
                 f"in-memory image sets and text sets, not class folders ({self.data.dataset}); "
                 'use method.input_policy="repeat"'
+            )
+        if self.optim.select and self.data.validation_examples == 0:
+            raise ValueError(
+                f"optim.select = {self.optim.select!r} picks the epoch on the validation split, "
+                "and data.validation_examples is 0 (none); hold out a validation split, e.g. "
+                'data.validation_examples=5000, or set optim.select = "" to evaluate the last '
+                "epoch"
             )
         split = self.method.input_policy == "split"
         M, B = self.method.num_members, self.data.batch_size

@@ -35,6 +35,7 @@ from snens.engine.config import (
 )
 from snens.engine.datasets import build_data
 from snens.engine.runs import CONFIG, RunDirError, config_differences
+from snens.engine.selection import selected_state
 from snens.evaluation.protocol import collect, evaluate, held_out_metrics
 
 __all__ = [
@@ -155,19 +156,29 @@ def saved_config(state: Mapping[str, Any], checkpoint: Path) -> dict[str, Any]:
         ) from error
 
 
-def load_run_model(run_dir: str | os.PathLike) -> tuple[nn.Module, RunConfig, dict[str, Any]]:
-    """A run's model, rebuilt from its config.toml and loaded from its verified last.pt.
+def load_run_model(
+    run_dir: str | os.PathLike, *, selected: bool = True
+) -> tuple[nn.Module, RunConfig, dict[str, Any]]:
+    """A run's model, rebuilt from its config.toml and loaded from its verified last.pt — with
+    the weights it selected on validation (``best.pt``) laid over it when the run selects
+    (``optim.select``), the model its ``final.json`` evaluated.
+
+    Args:
+        run_dir: the run directory.
+        selected: False loads the last epoch's weights even where the run selected others.
 
     Returns:
         ``(model, config, state)``: the model on the run's device (in training mode, as
-        built), the run's config and the checkpoint.
+        built), the run's config and the checkpoint (``state["selection"]``: the record of
+        the kept epochs, where the run selects).
 
     Raises:
         RunDirError: not a run directory.
         FileNotFoundError: the run has no last.pt.
         CheckpointError: last.pt is truncated, modified, holds impossible counters, does not
             fit the model, or was trained with another config than config.toml now holds (an
-            edited config.toml would describe other data or another model).
+            edited config.toml would describe other data or another model); the run selects and
+            best.pt is missing or does not fit.
     """
     path = Path(run_dir)
     if not (path / CONFIG).is_file():
@@ -187,7 +198,10 @@ def load_run_model(run_dir: str | os.PathLike) -> tuple[nn.Module, RunConfig, di
     with reproducible(config):
         torch.manual_seed(config.seed)
         model = build_model(config, num_classes=num_classes, channels=channels)
-        load_model_state(model, state["model"])
+        weights = state["model"]
+        if selected and config.optim.select:
+            weights, _ = selected_state(model, path, state, config.optim.select)
+        load_model_state(model, weights)
         model.to(resolve_device(config.device))
     return model, config, state
 

@@ -61,6 +61,7 @@ from snens.engine.build import (
     text_encoder,
 )
 from snens.engine.checkpoint import (
+    CheckpointError,
     load_checkpoint,
     load_model_state,
     load_training_state,
@@ -90,6 +91,7 @@ from snens.engine.runs import (
     read_metrics,
     refuse_existing_run,
 )
+from snens.engine.selection import BEST, Selection
 from snens.evaluation.protocol import evaluate
 from snens.method.allocation import allocation, mean_effective_members
 from snens.method.optim import param_groups
@@ -288,11 +290,21 @@ def _train(
         schedule = build_schedule(config.optim, optimizer, steps_per_epoch)
         settings = _step_settings(config, steps_per_epoch)
 
+        # -- model selection on the validation split (rank 0 validates; see selection.py)
+        patience = config.optim.patience
+        selection = (
+            Selection.for_model(model, config.optim.select)
+            if config.optim.select and group.is_main
+            else None
+        )
+
         # -- run directory, or the state of the interrupted run
         run = _open_run_directory(config, path, group, resume=resume)
         epoch, step, seconds, skipped = 0, 0, 0.0, 0
         if resume:
-            epoch, step, seconds, skipped = _resume_state(run, model, optimizer, schedule, say)
+            epoch, step, seconds, skipped = _resume_state(
+                run, model, optimizer, schedule, say, selection
+            )
             if group.is_main:
                 _discard_after_checkpoint(run, epoch, say)
         group.barrier("waiting for rank 0 to prepare the run directory")
@@ -320,7 +332,10 @@ def _train(
         # -- training
         # the last epoch's validation logits: the final evaluation's, with the same weights
         validation_logits: dict[str, Tensor] = {}
-        while epoch < config.optim.epochs:
+        stop = _patience_ran_out(selection, epoch, patience)  # a resumed run that had stopped
+        if patience:
+            stop = group.broadcast(stop, "agreeing whether training goes on")
+        while epoch < config.optim.epochs and not stop:
             loaded.train.set_epoch(epoch)
             description = f"epoch {epoch + 1}/{config.optim.epochs}"
             batches = _progress(loaded.train, progress and group.is_main, description)
@@ -346,19 +361,42 @@ def _train(
             seconds, skipped = seconds + stats.seconds, skipped + stats.skipped
             # Equal shards: the mean of the ranks' means is the mean over the global batches.
             task_loss = group.mean(stats.task_loss, f"averaging epoch {epoch}'s loss")
-            if not group.is_main:
-                continue
-            kept = validation_logits if epoch == config.optim.epochs else None
-            record, bad = _epoch_record(
-                config, model, loaded, stats, epoch, step, task_loss, keep_logits=kept
-            )
-            record.update(peak.record())
-            run.log(record)
-            say(_epoch_line(record, config.optim.epochs))
-            if bad:
-                say(_bad_images_line(bad))
-            if epoch % config.checkpoint_every == 0 or epoch == config.optim.epochs:
-                _save_checkpoint(run, model, optimizer, schedule, epoch, step, seconds, skipped)
+            if group.is_main:
+                kept = validation_logits if epoch == config.optim.epochs or selection else None
+                record, bad = _epoch_record(
+                    config, model, loaded, stats, epoch, step, task_loss, keep_logits=kept
+                )
+                record.update(peak.record())
+                improved = (
+                    selection.update(epoch, kept["val"], kept["val_labels"], model)
+                    if selection is not None and kept is not None
+                    else []
+                )
+                if selection is not None and len(selection.groups) > 1:
+                    # each member's own score, which its kept epoch is chosen by
+                    record[f"val/member_{selection.metric}"] = selection.latest
+                stop = _patience_ran_out(selection, epoch, patience)
+                run.log(record)
+                say(_epoch_line(record, config.optim.epochs, selection))
+                if bad:
+                    say(_bad_images_line(bad))
+                # an epoch that is kept is checkpointed too, so its weights are in last.pt
+                # until best.pt holds them (a kill between the two writes loses nothing)
+                every = epoch % config.checkpoint_every == 0 or epoch == config.optim.epochs
+                if every or improved or stop:
+                    _save_checkpoint(
+                        run, model, optimizer, schedule, epoch, step, seconds, skipped, selection
+                    )
+                if improved:
+                    with run.writing(run.path / BEST):
+                        selection.save(run.path / BEST, to_dict(run.config))  # type: ignore[union-attr]
+            if patience:
+                stop = group.broadcast(stop, f"agreeing whether training goes on after {epoch}")
+            if stop:
+                say(
+                    f"stopping after epoch {epoch}: validation {config.optim.select} has not "
+                    f"improved for {patience} epochs (optim.patience)"
+                )
 
         # -- evaluation, on rank 0 over the full test set: its model holds the weights every
         # rank holds, and its norm statistics are the ones the checkpoint saves. The ranks
@@ -366,9 +404,15 @@ def _train(
         distributed.leave(group, "finishing training")
         if not group.is_main:
             return run.path
+        if selection is not None:  # evaluate the kept weights, not the last epoch's
+            load_model_state(model, {**model.state_dict(), **selection.weights()})
+            validation_logits = selection.kept_validation() or {}
+            say(_selection_line(selection))
         final = _final_results(
             config, model, loaded, epoch, step, seconds, skipped, validation_logits or None
         )
+        if selection is not None:
+            final["selection"] = selection.summary(epoch, patience)
         final["train"].update(peak_over(read_metrics(run.path)))  # over every epoch logged
         run.write_outputs(final.pop("outputs"))
         run.write_final(final)
@@ -464,8 +508,10 @@ def _resume_state(
     optimizer: torch.optim.Optimizer,
     schedule: torch.optim.lr_scheduler.LambdaLR,
     say: Callable[[str], None],
+    selection: Selection | None = None,
 ) -> tuple[int, int, float, int]:
-    """Load and check ``last.pt`` into model, optimizer, schedule and RNGs; return its counters."""
+    """Load and check ``last.pt`` into model, optimizer, schedule and RNGs, and the selection
+    it recorded (with ``best.pt``) into ``selection``; return its counters."""
     if not run.checkpoint.is_file():  # stopped before its first checkpoint: start it afresh
         say(f"resuming {run.path}: no checkpoint yet, starting from epoch 1")
         return 0, 0, 0.0, 0
@@ -473,6 +519,15 @@ def _resume_state(
     if saved_config(state, run.checkpoint) != to_dict(run.config):
         raise ValueError(f"{run.checkpoint} was saved by another config than {run.path}")
     check_progress(state, run.checkpoint, run.config.optim.epochs)
+    if selection is not None:  # checked before anything is loaded
+        record = state.get("selection")
+        if not isinstance(record, Mapping):
+            raise CheckpointError(
+                f"{run.checkpoint} holds no selection record, but the run selects on "
+                f"{selection.metric!r}; resume from prev.pt (copy it over last.pt) or start the "
+                "run again"
+            )
+        selection.restore(record, state["epoch"], state["model"], run.path / BEST)
     load_model_state(model, state["model"])
     load_training_state(optimizer, schedule, state, run.checkpoint)  # checked, then loaded
     set_rng_state(state["rng"])
@@ -577,23 +632,38 @@ def _save_checkpoint(
     step: int,
     seconds: float,
     skipped_steps: int,
+    selection: Selection | None = None,
 ) -> None:
     """Write ``last.pt`` atomically: everything a resumed run needs to go on as this one."""
+    state = {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "schedule": schedule.state_dict(),
+        "rng": rng_state(),
+        "epoch": epoch,
+        "step": step,
+        "config": to_dict(run.config),
+        "seconds": seconds,
+        "skipped_steps": skipped_steps,
+    }
+    if selection is not None:
+        state["selection"] = selection.record()
     with run.writing(run.checkpoint):
-        save_checkpoint(
-            run.checkpoint,
-            {
-                "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "schedule": schedule.state_dict(),
-                "rng": rng_state(),
-                "epoch": epoch,
-                "step": step,
-                "config": to_dict(run.config),
-                "seconds": seconds,
-                "skipped_steps": skipped_steps,
-            },
-        )
+        save_checkpoint(run.checkpoint, state)
+
+
+def _patience_ran_out(selection: Selection | None, epoch: int, patience: int) -> bool:
+    """Whether ``patience`` epochs have passed since the last kept one (never with 0)."""
+    return bool(selection is not None and patience and epoch - selection.epoch >= patience)
+
+
+def _selection_line(selection: Selection) -> str:
+    """What the final evaluation takes: the kept epoch(s) and their validation metric."""
+    if selection.groups == ("",):
+        kept = f"epoch {selection.epochs[0]} ({selection.metric} {selection.values[0]:.4f})"
+    else:
+        kept = "members at epochs " + ", ".join(map(str, selection.epochs))
+    return f"evaluating the weights of {kept}, the best on validation (optim.select)"
 
 
 def _final_results(
@@ -657,7 +727,7 @@ def _legend_line(config: RunConfig) -> str:
     )
 
 
-def _epoch_line(record: Mapping[str, Any], epochs: int) -> str:
+def _epoch_line(record: Mapping[str, Any], epochs: int, selection: Selection | None = None) -> str:
     line = f"epoch {record['epoch']}/{epochs}  loss {record['task_loss']:.4f}"
     if "diversity_gain" in record:
         line += (
@@ -671,6 +741,8 @@ def _epoch_line(record: Mapping[str, Any], epochs: int) -> str:
     line += f"  lr {record['lr']:.3g}  {record['seconds']:.1f}s"
     if record["skipped_steps"]:
         line += f"  ({record['skipped_steps']} steps skipped)"
+    if selection is not None and record["epoch"] in selection.epochs:
+        line += "  *kept*"
     return line
 
 

@@ -430,7 +430,8 @@ def evaluate(
         num_bins: bins of the ECEs; 15 is the field's convention.
         device: where inputs go, by default the model's device.
         keep_logits: a dict that receives the member logits (M, N, K) of the pass over each
-            set — ``"test"``, ``"test_labels"`` (N,), ``"ood/<name>"`` — so a post-hoc
+            set — ``"test"``, ``"test_labels"`` (N,), ``"ood/<name>"``,
+            ``"shift/<name>/<severity>"`` and its ``"…_labels"`` — so a post-hoc
             calibrator, another OOD score or a prediction set needs no second pass
             (:func:`posthoc_metrics`).
 
@@ -466,7 +467,7 @@ def evaluate(
             model, ood_sets, (member_logits, member_probs), scores, ood_score, device, keep_logits
         )
     )
-    results.update(_shift_results(model, shifted, (M, K), num_bins, device))
+    results.update(_shift_results(model, shifted, (M, K), num_bins, device, keep_logits))
     return results
 
 
@@ -567,15 +568,22 @@ def _ood_keys(
     return results
 
 
-def _shift_results(model, shifted, members_classes, num_bins, device) -> dict[str, float]:
+def _shift_results(
+    model, shifted, members_classes, num_bins, device, keep_logits=None
+) -> dict[str, float]:
     """``shift/<name>/<s>/<metric>`` of every corrupted set, their means per severity
-    (``shift/severity/<s>/…``) and over all (``shift/mean/…``)."""
+    (``shift/severity/<s>/…``) and over all (``shift/mean/…``); ``keep_logits`` receives each
+    set's member logits and labels as ``shift/<name>/<s>`` and ``shift/<name>/<s>_labels``."""
     per_set: dict[tuple[str, int], dict[str, float]] = {}
     for (name, severity), loader in shifted.items():
         what = f"corruption {name!r} at severity {severity}"
-        probs, shift_labels = _collect(model, loader, device, what=what)
+        logits, shift_labels = _collect(model, loader, device, what=what, logits=True)
         if shift_labels is None:
             raise ValueError(f"{what}: the loader yielded batches without labels")
+        probs = logits.softmax(dim=-1)  # what _collect computes without logits=True
+        if keep_logits is not None:
+            keep_logits[f"shift/{name}/{severity}"] = logits
+            keep_logits[f"shift/{name}/{severity}_labels"] = shift_labels
         _check_same_members(probs, *members_classes, what)
         per_set[(name, severity)] = _shift_metrics(probs, shift_labels, num_bins)
     results = {}

@@ -1,0 +1,274 @@
+"""Model selection on the validation split: which epoch's weights a run evaluates.
+
+With ``optim.select = "nll"`` (or ``"brier"``, ``"ece"``, ``"accuracy"``) the engine scores the
+validation split after every epoch and keeps the weights of the best epoch so far; the test set,
+OOD sets and corruptions are then evaluated with those weights, not the last epoch's, and
+``final.json`` records which epoch was kept. This is what a fair comparison gives every method
+(early stopping, as a practitioner runs it): in a regime where one model overfits, its last
+epoch can read a validation NLL 0.1 above its best.
+
+A deep ensemble trained in one run (:class:`~snens.baselines.DeepEnsemble`: members share no
+parameter) keeps **each member at its own best epoch**, scored by that member's own validation
+metric — the ensemble a practitioner gets from M runs each early-stopped. Every other method
+shares weights between its members and is selected as a whole, by the ensemble's metric.
+
+``optim.patience = P`` also stops training once no kept weights improved for P epochs.
+
+Files. ``best.pt`` holds the kept weights (only the tensors training changes: trainable
+parameters and buffers; a frozen pretrained base stays in ``last.pt``), written after
+``last.pt`` whenever a selection improves; ``last.pt`` records the selection (epoch and value
+of each group). An epoch that improves is always checkpointed, so the selected weights are
+always in ``last.pt`` (the epoch just trained) or ``best.pt``: a kill between the two writes
+loses nothing, and a resumed run picks up the selection where it stood.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from snens.baselines import DeepEnsemble
+from snens.engine.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from snens.metrics import predictive
+
+__all__ = ["BEST", "SELECT_METRICS", "Selection", "selected_state"]
+
+#: The file of the kept weights, beside ``last.pt``.
+BEST = "best.pt"
+
+#: The validation metrics a run can select on, and whether higher is better.
+SELECT_METRICS: dict[str, bool] = {"nll": False, "brier": False, "ece": False, "accuracy": True}
+
+_SCORES = {
+    "nll": predictive.nll,
+    "brier": predictive.brier,
+    "ece": predictive.ece,
+    "accuracy": predictive.accuracy,
+}
+
+
+def _groups(model: nn.Module) -> tuple[str, ...]:
+    """The state-dict prefixes selected apart: each deep-ensemble member, else the whole."""
+    if isinstance(model, DeepEnsemble) and model.num_members > 1:
+        return tuple(f"members.{m}." for m in range(model.num_members))
+    return ("",)
+
+
+def _changing_keys(model: nn.Module) -> list[str]:
+    """The state-dict entries training can change: trainable parameters and every buffer."""
+    frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
+    return [name for name in model.state_dict() if name not in frozen]
+
+
+@dataclass
+class Selection:
+    """The best epoch so far of each selected group, and its weights (CPU copies).
+
+    Attributes:
+        metric: the validation metric (a key of :data:`SELECT_METRICS`).
+        groups: state-dict prefixes selected apart (``("",)``: the model as a whole).
+        epochs: per group, the kept epoch (0: none yet).
+        values: per group, the metric at that epoch.
+        logits: per group, the validation logits at that epoch (``(M_g, N, K)``), while this
+            process saw it; the final evaluation reuses them instead of a second pass.
+        latest: per group, the metric of the epoch scored last.
+    """
+
+    metric: str
+    groups: tuple[str, ...]
+    epochs: list[int] = field(default_factory=list)
+    values: list[float] = field(default_factory=list)
+    logits: list[Tensor | None] = field(default_factory=list)
+    latest: list[float] = field(default_factory=list)
+    _state: dict[str, Tensor] = field(default_factory=dict, repr=False)
+    _keys: list[list[str]] = field(default_factory=list, repr=False)
+    _labels: Tensor | None = field(default=None, repr=False)
+
+    @classmethod
+    def for_model(cls, model: nn.Module, metric: str) -> Selection:
+        """A selection of ``model`` on ``metric``, nothing kept yet.
+
+        Raises:
+            ValueError: ``metric`` is not one of :data:`SELECT_METRICS`.
+        """
+        if metric not in SELECT_METRICS:
+            raise ValueError(
+                f"cannot select on {metric!r}; choose one of {', '.join(SELECT_METRICS)}"
+            )
+        groups = _groups(model)
+        keys = _changing_keys(model)
+        by_group = [[k for k in keys if k.startswith(g)] for g in groups]
+        if sum(map(len, by_group)) != len(keys):  # a shared tensor: select the whole
+            groups, by_group = ("",), [keys]
+        n = len(groups)
+        return cls(
+            metric, groups, epochs=[0] * n, values=[math.nan] * n, logits=[None] * n, _keys=by_group
+        )
+
+    @property
+    def epoch(self) -> int:
+        """The latest kept epoch of any group (early stopping counts from it)."""
+        return max(self.epochs)
+
+    def _better(self, value: float, best: float, epoch: int) -> bool:
+        if epoch == 0 or not math.isfinite(best):
+            return epoch == 0 or math.isfinite(value)
+        if not math.isfinite(value):
+            return False
+        return value > best if SELECT_METRICS[self.metric] else value < best
+
+    def scores(self, member_logits: Tensor, labels: Tensor) -> list[float]:
+        """Each group's validation metric from the ensemble's member logits ``(M, N, K)``:
+        member m's own for a deep ensemble's groups, the ensemble's mean prediction else."""
+        probs = member_logits.float().softmax(-1)
+        rows = [probs] if self.groups == ("",) else [probs[m : m + 1] for m in range(len(probs))]
+        score = _SCORES[self.metric]
+        # a member that diverged scores NaN (never kept), not an error from the metric
+        return [score(p.mean(0), labels) if p.isfinite().all() else math.nan for p in rows]
+
+    def update(
+        self, epoch: int, member_logits: Tensor, labels: Tensor, model: nn.Module
+    ) -> list[int]:
+        """Score ``epoch`` and keep the weights of each group it improves; return those groups.
+
+        A non-finite score never replaces a finite one (a diverged epoch is never kept).
+        """
+        improved = []
+        state = None
+        self.latest = self.scores(member_logits, labels)
+        for g, value in enumerate(self.latest):
+            if not self._better(value, self.values[g], self.epochs[g]):
+                continue
+            state = model.state_dict() if state is None else state
+            for key in self._keys[g]:
+                self._state[key] = state[key].detach().to("cpu", copy=True)
+            self.epochs[g], self.values[g] = epoch, value
+            rows = slice(None) if self.groups == ("",) else slice(g, g + 1)
+            self.logits[g] = member_logits[rows].detach().cpu()
+            improved.append(g)
+        self._labels = labels.detach().cpu()
+        return improved
+
+    def kept_validation(self) -> dict[str, Tensor] | None:
+        """The validation logits of the kept weights (``"val"``: ``(M, N, K)``) and labels
+        (``"val_labels"``), or None if this process did not see every group's kept epoch (a
+        resumed run), whose final evaluation then runs the validation split again."""
+        if any(t is None for t in self.logits) or self._labels is None:
+            return None
+        return {"val": torch.cat(self.logits), "val_labels": self._labels}  # type: ignore[arg-type]
+
+    def record(self) -> dict[str, Any]:
+        """What ``last.pt``, ``best.pt`` and ``final.json`` record of the selection."""
+        return {"metric": self.metric, "epochs": list(self.epochs), "values": list(self.values)}
+
+    def summary(self, epochs_trained: int, patience: int) -> dict[str, Any]:
+        """``final.json``'s ``selection``: the metric, the kept epoch(s) and their values."""
+        out: dict[str, Any] = {"metric": self.metric}
+        if self.groups == ("",):
+            out.update(epoch=self.epochs[0], value=self.values[0])
+        else:
+            out.update(member_epochs=list(self.epochs), member_values=list(self.values))
+        out.update(epochs_trained=epochs_trained, patience=patience)
+        return out
+
+    def save(self, path: Path, config: Mapping[str, Any]) -> None:
+        """Write the kept weights and the record to ``path`` (``best.pt``), atomically."""
+        save_checkpoint(
+            path,
+            {"model": dict(self._state), "selection": self.record(), "config": dict(config)},
+            keep_previous=False,
+        )
+
+    def weights(self) -> dict[str, Tensor]:
+        """The kept tensors (a subset of the model's state dict)."""
+        return dict(self._state)
+
+    def restore(
+        self,
+        record: Mapping[str, Any],
+        last_epoch: int,
+        last_model: Mapping[str, Tensor],
+        best: Path,
+    ) -> None:
+        """Take up the selection a checkpoint recorded: each group's weights from ``last.pt``
+        (``last_model``, at ``last_epoch``) where its kept epoch is the last one, else from
+        ``best``.
+
+        Raises:
+            CheckpointError: the record does not fit this run, or ``best.pt`` is missing or
+                holds other epochs than the record (the kept weights are lost).
+        """
+        epochs, values = record.get("epochs"), record.get("values")
+        if (
+            record.get("metric") != self.metric
+            or not isinstance(epochs, list)
+            or not isinstance(values, list)
+            or len(epochs) != len(self.groups)
+            or len(values) != len(self.groups)
+            or not all(isinstance(e, int) and 0 <= e <= last_epoch for e in epochs)
+        ):
+            raise CheckpointError(
+                f"{best.parent / 'last.pt'}: its selection record {dict(record)!r} does not fit "
+                f"this run ({len(self.groups)} group(s) selected on {self.metric!r}); resume "
+                "from prev.pt (copy it over last.pt) or start the run again"
+            )
+        stored: dict[str, Tensor] = {}
+        stored_epochs: list[int] = []
+        if any(0 < e < last_epoch for e in epochs):
+            if not best.is_file():
+                raise CheckpointError(
+                    f"{best} is missing, and it holds the weights of the epochs the run "
+                    f"selected ({epochs}); without it the selected model is lost: start the "
+                    'run again, or evaluate its last epoch with optim.select = ""'
+                )
+            saved = load_checkpoint(best, required=("model", "selection"))
+            stored, stored_epochs = saved["model"], saved["selection"].get("epochs", [])
+        for g, epoch in enumerate(epochs):
+            if epoch == 0:
+                continue
+            if epoch == last_epoch:
+                source = last_model
+            elif g < len(stored_epochs) and stored_epochs[g] == epoch:
+                source = stored
+            else:
+                raise CheckpointError(
+                    f"{best} holds epochs {stored_epochs}, but last.pt selected {epochs}: the "
+                    "files are of different runs or were edited; start the run again"
+                )
+            missing = [k for k in self._keys[g] if k not in source]
+            if missing:
+                raise CheckpointError(
+                    f"{best}: the kept weights lack {missing[:3]}; start the run again"
+                )
+            for key in self._keys[g]:
+                self._state[key] = source[key].detach().to("cpu", copy=True)
+        self.epochs = list(epochs)
+        self.values = [float(v) for v in values]
+        self.logits = [None] * len(self.groups)
+
+
+def selected_state(
+    model: nn.Module, run_dir: Path, state: Mapping[str, Any], metric: str
+) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """The state dict a finished run evaluates: ``last.pt``'s (``state``) with the kept weights
+    of its selection laid over it, and the selection's record.
+
+    Raises:
+        CheckpointError: ``last.pt`` holds no selection record, or ``best.pt`` is missing or
+            does not fit (see :meth:`Selection.restore`).
+    """
+    record = state.get("selection")
+    if not isinstance(record, Mapping):
+        raise CheckpointError(
+            f"{run_dir / 'last.pt'} holds no selection record, but the run selects on "
+            f"{metric!r}; it was saved by another version or edited: start the run again"
+        )
+    selection = Selection.for_model(model, metric)
+    selection.restore(record, state["epoch"], state["model"], run_dir / BEST)
+    return {**state["model"], **selection.weights()}, selection.record()
