@@ -536,6 +536,7 @@ def _score_ood(stage: str, path: Path) -> None:
     if stage in TEST_STAGES:
         ood_scores(path)
         conformal_halves(path)
+        examples(path)
 
 
 def run(stages: Sequence[str]) -> int:
@@ -703,6 +704,24 @@ def ood_scores(path: Path) -> dict[str, float] | None:
     values = {k.removeprefix("ood/"): v for k, v in metrics.items() if k.startswith("ood/")}
     atomic_write(cache, (json.dumps(values, indent=2) + "\n").encode(), mode=0o644)
     return values
+
+
+def examples(path: Path) -> bool:
+    """A finished run's ``examples.npz`` (what its confidence intervals need, a few bytes per
+    example), which the engine writes; for a run finished before it did, made from its kept
+    logits (``outputs.npz``, not committed: 2-7 MB a run here). Whether the file is there."""
+    from snens.engine.checkpoint import atomic_savez
+    from snens.engine.config import load_config
+    from snens.engine.runs import EXAMPLES, OUTPUTS, read_outputs
+    from snens.evaluation.bootstrap import run_examples
+
+    if (path / EXAMPLES).is_file():
+        return True
+    if not (path / OUTPUTS).is_file():
+        return False
+    calibrators = load_config(path / "config.toml").data.calibrators
+    atomic_savez(path / EXAMPLES, run_examples(read_outputs(path), calibrators=calibrators))
+    return True
 
 
 #: Conformal sets calibrated on a random half of the test set and measured on the other half,

@@ -69,6 +69,8 @@ PROVENANCE = "provenance.json"
 METRICS = "metrics.jsonl"
 FINAL = "final.json"
 OUTPUTS = "outputs.npz"
+#: What a run's confidence intervals need per example (snens.evaluation.bootstrap.run_examples).
+EXAMPLES = "examples.npz"
 LAST = "last.pt"
 #: Held (``fcntl.flock``) by the process training the run; gone when it ends, however it ends.
 LOCK = "run.lock"
@@ -321,6 +323,12 @@ class Run:
         ``test``, ``test_labels``, ``val``, ``val_labels``, ``ood/<name>``; logits (M, N, K)."""
         with self.writing(self.path / OUTPUTS):
             return atomic_savez(self.path / OUTPUTS, outputs)
+
+    def write_examples(self, arrays: Mapping[str, Any]) -> Path:
+        """Write the per-example quantities of the final evaluation, ``examples.npz`` (atomic;
+        :func:`snens.evaluation.bootstrap.run_examples`)."""
+        with self.writing(self.path / EXAMPLES):
+            return atomic_savez(self.path / EXAMPLES, arrays)
 
     def write_final(self, results: Mapping[str, Any]) -> Path:
         """Write ``final.json`` atomically."""
@@ -582,6 +590,35 @@ def read_outputs(run_dir: str | os.PathLike) -> dict[str, Any]:
     """
     path = Path(run_dir) / OUTPUTS
     return parse_outputs(path, read_run_file(path, limit=OUTPUTS_MAX_BYTES))
+
+
+def read_examples(run_dir: str | os.PathLike) -> dict[str, np.ndarray]:
+    """A finished run's per-example quantities, ``examples.npz``
+    (:func:`snens.evaluation.bootstrap.run_examples`): one-dimensional arrays by name.
+
+    Raises:
+        FileNotFoundError: no examples.npz (a run finished before runs kept them).
+        RunDirError: examples.npz is not a regular file, or above :data:`OUTPUTS_MAX_BYTES`.
+        ValueError: not an npz archive (pickled data refused), damaged, or holding an array
+            that is not one-dimensional and numeric.
+    """
+    path = Path(run_dir) / EXAMPLES
+    data = read_run_file(path, limit=OUTPUTS_MAX_BYTES)
+    try:
+        archive = np.load(io.BytesIO(data), allow_pickle=False)
+        if not isinstance(archive, np.lib.npyio.NpzFile):
+            raise ValueError("a single array, not an npz archive")
+        with archive:
+            arrays = {key: archive[key] for key in archive.files}
+    except (ValueError, EOFError, zipfile.BadZipFile) as error:
+        raise ValueError(f"{path} is not a readable npz archive ({error})") from None
+    for key, array in arrays.items():
+        if array.ndim != 1 or array.dtype.kind not in "fiub":
+            raise ValueError(
+                f"{path}: {key} is a {array.dtype} array of shape {array.shape}, expected one "
+                "number per example"
+            )
+    return arrays
 
 
 def parse_outputs(path: Path, data: bytes) -> dict[str, Any]:

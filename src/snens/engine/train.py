@@ -92,6 +92,7 @@ from snens.engine.runs import (
     refuse_existing_run,
 )
 from snens.engine.selection import BEST, Selection
+from snens.evaluation.bootstrap import run_examples
 from snens.evaluation.protocol import evaluate
 from snens.method.allocation import allocation, mean_effective_members
 from snens.method.optim import param_groups
@@ -414,7 +415,9 @@ def _train(
         if selection is not None:
             final["selection"] = selection.summary(epoch, patience)
         final["train"].update(peak_over(read_metrics(run.path)))  # over every epoch logged
-        run.write_outputs(final.pop("outputs"))
+        outputs = final.pop("outputs")
+        run.write_outputs(outputs)
+        run.write_examples(run_examples(outputs, calibrators=config.data.calibrators))
         run.write_final(final)
         say(_done_line(final["metrics"], run.path / "final.json"))
     return run.path

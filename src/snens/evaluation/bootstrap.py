@@ -1,0 +1,418 @@
+"""Paired bootstrap confidence intervals of the difference between two methods' metrics.
+
+A table of means invites claims its data do not support: with 1,000 test examples the ECE of
+one model moves by ~0.01 from one test sample to the next, the size of the gaps papers report.
+The question a reviewer asks of "A beats B" is whether the difference would survive another
+draw of the test set (and of the training seeds), so this module answers exactly that:
+
+    Δ = mean_s metric(A_s) − mean_s metric(B_s)
+
+over the seeds s of each method, and its percentile interval over R resamples, each of which
+
+1. draws N test examples with replacement — **the same draw for both methods** (paired: the
+   examples both get wrong or right cancel, which is what makes a paired interval narrow), and
+2. where a method has several seeds, draws its seeds with replacement (the second level: a
+   difference that one lucky seed carries does not survive).
+
+A difference is called a win only when its 95 % interval excludes 0 (:func:`verdict`), "level"
+otherwise. Everything a metric needs is kept per example (:class:`Examples`): the NLL, the Brier
+score, the confidence (max probability) and whether the prediction was right, so the intervals
+of accuracy, NLL, Brier and the 15-bin ECE are computed from a few numbers per example, with
+no model and no logits. For OOD detection, :func:`auroc_bootstrap` resamples the in- and
+out-of-distribution examples of both methods together.
+
+    a = [Examples.from_probs(p, y) for p in probs_of_each_seed_of_A]
+    b = [Examples.from_probs(p, y) for p in probs_of_each_seed_of_B]
+    diff = paired_bootstrap(a, b, "nll")          # Interval(estimate, low, high, …)
+    verdict(diff, "nll")                          # "lower" | "higher" | "level"
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from snens import metrics
+from snens.evaluation.calibration import fit_calibrator, fit_temperature
+from snens.evaluation.protocol import CALIBRATED_PREFIXES
+from snens.metrics.ood import auroc
+
+__all__ = [
+    "BOOTSTRAP_METRICS",
+    "Examples",
+    "Interval",
+    "auroc_bootstrap",
+    "paired_bootstrap",
+    "run_examples",
+    "verdict",
+]
+
+#: The metrics an interval is computed for, and whether higher is better.
+BOOTSTRAP_METRICS: dict[str, bool] = {"accuracy": True, "nll": False, "brier": False, "ece": False}
+_FIELDS = ("nll", "brier", "confidence", "correct")
+#: Equal-width bins of the ECE, the field's convention (as :func:`snens.metrics.ece`).
+NUM_BINS = 15
+#: Replicates processed at once: R × N float64 weights, ~16 MB at N = 10,000.
+_CHUNK = 200
+
+
+@dataclass(frozen=True)
+class Examples:
+    """Per-example quantities of one model's predictions on one labelled set, enough for the
+    accuracy, NLL, Brier score and ECE of any resample of it.
+
+    Attributes:
+        nll: −log p(y), per example.
+        brier: Σ_k (p_k − 1[k = y])², per example.
+        confidence: max_k p_k, per example.
+        correct: 1.0 where argmax_k p_k = y, else 0.0.
+        labels: the true classes (pairing two models checks they scored the same examples).
+
+    Shape:
+        Every field (N,), float64 (labels int64).
+    """
+
+    nll: np.ndarray
+    brier: np.ndarray
+    confidence: np.ndarray
+    correct: np.ndarray
+    labels: np.ndarray
+
+    @classmethod
+    def from_probs(cls, probs: Tensor, labels: Tensor) -> Examples:
+        """The per-example quantities of predicted probabilities (an ensemble's mean).
+
+        Args:
+            probs: class probabilities, rows summing to 1.
+            labels: class indices.
+
+        Shape:
+            probs: (N, K). labels: (N,).
+
+        Raises:
+            ValueError: shapes that do not match, probabilities that are not finite, or labels
+                outside 0..K−1.
+        """
+        given = torch.as_tensor(probs)
+        if not given.is_floating_point():
+            raise ValueError(f"probs must be floating-point probabilities, got {given.dtype}")
+        p = given.detach().to("cpu", torch.float64)
+        y = torch.as_tensor(labels).detach().to("cpu")
+        if p.dim() != 2 or y.shape != (p.shape[0],):
+            raise ValueError(
+                f"probs must be (N, K) and labels (N,), got {tuple(p.shape)} and {tuple(y.shape)}"
+            )
+        if not torch.isfinite(p).all():
+            raise ValueError("probs contain NaN or inf")
+        y = y.long()
+        if len(y) and (y.min() < 0 or y.max() >= p.shape[1]):
+            raise ValueError(f"labels must be in 0..{p.shape[1] - 1}")
+        true = p.gather(1, y[:, None]).squeeze(1)
+        # as snens.metrics.nll clamps: a probability of 0 costs −log(tiny), not inf
+        nll = -true.clamp_min(torch.finfo(given.dtype).tiny).log()
+        one_hot = torch.nn.functional.one_hot(y, p.shape[1]).to(p.dtype)
+        confidence, predicted = p.max(1)
+        return cls(
+            nll=nll.numpy(),
+            brier=(p - one_hot).square().sum(1).numpy(),
+            confidence=confidence.numpy(),
+            correct=(predicted == y).to(torch.float64).numpy(),
+            labels=y.numpy(),
+        )
+
+    @classmethod
+    def from_arrays(cls, arrays: Mapping[str, np.ndarray], prefix: str = "") -> Examples:
+        """Read back what :meth:`arrays` wrote (keys ``<prefix>nll``, …).
+
+        Raises:
+            KeyError: a field is missing. ValueError: the fields' lengths differ.
+        """
+        values = {f: np.asarray(arrays[prefix + f], dtype=np.float64) for f in _FIELDS}
+        labels = np.asarray(arrays[prefix + "labels"], dtype=np.int64)
+        lengths = {len(v) for v in values.values()} | {len(labels)}
+        if len(lengths) != 1:
+            raise ValueError(f"{prefix or 'examples'}: fields of different lengths {lengths}")
+        return cls(**values, labels=labels)
+
+    def arrays(self, prefix: str = "") -> dict[str, np.ndarray]:
+        """The fields as ``{<prefix><field>: array}`` to save: float32 values (their metrics
+        within ~1e-7 of the float64 ones), ``correct`` as uint8 and int32 labels."""
+        out = {prefix + f: getattr(self, f).astype(np.float32) for f in _FIELDS[:3]}
+        out[prefix + "correct"] = self.correct.astype(np.uint8)
+        out[prefix + "labels"] = self.labels.astype(np.int32)
+        return out
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def metric(self, name: str) -> float:
+        """The metric on all the examples (as :mod:`snens.metrics` computes it)."""
+        weights = np.ones((1, len(self)))
+        return float(_weighted([self], name, weights)[0, 0])
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A difference between two methods and its bootstrap interval.
+
+    Attributes:
+        metric: what was compared.
+        estimate: Δ = mean over A's seeds − mean over B's seeds, on every example.
+        low, high: the percentile interval's bounds.
+        level: its confidence (0.95).
+        resamples: how many resamples it rests on.
+    """
+
+    metric: str
+    estimate: float
+    low: float
+    high: float
+    level: float
+    resamples: int
+
+    def excludes_zero(self) -> bool:
+        """Whether the interval lies wholly on one side of 0."""
+        return self.low > 0 or self.high < 0
+
+    def __str__(self) -> str:
+        return f"{self.estimate:+.4f} [{self.low:+.4f}, {self.high:+.4f}]"
+
+
+def _labelled_sets(outputs: Mapping[str, Tensor]) -> list[str]:
+    """The labelled sets of kept logits: ``test`` and every ``shift/<name>/<s>``."""
+    shifted = [k for k in outputs if k.startswith("shift/") and f"{k}_labels" in outputs]
+    return ["test", *sorted(shifted)]
+
+
+def _calibrated_name(name: str, prefix: str) -> str:
+    """Where a set's calibrated examples go: ``test`` → ``test_ts``, ``shift/n/s`` →
+    ``shift_ts/n/s`` (for the prefix ``test_ts``)."""
+    if name == "test":
+        return prefix
+    return prefix.replace("test", "shift", 1) + name.removeprefix("shift")
+
+
+def run_examples(
+    outputs: Mapping[str, Tensor],
+    calibrators: Sequence[str] = ("temperature",),
+    ood_scores: Sequence[str] = ("msp", "entropy", "mutual_information", "max_logit", "energy"),
+) -> dict[str, np.ndarray]:
+    """What a run's intervals need, from its kept member logits (``evaluate(...,
+    keep_logits=...)``, a run's ``outputs.npz``), as arrays to save (a few bytes per example,
+    where the logits are 4·M·K).
+
+    * ``test/<field>`` and ``shift/<name>/<s>/<field>``: the :class:`Examples` fields of the
+      ensemble's prediction (the mean of the members' softmaxes, computed as
+      :func:`~snens.evaluation.protocol.evaluate` does) on the test set and each corrupted set;
+    * ``test_ts/<field>`` and ``shift_ts/<name>/<s>/<field>`` (the prefixes of
+      :data:`~snens.evaluation.protocol.CALIBRATED_PREFIXES`): the same after each calibrator
+      fitted on the validation logits, where there are some, as the run's ``test_ts/*``;
+    * ``ood/<set>/<score>`` and ``test/ood/<score>``: each OOD score of the OOD examples and of
+      the test examples (OOD positive: higher means "more likely OOD").
+
+    Raises:
+        KeyError: no ``test`` or ``test_labels``; an unknown calibrator.
+        ValueError: an unknown OOD score.
+    """
+    known = {**metrics.OOD_SCORES, **metrics.LOGIT_OOD_SCORES}
+    unknown = [s for s in ood_scores if s not in known]
+    if unknown:
+        raise ValueError(f"unknown OOD scores {unknown}; choose among {', '.join(known)}")
+    arrays: dict[str, np.ndarray] = {}
+    sets = _labelled_sets(outputs)
+    for name in sets:
+        probs = outputs[name].softmax(-1).mean(0)
+        arrays.update(Examples.from_probs(probs, outputs[f"{name}_labels"]).arrays(f"{name}/"))
+    if "val" in outputs and "val_labels" in outputs:
+        for calibrator in calibrators:
+            if calibrator == "temperature":  # as the run's test_ts/* (the T its final.json has)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    T = fit_temperature(outputs["val"], outputs["val_labels"])
+                mapped = lambda z, T=T: z / T  # noqa: E731
+            else:
+                mapped = fit_calibrator(calibrator, outputs["val"], outputs["val_labels"]).apply
+            for name in sets:
+                probs = mapped(outputs[name]).softmax(-1).mean(0)
+                where = _calibrated_name(name, CALIBRATED_PREFIXES[calibrator])
+                examples = Examples.from_probs(probs, outputs[f"{name}_labels"])
+                arrays.update(examples.arrays(f"{where}/"))
+    ood_sets = sorted(k for k in outputs if k.startswith("ood/"))
+    for score in ood_scores if ood_sets else ():
+        arrays[f"test/ood/{score}"] = _ood_score(score, outputs["test"])
+        for key in ood_sets:
+            arrays[f"{key}/{score}"] = _ood_score(score, outputs[key])
+    return arrays
+
+
+def _ood_score(score: str, member_logits: Tensor) -> np.ndarray:
+    """Per-example OOD scores, as :func:`~snens.evaluation.protocol.evaluate` computes them."""
+    if score in metrics.LOGIT_OOD_SCORES:
+        values = metrics.LOGIT_OOD_SCORES[score](member_logits)
+    else:
+        values = metrics.OOD_SCORES[score](member_logits.softmax(-1))
+    return values.detach().cpu().numpy().astype(np.float32)
+
+
+def _weighted(seeds: Sequence[Examples], metric: str, weights: np.ndarray) -> np.ndarray:
+    """The metric of each seed under each row of example weights (counts summing to N).
+
+    Shape:
+        weights: (R, N). Returns (R, S).
+    """
+    n = weights.sum(1, keepdims=True)  # (R, 1)
+    out = np.empty((weights.shape[0], len(seeds)))
+    for s, ex in enumerate(seeds):
+        if metric == "ece":
+            # |Σ_i∈bin w_i (conf_i − correct_i)| summed over bins, over Σ w
+            bins = _bins(ex.confidence)
+            gap = ex.confidence - ex.correct
+            per_bin = np.zeros((weights.shape[0], NUM_BINS))
+            for b in np.unique(bins):
+                where = bins == b
+                per_bin[:, b] = weights[:, where] @ gap[where]
+            out[:, s] = np.abs(per_bin).sum(1) / n[:, 0]
+        else:
+            field = "correct" if metric == "accuracy" else metric
+            out[:, s] = (weights @ getattr(ex, field)) / n[:, 0]
+    return out
+
+
+def _bins(confidence: np.ndarray) -> np.ndarray:
+    """Bin b is (b/n, (b+1)/n] and bin 0 also holds 0, as :func:`snens.metrics.ece` bins."""
+    edges = torch.linspace(0, 1, NUM_BINS + 1, dtype=torch.float64)
+    return torch.bucketize(torch.from_numpy(confidence), edges[1:-1], right=False).numpy()
+
+
+def _check_sets(a: Sequence[Examples], b: Sequence[Examples], metric: str) -> int:
+    if metric not in BOOTSTRAP_METRICS:
+        raise ValueError(f"unknown metric {metric!r}; choose one of {', '.join(BOOTSTRAP_METRICS)}")
+    if isinstance(a, Examples) or isinstance(b, Examples):
+        raise TypeError("a and b are lists of Examples, one per seed; wrap one as [examples]")
+    if not a or not b:
+        raise ValueError("each method needs at least one seed's Examples")
+    first = a[0].labels
+    for i, ex in enumerate([*a, *b]):
+        if len(ex) != len(first) or not np.array_equal(ex.labels, first):
+            raise ValueError(
+                f"seed {i} of the two methods scored other examples (labels differ from the "
+                "first's); a paired interval compares predictions on one test set"
+            )
+    return len(first)
+
+
+def paired_bootstrap(
+    a: Sequence[Examples],
+    b: Sequence[Examples],
+    metric: str,
+    *,
+    resamples: int = 2000,
+    level: float = 0.95,
+    seed: int = 0,
+) -> Interval:
+    """Δ = metric(A) − metric(B) and its paired percentile bootstrap interval.
+
+    Each resample draws the N test examples with replacement, the same draw for A and B, and
+    each method's seeds with replacement (independently: seed s of A and seed s of B share
+    nothing but the test set); Δ of a resample is the difference of the means over the drawn
+    seeds. The estimate is Δ on all examples and seeds.
+
+    Args:
+        a, b: per seed, the methods' :class:`Examples` on the same test examples.
+        metric: ``"accuracy"``, ``"nll"``, ``"brier"`` or ``"ece"`` (15 equal-width bins).
+        resamples: R, the number of resamples (2,000: the interval's bounds move by ~0.05 of
+            its width from one seed of the bootstrap to another).
+        level: the interval's confidence.
+        seed: the bootstrap's random seed (the same seed, the same interval).
+
+    Returns:
+        The :class:`Interval`.
+
+    Raises:
+        ValueError: an unknown metric, no seeds, seeds scored on other examples, resamples < 100
+            or level outside (0, 1).
+        TypeError: ``a`` or ``b`` a single :class:`Examples` instead of a list.
+    """
+    n = _check_sets(a, b, metric)
+    if isinstance(resamples, bool) or not isinstance(resamples, int) or resamples < 100:
+        raise ValueError(f"resamples must be an int >= 100, got {resamples!r}")
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level!r}")
+    full = np.ones((1, n))
+    estimate = float(_weighted(a, metric, full).mean() - _weighted(b, metric, full).mean())
+    rng = np.random.default_rng(seed)
+    deltas = np.empty(resamples)
+    for start in range(0, resamples, _CHUNK):
+        r = min(_CHUNK, resamples - start)
+        weights = rng.multinomial(n, np.full(n, 1.0 / n), size=r).astype(np.float64)
+        values_a, values_b = _weighted(a, metric, weights), _weighted(b, metric, weights)
+        picks_a = rng.integers(0, len(a), size=(r, len(a)))
+        picks_b = rng.integers(0, len(b), size=(r, len(b)))
+        rows = np.arange(r)[:, None]
+        deltas[start : start + r] = values_a[rows, picks_a].mean(1) - values_b[rows, picks_b].mean(
+            1
+        )
+    tail = (1 - level) / 2
+    low, high = np.quantile(deltas, [tail, 1 - tail])
+    return Interval(metric, estimate, float(low), float(high), level, resamples)
+
+
+def auroc_bootstrap(
+    a: Sequence[tuple[np.ndarray, np.ndarray]],
+    b: Sequence[tuple[np.ndarray, np.ndarray]],
+    *,
+    resamples: int = 1000,
+    level: float = 0.95,
+    seed: int = 0,
+) -> Interval:
+    """Δ AUROC (OOD positive) of two methods' OOD scores and its paired bootstrap interval.
+
+    Args:
+        a, b: per seed, ``(scores of the in-distribution examples, scores of the OOD
+            examples)``, higher meaning "more likely OOD"; the same examples for every seed.
+        resamples, level, seed: as :func:`paired_bootstrap`.
+
+    Raises:
+        ValueError: no seeds, or seeds scored on different numbers of examples.
+    """
+    if not a or not b:
+        raise ValueError("each method needs at least one seed's scores")
+    n_in, n_out = len(a[0][0]), len(a[0][1])
+    if any(len(i) != n_in or len(o) != n_out for i, o in [*a, *b]):
+        raise ValueError("every seed must score the same in- and out-of-distribution examples")
+
+    def value(pairs, idx_in, idx_out) -> float:
+        return float(
+            np.mean(
+                [auroc(torch.as_tensor(i[idx_in]), torch.as_tensor(o[idx_out])) for i, o in pairs]
+            )
+        )
+
+    all_in, all_out = np.arange(n_in), np.arange(n_out)
+    estimate = value(a, all_in, all_out) - value(b, all_in, all_out)
+    rng = np.random.default_rng(seed)
+    deltas = np.empty(resamples)
+    for r in range(resamples):
+        idx_in, idx_out = rng.integers(0, n_in, n_in), rng.integers(0, n_out, n_out)
+        pick_a = [a[i] for i in rng.integers(0, len(a), len(a))]
+        pick_b = [b[i] for i in rng.integers(0, len(b), len(b))]
+        deltas[r] = value(pick_a, idx_in, idx_out) - value(pick_b, idx_in, idx_out)
+    tail = (1 - level) / 2
+    low, high = np.quantile(deltas, [tail, 1 - tail])
+    return Interval("auroc", estimate, float(low), float(high), level, resamples)
+
+
+def verdict(interval: Interval, metric: str | None = None) -> str:
+    """``"better"`` or ``"worse"`` (for A against B) when the interval excludes 0, by the
+    metric's direction (higher accuracy and AUROC are better, lower NLL, Brier and ECE),
+    ``"level"`` otherwise."""
+    name = metric or interval.metric
+    higher = BOOTSTRAP_METRICS.get(name, name == "auroc")
+    if not interval.excludes_zero():
+        return "level"
+    return "better" if (interval.low > 0) == higher else "worse"
