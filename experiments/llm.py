@@ -173,16 +173,57 @@ STAGES: dict[str, list[Variant]] = {
 }
 
 
+#: The evaluation protocol of the ``selected`` stage: every run evaluated with the weights of
+#: its best validation epoch (each of the fine-tunes pooled into the LoRA ensemble at its own);
+#: all 2,551 test reviews of the corpus' split, so that a 0.01 difference of ECE is resolved;
+#: 1,000 tweets graded negative or positive by the crowd as a labelled test set of another
+#: domain (calibration under domain shift, where temperature scaling fitted on reviews may
+#: fail); the plot descriptions and 500 tweets as OOD sets.
+PROTOCOL = (
+    "optim.select=nll",
+    "data.test_examples=0",
+    "data.domains=['tweets']",
+    "data.domain_examples=1000",
+    "data.ood=['rt_plots', 'tweets']",
+)
+STAGES["selected"] = [
+    _final("snens_split", ()),
+    _final("single_fair", (*SINGLE, *FAIR), tuple(range(POOL * len(SEEDS)))),
+    _final("mc_dropout_fair", ("method.name=mc_dropout", *REPEAT, *FAIR)),
+]
+#: Overrides of a stage over :data:`BASE`.
+STAGE_OVERRIDES = {"selected": PROTOCOL}
+
+
+def _selected_rank(name: str, seed: int) -> tuple[int, int]:
+    """The ``selected`` stage's queue: σN-Ens seed s, then the s-th LoRA ensemble's four
+    fine-tunes, for s = 0, 1, 2 (a comparison after each), MC-dropout last."""
+    if name == "snens_split":
+        return seed, 0
+    if name == "single_fair":
+        return seed // POOL, 1
+    return len(SEEDS) + seed, 2
+
+
 def runs_of(stage: str) -> list[Item]:
     """Every run of a stage, seed by seed (a whole seed's table before the next seed's), its
     config built and checked (nothing is written)."""
+    overrides = (*BASE, *STAGE_OVERRIDES.get(stage, ()), *WHERE["extra"])
     out = [
         (stage, variant, run)
         for variant in STAGES[stage]
-        for run in plan_variant(variant, WHERE["out"] / stage, (*BASE, *WHERE["extra"]))
+        for run in plan_variant(variant, WHERE["out"] / stage, overrides)
     ]
     order = [v.name for v in STAGES[stage]]
-    out.sort(key=lambda item: (item[2].config.seed, order.index(item[1].name)))
+    if stage == "selected":
+        out.sort(
+            key=lambda item: (
+                _selected_rank(item[1].name, item[2].config.seed),
+                item[2].config.seed,
+            )
+        )
+    else:
+        out.sort(key=lambda item: (item[2].config.seed, order.index(item[1].name)))
     return out
 
 
@@ -190,7 +231,13 @@ def queue(stages: Sequence[str], only: Sequence[str] = ()) -> list[Item]:
     """The runs of ``stages`` (of the variants ``only``, if given), seed 0 of every stage
     first."""
     items = [item for stage in stages for item in runs_of(stage)]
-    items.sort(key=lambda item: (item[2].config.seed, stages.index(item[0])))
+    # (the selected stage keeps its own order, runs_of's: the sort is stable)
+    items.sort(
+        key=lambda item: (
+            0 if item[0] == "selected" else item[2].config.seed,
+            stages.index(item[0]),
+        )
+    )
     return [item for item in items if not only or item[1].name in only]
 
 

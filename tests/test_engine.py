@@ -130,10 +130,11 @@ def test_resume_after_sigkill_gives_the_same_metrics(reference, tmp_path):
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
-    deadline = time.monotonic() + 60
+    # a guard against a hang, not a speed test: a loaded machine may take minutes for epoch 1
+    deadline = time.monotonic() + 600
     while not (path / "last.pt").exists():  # the first checkpoint: end of epoch 1
         assert process.poll() is None, process.stderr.read().decode()
-        assert time.monotonic() < deadline, "no checkpoint within 60 s"
+        assert time.monotonic() < deadline, "no checkpoint within 600 s"
         time.sleep(0.005)
     process.send_signal(signal.SIGKILL)
     process.wait()

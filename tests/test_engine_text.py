@@ -204,3 +204,44 @@ def test_text_validation_is_held_out_of_the_training_texts():
         text_split(data_config("data.validation_examples=10", "data.train_examples=41"), 50)
     with pytest.raises(ValueError, match=r"data.validation_examples 10,201 leaves no training"):
         build_data(data_config("data.validation_examples=10201"), seed=0)
+
+
+def test_a_labelled_set_of_another_domain_is_scored_raw_and_after_temperature_scaling(tmp_path):
+    """data.domains: tweets graded negative/positive as reviews' classes, 150 of them."""
+    import numpy as np
+
+    from snens.data.registry import DOMAIN_SETS
+    from snens.engine.runs import read_examples, read_outputs
+    from snens.evaluation.bootstrap import Examples
+    from snens.metrics import ece, nll
+
+    texts, labels = DOMAIN_SETS["tweets"].load(None, False)
+    assert len(texts) == len(labels) and set(labels) == {0, 1}  # neutral tweets left out
+    config = load_config(
+        preset("rotten_tomatoes_minilm"),
+        [
+            f"out_dir={json.dumps(str(tmp_path))}",
+            "name='rt'",
+            *TINY,
+            "data.ood=[]",
+            "data.domains=['tweets']",
+            "data.domain_examples=150",
+        ],
+    )
+    run_dir = train(config, progress=False, log=None)
+    metrics = json.loads((run_dir / "final.json").read_text())["metrics"]
+    outputs = read_outputs(run_dir)
+    logits, y = outputs["domain/tweets"], outputs["domain/tweets_labels"]
+    assert logits.shape == (2, 150, 2) and y.shape == (150,)
+    probs = logits.softmax(-1).mean(0)
+    assert metrics["domain/tweets/nll"] == pytest.approx(nll(probs, y), abs=1e-7)
+    T = metrics["test_ts/temperature"]
+    scaled = (logits / T).softmax(-1).mean(0)
+    assert metrics["domain_ts/tweets/ece"] == pytest.approx(ece(scaled, y), abs=1e-7)
+    arrays = read_examples(run_dir)
+    assert Examples.from_arrays(arrays, "domain_ts/tweets/").metric("nll") == pytest.approx(
+        metrics["domain_ts/tweets/nll"], abs=1e-6
+    )
+    assert np.array_equal(arrays["domain/tweets/labels"], y.numpy())
+    with pytest.raises(ValueError, match="data.domains 'tweets' is not a labelled set"):
+        load_config(preset("fashion_mnist_small_cnn"), ["data.domains=['tweets']"])

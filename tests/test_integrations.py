@@ -799,3 +799,64 @@ def test_an_ensemble_of_some_norms_reloads_with_the_same_norms_converted(tmp_pat
     again = load_ensemble(TinyTransformer(), tmp_path / "saved")
     assert [name for name, _, _ in again.report.converted] == ["norm"]
     torch.testing.assert_close(_outputs(again, examples), _outputs(ens, examples), rtol=0, atol=0)
+
+
+def test_trainer_loads_the_best_checkpoint_at_the_end(tmp_path):
+    """Model selection with Hugging Face's convention: load_best_model_at_end with the eval
+    NLL; the ensemble ends with the weights of the checkpoint of lowest validation NLL."""
+    from snens.integrations.huggingface import load_ensemble
+
+    ens = _tiny_ensemble()
+    train, val = _tiny_examples(48, seed=0), _tiny_examples(24, seed=1)
+    args = {
+        "max_steps": 6,
+        "learning_rate": 0.05,  # large: the validation NLL moves from step to step
+        "eval_strategy": "steps",
+        "eval_steps": 1,
+        "save_strategy": "steps",
+        "save_steps": 1,
+        "load_best_model_at_end": True,
+        "metric_for_best_model": "eval_loss",
+    }
+    trainer = _hf_trainer(tmp_path / "out", ens, train_dataset=train, eval_dataset=val, args=args)
+    trainer.train()
+    losses = {r["step"]: r["eval_loss"] for r in trainer.state.log_history if "eval_loss" in r}
+    best_step = min(losses, key=losses.get)
+    assert trainer.state.best_model_checkpoint.endswith(f"checkpoint-{best_step}")
+    assert best_step != max(losses), f"the run must peak before its end: {losses}"
+    kept = load_ensemble(TinyTransformer, trainer.state.best_model_checkpoint)
+    torch.testing.assert_close(_outputs(ens, val), _outputs(kept, val), rtol=0, atol=0)
+    assert trainer.evaluate()["eval_loss"] == pytest.approx(losses[best_step], rel=1e-6)
+
+
+def test_lightning_checkpoint_of_the_best_validation_nll_restores_it():
+    pl = pytest.importorskip("lightning.pytorch")
+    import tempfile
+
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from snens.integrations.lightning import SnensModule
+
+    x, y = data.load_fashion_mnist("train")
+    norm = {"mean": data.FASHION_MNIST_MEAN, "std": data.FASHION_MNIST_STD, "seed": 0}
+    train = data.TensorLoader(x[:256], y[:256], 32, shuffle=True, drop_last=True, **norm)
+    val = data.TensorLoader(x[-256:], y[-256:], 128, **norm)
+    torch.manual_seed(0)
+    model = snens.models.create("small_cnn", in_channels=1, num_classes=10, width=4)
+    module = SnensModule(snens.convert(model, num_members=2), lr=0.05)
+    losses = []
+
+    class Record(pl.Callback):
+        def on_validation_epoch_end(self, trainer, pl_module):
+            if not trainer.sanity_checking:
+                losses.append(float(trainer.callback_metrics["val_loss"]))
+
+    with tempfile.TemporaryDirectory() as where:
+        best = ModelCheckpoint(dirpath=where, monitor="val_loss", mode="min", save_top_k=1)
+        trainer = _lightning_trainer(
+            max_epochs=4, enable_checkpointing=True, callbacks=[best, Record()]
+        )
+        trainer.fit(module, train, val)
+        assert best.best_model_score.item() == pytest.approx(min(losses), rel=1e-6)
+        (again,) = trainer.validate(module, val, ckpt_path="best", verbose=False)
+    assert again["val_loss"] == pytest.approx(min(losses), rel=1e-5)

@@ -188,13 +188,30 @@ def test_plan_lists_every_run_of_every_stage(study, tmp_path, capsys, monkeypatc
     assert study.main(["--out", str(tmp_path / "llm"), "plan"]) == 0
     lines = capsys.readouterr().out.splitlines()
     # final: 5 variants × 3 seeds and the fair single model's 12 (three LoRA ensembles of
-    # four fine-tunes run apart); tune 2, tune_split 16
-    assert len(lines) == 5 * 3 + 12 + 2 + 16
-    single_fair = [line.split()[2] for line in lines if line.split()[1] == "single_fair"]
+    # four fine-tunes run apart); tune 2, tune_split 16; selected: σN-Ens and MC-dropout × 3
+    # and the fair single model's 12 again
+    assert len(lines) == 5 * 3 + 12 + 2 + 16 + 2 * 3 + 12
+    single_fair = [
+        line.split()[2] for line in lines if line.split()[:2] == ["final", "single_fair"]
+    ]
     assert single_fair == [f"seed={s}" for s in range(12)]
     assert lines[0].split() == ["final", "single_fair", "seed=0", "todo"]
-    assert lines[-1].split() == ["tune_split", "split_head_reset", "seed=0", "todo"]
-    assert lines[-2].split() == ["tune_split", "split_gamma100", "seed=0", "todo"]
+    tune_split = [line.split() for line in lines if line.startswith("tune_split")]
+    assert tune_split[-1] == ["tune_split", "split_head_reset", "seed=0", "todo"]
+    assert tune_split[-2] == ["tune_split", "split_gamma100", "seed=0", "todo"]
+    # selected: σN-Ens seed s, then the four fine-tunes of the s-th LoRA ensemble, MC-dropout
+    # last (a comparison is complete after each group)
+    selected = [line.split()[1:3] for line in lines if line.startswith("selected")]
+    assert selected[:6] == [
+        ["snens_split", "seed=0"],
+        *(["single_fair", f"seed={s}"] for s in range(4)),
+        ["snens_split", "seed=1"],
+    ]
+    assert selected[-3:] == [["mc_dropout_fair", f"seed={s}"] for s in range(3)]
+    configs = {(v.name, r.config.seed): r.config for _, v, r in study.runs_of("selected")}
+    config = configs[("snens_split", 0)]
+    assert config.optim.select == "nll" and config.data.test_examples == 0
+    assert config.data.domains == ("tweets",) and config.data.ood == ("rt_plots", "tweets")
     # every split tune run trains on split inputs, one change from the preset's recipe each
     configs = {v.name: r.config for _, v, r in study.runs_of("tune_split")}
     assert {c.method.input_policy for c in configs.values()} == {"split"}

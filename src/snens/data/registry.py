@@ -41,7 +41,18 @@ from .svhn import SVHN_MEAN, SVHN_STD, load_svhn
 from .text import TextSplit, load_rotten_tomatoes, split_texts
 from .tweets import load_tweets
 
-__all__ = ["DATASETS", "KINDS", "OOD_SETS", "DataSet", "OODSet", "dataset_names", "ood_names"]
+__all__ = [
+    "DATASETS",
+    "DOMAIN_SETS",
+    "KINDS",
+    "OOD_SETS",
+    "DataSet",
+    "DomainSet",
+    "OODSet",
+    "dataset_names",
+    "domain_names",
+    "ood_names",
+]
 
 #: The kinds of data set, see the module docstring.
 KINDS = ("image", "folder", "text")
@@ -85,6 +96,30 @@ class OODSet:
     kind: str
     load: Callable[..., Any]
     about: str
+
+
+@dataclass(frozen=True)
+class DomainSet:
+    """A labelled test set of another domain, with the classes of the data sets it serves:
+    accuracy and calibration under domain shift (where a calibrator fitted in-domain is known
+    to fail).
+
+    Attributes:
+        serves: the data sets whose classes it has, in the same order.
+        load: ``load(root, download) -> (texts, labels)``.
+        about: what the set is, in a few words.
+    """
+
+    serves: tuple[str, ...]
+    load: Callable[..., Any]
+    about: str
+
+
+def _sentiment_tweets(root: Any, download: bool) -> tuple[list[str], list[int]]:
+    """The tweets graded negative (0) or positive (1); neutral ones are left out."""
+    tweets = load_tweets(root)
+    keep = [(t, s) for t, s in zip(tweets.texts, tweets.sentiments, strict=True) if s != 1]
+    return [t for t, _ in keep], [0 if s == 0 else 1 for _, s in keep]
 
 
 def _sst2(root: Any, download: bool) -> TextSplit:
@@ -157,6 +192,23 @@ OOD_SETS: dict[str, OODSet] = {
         "tweets on airlines, brands and self-driving cars (far OOD for reviews)",
     ),
 }
+
+
+#: Labelled test sets of another domain, by name (``data.domains``); their metrics are
+#: ``domain/<name>/<metric>``.
+DOMAIN_SETS: dict[str, DomainSet] = {
+    "tweets": DomainSet(
+        ("rotten_tomatoes", "sst2"),
+        _sentiment_tweets,
+        "tweets on airlines, brands and self-driving cars graded negative or positive by the "
+        "crowd (neutral ones left out): sentiment in another domain than reviews",
+    ),
+}
+
+
+def domain_names(dataset: str) -> tuple[str, ...]:
+    """The labelled sets of another domain that serve ``dataset``, in table order."""
+    return tuple(name for name, entry in DOMAIN_SETS.items() if dataset in entry.serves)
 
 
 def dataset_names(kind: str) -> tuple[str, ...]:

@@ -306,7 +306,9 @@ def _report(args: argparse.Namespace) -> int:
     from snens.engine.report import write_report
 
     try:
-        report = write_report(args.dirs, args.out or Path(args.dirs[0]) / "report")
+        report = write_report(
+            args.dirs, args.out or Path(args.dirs[0]) / "report", baseline=args.baseline
+        )
     except (ValueError, TypeError, OSError) as error:
         print(f"snens report: {error}", file=sys.stderr)
         return 2
@@ -488,6 +490,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--out",
         metavar="DIR",
         help="directory for report.md, report.csv, plots (default: DIRS[0]/report)",
+    )
+    report.add_argument(
+        "--baseline",
+        metavar="DIR",
+        help="a run of the baseline row (or a directory of its runs only): every other row's "
+        "test NLL, ECE, accuracy and Brier (raw and after temperature scaling) minus the "
+        "baseline's, with paired bootstrap 95%% intervals and the word they support (better, "
+        "worse, level)",
     )
     report.set_defaults(run=_report)
     demo = sub.add_parser(

@@ -246,6 +246,10 @@ class DataConfig(_Section):
     augment: tuple[str, ...] = ("crop", "flip")  # random crop (pad 2 px < 32 px, else 4) / flip
     ood: tuple[str, ...] = ()  # OOD test sets, from OOD_SETS
     ood_examples: int = 0  # examples per OOD set (a fixed random subset); 0 = all
+    # labelled test sets of another domain with the data set's classes (tweets for review
+    # classifiers): domain/<name>/<metric>, and after each calibrator domain_ts/<name>/<metric>
+    domains: tuple[str, ...] = ()
+    domain_examples: int = 0  # examples per domain set (a fixed random subset); 0 = all
     # OOD scores reported beside msp (ood/<name>/auroc, …) as ood/<name>/<score>/{auroc,aupr,
     # fpr95}, from the same pass: max_logit, energy (of the members' mean logit), entropy,
     # mutual_information, msp
@@ -336,9 +340,24 @@ class DataConfig(_Section):
             _require(name in known, self.key("corruption_names"), f"a list of {known}", name)
         for s in self.severities:
             _require(1 <= s <= 5, self.key("severities"), "a list of ints in 1..5", s)
+        _require(
+            self.domain_examples >= 0,
+            self.key("domain_examples"),
+            "an int >= 0",
+            self.domain_examples,
+        )
+        allowed = registry.domain_names(self.dataset)
+        for name in self.domains:
+            if name not in allowed:
+                fix = f"choose from {list(allowed)}" if allowed else "leave data.domains empty"
+                raise ValueError(
+                    f"data.domains {name!r} is not a labelled set of another domain for "
+                    f"data.dataset {self.dataset!r}; {fix}"
+                )
         for name in (
             "augment",
             "ood",
+            "domains",
             "ood_scores",
             "calibrators",
             "corruption_names",

@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +99,7 @@ class Data:
     num_classes: int
     channels: int | None
     validation: Loader | None = None  # held out of the training set (data.validation_examples)
+    domains: dict[str, Loader] = field(default_factory=dict)  # data.domains: labelled shift sets
 
     def bad_images(self) -> dict[str, str] | None:
         """Class-folder images found undecodable so far (read in their class's next image's
@@ -416,8 +417,26 @@ def _text_data(
         ood_texts = registry.OOD_SETS[name].load(root, config.download)
         zeros = [0] * len(ood_texts)  # OOD labels are not used
         ood[name] = loader(ood_texts, zeros, config.ood_examples, config.eval_batch_size)
+    domains = {}
+    for name in config.domains:
+        domain_texts, domain_labels = registry.DOMAIN_SETS[name].load(root, config.download)
+        domains[name] = loader(
+            domain_texts,
+            domain_labels,
+            config.domain_examples,
+            config.eval_batch_size,
+            "data.domain_examples",
+            f"the domain set {name!r}",
+        )
     return Data(
-        train_loader, test_loader, ood, {}, num_classes=2, channels=None, validation=validation
+        train_loader,
+        test_loader,
+        ood,
+        {},
+        num_classes=2,
+        channels=None,
+        validation=validation,
+        domains=domains,
     )
 
 

@@ -109,6 +109,7 @@ def final_metrics(
         corruptions=loaded.corruptions,
         ood_score=ood_score,
         keep_logits=outputs,
+        domains=loaded.domains,
     )
     if loaded.validation is not None:
         if validation is None:

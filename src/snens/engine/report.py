@@ -67,6 +67,7 @@ import torch
 from torch import Tensor, nn
 
 from snens.engine.checkpoint import CheckpointError, atomic_write, load_checkpoint
+from snens.engine.compare import COMPARISON_HEADER, compare_runs, comparison_cells
 from snens.engine.config import to_dict
 from snens.engine.runs import (
     CONFIG,
@@ -400,6 +401,54 @@ def _label(group: Group, varied: Sequence[str]) -> str:
     return ", ".join(parts) or "all runs"
 
 
+def _differences(groups: Sequence[Group], varied: Sequence[str], baseline: Any) -> list[str]:
+    """The report's section comparing every row with the row whose runs lie in ``baseline``."""
+    where = Path(baseline).resolve()
+
+    def inside(run: RunRecord) -> bool:
+        path = run.path.resolve()
+        return path == where or where in path.parents
+
+    chosen = [g for g in groups if any(inside(r) for r in g.runs)]
+    if len(chosen) != 1:
+        labels = "; ".join(_label(g, varied) for g in groups)
+        raise ValueError(
+            f"--baseline {str(baseline)!r} holds the runs of {len(chosen)} rows, not one; give "
+            f"one run of the baseline row, or a directory of its runs only (rows: {labels})"
+        )
+    (base,) = chosen
+    name = _label(base, varied)
+    lines = [
+        "",
+        f"## Differences against {name}",
+        "",
+        "Δ = the row's metric − the baseline's, on the same test examples; the 95 % interval of "
+        "a paired bootstrap over test examples (seeds as a second level, 2,000 resamples). "
+        '"better" or "worse" only where the interval excludes 0, "level" otherwise. '
+        "test_ts: after temperature scaling fitted on each run's validation split.",
+        "",
+    ]
+    rows = []
+    for group in groups:
+        if group is base:
+            continue
+        runs, base_runs = [r.path for r in group.runs], [r.path for r in base.runs]
+        sets = (
+            ("test", "test_ts")
+            if all("val/nll" in r.final.get("metrics", {}) for r in [*group.runs, *base.runs])
+            else ("test",)
+        )
+        try:
+            found = compare_runs(runs, base_runs, sets=sets)
+        except (FileNotFoundError, KeyError) as error:
+            lines.append(f"* {_label(group, varied)}: not compared ({error})")
+            continue
+        rows += [[_label(group, varied), *cells] for cells in comparison_cells(found)]
+    if rows:
+        lines.append(markdown_table(["row", *COMPARISON_HEADER], rows))
+    return lines
+
+
 def _provenance(runs: Sequence[RunRecord]) -> str | None:
     for run in runs:
         try:
@@ -417,12 +466,23 @@ def _provenance(runs: Sequence[RunRecord]) -> str | None:
     return None
 
 
-def write_report(dirs: Sequence[str | os.PathLike], out: str | os.PathLike) -> Report:
+def write_report(
+    dirs: Sequence[str | os.PathLike],
+    out: str | os.PathLike,
+    baseline: str | os.PathLike | None = None,
+) -> Report:
     """Collect the runs under ``dirs`` and write ``out/report.md``, ``out/report.csv`` and the
     plots (when matplotlib is installed).
 
+    With ``baseline`` (a run of one row, or a directory of that row's runs only), every other
+    row is compared
+    with it: the difference of test NLL, ECE, accuracy and Brier, raw and after temperature
+    scaling, with its paired bootstrap 95 % interval over test examples and seeds, worded
+    "better", "worse" or "level" by the interval (:mod:`snens.engine.compare`).
+
     Raises:
-        ValueError: a directory that does not exist, no finished runs, or an empty ``out``.
+        ValueError: a directory that does not exist, no finished runs, or an empty ``out``;
+            a ``baseline`` that holds no row's runs, or the runs of several rows.
         OSError: ``out`` cannot be written (a full disk, no permission); the message names the
             file, and the previous report there is left as it was.
     """
@@ -462,6 +522,7 @@ def write_report(dirs: Sequence[str | os.PathLike], out: str | os.PathLike) -> R
         table_rows.append(cells)
     header = [*(_SHORT.get(k, k) for k in varied), "n", "seeds", *metrics]
     table = markdown_table(header, table_rows)
+    differences = _differences(groups, varied, baseline) if baseline is not None else []
 
     out = Path(out)
     try:
@@ -497,6 +558,7 @@ def write_report(dirs: Sequence[str | os.PathLike], out: str | os.PathLike) -> R
         "",
     ]
     text += [f"* {_label(g, varied)}: " + ", ".join(f"`{r.path}`" for r in g.runs) for g in groups]
+    text += differences
     evidence = _provenance(runs)
     if evidence:
         text += ["", evidence]

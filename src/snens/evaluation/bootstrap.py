@@ -184,17 +184,24 @@ class Interval:
 
 
 def _labelled_sets(outputs: Mapping[str, Tensor]) -> list[str]:
-    """The labelled sets of kept logits: ``test`` and every ``shift/<name>/<s>``."""
-    shifted = [k for k in outputs if k.startswith("shift/") and f"{k}_labels" in outputs]
-    return ["test", *sorted(shifted)]
+    """The labelled sets of kept logits: ``test``, every ``shift/<name>/<s>`` and every
+    ``domain/<name>``."""
+    other = [
+        k
+        for k in outputs
+        if k.startswith(("shift/", "domain/"))
+        and not k.endswith("_labels")
+        and f"{k}_labels" in outputs
+    ]
+    return ["test", *sorted(other)]
 
 
 def _calibrated_name(name: str, prefix: str) -> str:
     """Where a set's calibrated examples go: ``test`` → ``test_ts``, ``shift/n/s`` →
-    ``shift_ts/n/s`` (for the prefix ``test_ts``)."""
-    if name == "test":
-        return prefix
-    return prefix.replace("test", "shift", 1) + name.removeprefix("shift")
+    ``shift_ts/n/s``, ``domain/n`` → ``domain_ts/n`` (for the prefix ``test_ts``)."""
+    head, _, rest = name.partition("/")
+    tail = prefix.removeprefix("test")
+    return f"{head}{tail}/{rest}" if rest else f"{head}{tail}"
 
 
 def run_examples(
@@ -206,10 +213,12 @@ def run_examples(
     keep_logits=...)``, a run's ``outputs.npz``), as arrays to save (a few bytes per example,
     where the logits are 4·M·K).
 
-    * ``test/<field>`` and ``shift/<name>/<s>/<field>``: the :class:`Examples` fields of the
-      ensemble's prediction (the mean of the members' softmaxes, computed as
-      :func:`~snens.evaluation.protocol.evaluate` does) on the test set and each corrupted set;
-    * ``test_ts/<field>`` and ``shift_ts/<name>/<s>/<field>`` (the prefixes of
+    * ``test/<field>``, ``shift/<name>/<s>/<field>`` and ``domain/<name>/<field>``: the
+      :class:`Examples` fields of the ensemble's prediction (the mean of the members'
+      softmaxes, computed as :func:`~snens.evaluation.protocol.evaluate` does) on the test
+      set, each corrupted set and each labelled set of another domain;
+    * ``test_ts/<field>``, ``shift_ts/<name>/<s>/<field>``, ``domain_ts/<name>/<field>`` (the
+      prefixes of
       :data:`~snens.evaluation.protocol.CALIBRATED_PREFIXES`): the same after each calibrator
       fitted on the validation logits, where there are some, as the run's ``test_ts/*``;
     * ``ood/<set>/<score>`` and ``test/ood/<score>``: each OOD score of the OOD examples and of

@@ -403,6 +403,7 @@ def evaluate(
     num_bins: int = 15,
     device: torch.device | str | None = None,
     keep_logits: dict[str, Tensor] | None = None,
+    domains: Mapping[str, Iterable[Any]] | None = None,
 ) -> dict[str, float]:
     """Evaluate an ensemble (or any model under the (M, B, K) contract) on the full protocol.
 
@@ -422,6 +423,8 @@ def evaluate(
         ood: ``{name: loader}`` of OOD sets; their labels are ignored.
         corruptions: ``{(name, severity): loader}`` of corrupted test sets, severity in 1..5
             (e.g. built with ``snens.data.corruptions``).
+        domains: ``{name: loader}`` of labelled test sets of another domain with the same
+            classes (``(x, y)`` batches): accuracy and calibration under domain shift.
         ood_score: one of ``snens.metrics.OOD_SCORES``: ``"msp"`` (1 − max p̄),
             ``"entropy"`` (H[p̄]) or ``"mutual_information"``, or of
             ``snens.metrics.LOGIT_OOD_SCORES``: ``"max_logit"`` (−max_k z̄_k) or ``"energy"``
@@ -431,7 +434,8 @@ def evaluate(
         device: where inputs go, by default the model's device.
         keep_logits: a dict that receives the member logits (M, N, K) of the pass over each
             set — ``"test"``, ``"test_labels"`` (N,), ``"ood/<name>"``,
-            ``"shift/<name>/<severity>"`` and its ``"…_labels"`` — so a post-hoc
+            ``"shift/<name>/<severity>"``, ``"domain/<name>"`` and their ``"…_labels"`` — so a
+            post-hoc
             calibrator, another OOD score or a prediction set needs no second pass
             (:func:`posthoc_metrics`).
 
@@ -439,7 +443,8 @@ def evaluate(
         A flat ``{key: float}``: ``"test/<metric>"``, ``"ood/<name>/{auroc,aupr,fpr95}"``
         (``"ood/<name>/<score>/{auroc,aupr,fpr95}"`` for a list of scores),
         ``"shift/<name>/<severity>/<metric>"``, ``"shift/severity/<s>/<metric>"``,
-        ``"shift/mean/<metric>"`` (metrics of :data:`SHIFT_METRICS`).
+        ``"shift/mean/<metric>"``, ``"domain/<name>/<metric>"`` (metrics of
+        :data:`SHIFT_METRICS`).
         ``"test/member_correlation"`` is NaN for a single member.
 
     Raises:
@@ -468,6 +473,18 @@ def evaluate(
         )
     )
     results.update(_shift_results(model, shifted, (M, K), num_bins, device, keep_logits))
+    for name, loader in _check_ood_sets(domains).items():
+        what = f"domain set {name!r}"
+        logits, domain_labels = _collect(model, loader, device, what=what, logits=True)
+        if domain_labels is None:
+            raise ValueError(f"{what}: the loader yielded batches without labels; yield (x, y)")
+        probs = logits.softmax(dim=-1)
+        _check_same_members(probs, M, K, what)
+        for metric, value in _shift_metrics(probs, domain_labels, num_bins).items():
+            results[f"domain/{name}/{metric}"] = value
+        if keep_logits is not None:
+            keep_logits[f"domain/{name}"] = logits
+            keep_logits[f"domain/{name}_labels"] = domain_labels
     return results
 
 
@@ -586,18 +603,7 @@ def _shift_results(
             keep_logits[f"shift/{name}/{severity}_labels"] = shift_labels
         _check_same_members(probs, *members_classes, what)
         per_set[(name, severity)] = _shift_metrics(probs, shift_labels, num_bins)
-    results = {}
-    for (name, severity), values in sorted(per_set.items()):
-        for metric, value in values.items():
-            results[f"shift/{name}/{severity}/{metric}"] = value
-    for severity in sorted({s for _, s in per_set}):
-        at_severity = [v for (_, s), v in per_set.items() if s == severity]
-        for metric in SHIFT_METRICS:
-            results[f"shift/severity/{severity}/{metric}"] = _mean(at_severity, metric)
-    if per_set:
-        for metric in SHIFT_METRICS:
-            results[f"shift/mean/{metric}"] = _mean(list(per_set.values()), metric)
-    return results
+    return _shift_summary(per_set, "shift")
 
 
 def _check_scores(ood_score: str | Sequence[str]) -> list[str]:
@@ -655,7 +661,55 @@ def temperature_scaled_metrics(outputs: Mapping[str, Tensor]) -> dict[str, float
         T = fit_temperature(outputs["val"], outputs["val_labels"])
     probs = (outputs["test"] / T).softmax(dim=-1)  # (M, N, K)
     values = ensemble_metrics(probs, outputs["test_labels"])
-    return {"test_ts/temperature": T, **{f"test_ts/{k}": values[k] for k in _CALIBRATED_KEEP}}
+    return {
+        "test_ts/temperature": T,
+        **{f"test_ts/{k}": values[k] for k in _CALIBRATED_KEEP},
+        **_kept_set_metrics(outputs, lambda z: z / T, "_ts"),
+    }
+
+
+def _kept_set_metrics(
+    outputs: Mapping[str, Tensor], apply: Any = None, tail: str = "", num_bins: int = 15
+) -> dict[str, float]:
+    """The metrics of :data:`SHIFT_METRICS` of the kept corrupted and domain sets
+    (``shift/<name>/<s>``, ``domain/<name>`` and their labels), after ``apply`` (a calibrator
+    fitted in-domain; None: the logits as kept): ``domain<tail>/<name>/<metric>`` and
+    ``shift<tail>/<name>/<s>/<metric>`` with their means per severity and over all, as
+    :func:`evaluate` reports the raw ones (``tail`` ``"_ts"`` for temperature scaling)."""
+    results: dict[str, float] = {}
+    per_set: dict[tuple[str, int], dict[str, float]] = {}
+    for key in sorted(outputs):
+        if key.endswith("_labels") or f"{key}_labels" not in outputs:
+            continue
+        head, _, rest = key.partition("/")
+        if head not in ("domain", "shift"):
+            continue
+        logits = outputs[key] if apply is None else apply(outputs[key])
+        values = _shift_metrics(logits.softmax(dim=-1), outputs[f"{key}_labels"], num_bins)
+        if head == "domain":
+            results.update({f"domain{tail}/{rest}/{m}": v for m, v in values.items()})
+        else:
+            name, severity = rest.rsplit("/", 1)
+            per_set[(name, int(severity))] = values
+    results.update(_shift_summary(per_set, f"shift{tail}"))
+    return results
+
+
+def _shift_summary(per_set: Mapping[tuple[str, int], Mapping[str, float]], head: str) -> dict:
+    """``<head>/<name>/<s>/<metric>`` of every corrupted set, their means per severity
+    (``<head>/severity/<s>/…``) and over all (``<head>/mean/…``)."""
+    results = {}
+    for (name, severity), values in sorted(per_set.items()):
+        for metric, value in values.items():
+            results[f"{head}/{name}/{severity}/{metric}"] = value
+    for severity in sorted({s for _, s in per_set}):
+        at_severity = [v for (_, s), v in per_set.items() if s == severity]
+        for metric in SHIFT_METRICS:
+            results[f"{head}/severity/{severity}/{metric}"] = _mean(at_severity, metric)
+    if per_set:
+        for metric in SHIFT_METRICS:
+            results[f"{head}/mean/{metric}"] = _mean(list(per_set.values()), metric)
+    return results
 
 
 _CALIBRATED_KEEP = ("accuracy", "nll", "brier", "ece", "adaptive_ece")
@@ -710,6 +764,7 @@ def calibrated_metrics(
         values = ensemble_metrics(probs, outputs["test_labels"])
         prefix = CALIBRATED_PREFIXES[name]
         results.update({f"{prefix}/{k}": values[k] for k in _CALIBRATED_KEEP})
+        results.update(_kept_set_metrics(outputs, calibrator.apply, prefix.removeprefix("test")))
     return results
 
 
@@ -802,8 +857,7 @@ def logit_metrics(
     """The metrics a run's final evaluation reports, from kept logits alone: what
     :func:`evaluate` gives on the test and OOD sets (with the same ``ood_score`` keys), the
     validation split's, the post-hoc calibrators fitted on it and :func:`posthoc_metrics`
-    (:func:`held_out_metrics`). Metrics of corrupted
-    sets are not among them: ``evaluate`` keeps no logits of those.
+    (:func:`held_out_metrics`), and those of the corrupted and domain sets it kept.
 
     Args:
         outputs: as :func:`posthoc_metrics` takes them, e.g. :func:`stack_members`' result.
@@ -831,6 +885,7 @@ def logit_metrics(
         _check_same_members(out_logits, *test.shape[::2], f"OOD set {name!r}")
         member_outputs = (out_logits, out_logits.softmax(dim=-1))
         results.update(_ood_keys(name, in_scores, member_outputs, scores, ood_score))
+    results.update(_kept_set_metrics(outputs, num_bins=num_bins))
     results.update(
         held_out_metrics(
             outputs,
