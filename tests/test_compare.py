@@ -77,3 +77,24 @@ def test_snens_report_baseline_adds_the_differences(sweep, tmp_path, capsys):
     # a directory holding both rows' runs is refused, naming the rows
     assert main(["report", str(sweep), "--out", str(tmp_path), "--baseline", str(sweep)]) == 2
     assert "holds the runs of 2 rows, not one" in capsys.readouterr().err
+
+
+def test_an_ood_comparison_is_the_auroc_of_the_kept_scores(sweep):
+    from snens.engine.compare import compare_ood, run_arrays
+    from snens.metrics import auroc
+
+    snens, single = _runs(sweep, "snens"), _runs(sweep, "single")
+    row = compare_ood(run_arrays(snens), run_arrays(single), "mnist_5k", "msp", resamples=100)
+    finals = [json.loads((p / "final.json").read_text())["metrics"] for p in [*snens, *single]]
+    mean = lambda rows: sum(r["ood/mnist_5k/auroc"] for r in rows) / len(rows)  # noqa: E731
+    assert row.interval.estimate == pytest.approx(mean(finals[:2]) - mean(finals[2:]), abs=1e-6)
+    assert row.set == "ood/mnist_5k/msp" and row.metric == "auroc"
+    arrays = run_arrays(snens)[0]
+    import torch
+
+    own = auroc(
+        torch.from_numpy(arrays["test/ood/energy"]), torch.from_numpy(arrays["ood/mnist_5k/energy"])
+    )
+    assert own == pytest.approx(finals[0]["ood/mnist_5k/energy/auroc"], abs=1e-6)
+    with pytest.raises(KeyError, match="no 'odin' scores"):
+        compare_ood(run_arrays(snens), run_arrays(single), "mnist_5k", "odin")

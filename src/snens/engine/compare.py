@@ -15,14 +15,31 @@ raw and after each calibrator, and the difference is worded by its interval: "be
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from snens.engine.runs import read_examples
-from snens.evaluation.bootstrap import Examples, Interval, paired_bootstrap, verdict
+import numpy as np
 
-__all__ = ["COMPARISON_HEADER", "Comparison", "compare_runs", "comparison_cells", "describe"]
+from snens.engine.runs import read_examples
+from snens.evaluation.bootstrap import (
+    Examples,
+    Interval,
+    auroc_bootstrap,
+    paired_bootstrap,
+    verdict,
+)
+
+__all__ = [
+    "COMPARISON_HEADER",
+    "Comparison",
+    "compare_arrays",
+    "compare_ood",
+    "compare_runs",
+    "comparison_cells",
+    "describe",
+    "run_arrays",
+]
 
 #: What is compared by default: the test set raw and after temperature scaling.
 SETS = ("test", "test_ts")
@@ -39,21 +56,29 @@ class Comparison:
     verdict: str  # "better", "worse" or "level" (for A against B)
 
 
-def _examples(runs: Sequence[str | os.PathLike], prefix: str) -> list[Examples]:
+def run_arrays(runs: Sequence[str | os.PathLike]) -> list[dict[str, np.ndarray]]:
+    """Each run's ``examples.npz``.
+
+    Raises:
+        FileNotFoundError: a run without one, named.
+    """
     out = []
     for run in runs:
         try:
-            arrays = read_examples(run)
+            out.append(read_examples(run))
         except FileNotFoundError:
             raise FileNotFoundError(
                 f"{Path(run) / 'examples.npz'} is missing: the run finished before runs kept "
                 "their per-example results; retrain it to compare it with intervals"
             ) from None
-        try:
-            out.append(Examples.from_arrays(arrays, f"{prefix}/"))
-        except KeyError:
-            raise KeyError(f"{run} kept no {prefix!r} examples") from None
     return out
+
+
+def _examples(arrays: Sequence[Mapping[str, np.ndarray]], prefix: str) -> list[Examples]:
+    try:
+        return [Examples.from_arrays(a, f"{prefix}/") for a in arrays]
+    except KeyError:
+        raise KeyError(f"a run kept no {prefix!r} examples") from None
 
 
 def compare_runs(
@@ -81,6 +106,23 @@ def compare_runs(
         ValueError: runs scored on other test examples, or what
             :func:`~snens.evaluation.bootstrap.paired_bootstrap` refuses.
     """
+    return compare_arrays(
+        run_arrays(a), run_arrays(b), sets=sets, metrics=metrics, resamples=resamples, seed=seed
+    )
+
+
+def compare_arrays(
+    a: Sequence[Mapping[str, np.ndarray]],
+    b: Sequence[Mapping[str, np.ndarray]],
+    *,
+    sets: Sequence[str] = SETS,
+    metrics: Sequence[str] = METRICS,
+    resamples: int = 2000,
+    seed: int = 0,
+) -> list[Comparison]:
+    """:func:`compare_runs` on per-example arrays already at hand (``examples.npz``'s, or
+    :func:`snens.evaluation.bootstrap.run_examples` of runs pooled into one ensemble), one
+    mapping per seed."""
     out = []
     for name in sets:
         left, right = _examples(a, name), _examples(b, name)
@@ -88,6 +130,32 @@ def compare_runs(
             interval = paired_bootstrap(left, right, metric, resamples=resamples, seed=seed)
             out.append(Comparison(name, metric, interval, verdict(interval)))
     return out
+
+
+def compare_ood(
+    a: Sequence[Mapping[str, np.ndarray]],
+    b: Sequence[Mapping[str, np.ndarray]],
+    ood_set: str,
+    score: str,
+    *,
+    resamples: int = 1000,
+    seed: int = 0,
+) -> Comparison:
+    """Δ AUROC of one OOD score on one OOD set (``test/ood/<score>`` against
+    ``ood/<set>/<score>`` of each seed's arrays), with its interval and word.
+
+    Raises:
+        KeyError: a seed's arrays without that score, named.
+    """
+
+    def pairs(arrays):
+        try:
+            return [(x[f"test/ood/{score}"], x[f"ood/{ood_set}/{score}"]) for x in arrays]
+        except KeyError as error:
+            raise KeyError(f"no {score!r} scores of OOD set {ood_set!r}: {error}") from None
+
+    interval = auroc_bootstrap(pairs(a), pairs(b), resamples=resamples, seed=seed)
+    return Comparison(f"ood/{ood_set}/{score}", "auroc", interval, verdict(interval))
 
 
 def describe(comparison: Comparison, a: str, b: str) -> str:
