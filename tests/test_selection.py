@@ -104,6 +104,9 @@ def test_evaluate_run_reproduces_the_selected_metrics_and_can_take_the_last_epoc
     for key in ("test/nll", "test/ece", "val/nll", "test_ts/nll", "ood/mnist_5k/auroc"):
         assert metrics[key] == final[key], key
     assert state["selection"]["epochs"] == [_final(selected)["selection"]["epoch"]]
+    # without the validation split (OOD scores of a finished run): the same selected weights
+    alone, _ = evaluate_run(selected, corruptions=False, validation=False)
+    assert alone["test/nll"] == final["test/nll"] and "val/nll" not in alone
     last, _, _ = load_run_model(selected, selected=False)
     kept, _, _ = load_run_model(selected)
     gammas = [n for n, _ in kept.named_parameters() if n.endswith("gamma")]

@@ -269,6 +269,12 @@ def evaluate_run(
             f"{why} (data.validation_examples = {config.data.validation_examples}); train a run "
             "with data.validation_examples > 0 to measure them"
         )
+    if not data_config.validation_examples and config.optim.select:
+        # the selected weights are loaded already; without the validation split this config
+        # only says which data to score
+        config = dataclasses.replace(
+            config, optim=dataclasses.replace(config.optim, select="", patience=0)
+        )
     config = dataclasses.replace(config, data=data_config)
     with reproducible(config):
         device = resolve_device(config.device)
