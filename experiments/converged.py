@@ -1159,6 +1159,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_parser = sub.add_parser("run", help="train the stages' runs not yet done")
     run_parser.add_argument("--stage", nargs="+", choices=list(STAGES), default=list(STAGES))
     sub.add_parser("report", help="write results/converged.md from the finished runs")
+    sub.add_parser(
+        "score",
+        help="write the OOD scores, conformal halves and examples.npz a finished run of a test "
+        "stage lacks (from its checkpoint and kept logits, while they are there)",
+    )
     sub.add_parser("plan", help="list the runs and their status")
     args = parser.parse_args(argv)
     WHERE.update(out=args.out.resolve(), extra=tuple(args.set))
@@ -1167,6 +1172,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run(args.stage)
     if args.command == "report":
         print(report())
+        return 0
+    if args.command == "score":
+        for stage in TEST_STAGES:
+            for _, sweep_run in runs_of(stage):
+                if (sweep_run.path() / FINAL).is_file():
+                    _score_ood(stage, sweep_run.path())
         return 0
     study.print_plan([(stage, v, r) for stage in STAGES for v, r in runs_of(stage)])
     return 0
