@@ -836,6 +836,97 @@ def test_tables(stage: str) -> list[str]:
     return lines
 
 
+#: OOD scores in the order the protocol tables show them: the logit scores first (the
+#: members' mean logit keeps the evidence that averaging softmaxes flattens), then the member
+#: disagreement, then the softmax-based ones.
+PROTOCOL_OOD = ("energy", "max_logit", "mutual_information", "entropy", "msp")
+
+
+def protocol_rows(stage: str) -> tuple[dict[str, list[dict]], dict[str, list[dict]]]:
+    """The finished runs of ``stage`` that kept their examples: per variant, their final.json
+    metrics with each OOD score's AUROC (``ood_auroc/<score>``, from the kept scores) and the
+    kept epoch(s), and their ``examples.npz`` arrays, in seed order."""
+    import torch
+
+    from snens.engine.runs import EXAMPLES, read_examples
+    from snens.evaluation.bootstrap import Examples
+    from snens.metrics import auroc
+
+    rows: dict[str, list[dict]] = {}
+    arrays: dict[str, list[dict]] = {}
+    for variant, sweep_run in runs_of(stage):
+        path = sweep_run.path()
+        final = _final(path)
+        if final is None or not (path / EXAMPLES).is_file():
+            continue
+        kept = read_examples(path)
+        row = dict(final["metrics"])
+        selection = final.get("selection", {})
+        epochs = selection.get("member_epochs") or [selection.get("epoch", math.nan)]
+        row["kept_epoch"] = sum(epochs) / len(epochs)
+        # ECE at severity 5, the mean over the corruptions, raw and after temperature scaling,
+        # from the kept examples (runs finished before final.json had shift_ts keep them too)
+        for head in ("shift", "shift_ts"):
+            names = sorted({k.split("/")[1] for k in kept if k.startswith(f"{head}/")})
+            values = [
+                Examples.from_arrays(kept, f"{head}/{n}/5/").metric("ece")
+                for n in names
+                if f"{head}/{n}/5/nll" in kept
+            ]
+            if values:
+                row[f"{head}/severity/5/ece"] = sum(values) / len(values)
+        ood_sets = sorted({k.split("/")[1] for k in kept if k.startswith("ood/")})
+        for score in PROTOCOL_OOD:
+            if ood_sets and f"test/ood/{score}" in kept:
+                inside = torch.from_numpy(kept[f"test/ood/{score}"])
+                outside = torch.from_numpy(kept[f"ood/{ood_sets[0]}/{score}"])
+                row[f"ood_auroc/{score}"] = auroc(inside, outside)
+        rows.setdefault(variant.name, []).append(row)
+        arrays.setdefault(variant.name, []).append(kept)
+    return rows, arrays
+
+
+def protocol_tables(stage: str) -> list[str]:
+    """Every method at its best validation epoch: test accuracy, NLL and ECE raw and after
+    temperature scaling (fitted on each run's validation split), ECE at corruption severity 5
+    raw and after it, and OOD AUROC by every score, mean ± std over seeds; then σN-Ens against
+    one model and the deep ensemble, each difference with its paired bootstrap 95 % interval
+    and the word it supports."""
+    rows, arrays = protocol_rows(stage)
+    if not rows:
+        return []
+    columns = (
+        ("kept epoch", "kept_epoch"),
+        ("test acc", "test/accuracy"),
+        ("NLL", "test/nll"),
+        ("ECE", "test/ece"),
+        ("NLL +TS", "test_ts/nll"),
+        ("ECE +TS", "test_ts/ece"),
+        ("ECE s5", "shift/severity/5/ece"),
+        ("ECE s5 +TS", "shift_ts/severity/5/ece"),
+        *((f"OOD {score}", f"ood_auroc/{score}") for score in PROTOCOL_OOD),
+    )
+    shown = [(h, k) for h, k in columns if any(k in r for group in rows.values() for r in group)]
+    lines = [
+        "| variant | n | " + " | ".join(h for h, _ in shown) + " |",
+        "|" + "---|" * (2 + len(shown)),
+    ]
+    for name, group in rows.items():
+        one_member = group[0].get("test/num_members") == 1.0  # MI is 0 for one member
+        cells = [
+            "–" if one_member and key == "ood_auroc/mutual_information" else cell(group, key)
+            for _, key in shown
+        ]
+        lines.append(f"| {name} | {len(group)} | " + " | ".join(cells) + " |")
+    snens = [name for name in rows if name.startswith("snens")]
+    pairs = [(v, b) for b in ("single", "deep_ensemble") for v in snens]
+    first = arrays[next(iter(arrays))][0]
+    sets = sorted({k.split("/")[1] for k in first if k.startswith("ood/")})
+    ood = (sets[0], "energy") if sets else None
+    lines += ["", *study.difference_table(arrays, pairs, ood=ood)]
+    return lines
+
+
 #: The test metrics a run's kept logits give without another pass (the engine writes them to
 #: ``final.json`` since it keeps ``outputs.npz``): (header, key under ``test/`` or the OOD set).
 POSTHOC_COLUMNS = (
@@ -1112,6 +1203,19 @@ def report() -> Path:
         sections += [f"## Stage `{stage}`", "", table.table, ""]
         if stage not in ("text", "vision"):
             sections += ["Diagnosis (validation split):", "", *diagnosis(stage), ""]
+        protocol = protocol_tables(stage) if stage in TEST_STAGES else []
+        if protocol:
+            sections += [
+                "Every method at its best validation epoch (its kept epoch; a deep ensemble's "
+                "members each at their own), raw and after temperature scaling fitted on the "
+                "validation split (+TS); OOD AUROC by each score, the logit scores first; then "
+                "σN-Ens against one model and the deep ensemble, A − B with the paired "
+                "bootstrap 95 % interval over test examples and seeds and the word it supports "
+                "(better or worse only where the interval excludes 0):",
+                "",
+                *protocol,
+                "",
+            ]
         if stage in TEST_STAGES:
             sections += ["Test set, corruption and OOD:", "", *test_tables(stage), ""]
             sections += [

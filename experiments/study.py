@@ -76,3 +76,48 @@ def print_plan(queue: Sequence[Item]) -> None:
     width = max((len(variant.name) for _, variant, _ in queue), default=0)
     for stage, variant, sweep_run in queue:
         print(f"{stage:11s} {variant.name:{width}s} {sweep_run.name:8s} {status(sweep_run)}")
+
+
+# ------------------------------------------------------------------------------------------------
+# Differences with intervals
+# ------------------------------------------------------------------------------------------------
+
+#: The comparisons the studies' tables give: (set of examples.npz, metric).
+DIFFERENCES = (("test", "nll"), ("test", "ece"), ("test_ts", "nll"), ("test_ts", "ece"))
+
+
+def difference_cell(comparison) -> str:
+    """``−0.021 [−0.030, −0.012] better``: Δ, its 95 % interval and the word it supports."""
+    i = comparison.interval
+    return f"{i.estimate:+.4f} [{i.low:+.4f}, {i.high:+.4f}] {comparison.verdict}"
+
+
+def difference_table(
+    groups: dict[str, list],
+    pairs: Sequence[tuple[str, str]],
+    *,
+    ood: tuple[str, str] | None = None,
+    differences: Sequence[tuple[str, str]] = DIFFERENCES,
+) -> list[str]:
+    """Markdown rows of A − B for each pair of ``groups`` (name → per-seed ``examples.npz``
+    arrays): test NLL and ECE raw and after temperature scaling, and with ``ood`` = (set,
+    score) the AUROC of that score, each with its paired bootstrap 95 % interval (test
+    examples resampled in pairs, seeds as a second level) and the word it supports; a pair
+    whose runs are not all finished is left out."""
+    from snens.engine.compare import compare_arrays, compare_ood
+
+    header = ["A", "B", *(f"Δ {s} {m}" for s, m in differences)]
+    if ood:
+        header.append(f"Δ OOD AUROC ({ood[1]})")
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for a, b in pairs:
+        if not groups.get(a) or not groups.get(b):
+            continue
+        cells = [a, b]
+        for set_name, metric in differences:
+            (row,) = compare_arrays(groups[a], groups[b], sets=(set_name,), metrics=(metric,))
+            cells.append(difference_cell(row))
+        if ood:
+            cells.append(difference_cell(compare_ood(groups[a], groups[b], *ood)))
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
