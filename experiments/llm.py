@@ -450,7 +450,7 @@ def _outputs(path: Path) -> dict:
         outputs = {
             k: torch.from_numpy(kept[k])
             for k in kept.files
-            if k.startswith(("test", "ood/", "val"))
+            if k.startswith(("test", "ood/", "val", "domain/"))
         }
     if (path / FAR_OOD_FILE).is_file():
         with np.load(path / FAR_OOD_FILE) as far:
@@ -778,6 +778,93 @@ def recipe_rows() -> list[list[str]]:
     return rows
 
 
+#: The ``selected`` stage's rows: (label, variant, runs per ensemble).
+SELECTED_ROWS = (
+    ("one LoRA model, norms trainable (fair)", "single_fair", 1),
+    (f"LoRA ensemble, M={POOL} fine-tunes run apart (fair)", "single_fair", POOL),
+    ("MC-dropout on LoRA, 4 samples (fair)", "mc_dropout_fair", 1),
+    ("σN-Ens-LoRA, τ=5 λ=0.01, split (preset)", "snens_split", 1),
+)
+#: Its columns: (header, metric key).
+SELECTED_COLUMNS = (
+    ("acc", "test/accuracy"),
+    ("NLL", "test/nll"),
+    ("ECE", "test/ece"),
+    ("NLL +TS", "test_ts/nll"),
+    ("ECE +TS", "test_ts/ece"),
+    ("tweets acc", "domain/tweets/accuracy"),
+    ("tweets NLL", "domain/tweets/nll"),
+    ("tweets ECE", "domain/tweets/ece"),
+    ("tweets NLL +TS", "domain_ts/tweets/nll"),
+    ("tweets ECE +TS", "domain_ts/tweets/ece"),
+    ("plots AUROC MSP", "ood/rt_plots/auroc"),
+    ("MI", "ood/rt_plots/mutual_information/auroc"),
+    ("tweets AUROC MSP", "ood/tweets/auroc"),
+)
+#: The differences the ``selected`` stage reports, each with its interval: (A, B) of
+#: :data:`SELECTED_ROWS`' labels.
+SELECTED_PAIRS = (
+    (SELECTED_ROWS[3][0], SELECTED_ROWS[0][0]),
+    (SELECTED_ROWS[3][0], SELECTED_ROWS[1][0]),
+    (SELECTED_ROWS[1][0], SELECTED_ROWS[0][0]),
+    (SELECTED_ROWS[2][0], SELECTED_ROWS[0][0]),
+)
+SELECTED_DIFFERENCES = (
+    *study.DIFFERENCES,
+    ("domain/tweets", "nll"),
+    ("domain/tweets", "ece"),
+    ("domain_ts/tweets", "nll"),
+    ("domain_ts/tweets", "ece"),
+)
+
+
+def selected_units() -> dict[str, tuple[list[dict], list[dict]]]:
+    """Per row of :data:`SELECTED_ROWS` whose runs have finished: each ensemble's metrics
+    (a run's final.json; four runs apart pooled as ``snens pool`` measures them) and its
+    per-example arrays (the runs' examples.npz; the pooled ensemble's from its stacked
+    logits), in seed order."""
+    from snens.engine.runs import read_examples
+    from snens.evaluation.bootstrap import run_examples
+    from snens.evaluation.protocol import logit_metrics
+
+    out = {}
+    for label, variant, pool in SELECTED_ROWS:
+        units = _units("selected", variant, pool)
+        metrics, arrays = [], []
+        for unit in units:
+            if pool == 1:
+                metrics.append(json.loads((unit[0] / FINAL).read_text())["metrics"])
+                arrays.append(read_examples(unit[0]))
+            else:
+                pooled = pooled_outputs(unit)
+                metrics.append(logit_metrics(pooled, ood_scores=OOD_SCORES))
+                arrays.append(run_examples(pooled))
+        if units:
+            out[label] = (metrics, arrays)
+    return out
+
+
+def selected_tables() -> list[str]:
+    """The ``selected`` stage: every method at its best validation epoch on all test reviews,
+    raw and after temperature scaling fitted on the validation reviews, on the tweets (another
+    domain) and as OOD detector; then the differences with their intervals."""
+    units = selected_units()
+    if not units:
+        return []
+    rows = []
+    for label, (metrics, _) in units.items():
+        cells = [
+            _cell([m[k] for m in metrics if k in m], len(metrics)) for _, k in SELECTED_COLUMNS
+        ]
+        rows.append([label, str(len(metrics)), *cells])
+    table = markdown_table(["run", "n", *(h for h, _ in SELECTED_COLUMNS)], rows)
+    groups = {label: arrays for label, (_, arrays) in units.items()}
+    differences = study.difference_table(
+        groups, SELECTED_PAIRS, differences=SELECTED_DIFFERENCES, ood=("rt_plots", "msp")
+    )
+    return [table, "", *differences]
+
+
 def report() -> Path:
     """``results/llm.md``: the study's tables from the finished runs (mean ± std over seeds)."""
     main_rows, ood_rows, conformal_rows, diagnosis_rows = [], [], [], []
@@ -832,6 +919,23 @@ def report() -> Path:
             "measured in isolation are `snens bench --llm`'s (the performance page). `peak GiB`",
             "is the largest peak resident set of the training process over the seeds' epochs",
             "(`peak_rss_mib` in `final.json`; — for runs finished before the engine recorded it).",
+            "",
+            "## Under the evaluation protocol (stage `selected`)",
+            "",
+            "Every run evaluated with the weights of its best validation epoch (each fine-tune",
+            "pooled into the LoRA ensemble at its own), on all 2,551 test reviews of the",
+            "corpus' split; +TS after temperature scaling fitted on the 500 validation reviews;",
+            "tweets: 1,000 tweets the crowd graded negative or positive, a labelled test set of",
+            "another domain (`data.domains`), raw and after the same temperature, fitted on",
+            "reviews; OOD AUROC against the plot descriptions and 500 tweets. Then A − B for",
+            "the comparisons the claims rest on, each with its paired bootstrap 95 % interval",
+            "(the test reviews resampled in pairs, the seeds — or the disjoint groups of four",
+            "fine-tunes — as a second level) and the word it supports: better or worse only",
+            "where the interval excludes 0, level otherwise.",
+            "",
+            *selected_tables(),
+            "",
+            "## The earlier runs (each evaluated at its last epoch, 1,000 test reviews)",
             "",
             markdown_table(main_header, main_rows),
             "",
