@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from snens.nn import fused
+from snens.nn import fused, triton_norms
 from snens.nn.norms import MemberNorm, path_override
 from snens.nn.plain_conversion import feature_shape, norm_eps
 
@@ -57,6 +57,9 @@ class MemberLayerNorm(MemberNorm):
     """
 
     plain_type = nn.LayerNorm
+    triton_variant = triton_norms.Variant(
+        center=True, round_first=False, last_dim=False, autocast_to_float=True
+    )
 
     def __init__(
         self,
@@ -91,9 +94,19 @@ class MemberLayerNorm(MemberNorm):
                 f"{self.normalized_shape}, got input of shape {tuple(x.shape)}"
             )
 
+    def _fused_forward(self, x: Tensor) -> Tensor | None:
+        if triton_norms.applies(self, x):
+            return triton_norms.forward(self, x, self.eps)
+        return None
+
     def _normalize(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
         """Layer norm of each member's rows: the first path that applies.
 
+        0. triton (:mod:`snens.nn.triton_norms`, taken in ``forward`` before the folding: one
+           kernel forward with σ(γ) folded in, two backward): CUDA, float32/bf16/fp16 with the
+           parameters of x's dtype, where :func:`snens.nn.triton_norms.applies` lists. Why: the
+           vectorized path is ~6 launches forward and backward with the folding where a plain
+           layer norm is 2 (H200, bf16: 2.31× a plain LayerNorm).
         1. fused (:func:`snens.nn.fused.member_layer_norm`, every row with its member's affine
            in one pass): M > 1, CPU, float32/64 with x and scale of one dtype, non-empty,
            kernels built and ``SNENS_FUSED`` ≠ 0, neither traced by ``torch.compile``/
@@ -205,6 +218,9 @@ class MemberRMSNorm(MemberNorm):
 
     plain_type = nn.RMSNorm
     has_bias = False
+    triton_variant = triton_norms.Variant(
+        center=False, round_first=True, last_dim=False, autocast_to_float=True
+    )
 
     def __init__(
         self,
@@ -231,9 +247,22 @@ class MemberRMSNorm(MemberNorm):
 
     _check_input = MemberLayerNorm._check_input
 
+    def _fused_forward(self, x: Tensor) -> Tensor | None:
+        if triton_norms.applies(self, x):
+            # eps=None: F.rms_norm's default, the machine epsilon of float32 (its compute
+            # dtype for float32, bfloat16 and float16 inputs)
+            eps = torch.finfo(torch.float32).eps if self.eps is None else self.eps
+            return triton_norms.forward(self, x, eps)
+        return None
+
     def _normalize(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
         """RMS norm of each member's rows: the first path that applies.
 
+        0. triton (:mod:`snens.nn.triton_norms`, taken in ``forward`` before the folding):
+           CUDA, float32/bf16/fp16 with the parameters of x's dtype, where
+           :func:`snens.nn.triton_norms.applies` lists. Why: the broadcast path is ~8 launches
+           forward and backward with the folding where a plain RMSNorm is 2 (H200, bf16:
+           2.88× a plain RMSNorm).
         1. broadcast (:meth:`_broadcast`, one un-weighted ``rms_norm`` over all rows, then the
            member scales broadcast): M > 1, x and scale both float32 or both float64; any
            device, and also traced by ``torch.compile`` and inside ``torch.func`` (plain torch
