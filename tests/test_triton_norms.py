@@ -110,6 +110,68 @@ def test_the_kernels_compute_the_reference(name, shape, dtype, monkeypatch):
         torch.testing.assert_close(a, b, **(out_tol if label == "output" else grad_tol), msg=label)
 
 
+@pytest.mark.parametrize("name", ["llama", "deberta", "olmo2", "gemma"])
+def test_hugging_face_formulas_take_a_half_input_to_float32_parameters(name):
+    """A bf16 input to a float32 member norm gives the formula's dtype: Llama's and DeBERTa's
+    the promoted float32 (x̂ rounded to bf16 first), OLMo-2's and Gemma's x's bf16."""
+    if not HAS_TRANSFORMERS:
+        pytest.skip("the Hugging Face member norms' tests run with transformers installed")
+    make = {
+        "olmo2": lambda d, m: snn.MemberOlmo2RMSNorm(d, m),
+        "gemma": lambda d, m: snn.MemberGemmaRMSNorm(d, m),
+    }.get(name) or LAYERS[name]
+    g = torch.Generator().manual_seed(0)
+    layer = make(40, 2)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.copy_(torch.randn(p.shape, generator=g))
+    ref = copy.deepcopy(layer)
+    x = torch.randn(2 * 5, 40, generator=g).bfloat16()
+    expected = torch.float32 if name in ("llama", "deberta") else torch.bfloat16
+    y_ref = ref._reference(x, *ref.scale_and_shift())
+    grad = torch.randn(x.shape, generator=g).to(y_ref.dtype)
+    got = _run(layer, x, grad, through_triton=True)
+    want = _run(ref, x, grad, through_triton=False)
+    assert got[0].dtype == want[0].dtype == expected
+    out_tol, grad_tol = TOL[torch.bfloat16]
+    for i, (a, b) in enumerate(zip(got, want, strict=True)):
+        torch.testing.assert_close(a, b, **(out_tol if i == 0 else grad_tol), msg=str(i))
+
+
+@pytest.mark.parametrize("name", ["rms_norm", "layer_norm"])
+def test_the_cuda_autocast_arithmetic(name):
+    """What the dispatch runs for a half input under CUDA autocast, which runs torch's layer
+    and RMS norms in float32: the bf16 input read as it is, a float32 output, nothing rounded
+    first; equal to the reference on the input cast to float32."""
+    layer = _layer(name, 24, 3, torch.float32)
+    ref = copy.deepcopy(layer)
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(3 * 4, 24, generator=g).bfloat16()
+    xi = x.clone().requires_grad_(True)
+    variant = type(layer).triton_variant
+    eps = torch.finfo(torch.float32).eps if layer.eps is None else layer.eps
+    with force_path("triton"):
+        y = triton_norms.member_norm(
+            xi,
+            layer.gamma,
+            layer.weight,
+            layer.bias,
+            3,
+            eps,
+            variant,
+            out_dtype=torch.float32,
+            round_first=False,
+        )
+    grad = torch.randn(y.shape, generator=g)
+    y.backward(grad)
+    want = _run(ref, x.float(), grad, through_triton=False)
+    assert y.dtype == torch.float32 and xi.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(y, want[0], **TOL[torch.float32][0])
+    torch.testing.assert_close(xi.grad, want[1].bfloat16(), **TOL[torch.bfloat16][1])
+    for p, w in zip(layer.parameters(), want[2:], strict=True):
+        torch.testing.assert_close(p.grad, w, **TOL[torch.float32][1])
+
+
 def test_a_large_mean_is_centred_before_the_variance():
     """Layer norm of rows far from zero (mean 1000, std 3) in float32: the variance is taken
     around the mean, not as E[x²] − E[x]², which would lose every digit."""
@@ -226,3 +288,28 @@ def test_cuda_dispatch_takes_the_kernels(name, shape, dtype, monkeypatch):
     got = [y, xi.grad, *(p.grad for p in layer.parameters())]
     for i, (a, b) in enumerate(zip(got, want, strict=True)):
         torch.testing.assert_close(a, b, **(out_tol if i == 0 else grad_tol), msg=str(i))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", ["rms_norm", "layer_norm", "llama"])
+def test_cuda_autocast_takes_the_kernels(name, monkeypatch):
+    """A bf16 input to a float32 member norm under CUDA autocast (the LLM benchmark's row, a
+    mixed-precision step) runs the kernels and computes the reference under autocast."""
+    layer = _layer(name, 576, 4, torch.float32, "cuda")
+    ref = copy.deepcopy(layer)
+    calls = []
+    real = triton_norms.forward
+    monkeypatch.setattr(triton_norms, "forward", lambda *a: calls.append(1) or real(*a))
+    x = torch.randn(4 * 64, 576, device="cuda").bfloat16()
+    results = []
+    for run, via in ((layer, True), (ref, False)):
+        xi = x.clone().requires_grad_(True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y = run(xi) if via else run._reference(xi, *run.scale_and_shift())
+        y.float().square().mean().backward()
+        results.append([y, xi.grad, *(p.grad for p in run.parameters())])
+    assert calls
+    for i, (a, b) in enumerate(zip(*results, strict=True)):
+        assert a.dtype == b.dtype, i
+        torch.testing.assert_close(a, b, **TOL[torch.bfloat16][0 if i == 0 else 1], msg=str(i))

@@ -223,7 +223,7 @@ class MemberLlamaRMSNorm(_MemberHFNorm):
     """
 
     formula = "llama"
-    triton_variant = triton_norms.Variant(center=False, round_first=True)
+    triton_variant = triton_norms.Variant(center=False, round_first=True, output="promoted")
     _norm_fn = staticmethod(llama_rms_norm)
 
 
@@ -268,7 +268,7 @@ class MemberGemmaRMSNorm(_MemberHFNorm):
     """
 
     formula = "gemma"
-    triton_variant = triton_norms.Variant(center=False, round_first=False)
+    triton_variant = triton_norms.Variant(center=False, round_first=False, output="input")
     _norm_fn = staticmethod(gemma_rms_norm)
 
     @torch.no_grad()
@@ -297,7 +297,7 @@ class MemberOlmo2RMSNorm(_MemberHFNorm):
     """
 
     formula = "olmo2"
-    triton_variant = triton_norms.Variant(center=False, round_first=False)
+    triton_variant = triton_norms.Variant(center=False, round_first=False, output="input")
     _norm_fn = staticmethod(olmo2_rms_norm)
 
 
@@ -319,7 +319,7 @@ class MemberGemma3nRMSNorm(_MemberHFNorm):
     """
 
     formula = "gemma3n"
-    triton_variant = triton_norms.Variant(center=False, round_first=False)
+    triton_variant = triton_norms.Variant(center=False, round_first=False, output="input")
     _norm_fn = staticmethod(gemma3n_rms_norm)
 
 
@@ -342,7 +342,7 @@ class MemberCohereLayerNorm(_MemberHFNorm):
     """
 
     formula = "cohere"
-    triton_variant = triton_norms.Variant(center=True, round_first=False)
+    triton_variant = triton_norms.Variant(center=True, round_first=False, output="input")
     norm_kind = "layer norm"
     _norm_fn = staticmethod(cohere_layer_norm)
 
@@ -377,7 +377,7 @@ class MemberOlmoLayerNorm(_MemberHFNorm):
     """
 
     formula = "olmo"
-    triton_variant = triton_norms.Variant(center=True, round_first=False)
+    triton_variant = triton_norms.Variant(center=True, round_first=False, output="input")
     norm_kind = "layer norm"
     _norm_fn = staticmethod(olmo_layer_norm)
 
@@ -418,7 +418,7 @@ class MemberDebertaLayerNorm(_MemberHFNorm):
     """
 
     formula = "deberta"
-    triton_variant = triton_norms.Variant(center=True, round_first=True)
+    triton_variant = triton_norms.Variant(center=True, round_first=True, output="promoted")
     norm_kind = "layer norm"
 
     def __init__(

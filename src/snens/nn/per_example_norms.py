@@ -58,7 +58,7 @@ class MemberLayerNorm(MemberNorm):
 
     plain_type = nn.LayerNorm
     triton_variant = triton_norms.Variant(
-        center=True, round_first=False, last_dim=False, autocast_to_float=True
+        center=True, round_first=False, last_dim=False, output="autocast"
     )
 
     def __init__(
@@ -219,7 +219,7 @@ class MemberRMSNorm(MemberNorm):
     plain_type = nn.RMSNorm
     has_bias = False
     triton_variant = triton_norms.Variant(
-        center=False, round_first=True, last_dim=False, autocast_to_float=True
+        center=False, round_first=True, last_dim=False, output="autocast"
     )
 
     def __init__(

@@ -61,14 +61,35 @@ class Variant:
         last_dim: the formula normalizes over the last dimension only (Hugging Face's), so a
             layer with a 2-D feature shape (Cohere's per-head norms) is not taken; else over all
             of the feature shape (torch's).
-        autocast_to_float: under autocast a half input gives a float32 output (torch's
-            ``layer_norm`` and ``rms_norm`` are autocast to float32): such inputs are not taken.
+        output: the output's dtype, as the formula gives it. ``"autocast"`` (torch's
+            ``layer_norm`` and ``rms_norm``): x's, for x and parameters of one dtype; under
+            CUDA autocast float32 for any dtypes (autocast runs both in float32, so nothing is
+            rounded first); elsewhere under autocast only float32 inputs are taken.
+            ``"promoted"`` (Llama's ``weight * x̂.to(x.dtype)``, DeBERTa's): the promotion of
+            x's and the parameters' dtypes. ``"input"`` (the formulas that cast their result
+            to x's dtype): x's. ``"same"`` (T5's, which rounds to the weight's dtype): x and
+            parameters of one dtype only.
     """
 
     center: bool
     round_first: bool
     last_dim: bool = True
-    autocast_to_float: bool = False
+    output: str = "same"
+
+
+def _output(variant: Variant, x: Tensor, params: torch.dtype) -> tuple[torch.dtype, bool] | None:
+    """(output dtype, round first) of ``variant`` for x and parameters of dtype ``params``,
+    or None where the kernels do not take that combination."""
+    same = x.dtype == params
+    if variant.output == "autocast" and torch.is_autocast_enabled(x.device.type):
+        if x.device.type == "cuda":
+            return torch.float32, False
+        return (x.dtype, variant.round_first) if same and x.dtype == torch.float32 else None
+    if variant.output in ("autocast", "same"):
+        return (x.dtype, variant.round_first) if same else None
+    if variant.output == "promoted":
+        return torch.promote_types(x.dtype, params), variant.round_first
+    return x.dtype, variant.round_first
 
 
 @functools.cache
@@ -86,11 +107,11 @@ def applies(layer: norms.MemberNorm, x: Tensor) -> bool:
 
     All of: the layer's class declares a ``triton_variant``; :func:`available`; x on a CUDA
     device, or ``force_path("triton")`` on any device (``force_path`` to another path: never);
-    x non-empty, of float32, bfloat16 or float16, with gamma, weight and bias of its dtype; at
-    most :data:`MAX_FEATURES` normalized features; not under autocast where the plain norm would
-    give float32 (``Variant.autocast_to_float`` with a half input); neither traced by
-    ``torch.compile``/``torch.export`` (inductor writes its own fused kernels there) nor inside a
-    ``torch.func`` transform (no vmap or jvp rules).
+    x non-empty, of float32, bfloat16 or float16, gamma, weight and bias of one of those dtypes
+    and on x's device; dtypes the variant's ``output`` takes (:class:`Variant`); at most
+    :data:`MAX_FEATURES` normalized features; neither traced by ``torch.compile``/
+    ``torch.export`` (inductor writes its own fused kernels there) nor inside a ``torch.func``
+    transform (no vmap or jvp rules).
 
     Raises:
         RuntimeError: if ``force_path("triton")`` sends a CPU tensor here while the kernels
@@ -99,7 +120,9 @@ def applies(layer: norms.MemberNorm, x: Tensor) -> bool:
     """
     variant = type(layer).__dict__.get("triton_variant")
     forced = norms.forced_path()
-    if variant is None or forced in ("vectorized", "reference") or not available():
+    if variant is None or forced in ("vectorized", "reference"):
+        return False
+    if norms.custom_functions_unavailable(x) or not available():  # traced: decided first
         return False
     if x.device.type != "cuda":
         if forced != "triton":
@@ -114,15 +137,11 @@ def applies(layer: norms.MemberNorm, x: Tensor) -> bool:
     return (
         x.numel() > 0
         and x.dtype in _DTYPES
-        and all(p.dtype == x.dtype and p.device == x.device for p in params)
+        and params[0].dtype in _DTYPES
+        and all(p.dtype == params[0].dtype and p.device == x.device for p in params)
         and math.prod(features) <= MAX_FEATURES
         and not (variant.last_dim and len(features) > 1)
-        and not (
-            variant.autocast_to_float
-            and x.dtype != torch.float32
-            and torch.is_autocast_enabled(x.device.type)
-        )
-        and not norms.custom_functions_unavailable(x)
+        and _output(variant, x, params[0].dtype) is not None
     )
 
 
@@ -158,12 +177,12 @@ def _programs_per_member(x: Tensor, rows_per_member: int, block_r: int, members:
     return max(1, min(tiles, _cdiv(4 * sms, members)))
 
 
-def _launch_forward(x2, gamma, weight, bias, members, eps, variant):
+def _launch_forward(x2, gamma, weight, bias, members, eps, variant, out_dtype, round_first):
     from snens.nn.triton_kernels import kernels
 
     rows, features = x2.shape
     block_d, block_r, _ = _blocks(features)
-    y = torch.empty_like(x2)
+    y = torch.empty_like(x2, dtype=out_dtype)
     stats = torch.empty((2 if variant.center else 1, rows), device=x2.device, dtype=torch.float32)
     rstd, mean = stats[-1], stats[0]
     grid = (_cdiv(rows, block_r),)
@@ -183,7 +202,7 @@ def _launch_forward(x2, gamma, weight, bias, members, eps, variant):
         BLOCK_D=block_d,
         CENTER=variant.center,
         HAS_BIAS=bias is not None,
-        ROUND_FIRST=variant.round_first,
+        ROUND_FIRST=round_first,
         num_warps=_warps(block_r * block_d),
     )
     return y, mean, rstd
@@ -191,11 +210,16 @@ def _launch_forward(x2, gamma, weight, bias, members, eps, variant):
 
 class _TritonMemberNorm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x2, gamma, weight, bias, members, eps, variant, programs):
+    def forward(
+        ctx, x2, gamma, weight, bias, members, eps, variant, out_dtype, round_first, programs
+    ):
         # x2: (N, D) contiguous; gamma, weight, bias: (M, D)
-        y, mean, rstd = _launch_forward(x2, gamma, weight, bias, members, eps, variant)
+        y, mean, rstd = _launch_forward(
+            x2, gamma, weight, bias, members, eps, variant, out_dtype, round_first
+        )
         ctx.save_for_backward(x2, gamma, weight, bias, mean, rstd)
         ctx.members, ctx.variant, ctx.programs = members, variant, programs
+        ctx.round_first = round_first
         return y
 
     @staticmethod
@@ -237,7 +261,7 @@ class _TritonMemberNorm(torch.autograd.Function):
             BLOCK_D=block_d,
             CENTER=variant.center,
             HAS_BIAS=has_bias,
-            ROUND_FIRST=variant.round_first,
+            ROUND_FIRST=ctx.round_first,
             num_warps=_warps(block_r * block_d),
         )
         d_gamma, d_weight = torch.empty_like(gamma), torch.empty_like(weight)
@@ -257,7 +281,7 @@ class _TritonMemberNorm(torch.autograd.Function):
             BLOCK_D=affine_block,
             HAS_BIAS=has_bias,
         )
-        return dx, d_gamma, d_weight, d_bias if has_bias else None, None, None, None, None
+        return dx, d_gamma, d_weight, d_bias if has_bias else None, *(None,) * 6
 
 
 def member_norm(
@@ -269,6 +293,8 @@ def member_norm(
     eps: float,
     variant: Variant,
     *,
+    out_dtype: torch.dtype | None = None,
+    round_first: bool | None = None,
     programs: int | None = None,
 ) -> Tensor:
     """σ(γ_m) ⊙ (weight_m ⊙ x̂ + bias_m) over each member's rows, x̂ the RMS or layer norm of
@@ -282,6 +308,8 @@ def member_norm(
         num_members: M.
         eps: added to the variance.
         variant: which formula (:class:`Variant`).
+        out_dtype: the output's dtype (default: x's).
+        round_first: round x̂ to x's dtype before the affine (default: the variant's).
         programs: backward programs per member (default: sized to the device); for tests.
 
     Shape:
@@ -291,15 +319,24 @@ def member_norm(
     x2 = x.reshape(-1, features).contiguous()
     params = [p.reshape(num_members, features).contiguous() for p in (gamma, weight)]
     bias = None if bias is None else bias.reshape(num_members, features).contiguous()
+    out_dtype = x.dtype if out_dtype is None else out_dtype
+    round_first = variant.round_first if round_first is None else round_first
+    args = (x2, *params, bias, num_members, eps, variant, out_dtype, round_first)
     if norms.needs_grad(x, gamma, weight, bias):
-        y = _TritonMemberNorm.apply(x2, *params, bias, num_members, eps, variant, programs)
+        y = _TritonMemberNorm.apply(*args, programs)
     else:
-        y = _launch_forward(x2, *params, bias, num_members, eps, variant)[0]
+        y = _launch_forward(*args)[0]
     return y.view(x.shape)
 
 
 def forward(layer: norms.MemberNorm, x: Tensor, eps: float) -> Tensor:
-    """``layer``'s forward through the kernels (where :func:`applies` holds)."""
+    """``layer``'s forward through the kernels (where :func:`applies` holds).
+
+    Shape:
+        x: (M·B, *, *feature_shape), member-major. Output: like x.
+    """
+    variant = type(layer).__dict__["triton_variant"]
+    out_dtype, round_first = _output(variant, x, layer.weight.dtype)
     return member_norm(
         x,
         layer.gamma,
@@ -307,5 +344,7 @@ def forward(layer: norms.MemberNorm, x: Tensor, eps: float) -> Tensor:
         layer.bias,
         layer.num_members,
         eps,
-        type(layer).__dict__["triton_variant"],
+        variant,
+        out_dtype=out_dtype,
+        round_first=round_first,
     )
