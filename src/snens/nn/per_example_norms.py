@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from snens.nn import fused, triton_norms
-from snens.nn.norms import MemberNorm, path_override
+from snens.nn.norms import MemberNorm, custom_functions_unavailable, needs_grad, path_override
 from snens.nn.plain_conversion import feature_shape, norm_eps
 
 __all__ = [
@@ -203,9 +203,10 @@ class MemberLayerNorm(MemberNorm):
 class MemberRMSNorm(MemberNorm):
     """σNorm over ``nn.RMSNorm``: the member's folded scale on x / rms(x).
 
-    RMSNorm has no bias, so member m computes sigmoid(gamma_m) ⊙ weight_m ⊙ x / rms(x). In
-    float32/64, one un-weighted rms_norm over all M·B rows and the member scales broadcast over
-    (M, B, …); in half precision, one rms_norm per member's rows.
+    RMSNorm has no bias, so member m computes sigmoid(gamma_m) ⊙ weight_m ⊙ x / rms(x). On
+    CUDA, the Triton kernels; in float32/64 without a gradient (or traced), one un-weighted
+    rms_norm over all M·B rows and the member scales broadcast over (M, B, …); otherwise one
+    rms_norm per member's rows (``_normalize`` lists when and why).
 
     Args:
         normalized_shape: trailing shape to normalize over.
@@ -264,16 +265,30 @@ class MemberRMSNorm(MemberNorm):
            forward and backward with the folding where a plain RMSNorm is 2 (H200, bf16:
            2.88× a plain RMSNorm).
         1. broadcast (:meth:`_broadcast`, one un-weighted ``rms_norm`` over all rows, then the
-           member scales broadcast): M > 1, x and scale both float32 or both float64; any
-           device, and also traced by ``torch.compile`` and inside ``torch.func`` (plain torch
-           ops). Why: no concatenation (eval forward 1.5× → 1.0× a plain RMSNorm).
+           member scales broadcast): M > 1, x and scale both float32 or both float64, and no
+           gradient to record on the CPU; any device, and also traced by ``torch.compile`` and
+           inside ``torch.func`` (plain torch ops). Why: no concatenation (eval forward 1.49× →
+           1.22× a plain RMSNorm at (M·B·64, 384), ``benchmarks/norm_paths.py``).
         2. reference (:meth:`_reference`): everything else: M = 1, bf16/fp16 (where
-           ``rms_norm`` applies its weight inside its float upcast) or mixed dtypes.
+           ``rms_norm`` applies its weight inside its float upcast), mixed dtypes, and eager
+           training on the CPU, where the broadcast product's backward (a reduction over the
+           rows for the scale's gradient) costs more than the loop's concatenation: forward +
+           backward 1.18–1.38× a plain RMSNorm at (M·B·64, 384) against the loop's 0.68–0.70×,
+           1.27× against 1.01× at (M·B, 64, 16, 16) (float32, one thread, interleaved;
+           ``benchmarks/norm_paths.py``).
         """
         # Half-precision inputs keep the loop: there the weight is applied inside rms_norm's
         # float upcast.
         dtypes = (torch.float32, torch.float64)
-        if self.num_members > 1 and x.dtype == scale.dtype and x.dtype in dtypes:
+        eager_cpu_training = (
+            x.device.type == "cpu" and needs_grad(x, scale) and not custom_functions_unavailable(x)
+        )
+        if (
+            self.num_members > 1
+            and x.dtype == scale.dtype
+            and x.dtype in dtypes
+            and not eager_cpu_training
+        ):
             return self._broadcast(x, scale)
         return self._reference(x, scale, shift)
 
