@@ -273,11 +273,12 @@ DEVICES = {
 
 def _paths(family: str, dtype: torch.dtype, device: str, case: Input) -> tuple[str, ...]:
     """The paths of ``PATHS`` that ``family`` has for this dtype, device and input, and
-    "triton" where the Triton kernels take it (float32 or bf16, non-empty, x of the norm's
-    dtype)."""
+    "triton" on the CPU (Triton's interpreter) where the kernels take the input (float32 or
+    bf16, non-empty, x of the norm's dtype)."""
     triton = (
         ("triton",)
         if family in TRITON_FAMILIES
+        and device == "cpu"  # on CUDA the dispatch takes the kernels: its rows check them
         and dtype != torch.float64
         and case.rows != 0
         and not case.bf16_input

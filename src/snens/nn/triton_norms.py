@@ -173,8 +173,12 @@ def _programs_per_member(x: Tensor, rows_per_member: int, block_r: int, members:
     tiles = max(1, _cdiv(rows_per_member, block_r))
     if x.device.type != "cuda":
         return min(2, tiles)
-    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-    return max(1, min(tiles, _cdiv(4 * sms, members)))
+    return max(1, min(tiles, _cdiv(4 * _multiprocessors(x.device.index), members)))
+
+
+@functools.cache
+def _multiprocessors(index: int | None) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def _launch_forward(x2, gamma, weight, bias, members, eps, variant, out_dtype, round_first):
