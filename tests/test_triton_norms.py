@@ -313,3 +313,23 @@ def test_cuda_autocast_takes_the_kernels(name, monkeypatch):
     for i, (a, b) in enumerate(zip(*results, strict=True)):
         assert a.dtype == b.dtype, i
         torch.testing.assert_close(a, b, **TOL[torch.bfloat16][0 if i == 0 else 1], msg=str(i))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_first_call_that_fails_on_a_gpu_turns_the_kernels_off(monkeypatch):
+    """A GPU or driver Triton cannot compile for: the first call's error is a warning, the
+    layer takes its other path, and the kernels stay off for the process."""
+    monkeypatch.setattr(triton_norms, "_working", set())
+    monkeypatch.setattr(triton_norms, "_failure", None)
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("no kernel image is available for execution on the device")
+
+    monkeypatch.setattr(triton_norms, "member_norm", failing)
+    layer = _layer("rms_norm", 32, 2, torch.float32, "cuda")
+    x = torch.randn(8, 32, device="cuda")
+    with pytest.warns(RuntimeWarning, match="no kernel image"):
+        y = layer(x)
+    torch.testing.assert_close(y, layer._reference(x, *layer.scale_and_shift()))
+    assert not triton_norms.available() and not triton_norms.applies(layer, x)

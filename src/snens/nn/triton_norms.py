@@ -32,6 +32,7 @@ import functools
 import importlib.util
 import math
 import os
+import warnings
 
 import torch
 from torch import Tensor
@@ -98,8 +99,9 @@ def _triton_installed() -> bool:
 
 
 def available() -> bool:
-    """Whether the Triton path may run: ``triton`` installed and ``SNENS_TRITON`` ≠ 0."""
-    return os.environ.get(ENV, "1").strip() != "0" and _triton_installed()
+    """Whether the Triton path may run: ``triton`` installed, ``SNENS_TRITON`` ≠ 0, and no
+    failed first call in this process (:func:`forward`)."""
+    return _failure is None and os.environ.get(ENV, "1").strip() != "0" and _triton_installed()
 
 
 def applies(layer: norms.MemberNorm, x: Tensor) -> bool:
@@ -333,22 +335,38 @@ def member_norm(
     return y.view(x.shape)
 
 
-def forward(layer: norms.MemberNorm, x: Tensor, eps: float) -> Tensor:
-    """``layer``'s forward through the kernels (where :func:`applies` holds).
+#: Why the kernels failed on a device's first call (then they are off for this process).
+_failure: str | None = None
+#: CUDA devices whose first call ran: later errors there are errors, not an unsupported GPU.
+_working: set[torch.device] = set()
+
+
+def forward(layer: norms.MemberNorm, x: Tensor, eps: float) -> Tensor | None:
+    """``layer``'s forward through the kernels (where :func:`applies` holds), or None where
+    the first call on a CUDA device fails (a GPU or driver Triton cannot compile for): then the
+    kernels are off for the process, after one warning, and the layer takes its other paths.
 
     Shape:
         x: (M·B, *, *feature_shape), member-major. Output: like x.
     """
+    global _failure
     variant = type(layer).__dict__["triton_variant"]
     out_dtype, round_first = _output(variant, x, layer.weight.dtype)
-    return member_norm(
-        x,
-        layer.gamma,
-        layer.weight,
-        layer.bias,
-        layer.num_members,
-        eps,
-        variant,
-        out_dtype=out_dtype,
-        round_first=round_first,
-    )
+    args = (x, layer.gamma, layer.weight, layer.bias, layer.num_members, eps, variant)
+    try:
+        y = member_norm(*args, out_dtype=out_dtype, round_first=round_first)
+    except Exception as error:
+        if x.device.type != "cuda" or x.device in _working:
+            raise
+        lines = str(error).strip().splitlines() or [""]
+        _failure = f"{type(error).__name__}: {lines[0][:200]}"
+        warnings.warn(
+            f"snens: the Triton member-norm kernels failed on {x.device} ({_failure}); member "
+            f"norms take their other paths in this process ({ENV}=0 skips the attempt)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return None
+    if x.device.type == "cuda":
+        _working.add(x.device)
+    return y
