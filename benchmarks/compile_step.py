@@ -49,14 +49,14 @@ def _vision(family: str) -> tuple[nn.Module, tuple[int, ...]]:
     return VisionTransformer(dim=192, depth=4, num_heads=3, image_size=32), (3, 32, 32)
 
 
-def _llama(layers: int) -> nn.Module:
+def _llama(layers: int, train_norms: bool = False) -> nn.Module:
     import transformers
 
     from snens.engine.benchmark_llm import smollm2_config
     from snens.models.llm import LLMClassifier
 
     lm = transformers.LlamaForCausalLM(smollm2_config(layers))
-    return LLMClassifier(lm, None, 2, head="linear", prompt="{text}")
+    return LLMClassifier(lm, None, 2, head="linear", prompt="{text}", train_norms=train_norms)
 
 
 def _step(model: Callable, inputs: dict, y: torch.Tensor, params, bf16: bool) -> Callable:
@@ -98,24 +98,30 @@ def measure(
     tokens: int = 32,
     llm_layers: int = 2,
     bf16: bool = False,
+    floor_trains_norms: bool = False,
 ) -> dict:
     """One row: the compiled σN-Ens step on ``batch`` inputs against the compiled single model
-    on ``num_members · batch`` inputs (``family`` one of :data:`FAMILIES`)."""
+    on ``num_members · batch`` inputs (``family`` one of :data:`FAMILIES`); with
+    ``floor_trains_norms`` (llama) the single model trains its RMSNorm scales as σN-Ens trains
+    its member norms, so its backward too runs down to the first norm."""
     M, B = num_members, batch
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(0)
     if family == "llama":
         single = _llama(llm_layers)
+        floor = _llama(llm_layers, train_norms=True) if floor_trains_norms else single
+        floor.load_state_dict(single.state_dict())
         ids = torch.randint(3, 49152, (M * B, tokens), generator=g)
         x_mb = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
         classes = 2
     else:
         single, image = _vision(family)
+        floor = single
         x_mb = {"x": torch.randn(M * B, *image, generator=g)}
         classes = 10
     y_mb = torch.randint(0, classes, (M * B,), generator=g)
     ens = snens.convert(copy.deepcopy(single), M).to(device)
-    single = single.to(device).train()
+    single = floor.to(device).train()
     ens.train()
     x_mb = {k: v.to(device) for k, v in x_mb.items()}
     x_b = {k: v[:B] for k, v in x_mb.items()}
@@ -131,8 +137,9 @@ def measure(
     single_step = _step(compiled_single, x_mb, y_mb, trainable(single), bf16)
     compile_s = (_timed_first_call(ens_step), _timed_first_call(single_step))
     ratio, spread, base = compare(ens_step, single_step, repeats=repeats)
+    trains = " training its norms" if floor_trains_norms else ""
     return {
-        "name": f"{family}: compiled σN-Ens step (B={B}) vs compiled single at M·B={M * B}",
+        "name": f"{family}: compiled σN-Ens step (B={B}) vs compiled single{trains} at M·B={M * B}",
         "ratio": ratio,
         "spread": spread,
         "single_ms": base * 1e3,
@@ -151,6 +158,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--backend", default="inductor", help="torch.compile backend")
     parser.add_argument("--bf16", action="store_true", help="bfloat16 autocast")
+    parser.add_argument(
+        "--floor-trains-norms",
+        action="store_true",
+        help="llama: the single model trains its RMSNorm scales too (train_norms=True)",
+    )
     parser.add_argument("--threads", type=int, default=1, help="CPU threads (torch)")
     parser.add_argument(
         "--force-path",
@@ -182,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
                 tokens=args.tokens,
                 llm_layers=args.llm_layers,
                 bf16=args.bf16,
+                floor_trains_norms=args.floor_trains_norms,
             )
         low, high = row["spread"]
         print(

@@ -23,6 +23,10 @@ TABLES: dict[str, tuple[str, int]] = {
         "## torch.compile: the compiled σN-Ens step against the compiled single model",
         1,
     ),
+    "compile_llm_norms": (
+        "## torch.compile: the compiled σN-Ens step against the compiled single model",
+        3,
+    ),
     "paths": ("## Each hand-written member-norm path, eager", 0),
 }
 

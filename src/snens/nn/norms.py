@@ -22,7 +22,11 @@ that compute them:
   member weight; layer norm, whose affine over the normalized features no native kernel takes
   per row, through the fused CPU kernel (float32/64), on other devices as one un-affine kernel
   over all rows and the member affine broadcast (the vectorized path), else one native kernel
-  per member's rows, then a concatenation.
+  per member's rows, then a concatenation;
+* the RMS and layer norms on CUDA (torch's and Hugging Face's): first the Triton kernels of
+  ``snens.nn.triton_norms`` where ``triton`` is installed, the folding included (one launch
+  forward, two backward), called from ``forward`` through ``_fused_forward`` before the scale
+  and shift are folded.
 
 Every member norm has one entry point, ``_normalize``, whose docstring lists its paths in the
 order they are tried, each with its condition and its measured reason, and one definition,
