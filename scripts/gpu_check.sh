@@ -6,28 +6,37 @@
 # Seven sections, each under its own time limit (seconds, LIMITS_* below), each written to the
 # report even when it fails; the script goes on and exits 1 if any section failed:
 #
-#   1. environment    nvidia-smi, torch, CUDA, cuDNN, NCCL, the device, bf16 support
-#   2. CUDA tests     python -m pytest -q -m cuda over the test files that carry the marker
-#                     (on a CPU they are collected and skip)
+#   1. environment    nvidia-smi, torch, CUDA, cuDNN, NCCL, triton, the device, bf16 support
+#   2. CUDA tests     python -m pytest -q -m cuda over the test files that carry the marker,
+#                     the Triton member-norm kernels' among them (on a CPU they are collected
+#                     and skip); 4 xdist workers where pytest-xdist is installed, which compile
+#                     the kernels' variants in parallel
 #   3. bench ratios   snens bench --steps-only --bf16, --norms-only (tiny: --quick), and --llm: a
 #                     random-init SmolLM2-135M (30 layers, bf16), σN-Ens-LoRA vs one LoRA model
-#                     at M·B and vs a LoRA ensemble, member RMSNorm at LLM shapes
+#                     at M·B and vs a LoRA ensemble, member RMSNorm at LLM shapes; the norm and
+#                     LLM rows again with SNENS_TRITON=0 (the member norms without the Triton
+#                     kernels: the same card's before)
 #   4. bench absolute snens bench --absolute: images/s and peak memory of single, σN-Ens and
-#                     deep ensemble, CIFAR ResNet-18 and --backbone wrn28_10 (tiny: ResNet-18)
-#   5. torch.compile  snens bench --compile-only --quick
+#                     deep ensemble, CIFAR ResNet-18
+#   5. torch.compile  benchmarks/compile_step.py: the compiled σN-Ens step against the compiled
+#                     single model at M·B (fullgraph=True, inductor), a ViT of width 192
 #   6. multi-GPU      2 processes over NCCL (torchrun), one epoch of the tiny preset
 #   7. profile        benchmarks/profile_steps.py: torch.profiler tables of the σN-Ens step
 #                     against its floor (SmolLM2-LoRA and ResNet-18 at M·B, bf16 on a GPU):
 #                     time and kernel launches per step, top kernels, largest differences —
 #                     where a ratio that misses its target loses its time
 #
-# On a GPU the limits add up to 470 s, so the check fits in 8 minutes of device time. Sections
+# The report ends with the rows of issue 51's table (member norms, the SmolLM2-LoRA step, the
+# ResNet-18 / ViT-S steps at B=8, with and without the Triton kernels), gathered from the
+# sections' output.
+#
+# On a GPU the limits add up to 475 s, so the check fits in 8 minutes of device time. Sections
 # 3-5 and 7 run on --device: the models and inputs live on that device, the bf16 rows
 # autocast there, and on CUDA each timed repeat starts and ends with torch.cuda.synchronize().
 #
 # --tiny (implied by --device cpu) shrinks every size, so that CI runs this same script on a CPU
-# (tests/test_gpu_check.py: about 45 s of CPU time, 85-100 s of wall time on a busy 2-core
-# machine). The report, by default results/gpu_<device>.md (results/gpu_nvidia-h200.md,
+# (tests/test_gpu_check.py: 225 s of wall time on a 2-core machine at a load average of ~10,
+# with section 3's runs without the Triton kernels and section 5's dynamo tracing). The report, by default results/gpu_<device>.md (results/gpu_nvidia-h200.md,
 # results/gpu_cpu.md), names the device, the torch/CUDA versions, the git SHA, the date, and
 # every command with its output.
 #
@@ -46,8 +55,8 @@ else
 fi
 
 #            env tests ratios absolute compile multi-GPU profile
-LIMITS_GPU=(15 60 150 50 75 30 90)       # 470 s: the device-time budget
-LIMITS_TINY=(60 180 180 180 180 60 180)  # a CPU run takes about 2 min; these only stop a hang
+LIMITS_GPU=(15 95 160 30 75 30 70)       # 475 s: the device-time budget
+LIMITS_TINY=(60 180 360 180 180 60 180)  # a CPU run takes 2-6 min; these only stop a hang
 MAX_LINES=400                            # of each command's output kept in the report (the tail)
 
 usage() {
@@ -325,6 +334,12 @@ print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, "
       f"cuDNN {torch.backends.cudnn.version()}")
 print(f"CPU capability {torch.backends.cpu.get_cpu_capability()}, "
       f"{torch.get_num_threads()} threads")
+try:
+    import triton
+
+    print(f"triton {triton.__version__}")
+except ImportError:
+    print("triton: not installed (member norms take their vectorized paths on CUDA)")
 if torch.cuda.is_available():
     try:
         v = torch.cuda.nccl.version()  # a tuple since torch 1.x, an int before
@@ -362,6 +377,9 @@ fi
 # dependency its other files need, which a GPU machine's environment need not have.
 mapfile -t cuda_files < <(grep -rlE --include='test_*.py' 'mark\.cuda\b' tests | sort)
 if ((${#cuda_files[@]} == 0)); then cuda_files=(tests); fi
+if [[ $DEVICE == cuda ]] && "$PY" -c "import xdist" 2>/dev/null; then
+    pytest_args+=(-n 4) # Triton compiles each kernel variant on first use: in parallel here
+fi
 run "$PY" -m pytest "${pytest_args[@]}" "${cuda_files[@]}"
 summary=$(grep -E 'passed|failed|skipped|deselected|error|no tests ran' "$LAST_LOG" |
     tail -n 1 || true)
@@ -396,22 +414,32 @@ note "The ratios are measured on --device $DEVICE: $DEVICE_LINE."
 if ((TINY)); then
     run "$PY" -m snens bench --quick --device "$DEVICE" "${RATIO_SIZES[@]}"
     check "snens bench --quick"
-    run "$PY" -m snens bench --llm --llm-layers 1 --tokens 8 --device "$DEVICE" \
-        --num-members 2 --batch 2 --repeats 1
-    check "snens bench --llm"
+    LOG_STEPS=$LAST_LOG LOG_NORMS=$LAST_LOG
+    run env SNENS_TRITON=0 "$PY" -m snens bench --norms-only --device "$DEVICE" \
+        "${RATIO_SIZES[@]}"
+    check "SNENS_TRITON=0 snens bench --norms-only"
+    LOG_NORMS_OFF=$LAST_LOG
+    llm=(--llm --llm-layers 1 --tokens 8 --device "$DEVICE" --num-members 2 --batch 2 --repeats 1)
 else
     run "$PY" -m snens bench --steps-only --bf16 --device "$DEVICE" "${RATIO_SIZES[@]}"
     check "snens bench --steps-only --bf16"
+    LOG_STEPS=$LAST_LOG
     run "$PY" -m snens bench --norms-only --device "$DEVICE" "${RATIO_SIZES[@]}"
     check "snens bench --norms-only"
-    # T=128: the step of a short-text fine-tune, launch-bound on a large GPU; T=512: one whose
-    # kernels, not their launches, set the time
-    for tokens in 128 512; do
-        run "$PY" -m snens bench --llm --bf16 --device "$DEVICE" --batch 8 --tokens "$tokens" \
-            --repeats 3
-        check "snens bench --llm --tokens $tokens"
-    done
+    LOG_NORMS=$LAST_LOG
+    run env SNENS_TRITON=0 "$PY" -m snens bench --norms-only --device "$DEVICE" \
+        "${RATIO_SIZES[@]}"
+    check "SNENS_TRITON=0 snens bench --norms-only"
+    LOG_NORMS_OFF=$LAST_LOG
+    # T=128: the step of a short-text fine-tune, launch-bound on a large GPU
+    llm=(--llm --bf16 --device "$DEVICE" --batch 8 --tokens 128 --repeats 3)
 fi
+run "$PY" -m snens bench "${llm[@]}"
+check "snens bench --llm"
+LOG_LLM=$LAST_LOG
+run env SNENS_TRITON=0 "$PY" -m snens bench "${llm[@]}"
+check "SNENS_TRITON=0 snens bench --llm"
+LOG_LLM_OFF=$LAST_LOG
 section_end
 
 # ------------------------------------------------------------------------------------------------
@@ -425,13 +453,8 @@ bf16=()
 if [[ $DEVICE == cuda ]]; then bf16=(--bf16); fi
 run "$PY" -m snens bench "${absolute[@]}" "${bf16[@]}"
 check "snens bench --absolute (ResNet-18)"
-if ((TINY)); then
-    note "WRN-28-10: not run at --tiny sizes (36.5 M parameters per member: M=2, B=1," \
-        "1 repeat took 18-28 s on one busy CPU thread); the full run measures it on the GPU."
-else
-    run "$PY" -m snens bench "${absolute[@]}" --backbone wrn28_10 "${bf16[@]}"
-    check "snens bench --absolute --backbone wrn28_10"
-fi
+note "WRN-28-10: not run here (issue 51's check has ResNet-18 in its table; the H200's" \
+    "report holds WRN-28-10's figures)."
 section_end
 
 # ------------------------------------------------------------------------------------------------
@@ -439,20 +462,21 @@ section_end
 # ------------------------------------------------------------------------------------------------
 
 section_begin 5 torch.compile
-note "Like section 3, this runs on --device $DEVICE: the row is" \
-    "'σN-Ens step torch.compile vs eager', ResNet-18 alone (--compile-only --quick)."
+note "Like section 3, this runs on --device $DEVICE: the compiled σN-Ens step against the" \
+    "compiled single model at M·B (benchmarks/compile_step.py, fullgraph=True, inductor)."
 if ((TINY)); then
-    # inductor takes 141 s to compile ResNet-18's training step on one loaded CPU thread
-    # (measured, 2-core machine): at tiny sizes compilation is off, so the run checks the flags
-    # and the rows, and the compile row is eager against eager.
-    note "--tiny: TORCH_COMPILE_DISABLE=1 (inductor needs minutes on one CPU thread)," \
-        "so the compile row times eager against eager."
-    run env TORCH_COMPILE_DISABLE=1 "$PY" -m snens bench --compile-only --quick \
-        --device "$DEVICE" "${RATIO_SIZES[@]}"
+    # inductor takes minutes to compile a training step on one loaded CPU thread (measured,
+    # 2-core machine): at tiny sizes dynamo traces the whole graph (fullgraph=True) and runs it
+    # eagerly (--backend eager), so the run checks the tracing, the flags and the rows.
+    note "--tiny: --backend eager (inductor needs minutes on one CPU thread), so the" \
+        "compiled row times dynamo's graphs run eagerly."
+    run "$PY" benchmarks/compile_step.py --models cnn --backend eager --device "$DEVICE" \
+        --num-members 2 --batch 2 --repeats 1
 else
-    run "$PY" -m snens bench --compile-only --quick --device "$DEVICE" --repeats 3
+    run "$PY" benchmarks/compile_step.py --models vit --device "$DEVICE" --repeats 5
 fi
-check "snens bench --compile-only --quick"
+check "benchmarks/compile_step.py"
+LOG_COMPILE=$LAST_LOG
 section_end
 
 # ------------------------------------------------------------------------------------------------
@@ -502,6 +526,45 @@ section_end
 # ------------------------------------------------------------------------------------------------
 # Summary
 # ------------------------------------------------------------------------------------------------
+
+# ------------------------------------------------------------------------------------------------
+# Issue 51's rows, gathered from the sections' output
+# ------------------------------------------------------------------------------------------------
+
+# ratio LOG PATTERN: the ratio column of the first table row of LOG whose name matches PATTERN
+# (an extended regular expression), or "—" where there is none (a section that failed or did
+# not run).
+ratio() {
+    local found=""
+    if [[ -n ${1:-} && -f $1 ]]; then
+        found=$(grep -E "^\| [^|]*$2[^|]* \| [0-9.]+× \|" "$1" | head -n 1 |
+            awk -F'|' '{gsub(/ /, "", $3); print $3}' || true)
+    fi
+    printf '%s' "${found:-—}"
+}
+
+{
+    printf '\n## Issue 51: the rows of its table\n\n'
+    printf 'From sections 3 and 5 (Triton: the default dispatch; without: SNENS_TRITON=0).\n\n'
+    printf '| row | with the Triton kernels | without | target |\n|---|---|---|---|\n'
+    for norm in BatchNorm2d LayerNorm GroupNorm RMSNorm; do
+        pattern="member $norm fwd\+bwd bf16 autocast vs plain"
+        printf '| member %s fwd+bwd vs plain, bf16 | %s | %s | ≤1.2× |\n' "$norm" \
+            "$(ratio "${LOG_NORMS:-}" "$pattern")" "$(ratio "${LOG_NORMS_OFF:-}" "$pattern")"
+    done
+    pattern="member LlamaRMSNorm fwd\+bwd"
+    printf '| member LlamaRMSNorm fwd+bwd, (M·B·T, 576) | %s | %s | ≤1.2× |\n' \
+        "$(ratio "${LOG_LLM:-}" "$pattern")" "$(ratio "${LOG_LLM_OFF:-}" "$pattern")"
+    pattern="σN-Ens-LoRA step \(B=[0-9]+\) vs one LoRA model at M·B"
+    printf '| SmolLM2-LoRA σN-Ens step vs one LoRA model at M·B | %s | %s | ≤1.05× |\n' \
+        "$(ratio "${LOG_LLM:-}" "$pattern")" "$(ratio "${LOG_LLM_OFF:-}" "$pattern")"
+    for backbone in resnet18 vit_small; do
+        printf '| %s σN-Ens step at B=8 vs one model at M·B | %s | not run | ≤1.1× |\n' \
+            "$backbone" "$(ratio "${LOG_STEPS:-}" "$backbone: σN-Ens step \(B=[0-9]+\) vs single")"
+    done
+    printf '| compiled σN-Ens step vs compiled single at M·B (ViT) | %s | — | ≤1.05× |\n' \
+        "$(ratio "${LOG_COMPILE:-}" "compiled σN-Ens step")"
+} >>"$REPORT"
 
 {
     printf '\n## Summary\n\n| section | result | seconds | limit (s) |\n|---|---|---|---|\n'

@@ -11,6 +11,11 @@ from torch import nn
 import snens.nn as snn
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Without a CUDA device the Triton member-norm kernels are tested in Triton's interpreter on CPU
+# tensors (snens.nn.triton_norms), which must be chosen before triton is imported; with one,
+# they are compiled and run on it.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 # Property tests: `make test` draws the same inputs on every run ("ci": derandomized, no example
 # database), so a CI result never depends on chance; `make fuzz` searches new inputs each run

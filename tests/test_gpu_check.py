@@ -1,8 +1,8 @@
 """scripts/gpu_check.sh at tiny sizes on the CPU: every section runs and lands in the report.
 
 The GPU machine runs the same script at full sizes; this keeps its commands and flags working.
-One run takes about 60 s of CPU time: about 2 minutes of wall time on a 2-core machine that other
-jobs keep busy.
+One run takes 2–4 minutes of wall time on a 2-core machine that other jobs keep busy (225 s at a
+load average of ~10).
 """
 
 import os
@@ -24,10 +24,11 @@ HEADINGS = (
     "## 5. torch.compile",
     "## 6. multi-GPU (NCCL)",
     "## 7. profile",
+    "## Issue 51: the rows of its table",
     "## Summary",
 )
-# The sections' own limits add up to 1,020 s at tiny sizes; this only stops a hang.
-TIMEOUT_S = 1100
+# The sections' own limits add up to 1,200 s at tiny sizes; this only stops a hang.
+TIMEOUT_S = 1300
 
 
 def _gpu_check(*args: str) -> subprocess.CompletedProcess:
@@ -68,6 +69,27 @@ def test_every_section_runs_on_the_cpu_and_is_reported(tmp_path):
     ), bench[-3000:]
     absolute = report.split("## 4. snens bench --absolute")[1].split("## 5.")[0]
     assert re.search(r"^\| σN-Ens \| [\d,]+ \| [\d,]+ \|", absolute, re.MULTILINE), absolute
+    # the compiled row (eager against eager at tiny sizes: compilation is off)
+    compiled = report.split("## 5. torch.compile")[1].split("## 6.")[0]
+    assert re.search(
+        r"^\| cnn: compiled σN-Ens step \(B=2\) vs compiled single at M·B=4 \| \d+\.\d{3}× \|",
+        compiled,
+        re.MULTILINE,
+    ), compiled
+    # issue 51's rows, gathered: the norms and the LLM step with and without the Triton path
+    issue = report.split("## Issue 51: the rows of its table")[1].split("## Summary")[0]
+    for row in (
+        "member LayerNorm fwd+bwd vs plain, bf16",
+        "member LlamaRMSNorm fwd+bwd, (M·B·T, 576)",
+        "SmolLM2-LoRA σN-Ens step vs one LoRA model at M·B",
+    ):
+        assert re.search(
+            rf"^\| {re.escape(row)} \| \d+\.\d{{3}}× \| \d+\.\d{{3}}× \|", issue, re.M
+        ), (
+            row,
+            issue,
+        )
+    assert re.search(r"^\| resnet18 σN-Ens step at B=8 vs one model at M·B \| \d", issue, re.M)
     assert "skipped (no CUDA device)" in report.split("## 2. CUDA tests")[1]
     assert "NCCL not checked" in report.split("## 6. multi-GPU (NCCL)")[1]
     # the profile: both pairs, with their ratio and the operators that differ
@@ -102,16 +124,24 @@ def test_failed_sections_are_reported_and_the_run_goes_on(tmp_path):
     report = report_path.read_text()
     summary = report.split("## Summary")[1]
     assert "| 1. environment | passed |" in summary
+    section_3 = (
+        "snens bench --quick exited 3; SNENS_TRITON=0 snens bench --norms-only exited 3; "
+        "snens bench --llm exited 3; SNENS_TRITON=0 snens bench --llm"
+    )
     for section, command in [
         ("2. CUDA tests", "pytest -m cuda"),
-        ("3. snens bench ratios", "snens bench --quick exited 3; snens bench --llm"),
+        ("3. snens bench ratios", section_3),
         ("4. snens bench --absolute", "snens bench --absolute (ResNet-18)"),
-        ("5. torch.compile", "snens bench --compile-only --quick"),
+        ("5. torch.compile", "benchmarks/compile_step.py"),
         ("7. profile", "benchmarks/profile_steps.py"),
     ]:
         assert f"| {section} | FAILED: {command} exited 3 |" in summary, summary
-    assert report.count("no module run here: -m ") == 5  # section 3 runs two commands
+    assert report.count("no module run here: -m ") == 6  # section 3 runs four commands
     assert report.count("no module run here: benchmarks/profile_steps.py") == 1
+    assert report.count("no module run here: benchmarks/compile_step.py") == 1
+    # the issue's rows are there, empty: no section measured them
+    issue = report.split("## Issue 51: the rows of its table")[1]
+    assert "| SmolLM2-LoRA σN-Ens step vs one LoRA model at M·B | — | — | ≤1.05× |" in issue
     assert "| 6. multi-GPU (NCCL) | no GPU: NCCL not checked |" in summary
 
 

@@ -25,7 +25,7 @@ import torch
 
 import snens
 import snens.nn as snn
-from snens.nn import batch_norms, fused
+from snens.nn import batch_norms, fused, triton_norms
 from snens.nn.layout import model_rows
 from snens.nn.norms import FORCEABLE_PATHS, force_path
 
@@ -140,9 +140,13 @@ LAYER_NORM_2D_CASES = {
     "tracing": Case(_ln2d, IMAGE_SHAPE, "reference", setting="tracing"),
 }
 RMS_NORM_CASES = {
-    "float32": Case(_rms, LN_SHAPE, "broadcast"),
-    "float64": Case(_rms, LN_SHAPE, "broadcast", dtype=F64),
-    "two_dims": Case(lambda m: snn.MemberRMSNorm((3, 8), m), (3, 3, 8), "broadcast"),
+    # eager CPU training: the loop (measured faster than the broadcast product's backward)
+    "float32": Case(_rms, LN_SHAPE, "reference"),
+    "float32_no_grad": Case(_rms, LN_SHAPE, "broadcast", setting="no_grad"),
+    "float64_no_grad": Case(_rms, LN_SHAPE, "broadcast", dtype=F64, setting="no_grad"),
+    "two_dims_no_grad": Case(
+        lambda m: snn.MemberRMSNorm((3, 8), m), (3, 3, 8), "broadcast", setting="no_grad"
+    ),
     "tracing": Case(_rms, LN_SHAPE, "broadcast", setting="tracing"),  # plain ops: traced as is
     "bf16": Case(_rms, LN_SHAPE, "reference", dtype=BF16),
     "bf16_input": Case(_rms, LN_SHAPE, "reference", input_dtype=BF16),
@@ -226,6 +230,7 @@ def _record_paths(monkeypatch, layer: snn.MemberNorm) -> list[str]:
     wrap(fused, "member_layer_norm", "fused")
     wrap(fused, "member_batch_norm", "fused")
     wrap(batch_norms, "_member_batch_norm", "out=")  # called inside its autograd function too
+    wrap(triton_norms, "forward", "triton")
     for name, path in (
         ("_reference", "reference"),
         ("_vectorized", "vectorized"),
@@ -296,8 +301,8 @@ def test_layer_norm_2d_paths(case, monkeypatch):
 @pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight:UserWarning")
 @pytest.mark.parametrize("case", RMS_NORM_CASES)
 def test_rms_norm_paths(case, monkeypatch):
-    """RMSNorm: the broadcast member scale for float32/64 (traced too), the reference for half
-    precision, mixed dtypes and M = 1."""
+    """RMSNorm: the broadcast member scale for float32/64 without a gradient (and traced), the
+    reference for eager CPU training, half precision, mixed dtypes and M = 1."""
     _check(RMS_NORM_CASES[case], monkeypatch)
 
 
@@ -328,13 +333,15 @@ CUDA_CASES = {
 @pytest.mark.parametrize("device", [pytest.param("cuda", marks=CUDA)])
 def test_cuda_inputs_take_the_vectorized_path(case, device, monkeypatch):
     """Without forcing, batch and layer norms on other devices than the CPU take the
-    vectorized path (the fused and out= kernels are CPU code)."""
-    case = CUDA_CASES[case]
+    vectorized path (the fused and out= kernels are CPU code); float32 layer norms over the
+    last dimensions the Triton kernels, with triton installed."""
+    name, case = case, CUDA_CASES[case]
     layer = _layer(case, device=device)
     calls = _record_paths(monkeypatch, layer)
     leaf, prepare = _input(case, device)
     layer(prepare(leaf.requires_grad_(True)))
-    assert calls == ["vectorized"], calls
+    triton = name.startswith("ln_") and case.dtype != F64 and triton_norms.available()
+    assert calls == ["triton" if triton else "vectorized"], calls
 
 
 @pytest.mark.parametrize("device", DEVICES)

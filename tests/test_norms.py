@@ -17,7 +17,9 @@ move twice), one for the others, then an eval step. Its axes:
   with ``SNENS_FUSED=0`` (the native paths the fused kernels fall back to; CPU only), the
   vectorized path (batch and layer norms) and the reference, ``_reference``, each family's
   definition (both forced by ``snens.nn.norms.force_path`` for batch and layer norms; for the
-  others ``_reference`` runs in place of ``_normalize``);
+  others ``_reference`` runs in place of ``_normalize``), and the Triton kernels of the RMS and
+  layer norms (``force_path("triton")``; on the CPU in Triton's interpreter, with ``triton``
+  installed);
 * dtype (``DTYPES``): float32, float64, bfloat16, each with its tolerances;
 * input (``INPUTS``): contiguous for every family; for the families where it picks another path
   or branch, channels-last, strided (with an expanded output gradient), under ``no_grad``, with a
@@ -45,13 +47,14 @@ from torch import nn
 
 import snens
 import snens.nn as snn
-from snens.nn import fused
+from snens.nn import fused, triton_norms
 from snens.nn.norms import force_path
 from snens.nn.registry import member_converter
 
 M, B = 4, 6
 TOL = {"rtol": 1e-5, "atol": 1e-5}
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
+HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -190,6 +193,15 @@ if HAS_TRANSFORMERS:
         FAMILIES[family] = Family(_hf(path, name, 8), (B, 7, 8), back)
 #: the families with fused kernels and a vectorized path, which force_path acts on
 KERNEL_FAMILIES = [f for f in FAMILIES if f.startswith(("batch_norm", "layer_norm"))]
+#: the families with Triton kernels (snens.nn.triton_norms): torch's RMS and layer norms over
+#: the last dimensions and Hugging Face's, not layer norms over the channels
+TRITON_FAMILIES = [
+    f
+    for f in FAMILIES
+    if f.startswith(("layer_norm", "rms_norm"))
+    and not f.startswith("layer_norm_2d")
+    or f in HF_FAMILIES
+]
 #: the default dispatch; with SNENS_FUSED=0 (the fused kernels' fallbacks); the vectorized
 #: path; the reference, ``_reference`` (the definition every other path is held to)
 PATHS = ("dispatch", "no_fused", "vectorized", "reference")
@@ -260,12 +272,26 @@ DEVICES = {
 
 
 def _paths(family: str, dtype: torch.dtype, device: str, case: Input) -> tuple[str, ...]:
-    """The paths of ``PATHS`` that ``family`` has for this dtype, device and input."""
+    """The paths of ``PATHS`` that ``family`` has for this dtype, device and input, and
+    "triton" on the CPU (Triton's interpreter) where the kernels take the input (float32 or
+    bf16, non-empty, x of the norm's dtype)."""
+    triton = (
+        ("triton",)
+        if family in TRITON_FAMILIES
+        and device == "cpu"  # on CUDA the dispatch takes the kernels: its rows check them
+        and dtype != torch.float64
+        and case.rows != 0
+        and not case.bf16_input
+        else ()
+    )
     if family not in KERNEL_FAMILIES:
-        return ("dispatch", "reference")
+        return ("dispatch", "reference", *triton)
     # SNENS_FUSED=0 changes only what the fused kernels take: float32/64 CPU inputs
     fusable = device == "cpu" and dtype != torch.bfloat16 and not case.bf16_input
-    return PATHS if fusable else tuple(p for p in PATHS if p != "no_fused")
+    return (*(PATHS if fusable else [p for p in PATHS if p != "no_fused"]), *triton)
+
+
+NO_TRITON = pytest.mark.skipif(not HAS_TRITON, reason="needs triton (pip install triton)")
 
 
 MATRIX = [
@@ -275,7 +301,7 @@ MATRIX = [
         dtype,
         name,
         device,
-        marks=marks,
+        marks=(*marks, NO_TRITON) if path == "triton" else marks,
         id=f"{family}-{path}-{str(dtype)[6:]}-{name}-{device}",
     )
     for name, case in INPUTS.items()
@@ -363,8 +389,21 @@ def _member_and_plains(family: str, dtype, device: str, case: Input, tol: dict):
     return member, plains
 
 
+@contextlib.contextmanager
+def _through_triton(monkeypatch):
+    """``force_path("triton")``, checked: the Triton kernels ran within the block."""
+    calls = []
+    real = triton_norms.forward
+    monkeypatch.setattr(triton_norms, "forward", lambda *a: calls.append(1) or real(*a))
+    with force_path("triton"):
+        yield
+    assert calls, "the Triton kernels did not run"
+
+
 def _taking(path: str, family: str, member: snn.MemberNorm, monkeypatch):
     """What makes ``member`` take ``path``: the context each forward runs in."""
+    if path == "triton":
+        return lambda: _through_triton(monkeypatch)
     if path == "no_fused":
         monkeypatch.setenv(fused.ENV, "0")
     if path in ("vectorized", "reference") and family in KERNEL_FAMILIES:

@@ -18,6 +18,16 @@ TABLES: dict[str, tuple[str, int]] = {
     "run10_norms_15": ("## Current record (run 10): the fused member-norm kernels", 1),
     "absolute": ("## Absolute numbers: `snens bench --absolute`", 0),
     "llm": ("## The LLM step: `snens bench --llm`", 0),
+    "compile": ("## torch.compile: the compiled σN-Ens step against the compiled single model", 0),
+    "compile_llm": (
+        "## torch.compile: the compiled σN-Ens step against the compiled single model",
+        1,
+    ),
+    "compile_llm_norms": (
+        "## torch.compile: the compiled σN-Ens step against the compiled single model",
+        3,
+    ),
+    "paths": ("## Each hand-written member-norm path, eager", 0),
 }
 
 

@@ -121,12 +121,14 @@ __all__ = [
 
 
 class _CompiledOrEager:
-    """``torch.compile(model)``, falling back to the eager model (with a warning) if it fails."""
+    """``torch.compile(model, fullgraph=True)``: one graph (converted CNNs, ViTs and Hugging
+    Face LLMs trace whole, ``tests/test_compile.py``); a model with a graph break is compiled
+    in pieces instead, and a failure falls back to the eager model (with a warning)."""
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
         try:
-            self.compiled: Callable | None = torch.compile(model)
+            self.compiled: Callable | None = torch.compile(model, fullgraph=True)
         except Exception as error:  # noqa: BLE001 - any failure means: run eagerly
             warnings.warn(f"torch.compile failed, training eagerly: {error}", stacklevel=3)
             self.compiled = None
@@ -135,6 +137,9 @@ class _CompiledOrEager:
         if self.compiled is not None:
             try:
                 return self.compiled(*args, **kwargs)
+            except torch._dynamo.exc.Unsupported:  # a graph break, refused by fullgraph=True
+                self.compiled = torch.compile(self.model)
+                return self(*args, **kwargs)
             except Exception as error:  # noqa: BLE001 - e.g. no C++ compiler for inductor
                 warnings.warn(f"torch.compile failed, training eagerly: {error}", stacklevel=2)
                 self.compiled = None

@@ -313,11 +313,17 @@ class LLMClassifier(nn.Module):
         B, T = input_ids.shape
         lengths = attention_mask.sum(dim=1)  # (B,)
         columns = torch.arange(T, device=input_ids.device)
-        if not torch.equal(attention_mask.bool(), columns < lengths[:, None]):
-            raise ValueError(
-                "LLMClassifier takes texts padded on the right (attention_mask 1…1 0…0); "
-                "set tokenizer.padding_side = 'right'"
-            )
+        right_padded = columns < lengths[:, None]
+        message = (
+            "LLMClassifier takes texts padded on the right (attention_mask 1…1 0…0); "
+            "set tokenizer.padding_side = 'right'"
+        )
+        if torch.compiler.is_compiling():
+            # torch.equal's Python bool is data-dependent, a graph break: a traced model checks
+            # on the device instead (a RuntimeError with the same message)
+            torch._assert_async((attention_mask.bool() == right_padded).all(), message)
+        elif not torch.equal(attention_mask.bool(), right_padded):
+            raise ValueError(message)
         P, S = self.prefix_ids.numel(), self.suffix_ids.numel()
         width = P + T + S
         ids = input_ids.new_full((B, width), self.pad_token_id)  # (B, P + T + S)

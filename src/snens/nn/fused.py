@@ -11,7 +11,12 @@ and, in backward, a copy of each member's input gradient into one tensor (1.1–
 BatchNorm2d forward + backward, 1.4–1.5× an eval forward). ``csrc/member_batch_norm.cpp`` runs
 every (member, channel) in one call: statistics, running statistics, the affine, and a backward
 that writes the input gradient in place (contiguous inputs; channels-last ones keep the
-native kernel). Measured against the plain norms in ``results/bench_cpu.md``.
+native kernel). Measured against the plain norms in ``results/bench_cpu.md``; and against the
+paths they stand in front of (``python benchmarks/norm_paths.py --repeats 11 --inner 10``,
+float32, one thread, a shared 2-core machine; ``torch.compile`` does not serve eager users):
+member LayerNorm at (M·B·64, 384) 0.91× a plain one forward + backward (the per-member loop
+1.26×), 1.11× eval (loop 2.44×); member BatchNorm2d at (M·B, 64, 16, 16) 0.81× (the out= path
+1.35×, the loop 1.38×), eval 0.26× (0.99×, 1.20×). They stay.
 
 Both are compiled once per environment by ``torch.utils.cpp_extension`` (a C++ compiler and
 ninja — ``pip install 'snens[kernels]'`` — are needed; without them the member norms run their

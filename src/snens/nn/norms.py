@@ -22,7 +22,11 @@ that compute them:
   member weight; layer norm, whose affine over the normalized features no native kernel takes
   per row, through the fused CPU kernel (float32/64), on other devices as one un-affine kernel
   over all rows and the member affine broadcast (the vectorized path), else one native kernel
-  per member's rows, then a concatenation.
+  per member's rows, then a concatenation;
+* the RMS and layer norms on CUDA (torch's and Hugging Face's): first the Triton kernels of
+  ``snens.nn.triton_norms`` where ``triton`` is installed, the folding included (one launch
+  forward, two backward), called from ``forward`` through ``_fused_forward`` before the scale
+  and shift are folded.
 
 Every member norm has one entry point, ``_normalize``, whose docstring lists its paths in the
 order they are tried, each with its condition and its measured reason, and one definition,
@@ -67,6 +71,7 @@ __all__ = [
     "check_num_members",
     "custom_functions_unavailable",
     "force_path",
+    "forced_path",
     "needs_grad",
     "path_override",
 ]
@@ -143,7 +148,7 @@ def needs_grad(*tensors: Tensor | None) -> bool:
 
 
 #: The paths :func:`force_path` can force.
-FORCEABLE_PATHS = ("vectorized", "reference")
+FORCEABLE_PATHS = ("vectorized", "reference", "triton")
 _forced_path: str | None = None
 
 
@@ -154,8 +159,12 @@ def force_path(path: str) -> Iterator[None]:
     For tests and device checks: ``"vectorized"`` runs the plain-op path over the whole
     (M·B, …) tensor on the CPU too, ``"reference"`` the per-member loop of the plain functional
     norm on CUDA too. Inputs the dispatch always sends to the reference (M = 1, empty inputs)
-    still take it; the other member norms (RMS, group) are unaffected. The setting is
-    process-wide, not per thread, and blocks nest (the innermost wins).
+    still take it; the other member norms (RMS, group) are unaffected. ``"triton"`` sends the
+    member norms with Triton kernels (:mod:`snens.nn.triton_norms`) to them on every device
+    (CPU tensors through Triton's interpreter) where the kernels take the input, the others
+    to their usual paths; ``"vectorized"`` and ``"reference"`` keep every input off the Triton
+    kernels. The setting is process-wide, not per thread, and blocks nest (the innermost
+    wins).
 
     Raises:
         ValueError: if ``path`` is not one of :data:`FORCEABLE_PATHS`.
@@ -170,14 +179,20 @@ def force_path(path: str) -> Iterator[None]:
         _forced_path = previous
 
 
+def forced_path() -> str | None:
+    """The path :func:`force_path` forces now, or None."""
+    return _forced_path
+
+
 def path_override(x: Tensor) -> str | None:
     """The batch and layer norms' path for ``x`` where the CPU dispatch does not decide it.
 
-    The path :func:`force_path` forces, else ``"vectorized"`` for inputs off the CPU (the fused
-    kernels are CPU code, and the out= kernels are checked on the CPU only), else None: the CPU
-    paths, as listed in each ``_normalize``, apply.
+    The path :func:`force_path` forces (``"vectorized"`` or ``"reference"``), else
+    ``"vectorized"`` for inputs off the CPU (the fused kernels are CPU code, and the out=
+    kernels are checked on the CPU only), else None: the CPU paths, as listed in each
+    ``_normalize``, apply.
     """
-    if _forced_path is not None:
+    if _forced_path in ("vectorized", "reference"):
         return _forced_path
     return None if x.device.type == "cpu" else "vectorized"
 
@@ -300,8 +315,22 @@ class MemberNorm(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         self._check_input(x)
         self._check_rows(x)
+        fused = self._fused_forward(x)
+        if fused is not None:
+            return fused
         scale, shift = self.scale_and_shift()
         return self._normalize(x, scale, shift)
+
+    def _fused_forward(self, x: Tensor) -> Tensor | None:
+        """The whole forward, folding included, in one device kernel, or None where none takes
+        ``x`` (then :meth:`_normalize` runs on the folded scale and shift). Families with
+        Triton kernels (:mod:`snens.nn.triton_norms`) override it; their ``_normalize``
+        docstring lists it as path 0.
+
+        Shape:
+            x: (M·B, …), member-major, checked. Output: like x.
+        """
+        return None
 
     def _check_input(self, x: Tensor) -> None:
         raise NotImplementedError

@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from snens.nn import fused
-from snens.nn.norms import MemberNorm, path_override
+from snens.nn import fused, triton_norms
+from snens.nn.norms import MemberNorm, custom_functions_unavailable, needs_grad, path_override
 from snens.nn.plain_conversion import feature_shape, norm_eps
 
 __all__ = [
@@ -57,6 +57,9 @@ class MemberLayerNorm(MemberNorm):
     """
 
     plain_type = nn.LayerNorm
+    triton_variant = triton_norms.Variant(
+        center=True, round_first=False, last_dim=False, output="autocast"
+    )
 
     def __init__(
         self,
@@ -91,9 +94,19 @@ class MemberLayerNorm(MemberNorm):
                 f"{self.normalized_shape}, got input of shape {tuple(x.shape)}"
             )
 
+    def _fused_forward(self, x: Tensor) -> Tensor | None:
+        if triton_norms.applies(self, x):
+            return triton_norms.forward(self, x, self.eps)
+        return None
+
     def _normalize(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
         """Layer norm of each member's rows: the first path that applies.
 
+        0. triton (:mod:`snens.nn.triton_norms`, taken in ``forward`` before the folding: one
+           kernel forward with σ(γ) folded in, two backward): CUDA, float32/bf16/fp16 with the
+           parameters of x's dtype, where :func:`snens.nn.triton_norms.applies` lists. Why: the
+           vectorized path is ~6 launches forward and backward with the folding where a plain
+           layer norm is 2 (H200, bf16: 2.31× a plain LayerNorm).
         1. fused (:func:`snens.nn.fused.member_layer_norm`, every row with its member's affine
            in one pass): M > 1, CPU, float32/64 with x and scale of one dtype, non-empty,
            kernels built and ``SNENS_FUSED`` ≠ 0, neither traced by ``torch.compile``/
@@ -190,9 +203,10 @@ class MemberLayerNorm(MemberNorm):
 class MemberRMSNorm(MemberNorm):
     """σNorm over ``nn.RMSNorm``: the member's folded scale on x / rms(x).
 
-    RMSNorm has no bias, so member m computes sigmoid(gamma_m) ⊙ weight_m ⊙ x / rms(x). In
-    float32/64, one un-weighted rms_norm over all M·B rows and the member scales broadcast over
-    (M, B, …); in half precision, one rms_norm per member's rows.
+    RMSNorm has no bias, so member m computes sigmoid(gamma_m) ⊙ weight_m ⊙ x / rms(x). On
+    CUDA, the Triton kernels; in float32/64 without a gradient (or traced), one un-weighted
+    rms_norm over all M·B rows and the member scales broadcast over (M, B, …); otherwise one
+    rms_norm per member's rows (``_normalize`` lists when and why).
 
     Args:
         normalized_shape: trailing shape to normalize over.
@@ -205,6 +219,9 @@ class MemberRMSNorm(MemberNorm):
 
     plain_type = nn.RMSNorm
     has_bias = False
+    triton_variant = triton_norms.Variant(
+        center=False, round_first=True, last_dim=False, output="autocast"
+    )
 
     def __init__(
         self,
@@ -231,20 +248,47 @@ class MemberRMSNorm(MemberNorm):
 
     _check_input = MemberLayerNorm._check_input
 
+    def _fused_forward(self, x: Tensor) -> Tensor | None:
+        if triton_norms.applies(self, x):
+            # eps=None: F.rms_norm's default, the machine epsilon of float32 (its compute
+            # dtype for float32, bfloat16 and float16 inputs)
+            eps = torch.finfo(torch.float32).eps if self.eps is None else self.eps
+            return triton_norms.forward(self, x, eps)
+        return None
+
     def _normalize(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
         """RMS norm of each member's rows: the first path that applies.
 
+        0. triton (:mod:`snens.nn.triton_norms`, taken in ``forward`` before the folding):
+           CUDA, float32/bf16/fp16 with the parameters of x's dtype, where
+           :func:`snens.nn.triton_norms.applies` lists. Why: the broadcast path is ~8 launches
+           forward and backward with the folding where a plain RMSNorm is 2 (H200, bf16:
+           2.88× a plain RMSNorm).
         1. broadcast (:meth:`_broadcast`, one un-weighted ``rms_norm`` over all rows, then the
-           member scales broadcast): M > 1, x and scale both float32 or both float64; any
-           device, and also traced by ``torch.compile`` and inside ``torch.func`` (plain torch
-           ops). Why: no concatenation (eval forward 1.5× → 1.0× a plain RMSNorm).
+           member scales broadcast): M > 1, x and scale both float32 or both float64, and no
+           gradient to record on the CPU; any device, and also traced by ``torch.compile`` and
+           inside ``torch.func`` (plain torch ops). Why: no concatenation (eval forward 1.49× →
+           1.22× a plain RMSNorm at (M·B·64, 384), ``benchmarks/norm_paths.py``).
         2. reference (:meth:`_reference`): everything else: M = 1, bf16/fp16 (where
-           ``rms_norm`` applies its weight inside its float upcast) or mixed dtypes.
+           ``rms_norm`` applies its weight inside its float upcast), mixed dtypes, and eager
+           training on the CPU, where the broadcast product's backward (a reduction over the
+           rows for the scale's gradient) costs more than the loop's concatenation: forward +
+           backward 1.18–1.38× a plain RMSNorm at (M·B·64, 384) against the loop's 0.68–0.70×,
+           1.27× against 1.01× at (M·B, 64, 16, 16) (float32, one thread, interleaved;
+           ``benchmarks/norm_paths.py``).
         """
         # Half-precision inputs keep the loop: there the weight is applied inside rms_norm's
         # float upcast.
         dtypes = (torch.float32, torch.float64)
-        if self.num_members > 1 and x.dtype == scale.dtype and x.dtype in dtypes:
+        eager_cpu_training = (
+            x.device.type == "cpu" and needs_grad(x, scale) and not custom_functions_unavailable(x)
+        )
+        if (
+            self.num_members > 1
+            and x.dtype == scale.dtype
+            and x.dtype in dtypes
+            and not eager_cpu_training
+        ):
             return self._broadcast(x, scale)
         return self._reference(x, scale, shift)
 
