@@ -90,6 +90,10 @@ BASE = (
     # and keep the runs' configs whatever the library's defaults become
     "method.temperature=1.0",
     "method.diversity_weight=0.1",
+    # and the rest of the recipe and what is measured, likewise
+    "method.input_policy=repeat",
+    "method.gamma_lr_multiplier=30.0",
+    'data.ood_scores=["max_logit", "energy"]',
 )
 ABLATION_EPOCHS = 10
 BUDGET_EPOCHS = (5, 10, 20, 40, 80)
@@ -126,6 +130,8 @@ FINETUNE = (
     "optim.epochs=3",
     "method.temperature=1.0",
     "method.diversity_weight=0.1",
+    "method.input_policy=repeat",
+    'data.ood_scores=["max_logit", "energy"]',
 )
 #: A second domain, so the recipe is not tuned to one data set: pretrained MiniLM-L6 fine-tuned
 #: (every weight) on 2,000 Rotten Tomatoes reviews for 3 epochs, the preset's recipe (AdamW

@@ -102,6 +102,9 @@ BASE = (
     "data.test_examples=0",
     "threads=1",
     "optim.select=nll",
+    # γ's rate and what is measured, pinned whatever the library's defaults become
+    "method.gamma_lr_multiplier=30.0",
+    'data.ood_scores=["max_logit", "energy"]',
 )
 REGIMES = {
     "few": ("data.train_examples=10000", "data.augment=[]", "optim.epochs=20"),
@@ -130,6 +133,7 @@ METHODS = {
     ),
     "snens_tau1_lam0.1": (
         "method.name=snens",
+        "method.input_policy=repeat",
         "method.temperature=1.0",
         "method.diversity_weight=0.1",
     ),

@@ -79,7 +79,15 @@ WHERE = {"out": ROOT / "results" / "llm", "extra": ()}
 PRESET = "rotten_tomatoes_smollm2"
 
 #: What every run shares (``--set`` syntax, over the preset).
-BASE = ("data.validation_examples=500", "threads=1")
+BASE = (
+    "data.validation_examples=500",
+    "threads=1",
+    # the preset's recipe and what is measured, pinned whatever the library's defaults become
+    "method.temperature=5.0",
+    "method.diversity_weight=0.01",
+    "method.gamma_lr_multiplier=30.0",
+    'data.ood_scores=["max_logit", "energy"]',
+)
 #: Every member on every text; the preset's σN-Ens takes split inputs, which the baselines
 #: do not implement.
 REPEAT = ("method.input_policy=repeat",)
