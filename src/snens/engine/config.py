@@ -251,9 +251,9 @@ class DataConfig(_Section):
     domains: tuple[str, ...] = ()
     domain_examples: int = 0  # examples per domain set (a fixed random subset); 0 = all
     # OOD scores reported beside msp (ood/<name>/auroc, …) as ood/<name>/<score>/{auroc,aupr,
-    # fpr95}, from the same pass: max_logit, energy (of the members' mean logit), entropy,
-    # mutual_information, msp
-    ood_scores: tuple[str, ...] = ("max_logit", "energy")
+    # fpr95}, from the same pass: energy, max_logit (of the members' mean logit),
+    # mutual_information (the members' disagreement), entropy, msp
+    ood_scores: tuple[str, ...] = ("energy", "max_logit", "mutual_information", "entropy")
     # miscoverage α of the split-conformal prediction sets calibrated on the validation split
     # (test/conformal_{thr,aps}_{coverage,size}); needs validation_examples >= ⌈1/α⌉ − 1
     conformal_alpha: float = 0.1

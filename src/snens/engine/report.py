@@ -116,6 +116,8 @@ _CONFORMAL = tuple(
 )
 _SHIFT = ("shift/mean/accuracy", "shift/mean/ece")
 _OOD = ("auroc", "aupr", "fpr95")
+# The OOD scores shown before the maximum probability's (ood/<set>/auroc), in this order.
+_OOD_FIRST = ("energy", "max_logit")
 _EXTRA = {"params": ("model", "params"), "train seconds": ("train", "seconds")}
 # The methods whose member norms learn importances σ(γ) (FiLM's γ is fixed at +∞).
 _ALLOCATION_METHODS = ("snens",)
@@ -322,13 +324,18 @@ def metric_names(runs: Sequence[RunRecord]) -> list[str]:
     names = [m for m in (*_VALIDATION, *_CORE, *_CALIBRATED, *_CONFORMAL) if m in present]
     ood_sets = dict.fromkeys(k.split("/")[1] for k in present if k.startswith("ood/"))
     for s in ood_sets:
-        names += [f"ood/{s}/{m}" for m in _OOD if f"ood/{s}/{m}" in present]
-        # the other scores of the set (ood/<set>/<score>/auroc), in the order the runs hold them
-        names += [
+        # the energy of the members' mean logit first: of the scores every run records, the
+        # one that keeps the logits' scale, which averaging softmaxes flattens
+        scored = [
             k
             for k in present
             if k.startswith(f"ood/{s}/") and k.endswith("/auroc") and k.count("/") == 3
         ]
+        first = [k for k in (f"ood/{s}/{score}/auroc" for score in _OOD_FIRST) if k in scored]
+        names += first
+        names += [f"ood/{s}/{m}" for m in _OOD if f"ood/{s}/{m}" in present]
+        # the other scores of the set, in the order the runs hold them
+        names += [k for k in scored if k not in first]
     names += [m for m in _SHIFT if m in present]
     names += [m for m in _EXTRA if any(r.metric(m) is not None for r in runs)]
     return names
