@@ -113,6 +113,23 @@ def test_changed_base_config_is_refused_before_training(swept, monkeypatch, caps
     assert "holds a run of another config" in err and "optim.lr: saved 0.01, grid 0.5" in err
 
 
+def test_a_key_the_saved_config_does_not_record_is_not_compared(swept, tmp_path, monkeypatch):
+    # A run written before data.ood_scores existed: its file lacks the key, so the grid's value
+    # cannot conflict with it; a key the file records still does.
+    copy = tmp_path / "tau"
+    shutil.copytree(swept, copy)
+    for name in NAMES:
+        path = copy / name / "config.toml"
+        lines = path.read_text().splitlines(keepends=True)
+        kept = [line for line in lines if not line.startswith("ood_scores =")]
+        assert len(kept) == len(lines) - 1
+        path.write_text("".join(kept))
+    monkeypatch.setattr(snens.engine.train, "train", lambda *a, **k: pytest.fail("trained"))
+    scores = '["entropy"]'
+    assert _sweep(copy, extra=["--set", f"data.ood_scores={scores}", "--dry-run"]) == 0
+    assert _sweep(swept, extra=["--set", f"data.ood_scores={scores}", "--dry-run"]) == 2
+
+
 def test_interrupted_run_resumes_to_the_same_result(tmp_path, capsys):
     torch.set_num_threads(1)
     args = ["--set", "optim.epochs=2", "--set", "deterministic=true"]

@@ -19,7 +19,9 @@ and from its name, so the combinations that differ only in them are one run:
 **Resuming.** Running the same command again does no repeated work: a run whose
 ``final.json`` exists is skipped, one with ``config.toml`` but no ``final.json`` (interrupted)
 is resumed from its ``last.pt``. A run directory whose saved config differs from the one the
-grid asks for is an error, found before anything trains.
+grid asks for is an error, found before anything trains. A key the saved file does not record
+(it was written before the key existed) is not compared: what the run did there is unknown,
+and the default it would be read with now need not be what the run used.
 
 **Checks first.** Every run's config is built and checked before the first run starts: an
 unknown key, a bad value, an empty axis or a value listed twice is a ``ValueError`` or
@@ -55,6 +57,7 @@ from snens.engine.config import (
     to_dict,
 )
 from snens.engine.runs import CONFIG, FINAL, LAST, RunDirError, read_final
+from snens.engine.toml_io import read_toml
 
 __all__ = [
     "MAX_RUNS",
@@ -62,6 +65,7 @@ __all__ = [
     "SweepResult",
     "SweepRun",
     "applies",
+    "config_differences",
     "final_row",
     "parse_grid",
     "plan",
@@ -221,8 +225,11 @@ def _run_name(values: Mapping[str, Any]) -> str:
     return safe
 
 
-def _same_run(saved: RunConfig, wanted: RunConfig) -> list[str]:
-    """The keys (other than out_dir and name) in which two configs differ."""
+def _same_run(
+    saved: RunConfig, wanted: RunConfig, recorded: Mapping[str, Any] | None = None
+) -> list[str]:
+    """The keys (other than out_dir and name) in which two configs differ; with ``recorded``
+    (the saved file's own table), only the keys it records are compared."""
     a, b = to_dict(saved), to_dict(wanted)
     for values in (a, b):
         for key in _RESERVED:
@@ -231,26 +238,36 @@ def _same_run(saved: RunConfig, wanted: RunConfig) -> list[str]:
     for section in sorted(set(a) | set(b)):
         va, vb = a.get(section), b.get(section)
         if isinstance(va, dict) and isinstance(vb, dict):
+            kept = recorded.get(section, {}) if recorded is not None else None
             out += [
                 f"{section}.{k}: saved {va.get(k)!r}, grid {vb.get(k)!r}"
                 for k in sorted(set(va) | set(vb))
-                if va.get(k) != vb.get(k)
+                if va.get(k) != vb.get(k) and (kept is None or k in kept)
             ]
-        elif va != vb:
+        elif va != vb and (recorded is None or section in recorded):
             out.append(f"{section}: saved {va!r}, grid {vb!r}")
     return out
+
+
+def config_differences(path: str | Path, config: RunConfig) -> list[str]:
+    """The keys (other than out_dir and name) in which the run saved in ``path`` differs from
+    ``config``, as ``"section.key: saved …, grid …"``; a key its ``config.toml`` does not
+    record is not compared (see the module's notes on resuming)."""
+    path = Path(path)
+    try:
+        saved = load_config(path / CONFIG)
+        recorded = read_toml(path / CONFIG)
+    except (ValueError, TypeError, OSError) as error:
+        raise ValueError(
+            f"{path} holds an unreadable {CONFIG} ({error}); move it away or choose another --out"
+        ) from None
+    return _same_run(saved, config, recorded)
 
 
 def _status(path: Path, config: RunConfig) -> str:
     if not (path / CONFIG).is_file():
         return "new"
-    try:
-        saved = load_config(path / CONFIG)
-    except (ValueError, TypeError, OSError) as error:
-        raise ValueError(
-            f"{path} holds an unreadable {CONFIG} ({error}); move it away or choose another --out"
-        ) from None
-    diff = _same_run(saved, config)
+    diff = config_differences(path, config)
     if diff:
         raise ValueError(
             f"{path} holds a run of another config ({'; '.join(diff)}); choose another --out, "
