@@ -436,6 +436,7 @@ def test_llm_lora_snens_trains_under_torchrun(tiny_llm, tmp_path):
 ACCELERATE_SCRIPT = """\
 import json
 import sys
+from pathlib import Path
 
 import peft
 import torch
@@ -444,6 +445,7 @@ from accelerate import PartialState
 from transformers import TrainingArguments
 
 import snens
+from snens.engine.distributed import shutdown
 from snens.integrations.huggingface import SnensTrainer
 
 out = sys.argv[1]
@@ -484,6 +486,14 @@ record = {
     "before": before,
     "trained": sums(),
 }
+# The end of a multi-process script: the trainer (its DDP wrapper holds the group) goes, then
+# the group, whose gloo threads must stop before the interpreter exits: one freeing a tensor
+# then (the loss all-gather's) aborted the rank, "terminate called without an active exception".
+del trainer
+shutdown()
+tasks = Path("/proc/self/task")
+names = [(t / "comm").read_text().strip() for t in tasks.iterdir()] if tasks.is_dir() else []
+record["gloo_threads"] = [name for name in names if "gloo" in name]
 with open(f"{out}/rank{state.process_index}.json", "w") as f:
     json.dump(record, f)
 """
@@ -510,7 +520,9 @@ def test_snens_trainer_under_accelerate_launch(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert "still referenced" not in result.stderr, result.stderr[-3000:]  # shutdown's warning
     for record in ranks:
+        assert record["gloo_threads"] == []  # the script's shutdown() stopped them
         assert record["world"] == 2 and record["backend"] == "gloo"
         assert record["steps"] == 64 // (8 * 2)  # a global batch of 16, 8 per rank
         assert record["gamma_lr"] == [pytest.approx(0.1)]  # γ at lr × 10 in its own group
