@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from snens.data import TensorLoader
-from snens.engine.distributed import local_batch_size
+from snens.engine.distributed import local_batch_size, shutdown
 
 pytestmark = pytest.mark.skipif(
     not (dist.is_available() and dist.is_gloo_available()),
@@ -59,6 +60,61 @@ if os.environ.get("RANK") == "1":
     torch.optim.AdamW.step = step_then_die
 sys.exit(main(sys.argv[1:]))
 """
+
+
+# train() in each rank of torchrun, then a line with the names of the rank's threads when the
+# group is shut down (entering distributed.shutdown) and once train() has returned.
+THREADS_AFTER_TRAINING = """\
+import json
+import os
+import sys
+from pathlib import Path
+
+from snens.engine import distributed
+from snens.engine.cli import main
+
+
+def threads():
+    names = []
+    tasks = Path("/proc/self/task")
+    for task in tasks.iterdir() if tasks.is_dir() else ():
+        try:
+            names.append((task / "comm").read_text().strip())
+        except FileNotFoundError:  # a thread that ended meanwhile
+            pass
+    return sorted(names)
+
+
+seen = {}
+shutdown = distributed.shutdown
+
+
+def shutdown_seen():
+    seen.setdefault("at_shutdown", threads())  # the first call: leave(), the group still up
+    shutdown()
+
+
+distributed.shutdown = shutdown_seen
+code = main(sys.argv[1:])
+seen["after"] = threads()
+print("THREADS " + json.dumps({"rank": int(os.environ["RANK"]), **seen}), flush=True)
+sys.exit(code)
+"""
+
+LINUX_THREADS = pytest.mark.skipif(
+    not Path("/proc/self/task").is_dir(), reason="reads thread names from /proc/self/task"
+)
+
+
+def _gloo_threads() -> list[str]:
+    """The names of this process's threads that belong to gloo (its workers, its event loop)."""
+    names = []
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            names.append((task / "comm").read_text().strip())
+        except FileNotFoundError:  # a thread that ended meanwhile
+            pass
+    return sorted(name for name in names if "gloo" in name)
 
 
 def _free_port() -> int:
@@ -103,13 +159,19 @@ def _final(run_dir: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def two_processes(tmp_path_factory) -> tuple[Path, float]:
-    """An uninterrupted 2-process run: its directory and its wall time in seconds."""
+def two_processes(tmp_path_factory) -> tuple[Path, float, list[dict]]:
+    """An uninterrupted 2-process run: its directory, its wall time in seconds and each rank's
+    thread names (THREADS_AFTER_TRAINING; [] where /proc/self/task is missing)."""
     out = tmp_path_factory.mktemp("ddp")
+    script = tmp_path_factory.mktemp("script") / "threads.py"  # rank 0 alone writes in out
+    script.write_text(THREADS_AFTER_TRAINING)
     start = time.perf_counter()
-    result = _torchrun(["-m", "snens.engine.cli"], _train_args(out, "two"))
+    result = _torchrun([str(script)], _train_args(out, "two"))
+    seconds = time.perf_counter() - start
     assert result.returncode == 0, result.stderr[-3000:]
-    return out / "two", time.perf_counter() - start
+    assert "still referenced" not in result.stderr, result.stderr[-3000:]  # shutdown's warning
+    lines = [line for line in result.stdout.splitlines() if line.startswith("THREADS ")]
+    return out / "two", seconds, [json.loads(line.removeprefix("THREADS ")) for line in lines]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -164,7 +226,7 @@ def test_two_processes_learn_like_one(two_processes, tmp_path):
     (loss falls, accuracy well above the 0.1 of chance) and agree within 0.05 accuracy and
     0.1 in each epoch's loss and in test NLL.
     """
-    two_dir, two_seconds = two_processes
+    two_dir, two_seconds, _ = two_processes
     one = subprocess.run(
         [sys.executable, "-m", "snens.engine.cli", *_train_args(tmp_path, "one")],
         env=_env(),
@@ -263,6 +325,58 @@ def test_the_surviving_rank_raises_lost_contact(tmp_path):
     )
 
 
+@pytest.mark.slow
+@LINUX_THREADS
+def test_every_rank_stops_the_groups_threads_before_train_returns(two_processes):
+    """Rank 1 aborted at exit ("terminate called without an active exception", SIGABRT, so
+    torchrun killed rank 0 mid-evaluation): the gloo worker that ran the final barrier freed
+    that barrier's work, and with it the loss all-reduce the barrier had waited on, after the
+    interpreter had begun to exit, and freeing that all-reduce's tensor takes the GIL.
+    ``destroy_process_group`` had stopped no thread (the DDP wrapper and the defaults of
+    torch.distributed.nn.functional still held the group); now no gloo thread outlives
+    ``train()`` on any rank, so none is left to run while the interpreter exits."""
+    seen = two_processes[2]
+    assert sorted(rank["rank"] for rank in seen) == [0, 1]
+    for rank in seen:
+        assert any("gloo" in name for name in rank["at_shutdown"]), rank  # they did run
+        assert not [name for name in rank["after"] if "gloo" in name], rank
+
+
+@pytest.fixture
+def one_process_group():
+    """A gloo group of this process alone (a store in memory); destroyed after the test if the
+    test left it."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+@LINUX_THREADS
+def test_shutdown_stops_the_threads_of_a_group_nothing_else_holds(one_process_group):
+    total = torch.ones(3)
+    dist.all_reduce(total)  # a collective on a tensor Python made, as Context.mean's
+    assert _gloo_threads()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        shutdown()
+    assert not dist.is_initialized()
+    assert _gloo_threads() == []
+    shutdown()  # without a group: nothing to do
+
+
+@LINUX_THREADS
+def test_shutdown_warns_naming_what_still_holds_the_group(one_process_group):
+    held = dist.group.WORLD  # as a DistributedDataParallel wrapper holds it
+    match = r"still referenced, so its worker threads run on.*drop every DistributedDataParallel"
+    with pytest.warns(RuntimeWarning, match=match):
+        shutdown()
+    assert not dist.is_initialized()
+    assert _gloo_threads()
+    del held
+    assert _gloo_threads() == []
+
+
 @pytest.fixture(scope="module")
 def tiny_llm(tmp_path_factory):
     """A causal LM of SmolLM2's kind (its tokenizer and vocabulary, Llama layers) but 2 layers
@@ -322,6 +436,7 @@ def test_llm_lora_snens_trains_under_torchrun(tiny_llm, tmp_path):
 ACCELERATE_SCRIPT = """\
 import json
 import sys
+from pathlib import Path
 
 import peft
 import torch
@@ -330,6 +445,7 @@ from accelerate import PartialState
 from transformers import TrainingArguments
 
 import snens
+from snens.engine.distributed import shutdown
 from snens.integrations.huggingface import SnensTrainer
 
 out = sys.argv[1]
@@ -370,6 +486,14 @@ record = {
     "before": before,
     "trained": sums(),
 }
+# The end of a multi-process script: the trainer (its DDP wrapper holds the group) goes, then
+# the group, whose gloo threads must stop before the interpreter exits: one freeing a tensor
+# then (the loss all-gather's) aborted the rank, "terminate called without an active exception".
+del trainer
+shutdown()
+tasks = Path("/proc/self/task")
+names = [(t / "comm").read_text().strip() for t in tasks.iterdir()] if tasks.is_dir() else []
+record["gloo_threads"] = [name for name in names if "gloo" in name]
 with open(f"{out}/rank{state.process_index}.json", "w") as f:
     json.dump(record, f)
 """
@@ -396,7 +520,9 @@ def test_snens_trainer_under_accelerate_launch(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert "still referenced" not in result.stderr, result.stderr[-3000:]  # shutdown's warning
     for record in ranks:
+        assert record["gloo_threads"] == []  # the script's shutdown() stopped them
         assert record["world"] == 2 and record["backend"] == "gloo"
         assert record["steps"] == 64 // (8 * 2)  # a global batch of 16, 8 per rank
         assert record["gamma_lr"] == [pytest.approx(0.1)]  # γ at lr × 10 in its own group

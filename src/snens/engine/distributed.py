@@ -19,14 +19,23 @@ Faults. A collective that waits longer than the group's timeout (``SNENS_DIST_TI
 seconds, default 60) fails instead of hanging; a collective that fails (a peer died, its
 connection closed) is re-raised by :func:`guard` as a ``RuntimeError`` naming the rank and
 what it was doing. torchrun then tears down the remaining workers and exits non-zero.
+
+Exit. A rank's process group is shut down by :func:`shutdown` before the rank returns: the
+group destroyed and its worker threads stopped, so that none is left to run while the
+interpreter exits (see :func:`shutdown` for the abort that prevents).
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
+import importlib
 import os
 import re
+import sys
+import warnings
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +50,7 @@ __all__ = [
     "leave",
     "local_batch_size",
     "session",
+    "shutdown",
     "timeout",
 ]
 
@@ -141,6 +151,11 @@ def session() -> Iterator[Context]:
     Without ``WORLD_SIZE`` (or with ``WORLD_SIZE=1``) this yields a single-process context and
     touches nothing. A group the caller initialized already is used as it is and kept.
 
+    At the end the group is shut down (:func:`shutdown`: destroyed, its threads stopped) unless
+    :func:`leave` did so already. When the block raises, the group is only destroyed: the
+    traceback keeps the block's frames, and with them the DistributedDataParallel wrapper that
+    references the group, alive until the exception is handled.
+
     Raises:
         ValueError: malformed ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``SNENS_DIST_TIMEOUT``.
         RuntimeError: torch.distributed is not available in this build of torch.
@@ -165,26 +180,84 @@ def session() -> Iterator[Context]:
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(local_rank)  # so that device "cuda" is this rank's GPU
+    # Imported while no group exists: this module's functions take ``group=group.WORLD`` as a
+    # default, evaluated on import. DistributedDataParallel imports it (through
+    # torch.distributed._shard) once the group exists, and ten defaults then held the group
+    # until the interpreter exited, so that shutdown() could not stop its threads.
+    importlib.import_module("torch.distributed.nn.functional")
     dist.init_process_group(
         backend, rank=rank, world_size=world_size, timeout=timeout(), init_method="env://"
     )
     try:
         yield Context(rank, world_size, local_rank, backend)
-    finally:
-        if dist.is_initialized():  # not left already by leave()
+    except BaseException:
+        if dist.is_initialized():  # so that a later session can start; see the docstring
             dist.destroy_process_group()
+        raise
+    shutdown()  # a no-op when leave() shut the group down already
 
 
 def leave(group: Context, what: str) -> None:
-    """Every rank leaves the process group together (no-op for one process).
+    """Every rank leaves the process group together and shuts it down (no-op for one process).
 
-    For the end of a run, before rank 0 works alone: a rank that tore its group down while
-    rank 0 was still busy aborted at exit once (gloo: "terminate called without an active
-    exception").
+    For the end of a run, before rank 0 works alone and the other ranks return: a barrier, then
+    :func:`shutdown`. Drop every DistributedDataParallel wrapper of the group first; one still
+    referenced keeps the group's threads running (:func:`shutdown` warns).
     """
     if group.enabled and dist.is_initialized():
         group.barrier(what)
-        dist.destroy_process_group()
+        shutdown()
+
+
+def shutdown() -> None:
+    """Destroy the default process group and wait until its worker threads have stopped.
+
+    ``dist.destroy_process_group()`` alone stops no thread: gloo's workers stop when the last
+    reference to the group goes, and a DistributedDataParallel wrapper (or a function default
+    of ``torch.distributed.nn.functional``, see :func:`session`) kept the group until the
+    interpreter exited. A worker that ran a collective on tensors Python created (the loss
+    all-reduce of :meth:`Context.mean`, or the barrier that waited on it and holds it) frees
+    them after waking the caller, and freeing one takes the GIL; when that came after the
+    interpreter began to exit, Python ended the thread inside a C++ destructor and the process
+    aborted with "terminate called without an active exception" (SIGABRT): rank 1, right after
+    the barrier of :func:`leave`, on loaded machines (2 of 20 two-process runs whose gloo
+    threads were paused at random, as a loaded machine pauses them). Here the group is
+    released while the interpreter is whole, and its destructor joins the workers (with the GIL
+    released, so that they can free their tensors).
+
+    A no-op without a group. Users of a launcher that made the group itself (``accelerate
+    launch``) call it at the end of their script, after dropping their trainer.
+
+    Warns:
+        RuntimeWarning: the group is still referenced after it was destroyed (its threads keep
+            running); the message says what holds it where that is known, and the fix.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    alive = weakref.ref(dist.group.WORLD)
+    dist.destroy_process_group()
+    if alive() is not None:
+        gc.collect()  # a wrapper of the group inside a reference cycle
+    group = alive()
+    if group is not None:
+        warnings.warn(_still_held(group), RuntimeWarning, stacklevel=2)
+
+
+def _still_held(group: dist.ProcessGroup) -> str:
+    functional = sys.modules.get("torch.distributed.nn.functional")
+    defaults = getattr(getattr(functional, "broadcast", None), "__defaults__", None) or ()
+    holder = (
+        "torch.distributed.nn.functional, imported after the group was made, holds it in its "
+        "functions' defaults: import that module before the group is made"
+        if any(value is group for value in defaults)
+        else "drop every DistributedDataParallel wrapper (a trainer holding one) and any saved "
+        "dist.group.WORLD before shutting the group down"
+    )
+    return (
+        "the process group was destroyed but is still referenced, so its worker threads run on "
+        "until the interpreter exits, where one that frees a tensor aborts the process "
+        f"('terminate called without an active exception'); {holder}"
+    )
 
 
 # The DDP reducer reports a peer's death as a plain RuntimeError carrying the backend's text

@@ -406,7 +406,10 @@ def _train(
 
         # -- evaluation, on rank 0 over the full test set: its model holds the weights every
         # rank holds, and its norm statistics are the ones the checkpoint saves. The ranks
-        # leave the group together first, so none tears it down while rank 0 evaluates.
+        # leave the group together first, so none tears it down while rank 0 evaluates. The
+        # DDP wrapper goes before: it references the group, whose threads stop only when
+        # nothing does (see distributed.shutdown).
+        del replicated, forward
         distributed.leave(group, "finishing training")
         if not group.is_main:
             return run.path
