@@ -204,3 +204,60 @@ def test_resume_refuses_a_state_torch_optim_cannot_use(run, damage, named, capsy
     after = _files(run)
     assert after.pop("provenance.json") and before.pop("provenance.json")
     assert after == before
+
+
+# -- links planted where a run's files go -----------------------------------------------------
+
+
+def _tiny(out: Path, name: str = "run"):
+    return load_config(
+        preset("fashion_mnist_small_cnn_tiny"),
+        [
+            f"out_dir={json.dumps(str(out))}",
+            f"name={json.dumps(name)}",
+            "threads=1",
+            "data.train_examples=100",
+            "data.test_examples=100",
+            "data.ood_examples=100",
+            "optim.epochs=1",
+        ],
+    )
+
+
+def test_a_metrics_jsonl_link_planted_in_a_directory_without_a_run_is_never_written(
+    tmp_path, capsys
+):
+    """In a shared runs/, a directory that holds no run yet held a metrics.jsonl link: `snens
+    train` appended its epoch records to the link's target."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("someone else's file\n")
+    run = tmp_path / "runs" / "run"
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").symlink_to(victim)
+    with pytest.raises(RunDirError) as err:
+        train(_tiny(tmp_path / "runs"), progress=False, log=None)
+    assert str(err.value) == (
+        f"{run} holds metrics.jsonl but no config.toml, so no run of snens: a new run is not "
+        "started among them (they were left as they are); move them away, or choose another "
+        "name (--set name=…) or --out"
+    )
+    args = ["train", "--preset", "fashion_mnist_small_cnn_tiny", "--out", str(tmp_path / "runs")]
+    assert main([*args, "--set", 'name="run"', "--no-progress"]) == 2
+    assert "holds metrics.jsonl but no config.toml" in capsys.readouterr().err
+    assert victim.read_text() == "someone else's file\n"
+    assert sorted(p.name for p in run.iterdir()) == ["metrics.jsonl"]
+
+
+def test_a_metrics_jsonl_link_made_while_the_run_trains_is_refused_by_name(finished, tmp_path):
+    """A link put in place after the run started: the append refuses it, naming it."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep\n")
+    path = tmp_path / "run"
+    shutil.copytree(finished, path)
+    (path / "metrics.jsonl").unlink()
+    (path / "metrics.jsonl").symlink_to(victim)
+    run = Run(path, load_config(path / CONFIG))
+    with pytest.raises(RunDirError) as err:
+        run.log({"epoch": 3})
+    assert str(err.value).startswith(f"{path / 'metrics.jsonl'} is a symbolic link, so it was")
+    assert victim.read_text() == "keep\n"

@@ -51,12 +51,12 @@ matplotlib the report says so and writes the table alone.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
 import math
 import os
-import stat
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,13 +66,15 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from snens.engine.checkpoint import CheckpointError, atomic_write, load_checkpoint
+from snens import files
+from snens.engine.checkpoint import CheckpointError, checkpoint_digest, load_checkpoint
 from snens.engine.config import to_dict
 from snens.engine.runs import (
     CONFIG,
     FINAL,
     LAST,
     OUTPUTS,
+    OUTPUTS_MAX_BYTES,
     PROVENANCE,
     read_config,
     read_final,
@@ -220,6 +222,7 @@ def collect_runs(paths: Iterable[str | os.PathLike]) -> tuple[list[RunRecord], l
             found.setdefault(candidate.resolve(), None)
     runs, skipped = [], []
     counted: dict[tuple, Path] = {}  # (configuration, seed) -> the run counted for it
+    trained: dict[tuple[str, str], Path] = {}  # (file, digest) -> the run counted with it
     for path in found:
         if not os.path.lexists(path / CONFIG):  # a final.json alone: its settings are unknown
             skipped.append(f"skipped {path}: {FINAL} without {CONFIG}; restore it from the run")
@@ -244,6 +247,20 @@ def collect_runs(paths: Iterable[str | os.PathLike]) -> tuple[list[RunRecord], l
                 "remove the copy, or give it another seed"
             )
             continue
+        # a copy whose config.toml was edited (another seed) is the same trained model: its
+        # kept logits and checkpoint are byte for byte the first's (it had shown as n=2, ± 0)
+        prints = _fingerprints(path)
+        copied = next(((k[0], trained[k]) for k in prints.items() if k in trained), None)
+        if copied is not None:
+            counted.pop((_group_key(run.config), run.config["seed"]))
+            kind, original = copied
+            skipped.append(
+                f"skipped {path}: its {kind} is byte for byte that of {original}, so it is a "
+                "copy of that run whatever its config.toml says (a seed edited in a copy "
+                "trains nothing); each run counts once: remove the copy"
+            )
+            continue
+        trained.update(dict.fromkeys(prints.items(), path))
         runs.append(run)
     if not runs:
         where = ", ".join(repr(str(p)) for p in paths)
@@ -252,6 +269,18 @@ def collect_runs(paths: Iterable[str | os.PathLike]) -> tuple[list[RunRecord], l
             + (f"; {len(skipped)} could not be read: {'; '.join(skipped)}" if skipped else "")
         )
     return runs, skipped
+
+
+def _fingerprints(path: Path) -> dict[str, str]:
+    """What a run's training left that a copy shares byte for byte: the SHA-256 of its
+    ``outputs.npz`` and the payload digest its ``last.pt`` header records, where it has them
+    (one that cannot be read gives none: it is named where it is read)."""
+    prints = {}
+    with contextlib.suppress(OSError, ValueError):
+        prints[OUTPUTS] = files.sha256(path / OUTPUTS, limit=OUTPUTS_MAX_BYTES)
+    with contextlib.suppress(OSError, ValueError):
+        prints[LAST] = checkpoint_digest(path / LAST)
+    return prints
 
 
 def _applies(key: str, config: Mapping[str, Any]) -> bool:
@@ -516,14 +545,8 @@ def _left_out(values: Sequence[float | None]) -> list[float]:
 def _write(path: Path, text: str) -> None:
     """Write a report file atomically: a full disk leaves the previous one whole (writing in
     place had left a 0-byte report.md), and the error names the file."""
-    # surrogateescape: a path from undecodable bytes is written back as those bytes
-    data = text.encode("utf-8", errors="surrogateescape")
-    try:  # the mode a file written in place has: the previous one's, or 0o666 less the umask
-        mode = stat.S_IMODE(os.stat(path).st_mode)
-    except OSError:
-        mode = 0o666 & ~_umask()
-    try:
-        atomic_write(path, data, mode=mode)
+    try:  # surrogateescape: a path from undecodable bytes is written back as those bytes
+        files.write_text(path, text, mode=files.plain_mode(path), errors="surrogateescape")
     except OSError as error:
         raise _named(
             error,
@@ -531,18 +554,6 @@ def _write(path: Path, text: str) -> None:
             "free space (or restore write access) and run snens report again, or choose "
             f"another --out; the previous {path.name} there is unchanged",
         ) from None
-
-
-def _umask() -> int:
-    """The process's umask, read where Linux shows it (setting it to read it would race with
-    other threads creating files); 0o022 elsewhere."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0o022
 
 
 def _named(error: OSError, message: str) -> OSError:

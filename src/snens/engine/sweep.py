@@ -34,6 +34,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import hashlib
+import io
 import itertools
 import json
 import math
@@ -45,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from snens import files
 from snens.engine.config import (
     MEMBER_NORM_METHODS,
     ONE_NETWORK_METHODS,
@@ -450,15 +452,13 @@ def write_csv(path: str | os.PathLike, rows: Sequence[Mapping[str, Any]]) -> Pat
     columns: dict[str, None] = {}
     for row in rows:
         columns.update(dict.fromkeys(row))
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", newline="", encoding="utf-8") as file:
-        writer = csv.writer(file)
-        writer.writerow(list(columns))
-        for row in rows:
-            writer.writerow([_cell(row.get(c)) for c in columns])
-    os.replace(tmp, path)
-    return path
+    text = io.StringIO(newline="")
+    writer = csv.writer(text)
+    writer.writerow(list(columns))
+    for row in rows:
+        writer.writerow([_cell(row.get(c)) for c in columns])
+    # atomic, never through a link (a fixed sweep.csv.tmp had been followed)
+    return files.write_text(path, text.getvalue(), mode=files.plain_mode(path))
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from snens import files
 from snens.nn.layout import model_rows
 from snens.nn.linear import MemberLinear
 from snens.nn.norms import MemberNorm, check_member, check_num_members
@@ -758,7 +759,7 @@ def export_onnx(
         ImportError: ``onnx`` or ``onnxscript`` missing (the message says what to install).
     """
     try:
-        import onnx
+        import onnx  # noqa: F401 - torch.onnx builds an onnx model
         import onnxscript  # noqa: F401 - torch.onnx's dynamo exporter needs it
     except ImportError as error:
         raise ImportError(
@@ -786,9 +787,8 @@ def export_onnx(
         for dim in value.type.tensor_type.shape.dim:
             if dim.dim_param == batch:
                 dim.dim_param = "batch"
-    out = Path(path)
-    onnx.save(model, out)
-    return out
+    # atomic, never through a link at the name; one protobuf holds at most 2 GiB, as onnx.save
+    return files.write_bytes(path, model.SerializeToString(), mode=files.plain_mode(path))
 
 
 class _NamedKeywords(nn.Module):
