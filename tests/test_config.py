@@ -74,7 +74,11 @@ def test_unknown_keys_are_named_with_the_valid_ones():
         ({"data": {"ood": ["imagenet_o"]}}, ValueError, r"data\.ood"),
         ({"optim": {"schedule": "multistep"}}, ValueError, r"optim\.milestones is empty"),
         ({"optim": {"milestones": [5, 3]}}, ValueError, r"optim\.milestones must be increasing"),
-        ({"data": {"batch_size": 0}}, ValueError, r"data\.batch_size must be an int >= 1"),
+        (
+            {"data": {"batch_size": 0}},
+            ValueError,
+            r"data\.batch_size must be an int in 1\.\.2\*\*20",
+        ),
         ({"name": "../x"}, ValueError, r"name must be a directory name"),
         ({"seed": 2**32}, ValueError, r"seed must be an int in \[0, 2\*\*32\)"),
         ({"optim": {"lr": 10**400}}, ValueError, r"optim\.lr is too large for a float"),
@@ -270,3 +274,58 @@ def test_a_run_name_with_a_control_character_is_refused_naming_it(name, shown, c
         "run directory name must be printable: remove it"
     )
     assert load_config({"name": "run 2 – ünïcode"}).name == "run 2 – ünïcode"
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (
+            "data.num_workers=100000",
+            "data.num_workers must be an int in 0..512, or -1 (min(8, CPUs)), got 100000",
+        ),
+        ("data.num_workers=-2", "data.num_workers must be an int in 0..512, or -1"),
+        ("data.batch_size=2097152", "data.batch_size must be an int in 1..2**20, got 2097152"),
+        ("data.eval_batch_size=0", "data.eval_batch_size must be an int in 1..2**20, got 0"),
+        (
+            "data.train_examples=1099511627777",
+            "data.train_examples must be an int in 0..2**40 (0 = all), got 1099511627777",
+        ),
+        ("data.image_size=100000", "data.image_size must be an int in 1..4096, got 100000"),
+        (
+            "data.resize=100000",
+            "data.resize must be an int in 0..4096 (0 = as stored), got 100000",
+        ),
+        (
+            "data.resize_size=5000",
+            "data.resize_size must be an int in data.image_size (224)..4096, got 5000",
+        ),
+        ("data.max_length=1000000", "data.max_length must be an int in 2..65536, got 1000000"),
+        (
+            "data.corruption_seed=4294967296",
+            "data.corruption_seed must be an int in [0, 2**32), got 4294967296",
+        ),
+        (
+            "model.num_classes=10000000",
+            "model.num_classes must be an int in 0..2**20 (0 = the data set's), got 10000000",
+        ),
+        ("optim.epochs=1000001", "optim.epochs must be an int in 1..10**6, got 1000001"),
+        ("checkpoint_every=1000001", "checkpoint_every must be an int in 1..10**6, got 1000001"),
+        ("eval_every=-1", "eval_every must be an int in 0..10**6, got -1"),
+    ],
+)
+def test_every_numeric_key_is_bounded_naming_the_key_the_value_and_the_range(override, message):
+    """data.num_workers had no upper bound: 100000 was accepted, and an image-folder run started
+    that many worker processes; the other counts and sizes had none either."""
+    with pytest.raises(ValueError) as err:
+        load_config(None, [override])
+    assert str(err.value).startswith(message)
+
+
+def test_a_folder_loader_refuses_a_number_of_workers_out_of_range():
+    from snens.data import FolderLoader
+
+    examples = [(0.0, 0)] * 4
+    for workers in (100000, -2, 1.5, True):
+        with pytest.raises(ValueError, match=r"num_workers must be an int in 0\.\.512, or -1"):
+            FolderLoader(examples, 2, num_workers=workers)
+    assert FolderLoader(examples, 2, num_workers=512).num_workers == 512

@@ -39,6 +39,7 @@ from typing import Any, ClassVar, Literal
 from snens.baselines.factory import METHOD_RECORDS, METHODS
 from snens.data import registry
 from snens.data.corruptions import CORRUPTIONS, EXTRA_CORRUPTIONS, SEVERITIES
+from snens.data.streaming import MAX_WORKERS
 from snens.engine.toml_io import (
     TOMLDecodeError,
     check_value,
@@ -101,6 +102,24 @@ OOD_SETS = tuple(registry.OOD_SETS)
 #: below where libgomp fails ("Thread creation failed" at 16,384 threads on a 2-core host;
 #: ``threads = 100000`` crashed the process with a segmentation fault, exit status 139).
 MAX_THREADS = 1024
+#: Most examples a count of examples may name: more than any data set holds (ImageNet-21k:
+#: 14 M images); a larger count than a set holds takes the whole set.
+MAX_EXAMPLES = 2**40
+#: Largest batch of examples: beyond any single device's memory for the smallest model here
+#: (2**20 Fashion-MNIST images are 3.3 GB as float32).
+MAX_BATCH = 2**20
+#: Largest image side in pixels (image_size, resize_size, resize): a 4096² RGB float32 image is
+#: 200 MB; the models here are trained at 32 to 224 px.
+MAX_IMAGE_SIDE = 4096
+#: Most tokens per text (max_length): above the longest context of the models here (SmolLM2:
+#: 8,192; MiniLM: 512).
+MAX_TOKENS = 2**16
+#: Most classes (num_classes): above the largest label sets (ImageNet-21k: 21,841) and an LLM
+#: vocabulary (256 k); a head of 2**20 × 1024 float32 is 4 GiB.
+MAX_CLASSES = 2**20
+#: Most epochs (and epochs between checkpoints or evaluations): a million epochs of the
+#: tiniest preset take months.
+MAX_EPOCHS = 10**6
 
 Dataset = Literal[
     "fashion_mnist",
@@ -294,10 +313,12 @@ class DataConfig(_Section):
             "corruption_examples",
         ):
             value = getattr(self, name)
-            _require(value >= 0, self.key(name), "an int >= 0 (0 = all)", value)
+            _require(
+                0 <= value <= MAX_EXAMPLES, self.key(name), "an int in 0..2**40 (0 = all)", value
+            )
         for name in ("batch_size", "eval_batch_size"):
             value = getattr(self, name)
-            _require(value >= 1, self.key(name), "an int >= 1", value)
+            _require(1 <= value <= MAX_BATCH, self.key(name), "an int in 1..2**20", value)
         for a in self.augment:
             _require(a in ("crop", "flip"), self.key("augment"), "a list of 'crop', 'flip'", a)
         for name in self.ood:
@@ -317,17 +338,36 @@ class DataConfig(_Section):
                 f"calibrate conformal sets at {self.key('conformal_alpha')} = {alpha}: give at "
                 f"least {least} validation examples, or a larger conformal_alpha"
             )
-        _require(self.max_length >= 2, self.key("max_length"), "an int >= 2", self.max_length)
-        _require(self.image_size >= 1, self.key("image_size"), "an int >= 1", self.image_size)
-        _require(self.resize >= 0, self.key("resize"), "an int >= 0 (0 = as stored)", self.resize)
         _require(
-            self.resize_size >= self.image_size,
+            2 <= self.max_length <= MAX_TOKENS,
+            self.key("max_length"),
+            f"an int in 2..{MAX_TOKENS}",
+            self.max_length,
+        )
+        side = MAX_IMAGE_SIDE
+        _require(
+            1 <= self.image_size <= side,
+            self.key("image_size"),
+            f"an int in 1..{side}",
+            self.image_size,
+        )
+        _require(
+            0 <= self.resize <= side,
+            self.key("resize"),
+            f"an int in 0..{side} (0 = as stored)",
+            self.resize,
+        )
+        _require(
+            self.image_size <= self.resize_size <= side,
             self.key("resize_size"),
-            f"an int >= data.image_size ({self.image_size})",
+            f"an int in data.image_size ({self.image_size})..{side}",
             self.resize_size,
         )
         _require(
-            self.num_workers >= -1, self.key("num_workers"), "an int >= 0, or -1", self.num_workers
+            -1 <= self.num_workers <= MAX_WORKERS,
+            self.key("num_workers"),
+            f"an int in 0..{MAX_WORKERS}, or -1 (min(8, CPUs))",
+            self.num_workers,
         )
         self._validate_kind()
         known = CORRUPTIONS + EXTRA_CORRUPTIONS
@@ -354,7 +394,7 @@ class DataConfig(_Section):
                 "or set data.corruptions=false"
             )
         seed = self.corruption_seed
-        _require(seed >= 0, self.key("corruption_seed"), "an int >= 0", seed)
+        _require(0 <= seed < 2**32, self.key("corruption_seed"), "an int in [0, 2**32)", seed)
 
     def _validate_kind(self) -> None:
         """What applies to text, to class folders and to in-memory images."""
@@ -443,7 +483,12 @@ class ModelConfig(_Section):
 
     def validate(self) -> None:
         _require(bool(self.backbone), self.key("backbone"), "a model name", self.backbone)
-        _require(self.num_classes >= 0, self.key("num_classes"), "an int >= 0", self.num_classes)
+        _require(
+            0 <= self.num_classes <= MAX_CLASSES,
+            self.key("num_classes"),
+            "an int in 0..2**20 (0 = the data set's)",
+            self.num_classes,
+        )
 
 
 #: The methods built around one network, so ``model.init_from`` can hand them a trained one
@@ -566,7 +611,9 @@ class OptimConfig(_Section):
             "two numbers in [0, 1)",
             self.betas,
         )
-        _require(self.epochs >= 1, self.key("epochs"), "an int >= 1", self.epochs)
+        _require(
+            1 <= self.epochs <= MAX_EPOCHS, self.key("epochs"), "an int in 1..10**6", self.epochs
+        )
         _require(
             0 <= self.warmup_epochs <= self.epochs,
             self.key("warmup_epochs"),
@@ -638,9 +685,14 @@ class RunConfig(_Section):
                     f"of {self.name!r}; a run directory name must be printable: remove it"
                 )
         _require(
-            self.checkpoint_every >= 1, "checkpoint_every", "an int >= 1", self.checkpoint_every
+            1 <= self.checkpoint_every <= MAX_EPOCHS,
+            "checkpoint_every",
+            "an int in 1..10**6",
+            self.checkpoint_every,
         )
-        _require(self.eval_every >= 0, "eval_every", "an int >= 0", self.eval_every)
+        _require(
+            0 <= self.eval_every <= MAX_EPOCHS, "eval_every", "an int in 0..10**6", self.eval_every
+        )
         _require(bool(self.out_dir), "out_dir", "a directory path", self.out_dir)
         _require(
             self.name in ("",) or (os.sep not in self.name and self.name not in (".", "..")),
