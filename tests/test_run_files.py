@@ -180,11 +180,24 @@ def _damage_schedule(state):
     state["schedule"]["lr_lambdas"] = 5
 
 
+def _damage_schedule_step(state):
+    """The schedule of the last step of the run (lr 0 under the cosine) in epoch 1's
+    checkpoint: it had resumed and trained the rest at lr 0, exit status 0."""
+    state["schedule"]["last_epoch"] = 2 * state["step"]
+    state["schedule"]["_step_count"] = 2 * state["step"] + 1
+
+
+def _damage_amsgrad(state):
+    state["optimizer"]["param_groups"][0]["amsgrad"] = "yes"
+
+
 @pytest.mark.parametrize(
     ("damage", "named"),
     [
         (_damage_optimizer, r"the optimizer state of parameter \d+ \(param group 0\) has shape"),
         (_damage_schedule, "the schedule's lr_lambdas = 5 is not 3 entries"),
+        (_damage_schedule_step, r"the schedule is at step (\d+), the checkpoint's step is \d+"),
+        (_damage_amsgrad, "optimizer param group 0: amsgrad = 'yes' is not a bool"),
     ],
 )
 def test_resume_refuses_a_state_torch_optim_cannot_use(run, damage, named, capsys):

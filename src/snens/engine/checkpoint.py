@@ -434,6 +434,17 @@ def load_model_state(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -
 
 # Hyperparameters of a param group that must be finite numbers >= 0 where present.
 _GROUP_NUMBERS = ("lr", "initial_lr", "weight_decay", "momentum", "dampening", "eps")
+# Switches of a param group that must be bools where present (None: torch's default).
+_GROUP_FLAGS = (
+    "amsgrad",
+    "maximize",
+    "nesterov",
+    "capturable",
+    "differentiable",
+    "foreach",
+    "fused",
+    "decoupled_weight_decay",
+)
 
 
 def _is_int(value: Any) -> bool:
@@ -503,6 +514,9 @@ def check_training_state(
                 raise bad(
                     f"optimizer param group {g}: {key} = {group[key]!r:.40} is not a number >= 0"
                 )
+        for key in _GROUP_FLAGS:  # a string such as 'yes' had failed inside the first step
+            if key in group and group[key] is not None and not isinstance(group[key], bool):
+                raise bad(f"optimizer param group {g}: {key} = {group[key]!r:.40} is not a bool")
         betas = group.get("betas", (0.0, 0.0))
         if not (
             isinstance(betas, list | tuple)
@@ -544,6 +558,14 @@ def check_training_state(
     else:
         _fit_model_state(state.get("model"), listed, shapes, bad)
     _check_schedule_state(state.get("schedule"), len(groups), bad)
+    step = state.get("step")
+    last = state["schedule"]["last_epoch"]
+    if _is_int(step) and last != step:  # the schedule steps once per batch, as step counts
+        raise bad(
+            f"the schedule is at step {last}, the checkpoint's step is {step} (the schedule "
+            "steps once per training step): resumed, the rest would train at the learning "
+            "rate of another step"
+        )
 
 
 _Bad = Callable[[str], CheckpointError]
