@@ -329,3 +329,51 @@ def test_a_folder_loader_refuses_a_number_of_workers_out_of_range():
         with pytest.raises(ValueError, match=r"num_workers must be an int in 0\.\.512, or -1"):
             FolderLoader(examples, 2, num_workers=workers)
     assert FolderLoader(examples, 2, num_workers=512).num_workers == 512
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (
+            "{bogus=1}",
+            "method.options.bogus is not an option of method 'snens'; its options are: head, "
+            "head_init, skip_unsupported, gamma_mean, gamma_std, norms",
+        ),
+        ("{head_ini='reset'}", "(did you mean 'head_init'?)"),
+        ("{inplace=true}", "method.options.inplace is not an option of method 'snens'"),
+        (
+            "{num_members=3}",
+            "method.options.num_members is the config key method.num_members: set it there",
+        ),
+        (
+            "{input_policy='own'}",
+            "method.options.input_policy is the config key method.input_policy: set it there",
+        ),
+        ("{generator=1}", "method.options.generator takes a Python object"),
+    ],
+)
+def test_method_options_are_options_of_the_method_and_nowhere_else(options, message):
+    """An unknown key had been a TypeError from inside convert, at build time; num_members a
+    TypeError from create; input_policy had replaced method.input_policy without a word."""
+    with pytest.raises(ValueError) as err:
+        load_config(None, [f"method.options={options}"])
+    assert message in str(err.value)
+
+
+def test_the_options_of_every_method_are_accepted():
+    from snens.baselines import create
+
+    for method, options in (
+        ("batch_ensemble", "{init_std=0.3}"),
+        ("film", "{spread=0.2}"),
+        ("mc_dropout", "{p=0.2}"),
+        ("deep_ensemble", "{vectorize=true}"),
+        ("snens", "{head_init='reset', gamma_std=0.5}"),
+    ):
+        members = "method.num_members=1" if method == "single" else "method.num_members=2"
+        config = load_config(
+            None, [f"method.name='{method}'", members, f"method.options={options}"]
+        )
+        assert config.method.options
+    with pytest.raises(ValueError, match="method 'film' takes no option 'p'; its options are: "):
+        create("film", "small_cnn", num_classes=3, num_members=2, p=0.5)

@@ -689,3 +689,37 @@ def test_a_copy_whose_seed_was_edited_counts_once(kept, tmp_path):
         note.startswith(f"skipped {bare}: its last.pt is byte for byte that of {root / 'snens-1'}")
         for note in report.notes
     )
+
+
+def test_runs_of_other_class_counts_huge_numbers_and_odd_provenance_are_named(kept, tmp_path):
+    """A group whose runs kept logits of other class counts had stopped the report with a
+    trace from torch.cat; an int of 400 digits in final.json with an OverflowError; a list of
+    ints as provenance.json's gpus with a TypeError."""
+    pytest.importorskip("matplotlib")
+    root, _ = kept
+    g = torch.Generator().manual_seed(5)
+    np.savez_compressed(
+        root / "snens-1" / "outputs.npz",
+        test=torch.randn(4, 300, 5, generator=g).numpy(),
+        test_labels=torch.randint(0, 5, (300,), generator=g).numpy(),
+    )
+    huge = root / "huge"
+    _write_run(huge, "snens", 9.0, 0)
+    (huge / "final.json").write_text('{"metrics": {"test/accuracy": 1' + "0" * 400 + "}}")
+    (root / "single" / "provenance.json").write_text('{"platform": "x", "gpus": [1, 2]}')
+    report = write_report([root], tmp_path / "report")
+    assert any(
+        note.startswith(f"skipped {huge}: {huge / 'final.json'}: metrics.test/accuracy = ")
+        and "(401 digits) is larger than any float" in note
+        for note in report.notes
+    )
+    assert (
+        f"Reliability diagram of snens, M=4, τ=1.0, λ=0.1: {root / 'snens-1'} left out: its "
+        "test predictions are of 5 classes, the group's first run's of 10 (outputs.npz does "
+        "not belong to its config?)"
+    ) in report.notes
+    assert "reliability_2.png" in [p.name for p in report.plots]  # from seed 0 alone
+    assert f"Hardware and versions (from {root / 'single' / 'provenance.json'}): x" in (
+        report.path.read_text()
+    )
+    assert ", 1, 2; torch" in report.path.read_text()

@@ -274,3 +274,36 @@ def test_a_metrics_jsonl_link_made_while_the_run_trains_is_refused_by_name(finis
         run.log({"epoch": 3})
     assert str(err.value).startswith(f"{path / 'metrics.jsonl'} is a symbolic link, so it was")
     assert victim.read_text() == "keep\n"
+
+
+# -- a checkpoint whose model state is damaged, evaluated or resumed --------------------------
+
+
+def _with_model_state(run: Path, value) -> None:
+    state = load_checkpoint(run / "last.pt")
+    state["model"] = value(state["model"])
+    save_checkpoint(run / "last.pt", state, keep_previous=False)  # a valid digest
+
+
+def _nan_weight(model):
+    key = next(k for k, v in model.items() if v.is_floating_point())
+    return {**model, key: torch.full_like(model[key], float("nan"))}
+
+
+@pytest.mark.parametrize(
+    ("value", "named"),
+    [
+        (_nan_weight, "the checkpoint's model state holds values that are NaN or inf ("),
+        (lambda model: list(model.values()), "the checkpoint's model state is a list, not a"),
+        (lambda model: 3, "the checkpoint's model state is an int, not a mapping of tensors"),
+    ],
+)
+def test_a_damaged_model_state_is_named_by_eval_and_resume(run, value, named, capsys):
+    """NaN weights had been evaluated, and snens eval blamed its NaN outputs on the command
+    line ("(given on the command line)"); a list or an int had ended in a traceback."""
+    _with_model_state(run, value)
+    for argv in (["eval", str(run), "--no-corruptions"], ["train", "--resume", str(run)]):
+        assert main([*argv, "--no-progress"] if argv[0] == "train" else argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"snens {argv[0]}: {run / 'last.pt'}: {named}"), err
+        assert "command line" not in err and "Traceback" not in err

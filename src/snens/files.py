@@ -449,7 +449,9 @@ def open_regular(path: str | os.PathLike, *, follow_links: bool = False) -> int:
     try:
         fd = os.open(path, flags)
     except FileNotFoundError:
-        raise FileNotFoundError(errno.ENOENT, f"no file at {path}", str(path)) from None
+        missing = FileNotFoundError(f"no file at {path}")
+        missing.errno = errno.ENOENT
+        raise missing from None
     except OSError as error:
         # a link (ELOOP under O_NOFOLLOW), or a directory where opening one fails (Windows)
         try:

@@ -378,13 +378,16 @@ def _tensor_problem(value: Any, own: torch.Tensor) -> str | None:
         return (
             f"checkpoint {tuple(value.shape)} {value.dtype}, model {tuple(own.shape)} {own.dtype}"
         )
+    if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+        return f"{int((~torch.isfinite(value)).sum())} of its {value.numel()} values NaN or inf"
     return None
 
 
 def load_model_state(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> None:
     """``model.load_state_dict(state_dict)``, but only after every entry was found to fit:
     the names, and each value a dense tensor (not sparse, not on the meta device) of the
-    model's shape and dtype.
+    model's shape and dtype, finite (a checkpoint of NaN weights had been evaluated, and its
+    NaN outputs blamed on the command line).
 
     Raises:
         CheckpointError: ``state_dict`` is not a mapping, or has missing or unexpected names,
@@ -392,8 +395,10 @@ def load_model_state(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -
             unchanged.
     """
     if not isinstance(state_dict, Mapping):
+        kind = type(state_dict).__name__
         raise CheckpointError(
-            f"the checkpoint's model state is a {type(state_dict).__name__}, not a mapping of "
+            f"the checkpoint's model state is {'an' if kind[:1] in 'aeiou' else 'a'} {kind}, "
+            "not a mapping of "
             "tensors; nothing was loaded. The file was not written by snens (or was changed): "
             "use the previous checkpoint (prev.pt)"
         )
@@ -405,6 +410,15 @@ def load_model_state(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -
         problem = _tensor_problem(v, own[k]) if k in own else None
         if problem is not None:
             mismatched.append(f"{k}: {problem}")
+    nonfinite = [m for m in mismatched if m.endswith("NaN or inf")]
+    if nonfinite and len(nonfinite) == len(mismatched) and not (missing or unexpected):
+        more = f" (+{len(nonfinite) - 3} more)" if len(nonfinite) > 3 else ""
+        named = "; ".join(nonfinite[:3])
+        raise CheckpointError(
+            f"the checkpoint's model state holds values that are NaN or inf ({named}{more}), so "
+            "nothing was loaded: the run had diverged, or the file was changed; "
+            "use the previous checkpoint (prev.pt), or train again"
+        )
     if missing or unexpected or mismatched:
         problems = []
         for label, items in (

@@ -36,7 +36,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from snens.baselines.factory import METHOD_RECORDS, METHODS
+from snens.baselines.factory import METHOD_RECORDS, METHODS, option_names
 from snens.data import registry
 from snens.data.corruptions import CORRUPTIONS, EXTRA_CORRUPTIONS, SEVERITIES
 from snens.data.streaming import MAX_WORKERS
@@ -729,6 +729,7 @@ class RunConfig(_Section):
                 f"in-memory image sets and text sets, not class folders ({self.data.dataset}); "
                 'use method.input_policy="repeat"'
             )
+        self._validate_method_options()
         split = self.method.input_policy == "split"
         M, B = self.method.num_members, self.data.batch_size
         if split and B % M:
@@ -736,6 +737,52 @@ class RunConfig(_Section):
                 f"data.batch_size {B} is not divisible by method.num_members {M}, which "
                 "method.input_policy 'split' needs (member m trains on its own B/M examples)"
             )
+
+    def _validate_method_options(self) -> None:
+        """Every ``method.options`` key an option of the method that a config can hold, and
+        not a key the config has elsewhere (an unknown key had been a TypeError from inside
+        the builder; ``input_policy`` there had silently replaced ``method.input_policy``)."""
+        for key in self.method.options:
+            if key in _OPTIONS_ELSEWHERE:
+                raise ValueError(
+                    f"method.options.{key} is the config key {_OPTIONS_ELSEWHERE[key]}: set it "
+                    "there, and leave it out of method.options"
+                )
+            if key in _PYTHON_ONLY_OPTIONS:
+                raise ValueError(
+                    f"method.options.{key} takes a Python object ({_PYTHON_ONLY_OPTIONS[key]}), "
+                    "which a config cannot hold; leave it out, or build the model in Python "
+                    "with snens.baselines.create"
+                )
+        takes = option_names(self.method.name, self.model.backbone)
+        unknown = [k for k in self.method.options if takes is not None and k not in takes]
+        if unknown:
+            usable = [k for k in takes if k not in (*_OPTIONS_ELSEWHERE, *_PYTHON_ONLY_OPTIONS)]
+            raise ValueError(
+                f"method.options.{unknown[0]} is not an option of method {self.method.name!r}; "
+                f"its options are: {', '.join(usable) or 'none'}" + _suggest(unknown[0], usable)
+            )
+
+
+#: Builder options that are config keys of their own.
+_OPTIONS_ELSEWHERE = {
+    "input_policy": "method.input_policy",
+    "num_members": "method.num_members",
+    "num_classes": "model.num_classes",
+    "backbone_options": "model.options",
+}
+#: Builder options that take Python objects.
+_PYTHON_ONLY_OPTIONS = {
+    "generator": "a torch.Generator; the run's seed seeds it",
+    "output": "a function",
+    "norm_layer": "a norm class",
+    "models": "modules",
+}
+
+
+def _suggest(name: str, choices: list[str]) -> str:
+    close = difflib.get_close_matches(name, choices, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 _SECTIONS: dict[str, type] = {

@@ -120,6 +120,8 @@ _OOD = ("auroc", "aupr", "fpr95")
 _EXTRA = {"params": ("model", "params"), "train seconds": ("train", "seconds")}
 # The methods whose member norms learn importances σ(γ) (FiLM's γ is fixed at +∞).
 _ALLOCATION_METHODS = ("snens",)
+# The largest float64, as an int: a larger int in final.json has no float value.
+_LARGEST_FLOAT = int(np.finfo(np.float64).max)
 
 
 @dataclass(frozen=True)
@@ -191,6 +193,13 @@ def _read_run(path: Path) -> RunRecord:
         )
         if not ok:
             raise ValueError(f"{path / FINAL}: {section!r} must map names to numbers")
+        for key, value in values.items():  # 10**400 parses as an int no float holds
+            if isinstance(value, int) and abs(value) > _LARGEST_FLOAT:
+                raise ValueError(
+                    f"{path / FINAL}: {section}.{key} = {str(value)[:20]}… ({len(str(value))} "
+                    "digits) is larger than any float, so the file is damaged or was not "
+                    "written by snens"
+                )
     return RunRecord(path, config, final)
 
 
@@ -437,7 +446,10 @@ def _provenance(runs: Sequence[RunRecord]) -> str | None:
             continue
         if not isinstance(info, dict):
             continue
-        gpus = ", ".join(info.get("gpus") or []) or "no GPU"
+        gpus = info.get("gpus")
+        # a list of names; anything else (an edited file) is shown as it is, not joined
+        gpus = ", ".join(map(str, gpus)) if isinstance(gpus, list) else gpus
+        gpus = gpus or "no GPU"
         return (
             f"Hardware and versions (from {run.path / PROVENANCE}): {info.get('platform')}, "
             f"{info.get('cpu_count')} CPUs, {gpus}; torch {info.get('torch')}, snens "
@@ -706,6 +718,13 @@ def _reliability_diagrams(
             except (OSError, ValueError) as error:
                 notes.append(f"Reliability diagram of {label}: {run.path} left out: {error}")
                 continue
+            if probs and p.shape[1] != probs[0].shape[1]:  # torch.cat had raised a trace
+                notes.append(
+                    f"Reliability diagram of {label}: {run.path} left out: its test "
+                    f"predictions are of {p.shape[1]} classes, the group's first run's of "
+                    f"{probs[0].shape[1]} ({OUTPUTS} does not belong to its config?)"
+                )
+                continue
             probs.append(p)
             targets.append(y)
         if not probs:
@@ -744,6 +763,12 @@ def _checkpoint_allocation(path: Path) -> dict[str, LayerAllocation]:
         ValueError: the model state holds no member norm γ.
     """
     state = load_checkpoint(path, required=("model",))["model"]
+    if not isinstance(state, Mapping):  # a list had ended the report in an AttributeError
+        raise CheckpointError(
+            f"{path}: its model state is of type {type(state).__name__}, not a mapping of "
+            "tensors: "
+            "the file was not written by snens (or was changed)"
+        )
     root = nn.Module()
     for key, gamma in state.items():
         if not key.endswith(".gamma") or not isinstance(gamma, Tensor) or gamma.dim() < 2:

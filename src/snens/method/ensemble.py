@@ -471,12 +471,19 @@ def convert(
         TypeError: bad ``num_members``; an unsupported norm, named (unless
             ``skip_unsupported``); a head that is not ``nn.Linear``; ``model`` is (or holds)
             an :class:`Ensemble` already, e.g. a notebook cell ``model = snens.convert(model,
-            M)`` run twice.
+            M)`` run twice; a TorchScript module (convert the eager module first).
         ValueError: ``num_members < 1``; no supported norm in the model.
     """
     check_num_members(num_members)
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if isinstance(model, torch.jit.ScriptModule):  # it had said "no supported norm layer"
+        raise TypeError(
+            f"convert takes an eager nn.Module, got a TorchScript {type(model).__name__} "
+            "(torch.jit.script or torch.jit.trace), whose layers cannot be replaced: convert "
+            "the module before scripting it; for deployment, export the ensemble with "
+            "snens.export or snens.export_onnx"
+        )
     _check_not_an_ensemble(model)
     try:
         target = model if inplace else copy.deepcopy(model)

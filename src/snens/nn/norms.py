@@ -377,6 +377,17 @@ class MemberNorm(nn.Module):
         )
 
     def _check_num_members(self, gamma: Tensor, key: str, version: int | None) -> None:
+        if (
+            tuple(gamma.shape) != tuple(self.gamma.shape)
+            and gamma.shape[:1] == self.gamma.shape[:1]
+        ):
+            # the same M: another width, so another architecture (it had advised that M)
+            raise ValueError(
+                f"cannot load {key} of shape {tuple(gamma.shape)} into {type(self).__name__} "
+                f"with gamma {tuple(self.gamma.shape)}: the same num_members "
+                f"({self.num_members}), other features, so the state_dict comes from another "
+                "architecture or width; build the model it was saved from"
+            )
         if tuple(gamma.shape) != tuple(self.gamma.shape):
             raise ValueError(
                 f"cannot load {key} of shape {tuple(gamma.shape)} into {type(self).__name__} "
