@@ -267,3 +267,10 @@ def test_vector_scaling_keeps_a_logit_of_minus_inf_and_fits_finite_weights():
     finite = MatrixScaling.fit(log_p.clamp(min=-1e4), y)
     with pytest.raises(ValueError, match="matrix scaling mixes the classes' logits"):
         finite.apply(log_p)
+
+
+def test_matrix_scaling_names_an_off_diagonal_that_is_not_a_number():
+    """off_diagonal="x" had raised float()'s "could not convert string to float"."""
+    z, y = _sharp(100)
+    with pytest.raises(TypeError, match="off_diagonal must be a number >= 0, got 'x'"):
+        MatrixScaling.fit(z, y, off_diagonal="x")

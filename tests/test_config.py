@@ -311,6 +311,15 @@ def test_a_run_name_with_a_control_character_is_refused_naming_it(name, shown, c
         ("optim.epochs=1000001", "optim.epochs must be an int in 1..10**6, got 1000001"),
         ("checkpoint_every=1000001", "checkpoint_every must be an int in 1..10**6, got 1000001"),
         ("eval_every=-1", "eval_every must be an int in 0..10**6, got -1"),
+        # 1e-300 had asked for 10**300 - 1 validation examples, a number of 300 digits
+        ("data.conformal_alpha=1e-300", "data.conformal_alpha must be a number in [1e-06, 1)"),
+        # 1e300 had overflowed float32 inside torch.optim, a trace at the first step
+        ("optim.lr=1e300", "optim.lr must be a number in [0, 1000], got 1e+300"),
+        ("optim.weight_decay=1e5", "optim.weight_decay must be a number in [0, 1000], got"),
+        (
+            "method.gamma_lr_multiplier=1e300",
+            "method.gamma_lr_multiplier must be a number in [0, 10000], got 1e+300",
+        ),
     ],
 )
 def test_every_numeric_key_is_bounded_naming_the_key_the_value_and_the_range(override, message):

@@ -300,9 +300,10 @@ def test_resampled_coverage_is_the_same_each_call_and_follows_its_generator(pool
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"splits": 1}, r"splits must be an int >= 2 .*got 1"),
-        ({"splits": True}, r"splits must be an int >= 2"),
-        ({"splits": 2.5}, r"splits must be an int >= 2"),
+        ({"splits": 1}, r"splits must be an int in 2\.\.100,000 .*got 1"),
+        ({"splits": True}, r"splits must be an int in 2\.\.100,000"),
+        ({"splits": 2.5}, r"splits must be an int in 2\.\.100,000"),
+        ({"splits": 10**12}, r"splits must be an int in 2\.\.100,000 .*got 1000000000000"),
         ({"calibration_size": 0}, r"calibration_size must be an int in \[1, 19\] for 20"),
         ({"calibration_size": 20}, r"calibration_size must be an int in \[1, 19\]"),
         ({"calibration_size": 5.0}, r"calibration_size must be an int"),
@@ -443,3 +444,9 @@ def test_raps_options_are_bounded(options, error, message):
     logits, labels = torch.randn(2, 50, 4), torch.randint(0, 4, (50,))
     with pytest.raises(error, match=message):
         calibrate(logits, labels, 0.2, "raps", **options)
+
+
+def test_a_generator_that_is_not_one_is_named():
+    """generator=3 had raised an AttributeError from inside the draw of u."""
+    with pytest.raises(TypeError, match="generator must be a torch.Generator .*got int"):
+        calibrate(torch.randn(2, 50, 4), torch.randint(0, 4, (50,)), 0.2, "aps", generator=3)

@@ -411,3 +411,12 @@ def test_load_npz_refuses_pickles_and_damage():
     objects = _npz(test=np.array([{"a": 1}], dtype=object))
     with pytest.raises(ValueError, match="Python objects"):
         files.load_npz(objects, name="o.npz", limit=10**6)
+
+
+def test_a_directory_at_the_destination_is_named_not_the_temporary(tmp_path):
+    """The error had named the temporary: "'.out.<random>.tmp' -> 'out'"."""
+    (tmp_path / "out").mkdir()
+    with pytest.raises(IsADirectoryError) as err:
+        files.write_bytes(tmp_path / "out", b"x")
+    assert str(err.value) == f"[Errno 21] cannot write {tmp_path / 'out'}: Is a directory"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]

@@ -121,9 +121,8 @@ def _temporary(path: Path, mode: int | None) -> tuple[int, Path]:
 
 
 def _cannot_write(path: Path, error: OSError) -> OSError:
-    """``error`` with a message naming ``path`` (kept as it is when it names it already)."""
-    if str(path) in str(error):
-        return error
+    """``error`` with a message naming ``path`` and not the temporary (a directory at ``path``
+    had been named as "'.<name>.<random>.tmp' -> '<path>'")."""
     named = type(error)(error.errno, f"cannot write {path}: {error.strerror or error}")
     named.__cause__ = error
     return named

@@ -17,6 +17,12 @@ __all__ = ["main"]
 def _demo(args: argparse.Namespace) -> int:
     from snens.engine import demo
 
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        print(
+            f"snens demo: --out {args.out} is a file, not a directory; choose another --out",
+            file=sys.stderr,
+        )
+        return 2
     try:
         return demo.run(full=args.full, out=args.out)
     except (ValueError, OSError) as error:  # e.g. --out holding another demo's runs

@@ -117,6 +117,15 @@ MAX_TOKENS = 2**16
 #: Most classes (num_classes): above the largest label sets (ImageNet-21k: 21,841) and an LLM
 #: vocabulary (256 k); a head of 2**20 × 1024 float32 is 4 GiB.
 MAX_CLASSES = 2**20
+#: The largest learning rate, weight decay and decay factor: a rate of 10 already diverges
+#: every model here in a step (optim.lr = 1e300 had overflowed inside torch.optim, a trace).
+MAX_RATE = 1e3
+#: The largest multiplier of γ's learning rate (the presets use up to 1000): γ's rate, at most
+#: 1e7, stays a float32.
+MAX_GAMMA_LR_MULTIPLIER = 1e4
+#: The smallest conformal α: it needs ⌈1/α⌉ − 1 = 999,999 validation examples (1e-300 had
+#: asked for a number of 300 digits).
+MIN_ALPHA = 1e-6
 #: Most epochs (and epochs between checkpoints or evaluations): a million epochs of the
 #: tiniest preset take months.
 MAX_EPOCHS = 10**6
@@ -330,7 +339,12 @@ class DataConfig(_Section):
             choices = list(CALIBRATED_PREFIXES)
             _require(name in choices, self.key("calibrators"), f"a list of {choices}", name)
         alpha = self.conformal_alpha
-        _require(0 < alpha < 1, self.key("conformal_alpha"), "a number in (0, 1)", alpha)
+        _require(
+            MIN_ALPHA <= alpha < 1,
+            self.key("conformal_alpha"),
+            f"a number in [{MIN_ALPHA:g}, 1)",
+            alpha,
+        )
         least = min_calibration_size(alpha)
         if 0 < self.validation_examples < least:
             raise ValueError(
@@ -548,7 +562,12 @@ class MethodConfig(_Section):
         ramp = self.diversity_ramp_epochs
         _require(math.isfinite(ramp) and ramp >= 0, self.key("diversity_ramp_epochs"), ">= 0", ramp)
         mult = self.gamma_lr_multiplier
-        _require(math.isfinite(mult) and mult >= 0, self.key("gamma_lr_multiplier"), ">= 0", mult)
+        _require(
+            math.isfinite(mult) and 0 <= mult <= MAX_GAMMA_LR_MULTIPLIER,
+            self.key("gamma_lr_multiplier"),
+            f"a number in [0, {MAX_GAMMA_LR_MULTIPLIER:g}]",
+            mult,
+        )
         if self.diversity_layers and self.name not in REGULARIZED_METHODS:
             raise ValueError(
                 f"method.diversity_layers applies to method 'snens' only, got method.name "
@@ -604,6 +623,9 @@ class OptimConfig(_Section):
         for name in finite:
             value = getattr(self, name)
             _require(math.isfinite(value) and value >= 0, self.key(name), "finite, >= 0", value)
+        for name in ("lr", "weight_decay", "affine_weight_decay", "lr_decay"):
+            value = getattr(self, name)
+            _require(value <= MAX_RATE, self.key(name), f"a number in [0, {MAX_RATE:g}]", value)
         _require(self.momentum < 1, self.key("momentum"), "in [0, 1)", self.momentum)
         _require(
             len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),

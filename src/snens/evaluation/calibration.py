@@ -533,6 +533,8 @@ class MatrixScaling(Calibrator):
 
     @classmethod
     def fit(cls, logits: Tensor, labels: Tensor, *, off_diagonal: float = 1e-2) -> MatrixScaling:
+        if isinstance(off_diagonal, bool) or not isinstance(off_diagonal, numbers.Real):
+            raise TypeError(f"off_diagonal must be a number >= 0, got {off_diagonal!r}")
         lam = float(off_diagonal)
         if not (math.isfinite(lam) and lam >= 0):
             raise ValueError(f"off_diagonal must be finite and >= 0, got {off_diagonal!r}")

@@ -66,6 +66,9 @@ _PENALTY, _K_REG = 0.01, 5
 # Their bounds: a score is at most 1 + λ·K, which stays finite and exact in float64 for any K
 # below 2**31 at λ <= 1e6 (λ = 1e308 had made every score inf, k_reg = 10**400 an OverflowError).
 _MAX_PENALTY, _MAX_K_REG = 1e6, 2**31
+# Most random splits of resampled_coverage: its mean is then within coverage_std / 316 of the
+# expected coverage; 10**12 had run for days with no word.
+_MAX_SPLITS = 100_000
 # Size bins of the size-stratified coverage, as in Angelopoulos et al. (2021): 0-1, 2-3, 4-6,
 # 7-10, 11-100, 101-1000.
 _SIZE_EDGES = (1, 3, 6, 10, 100, 1000)
@@ -327,6 +330,10 @@ def calibrate(
     alpha = _check_alpha(alpha)
     if score not in SCORES:
         raise ValueError(f"unknown conformal score {score!r}; choose one of {list(SCORES)}")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(
+            f"generator must be a torch.Generator (or None), got {type(generator).__name__}"
+        )
     if randomized is not None and not isinstance(randomized, bool):  # "no" had read as True
         raise TypeError(
             f"randomized must be True, False or None (the score's default), got {randomized!r}"
@@ -602,8 +609,14 @@ def resampled_coverage(
     z = _check_logits(logits)
     y = _check_labels(labels, z)
     n = y.shape[0]
-    if isinstance(splits, bool) or not isinstance(splits, numbers.Integral) or splits < 2:
-        raise ValueError(f"splits must be an int >= 2 (a spread needs two), got {splits!r}")
+    if (
+        isinstance(splits, bool)
+        or not isinstance(splits, numbers.Integral)
+        or not 2 <= splits <= _MAX_SPLITS
+    ):
+        raise ValueError(
+            f"splits must be an int in 2..{_MAX_SPLITS:,} (a spread needs two), got {splits!r}"
+        )
     size = n // 2 if calibration_size is None else calibration_size
     if isinstance(size, bool) or not isinstance(size, numbers.Integral) or not 0 < size < n:
         raise ValueError(

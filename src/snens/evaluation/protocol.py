@@ -533,20 +533,23 @@ def posthoc_metrics(
 
 
 def _check_outputs(outputs: Mapping[str, Tensor]) -> None:
-    """Kept logits of one model: ``test`` (M, N, K), and every other set's logits of that M
-    and K with labels of their N (OOD logits of another K or M had been scored against the
-    test set, AUROC 0.025).
+    """Kept logits of one model: ``test`` (M, N, K) floats, and every other set's logits of
+    that M and K, each but the OOD sets with labels of their N, every logit finite (OOD logits
+    of another K or M had been scored against the test set, AUROC 0.025; validation logits
+    without labels had been a KeyError, integer logits a NotImplementedError from torch); −inf
+    is a logit of probability 0, allowed.
 
     Raises:
-        ValueError: a set's logits or labels of another shape, named with both shapes.
+        ValueError: a set's logits or labels of another shape or kind, missing labels, or
+            logits that are NaN or +inf, named with the set.
         KeyError: no ``"test"`` or ``"test_labels"``.
     """
-    test = outputs["test"]
-    if not isinstance(test, Tensor) or test.dim() != 3:
-        raise ValueError(
-            f"outputs['test'] must be (M, N, K) member logits, got "
-            f"{tuple(test.shape) if isinstance(test, Tensor) else type(test).__name__}"
+    test, _ = outputs["test"], outputs["test_labels"]
+    if not isinstance(test, Tensor) or test.dim() != 3 or not test.is_floating_point():
+        got = (
+            f"{tuple(test.shape)} {test.dtype}" if isinstance(test, Tensor) else type(test).__name__
         )
+        raise ValueError(f"outputs['test'] must be (M, N, K) floating member logits, got {got}")
     M, _, K = test.shape
     for key, value in outputs.items():
         if key.endswith("_labels"):
@@ -558,16 +561,31 @@ def _check_outputs(outputs: Mapping[str, Tensor]) -> None:
                     f"{tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__}"
                 )
             continue
+        if not key.startswith("ood/") and f"{key}_labels" not in outputs:
+            raise ValueError(
+                f"outputs[{key!r}] has no labels: give outputs[{key + '_labels'!r}] beside it"
+            )
         if (
             not isinstance(value, Tensor)
+            or not value.is_floating_point()
             or value.dim() != 3
             or (value.shape[0], value.shape[2]) != (M, K)
         ):
-            got = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
+            got = (
+                f"{tuple(value.shape)} {value.dtype}"
+                if isinstance(value, Tensor)
+                else type(value).__name__
+            )
             raise ValueError(
                 f"outputs[{key!r}] holds logits of shape {got}, the test set's are "
-                f"{tuple(test.shape)}: every set's logits must be (M, N, K) of the test set's M "
-                f"= {M} and K = {K} (the same model's, on the same classes)"
+                f"{tuple(test.shape)} {test.dtype}: every set's logits must be (M, N, K) floats "
+                f"of the test set's M = {M} and K = {K} (the same model's, on the same classes)"
+            )
+        bad = torch.isnan(value) | (value == math.inf)  # −inf: a probability of 0, allowed
+        if bool(bad.any()):
+            raise ValueError(
+                f"outputs[{key!r}] holds {int(bad.sum()):,} logits that are NaN or +inf: the "
+                "model diverged, or the logits were changed; nothing can be measured from them"
             )
 
 
