@@ -445,3 +445,14 @@ def test_a_malformed_optimizer_state_is_refused_naming_the_file(tmp_path):
             load_training_state(optimizer, schedule, broken, path)
     load_training_state(optimizer, schedule, state, path)  # and the intact one loads
     assert schedule.last_epoch == state["schedule"]["last_epoch"] == 2
+
+
+@pytest.mark.parametrize(
+    "digest, size", [(b"0" * 64, b"-5"), (b"abc", b"3")], ids=["negative length", "short digest"]
+)
+def test_a_header_of_a_negative_length_or_a_short_digest_is_malformed(tmp_path, digest, size):
+    """bytes=-5 had been reported as a file with trailing bytes."""
+    path = tmp_path / "last.pt"
+    path.write_bytes(b"snens-checkpoint 1 sha256=" + digest + b" bytes=" + size + b"\nabc")
+    with pytest.raises(CheckpointError, match="malformed header"):
+        load_checkpoint(path)

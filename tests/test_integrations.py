@@ -904,3 +904,23 @@ def test_damaged_weights_and_shards_named_outside_the_save_are_refused(tmp_path)
     (saved / "model.safetensors.index.json").write_text('{"weight_map": [1]}')
     with pytest.raises(ValueError, match='holds no "weight_map" of tensor names'):
         load_ensemble(TinyTransformer(), saved)
+
+
+def test_a_fifo_in_place_of_the_weights_is_named_and_norms_by_their_names(tmp_path):
+    """A FIFO named model.safetensors had been reported as no weights at all; a snens.json
+    naming norms the model has not had been told of by a lambda's repr."""
+    import os
+
+    from snens.files import FileRefusedError
+    from snens.integrations.huggingface import load_ensemble
+
+    saved = tmp_path / "saved"
+    _hf_trainer(tmp_path, _tiny_ensemble()).save_model(saved)
+    meta = json.loads((saved / "snens.json").read_text())
+    (saved / "snens.json").write_text(json.dumps({**meta, "norms": ["nowhere"]}))
+    with pytest.raises(ValueError, match=r"norms=only_named\(\['nowhere'\]\) chooses none of"):
+        load_ensemble(TinyTransformer(), saved)
+    (saved / "model.safetensors").unlink()
+    os.mkfifo(saved / "model.safetensors")
+    with pytest.raises(FileRefusedError, match=r"model\.safetensors is a FIFO, not a regular"):
+        load_ensemble(TinyTransformer(), saved)

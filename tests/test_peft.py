@@ -285,3 +285,15 @@ def test_a_damaged_save_is_named_and_the_base_model_left_as_it_was(tmp_path, dam
     with pytest.raises(ValueError, match=named):
         from_pretrained(base, tmp_path)
     assert _layers(base) == layers
+
+
+def test_a_fifo_in_place_of_the_state_is_named_not_missing(tmp_path):
+    import os
+
+    from snens.files import FileRefusedError
+
+    save_pretrained(_trained(), tmp_path)
+    (tmp_path / "snens_state.safetensors").unlink()
+    os.mkfifo(tmp_path / "snens_state.safetensors")
+    with pytest.raises(FileRefusedError, match=r"snens_state\.safetensors is a FIFO, not a"):
+        from_pretrained(_base(), tmp_path)

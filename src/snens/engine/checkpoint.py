@@ -210,6 +210,8 @@ def _parse_header(data: bytes, path: Path) -> tuple[int, str, int]:
         raise CheckpointError(f"{path}: malformed header {data[:newline]!r}") from error
     if version != _VERSION:
         raise CheckpointError(f"{path}: checkpoint format {version}, this snens reads {_VERSION}")
+    if size < 0 or len(digest) != 64:  # bytes=-5 had read as "trailing bytes"
+        raise CheckpointError(f"{path}: malformed header {data[:newline]!r}")
     return newline, digest, size
 
 

@@ -504,9 +504,11 @@ def _read_json(path: Path) -> Any:
 
 def _read_weights(directory: Path) -> dict[str, Tensor]:
     """The tensors of a Trainer save or a ``save_pretrained`` directory (sharded or not)."""
-    if (directory / _SAFETENSORS).is_file():
+    # lexists: a FIFO or directory in a weight file's place is refused as what it is (it had
+    # been reported as no weights at all)
+    if os.path.lexists(directory / _SAFETENSORS):
         return _load_safetensors(directory / _SAFETENSORS)
-    if (directory / _SAFETENSORS_INDEX).is_file():
+    if os.path.lexists(directory / _SAFETENSORS_INDEX):
         path = directory / _SAFETENSORS_INDEX
         index = _read_json(path)
         shards = index.get("weight_map") if isinstance(index, dict) else None
@@ -519,7 +521,8 @@ def _read_weights(directory: Path) -> dict[str, Tensor]:
         for shard in sorted(set(shards.values())):
             state.update(_load_safetensors(files.inside(directory, shard)))
         return state
-    if (directory / _PICKLED).is_file():  # Trainer with save_safetensors=False (transformers 4)
+    if os.path.lexists(directory / _PICKLED):  # Trainer with save_safetensors=False (v4)
+        os.close(files.open_regular(directory / _PICKLED, follow_links=True))
         try:
             return torch.load(directory / _PICKLED, map_location="cpu", weights_only=True)
         except Exception as error:  # noqa: BLE001 - a refused or damaged pickle
@@ -732,6 +735,7 @@ def load_ensemble(
             saved ``output=`` not passed again.
         TypeError: ``model`` is not a module; a save of an ensemble not built by convert,
             given a plain model.
+        snens.files.FileRefusedError: a weight file that is a FIFO, device or directory.
     """
     where = Path(directory)
     if not where.is_dir():

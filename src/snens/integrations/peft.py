@@ -139,10 +139,13 @@ def from_pretrained(base_model: nn.Module, directory: str | os.PathLike) -> Ense
             adapter config (the file named), or tensors that do not fit the model (the names
             given: a different base model, or another M).
         ImportError: ``peft`` is not installed.
+        snens.files.FileRefusedError: a file of the save that is a FIFO, device or directory.
     """
     peft = _peft()
     path = Path(directory)
     for name in ("adapter_config.json", _CONFIG, _STATE):
+        if os.path.lexists(path / name):  # a FIFO or directory there is named as what it is
+            os.close(files.open_regular(path / name, follow_links=True))
         if not (path / name).is_file():
             raise FileNotFoundError(
                 f"{path / name} is missing: {path} is not a snens.integrations.peft."
