@@ -359,6 +359,9 @@ def test_a_folder_loader_refuses_a_number_of_workers_out_of_range():
             "method.options.input_policy is the config key method.input_policy: set it there",
         ),
         ("{generator=1}", "method.options.generator takes a Python object"),
+        # 5 had been a TypeError from inside convert, once the data were loaded
+        ("{norms=5}", "method.options.norms must be a regular expression or a list of module"),
+        ("{norms=[]}", "method.options.norms must be a regular expression or a list of module"),
     ],
 )
 def test_method_options_are_options_of_the_method_and_nowhere_else(options, message):

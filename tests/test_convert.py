@@ -435,3 +435,11 @@ def test_a_scripted_module_and_a_state_of_another_width_name_the_right_fix():
         "same num_members (2), other features, so the state_dict comes from another "
         "architecture or width; build the model it was saved from"
     )
+
+
+def test_an_overflowing_gamma_spread_advises_a_smaller_spread():
+    """gamma_std = 1e300 with gamma_mean = 0.0 had been told to use "a larger gamma_mean (e.g.
+    0.0)", the value it had."""
+    model = nn.Sequential(nn.Linear(4, 8), nn.LayerNorm(8), nn.Linear(8, 3))
+    with pytest.raises(ValueError, match=r"use a smaller gamma_std \(the default is 1\.0\) or a "):
+        snens.convert(model, 2, gamma_std=1e300)

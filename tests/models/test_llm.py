@@ -202,3 +202,14 @@ def test_two_processes_making_the_cache_make_it_once(tmp_path, fake_conversion):
     assert len(fake_conversion) == 1
     assert results == [tmp_path / "smollm2-135m-instruct-f32-v1"] * 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["smollm2-135m-instruct-f32-v1"]
+
+
+def test_a_killed_builders_partial_cache_is_removed_by_the_next_build(tmp_path, fake_conversion):
+    """A conversion killed midway left its 540 MB temporary directory behind for good."""
+    partial = tmp_path / ".smollm2-135m-instruct-f32-v1-k1ll3d"
+    partial.mkdir()
+    (partial / "model.safetensors").write_bytes(b"half")
+    (tmp_path / "smollm2-135m-instruct-f32-v1").symlink_to(tmp_path / "elsewhere")
+    path = llm.smollm2_path(tmp_path)
+    assert not path.is_symlink() and len(fake_conversion) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]

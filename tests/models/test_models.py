@@ -359,6 +359,8 @@ def test_register_adds_a_builder_and_refuses_duplicates(monkeypatch):
         ("mobilenet_v2", {"width_mult": -1.0}, "width_mult must be > 0, got -1.0"),
         ("mobilenet_v2", {"width_mult": math.nan}, "width_mult must be a finite number, got nan"),
         ("wrn28_10", {"dropout": 1.5}, "model 'wrn28_10': dropout must be in [0, 1), got 1.5"),
+        # a class a config cannot give: "x" had been called ("'str' object is not callable")
+        ("small_cnn", {"norm_layer": "x"}, "norm_layer takes a Python callable (a norm class)"),
     ],
 )
 def test_bad_model_options_are_named_before_anything_is_built(name, options, message):

@@ -139,7 +139,29 @@ def create(
         )
     backbone_options = dict(backbone_options or {})
     _check_options(method, backbone, options)
+    try:
+        return _create(method, backbone, num_classes, num_members, backbone_options, options)
+    except (RuntimeError, MemoryError) as error:
+        # a size within its bounds can still be too large for this machine (torch's
+        # "can't allocate memory" trace)
+        if not isinstance(error, MemoryError) and "allocate" not in str(error):
+            raise
+        raise ValueError(
+            f"method {method!r} over {backbone if isinstance(backbone, str) else 'the model'} "
+            f"with options {options} needs more memory than this machine has "
+            f"({str(error).splitlines()[-1][:160]}); choose smaller sizes"
+        ) from None
 
+
+def _create(
+    method: str,
+    backbone: str | nn.Module,
+    num_classes: int | None,
+    num_members: int | None,
+    backbone_options: dict[str, Any],
+    options: dict[str, Any],
+) -> nn.Module:
+    """:func:`create` once its arguments were checked."""
     if method == "single":
         if num_members not in (None, 1):
             raise ValueError(

@@ -776,6 +776,20 @@ class RunConfig(_Section):
                     "which a config cannot hold; leave it out, or build the model in Python "
                     "with snens.baselines.create"
                 )
+        norms = self.method.options.get("norms")
+        if norms is not None and not (
+            (isinstance(norms, str) and norms)
+            or (
+                isinstance(norms, list | tuple)
+                and norms
+                and all(isinstance(n, str) and n for n in norms)
+            )
+        ):
+            # 5 had been a TypeError from inside convert, once the data were loaded
+            raise ValueError(
+                f"method.options.norms must be a regular expression or a list of module names, "
+                f"got {norms!r}"
+            )
         takes = option_names(self.method.name, self.model.backbone)
         unknown = [k for k in self.method.options if takes is not None and k not in takes]
         if unknown:

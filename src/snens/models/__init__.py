@@ -10,9 +10,11 @@ Every model takes images (B, C, H, W) and returns logits (B, K); its norms are p
 
 from __future__ import annotations
 
+import collections.abc
 import difflib
 import inspect
 import math
+import typing
 from collections.abc import Callable
 
 from torch import nn
@@ -187,6 +189,12 @@ def _check_options(name: str, builder: Builder, kwargs: dict) -> None:
             hint = f"; did you mean {close[0]!r}?" if close else ";"
             raise ValueError(
                 f"model {name!r} has no option {key!r}{hint} its options: {', '.join(named)}"
+            )
+        if typing.get_origin(param.annotation) is collections.abc.Callable and not callable(value):
+            # norm_layer="x" had been called: "'str' object is not callable"
+            raise ValueError(
+                f"model {name!r}: {key} takes a Python callable (a norm class), got {value!r}, "
+                "which a config cannot give; leave it out, or build the model in Python"
             )
         if param.annotation is int and (
             isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= _MAX_SIZE

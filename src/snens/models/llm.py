@@ -219,6 +219,10 @@ def smollm2_path(cache: str | os.PathLike | None = None) -> Path:
     with locks.hold(lock, f"the SmolLM2 cache {target}", wait_s=_BUILD_WAIT_S):
         if _cache_is_whole(target, gguf):  # made by the process we waited for
             return target
+        # holding the lock, a partial conversion beside it is a killed builder's (540 MB each)
+        for stale in root.glob(f".{_SMOLLM2_CACHE}-*"):
+            if stale.is_dir() and not stale.is_symlink():
+                shutil.rmtree(stale, ignore_errors=True)
         stat = gguf.stat()
         # mkdtemp: a private (0o700) directory, where the writers' plain opens are safe
         partial = Path(tempfile.mkdtemp(prefix=f".{_SMOLLM2_CACHE}-", dir=root))

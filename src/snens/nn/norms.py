@@ -279,8 +279,8 @@ class MemberNorm(nn.Module):
                 raise ValueError(
                     f"gamma down to {float(self.gamma.min()):.3g} (gamma_mean={self.gamma_mean!r}, "
                     f"gamma_std={self.gamma_std!r}) makes weight / sigmoid(gamma) overflow "
-                    f"{self.weight.dtype}; use a larger gamma_mean (e.g. 0.0) or a smaller "
-                    "gamma_std"
+                    f"{self.weight.dtype}; use a smaller gamma_std (the default is 1.0) or a "
+                    "gamma_mean nearer 0 (the default)"
                 )
         self.weight.copy_(new_weight)
         if new_bias is not None:
