@@ -26,11 +26,13 @@ left out of the mean and std and named in the cell (``0.4000 (n=1; left out: inf
 ``report.csv`` holds the same numbers at full precision (``<metric> mean``, ``<metric> std``,
 and ``<metric> left out`` for a metric some run holds a non-finite value of).
 
-Each run counts once: a directory inside another run's directory (a backup, a copy) and a run
-of the same configuration and seed as one already counted (a copied run directory) are
-skipped with a note naming both; counting them had made one seed look like two, with a std of
-0. The files are written atomically (:func:`snens.engine.checkpoint.atomic_write`): a full disk
-leaves the previous report as it was, and the error names the file.
+Each run counts once: a directory inside another run's directory (a backup, a copy), a run
+of the same configuration and seed as one already counted (a copied run directory) and a run
+whose ``outputs.npz`` or ``last.pt`` payload is byte for byte a counted run's (a copy whose
+seed was edited) are skipped with a note naming both; counting them had made one seed look
+like two, with a std of 0. The files and plots are written atomically and never through a
+link (:mod:`snens.files`): a full disk leaves the previous report as it was, and the error
+names the file.
 With matplotlib (``pip install snens[plot]``), :mod:`snens.evaluation.plots` draws, each
 point the mean over a group's runs and, where a group has more than one, crossed by a bar of
 ± the std over them (ddof=1, as the table):

@@ -8,8 +8,10 @@
         outputs.npz       the member logits of that evaluation (test, validation, OOD sets)
         final.json        the final evaluation (snens.evaluate), written at the end, last
 
-Everything except ``metrics.jsonl`` is written atomically. Numbers that are not finite (NaN,
-inf) are written as ``null`` so every file is strict JSON.
+Everything except ``metrics.jsonl`` is written atomically, and ``metrics.jsonl`` is appended
+to only as a regular file of one name (:mod:`snens.files`: nothing is written through a
+link). Numbers that are not finite (NaN, inf) are written as ``null`` so every file is strict
+JSON.
 
 A run directory may be shared, copied or damaged, so its files are read with care
 (:func:`read_run_file`): only regular files are read, never through a symbolic link, never
