@@ -332,3 +332,17 @@ def test_sweep_csv_is_never_written_through_a_link_at_a_temporary_name(tmp_path)
     assert victim.read_text() == "keep"
     assert (tmp_path / "sweep.csv").read_bytes() == b"a,b\r\n1.5,x\r\n"
     assert not (tmp_path / "sweep.csv").is_symlink()
+
+
+def test_a_final_json_that_is_a_link_is_not_read(tmp_path):
+    """final_row had read final.json through a link, a large file whole."""
+    from snens.engine.runs import RunDirError
+
+    (tmp_path / "elsewhere.json").write_text('{"metrics": {"test/accuracy": 0.5}}')
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "final.json").symlink_to(tmp_path / "elsewhere.json")
+    with pytest.raises(RunDirError, match=r"final\.json is a symbolic link, not a regular file"):
+        final_row(tmp_path / "run")
+    (tmp_path / "run" / "final.json").unlink()
+    (tmp_path / "run" / "final.json").write_text('{"metrics": {"test/accuracy": 0.5}}')
+    assert final_row(tmp_path / "run") == {"test/accuracy": 0.5}

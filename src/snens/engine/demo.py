@@ -36,7 +36,7 @@ from typing import Any
 
 from snens import files
 from snens.baselines import METHOD_RECORDS
-from snens.engine.runs import read_metrics
+from snens.engine.runs import read_final, read_metrics
 from snens.method.regularizer import DEFAULT_DIVERSITY_WEIGHT, DEFAULT_TEMPERATURE
 
 __all__ = [
@@ -257,7 +257,7 @@ def run(
     rows, results, nets, steps = [], {}, {}, 0
     for sweep_run in runs:
         label, path = _label(sweep_run.config), sweep_run.path()
-        final = json.loads((path / "final.json").read_text(encoding="utf-8"))
+        final = read_final(path)  # a regular file, never through a link
         steps = max(steps, final["train"]["steps"])  # every method takes the same steps
         report = final["metrics"]
         net = _trained_model(path)

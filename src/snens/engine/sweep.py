@@ -422,8 +422,16 @@ def _blame(error: Exception, base: Mapping[str, Any], texts: Mapping[str, str]) 
 
 def final_row(run_dir: str | os.PathLike) -> dict[str, Any]:
     """The numbers of a run's ``final.json``, flat: ``metrics`` keys as they are, ``model`` and
-    ``train`` keys as ``model/<key>`` and ``train/<key>`` (null, a non-finite number, as NaN)."""
-    final = json.loads((Path(run_dir) / FINAL).read_text(encoding="utf-8"))
+    ``train`` keys as ``model/<key>`` and ``train/<key>`` (null, a non-finite number, as NaN).
+
+    Read as every run file is (:func:`snens.engine.runs.read_final`: a regular file of at most
+    64 MiB, never through a link; a link to a large file had been read whole).
+
+    Raises:
+        RunDirError: final.json is not a regular file, or too large.
+        ValueError: it is not a finished run's final.json.
+    """
+    final = read_final(run_dir)
     row: dict[str, Any] = {}
     for section, values in final.items():
         if not isinstance(values, Mapping):
