@@ -271,3 +271,38 @@ def test_ratio_rows_run_on_cuda(monkeypatch, capsys):
     ratios = [float(r) for r in re.findall(r"^\| .+? \| (\d+\.\d{3})× \|", out, re.MULTILINE)]
     assert all(r > 0 for r in ratios)
     assert torch.cuda.get_device_name() in out.splitlines()[-1]
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--repeats", "0"], "argument --repeats: must be an int in 1..1000, got 0"),
+        (["--batch", "0"], "argument --batch: must be an int in 1..65536, got 0"),
+        (["--threads", "-1"], "argument --threads: must be an int in 0..1024 (0 = all), got -1"),
+        (
+            ["--threads", "100000"],
+            "argument --threads: must be an int in 0..1024 (0 = all), got 100000",
+        ),
+        (["--num-members", "0"], "argument --num-members: must be an int in 1..1024, got 0"),
+        (
+            ["--llm", "--llm-layers", "0"],
+            "argument --llm-layers: must be an int in 1..30 (SmolLM2's decoder layers), got 0",
+        ),
+        (
+            ["--llm", "--tokens", "0"],
+            "argument --tokens: must be an int in 1..8192 (SmolLM2's context), got 0",
+        ),
+        (["--tokens", "many"], "argument --tokens: must be an int, got 'many'"),
+    ],
+)
+def test_every_numeric_flag_is_bounded_before_anything_runs(flags, message, capsys):
+    """Each had ended in a traceback from inside torch (--threads 100000: a segmentation
+    fault in libgomp)."""
+    from snens.engine.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", *flags])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.rstrip().endswith(f"snens bench: error: {message}")
+    assert "Traceback" not in err

@@ -219,3 +219,58 @@ def test_bad_calls():
         with pytest.raises(ValueError, match="fitted on K = 4 classes"):
             calibrator.apply(torch.randn(2, 5, 3))
     assert isinstance(fit_calibrator("histogram", z, y, num_bins=3), HistogramBinning)
+
+
+def _sharp(n=2000, seed=0):
+    """Logits whose labels are drawn from softmax(z / 0.2): temperature scaling fits T ≈ 0.2."""
+    g = torch.Generator().manual_seed(seed)
+    z = torch.randn(n, 4, generator=g, dtype=torch.float64)
+    y = torch.multinomial((z / 0.2).softmax(-1), 1, generator=g).squeeze(-1)
+    return z, y
+
+
+def test_a_label_of_probability_0_leaves_the_temperature_to_the_others():
+    """One validation label with a logit of −inf had sent fit_temperature to its bound (T =
+    0.01 instead of 0.20): its NLL is infinite at every T, so every T tied; the warning said
+    every example was right with a margin."""
+    z, y = _sharp()
+    expected = fit_temperature(z, y)
+    assert 0.18 < expected < 0.22
+    ruled_out = torch.cat([z, torch.tensor([[0.0, -math.inf, 1.0, 2.0]], dtype=torch.float64)])
+    labels = torch.cat([y, torch.tensor([1])])
+    with pytest.warns(RuntimeWarning) as caught:
+        got = fit_temperature(ruled_out, labels)
+    assert got == expected
+    assert str(caught[0].message).startswith(
+        "1 of the 2001 labels given to temperature scaling have probability 0 under the model "
+        "(a logit of −inf): their NLL is infinite whatever the calibration, so it was fitted on "
+        "the other 2000"
+    )
+    with pytest.raises(ValueError, match="every one of the 1 labels has probability 0"):
+        fit_temperature(ruled_out[-1:], labels[-1:])
+
+
+def test_vector_scaling_keeps_a_logit_of_minus_inf_and_fits_finite_weights():
+    """Log-probabilities with −inf entries (which the docs invite) had given NaN weights."""
+    z, y = _sharp()
+    log_p = z.log_softmax(-1)
+    log_p[::7, 3] = -math.inf  # probability 0 for class 3 of every 7th example
+    y = torch.where((torch.arange(len(y)) % 7 == 0) & (y == 3), 0, y)  # labels stay possible
+    fit = VectorScaling.fit(log_p, y)
+    assert torch.isfinite(fit.weight).all() and torch.isfinite(fit.bias).all()
+    mapped = fit.apply(log_p)
+    assert (mapped[0, ::7, 3] == -math.inf).all() and torch.isfinite(mapped[0, 1::7]).all()
+    before = metrics.nll(log_p.softmax(-1), y)
+    assert metrics.nll(mapped[0].softmax(-1), y) < before  # w ≈ 1/0.2 sharpens, as T does
+    with pytest.raises(ValueError, match="matrix scaling mixes the classes' logits, so a logit"):
+        MatrixScaling.fit(log_p, y)
+    finite = MatrixScaling.fit(log_p.clamp(min=-1e4), y)
+    with pytest.raises(ValueError, match="matrix scaling mixes the classes' logits"):
+        finite.apply(log_p)
+
+
+def test_matrix_scaling_names_an_off_diagonal_that_is_not_a_number():
+    """off_diagonal="x" had raised float()'s "could not convert string to float"."""
+    z, y = _sharp(100)
+    with pytest.raises(TypeError, match="off_diagonal must be a number >= 0, got 'x'"):
+        MatrixScaling.fit(z, y, off_diagonal="x")

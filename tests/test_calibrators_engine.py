@@ -151,7 +151,7 @@ def test_snens_eval_takes_alpha_calibrators_and_scores(run, capsys):
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--alpha", "1.5"], r"data.conformal_alpha.*\(0, 1\).*1.5"),
+        (["--alpha", "1.5"], r"data.conformal_alpha.*\[1e-06, 1\).*1.5"),
         (["--alpha", "0.001"], r"300 is too few to calibrate conformal sets.*least 999"),
         (["--calibrators", "platt"], r"data.calibrators.*'platt'"),
         (["--ood-scores", "odin"], r"data.ood_scores.*'odin'"),

@@ -7,6 +7,8 @@ import hashlib
 import io
 import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -95,6 +97,32 @@ def test_truncated_file_is_refused(tmp_path):
         path.write_bytes(data[:size])
         with pytest.raises(CheckpointError, match="truncated|not a snens checkpoint"):
             load_checkpoint(path)
+
+
+def test_a_length_other_than_the_headers_is_refused_before_the_payload_is_read(tmp_path):
+    """A 3 GiB sparse last.pt had been read whole (6.5 GB of memory) to be refused: the
+    file's length is compared with its header's before the payload is read."""
+    path = save_checkpoint(tmp_path / "last.pt", {"model": {"w": torch.zeros(3)}})
+    size = path.stat().st_size
+    os.truncate(path, 3 * 2**30)  # sparse: 3 GiB of zeros after the payload, no disk used
+    code = (
+        "from snens.engine.checkpoint import CheckpointError, load_checkpoint\n"
+        "try:\n"
+        f"    load_checkpoint({str(path)!r}, required=())\n"
+        "except CheckpointError as error:\n"
+        "    print(error)\n"
+        # VmHWM: this process's own peak; ru_maxrss keeps the forking parent's across exec
+        "print(next(l for l in open('/proc/self/status') if l.startswith('VmHWM')).split()[1])\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    message, peak_kib = result.stdout.strip().splitlines()
+    with open(path, "rb") as file:
+        payload = size - len(file.readline())
+    assert message == (
+        f"{path} has trailing bytes: the header says {payload} bytes of payload, the file holds "
+        f"{3 * 2**30 - (size - payload)}; use the previous checkpoint (prev.pt) or retrain"
+    )
+    assert int(peak_kib) < 2**20  # below 1 GiB: the 3 GiB were never read
 
 
 def test_flipped_byte_is_refused(tmp_path):
@@ -195,6 +223,37 @@ def test_model_state_loads_all_or_nothing():
     _assert_same(model.state_dict(), before)  # the matching first layer was not copied either
     load_model_state(model, {k: v + 1 for k, v in before.items()})
     torch.testing.assert_close(model[0].bias, before["0.bias"] + 1)
+
+
+@pytest.mark.parametrize(
+    "bad, named",
+    [
+        (torch.zeros(2, 3).to_sparse(), "torch.sparse_coo tensor, not a dense one"),
+        (torch.zeros(2, 3, device="meta"), "on the meta device"),
+        ([[0.0] * 3] * 2, "a list, not a tensor"),
+        (7, "an int, not a tensor"),
+    ],
+)
+def test_a_model_state_of_the_right_shape_but_unusable_values_loads_nothing(bad, named):
+    """A sparse or meta tensor of the right shape passed the check: the tensors before it
+    were copied, then load_state_dict raised a raw RuntimeError (a list or int: a TypeError)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 2))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    state = {k: v + 1 for k, v in before.items()}
+    state["1.weight"] = bad
+    with pytest.raises(
+        CheckpointError, match=rf"nothing was loaded. mismatched: \['1\.weight: .*{named}"
+    ):
+        load_model_state(model, state)
+    _assert_same(model.state_dict(), before)
+
+
+@pytest.mark.parametrize("state", [[1, 2], 3, None])
+def test_a_model_state_that_is_not_a_mapping_is_named(state):
+    model = nn.Linear(2, 2)
+    with pytest.raises(CheckpointError, match="model state is an? .*, not a mapping of tensors"):
+        load_model_state(model, state)
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes to read-only directories")
@@ -386,3 +445,14 @@ def test_a_malformed_optimizer_state_is_refused_naming_the_file(tmp_path):
             load_training_state(optimizer, schedule, broken, path)
     load_training_state(optimizer, schedule, state, path)  # and the intact one loads
     assert schedule.last_epoch == state["schedule"]["last_epoch"] == 2
+
+
+@pytest.mark.parametrize(
+    "digest, size", [(b"0" * 64, b"-5"), (b"abc", b"3")], ids=["negative length", "short digest"]
+)
+def test_a_header_of_a_negative_length_or_a_short_digest_is_malformed(tmp_path, digest, size):
+    """bytes=-5 had been reported as a file with trailing bytes."""
+    path = tmp_path / "last.pt"
+    path.write_bytes(b"snens-checkpoint 1 sha256=" + digest + b" bytes=" + size + b"\nabc")
+    with pytest.raises(CheckpointError, match="malformed header"):
+        load_checkpoint(path)

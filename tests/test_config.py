@@ -74,7 +74,11 @@ def test_unknown_keys_are_named_with_the_valid_ones():
         ({"data": {"ood": ["imagenet_o"]}}, ValueError, r"data\.ood"),
         ({"optim": {"schedule": "multistep"}}, ValueError, r"optim\.milestones is empty"),
         ({"optim": {"milestones": [5, 3]}}, ValueError, r"optim\.milestones must be increasing"),
-        ({"data": {"batch_size": 0}}, ValueError, r"data\.batch_size must be an int >= 1"),
+        (
+            {"data": {"batch_size": 0}},
+            ValueError,
+            r"data\.batch_size must be an int in 1\.\.2\*\*20",
+        ),
         ({"name": "../x"}, ValueError, r"name must be a directory name"),
         ({"seed": 2**32}, ValueError, r"seed must be an int in \[0, 2\*\*32\)"),
         ({"optim": {"lr": 10**400}}, ValueError, r"optim\.lr is too large for a float"),
@@ -270,3 +274,118 @@ def test_a_run_name_with_a_control_character_is_refused_naming_it(name, shown, c
         "run directory name must be printable: remove it"
     )
     assert load_config({"name": "run 2 – ünïcode"}).name == "run 2 – ünïcode"
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (
+            "data.num_workers=100000",
+            "data.num_workers must be an int in 0..512, or -1 (min(8, CPUs)), got 100000",
+        ),
+        ("data.num_workers=-2", "data.num_workers must be an int in 0..512, or -1"),
+        ("data.batch_size=2097152", "data.batch_size must be an int in 1..2**20, got 2097152"),
+        ("data.eval_batch_size=0", "data.eval_batch_size must be an int in 1..2**20, got 0"),
+        (
+            "data.train_examples=1099511627777",
+            "data.train_examples must be an int in 0..2**40 (0 = all), got 1099511627777",
+        ),
+        ("data.image_size=100000", "data.image_size must be an int in 1..4096, got 100000"),
+        (
+            "data.resize=100000",
+            "data.resize must be an int in 0..4096 (0 = as stored), got 100000",
+        ),
+        (
+            "data.resize_size=5000",
+            "data.resize_size must be an int in data.image_size (224)..4096, got 5000",
+        ),
+        ("data.max_length=1000000", "data.max_length must be an int in 2..65536, got 1000000"),
+        (
+            "data.corruption_seed=4294967296",
+            "data.corruption_seed must be an int in [0, 2**32), got 4294967296",
+        ),
+        (
+            "model.num_classes=10000000",
+            "model.num_classes must be an int in 0..2**20 (0 = the data set's), got 10000000",
+        ),
+        ("optim.epochs=1000001", "optim.epochs must be an int in 1..10**6, got 1000001"),
+        ("checkpoint_every=1000001", "checkpoint_every must be an int in 1..10**6, got 1000001"),
+        ("eval_every=-1", "eval_every must be an int in 0..10**6, got -1"),
+        # 1e-300 had asked for 10**300 - 1 validation examples, a number of 300 digits
+        ("data.conformal_alpha=1e-300", "data.conformal_alpha must be a number in [1e-06, 1)"),
+        # 1e300 had overflowed float32 inside torch.optim, a trace at the first step
+        ("optim.lr=1e300", "optim.lr must be a number in [0, 1000], got 1e+300"),
+        ("optim.weight_decay=1e5", "optim.weight_decay must be a number in [0, 1000], got"),
+        (
+            "method.gamma_lr_multiplier=1e300",
+            "method.gamma_lr_multiplier must be a number in [0, 10000], got 1e+300",
+        ),
+    ],
+)
+def test_every_numeric_key_is_bounded_naming_the_key_the_value_and_the_range(override, message):
+    """data.num_workers had no upper bound: 100000 was accepted, and an image-folder run started
+    that many worker processes; the other counts and sizes had none either."""
+    with pytest.raises(ValueError) as err:
+        load_config(None, [override])
+    assert str(err.value).startswith(message)
+
+
+def test_a_folder_loader_refuses_a_number_of_workers_out_of_range():
+    from snens.data import FolderLoader
+
+    examples = [(0.0, 0)] * 4
+    for workers in (100000, -2, 1.5, True):
+        with pytest.raises(ValueError, match=r"num_workers must be an int in 0\.\.512, or -1"):
+            FolderLoader(examples, 2, num_workers=workers)
+    assert FolderLoader(examples, 2, num_workers=512).num_workers == 512
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (
+            "{bogus=1}",
+            "method.options.bogus is not an option of method 'snens'; its options are: head, "
+            "head_init, skip_unsupported, gamma_mean, gamma_std, norms",
+        ),
+        ("{head_ini='reset'}", "(did you mean 'head_init'?)"),
+        ("{inplace=true}", "method.options.inplace is not an option of method 'snens'"),
+        (
+            "{num_members=3}",
+            "method.options.num_members is the config key method.num_members: set it there",
+        ),
+        (
+            "{input_policy='own'}",
+            "method.options.input_policy is the config key method.input_policy: set it there",
+        ),
+        ("{generator=1}", "method.options.generator takes a Python object"),
+        # 5 had been a TypeError from inside convert, once the data were loaded
+        ("{norms=5}", "method.options.norms must be a regular expression or a list of module"),
+        ("{norms=[]}", "method.options.norms must be a regular expression or a list of module"),
+    ],
+)
+def test_method_options_are_options_of_the_method_and_nowhere_else(options, message):
+    """An unknown key had been a TypeError from inside convert, at build time; num_members a
+    TypeError from create; input_policy had replaced method.input_policy without a word."""
+    with pytest.raises(ValueError) as err:
+        load_config(None, [f"method.options={options}"])
+    assert message in str(err.value)
+
+
+def test_the_options_of_every_method_are_accepted():
+    from snens.baselines import create
+
+    for method, options in (
+        ("batch_ensemble", "{init_std=0.3}"),
+        ("film", "{spread=0.2}"),
+        ("mc_dropout", "{p=0.2}"),
+        ("deep_ensemble", "{vectorize=true}"),
+        ("snens", "{head_init='reset', gamma_std=0.5}"),
+    ):
+        members = "method.num_members=1" if method == "single" else "method.num_members=2"
+        config = load_config(
+            None, [f"method.name='{method}'", members, f"method.options={options}"]
+        )
+        assert config.method.options
+    with pytest.raises(ValueError, match="method 'film' takes no option 'p'; its options are: "):
+        create("film", "small_cnn", num_classes=3, num_members=2, p=0.5)

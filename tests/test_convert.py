@@ -417,3 +417,29 @@ def test_a_bad_norms_is_refused_naming_it_before_the_model_is_touched(
     with pytest.raises(error, match=message):
         snens.convert(transformer, 2, norms=norms, inplace=True)
     assert not any(isinstance(m, snn.MemberNorm) for m in transformer.modules())
+
+
+def test_a_scripted_module_and_a_state_of_another_width_name_the_right_fix():
+    """A TorchScript module had been told it has no supported norm; a state of the same M
+    and another width had been told to convert with that same M."""
+    model = nn.Sequential(nn.Linear(4, 8), nn.LayerNorm(8), nn.Linear(8, 3))
+    for inplace in (False, True):
+        with pytest.raises(TypeError, match="convert takes an eager nn.Module, got a TorchScript"):
+            snens.convert(torch.jit.script(model), 2, inplace=inplace)
+    narrow = snens.convert(model, 2)
+    wide = snens.convert(nn.Sequential(nn.Linear(4, 16), nn.LayerNorm(16), nn.Linear(16, 3)), 2)
+    with pytest.raises(ValueError) as err:
+        wide.load_state_dict(narrow.state_dict())
+    assert str(err.value) == (
+        "cannot load model.1.gamma of shape (2, 8) into MemberLayerNorm with gamma (2, 16): the "
+        "same num_members (2), other features, so the state_dict comes from another "
+        "architecture or width; build the model it was saved from"
+    )
+
+
+def test_an_overflowing_gamma_spread_advises_a_smaller_spread():
+    """gamma_std = 1e300 with gamma_mean = 0.0 had been told to use "a larger gamma_mean (e.g.
+    0.0)", the value it had."""
+    model = nn.Sequential(nn.Linear(4, 8), nn.LayerNorm(8), nn.Linear(8, 3))
+    with pytest.raises(ValueError, match=r"use a smaller gamma_std \(the default is 1\.0\) or a "):
+        snens.convert(model, 2, gamma_std=1e300)

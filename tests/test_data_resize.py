@@ -175,7 +175,7 @@ def test_an_rgb_ood_set_with_a_grey_data_set_needs_channels_3(monkeypatch):
 @pytest.mark.parametrize(
     ("values", "pattern"),
     [
-        ({"resize": -1}, r"data\.resize must be an int >= 0"),
+        ({"resize": -1}, r"data\.resize must be an int in 0\.\.4096"),
         ({"channels": 2}, r"data\.channels must be one of \[0, 1, 3\].*got 2"),
         ({"dataset": "cifar10", "channels": 1}, r"data\.channels must be one of \[0, 3\].*got 1"),
         ({"normalize": "foo"}, r"data\.normalize must be one of 'dataset', 'imagenet', got 'foo'"),

@@ -248,3 +248,14 @@ def test_the_report_says_whether_one_model_overfit_from_its_own_numbers():
         0.005, 0.592
     )
     assert "it does not overfit" in reference(0.30, 0.35)
+
+
+def test_demo_out_a_file_is_named_with_the_fix(tmp_path, capsys):
+    """It had printed "[Errno 17] File exists: '<path>'"."""
+    from snens.engine.cli import main
+
+    (tmp_path / "file").write_text("x")
+    assert main(["demo", "--out", str(tmp_path / "file")]) == 2
+    assert capsys.readouterr().err == (
+        f"snens demo: --out {tmp_path / 'file'} is a file, not a directory; choose another --out\n"
+    )

@@ -152,7 +152,10 @@ def test_missing_folders_say_how_to_get_imagenet(tmp_path):
             ["data.ood=['svhn']"],
             r"data\.ood 'svhn' .* give a class-folder tree as data\.ood_folder",
         ),
-        (["data.resize_size=16"], r"data\.resize_size must be an int >= data\.image_size \(32\)"),
+        (
+            ["data.resize_size=16"],
+            r"data\.resize_size must be an int in data\.image_size \(32\)\.\.4096",
+        ),
     ],
 )
 def test_options_that_do_not_apply_to_folders_are_refused(tree, tmp_path, overrides, pattern):

@@ -491,3 +491,52 @@ def test_fashion_mnist_with_mnist_ood_and_corruptions():
     for name in ("gaussian_noise", "contrast"):
         assert result[f"shift/{name}/5/accuracy"] < result[f"shift/{name}/1/accuracy"]
     assert result["shift/severity/5/accuracy"] < result["shift/severity/1/accuracy"]
+
+
+@pytest.mark.parametrize(
+    "key, shape",
+    [("ood/other", (3, 40, 7)), ("ood/other", (2, 40, 5)), ("val", (3, 50, 6)), ("ood/x", (40, 5))],
+)
+def test_posthoc_metrics_refuse_logits_of_another_model_or_classes(key, shape):
+    """OOD logits of another K or M than the test set's had been scored against it (AUROC
+    0.025), without a word."""
+    g = torch.Generator().manual_seed(0)
+    outputs = {
+        "test": torch.randn(3, 60, 5, generator=g),
+        "test_labels": torch.randint(0, 5, (60,), generator=g),
+        "val": torch.randn(3, 50, 5, generator=g),
+        "val_labels": torch.randint(0, 5, (50,), generator=g),
+    }
+    outputs[key] = torch.randn(*shape, generator=g)
+    with pytest.raises(ValueError) as err:
+        posthoc_metrics(outputs, conformal_alpha=0.2)
+    assert str(err.value) == (
+        f"outputs[{key!r}] holds logits of shape {shape} torch.float32, the test set's are "
+        "(3, 60, 5) torch.float32: every set's logits must be (M, N, K) floats of the test "
+        "set's M = 3 and K = 5 (the same model's, on the same classes)"
+    )
+    outputs["val_labels"] = outputs["val_labels"][:10]
+    outputs[key] = torch.randn(3, 40, 5) if key != "val" else torch.randn(3, 50, 5)
+    with pytest.raises(ValueError, match=r"outputs\['val_labels'\] must be the \(N,\) labels"):
+        posthoc_metrics(outputs, conformal_alpha=0.2)
+
+
+def test_posthoc_metrics_name_missing_labels_integer_and_nan_logits():
+    """Validation logits without labels had been a KeyError, integer logits a
+    NotImplementedError from inside torch, NaN logits an error naming no set."""
+    g = torch.Generator().manual_seed(0)
+    test = {"test": torch.randn(2, 30, 4, generator=g), "test_labels": torch.arange(30) % 4}
+    with pytest.raises(ValueError, match=r"outputs\['val'\] has no labels: give outputs\['val_"):
+        posthoc_metrics({**test, "val": torch.randn(2, 30, 4)}, conformal_alpha=0.2)
+    with pytest.raises(ValueError, match=r"outputs\['test'\] must be \(M, N, K\) floating"):
+        posthoc_metrics({**test, "test": torch.randint(0, 3, (2, 30, 4))})
+    nan = test["test"].clone()
+    nan[1, 3, 2] = math.nan
+    with pytest.raises(
+        ValueError, match=r"outputs\['ood/x'\] holds 1 logits that are NaN or \+inf"
+    ):
+        posthoc_metrics({**test, "ood/x": nan})
+    minus_inf = test["test"].clone()
+    minus_inf[:, :, 3] = -math.inf  # log-probabilities: the logit scores say what they need
+    with pytest.raises(ValueError, match="these scores need the model's finite logits"):
+        posthoc_metrics({**test, "ood/x": minus_inf})

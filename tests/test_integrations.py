@@ -860,3 +860,128 @@ def test_lightning_checkpoint_of_the_best_validation_nll_restores_it():
         assert best.best_model_score.item() == pytest.approx(min(losses), rel=1e-6)
         (again,) = trainer.validate(module, val, ckpt_path="best", verbose=False)
     assert again["val_loss"] == pytest.approx(min(losses), rel=1e-5)
+
+
+def test_trainer_saves_never_write_through_a_link_planted_in_the_directory(tmp_path):
+    """snens.json had been written through a fixed snens.json.tmp, and the weights by
+    safetensors' own open, both following a link planted there."""
+    from snens.integrations.huggingface import load_ensemble
+
+    ens = _tiny_ensemble()
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    victims = {}
+    for name in ("snens.json.tmp", "snens.json", "model.safetensors", "training_args.bin"):
+        victims[name] = tmp_path / f"victim-{name}"
+        victims[name].write_text("keep")
+        (saved / name).symlink_to(victims[name])
+    _hf_trainer(tmp_path / "out", ens).save_model(saved)
+    assert all(victim.read_text() == "keep" for victim in victims.values())
+    assert [p.name for p in saved.iterdir() if p.is_symlink()] == ["snens.json.tmp"]
+    examples = _tiny_examples()
+    again = load_ensemble(TinyTransformer(), saved)
+    torch.testing.assert_close(_outputs(again, examples), _outputs(ens, examples), rtol=0, atol=0)
+
+
+def _layers(model):
+    return {name: type(module).__name__ for name, module in model.named_modules()}
+
+
+def test_a_save_that_does_not_fit_leaves_the_model_as_it_was(tmp_path):
+    """load_ensemble had converted the model in place before finding that the save did not
+    fit: it was left converted, and a retry with the right directory failed."""
+    from snens.integrations.huggingface import load_ensemble
+
+    ens = _tiny_ensemble()
+    _hf_trainer(tmp_path, ens).save_model(tmp_path / "right")
+    torch.manual_seed(0)
+    _hf_trainer(tmp_path, snens.convert(TinyTransformer(dim=8), num_members=3)).save_model(
+        tmp_path / "wrong"
+    )
+    model = TinyTransformer()
+    layers, weights = _layers(model), {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError, match="do not fit the model given .*left as it was"):
+        load_ensemble(model, tmp_path / "wrong")
+    assert _layers(model) == layers
+    assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())
+    again = load_ensemble(model, tmp_path / "right")
+    examples = _tiny_examples()
+    torch.testing.assert_close(_outputs(again, examples), _outputs(ens, examples), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "config, named",
+    [
+        ("{not json", r"snens\.json is not valid JSON"),
+        ("[1]", "holds a JSON list, not an object"),
+        ('{"format": 1}', "'num_members' is missing"),
+        (
+            '{"format": 1, "num_members": "3", "input_policy": "repeat", "converted": true, '
+            '"skip_unsupported": false, "custom_output": false}',
+            "num_members = '3' is not an int",
+        ),
+        (
+            '{"format": 1, "num_members": 0, "input_policy": "repeat", "converted": true, '
+            '"skip_unsupported": false, "custom_output": false}',
+            r"num_members = 0 is outside 1\.\.1024",
+        ),
+    ],
+)
+def test_a_damaged_snens_json_is_named_and_the_model_left_as_it_was(tmp_path, config, named):
+    """A snens.json missing num_members or holding garbage had raised a KeyError or an
+    AttributeError from inside load_ensemble."""
+    from snens.integrations.huggingface import load_ensemble
+
+    _hf_trainer(tmp_path, _tiny_ensemble()).save_model(tmp_path / "saved")
+    (tmp_path / "saved" / "snens.json").write_text(config)
+    model = TinyTransformer()
+    layers = _layers(model)
+    with pytest.raises(ValueError, match=named):
+        load_ensemble(model, tmp_path / "saved")
+    assert _layers(model) == layers
+
+
+def test_damaged_weights_and_shards_named_outside_the_save_are_refused(tmp_path):
+    """Every shard named in model.safetensors.index.json had been read as directory / name:
+    "../x" or an absolute path read a file outside the save."""
+    from safetensors.torch import save_file
+
+    from snens.integrations.huggingface import load_ensemble
+
+    ens = _tiny_ensemble()
+    saved = tmp_path / "saved"
+    _hf_trainer(tmp_path, ens).save_model(saved)
+    (saved / "model.safetensors").write_bytes(b"\x08\0\0\0\0\0\0\0{}garbage")
+    with pytest.raises(ValueError, match=r"model\.safetensors is not a readable safetensors"):
+        load_ensemble(TinyTransformer(), saved)
+    (saved / "model.safetensors").unlink()
+    outside = tmp_path / "outside.safetensors"
+    save_file({k: v.contiguous() for k, v in ens.state_dict().items()}, str(outside))
+    for name in ("../outside.safetensors", str(outside)):
+        index = {"metadata": {}, "weight_map": {k: name for k in ens.state_dict()}}
+        (saved / "model.safetensors.index.json").write_text(json.dumps(index))
+        with pytest.raises(ValueError, match="names a file outside"):
+            load_ensemble(TinyTransformer(), saved)
+    (saved / "model.safetensors.index.json").write_text('{"weight_map": [1]}')
+    with pytest.raises(ValueError, match='holds no "weight_map" of tensor names'):
+        load_ensemble(TinyTransformer(), saved)
+
+
+def test_a_fifo_in_place_of_the_weights_is_named_and_norms_by_their_names(tmp_path):
+    """A FIFO named model.safetensors had been reported as no weights at all; a snens.json
+    naming norms the model has not had been told of by a lambda's repr."""
+    import os
+
+    from snens.files import FileRefusedError
+    from snens.integrations.huggingface import load_ensemble
+
+    saved = tmp_path / "saved"
+    _hf_trainer(tmp_path, _tiny_ensemble()).save_model(saved)
+    meta = json.loads((saved / "snens.json").read_text())
+    (saved / "snens.json").write_text(json.dumps({**meta, "norms": ["nowhere"]}))
+    with pytest.raises(ValueError, match=r"norms=only_named\(\['nowhere'\]\) chooses none of"):
+        load_ensemble(TinyTransformer(), saved)
+    (saved / "model.safetensors").unlink()
+    os.mkfifo(saved / "model.safetensors")
+    with pytest.raises(FileRefusedError, match=r"model\.safetensors is a FIFO, not a regular"):
+        load_ensemble(TinyTransformer(), saved)

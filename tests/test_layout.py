@@ -44,10 +44,11 @@ def test_the_method_never_imports_evaluation():
 
 def test_the_top_level_holds_only_the_public_api_and_library_wide_modules():
     """A newcomer finds each part from the folder names: no module sits beside the packages
-    but the public API (``__init__``), the ``python -m snens`` entry and the file locks that
-    the kernel build and the run directories share."""
+    but the public API (``__init__``), the ``python -m snens`` entry, the file locks that the
+    kernel build and the run directories share, and the one way every layer writes and reads
+    files (``files``)."""
     modules = sorted(p.name for p in SRC.glob("*.py"))
-    assert modules == ["__init__.py", "__main__.py", "locks.py"]
+    assert modules == ["__init__.py", "__main__.py", "files.py", "locks.py"]
     packages = sorted(p.name for p in SRC.iterdir() if (p / "__init__.py").is_file())
     assert packages == [
         "baselines",

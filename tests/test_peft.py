@@ -202,3 +202,98 @@ def test_the_last_layers_norms_only_save_load_and_extract_exactly(tmp_path):
         torch.testing.assert_close(loaded(**_batch()), expected, rtol=0, atol=0)
         member = snens.extract_member(loaded, 1).eval()
         torch.testing.assert_close(member(**_batch()).logits, expected[1], rtol=1e-5, atol=1e-6)
+
+
+def test_a_save_never_writes_through_a_link_planted_in_its_directory(tmp_path):
+    """snens.json and the state had been written to fixed *.tmp names, and PEFT's config by
+    its own open, each following a link planted there."""
+    ens = _trained()
+    victims = {}
+    names = ("snens.json.tmp", "snens_state.safetensors.tmp", "snens.json", "adapter_config.json")
+    for name in names:
+        victims[name] = tmp_path / f"victim-{name}"
+        victims[name].write_text("keep")
+    save = tmp_path / "save"
+    save.mkdir()
+    for name in names:
+        (save / name).symlink_to(victims[name])
+    save_pretrained(ens, save)
+    assert all(victim.read_text() == "keep" for victim in victims.values())
+    assert sorted(p.name for p in save.iterdir() if p.is_symlink()) == [
+        "snens.json.tmp",
+        "snens_state.safetensors.tmp",
+    ]
+    again = from_pretrained(_base(), save)
+    torch.testing.assert_close(again(**_batch()), ens(**_batch()), rtol=0, atol=0)
+
+
+def _layers(model):
+    return {name: type(module).__name__ for name, module in model.named_modules()}
+
+
+def test_a_save_that_does_not_fit_leaves_the_base_model_as_it_was(tmp_path):
+    """from_pretrained had wrapped the base model in place before finding the save did not
+    fit: the model stayed wrapped, and loading the right save into it then failed."""
+    ens = _trained()
+    save_pretrained(ens, tmp_path / "right")
+    wider = transformers.LlamaForSequenceClassification(
+        transformers.LlamaConfig(**{**CONFIG, "hidden_size": 48})
+    )
+    save_pretrained(snens.convert(peft.get_peft_model(wider, _lora()), 4), tmp_path / "wrong")
+    base = _base()
+    layers, weights = _layers(base), {k: v.clone() for k, v in base.state_dict().items()}
+    with pytest.raises(ValueError, match="does not fit this base model: .*left as it was"):
+        from_pretrained(base, tmp_path / "wrong")
+    assert _layers(base) == layers
+    assert all(torch.equal(v, weights[k]) for k, v in base.state_dict().items())
+    again = from_pretrained(base, tmp_path / "right")
+    torch.testing.assert_close(again(**_batch()), ens(**_batch()), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "damage, named",
+    [
+        (lambda p: (p / "snens.json").write_text("{not json"), r"snens\.json: not valid JSON"),
+        (lambda p: (p / "snens.json").write_text("[1, 2]"), "holds a JSON list, not an object"),
+        (
+            lambda p: (p / "snens.json").write_text('{"format": 1, "input_policy": "repeat"}'),
+            "num_members = None is not an int",
+        ),
+        (
+            lambda p: (p / "snens.json").write_text(
+                '{"format": 1, "num_members": 4, "input_policy": "sideways"}'
+            ),
+            "input_policy = 'sideways' is not 'repeat' or 'split'",
+        ),
+        (
+            lambda p: (p / "snens_state.safetensors").write_bytes(b"garbage" * 10),
+            r"snens_state\.safetensors is not a readable safetensors file",
+        ),
+        (
+            lambda p: (p / "adapter_config.json").write_text('{"peft_type": 7}'),
+            r"adapter_config\.json is not a PEFT adapter config PEFT can read",
+        ),
+    ],
+)
+def test_a_damaged_save_is_named_and_the_base_model_left_as_it_was(tmp_path, damage, named):
+    """A snens.json missing num_members or holding garbage had raised a KeyError, an
+    AttributeError or a SafetensorError."""
+    save_pretrained(_trained(), tmp_path)
+    damage(tmp_path)
+    base = _base()
+    layers = _layers(base)
+    with pytest.raises(ValueError, match=named):
+        from_pretrained(base, tmp_path)
+    assert _layers(base) == layers
+
+
+def test_a_fifo_in_place_of_the_state_is_named_not_missing(tmp_path):
+    import os
+
+    from snens.files import FileRefusedError
+
+    save_pretrained(_trained(), tmp_path)
+    (tmp_path / "snens_state.safetensors").unlink()
+    os.mkfifo(tmp_path / "snens_state.safetensors")
+    with pytest.raises(FileRefusedError, match=r"snens_state\.safetensors is a FIFO, not a"):
+        from_pretrained(_base(), tmp_path)

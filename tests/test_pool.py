@@ -266,3 +266,100 @@ def test_runs_trained_on_other_machines_pool(runs, tmp_path):
     copy = _with_config(runs[1], tmp_path / "copy", 'root = ""', 'root = "/mnt/data"')
     with pytest.raises(ValueError, match=r"same configuration and seed \(1\).*copies"):
         pool_runs([runs[0], runs[1], copy])
+
+
+def _edit(run, where, **arrays):
+    """A copy of ``run`` whose outputs.npz holds ``arrays`` in place of its own."""
+    copy = _copy(run, where)
+    kept = {**dict(np.load(copy / "outputs.npz")), **arrays}
+    np.savez_compressed(copy / "outputs.npz", **kept)
+    return copy
+
+
+def test_a_copy_whose_seed_was_edited_is_refused_as_a_copy(runs, tmp_path):
+    """snens pool had pooled a run with a copy whose config.toml said another seed, although
+    the two outputs hashes it recorded were equal."""
+    copy = _copy(runs[1], tmp_path / "copy")
+    text = (copy / "config.toml").read_text()
+    (copy / "config.toml").write_text(text.replace("seed = 1", "seed = 7"))
+    digest = hashlib.sha256((runs[1] / "outputs.npz").read_bytes()).hexdigest()
+    with pytest.raises(ValueError) as err:
+        pool_runs([runs[0], runs[1], copy])
+    assert str(err.value) == (
+        f"{runs[1]} and {copy} kept the same outputs.npz, SHA-256 {digest[:16]}…: one is a copy "
+        "of the other, whatever their configs say (a seed edited in a copy's config.toml trains "
+        "nothing); pool runs trained apart"
+    )
+    resaved = _copy(copy, tmp_path / "resaved")  # the same logits, other bytes
+    np.savez(resaved / "outputs.npz", **dict(np.load(copy / "outputs.npz")))
+    with pytest.raises(ValueError, match="kept equal test logits in their outputs.npz: one is"):
+        pool_runs([runs[1], resaved])
+
+
+def test_logits_of_no_member_nan_logits_and_unsigned_labels(runs, tmp_path):
+    """An outputs.npz of 0 members had pooled without a word; a NaN logit had stopped pooling
+    with an error naming no run; uint8 labels had ended in a traceback."""
+    kept = dict(np.load(runs[1] / "outputs.npz"))
+    empty = _edit(runs[1], tmp_path / "empty", test=kept["test"][:0])
+    with pytest.raises(ValueError) as err:
+        pool_runs([runs[0], empty])
+    assert str(err.value) == (
+        f"{empty / 'outputs.npz'}: test holds logits of shape (0, 300, 10) (M, N, K): no member, "
+        "no example or fewer than 2 classes, so there is nothing to measure; the file is damaged "
+        "or not a run's, train the run again to write it"
+    )
+    bad = kept["test"].copy()
+    bad[0, 5, 3] = np.nan
+    diverged = _edit(runs[1], tmp_path / "nan", test=bad)
+    with pytest.raises(ValueError) as err:
+        pool_runs([runs[0], diverged])
+    assert str(err.value).startswith(
+        f"{diverged / 'outputs.npz'}: test holds 1 logits that are NaN or infinite"
+    )
+    unsigned = {k: kept[k].astype(np.uint8) for k in kept if k.endswith("_labels")}
+    small = _edit(runs[1], tmp_path / "uint8", **unsigned)
+    assert pool_runs([runs[0], small])["metrics"] == pytest.approx(
+        pool_runs([runs[0], runs[1]])["metrics"], nan_ok=True
+    )
+    out_of_range = _edit(runs[1], tmp_path / "range", test_labels=kept["test_labels"] + 10)
+    with pytest.raises(ValueError, match=r"test_labels holds label \d+, outside the 10 classes"):
+        pool_runs([runs[0], out_of_range])
+
+
+def _inflating_npz(path, inflated_bytes):
+    """An outputs.npz whose test logits are ``inflated_bytes`` of zeros: a few kB of file."""
+    import io
+    import zipfile
+
+    rows = inflated_bytes // (4 * 10)
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        header, {"descr": "<f4", "fortran_order": False, "shape": (1, rows, 10)}
+    )
+    labels = io.BytesIO()
+    np.save(labels, np.zeros(rows, np.int64))
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, allowZip64=True) as archive:
+        with archive.open("test.npy", "w", force_zip64=True) as member:
+            member.write(header.getvalue())
+            zeros = bytes(1 << 20)
+            for _ in range(rows * 40 // len(zeros)):
+                member.write(zeros)
+            member.write(bytes(rows * 40 % len(zeros)))
+        archive.writestr("test_labels.npy", labels.getvalue())
+
+
+def test_an_outputs_npz_inflating_past_its_bound_is_refused_before_inflating(runs, tmp_path):
+    """A 7 MB outputs.npz had inflated to 1.85 GB in snens report and snens pool: the cap was
+    on the file, not on what it inflates to."""
+    from snens.engine.runs import outputs_inflation_limit
+
+    assert outputs_inflation_limit(7 * 10**6) == 256 * 2**20  # the 7 MB file: 1.85 GB refused
+    assert outputs_inflation_limit(21 * 10**6) == 32 * 21 * 10**6  # 21 MB: 4.5 GiB refused
+    assert outputs_inflation_limit(800 * 10**6) == 4 * 2**30  # ImageNet's 800 MB at M=4
+    bomb = _copy(runs[1], tmp_path / "bomb")
+    _inflating_npz(bomb / "outputs.npz", 300 * 2**20)
+    assert (bomb / "outputs.npz").stat().st_size < 2 * 2**20
+    with pytest.raises(
+        ValueError, match=r"declares 3\d\d,\d{3},\d{3} bytes once inflated .* above"
+    ):
+        pool_runs([runs[0], bomb])

@@ -641,3 +641,86 @@ def test_calibrated_conformal_and_logit_ood_columns_where_runs_report_them(tmp_p
     row = _read_csv(tmp_path / "report" / "report.csv")[0]
     assert float(row["test_vs/nll mean"]) == pytest.approx(0.315)
     assert float(row["ood/mnist_5k/energy/auroc std"]) == pytest.approx(np.std([0.8, 0.81], ddof=1))
+
+
+def test_the_report_and_its_plots_never_write_through_a_link_in_out(kept, tmp_path):
+    """The PNGs had been saved by a plain savefig, following a link planted in --out."""
+    pytest.importorskip("matplotlib")
+    root, _ = kept
+    out = tmp_path / "report"
+    out.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"keep")
+    names = ("pareto_nll.png", "reliability_1.png", "allocation_2.png", "report.md", "report.csv")
+    for name in names:
+        (out / name).symlink_to(victim)
+    report = write_report([root], out)
+    assert victim.read_bytes() == b"keep"
+    assert not [p.name for p in out.iterdir() if p.is_symlink()]
+    assert {p.name for p in report.plots} >= {"pareto_nll.png", "reliability_1.png"}
+    assert (out / "pareto_nll.png").read_bytes()[:8] == PNG_SIGNATURE
+
+
+def test_a_copy_whose_seed_was_edited_counts_once(kept, tmp_path):
+    """A copied run whose config.toml says another seed had shown as a second seed (n=2,
+    ± 0.0000) — the symptom a copy of the same seed no longer showed."""
+    root, _ = kept
+    copy = root / "snens-0-copy"
+    shutil.copytree(root / "snens-0", copy)
+    (copy / "config.toml").write_text(
+        (copy / "config.toml").read_text().replace("seed = 0", "seed = 7")
+    )
+    bare = root / "snens-1-copy"  # a copy holding the checkpoint alone
+    shutil.copytree(root / "snens-1", bare, ignore=shutil.ignore_patterns("outputs.npz"))
+    (bare / "config.toml").write_text(
+        (bare / "config.toml").read_text().replace("seed = 1", "seed = 8")
+    )
+    report = write_report([root], tmp_path / "report")
+    assert [(r["n"], r["seeds"]) for r in _read_csv(report.csv)] == [
+        ("1", "0"),
+        ("2", "0 1"),
+        ("1", "0"),
+    ]
+    assert (
+        f"skipped {copy}: its outputs.npz is byte for byte that of {root / 'snens-0'}, so it is "
+        "a copy of that run whatever its config.toml says (a seed edited in a copy trains "
+        "nothing); each run counts once: remove the copy"
+    ) in report.notes
+    assert any(
+        note.startswith(f"skipped {bare}: its last.pt is byte for byte that of {root / 'snens-1'}")
+        for note in report.notes
+    )
+
+
+def test_runs_of_other_class_counts_huge_numbers_and_odd_provenance_are_named(kept, tmp_path):
+    """A group whose runs kept logits of other class counts had stopped the report with a
+    trace from torch.cat; an int of 400 digits in final.json with an OverflowError; a list of
+    ints as provenance.json's gpus with a TypeError."""
+    pytest.importorskip("matplotlib")
+    root, _ = kept
+    g = torch.Generator().manual_seed(5)
+    np.savez_compressed(
+        root / "snens-1" / "outputs.npz",
+        test=torch.randn(4, 300, 5, generator=g).numpy(),
+        test_labels=torch.randint(0, 5, (300,), generator=g).numpy(),
+    )
+    huge = root / "huge"
+    _write_run(huge, "snens", 9.0, 0)
+    (huge / "final.json").write_text('{"metrics": {"test/accuracy": 1' + "0" * 400 + "}}")
+    (root / "single" / "provenance.json").write_text('{"platform": "x", "gpus": [1, 2]}')
+    report = write_report([root], tmp_path / "report")
+    assert any(
+        note.startswith(f"skipped {huge}: {huge / 'final.json'}: metrics.test/accuracy = ")
+        and "(401 digits) is larger than any float" in note
+        for note in report.notes
+    )
+    assert (
+        f"Reliability diagram of snens, M=4, τ=1.0, λ=0.1: {root / 'snens-1'} left out: its "
+        "test predictions are of 5 classes, the group's first run's of 10 (outputs.npz does "
+        "not belong to its config?)"
+    ) in report.notes
+    assert "reliability_2.png" in [p.name for p in report.plots]  # from seed 0 alone
+    assert f"Hardware and versions (from {root / 'single' / 'provenance.json'}): x" in (
+        report.path.read_text()
+    )
+    assert ", 1, 2; torch" in report.path.read_text()

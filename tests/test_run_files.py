@@ -180,11 +180,24 @@ def _damage_schedule(state):
     state["schedule"]["lr_lambdas"] = 5
 
 
+def _damage_schedule_step(state):
+    """The schedule of the last step of the run (lr 0 under the cosine) in epoch 1's
+    checkpoint: it had resumed and trained the rest at lr 0, exit status 0."""
+    state["schedule"]["last_epoch"] = 2 * state["step"]
+    state["schedule"]["_step_count"] = 2 * state["step"] + 1
+
+
+def _damage_amsgrad(state):
+    state["optimizer"]["param_groups"][0]["amsgrad"] = "yes"
+
+
 @pytest.mark.parametrize(
     ("damage", "named"),
     [
         (_damage_optimizer, r"the optimizer state of parameter \d+ \(param group 0\) has shape"),
         (_damage_schedule, "the schedule's lr_lambdas = 5 is not 3 entries"),
+        (_damage_schedule_step, r"the schedule is at step (\d+), the checkpoint's step is \d+"),
+        (_damage_amsgrad, "optimizer param group 0: amsgrad = 'yes' is not a bool"),
     ],
 )
 def test_resume_refuses_a_state_torch_optim_cannot_use(run, damage, named, capsys):
@@ -204,3 +217,93 @@ def test_resume_refuses_a_state_torch_optim_cannot_use(run, damage, named, capsy
     after = _files(run)
     assert after.pop("provenance.json") and before.pop("provenance.json")
     assert after == before
+
+
+# -- links planted where a run's files go -----------------------------------------------------
+
+
+def _tiny(out: Path, name: str = "run"):
+    return load_config(
+        preset("fashion_mnist_small_cnn_tiny"),
+        [
+            f"out_dir={json.dumps(str(out))}",
+            f"name={json.dumps(name)}",
+            "threads=1",
+            "data.train_examples=100",
+            "data.test_examples=100",
+            "data.ood_examples=100",
+            "optim.epochs=1",
+        ],
+    )
+
+
+def test_a_metrics_jsonl_link_planted_in_a_directory_without_a_run_is_never_written(
+    tmp_path, capsys
+):
+    """In a shared runs/, a directory that holds no run yet held a metrics.jsonl link: `snens
+    train` appended its epoch records to the link's target."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("someone else's file\n")
+    run = tmp_path / "runs" / "run"
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").symlink_to(victim)
+    with pytest.raises(RunDirError) as err:
+        train(_tiny(tmp_path / "runs"), progress=False, log=None)
+    assert str(err.value) == (
+        f"{run} holds metrics.jsonl but no config.toml, so no run of snens: a new run is not "
+        "started among them (they were left as they are); move them away, or choose another "
+        "name (--set name=…) or --out"
+    )
+    args = ["train", "--preset", "fashion_mnist_small_cnn_tiny", "--out", str(tmp_path / "runs")]
+    assert main([*args, "--set", 'name="run"', "--no-progress"]) == 2
+    assert "holds metrics.jsonl but no config.toml" in capsys.readouterr().err
+    assert victim.read_text() == "someone else's file\n"
+    assert sorted(p.name for p in run.iterdir()) == ["metrics.jsonl"]
+
+
+def test_a_metrics_jsonl_link_made_while_the_run_trains_is_refused_by_name(finished, tmp_path):
+    """A link put in place after the run started: the append refuses it, naming it."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep\n")
+    path = tmp_path / "run"
+    shutil.copytree(finished, path)
+    (path / "metrics.jsonl").unlink()
+    (path / "metrics.jsonl").symlink_to(victim)
+    run = Run(path, load_config(path / CONFIG))
+    with pytest.raises(RunDirError) as err:
+        run.log({"epoch": 3})
+    assert str(err.value).startswith(f"{path / 'metrics.jsonl'} is a symbolic link, so it was")
+    assert victim.read_text() == "keep\n"
+
+
+# -- a checkpoint whose model state is damaged, evaluated or resumed --------------------------
+
+
+def _with_model_state(run: Path, value) -> None:
+    state = load_checkpoint(run / "last.pt")
+    state["model"] = value(state["model"])
+    save_checkpoint(run / "last.pt", state, keep_previous=False)  # a valid digest
+
+
+def _nan_weight(model):
+    key = next(k for k, v in model.items() if v.is_floating_point())
+    return {**model, key: torch.full_like(model[key], float("nan"))}
+
+
+@pytest.mark.parametrize(
+    ("value", "named"),
+    [
+        (_nan_weight, "the checkpoint's model state holds values that are NaN or inf ("),
+        (lambda model: list(model.values()), "the checkpoint's model state is a list, not a"),
+        (lambda model: 3, "the checkpoint's model state is an int, not a mapping of tensors"),
+    ],
+)
+def test_a_damaged_model_state_is_named_by_eval_and_resume(run, value, named, capsys):
+    """NaN weights had been evaluated, and snens eval blamed its NaN outputs on the command
+    line ("(given on the command line)"); a list or an int had ended in a traceback."""
+    _with_model_state(run, value)
+    for argv in (["eval", str(run), "--no-corruptions"], ["train", "--resume", str(run)]):
+        assert main([*argv, "--no-progress"] if argv[0] == "train" else argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"snens {argv[0]}: {run / 'last.pt'}: {named}"), err
+        assert "command line" not in err and "Traceback" not in err

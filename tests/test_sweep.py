@@ -17,7 +17,7 @@ from snens.engine.cli import main
 from snens.engine.config import load_config, to_toml
 from snens.engine.presets import preset
 from snens.engine.runs import read_metrics
-from snens.engine.sweep import applies, final_row, parse_grid, plan, run_sweep
+from snens.engine.sweep import applies, final_row, parse_grid, plan, run_sweep, write_csv
 
 TINY = "fashion_mnist_small_cnn_tiny"
 SMALL = [
@@ -337,3 +337,29 @@ def test_a_sweep_trained_run_by_run_keeps_every_row_in_its_table(tmp_path):
         ValueError, match=r"table= must list every run trained; it lacks \['seed=2'\]"
     ):
         run_sweep(runs[2:], out, table=runs[:2], train=fake_train, log=lambda _: None)
+
+
+def test_sweep_csv_is_never_written_through_a_link_at_a_temporary_name(tmp_path):
+    """sweep.csv had been written to the fixed sweep.csv.tmp first, through a link there."""
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    (tmp_path / "sweep.csv.tmp").symlink_to(victim)
+    (tmp_path / "sweep.csv").symlink_to(victim)
+    write_csv(tmp_path / "sweep.csv", [{"a": 1.5, "b": "x"}])
+    assert victim.read_text() == "keep"
+    assert (tmp_path / "sweep.csv").read_bytes() == b"a,b\r\n1.5,x\r\n"
+    assert not (tmp_path / "sweep.csv").is_symlink()
+
+
+def test_a_final_json_that_is_a_link_is_not_read(tmp_path):
+    """final_row had read final.json through a link, a large file whole."""
+    from snens.engine.runs import RunDirError
+
+    (tmp_path / "elsewhere.json").write_text('{"metrics": {"test/accuracy": 0.5}}')
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "final.json").symlink_to(tmp_path / "elsewhere.json")
+    with pytest.raises(RunDirError, match=r"final\.json is a symbolic link, not a regular file"):
+        final_row(tmp_path / "run")
+    (tmp_path / "run" / "final.json").unlink()
+    (tmp_path / "run" / "final.json").write_text('{"metrics": {"test/accuracy": 0.5}}')
+    assert final_row(tmp_path / "run") == {"test/accuracy": 0.5}

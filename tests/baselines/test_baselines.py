@@ -557,3 +557,24 @@ def test_one_method_record_answers_what_each_method_is():
     assert ONE_NETWORK_METHODS == ("single", "batch_ensemble", "film", "mc_dropout", "snens")
     assert METHOD_RECORDS["single"].fixed_members == 1
     assert all(m.fixed_members is None for n, m in METHOD_RECORDS.items() if n != "single")
+
+
+@pytest.mark.parametrize(
+    "method, options, message",
+    [
+        ("packed", {"alpha": 1e300}, r"alpha must be a number in \(0, 64\], got 1e\+300"),
+        ("batch_ensemble", {"init_std": 1e300}, r"init_std must be a number in \[0, 100\], got"),
+    ],
+)
+def test_method_options_out_of_range_are_named_before_anything_trains(method, options, message):
+    """Packed's alpha = 1e300 had ended in a trace from inside torch; BatchEnsemble's init_std
+    = 1e300 in a NaN first step blamed on an earlier update."""
+    with pytest.raises(ValueError, match=message):
+        baselines.create(method, "small_cnn", num_classes=3, num_members=2, **options)
+
+
+def test_a_method_too_large_for_the_machine_is_named_with_its_options():
+    """Within its bounds, a packed network too wide for the machine: a ValueError, not the
+    allocator's trace."""
+    with pytest.raises(ValueError, match=r"method 'packed' over small_cnn with options .* needs"):
+        baselines.create("packed", "small_cnn", num_classes=3, num_members=2, width=2**20, alpha=64)

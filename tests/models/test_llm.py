@@ -2,6 +2,9 @@
 label-word head, LoRA, and σN-Ens over its 61 RMSNorms."""
 
 import json
+import os
+import threading
+import time
 
 import pytest
 import torch
@@ -142,3 +145,71 @@ def test_snens_over_the_llm_starts_as_the_plain_model_and_trains(path, batch):
     member = snens.extract_member(ens, 2).eval()
     with torch.no_grad():
         torch.testing.assert_close(member(**batch), after[2], rtol=1e-4, atol=1e-4)
+
+
+# -- the cache: verified, made again when damaged, made once by one process -----------------
+
+
+@pytest.fixture
+def fake_conversion(monkeypatch):
+    """The conversion replaced by a quick one (the real one takes ~40 s): the calls counted."""
+    made = []
+
+    def convert(gguf, directory):
+        made.append(directory)
+        time.sleep(0.3)  # long enough for a second process to arrive while it runs
+        (directory / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
+        (directory / "model.safetensors").write_bytes(bytes(range(256)) * 64)
+
+    monkeypatch.setattr(llm, "_convert_smollm2", convert)
+    return made
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda p: os.truncate(p / "model.safetensors", 100),  # cut short by a full disk
+        lambda p: (p / "model.safetensors").write_bytes(bytes(256 * 64)),  # same size, changed
+        lambda p: (p / "model.safetensors").unlink(),
+        lambda p: (p / "source.json").write_text("[1, 2]"),  # a list, not snens's record
+        lambda p: (p / "source.json").write_text('{"gguf": "x"}'),  # an older record, no files
+    ],
+)
+def test_a_damaged_cache_is_made_again(tmp_path, fake_conversion, damage):
+    """Only source.json had been checked: a model.safetensors cut short was trusted (and a
+    source.json holding a list raised an AttributeError)."""
+    path = llm.smollm2_path(tmp_path)
+    assert len(fake_conversion) == 1 and llm.smollm2_path(tmp_path) == path
+    assert len(fake_conversion) == 1  # found whole: not made again
+    damage(path)
+    assert llm.smollm2_path(tmp_path) == path
+    assert len(fake_conversion) == 2
+    assert (path / "model.safetensors").read_bytes() == bytes(range(256)) * 64
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]  # nothing left beside it
+
+
+def test_two_processes_making_the_cache_make_it_once(tmp_path, fake_conversion):
+    """The second had deleted the first's finished cache, without a lock."""
+    results = []
+    threads = [
+        threading.Thread(target=lambda: results.append(llm.smollm2_path(tmp_path)))
+        for _ in range(2)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(fake_conversion) == 1
+    assert results == [tmp_path / "smollm2-135m-instruct-f32-v1"] * 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["smollm2-135m-instruct-f32-v1"]
+
+
+def test_a_killed_builders_partial_cache_is_removed_by_the_next_build(tmp_path, fake_conversion):
+    """A conversion killed midway left its 540 MB temporary directory behind for good."""
+    partial = tmp_path / ".smollm2-135m-instruct-f32-v1-k1ll3d"
+    partial.mkdir()
+    (partial / "model.safetensors").write_bytes(b"half")
+    (tmp_path / "smollm2-135m-instruct-f32-v1").symlink_to(tmp_path / "elsewhere")
+    path = llm.smollm2_path(tmp_path)
+    assert not path.is_symlink() and len(fake_conversion) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]

@@ -346,15 +346,21 @@ def test_register_adds_a_builder_and_refuses_duplicates(monkeypatch):
             "model 'small_cnn' has no option 'widht'; did you mean 'width'? its options: "
             "num_classes, in_channels, width, norm_layer",
         ),
-        ("small_cnn", {"width": 0}, "model 'small_cnn': width must be an int >= 1, got 0"),
-        ("small_cnn", {"width": 2.5}, "model 'small_cnn': width must be an int >= 1, got 2.5"),
-        ("small_cnn", {"in_channels": True}, "in_channels must be an int >= 1, got True"),
+        ("small_cnn", {"width": 0}, "model 'small_cnn': width must be an int in 1..1048576, got 0"),
+        ("small_cnn", {"width": 2.5}, "model 'small_cnn': width must be an int in 1..1048576, got"),
+        ("small_cnn", {"in_channels": True}, "in_channels must be an int in 1..1048576, got True"),
+        # 10**9 had ended in torch's "can't allocate memory" trace: above the bound, or within
+        # it and still more than the machine holds, a ValueError naming the sizes
+        ("small_cnn", {"width": 10**9}, "width must be an int in 1..1048576, got 1000000000"),
+        ("small_cnn", {"width": 2**20}, "model 'small_cnn' with {'width': 1048576} needs more"),
         # options a builder passes on through **kwargs are the class's: checked the same way
-        ("vit_small", {"dim": 0}, "model 'vit_small': dim must be an int >= 1, got 0"),
+        ("vit_small", {"dim": 0}, "model 'vit_small': dim must be an int in 1..1048576, got 0"),
         ("vit_small", {"dimm": 64}, "model 'vit_small' has no option 'dimm'; did you mean 'dim'?"),
         ("mobilenet_v2", {"width_mult": -1.0}, "width_mult must be > 0, got -1.0"),
         ("mobilenet_v2", {"width_mult": math.nan}, "width_mult must be a finite number, got nan"),
         ("wrn28_10", {"dropout": 1.5}, "model 'wrn28_10': dropout must be in [0, 1), got 1.5"),
+        # a class a config cannot give: "x" had been called ("'str' object is not callable")
+        ("small_cnn", {"norm_layer": "x"}, "norm_layer takes a Python callable (a norm class)"),
     ],
 )
 def test_bad_model_options_are_named_before_anything_is_built(name, options, message):

@@ -45,6 +45,11 @@ __all__ = [
     "batch_ensemble",
 ]
 
+# The largest spread of the fast weights r, s ~ N(1, σ²): their product scales a layer's
+# output by ~σ², so σ = 100 already takes every member far from the shared layer, and 1e300
+# had made the first step's loss NaN (reported as a diverged update).
+_MAX_INIT_STD = 100.0
+
 
 def _check_rows(layer: nn.Module, x: Tensor, num_members: int) -> None:
     check_batch_first(layer, x)
@@ -120,8 +125,11 @@ class _FastWeights:
         """
         init_std = self.init_std if init_std is None else init_std
         random_sign = self.random_sign if random_sign is None else random_sign
-        if not init_std >= 0:
-            raise ValueError(f"init_std must be >= 0, got {init_std}")
+        if not 0 <= init_std <= _MAX_INIT_STD:
+            raise ValueError(
+                f"init_std must be a number in [0, {_MAX_INIT_STD:g}], got {init_std}; the "
+                "paper's is 0.5"
+            )
         for p in (self.r, self.s):
             if random_sign:
                 draw = torch.rand(p.shape, generator=generator).lt(0.5).float().mul(2).sub(1)

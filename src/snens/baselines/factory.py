@@ -10,6 +10,7 @@ widened network, so they take only the names ``resnet18``, ``resnet50`` and ``sm
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +26,7 @@ from snens.baselines.single import SingleModel
 from snens.method.ensemble import convert
 from snens.nn.norms import check_num_members
 
-__all__ = ["DEFAULT_NUM_MEMBERS", "METHODS", "METHOD_RECORDS", "Method", "create"]
+__all__ = ["DEFAULT_NUM_MEMBERS", "METHODS", "METHOD_RECORDS", "Method", "create", "option_names"]
 
 
 @dataclass(frozen=True)
@@ -137,7 +138,30 @@ def create(
             f"got {type(backbone).__name__}"
         )
     backbone_options = dict(backbone_options or {})
+    _check_options(method, backbone, options)
+    try:
+        return _create(method, backbone, num_classes, num_members, backbone_options, options)
+    except (RuntimeError, MemoryError) as error:
+        # a size within its bounds can still be too large for this machine (torch's
+        # "can't allocate memory" trace)
+        if not isinstance(error, MemoryError) and "allocate" not in str(error):
+            raise
+        raise ValueError(
+            f"method {method!r} over {backbone if isinstance(backbone, str) else 'the model'} "
+            f"with options {options} needs more memory than this machine has "
+            f"({str(error).splitlines()[-1][:160]}); choose smaller sizes"
+        ) from None
 
+
+def _create(
+    method: str,
+    backbone: str | nn.Module,
+    num_classes: int | None,
+    num_members: int | None,
+    backbone_options: dict[str, Any],
+    options: dict[str, Any],
+) -> nn.Module:
+    """:func:`create` once its arguments were checked."""
     if method == "single":
         if num_members not in (None, 1):
             raise ValueError(
@@ -160,6 +184,62 @@ def create(
     # the wrappers of one network; a backbone built here is converted in place, no copy needed
     model = _build(backbone, num_classes, backbone_options)
     return _WRAPPERS[method](model, M, inplace=isinstance(backbone, str), **options)
+
+
+#: The arguments create() itself gives each builder: an option of the same name would clash.
+_GIVEN = {
+    "single": ("model",),
+    "deep_ensemble": ("models", "num_members"),
+    "packed": ("num_members", "num_classes"),
+}
+_GIVEN_TO_WRAPPERS = ("model", "num_members", "inplace")
+
+
+def _builder(method: str, backbone: str | nn.Module) -> Any:
+    if method == "single":
+        return SingleModel
+    if method == "deep_ensemble":
+        return DeepEnsemble
+    if method == "packed":
+        return _PACKED.get(backbone) if isinstance(backbone, str) else None
+    return _WRAPPERS[method]
+
+
+def option_names(method: str, backbone: str | nn.Module) -> tuple[str, ...] | None:
+    """The options :func:`create` passes on to ``method``'s builder over ``backbone`` (its
+    keyword parameters but those create() gives itself); None for a ``packed`` backbone it
+    cannot build (refused by name when built).
+
+    Raises:
+        ValueError: an unknown method.
+    """
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
+    builder = _builder(method, backbone)
+    if builder is None:
+        return None
+    given = _GIVEN.get(method, _GIVEN_TO_WRAPPERS)
+    return tuple(
+        name
+        for name, p in inspect.signature(builder).parameters.items()
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and name not in given
+    )
+
+
+def _check_options(method: str, backbone: str | nn.Module, options: dict[str, Any]) -> None:
+    """Refuse an option ``method`` does not take (or one create() gives itself), naming it
+    and the options there are: an unknown key had been a TypeError from inside the builder.
+
+    Raises:
+        ValueError: the option and the method's options named.
+    """
+    takes = option_names(method, backbone)
+    unknown = [k for k in options if takes is not None and k not in takes]
+    if unknown:
+        raise ValueError(
+            f"method {method!r} takes no option {unknown[0]!r}; its options are: "
+            f"{', '.join(takes) or 'none'}"
+        )
 
 
 def _packed(backbone: str | nn.Module, num_classes: int | None, M: int, kwargs: dict) -> nn.Module:

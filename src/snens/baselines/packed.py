@@ -47,12 +47,19 @@ __all__ = [
 ]
 
 NormLayer = Callable[[int], nn.Module]
+# The largest width factor α: the widened network holds ~α² times the parameters, so α = 64
+# is a ResNet-18 of 45 G parameters; 1e300 had ended in a trace from inside torch.
+_MAX_ALPHA = 64
 
 
 def _check_packing(num_members: int, alpha: float, gamma: int) -> None:
     check_num_members(num_members)
-    if not (isinstance(alpha, (int, float)) and not isinstance(alpha, bool) and alpha > 0):
-        raise ValueError(f"alpha must be a number > 0, got {alpha!r}; the paper uses alpha=2")
+    if not (
+        isinstance(alpha, (int, float)) and not isinstance(alpha, bool) and 0 < alpha <= _MAX_ALPHA
+    ):
+        raise ValueError(
+            f"alpha must be a number in (0, {_MAX_ALPHA}], got {alpha!r}; the paper uses alpha=2"
+        )
     if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
         raise ValueError(f"gamma must be an int >= 1, got {gamma!r}; the paper uses gamma=2")
 

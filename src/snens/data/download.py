@@ -15,6 +15,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from snens import files
+
 __all__ = [
     "ChecksumError",
     "DownloadError",
@@ -244,7 +246,7 @@ def download_url(
     if path.is_file() and _passes(path, expected):
         return path
     part = path.with_name(path.name + ".part")
-    start = part.stat().st_size if part.is_file() else 0
+    start = part.stat().st_size if part.is_file() and not part.is_symlink() else 0
     try:
         response = _open(url, start, timeout)
     except urllib.error.HTTPError as err:
@@ -321,12 +323,15 @@ def _stream(response, part: Path, offset: int, bar, url: str) -> int:
     """Write the body to ``part`` after its first ``offset`` bytes; the bytes received."""
     received = 0
     try:
-        with open(part, "ab" if offset else "wb") as f:
+        # never through a link planted at the fixed .part name
+        with files.open_append(part, truncate=not offset) as f:
             for chunk in iter(lambda: response.read(_CHUNK_BYTES), b""):
                 f.write(chunk)
                 received += len(chunk)
                 if bar is not None:
                     bar.update(len(chunk))
+    except files.FileRefusedError:
+        raise
     except OSError as err:
         raise DownloadError(
             f"download of {url} interrupted after {offset + received} bytes ({err}); "

@@ -25,6 +25,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from snens import files
+
 from .download import data_root, download_url, shipped_data_file
 
 __all__ = [
@@ -235,8 +237,7 @@ def write_idx(
         compress = path.suffix == ".gz"
     if compress:
         raw = gzip.compress(raw, mtime=0)
-    path.write_bytes(raw)
-    return path
+    return files.write_bytes(path, raw, mode=files.plain_mode(path))
 
 
 def _find_files(directory: Path, names: tuple[str, ...]) -> tuple[Path, ...] | None:

@@ -27,7 +27,12 @@ from torch.utils.data import DataLoader, Dataset
 
 from .loader import check_shard
 
-__all__ = ["FolderLoader", "default_num_workers"]
+__all__ = ["MAX_WORKERS", "FolderLoader", "default_num_workers"]
+
+#: Most DataLoader worker processes a loader may start: above the cores of the largest CPU
+#: hosts (two 192-core CPUs), far below what exhausts a host's process table (100,000 had been
+#: accepted and an image-folder run started that many processes).
+MAX_WORKERS = 512
 
 _WORKERS = 2**63  # third seed number of the workers' base seed; item seeds use indices < N
 
@@ -83,8 +88,8 @@ class FolderLoader:
         x: ``(B, C, H, W)`` as the transform returns it; y: ``(B,)`` int64.
 
     Raises:
-        ValueError: an empty data set, a non-positive batch size, ``num_workers < -1``, or
-            ``drop_last`` with fewer examples than one batch.
+        ValueError: an empty data set, a non-positive batch size, ``num_workers`` outside
+            -1..:data:`MAX_WORKERS`, or ``drop_last`` with fewer examples than one batch.
     """
 
     def __init__(
@@ -107,8 +112,15 @@ class FolderLoader:
                 f"drop_last with batch_size {batch_size} > {len(dataset)} examples yields no "
                 "batch; lower data.batch_size or use more examples"
             )
-        if num_workers < -1:
-            raise ValueError(f"num_workers must be >= 0, or -1 for the default; got {num_workers}")
+        if (
+            isinstance(num_workers, bool)
+            or not isinstance(num_workers, int)
+            or not -1 <= num_workers <= MAX_WORKERS
+        ):
+            raise ValueError(
+                f"num_workers must be an int in 0..{MAX_WORKERS}, or -1 for the default; got "
+                f"{num_workers!r}"
+            )
         self.dataset = dataset
         self.batch_size = batch_size
         self.shuffle, self.drop_last, self.seed = shuffle, drop_last, seed

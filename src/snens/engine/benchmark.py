@@ -38,7 +38,9 @@ from torch import nn
 
 import snens
 from snens.baselines import DeepEnsemble
+from snens.engine.config import MAX_THREADS
 from snens.models import create
+from snens.nn.norms import MAX_MEMBERS
 
 __all__ = [
     "Measure",
@@ -590,6 +592,30 @@ def _device_arg(name: str) -> torch.device:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def _bounded(flag: str, low: int, high: int, why: str = "") -> Callable[[str], int]:
+    """An argparse type: an int in ``low..high``, or an error naming the value and the range
+    (argparse names ``flag`` before it and exits with status 2)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an int, got {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be an int in {low}..{high}{why}, got {value}")
+        return value
+
+    return parse
+
+
+#: Most repeats of one measure: the median of 1,000 is as stable as it gets.
+_MAX_REPEATS = 1000
+#: Largest batch per member step: 2**16 images of 3×224×224 are 39 GB as float32.
+_MAX_BATCH = 2**16
+#: SmolLM2-135M has 30 decoder layers and a context of 8,192 tokens.
+_LLM_LAYERS, _LLM_TOKENS = 30, 8192
+
+
 def _device_line(device: torch.device) -> str:
     """The hardware a run measured: the CPU and its threads, or the CUDA device."""
     if device.type == "cuda":
@@ -611,9 +637,14 @@ def main(argv: list[str] | None = None) -> int:
         "snens bench --device cuda --compile-only --quick; "
         "snens bench --absolute --device cuda --bf16 --batch 128 --backbone wrn28_10",
     )
-    parser.add_argument("--num-members", type=int, default=4)
-    parser.add_argument("--batch", type=int, default=8, help="examples per member step (B)")
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--num-members", type=_bounded("--num-members", 1, MAX_MEMBERS), default=4)
+    parser.add_argument(
+        "--batch",
+        type=_bounded("--batch", 1, _MAX_BATCH),
+        default=8,
+        help="examples per member step (B)",
+    )
+    parser.add_argument("--repeats", type=_bounded("--repeats", 1, _MAX_REPEATS), default=7)
     parser.add_argument(
         "--device",
         type=_device_arg,
@@ -623,7 +654,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--threads",
-        type=int,
+        type=_bounded("--threads", 0, MAX_THREADS, " (0 = all)"),
         default=None,
         help="torch CPU threads (default: all); they set the speed of --device cpu, not of GPU "
         "kernels",
@@ -672,9 +703,17 @@ def main(argv: list[str] | None = None) -> int:
         "RMSNorm, σN-Ens-LoRA step vs one LoRA model at M·B and vs a LoRA ensemble, split step",
     )
     parser.add_argument(
-        "--llm-layers", type=int, default=30, help="decoder layers of --llm (SmolLM2 has 30)"
+        "--llm-layers",
+        type=_bounded("--llm-layers", 1, _LLM_LAYERS, " (SmolLM2's decoder layers)"),
+        default=30,
+        help="decoder layers of --llm (SmolLM2 has 30)",
     )
-    parser.add_argument("--tokens", type=int, default=64, help="tokens per text of --llm")
+    parser.add_argument(
+        "--tokens",
+        type=_bounded("--tokens", 1, _LLM_TOKENS, " (SmolLM2's context)"),
+        default=64,
+        help="tokens per text of --llm",
+    )
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

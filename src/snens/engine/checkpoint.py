@@ -31,14 +31,15 @@ File layout: one header line, then a ``torch.save`` payload::
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import io
 import math
 import os
 import pickle
 import random
+import secrets
 import stat
-import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,8 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+
+from snens import files
 
 __all__ = [
     "TRAINING_KEYS",
@@ -80,70 +83,22 @@ class CheckpointError(ValueError):
 # ------------------------------------------------------------------------------------------------
 
 
-def _fsync_directory(directory: Path) -> None:
-    # Makes the rename itself durable. Not possible on every platform (Windows): skip there.
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def atomic_write(
     path: str | os.PathLike, data: bytes, *, exclusive: bool = False, mode: int | None = None
 ) -> Path:
-    """Write ``data`` to ``path`` so that a crash leaves the old file or the new one, whole.
+    """Write ``data`` to ``path`` so that a crash leaves the old file or the new one, whole:
+    :func:`snens.files.write_bytes` (a unique temporary beside it, never a link followed).
 
-    temporary file in the same directory → write → flush → fsync → ``os.replace`` → fsync of
-    the directory. On any error the temporary file is removed and ``path`` is untouched.
-    With ``exclusive`` the last step is ``os.link`` instead, which fails if ``path`` exists:
-    of two processes writing the same new file at once, exactly one succeeds. The file is
-    readable by its owner alone (``0o600``, the temporary file's), or has ``mode``.
+    With ``exclusive`` the last step is ``os.link``, which fails if ``path`` exists: of two
+    processes writing the same new file at once, exactly one succeeds. The file is readable
+    by its owner alone (``0o600``), or has ``mode``.
 
     Raises:
         FileExistsError: ``exclusive`` and ``path`` exists.
         OSError: the directory is missing or not writable, the disk is full, …; the message
             names the path.
     """
-    path = Path(path)
-    directory = path.parent
-    try:
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as error:
-        raise type(error)(error.errno, f"cannot write {path}: {error.strerror}") from error
-    try:
-        if mode is not None and hasattr(os, "fchmod"):
-            os.fchmod(fd, mode)
-        with os.fdopen(fd, "wb") as file:
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
-        if exclusive:
-            os.link(tmp, path)
-            os.unlink(tmp)
-        else:
-            os.replace(tmp, path)
-    except FileExistsError:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    except OSError as error:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if str(path) in str(error):
-            raise
-        raise type(error)(error.errno, f"cannot write {path}: {error.strerror or error}") from error
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    _fsync_directory(directory)
-    return path
+    return files.write_bytes(path, data, exclusive=exclusive, mode=mode)
 
 
 def atomic_savez(
@@ -151,36 +106,32 @@ def atomic_savez(
 ) -> Path:
     """``np.savez_compressed`` of ``arrays`` (NumPy arrays, tensors or scalars) to ``path``
     through :func:`atomic_write`: a killed writer leaves no file that reads as written."""
-    buffer = io.BytesIO()
-    np.savez_compressed(
-        buffer, **{k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in arrays.items()}
-    )
-    return atomic_write(path, buffer.getvalue(), mode=mode)
+    return files.savez(path, arrays, mode=mode)
 
 
 def remove_stale_temporaries(directory: str | os.PathLike) -> list[Path]:
     """Remove the temporary files a killed :func:`atomic_write` left in ``directory``
-    (``.<name>.<random>.tmp``, ``.<name>.link.tmp``); return them. Call it only where no other
-    process writes (a run being resumed): a live writer's temporary file looks the same."""
-    removed = []
-    for tmp in Path(directory).glob(".*.tmp"):
-        if tmp.is_file() and not tmp.is_symlink():
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-                removed.append(tmp)
-    return removed
+    (``.<name>.<random>.tmp``); return them. Call it only where no other process writes (a
+    run being resumed): a live writer's temporary file looks the same."""
+    return files.remove_stale_temporaries(directory)
 
 
 def _keep_previous(path: Path, previous: Path) -> None:
-    """Make ``previous`` a complete copy of ``path`` without ever removing ``path``."""
-    tmp = previous.with_name(f".{previous.name}.link.tmp")
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp)
-    try:
-        os.link(path, tmp)  # a second name for the same complete file
-    except OSError:  # no hard links on this file system: copy (atomically)
-        atomic_write(previous, path.read_bytes())
-        return
+    """Make ``previous`` a complete copy of ``path`` without ever removing ``path``: a second
+    name for the same file (a hard link under a unique temporary name, renamed over
+    ``previous``), or a copy where the file system has no hard links."""
+    for _ in range(100):
+        tmp = previous.with_name(f".{previous.name}.{secrets.token_hex(8)}.tmp")
+        try:
+            os.link(path, tmp)  # never follows a link at tmp: it fails where anything is
+            break
+        except FileExistsError:
+            continue
+        except OSError:  # no hard links on this file system: copy (atomically)
+            atomic_write(previous, _read_all(path))
+            return
+    else:
+        raise FileExistsError(errno.EEXIST, f"no free temporary name beside {previous}")
     try:
         os.replace(tmp, previous)
     except BaseException:
@@ -228,7 +179,7 @@ def save_checkpoint(
     buffer = io.BytesIO()
     torch.save(dict(state), buffer)
     payload = buffer.getvalue()
-    if keep_previous and path.is_file():
+    if keep_previous and path.is_file() and not path.is_symlink():
         _keep_previous(path, _previous_path(path))
     return atomic_write(path, _header(payload) + payload)
 
@@ -259,6 +210,8 @@ def _parse_header(data: bytes, path: Path) -> tuple[int, str, int]:
         raise CheckpointError(f"{path}: malformed header {data[:newline]!r}") from error
     if version != _VERSION:
         raise CheckpointError(f"{path}: checkpoint format {version}, this snens reads {_VERSION}")
+    if size < 0 or len(digest) != 64:  # bytes=-5 had read as "trailing bytes"
+        raise CheckpointError(f"{path}: malformed header {data[:newline]!r}")
     return newline, digest, size
 
 
@@ -309,13 +262,42 @@ def _open_checkpoint(path: Path) -> int:
     )
 
 
-def _read_checkpoint(path: Path) -> bytes:
+def _read_all(path: Path) -> bytes:
     fd = _open_checkpoint(path)
     try:
         with os.fdopen(fd, "rb", closefd=False) as file:
             return file.read()
     finally:
         os.close(fd)
+
+
+def _read_checkpoint(path: Path) -> tuple[str, bytes]:
+    """The digest the header of checkpoint ``path`` records and its payload, read only once
+    the file's length was found equal to the header's: a truncated file, or one with bytes
+    after its payload, is refused before its payload is read (a 3 GiB sparse ``last.pt`` had
+    been read whole, 6.5 GB of memory, to be refused)."""
+    fd = _open_checkpoint(path)
+    try:
+        with os.fdopen(fd, "rb", closefd=False) as file:
+            head = file.read(_MAX_HEADER)
+            newline, digest, size = _parse_header(head, path)
+            held = os.fstat(fd).st_size - (newline + 1)
+            if held != size:
+                what = "is truncated" if held < size else "has trailing bytes"
+                raise CheckpointError(
+                    f"{path} {what}: the header says {size} bytes of payload, the file holds "
+                    f"{held}; use the previous checkpoint (prev.pt) or retrain"
+                )
+            file.seek(newline + 1)
+            payload = file.read(size + 1)
+    finally:
+        os.close(fd)
+    if len(payload) != size:  # changed while being read
+        raise CheckpointError(
+            f"{path} changed while being read (the header says {size} bytes of payload, "
+            f"{len(payload)} were read); read it again once nothing writes it"
+        )
+    return digest, payload
 
 
 def load_checkpoint(
@@ -360,15 +342,7 @@ def load_checkpoint_with_digest(
         The errors of :func:`load_checkpoint`.
     """
     path = Path(path)
-    data = _read_checkpoint(path)
-    newline, digest, size = _parse_header(data, path)
-    payload = data[newline + 1 :]
-    if len(payload) != size:
-        what = "is truncated" if len(payload) < size else "has trailing bytes"
-        raise CheckpointError(
-            f"{path} {what}: the header says {size} bytes of payload, the file holds "
-            f"{len(payload)}; use the previous checkpoint (prev.pt) or retrain"
-        )
+    digest, payload = _read_checkpoint(path)
     if hashlib.sha256(payload).hexdigest() != digest:
         raise CheckpointError(
             f"{path}: content digest mismatch (SHA-256 of the payload differs from the header): "
@@ -393,22 +367,60 @@ def load_checkpoint_with_digest(
     return state, digest
 
 
+def _tensor_problem(value: Any, own: torch.Tensor) -> str | None:
+    """Why ``value`` cannot be copied into the model's tensor ``own``; None when it can."""
+    if not isinstance(value, torch.Tensor):
+        name = type(value).__name__
+        return f"{'an' if name[:1] in 'aeiou' else 'a'} {name}, not a tensor"
+    if value.layout != torch.strided:
+        return f"a {value.layout} tensor, not a dense one"
+    if value.is_meta:
+        return "a tensor on the meta device, which holds no values"
+    if value.shape != own.shape or value.dtype != own.dtype:
+        return (
+            f"checkpoint {tuple(value.shape)} {value.dtype}, model {tuple(own.shape)} {own.dtype}"
+        )
+    if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+        return f"{int((~torch.isfinite(value)).sum())} of its {value.numel()} values NaN or inf"
+    return None
+
+
 def load_model_state(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> None:
-    """``model.load_state_dict(state_dict)``, but only after every name, shape and dtype matched.
+    """``model.load_state_dict(state_dict)``, but only after every entry was found to fit:
+    the names, and each value a dense tensor (not sparse, not on the meta device) of the
+    model's shape and dtype, finite (a checkpoint of NaN weights had been evaluated, and its
+    NaN outputs blamed on the command line).
 
     Raises:
-        CheckpointError: missing or unexpected names, or a shape or dtype that differs (the
-            first few of each listed); the model is then unchanged.
+        CheckpointError: ``state_dict`` is not a mapping, or has missing or unexpected names,
+            or a value that does not fit (the first few of each listed); the model is then
+            unchanged.
     """
+    if not isinstance(state_dict, Mapping):
+        kind = type(state_dict).__name__
+        raise CheckpointError(
+            f"the checkpoint's model state is {'an' if kind[:1] in 'aeiou' else 'a'} {kind}, "
+            "not a mapping of "
+            "tensors; nothing was loaded. The file was not written by snens (or was changed): "
+            "use the previous checkpoint (prev.pt)"
+        )
     own = model.state_dict()
     missing = [k for k in own if k not in state_dict]
-    unexpected = [k for k in state_dict if k not in own]
-    mismatched = [
-        f"{k}: checkpoint {tuple(v.shape)} {v.dtype}, model {tuple(own[k].shape)} {own[k].dtype}"
-        for k, v in state_dict.items()
-        if k in own
-        and (not isinstance(v, torch.Tensor) or v.shape != own[k].shape or v.dtype != own[k].dtype)
-    ]
+    unexpected = [str(k) for k in state_dict if k not in own]
+    mismatched = []
+    for k, v in state_dict.items():
+        problem = _tensor_problem(v, own[k]) if k in own else None
+        if problem is not None:
+            mismatched.append(f"{k}: {problem}")
+    nonfinite = [m for m in mismatched if m.endswith("NaN or inf")]
+    if nonfinite and len(nonfinite) == len(mismatched) and not (missing or unexpected):
+        more = f" (+{len(nonfinite) - 3} more)" if len(nonfinite) > 3 else ""
+        named = "; ".join(nonfinite[:3])
+        raise CheckpointError(
+            f"the checkpoint's model state holds values that are NaN or inf ({named}{more}), so "
+            "nothing was loaded: the run had diverged, or the file was changed; "
+            "use the previous checkpoint (prev.pt), or train again"
+        )
     if missing or unexpected or mismatched:
         problems = []
         for label, items in (
@@ -424,7 +436,12 @@ def load_model_state(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -
             + "; ".join(problems)
             + ". Was it saved with another config?"
         )
-    model.load_state_dict(state_dict)
+    try:
+        model.load_state_dict(state_dict)
+    except (RuntimeError, TypeError, ValueError) as error:  # every entry was checked above
+        raise CheckpointError(
+            f"the checkpoint's model state could not be loaded: {error}"
+        ) from error
 
 
 # ------------------------------------------------------------------------------------------------
@@ -433,6 +450,17 @@ def load_model_state(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -
 
 # Hyperparameters of a param group that must be finite numbers >= 0 where present.
 _GROUP_NUMBERS = ("lr", "initial_lr", "weight_decay", "momentum", "dampening", "eps")
+# Switches of a param group that must be bools where present (None: torch's default).
+_GROUP_FLAGS = (
+    "amsgrad",
+    "maximize",
+    "nesterov",
+    "capturable",
+    "differentiable",
+    "foreach",
+    "fused",
+    "decoupled_weight_decay",
+)
 
 
 def _is_int(value: Any) -> bool:
@@ -502,6 +530,9 @@ def check_training_state(
                 raise bad(
                     f"optimizer param group {g}: {key} = {group[key]!r:.40} is not a number >= 0"
                 )
+        for key in _GROUP_FLAGS:  # a string such as 'yes' had failed inside the first step
+            if key in group and group[key] is not None and not isinstance(group[key], bool):
+                raise bad(f"optimizer param group {g}: {key} = {group[key]!r:.40} is not a bool")
         betas = group.get("betas", (0.0, 0.0))
         if not (
             isinstance(betas, list | tuple)
@@ -543,6 +574,14 @@ def check_training_state(
     else:
         _fit_model_state(state.get("model"), listed, shapes, bad)
     _check_schedule_state(state.get("schedule"), len(groups), bad)
+    step = state.get("step")
+    last = state["schedule"]["last_epoch"]
+    if _is_int(step) and last != step:  # the schedule steps once per batch, as step counts
+        raise bad(
+            f"the schedule is at step {last}, the checkpoint's step is {step} (the schedule "
+            "steps once per training step): resumed, the rest would train at the learning "
+            "rate of another step"
+        )
 
 
 _Bad = Callable[[str], CheckpointError]

@@ -17,6 +17,12 @@ __all__ = ["main"]
 def _demo(args: argparse.Namespace) -> int:
     from snens.engine import demo
 
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        print(
+            f"snens demo: --out {args.out} is a file, not a directory; choose another --out",
+            file=sys.stderr,
+        )
+        return 2
     try:
         return demo.run(full=args.full, out=args.out)
     except (ValueError, OSError) as error:  # e.g. --out holding another demo's runs
@@ -85,13 +91,25 @@ def _train(args: argparse.Namespace) -> int:
         )
         return 130
     except (RunDirError, CheckpointError, FileNotFoundError, ValueError) as error:
-        print(f"snens train: {error}", file=sys.stderr)
+        where = Path(args.resume) / "last.pt" if args.resume is not None else None
+        print(f"snens train: {_naming(error, where)}", file=sys.stderr)
         return 2
     except OSError as error:  # a disk or file fault outside the run directory (data, cache)
         print(f"snens train: {error}", file=sys.stderr)
         return 1
     print(run_dir)
     return 0
+
+
+def _naming(error: Exception, checkpoint: Path | None) -> str:
+    """The message of ``error``, led by the checkpoint it is about where it names no file:
+    a model state refused by ``load_model_state`` knows no path."""
+    from snens.engine.checkpoint import CheckpointError
+
+    message = str(error)
+    if isinstance(error, CheckpointError) and checkpoint is not None and "/" not in message:
+        return f"{checkpoint}: {message}"
+    return message
 
 
 def _run_dir_of(config) -> str:
@@ -180,9 +198,25 @@ def _train_config(args: argparse.Namespace) -> RunConfig | int:
 
 def _eval(args: argparse.Namespace) -> int:
     from snens.engine.checkpoint import CheckpointError
+    from snens.engine.config import with_evaluation_settings
     from snens.engine.reload import evaluate_run
-    from snens.engine.runs import RunDirError, to_json
+    from snens.engine.runs import RunDirError, read_config, to_json
 
+    try:
+        saved = read_config(args.run_dir)
+    except (OSError, ValueError, TypeError):
+        saved = None  # evaluate_run names what is wrong with the run directory
+    try:  # the settings given, checked alone: a later error is not theirs
+        if saved is not None:
+            with_evaluation_settings(
+                saved.data,
+                ood_scores=args.ood_scores,
+                conformal_alpha=args.alpha,
+                calibrators=args.calibrators,
+            )
+    except (ValueError, TypeError) as error:
+        print(f"snens eval: {error} (given on the command line)", file=sys.stderr)
+        return 2
     try:
         results, state = evaluate_run(
             args.run_dir,
@@ -191,11 +225,8 @@ def _eval(args: argparse.Namespace) -> int:
             conformal_alpha=args.alpha,
             calibrators=args.calibrators,
         )
-    except (RunDirError, CheckpointError, FileNotFoundError) as error:
-        print(f"snens eval: {error}", file=sys.stderr)
-        return 2
-    except ValueError as error:  # an override the run's config refuses
-        print(f"snens eval: {error} (given on the command line)", file=sys.stderr)
+    except (RunDirError, CheckpointError, FileNotFoundError, ValueError) as error:
+        print(f"snens eval: {_naming(error, Path(args.run_dir) / 'last.pt')}", file=sys.stderr)
         return 2
     if args.json:
         print(to_json(results, indent=2))

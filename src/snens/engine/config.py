@@ -36,9 +36,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from snens.baselines.factory import METHOD_RECORDS, METHODS
+from snens.baselines.factory import METHOD_RECORDS, METHODS, option_names
 from snens.data import registry
 from snens.data.corruptions import CORRUPTIONS, EXTRA_CORRUPTIONS, SEVERITIES
+from snens.data.streaming import MAX_WORKERS
 from snens.engine.selection import SELECT_METRICS
 from snens.engine.toml_io import (
     TOMLDecodeError,
@@ -102,6 +103,33 @@ OOD_SETS = tuple(registry.OOD_SETS)
 #: below where libgomp fails ("Thread creation failed" at 16,384 threads on a 2-core host;
 #: ``threads = 100000`` crashed the process with a segmentation fault, exit status 139).
 MAX_THREADS = 1024
+#: Most examples a count of examples may name: more than any data set holds (ImageNet-21k:
+#: 14 M images); a larger count than a set holds takes the whole set.
+MAX_EXAMPLES = 2**40
+#: Largest batch of examples: beyond any single device's memory for the smallest model here
+#: (2**20 Fashion-MNIST images are 3.3 GB as float32).
+MAX_BATCH = 2**20
+#: Largest image side in pixels (image_size, resize_size, resize): a 4096² RGB float32 image is
+#: 200 MB; the models here are trained at 32 to 224 px.
+MAX_IMAGE_SIDE = 4096
+#: Most tokens per text (max_length): above the longest context of the models here (SmolLM2:
+#: 8,192; MiniLM: 512).
+MAX_TOKENS = 2**16
+#: Most classes (num_classes): above the largest label sets (ImageNet-21k: 21,841) and an LLM
+#: vocabulary (256 k); a head of 2**20 × 1024 float32 is 4 GiB.
+MAX_CLASSES = 2**20
+#: The largest learning rate, weight decay and decay factor: a rate of 10 already diverges
+#: every model here in a step (optim.lr = 1e300 had overflowed inside torch.optim, a trace).
+MAX_RATE = 1e3
+#: The largest multiplier of γ's learning rate (the presets use up to 1000): γ's rate, at most
+#: 1e7, stays a float32.
+MAX_GAMMA_LR_MULTIPLIER = 1e4
+#: The smallest conformal α: it needs ⌈1/α⌉ − 1 = 999,999 validation examples (1e-300 had
+#: asked for a number of 300 digits).
+MIN_ALPHA = 1e-6
+#: Most epochs (and epochs between checkpoints or evaluations): a million epochs of the
+#: tiniest preset take months.
+MAX_EPOCHS = 10**6
 
 Dataset = Literal[
     "fashion_mnist",
@@ -299,10 +327,12 @@ class DataConfig(_Section):
             "corruption_examples",
         ):
             value = getattr(self, name)
-            _require(value >= 0, self.key(name), "an int >= 0 (0 = all)", value)
+            _require(
+                0 <= value <= MAX_EXAMPLES, self.key(name), "an int in 0..2**40 (0 = all)", value
+            )
         for name in ("batch_size", "eval_batch_size"):
             value = getattr(self, name)
-            _require(value >= 1, self.key(name), "an int >= 1", value)
+            _require(1 <= value <= MAX_BATCH, self.key(name), "an int in 1..2**20", value)
         for a in self.augment:
             _require(a in ("crop", "flip"), self.key("augment"), "a list of 'crop', 'flip'", a)
         for name in self.ood:
@@ -314,7 +344,12 @@ class DataConfig(_Section):
             choices = list(CALIBRATED_PREFIXES)
             _require(name in choices, self.key("calibrators"), f"a list of {choices}", name)
         alpha = self.conformal_alpha
-        _require(0 < alpha < 1, self.key("conformal_alpha"), "a number in (0, 1)", alpha)
+        _require(
+            MIN_ALPHA <= alpha < 1,
+            self.key("conformal_alpha"),
+            f"a number in [{MIN_ALPHA:g}, 1)",
+            alpha,
+        )
         least = min_calibration_size(alpha)
         if 0 < self.validation_examples < least:
             raise ValueError(
@@ -322,17 +357,36 @@ class DataConfig(_Section):
                 f"calibrate conformal sets at {self.key('conformal_alpha')} = {alpha}: give at "
                 f"least {least} validation examples, or a larger conformal_alpha"
             )
-        _require(self.max_length >= 2, self.key("max_length"), "an int >= 2", self.max_length)
-        _require(self.image_size >= 1, self.key("image_size"), "an int >= 1", self.image_size)
-        _require(self.resize >= 0, self.key("resize"), "an int >= 0 (0 = as stored)", self.resize)
         _require(
-            self.resize_size >= self.image_size,
+            2 <= self.max_length <= MAX_TOKENS,
+            self.key("max_length"),
+            f"an int in 2..{MAX_TOKENS}",
+            self.max_length,
+        )
+        side = MAX_IMAGE_SIDE
+        _require(
+            1 <= self.image_size <= side,
+            self.key("image_size"),
+            f"an int in 1..{side}",
+            self.image_size,
+        )
+        _require(
+            0 <= self.resize <= side,
+            self.key("resize"),
+            f"an int in 0..{side} (0 = as stored)",
+            self.resize,
+        )
+        _require(
+            self.image_size <= self.resize_size <= side,
             self.key("resize_size"),
-            f"an int >= data.image_size ({self.image_size})",
+            f"an int in data.image_size ({self.image_size})..{side}",
             self.resize_size,
         )
         _require(
-            self.num_workers >= -1, self.key("num_workers"), "an int >= 0, or -1", self.num_workers
+            -1 <= self.num_workers <= MAX_WORKERS,
+            self.key("num_workers"),
+            f"an int in 0..{MAX_WORKERS}, or -1 (min(8, CPUs))",
+            self.num_workers,
         )
         self._validate_kind()
         known = CORRUPTIONS + EXTRA_CORRUPTIONS
@@ -374,7 +428,7 @@ class DataConfig(_Section):
                 "or set data.corruptions=false"
             )
         seed = self.corruption_seed
-        _require(seed >= 0, self.key("corruption_seed"), "an int >= 0", seed)
+        _require(0 <= seed < 2**32, self.key("corruption_seed"), "an int in [0, 2**32)", seed)
 
     def _validate_kind(self) -> None:
         """What applies to text, to class folders and to in-memory images."""
@@ -463,7 +517,12 @@ class ModelConfig(_Section):
 
     def validate(self) -> None:
         _require(bool(self.backbone), self.key("backbone"), "a model name", self.backbone)
-        _require(self.num_classes >= 0, self.key("num_classes"), "an int >= 0", self.num_classes)
+        _require(
+            0 <= self.num_classes <= MAX_CLASSES,
+            self.key("num_classes"),
+            "an int in 0..2**20 (0 = the data set's)",
+            self.num_classes,
+        )
 
 
 #: The methods built around one network, so ``model.init_from`` can hand them a trained one
@@ -523,7 +582,12 @@ class MethodConfig(_Section):
         ramp = self.diversity_ramp_epochs
         _require(math.isfinite(ramp) and ramp >= 0, self.key("diversity_ramp_epochs"), ">= 0", ramp)
         mult = self.gamma_lr_multiplier
-        _require(math.isfinite(mult) and mult >= 0, self.key("gamma_lr_multiplier"), ">= 0", mult)
+        _require(
+            math.isfinite(mult) and 0 <= mult <= MAX_GAMMA_LR_MULTIPLIER,
+            self.key("gamma_lr_multiplier"),
+            f"a number in [0, {MAX_GAMMA_LR_MULTIPLIER:g}]",
+            mult,
+        )
         if self.diversity_layers and self.name not in REGULARIZED_METHODS:
             raise ValueError(
                 f"method.diversity_layers applies to method 'snens' only, got method.name "
@@ -600,6 +664,9 @@ class OptimConfig(_Section):
         for name in finite:
             value = getattr(self, name)
             _require(math.isfinite(value) and value >= 0, self.key(name), "finite, >= 0", value)
+        for name in ("lr", "weight_decay", "affine_weight_decay", "lr_decay"):
+            value = getattr(self, name)
+            _require(value <= MAX_RATE, self.key(name), f"a number in [0, {MAX_RATE:g}]", value)
         _require(self.momentum < 1, self.key("momentum"), "in [0, 1)", self.momentum)
         _require(
             len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
@@ -607,7 +674,9 @@ class OptimConfig(_Section):
             "two numbers in [0, 1)",
             self.betas,
         )
-        _require(self.epochs >= 1, self.key("epochs"), "an int >= 1", self.epochs)
+        _require(
+            1 <= self.epochs <= MAX_EPOCHS, self.key("epochs"), "an int in 1..10**6", self.epochs
+        )
         _require(
             0 <= self.warmup_epochs <= self.epochs,
             self.key("warmup_epochs"),
@@ -679,9 +748,14 @@ class RunConfig(_Section):
                     f"of {self.name!r}; a run directory name must be printable: remove it"
                 )
         _require(
-            self.checkpoint_every >= 1, "checkpoint_every", "an int >= 1", self.checkpoint_every
+            1 <= self.checkpoint_every <= MAX_EPOCHS,
+            "checkpoint_every",
+            "an int in 1..10**6",
+            self.checkpoint_every,
         )
-        _require(self.eval_every >= 0, "eval_every", "an int >= 0", self.eval_every)
+        _require(
+            0 <= self.eval_every <= MAX_EPOCHS, "eval_every", "an int in 0..10**6", self.eval_every
+        )
         _require(bool(self.out_dir), "out_dir", "a directory path", self.out_dir)
         _require(
             self.name in ("",) or (os.sep not in self.name and self.name not in (".", "..")),
@@ -725,6 +799,7 @@ class RunConfig(_Section):
                 'data.validation_examples=5000, or set optim.select = "" to evaluate the last '
                 "epoch"
             )
+        self._validate_method_options()
         split = self.method.input_policy == "split"
         M, B = self.method.num_members, self.data.batch_size
         if split and B % M:
@@ -732,6 +807,66 @@ class RunConfig(_Section):
                 f"data.batch_size {B} is not divisible by method.num_members {M}, which "
                 "method.input_policy 'split' needs (member m trains on its own B/M examples)"
             )
+
+    def _validate_method_options(self) -> None:
+        """Every ``method.options`` key an option of the method that a config can hold, and
+        not a key the config has elsewhere (an unknown key had been a TypeError from inside
+        the builder; ``input_policy`` there had silently replaced ``method.input_policy``)."""
+        for key in self.method.options:
+            if key in _OPTIONS_ELSEWHERE:
+                raise ValueError(
+                    f"method.options.{key} is the config key {_OPTIONS_ELSEWHERE[key]}: set it "
+                    "there, and leave it out of method.options"
+                )
+            if key in _PYTHON_ONLY_OPTIONS:
+                raise ValueError(
+                    f"method.options.{key} takes a Python object ({_PYTHON_ONLY_OPTIONS[key]}), "
+                    "which a config cannot hold; leave it out, or build the model in Python "
+                    "with snens.baselines.create"
+                )
+        norms = self.method.options.get("norms")
+        if norms is not None and not (
+            (isinstance(norms, str) and norms)
+            or (
+                isinstance(norms, list | tuple)
+                and norms
+                and all(isinstance(n, str) and n for n in norms)
+            )
+        ):
+            # 5 had been a TypeError from inside convert, once the data were loaded
+            raise ValueError(
+                f"method.options.norms must be a regular expression or a list of module names, "
+                f"got {norms!r}"
+            )
+        takes = option_names(self.method.name, self.model.backbone)
+        unknown = [k for k in self.method.options if takes is not None and k not in takes]
+        if unknown:
+            usable = [k for k in takes if k not in (*_OPTIONS_ELSEWHERE, *_PYTHON_ONLY_OPTIONS)]
+            raise ValueError(
+                f"method.options.{unknown[0]} is not an option of method {self.method.name!r}; "
+                f"its options are: {', '.join(usable) or 'none'}" + _suggest(unknown[0], usable)
+            )
+
+
+#: Builder options that are config keys of their own.
+_OPTIONS_ELSEWHERE = {
+    "input_policy": "method.input_policy",
+    "num_members": "method.num_members",
+    "num_classes": "model.num_classes",
+    "backbone_options": "model.options",
+}
+#: Builder options that take Python objects.
+_PYTHON_ONLY_OPTIONS = {
+    "generator": "a torch.Generator; the run's seed seeds it",
+    "output": "a function",
+    "norm_layer": "a norm class",
+    "models": "modules",
+}
+
+
+def _suggest(name: str, choices: list[str]) -> str:
+    close = difflib.get_close_matches(name, choices, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 _SECTIONS: dict[str, type] = {

@@ -34,8 +34,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from snens import files
 from snens.baselines import METHOD_RECORDS
-from snens.engine.runs import read_metrics
+from snens.engine.runs import read_final, read_metrics
 from snens.method.regularizer import DEFAULT_DIVERSITY_WEIGHT, DEFAULT_TEMPERATURE
 
 __all__ = [
@@ -256,7 +257,7 @@ def run(
     rows, results, nets, steps = [], {}, {}, 0
     for sweep_run in runs:
         label, path = _label(sweep_run.config), sweep_run.path()
-        final = json.loads((path / "final.json").read_text(encoding="utf-8"))
+        final = read_final(path)  # a regular file, never through a link
         steps = max(steps, final["train"]["steps"])  # every method takes the same steps
         report = final["metrics"]
         net = _trained_model(path)
@@ -298,11 +299,12 @@ def run(
         report_md += [f"![{path.stem}]({path.name})" for path in figures] + [""]
     else:
         report_md += ["(plots skipped: matplotlib is missing; `pip install snens[plot]`)", ""]
-    (out_dir / "report.md").write_text("\n".join(report_md), encoding="utf-8")
-    (out_dir / "results.json").write_text(
-        json.dumps({"config": asdict(config), "rows": rows, "metrics": results}, indent=2),
-        encoding="utf-8",
-    )
+    saved = {"config": asdict(config), "rows": rows, "metrics": results}
+    for name, text in (
+        ("report.md", "\n".join(report_md)),
+        ("results.json", json.dumps(saved, indent=2)),
+    ):
+        files.write_text(out_dir / name, text, mode=files.plain_mode(out_dir / name))
     print(f"\nwrote {out_dir / 'report.md'}, results.json and {len(figures)} figures")
     print(f"{seconds:.0f} s in all")
     return 0

@@ -131,7 +131,8 @@ def pool_runs(
             )
         data = read_run_file(path / OUTPUTS, limit=OUTPUTS_MAX_BYTES)
         digests.append(hashlib.sha256(data).hexdigest())
-        outputs.append(parse_outputs(path / OUTPUTS, data))
+        outputs.append(_finite(path / OUTPUTS, parse_outputs(path / OUTPUTS, data)))
+    _refuse_copies(paths, outputs, digests)
     try:
         stacked = stack_members(outputs)
     except ValueError as error:
@@ -228,6 +229,42 @@ def _measuring(paths: list[Path], configs: list, **given: Any) -> Any:
                     f"give the one to pool with ({key}=..., snens pool --{_FLAGS[key]})"
                 )
     return with_evaluation_settings(configs[0].data, **given)
+
+
+def _finite(path: Path, outputs: dict[str, Any]) -> dict[str, Any]:
+    """``outputs`` when every logit is finite; a NaN or infinite logit (a diverged run) had
+    stopped the pooled metrics with an error naming no run."""
+    import torch
+
+    for key, value in outputs.items():
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            count = int((~torch.isfinite(value)).sum())
+            raise ValueError(
+                f"{path}: {key} holds {count:,} logits that are NaN or infinite (the run "
+                "diverged, or the file was changed), so it cannot be pooled; leave that run out, "
+                "or train it again"
+            )
+    return outputs
+
+
+def _refuse_copies(paths: list[Path], outputs: list[dict], digests: list[str]) -> None:
+    """No two runs with the same kept logits: a copied run whose config.toml says another
+    seed is still the same model (pooled, its members would be copies)."""
+    import torch
+
+    for i in range(len(paths)):
+        for j in range(i):
+            if digests[i] == digests[j]:
+                how = f"the same {OUTPUTS}, SHA-256 {digests[i][:16]}…"
+            elif torch.equal(outputs[i]["test"], outputs[j]["test"]):
+                how = f"equal test logits in their {OUTPUTS}"
+            else:
+                continue
+            raise ValueError(
+                f"{paths[j]} and {paths[i]} kept {how}: one is a copy of the other, whatever "
+                "their configs say (a seed edited in a copy's config.toml trains nothing); "
+                "pool runs trained apart"
+            )
 
 
 def _total(finals: list[dict], section: str, key: str) -> float | int | None:

@@ -26,11 +26,13 @@ left out of the mean and std and named in the cell (``0.4000 (n=1; left out: inf
 ``report.csv`` holds the same numbers at full precision (``<metric> mean``, ``<metric> std``,
 and ``<metric> left out`` for a metric some run holds a non-finite value of).
 
-Each run counts once: a directory inside another run's directory (a backup, a copy) and a run
-of the same configuration and seed as one already counted (a copied run directory) are
-skipped with a note naming both; counting them had made one seed look like two, with a std of
-0. The files are written atomically (:func:`snens.engine.checkpoint.atomic_write`): a full disk
-leaves the previous report as it was, and the error names the file.
+Each run counts once: a directory inside another run's directory (a backup, a copy), a run
+of the same configuration and seed as one already counted (a copied run directory) and a run
+whose ``outputs.npz`` or ``last.pt`` payload is byte for byte a counted run's (a copy whose
+seed was edited) are skipped with a note naming both; counting them had made one seed look
+like two, with a std of 0. The files and plots are written atomically and never through a
+link (:mod:`snens.files`): a full disk leaves the previous report as it was, and the error
+names the file.
 With matplotlib (``pip install snens[plot]``), :mod:`snens.evaluation.plots` draws, each
 point the mean over a group's runs and, where a group has more than one, crossed by a bar of
 ± the std over them (ddof=1, as the table):
@@ -51,12 +53,12 @@ matplotlib the report says so and writes the table alone.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
 import math
 import os
-import stat
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,7 +68,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from snens.engine.checkpoint import CheckpointError, atomic_write, load_checkpoint
+from snens import files
+from snens.engine.checkpoint import CheckpointError, checkpoint_digest, load_checkpoint
 from snens.engine.compare import COMPARISON_HEADER, compare_runs, comparison_cells
 from snens.engine.config import to_dict
 from snens.engine.runs import (
@@ -74,6 +77,7 @@ from snens.engine.runs import (
     FINAL,
     LAST,
     OUTPUTS,
+    OUTPUTS_MAX_BYTES,
     PROVENANCE,
     read_config,
     read_final,
@@ -121,6 +125,8 @@ _OOD_FIRST = ("energy", "max_logit")
 _EXTRA = {"params": ("model", "params"), "train seconds": ("train", "seconds")}
 # The methods whose member norms learn importances σ(γ) (FiLM's γ is fixed at +∞).
 _ALLOCATION_METHODS = ("snens",)
+# The largest float64, as an int: a larger int in final.json has no float value.
+_LARGEST_FLOAT = int(np.finfo(np.float64).max)
 
 
 @dataclass(frozen=True)
@@ -192,6 +198,13 @@ def _read_run(path: Path) -> RunRecord:
         )
         if not ok:
             raise ValueError(f"{path / FINAL}: {section!r} must map names to numbers")
+        for key, value in values.items():  # 10**400 parses as an int no float holds
+            if isinstance(value, int) and abs(value) > _LARGEST_FLOAT:
+                raise ValueError(
+                    f"{path / FINAL}: {section}.{key} = {str(value)[:20]}… ({len(str(value))} "
+                    "digits) is larger than any float, so the file is damaged or was not "
+                    "written by snens"
+                )
     return RunRecord(path, config, final)
 
 
@@ -223,6 +236,7 @@ def collect_runs(paths: Iterable[str | os.PathLike]) -> tuple[list[RunRecord], l
             found.setdefault(candidate.resolve(), None)
     runs, skipped = [], []
     counted: dict[tuple, Path] = {}  # (configuration, seed) -> the run counted for it
+    trained: dict[tuple[str, str], Path] = {}  # (file, digest) -> the run counted with it
     for path in found:
         if not os.path.lexists(path / CONFIG):  # a final.json alone: its settings are unknown
             skipped.append(f"skipped {path}: {FINAL} without {CONFIG}; restore it from the run")
@@ -247,6 +261,20 @@ def collect_runs(paths: Iterable[str | os.PathLike]) -> tuple[list[RunRecord], l
                 "remove the copy, or give it another seed"
             )
             continue
+        # a copy whose config.toml was edited (another seed) is the same trained model: its
+        # kept logits and checkpoint are byte for byte the first's (it had shown as n=2, ± 0)
+        prints = _fingerprints(path)
+        copied = next(((k[0], trained[k]) for k in prints.items() if k in trained), None)
+        if copied is not None:
+            counted.pop((_group_key(run.config), run.config["seed"]))
+            kind, original = copied
+            skipped.append(
+                f"skipped {path}: its {kind} is byte for byte that of {original}, so it is a "
+                "copy of that run whatever its config.toml says (a seed edited in a copy "
+                "trains nothing); each run counts once: remove the copy"
+            )
+            continue
+        trained.update(dict.fromkeys(prints.items(), path))
         runs.append(run)
     if not runs:
         where = ", ".join(repr(str(p)) for p in paths)
@@ -255,6 +283,18 @@ def collect_runs(paths: Iterable[str | os.PathLike]) -> tuple[list[RunRecord], l
             + (f"; {len(skipped)} could not be read: {'; '.join(skipped)}" if skipped else "")
         )
     return runs, skipped
+
+
+def _fingerprints(path: Path) -> dict[str, str]:
+    """What a run's training left that a copy shares byte for byte: the SHA-256 of its
+    ``outputs.npz`` and the payload digest its ``last.pt`` header records, where it has them
+    (one that cannot be read gives none: it is named where it is read)."""
+    prints = {}
+    with contextlib.suppress(OSError, ValueError):
+        prints[OUTPUTS] = files.sha256(path / OUTPUTS, limit=OUTPUTS_MAX_BYTES)
+    with contextlib.suppress(OSError, ValueError):
+        prints[LAST] = checkpoint_digest(path / LAST)
+    return prints
 
 
 def _applies(key: str, config: Mapping[str, Any]) -> bool:
@@ -464,7 +504,10 @@ def _provenance(runs: Sequence[RunRecord]) -> str | None:
             continue
         if not isinstance(info, dict):
             continue
-        gpus = ", ".join(info.get("gpus") or []) or "no GPU"
+        gpus = info.get("gpus")
+        # a list of names; anything else (an edited file) is shown as it is, not joined
+        gpus = ", ".join(map(str, gpus)) if isinstance(gpus, list) else gpus
+        gpus = gpus or "no GPU"
         return (
             f"Hardware and versions (from {run.path / PROVENANCE}): {info.get('platform')}, "
             f"{info.get('cpu_count')} CPUs, {gpus}; torch {info.get('torch')}, snens "
@@ -585,14 +628,8 @@ def _left_out(values: Sequence[float | None]) -> list[float]:
 def _write(path: Path, text: str) -> None:
     """Write a report file atomically: a full disk leaves the previous one whole (writing in
     place had left a 0-byte report.md), and the error names the file."""
-    # surrogateescape: a path from undecodable bytes is written back as those bytes
-    data = text.encode("utf-8", errors="surrogateescape")
-    try:  # the mode a file written in place has: the previous one's, or 0o666 less the umask
-        mode = stat.S_IMODE(os.stat(path).st_mode)
-    except OSError:
-        mode = 0o666 & ~_umask()
-    try:
-        atomic_write(path, data, mode=mode)
+    try:  # surrogateescape: a path from undecodable bytes is written back as those bytes
+        files.write_text(path, text, mode=files.plain_mode(path), errors="surrogateescape")
     except OSError as error:
         raise _named(
             error,
@@ -600,18 +637,6 @@ def _write(path: Path, text: str) -> None:
             "free space (or restore write access) and run snens report again, or choose "
             f"another --out; the previous {path.name} there is unchanged",
         ) from None
-
-
-def _umask() -> int:
-    """The process's umask, read where Linux shows it (setting it to read it would race with
-    other threads creating files); 0o022 elsewhere."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0o022
 
 
 def _named(error: OSError, message: str) -> OSError:
@@ -764,6 +789,13 @@ def _reliability_diagrams(
             except (OSError, ValueError) as error:
                 notes.append(f"Reliability diagram of {label}: {run.path} left out: {error}")
                 continue
+            if probs and p.shape[1] != probs[0].shape[1]:  # torch.cat had raised a trace
+                notes.append(
+                    f"Reliability diagram of {label}: {run.path} left out: its test "
+                    f"predictions are of {p.shape[1]} classes, the group's first run's of "
+                    f"{probs[0].shape[1]} ({OUTPUTS} does not belong to its config?)"
+                )
+                continue
             probs.append(p)
             targets.append(y)
         if not probs:
@@ -802,6 +834,12 @@ def _checkpoint_allocation(path: Path) -> dict[str, LayerAllocation]:
         ValueError: the model state holds no member norm γ.
     """
     state = load_checkpoint(path, required=("model",))["model"]
+    if not isinstance(state, Mapping):  # a list had ended the report in an AttributeError
+        raise CheckpointError(
+            f"{path}: its model state is of type {type(state).__name__}, not a mapping of "
+            "tensors: "
+            "the file was not written by snens (or was changed)"
+        )
     root = nn.Module()
     for key, gamma in state.items():
         if not key.endswith(".gamma") or not isinstance(gamma, Tensor) or gamma.dim() < 2:

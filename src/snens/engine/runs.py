@@ -8,8 +8,10 @@
         outputs.npz       the member logits of that evaluation (test, validation, OOD sets)
         final.json        the final evaluation (snens.evaluate), written at the end, last
 
-Everything except ``metrics.jsonl`` is written atomically. Numbers that are not finite (NaN,
-inf) are written as ``null`` so every file is strict JSON.
+Everything except ``metrics.jsonl`` is written atomically, and ``metrics.jsonl`` is appended
+to only as a regular file of one name (:mod:`snens.files`: nothing is written through a
+link). Numbers that are not finite (NaN, inf) are written as ``null`` so every file is strict
+JSON.
 
 A run directory may be shared, copied or damaged, so its files are read with care
 (:func:`read_run_file`): only regular files are read, never through a symbolic link, never
@@ -21,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import io
 import json
 import math
 import os
@@ -29,9 +30,7 @@ import platform
 import stat
 import subprocess
 import sys
-import tempfile
 import warnings
-import zipfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from snens import locks
+from snens import files, locks
 from snens.engine.checkpoint import atomic_savez, atomic_write
 from snens.engine.config import RunConfig, load_config, to_dict, to_toml
 from snens.engine.toml_io import parse_toml
@@ -72,13 +71,16 @@ OUTPUTS = "outputs.npz"
 #: What a run's confidence intervals need per example (snens.evaluation.bootstrap.run_examples).
 EXAMPLES = "examples.npz"
 LAST = "last.pt"
+#: A run's files besides config.toml, which is written first.
+_RUN_FILES = (PROVENANCE, METRICS, FINAL, OUTPUTS, LAST, "prev.pt")
 #: Held (``fcntl.flock``) by the process training the run; gone when it ends, however it ends.
 LOCK = "run.lock"
 #: The largest run file read (config.toml, final.json, metrics.jsonl, provenance.json): each is
 #: kilobytes (metrics.jsonl: a line of ~1 kB per epoch); a larger one is refused by name.
 MAX_FILE_BYTES = 64 * 2**20
 #: outputs.npz holds the member logits of every evaluated set: (M, N, K) float32 is 800 MB for
-#: ImageNet's 50,000 test images at M=4, K=1000; above this it is refused by name.
+#: ImageNet's 50,000 test images at M=4, K=1000; a larger file, or one that inflates to more,
+#: is refused by name.
 OUTPUTS_MAX_BYTES = 4 * 2**30
 
 
@@ -205,14 +207,7 @@ def check_writable(directory: str | os.PathLike) -> Path:
     directory = Path(directory)
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=directory, prefix=".snens-write-test-")
-        try:
-            os.write(fd, b"snens")
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-            with contextlib.suppress(OSError):
-                os.unlink(probe)
+        files.check_writable(directory)
     except OSError as error:
         raise RunDirError(
             error.errno,
@@ -224,11 +219,21 @@ def check_writable(directory: str | os.PathLike) -> Path:
 
 def refuse_existing_run(path: str | os.PathLike) -> Path:
     """Raise :class:`RunDirError` when ``path`` already holds a run (resume it, or choose
-    another name); ``path`` as a Path otherwise."""
+    another name), or files of a run without its ``config.toml`` (a link planted there, a run
+    whose config was removed: left as they are); ``path`` as a Path otherwise."""
     path = Path(path)
-    if (path / CONFIG).exists():
+    if os.path.lexists(path / CONFIG):
         raise RunDirError(
             f"{path} already holds a run; resume it with `snens train --resume {path}`, or "
+            "choose another name (--set name=…) or --out"
+        )
+    # config.toml is a run's first file: any other without it is not snens's (in a shared
+    # runs/, a metrics.jsonl link planted there had received the epoch records)
+    stray = [name for name in _RUN_FILES if os.path.lexists(path / name)]
+    if stray:
+        raise RunDirError(
+            f"{path} holds {', '.join(stray)} but no {CONFIG}, so no run of snens: a new run "
+            "is not started among them (they were left as they are); move them away, or "
             "choose another name (--set name=…) or --out"
         )
     return path
@@ -264,6 +269,10 @@ class Run:
             yield
         except RunDirError:
             raise
+        except files.FileRefusedError as error:  # a link or FIFO in the run: named as it is
+            refused = RunDirError(str(error))
+            refused.errno = error.errno
+            raise refused from None
         except OSError as error:
             raise RunDirError(
                 error.errno,
@@ -273,10 +282,12 @@ class Run:
             ) from error
 
     def log(self, record: Mapping[str, Any]) -> None:
-        """Append one JSON line to ``metrics.jsonl``, flushed and fsynced."""
+        """Append one JSON line to ``metrics.jsonl``, flushed and fsynced, never through a
+        link (:func:`snens.files.open_append`: a ``metrics.jsonl`` link planted in a shared
+        run directory had received the epoch records)."""
         with self.writing(self.path / METRICS):
-            with open(self.path / METRICS, "a", encoding="utf-8") as file:
-                file.write(to_json(record) + "\n")
+            with files.open_append(self.path / METRICS) as file:
+                file.write((to_json(record) + "\n").encode())
                 file.flush()
                 os.fsync(file.fileno())
 
@@ -428,7 +439,7 @@ def _check_checkpoint_file(path: Path) -> None:
     else:
         if stat.S_ISREG(mode):
             return
-        kind = _kind(mode)
+        kind = files.file_kind(mode)
     raise RunDirError(
         f"{path} is {kind}, not a checkpoint file, so the run cannot be resumed from it; move "
         f"it away, then copy prev.pt over it to resume from the checkpoint before, or leave "
@@ -449,23 +460,9 @@ def config_differences(a: Mapping[str, Any], b: Mapping[str, Any], prefix: str =
     return out
 
 
-_KINDS = (
-    (stat.S_ISDIR, "a directory"),
-    (stat.S_ISFIFO, "a FIFO"),
-    (stat.S_ISSOCK, "a socket"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISLNK, "a symbolic link"),
-)
-
-
-def _kind(mode: int) -> str:
-    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
-
-
 def read_run_file(path: str | os.PathLike, *, limit: int = MAX_FILE_BYTES) -> bytes:
     """The bytes of the run file ``path``, read only if it is a regular file of at most
-    ``limit`` bytes that is not a symbolic link.
+    ``limit`` bytes that is not a symbolic link (:func:`snens.files.read_bytes`).
 
     Opened with ``O_NOFOLLOW | O_NONBLOCK`` and checked with ``fstat`` before a byte is read, so
     a FIFO never blocks the reader, a device is never read and a link never leads elsewhere.
@@ -475,52 +472,14 @@ def read_run_file(path: str | os.PathLike, *, limit: int = MAX_FILE_BYTES) -> by
         RunDirError: a symbolic link, a directory, FIFO, socket or device, a file above
             ``limit`` bytes, or a read that failed; the message names the file and what to do.
     """
-    path = Path(path)
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
     try:
-        fd = os.open(path, flags)
+        return files.read_bytes(path, limit=limit, what="run file (snens writes kilobytes there)")
     except FileNotFoundError:
         raise
     except OSError as error:
-        # a link (ELOOP under O_NOFOLLOW), or a directory where opening one fails
-        try:
-            mode = os.lstat(path).st_mode
-        except OSError:
-            mode = stat.S_IFREG
-        if not stat.S_ISREG(mode):
-            raise _not_regular(path, _kind(mode)) from None
-        raise RunDirError(error.errno, f"cannot read {path} ({error.strerror or error})") from error
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise _not_regular(path, _kind(info.st_mode))
-        if info.st_size > limit:
-            raise RunDirError(
-                f"{path} holds {info.st_size:,} bytes, above the limit of {limit:,} for a run "
-                "file, so it was not read (snens writes kilobytes there): move it away, or "
-                "restore the run's own file from a backup"
-            )
-        chunks, size = [], 0
-        while chunk := os.read(fd, min(1 << 20, limit + 1 - size)):
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > limit:  # it grew while being read
-                raise RunDirError(f"{path} grew past {limit:,} bytes while being read")
-        return b"".join(chunks)
-    except RunDirError:
-        raise
-    except OSError as error:
-        raise RunDirError(error.errno, f"cannot read {path} ({error.strerror or error})") from error
-    finally:
-        os.close(fd)
-
-
-def _not_regular(path: Path, kind: str) -> RunDirError:
-    return RunDirError(
-        f"{path} is {kind}, not a regular file, so it was not read (run files are plain files; "
-        "a link could lead anywhere and a FIFO would block): replace it with the run's own "
-        "file, or move it away"
-    )
+        refused = RunDirError(error.strerror or str(error))
+        refused.errno = error.errno
+        raise refused from None
 
 
 def _text(path: Path, data: bytes) -> str:
@@ -604,14 +563,7 @@ def read_examples(run_dir: str | os.PathLike) -> dict[str, np.ndarray]:
     """
     path = Path(run_dir) / EXAMPLES
     data = read_run_file(path, limit=OUTPUTS_MAX_BYTES)
-    try:
-        archive = np.load(io.BytesIO(data), allow_pickle=False)
-        if not isinstance(archive, np.lib.npyio.NpzFile):
-            raise ValueError("a single array, not an npz archive")
-        with archive:
-            arrays = {key: archive[key] for key in archive.files}
-    except (ValueError, EOFError, zipfile.BadZipFile) as error:
-        raise ValueError(f"{path} is not a readable npz archive ({error})") from None
+    arrays = files.load_npz(data, name=path, limit=outputs_inflation_limit(len(data)))
     for key, array in arrays.items():
         if array.ndim != 1 or array.dtype.kind not in "fiub":
             raise ValueError(
@@ -621,19 +573,25 @@ def read_examples(run_dir: str | os.PathLike) -> dict[str, np.ndarray]:
     return arrays
 
 
+def outputs_inflation_limit(size: int) -> int:
+    """The most bytes an ``outputs.npz`` of ``size`` bytes may inflate to: 256 MiB, or 32
+    bytes per byte of the file, at most :data:`OUTPUTS_MAX_BYTES`. Float logits compress
+    less than 2× (their low mantissa bits are noise) and labels are 1/(M·K) of them, so a
+    file snens wrote is far inside it; a 7 MB archive inflating to 1.85 GB is refused."""
+    return min(OUTPUTS_MAX_BYTES, max(256 * 2**20, 32 * size))
+
+
 def parse_outputs(path: Path, data: bytes) -> dict[str, Any]:
     """The tensors of ``outputs.npz``'s bytes ``data`` (read from ``path``, named in the
-    errors), checked as :func:`read_outputs` says."""
+    errors), checked as :func:`read_outputs` says; labels as int64.
+
+    Each member is inflated only after its declared size and the total were found within
+    :func:`outputs_inflation_limit` (:func:`snens.files.load_npz`). Logits must hold at least
+    one member, one example and two classes; labels must be classes of their logits' K.
+    """
     import torch  # runs.py serves the CLI's light commands without torch
 
-    try:  # not an archive: ValueError; a damaged one: BadZipFile, EOFError
-        archive = np.load(io.BytesIO(data), allow_pickle=False)
-        if not isinstance(archive, np.lib.npyio.NpzFile):
-            raise ValueError("a single array, not an npz archive")
-        with archive:
-            arrays = {key: archive[key] for key in archive.files}
-    except (ValueError, EOFError, zipfile.BadZipFile) as error:
-        raise ValueError(f"{path} is not a readable npz archive of logits ({error})") from None
+    arrays = files.load_npz(data, name=path, limit=outputs_inflation_limit(len(data)))
     if "test" not in arrays or "test_labels" not in arrays:
         raise ValueError(f"{path} holds no test logits and labels (test, test_labels)")
     out = {}
@@ -651,6 +609,21 @@ def parse_outputs(path: Path, data: bytes) -> dict[str, Any]:
             raise ValueError(
                 f"{path}: {key} is a {array.dtype} array of shape {array.shape}, expected {want}"
             )
+        if not labels and (array.shape[0] < 1 or array.shape[1] < 1 or array.shape[2] < 2):
+            raise ValueError(
+                f"{path}: {key} holds logits of shape {array.shape} (M, N, K): no member, no "
+                "example or fewer than 2 classes, so there is nothing to measure; the file is "
+                "damaged or not a run's, train the run again to write it"
+            )
+        if labels and array.size:
+            classes = logits_of.shape[2]
+            low, high = int(array.min()), int(array.max())
+            if low < 0 or high >= classes:
+                raise ValueError(
+                    f"{path}: {key} holds label {low if low < 0 else high}, outside the "
+                    f"{classes} classes (0..{classes - 1}) of its logits; the file is damaged"
+                )
+            array = array.astype(np.int64)
         out[key] = torch.from_numpy(array)
     return out
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import hashlib
+import io
 import itertools
 import json
 import math
@@ -47,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from snens import files
 from snens.engine.config import (
     MEMBER_NORM_METHODS,
     ONE_NETWORK_METHODS,
@@ -437,8 +439,16 @@ def _blame(error: Exception, base: Mapping[str, Any], texts: Mapping[str, str]) 
 
 def final_row(run_dir: str | os.PathLike) -> dict[str, Any]:
     """The numbers of a run's ``final.json``, flat: ``metrics`` keys as they are, ``model`` and
-    ``train`` keys as ``model/<key>`` and ``train/<key>`` (null, a non-finite number, as NaN)."""
-    final = json.loads((Path(run_dir) / FINAL).read_text(encoding="utf-8"))
+    ``train`` keys as ``model/<key>`` and ``train/<key>`` (null, a non-finite number, as NaN).
+
+    Read as every run file is (:func:`snens.engine.runs.read_final`: a regular file of at most
+    64 MiB, never through a link; a link to a large file had been read whole).
+
+    Raises:
+        RunDirError: final.json is not a regular file, or too large.
+        ValueError: it is not a finished run's final.json.
+    """
+    final = read_final(run_dir)
     row: dict[str, Any] = {}
     for section, values in final.items():
         if not isinstance(values, Mapping):
@@ -467,15 +477,13 @@ def write_csv(path: str | os.PathLike, rows: Sequence[Mapping[str, Any]]) -> Pat
     columns: dict[str, None] = {}
     for row in rows:
         columns.update(dict.fromkeys(row))
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", newline="", encoding="utf-8") as file:
-        writer = csv.writer(file)
-        writer.writerow(list(columns))
-        for row in rows:
-            writer.writerow([_cell(row.get(c)) for c in columns])
-    os.replace(tmp, path)
-    return path
+    text = io.StringIO(newline="")
+    writer = csv.writer(text)
+    writer.writerow(list(columns))
+    for row in rows:
+        writer.writerow([_cell(row.get(c)) for c in columns])
+    # atomic, never through a link (a fixed sweep.csv.tmp had been followed)
+    return files.write_text(path, text.getvalue(), mode=files.plain_mode(path))
 
 
 @dataclass(frozen=True)

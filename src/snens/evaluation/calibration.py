@@ -145,6 +145,39 @@ def _check_inputs(logits: Any, labels: Any) -> tuple[Tensor, Tensor]:
     return z, _check_labels(labels, z)
 
 
+def _possible(z: Tensor, y: Tensor, mode: str, what: str) -> tuple[Tensor, Tensor]:
+    """``(z, y)`` without the examples whose label has probability 0 whatever the calibrator
+    does: a logit of −inf in every member (in ``"logits"`` mode, in any member, as the mean
+    logit is then −inf). Their NLL is infinite for every T, w or b, so they cannot choose
+    among them: with them, every candidate had tied at +inf and the search ended at its first
+    bound (T = 0.01) with a warning giving another reason. A warning names how many.
+
+    Raises:
+        ValueError: every example's label has probability 0.
+    """
+    label_logits = z.gather(-1, y.view(1, -1, 1).expand(z.shape[0], -1, 1)).squeeze(-1)
+    ruled_out = label_logits == -math.inf  # (M, N)
+    impossible = ruled_out.any(0) if mode == "logits" else ruled_out.all(0)
+    count = int(impossible.sum())
+    if not count:
+        return z, y
+    n = y.shape[0]
+    if count == n:
+        raise ValueError(
+            f"every one of the {n} labels has probability 0 under the model (a logit of −inf), "
+            f"so no {what} can fit them; check that the logits and labels belong together"
+        )
+    warnings.warn(
+        f"{count} of the {n} labels given to {what} have probability 0 under the model (a "
+        "logit of −inf): their NLL is infinite whatever the calibration, so it was fitted on "
+        f"the other {n - count}; the model rules out what happened there: check those "
+        "examples, or clamp log-probabilities (logits.clamp(min=-1e4)) to keep them",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+    return z[:, ~impossible], y[~impossible]
+
+
 def _nll(z: Tensor, y: Tensor, log_t: float, mode: str) -> float:
     """−(1/N) Σ_i log p̄_T(y_i), computed in the log domain (finite even when p underflows).
 
@@ -203,6 +236,7 @@ def fit_temperature(
 
         logits, labels = collect(logits, labels, logits=True)
     z, y = _check_inputs(logits, labels)  # detached: no graph is built
+    z, y = _possible(z, y, mode, "temperature scaling")
     low, high = _LOG_T_BOUNDS
     steps = round((high - low) / _GRID_STEP)
     grid = [low + (high - low) * i / steps for i in range(steps + 1)]
@@ -302,9 +336,14 @@ _LBFGS_ITERATIONS = 200
 
 
 def _mean_of_softmax_nll(z: Tensor, y: Tensor) -> Tensor:
-    """−(1/N) Σ_i log p̄(y_i), p̄ = (1/M) Σ_m softmax(z_m), in the log domain; differentiable."""
-    log_p = torch.logsumexp(z.log_softmax(-1), dim=0) - math.log(z.shape[0])  # (N, K)
-    return -log_p.gather(-1, y.unsqueeze(-1)).mean()
+    """−(1/N) Σ_i log p̄(y_i), p̄ = (1/M) Σ_m softmax(z_m), in the log domain; differentiable.
+
+    The label's column is taken before the sum over members: logsumexp over an entry of −inf
+    in every member (a class of probability 0) has the gradient exp(−inf + inf) = NaN, which
+    had reached the weights through the entries the loss does not even read."""
+    label = y.view(1, -1, 1).expand(z.shape[0], -1, 1)
+    log_p_y = z.log_softmax(-1).gather(-1, label).squeeze(-1)  # (M, N)
+    return -(torch.logsumexp(log_p_y, dim=0) - math.log(z.shape[0])).mean()
 
 
 def _minimize(loss: Callable[[], Tensor], params: list[Tensor]) -> None:
@@ -404,6 +443,24 @@ class TemperatureScaling(Calibrator):
         return z / self.temperature
 
 
+def _affine(z: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """w ⊙ z + b, with a logit of −inf (probability 0, from log-probabilities) kept at −inf:
+    −inf·w had given the gradient −inf·0 = NaN, and NaN weights."""
+    ruled_out = z == -math.inf
+    if not bool(ruled_out.any()):
+        return z * weight + bias
+    return torch.where(ruled_out, -math.inf, z.masked_fill(ruled_out, 0) * weight + bias)
+
+
+def _refuse_ruled_out(z: Tensor) -> None:
+    if bool((z == -math.inf).any()):
+        raise ValueError(
+            "matrix scaling mixes the classes' logits, so a logit of −inf (probability 0) has "
+            "no finite image; give finite logits (clamp log-probabilities: "
+            "logits.clamp(min=-1e4)), or use vector or temperature scaling, which keep it"
+        )
+
+
 @dataclass(frozen=True, eq=False)
 class VectorScaling(Calibrator):
     """z'_m = w ⊙ z_m + b, one (w, b) for every member (Guo et al., 2017).
@@ -433,14 +490,15 @@ class VectorScaling(Calibrator):
     @classmethod
     def fit(cls, logits: Tensor, labels: Tensor) -> VectorScaling:
         z, y = _check_inputs(logits, labels)
+        z, y = _possible(z, y, "mean_of_softmax", "vector scaling")
         K = z.shape[-1]
         weight = torch.ones(K, dtype=torch.float64, device=z.device, requires_grad=True)
         bias = torch.zeros(K, dtype=torch.float64, device=z.device, requires_grad=True)
-        _minimize(lambda: _mean_of_softmax_nll(z * weight + bias, y), [weight, bias])
+        _minimize(lambda: _mean_of_softmax_nll(_affine(z, weight, bias), y), [weight, bias])
         return cls(weight, bias)
 
     def _map(self, z: Tensor) -> Tensor:
-        return z * self.weight.to(z.device) + self.bias.to(z.device)
+        return _affine(z, self.weight.to(z.device), self.bias.to(z.device))
 
 
 @dataclass(frozen=True, eq=False)
@@ -475,10 +533,13 @@ class MatrixScaling(Calibrator):
 
     @classmethod
     def fit(cls, logits: Tensor, labels: Tensor, *, off_diagonal: float = 1e-2) -> MatrixScaling:
+        if isinstance(off_diagonal, bool) or not isinstance(off_diagonal, numbers.Real):
+            raise TypeError(f"off_diagonal must be a number >= 0, got {off_diagonal!r}")
         lam = float(off_diagonal)
         if not (math.isfinite(lam) and lam >= 0):
             raise ValueError(f"off_diagonal must be finite and >= 0, got {off_diagonal!r}")
         z, y = _check_inputs(logits, labels)
+        _refuse_ruled_out(z)
         K = z.shape[-1]
         eye = torch.eye(K, dtype=torch.float64, device=z.device)
         weight = eye.clone().requires_grad_(True)
@@ -492,6 +553,7 @@ class MatrixScaling(Calibrator):
         return cls(weight, bias, lam)
 
     def _map(self, z: Tensor) -> Tensor:
+        _refuse_ruled_out(z)
         return z @ self.weight.to(z.device).T + self.bias.to(z.device)
 
 

@@ -63,6 +63,12 @@ SCORES = ("thr", "aps", "raps")
 # RAPS defaults: a light penalty (0.01 per rank) past the 5 most likely classes. Tune them for
 # your K; Angelopoulos et al. choose them on a part of the calibration data, kept out of q̂.
 _PENALTY, _K_REG = 0.01, 5
+# Their bounds: a score is at most 1 + λ·K, which stays finite and exact in float64 for any K
+# below 2**31 at λ <= 1e6 (λ = 1e308 had made every score inf, k_reg = 10**400 an OverflowError).
+_MAX_PENALTY, _MAX_K_REG = 1e6, 2**31
+# Most random splits of resampled_coverage: its mean is then within coverage_std / 316 of the
+# expected coverage; 10**12 had run for days with no word.
+_MAX_SPLITS = 100_000
 # Size bins of the size-stratified coverage, as in Angelopoulos et al. (2021): 0-1, 2-3, 4-6,
 # 7-10, 11-100, 101-1000.
 _SIZE_EDGES = (1, 3, 6, 10, 100, 1000)
@@ -171,8 +177,16 @@ def _class_scores(p: Tensor, score: str, u: Tensor, penalty: float, k_reg: int) 
     if score == "thr":
         return 1 - p
     p_sorted, order = p.sort(dim=-1, descending=True, stable=True)  # ties: by class index
-    above_and_own = p_sorted.cumsum(-1)  # ρ(y) + p̄_y at each rank
-    s_sorted = above_and_own - (1 - u.unsqueeze(-1)) * p_sorted  # ρ(y) + u·p̄_y
+    if bool((u == 1).all()):
+        # u = 1: s = ρ(y) + p̄_y = 1 − (the mass ranked below y), summed from the bottom so that
+        # the last class scores exactly 1. A running sum from the top ends within an ulp of 1
+        # on either side, and with q̂ = 1 (K = 2, more than α of the labels ranked second)
+        # whether that class entered a set depended on the last bit of p̄_1 + p̄_2.
+        below = p_sorted.flip(-1).cumsum(-1).flip(-1) - p_sorted
+        s_sorted = 1 - below
+    else:
+        above_and_own = p_sorted.cumsum(-1)  # ρ(y) + p̄_y at each rank
+        s_sorted = above_and_own - (1 - u.unsqueeze(-1)) * p_sorted  # ρ(y) + u·p̄_y
     if score == "raps":
         rank = torch.arange(1, p.shape[-1] + 1, dtype=p.dtype, device=p.device)
         s_sorted = s_sorted + penalty * (rank - k_reg).clamp_min(0)
@@ -286,9 +300,10 @@ def calibrate(
         alpha: the miscoverage, in (0, 1): sets cover with probability >= 1 − α.
         score: ``"thr"``, ``"aps"`` or ``"raps"``.
         randomized: draw u ~ U(0, 1) in APS and RAPS (default True: exact coverage and smaller
-            sets); False uses u = 1 (conservative). THR has no u.
-        penalty: λ >= 0 of RAPS (default 0.01).
-        k_reg: k_reg >= 0 of RAPS, the ranks free of penalty (default 5).
+            sets); False uses u = 1 (conservative; the least likely class then scores exactly
+            1). THR has no u. A bool, or None for the default.
+        penalty: λ in [0, 1e6] of RAPS (default 0.01).
+        k_reg: k_reg in 0..2**31 of RAPS, the ranks free of penalty (default 5).
         generator: draws the calibration examples' u (default: torch's global generator).
 
     Returns:
@@ -299,7 +314,8 @@ def calibrate(
         logits: (M, n, K) or (n, K). labels: (n,).
 
     Raises:
-        TypeError: non-floating logits, non-integer labels or alpha, a non-int ``k_reg``.
+        TypeError: non-floating logits, non-integer labels or alpha, a non-int ``k_reg``, a
+            ``randomized`` that is not a bool or None.
         ValueError: α outside (0, 1); an unknown score; ``randomized=True`` with THR;
             ``penalty`` or ``k_reg`` with a score other than RAPS, or out of range; bad shapes,
             labels out of range, NaN or +inf logits; a calibration split smaller than
@@ -314,6 +330,14 @@ def calibrate(
     alpha = _check_alpha(alpha)
     if score not in SCORES:
         raise ValueError(f"unknown conformal score {score!r}; choose one of {list(SCORES)}")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(
+            f"generator must be a torch.Generator (or None), got {type(generator).__name__}"
+        )
+    if randomized is not None and not isinstance(randomized, bool):  # "no" had read as True
+        raise TypeError(
+            f"randomized must be True, False or None (the score's default), got {randomized!r}"
+        )
     if score == "thr" and randomized:
         raise ValueError("score 'thr' has no randomization; leave randomized unset")
     if score != "raps" and (penalty is not None or k_reg is not None):
@@ -322,7 +346,7 @@ def calibrate(
             "them unset or use score='raps'"
         )
     penalty, k_reg = _check_raps(penalty, k_reg) if score == "raps" else (0.0, 0)
-    randomized = score != "thr" if randomized is None else bool(randomized)
+    randomized = score != "thr" if randomized is None else randomized
     z = _check_logits(logits)
     y = _check_labels(labels, z)
     _rank(y.shape[0], alpha)  # a split too small is refused before any work
@@ -346,12 +370,18 @@ def _check_raps(penalty: Any, k_reg: Any) -> tuple[float, int]:
     k_reg = _K_REG if k_reg is None else k_reg
     if isinstance(penalty, bool) or not isinstance(penalty, numbers.Real):
         raise TypeError(f"penalty must be a real number >= 0, got {penalty!r}")
-    if not (math.isfinite(penalty) and penalty >= 0):
-        raise ValueError(f"penalty (λ of RAPS) must be finite and >= 0, got {penalty!r}")
+    if not (math.isfinite(penalty) and 0 <= penalty <= _MAX_PENALTY):
+        raise ValueError(
+            f"penalty (λ of RAPS) must be a number in [0, {_MAX_PENALTY:g}], got {penalty!r}; "
+            "λ >= 1 already keeps every penalized class out of the sets"
+        )
     if isinstance(k_reg, bool) or not isinstance(k_reg, numbers.Integral):
         raise TypeError(f"k_reg must be an int >= 0, got {k_reg!r}")
-    if k_reg < 0:
-        raise ValueError(f"k_reg (the ranks RAPS does not penalize) must be >= 0, got {k_reg}")
+    if not 0 <= k_reg <= _MAX_K_REG:
+        raise ValueError(
+            f"k_reg (the ranks RAPS does not penalize) must be an int in 0..2**31, got {k_reg}; "
+            "k_reg >= K penalizes no class"
+        )
     return float(penalty), int(k_reg)
 
 
@@ -579,8 +609,14 @@ def resampled_coverage(
     z = _check_logits(logits)
     y = _check_labels(labels, z)
     n = y.shape[0]
-    if isinstance(splits, bool) or not isinstance(splits, numbers.Integral) or splits < 2:
-        raise ValueError(f"splits must be an int >= 2 (a spread needs two), got {splits!r}")
+    if (
+        isinstance(splits, bool)
+        or not isinstance(splits, numbers.Integral)
+        or not 2 <= splits <= _MAX_SPLITS
+    ):
+        raise ValueError(
+            f"splits must be an int in 2..{_MAX_SPLITS:,} (a spread needs two), got {splits!r}"
+        )
     size = n // 2 if calibration_size is None else calibration_size
     if isinstance(size, bool) or not isinstance(size, numbers.Integral) or not 0 < size < n:
         raise ValueError(

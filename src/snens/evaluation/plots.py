@@ -9,6 +9,7 @@ path it wrote.
 
 from __future__ import annotations
 
+import io
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -18,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from snens import metrics
+from snens import files, metrics
 from snens.method.allocation import LayerAllocation, allocation
 
 __all__ = [
@@ -74,8 +75,10 @@ def _figure(width: float, height: float) -> Any:
 def _save(figure: Any, path: str | os.PathLike) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, format="png")
-    return path
+    image = io.BytesIO()
+    figure.savefig(image, format="png")
+    # atomic, never through a link at the name (a plain savefig had followed one in --out)
+    return files.write_bytes(path, image.getvalue(), mode=files.plain_mode(path))
 
 
 def _as_tensor(x: Any, name: str) -> Tensor:

@@ -523,10 +523,12 @@ def posthoc_metrics(
 
     Raises:
         ValueError: an unknown score; α outside (0, 1); a validation split smaller than
-            ``snens.evaluation.conformal.min_calibration_size(α)``.
+            ``snens.evaluation.conformal.min_calibration_size(α)``; logits of a set of another
+            M or K than the test set's, or labels not of their logits' N.
         KeyError: ``outputs`` without ``"test"`` or ``"test_labels"``.
     """
     scores = _check_scores(ood_scores) if len(ood_scores) else []
+    _check_outputs(outputs)
     test, labels = outputs["test"], outputs["test_labels"]
     names = [key.removeprefix("ood/") for key in outputs if key.startswith("ood/")]
     test_probs = test.softmax(dim=-1)
@@ -546,6 +548,63 @@ def posthoc_metrics(
             results[f"test/conformal_{score}_coverage"] = conformal.coverage(sets, labels)
             results[f"test/conformal_{score}_size"] = conformal.mean_set_size(sets)
     return results
+
+
+def _check_outputs(outputs: Mapping[str, Tensor]) -> None:
+    """Kept logits of one model: ``test`` (M, N, K) floats, and every other set's logits of
+    that M and K, each but the OOD sets with labels of their N, every logit finite (OOD logits
+    of another K or M had been scored against the test set, AUROC 0.025; validation logits
+    without labels had been a KeyError, integer logits a NotImplementedError from torch); −inf
+    is a logit of probability 0, allowed.
+
+    Raises:
+        ValueError: a set's logits or labels of another shape or kind, missing labels, or
+            logits that are NaN or +inf, named with the set.
+        KeyError: no ``"test"`` or ``"test_labels"``.
+    """
+    test, _ = outputs["test"], outputs["test_labels"]
+    if not isinstance(test, Tensor) or test.dim() != 3 or not test.is_floating_point():
+        got = (
+            f"{tuple(test.shape)} {test.dtype}" if isinstance(test, Tensor) else type(test).__name__
+        )
+        raise ValueError(f"outputs['test'] must be (M, N, K) floating member logits, got {got}")
+    M, _, K = test.shape
+    for key, value in outputs.items():
+        if key.endswith("_labels"):
+            logits = outputs.get(key.removesuffix("_labels"))
+            if not isinstance(value, Tensor) or logits is None or value.shape != logits.shape[1:2]:
+                raise ValueError(
+                    f"outputs[{key!r}] must be the (N,) labels of outputs"
+                    f"[{key.removesuffix('_labels')!r}], got "
+                    f"{tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__}"
+                )
+            continue
+        if not key.startswith("ood/") and f"{key}_labels" not in outputs:
+            raise ValueError(
+                f"outputs[{key!r}] has no labels: give outputs[{key + '_labels'!r}] beside it"
+            )
+        if (
+            not isinstance(value, Tensor)
+            or not value.is_floating_point()
+            or value.dim() != 3
+            or (value.shape[0], value.shape[2]) != (M, K)
+        ):
+            got = (
+                f"{tuple(value.shape)} {value.dtype}"
+                if isinstance(value, Tensor)
+                else type(value).__name__
+            )
+            raise ValueError(
+                f"outputs[{key!r}] holds logits of shape {got}, the test set's are "
+                f"{tuple(test.shape)} {test.dtype}: every set's logits must be (M, N, K) floats "
+                f"of the test set's M = {M} and K = {K} (the same model's, on the same classes)"
+            )
+        bad = torch.isnan(value) | (value == math.inf)  # −inf: a probability of 0, allowed
+        if bool(bad.any()):
+            raise ValueError(
+                f"outputs[{key!r}] holds {int(bad.sum()):,} logits that are NaN or +inf: the "
+                "model diverged, or the logits were changed; nothing can be measured from them"
+            )
 
 
 def _ood_results(
@@ -875,6 +934,7 @@ def logit_metrics(
     """
     scores = _check_scores(ood_score)
     _check_num_bins(num_bins)
+    _check_outputs(outputs)
     test, labels = outputs["test"], outputs["test_labels"]
     test_probs = test.softmax(dim=-1)
     results = {f"test/{k}": v for k, v in ensemble_metrics(test_probs, labels, num_bins).items()}
@@ -927,6 +987,7 @@ def held_out_metrics(
             :func:`posthoc_metrics` raise.
     """
     _check_calibrators(calibrators)
+    _check_outputs(outputs)
     results = {}
     if "val" in outputs:
         values = ensemble_metrics(outputs["val"].softmax(dim=-1), outputs["val_labels"], num_bins)

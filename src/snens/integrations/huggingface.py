@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import io
 import json
 import os
 from collections.abc import Callable
@@ -82,7 +83,9 @@ if importlib.util.find_spec("accelerate") is None:
 import torch
 from torch import Tensor, nn
 
+from snens import files
 from snens.engine.epoch import NonFiniteLossError
+from snens.integrations._dry_run import meta_copy
 from snens.method.ensemble import Ensemble, convert, ensemble_loss, predictive_probs
 from snens.method.optim import GAMMA_LR_MULTIPLIER, param_groups
 from snens.method.regularizer import (
@@ -101,6 +104,7 @@ from snens.nn import (
     MemberLayerNorm2d,
     fused,
 )
+from snens.nn.norms import MAX_MEMBERS
 from snens.nn.surgery import only_named
 
 __all__ = ["FORMAT_VERSION", "SNENS_CONFIG", "SnensTrainer", "load_ensemble"]
@@ -114,6 +118,9 @@ FORMAT_VERSION = 1
 _SAFETENSORS = "model.safetensors"
 _SAFETENSORS_INDEX = "model.safetensors.index.json"
 _PICKLED = "pytorch_model.bin"
+# snens.json and a shard index are kilobytes (an index names each tensor once: ~100 kB for an
+# LLM); a larger one is not a save's.
+_MAX_JSON_BYTES = 64 * 2**20
 
 
 #: Member norms with fused CPU kernels (:mod:`snens.nn.fused`).
@@ -348,16 +355,33 @@ class SnensTrainer(transformers.Trainer):
 
     # -- saving ----------------------------------------------------------------------------------
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
-        """Trainer's save of a model that is not a ``PreTrainedModel`` (the ensemble's state
-        dict, ``model.safetensors``), and ``snens.json`` beside it, which
-        :func:`load_ensemble` reads. ``save_model`` and every checkpoint come through here."""
-        output_dir = self.args.output_dir if output_dir is None else output_dir
+        """What Trainer saves of a model that is not a ``PreTrainedModel`` — the ensemble's
+        state dict (``model.safetensors``), the tokenizer, ``training_args.bin`` — and
+        ``snens.json`` beside them, which :func:`load_ensemble` reads; each file atomic and
+        never written through a link (:mod:`snens.files`). ``save_model`` and every
+        checkpoint come through here."""
+        from safetensors.torch import save
+
+        if not self.args.should_save:  # one process writes; an ensemble is never sharded
+            return
+        directory = Path(self.args.output_dir if output_dir is None else output_dir)
         ensemble = self.accelerator.unwrap_model(self.model)
         if state_dict is None:
             state_dict = ensemble.state_dict()
-        super()._save(output_dir, state_dict=_unshared(state_dict))
-        if self.args.should_save:
-            _write_config(ensemble, Path(output_dir))
+        directory.mkdir(parents=True, exist_ok=True)
+        weights = directory / _SAFETENSORS
+        data = save(_unshared(state_dict), metadata={"format": "pt"})
+        files.write_bytes(weights, data, mode=files.plain_mode(weights))
+        tokenizer = self.processing_class
+        if tokenizer is None:
+            tokenizer = getattr(self.data_collator, "tokenizer", None)
+        if tokenizer is not None:  # it writes its files by name: into a private directory
+            with files.staged_directory(directory) as staging:
+                tokenizer.save_pretrained(str(staging))
+        arguments = io.BytesIO()
+        torch.save(self.args, arguments)
+        files.write_bytes(directory / "training_args.bin", arguments.getvalue())
+        _write_config(ensemble, directory)
 
     # -- optimizer -------------------------------------------------------------------------------
     def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:
@@ -452,29 +476,107 @@ def _write_config(ensemble: Ensemble, directory: Path) -> None:
     }
     if report is not None and report.unselected:  # converted with norms=: which ones
         meta["norms"] = [name for name, _, _ in report.converted]
-    temporary = directory / (SNENS_CONFIG + ".tmp")
-    temporary.write_text(json.dumps(meta, indent=2) + "\n")
-    os.replace(temporary, directory / SNENS_CONFIG)
+    path = directory / SNENS_CONFIG
+    files.write_text(path, json.dumps(meta, indent=2) + "\n", mode=files.plain_mode(path))
+
+
+def _load_safetensors(path: Path) -> dict[str, Tensor]:
+    """The tensors of the safetensors file ``path`` (a regular file; a link is followed, as a
+    Hub cache's snapshot holds links), or a ValueError naming it."""
+    from safetensors.torch import load_file
+
+    os.close(files.open_regular(path, follow_links=True))  # never a FIFO or a directory
+    try:
+        return load_file(str(path))
+    except Exception as error:  # noqa: BLE001 - SafetensorError, OSError, …: a damaged file
+        raise ValueError(
+            f"{path} is not a readable safetensors file ({error}); save it again"
+        ) from None
+
+
+def _read_json(path: Path) -> Any:
+    """The JSON held by the small file ``path``, or a ValueError naming it."""
+    try:
+        return json.loads(files.read_bytes(path, limit=_MAX_JSON_BYTES, follow_links=True))
+    except (ValueError, RecursionError) as error:  # UnicodeDecodeError is a ValueError
+        raise ValueError(f"{path} is not valid JSON ({error}); save it again") from None
 
 
 def _read_weights(directory: Path) -> dict[str, Tensor]:
     """The tensors of a Trainer save or a ``save_pretrained`` directory (sharded or not)."""
-    from safetensors.torch import load_file
-
-    if (directory / _SAFETENSORS).is_file():
-        return load_file(str(directory / _SAFETENSORS))
-    if (directory / _SAFETENSORS_INDEX).is_file():
-        index = json.loads((directory / _SAFETENSORS_INDEX).read_text())
+    # lexists: a FIFO or directory in a weight file's place is refused as what it is (it had
+    # been reported as no weights at all)
+    if os.path.lexists(directory / _SAFETENSORS):
+        return _load_safetensors(directory / _SAFETENSORS)
+    if os.path.lexists(directory / _SAFETENSORS_INDEX):
+        path = directory / _SAFETENSORS_INDEX
+        index = _read_json(path)
+        shards = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(shards, dict) or not all(isinstance(s, str) for s in shards.values()):
+            raise ValueError(
+                f'{path} holds no "weight_map" of tensor names to shard files; save it again'
+            )
         state: dict[str, Tensor] = {}
-        for shard in sorted(set(index["weight_map"].values())):
-            state.update(load_file(str(directory / shard)))
+        # each shard by its plain name inside the save: "../x" or "/x" is refused, not read
+        for shard in sorted(set(shards.values())):
+            state.update(_load_safetensors(files.inside(directory, shard)))
         return state
-    if (directory / _PICKLED).is_file():  # Trainer with save_safetensors=False (transformers 4)
-        return torch.load(directory / _PICKLED, map_location="cpu", weights_only=True)
+    if os.path.lexists(directory / _PICKLED):  # Trainer with save_safetensors=False (v4)
+        os.close(files.open_regular(directory / _PICKLED, follow_links=True))
+        try:
+            return torch.load(directory / _PICKLED, map_location="cpu", weights_only=True)
+        except Exception as error:  # noqa: BLE001 - a refused or damaged pickle
+            raise ValueError(
+                f"{directory / _PICKLED} could not be loaded as tensors ({error}); save it again"
+            ) from None
     raise FileNotFoundError(
         f"{directory} holds no weights ({_SAFETENSORS}, {_SAFETENSORS_INDEX} or {_PICKLED}); "
         "give the directory trainer.save_model(directory) wrote"
     )
+
+
+def _check_config(meta: Any, path: Path) -> dict[str, Any]:
+    """``snens.json``'s content, checked: every key of its format, each of its type."""
+
+    def bad(what: str) -> ValueError:
+        return ValueError(
+            f"{path}: {what}, so it was not written by SnensTrainer.save_model (or was changed); "
+            "save the ensemble again"
+        )
+
+    if not isinstance(meta, dict):
+        raise bad(f"it holds a JSON {type(meta).__name__}, not an object")
+    if meta.get("format") != FORMAT_VERSION:
+        raise ValueError(
+            f"{path}: format {meta.get('format')!r}, this snens reads format "
+            f"{FORMAT_VERSION}; save it again with this version"
+        )
+    kinds = {
+        "num_members": int,
+        "input_policy": str,
+        "converted": bool,
+        "skip_unsupported": bool,
+        "custom_output": bool,
+    }
+    for key, kind in kinds.items():
+        value = meta.get(key)
+        if key not in meta:
+            raise bad(f"{key!r} is missing")
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            article = "an" if kind is int else "a"
+            raise bad(f"{key} = {value!r:.40} is not {article} {kind.__name__}")
+    if not 1 <= meta["num_members"] <= MAX_MEMBERS:
+        raise bad(f"num_members = {meta['num_members']} is outside 1..{MAX_MEMBERS}")
+    if meta["input_policy"] not in ("repeat", "split"):
+        raise bad(f"input_policy = {meta['input_policy']!r:.40} is not 'repeat' or 'split'")
+    if meta.get("head") is not None and not isinstance(meta.get("head"), str):
+        raise bad(f"head = {meta.get('head')!r:.40} is not a module name (or null)")
+    norms = meta.get("norms")
+    if norms is not None and not (
+        isinstance(norms, list) and all(isinstance(n, str) for n in norms)
+    ):
+        raise bad(f"norms = {norms!r:.40} is not a list of module names")
+    return meta
 
 
 def _read_config(directory: Path, state: dict[str, Tensor]) -> tuple[dict[str, Any], str]:
@@ -482,13 +584,7 @@ def _read_config(directory: Path, state: dict[str, Tensor]) -> tuple[dict[str, A
     Trainer save (the ensemble's state dict), "model." for ``ens.model.save_pretrained``."""
     path = directory / SNENS_CONFIG
     if path.is_file():
-        meta = json.loads(path.read_text())
-        if meta.get("format") != FORMAT_VERSION:
-            raise ValueError(
-                f"{path}: format {meta.get('format')!r}, this snens reads format "
-                f"{FORMAT_VERSION}; save it again with this version"
-            )
-        return meta, ""
+        return _check_config(_read_json(path), path), ""
     if not (directory / "config.json").is_file():
         raise FileNotFoundError(
             f"{path} is missing: {directory} was not written by SnensTrainer.save_model (or "
@@ -556,21 +652,31 @@ def _fresh_ensemble(
     )
 
 
-def _load_weights(ensemble: Ensemble, state: dict[str, Tensor], where: Path) -> None:
-    """Load ``state`` into ``ensemble``; every tensor must fit, and every tensor of the
-    ensemble be given (a tied one through the tensor it shares memory with)."""
+def _check_weights(ensemble: Ensemble, state: dict[str, Tensor], where: Path) -> None:
+    """Every tensor of ``state`` must fit ``ensemble`` (a dense tensor of its shape, floating
+    where the ensemble's is), and every tensor of the ensemble be given (a tied one through a
+    name it shares its tensor with)."""
     expected = ensemble.state_dict()
-    given = {expected[k].untyped_storage().data_ptr() for k in state if k in expected}
-    missing = [
-        k
-        for k, v in expected.items()
-        if k not in state and (not v.numel() or v.untyped_storage().data_ptr() not in given)
-    ]
+    same = {  # name -> the tensor object it names: tied names name one
+        name: id(tensor)
+        for name, tensor in (
+            *ensemble.named_parameters(remove_duplicate=False),
+            *ensemble.named_buffers(remove_duplicate=False),
+        )
+    }
+    given = {same.get(k, k) for k in state if k in expected}
+    missing = [k for k in expected if k not in state and same.get(k, k) not in given]
     unexpected = [k for k in state if k not in expected]
     wrong = [
-        f"{k} {tuple(v.shape)} saved, {tuple(expected[k].shape)} here"
+        f"{k} {tuple(v.shape)} {v.dtype} saved, {tuple(expected[k].shape)} {expected[k].dtype} here"
         for k, v in state.items()
-        if k in expected and v.shape != expected[k].shape
+        if k in expected
+        and (
+            not isinstance(v, Tensor)
+            or v.layout != torch.strided
+            or v.shape != expected[k].shape
+            or v.is_floating_point() != expected[k].is_floating_point()
+        )
     ]
     if missing or unexpected or wrong:
         problems = [
@@ -578,16 +684,15 @@ def _load_weights(ensemble: Ensemble, state: dict[str, Tensor], where: Path) -> 
             for what, items in (
                 ("missing", missing),
                 ("unexpected", unexpected),
-                ("of another shape", wrong),
+                ("of another shape or kind", wrong),
             )
             if items
         ]
         raise ValueError(
             f"the weights in {where} do not fit the model given ({'; '.join(problems)}); pass "
             "the architecture the ensemble was trained from (the same class and configuration), "
-            "freshly built"
+            "freshly built; the model given was left as it was"
         )
-    ensemble.load_state_dict(state, strict=False)
 
 
 def load_ensemble(
@@ -608,7 +713,9 @@ def load_ensemble(
     Args:
         model: the model the ensemble was trained from, freshly built (the same class and
             configuration; its weights are all replaced, so pretrained ones need not be
-            loaded), or a function of no arguments building it. It is converted in place.
+            loaded), or a function of no arguments building it. It is converted in place,
+            once the save was found to fit it (checked on a copy without values): on any
+            error it is left as it was.
             An ensemble built without :func:`snens.convert` (member layers at construction)
             is passed as the :class:`snens.Ensemble` of M, built as before.
         directory: the directory ``save_model`` (or ``save_pretrained``) wrote.
@@ -622,10 +729,13 @@ def load_ensemble(
         FileNotFoundError: ``directory`` holds no weights, or neither ``snens.json`` nor
             ``config.json``.
         ValueError: a PEFT save (read by :func:`snens.integrations.peft.from_pretrained`); a
-            ``snens.json`` of another format version; weights that do not fit the model (the
-            names given); an ensemble of another M; a saved ``output=`` not passed again.
+            ``snens.json`` of another format version, or damaged (the file and key named); a
+            damaged weight file or shard index, or a shard named outside the directory;
+            weights that do not fit the model (the names given); an ensemble of another M; a
+            saved ``output=`` not passed again.
         TypeError: ``model`` is not a module; a save of an ensemble not built by convert,
             given a plain model.
+        snens.files.FileRefusedError: a weight file that is a FIFO, device or directory.
     """
     where = Path(directory)
     if not where.is_dir():
@@ -639,8 +749,15 @@ def load_ensemble(
         )
     state = _read_weights(where)
     meta, prefix = _read_config(where, state)
+    state = {prefix + k: v for k, v in state.items()}
     if not isinstance(model, nn.Module) and callable(model):
         model = model()
+    # a save that does not fit is found on a copy without values, before the model given is
+    # converted in place (it had been left converted, and a retry with the right save failed)
+    skeleton = meta_copy(model) if isinstance(model, nn.Module) else None
+    if skeleton is not None and not isinstance(model, Ensemble):
+        _check_weights(_fresh_ensemble(skeleton, meta, output, where), state, where)
     ensemble = _fresh_ensemble(model, meta, output, where)
-    _load_weights(ensemble, {prefix + k: v for k, v in state.items()}, where)
+    _check_weights(ensemble, state, where)
+    ensemble.load_state_dict(state, strict=False)
     return ensemble.eval()

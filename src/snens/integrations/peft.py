@@ -25,15 +25,19 @@ label-word head is K rows of it.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from pathlib import Path
+from typing import Any
 
-from torch import nn
+from torch import Tensor, nn
 
+from snens import files
+from snens.integrations._dry_run import meta_copy
 from snens.method.ensemble import Ensemble, convert
 from snens.nn.linear import MemberLinear
-from snens.nn.norms import MemberNorm
+from snens.nn.norms import MAX_MEMBERS, MemberNorm
 from snens.nn.surgery import only_named
 
 __all__ = ["FORMAT_VERSION", "from_pretrained", "save_pretrained"]
@@ -42,6 +46,8 @@ __all__ = ["FORMAT_VERSION", "from_pretrained", "save_pretrained"]
 FORMAT_VERSION = 1
 _CONFIG = "snens.json"
 _STATE = "snens_state.safetensors"
+# snens.json is a few hundred bytes; a larger one is not a save's.
+_MAX_JSON_BYTES = 1 << 20
 
 
 def _peft():
@@ -85,16 +91,17 @@ def save_pretrained(ensemble: Ensemble, directory: str | os.PathLike) -> Path:
     Raises:
         TypeError: ``ensemble`` is not an ensemble over a ``peft.PeftModel``.
     """
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     peft_model = _peft_model(ensemble)
     path = Path(directory)
-    path.mkdir(parents=True, exist_ok=True)
-    peft_model.peft_config[peft_model.active_adapter].save_pretrained(str(path))
+    # every file atomic and never written through a link (fixed .tmp names had been followed);
+    # PEFT writes its config by name, so into a private directory whose files are moved in
+    with files.staged_directory(path) as staging:
+        peft_model.peft_config[peft_model.active_adapter].save_pretrained(str(staging))
     names = _saved_names(ensemble)
     state = {k: v.detach().contiguous() for k, v in ensemble.state_dict().items() if k in names}
-    save_file(state, str(path / (_STATE + ".tmp")))
-    os.replace(path / (_STATE + ".tmp"), path / _STATE)
+    files.write_bytes(path / _STATE, save(state), mode=files.plain_mode(path / _STATE))
     report = ensemble.report
     meta = {
         "format": FORMAT_VERSION,
@@ -104,8 +111,10 @@ def save_pretrained(ensemble: Ensemble, directory: str | os.PathLike) -> Path:
     }
     if report is not None and report.unselected:  # converted with norms=: which ones
         meta["norms"] = [name for name, _, _ in report.converted]
-    (path / (_CONFIG + ".tmp")).write_text(json.dumps(meta, indent=2) + "\n")
-    os.replace(path / (_CONFIG + ".tmp"), path / _CONFIG)  # last: a complete save has it
+    # last: a complete save has it
+    files.write_text(
+        path / _CONFIG, json.dumps(meta, indent=2) + "\n", mode=files.plain_mode(path / _CONFIG)
+    )
     return path
 
 
@@ -113,7 +122,8 @@ def from_pretrained(base_model: nn.Module, directory: str | os.PathLike) -> Ense
     """The σN-Ens PEFT model saved in ``directory``, over ``base_model``.
 
     ``base_model`` must be the model the adapters were trained on, freshly loaded (the same
-    class, configuration and weights); it is wrapped in place.
+    class, configuration and weights); it is wrapped in place, once the save was found to fit
+    it (checked on a copy without values): on any error it is left as it was.
 
     Args:
         base_model: the base model, freshly loaded.
@@ -125,43 +135,114 @@ def from_pretrained(base_model: nn.Module, directory: str | os.PathLike) -> Ense
 
     Raises:
         FileNotFoundError: ``directory`` holds no complete save (the missing file named).
-        ValueError: a save of another format version, or tensors that do not fit the model
-            (the names given: a different base model, or another M).
+        ValueError: a save of another format version, a damaged ``snens.json``, state or
+            adapter config (the file named), or tensors that do not fit the model (the names
+            given: a different base model, or another M).
         ImportError: ``peft`` is not installed.
+        snens.files.FileRefusedError: a file of the save that is a FIFO, device or directory.
     """
-    from safetensors.torch import load_file
-
     peft = _peft()
     path = Path(directory)
     for name in ("adapter_config.json", _CONFIG, _STATE):
+        if os.path.lexists(path / name):  # a FIFO or directory there is named as what it is
+            os.close(files.open_regular(path / name, follow_links=True))
         if not (path / name).is_file():
             raise FileNotFoundError(
                 f"{path / name} is missing: {path} is not a snens.integrations.peft."
                 "save_pretrained directory (or the save was interrupted; save again)"
             )
-    meta = json.loads((path / _CONFIG).read_text())
+    meta = _read_meta(path / _CONFIG)
+    state = _read_state(path / _STATE)
+    try:
+        config = peft.PeftConfig.from_pretrained(str(path))
+    except Exception as error:  # noqa: BLE001 - PEFT fails in many ways on a damaged file
+        raise ValueError(
+            f"{path / 'adapter_config.json'} is not a PEFT adapter config PEFT can read "
+            f"({type(error).__name__}: {error}); save the model again"
+        ) from None
+    # the save is checked against a copy without values first: the base model is wrapped in
+    # place only for a save that fits (it had been left wrapped, and a retry then failed)
+    skeleton = meta_copy(base_model)
+    if skeleton is not None:
+        _check_state(_wrap(skeleton, copy.deepcopy(config), meta), state, path / _STATE)
+    ensemble = _wrap(base_model, config, meta)
+    _check_state(ensemble, state, path / _STATE)
+    ensemble.load_state_dict(state, strict=False)
+    return ensemble
+
+
+def _read_meta(path: Path) -> dict[str, Any]:
+    """``snens.json``, checked: format, M, input policy, head and norms of their types."""
+
+    def bad(what: str) -> ValueError:
+        return ValueError(
+            f"{path}: {what}, so it was not written by snens.integrations.peft.save_pretrained "
+            "(or was changed); save the model again"
+        )
+
+    try:
+        meta = json.loads(files.read_bytes(path, limit=_MAX_JSON_BYTES, follow_links=True))
+    except (ValueError, RecursionError) as error:
+        raise bad(f"not valid JSON ({error})") from None
+    if not isinstance(meta, dict):
+        raise bad(f"it holds a JSON {type(meta).__name__}, not an object")
     if meta.get("format") != FORMAT_VERSION:
         raise ValueError(
-            f"{path / _CONFIG}: format {meta.get('format')!r}, this snens reads format "
+            f"{path}: format {meta.get('format')!r}, this snens reads format "
             f"{FORMAT_VERSION}; save it again with this version"
         )
-    config = peft.PeftConfig.from_pretrained(str(path))
-    peft_model = peft.get_peft_model(base_model, config)
-    ensemble = convert(
+    members = meta.get("num_members")
+    if not isinstance(members, int) or isinstance(members, bool):
+        raise bad(f"num_members = {members!r:.40} is not an int")
+    if not 1 <= members <= MAX_MEMBERS:
+        raise bad(f"num_members = {members} is outside 1..{MAX_MEMBERS}")
+    if meta.get("input_policy") not in ("repeat", "split"):
+        raise bad(f"input_policy = {meta.get('input_policy')!r:.40} is not 'repeat' or 'split'")
+    if meta.get("head") is not None and not isinstance(meta.get("head"), str):
+        raise bad(f"head = {meta.get('head')!r:.40} is not a module name (or null)")
+    norms = meta.get("norms")
+    if norms is not None and not (
+        isinstance(norms, list) and all(isinstance(n, str) for n in norms)
+    ):
+        raise bad(f"norms = {norms!r:.40} is not a list of module names")
+    return meta
+
+
+def _read_state(path: Path) -> dict[str, Tensor]:
+    from safetensors.torch import load_file
+
+    os.close(files.open_regular(path, follow_links=True))  # never a FIFO or a directory
+    try:
+        return load_file(str(path))
+    except Exception as error:  # noqa: BLE001 - SafetensorError, OSError, …: a damaged file
+        raise ValueError(
+            f"{path} is not a readable safetensors file ({error}); save again"
+        ) from None
+
+
+def _wrap(base_model: nn.Module, config: Any, meta: dict[str, Any]) -> Ensemble:
+    """``base_model`` with the saved adapters' PEFT wrapper, converted as the save was."""
+    peft_model = _peft().get_peft_model(base_model, config)
+    return convert(
         peft_model,
         meta["num_members"],
-        head=meta["head"],
+        head=meta.get("head", "auto"),
         norms=only_named(meta.get("norms")),
         input_policy=meta["input_policy"],
         inplace=True,
     )
-    state = load_file(str(path / _STATE))
+
+
+def _check_state(ensemble: Ensemble, state: dict[str, Tensor], path: Path) -> None:
+    """Every saved tensor fits the ensemble (name, shape, floating or not) and every tensor
+    the save should hold is there."""
     expected = _saved_names(ensemble)
     shapes = dict(ensemble.state_dict())
     wrong = [
-        f"{k} {tuple(v.shape)} saved, {tuple(shapes[k].shape)} here"
+        f"{k} {tuple(v.shape)} {v.dtype} saved, {tuple(shapes[k].shape)} {shapes[k].dtype} here"
         for k, v in state.items()
-        if k in shapes and v.shape != shapes[k].shape
+        if k in shapes
+        and (v.shape != shapes[k].shape or v.is_floating_point() != shapes[k].is_floating_point())
     ]
     unknown = sorted(set(state) - set(shapes))
     missing = sorted(expected - set(state))
@@ -169,9 +250,8 @@ def from_pretrained(base_model: nn.Module, directory: str | os.PathLike) -> Ense
         problems = wrong[:3] + [f"unknown {k}" for k in unknown[:3]]
         problems += [f"missing {k}" for k in missing[:3]]
         raise ValueError(
-            f"{path / _STATE} does not fit this base model: "
+            f"{path} does not fit this base model: "
             + "; ".join(problems)
-            + "; load it into the base model it was trained on"
+            + "; load it into the base model it was trained on (the model given was left as "
+            "it was)"
         )
-    ensemble.load_state_dict(state, strict=False)
-    return ensemble

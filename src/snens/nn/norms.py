@@ -294,8 +294,8 @@ class MemberNorm(nn.Module):
                 raise ValueError(
                     f"gamma down to {float(self.gamma.min()):.3g} (gamma_mean={self.gamma_mean!r}, "
                     f"gamma_std={self.gamma_std!r}) makes weight / sigmoid(gamma) overflow "
-                    f"{self.weight.dtype}; use a larger gamma_mean (e.g. 0.0) or a smaller "
-                    "gamma_std"
+                    f"{self.weight.dtype}; use a smaller gamma_std (the default is 1.0) or a "
+                    "gamma_mean nearer 0 (the default)"
                 )
         self.weight.copy_(new_weight)
         if new_bias is not None:
@@ -406,6 +406,17 @@ class MemberNorm(nn.Module):
         )
 
     def _check_num_members(self, gamma: Tensor, key: str, version: int | None) -> None:
+        if (
+            tuple(gamma.shape) != tuple(self.gamma.shape)
+            and gamma.shape[:1] == self.gamma.shape[:1]
+        ):
+            # the same M: another width, so another architecture (it had advised that M)
+            raise ValueError(
+                f"cannot load {key} of shape {tuple(gamma.shape)} into {type(self).__name__} "
+                f"with gamma {tuple(self.gamma.shape)}: the same num_members "
+                f"({self.num_members}), other features, so the state_dict comes from another "
+                "architecture or width; build the model it was saved from"
+            )
         if tuple(gamma.shape) != tuple(self.gamma.shape):
             raise ValueError(
                 f"cannot load {key} of shape {tuple(gamma.shape)} into {type(self).__name__} "

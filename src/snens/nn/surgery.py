@@ -279,8 +279,21 @@ def only_named(names: Sequence[str] | None) -> Callable[[str, nn.Module], bool] 
     saved ensemble's converted norms are converted again on loading."""
     if names is None:
         return None
-    chosen = frozenset(names)
-    return lambda name, _: name in chosen
+    return _Named(names)
+
+
+class _Named:
+    """The ``norms=`` of :func:`only_named`, shown by its names in messages (a lambda's repr
+    had been all a save naming no such norm was told)."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self.names = frozenset(names)
+
+    def __call__(self, name: str, module: nn.Module) -> bool:
+        return name in self.names
+
+    def __repr__(self) -> str:
+        return f"only_named({sorted(self.names)})"
 
 
 def _norm_selector(norms: NormSelection) -> Callable[[str, nn.Module], bool] | None:

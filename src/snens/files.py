@@ -1,0 +1,653 @@
+"""Files written and read one way: never through a link, never more than was meant.
+
+**Writing.** Every file snens writes — run files, checkpoints, reports, plots, CSVs, saves,
+caches — goes through :func:`write_bytes` (or :func:`open_atomic`, its streaming form):
+
+1. a temporary file beside the destination, ``.<name>.<random>.tmp``, created with
+   ``O_CREAT | O_EXCL | O_NOFOLLOW``: a unique name no other process chose, and never a link
+   or an existing file opened in its place (a fixed name like ``sweep.csv.tmp`` had been
+   followed through a link planted there);
+2. written, flushed and fsynced;
+3. renamed over the destination (``os.replace``: a link at the destination is replaced, never
+   written through), or with ``exclusive`` linked to it (``os.link`` fails where any file or
+   link is);
+4. the directory fsynced, so the rename survives a power cut.
+
+A failure at any step removes the temporary and leaves the destination as it was. Appending
+(``metrics.jsonl``, a download's ``.part``) goes through :func:`open_append`: opened with
+``O_NOFOLLOW | O_NONBLOCK`` and written only if ``fstat`` finds a regular file of one name (a
+``metrics.jsonl`` link planted in a shared run directory had taken the epoch records). A
+library that writes a directory itself (``save_pretrained``) writes into
+:func:`staged_directory`, a private directory whose files are then renamed into place.
+``tests/test_files.py`` lists every write site of the package and fails on one that bypasses
+these.
+
+**Reading.** A file a user (or another process) may have put in place is read by
+:func:`read_bytes`: opened with ``O_NOFOLLOW | O_NONBLOCK`` (a FIFO never blocks, a link is
+refused; ``follow_links=True`` for a path the user gave by hand), checked by ``fstat`` to be a
+regular file of at most ``limit`` bytes before a byte is read. :func:`inside` refuses a name
+read from a file (a shard named in an index) that leads out of its directory, and
+:func:`load_npz` checks what every member of an ``.npz`` archive declares it inflates to
+before inflating any.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import io
+import os
+import secrets
+import shutil
+import stat
+import zipfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import IO, Any
+
+__all__ = [
+    "FileRefusedError",
+    "check_writable",
+    "file_kind",
+    "fsync_directory",
+    "inside",
+    "load_npz",
+    "open_append",
+    "open_atomic",
+    "open_regular",
+    "plain_mode",
+    "read_bytes",
+    "remove_stale_temporaries",
+    "savez",
+    "sha256",
+    "staged_directory",
+    "write_bytes",
+    "write_text",
+]
+
+# Where the platform has them (not Windows): never follow a link in a file's last component,
+# never block opening one (a FIFO opened for reading waits for a writer).
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+_BINARY = getattr(os, "O_BINARY", 0)
+# A file name holds at most 255 bytes (NAME_MAX): the temporary's ".<name>.<16 hex>.tmp" keeps
+# 200 bytes of the name, so a destination of a long name still gets a temporary beside it.
+_NAME_KEPT = 200
+_CHUNK = 1 << 20
+
+
+class FileRefusedError(OSError):
+    """A file snens will not read or write: a link, a FIFO or device, a file of several names,
+    too large, or outside the directory it belongs to. The message names it and the fix;
+    ``errno`` says which (``ELOOP`` a link, ``EFBIG`` too large, ``EINVAL`` the others)."""
+
+    def __init__(self, message: str, code: int = errno.EINVAL) -> None:
+        super().__init__(message)
+        self.errno = code
+
+
+# ------------------------------------------------------------------------------------------------
+# Writing
+# ------------------------------------------------------------------------------------------------
+
+
+def fsync_directory(directory: str | os.PathLike) -> None:
+    """fsync ``directory``, which makes a rename in it durable; a no-op where the platform
+    cannot (Windows)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _temporary(path: Path, mode: int | None) -> tuple[int, Path]:
+    """A new file beside ``path`` under a unique name, opened for writing: ``O_EXCL`` and
+    ``O_NOFOLLOW``, so nothing that was there (a link, a file) is ever opened."""
+    stem = os.fsencode(path.name)[:_NAME_KEPT].decode(errors="ignore") or "file"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _BINARY
+    for _ in range(100):  # 64 random bits: a clash is a planted name, tried again
+        tmp = path.with_name(f".{stem}.{secrets.token_hex(8)}.tmp")
+        try:
+            return os.open(tmp, flags, 0o600 if mode is None else mode), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, f"no free temporary name beside {path}")
+
+
+def _cannot_write(path: Path, error: OSError) -> OSError:
+    """``error`` with a message naming ``path`` and not the temporary (a directory at ``path``
+    had been named as "'.<name>.<random>.tmp' -> '<path>'")."""
+    named = type(error)(error.errno, f"cannot write {path}: {error.strerror or error}")
+    named.__cause__ = error
+    return named
+
+
+@contextlib.contextmanager
+def open_atomic(
+    path: str | os.PathLike, *, exclusive: bool = False, mode: int | None = None
+) -> Iterator[IO[bytes]]:
+    """A binary file whose content becomes ``path``, whole, when the block ends without error.
+
+    The writing side of :func:`write_bytes`, for writers that take a file object
+    (``figure.savefig(file)``, ``torch.save(obj, file)``): the block writes a unique temporary
+    beside ``path``, which is then fsynced and renamed over it (see the module docstring).
+
+    Args:
+        path: the destination; its directory must exist.
+        exclusive: put the file in place only where no file (nor link) is at ``path``.
+        mode: the file's permission bits; default ``0o600`` (its owner alone).
+
+    Raises:
+        FileExistsError: ``exclusive`` and something is at ``path``.
+        OSError: the directory is missing or not writable, the disk is full, …; the message
+            names ``path``. The temporary is removed and ``path`` is left as it was.
+    """
+    path = Path(path)
+    try:
+        fd, tmp = _temporary(path, mode)
+    except OSError as error:
+        raise _cannot_write(path, error) from error
+    try:
+        if mode is not None and hasattr(os, "fchmod"):
+            os.fchmod(fd, mode)  # the umask had cut the bits os.open was given
+        with os.fdopen(fd, "wb") as file:
+            yield file
+            file.flush()
+            os.fsync(file.fileno())
+        if exclusive:
+            os.link(tmp, path)
+            os.unlink(tmp)
+        else:
+            os.replace(tmp, path)
+    except FileExistsError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    except OSError as error:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise _cannot_write(path, error) from error
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    fsync_directory(path.parent)
+
+
+def write_bytes(
+    path: str | os.PathLike, data: bytes, *, exclusive: bool = False, mode: int | None = None
+) -> Path:
+    """Write ``data`` to ``path`` so that a crash leaves the old file or the new one, whole,
+    and a link at ``path`` (or at any name the write uses) is never followed.
+
+    Args:
+        path: the destination; its directory must exist.
+        data: the whole content.
+        exclusive: put the file in place only where nothing is at ``path``: of two processes
+            writing the same new file at once, exactly one succeeds.
+        mode: the file's permission bits; default ``0o600`` (its owner alone).
+
+    Returns:
+        ``path`` as a Path.
+
+    Raises:
+        FileExistsError: ``exclusive`` and something is at ``path``.
+        OSError: the directory is missing or not writable, the disk is full, …; the message
+            names ``path``, which is left as it was.
+    """
+    with open_atomic(path, exclusive=exclusive, mode=mode) as file:
+        file.write(data)
+    return Path(path)
+
+
+def write_text(
+    path: str | os.PathLike,
+    text: str,
+    *,
+    exclusive: bool = False,
+    mode: int | None = None,
+    errors: str = "strict",
+) -> Path:
+    """:func:`write_bytes` of ``text`` in UTF-8 (``errors`` as ``str.encode`` takes it:
+    ``"surrogateescape"`` writes a path read from undecodable bytes back as those bytes)."""
+    return write_bytes(path, text.encode("utf-8", errors), exclusive=exclusive, mode=mode)
+
+
+def savez(path: str | os.PathLike, arrays: Mapping[str, Any], *, mode: int | None = None) -> Path:
+    """``np.savez_compressed`` of ``arrays`` (NumPy arrays, tensors or scalars) to ``path``
+    through :func:`write_bytes`: a killed writer leaves no file that reads as written."""
+    import numpy as np
+
+    def numpy(value: Any) -> Any:
+        return value.numpy() if hasattr(value, "numpy") and hasattr(value, "detach") else value
+
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, **{k: numpy(v) for k, v in arrays.items()})
+    return write_bytes(path, buffer.getvalue(), mode=mode)
+
+
+def plain_mode(path: str | os.PathLike) -> int:
+    """The permission bits a file written in place at ``path`` would have: the present file's,
+    or ``0o666`` less the umask (for reports and plots, which their readers open as any file)."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    """The process's umask, read where Linux shows it (setting it to read it would race with
+    other threads creating files); 0o022 elsewhere."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022
+
+
+def _refused(path: Path, what: str, fix: str) -> FileRefusedError:
+    return FileRefusedError(f"{path} is {what}, so it was left as it is; {fix}")
+
+
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISLNK, "a symbolic link"),
+)
+
+
+def file_kind(mode: int) -> str:
+    """What a file of ``st_mode`` ``mode`` is, in words (``"a FIFO"``)."""
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def _open_nofollow(path: Path, flags: int, perm: int = 0o666) -> int:
+    """``os.open`` with ``O_NOFOLLOW | O_NONBLOCK``; a link there is a FileRefusedError."""
+    try:
+        return os.open(path, flags | _NOFOLLOW | _NONBLOCK | _BINARY, perm)
+    except OSError as error:
+        # ELOOP: O_NOFOLLOW met a link (EMLINK on FreeBSD)
+        if error.errno in (errno.ELOOP, errno.EMLINK) and os.path.islink(path):
+            raise FileRefusedError(
+                f"{path} is a symbolic link, so it was neither followed nor changed; remove it "
+                "(snens writes this file itself, in place), then try again",
+                errno.ELOOP,
+            ) from None
+        raise
+
+
+def open_append(path: str | os.PathLike, *, truncate: bool = False) -> IO[bytes]:
+    """``path`` opened to append bytes (created if missing), never through a link.
+
+    Opened with ``O_NOFOLLOW | O_NONBLOCK`` and used only if ``fstat`` finds a regular file of
+    one name: a link, FIFO, device or second name of another file at ``path`` is refused and
+    left untouched.
+
+    Args:
+        path: the file.
+        truncate: empty it first (a download starting over).
+
+    Returns:
+        A binary file object, positioned at the end; the caller closes it.
+
+    Raises:
+        FileRefusedError: a link, not a regular file, or a file with other names (hard links).
+        OSError: it cannot be opened; the message names it.
+    """
+    path = Path(path)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | (os.O_TRUNC if truncate else 0)
+    try:
+        fd = _open_nofollow(path, flags)
+    except FileRefusedError:
+        raise
+    except OSError as error:
+        # a FIFO without a reader (ENXIO), a directory (EISDIR): named as what it is
+        try:
+            mode = os.lstat(path).st_mode
+        except OSError:
+            mode = stat.S_IFREG
+        if not stat.S_ISREG(mode):
+            raise _refused(path, file_kind(mode), "move it away, then try again") from None
+        raise _cannot_write(path, error) from error
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise _refused(path, file_kind(info.st_mode), "move it away, then try again")
+        if info.st_nlink > 1:
+            raise _refused(
+                path,
+                f"a file with {info.st_nlink} names (hard links)",
+                "appending would change the other names' file too; move it away, then try again",
+            )
+        return os.fdopen(fd, "ab")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+@contextlib.contextmanager
+def staged_directory(directory: str | os.PathLike) -> Iterator[Path]:
+    """A private empty directory for a writer that writes files by name (``save_pretrained``),
+    whose files are renamed into ``directory`` when the block ends without error.
+
+    The staging directory is made inside ``directory`` (one file system) with mode ``0o700``:
+    no other user can plant a link in it, so the writer's plain ``open`` is safe there, and
+    each file then replaces the one of its name in ``directory`` by ``os.replace``, which never
+    follows a link at the destination. Subdirectories are made as needed; a link the writer
+    made is refused. On an error nothing is moved and the staging directory is removed.
+
+    Args:
+        directory: where the files go (created if missing).
+
+    Raises:
+        FileRefusedError: the writer left a link, FIFO or device (not moved).
+        OSError: ``directory`` cannot be created or written; the message names it.
+    """
+    import tempfile
+
+    directory = Path(directory)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".staging.", suffix=".tmp", dir=directory))
+    except OSError as error:
+        raise _cannot_write(directory, error) from error
+    try:
+        yield staging
+        _move_contents(staging, directory)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _move_contents(source: Path, destination: Path) -> None:
+    entries = sorted(os.scandir(source), key=lambda e: e.name)
+    for entry in entries:
+        target = destination / entry.name
+        if entry.is_symlink():
+            raise _refused(
+                source / entry.name, "a symbolic link", "the save was not moved into place"
+            )
+        if entry.is_dir(follow_symlinks=False):
+            if os.path.islink(target) or (os.path.lexists(target) and not target.is_dir()):
+                raise _refused(target, "not a directory", "move it away, then save again")
+            target.mkdir(exist_ok=True)
+            _move_contents(Path(entry.path), target)
+            continue
+        if not entry.is_file(follow_symlinks=False):
+            raise _refused(
+                source / entry.name, "not a regular file", "the save was not moved into place"
+            )
+        try:
+            os.replace(entry.path, target)
+        except OSError as error:
+            raise _cannot_write(target, error) from error
+    fsync_directory(destination)
+
+
+def check_writable(directory: str | os.PathLike) -> None:
+    """Prove ``directory`` writable: a probe file written, fsynced and removed there.
+
+    Raises:
+        OSError: it cannot be written (read-only file system, permissions, a full disk).
+    """
+    fd, probe = _temporary(Path(directory) / ".snens-write-test", None)
+    try:
+        os.write(fd, b"snens")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(probe)
+
+
+def remove_stale_temporaries(directory: str | os.PathLike) -> list[Path]:
+    """Remove the temporary files a killed writer left in ``directory`` (``.<name>.<random>
+    .tmp``); return them. Call it only where no other process writes (a run being resumed): a
+    live writer's temporary file looks the same. Links and directories are left alone."""
+    removed = []
+    for tmp in Path(directory).glob(".*.tmp"):
+        if tmp.is_file() and not tmp.is_symlink():
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+                removed.append(tmp)
+    return removed
+
+
+# ------------------------------------------------------------------------------------------------
+# Reading
+# ------------------------------------------------------------------------------------------------
+
+
+def open_regular(path: str | os.PathLike, *, follow_links: bool = False) -> int:
+    """A read-only descriptor of the regular file ``path``, opened without blocking.
+
+    Args:
+        path: the file.
+        follow_links: follow a link in the last component (a path given by hand); by default
+            a link is refused (a name inside a directory that others may write).
+
+    Raises:
+        FileNotFoundError: nothing at ``path``.
+        FileRefusedError: a link (unless ``follow_links``), a directory, FIFO, socket or
+            device; the message names it.
+        OSError: it cannot be opened (permissions); the message names it.
+    """
+    path = Path(path)
+    flags = os.O_RDONLY | _NONBLOCK | _BINARY | (0 if follow_links else _NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        missing = FileNotFoundError(f"no file at {path}")
+        missing.errno = errno.ENOENT
+        raise missing from None
+    except OSError as error:
+        # a link (ELOOP under O_NOFOLLOW), or a directory where opening one fails (Windows)
+        try:
+            mode = os.lstat(path).st_mode
+        except OSError:
+            mode = stat.S_IFREG
+        if not stat.S_ISREG(mode):
+            raise _not_readable(path, file_kind(mode)) from None
+        raise type(error)(error.errno, f"cannot read {path}: {error.strerror}") from error
+    try:
+        mode = os.fstat(fd).st_mode
+    except BaseException:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise _not_readable(path, file_kind(mode))
+    return fd
+
+
+def _not_readable(path: Path, what: str) -> FileRefusedError:
+    return FileRefusedError(
+        f"{path} is {what}, not a regular file, so it was not read (a link could lead anywhere "
+        "and a FIFO would block): replace it with the file itself, or move it away",
+        errno.ELOOP if what == "a symbolic link" else errno.EINVAL,
+    )
+
+
+def read_bytes(
+    path: str | os.PathLike, *, limit: int, follow_links: bool = False, what: str = "file"
+) -> bytes:
+    """The bytes of the regular file ``path``, checked before a byte is read.
+
+    Args:
+        path: the file.
+        limit: the largest size read, in bytes; a larger file is refused unread.
+        follow_links: as :func:`open_regular`.
+        what: what the file is, for the message (``"run file"``).
+
+    Raises:
+        FileNotFoundError: nothing at ``path``.
+        FileRefusedError: not a regular file (a link unless ``follow_links``), above
+            ``limit`` bytes, or grown past it while being read; the message names it.
+        OSError: a read that failed; the message names it.
+    """
+    path = Path(path)
+    fd = open_regular(path, follow_links=follow_links)
+    try:
+        size = os.fstat(fd).st_size
+        if size > limit:
+            raise FileRefusedError(
+                f"{path} holds {size:,} bytes, above the limit of {limit:,} for a {what}, so it "
+                "was not read: move it away, or restore the file that belongs there",
+                errno.EFBIG,
+            )
+        chunks, read = [], 0
+        while chunk := os.read(fd, min(_CHUNK, limit + 1 - read)):
+            chunks.append(chunk)
+            read += len(chunk)
+            if read > limit:
+                raise FileRefusedError(
+                    f"{path} grew past {limit:,} bytes while being read", errno.EFBIG
+                )
+        return b"".join(chunks)
+    except FileRefusedError:
+        raise
+    except OSError as error:
+        raise type(error)(error.errno, f"cannot read {path}: {error.strerror}") from error
+    finally:
+        os.close(fd)
+
+
+def sha256(path: str | os.PathLike, *, limit: int, follow_links: bool = False) -> str:
+    """The SHA-256 of the regular file ``path``, read in blocks (never whole in memory), with
+    the checks of :func:`read_bytes`.
+
+    Raises:
+        The errors of :func:`read_bytes`.
+    """
+    import hashlib
+
+    path = Path(path)
+    fd = open_regular(path, follow_links=follow_links)
+    try:
+        size = os.fstat(fd).st_size
+        if size > limit:
+            raise FileRefusedError(
+                f"{path} holds {size:,} bytes, above the limit of {limit:,}, so it was not read",
+                errno.EFBIG,
+            )
+        digest = hashlib.sha256()
+        while chunk := os.read(fd, _CHUNK):
+            digest.update(chunk)
+        return digest.hexdigest()
+    finally:
+        os.close(fd)
+
+
+def inside(directory: str | os.PathLike, name: str) -> Path:
+    """``directory / name`` for a ``name`` read from a file, refused where it leads out of
+    ``directory``: an absolute path, a ``..`` component, or a folder in it that is a link out.
+    The file itself may be a link (a Hugging Face Hub cache's snapshot holds links to its
+    blobs): whoever can put one in the directory can change the file itself.
+
+    Raises:
+        ValueError: ``name`` is not a plain relative name inside ``directory``.
+    """
+    directory = Path(directory)
+    parts = Path(name).parts if isinstance(name, str) and name else ()
+    bad = (
+        not parts
+        or Path(name).is_absolute()
+        or Path(name).drive
+        or any(part in ("..", "") for part in parts)
+        or "\x00" in name
+    )
+    if not bad:
+        folder = (directory / name).parent.resolve()
+        bad = not folder.is_relative_to(directory.resolve())
+    if bad:
+        raise ValueError(
+            f"{name!r} names a file outside {directory}, so it was not read: a save names its "
+            "files by their plain names in its own directory; the file naming it is damaged or "
+            "was made to read elsewhere",
+        )
+    return directory / name
+
+
+def load_npz(data: bytes, *, name: str | os.PathLike, limit: int) -> dict[str, Any]:  # numpy arrays
+    """The arrays of an ``.npz`` archive's bytes ``data``, inflated only after what every
+    member declares was checked against ``limit``.
+
+    Each member's declared size (the zip directory's) and their total must be at most
+    ``limit`` bytes, and each member's ``.npy`` header must promise exactly the bytes it
+    declares (a header's shape allocates before the data is read); pickled arrays are refused.
+
+    Args:
+        data: the archive's bytes.
+        name: the file they came from, for the messages.
+        limit: the most bytes the arrays may take once inflated.
+
+    Returns:
+        ``{name: numpy array}``.
+
+    Raises:
+        ValueError: not an npz archive, damaged, a member of another kind, or inflating past
+            ``limit``; the message names the file and the member.
+    """
+    import numpy as np
+    from numpy.lib import format as npy
+
+    def bad(why: str) -> ValueError:
+        return ValueError(f"{name} is not a readable npz archive of arrays ({why})")
+
+    try:
+        archive = zipfile.ZipFile(io.BytesIO(data))
+        members = archive.infolist()
+    except (zipfile.BadZipFile, EOFError, ValueError, OSError) as error:
+        raise bad(str(error) or type(error).__name__) from None
+    total = sum(info.file_size for info in members)
+    if total > limit:
+        largest = max(members, key=lambda info: info.file_size)
+        raise ValueError(
+            f"{name} declares {total:,} bytes once inflated (its largest member, "
+            f"{largest.filename}, {largest.file_size:,}), above the limit of {limit:,}: it was "
+            "not inflated; a file snens wrote inflates to a few times its size at most, so this "
+            "one is damaged or not snens's"
+        )
+    out = {}
+    with archive:
+        for info in members:
+            key = info.filename.removesuffix(".npy")
+            if not info.filename.endswith(".npy") or info.is_dir():
+                raise bad(f"member {info.filename!r} is not an .npy array")
+            try:
+                with archive.open(info) as member:
+                    version = npy.read_magic(member)
+                    read_header = (
+                        npy.read_array_header_1_0
+                        if version == (1, 0)
+                        else npy.read_array_header_2_0
+                    )
+                    shape, fortran, dtype = read_header(member)
+                    if dtype.hasobject:
+                        raise bad(f"member {key!r} holds Python objects (a pickle), refused")
+                    size = int(np.prod(shape, dtype=object)) * dtype.itemsize
+                    if size != info.file_size - member.tell():
+                        raise bad(
+                            f"member {key!r}'s header promises {size:,} bytes of data, the "
+                            f"archive holds {info.file_size - member.tell():,}"
+                        )
+                with archive.open(info) as member:
+                    out[key] = npy.read_array(member, allow_pickle=False)
+            except ValueError as error:
+                if str(error).startswith(str(name)):
+                    raise
+                raise bad(f"member {key!r}: {error}") from None
+            except (zipfile.BadZipFile, EOFError, OSError, NotImplementedError) as error:
+                raise bad(f"member {key!r}: {error}") from None
+    return out
