@@ -2,7 +2,9 @@
 runs as a user would run it, and the examples in the main docstrings are doctests."""
 
 import doctest
+import inspect
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +18,17 @@ import snens.method.ensemble
 import snens.method.regularizer
 
 ROOT = Path(__file__).resolve().parents[1]
+API_PAGES = (
+    "snens",
+    "nn",
+    "metrics",
+    "evaluation",
+    "data",
+    "baselines",
+    "models",
+    "integrations",
+    "engine",
+)
 SCRIPTS = sorted((ROOT / "docs" / "howto" / "scripts").glob("*.py"))
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 
@@ -49,6 +62,14 @@ def test_docstring_examples_run(module):
     assert results.attempted > 0 and results.failed == 0
 
 
+def test_convert_documents_every_parameter_where_it_is_defined():
+    doc = inspect.getdoc(snens.convert)
+    arguments = doc[doc.index("Args:") : doc.index("Returns:")]
+    described = dict(re.findall(r"^    (\w+): (.*)$", arguments, re.MULTILINE))
+    assert list(described) == list(inspect.signature(snens.convert).parameters)
+    assert [n for n, text in described.items() if text.lower().startswith("see ")] == []
+
+
 @pytest.mark.slow
 def test_the_site_builds_with_warnings_as_errors(tmp_path):
     pytest.importorskip("sphinx")
@@ -78,6 +99,7 @@ def test_the_site_builds_with_warnings_as_errors(tmp_path):
     for page in (
         "index.html",
         "reference/api.html",
+        *(f"reference/api/{name}.html" for name in API_PAGES),
         "reference/config.html",
         "howto/llm.html",
         "howto/uncertainty.html",
@@ -90,8 +112,19 @@ def test_the_site_builds_with_warnings_as_errors(tmp_path):
     assert "data.calibrators" in config and "data.conformal_alpha" in config
     cli = (html / "reference" / "cli.html").read_text()
     assert "--calibrators" in cli and "--alpha" in cli  # snens eval's and snens pool's flags
-    api = (html / "reference" / "api.html").read_text()
-    assert "snens.convert" in api and "tau_for_k" in api
+    api = (html / "reference" / "api" / "snens.html").read_text()
+    assert 'id="snens.convert"' in api and 'id="snens.tau_for_k"' in api
+    # convert's docstring links the conversion it calls, on the page of snens.nn
+    assert 'href="nn.html#snens.nn.surgery.convert_modules"' in api
+    index = (html / "reference" / "api.html").read_text()
+    assert [n for n in API_PAGES if f'href="api/{n}.html"' not in index] == []
+    # no method shows torch's docstring for a forward or any method it inherits
+    inherited = [
+        str(p.relative_to(html))
+        for p in html.rglob("*.html")
+        if "Define the computation performed at every call" in p.read_text()
+    ]
+    assert inherited == []
 
 
 def test_the_performance_page_tables_are_the_benchmark_record_s():
