@@ -29,16 +29,39 @@ API_PAGES = (
     "integrations",
     "engine",
 )
-SCRIPTS = sorted((ROOT / "docs" / "howto" / "scripts").glob("*.py"))
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+HOWTO = ROOT / "docs" / "howto"
+SCRIPTS = sorted([*(HOWTO / "scripts").glob("*.py"), *(HOWTO / "scripts").glob("*.sh")])
+# scripts that load pretrained models or train real runs (a minute or two each on a CPU)
+SLOW_SCRIPTS = {
+    "calibrators.sh",
+    "llm_peft.py",
+    "pretrained_minilm.py",
+    "pretrained_mobilenet.py",
+    "runs.sh",
+    "sweeps.sh",
+    "trainer_huggingface.py",
+    "trainer_lightning.py",
+}
+# the `snens` command of this environment first on PATH, for the shell scripts
+ENV = {
+    **os.environ,
+    "HF_HUB_OFFLINE": "1",
+    "OMP_NUM_THREADS": "1",
+    "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+}
 
 
-@pytest.mark.parametrize("script", SCRIPTS, ids=[s.stem for s in SCRIPTS])
+@pytest.mark.parametrize(
+    "script",
+    [pytest.param(s, marks=pytest.mark.slow) if s.name in SLOW_SCRIPTS else s for s in SCRIPTS],
+    ids=[s.name for s in SCRIPTS],
+)
 def test_every_how_to_script_runs(script, tmp_path):
     if script.stem == "llm_peft":
         pytest.importorskip("peft")
+    command = ["bash", str(script)] if script.suffix == ".sh" else [sys.executable, str(script)]
     result = subprocess.run(
-        [sys.executable, str(script)],
+        command,
         cwd=tmp_path,
         env=ENV,
         capture_output=True,
@@ -52,6 +75,42 @@ def test_every_how_to_script_runs(script, tmp_path):
 def test_every_how_to_script_is_shown_on_a_page():
     pages = "".join(p.read_text() for p in (ROOT / "docs").rglob("*.md"))
     assert [s.name for s in SCRIPTS if f"scripts/{s.name}" not in pages] == []
+    assert set(SLOW_SCRIPTS) <= {s.name for s in SCRIPTS}
+
+
+FENCE = re.compile(r"^(```+|~~~+|:::+)\s*(\S*)\s*(.*)$")
+
+
+def _code_blocks(page: Path) -> list[tuple[str, str, dict[str, str]]]:
+    """(kind, argument, options) of every fenced block of a MyST page, nested ones included."""
+    blocks, lines = [], page.read_text().splitlines()
+    for number, line in enumerate(lines):
+        match = FENCE.match(line.strip())
+        if not match or not match.group(2):
+            continue  # a closing fence, or a fence without an info string
+        options = {}
+        for option in lines[number + 1 :]:
+            found = re.match(r"^\s*:([\w-]+):\s*(.*)$", option)
+            if not found:
+                break
+            options[found.group(1)] = found.group(2).strip().strip('"')
+        blocks.append((match.group(2), match.group(3).strip(), options))
+    return blocks
+
+
+@pytest.mark.parametrize("page", sorted(HOWTO.glob("*.md")), ids=lambda p: p.name)
+def test_every_how_to_code_block_is_a_script_the_suite_runs(page):
+    scripts = {s.name: s for s in SCRIPTS}
+    for kind, argument, options in _code_blocks(page):
+        if kind == "{toctree}":
+            continue
+        assert kind == "{literalinclude}", f"{page.name}: a {kind} block no test runs"
+        assert argument.startswith("scripts/"), argument
+        script = scripts[argument.removeprefix("scripts/")]
+        source = script.read_text()
+        for marker in ("start-after", "end-before"):
+            assert marker not in options or options[marker] in source, (script, options)
+        assert options.get("language") == {".py": "python", ".sh": "bash"}[script.suffix]
 
 
 @pytest.mark.parametrize(
