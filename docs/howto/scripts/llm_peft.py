@@ -64,14 +64,9 @@ again = from_pretrained(base_model(), directory)  # into a freshly loaded base m
 probe = {k: v[:4] for k, v in inputs.items()}
 with torch.no_grad():
     assert torch.equal(again.eval()(**probe), ens.eval()(**probe))
-    probs = snens.predictive_probs(
-        ens(**probe)
-    )  # (B, K): the mean of the members' softmaxes
-print(
-    "saved and loaded: the same outputs; P(positive) of 4 reviews:",
-    probs[:, 1].tolist(),
-)
-member = snens.extract_member(
-    ens, 0
-)  # a plain PEFT model; .merge_and_unload() for plain HF
+    # (B, K): the mean of the members' softmaxes
+    probs = snens.predictive_probs(ens(**probe))
+print("saved and loaded: the same outputs; P(positive):", probs[:, 1].tolist())
+# member 0 as a plain PEFT model; .merge_and_unload() makes it a plain Hugging Face one
+member = snens.extract_member(ens, 0)
 print(type(member).__name__, type(member.merge_and_unload()).__name__)

@@ -86,12 +86,9 @@ assert evaluation["eval_accuracy"] > 0.7
 # [save]
 trainer.save_model(directory / "my-ensemble")
 
-fresh = AutoModelForSequenceClassification.from_config(
-    config
-)  # or .from_pretrained(...)
-again = load_ensemble(
-    fresh, directory / "my-ensemble"
-)  # or load_ensemble(build_model, …)
+# every weight comes from the save: from_config, or from_pretrained(name, num_labels=2)
+fresh = AutoModelForSequenceClassification.from_config(config)
+again = load_ensemble(fresh, directory / "my-ensemble")  # or (build_model, directory)
 # [save end]
 batch = {
     k: torch.stack([test[i][k] for i in range(8)])
