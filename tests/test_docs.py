@@ -171,6 +171,7 @@ def test_the_site_builds_with_warnings_as_errors(tmp_path):
     assert "data.calibrators" in config and "data.conformal_alpha" in config
     cli = (html / "reference" / "cli.html").read_text()
     assert "--calibrators" in cli and "--alpha" in cli  # snens eval's and snens pool's flags
+    assert "snens fetch-data" in cli and "--no-download" in cli
     api = (html / "reference" / "api" / "snens.html").read_text()
     assert 'id="snens.convert"' in api and 'id="snens.tau_for_k"' in api
     # convert's docstring links the conversion it calls, on the page of snens.nn
