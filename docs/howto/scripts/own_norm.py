@@ -16,11 +16,13 @@ class MyLayerNorm(nn.LayerNorm):
 snens.nn.register_norm(MyLayerNorm, snens.nn.MemberLayerNorm)
 
 torch.manual_seed(0)
-model = nn.Sequential(nn.Linear(8, 32), MyLayerNorm(32), nn.ReLU(), nn.Linear(32, 3)).eval()
+model = nn.Sequential(nn.Linear(8, 32), MyLayerNorm(32), nn.ReLU(), nn.Linear(32, 3))
+model.eval()
 ens = snens.convert(model, num_members=4).eval()
 x = torch.randn(5, 8)
 with torch.no_grad():
-    gap = (ens(x) - model(x)).abs().max().item()  # every member is the model at conversion
+    # every member is the model at conversion
+    gap = (ens(x) - model(x)).abs().max().item()
 print(ens.report)
 print(f"largest difference of a member from the model: {gap:.1e}")
 assert gap < 1e-5

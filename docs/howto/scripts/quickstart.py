@@ -1,4 +1,4 @@
-"""Convert a model, train it in your own loop, evaluate it: the three lines snens adds."""
+"""Convert a model, train it in your own loop, evaluate it: three lines change."""
 
 import torch
 from torch import nn
@@ -16,11 +16,11 @@ model = nn.Sequential(  # any model with norm layers
 )
 ens = snens.convert(model, num_members=4)  # 1: the ensemble
 print(ens.report)
-optimizer = torch.optim.AdamW(snens.param_groups(ens, lr=3e-3))  # 2: γ in its own group
+optimizer = torch.optim.AdamW(snens.param_groups(ens, lr=3e-3))  # 2: γ's own group
 x, y = torch.randn(256, 1, 28, 28), torch.randint(0, 10, (256,))
-for step in range(20):
+for _ in range(20):
     logits = ens(x[:64])  # (M, B, K) = (4, 64, 10)
-    loss = snens.ensemble_loss(logits, y[:64]) + snens.diversity_loss(ens)  # 3: the loss
+    loss = snens.ensemble_loss(logits, y[:64]) + snens.diversity_loss(ens)  # 3: loss
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()

@@ -1,4 +1,4 @@
-"""Save a trained ensemble and load it again: its state dict into a freshly converted model."""
+"""Save a trained ensemble and load it again: its state dict into a fresh conversion."""
 
 import tempfile
 from pathlib import Path
@@ -10,7 +10,9 @@ import snens
 
 
 def build() -> nn.Module:
-    return nn.Sequential(nn.Linear(8, 32), nn.LayerNorm(32), nn.ReLU(), nn.Linear(32, 3))
+    return nn.Sequential(
+        nn.Linear(8, 32), nn.LayerNorm(32), nn.ReLU(), nn.Linear(32, 3)
+    )
 
 
 torch.manual_seed(0)
@@ -21,9 +23,10 @@ with torch.no_grad():
 path = Path(tempfile.mkdtemp()) / "ensemble.pt"
 torch.save(ens.state_dict(), path)
 
-again = snens.convert(build(), num_members=4)  # the same architecture and M, converted afresh
+# the same architecture and M, converted afresh
+again = snens.convert(build(), num_members=4)
 again.load_state_dict(torch.load(path, weights_only=True))
 x = torch.randn(5, 8)
 with torch.no_grad():
     assert torch.equal(again.eval()(x), ens.eval()(x))
-print(f"reloaded from {path.name}: the same (M, B, K) = {tuple(again(x).shape)} outputs")
+print(f"reloaded {path.name}: the same (M, B, K) = {tuple(again(x).shape)} outputs")

@@ -1,4 +1,4 @@
-"""Post-hoc calibrators, conformal prediction sets and logit OOD scores of one ensemble."""
+"""Post-hoc calibrators, conformal prediction sets and logit OOD scores."""
 
 import torch
 from torch import nn
@@ -15,7 +15,10 @@ far = 6.0 + torch.randn(500, 16)
 
 
 def batches(inputs, labels, size=250):
-    return [(inputs[i : i + size], labels[i : i + size]) for i in range(0, len(inputs), size)]
+    return [
+        (inputs[i : i + size], labels[i : i + size])
+        for i in range(0, len(inputs), size)
+    ]
 
 
 train, val, test = (
@@ -40,7 +43,9 @@ ens.eval()
 val_logits, val_labels = collect(ens, val, logits=True)  # (M, N, K), (N,)
 test_logits, test_labels = collect(ens, test, logits=True)
 nll = snens.metrics.nll
-print(f"test NLL {nll(snens.predictive_probs(test_logits), test_labels):.4f} uncalibrated")
+print(
+    f"test NLL {nll(snens.predictive_probs(test_logits), test_labels):.4f} uncalibrated"
+)
 for method in ("temperature", "vector", "matrix", "histogram"):
     calibrator = snens.fit_calibrator(method, val_logits, val_labels)
     probs = snens.predictive_probs(calibrator.apply(test_logits))
@@ -51,12 +56,13 @@ for score in ("thr", "aps", "raps"):
     predictor = conformal.calibrate(val_logits, val_labels, alpha=0.1, score=score)
     sets = predictor.predict(test_logits, generator=torch.Generator().manual_seed(0))
     print(
-        f"{score}: coverage {conformal.coverage(sets, test_labels):.3f} (target 0.900), "
-        f"mean size {conformal.mean_set_size(sets):.2f} classes"
+        f"{score}: coverage {conformal.coverage(sets, test_labels):.3f} "
+        f"(target 0.900), mean size {conformal.mean_set_size(sets):.2f} classes"
     )
 
-# ... and a check that they do: calibrate on a random half of the held-out examples, measure
-# on the other half, 200 times (one fixed split covers a little over or under 1 − α by chance)
+# ... and a check that they do: calibrate on a random half of the held-out examples,
+# measure on the other half, 200 times (one fixed split covers a little over or under
+# 1 − α by chance)
 held_logits = torch.cat([val_logits, test_logits], dim=1)
 check = conformal.resampled_coverage(
     held_logits, torch.cat([val_labels, test_labels]), alpha=0.1, score="thr"

