@@ -72,6 +72,7 @@ COLUMNS = (
 #: The LLM study's rows (its stage ``selected``): σN-Ens-LoRA against one fair LoRA model and
 #: the LoRA ensemble of four fine-tunes run apart, by their labels in ``llm.SELECTED_ROWS``.
 LLM_REGIME = "SmolLM2-135M + LoRA fine-tuned on 1,000 Rotten Tomatoes reviews"
+LLM_EARLIER = f"{LLM_REGIME}; earlier runs, last epoch, 1,000 test reviews"
 
 
 def _finished(stage: Path, variant: str) -> list[Path]:
@@ -91,7 +92,7 @@ def block() -> str:
     from snens.engine.compare import compare_arrays, run_arrays
 
     header = ["regime", "σN-Ens against", *(name for _, _, name in COLUMNS), "seeds"]
-    rows = []
+    rows, said = [], []
     for regime in REGIMES:
         mine = _finished(regime.stage, regime.snens)
         for variant, label in regime.baselines:
@@ -100,42 +101,82 @@ def block() -> str:
                 rows.append([regime.label, label, *("not measured yet" for _ in COLUMNS), "—"])
                 continue
             a, b = run_arrays(mine), run_arrays(theirs)
-            cells = []
-            for set_name, metric, _ in COLUMNS:
-                (row,) = compare_arrays(a, b, sets=(set_name,), metrics=(metric,))
-                cells.append(study.difference_cell(row))
+            found = [
+                compare_arrays(a, b, sets=(set_name,), metrics=(metric,))[0]
+                for set_name, metric, _ in COLUMNS
+            ]
+            said.append((regime.label, label, [c.verdict for c in found]))
+            cells = [study.difference_cell(c) for c in found]
             rows.append([regime.label, label, *cells, f"{len(mine)} and {len(theirs)}"])
-    rows += _llm_rows()
+    llm_rows, llm_said = _llm_rows()
+    rows += llm_rows
+    said += llm_said
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join([BEGIN, *lines, END])
+    return "\n".join([BEGIN, *lines, "", *sentences(said), END])
 
 
-def _llm_rows() -> list[list[str]]:
-    """The LLM study's rows, from its ``selected`` stage (the LoRA ensemble's per-example
-    arrays from its four runs' stacked logits)."""
+#: How a verdict of snens.evaluation.bootstrap.verdict reads in a sentence.
+WORDS = {"better": "beats {}", "worse": "is behind {}", "level": "is level with {}"}
+
+
+def sentences(said: Sequence[tuple[str, str, Sequence[str]]]) -> list[str]:
+    """One line per regime, in words, from each comparison's verdicts by column: "σN-Ens
+    beats one model on NLL and ECE; is level with a deep ensemble on NLL and ECE"; the only
+    comparative words the README's results use, each the word its interval supports."""
+    by_regime: dict[str, list[str]] = {}
+    for regime, label, verdicts in said:
+        clauses = []
+        for word in WORDS:
+            columns = [name for (_, _, name), v in zip(COLUMNS, verdicts, strict=True) if v == word]
+            if columns:
+                listed = (
+                    ", ".join(columns[:-1]) + " and " + columns[-1]
+                    if len(columns) > 1
+                    else columns[0]
+                )
+                clauses.append(f"{WORDS[word].format(label)} on {listed}")
+        by_regime.setdefault(regime, []).append(", ".join(clauses))
+    return [f"* {regime}: σN-Ens {'; '.join(parts)}." for regime, parts in by_regime.items()]
+
+
+def _llm_rows() -> tuple[list[list[str]], list[tuple[str, str, list[str]]]]:
+    """The LLM study's rows, from its ``selected`` stage, then from its earlier runs (each at
+    its last epoch, on 1,000 test reviews), the LoRA ensemble's per-example arrays from its
+    four runs' stacked logits."""
+    rows, said = [], []
+    for stage, regime in (("selected", LLM_REGIME), ("final", LLM_EARLIER)):
+        stage_rows, stage_said = _llm_stage_rows(stage, regime)
+        rows += stage_rows
+        said += stage_said
+    return rows, said
+
+
+def _llm_stage_rows(stage: str, regime: str) -> tuple[list[list[str]], list]:
     import llm
 
     from snens.engine.compare import compare_arrays
 
-    units = llm.selected_units()
+    units = llm.selected_units(stage)
     snens_label, single_label, ensemble_label = (
         llm.SELECTED_ROWS[3][0],
         llm.SELECTED_ROWS[0][0],
         llm.SELECTED_ROWS[1][0],
     )
-    rows = []
+    rows, said = [], []
     for label, name in ((single_label, "one fair LoRA model"), (ensemble_label, "a LoRA ensemble")):
         if snens_label not in units or label not in units:
-            rows.append([LLM_REGIME, name, *("not measured yet" for _ in COLUMNS), "—"])
+            rows.append([regime, name, *("not measured yet" for _ in COLUMNS), "—"])
             continue
         a, b = units[snens_label][1], units[label][1]
-        cells = []
-        for set_name, metric, _ in COLUMNS:
-            (row,) = compare_arrays(a, b, sets=(set_name,), metrics=(metric,))
-            cells.append(study.difference_cell(row))
-        rows.append([LLM_REGIME, name, *cells, f"{len(a)} and {len(b)}"])
-    return rows
+        found = [
+            compare_arrays(a, b, sets=(set_name,), metrics=(metric,))[0]
+            for set_name, metric, _ in COLUMNS
+        ]
+        said.append((regime, name, [c.verdict for c in found]))
+        cells = [study.difference_cell(c) for c in found]
+        rows.append([regime, name, *cells, f"{len(a)} and {len(b)}"])
+    return rows, said
 
 
 def readme_with(text: str, generated: str) -> str:

@@ -826,23 +826,28 @@ SELECTED_DIFFERENCES = (
 )
 
 
-def selected_units() -> dict[str, tuple[list[dict], list[dict]]]:
-    """Per row of :data:`SELECTED_ROWS` whose runs have finished: each ensemble's metrics
-    (a run's final.json; four runs apart pooled as ``snens pool`` measures them) and its
-    per-example arrays (the runs' examples.npz; the pooled ensemble's from its stacked
-    logits), in seed order."""
-    from snens.engine.runs import read_examples
+def selected_units(stage: str = "selected") -> dict[str, tuple[list[dict], list[dict]]]:
+    """Per row of :data:`SELECTED_ROWS` whose runs of ``stage`` have finished: each
+    ensemble's metrics (a run's final.json; four runs apart pooled as ``snens pool`` measures
+    them) and its per-example arrays (the runs' examples.npz, or for runs made before runs
+    kept them, from their kept logits; the pooled ensemble's from its stacked logits), in seed
+    order. ``stage="final"`` gives the same rows from the earlier runs, each at its last epoch
+    on 1,000 test reviews."""
+    from snens.engine.runs import EXAMPLES, read_examples, read_outputs
     from snens.evaluation.bootstrap import run_examples
     from snens.evaluation.protocol import logit_metrics
 
     out = {}
     for label, variant, pool in SELECTED_ROWS:
-        units = _units("selected", variant, pool)
+        units = _units(stage, variant, pool)
         metrics, arrays = [], []
         for unit in units:
             if pool == 1:
                 metrics.append(json.loads((unit[0] / FINAL).read_text())["metrics"])
-                arrays.append(read_examples(unit[0]))
+                if (unit[0] / EXAMPLES).is_file():
+                    arrays.append(read_examples(unit[0]))
+                else:
+                    arrays.append(run_examples(read_outputs(unit[0])))
             else:
                 pooled = pooled_outputs(unit)
                 metrics.append(logit_metrics(pooled, ood_scores=OOD_SCORES))

@@ -387,55 +387,11 @@ def test_further_validation_reviews_are_neither_trained_nor_validated_on(study, 
 
 
 # ------------------------------------------------------------------------------------------------
-# The committed report and the README's LLM tables are the committed runs' numbers
+# The committed report is the committed runs' numbers
 # ------------------------------------------------------------------------------------------------
 
 ROOT = SCRIPT.parents[1]
 REPORT = ROOT / "results" / "llm.md"
-README = ROOT / "README.md"
-#: Each README column → the report table it is read from, named by a column only that table has.
-SOURCE = {
-    "seeds": "train s",
-    "acc": "train s",
-    "NLL": "train s",
-    "ECE": "train s",
-    "NLL +TS": "train s",
-    "train s": "train s",
-    "peak GiB": "train s",
-    "plots MSP": "plots MSP",
-    "tweets MSP": "plots MSP",
-    "Δ val NLL": "Δ val NLL",
-    "± SE": "Δ val NLL",
-    "Δ, all 1,500": "Δ val NLL",
-    "± SE (1,500)": "Δ val NLL",
-    "member acc": "member acc",
-    "member NLL − NLL": "member acc",
-    "disagr.": "member acc",
-    "effective members": "member acc",
-}
-
-
-def _tables(text: str) -> list[list[list[str]]]:
-    """Every Markdown table of ``text``: its rows' cells, header first (the rule row dropped,
-    bold marks removed)."""
-    tables, rows = [], []
-    for line in [*text.splitlines(), ""]:
-        if line.startswith("|"):
-            cells = [cell.strip().replace("**", "") for cell in line.strip().strip("|").split("|")]
-            if not set("".join(cells)) <= set("-: "):
-                rows.append(cells)
-        elif rows:
-            tables.append(rows)
-            rows = []
-    return tables
-
-
-def _readme_llm_tables() -> list[list[list[str]]]:
-    text = README.read_text(encoding="utf-8")
-    section = text[text.index("### The LLM study") :]
-    return _tables(section[: section.index("\n## ")])
-
-
 NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
 
 
@@ -478,41 +434,6 @@ def test_numbers_may_differ_by_their_last_digit_and_nothing_else():
     assert not _within_last_digit("| 0.396 | 1,203 |", "| 0.396 | 1,204 |")
     assert not _within_last_digit("| split, λ=0 | 0.396 |", "| split, λ=1 | 0.396 |")
     assert not _within_last_digit("| 0.396 |", "| 0.396 | 0.401 |")
-
-
-def test_the_readme_llm_tables_are_the_report_cells():
-    """Every cell of the README's LLM tables is the report's cell of the same row and column
-    (— where the report's table has no such row), and the recipe table lists every question
-    the report does: the README cannot fall behind a run that landed."""
-    by_column = {}
-    for header, *body in _tables(REPORT.read_text(encoding="utf-8")):
-        for column in header[1:]:
-            by_column.setdefault(column, (header, {row[0]: row for row in body}))
-
-    def source(column: str) -> tuple[list[str], dict[str, list[str]]]:
-        """The report table a README column is read from: its header and rows by label."""
-        return by_column[SOURCE[column]]
-
-    tables = _readme_llm_tables()
-    assert len(tables) == 2
-    checked = 0
-    for header, *body in tables:
-        assert header[0] == "run"
-        for row in body:
-            for column, cell in zip(header[1:], row[1:], strict=True):
-                report_header, rows = source(column)
-                expected = rows[row[0]][report_header.index(column)] if row[0] in rows else "—"
-                assert cell == expected, (row[0], column)
-                checked += cell != "—"
-    main, recipe = tables
-    assert {row[0] for row in main[1:]} >= {
-        "one LoRA model, norms trainable (fair)",
-        "LoRA ensemble, M=4 fine-tunes run apart, norms trainable (fair)",
-        "σN-Ens-LoRA, τ=5 λ=0.01, split (preset)",
-    }
-    _, questions = source("Δ val NLL")
-    assert [row[0] for row in recipe[1:] if row[0] in questions] == list(questions)
-    assert checked > 100
 
 
 def test_conformal_sets_calibrated_on_test_halves_cover_as_promised(study):

@@ -1,13 +1,12 @@
-"""The converged study's numbers in the README and the results page (docs/results.md) are the
-committed run directories' numbers.
+"""The converged study's numbers on the results page (docs/results.md) are the committed run
+directories' numbers.
 
 The results page's tables are written from ``results/converged/<stage>/<variant>/seed=<s>/``
-by ``docs/_ext/results_tables.py`` when the docs build; the README's table at a glance is
-typed by hand (GitHub shows the README without the docs build). Both are checked here: every
-cell is recomputed from the runs' ``final.json`` (mean over seeds, sample standard deviation
-after ``±``), so a README not updated after a run finished, or a table rounded the wrong way,
-fails; and cells of the generated tables are pinned to literal values, so a change to the
-generator or to a committed run shows up as a failing line.
+by ``docs/_ext/results_tables.py`` when the docs build. They are checked here: cells are
+recomputed from the runs' ``final.json`` (mean over seeds, sample standard deviation after
+``±``), so a table rounded the wrong way fails; and cells of the generated tables are pinned
+to literal values, so a change to the generator or to a committed run shows up as a failing
+line. (The README's comparisons are generated and checked by tests/test_readme_claims.py.)
 """
 
 import functools
@@ -25,7 +24,6 @@ sys.path.insert(0, str(ROOT / "docs" / "_ext"))
 
 import results_tables  # noqa: E402
 
-README = ROOT / "README.md"
 RESULTS_PAGE = ROOT / "docs" / "results.md"
 RESULTS = ROOT / "results" / "converged"
 SEEDS = (0, 1, 2)
@@ -78,13 +76,6 @@ def _plain(rows: list[list[str]]) -> list[list[str]]:
     return [[cell.replace("**", "") for cell in row] for row in rows]
 
 
-def _readme_glance() -> list[list[str]]:
-    """The README's table at a glance: header and body rows."""
-    lines = README.read_text(encoding="utf-8").splitlines()
-    start = next(i for i, line in enumerate(lines) if "At a glance" in line)
-    return _rows(lines[start:])
-
-
 def _table(name: str) -> list[list[str]]:
     """A generated table's body rows, bold marks kept."""
     return _rows(_generated()[name].splitlines())[2:]
@@ -100,39 +91,6 @@ def _cell(name: str, label: str, column: str) -> str:
 
 def _numbers(cell: str) -> list[str]:
     return NUMBER.findall(cell)
-
-
-# ------------------------------------------------------------------------------------------------
-# The README's table at a glance (typed by hand)
-# ------------------------------------------------------------------------------------------------
-
-
-def test_the_at_a_glance_table_is_the_runs_test_nll_and_corrupted_ece():
-    rows = _plain(_readme_glance())[2:]
-    # (stage, the single / deep ensemble / σN-Ens variants, σN-Ens' second variant or None);
-    # every regime but text has corruptions
-    regimes = [
-        ("overfit", ("single", "deep_ensemble", "snens_tau1_lam0.1"), "snens_tau1_lam0.1_split"),
-        ("final", ("single", "deep_ensemble", "snens_default"), None),
-        ("text", ("single", "deep_ensemble", "snens_default"), None),
-        ("vision", ("single", "deep_ensemble", "snens_glr3_chosen"), None),
-    ]
-    assert len(rows) == len(regimes)
-    for row, (stage, variants, also) in zip(rows, regimes, strict=True):
-        shifted = stage != "text"
-        for cell, variant in zip(row[1:4], variants, strict=True):
-            expected = [_mean(stage, variant, "test/nll")]
-            if shifted:
-                expected.append(_mean(stage, variant, SEV5_ECE))
-            if also is not None and variant == variants[-1]:
-                expected += [_mean(stage, also, "test/nll"), _mean(stage, also, SEV5_ECE)]
-            assert _numbers(cell) == expected, (stage, variant, cell)
-    # the MiniLM row's "MC-dropout ties" is MC-dropout's test NLL
-    assert _numbers(rows[2][4]) == [_mean("text", "mc_dropout", "test/nll")]
-
-
-def test_the_readme_table_at_a_glance_is_the_generated_one():
-    assert _readme_glance() == _rows(_generated()["glance"].splitlines())
 
 
 # ------------------------------------------------------------------------------------------------
