@@ -68,6 +68,8 @@ COLUMNS = (
     ("test_ts", "nll", "NLL +TS"),
     ("test", "ece", "ECE"),
     ("test_ts", "ece", "ECE +TS"),
+    ("ood", "energy", "OOD AUROC (energy)"),
+    ("ood", "msp", "OOD AUROC (max. probability)"),
 )
 #: The LLM study's rows (its stage ``selected``): σN-Ens-LoRA against one fair LoRA model and
 #: the LoRA ensemble of four fine-tunes run apart, by their labels in ``llm.SELECTED_ROWS``.
@@ -89,31 +91,48 @@ def block() -> str:
     """The README's generated block: one row per regime and baseline, each cell the difference
     σN-Ens − baseline with its interval and word; regimes whose runs have not all finished
     are named as such."""
-    from snens.engine.compare import compare_arrays, run_arrays
+    from snens.engine.compare import run_arrays
 
-    header = ["regime", "σN-Ens against", *(name for _, _, name in COLUMNS), "seeds"]
+    header = ["regime", "σN-Ens against", *(name for _, _, name in COLUMNS), "OOD set", "seeds"]
     rows, said = [], []
     for regime in REGIMES:
         mine = _finished(regime.stage, regime.snens)
         for variant, label in regime.baselines:
             theirs = _finished(regime.stage, variant)
             if not mine or not theirs:
-                rows.append([regime.label, label, *("not measured yet" for _ in COLUMNS), "—"])
+                rows.append([regime.label, label, *("not measured yet" for _ in COLUMNS), "—", "—"])
                 continue
             a, b = run_arrays(mine), run_arrays(theirs)
-            found = [
-                compare_arrays(a, b, sets=(set_name,), metrics=(metric,))[0]
-                for set_name, metric, _ in COLUMNS
-            ]
+            found = comparisons(a, b)
             said.append((regime.label, label, [c.verdict for c in found]))
             cells = [study.difference_cell(c) for c in found]
-            rows.append([regime.label, label, *cells, f"{len(mine)} and {len(theirs)}"])
+            seeds = f"{len(mine)} and {len(theirs)}"
+            rows.append([regime.label, label, *cells, ood_set(a), seeds])
     llm_rows, llm_said = _llm_rows()
     rows += llm_rows
     said += llm_said
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join([BEGIN, *lines, "", *sentences(said), END])
+
+
+def ood_set(arrays: Sequence[dict]) -> str:
+    """The first OOD set (by name) a run's arrays were scored on."""
+    return sorted(k.split("/")[1] for k in arrays[0] if k.startswith("ood/"))[0]
+
+
+def comparisons(a: Sequence[dict], b: Sequence[dict]) -> list:
+    """σN-Ens's per-seed arrays ``a`` against a baseline's ``b``, one comparison per column:
+    the OOD columns on the first OOD set the runs were scored on (AUROC, higher better)."""
+    from snens.engine.compare import compare_arrays, compare_ood
+
+    found = []
+    for set_name, metric, _ in COLUMNS:
+        if set_name == "ood":
+            found.append(compare_ood(a, b, ood_set(a), metric))
+        else:
+            found.append(compare_arrays(a, b, sets=(set_name,), metrics=(metric,))[0])
+    return found
 
 
 #: How a verdict of snens.evaluation.bootstrap.verdict reads in a sentence.
@@ -155,8 +174,6 @@ def _llm_rows() -> tuple[list[list[str]], list[tuple[str, str, list[str]]]]:
 def _llm_stage_rows(stage: str, regime: str) -> tuple[list[list[str]], list]:
     import llm
 
-    from snens.engine.compare import compare_arrays
-
     units = llm.selected_units(stage)
     snens_label, single_label, ensemble_label = (
         llm.SELECTED_ROWS[3][0],
@@ -166,16 +183,13 @@ def _llm_stage_rows(stage: str, regime: str) -> tuple[list[list[str]], list]:
     rows, said = [], []
     for label, name in ((single_label, "one fair LoRA model"), (ensemble_label, "a LoRA ensemble")):
         if snens_label not in units or label not in units:
-            rows.append([regime, name, *("not measured yet" for _ in COLUMNS), "—"])
+            rows.append([regime, name, *("not measured yet" for _ in COLUMNS), "—", "—"])
             continue
         a, b = units[snens_label][1], units[label][1]
-        found = [
-            compare_arrays(a, b, sets=(set_name,), metrics=(metric,))[0]
-            for set_name, metric, _ in COLUMNS
-        ]
+        found = comparisons(a, b)
         said.append((regime, name, [c.verdict for c in found]))
         cells = [study.difference_cell(c) for c in found]
-        rows.append([regime, name, *cells, f"{len(a)} and {len(b)}"])
+        rows.append([regime, name, *cells, ood_set(a), f"{len(a)} and {len(b)}"])
     return rows, said
 
 

@@ -29,26 +29,34 @@ def test_the_readme_holds_the_generated_comparisons(generated):
 
 
 def test_the_generated_block_says_beats_only_where_its_interval_excludes_zero(generated):
-    cells = re.findall(r"([+-]\d\.\d{4}) \[([+-]\d\.\d{4}), ([+-]\d\.\d{4})\] (\w+)", generated)
-    assert len(cells) >= 8  # the overfit regime's and the earlier LLM runs' rows at least
-    for estimate, low, high, word in cells:
-        low, high = float(low), float(high)
-        assert low <= float(estimate) <= high
-        assert word == ("better" if high < 0 else "worse" if low > 0 else "level")
-    # each sentence's verdicts are its row's: the rows' words, counted, are the sentences'
-    table_words = [word for *_, word in cells]
-    lines = [line for line in generated.splitlines() if line.startswith("* ")]
-    said = " ".join(lines)
+    cell = re.compile(r"([+-]\d\.\d{4}) \[([+-]\d\.\d{4}), ([+-]\d\.\d{4})\] (\w+)")
+    rows = [line.strip("|").split("|") for line in generated.splitlines() if line.startswith("| ")]
+    checked, words = 0, []
+    for row in rows[1:]:
+        for (set_name, _, _), text in zip(claims.COLUMNS, row[2:], strict=False):
+            found = cell.fullmatch(text.strip())
+            if found is None:
+                assert text.strip() == "not measured yet"
+                continue
+            estimate, low, high = map(float, found.groups()[:3])
+            assert low <= estimate <= high
+            higher_is_better = set_name == "ood"  # AUROC; NLL and ECE: lower is better
+            better, worse = (low > 0, high < 0) if higher_is_better else (high < 0, low > 0)
+            assert found[4] == ("better" if better else "worse" if worse else "level"), text
+            words.append(found[4])
+            checked += 1
+    assert checked >= 12  # the overfit regime's and the earlier LLM runs' rows at least
+    # each word of the table is said in the sentences below it
+    said = " ".join(line for line in generated.splitlines() if line.startswith("* "))
     for word, phrase in (("better", "beats"), ("worse", "is behind"), ("level", "is level with")):
-        if word in table_words:
-            assert phrase in said
+        assert (word in words) == (phrase in said)
 
 
 def test_a_sentence_lists_each_column_under_the_word_of_its_interval():
-    said = [("a regime", "one model", ["better", "level", "worse", "level"])]
+    said = [("a regime", "one model", ["better", "level", "worse", "level", "better", "level"])]
     assert claims.sentences(said) == [
-        "* a regime: σN-Ens beats one model on NLL, is behind one model on ECE, "
-        "is level with one model on NLL +TS and ECE +TS."
+        "* a regime: σN-Ens beats one model on NLL and OOD AUROC (energy), is behind one model "
+        "on ECE, is level with one model on NLL +TS, ECE +TS and OOD AUROC (max. probability)."
     ]
 
 
