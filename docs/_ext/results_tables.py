@@ -20,15 +20,16 @@ The ``train s`` column is the wall clock's mean in the ``overfit``, ``text`` and
 tables, and the epochs × the median epoch's in the ``final`` and ``posthoc`` tables, as the
 page says of each.
 
-A run with one member has no disagreement and no mutual information: ``–``. In a column that
-marks its best value, the best by the column's direction (lower NLL, ECE, Brier; higher
-accuracy, AUROC) is bold: the best mean before rounding, so of two means that round alike only
-the better is bold.
+A run with one member has no disagreement and no mutual information: ``–``. No cell is marked
+as the best of its column: the cells are the runs' means and standard deviations over seeds,
+each method at its last epoch, with no interval on any difference between them, so they
+describe the runs and rank none (the README's comparisons, written by ``experiments/claims.py``,
+carry the intervals).
 
 :func:`write` writes each table to ``converged_<name>.md`` of ``docs/study/sections/``, which
 ``docs/results.md`` includes. Written here, not read from the files: the row labels, the column
-headers, and in the at-a-glance table the regimes, the notes beside a σN-Ens cell and the
-verdict column (:data:`GLANCE`). Hand-written in the page, not here: the prose around the
+headers, and in the at-a-glance table the regimes and the notes beside a σN-Ens cell
+(:data:`GLANCE`). Hand-written in the page, not here: the prose around the
 tables and the table of the defaults and their evidence, whose cells weigh runs of several
 stages in sentences (single-seed values among them) rather than show one run per row.
 """
@@ -37,7 +38,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import string
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -135,29 +135,26 @@ class Results:
 
 @dataclass(frozen=True)
 class Part:
-    """One number of a cell: its value (None: not applicable, never bold), its digits, and what
-    follows them unbolded (`` ± 0.003``)."""
+    """One number of a cell: its digits, and what follows them (`` ± 0.003``)."""
 
-    value: float | None
     text: str
     suffix: str = ""
 
 
 def _mean(values: Sequence[float], digits: int) -> Part:
     """The mean of ``values`` at ``digits`` decimals."""
-    mean = statistics.mean(values)
-    return Part(mean, f"{mean:.{digits}f}")
+    return Part(f"{statistics.mean(values):.{digits}f}")
 
 
 def _mean_std(values: Sequence[float], digits: int) -> Part:
     """The mean of ``values``, then `` ± `` their sample standard deviation."""
     part = _mean(values, digits)
-    return Part(part.value, part.text, f" ± {statistics.stdev(values):.{digits}f}")
+    return Part(part.text, f" ± {statistics.stdev(values):.{digits}f}")
 
 
 def _not_applicable() -> Part:
     """The part of a value that does not apply to the run."""
-    return Part(None, DASH)
+    return Part(DASH)
 
 
 #: A column's numbers for a row: the seeds' runs → the parts of its cell, joined by " / ".
@@ -166,11 +163,10 @@ Cell = Callable[[Sequence[Seed]], list[Part]]
 
 @dataclass(frozen=True)
 class Column:
-    """A column: its header, its cell, and which way is better (None: nothing bold)."""
+    """A column: its header and its cell."""
 
     header: str
     cell: Cell
-    better: str | None = None  # "lower" or "higher"
 
 
 def metric(key: str, digits: int = 3, spread: bool = False, members: bool = False) -> Cell:
@@ -228,7 +224,7 @@ def halves(score: str) -> Cell:
             )
         part = _mean([s.halves[f"{score}/coverage"] for s in seeds], 3)
         spread = statistics.mean(s.halves[f"{score}/coverage_std"] for s in seeds)
-        return [Part(part.value, part.text, f" ± {spread:.3f}")]
+        return [Part(part.text, f" ± {spread:.3f}")]
 
     return cell
 
@@ -238,14 +234,14 @@ def params(millions: bool = False) -> Cell:
 
     def cell(seeds: Sequence[Seed]) -> list[Part]:
         count = seeds[0].params
-        return [Part(None, f"{count / 1e6:.2f} M" if millions else f"{count:,}")]
+        return [Part(f"{count / 1e6:.2f} M" if millions else f"{count:,}")]
 
     return cell
 
 
 def seed_list(seeds: Sequence[Seed]) -> list[Part]:
     """The seeds averaged over."""
-    return [Part(None, ", ".join(str(s) for s in SEEDS))]
+    return [Part(", ".join(str(s) for s in SEEDS))]
 
 
 def train_seconds(median: bool) -> Cell:
@@ -255,25 +251,9 @@ def train_seconds(median: bool) -> Cell:
     def cell(seeds: Sequence[Seed]) -> list[Part]:
         values = [s.median_seconds if median else s.wall_seconds for s in seeds]
         plus = "+ " if seeds[0].continues else ""
-        return [Part(None, f"{plus}{statistics.mean(values):.0f}")]
+        return [Part(f"{plus}{statistics.mean(values):.0f}")]
 
     return cell
-
-
-def _bold(parts: list[list[Part]], better: str) -> list[list[Part]]:
-    """``parts`` (a column's, row by row) with the best value's digits bold at each position:
-    the best unrounded mean, so of two that show the same digits only the better is bold."""
-    pick = min if better == "lower" else max
-    out = [list(row) for row in parts]
-    for i in range(len(parts[0])):
-        values = [row[i].value for row in parts if row[i].value is not None]
-        if not values:
-            continue
-        best = pick(values)
-        for row in out:
-            if row[i].value == best:
-                row[i] = Part(row[i].value, f"**{row[i].text}**", row[i].suffix)
-    return out
 
 
 def _render(parts: list[Part]) -> str:
@@ -295,10 +275,10 @@ class Table:
 
     def render(self, results: Results) -> str:
         """The table's Markdown, from ``results``."""
-        grid = []  # column by column: each row's parts
-        for column in self.columns:
-            parts = [column.cell(results.runs(stage, variant)) for _, stage, variant in self.rows]
-            grid.append(_bold(parts, column.better) if column.better else parts)
+        grid = [  # column by column: each row's parts
+            [column.cell(results.runs(stage, variant)) for _, stage, variant in self.rows]
+            for column in self.columns
+        ]
         body = [
             [label] + [_render(column[r]) for column in grid]
             for r, (label, _, _) in enumerate(self.rows)
@@ -306,18 +286,16 @@ class Table:
         return markdown_table(["method"] + [c.header for c in self.columns], body) + "\n"
 
 
-LOWER, HIGHER = "lower", "higher"
-
 #: Where one model overfits: 10,000 training images, SmallCNN width 32, 20 epochs.
 OVERFIT = Table(
     columns=(
         Column("params", params()),
-        Column("val NLL", metric("val/nll", spread=True), LOWER),
-        Column("val ECE", metric("val/ece"), LOWER),
-        Column("test acc", metric("test/accuracy", 4, spread=True), HIGHER),
-        Column("test NLL", metric("test/nll", spread=True), LOWER),
-        Column("test ECE", metric("test/ece"), LOWER),
-        Column("corrupted ECE, sev. 5", metric(f"{SEV5}/ece", spread=True), LOWER),
+        Column("val NLL", metric("val/nll", spread=True)),
+        Column("val ECE", metric("val/ece")),
+        Column("test acc", metric("test/accuracy", 4, spread=True)),
+        Column("test NLL", metric("test/nll", spread=True)),
+        Column("test ECE", metric("test/ece")),
+        Column("corrupted ECE, sev. 5", metric(f"{SEV5}/ece", spread=True)),
         Column("train s", train_seconds(median=False)),
     ),
     rows=(
@@ -326,7 +304,7 @@ OVERFIT = Table(
         ("BatchEnsemble", "overfit", "batch_ensemble"),
         ("Packed-Ensembles (α=2, γ=2)", "overfit", "packed"),
         ("σN-Ens τ=1 λ=0.1, repeat (default)", "overfit", "snens_tau1_lam0.1"),
-        ("σN-Ens τ=1 λ=0.1, **split**", "overfit", "snens_tau1_lam0.1_split"),
+        ("σN-Ens τ=1 λ=0.1, split", "overfit", "snens_tau1_lam0.1_split"),
     ),
 )
 
@@ -335,16 +313,16 @@ FINAL = Table(
     columns=(
         Column("params", params()),
         Column("seeds", seed_list),
-        Column("val NLL", metric("val/nll", spread=True), LOWER),
+        Column("val NLL", metric("val/nll", spread=True)),
         Column("member acc (val)", metric("val/member_accuracy_mean")),
         Column("disagreement", metric("val/disagreement", members=True)),
-        Column("test acc", metric("test/accuracy", spread=True), HIGHER),
-        Column("test NLL", metric("test/nll", spread=True), LOWER),
-        Column("test ECE", metric("test/ece"), LOWER),
-        Column("Brier", metric("test/brier"), LOWER),
-        Column("acc, sev. 5", metric(f"{SEV5}/accuracy", spread=True), HIGHER),
-        Column("ECE, sev. 5", metric(f"{SEV5}/ece", spread=True), LOWER),
-        Column("OOD AUROC MSP / entropy / MI", ood("mnist_5k"), HIGHER),
+        Column("test acc", metric("test/accuracy", spread=True)),
+        Column("test NLL", metric("test/nll", spread=True)),
+        Column("test ECE", metric("test/ece")),
+        Column("Brier", metric("test/brier")),
+        Column("acc, sev. 5", metric(f"{SEV5}/accuracy", spread=True)),
+        Column("ECE, sev. 5", metric(f"{SEV5}/ece", spread=True)),
+        Column("OOD AUROC MSP / entropy / MI", ood("mnist_5k")),
         Column("train s", train_seconds(median=True)),
     ),
     rows=(
@@ -364,15 +342,15 @@ FINAL = Table(
 #: calibrated on random test halves and measured on the other half.
 FINAL_UNCERTAINTY = Table(
     columns=(
-        Column("test NLL", metric("test/nll"), LOWER),
-        Column("NLL +TS", metric("test_ts/nll", spread=True), LOWER),
-        Column("OOD AUROC max-logit / energy", logit_ood("mnist_5k"), HIGHER),
+        Column("test NLL", metric("test/nll")),
+        Column("NLL +TS", metric("test_ts/nll", spread=True)),
+        Column("OOD AUROC max-logit / energy", logit_ood("mnist_5k")),
         Column("THR coverage", metric("test/conformal_thr_coverage", spread=True)),
         Column("THR coverage, test halves (± per halving)", halves("thr")),
-        Column("THR size", metric("test/conformal_thr_size", 2), LOWER),
+        Column("THR size", metric("test/conformal_thr_size", 2)),
         Column("APS coverage", metric("test/conformal_aps_coverage", spread=True)),
         Column("APS coverage, test halves (± per halving)", halves("aps")),
-        Column("APS size", metric("test/conformal_aps_size", 2), LOWER),
+        Column("APS size", metric("test/conformal_aps_size", 2)),
     ),
     rows=FINAL.rows,
 )
@@ -380,13 +358,13 @@ FINAL_UNCERTAINTY = Table(
 #: The final stage's single model converted to σN-Ens and fine-tuned 4 epochs more.
 POSTHOC = Table(
     columns=(
-        Column("val NLL", metric("val/nll", spread=True), LOWER),
+        Column("val NLL", metric("val/nll", spread=True)),
         Column("member NLL (val)", metric("val/member_nll_mean")),
         Column("disagreement", metric("val/disagreement", members=True)),
-        Column("test acc", metric("test/accuracy"), HIGHER),
-        Column("test NLL", metric("test/nll", spread=True), LOWER),
-        Column("ECE, sev. 5", metric(f"{SEV5}/ece", spread=True), LOWER),
-        Column("OOD AUROC MSP / entropy / MI", ood("mnist_5k"), HIGHER),
+        Column("test acc", metric("test/accuracy")),
+        Column("test NLL", metric("test/nll", spread=True)),
+        Column("ECE, sev. 5", metric(f"{SEV5}/ece", spread=True)),
+        Column("OOD AUROC MSP / entropy / MI", ood("mnist_5k")),
         Column("train s", train_seconds(median=True)),
     ),
     rows=(
@@ -406,10 +384,10 @@ POSTHOC = Table(
 TEXT = Table(
     columns=(
         Column("params", params(millions=True)),
-        Column("test acc", metric("test/accuracy", spread=True), HIGHER),
-        Column("test NLL", metric("test/nll", spread=True), LOWER),
-        Column("test ECE", metric("test/ece", spread=True), LOWER),
-        Column("Brier", metric("test/brier", spread=True), LOWER),
+        Column("test acc", metric("test/accuracy", spread=True)),
+        Column("test NLL", metric("test/nll", spread=True)),
+        Column("test ECE", metric("test/ece", spread=True)),
+        Column("Brier", metric("test/brier", spread=True)),
         Column("OOD AUROC (MSP)", metric("ood/rt_plots/auroc", spread=True)),
         Column("disagreement", metric("test/disagreement", members=True)),
         Column("train s", train_seconds(median=False)),
@@ -427,12 +405,12 @@ TEXT = Table(
 VISION = Table(
     columns=(
         Column("params", params(millions=True)),
-        Column("test acc", metric("test/accuracy", spread=True), HIGHER),
-        Column("test NLL", metric("test/nll", spread=True), LOWER),
-        Column("test ECE", metric("test/ece"), LOWER),
-        Column("Brier", metric("test/brier"), LOWER),
-        Column("ECE, sev. 5", metric(f"{SEV5}/ece"), LOWER),
-        Column("OOD AUROC MSP / entropy / MI", ood("mnist_5k"), HIGHER),
+        Column("test acc", metric("test/accuracy", spread=True)),
+        Column("test NLL", metric("test/nll", spread=True)),
+        Column("test ECE", metric("test/ece")),
+        Column("Brier", metric("test/brier")),
+        Column("ECE, sev. 5", metric(f"{SEV5}/ece")),
+        Column("OOD AUROC MSP / entropy / MI", ood("mnist_5k")),
         Column("disagreement", metric("test/disagreement", members=True)),
         Column("member NLL", metric("test/member_nll_mean")),
         Column("train s", train_seconds(median=False)),
@@ -457,14 +435,12 @@ class Regime:
     """A row of the table at a glance: a stage's single model, deep ensemble and σN-Ens.
 
     ``also`` is a second σN-Ens variant shown beside the first, ``(label: numbers)``; ``note``
-    follows the σN-Ens cell; ``verdict`` is the last column, a :meth:`str.format` template
-    given each variant's test NLL by its name (``{mc_dropout}``).
+    follows the σN-Ens cell.
     """
 
     label: str
     stage: str
     variants: tuple[str, str, str]
-    verdict: str
     also: tuple[str, str] | None = None
     note: str = ""
 
@@ -474,33 +450,28 @@ GLANCE_HEADER = (
     "single",
     "deep ensemble (4× the parameters)",
     "σN-Ens, the defaults ({low:.3f}–{high:.2f}×)",  # its parameters over one model's
-    "best",
 )
 GLANCE = (
     Regime(
         "one model overfits: 10,000 images, SmallCNN width 32, 20 epochs",
         "overfit",
         ("single", "deep_ensemble", "snens_tau1_lam0.1"),
-        "σN-Ens",
         also=("`split`", "snens_tau1_lam0.1_split"),
     ),
     Regime(
         "all 55,000 images, SmallCNN width 16, 40 epochs (converged)",
         "final",
         ("single", "deep_ensemble", "snens_default"),
-        "deep ensemble; σN-Ens behind one model",
     ),
     Regime(
         "MiniLM fine-tuned on 2,000 Rotten Tomatoes reviews",
         "text",
         ("single", "deep_ensemble", "snens_default"),
-        "σN-Ens (MC-dropout ties, {mc_dropout})",
     ),
     Regime(
         "MobileNetV2 fine-tuned on 5,000 Fashion-MNIST images",
         "vision",
         ("single", "deep_ensemble", "snens_glr3_chosen"),
-        "deep ensemble on NLL, σN-Ens under corruption",
         note="(the preset's γ ×3)",
     ),
 )
@@ -513,20 +484,14 @@ def _glance_parts(seeds: Sequence[Seed]) -> list[Part]:
 
 
 def _glance_row(regime: Regime, results: Results) -> list[str]:
-    """A regime's cells: each run's test NLL / severity-5 ECE, the lowest of each bold."""
+    """A regime's cells: each run's test NLL / severity-5 ECE."""
     variants = list(regime.variants) + ([regime.also[1]] if regime.also else [])
-    # the lowest value at each position (NLL, ECE) of the row's runs is bold
-    cells = _bold([_glance_parts(results.runs(regime.stage, v)) for v in variants], LOWER)
-    shown = [_render(cell) for cell in cells]
+    shown = [_render(_glance_parts(results.runs(regime.stage, v))) for v in variants]
     if regime.also:
         shown[2] += f" ({regime.also[0]}: {shown.pop()})"
     if regime.note:
         shown[2] += f" {regime.note}"
-    named = [name for _, name, _, _ in string.Formatter().parse(regime.verdict) if name]
-    verdict = regime.verdict.format(
-        **{name: _glance_parts(results.runs(regime.stage, name))[0].text for name in named}
-    )
-    return [regime.label, *shown, verdict]
+    return [regime.label, *shown]
 
 
 def glance(results: Results) -> str:

@@ -156,11 +156,6 @@ def _study_page(source: Path) -> str:
     return re.sub(r"\]\((?!https?:|/|\.\./)([^)]+\.png)\)", r"](../../results/\1)", text)
 
 
-#: The short-budget experiments' reports, included whole in the results page (not pages of
-#: their own).
-SECTIONS = ("tau_sweep", "m_scaling", "corruption", "ood", "lambda_sensitivity", "split_vs_repeat")
-
-
 def _write(path: Path, text: str) -> None:
     if not path.is_file() or path.read_text(encoding="utf-8") != text:  # unchanged: no rebuild
         path.write_text(text, encoding="utf-8")
@@ -179,10 +174,6 @@ def write(docs: Path) -> None:
             _write(study / f"{name}.md", _study_page(source))
     sections = study / "sections"  # excluded from the pages (conf.py): included, not listed
     sections.mkdir(exist_ok=True)
-    for name in SECTIONS:
-        # as the study pages, figures relative to docs/study/sections/
-        text = _study_page(docs.parent / "results" / f"{name}.md")
-        _write(sections / f"{name}.md", text.replace("](../../results/", "](../../../results/"))
     # the converged study's tables of the results page, from its committed runs
     results_tables.write(sections, docs.parent / "results" / "converged")
     # the benchmark tables of the performance page, from the committed record
