@@ -216,6 +216,28 @@ def test_a_missing_best_pt_is_named_not_replaced_by_the_last_epoch(tmp_path, sel
     load_run_model(copy, selected=False)  # the last epoch is still there, when asked for
 
 
+def test_a_damaged_best_pt_says_the_selected_weights_are_lost_not_to_use_prev_pt(
+    tmp_path, selected
+):
+    """prev.pt is the epoch before the last, not the selected one: advising it for a damaged
+    best.pt would evaluate other weights under the selected epoch's name."""
+    import shutil
+
+    for damage in ("truncated", "changed"):
+        copy = tmp_path / damage
+        shutil.copytree(selected, copy)
+        data = (copy / BEST).read_bytes()
+        if damage == "truncated":
+            (copy / BEST).write_bytes(data[:-100])
+        else:
+            (copy / BEST).write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+        with pytest.raises(CheckpointError) as error:
+            load_run_model(copy)
+        message = str(error.value)
+        assert "best.pt" in message and "prev.pt" not in message
+        assert "selected epoch's weights are lost" in message and "train the run again" in message
+
+
 def test_selection_settings_are_checked_naming_the_key_and_the_fix():
     with pytest.raises(ValueError, match=r"optim\.select must be one of 'nll'.*got 'loss'"):
         OptimConfig(select="loss")

@@ -271,6 +271,17 @@ def _read_all(path: Path) -> bytes:
         os.close(fd)
 
 
+def _remedy(path: Path) -> str:
+    """What to do about a damaged checkpoint: the previous one, except for the selected epoch's
+    weights (``best.pt``), which nothing else holds."""
+    if path.name == "best.pt":
+        return (
+            "the selected epoch's weights are lost with it: train the run again (its last.pt "
+            "holds the last epoch's)"
+        )
+    return "use the previous checkpoint (prev.pt) or retrain"
+
+
 def _read_checkpoint(path: Path) -> tuple[str, bytes]:
     """The digest the header of checkpoint ``path`` records and its payload, read only once
     the file's length was found equal to the header's: a truncated file, or one with bytes
@@ -286,7 +297,7 @@ def _read_checkpoint(path: Path) -> tuple[str, bytes]:
                 what = "is truncated" if held < size else "has trailing bytes"
                 raise CheckpointError(
                     f"{path} {what}: the header says {size} bytes of payload, the file holds "
-                    f"{held}; use the previous checkpoint (prev.pt) or retrain"
+                    f"{held}; {_remedy(path)}"
                 )
             file.seek(newline + 1)
             payload = file.read(size + 1)
@@ -346,7 +357,7 @@ def load_checkpoint_with_digest(
     if hashlib.sha256(payload).hexdigest() != digest:
         raise CheckpointError(
             f"{path}: content digest mismatch (SHA-256 of the payload differs from the header): "
-            "the file is corrupted or was modified; use the previous checkpoint (prev.pt)"
+            f"the file is corrupted or was modified; {_remedy(path)}"
         )
     try:
         state = torch.load(io.BytesIO(payload), map_location=map_location, weights_only=True)

@@ -439,8 +439,9 @@ def build_parser() -> argparse.ArgumentParser:
         "eval",
         help="re-evaluate a run from its last.pt (loaded with weights_only) and print the "
         "metrics table",
-        description="Rebuild a run's model and data from its config.toml, load last.pt "
-        "(verified, weights_only) and run the full evaluation; the conformal α, the "
+        description="Rebuild a run's model and data from its config.toml, load the weights it "
+        "evaluated (best.pt where it selected an epoch on validation, else last.pt; verified, "
+        "weights_only) and run the full evaluation; the conformal α, the "
         "calibrators and the OOD scores can differ from the run's, with no retraining.",
         epilog="example: snens eval runs/snens --alpha 0.05 --calibrators temperature vector "
         "--ood-scores energy --no-corruptions",
