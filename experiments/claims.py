@@ -62,6 +62,22 @@ REGIMES = (
         (("single", "one model"), ("deep_ensemble", "a deep ensemble")),
     ),
 )
+HOLDOUT = ROOT / "results" / "holdout"
+#: The holdout study's cells (experiments/holdout.py): backbones no study tuned the recipe on.
+REGIMES += tuple(
+    Regime(
+        f"{backbone}, no study tuned on it: {data}",
+        HOLDOUT / cell,
+        "snens_split_tau5_lam0.01",
+        (("single", "one model"), ("deep_ensemble", "a deep ensemble")),
+    )
+    for cell, backbone, data in (
+        ("few_mlp", "an MLP with LayerNorm", "10,000 images, 20 epochs"),
+        ("few_gncnn", "a CNN with GroupNorm", "10,000 images, 20 epochs"),
+        ("few_vit", "a small ViT", "10,000 images, 20 epochs"),
+        ("all_mlp", "an MLP with LayerNorm", "all 55,000 images, 10 epochs"),
+    )
+)
 #: (set of examples.npz, metric, how the table names it).
 COLUMNS = (
     ("test", "nll", "NLL"),
