@@ -19,7 +19,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from snens.method.ensemble import _check_labels, _check_logits, _member_cross_entropy
+from snens.method.ensemble import check_logits as _check_logits
+from snens.method.loss import check_labels as _check_labels
+from snens.method.loss import member_cross_entropy as _member_cross_entropy
 from snens.method.regularizer import DEFAULT_TEMPERATURE, diversity_loss
 
 __all__ = ["EpochStats", "NonFiniteLossError", "StepSettings", "run_epoch"]

@@ -86,7 +86,9 @@ from torch import Tensor, nn
 from snens import files
 from snens.engine.epoch import NonFiniteLossError
 from snens.integrations._dry_run import meta_copy
-from snens.method.ensemble import Ensemble, convert, ensemble_loss, predictive_probs
+from snens.method.convert import convert
+from snens.method.ensemble import Ensemble, predictive_probs
+from snens.method.loss import ensemble_loss
 from snens.method.optim import GAMMA_LR_MULTIPLIER, param_groups
 from snens.method.regularizer import (
     DEFAULT_DIVERSITY_WEIGHT,

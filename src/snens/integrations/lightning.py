@@ -52,7 +52,8 @@ except ImportError as error:
 import torch
 from torch import Tensor
 
-from snens.method.ensemble import Ensemble, ensemble_loss, predictive_probs
+from snens.method.ensemble import Ensemble, predictive_probs
+from snens.method.loss import ensemble_loss
 from snens.method.optim import GAMMA_LR_MULTIPLIER, param_groups
 from snens.method.regularizer import (
     DEFAULT_DIVERSITY_WEIGHT,
