@@ -95,8 +95,19 @@ def ensemble_loss(logits: Tensor, labels: Tensor, *, label_smoothing: float = 0.
 
 
 def check_loss_inputs(logits: Tensor, label_smoothing: float) -> None:
-    """What :func:`ensemble_loss` checks besides the labels, none of it on the device: the
-    logits (M, B, K) and ``label_smoothing``; it raises as :func:`ensemble_loss` does."""
+    """What :func:`ensemble_loss` checks besides the labels, none of it on the device.
+
+    Args:
+        logits: member logits.
+        label_smoothing: as in ``torch.nn.functional.cross_entropy``.
+
+    Shape:
+        logits: (M, B, K) or (M, B/M, K).
+
+    Raises:
+        ValueError: the logits are empty or not 3-D, or ``label_smoothing`` is outside [0, 1].
+        TypeError: non-floating logits, or a ``label_smoothing`` that is not a number.
+    """
     check_logits(logits)
     if logits.dim() != 3:
         raise ValueError(
