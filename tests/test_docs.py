@@ -15,6 +15,7 @@ import torch
 import snens
 import snens.evaluation.conformal
 import snens.method.ensemble
+import snens.method.loss
 import snens.method.regularizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -114,7 +115,13 @@ def test_every_how_to_code_block_is_a_script_the_suite_runs(page):
 
 
 @pytest.mark.parametrize(
-    "module", [snens.method.ensemble, snens.method.regularizer, snens.evaluation.conformal]
+    "module",
+    [
+        snens.method.ensemble,
+        snens.method.loss,
+        snens.method.regularizer,
+        snens.evaluation.conformal,
+    ],
 )
 def test_docstring_examples_run(module):
     results = doctest.testmod(module, extraglobs={"snens": snens, "torch": torch})

@@ -16,6 +16,8 @@ import pytest
 PUBLIC_MODULES = (
     "snens",
     "snens.nn",
+    "snens.method.loss",
+    "snens.method.step",
     "snens.metrics",
     "snens.baselines",
     "snens.evaluation.protocol",

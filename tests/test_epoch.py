@@ -9,6 +9,7 @@ from torch.overrides import TorchFunctionMode
 
 import snens
 import snens.engine.epoch
+import snens.method.step
 from snens.engine.epoch import NonFiniteLossError, StepSettings, run_epoch
 
 STEPS = 5
@@ -51,9 +52,9 @@ def test_one_device_read_per_step_and_one_per_epoch(monkeypatch):
     the loader's tensors, before they move to the device (pinned by identity below)."""
     model, optimizer, schedule, batches = _setup()
     checked = []
-    check = snens.engine.epoch._check_labels
+    check = snens.method.step.check_labels
     monkeypatch.setattr(
-        snens.engine.epoch, "_check_labels", lambda y, k: (checked.append(y), check(y, k))[1]
+        snens.method.step, "check_labels", lambda y, k: (checked.append(y), check(y, k))[1]
     )
     mode = _Reads()
     with mode:

@@ -364,7 +364,7 @@ class _FeatureExamples(torch.utils.data.Dataset):
 def test_trainer_stops_on_a_non_finite_loss_naming_the_cause(tmp_path):
     """NaN inputs trained every parameter to NaN while Trainer reported ``training_loss 0.0``
     (its logging_nan_inf_filter leaves NaN steps out of the logged loss)."""
-    from snens.engine.epoch import NonFiniteLossError
+    from snens.method.step import NonFiniteLossError
 
     torch.manual_seed(0)
     ens = snens.convert(_Features(), num_members=2)
@@ -714,6 +714,31 @@ def test_lightning_takes_keyword_batches():
         expected = snens.predictive_probs(ens(**pairs[0][0]))
     unlabelled = _Batches([pairs[0][0]])
     torch.testing.assert_close(trainer.predict(module, unlabelled)[0], expected)
+
+
+def test_lightning_stops_on_a_non_finite_loss_naming_the_cause():
+    """As the engine and SnensTrainer do: before the update, the step and the cause named."""
+    pytest.importorskip("lightning.pytorch")
+    from snens.integrations.lightning import SnensModule
+    from snens.method.step import NonFiniteLossError
+
+    torch.manual_seed(0)
+    ens = snens.convert(_Features(), num_members=2)
+    before = {n: p.detach().clone() for n, p in ens.named_parameters()}
+    features = torch.randn(16, 4)
+    features[:, 1] = float("nan")
+    batches = _Batches([(features[:8], torch.randint(0, 3, (8,)))])
+    module = SnensModule(ens, lr=1e-2)
+    with pytest.raises(NonFiniteLossError) as err:
+        _lightning_trainer(max_steps=1).fit(module, batches)
+    message = str(err.value)
+    assert message.startswith("non-finite loss at epoch 1, step 1: task loss nan, diversity loss -")
+    assert message.endswith(
+        "; cause: the input batch holds NaN or inf values; check the data. Training stopped "
+        "before this step's update"
+    )
+    for name, p in ens.named_parameters():
+        torch.testing.assert_close(p.detach(), before[name], rtol=0, atol=0)
 
 
 def test_lightning_module_refuses_a_plain_model():

@@ -9,18 +9,17 @@ from snens import baselines, metrics, models, nn
 from snens.evaluation.calibration import TemperatureScaled, fit_calibrator, fit_temperature
 from snens.evaluation.protocol import evaluate
 from snens.method.allocation import LayerAllocation, allocation, mean_effective_members
+from snens.method.convert import convert
 from snens.method.ensemble import (
     Ensemble,
-    convert,
-    ensemble_loss,
-    export,
-    export_onnx,
     extract_member,
     fold_members,
     forward_repeated,
     predictive_probs,
     unfold_members,
 )
+from snens.method.export import export, export_onnx
+from snens.method.loss import ensemble_loss
 from snens.method.optim import param_groups
 from snens.method.regularizer import (
     diversity_gain,

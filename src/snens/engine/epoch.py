@@ -1,10 +1,12 @@
-"""One epoch of training: the step every snens training loop runs, and its statistics.
+"""One epoch of training: the engine's step around the training objective, and its statistics.
 
     loss = ensemble_loss(model(x), y) + diversity_loss(model, τ, λ)    (second term if λ > 0)
 
+The loss is :func:`snens.method.step.training_loss`, the one the integrations train on too.
 :func:`run_epoch` is the step of the engine (:func:`snens.engine.train.train`) and of
-:func:`snens.engine.fit.fit`: forward (bf16 autocast if set) → loss → a non-finite loss stops
-the run or skips the step → backward → gradient clipping → optimizer and schedule step.
+:func:`snens.engine.fit.fit`: forward (bf16 autocast if set) → loss → backward → gradient
+clipping → a non-finite loss or gradient norm stops the run or skips the step → optimizer and
+schedule step.
 """
 
 from __future__ import annotations
@@ -19,14 +21,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from snens.method.ensemble import _check_labels, _check_logits, _member_cross_entropy
-from snens.method.regularizer import DEFAULT_TEMPERATURE, diversity_loss
+from snens.method.regularizer import DEFAULT_TEMPERATURE
+from snens.method.step import NonFiniteLossError, nonfinite_cause, training_loss
 
+# NonFiniteLossError is the method's (snens.method.step), raised here under the engine's name too
 __all__ = ["EpochStats", "NonFiniteLossError", "StepSettings", "run_epoch"]
-
-
-class NonFiniteLossError(ValueError):
-    """The loss or the gradient became NaN or infinite; the message names epoch, step and cause."""
 
 
 @dataclass(frozen=True)
@@ -72,23 +71,6 @@ def _model_device(model: nn.Module) -> torch.device:
 def _norm_buffers(model: nn.Module) -> list[tuple[Tensor, Tensor]]:
     """(buffer, copy) of every buffer (running statistics), to undo a skipped step's forward."""
     return [(b, b.detach().clone()) for b in model.buffers()]
-
-
-def _diagnose(x: Any, task: Tensor, div: Tensor, model: nn.Module, settings: StepSettings) -> str:
-    if isinstance(x, Tensor) and x.is_floating_point() and not torch.isfinite(x).all():
-        return "the input batch holds NaN or inf values; check the data"
-    if any(not torch.isfinite(p).all() for p in model.parameters()):
-        return (
-            "the parameters hold NaN or inf values: an earlier update diverged; lower optim.lr "
-            "or set optim.grad_clip"
-        )
-    if not torch.isfinite(task):
-        return (
-            f"the task loss is {task.item()} with finite inputs and parameters: the logits "
-            "overflowed; lower optim.lr, set optim.grad_clip"
-            + (", or turn off optim.bf16" if settings.bf16 else "")
-        )
-    return f"the diversity loss is {div.item()} at temperature {settings.temperature}"
 
 
 def _diversity_weight(settings: StepSettings, step: int) -> float:
@@ -182,7 +164,6 @@ def run_epoch(
     forward = forward or model
     device = _model_device(model)
     trainable = [p for p in model.parameters() if p.requires_grad]
-    regularize = settings.diversity_weight > 0
     zero = torch.zeros((), device=device)
     model.train()
     start = time.perf_counter()
@@ -200,20 +181,19 @@ def run_epoch(
         saved = _norm_buffers(model) if settings.on_nonfinite == "skip" else None
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=settings.bf16):
             logits = forward(**x) if isinstance(x, Mapping) else forward(x)  # (M, B, K)
-            _check_logits(logits)
-            _check_labels(labels, logits.shape[-1])
-            task = _member_cross_entropy(logits.float(), y, settings.label_smoothing)
-        div = (
-            diversity_loss(
+            # in float32 and float64 from float32 logits and γ: autocast changes none of it
+            parts = training_loss(
                 model,
-                settings.temperature,
-                _diversity_weight(settings, step + i + 1),
-                settings.diversity_layers or None,
+                logits,
+                y,
+                temperature=settings.temperature,
+                weight=_diversity_weight(settings, step + i + 1),
+                layers=settings.diversity_layers or None,
+                label_smoothing=settings.label_smoothing,
+                host_labels=labels,
             )
-            if regularize
-            else zero
-        )
-        loss = task + div
+        loss, task = parts.total, parts.task
+        div = zero if parts.diversity is None else parts.diversity
         optimizer.zero_grad(set_to_none=True)
         loss.backward()  # a non-finite loss gives non-finite gradients, dropped below
         if settings.grad_clip > 0:
@@ -225,7 +205,14 @@ def run_epoch(
         if bool(torch.isfinite(loss) & torch.isfinite(norm)):
             problem = None
         elif not torch.isfinite(loss):
-            problem = _diagnose(x, task, div, model, settings)
+            problem = nonfinite_cause(
+                model,
+                x,
+                parts,
+                temperature=settings.temperature,
+                remedy="lower optim.lr or set optim.grad_clip",
+                precision="optim.bf16" if settings.bf16 else None,
+            )
         else:
             problem = (
                 f"the gradient norm is {norm.item()} with a finite loss {loss.item():.4g}; "

@@ -16,13 +16,14 @@ What it changes in ``transformers.Trainer``, and why a plain ``Trainer`` cannot 
   names this class. ``SnensTrainer`` keeps the wrapped model's columns and the labels
   (``remove_unused_columns=True`` keeps ``input_ids``, ``attention_mask``, …) and takes the
   labels out of the batch before the ensemble sees it.
-* **loss**: ``ensemble_loss(logits (M, B, K), labels) + diversity_loss(ens, τ, λ)``, with
+* **loss**: ``ensemble_loss(logits (M, B, K), labels) + diversity_loss(ens, τ, λ)``
+  (:func:`snens.method.step.training_loss`, the engine's loss too), with
   ``args.label_smoothing_factor`` as the label smoothing (applied here, in the ensemble loss:
   ``Trainer``'s own label smoother reads ``model.config``, which an ensemble has not). The
   labels are taken out of the batch (``"labels"``, or ``args.label_names``; the default
   collator renames ``"label"``) and never reach the model.
 * **non-finite loss**: a NaN or infinite loss stops training with
-  :class:`snens.engine.epoch.NonFiniteLossError`, naming the step and the likely cause (NaN inputs,
+  :class:`snens.method.step.NonFiniteLossError`, naming the step and the likely cause (NaN inputs,
   diverged parameters, overflowing logits), before that step's update, as the snens engine
   does. ``Trainer`` alone goes on: with ``logging_nan_inf_filter`` (its default) it leaves
   the NaN steps out of the logged loss, so NaN inputs trained every parameter to NaN while
@@ -84,9 +85,9 @@ import torch
 from torch import Tensor, nn
 
 from snens import files
-from snens.engine.epoch import NonFiniteLossError
 from snens.integrations._dry_run import meta_copy
-from snens.method.ensemble import Ensemble, convert, ensemble_loss, predictive_probs
+from snens.method.convert import convert
+from snens.method.ensemble import Ensemble, predictive_probs
 from snens.method.optim import GAMMA_LR_MULTIPLIER, param_groups
 from snens.method.regularizer import (
     DEFAULT_DIVERSITY_WEIGHT,
@@ -95,6 +96,7 @@ from snens.method.regularizer import (
     diversity_gain,
     diversity_loss,
 )
+from snens.method.step import check_finite, training_loss
 from snens.metrics import nll
 from snens.nn import (
     MemberBatchNorm1d,
@@ -290,59 +292,30 @@ class SnensTrainer(transformers.Trainer):
         """
         inputs, labels = self._split_labels(inputs)
         logits = model(**inputs)  # (M, B, K), or (M, B/M, K) with input_policy="split"
-        task = ensemble_loss(logits, labels, label_smoothing=self.args.label_smoothing_factor)
-        loss = task
-        div = None
-        if self.diversity_weight > 0:
-            div = diversity_loss(
-                self.accelerator.unwrap_model(model),
-                self.temperature,
-                self.diversity_weight,
-                self.diversity_layers,
-            )
-            loss = loss + (div - div.detach())
+        ensemble = self.accelerator.unwrap_model(model)
+        loss = training_loss(
+            ensemble,
+            logits,
+            labels,
+            temperature=self.temperature,
+            weight=self.diversity_weight,
+            layers=self.diversity_layers,
+            label_smoothing=self.args.label_smoothing_factor,
+            task_value=True,
+        )
+        steps = f" of {self.state.max_steps}" if self.state.max_steps else ""
         # One host sync per step (Trainer's NaN filter of the logged loss syncs as well): a
         # non-finite loss would turn every parameter NaN at the optimizer step.
-        if not bool(torch.isfinite(loss)):
-            self._stop_on_nonfinite(model, inputs, task, div)
-        return (loss, logits) if return_outputs else loss
-
-    def _stop_on_nonfinite(
-        self, model: nn.Module, inputs: dict[str, Any], task: Tensor, div: Tensor | None
-    ) -> None:
-        """Raise :class:`NonFiniteLossError` naming the step and the likely cause."""
-        bad = [
-            name
-            for name, value in inputs.items()
-            if isinstance(value, Tensor)
-            and value.is_floating_point()
-            and not torch.isfinite(value).all()
-        ]
-        unwrapped = self.accelerator.unwrap_model(model)
-        if bad:
-            cause = (
-                f"the batch's {', '.join(map(repr, bad))} hold NaN or inf values; check the data"
-            )
-        elif any(not torch.isfinite(p).all() for p in unwrapped.parameters()):
-            cause = (
-                "the parameters hold NaN or inf values: an earlier update diverged; lower "
-                "learning_rate or set max_grad_norm"
-            )
-        elif not torch.isfinite(task):
-            cause = (
-                f"the task loss is {task.item()} with finite inputs and parameters: the logits "
-                "overflowed; lower learning_rate or set max_grad_norm"
-                + (", or turn off bf16/fp16" if self.args.bf16 or self.args.fp16 else "")
-            )
-        else:
-            cause = f"the diversity loss is {div.item()} at temperature {self.temperature}"
-        diversity = "off" if div is None else f"{div.item()}"
-        steps = f" of {self.state.max_steps}" if self.state.max_steps else ""
-        raise NonFiniteLossError(
-            f"non-finite loss at step {self.state.global_step + 1}{steps}: "
-            f"task loss {task.item()}, diversity loss {diversity}; cause: {cause}. Training "
-            "stopped before this step's update"
+        check_finite(
+            loss,
+            ensemble,
+            inputs,
+            where=f"step {self.state.global_step + 1}{steps}",
+            temperature=self.temperature,
+            remedy="lower learning_rate or set max_grad_norm",
+            precision="bf16/fp16" if self.args.bf16 or self.args.fp16 else None,
         )
+        return (loss.total, logits) if return_outputs else loss.total
 
     def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
         """Adds ``diversity_gain`` (:func:`snens.diversity_gain`, nats per feature) to each

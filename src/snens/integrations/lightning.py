@@ -6,11 +6,14 @@
 
 What :class:`SnensModule` does:
 
-* **training step**: ``ensemble_loss(ens(x), y) + diversity_loss(ens, τ, λ)`` is what it
-  returns (and so what is differentiated); it logs the task loss as ``train_loss``, ~ln K at
-  the start, and :func:`snens.diversity_gain` as ``diversity_gain``. The diversity loss is a
-  sum over features with a constant −M·log M each (≈ −90 on MiniLM at λ = 1e-2), unreadable
-  as a log entry.
+* **training step**: ``ensemble_loss(ens(x), y) + diversity_loss(ens, τ, λ)``
+  (:func:`snens.method.step.training_loss`, the engine's loss too) is what it returns (and so
+  what is differentiated); it logs the task loss as ``train_loss``, ~ln K at the start, and
+  :func:`snens.diversity_gain` as ``diversity_gain``. The diversity loss is a sum over
+  features with a constant −M·log M each (≈ −90 on MiniLM at λ = 1e-2), unreadable as a log
+  entry. A NaN or infinite loss stops training before that step's update with
+  :class:`snens.method.step.NonFiniteLossError`, naming the step and the likely cause, as the
+  engine and the Hugging Face ``SnensTrainer`` do.
 * **optimizer**: ``optimizer(snens.param_groups(ens, lr, weight_decay, gamma_lr_multiplier))``,
   AdamW by default; γ's group runs at ``lr × gamma_lr_multiplier`` without weight decay.
 * **validation and test**: the ensemble's mean prediction (the mean of the M members'
@@ -52,7 +55,7 @@ except ImportError as error:
 import torch
 from torch import Tensor
 
-from snens.method.ensemble import Ensemble, ensemble_loss, predictive_probs
+from snens.method.ensemble import Ensemble, predictive_probs
 from snens.method.optim import GAMMA_LR_MULTIPLIER, param_groups
 from snens.method.regularizer import (
     DEFAULT_DIVERSITY_WEIGHT,
@@ -61,6 +64,7 @@ from snens.method.regularizer import (
     diversity_gain,
     diversity_loss,
 )
+from snens.method.step import check_finite, training_loss
 from snens.metrics import accuracy, nll
 
 __all__ = ["SnensModule"]
@@ -230,21 +234,39 @@ class SnensModule(LightningModule):
         return self.ensemble(*args, **kwargs)  # (M, B, K)
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        """The σN-Ens loss of the batch (:func:`snens.method.step.training_loss`).
+
+        Raises:
+            NonFiniteLossError: the loss is NaN or infinite, before the backward pass; the
+                message names the step and the likely cause.
+        """
         args, kwargs, labels = _unpack(batch, need_labels=True)
         logits = self.ensemble(*args, **kwargs)  # (M, B, K), or (M, B/M, K) with "split"
-        task = ensemble_loss(logits, labels, label_smoothing=self.label_smoothing)
+        loss = training_loss(
+            self.ensemble,
+            logits,
+            labels,
+            temperature=self.temperature,
+            weight=self.diversity_weight,
+            layers=self.diversity_layers,
+            label_smoothing=self.label_smoothing,
+        )
+        check_finite(
+            loss,
+            self.ensemble,
+            args[0] if args else kwargs,
+            where=f"epoch {self.current_epoch + 1}, step {self.global_step + 1}",
+            temperature=self.temperature,
+            remedy="lower lr or set the Trainer's gradient_clip_val",
+        )
         size = labels.shape[0]
-        self.log("train_loss", task.detach(), prog_bar=True, batch_size=size)
+        self.log("train_loss", loss.task.detach(), prog_bar=True, batch_size=size)
         self.log(
             "diversity_gain",
             diversity_gain(self.ensemble, self.temperature, self.diversity_layers),
             batch_size=size,
         )
-        if self.diversity_weight == 0:
-            return task
-        return task + diversity_loss(
-            self.ensemble, self.temperature, self.diversity_weight, self.diversity_layers
-        )
+        return loss.total
 
     def _evaluate(self, batch: Any, stage: str) -> None:
         args, kwargs, labels = _unpack(batch, need_labels=True)

@@ -35,7 +35,8 @@ from torch import Tensor, nn
 
 from snens import files
 from snens.integrations._dry_run import meta_copy
-from snens.method.ensemble import Ensemble, convert
+from snens.method.convert import convert
+from snens.method.ensemble import Ensemble
 from snens.nn.linear import MemberLinear
 from snens.nn.norms import MAX_MEMBERS, MemberNorm
 from snens.nn.surgery import only_named

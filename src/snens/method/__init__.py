@@ -1,8 +1,10 @@
 """The method: σN-Ens itself.
 
-* :mod:`~snens.method.ensemble` — conversion (:func:`snens.convert`), the ensemble contract
-  (:class:`snens.Ensemble`: (B, …) → logits (M, B, K)), the ensemble loss, member extraction,
-  export;
+* :mod:`~snens.method.ensemble` — the ensemble contract (:class:`snens.Ensemble`: (B, …) →
+  logits (M, B, K)), the mean prediction, member extraction;
+* :mod:`~snens.method.convert` — conversion of any model with norms (:func:`snens.convert`);
+* :mod:`~snens.method.loss` — the ensemble loss (:func:`snens.ensemble_loss`);
+* :mod:`~snens.method.export` — ``torch.export`` and ONNX (:func:`snens.export`);
 * :mod:`~snens.method.regularizer` — the diversity regularizer and its temperature–sharing
   relation k*(τ);
 * :mod:`~snens.method.allocation` — the realized sharing: importances and effective members

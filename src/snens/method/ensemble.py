@@ -17,9 +17,8 @@ Where members enter:
 * ``split`` (training only): member m sees its own contiguous slice of the batch, rows
   [m·B/M, (m+1)·B/M); the output is (M, B/M, K), so training costs what one model costs.
 
-:func:`export` gives the whole ensemble, in eval mode, as a ``torch.export`` program whose
-batch size is dynamic (and, through ``torch.onnx.export``, an ONNX model): nothing on the path
-branches on the value of B, and the member norms trace their loop of plain norms.
+An ensemble is built by :func:`snens.method.convert.convert`, trained on
+:mod:`snens.method.loss`, and exported by :mod:`snens.method.export`.
 """
 
 from __future__ import annotations
@@ -27,35 +26,21 @@ from __future__ import annotations
 import copy
 import dataclasses
 import inspect
-import os
 import types
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from snens import files
 from snens.nn.layout import model_rows
 from snens.nn.linear import MemberLinear
 from snens.nn.norms import MemberNorm, check_member, check_num_members
-from snens.nn.surgery import (
-    ConversionReport,
-    NormSelection,
-    convert_modules,
-    member_modules,
-    replace_modules,
-)
+from snens.nn.surgery import ConversionReport, member_modules, replace_modules
 from snens.nn.torch_transformers import adapt, restore_fast_paths
 
 __all__ = [
     "Ensemble",
-    "convert",
-    "ensemble_loss",
-    "export",
-    "export_onnx",
     "extract_member",
     "fold_members",
     "forward_repeated",
@@ -251,7 +236,7 @@ class Ensemble(nn.Module):
         ``inspect.signature(ensemble.forward)`` names the model's inputs (keyword-only,
         between ``*args`` and ``**kwargs``), as tools that choose a module's inputs by name
         read it. ``labels=`` is refused: an ensemble computes no loss (see
-        :func:`ensemble_loss`).
+        :func:`snens.ensemble_loss`).
 
     Raises:
         ValueError: if ``model`` holds no member norm, or a member layer has another M.
@@ -408,140 +393,9 @@ def _forward_naming_inputs(ensemble: Ensemble) -> Callable[..., Tensor]:
     return types.MethodType(function, ensemble)
 
 
-def _check_not_an_ensemble(model: nn.Module) -> None:
-    """Refuse an :class:`Ensemble`, or a model holding one, before anything is copied.
-
-    Converting one again built ``Ensemble(Ensemble(…))``, whose outer level repeats the batch
-    a second time, and the first forward pass failed far from the cause ("cannot unfold a
-    tensor of shape (M, B, K)"). A model whose norms are member norms but which is not wrapped
-    in an Ensemble (``ens.model``, or one built with ``snens.nn.member_norm``) still converts:
-    its member layers are kept and only what is plain is converted.
-    """
-    for name, module in model.named_modules():
-        if isinstance(module, Ensemble):
-            what = f"a σN-Ens ensemble with M={module.num_members} members"
-            where = f"already holds {what} (its module {name!r})" if name else f"is already {what}"
-            raise TypeError(
-                f"model {where}; converting it again would nest one ensemble in another. "
-                "Convert the original model instead (a notebook cell "
-                "`model = snens.convert(model, M)` run twice converts its own output: keep the "
-                "original under another name), or use the ensemble as it is"
-            )
-
-
-def convert(
-    model: nn.Module,
-    num_members: int,
-    *,
-    head: str | None = "auto",
-    head_init: Literal["copy", "reset"] = "copy",
-    skip_unsupported: bool = False,
-    gamma_mean: float = 0.0,
-    gamma_std: float = 1.0,
-    generator: torch.Generator | None = None,
-    input_policy: InputPolicy = "repeat",
-    output: Callable[[Any], Tensor] | None = None,
-    inplace: bool = False,
-    norms: NormSelection = None,
-) -> Ensemble:
-    r"""Turn any model with norm layers into a σN-Ens ensemble of ``num_members`` members.
-
-    Every supported norm (BatchNorm1d/2d/3d, LayerNorm, GroupNorm, RMSNorm) becomes a member
-    norm, ``σ(γ_m) ⊙ norm_m(x)`` with per-member statistics and affine, and the head (the last
-    ``nn.Linear``, or ``head=``) is replicated per member. Right after conversion, in eval mode,
-    every member computes the original model's function (with ``head_init="copy"``), while γ
-    starts asymmetric, ~ N(gamma_mean, gamma_std²), so the diversity regularizer has a gradient.
-
-    The layers are replaced by :func:`snens.nn.surgery.convert_modules`; the model is then
-    wrapped in an :class:`Ensemble`.
-
-    Args:
-        model: any ``nn.Module``, including Hugging Face models (their ``.logits`` are used).
-        num_members: M, the number of members, from 1 to
-            :data:`snens.nn.norms.MAX_MEMBERS`.
-        head: the layer replicated per member: ``"auto"`` (the default) takes the last
-            ``nn.Linear`` registered in the model, the output layer of a classifier; a name
-            from ``model.named_modules()`` (e.g. ``"classifier.1"``) picks another
-            ``nn.Linear``; ``None`` shares the output layer between the members (a causal
-            LM's vocabulary head), which then differ through their norms only.
-        head_init: ``"copy"`` (the default) copies the plain head into every member, so that
-            every member starts as the original model; ``"reset"`` gives each member head a
-            fresh, independent initialization (a new task's head).
-        skip_unsupported: leave a norm that has no member version as it is, shared by the
-            members and listed in ``report.skipped``, instead of raising ``TypeError``.
-        gamma_mean: the mean of the importance logits γ, drawn for every member and feature
-            of every member norm; σ(γ) scales the member's normalized feature, and its affine
-            is set so that each member reproduces the plain layer all the same.
-        gamma_std: their standard deviation: γ ~ N(gamma_mean, gamma_std²) differs between the
-            members from the start, so the diversity regularizer has a gradient to follow.
-        generator: a ``torch.Generator`` for γ and the reset heads, for a conversion that
-            does not draw from (or advance) torch's global random state.
-        input_policy: what the members see of a training batch of B examples: ``"repeat"``
-            (every member the whole batch, M·B rows per step) or ``"split"`` (member m the
-            m-th of M equal parts, about one model's compute; B divisible by M). Evaluation
-            always repeats. Settable later as ``ensemble.input_policy``.
-        output: a function picking the logits from the model's output; the default takes a
-            tensor as it is, a Hugging Face output's ``.logits``, or a tuple's first element.
-        inplace: convert ``model`` itself instead of a deep copy of it.
-        norms: convert only these norms, by name in ``model.named_modules()``: a regular
-            expression the whole name must match (``r".*layers\.(2[2-9])\..*"``), a list of
-            names or name endings (``["post_attention_layernorm", "model.norm"]``), or a
-            function ``(name, module) -> bool``; the others stay plain, shared by the members
-            (``report.unselected``). Default: every norm.
-
-    Returns:
-        An :class:`Ensemble`; its ``report`` says what was converted and the parameters added.
-
-    Raises:
-        TypeError: bad ``num_members``; an unsupported norm, named (unless
-            ``skip_unsupported``); a head that is not ``nn.Linear``; ``model`` is (or holds)
-            an :class:`Ensemble` already, e.g. a notebook cell ``model = snens.convert(model,
-            M)`` run twice; a TorchScript module (convert the eager module first).
-        ValueError: ``num_members < 1``; no supported norm in the model.
-    """
-    check_num_members(num_members)
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    if isinstance(model, torch.jit.ScriptModule):  # it had said "no supported norm layer"
-        raise TypeError(
-            f"convert takes an eager nn.Module, got a TorchScript {type(model).__name__} "
-            "(torch.jit.script or torch.jit.trace), whose layers cannot be replaced: convert "
-            "the module before scripting it; for deployment, export the ensemble with "
-            "snens.export or snens.export_onnx"
-        )
-    _check_not_an_ensemble(model)
-    try:
-        target = model if inplace else copy.deepcopy(model)
-    except RuntimeError as error:
-        if "deepcopy" not in str(error):
-            raise
-        raise TypeError(
-            f"convert copies the model first, and this {type(model).__name__} cannot be copied "
-            f"({str(error).split('.')[0]}): a legacy torch.nn.utils.weight_norm hook or a "
-            "non-leaf tensor attribute. Use torch.nn.utils.parametrizations.weight_norm, or "
-            "convert the model itself with convert(model, M, inplace=True)"
-        ) from error
-    report = convert_modules(
-        target,
-        num_members,
-        head=head,
-        head_init=head_init,
-        skip_unsupported=skip_unsupported,
-        gamma_mean=gamma_mean,
-        gamma_std=gamma_std,
-        generator=generator,
-        norms=norms,
-    )
-    return Ensemble(
-        target,
-        num_members,
-        input_policy=input_policy,
-        output=output,
-        report=report,
-    )
-
-
-def _check_logits(logits: Tensor, *, allow_empty: bool = False) -> None:
+def check_logits(logits: Tensor, *, allow_empty: bool = False) -> None:
+    """Refuse what is not ensemble logits: a floating tensor (M, B, K, …) with a member, and
+    (unless ``allow_empty``) at least one example and one class."""
     if not isinstance(logits, Tensor) or logits.dim() < 3:
         shape = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
         raise ValueError(f"expected ensemble logits of shape (M, B, K), got {shape}")
@@ -552,92 +406,6 @@ def _check_logits(logits: Tensor, *, allow_empty: bool = False) -> None:
             f"empty ensemble logits of shape {tuple(logits.shape)}: need at least one member, "
             "one example and one class"
         )
-
-
-def _check_labels(labels: Any, num_classes: int) -> Tensor:
-    if not isinstance(labels, Tensor):
-        raise TypeError(
-            f"labels must be a tensor of class indices, got {type(labels).__name__}; "
-            "use torch.as_tensor(labels)"
-        )
-    if labels.dtype == torch.bool or labels.is_floating_point() or labels.is_complex():
-        raise TypeError(f"labels must be integer class indices, got dtype {labels.dtype}")
-    if labels.dim() != 1:
-        raise ValueError(f"labels must be 1-D class indices (B,), got shape {tuple(labels.shape)}")
-    if labels.numel():
-        low, high = int(labels.min()), int(labels.max())
-        if low < 0 or high >= num_classes:
-            bad = low if low < 0 else high
-            raise ValueError(
-                f"label {bad} is out of range for {num_classes} classes; labels must lie in "
-                f"[0, {num_classes - 1}]"
-            )
-    return labels.long()
-
-
-def ensemble_loss(logits: Tensor, labels: Tensor, *, label_smoothing: float = 0.0) -> Tensor:
-    """Mean over members of each member's cross-entropy.
-
-        L = (1/M) Σ_m CE(logits[m], labels_m)
-
-    Labels are broadcast here, never repeated by the caller: with (B,) labels and logits
-    (M, B, K) every member is scored on all labels (``repeat``); with logits (M, B/M, K) from
-    ``split`` training, member m is scored on its own slice labels[m·B/M:(m+1)·B/M].
-
-    Args:
-        logits: member logits.
-        labels: class indices.
-        label_smoothing: as in ``torch.nn.functional.cross_entropy``.
-
-    Returns:
-        The loss as a float32 scalar tensor, differentiable with respect to ``logits``.
-
-    Shape:
-        logits: (M, B, K) or (M, B/M, K). labels: (B,). Output: scalar.
-
-    Raises:
-        ValueError: if the shapes fit neither policy, a label is out of range, the logits are
-            empty or not 3-D, or ``label_smoothing`` is outside [0, 1].
-        TypeError: for non-floating logits, labels that are not integer tensors, or a
-            ``label_smoothing`` that is not a number.
-
-    Example:
-        >>> logits = torch.tensor([[[2.0, 0.0]], [[0.0, 2.0]]])  # (M=2, B=1, K=2)
-        >>> snens.ensemble_loss(logits, torch.tensor([0]))  # (0.1269 + 2.1269) / 2
-        tensor(1.1269)
-    """
-    _check_logits(logits)
-    if logits.dim() != 3:
-        raise ValueError(
-            f"ensemble_loss takes logits (M, B, K), got {tuple(logits.shape)}; for per-token "
-            "logits (M, B, T, K) fold the tokens into the batch: logits.flatten(1, -2) with "
-            "labels (B·T,)"
-        )
-    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, int | float):
-        raise TypeError(f"label_smoothing must be a number in [0, 1], got {label_smoothing!r}")
-    if not 0.0 <= label_smoothing <= 1.0:
-        raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing!r}")
-    return _member_cross_entropy(logits, _check_labels(labels, logits.shape[2]), label_smoothing)
-
-
-def _member_cross_entropy(logits: Tensor, labels: Tensor, label_smoothing: float) -> Tensor:
-    """:func:`ensemble_loss` after its checks; for a training step that checked its labels on
-    the host (a range check of labels on a GPU costs a device sync)."""
-    M, b, _ = logits.shape
-    if labels.shape[0] == b:
-        target = labels.unsqueeze(0).expand(M, b)  # repeat: every member, every label
-    elif labels.shape[0] == M * b:
-        target = labels.reshape(M, b)  # split: member m gets its own slice
-    else:
-        raise ValueError(
-            f"labels of length {labels.shape[0]} fit neither logits {tuple(logits.shape)} "
-            f"(repeat: B={b}) nor split training (B={M * b})"
-        )
-    return F.cross_entropy(
-        logits.reshape(M * b, -1).float(),
-        target.reshape(-1).long(),
-        label_smoothing=label_smoothing,
-    )
 
 
 def predictive_probs(logits: Tensor) -> Tensor:
@@ -663,7 +431,7 @@ def predictive_probs(logits: Tensor) -> Tensor:
         >>> snens.predictive_probs(logits)  # two confident members that disagree
         tensor([[0.5000, 0.5000]])
     """
-    _check_logits(logits, allow_empty=True)
+    check_logits(logits, allow_empty=True)
     return logits.float().softmax(dim=-1).mean(dim=0)
 
 
@@ -697,149 +465,18 @@ def extract_member(ensemble: Ensemble, member: int) -> nn.Module:
     return plain
 
 
-def export(ensemble: Ensemble, /, *args: Any, **kwargs: Any) -> torch.export.ExportedProgram:
-    """The whole ensemble as a ``torch.export`` program that takes any batch size.
-
-    Every tensor argument whose leading dimension is the example's batch size B (the inputs
-    :class:`Ensemble` repeats) gets one shared dynamic dimension ``batch``; the rest stay as in
-    the example. ``program.module()(…)`` equals ``ensemble(…)`` at every B ≥ 1 and
-    ``torch.onnx.export(program, dynamo=True)`` turns the program into an ONNX model. The
-    graph holds standard ops only: the member norms trace their per-member loop of plain
-    norms, not the fused CPU kernels.
-
-    Args:
-        ensemble: an :class:`Ensemble` in eval mode.
-        args, kwargs: example inputs, as ``ensemble(*args, **kwargs)`` takes them.
-
-    Returns:
-        A ``torch.export.ExportedProgram``.
-
-    Shape:
-        Inputs: (B, …) with B ≥ 2 in the example; the program takes any B ≥ 1. Output:
-        (M, B, K) logits.
-
-    Raises:
-        TypeError: if ``ensemble`` is not an :class:`Ensemble`, or the inputs hold no tensor
-            with a batch dimension.
-        ValueError: if ``ensemble`` is in training mode, or the example has B < 2.
-    """
-    if not isinstance(ensemble, Ensemble):
-        raise TypeError(f"snens.export expects a snens.Ensemble, got {type(ensemble).__name__}")
-    if ensemble.training:
-        raise ValueError(
-            "snens.export exports an ensemble in eval mode (running statistics, every member "
-            "on the whole batch); call ensemble.eval() first"
-        )
-    B = _batch_size(args, kwargs)
-    if B < 2:
-        raise ValueError(
-            f"the example batch has B={B}, and torch.export fixes a dimension of size 0 or 1 to "
-            "that size; pass an example with B >= 2 (the program then takes any B >= 1)"
-        )
-    # DYNAMIC, not a named Dim: a guard the shape solver cannot prove for every B (the
-    # last-non-pad-token pooling of a *ForSequenceClassification yields B·min(L, L·B) == L·B)
-    # becomes a runtime check instead of an export error; a B it would fix still raises
-    batch = torch.export.Dim.DYNAMIC
-
-    def spec(value: Any) -> dict | None:
-        return {0: batch} if _per_example(value, B) else None
-
-    # keyword inputs only (input_ids=…, pixel_values=…): no "args" entry, the forward then has
-    # no *args parameter for it to match
-    dynamic_shapes = {"args": tuple(spec(a) for a in args)} if args else {}
-    dynamic_shapes.update({k: spec(v) for k, v in kwargs.items()})
-    return torch.export.export(
-        _NamedKeywords(ensemble, kwargs, positional=bool(args)),
-        args,
-        kwargs=kwargs,
-        dynamic_shapes=dynamic_shapes,
-    )
+# Their home until the module was split; snens.baselines.factory imports convert from here.
+_MOVED = {
+    "convert": "snens.method.convert",
+    "ensemble_loss": "snens.method.loss",
+    "export": "snens.method.export",
+    "export_onnx": "snens.method.export",
+}
 
 
-def export_onnx(
-    ensemble: Ensemble,
-    path: str | os.PathLike,
-    /,
-    *args: Any,
-    input_names: Sequence[str] | None = None,
-    **kwargs: Any,
-) -> Path:
-    """The whole ensemble as an ONNX file that takes any batch size, with named inputs, output
-    and batch dimension.
+def __getattr__(name: str) -> Any:
+    if name in _MOVED:
+        import importlib
 
-    :func:`export`, then ``torch.onnx.export(program, dynamo=True)``; the file's inputs are
-    named after the forward's keywords (``input_ids``, ``attention_mask``, …; positional
-    inputs ``input``, ``input_1``, …, or ``input_names``), its output ``logits``, and the
-    shared batch dimension ``batch`` wherever it appears. Needs ``onnx`` and ``onnxscript``
-    (``pip install 'snens[export]'``); ONNX Runtime runs the file.
-
-    Args:
-        ensemble: an :class:`Ensemble` in eval mode.
-        path: the ``.onnx`` file to write.
-        args, kwargs: example inputs, as ``ensemble(*args, **kwargs)`` takes them (B >= 2).
-        input_names: names for the inputs in order, positional then keyword; default as above.
-
-    Returns:
-        ``path``, as a :class:`~pathlib.Path`.
-
-    Shape:
-        Inputs: (batch, …). Output ``logits``: (M, batch, K).
-
-    Raises:
-        TypeError, ValueError: as :func:`export`; ``input_names`` of another length than the
-            inputs.
-        ImportError: ``onnx`` or ``onnxscript`` missing (the message says what to install).
-    """
-    try:
-        import onnx  # noqa: F401 - torch.onnx builds an onnx model
-        import onnxscript  # noqa: F401 - torch.onnx's dynamo exporter needs it
-    except ImportError as error:
-        raise ImportError(
-            f"snens.export_onnx needs onnx and onnxscript ({error}); pip install 'snens[export]'"
-        ) from error
-    default = ["input" if i == 0 else f"input_{i}" for i in range(len(args))] + list(kwargs)
-    names = list(input_names) if input_names is not None else default
-    if len(names) != len(default):
-        raise ValueError(
-            f"input_names {names} name {len(names)} inputs, but the example has {len(default)} "
-            f"({len(args)} positional, keywords {list(kwargs)})"
-        )
-    program = export(ensemble, *args, **kwargs)
-    onnx_program = torch.onnx.export(
-        program, dynamo=True, input_names=names, output_names=["logits"]
-    )
-    model = onnx_program.model_proto
-    batch = next(
-        dim.dim_param
-        for value in model.graph.input
-        for dim in value.type.tensor_type.shape.dim[:1]
-        if dim.dim_param
-    )
-    for value in (*model.graph.input, *model.graph.output, *model.graph.value_info):
-        for dim in value.type.tensor_type.shape.dim:
-            if dim.dim_param == batch:
-                dim.dim_param = "batch"
-    # atomic, never through a link at the name; one protobuf holds at most 2 GiB, as onnx.save
-    return files.write_bytes(path, model.SerializeToString(), mode=files.plain_mode(path))
-
-
-class _NamedKeywords(nn.Module):
-    """``ensemble(*args, **kwargs)`` under the signature ``(*args, <one keyword per name>)``.
-
-    torch.export matches ``dynamic_shapes`` to the forward's parameters, and for a ``**kwargs``
-    parameter (torch 2.13) counts each keyword input twice, under "kwargs" and by its name, and
-    fails; keyword-only parameters named as in the example are counted once.
-    """
-
-    def __init__(self, ensemble: Ensemble, names: Sequence[str], positional: bool = True) -> None:
-        super().__init__()
-        self.ensemble = ensemble
-        P = inspect.Parameter
-        parameters = [P("args", P.VAR_POSITIONAL)] if positional else []
-        parameters += [P(n, P.KEYWORD_ONLY) for n in names]
-
-        def forward(*args: Any, **kwargs: Any) -> Tensor:
-            return ensemble(*args, **kwargs)
-
-        forward.__signature__ = inspect.Signature(parameters)  # what torch.export reads
-        self.forward = forward
+        return getattr(importlib.import_module(_MOVED[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

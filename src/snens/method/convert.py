@@ -1,0 +1,154 @@
+"""Conversion: any model with norm layers becomes a σN-Ens ensemble.
+
+:func:`convert` copies the model, replaces its norms and head by member layers with
+:func:`snens.nn.surgery.convert_modules` (the layer surgery, which converts a model in place
+without wrapping it) and wraps the result in an :class:`~snens.method.ensemble.Ensemble`.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+
+from snens.method.ensemble import Ensemble, InputPolicy
+from snens.nn.norms import check_num_members
+from snens.nn.surgery import NormSelection, convert_modules
+
+__all__ = ["convert"]
+
+
+def _check_not_an_ensemble(model: nn.Module) -> None:
+    """Refuse an :class:`Ensemble`, or a model holding one, before anything is copied.
+
+    Converting one again built ``Ensemble(Ensemble(…))``, whose outer level repeats the batch
+    a second time, and the first forward pass failed far from the cause ("cannot unfold a
+    tensor of shape (M, B, K)"). A model whose norms are member norms but which is not wrapped
+    in an Ensemble (``ens.model``, or one built with ``snens.nn.member_norm``) still converts:
+    its member layers are kept and only what is plain is converted.
+    """
+    for name, module in model.named_modules():
+        if isinstance(module, Ensemble):
+            what = f"a σN-Ens ensemble with M={module.num_members} members"
+            where = f"already holds {what} (its module {name!r})" if name else f"is already {what}"
+            raise TypeError(
+                f"model {where}; converting it again would nest one ensemble in another. "
+                "Convert the original model instead (a notebook cell "
+                "`model = snens.convert(model, M)` run twice converts its own output: keep the "
+                "original under another name), or use the ensemble as it is"
+            )
+
+
+def convert(
+    model: nn.Module,
+    num_members: int,
+    *,
+    head: str | None = "auto",
+    head_init: Literal["copy", "reset"] = "copy",
+    skip_unsupported: bool = False,
+    gamma_mean: float = 0.0,
+    gamma_std: float = 1.0,
+    generator: torch.Generator | None = None,
+    input_policy: InputPolicy = "repeat",
+    output: Callable[[Any], Tensor] | None = None,
+    inplace: bool = False,
+    norms: NormSelection = None,
+) -> Ensemble:
+    r"""Turn any model with norm layers into a σN-Ens ensemble of ``num_members`` members.
+
+    Every supported norm (BatchNorm1d/2d/3d, LayerNorm, GroupNorm, RMSNorm) becomes a member
+    norm, ``σ(γ_m) ⊙ norm_m(x)`` with per-member statistics and affine, and the head (the last
+    ``nn.Linear``, or ``head=``) is replicated per member. Right after conversion, in eval mode,
+    every member computes the original model's function (with ``head_init="copy"``), while γ
+    starts asymmetric, ~ N(gamma_mean, gamma_std²), so the diversity regularizer has a gradient.
+
+    The layers are replaced by :func:`snens.nn.surgery.convert_modules`; the model is then
+    wrapped in an :class:`Ensemble`.
+
+    Args:
+        model: any ``nn.Module``, including Hugging Face models (their ``.logits`` are used).
+        num_members: M, the number of members, from 1 to
+            :data:`snens.nn.norms.MAX_MEMBERS`.
+        head: the layer replicated per member: ``"auto"`` (the default) takes the last
+            ``nn.Linear`` registered in the model, the output layer of a classifier; a name
+            from ``model.named_modules()`` (e.g. ``"classifier.1"``) picks another
+            ``nn.Linear``; ``None`` shares the output layer between the members (a causal
+            LM's vocabulary head), which then differ through their norms only.
+        head_init: ``"copy"`` (the default) copies the plain head into every member, so that
+            every member starts as the original model; ``"reset"`` gives each member head a
+            fresh, independent initialization (a new task's head).
+        skip_unsupported: leave a norm that has no member version as it is, shared by the
+            members and listed in ``report.skipped``, instead of raising ``TypeError``.
+        gamma_mean: the mean of the importance logits γ, drawn for every member and feature
+            of every member norm; σ(γ) scales the member's normalized feature, and its affine
+            is set so that each member reproduces the plain layer all the same.
+        gamma_std: their standard deviation: γ ~ N(gamma_mean, gamma_std²) differs between the
+            members from the start, so the diversity regularizer has a gradient to follow.
+        generator: a ``torch.Generator`` for γ and the reset heads, for a conversion that
+            does not draw from (or advance) torch's global random state.
+        input_policy: what the members see of a training batch of B examples: ``"repeat"``
+            (every member the whole batch, M·B rows per step) or ``"split"`` (member m the
+            m-th of M equal parts, about one model's compute; B divisible by M). Evaluation
+            always repeats. Settable later as ``ensemble.input_policy``.
+        output: a function picking the logits from the model's output; the default takes a
+            tensor as it is, a Hugging Face output's ``.logits``, or a tuple's first element.
+        inplace: convert ``model`` itself instead of a deep copy of it.
+        norms: convert only these norms, by name in ``model.named_modules()``: a regular
+            expression the whole name must match (``r".*layers\.(2[2-9])\..*"``), a list of
+            names or name endings (``["post_attention_layernorm", "model.norm"]``), or a
+            function ``(name, module) -> bool``; the others stay plain, shared by the members
+            (``report.unselected``). Default: every norm.
+
+    Returns:
+        An :class:`Ensemble`; its ``report`` says what was converted and the parameters added.
+
+    Raises:
+        TypeError: bad ``num_members``; an unsupported norm, named (unless
+            ``skip_unsupported``); a head that is not ``nn.Linear``; ``model`` is (or holds)
+            an :class:`Ensemble` already, e.g. a notebook cell ``model = snens.convert(model,
+            M)`` run twice; a TorchScript module (convert the eager module first).
+        ValueError: ``num_members < 1``; no supported norm in the model.
+    """
+    check_num_members(num_members)
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if isinstance(model, torch.jit.ScriptModule):  # it had said "no supported norm layer"
+        raise TypeError(
+            f"convert takes an eager nn.Module, got a TorchScript {type(model).__name__} "
+            "(torch.jit.script or torch.jit.trace), whose layers cannot be replaced: convert "
+            "the module before scripting it; for deployment, export the ensemble with "
+            "snens.export or snens.export_onnx"
+        )
+    _check_not_an_ensemble(model)
+    try:
+        target = model if inplace else copy.deepcopy(model)
+    except RuntimeError as error:
+        if "deepcopy" not in str(error):
+            raise
+        raise TypeError(
+            f"convert copies the model first, and this {type(model).__name__} cannot be copied "
+            f"({str(error).split('.')[0]}): a legacy torch.nn.utils.weight_norm hook or a "
+            "non-leaf tensor attribute. Use torch.nn.utils.parametrizations.weight_norm, or "
+            "convert the model itself with convert(model, M, inplace=True)"
+        ) from error
+    report = convert_modules(
+        target,
+        num_members,
+        head=head,
+        head_init=head_init,
+        skip_unsupported=skip_unsupported,
+        gamma_mean=gamma_mean,
+        gamma_std=gamma_std,
+        generator=generator,
+        norms=norms,
+    )
+    return Ensemble(
+        target,
+        num_members,
+        input_policy=input_policy,
+        output=output,
+        report=report,
+    )
