@@ -306,6 +306,38 @@ def private_imports(src: Path = SRC) -> list[tuple[str, int, str]]:
     return sorted(set(out))
 
 
+def private_snens_names(path: Path) -> list[tuple[int, str]]:
+    """(line, what) of every private name a file outside the package (``benchmarks/*.py``)
+    takes from snens: a name with a leading underscore imported from a snens module or read
+    as an attribute of one, or any name from a private module of snens."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    out, aliases = [], {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "snens":
+                    if any(_private(part) for part in alias.name.split(".")):
+                        out.append((node.lineno, alias.name))
+                    aliases[alias.asname or alias.name.split(".")[0]] = alias.name
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module.split(".")[0] != "snens":
+                continue
+            module_private = any(_private(part) for part in node.module.split("."))
+            for alias in node.names:
+                if module_private or _private(alias.name):
+                    out.append((node.lineno, f"{node.module}.{alias.name}"))
+                aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            chain, value = [node.attr], node.value
+            while isinstance(value, ast.Attribute):
+                chain.append(value.attr)
+                value = value.value
+            if isinstance(value, ast.Name) and value.id in aliases:
+                out.append((node.lineno, ".".join([aliases[value.id], *reversed(chain)])))
+    return sorted(set(out))
+
+
 def package_lines(src: Path = SRC) -> list[tuple[str, int, int]]:
     """(package, modules, lines) of every package of :data:`PACKAGES` and every top-level
     module, largest first."""
