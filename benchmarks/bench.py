@@ -14,7 +14,7 @@ the machine and versions. See results/bench_cpu.md and README "Performance" for 
 
 import sys
 
-from snens.engine.benchmark import main
+from harness import main
 
 if __name__ == "__main__":
     sys.exit(main())

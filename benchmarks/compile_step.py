@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 import snens
-from snens.engine.benchmark import compare
+from snens.engine.bench import compare
 from snens.nn.norms import FORCEABLE_PATHS, force_path
 
 FAMILIES = ("cnn", "vit", "llama")
@@ -51,8 +51,8 @@ def _vision(family: str) -> tuple[nn.Module, tuple[int, ...]]:
 
 def _llama(layers: int, train_norms: bool = False) -> nn.Module:
     import transformers
+    from harness_llm import smollm2_config
 
-    from snens.engine.benchmark_llm import smollm2_config
     from snens.models.llm import LLMClassifier
 
     lm = transformers.LlamaForCausalLM(smollm2_config(layers))

@@ -25,11 +25,10 @@ import time
 from collections.abc import Callable
 
 import torch
+from harness_llm import llm_step, lora_model, texts
 
 import snens
-from snens.engine.benchmark import _sync, _train_step, resolve_device
-from snens.engine.benchmark_llm import _lora_model, _texts
-from snens.engine.benchmark_llm import _step as _llm_step
+from snens.engine.bench import measure_device, sync, train_step
 from snens.models import create
 
 LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
@@ -49,16 +48,16 @@ def profile(step: Callable[[], None], steps: int, device: torch.device) -> dict[
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     for _ in range(2):
         step()
-    _sync()
+    sync()
     start = time.perf_counter()
     for _ in range(steps):
         step()
-    _sync()
+    sync()
     wall = (time.perf_counter() - start) / steps * 1e6
     with torch_profile(activities=activities) as prof:
         for _ in range(steps):
             step()
-        _sync()
+        sync()
     times: dict[str, float] = {}
     launches = 0
     for event in prof.key_averages():
@@ -134,20 +133,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bf16", action="store_true", help="bfloat16 autocast")
     args = parser.parse_args(argv)
     try:
-        device = resolve_device(args.device)
+        device = measure_device(args.device)
     except ValueError as err:
         parser.error(f"argument --device: {err}")
     M, B, T = args.num_members, args.batch, args.tokens
     unit = "device µs" if device.type == "cuda" else "CPU µs"
 
-    single = _lora_model(args.llm_layers, 0, device)
+    single = lora_model(args.llm_layers, 0, device)
     ens = snens.convert(copy.deepcopy(single), M)
-    ids_b, y_b, ids_mb, y_mb = _texts(M, B, T, device)
+    ids_b, y_b, ids_mb, y_mb = texts(M, B, T, device)
     llm = report(
         f"SmolLM2 ({args.llm_layers} layers, T={T}): σN-Ens-LoRA at B={B} vs one LoRA model "
         f"at M·B={M * B}",
-        profile(_llm_step(ens, ids_b, y_b, args.bf16), args.steps, device),
-        profile(_llm_step(single, ids_mb, y_mb, args.bf16), args.steps, device),
+        profile(llm_step(ens, ids_b, y_b, args.bf16), args.steps, device),
+        profile(llm_step(single, ids_mb, y_mb, args.bf16), args.steps, device),
         args.top,
         unit,
     )
@@ -162,8 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     c_mb = torch.randint(0, 10, (M * B,), device=device)
     cnn = report(
         f"ResNet-18 (CIFAR): σN-Ens at B={B} vs one model at M·B={M * B}",
-        profile(_train_step(snens.convert(plain, M), x_b, c_b, args.bf16), args.steps, device),
-        profile(_train_step(floor, x_mb, c_mb, args.bf16), args.steps, device),
+        profile(train_step(snens.convert(plain, M), x_b, c_b, args.bf16), args.steps, device),
+        profile(train_step(floor, x_mb, c_mb, args.bf16), args.steps, device),
         args.top,
         unit,
     )

@@ -3,8 +3,10 @@ import re
 import pytest
 import torch
 
-from snens.engine import benchmark
-from snens.engine.benchmark import Measure, compare, format_table
+from snens.engine.bench import Measure, compare, format_table, load_harness
+
+# the rows and the command line: the checkout's benchmarks/harness.py, as `snens bench` runs it
+harness = load_harness()
 
 
 def test_verdicts_compare_the_median_with_the_target():
@@ -33,7 +35,7 @@ def test_peak_memory_counts_resident_tensors_and_the_forward_peak():
     import torch
     from torch import nn
 
-    from snens.engine.benchmark import peak_memory_bytes
+    from snens.engine.bench import peak_memory_bytes
 
     class TwoBuffers(nn.Module):
         """Holds 4 kB of parameters; its forward peaks at two 4 MB tensors alive together."""
@@ -53,10 +55,8 @@ def test_peak_memory_counts_resident_tensors_and_the_forward_peak():
 
 
 def test_norm_rows_cover_every_norm_and_mode(monkeypatch):
-    import snens.engine.benchmark as bench
-
-    monkeypatch.setattr(bench, "compare", lambda *a, **k: (1.0, (1.0, 1.0), 1e-3))
-    rows = bench._norm_measures(2, 2, repeats=1)
+    monkeypatch.setattr(harness, "compare", lambda *a, **k: (1.0, (1.0, 1.0), 1e-3))
+    rows = harness.norm_measures(2, 2, repeats=1)
     names = [r.name for r in rows]
     for norm in ("BatchNorm2d", "LayerNorm", "GroupNorm", "RMSNorm"):
         for mode in ("fwd+bwd vs", "fwd+bwd bf16 autocast", "eval fwd"):
@@ -65,7 +65,7 @@ def test_norm_rows_cover_every_norm_and_mode(monkeypatch):
 
 
 def test_absolute_throughput_of_single_snens_and_deep_ensemble():
-    rows = benchmark.throughput("small_cnn", num_members=2, batch=4, repeats=2, image=(1, 28, 28))
+    rows = harness.throughput("small_cnn", num_members=2, batch=4, repeats=2, image=(1, 28, 28))
     by_method = {r.method: r for r in rows}
     assert list(by_method) == ["single", "σN-Ens", "deep ensemble"]
     single = by_method["single"].params
@@ -75,14 +75,12 @@ def test_absolute_throughput_of_single_snens_and_deep_ensemble():
         assert r.train_images_per_s > 0 and r.infer_images_per_s > 0
         assert r.train_peak_mib is None  # measured on GPUs only
         assert r.infer_peak_mib >= r.params * 4 / 2**20  # at least the float32 weights
-    table = benchmark.format_throughput(rows)
+    table = harness.format_throughput(rows)
     assert table.count("\n") == 4 and "| deep ensemble |" in table
 
 
 def test_absolute_command_prints_the_table(capsys):
-    assert (
-        benchmark.main(["--absolute", "--num-members", "2", "--batch", "2", "--repeats", "1"]) == 0
-    )
+    assert harness.main(["--absolute", "--num-members", "2", "--batch", "2", "--repeats", "1"]) == 0
     out = capsys.readouterr().out
     assert "| σN-Ens |" in out and "CPU, float32" in out
 
@@ -101,7 +99,7 @@ def test_plain_norm_copy_keeps_heads_and_replication_and_member_zero():
             if isinstance(module, snens.nn.MemberNorm):
                 for p in (module.gamma, module.weight, module.bias):
                     p.copy_(torch.randn_like(p))
-    ablated = benchmark._with_plain_norms(ens).eval()
+    ablated = harness.with_plain_norms(ens).eval()
     assert not any(isinstance(m, snens.nn.MemberNorm) for m in ablated.modules())
     assert any(isinstance(m, snens.nn.MemberNorm) for m in ens.modules())  # a copy
     x = torch.randn(5, 1, 28, 28)
@@ -113,8 +111,8 @@ def test_plain_norm_copy_keeps_heads_and_replication_and_member_zero():
 
 
 def test_norms_only_prints_just_the_norm_rows(monkeypatch, capsys):
-    monkeypatch.setattr(benchmark, "compare", lambda *a, **k: (1.0, (1.0, 1.0), 1e-3))
-    assert benchmark.main(["--norms-only", "--num-members", "2", "--repeats", "1"]) == 0
+    monkeypatch.setattr(harness, "compare", lambda *a, **k: (1.0, (1.0, 1.0), 1e-3))
+    assert harness.main(["--norms-only", "--num-members", "2", "--repeats", "1"]) == 0
     out = capsys.readouterr().out
     assert out.count("| member ") == 12 and "resnet18" not in out
 
@@ -122,8 +120,8 @@ def test_norms_only_prints_just_the_norm_rows(monkeypatch, capsys):
 def test_steps_only_runs_the_three_step_rows(monkeypatch):
     import pytest
 
-    monkeypatch.setattr(benchmark, "compare", lambda *a, **k: (1.0, (1.0, 1.0), 1e-3))
-    rows = benchmark.run(num_members=2, batch=2, repeats=1, quick=True, steps_only=True)
+    monkeypatch.setattr(harness, "compare", lambda *a, **k: (1.0, (1.0, 1.0), 1e-3))
+    rows = harness.run(num_members=2, batch=2, repeats=1, quick=True, steps_only=True)
     assert [r.name for r in rows] == [
         "resnet18: σN-Ens step (B=2) vs single at M·B",
         "resnet18: σN-Ens step with plain norms (heads, replication) vs single at M·B",
@@ -131,7 +129,7 @@ def test_steps_only_runs_the_three_step_rows(monkeypatch):
     ]
     assert [r.target for r in rows] == ["≤1.05×", "report", "≤1.0×"]
     with pytest.raises(ValueError, match="exclude each other"):
-        benchmark.run(norms_only=True, steps_only=True)
+        harness.run(norms_only=True, steps_only=True)
 
 
 def _row_names(out: str) -> list[str]:
@@ -145,10 +143,10 @@ TINY = ["--num-members", "2", "--batch", "2", "--repeats", "1"]
 
 
 def test_explicit_cpu_device_gives_the_default_rows(monkeypatch, capsys):
-    monkeypatch.setattr(benchmark, "compare", lambda *a, **k: (1.0, (1.0, 1.0), 1e-3))
-    assert benchmark.main(["--quick", *TINY]) == 0
+    monkeypatch.setattr(harness, "compare", lambda *a, **k: (1.0, (1.0, 1.0), 1e-3))
+    assert harness.main(["--quick", *TINY]) == 0
     default = capsys.readouterr().out
-    assert benchmark.main(["--quick", "--device", "cpu", *TINY]) == 0
+    assert harness.main(["--quick", "--device", "cpu", *TINY]) == 0
     explicit = capsys.readouterr().out
     names = _row_names(default)
     assert len(names) == 12 + 8  # 4 norms × 3 modes, then ResNet-18's rows
@@ -173,7 +171,7 @@ def test_cuda_without_a_device_is_a_usage_error(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     for argv in (["--device", "cuda"], ["--absolute", "--device", "cuda"]):
         with pytest.raises(SystemExit) as exit_info:
-            benchmark.main(argv)
+            harness.main(argv)
         assert exit_info.value.code == 2
         err = capsys.readouterr().err
         assert "argument --device: 'cuda', but torch" in err and "sees no CUDA device" in err
@@ -181,15 +179,15 @@ def test_cuda_without_a_device_is_a_usage_error(monkeypatch, capsys):
         cli_main(["bench", "--steps-only", "--device", "cuda"])
     assert exit_info.value.code == 2
     with pytest.raises(ValueError, match="sees no CUDA device"):
-        benchmark.run(device="cuda")
+        harness.run(device="cuda")
     with pytest.raises(ValueError, match="cpu or cuda, got 'meta'"):
-        benchmark.throughput("small_cnn", device="meta")
+        harness.throughput("small_cnn", device="meta")
 
 
 def test_absolute_takes_the_backbone(capsys):
     """WRN-28-10 at the smallest sizes: 18-28 s on one busy CPU thread."""
     argv = ["--absolute", "--backbone", "wrn28_10", "--batch", "1", "--num-members", "2"]
-    assert benchmark.main([*argv, "--repeats", "1"]) == 0
+    assert harness.main([*argv, "--repeats", "1"]) == 0
     out = capsys.readouterr().out
     assert "| single | 36,479,194 |" in out  # WRN-28-10's parameters at 10 classes
     assert "| deep ensemble | 72,958,388 |" in out
@@ -198,26 +196,26 @@ def test_absolute_takes_the_backbone(capsys):
 
 def test_absolute_refuses_a_backbone_without_an_image_input(capsys):
     with pytest.raises(SystemExit) as exit_info:
-        benchmark.main(["--absolute", "--backbone", "minilm"])
+        harness.main(["--absolute", "--backbone", "minilm"])
     assert exit_info.value.code == 2
     assert "invalid choice: 'minilm'" in capsys.readouterr().err
     with pytest.raises(ValueError, match="no known input shape for 'minilm'"):
-        benchmark.throughput("minilm")
+        harness.throughput("minilm")
 
 
 def test_bf16_steps_autocast_and_say_so(monkeypatch, capsys):
     """--steps-only --bf16: every timed training step runs under bf16 autocast, and each row
     names it; without the flag none does."""
     seen = []
-    train_step = benchmark._train_step
+    train_step = harness.train_step
 
     def recording_train_step(model, x, y, bf16=False):
         seen.append(bf16)
         return train_step(model, x, y, bf16)
 
-    monkeypatch.setattr(benchmark, "_train_step", recording_train_step)
-    monkeypatch.setattr(benchmark, "compare", lambda *a, **k: (1.0, (1.0, 1.0), 1e-3))
-    assert benchmark.main(["--steps-only", "--bf16", "--quick", *TINY]) == 0
+    monkeypatch.setattr(harness, "train_step", recording_train_step)
+    monkeypatch.setattr(harness, "compare", lambda *a, **k: (1.0, (1.0, 1.0), 1e-3))
+    assert harness.main(["--steps-only", "--bf16", "--quick", *TINY]) == 0
     assert _row_names(capsys.readouterr().out) == [
         "resnet18 (bf16): σN-Ens step (B=2) vs single at M·B",
         "resnet18 (bf16): σN-Ens step with plain norms (heads, replication) vs single at M·B",
@@ -225,7 +223,7 @@ def test_bf16_steps_autocast_and_say_so(monkeypatch, capsys):
     ]
     assert seen == [True] * 5, seen  # σN-Ens, single, plain-norm σN-Ens, single, deep
     seen.clear()
-    assert benchmark.main(["--steps-only", "--quick", *TINY]) == 0
+    assert harness.main(["--steps-only", "--quick", *TINY]) == 0
     assert "(bf16)" not in capsys.readouterr().out and seen == [False] * 5
 
 
@@ -234,19 +232,19 @@ def test_compile_only_yields_only_the_compile_rows(monkeypatch, capsys):
     # here, undone cleanly (patching torch._dynamo.config.disable left it unreadable, and every
     # later torch.compile in the session failed)
     monkeypatch.setattr(torch, "compile", lambda model, *args, **kwargs: model)
-    monkeypatch.setattr(benchmark, "compare", lambda *a, **k: (1.0, (1.0, 1.0), 1e-3))
-    assert benchmark.main(["--compile-only", *TINY]) == 0
+    monkeypatch.setattr(harness, "compare", lambda *a, **k: (1.0, (1.0, 1.0), 1e-3))
+    assert harness.main(["--compile-only", *TINY]) == 0
     assert _row_names(capsys.readouterr().out) == [
         "resnet18: σN-Ens step torch.compile vs eager",
         "vit_small: σN-Ens step torch.compile vs eager",
     ]
     for other in ("--norms-only", "--steps-only"):
         with pytest.raises(SystemExit) as exit_info:
-            benchmark.main(["--compile-only", other])
+            harness.main(["--compile-only", other])
         assert exit_info.value.code == 2
         assert "not allowed with argument" in capsys.readouterr().err
     with pytest.raises(ValueError, match="exclude each other"):
-        benchmark.run(compile_only=True, steps_only=True)
+        harness.run(compile_only=True, steps_only=True)
 
 
 @pytest.mark.cuda
@@ -255,15 +253,15 @@ def test_ratio_rows_run_on_cuda(monkeypatch, capsys):
     """The --quick rows at tiny sizes on cuda: every timed model and input lives there, the rows
     are the CPU run's, and the footer names the GPU."""
     devices = set()
-    train_step = benchmark._train_step
+    train_step = harness.train_step
 
     def recording_train_step(model, x, y, bf16=False):
         devices.update({x.device.type, y.device.type})
         devices.update(p.device.type for p in model.parameters())
         return train_step(model, x, y, bf16)
 
-    monkeypatch.setattr(benchmark, "_train_step", recording_train_step)
-    assert benchmark.main(["--quick", "--device", "cuda", *TINY]) == 0
+    monkeypatch.setattr(harness, "train_step", recording_train_step)
+    assert harness.main(["--quick", "--device", "cuda", *TINY]) == 0
     out = capsys.readouterr().out
     assert devices == {"cuda"}
     names = _row_names(out)
@@ -306,3 +304,18 @@ def test_every_numeric_flag_is_bounded_before_anything_runs(flags, message, caps
     err = capsys.readouterr().err
     assert err.rstrip().endswith(f"snens bench: error: {message}")
     assert "Traceback" not in err
+
+
+def test_bench_without_a_checkout_says_where_the_harness_is(monkeypatch, tmp_path, capsys):
+    """An installed package holds no benchmarks/: `snens bench` names what it looked for and
+    exits 2, never a traceback."""
+    from snens.engine import bench
+    from snens.engine.cli import main
+
+    monkeypatch.setattr(bench, "HARNESS_DIR", tmp_path / "benchmarks")
+    with pytest.raises(FileNotFoundError, match="benchmarks/harness.py"):
+        bench.load_harness()
+    assert main(["bench", "--quick"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"snens bench: no benchmarks/harness.py in {tmp_path}: ")
+    assert "pip install -e ." in err and "Traceback" not in err

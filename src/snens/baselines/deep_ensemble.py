@@ -38,7 +38,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
-from snens.method.ensemble import _batch_size, _per_example
+from snens.method.ensemble import input_batch_size, is_per_example
 from snens.nn.norms import check_num_members
 
 __all__ = ["DeepEnsemble", "reinitialized_copy", "time_forward"]
@@ -165,7 +165,7 @@ class DeepEnsemble(nn.Module):
     def _forward_split(self, args: tuple, kwargs: dict) -> Tensor:
         """Member m on the m-th block of rows of every per-example tensor: (M, B/M, K)."""
         M = self.num_members
-        B = _batch_size(args, kwargs)
+        B = input_batch_size(args, kwargs)
         if B % M:
             raise ValueError(
                 f"input_policy='split' needs a batch size divisible by num_members={M}, got "
@@ -174,7 +174,7 @@ class DeepEnsemble(nn.Module):
         b = B // M
 
         def block(value: Any, m: int) -> Any:
-            return value[m * b : (m + 1) * b] if _per_example(value, B) else value
+            return value[m * b : (m + 1) * b] if is_per_example(value, B) else value
 
         return torch.stack(
             [

@@ -10,8 +10,9 @@
 * :mod:`~snens.engine.sweep`, :mod:`~snens.engine.report` — grids of runs and their report;
 * :mod:`~snens.engine.distributed` — data-parallel training under ``torchrun``;
 * :mod:`~snens.engine.memory` — the peak memory each epoch record carries;
-* :mod:`~snens.engine.cli`, :mod:`~snens.engine.demo`, :mod:`~snens.engine.benchmark`,
-  :mod:`~snens.engine.benchmark_llm` — the ``snens`` command, the demo, the cost measures.
+* :mod:`~snens.engine.cli`, :mod:`~snens.engine.demo`, :mod:`~snens.engine.bench` — the
+  ``snens`` command, the demo, the measuring core of the cost measures (whose rows are the
+  repository's ``benchmarks/harness.py``, which ``snens bench`` runs from a checkout).
 
 Dependency rule: the engine imports the method, evaluation and the rest of the library; only
 :mod:`snens.integrations` (training in other frameworks, a layer beside the engine) and the

@@ -283,17 +283,33 @@ def reproducible(config: RunConfig) -> Iterator[None]:
         torch.backends.cudnn.benchmark = benchmark
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str | torch.device) -> torch.device:
     """The device ``name`` names; ``"auto"``: CUDA when available, else the CPU.
 
+    Returns:
+        The ``torch.device``; a CUDA one only where torch sees it.
+
     Raises:
-        ValueError: a CUDA device asked for where CUDA is not available.
+        ValueError: if torch does not parse ``name``, or a CUDA device is asked for that is not
+            there (no CUDA, or an index past the last device).
     """
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r} asked for, but CUDA is not available; use 'cpu'")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"{str(name)!r} is not a torch device; use cpu or cuda") from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ValueError(
+                f"{str(name)!r}, but torch {torch.__version__} sees no CUDA device "
+                "(torch.cuda.is_available() is False); use cpu"
+            )
+        if device.index is not None and device.index >= count:
+            raise ValueError(
+                f"{str(name)!r}, but torch sees {count} CUDA device(s): cuda:0 to cuda:{count - 1}"
+            )
     return device
 
 

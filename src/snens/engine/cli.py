@@ -64,9 +64,9 @@ def _build_kernels(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from snens.engine import benchmark
+    from snens.engine import bench
 
-    return benchmark.main(args.rest)
+    return bench.main(args.rest)
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -568,7 +568,7 @@ def build_parser() -> argparse.ArgumentParser:
         "bench",
         add_help=False,
         help="measure σN-Ens's cost against one model at M·B and a deep ensemble (ratios), "
-        "on --device cpu or cuda",
+        "on --device cpu or cuda (from a checkout: benchmarks/harness.py)",
     )
     bench.set_defaults(run=_bench)
     kernels = sub.add_parser(

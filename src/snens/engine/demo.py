@@ -15,8 +15,10 @@ overfits (the regime where σN-Ens pays; ``--full``: all images, crop and flip):
   higher one), and at the default τ with ``split`` inputs (about one model's compute),
 
 reads each run's ``final.json`` (:func:`snens.evaluate`'s metrics) and writes ``report.md``
-(the table, the budget it ran beside the converged study's reference tables
-:data:`CONVERGED_OVERFIT` and :data:`CONVERGED_FINAL`, and the plots), ``results.json``
+(the table, the budget it ran beside the converged study's reference tables — read at run time
+from the runs a checkout of the repository holds under ``results/converged/``
+(:func:`converged_rows`), left out where it holds none, as an installed package does — and
+the plots), ``results.json``
 (config, rows, every metric) and the PNG figures:
 accuracy–NLL and accuracy–ECE Pareto fronts, accuracy and ECE against corruption severity, a
 reliability diagram per method and the feature allocation σ(γ) of every σN-Ens run. Running
@@ -29,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -40,11 +43,11 @@ from snens.engine.runs import read_final, read_metrics
 from snens.method.regularizer import DEFAULT_DIVERSITY_WEIGHT, DEFAULT_TEMPERATURE
 
 __all__ = [
-    "CONVERGED_FINAL",
-    "CONVERGED_OVERFIT",
+    "CONVERGED_METHODS",
     "FULL_DEMO",
     "ConvergedRow",
     "DemoConfig",
+    "converged_rows",
     "run",
 ]
 
@@ -101,62 +104,85 @@ class ConvergedRow:
     train_seconds: float  # one thread of a 2-core CPU, evaluation excluded
 
 
-# The converged study's measured results, committed in the repository (the installed package
-# cannot read them): `python experiments/converged.py report` → results/converged.md, from the
-# run directories results/converged/<stage>/<variant>/seed=<s>/final.json. Printed at 4
-# decimals (results/converged.md's precision); tests/test_demo.py recomputes every number from
-# those files, so this table cannot drift from them.
-CONVERGED_OVERFIT = (
-    ConvergedRow("single", "single", 288_170, 0.8824, 0.5027, 0.0767, 0.2903, 155),
-    ConvergedRow("deep ensemble", "deep_ensemble", 1_152_680, 0.8952, 0.3617, 0.0380, 0.2164, 507),
-    ConvergedRow("BatchEnsemble", "batch_ensemble", 291_828, 0.8904, 0.4147, 0.0540, 0.2442, 980),
-    ConvergedRow(
-        "Packed-Ensembles (α=2, γ=2)", "packed", 290_664, 0.8917, 0.3376, 0.0248, 0.2013, 208
+#: Where a checkout of the repository holds the converged study's run directories
+#: (``python experiments/converged.py``): ``<stage>/<variant>/seed=<s>/``. An installed package
+#: holds none, and its demo report then shows no reference numbers.
+CONVERGED_DIR = Path(__file__).resolve().parents[3] / "results" / "converged"
+CONVERGED_SEEDS = (0, 1, 2)
+#: The methods of the reference tables, by stage of the converged study: (label, variant). The
+#: numbers are read from the runs (:func:`converged_rows`), never written here.
+CONVERGED_METHODS: dict[str, tuple[tuple[str, str], ...]] = {
+    # one model overfits: 10,000 training images, no augmentation, SmallCNN width 32, 20 epochs
+    "overfit": (
+        ("single", "single"),
+        ("deep ensemble", "deep_ensemble"),
+        ("BatchEnsemble", "batch_ensemble"),
+        ("Packed-Ensembles (α=2, γ=2)", "packed"),
+        ("MC-dropout (4 samples)", "mc_dropout"),
+        ("σN-Ens τ=1 λ=0.1, repeat (default)", "snens_tau1_lam0.1"),
+        ("σN-Ens τ=1 λ=0.1, split", "snens_tau1_lam0.1_split"),
     ),
-    ConvergedRow(
-        "MC-dropout (4 samples)", "mc_dropout", 288_170, 0.8838, 0.5015, 0.0741, 0.2692, 117
+    # nothing overfits: all 55,000 training images with crop + flip, SmallCNN width 16, 40 epochs
+    "final": (
+        ("single", "single"),
+        ("deep ensemble", "deep_ensemble"),
+        ("σN-Ens τ=1 λ=0.1 (default)", "snens_default"),
+        ("σN-Ens λ=0, γ ×1 (best on validation)", "snens_lam0_glr1_chosen"),
     ),
-    ConvergedRow(
-        "σN-Ens τ=1 λ=0.1, repeat (default)",
-        "snens_tau1_lam0.1",
-        296_520,
-        0.8925,
-        0.3306,
-        0.0225,
-        0.1995,
-        482,
-    ),
-    ConvergedRow(
-        "σN-Ens τ=1 λ=0.1, split",
-        "snens_tau1_lam0.1_split",
-        296_520,
-        0.8881,
-        0.3112,
-        0.0055,
-        0.1838,
-        194,
-    ),
-)
-# Where nothing overfits: all 55,000 training images with crop + flip, SmallCNN width 16, 40
-# epochs (the converged budget), stage `final`. train_seconds: the epochs × the median epoch's
-# (the study's processes were paused at times, which the wall clock of a run counts).
-CONVERGED_FINAL = (
-    ConvergedRow("single", "single", 72_666, 0.9282, 0.2000, 0.0116, 0.2062, 517),
-    ConvergedRow("deep ensemble", "deep_ensemble", 290_664, 0.9348, 0.1809, 0.0066, 0.1131, 2025),
-    ConvergedRow(
-        "σN-Ens τ=1 λ=0.1 (default)", "snens_default", 76_856, 0.9162, 0.2329, 0.0142, 0.2076, 1921
-    ),
-    ConvergedRow(
-        "σN-Ens λ=0, γ ×1 (best on validation)",
-        "snens_lam0_glr1_chosen",
-        76_856,
-        0.9272,
-        0.2022,
-        0.0104,
-        0.1730,
-        1740,
-    ),
-)
+}
+
+
+def _train_seconds(run_dir: Path, stage: str, final: dict) -> float:
+    """A run's training seconds: the wall clock of ``final.json`` in the overfit stage; in the
+    final stage the epochs × the median epoch's (its processes were paused at times, which the
+    wall clock of a run counts)."""
+    if stage != "final":
+        return final["train"]["seconds"]
+    epochs = [record["seconds"] for record in read_metrics(run_dir)]
+    return len(epochs) * statistics.median(epochs)
+
+
+def converged_rows(
+    stage: str, root: str | os.PathLike | None = None
+) -> tuple[ConvergedRow, ...] | None:
+    """The reference table of one stage of the converged study, read from its runs: each
+    method of :data:`CONVERGED_METHODS` as the mean over seeds 0, 1, 2 of its ``final.json``.
+
+    Args:
+        stage: ``"overfit"`` or ``"final"``.
+        root: the study's run directories; default :data:`CONVERGED_DIR` of this checkout.
+
+    Returns:
+        One :class:`ConvergedRow` per method, or ``None`` where a run is missing or unreadable
+        (an installed package holds no ``results/``).
+    """
+    root = Path(CONVERGED_DIR if root is None else root)
+    rows = []
+    try:
+        for label, variant in CONVERGED_METHODS[stage]:
+            runs = [root / stage / variant / f"seed={seed}" for seed in CONVERGED_SEEDS]
+            finals = [read_final(run) for run in runs]
+
+            def mean(key: str, finals=finals) -> float:
+                return statistics.mean(final["metrics"][key] for final in finals)
+
+            rows.append(
+                ConvergedRow(
+                    label,
+                    variant,
+                    finals[0]["model"]["params"],
+                    mean("test/accuracy"),
+                    mean("test/nll"),
+                    mean("test/ece"),
+                    mean("shift/severity/5/ece"),
+                    statistics.mean(
+                        _train_seconds(run, stage, final) for run, final in zip(runs, finals)
+                    ),
+                )
+            )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return tuple(rows)
 
 
 def _overrides(config: DemoConfig) -> list[str]:
@@ -428,6 +454,7 @@ def _reference(config: DemoConfig, steps: int, rows: list[dict]) -> str:
                 else "it does not overfit, a regime where σN-Ens has little to gain. "
             )
         )
+    overfit, final = converged_rows("overfit"), converged_rows("final")
     lines = [
         "## This budget, and a converged one",
         "",
@@ -435,18 +462,23 @@ def _reference(config: DemoConfig, steps: int, rows: list[dict]) -> str:
         f"epoch{'s' * (config.epochs != 1)} ({steps:,} steps, SmallCNN width {config.width}, "
         f"{augment}). " + fit + "The converged study (in the repository: "
         "`python experiments/converged.py report` → `results/converged.md`) measured both "
-        "regimes over three seeds. Where a single model overfits: 10,000 training images, no "
-        "augmentation, SmallCNN width 32, 20 epochs, M=4; mean over seeds 0, 1, 2 "
-        "(train s: one thread of a 2-core CPU, evaluation excluded):",
-        "",
-        *_converged_table(CONVERGED_OVERFIT),
-        "",
-        "Where nothing overfits — all 55,000 training images with crop + flip, SmallCNN width "
-        "16, trained to convergence (40 epochs), M=4 — the backbone is too small to share: "
-        "σN-Ens at the defaults is behind one model, the recipe best on validation is one "
-        "model again, and only the deep ensemble's four networks gain (mean over seeds 0, 1, "
-        "2; train s: the epochs × the median epoch's):",
-        "",
-        *_converged_table(CONVERGED_FINAL),
+        "regimes over three seeds"
+        + (". " if overfit or final else "; this installation holds none of its runs."),
     ]
+    if overfit:
+        lines[-1] += (
+            "Where a single model overfits: 10,000 training images, no augmentation, SmallCNN "
+            "width 32, 20 epochs, M=4; mean over seeds 0, 1, 2 (train s: one thread of a "
+            "2-core CPU, evaluation excluded), read from `results/converged/overfit`:"
+        )
+        lines += ["", *_converged_table(overfit)]
+    if final:
+        lines += [
+            "",
+            "Where nothing overfits — all 55,000 training images with crop + flip, SmallCNN "
+            "width 16, trained to convergence (40 epochs), M=4; mean over seeds 0, 1, 2 (train "
+            "s: the epochs × the median epoch's), read from `results/converged/final`:",
+            "",
+            *_converged_table(final),
+        ]
     return "\n".join(lines)

@@ -50,6 +50,9 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import Tensor, nn
 
+from snens.evaluation._checks import _check_labels, _check_logits, _check_temperature
+from snens.evaluation.predictions import collect
+
 __all__ = [
     "CALIBRATORS",
     "Calibrator",
@@ -77,66 +80,6 @@ def _check_mode(mode: Any) -> str:
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     return mode
-
-
-def _check_temperature(temperature: Any) -> float:
-    """``temperature`` as a float, or an error saying what a temperature must be.
-
-    Raises:
-        TypeError: if it is not a real number (``bool`` included).
-        ValueError: if it is not finite and > 0.
-    """
-    if isinstance(temperature, Tensor) and temperature.numel() == 1:
-        temperature = temperature.item()
-    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
-        raise TypeError(f"temperature must be a real number, got {temperature!r}")
-    value = float(temperature)
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(
-            f"temperature must be finite and > 0, got {value}; fit one with "
-            "snens.evaluation.calibration.fit_temperature(val_logits, val_labels)"
-        )
-    return value
-
-
-def _check_logits(logits: Any) -> Tensor:
-    """Logits as float64 (M, N, K), detached; (N, K) of one model becomes (1, N, K)."""
-    if not isinstance(logits, Tensor) or not logits.is_floating_point():
-        got = logits.dtype if isinstance(logits, Tensor) else type(logits).__name__
-        raise TypeError(f"logits must be a floating-point tensor, got {got}")
-    if logits.dim() not in (2, 3):
-        raise ValueError(
-            "logits must be (N, K) for one model or (M, N, K) for an ensemble's members, got "
-            f"shape {tuple(logits.shape)}"
-        )
-    z = logits.detach()
-    z = (z if z.dim() == 3 else z.unsqueeze(0)).double()  # (M, N, K)
-    if z.shape[0] == 0 or z.shape[1] == 0 or z.shape[2] < 2:
-        raise ValueError(
-            f"logits {tuple(logits.shape)} need at least one member, one example and two classes"
-        )
-    # -inf is a logit of probability 0 (from log-probabilities): allowed where a row keeps a
-    # finite entry, since softmax ignores it.
-    if torch.isnan(z).any() or (z == math.inf).any() or not torch.isfinite(z).any(-1).all():
-        raise ValueError("logits contain NaN, +inf, or a row with no finite entry")
-    return z
-
-
-def _check_labels(labels: Any, z: Tensor, what: str = "logits") -> Tensor:
-    """Labels as int64 (N,) on the device of the checked ``what`` ``z`` (M, N, K)."""
-    if not isinstance(labels, Tensor) or labels.is_floating_point() or labels.dtype == torch.bool:
-        got = labels.dtype if isinstance(labels, Tensor) else type(labels).__name__
-        raise TypeError(f"labels must be an integer tensor of class indices, got {got}")
-    if labels.dim() != 1 or labels.shape[0] != z.shape[1]:
-        raise ValueError(
-            f"labels must be (N,) with N = {z.shape[1]} to match the {what}' "
-            f"{z.shape[1]} examples, got shape {tuple(labels.shape)}"
-        )
-    y = labels.to(z.device, torch.long)
-    K = z.shape[2]
-    if ((y < 0) | (y >= K)).any():
-        raise ValueError(f"labels must lie in [0, {K - 1}] for K = {K} classes")
-    return y
 
 
 def _check_inputs(logits: Any, labels: Any) -> tuple[Tensor, Tensor]:
@@ -206,7 +149,7 @@ def fit_temperature(
     Deterministic and derivative-free: the NLL is evaluated on a grid of log T with step 0.2,
     then a golden-section search refines the best grid point's bracket to 1e-6 in log T.
     Takes what a user has: ``fit_temperature(ens, val_loader)`` runs the model over the loader
-    (:func:`snens.evaluation.protocol.collect`), or give the validation logits and labels.
+    (:func:`snens.evaluation.predictions.collect`), or give the validation logits and labels.
     Log-probabilities work as well (softmax ignores a per-row shift; −inf entries of
     underflowed probabilities are allowed).
 
@@ -232,8 +175,6 @@ def fit_temperature(
     """
     mode = _check_mode(mode)
     if isinstance(logits, nn.Module):  # (model, loader): one pass over the validation split
-        from snens.evaluation.protocol import collect
-
         logits, labels = collect(logits, labels, logits=True)
     z, y = _check_inputs(logits, labels)  # detached: no graph is built
     z, y = _possible(z, y, mode, "temperature scaling")

@@ -41,7 +41,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from snens.evaluation.calibration import _check_labels, _check_logits
+from snens.evaluation._checks import _check_labels, _check_logits
 
 __all__ = [
     "SCORES",

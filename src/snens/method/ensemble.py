@@ -139,14 +139,18 @@ def _default_output(out: Any) -> Tensor:
     )
 
 
-def _batch_size(args: tuple, kwargs: dict) -> int:
+def input_batch_size(args: tuple, kwargs: dict) -> int:
+    """B of an ensemble's inputs: the leading size of the first tensor with a dimension (the
+    rule the ensemble, its export and the deep ensemble share)."""
     for value in (*args, *kwargs.values()):
         if isinstance(value, Tensor) and value.dim() > 0:
             return value.shape[0]
     raise TypeError("the ensemble's input holds no tensor with a batch dimension")
 
 
-def _per_example(value: Any, batch_size: int) -> bool:
+def is_per_example(value: Any, batch_size: int) -> bool:
+    """Whether an input argument is per example (a tensor of leading size ``batch_size``),
+    so that it is split or folded with the batch."""
     return isinstance(value, Tensor) and value.dim() > 0 and value.shape[0] == batch_size
 
 
@@ -157,7 +161,7 @@ def _fold_inputs(args: tuple, kwargs: dict, num_members: int, batch_size: int) -
         return args, kwargs
 
     def fold(value: Any) -> Any:
-        return fold_members(value, num_members) if _per_example(value, batch_size) else value
+        return fold_members(value, num_members) if is_per_example(value, batch_size) else value
 
     return tuple(fold(a) for a in args), {k: fold(v) for k, v in kwargs.items()}
 
@@ -208,7 +212,7 @@ def forward_repeated(
         ValueError: if ``num_members`` is outside [1, :data:`~snens.nn.norms.MAX_MEMBERS`].
         RuntimeError: if the logits are not (M·B, K).
     """
-    B = _batch_size(args, kwargs)
+    B = input_batch_size(args, kwargs)
     args, kwargs = _fold_inputs(args, kwargs, num_members, B)
     with model_rows(num_members * B):
         logits = (output or _default_output)(model(*args, **kwargs))  # (M·B, K)
@@ -308,7 +312,7 @@ class Ensemble(nn.Module):
                 "with the Hugging Face Trainer, use snens.integrations.huggingface.SnensTrainer, "
                 "which does so"
             )
-        B = _batch_size(args, kwargs)
+        B = input_batch_size(args, kwargs)
         M = self.num_members
         self._check_inputs(args, kwargs)
         if self.training and self.input_policy == "split":

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from snens import files
-from snens.method.ensemble import Ensemble, _batch_size, _per_example
+from snens.method.ensemble import Ensemble, input_batch_size, is_per_example
 
 __all__ = ["export", "export_onnx"]
 
@@ -54,7 +54,7 @@ def export(ensemble: Ensemble, /, *args: Any, **kwargs: Any) -> torch.export.Exp
             "snens.export exports an ensemble in eval mode (running statistics, every member "
             "on the whole batch); call ensemble.eval() first"
         )
-    B = _batch_size(args, kwargs)
+    B = input_batch_size(args, kwargs)
     if B < 2:
         raise ValueError(
             f"the example batch has B={B}, and torch.export fixes a dimension of size 0 or 1 to "
@@ -66,7 +66,7 @@ def export(ensemble: Ensemble, /, *args: Any, **kwargs: Any) -> torch.export.Exp
     batch = torch.export.Dim.DYNAMIC
 
     def spec(value: Any) -> dict | None:
-        return {0: batch} if _per_example(value, B) else None
+        return {0: batch} if is_per_example(value, B) else None
 
     # keyword inputs only (input_ids=…, pixel_values=…): no "args" entry, the forward then has
     # no *args parameter for it to match

@@ -16,8 +16,12 @@ Every mode runs on ``--device`` (default ``cpu``): models and inputs live there,
 autocast of that device type, and on CUDA the clock is read only after
 ``torch.cuda.synchronize()``, before and after each timed repeat, past two warm-up calls.
 
-    python -m snens.engine.benchmark            # or: snens bench, python benchmarks/bench.py
+    python benchmarks/bench.py            # or: snens bench (from this checkout)
     snens bench --device cuda --steps-only
+
+The measuring core (:func:`snens.engine.bench.compare`, ``train_step``,
+``peak_memory_bytes``) is in the package; the rows, their targets and the command line are
+here, the LLM rows in ``harness_llm.py``.
 """
 
 from __future__ import annotations
@@ -25,8 +29,6 @@ from __future__ import annotations
 import argparse
 import copy
 import functools
-import itertools
-import platform
 import statistics
 import time
 import warnings
@@ -38,18 +40,32 @@ from torch import nn
 
 import snens
 from snens.baselines import DeepEnsemble
+from snens.engine.bench import (
+    Measure,
+    compare,
+    device_line,
+    format_table,
+    measure_device,
+    peak_memory_bytes,
+    sync,
+    time_call,
+    train_step,
+)
 from snens.engine.config import MAX_THREADS
 from snens.models import create
 from snens.nn.norms import MAX_MEMBERS
 
 __all__ = [
-    "Measure",
+    "BACKBONE_IMAGES",
     "Throughput",
+    "compile_measure",
+    "format_throughput",
     "main",
-    "peak_memory_bytes",
-    "resolve_device",
+    "model_measures",
+    "norm_measures",
     "run",
     "throughput",
+    "with_plain_norms",
 ]
 
 # Input (C, H, W) of each image backbone for --absolute: the dataset it is built for.
@@ -60,110 +76,7 @@ BACKBONE_IMAGES: dict[str, tuple[int, int, int]] = {
 }
 
 
-@dataclass(frozen=True)
-class Measure:
-    """One row of the table: a ratio, its spread over repeats, and the target it answers."""
-
-    name: str
-    ratio: float
-    spread: tuple[float, float]  # min, max of the per-repeat ratios
-    target: str
-    baseline_ms: float
-
-    def verdict(self) -> str:
-        if not self.target.startswith("≤"):
-            return "report"
-        return "met" if self.ratio <= float(self.target[1:].split("×")[0]) else "NOT met"
-
-
-def resolve_device(name: str | torch.device) -> torch.device:
-    """``name`` as a device this process can measure on: the CPU or a CUDA device it sees.
-
-    Raises:
-        ValueError: if torch does not parse ``name``, if it is neither ``cpu`` nor ``cuda``, or
-            if the CUDA device is not there (no CUDA, or an index past the last device).
-    """
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ValueError(f"{str(name)!r} is not a torch device; use cpu or cuda") from None
-    if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"the bench measures on cpu or cuda, got {str(name)!r}")
-    if device.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count == 0:
-            raise ValueError(
-                f"{str(name)!r}, but torch {torch.__version__} sees no CUDA device "
-                "(torch.cuda.is_available() is False); use cpu"
-            )
-        if device.index is not None and device.index >= count:
-            raise ValueError(
-                f"{str(name)!r}, but torch sees {count} CUDA device(s): cuda:0 to cuda:{count - 1}"
-            )
-    return device
-
-
-def _sync() -> None:
-    """Wait for queued GPU work, so that wall-clock times measure it (a no-op until CUDA is
-    initialized, i.e. on every CPU run)."""
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.synchronize()
-
-
-def _median_time(fn: Callable[[], None], inner: int) -> float:
-    _sync()
-    start = time.perf_counter()
-    for _ in range(inner):
-        fn()
-    _sync()
-    return (time.perf_counter() - start) / inner
-
-
-def compare(
-    variant: Callable[[], None],
-    baseline: Callable[[], None],
-    *,
-    repeats: int,
-    inner: int = 1,
-    warmup: int = 2,
-) -> tuple[float, tuple[float, float], float]:
-    """Median of per-repeat time ratios variant/baseline, alternating which runs first."""
-    for _ in range(warmup):
-        variant(), baseline()
-    ratios, base_times = [], []
-    for r in range(repeats):
-        if r % 2:
-            t_var, t_base = _median_time(variant, inner), _median_time(baseline, inner)
-        else:
-            t_base, t_var = _median_time(baseline, inner), _median_time(variant, inner)
-        ratios.append(t_var / t_base)
-        base_times.append(t_base)
-    return statistics.median(ratios), (min(ratios), max(ratios)), statistics.median(base_times)
-
-
-def _train_step(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor, bf16: bool = False
-) -> Callable[[], None]:
-    """One timed step: forward, the ensemble loss, backward, an SGD update. The model's cost
-    alone: the engine's step (:func:`snens.engine.epoch.run_epoch`) adds the same host sync and
-    gradient-norm work to every method, which would blur the ratios."""
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-    model.train()
-
-    def step() -> None:
-        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):
-            logits = model(x)
-        if logits.dim() == 2:  # a plain model
-            logits = logits.unsqueeze(0)
-        loss = snens.ensemble_loss(logits, y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-
-    return step
-
-
-def _norm_measures(
+def norm_measures(
     M: int, B: int, repeats: int, device: str | torch.device = "cpu"
 ) -> list[Measure]:
     """Member norm vs the plain norm on the same (M·B, …) tensor, in three modes.
@@ -221,38 +134,7 @@ def _norm_measures(
     return rows
 
 
-def peak_memory_bytes(model: nn.Module, x: torch.Tensor) -> int:
-    """Parameters and buffers plus the peak of live allocations during one no-grad forward.
-
-    On CUDA: ``torch.cuda.max_memory_allocated`` over the forward, minus what was allocated
-    before it. On CPU: the running sum of the profiler's allocation and free events, in time
-    order (``torch.profiler`` with ``profile_memory=True``).
-    """
-    resident = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
-    model.eval()
-    if x.is_cuda:
-        torch.cuda.synchronize(x.device)
-        before = torch.cuda.memory_allocated(x.device)
-        torch.cuda.reset_peak_memory_stats(x.device)
-        with torch.no_grad():
-            model(x)
-        torch.cuda.synchronize(x.device)
-        return resident + torch.cuda.max_memory_allocated(x.device) - before
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        with torch.no_grad():
-            model(x)
-    events = sorted(
-        (e.start_ns(), e.nbytes())
-        for e in prof.profiler.kineto_results.events()
-        if e.name() == "[memory]"
-    )
-    live = itertools.accumulate(n for _, n in events)
-    return resident + max(live, default=0)
-
-
-def _with_plain_norms(ens: snens.Ensemble) -> snens.Ensemble:
+def with_plain_norms(ens: snens.Ensemble) -> snens.Ensemble:
     """A copy of ``ens`` whose member norms are plain norms (member 0's).
 
     Everything else snens adds over one plain model at M·B stays: the input replication, the
@@ -267,19 +149,19 @@ def _with_plain_norms(ens: snens.Ensemble) -> snens.Ensemble:
     return ens
 
 
-def _compile_measure(
+def compile_measure(
     backbone: str, ens: snens.Ensemble, x: torch.Tensor, y: torch.Tensor, repeats: int
 ) -> Measure:
     """σN-Ens's training step through ``torch.compile`` against the same step eager; the first
     compiled call (the compilation) is timed apart and named in the row."""
-    compiled_step = _train_step(torch.compile(copy.deepcopy(ens)), x, y)
-    _sync()
+    compiled_step = train_step(torch.compile(copy.deepcopy(ens)), x, y)
+    sync()
     start = time.perf_counter()
     compiled_step()
-    _sync()
+    sync()
     warmup_s = time.perf_counter() - start
     ratio, spread, base = compare(
-        compiled_step, _train_step(copy.deepcopy(ens), x, y), repeats=repeats
+        compiled_step, train_step(copy.deepcopy(ens), x, y), repeats=repeats
     )
     return Measure(
         f"{backbone}: σN-Ens step torch.compile vs eager (compile {warmup_s:.0f} s)",
@@ -290,7 +172,7 @@ def _compile_measure(
     )
 
 
-def _model_measures(
+def model_measures(
     backbone: str,
     M: int,
     B: int,
@@ -306,7 +188,7 @@ def _model_measures(
     """The rows of one backbone; ``bf16``: its training steps under bfloat16 autocast, named
     "<backbone> (bf16)"."""
 
-    step = functools.partial(_train_step, bf16=bf16)
+    step = functools.partial(train_step, bf16=bf16)
     torch.manual_seed(0)
     plain = create(backbone, num_classes=10).to(device)
     x_b = torch.randn(B, *image, device=device)
@@ -316,7 +198,7 @@ def _model_measures(
     ens = snens.convert(plain, M)
     label = f"{backbone} (bf16)" if bf16 else backbone
     if compile_only:
-        return [_compile_measure(backbone, ens, x_b, y_b, repeats)]
+        return [compile_measure(backbone, ens, x_b, y_b, repeats)]
     single = copy.deepcopy(plain)
     deep = DeepEnsemble([create(backbone, num_classes=10) for _ in range(M)]).to(device)
     split = copy.deepcopy(ens)
@@ -333,7 +215,7 @@ def _model_measures(
     # where the overhead over the floor lies: the same ensemble with every member norm swapped
     # for member 0's plain norm keeps the replication, the member heads and the loss
     ratio, spread, base = compare(
-        step(_with_plain_norms(ens), x_b, y_b),
+        step(with_plain_norms(ens), x_b, y_b),
         step(single, x_mb, y_mb),
         repeats=repeats,
     )
@@ -370,7 +252,7 @@ def _model_measures(
             )
         )
     if compile_model:
-        rows.append(_compile_measure(backbone, ens, x_b, y_b, repeats))
+        rows.append(compile_measure(backbone, ens, x_b, y_b, repeats))
     ratio, spread, base = compare(step(split, x_b, y_b), step(single, x_b, y_b), repeats=repeats)
     rows.append(Measure(f"{label}: split step vs single at B", ratio, spread, "≤1.1×", base * 1e3))
 
@@ -444,17 +326,17 @@ def run(
 
     Raises:
         ValueError: if more than one of ``norms_only``, ``steps_only``, ``compile_only`` is
-            set, or ``device`` is not there (see :func:`resolve_device`).
+            set, or ``device`` is not there (see :func:`snens.engine.bench.measure_device`).
     """
     if norms_only + steps_only + compile_only > 1:
         raise ValueError("norms_only, steps_only and compile_only exclude each other: choose one")
-    device = resolve_device(device)
-    rows = [] if steps_only or compile_only else _norm_measures(num_members, 32, repeats, device)
+    device = measure_device(device)
+    rows = [] if steps_only or compile_only else norm_measures(num_members, 32, repeats, device)
     if norms_only:
         return rows
     backbones = [("resnet18", (3, 32, 32))] + ([] if quick else [("vit_small", (3, 32, 32))])
     for backbone, image in backbones:
-        rows += _model_measures(
+        rows += model_measures(
             backbone,
             num_members,
             batch,
@@ -503,7 +385,7 @@ def throughput(
 
     Raises:
         ValueError: if ``image`` is ``None`` for a backbone without a known input, or
-            ``device`` is not there (see :func:`resolve_device`).
+            ``device`` is not there (see :func:`snens.engine.bench.measure_device`).
     """
     if image is None:
         if backbone not in BACKBONE_IMAGES:
@@ -512,7 +394,7 @@ def throughput(
                 f"{', '.join(BACKBONE_IMAGES)}"
             )
         image = BACKBONE_IMAGES[backbone]
-    dev = resolve_device(device)
+    dev = measure_device(device)
     torch.manual_seed(0)
     x = torch.randn(batch, *image, device=dev)
     y = torch.randint(0, num_classes, (batch,), device=dev)
@@ -526,7 +408,7 @@ def throughput(
     }
     rows = []
     for name, model in models.items():
-        step = _train_step(model, x, y, bf16=bf16)
+        step = train_step(model, x, y, bf16=bf16)
         for _ in range(2):
             step()
         train_peak = None
@@ -535,7 +417,7 @@ def throughput(
             torch.cuda.reset_peak_memory_stats(dev)
             step()
             train_peak = torch.cuda.max_memory_allocated(dev) / 2**20
-        train_s = statistics.median(_median_time(step, 1) for _ in range(repeats))
+        train_s = statistics.median(time_call(step, 1) for _ in range(repeats))
         model.eval()
 
         def infer(model=model) -> None:
@@ -543,7 +425,7 @@ def throughput(
                 model(x)
 
         infer()
-        infer_s = statistics.median(_median_time(infer, 1) for _ in range(repeats))
+        infer_s = statistics.median(time_call(infer, 1) for _ in range(repeats))
         rows.append(
             Throughput(
                 name,
@@ -572,22 +454,9 @@ def format_throughput(rows: list[Throughput]) -> str:
     return "\n".join(lines)
 
 
-def format_table(rows: list[Measure]) -> str:
-    lines = [
-        "| measure | ratio (median) | min–max | target | verdict | baseline ms |",
-        "|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r.name} | {r.ratio:.3f}× | {r.spread[0]:.2f}–{r.spread[1]:.2f} | {r.target} "
-            f"| {r.verdict()} | {r.baseline_ms:.1f} |"
-        )
-    return "\n".join(lines)
-
-
 def _device_arg(name: str) -> torch.device:
     try:
-        return resolve_device(name)
+        return measure_device(name)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
 
@@ -614,19 +483,6 @@ _MAX_REPEATS = 1000
 _MAX_BATCH = 2**16
 #: SmolLM2-135M has 30 decoder layers and a context of 8,192 tokens.
 _LLM_LAYERS, _LLM_TOKENS = 30, 8192
-
-
-def _device_line(device: torch.device) -> str:
-    """The hardware a run measured: the CPU and its threads, or the CUDA device."""
-    if device.type == "cuda":
-        return (
-            f"{torch.cuda.get_device_name(device)} ({device}), CUDA {torch.version.cuda}, "
-            f"torch {torch.__version__}"
-        )
-    return (
-        f"{platform.machine()} {platform.processor() or ''}, {torch.get_num_threads()} threads, "
-        f"torch {torch.__version__}"
-    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -718,7 +574,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.llm:
-        from snens.engine.benchmark_llm import llm_measures
+        from harness_llm import llm_measures
 
         rows = llm_measures(
             args.num_members,
@@ -731,7 +587,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(format_table(rows))
         print(
-            f"\n{_device_line(args.device)}, M={args.num_members}, B={args.batch}, "
+            f"\n{device_line(args.device)}, M={args.num_members}, B={args.batch}, "
             f"{'bf16 autocast' if args.bf16 else 'float32'}, median of {args.repeats} "
             "interleaved repeats"
         )
@@ -767,7 +623,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(format_table(rows))
     print(
-        f"\n{_device_line(args.device)}, M={args.num_members}, B={args.batch}, "
+        f"\n{device_line(args.device)}, M={args.num_members}, B={args.batch}, "
         f"median of {args.repeats} interleaved repeats"
     )
     return 0

@@ -4,7 +4,7 @@ The model is SmolLM2-135M's architecture (Llama: hidden 576, 9 heads of 64, 3 ke
 heads, MLP 1,536, vocabulary 49,152), randomly initialized — no weights file is needed, and
 the cost does not depend on the weights — with ``layers`` of its 30 decoder layers (fewer for
 a quick CPU measure: the ratios are per layer), LoRA r=8 on q_proj/v_proj, a linear head on
-the last token. Rows, as :func:`snens.engine.benchmark.run`'s:
+the last token. Rows, as :func:`harness.run`'s:
 
 * member ``LlamaRMSNorm`` forward + backward at LLM shapes (M·B·T, 576) vs a plain one;
 * σN-Ens-LoRA step (B texts, every member on every text) vs one LoRA model at M·B texts —
@@ -25,10 +25,10 @@ from torch import nn
 
 import snens
 from snens.baselines import DeepEnsemble
-from snens.engine.benchmark import Measure, compare
+from snens.engine.bench import Measure, compare
 from snens.nn.registry import member_converter
 
-__all__ = ["llm_measures", "smollm2_config"]
+__all__ = ["llm_measures", "llm_step", "lora_model", "smollm2_config", "texts"]
 
 
 def smollm2_config(layers: int = 30):
@@ -48,7 +48,7 @@ def smollm2_config(layers: int = 30):
     )
 
 
-def _lora_model(layers: int, seed: int, device: torch.device) -> nn.Module:
+def lora_model(layers: int, seed: int, device: torch.device) -> nn.Module:
     import transformers
 
     from snens.models.llm import LLMClassifier
@@ -58,7 +58,7 @@ def _lora_model(layers: int, seed: int, device: torch.device) -> nn.Module:
     return LLMClassifier(lm, None, 2, head="linear", prompt="{text}").to(device)
 
 
-def _texts(M: int, B: int, T: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+def texts(M: int, B: int, T: int, device: torch.device) -> tuple[torch.Tensor, ...]:
     """Random token ids and labels, the same on every call: (B, T) ids and (B,) labels for an
     ensemble's step, then (M·B, T) and (M·B,) for one model's step at M·B."""
     g = torch.Generator().manual_seed(0)
@@ -69,7 +69,9 @@ def _texts(M: int, B: int, T: int, device: torch.device) -> tuple[torch.Tensor, 
     return ids_b, y_b, ids_mb, y_mb
 
 
-def _step(model: nn.Module, ids: torch.Tensor, y: torch.Tensor, bf16: bool) -> Callable[[], None]:
+def llm_step(
+    model: nn.Module, ids: torch.Tensor, y: torch.Tensor, bf16: bool
+) -> Callable[[], None]:
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=1e-4)
     mask = torch.ones_like(ids)
@@ -127,13 +129,13 @@ def llm_measures(
         )
     )
 
-    single = _lora_model(layers, 0, device)
+    single = lora_model(layers, 0, device)
     ens = snens.convert(copy.deepcopy(single), M)
-    lora_ensemble = DeepEnsemble([_lora_model(layers, s, device) for s in range(M)])
-    ids_b, y_b, ids_mb, y_mb = _texts(M, B, T, device)
+    lora_ensemble = DeepEnsemble([lora_model(layers, s, device) for s in range(M)])
+    ids_b, y_b, ids_mb, y_mb = texts(M, B, T, device)
     where = f"{layers} layers, T={T}"
-    ens_step = _step(ens, ids_b, y_b, bf16)
-    ratio, spread, base = compare(ens_step, _step(single, ids_mb, y_mb, bf16), repeats=repeats)
+    ens_step = llm_step(ens, ids_b, y_b, bf16)
+    ratio, spread, base = compare(ens_step, llm_step(single, ids_mb, y_mb, bf16), repeats=repeats)
     rows.append(
         Measure(
             f"SmolLM2 ({where}): σN-Ens-LoRA step (B={B}) vs one LoRA model at M·B",
@@ -143,7 +145,9 @@ def llm_measures(
             base * 1e3,
         )
     )
-    ratio, spread, base = compare(ens_step, _step(lora_ensemble, ids_b, y_b, bf16), repeats=repeats)
+    ratio, spread, base = compare(
+        ens_step, llm_step(lora_ensemble, ids_b, y_b, bf16), repeats=repeats
+    )
     rows.append(
         Measure(
             f"SmolLM2 ({where}): σN-Ens-LoRA step vs LoRA ensemble, B={B}",
@@ -156,7 +160,7 @@ def llm_measures(
     split = copy.deepcopy(ens)
     split.input_policy = "split"
     ratio, spread, base = compare(
-        _step(split, ids_b, y_b, bf16), _step(single, ids_b, y_b, bf16), repeats=repeats
+        llm_step(split, ids_b, y_b, bf16), llm_step(single, ids_b, y_b, bf16), repeats=repeats
     )
     rows.append(
         Measure(

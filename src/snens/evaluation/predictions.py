@@ -1,0 +1,142 @@
+"""Collecting predictions: a model run over a data set, batch by batch, in eval mode, keeping
+only the members' float32 probabilities (or logits) on the CPU, never the inputs. The bottom
+layer of :mod:`snens.evaluation`: the calibrators, the conformal sets and the protocol
+(:mod:`~snens.evaluation.protocol`, which re-exports :func:`collect`) build on it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["collect"]
+
+
+def _model_device(model: nn.Module) -> torch.device | None:
+    for tensor in (*model.parameters(), *model.buffers()):
+        return tensor.device
+    return None
+
+
+def _to_device(x: Any, device: torch.device | None) -> Any:
+    if device is None:
+        return x
+    if isinstance(x, Tensor):
+        return x.to(device, non_blocking=True)
+    if isinstance(x, Mapping):
+        return {k: _to_device(v, device) for k, v in x.items()}
+    return x
+
+
+def _split_batch(batch: Any, what: str) -> tuple[Any, Any]:
+    if isinstance(batch, (tuple, list)) and len(batch) in (1, 2):
+        return batch[0], (batch[1] if len(batch) == 2 else None)
+    raise TypeError(
+        f"{what}: a batch must be a pair (x, y), got {type(batch).__name__}"
+        + (f" of length {len(batch)}" if isinstance(batch, (tuple, list)) else "")
+    )
+
+
+def _check_model_logits(logits: Any, model: nn.Module, what: str) -> Tensor:
+    if not isinstance(logits, Tensor) or logits.dim() != 3:
+        got = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
+        raise ValueError(
+            f"{what}: {type(model).__name__} returned {got}, but evaluation needs the ensemble "
+            "contract, inputs (B, …) -> logits (M, B, K). Wrap a plain classifier in "
+            "snens.baselines.SingleModel(model) (M = 1), or convert it with "
+            "snens.convert(model, num_members=M)"
+        )
+    return logits
+
+
+def _collect(
+    model: nn.Module,
+    loader: Iterable[Any],
+    device: torch.device | str | None,
+    *,
+    what: str,
+    logits: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Member probabilities (or logits) and labels over ``loader``; see :func:`collect`."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    device = torch.device(device) if device is not None else _model_device(model)
+    modes = {module: module.training for module in model.modules()}
+    outputs: list[Tensor] = []
+    labels: list[Tensor] = []
+    model.eval()
+    try:
+        with torch.no_grad():
+            for batch in loader:
+                x, y = _split_batch(batch, what)
+                x = _to_device(x, device)
+                out = model(**x) if isinstance(x, Mapping) else model(x)
+                out = _check_model_logits(out, model, what).float()
+                if outputs and out.shape[::2] != outputs[0].shape[::2]:
+                    raise ValueError(
+                        f"{what}: the model's logits changed from (M, K) = "
+                        f"{tuple(outputs[0].shape[::2])} to {tuple(out.shape[::2])} between "
+                        "batches"
+                    )
+                out = out if logits else out.softmax(dim=-1)
+                outputs.append(out.cpu())  # (M, B, K)
+                if y is not None:
+                    labels.append(torch.as_tensor(y).detach().reshape(-1).cpu())
+    finally:
+        for module, training in modes.items():
+            module.training = training
+    if not outputs:
+        raise ValueError(f"{what}: the loader yielded no batch; the data set is empty")
+    member_out = torch.cat(outputs, dim=1)  # (M, N, K)
+    if len(labels) != len(outputs):
+        return member_out, None
+    label_tensor = torch.cat(labels)
+    if label_tensor.shape[0] != member_out.shape[1]:
+        raise ValueError(
+            f"{what}: the loader yielded {label_tensor.shape[0]} labels for "
+            f"{member_out.shape[1]} examples; yield one label per example"
+        )
+    return member_out, label_tensor
+
+
+def collect(
+    model: nn.Module,
+    loader: Iterable[Any],
+    device: torch.device | str | None = None,
+    *,
+    logits: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """The members' probabilities and the labels over a whole data set, one batch at a time.
+
+        member_probs[m, i] = softmax(model(x_i)[m])
+
+    The model runs in eval mode under ``torch.no_grad``; the training flag of each of its
+    modules is restored afterwards. Only the float32 outputs are kept, on the CPU.
+
+    Args:
+        model: returns logits (M, B, K) from inputs (B, …); a batch ``x`` that is a mapping
+            (a text model's ``input_ids``, ``attention_mask``) is passed as ``model(**x)``.
+        loader: re-iterable or one-shot ``(x, y)`` batches, e.g. a ``snens.data.TensorLoader``.
+        device: where the inputs are moved before the forward pass; default the device of the
+            model's first parameter (the model itself is never moved).
+        logits: return the members' logits instead of their softmax, e.g. for
+            :func:`snens.evaluation.calibration.fit_temperature`.
+
+    Returns:
+        ``(member_probs, labels)``; member logits instead with ``logits=True``.
+
+    Shape:
+        member_probs: (M, N, K) float32. labels: (N,).
+
+    Raises:
+        ValueError: if the loader is empty, the model does not return (M, B, K), M or K
+            changes between batches, or the labels are not one per example.
+        TypeError: if a batch is not an ``(x, y)`` pair.
+    """
+    out, labels = _collect(model, loader, device, what="data set", logits=logits)
+    if labels is None:
+        raise ValueError("the loader yielded batches without labels; yield (x, y) pairs")
+    return out, labels
