@@ -14,9 +14,22 @@ import snens
 import snens.models
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "experiments"))
 
-import holdout  # noqa: E402  (registers the study's backbones)
+
+@pytest.fixture(scope="module")
+def holdout():
+    """The study's module; the backbones it registers are taken off the registry after, so
+    no other test sees them (snens.models.available)."""
+    sys.path.insert(0, str(ROOT / "experiments"))
+    try:
+        import holdout
+
+        yield holdout
+    finally:
+        sys.path.remove(str(ROOT / "experiments"))
+        sys.modules.pop("holdout", None)
+        for name in ("holdout_mlp", "holdout_gn_cnn"):
+            snens.models._BUILDERS.pop(name, None)
 
 
 @pytest.mark.parametrize(
@@ -24,7 +37,7 @@ import holdout  # noqa: E402  (registers the study's backbones)
     [("holdout_mlp", nn.LayerNorm, 3), ("holdout_gn_cnn", nn.GroupNorm, 6)],
 )
 def test_the_studys_backbones_convert_every_norm_and_start_as_the_plain_model(
-    backbone, norm, count
+    holdout, backbone, norm, count
 ):
     torch.manual_seed(0)
     model = snens.models.create(backbone, num_classes=10, in_channels=1).eval()
@@ -45,7 +58,7 @@ def test_the_studys_backbones_convert_every_norm_and_start_as_the_plain_model(
         torch.testing.assert_close(logits[m], plain, rtol=1e-5, atol=1e-5)
 
 
-def test_every_committed_run_is_the_run_its_plan_makes():
+def test_every_committed_run_is_the_run_its_plan_makes(holdout):
     from snens.engine.sweep import config_differences
 
     compared = 0
@@ -57,7 +70,7 @@ def test_every_committed_run_is_the_run_its_plan_makes():
     assert compared >= 5  # the runs committed so far: few_mlp's four methods and more
 
 
-def test_the_plan_runs_every_method_of_every_cell_on_both_seeds_selected_on_validation():
+def test_the_plan_runs_every_method_of_every_cell_on_both_seeds_selected_on_validation(holdout):
     items = holdout.runs()
     assert len(items) == len(holdout.CELLS) * len(holdout.METHODS) * len(holdout.SEEDS) == 32
     for _, variant, run in items:
@@ -73,7 +86,7 @@ def test_the_plan_runs_every_method_of_every_cell_on_both_seeds_selected_on_vali
     assert seeds == sorted(seeds)
 
 
-def test_the_committed_report_is_the_committed_runs_report(tmp_path, monkeypatch):
+def test_the_committed_report_is_the_committed_runs_report(holdout, tmp_path, monkeypatch):
     (tmp_path / "holdout").symlink_to(ROOT / "results" / "holdout")
     monkeypatch.setitem(holdout.WHERE, "out", tmp_path / "holdout")
     assert holdout.report() == tmp_path / "holdout.md"
