@@ -540,3 +540,53 @@ def test_posthoc_metrics_name_missing_labels_integer_and_nan_logits():
     minus_inf[:, :, 3] = -math.inf  # log-probabilities: the logit scores say what they need
     with pytest.raises(ValueError, match="these scores need the model's finite logits"):
         posthoc_metrics({**test, "ood/x": minus_inf})
+
+
+class _Terminal:
+    """A stderr that says it is a terminal and keeps what is written to it."""
+
+    def __init__(self):
+        self.text = ""
+
+    def isatty(self):
+        return True
+
+    def write(self, text):
+        self.text += text
+
+    def flush(self):
+        pass
+
+
+def test_progress_bars_name_each_set_inside_the_block_on_a_terminal_only(monkeypatch):
+    pytest.importorskip("tqdm")
+    from snens.data import TensorLoader
+    from snens.evaluation.predictions import progress_bars
+
+    torch.manual_seed(0)
+    model = SingleModel(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 3))).eval()
+    x, y = torch.randn(12, 4), torch.arange(12) % 3
+    test = TensorLoader(x, y, 4)
+    ood = TensorLoader(torch.randn(8, 4), torch.zeros(8, dtype=torch.long), 4)
+    shifted = {("noise", 1): TensorLoader(x + 1, y, 4)}
+
+    def run():
+        return snens.evaluate(model, test, ood={"far": ood}, corruptions=shifted)
+
+    terminal = _Terminal()
+    monkeypatch.setattr("sys.stderr", terminal)
+    quiet = run()
+    assert terminal.text == ""  # no block: no bar
+    with progress_bars():
+        shown = run()
+        with progress_bars(enabled=False):
+            run()
+    assert shown == quiet  # the bars change no number
+    for name in ("the test set", "the OOD set 'far'", "the corruption 'noise' at severity 1"):
+        assert f"evaluating {name}" in terminal.text
+    assert "evaluating the test set:   0%|          | 0/3" in terminal.text  # 3 batches ahead
+    before = terminal.text
+    terminal.isatty = lambda: False  # a log file: no bar even inside the block
+    with progress_bars():
+        run()
+    assert terminal.text == before

@@ -259,3 +259,15 @@ def test_a_non_finite_epoch_is_never_kept():
     assert selection.update(2, good, labels, model) == [0]  # a finite one replaces it
     assert selection.update(3, bad, labels, model) == []
     assert selection.epochs == [2]
+
+
+def test_snens_eval_says_it_measured_the_kept_epoch_not_the_last(selected, capsys):
+    from snens.engine.cli import main
+
+    assert main(["eval", str(selected), "--no-corruptions"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    kept = _final(selected)["selection"]["epoch"]
+    assert first == (
+        f"{selected}: best.pt, epoch {kept} kept on validation nll "
+        f"(last.pt after epoch {EPOCHS} (step {EPOCHS * 1000 // 50}))"
+    )

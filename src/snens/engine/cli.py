@@ -39,6 +39,18 @@ def _demo(args: argparse.Namespace) -> int:
         return 2
 
 
+def _weights_line(state: dict) -> str:
+    """Which weights ``snens eval`` measured: the epoch the run kept on validation (best.pt)
+    where it selected one, else the last epoch's (last.pt)."""
+    trained = f"after epoch {state['epoch']} (step {state['step']})"
+    record = state.get("selection")
+    if not record:
+        return f"last.pt {trained}"
+    epochs = record["epochs"]
+    kept = f"epoch {epochs[0]}" if len(epochs) == 1 else f"members' epochs {epochs}"
+    return f"best.pt, {kept} kept on validation {record['metric']} (last.pt {trained})"
+
+
 def _fetch_data(args: argparse.Namespace) -> int:
     from snens.data import install
 
@@ -216,6 +228,7 @@ def _eval(args: argparse.Namespace) -> int:
     from snens.engine.config import with_evaluation_settings
     from snens.engine.reload import evaluate_run
     from snens.engine.runs import RunDirError, read_config, to_json
+    from snens.evaluation.predictions import progress_bars
 
     try:
         saved = read_config(args.run_dir)
@@ -233,20 +246,21 @@ def _eval(args: argparse.Namespace) -> int:
         print(f"snens eval: {error} (given on the command line)", file=sys.stderr)
         return 2
     try:
-        results, state = evaluate_run(
-            args.run_dir,
-            corruptions=not args.no_corruptions,
-            ood_scores=args.ood_scores,
-            conformal_alpha=args.alpha,
-            calibrators=args.calibrators,
-        )
+        with progress_bars():
+            results, state = evaluate_run(
+                args.run_dir,
+                corruptions=not args.no_corruptions,
+                ood_scores=args.ood_scores,
+                conformal_alpha=args.alpha,
+                calibrators=args.calibrators,
+            )
     except (RunDirError, CheckpointError, FileNotFoundError, ValueError) as error:
         print(f"snens eval: {_naming(error, Path(args.run_dir) / 'last.pt')}", file=sys.stderr)
         return 2
     if args.json:
         print(to_json(results, indent=2))
     else:
-        print(f"{args.run_dir}: last.pt after epoch {state['epoch']} (step {state['step']})\n")
+        print(f"{args.run_dir}: {_weights_line(state)}\n")
         print(_metrics_table(results))
     return 0
 

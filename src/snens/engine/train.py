@@ -93,6 +93,7 @@ from snens.engine.runs import (
 )
 from snens.engine.selection import BEST, Selection
 from snens.evaluation.bootstrap import run_examples
+from snens.evaluation.predictions import progress_bars
 from snens.evaluation.protocol import evaluate
 from snens.method.allocation import allocation, mean_effective_members
 from snens.method.optim import param_groups
@@ -417,9 +418,10 @@ def _train(
             load_model_state(model, {**model.state_dict(), **selection.weights()})
             validation_logits = selection.kept_validation() or {}
             say(_selection_line(selection))
-        final = _final_results(
-            config, model, loaded, epoch, step, seconds, skipped, validation_logits or None
-        )
+        with progress_bars(progress):
+            final = _final_results(
+                config, model, loaded, epoch, step, seconds, skipped, validation_logits or None
+            )
         if selection is not None:
             final["selection"] = selection.summary(epoch, patience)
         final["train"].update(peak_over(read_metrics(run.path)))  # over every epoch logged

@@ -6,13 +6,50 @@ layer of :mod:`snens.evaluation`: the calibrators, the conformal sets and the pr
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import contextlib
+import sys
+from collections.abc import Iterable, Iterator, Mapping
+from contextvars import ContextVar
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-__all__ = ["collect"]
+__all__ = ["collect", "progress_bars"]
+
+_PROGRESS: ContextVar[bool] = ContextVar("snens_evaluation_progress", default=False)
+
+
+@contextlib.contextmanager
+def progress_bars(enabled: bool = True) -> Iterator[None]:
+    """Within the block, every pass over a data set (:func:`collect`, and the test, OOD,
+    corrupted and domain sets of :func:`snens.evaluation.protocol.evaluate`) shows a tqdm bar
+    named after the set, where stderr is a terminal and tqdm is installed; a log file gets
+    none. ``enabled=False`` turns them off inside an enclosing block.
+
+        with progress_bars():
+            metrics = snens.evaluate(ens, test_loader, ood={"mnist": ood_loader})
+    """
+    token = _PROGRESS.set(enabled)
+    try:
+        yield
+    finally:
+        _PROGRESS.reset(token)
+
+
+def _with_bar(loader: Iterable[Any], what: str) -> Iterable[Any]:
+    """``loader``, behind a progress bar where :func:`progress_bars` asks for one."""
+    if not _PROGRESS.get() or not sys.stderr.isatty():
+        return loader
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return loader
+    try:
+        total = len(loader)  # type: ignore[arg-type]
+    except TypeError:  # a one-shot iterable: a count without a total
+        total = None
+    return tqdm(loader, desc=f"evaluating the {what}", total=total, leave=False, dynamic_ncols=True)
 
 
 def _model_device(model: nn.Module) -> torch.device | None:
@@ -68,9 +105,10 @@ def _collect(
     outputs: list[Tensor] = []
     labels: list[Tensor] = []
     model.eval()
+    batches = _with_bar(loader, what)
     try:
         with torch.no_grad():
-            for batch in loader:
+            for batch in batches:
                 x, y = _split_batch(batch, what)
                 x = _to_device(x, device)
                 out = model(**x) if isinstance(x, Mapping) else model(x)
@@ -88,6 +126,8 @@ def _collect(
     finally:
         for module, training in modes.items():
             module.training = training
+        if batches is not loader:
+            batches.close()  # type: ignore[attr-defined]
     if not outputs:
         raise ValueError(f"{what}: the loader yielded no batch; the data set is empty")
     member_out = torch.cat(outputs, dim=1)  # (M, N, K)
