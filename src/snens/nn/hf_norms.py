@@ -507,9 +507,10 @@ class MemberUnweightedRMSNorm(_MemberHFNorm):
     sigmoid(gamma_m)·weight_m, in float32, cast once: the plain module is weight 1, so at
     conversion weight_m = 1/sigmoid(gamma_m) and every member reproduces it up to the rounding
     of that scale (float32: ≤ 1 ulp of the scale; in half precision the probe checks it). A
-    module that records its size (``hidden_size``, …, or a weight buffer it does not use, as
-    FalconMamba's) gets a scale per feature; one that records none (Llama 4's QK norms) one
-    scale per member, shape (M, 1), broadcast over whatever last dimension it normalizes.
+    module that records its size (``hidden_size``, ``dim``, …) gets a scale per feature; one
+    that records none (Llama 4's QK norms; FalconMamba's, whose unused weight buffer has the
+    model's width while it also normalizes narrower tensors) one scale per member, shape
+    (M, 1), broadcast over whatever last dimension it normalizes.
 
     The weightless class cannot hold a member's scale: ``to_plain`` gives
     :class:`ScaledRMSNorm`, the same formula with a weight. A plain checkpoint holds nothing
@@ -559,10 +560,9 @@ class MemberUnweightedRMSNorm(_MemberHFNorm):
             raise TypeError(f"it has a weight; {cls.__name__} is for RMS norms without one")
         if plain._parameters.get("bias") is not None:
             raise TypeError(f"it has a bias; {cls.__name__} is for RMS norms without one")
+        # the size it records (hidden_size, …), not that of a weight buffer it does not use:
+        # FalconMamba's has the model's width and normalizes its SSM's B, C and dt as well
         shape = feature_shape(plain)
-        unused = plain._buffers.get("weight")
-        if shape is None and unused is not None and unused.dim() == 1:
-            shape = tuple(unused.shape)
         return {
             "hidden_size": None if shape is None or len(shape) != 1 else shape[0],
             "eps": norm_eps(plain),
