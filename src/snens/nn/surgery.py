@@ -88,7 +88,9 @@ class ConversionReport:
         lines += [f"  {n:4d} × {key}" for key, n in counts.items()]
         lines.append(f"  head: {self.head or 'none (shared output layer)'}")
         if self.skipped:
-            names = ", ".join(f"{n} ({t})" for n, t in self.skipped)
+            names = ", ".join(f"{n} ({t})" for n, t in self.skipped[:8])
+            if len(self.skipped) > 8:
+                names += f" and {len(self.skipped) - 8} more"
             lines.append(
                 f"  left shared, no member version: {len(self.skipped)} "
                 f"norm{'s' if len(self.skipped) > 1 else ''}: {names}"
@@ -474,12 +476,12 @@ def _require_a_norm(
         unsupported = ""
         if refused:
             reasons = list(dict.fromkeys(reason for _, _, reason in refused))
-            unsupported = "; its norms have no member version: " + " ".join(
-                f"{reason}." for reason in reasons[:_REASONS]
+            unsupported = " Its norms have no member version:" + "".join(
+                f" {reason}." for reason in reasons[:_REASONS]
             )
         raise ValueError(
             f"{type(model).__name__} has no supported norm layer to convert (looked for "
-            f"{SUPPORTED}){unsupported}; σN-Ens members live in the norms, so the model needs "
+            f"{SUPPORTED}).{unsupported} σN-Ens members live in the norms, so the model needs "
             "at least one"
         )
 
