@@ -11,8 +11,17 @@ A norm without a weight converts as torch's do with ``elementwise_affine=False``
 affine starts at the identity, weight_m = 1/sigmoid(gamma_m). OLMo-1's ``OlmoLayerNorm`` has no
 weight to hold a member's, so its member's ``to_plain`` gives the Hugging Face class that is
 that float32 layer norm with a weight, ``CohereLayerNorm``. ``Gemma3nRMSNorm(with_scale=False)``
-does not record its size, so no member version can be built for it: it is refused by name, and
-``skip_unsupported=True`` leaves it shared, which is exact (it has no parameters).
+does not record its size, and neither do Llama 4's and NanoChat's weightless QK norms: their
+member version, :class:`MemberUnweightedRMSNorm`, holds one scale per member (shape (M, 1),
+starting at 1), broadcast over whatever last dimension it normalizes; one that records its size
+gets a scale per feature.
+
+The gated RMS norms of hybrid and linear-attention models (Qwen3-Next, Qwen3.5, OLMo-hybrid,
+Kimi-Linear, Mamba-2, Bamba, Zamba2, Nemotron-H, Falcon-H1) take the gate as a second input;
+their member versions take it too, ``forward(x, gate=None)``, member-major like x, and compute
+:func:`~snens.nn.hf_formulas.gated_rms_norm` in the order of their class (gate before or after
+the norm, the weight in float32 or after the cast). Nemotron's ``NemotronLayerNorm1P`` (scale
+1 + w) converts to :class:`MemberLayerNorm1P`, every path of ``MemberLayerNorm``'s.
 """
 
 from __future__ import annotations

@@ -24,6 +24,10 @@ Inputs, for a feature shape S (C for one dimension), with sizes a, b, c from 2, 
 No input is 2-D: (N, C) is both channels first and channels last, and the sizes a, b, c keep
 the two layouts apart on every other rank.
 
+A module that records no size (a weightless RMS norm) is probed with S = (16,). A gated norm,
+``forward(x, gate)``, is given a gate of x's shape with each input (2·N(0, 1)), and also called
+without one (the last two inputs of step 1), where its member must agree only if it runs.
+
 A member class rejects the inputs it is not defined on (its ``_check_input``), a module may
 raise on some; the rest must agree:
 
@@ -110,8 +114,10 @@ class Comparison:
 
 def unprobeable(module: nn.Module) -> str | None:
     """Why the probe cannot run ``module`` as a norm, or None: a norm holds a weight (and a
-    bias) of its feature size, or none and records that size, batch and instance norms their
-    running statistics, nothing else, and its forward takes one input."""
+    bias) of its feature size, or none (its size recorded or not: a weightless RMS norm), batch
+    and instance norms their running statistics, nothing else but an unused non-persistent
+    ``weight`` buffer (FalconMamba's), and its forward takes one input, or two, the second
+    named ``gate`` (a gated RMS norm)."""
     children = [name for name, _ in module.named_children()]
     if children:
         return f"holds submodules ({', '.join(children)}), more than a norm"
