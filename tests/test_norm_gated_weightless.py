@@ -324,3 +324,22 @@ def test_half_precision_members_reproduce_the_module(case):
     tol = 2 * 2**-7
     for m in range(2):
         torch.testing.assert_close(out[m], ref, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("cuda_autocast", [False, True])
+def test_layer_norm_1p_member_follows_its_autocast_casts(cuda_autocast, monkeypatch):
+    """NemotronLayerNorm1P turns autocast off and, under CUDA's autocast (its
+    ``torch.is_autocast_enabled()``), casts its input and affine to the autocast dtype; the
+    member does the same (CUDA's case simulated on the CPU)."""
+    torch.manual_seed(0)
+    plain = _model("hf_nemotron_1p").norm
+    member = member_converter(plain)(plain, 2)
+    if cuda_autocast:
+        enabled = torch.is_autocast_enabled
+        monkeypatch.setattr(torch, "is_autocast_enabled", lambda *a: True if not a else enabled(*a))
+    x = torch.randn(3, C)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        ref, out = plain(x), member(x.repeat(2, 1))
+    assert out.dtype == ref.dtype == (torch.bfloat16 if cuda_autocast else torch.float32)
+    torch.testing.assert_close(out[:3], ref, **TOL)
+    torch.testing.assert_close(out[3:], ref, **TOL)

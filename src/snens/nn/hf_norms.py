@@ -832,6 +832,22 @@ class MemberLayerNorm1P(MemberLayerNorm):
         scale = None if weight is None else 1 + weight.detach().double()
         super().load_plain_affine(scale, bias)
 
+    def forward(self, x: Tensor) -> Tensor:
+        """As ``NemotronLayerNorm1P``: autocast off; under CUDA's autocast (what its
+        ``torch.is_autocast_enabled()`` reads) the input and the folded affine are cast to the
+        autocast dtype first, as it casts its input, weight + 1 and bias."""
+        device = x.device.type
+        if not torch.is_autocast_enabled():
+            with torch.autocast(device, enabled=False):
+                return super().forward(x)
+        dtype = torch.get_autocast_dtype(device)
+        self._check_input(x)
+        self._check_rows(x)
+        with torch.autocast(device, enabled=False):
+            scale, shift = self.scale_and_shift()
+            shift = None if shift is None else shift.to(dtype)
+            return self._reference(x.to(dtype), scale.to(dtype), shift)
+
     @classmethod
     def from_plain(
         cls, plain: nn.Module, num_members: int, *, generator: torch.Generator | None = None, **kw
