@@ -945,7 +945,7 @@ def test_models_with_norms_no_member_version_computes_are_refused_by_name(name):
         snens.convert(build(), M, skip_unsupported=False)
 
 
-#: model -> (build it, the norm class it once refused, its member class): a gated RMS norm
+#: model -> (build it, the norm class it once refused, its member class): gated RMS norms
 #: (forward(x, gate)) and F.layer_norm with the weight 1 + w
 FORMERLY_REFUSED_MODELS = {
     "nemotron": (
@@ -973,6 +973,71 @@ FORMERLY_REFUSED_MODELS = {
         ),  # fmt: skip
         "NemotronHRMSNormGated",
         "MemberGateFirstRMSNorm",
+    ),
+    "mamba2": (  # gate first, over 2 groups of 16
+        lambda: tf.Mamba2ForCausalLM(
+            tf.Mamba2Config(
+                vocab_size=64,
+                hidden_size=16,
+                num_hidden_layers=2,
+                num_heads=4,
+                head_dim=8,
+                expand=2,
+                n_groups=2,
+                state_size=8,
+                chunk_size=8,
+            )
+        ),  # fmt: skip
+        "MambaRMSNormGated",
+        "MemberGateFirstRMSNorm",
+    ),
+    "bamba": (
+        lambda: tf.BambaForCausalLM(
+            tf.BambaConfig(
+                vocab_size=64,
+                hidden_size=16,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                num_key_value_heads=1,
+                intermediate_size=32,
+                mamba_n_heads=4,
+                mamba_d_head=8,
+                mamba_expand=2,
+                mamba_n_groups=1,
+                mamba_d_state=8,
+                attn_layer_indices=[1],
+                mamba_chunk_size=8,
+            )
+        ),  # fmt: skip
+        "BambaRMSNormGated",
+        "MemberGateFirstRMSNorm",
+    ),
+    "kimi_linear": (  # the norm, the weight in float32, then a sigmoid gate
+        lambda: tf.KimiLinearForCausalLM(
+            tf.KimiLinearConfig(
+                vocab_size=64,
+                pad_token_id=0,
+                hidden_size=32,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                num_key_value_heads=2,
+                head_dim=16,
+                intermediate_size=64,
+                linear_attn_config={
+                    "full_attn_layers": [2],
+                    "kda_layers": [1],
+                    "num_heads": 2,
+                    "head_dim": 16,
+                    "short_conv_kernel_size": 4,
+                },
+                num_experts=4,
+                moe_intermediate_size=32,
+                num_experts_per_token=2,
+                first_k_dense_replace=2,
+            )
+        ),  # fmt: skip
+        "KimiLinearRMSNormGated",
+        "MemberGatedRMSNormF32",
     ),
 }
 
