@@ -343,3 +343,22 @@ def test_layer_norm_1p_member_follows_its_autocast_casts(cuda_autocast, monkeypa
     assert out.dtype == ref.dtype == (torch.bfloat16 if cuda_autocast else torch.float32)
     torch.testing.assert_close(out[:3], ref, **TOL)
     torch.testing.assert_close(out[3:], ref, **TOL)
+
+
+@pytest.mark.parametrize("case", ["weightless", "unweighted_factor", "hf_falcon_mamba"])
+def test_an_extracted_weightless_member_converts_back_exactly(case):
+    """extract_member gives a ScaledRMSNorm holding the member's scale; converting that model
+    again gives the same member class (one scale per member again where the module records no
+    size), every member computing the extracted one."""
+    model, x = _model(case), _x()
+    ens = _convert(model, 3)
+    with torch.no_grad():
+        ens.model.norm.gamma.add_(torch.randn(ens.model.norm.gamma.shape))
+        plain = snens.extract_member(ens, 2).eval()
+        again = _convert(plain, 2, seed=3)
+        ref, out = plain(x), again(x)
+    assert type(plain.norm) is snn.ScaledRMSNorm
+    assert type(again.model.norm) is CASES[case][1]
+    assert again.model.norm.gamma.shape[1:] == ens.model.norm.gamma.shape[1:]
+    for m in range(2):
+        torch.testing.assert_close(out[m], ref, **TOL)

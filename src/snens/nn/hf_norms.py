@@ -601,6 +601,36 @@ class MemberUnweightedRMSNorm(_MemberHFNorm):
         size = "broadcast" if self.broadcast else self.hidden_size
         return f"{size}, num_members={self.num_members}, eps={self.eps}"
 
+    @staticmethod
+    def from_scaled(
+        plain: ScaledRMSNorm,
+        num_members: int,
+        *,
+        generator: torch.Generator | None = None,
+        **kw: Any,
+    ) -> MemberUnweightedRMSNorm:
+        """A member norm whose every member reproduces ``plain``, an extracted member
+        (:class:`ScaledRMSNorm`): its formula's member class, its weight loaded (one of size 1
+        is one scale per member again).
+
+        Raises:
+            TypeError: if ``plain`` is not a :class:`ScaledRMSNorm`.
+        """
+        if not isinstance(plain, ScaledRMSNorm):
+            raise TypeError(f"from_scaled expects a ScaledRMSNorm, got {type(plain).__name__}")
+        cls = {c.formula: c for c in (MemberUnweightedRMSNorm, MemberDeepseekUnweightedRMSNorm)}[
+            plain.formula
+        ]
+        weight = plain.weight
+        size = None if tuple(weight.shape) == (1,) else weight.shape[0]
+        member = cls(size, num_members, plain.eps, **kw, device=weight.device, dtype=weight.dtype)
+        with torch.no_grad():
+            if generator is not None:
+                noise = torch.randn(member.gamma.shape, generator=generator, dtype=torch.float32)
+                member.gamma.copy_(noise.mul_(member.gamma_std).add_(member.gamma_mean))
+            member.load_plain_affine(weight, None)
+        return member.train(plain.training)
+
 
 class MemberDeepseekUnweightedRMSNorm(MemberUnweightedRMSNorm):
     """σNorm over DeepSeek-V4's ``DeepseekV4UnweightedRMSNorm``: x ⊙ rsqrt(mean(x_f32²) +

@@ -47,6 +47,7 @@ from snens.nn.hf_norms import (
     MemberOlmoLayerNorm,
     MemberT5RMSNorm,
     MemberUnweightedRMSNorm,
+    ScaledRMSNorm,
 )
 from snens.nn.linear import MemberLinear
 from snens.nn.norms import MemberNorm, check_num_members
@@ -105,6 +106,8 @@ class _Entry:
 _TABLE: dict[type[nn.Module], _Entry] = {
     plain: _Entry(member, member.from_plain) for plain, member in MEMBER_NORMS.items()
 }
+# what a weightless RMS norm's member becomes when extracted: converts back to its member class
+_TABLE[ScaledRMSNorm] = _Entry(None, MemberUnweightedRMSNorm.from_scaled)
 
 
 @dataclasses.dataclass(frozen=True)
