@@ -184,6 +184,12 @@ CASES = {
         False,
         False,
     ),
+    "hf_dory_l2": (
+        _hf("dory.modeling_dory", "DoryL2Norm"),
+        snn.MemberUnweightedL2Norm,
+        False,
+        False,
+    ),
     "hf_nemotron_1p": (
         _hf("nemotron.modeling_nemotron", "NemotronLayerNorm1P", C),
         snn.MemberLayerNorm1P,
@@ -345,7 +351,9 @@ def test_layer_norm_1p_member_follows_its_autocast_casts(cuda_autocast, monkeypa
     torch.testing.assert_close(out[3:], ref, **TOL)
 
 
-@pytest.mark.parametrize("case", ["weightless", "unweighted_factor", "hf_falcon_mamba"])
+@pytest.mark.parametrize(
+    "case", ["weightless", "unweighted_factor", "hf_falcon_mamba", "hf_dory_l2"]
+)
 def test_an_extracted_weightless_member_converts_back_exactly(case):
     """extract_member gives a ScaledRMSNorm holding the member's scale; converting that model
     again gives the same member class (one scale per member again where the module records no

@@ -2,12 +2,11 @@
 
 Each supported formula, written by hand under any class name, converts to the member class
 that reproduces it in float32 and in half precision; a module computing something else (a layer
-norm without the mean subtracted but with a bias, a norm over the wrong dimension, x·w + b, an
-L2 norm over the sum of squares) is refused by name with the reason, as are modules that hold
-more than a norm or take a second input other than a gate; ``convert`` leaves them shared and
-names them by default, and refuses the model with ``skip_unsupported=False``. Probing leaves
-the module, its tensors and the
-global random state as they were.
+norm without the mean subtracted but with a bias, a norm over the wrong dimension, x·w + b, a
+weightless x / mean(|x|)) is refused by name with the reason, as are modules that hold more
+than a norm or take a second input other than a gate; ``convert`` leaves them shared and names
+them by default, and refuses the model with ``skip_unsupported=False``. Probing leaves the
+module, its tensors and the global random state as they were.
 """
 
 import pytest
@@ -98,6 +97,14 @@ class WeightlessF32Norm(WeightlessL2Norm):
         return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x)
 
 
+class UnitSphereNorm(WeightlessL2Norm):
+    """nGPT's L2 norm: x / ‖x‖ in float32, the sum of squares (not their mean), no weight."""
+
+    def forward(self, x):
+        h = x.float()
+        return (h * torch.rsqrt(h.pow(2).sum(-1, keepdim=True) + self.eps)).type_as(x)
+
+
 class LastDimLayerNorm(Affine):
     """Layer norm over the last dimension, its eps under another name."""
 
@@ -169,6 +176,7 @@ POSITIVE = {
         (B, 5, D),
     ),
     "rms_weightless_float32": (WeightlessF32Norm, snn.MemberUnweightedRMSNorm, (B, 5, D)),
+    "l2_weightless": (UnitSphereNorm, snn.MemberUnweightedL2Norm, (B, 5, D)),
     "layer_norm_channels_first_3d": (ChannelsFirstLayerNorm, snn.MemberLayerNorm2d, (B, D, 5)),
     "layer_norm_channels_first_4d": (ChannelsFirstLayerNorm, snn.MemberLayerNorm2d, (B, D, 3, 5)),
     "layer_norm_channels_first_5d": (
@@ -270,15 +278,15 @@ class MaskedRMSNorm(CastThenWeight):
         return super().forward(x if mask is None else x * mask)
 
 
-class UnitSphereNorm(nn.Module):
-    """nGPT's L2 norm: x / ‖x‖, the sum of squares (not their mean) and no weight."""
+class MeanAbsoluteNorm(nn.Module):
+    """x / mean(|x|): no weight, and neither an RMS nor an L2 norm."""
 
     def __init__(self, eps=1e-6):
         super().__init__()
         self.eps = eps
 
     def forward(self, x):
-        return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + self.eps)
+        return x / (x.abs().mean(-1, keepdim=True) + self.eps)
 
 
 class NormWithActivation(nn.GroupNorm):
@@ -304,7 +312,7 @@ NEGATIVE = {
     "no_norm": (NoNormAtAll, "computes none of"),
     "dropout_in_training": (TrainModeDropoutNorm, "computes none of"),
     "second_input_not_a_gate": (MaskedRMSNorm, r"takes more than one input \(mask\)"),
-    "weightless_sum_of_squares": (UnitSphereNorm, "computes none of"),
+    "weightless_mean_absolute": (MeanAbsoluteNorm, "computes none of"),
     "with_a_submodule": (lambda: NormWithActivation(D), r"holds submodules \(activation\)"),
     "with_a_buffer": (StatefulNorm, r"holds buffers \(shift\)"),
 }

@@ -18,6 +18,7 @@ from snens.nn.hf_norms import (
     MemberOlmo2RMSNorm,
     MemberOlmoLayerNorm,
     MemberT5RMSNorm,
+    MemberUnweightedL2Norm,
     MemberUnweightedRMSNorm,
     ScaledRMSNorm,
 )
@@ -62,6 +63,7 @@ __all__ = [
     "MemberOlmoLayerNorm",
     "MemberRMSNorm",
     "MemberT5RMSNorm",
+    "MemberUnweightedL2Norm",
     "MemberUnweightedRMSNorm",
     "ScaledRMSNorm",
     "member_norm",

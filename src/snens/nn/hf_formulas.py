@@ -42,7 +42,8 @@ sigmoid where the class's ``activation`` says so), each over groups of ``group_s
 **Weightless RMS norms** (``Llama4TextL2Norm``, ``NanoChatRMSNorm``,
 ``FalconMambaWeightlessRMSNorm``): x̂.type_as(x), OLMo-2's formula with weight 1; DeepSeek-V4's
 ``DeepseekV4UnweightedRMSNorm``: x ⊙ rsqrt(mean(x_f32²) + eps).to(x.dtype), the factor cast
-before the product (:func:`deepseek_unweighted_rms_norm`).
+before the product (:func:`deepseek_unweighted_rms_norm`); nGPT's L2 norm (``DoryL2Norm``):
+x_f32 · rsqrt(Σ x_f32² + eps), cast once (:func:`unweighted_l2_norm`), the sum, not the mean.
 
 In float32 the formulas of one kind agree; in half precision they differ by where they round,
 which is how :mod:`snens.nn.probe` tells them apart. :mod:`snens.nn.hf_norms` holds the member
@@ -66,6 +67,7 @@ __all__ = [
     "olmo2_rms_norm",
     "olmo_layer_norm",
     "t5_rms_norm",
+    "unweighted_l2_norm",
 ]
 
 
@@ -222,3 +224,15 @@ def gated_rms_norm(
     if gate is not None and not gate_first:
         return (h * act(gate.to(torch.float32))).to(x.dtype)
     return h.to(x.dtype) if weight_in_float32 else h
+
+
+def unweighted_l2_norm(x: Tensor, scale: Tensor, eps: float) -> Tensor:
+    """(scale_f32 ⊙ x_f32 · rsqrt(Σ x_f32² + eps)).to(x.dtype), as nGPT's ``DoryL2Norm``
+    computes it with scale = 1: onto the unit sphere (the sum of squares, not their mean).
+
+    Shape:
+        x: (*, C). scale: broadcastable to x. Output: like x.
+    """
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).sum(-1, keepdim=True) + eps)
+    return (scale.to(torch.float32) * h).to(x.dtype)

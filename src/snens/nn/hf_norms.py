@@ -47,6 +47,7 @@ from snens.nn.hf_formulas import (
     olmo2_rms_norm,
     olmo_layer_norm,
     t5_rms_norm,
+    unweighted_l2_norm,
 )
 from snens.nn.norms import MemberNorm
 from snens.nn.per_example_norms import MemberLayerNorm
@@ -67,6 +68,7 @@ __all__ = [
     "MemberOlmo2RMSNorm",
     "MemberOlmoLayerNorm",
     "MemberT5RMSNorm",
+    "MemberUnweightedL2Norm",
     "MemberUnweightedRMSNorm",
     "ScaledRMSNorm",
 ]
@@ -469,13 +471,14 @@ class ScaledRMSNorm(nn.Module):
     has no weight to hold the member's scale.
 
     Computes ``formula(x, weight, eps)``, :func:`~snens.nn.hf_formulas.olmo2_rms_norm`
-    (``"unweighted"``) or :func:`~snens.nn.hf_formulas.deepseek_unweighted_rms_norm`
-    (``"deepseek_unweighted"``); with weight 1, the weightless norm itself.
+    (``"unweighted"``), :func:`~snens.nn.hf_formulas.deepseek_unweighted_rms_norm`
+    (``"deepseek_unweighted"``) or :func:`~snens.nn.hf_formulas.unweighted_l2_norm`
+    (``"l2"``); with weight 1, the weightless norm itself.
 
     Args:
         hidden_size: C, or 1 for one scale broadcast over any last dimension.
         eps: the eps of the formula.
-        formula: ``"unweighted"`` or ``"deepseek_unweighted"``.
+        formula: ``"unweighted"``, ``"deepseek_unweighted"`` or ``"l2"``.
     """
 
     def __init__(
@@ -505,6 +508,7 @@ class ScaledRMSNorm(nn.Module):
 _UNWEIGHTED_FORMULAS = {
     "unweighted": olmo2_rms_norm,
     "deepseek_unweighted": deepseek_unweighted_rms_norm,
+    "l2": unweighted_l2_norm,
 }
 
 
@@ -618,9 +622,8 @@ class MemberUnweightedRMSNorm(_MemberHFNorm):
         """
         if not isinstance(plain, ScaledRMSNorm):
             raise TypeError(f"from_scaled expects a ScaledRMSNorm, got {type(plain).__name__}")
-        cls = {c.formula: c for c in (MemberUnweightedRMSNorm, MemberDeepseekUnweightedRMSNorm)}[
-            plain.formula
-        ]
+        members = (MemberUnweightedRMSNorm, MemberDeepseekUnweightedRMSNorm, MemberUnweightedL2Norm)
+        cls = {c.formula: c for c in members}[plain.formula]
         weight = plain.weight
         size = None if tuple(weight.shape) == (1,) else weight.shape[0]
         member = cls(size, num_members, plain.eps, **kw, device=weight.device, dtype=weight.dtype)
@@ -642,6 +645,19 @@ class MemberDeepseekUnweightedRMSNorm(MemberUnweightedRMSNorm):
 
     formula = "deepseek_unweighted"
     _norm_fn = staticmethod(deepseek_unweighted_rms_norm)
+
+
+class MemberUnweightedL2Norm(MemberUnweightedRMSNorm):
+    """σNorm over nGPT's weightless L2 norm (``DoryL2Norm``): x_f32 · rsqrt(Σ x_f32² + eps),
+    cast once, onto the unit sphere.
+
+    Member m computes :func:`~snens.nn.hf_formulas.unweighted_l2_norm` with its folded scale;
+    otherwise as :class:`MemberUnweightedRMSNorm`.
+    """
+
+    formula = "l2"
+    norm_kind = "L2 norm"
+    _norm_fn = staticmethod(unweighted_l2_norm)
 
 
 # -- gated RMS norms --------------------------------------------------------------------------

@@ -46,6 +46,7 @@ from snens.nn.hf_norms import (
     MemberOlmo2RMSNorm,
     MemberOlmoLayerNorm,
     MemberT5RMSNorm,
+    MemberUnweightedL2Norm,
     MemberUnweightedRMSNorm,
     ScaledRMSNorm,
 )
@@ -142,6 +143,7 @@ FORMULAS = (
         "RMS norm without a weight",
         (MemberUnweightedRMSNorm, MemberDeepseekUnweightedRMSNorm),
     ),
+    Formula("L2 norm without a weight (x / ‖x‖, nGPT)", (MemberUnweightedL2Norm,)),
 )
 #: The formulas a module whose forward takes a gate, ``forward(x, gate)``, is probed against.
 GATED_FORMULAS = (
@@ -181,10 +183,10 @@ SUPPORTED = (
     f"{', '.join(t.__name__ for t in MEMBER_NORMS)} (instance norms without running "
     "statistics); modules that compute, on probe inputs, a layer norm over the last dimension "
     "or over the channels of (B, C, *) inputs, an RMS norm (with the weight w or 1 + w, or "
-    "none), a gated RMS norm (forward(x, gate), the gate before or after the norm), a "
-    "layer norm with the weight 1 + w, a group norm or a batch norm (torch's subclasses), "
-    "with a weight (and a bias) of their feature size or none; types registered with "
-    "snens.nn.register_norm"
+    "none), an L2 norm without a weight, a gated RMS norm (forward(x, gate), the gate before "
+    "or after the norm), a layer norm with the weight 1 + w, a group norm or a batch norm "
+    "(torch's subclasses), with a weight (and a bias) of their feature size or none; types "
+    "registered with snens.nn.register_norm"
 )
 
 # "LayerNorm", "T5LayerNorm", "FrozenBatchNorm2d", "RMSNormGated" — but not "Normalize".
