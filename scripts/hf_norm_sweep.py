@@ -4,7 +4,9 @@ Claim: every ``*ForSequenceClassification``, ``*ForImageClassification`` and ``*
 class of the installed transformers that builds from a tiny config either converts with every
 member reproducing the model (max |member − plain| of the eval logits, M = 2, its norm weights
 randomized first so that an identity cannot pass) or is refused with the reason of each norm
-class it does not convert; none fails otherwise.
+class it does not convert (all or nothing: ``skip_unsupported=False``; the refused model's gap
+with those norms left shared, as the default leaves them, is reported too); none fails
+otherwise.
 
 Runs each class once, on the CPU, in float32, from its config class's defaults shrunk to a few
 layers of width 32 (no downloads: ``HF_HUB_OFFLINE=1``); a class whose config or model cannot
@@ -89,19 +91,20 @@ SMALL = {
 }
 
 
-def tiny_config(config_class):
+def tiny_config(config_class, kinds: bool = False):
     """The config class's defaults with :data:`SMALL` where it has those fields, per-layer
-    lists cut to the layers kept, per-stage sizes small (as many stages), and its sub-configs
-    shrunk alike."""
+    lists cut to the layers kept (their first entries; with ``kinds``, for lists of layer
+    kinds, the first layer of each kind, so that a hybrid keeps its kinds of layer), per-stage
+    sizes small (as many stages), and its sub-configs shrunk alike."""
     default = config_class()
-    return config_class(**_small(default.to_dict()))
+    return config_class(**_small(default.to_dict(), kinds))
 
 
 #: Fields a tiny config drops: backbone outputs and per-layer overrides of the full depth.
 DROPPED = ("out_indices", "out_features", "per_layer_config")
 
 
-def _small(fields: dict) -> dict:
+def _small(fields: dict, kinds: bool = False) -> dict:
     values = {}
     layers = fields.get("num_hidden_layers")
     for key, value in fields.items():
@@ -110,12 +113,25 @@ def _small(fields: dict) -> dict:
         elif key in SMALL and not isinstance(value, list | dict):
             values[key] = SMALL[key]
         elif isinstance(value, list) and value and layers and len(value) == layers:
-            values[key] = value[: SMALL["num_hidden_layers"]]  # one entry per layer
+            values[key] = _per_layer(value, kinds)  # one entry per layer
         elif isinstance(value, list) and value and all(isinstance(v, int) for v in value):
             values[key] = _small_stages(key, value)
         elif isinstance(value, dict) and ("model_type" in value or key.endswith("config")):
-            values[key] = {**value, **_small(value)}
+            values[key] = {**value, **_small(value, kinds)}
     return values
+
+
+def _per_layer(value: list, kinds: bool) -> list:
+    """A per-layer list cut to the layers kept: its first entries; with ``kinds``, for layer
+    kinds (strings: a hybrid's "linear_attention" and "full_attention", "mamba" and
+    "attention"), the first layer of each of the first kinds, so that a hybrid keeps its kinds
+    of layer (and their norms) at two layers."""
+    kept = SMALL["num_hidden_layers"]
+    if kinds and all(isinstance(v, str) for v in value):
+        firsts = sorted({v: i for i, v in reversed(list(enumerate(value)))}.values())
+        indices = sorted((firsts + [i for i in range(len(value)) if i not in firsts])[:kept])
+        return [value[i] for i in indices]
+    return value[:kept]
 
 
 def _small_stages(key: str, value: list[int]) -> list[int]:
@@ -173,26 +189,39 @@ def time_limit(seconds: int):
         signal.signal(signal.SIGALRM, previous)
 
 
-def sweep_one(name: str) -> dict:
+def _build(name: str, head: str, kinds: bool):
+    """(model, inputs, reference logits, parameter count) of a class built tiny; raises where
+    it does not build or run."""
     import transformers
+
+    with time_limit(PER_MODEL_S):
+        cls = getattr(transformers, name)
+        config = tiny_config(cls.config_class, kinds)
+        torch.manual_seed(0)
+        model = cls(config).eval()
+        params = sum(p.numel() for p in model.parameters())
+        if params > MAX_PARAMS:
+            return model, None, None, params
+        randomize_norms(model)
+        inputs = inputs_for(model, config, head)
+        with torch.no_grad():
+            ref = logits_of(model(**inputs))
+    return model, inputs, ref, params
+
+
+def sweep_one(name: str) -> dict:
 
     head = next(h for h in HEADS if name.endswith(h))
     row = {"model": name, "head": head}
     try:
-        with time_limit(PER_MODEL_S):
-            cls = getattr(transformers, name)
-            config = tiny_config(cls.config_class)
-            torch.manual_seed(0)
-            model = cls(config).eval()
-            params = sum(p.numel() for p in model.parameters())
-            if params > MAX_PARAMS:
-                return {**row, "outcome": "skipped", "why": f"{params:,} parameters at tiny size"}
-            randomize_norms(model)
-            inputs = inputs_for(model, config, head)
-            with torch.no_grad():
-                ref = logits_of(model(**inputs))
+        model, inputs, ref, params = _build(name, head, kinds=False)
     except Exception as err:  # noqa: BLE001 - a model that does not build tiny is counted
-        return {**row, "outcome": "skipped", "why": _short(err)}
+        try:  # a hybrid whose first two layers are of one kind: one layer of each kind
+            model, inputs, ref, params = _build(name, head, kinds=True)
+        except Exception:  # noqa: BLE001 - the first reason is reported
+            return {**row, "outcome": "skipped", "why": _short(err)}
+    if params > MAX_PARAMS:
+        return {**row, "outcome": "skipped", "why": f"{params:,} parameters at tiny size"}
     memo: dict = {}
     refused = {}
     for _, module in model.named_modules():
@@ -204,7 +233,9 @@ def sweep_one(name: str) -> dict:
         with time_limit(PER_MODEL_S):
             started = time.perf_counter()
             generator = torch.Generator().manual_seed(0)
-            ens = snens.convert(model, 2, output=logits_of, generator=generator).eval()
+            ens = snens.convert(
+                model, 2, output=logits_of, generator=generator, skip_unsupported=False
+            ).eval()
             row["convert_s"] = time.perf_counter() - started
             with torch.no_grad():
                 out = ens(**inputs)
@@ -232,7 +263,8 @@ def _gap(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def _shared_gap(model: nn.Module, inputs: dict, ref: torch.Tensor) -> str:
-    """A refused model converted with skip_unsupported=True: its gap, or why it fails."""
+    """A refused model converted with its refused norms left shared (skip_unsupported=True,
+    what the default does with a warning): its gap, or why it fails."""
     try:
         with time_limit(PER_MODEL_S), torch.no_grad():
             ens = snens.convert(model, 2, output=logits_of, skip_unsupported=True).eval()

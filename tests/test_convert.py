@@ -1,5 +1,7 @@
 """snens.convert: any model in, an output-preserving ensemble out, with a report."""
 
+import warnings
+
 import pytest
 import torch
 from torch import nn
@@ -109,10 +111,65 @@ def test_unsupported_norm_is_named_and_can_be_skipped():
     with pytest.raises(
         TypeError, match=r"2 \(LocalResponseNorm\).*register_norm\(Local.*skip_unsu"
     ):
-        snens.convert(model, num_members=2)
+        snens.convert(model, num_members=2, skip_unsupported=False)
     ens = snens.convert(model, num_members=2, skip_unsupported=True)
     assert ens.report.skipped == (("2", "LocalResponseNorm"),)
     assert type(ens.model[2]) is nn.LocalResponseNorm
+
+
+def test_a_model_with_one_unconvertible_norm_converts_the_rest_and_names_it():
+    """The default (skip_unsupported=None): every other norm converts, the unconvertible one
+    stays shared, the report counts and names it with its reason, one warning says so, and
+    every member still computes the model. skip_unsupported=True: the same, silently;
+    False: all or nothing, refused naming the class."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.LocalResponseNorm(2), nn.ReLU(),
+        nn.Conv2d(4, 4, 3), nn.GroupNorm(2, 4), nn.Flatten(), nn.Linear(4 * 5 * 5, 3),
+    ).eval()  # fmt: skip
+    x = torch.randn(2, 3, 9, 9)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ens = snens.convert(model, num_members=3).eval()
+    assert len(caught) == 1 and caught[0].category is UserWarning
+    assert "left 1 norm of Sequential shared" in str(caught[0].message)
+    assert "LocalResponseNorm" in str(caught[0].message)
+    assert caught[0].filename == __file__  # points at the caller's line
+    report = ens.report
+    assert report.skipped == (("2", "LocalResponseNorm"),)
+    assert [c[0] for c in report.converted] == ["1", "5"]
+    assert report.skipped_reasons[0][0] == "LocalResponseNorm"
+    text = str(report)
+    assert "left shared, no member version: 1 norm: 2 (LocalResponseNorm)" in text
+    assert "LocalResponseNorm: LocalResponseNorm (torch) normalizes across" in text
+    assert type(ens.model[2]) is nn.LocalResponseNorm
+    with torch.no_grad():
+        torch.testing.assert_close(ens(x), model(x).expand(3, -1, -1), rtol=1e-5, atol=1e-6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        quiet = snens.convert(model, num_members=3, skip_unsupported=True)
+    assert quiet.report.skipped == report.skipped
+    with pytest.raises(TypeError, match=r"no member version: 2 \(LocalResponseNorm\)"):
+        snens.convert(model, num_members=3, skip_unsupported=False)
+    with pytest.raises(TypeError, match="skip_unsupported must be None"):
+        snens.convert(model, num_members=3, skip_unsupported="yes")
+
+
+def test_a_model_whose_norms_all_convert_converts_alike_in_every_mode():
+    """No warning, and the same ensemble, bit for bit, under None, True and False."""
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(196, 3))
+    states = []
+    for mode in (None, True, False):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            ens = snens.convert(
+                model, 2, skip_unsupported=mode, generator=torch.Generator().manual_seed(0)
+            )
+        assert ens.report.skipped == () and "left shared" not in str(ens.report)
+        states.append(ens.state_dict())
+    for state in states[1:]:
+        assert state.keys() == states[0].keys()
+        assert all(torch.equal(state[k], states[0][k]) for k in state)
 
 
 def test_instance_norms_convert_exactly_unless_they_keep_running_statistics():
@@ -134,7 +191,7 @@ def test_instance_norms_convert_exactly_unless_they_keep_running_statistics():
     # running statistics it would use in eval mode are not kept: named, and skippable
     model[4] = nn.InstanceNorm2d(4, track_running_stats=True)
     with pytest.raises(TypeError, match=r"4 \(InstanceNorm2d\)\. InstanceNorm2d\(track_runn"):
-        snens.convert(model, num_members=3)
+        snens.convert(model, num_members=3, skip_unsupported=False)
     ens = snens.convert(model, num_members=3, skip_unsupported=True)
     assert ens.report.skipped == (("4", "InstanceNorm2d"),)
     assert type(ens.model[4]) is nn.InstanceNorm2d
@@ -164,9 +221,15 @@ def test_custom_norm_classes_are_refused_but_normalize_is_not():
         pass
 
     with pytest.raises(TypeError, match=r"1 \(T5LayerNorm\)\. T5LayerNorm computes none"):
-        snens.convert(nn.Sequential(nn.BatchNorm1d(4), T5LayerNorm()), num_members=2)
+        snens.convert(
+            nn.Sequential(nn.BatchNorm1d(4), T5LayerNorm()), num_members=2, skip_unsupported=False
+        )
     with pytest.raises(TypeError, match=r"0 \(ShiftedBatchNorm\)\. ShiftedBatchNorm computes"):
-        snens.convert(nn.Sequential(ShiftedBatchNorm(4), nn.BatchNorm1d(4)), num_members=2)
+        snens.convert(
+            nn.Sequential(ShiftedBatchNorm(4), nn.BatchNorm1d(4)),
+            num_members=2,
+            skip_unsupported=False,
+        )
     ens = snens.convert(nn.Sequential(MyBatchNorm(4), nn.BatchNorm1d(4)), num_members=2)
     assert ens.report.converted[0] == ("0", "MyBatchNorm", "MemberBatchNorm1d")
     ens = snens.convert(nn.Sequential(Normalize(), nn.BatchNorm1d(4)), num_members=2)
@@ -250,7 +313,7 @@ def test_refusals_name_the_module_and_count_the_rest():
     with pytest.raises(
         TypeError, match=r"1 \(LocalResponseNorm\), .*, 8 \(LocalResponseNorm\) and 2 more\."
     ):
-        snens.convert(many, num_members=2)
+        snens.convert(many, num_members=2, skip_unsupported=False)
     with pytest.raises(TypeError, match="head must be 'auto', a module name or None, got 3"):
         snens.convert(TinyResNet(), num_members=2, head=3)
 
@@ -383,7 +446,7 @@ def test_an_unsupported_norm_left_out_by_norms_is_not_refused():
     model = nn.Sequential(*model, nn.Flatten(), nn.LazyLinear(2))
     model(torch.randn(1, 3, 6, 6))
     with pytest.raises(TypeError, match=r"1 \(LocalResponseNorm\)"):
-        snens.convert(model, 2)
+        snens.convert(model, 2, skip_unsupported=False)
     ens = snens.convert(model, 2, norms=["2"])
     assert ens.report.converted == (("2", "BatchNorm2d", "MemberBatchNorm2d"),)
     assert ens.report.unselected == (("1", "LocalResponseNorm"),)

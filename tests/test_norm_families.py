@@ -163,7 +163,8 @@ FAMILIES = {
     ),
     "gemma3n": (
         lambda: LastTokenClassifier(_gemma3n()),
-        {"Gemma3nRMSNorm": "MemberGemma3nRMSNorm"},
+        # with_scale=False (its value norms): weightless, one scale per member
+        {"Gemma3nRMSNorm": ("MemberGemma3nRMSNorm", "MemberUnweightedRMSNorm")},
     ),
     "t5": (
         lambda: tf.T5ForSequenceClassification(
@@ -216,7 +217,7 @@ FAMILIES = {
                 )
             )
         ),
-        {"Llama4TextRMSNorm": "MemberLlamaRMSNorm", LLAMA4_QK_NORM: None},
+        {"Llama4TextRMSNorm": "MemberLlamaRMSNorm", LLAMA4_QK_NORM: "MemberUnweightedRMSNorm"},
     ),
     "deberta": (
         lambda: tf.DebertaForSequenceClassification(tf.DebertaConfig(**_ENCODER)),
@@ -252,12 +253,16 @@ FAMILIES = {
         {"PoolFormerGroupNorm": "MemberGroupNorm"},
     ),
 }
-#: family -> the plain class of the norms it leaves, refused by name: Gemma 3n's value norms,
-#: Gemma3nRMSNorm(with_scale=False), and Llama 4's QK norms hold no weight and do not record
-#: their size
-REFUSED = {"gemma3n": "Gemma3nRMSNorm", "llama4": LLAMA4_QK_NORM}
+#: family -> the plain class of the norms it leaves, refused by name (none since Gemma 3n's
+#: value norms, Gemma3nRMSNorm(with_scale=False), and Llama 4's QK norms, weightless and of no
+#: recorded size, convert with one scale per member)
+REFUSED: dict[str, str] = {}
 #: the plain class a member norm's to_plain gives, where it is not the class converted
-EXTRACTED_AS = {"OlmoLayerNorm": "CohereLayerNorm", "PoolFormerGroupNorm": "GroupNorm"}
+EXTRACTED_AS = {
+    "OlmoLayerNorm": "CohereLayerNorm",
+    "PoolFormerGroupNorm": "GroupNorm",
+    LLAMA4_QK_NORM: "ScaledRMSNorm",  # a weightless class cannot hold a member's scale
+}
 
 
 def _randomize_norms(model: nn.Module, seed: int = 0) -> nn.Module:
@@ -296,7 +301,7 @@ def family(request):
 def _convert_model(model: nn.Module, family: str) -> snens.Ensemble:
     """``snens.convert``, with ``skip_unsupported`` only for a family with norms it refuses."""
     generator = torch.Generator().manual_seed(0)
-    return snens.convert(model, M, skip_unsupported=family in REFUSED, generator=generator)
+    return snens.convert(model, M, skip_unsupported=family in REFUSED or None, generator=generator)
 
 
 # -- whole models --------------------------------------------------------------------------------
@@ -341,6 +346,8 @@ def test_member_norms_hold_distinct_parameters_and_train_apart(family):
     for norm, old in zip(norms, before, strict=True):
         step = (norm.weight.detach() - old).flatten(1)  # (M, C)
         assert step.abs().max() > 0
+        if getattr(norm, "broadcast", False):
+            continue  # one scale per member: steps of a few ulps, which may coincide
         assert (step[0] - step[1:]).abs().amax(dim=1).min() > 0, "members took the same step"
 
 
@@ -575,29 +582,27 @@ def test_hf_member_norm_equals_its_per_member_loop(cls, dtype):
         torch.testing.assert_close(got, want, **tol)
 
 
-def test_a_weightless_gemma3n_norm_is_refused_by_name_and_left_shared_on_request():
-    """Gemma3nRMSNorm(with_scale=False) holds no weight and does not record its size, so no
-    member version can be built: conversion names it and the fixes; ``skip_unsupported=True``
-    leaves it shared, which is exact (it has no parameters)."""
+def test_a_weightless_gemma3n_norm_converts_with_one_scale_per_member():
+    """Gemma3nRMSNorm(with_scale=False) holds no weight and does not record its size: its
+    member holds one scale per member, from 1 (σ(γ)·w with w = 1/σ(γ)), broadcast over the
+    features, so every member reproduces it; extracted, it is a ScaledRMSNorm."""
     weightless = Gemma3nRMSNorm(8, with_scale=False)
-    assert member_converter(weightless) is None
-    assert "holds no weight and records no size" in refusal(weightless)
+    assert refusal(weightless) is None
     assert type(_convert(Gemma3nRMSNorm(8))) is snn.MemberGemma3nRMSNorm
     model = nn.Sequential(nn.Linear(4, 8), weightless, nn.LayerNorm(8)).eval()
-    with pytest.raises(
-        TypeError,
-        match=r"1 \(Gemma3nRMSNorm\).*register_norm\(Gemma3nRMSNorm.*skip_unsupported=True",
-    ):
-        snens.convert(model, M)
     x = torch.randn(B, 4)
     with torch.no_grad():
         ref = model(x)
-        ens = snens.convert(model, M, skip_unsupported=True).eval()
+        ens = snens.convert(model, M, skip_unsupported=False).eval()
         out = ens(x)
-    assert ens.report.skipped == (("1", "Gemma3nRMSNorm"),)
-    assert type(ens.model[1]) is Gemma3nRMSNorm and isinstance(ens.model[2], snn.MemberNorm)
+    assert ens.report.skipped == ()
+    assert type(ens.model[1]) is snn.MemberUnweightedRMSNorm
+    assert ens.model[1].gamma.shape == (M, 1)
     for m in range(M):
         torch.testing.assert_close(out[m], ref, **NORM_TOL)
+        member = snens.extract_member(ens, m)
+        assert type(member[1]) is snn.ScaledRMSNorm
+        torch.testing.assert_close(member(x), out[m], **NORM_TOL)
 
 
 @pytest.mark.parametrize("data_format", ["channels_first", "channels_last"])
@@ -690,7 +695,7 @@ def test_recognition_is_by_what_a_module_computes_not_its_source():
         assert refusal(unknown).startswith(f"{name} computes none of the supported formulas")
         model = nn.Sequential(nn.Linear(4, 8), unknown, nn.LayerNorm(8))
         with pytest.raises(TypeError, match=rf"1 \({name}\).*register_norm\({name}"):
-            snens.convert(model, 2)
+            snens.convert(model, 2, skip_unsupported=False)
     with pytest.raises(TypeError, match="is not one"):
         snn.MemberLlamaRMSNorm.from_plain(OlmoStyleRMSNorm(8), 2)
     with pytest.raises(TypeError, match="does not compute one"):
@@ -749,7 +754,7 @@ def test_register_norm_converts_a_user_norm_in_one_line(norm, registration, prob
     name = norm.__name__
     if probed is None:
         with pytest.raises(TypeError, match=rf"1 \({name}\).*register_norm\({name}"):
-            snens.convert(model, M)
+            snens.convert(model, M, skip_unsupported=False)
     else:
         assert snens.convert(model, M).report.converted[0][1:] == (name, probed.__name__)
     snn.register_norm(norm, **registration)
@@ -922,17 +927,31 @@ REFUSED_MODELS = {
         "NoNorm",
         "computes none of the supported formulas",
     ),
-    "nemotron": (  # F.layer_norm with the weight 1 + w: no member version computes it
-        lambda: tf.NemotronForSequenceClassification(tf.NemotronConfig(**_DECODER, head_dim=8)),
-        "NemotronLayerNorm1P",
-        "computes none of the supported formulas",
-    ),
     "bit": (
         lambda: tf.BitForImageClassification(
             tf.BitConfig(embedding_size=8, hidden_sizes=[32, 64], depths=[1, 1], num_groups=4)
         ),
         "BitGroupNormActivation",
         r"holds submodules \(activation\)",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", REFUSED_MODELS)
+def test_models_with_norms_no_member_version_computes_are_refused_by_name(name):
+    build, norm, why = REFUSED_MODELS[name]
+    torch.manual_seed(0)
+    with pytest.raises(TypeError, match=rf"\({norm}\).*\. {norm} {why}.*register_norm\({norm}"):
+        snens.convert(build(), M, skip_unsupported=False)
+
+
+#: model -> (build it, the norm class it once refused, its member class): gated RMS norms
+#: (forward(x, gate)) and F.layer_norm with the weight 1 + w
+FORMERLY_REFUSED_MODELS = {
+    "nemotron": (
+        lambda: tf.NemotronForSequenceClassification(tf.NemotronConfig(**_DECODER, head_dim=8)),
+        "NemotronLayerNorm1P",
+        "MemberLayerNorm1P",
     ),
     "nemotron_h": (
         lambda: tf.NemotronHForCausalLM(
@@ -953,14 +972,87 @@ REFUSED_MODELS = {
             )
         ),  # fmt: skip
         "NemotronHRMSNormGated",
-        r"takes more than one input \(gate\)",
+        "MemberGateFirstRMSNorm",
+    ),
+    "mamba2": (  # gate first, over 2 groups of 16
+        lambda: tf.Mamba2ForCausalLM(
+            tf.Mamba2Config(
+                vocab_size=64,
+                hidden_size=16,
+                num_hidden_layers=2,
+                num_heads=4,
+                head_dim=8,
+                expand=2,
+                n_groups=2,
+                state_size=8,
+                chunk_size=8,
+            )
+        ),  # fmt: skip
+        "MambaRMSNormGated",
+        "MemberGateFirstRMSNorm",
+    ),
+    "bamba": (
+        lambda: tf.BambaForCausalLM(
+            tf.BambaConfig(
+                vocab_size=64,
+                hidden_size=16,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                num_key_value_heads=1,
+                intermediate_size=32,
+                mamba_n_heads=4,
+                mamba_d_head=8,
+                mamba_expand=2,
+                mamba_n_groups=1,
+                mamba_d_state=8,
+                attn_layer_indices=[1],
+                mamba_chunk_size=8,
+            )
+        ),  # fmt: skip
+        "BambaRMSNormGated",
+        "MemberGateFirstRMSNorm",
+    ),
+    "kimi_linear": (  # the norm, the weight in float32, then a sigmoid gate
+        lambda: tf.KimiLinearForCausalLM(
+            tf.KimiLinearConfig(
+                vocab_size=64,
+                pad_token_id=0,
+                hidden_size=32,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                num_key_value_heads=2,
+                head_dim=16,
+                intermediate_size=64,
+                linear_attn_config={
+                    "full_attn_layers": [2],
+                    "kda_layers": [1],
+                    "num_heads": 2,
+                    "head_dim": 16,
+                    "short_conv_kernel_size": 4,
+                },
+                num_experts=4,
+                moe_intermediate_size=32,
+                num_experts_per_token=2,
+                first_k_dense_replace=2,
+            )
+        ),  # fmt: skip
+        "KimiLinearRMSNormGated",
+        "MemberGatedRMSNormF32",
     ),
 }
 
 
-@pytest.mark.parametrize("name", REFUSED_MODELS)
-def test_models_with_norms_no_member_version_computes_are_refused_by_name(name):
-    build, norm, why = REFUSED_MODELS[name]
+@pytest.mark.parametrize("name", FORMERLY_REFUSED_MODELS)
+def test_models_with_gated_and_one_plus_weight_norms_convert_exactly(name):
+    build, norm, member = FORMERLY_REFUSED_MODELS[name]
     torch.manual_seed(0)
-    with pytest.raises(TypeError, match=rf"\({norm}\).*\. {norm} {why}.*register_norm\({norm}"):
-        snens.convert(build(), M)
+    model = _randomize_norms(build().eval())
+    ids = torch.randint(2, 64, (B, 7), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = _logits(model(input_ids=ids))
+        ens = snens.convert(model, M, skip_unsupported=False).eval()
+        out = ens(input_ids=ids)
+    assert (norm, member) in {(plain, kind) for _, plain, kind in ens.report.converted}
+    assert ens.report.skipped == ()
+    for m in range(M):
+        torch.testing.assert_close(out[m], ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())

@@ -3,9 +3,10 @@
 Each supported formula, written by hand under any class name, converts to the member class
 that reproduces it in float32 and in half precision; a module computing something else (a layer
 norm without the mean subtracted but with a bias, a norm over the wrong dimension, x·w + b, a
-layer norm with the weight 1 + w) is refused by name with the reason, as are modules that hold
-more than a norm or take more than one input. Probing leaves the module, its tensors and the
-global random state as they were.
+weightless x / mean(|x|)) is refused by name with the reason, as are modules that hold more
+than a norm or take a second input other than a gate; ``convert`` leaves them shared and names
+them by default, and refuses the model with ``skip_unsupported=False``. Probing leaves the
+module, its tensors and the global random state as they were.
 """
 
 import pytest
@@ -70,6 +71,40 @@ class OnePlusWeight(Affine):
         return (h * (1 + self.weight.float())).type_as(x)
 
 
+class OnePlusWeightLayerNorm(nn.LayerNorm):
+    """Nemotron's LayerNorm1P: layer norm with the weight 1 + w."""
+
+    def forward(self, x):
+        return F.layer_norm(x, self.normalized_shape, self.weight + 1, self.bias, self.eps)
+
+
+class WeightlessL2Norm(nn.Module):
+    """A weightless RMS norm in the input's dtype that records no size."""
+
+    def __init__(self, eps=1e-6):
+        super().__init__()
+        self.eps = eps
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+
+class WeightlessF32Norm(WeightlessL2Norm):
+    """Llama 4's QK norm: in float32, cast once, no weight, no size."""
+
+    def forward(self, x):
+        h = x.float()
+        return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x)
+
+
+class UnitSphereNorm(WeightlessL2Norm):
+    """nGPT's L2 norm: x / ‖x‖ in float32, the sum of squares (not their mean), no weight."""
+
+    def forward(self, x):
+        h = x.float()
+        return (h * torch.rsqrt(h.pow(2).sum(-1, keepdim=True) + self.eps)).type_as(x)
+
+
 class LastDimLayerNorm(Affine):
     """Layer norm over the last dimension, its eps under another name."""
 
@@ -130,6 +165,18 @@ POSITIVE = {
         (B, 5, D),
     ),
     "layer_norm_weightless": (ConstantEpsLayerNorm, snn.MemberOlmoLayerNorm, (B, 5, D)),
+    "layer_norm_one_plus_weight": (
+        lambda: OnePlusWeightLayerNorm(D),
+        snn.MemberLayerNorm1P,
+        (B, 5, D),
+    ),
+    "rms_weightless_without_size": (
+        WeightlessL2Norm,
+        snn.MemberDeepseekUnweightedRMSNorm,
+        (B, 5, D),
+    ),
+    "rms_weightless_float32": (WeightlessF32Norm, snn.MemberUnweightedRMSNorm, (B, 5, D)),
+    "l2_weightless": (UnitSphereNorm, snn.MemberUnweightedL2Norm, (B, 5, D)),
     "layer_norm_channels_first_3d": (ChannelsFirstLayerNorm, snn.MemberLayerNorm2d, (B, D, 5)),
     "layer_norm_channels_first_4d": (ChannelsFirstLayerNorm, snn.MemberLayerNorm2d, (B, D, 3, 5)),
     "layer_norm_channels_first_5d": (
@@ -217,13 +264,6 @@ class NoNormAtAll(Affine):
         return x * self.weight + self.bias
 
 
-class OnePlusWeightLayerNorm(nn.LayerNorm):
-    """Nemotron's LayerNorm1P: layer norm with the weight 1 + w."""
-
-    def forward(self, x):
-        return F.layer_norm(x, self.normalized_shape, self.weight + 1, self.bias, self.eps)
-
-
 class TrainModeDropoutNorm(CastThenWeight):
     """An RMS norm that drops features in training."""
 
@@ -231,18 +271,22 @@ class TrainModeDropoutNorm(CastThenWeight):
         return F.dropout(super().forward(x), 0.5, self.training)
 
 
-class GatedRMSNorm(CastThenWeight):
-    def forward(self, x, gate=None):
-        return super().forward(x if gate is None else x * F.silu(gate))
+class MaskedRMSNorm(CastThenWeight):
+    """A second input that is not a gate."""
+
+    def forward(self, x, mask=None):
+        return super().forward(x if mask is None else x * mask)
 
 
-class WeightlessL2Norm(nn.Module):
+class MeanAbsoluteNorm(nn.Module):
+    """x / mean(|x|): no weight, and neither an RMS nor an L2 norm."""
+
     def __init__(self, eps=1e-6):
         super().__init__()
         self.eps = eps
 
     def forward(self, x):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return x / (x.abs().mean(-1, keepdim=True) + self.eps)
 
 
 class NormWithActivation(nn.GroupNorm):
@@ -266,10 +310,9 @@ NEGATIVE = {
     "layer_norm_without_mean_with_bias": (LayerNormWithoutMean, "computes none of"),
     "norm_over_the_wrong_dimension": (WrongDimensionNorm, "computes none of"),
     "no_norm": (NoNormAtAll, "computes none of"),
-    "layer_norm_one_plus_weight": (lambda: OnePlusWeightLayerNorm(D), "computes none of"),
     "dropout_in_training": (TrainModeDropoutNorm, "computes none of"),
-    "gated": (GatedRMSNorm, r"takes more than one input \(gate\)"),
-    "weightless_without_size": (WeightlessL2Norm, "holds no weight and records no size"),
+    "second_input_not_a_gate": (MaskedRMSNorm, r"takes more than one input \(mask\)"),
+    "weightless_mean_absolute": (MeanAbsoluteNorm, "computes none of"),
     "with_a_submodule": (lambda: NormWithActivation(D), r"holds submodules \(activation\)"),
     "with_a_buffer": (StatefulNorm, r"holds buffers \(shift\)"),
 }
@@ -284,8 +327,12 @@ def test_a_module_computing_something_else_is_refused_by_name(case):
     assert refusal(module).startswith(name)
     model = nn.Sequential(nn.Linear(4, D), module, nn.LayerNorm(D), nn.Linear(D, 2))
     with pytest.raises(TypeError, match=rf"1 \({name}\)\. {name} {reason}"):
-        snens.convert(model, M)
+        snens.convert(model, M, skip_unsupported=False)
     assert snens.convert(model, M, skip_unsupported=True).report.skipped == (("1", name),)
+    with pytest.warns(UserWarning, match=rf"left 1 norm of Sequential shared.*: {name} "):
+        ens = snens.convert(model, M)  # the default: the rest converts, this one is named
+    assert ens.report.skipped == (("1", name),)
+    assert ens.report.converted == (("2", "LayerNorm", "MemberLayerNorm"),)
 
 
 def test_what_is_no_norm_is_left_alone():

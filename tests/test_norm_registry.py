@@ -157,12 +157,16 @@ def test_a_refusal_names_each_class_and_its_reason():
         nn.Linear(4, 4), AffineOnly(), nn.LocalResponseNorm(2), GatedNorm(4), AffineOnly()
     )
     with pytest.raises(TypeError) as err:
-        snens.convert(model, M)
+        snens.convert(model, M, skip_unsupported=False)
     message = str(err.value)
     assert message.startswith(
         "Sequential has norms with no member version: 1 (AffineOnly), 2 (LocalResponseNorm), "
         "3 (GatedNorm), 4 (AffineOnly). AffineOnly computes none of the supported formulas"
     )
     assert message.count("AffineOnly computes none") == 1  # each reason once
-    assert "GatedNorm takes more than one input (gate)" in message
+    # a gated norm is probed against the gated formulas: this one ignores its gate
+    assert "GatedNorm computes none of the supported formulas on probe inputs (gated" in message
     assert "register_norm(AffineOnly, <MemberNorm class computing it>)" in message
+    # by default the rest converts; here nothing does, and the reasons are named all the same
+    with pytest.raises(ValueError, match=r"no supported norm layer.*AffineOnly computes none"):
+        snens.convert(model, M)

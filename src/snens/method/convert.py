@@ -48,7 +48,7 @@ def convert(
     *,
     head: str | None = "auto",
     head_init: Literal["copy", "reset"] = "copy",
-    skip_unsupported: bool = False,
+    skip_unsupported: bool | None = None,
     gamma_mean: float = 0.0,
     gamma_std: float = 1.0,
     generator: torch.Generator | None = None,
@@ -59,11 +59,13 @@ def convert(
 ) -> Ensemble:
     r"""Turn any model with norm layers into a σN-Ens ensemble of ``num_members`` members.
 
-    Every supported norm (BatchNorm1d/2d/3d, LayerNorm, GroupNorm, RMSNorm) becomes a member
-    norm, ``σ(γ_m) ⊙ norm_m(x)`` with per-member statistics and affine, and the head (the last
-    ``nn.Linear``, or ``head=``) is replicated per member. Right after conversion, in eval mode,
-    every member computes the original model's function (with ``head_init="copy"``), while γ
-    starts asymmetric, ~ N(gamma_mean, gamma_std²), so the diversity regularizer has a gradient.
+    Every supported norm (BatchNorm1d/2d/3d, LayerNorm, GroupNorm, RMSNorm, and the norms of
+    other libraries recognized by what they compute: Hugging Face's RMS and layer norms, gated
+    and weightless RMS norms among them) becomes a member norm, ``σ(γ_m) ⊙ norm_m(x)`` with
+    per-member statistics and affine, and the head (the last ``nn.Linear``, or ``head=``) is
+    replicated per member. Right after conversion, in eval mode, every member computes the
+    original model's function (with ``head_init="copy"``), while γ starts asymmetric,
+    ~ N(gamma_mean, gamma_std²), so the diversity regularizer has a gradient.
 
     The layers are replaced by :func:`snens.nn.surgery.convert_modules`; the model is then
     wrapped in an :class:`Ensemble`.
@@ -80,8 +82,16 @@ def convert(
         head_init: ``"copy"`` (the default) copies the plain head into every member, so that
             every member starts as the original model; ``"reset"`` gives each member head a
             fresh, independent initialization (a new task's head).
-        skip_unsupported: leave a norm that has no member version as it is, shared by the
-            members and listed in ``report.skipped``, instead of raising ``TypeError``.
+        skip_unsupported: what becomes of a norm that has no member version (one that looks
+            like a norm but computes none of the formulas snens has member versions of, e.g.
+            ``LocalResponseNorm``; ``snens.nn.registry.refusal`` says why). ``None`` (the
+            default): the model converts without it: it stays as it is, shared by the
+            members, ``report.skipped`` names it (``print(ens.report)`` counts and names
+            them, with the reason per class), and one ``UserWarning`` says so. Every member
+            still computes the model at conversion. ``True``: the same, without the warning.
+            ``False``: all or nothing: such a norm refuses the whole model with a
+            ``TypeError`` naming it, its class and why. A model whose norms all convert
+            converts the same way under all three.
         gamma_mean: the mean of the importance logits γ, drawn for every member and feature
             of every member norm; σ(γ) scales the member's normalized feature, and its affine
             is set so that each member reproduces the plain layer all the same.
@@ -106,11 +116,16 @@ def convert(
         An :class:`Ensemble`; its ``report`` says what was converted and the parameters added.
 
     Raises:
-        TypeError: bad ``num_members``; an unsupported norm, named (unless
-            ``skip_unsupported``); a head that is not ``nn.Linear``; ``model`` is (or holds)
+        TypeError: bad ``num_members``; an unsupported norm, named, with
+            ``skip_unsupported=False``; a head that is not ``nn.Linear``; ``model`` is (or holds)
             an :class:`Ensemble` already, e.g. a notebook cell ``model = snens.convert(model,
             M)`` run twice; a TorchScript module (convert the eager module first).
-        ValueError: ``num_members < 1``; no supported norm in the model.
+        ValueError: ``num_members < 1``; no supported norm in the model (the unsupported
+            ones named with their reasons).
+
+    Warns:
+        UserWarning: once, where norms with no member version are left shared
+            (``skip_unsupported=None``, the default).
     """
     check_num_members(num_members)
     if not isinstance(model, nn.Module):

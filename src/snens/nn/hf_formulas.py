@@ -25,6 +25,26 @@ float32 and differ in where they cast, with x̂ = x_f32 · rsqrt(mean(x_f32²) +
   Llama's order: cast, then the affine;
 * OLMo-1 (``OlmoLayerNorm``): ``F.layer_norm(x_f32, (C,), eps=1e-5)``, no weight at all.
 
+**Gated RMS norms** take a second input, the gate g, and multiply by act(g_f32) (SiLU, or a
+sigmoid where the class's ``activation`` says so), each over groups of ``group_size`` features
+(the whole last dimension unless the class records groups), :func:`gated_rms_norm`:
+
+* norm, then gate, the weight after the cast (``Qwen3NextRMSNormGated``,
+  ``Qwen3_5RMSNormGated``, ``OlmoHybridRMSNormGated``, …): ((weight ⊙ x̂.to(x.dtype)) ⊙
+  act(g_f32)).to(x.dtype);
+* norm, then gate, the weight in float32 (``KimiLinearRMSNormGated``,
+  ``FalconH1RMSNormGated``, …): (weight_f32 ⊙ x̂ ⊙ act(g_f32)).to(x.dtype);
+* gate, then norm (``MambaRMSNormGated`` of Mamba-2, Bamba, Zamba2, Nemotron-H, Granite
+  hybrid): h = x_f32 ⊙ silu(g_f32), weight ⊙ ĥ.to(x.dtype); without a gate, Llama's formula;
+* gate, then norm, the weight in float32 (``FalconH1RMSNormGated(norm_before_gate=False)``):
+  (weight_f32 ⊙ ĥ).to(x.dtype).
+
+**Weightless RMS norms** (``Llama4TextL2Norm``, ``NanoChatRMSNorm``,
+``FalconMambaWeightlessRMSNorm``): x̂.type_as(x), OLMo-2's formula with weight 1; DeepSeek-V4's
+``DeepseekV4UnweightedRMSNorm``: x ⊙ rsqrt(mean(x_f32²) + eps).to(x.dtype), the factor cast
+before the product (:func:`deepseek_unweighted_rms_norm`); nGPT's L2 norm (``DoryL2Norm``):
+x_f32 · rsqrt(Σ x_f32² + eps), cast once (:func:`unweighted_l2_norm`), the sum, not the mean.
+
 In float32 the formulas of one kind agree; in half precision they differ by where they round,
 which is how :mod:`snens.nn.probe` tells them apart. :mod:`snens.nn.hf_norms` holds the member
 versions, which compute these functions with each member's folded scale in place of the weight.
@@ -39,12 +59,15 @@ from torch import Tensor
 __all__ = [
     "cohere_layer_norm",
     "deberta_layer_norm",
+    "deepseek_unweighted_rms_norm",
+    "gated_rms_norm",
     "gemma3n_rms_norm",
     "gemma_rms_norm",
     "llama_rms_norm",
     "olmo2_rms_norm",
     "olmo_layer_norm",
     "t5_rms_norm",
+    "unweighted_l2_norm",
 ]
 
 
@@ -146,3 +169,70 @@ def olmo_layer_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """
     h = F.layer_norm(x.to(torch.float32), x.shape[-1:], None, None, eps=eps)
     return (h * weight.to(torch.float32)).to(x.dtype)
+
+
+def deepseek_unweighted_rms_norm(x: Tensor, scale: Tensor, eps: float) -> Tensor:
+    """x ⊙ (scale_f32 · rsqrt(mean(x_f32²) + eps)).to(x.dtype), as ``DeepseekV4UnweightedRMSNorm``
+    computes it with scale = 1: the inverse root cast to x's dtype before the product.
+
+    Shape:
+        x: (*, C). scale: broadcastable to x. Output: like x.
+    """
+    r = torch.rsqrt(x.float().square().mean(-1, keepdim=True) + eps)
+    return x * (scale.float() * r).to(x.dtype)
+
+
+#: The gate's activations, by the names Hugging Face's ``ACT2FN`` gives them.
+GATE_ACTIVATIONS = {"silu": F.silu, "swish": F.silu, "sigmoid": torch.sigmoid}
+
+
+def gated_rms_norm(
+    x: Tensor,
+    gate: Tensor | None,
+    weight: Tensor,
+    eps: float,
+    *,
+    group_size: int | None = None,
+    gate_first: bool = False,
+    activation: str = "silu",
+    weight_in_float32: bool = False,
+) -> Tensor:
+    """A gated RMS norm, as the Hugging Face classes listed in the module docstring compute it.
+
+    Statistics in float32 over groups of ``group_size`` features of the last dimension (None:
+    all of them). ``gate_first``: x_f32 ⊙ act(g_f32) is normalized (Mamba-2); else the gate
+    multiplies the normalized output (Qwen3-Next). ``weight_in_float32``: the weight multiplies
+    in float32 and the result is cast once to x's dtype (Kimi, Falcon-H1); else it multiplies
+    x̂.to(x.dtype) (Llama's order). A None gate skips the gate.
+
+    Shape:
+        x, gate: (*, C). weight: broadcastable to x. Output: like x (in the promoted dtype of
+        weight and x for the gate-first, weight-after-cast formula, as Mamba-2's).
+    """
+    act = GATE_ACTIVATIONS[activation]
+    h = x.to(torch.float32)
+    if gate is not None and gate_first:
+        h = h * act(gate.to(torch.float32))
+    size = h.shape[-1] if group_size is None else group_size
+    groups = h.unflatten(-1, (h.shape[-1] // size, size))
+    groups = groups * torch.rsqrt(groups.pow(2).mean(-1, keepdim=True) + eps)
+    h = groups.flatten(-2)
+    if weight_in_float32:
+        h = weight.to(torch.float32) * h
+    else:
+        h = weight * h.to(x.dtype)
+    if gate is not None and not gate_first:
+        return (h * act(gate.to(torch.float32))).to(x.dtype)
+    return h.to(x.dtype) if weight_in_float32 else h
+
+
+def unweighted_l2_norm(x: Tensor, scale: Tensor, eps: float) -> Tensor:
+    """(scale_f32 ⊙ x_f32 · rsqrt(Σ x_f32² + eps)).to(x.dtype), as nGPT's ``DoryL2Norm``
+    computes it with scale = 1: onto the unit sphere (the sum of squares, not their mean).
+
+    Shape:
+        x: (*, C). scale: broadcastable to x. Output: like x.
+    """
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).sum(-1, keepdim=True) + eps)
+    return (scale.to(torch.float32) * h).to(x.dtype)

@@ -11,12 +11,22 @@ A norm without a weight converts as torch's do with ``elementwise_affine=False``
 affine starts at the identity, weight_m = 1/sigmoid(gamma_m). OLMo-1's ``OlmoLayerNorm`` has no
 weight to hold a member's, so its member's ``to_plain`` gives the Hugging Face class that is
 that float32 layer norm with a weight, ``CohereLayerNorm``. ``Gemma3nRMSNorm(with_scale=False)``
-does not record its size, so no member version can be built for it: it is refused by name, and
-``skip_unsupported=True`` leaves it shared, which is exact (it has no parameters).
+does not record its size, and neither do Llama 4's and NanoChat's weightless QK norms: their
+member version, :class:`MemberUnweightedRMSNorm`, holds one scale per member (shape (M, 1),
+starting at 1), broadcast over whatever last dimension it normalizes; one that records its size
+gets a scale per feature.
+
+The gated RMS norms of hybrid and linear-attention models (Qwen3-Next, Qwen3.5, OLMo-hybrid,
+Kimi-Linear, Mamba-2, Bamba, Zamba2, Nemotron-H, Falcon-H1) take the gate as a second input;
+their member versions take it too, ``forward(x, gate=None)``, member-major like x, and compute
+:func:`~snens.nn.hf_formulas.gated_rms_norm` in the order of their class (gate before or after
+the norm, the weight in float32 or after the cast). Nemotron's ``NemotronLayerNorm1P`` (scale
+1 + w) converts to :class:`MemberLayerNorm1P`, every path of ``MemberLayerNorm``'s.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -26,27 +36,41 @@ from torch import Tensor, nn
 
 from snens.nn import probe, triton_norms
 from snens.nn.hf_formulas import (
+    GATE_ACTIVATIONS,
     cohere_layer_norm,
     deberta_layer_norm,
+    deepseek_unweighted_rms_norm,
+    gated_rms_norm,
     gemma3n_rms_norm,
     gemma_rms_norm,
     llama_rms_norm,
     olmo2_rms_norm,
     olmo_layer_norm,
     t5_rms_norm,
+    unweighted_l2_norm,
 )
 from snens.nn.norms import MemberNorm
+from snens.nn.per_example_norms import MemberLayerNorm
 from snens.nn.plain_conversion import RebuildsPlain, feature_shape, from_plain_as, norm_eps
 
 __all__ = [
     "MemberCohereLayerNorm",
     "MemberDebertaLayerNorm",
+    "MemberDeepseekUnweightedRMSNorm",
+    "MemberGateFirstRMSNorm",
+    "MemberGateFirstRMSNormF32",
+    "MemberGatedRMSNorm",
+    "MemberGatedRMSNormF32",
     "MemberGemma3nRMSNorm",
     "MemberGemmaRMSNorm",
+    "MemberLayerNorm1P",
     "MemberLlamaRMSNorm",
     "MemberOlmo2RMSNorm",
     "MemberOlmoLayerNorm",
     "MemberT5RMSNorm",
+    "MemberUnweightedL2Norm",
+    "MemberUnweightedRMSNorm",
+    "ScaledRMSNorm",
 ]
 
 
@@ -438,3 +462,472 @@ class MemberDebertaLayerNorm(_MemberHFNorm):
     @classmethod
     def _plain_config(cls, plain: nn.Module) -> dict[str, Any]:
         return {**super()._plain_config(plain), "bias": plain._parameters.get("bias") is not None}
+
+
+# -- weightless RMS norms ---------------------------------------------------------------------
+class ScaledRMSNorm(nn.Module):
+    """A weightless RMS norm's formula with a weight: what a member of
+    :class:`MemberUnweightedRMSNorm` becomes (``extract_member``), since the weightless class
+    has no weight to hold the member's scale.
+
+    Computes ``formula(x, weight, eps)``, :func:`~snens.nn.hf_formulas.olmo2_rms_norm`
+    (``"unweighted"``), :func:`~snens.nn.hf_formulas.deepseek_unweighted_rms_norm`
+    (``"deepseek_unweighted"``) or :func:`~snens.nn.hf_formulas.unweighted_l2_norm`
+    (``"l2"``); with weight 1, the weightless norm itself.
+
+    Args:
+        hidden_size: C, or 1 for one scale broadcast over any last dimension.
+        eps: the eps of the formula.
+        formula: ``"unweighted"``, ``"deepseek_unweighted"`` or ``"l2"``.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int = 1,
+        eps: float = 1e-6,
+        formula: str = "unweighted",
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        if formula not in _UNWEIGHTED_FORMULAS:
+            raise ValueError(
+                f"formula must be one of {sorted(_UNWEIGHTED_FORMULAS)}, got {formula!r}"
+            )
+        self.weight = nn.Parameter(torch.ones(hidden_size, device=device, dtype=dtype))
+        self.eps = eps
+        self.formula = formula
+
+    def forward(self, x: Tensor) -> Tensor:
+        return _UNWEIGHTED_FORMULAS[self.formula](x, self.weight, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{tuple(self.weight.shape)}, eps={self.eps}, formula={self.formula!r}"
+
+
+_UNWEIGHTED_FORMULAS = {
+    "unweighted": olmo2_rms_norm,
+    "deepseek_unweighted": deepseek_unweighted_rms_norm,
+    "l2": unweighted_l2_norm,
+}
+
+
+class MemberUnweightedRMSNorm(_MemberHFNorm):
+    """σNorm over a weightless RMS norm (``Llama4TextL2Norm``, ``NanoChatRMSNorm``,
+    ``FalconMambaWeightlessRMSNorm``, ``Gemma3nRMSNorm(with_scale=False)``): x̂.type_as(x).
+
+    Member m computes :func:`~snens.nn.hf_formulas.olmo2_rms_norm` with its folded scale
+    sigmoid(gamma_m)·weight_m, in float32, cast once: the plain module is weight 1, so at
+    conversion weight_m = 1/sigmoid(gamma_m) and every member reproduces it up to the rounding
+    of that scale (float32: ≤ 1 ulp of the scale; in half precision the probe checks it). A
+    module that records its size (``hidden_size``, ``dim``, …) gets a scale per feature; one
+    that records none (Llama 4's QK norms; FalconMamba's, whose unused weight buffer has the
+    model's width while it also normalizes narrower tensors) one scale per member, shape
+    (M, 1), broadcast over whatever last dimension it normalizes.
+
+    The weightless class cannot hold a member's scale: ``to_plain`` gives
+    :class:`ScaledRMSNorm`, the same formula with a weight. A plain checkpoint holds nothing
+    for these layers (``gamma`` and ``weight`` are reported missing by ``load_state_dict``).
+
+    Args:
+        hidden_size: C, or None for one scale per member broadcast over any last dimension.
+        num_members: M.
+        eps: the plain module's eps.
+
+    Shape:
+        Input: (M·B, *, C), member-major. Output: same shape.
+    """
+
+    formula = "unweighted"
+    _norm_fn = staticmethod(olmo2_rms_norm)
+
+    def __init__(self, hidden_size: int | None, num_members: int, eps: float = 1e-6, **kw) -> None:
+        super().__init__(1 if hidden_size is None else hidden_size, num_members, eps, **kw)
+        self.broadcast = hidden_size is None
+        if self.broadcast:
+            self.hidden_size = None
+        self.plain_type = ScaledRMSNorm
+        self.plain_options = {"formula": self.formula}
+
+    def _check_input(self, x: Tensor) -> None:
+        if not self.broadcast:
+            return super()._check_input(x)
+        if x.dim() < 2 or x.shape[-1] < 1:
+            raise ValueError(
+                f"{type(self).__name__} normalizes over the last dimension of inputs of two "
+                f"dimensions or more, got input of shape {tuple(x.shape)}"
+            )
+        return None
+
+    def to_plain(self, member: int) -> nn.Module:
+        self._check_member(member)
+        plain = self._rebuild_plain(1 if self.hidden_size is None else self.hidden_size)
+        scale, _ = self.scale_and_shift()
+        with torch.no_grad():
+            plain.weight.copy_(scale[member])
+        return plain.train(self.training)
+
+    @classmethod
+    def _plain_config(cls, plain: nn.Module) -> dict[str, Any]:
+        if plain._parameters.get("weight") is not None:
+            raise TypeError(f"it has a weight; {cls.__name__} is for RMS norms without one")
+        if plain._parameters.get("bias") is not None:
+            raise TypeError(f"it has a bias; {cls.__name__} is for RMS norms without one")
+        # the size it records (hidden_size, …), not that of a weight buffer it does not use:
+        # FalconMamba's has the model's width and normalizes its SSM's B, C and dt as well
+        shape = feature_shape(plain)
+        return {
+            "hidden_size": None if shape is None or len(shape) != 1 else shape[0],
+            "eps": norm_eps(plain),
+        }
+
+    @classmethod
+    def _from_plain_config(cls, plain, config, num_members, generator, kw) -> MemberNorm:
+        # the plain module's weight, where it keeps one (FalconMamba's unused buffer), is not
+        # what it computes with: every member starts at the identity scale
+        tensors = [*plain.parameters(recurse=False), *plain.buffers(recurse=False)]
+        floats = [t for t in tensors if t.is_floating_point()]
+        member = cls(
+            **config,
+            num_members=num_members,
+            **kw,
+            device=tensors[0].device if tensors else None,
+            dtype=torch.float32 if not floats else floats[0].dtype,
+        )
+        with torch.no_grad():
+            if generator is not None:
+                noise = torch.randn(member.gamma.shape, generator=generator, dtype=torch.float32)
+                member.gamma.copy_(noise.mul_(member.gamma_std).add_(member.gamma_mean))
+            member.load_plain_affine(None, None)
+        return member.train(plain.training)
+
+    def extra_repr(self) -> str:
+        size = "broadcast" if self.broadcast else self.hidden_size
+        return f"{size}, num_members={self.num_members}, eps={self.eps}"
+
+    @staticmethod
+    def from_scaled(
+        plain: ScaledRMSNorm,
+        num_members: int,
+        *,
+        generator: torch.Generator | None = None,
+        **kw: Any,
+    ) -> MemberUnweightedRMSNorm:
+        """A member norm whose every member reproduces ``plain``, an extracted member
+        (:class:`ScaledRMSNorm`): its formula's member class, its weight loaded (one of size 1
+        is one scale per member again).
+
+        Raises:
+            TypeError: if ``plain`` is not a :class:`ScaledRMSNorm`.
+        """
+        if not isinstance(plain, ScaledRMSNorm):
+            raise TypeError(f"from_scaled expects a ScaledRMSNorm, got {type(plain).__name__}")
+        members = (MemberUnweightedRMSNorm, MemberDeepseekUnweightedRMSNorm, MemberUnweightedL2Norm)
+        cls = {c.formula: c for c in members}[plain.formula]
+        weight = plain.weight
+        size = None if tuple(weight.shape) == (1,) else weight.shape[0]
+        member = cls(size, num_members, plain.eps, **kw, device=weight.device, dtype=weight.dtype)
+        with torch.no_grad():
+            if generator is not None:
+                noise = torch.randn(member.gamma.shape, generator=generator, dtype=torch.float32)
+                member.gamma.copy_(noise.mul_(member.gamma_std).add_(member.gamma_mean))
+            member.load_plain_affine(weight, None)
+        return member.train(plain.training)
+
+
+class MemberDeepseekUnweightedRMSNorm(MemberUnweightedRMSNorm):
+    """σNorm over DeepSeek-V4's ``DeepseekV4UnweightedRMSNorm``: x ⊙ rsqrt(mean(x_f32²) +
+    eps).to(x.dtype), the inverse root cast before the product.
+
+    Member m computes :func:`~snens.nn.hf_formulas.deepseek_unweighted_rms_norm` with its
+    folded scale in the factor; otherwise as :class:`MemberUnweightedRMSNorm`.
+    """
+
+    formula = "deepseek_unweighted"
+    _norm_fn = staticmethod(deepseek_unweighted_rms_norm)
+
+
+class MemberUnweightedL2Norm(MemberUnweightedRMSNorm):
+    """σNorm over nGPT's weightless L2 norm (``DoryL2Norm``): x_f32 · rsqrt(Σ x_f32² + eps),
+    cast once, onto the unit sphere.
+
+    Member m computes :func:`~snens.nn.hf_formulas.unweighted_l2_norm` with its folded scale;
+    otherwise as :class:`MemberUnweightedRMSNorm`.
+    """
+
+    formula = "l2"
+    norm_kind = "L2 norm"
+    _norm_fn = staticmethod(unweighted_l2_norm)
+
+
+# -- gated RMS norms --------------------------------------------------------------------------
+class _MemberGatedRMSNorm(_MemberHFNorm):
+    """Shared body of the gated RMS norms' member versions: ``forward(x, gate=None)``.
+
+    Member m computes :func:`~snens.nn.hf_formulas.gated_rms_norm` on its rows of x and of the
+    gate (both member-major, (M·B, *, C)), with its folded scale sigmoid(gamma_m)·weight_m in
+    place of the weight, its class's order (gate first or not, the weight in float32 or after
+    the cast), the plain module's activation (``activation``: SiLU or sigmoid) and groups
+    (``group_size``, or C // ``n_groups``). ``to_plain`` rebuilds the plain class with the
+    options of its constructor it records (``group_size``, ``n_groups``,
+    ``norm_before_gate``, ``activation``).
+    """
+
+    norm_kind = "gated RMS norm"
+    gate_first = False
+    weight_in_float32 = False
+    #: forward takes a second input, the gate (the probe feeds one)
+    takes_gate = True
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_members: int,
+        eps: float = 1e-6,
+        *,
+        group_size: int | None = None,
+        activation: str = "silu",
+        plain_options: dict[str, Any] | None = None,
+        **kw,
+    ) -> None:
+        if isinstance(hidden_size, bool) or not isinstance(hidden_size, int):
+            raise ValueError(f"hidden_size must be an int >= 1, got {hidden_size!r}")
+        if group_size is not None and (
+            isinstance(group_size, bool)
+            or not isinstance(group_size, int)
+            or group_size < 1
+            or hidden_size % group_size
+        ):
+            raise ValueError(
+                f"group_size must be None or an int >= 1 dividing hidden_size={hidden_size}, "
+                f"got {group_size!r}"
+            )
+        if activation not in GATE_ACTIVATIONS:
+            raise ValueError(
+                f"activation must be one of {sorted(GATE_ACTIVATIONS)}, got {activation!r}"
+            )
+        super().__init__(hidden_size, num_members, eps, **kw)
+        self.group_size = None if group_size == hidden_size else group_size
+        self.activation = activation
+        self.plain_options = dict(plain_options or {})
+
+    def _gated(self, x: Tensor, gate: Tensor | None, scale: Tensor) -> Tensor:
+        return gated_rms_norm(
+            x,
+            gate,
+            scale,
+            self.eps,
+            group_size=self.group_size,
+            gate_first=self.gate_first,
+            activation=self.activation,
+            weight_in_float32=self.weight_in_float32,
+        )
+
+    def forward(self, x: Tensor, gate: Tensor | None = None) -> Tensor:  # type: ignore[override]
+        self._check_input(x)
+        self._check_rows(x)
+        if gate is not None and (gate.dim() == 0 or gate.shape[0] != x.shape[0]):
+            raise ValueError(
+                f"{type(self).__name__} takes a member-major gate of the input's M·B rows, got "
+                f"a gate of shape {tuple(gate.shape)} for an input of shape {tuple(x.shape)}"
+            )
+        scale, _ = self.scale_and_shift()
+        M = self.num_members
+        rows = x.unflatten(0, (M, -1))
+        gates = None if gate is None else gate.unflatten(0, (M, -1))
+        affine = (M, *(1,) * (rows.dim() - 2), self.hidden_size)
+        return self._gated(rows, gates, scale.view(affine)).flatten(0, 1)
+
+    def _reference(  # type: ignore[override]
+        self, x: Tensor, scale: Tensor, shift: Tensor | None, gate: Tensor | None = None
+    ) -> Tensor:
+        """The formula on each member's rows (and gate rows) with its folded scale."""
+        M = self.num_members
+        xs = x.unflatten(0, (M, -1)).unbind(0)
+        gs = (None,) * M if gate is None else gate.unflatten(0, (M, -1)).unbind(0)
+        return torch.cat([self._gated(xs[m], gs[m], scale[m]) for m in range(M)])
+
+    @classmethod
+    def _plain_config(cls, plain: nn.Module) -> dict[str, Any]:
+        config = super()._plain_config(plain)
+        size = config["hidden_size"]
+        if not isinstance(size, int):
+            raise TypeError(f"its weight is not 1-D; {cls.__name__} takes a 1-D weight")
+        group_size = getattr(plain, "group_size", None)
+        groups = getattr(plain, "n_groups", None)
+        if not _positive_int(group_size):
+            group_size = size // groups if _positive_int(groups) and size % groups == 0 else None
+        activation = getattr(plain, "activation", "silu")
+        if not isinstance(activation, str) or activation not in GATE_ACTIVATIONS:
+            raise TypeError(f"its activation {activation!r} is none of {sorted(GATE_ACTIVATIONS)}")
+        return {
+            **config,
+            "group_size": group_size,
+            "activation": activation,
+            "plain_options": _constructor_options(plain),
+        }
+
+    def to_plain(self, member: int) -> nn.Module:
+        plain = super().to_plain(member)
+        if isinstance(getattr(plain, "activation", None), str):
+            plain.activation = self.activation
+        return plain
+
+    def extra_repr(self) -> str:
+        groups = "" if self.group_size is None else f", group_size={self.group_size}"
+        return f"{super().extra_repr()}{groups}, activation={self.activation!r}"
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _constructor_options(plain: nn.Module) -> dict[str, Any]:
+    """The arguments of ``type(plain).__init__`` after its first (the size) and other than
+    eps that ``plain`` keeps as attributes of the same name (plain values only)."""
+    try:
+        parameters = list(inspect.signature(type(plain).__init__).parameters.values())[2:]
+    except (TypeError, ValueError):
+        return {}
+    options = {}
+    for p in parameters:
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or p.name in ("eps", "device", "dtype"):
+            continue
+        value = getattr(plain, p.name, None)
+        if isinstance(value, int | float | str | bool) and not isinstance(value, nn.Module):
+            options[p.name] = value
+    return options
+
+
+class MemberGatedRMSNorm(_MemberGatedRMSNorm):
+    """σNorm over a gated RMS norm that normalizes, casts, weighs, then gates
+    (``Qwen3NextRMSNormGated``, ``Qwen3_5RMSNormGated``, ``OlmoHybridRMSNormGated``, …):
+    ((weight ⊙ x̂.to(x.dtype)) ⊙ act(g_f32)).to(x.dtype).
+
+    ``forward(x, gate=None)`` takes the gate as the plain module does, positional or keyword.
+
+    Args:
+        hidden_size: C.
+        num_members: M.
+        eps: the plain module's ``variance_epsilon``.
+        group_size: features per RMS group (None: all C).
+        activation: the gate's, ``"silu"`` or ``"sigmoid"``.
+        plain_type: the class ``to_plain`` rebuilds.
+
+    Shape:
+        Input and gate: (M·B, *, C), member-major. Output: same shape.
+    """
+
+    formula = "gated"
+
+
+class MemberGatedRMSNormF32(_MemberGatedRMSNorm):
+    """σNorm over a gated RMS norm whose weight multiplies in float32 before the gate
+    (``KimiLinearRMSNormGated``, ``FalconH1RMSNormGated``, ``BailingHybridRMSNormGated``, …):
+    (weight_f32 ⊙ x̂ ⊙ act(g_f32)).to(x.dtype). Otherwise as :class:`MemberGatedRMSNorm`."""
+
+    formula = "gated, weight in float32"
+    weight_in_float32 = True
+
+
+class MemberGateFirstRMSNorm(_MemberGatedRMSNorm):
+    """σNorm over a gated RMS norm that gates before it normalizes (Mamba-2's
+    ``MambaRMSNormGated``, ``BambaRMSNormGated``, ``Zamba2RMSNormGated``,
+    ``NemotronHRMSNormGated``, ``GraniteMoeHybridRMSNormGated``): h = x_f32 ⊙ silu(g_f32),
+    weight ⊙ ĥ.to(x.dtype) over groups of ``group_size``. Otherwise as
+    :class:`MemberGatedRMSNorm`."""
+
+    formula = "gate first"
+    gate_first = True
+
+
+class MemberGateFirstRMSNormF32(_MemberGatedRMSNorm):
+    """σNorm over a gated RMS norm that gates first and weighs in float32
+    (``FalconH1RMSNormGated(norm_before_gate=False)``): (weight_f32 ⊙ ĥ).to(x.dtype).
+    Otherwise as :class:`MemberGatedRMSNorm`."""
+
+    formula = "gate first, weight in float32"
+    gate_first = True
+    weight_in_float32 = True
+
+
+# -- layer norm with the weight 1 + w ---------------------------------------------------------
+class MemberLayerNorm1P(MemberLayerNorm):
+    """σNorm over a layer norm whose scale is weight + 1 (Nemotron's ``NemotronLayerNorm1P``,
+    a subclass of ``nn.LayerNorm`` computing ``F.layer_norm(x, shape, weight + 1, bias, eps)``).
+
+    A member's weight is the whole scale, so member m computes ``nn.LayerNorm``'s formula with
+    sigmoid(gamma_m)·weight_m, every path of :class:`~snens.nn.MemberLayerNorm`. A plain
+    weight w (from a module or a state_dict) is loaded as the scale 1 + w, and ``to_plain``
+    rebuilds the plain class with w = scale − 1, as :class:`MemberGemmaRMSNorm` does.
+
+    Args:
+        normalized_shape, num_members, eps, bias: as :class:`~snens.nn.MemberLayerNorm`'s.
+        plain_type: the class ``to_plain`` rebuilds, ``plain_type(shape, eps=eps, bias=…)``
+            (None: ``nn.LayerNorm`` holding the scale itself).
+    """
+
+    triton_variant = None
+
+    def __init__(self, *args, plain_type: type[nn.Module] | None = None, **kw) -> None:
+        super().__init__(*args, **kw)
+        self.plain_type = plain_type
+
+    @torch.no_grad()
+    def load_plain_affine(self, weight: Tensor | None, bias: Tensor | None) -> None:
+        scale = None if weight is None else 1 + weight.detach().double()
+        super().load_plain_affine(scale, bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """As ``NemotronLayerNorm1P``: autocast off; under CUDA's autocast (what its
+        ``torch.is_autocast_enabled()`` reads) the input and the folded affine are cast to the
+        autocast dtype first, as it casts its input, weight + 1 and bias."""
+        device = x.device.type
+        if not torch.is_autocast_enabled():
+            with torch.autocast(device, enabled=False):
+                return super().forward(x)
+        dtype = torch.get_autocast_dtype(device)
+        self._check_input(x)
+        self._check_rows(x)
+        with torch.autocast(device, enabled=False):
+            scale, shift = self.scale_and_shift()
+            shift = None if shift is None else shift.to(dtype)
+            return self._reference(x.to(dtype), scale.to(dtype), shift)
+
+    @classmethod
+    def from_plain(
+        cls, plain: nn.Module, num_members: int, *, generator: torch.Generator | None = None, **kw
+    ) -> MemberNorm:
+        """A member norm whose every member reproduces ``plain``, a layer norm with the scale
+        1 + weight (checked on probe inputs, :func:`snens.nn.probe.match`).
+
+        Raises:
+            TypeError: if ``plain`` does not compute it.
+        """
+        found = probe.match(plain, [cls])
+        if found is None or not found.reproduces:
+            raise TypeError(
+                f"{cls.__name__}.from_plain expects a layer norm with the scale 1 + weight; "
+                f"{type(plain).__name__} does not compute one on probe inputs"
+            )
+        return from_plain_as(cls, plain, num_members, eps=found.eps, generator=generator, **kw)
+
+    @staticmethod
+    def _plain_config(plain: nn.Module) -> dict[str, Any]:
+        if plain._parameters.get("weight") is None:
+            raise TypeError("it has no weight, so no scale 1 + weight")
+        return {**MemberLayerNorm._plain_config(plain), "plain_type": type(plain)}
+
+    def to_plain(self, member: int) -> nn.Module:
+        if self.plain_type is None:
+            return super().to_plain(member)
+        self._check_member(member)
+        plain = self.plain_type(self.normalized_shape, eps=self.eps, bias=self.bias is not None).to(
+            device=self.weight.device, dtype=self.weight.dtype
+        )
+        scale, shift = self.scale_and_shift()
+        with torch.no_grad():
+            plain.weight.copy_(scale[member].double() - 1)
+            if shift is not None:
+                plain.bias.copy_(shift[member])
+        return plain.train(self.training)

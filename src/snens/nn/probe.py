@@ -24,6 +24,10 @@ Inputs, for a feature shape S (C for one dimension), with sizes a, b, c from 2, 
 No input is 2-D: (N, C) is both channels first and channels last, and the sizes a, b, c keep
 the two layouts apart on every other rank.
 
+A module that records no size (a weightless RMS norm) is probed with S = (16,). A gated norm,
+``forward(x, gate)``, is given a gate of x's shape with each input (2·N(0, 1)), and also called
+without one (the last two inputs of step 1), where its member must agree only if it runs.
+
 A member class rejects the inputs it is not defined on (its ``_check_input``), a module may
 raise on some; the rest must agree:
 
@@ -54,7 +58,15 @@ from torch import Tensor, nn
 from snens.nn.norms import MemberNorm
 from snens.nn.plain_conversion import feature_shape, from_plain_as, norm_eps
 
-__all__ = ["Comparison", "compare", "match", "unprobeable"]
+__all__ = [
+    "Comparison",
+    "compare",
+    "extra_inputs",
+    "match",
+    "probe_shape",
+    "takes_gate",
+    "unprobeable",
+]
 
 #: Eps values tried, after the module's own, for modules that keep none (OLMo-1's layer norm
 #: writes its 1e-5 into its forward).
@@ -102,8 +114,10 @@ class Comparison:
 
 def unprobeable(module: nn.Module) -> str | None:
     """Why the probe cannot run ``module`` as a norm, or None: a norm holds a weight (and a
-    bias) of its feature size, or none and records that size, batch and instance norms their
-    running statistics, nothing else, and its forward takes one input."""
+    bias) of its feature size, or none (its size recorded or not: a weightless RMS norm), batch
+    and instance norms their running statistics, nothing else but an unused non-persistent
+    ``weight`` buffer (FalconMamba's), and its forward takes one input, or two, the second
+    named ``gate`` (a gated RMS norm)."""
     children = [name for name, _ in module.named_children()]
     if children:
         return f"holds submodules ({', '.join(children)}), more than a norm"
@@ -118,17 +132,44 @@ def unprobeable(module: nn.Module) -> str | None:
         return f"holds a weight of shape {tuple(weight.shape)} and a bias that do not match"
     buffers = {name for name, b in module._buffers.items() if b is not None}
     allowed = STATISTICS if isinstance(module, nn.modules.batchnorm._NormBase) else set()
+    if "weight" in module._non_persistent_buffers_set and module._parameters.get("weight") is None:
+        allowed = allowed | {"weight"}  # FalconMamba's unused stand-in for a weight
     if not buffers <= allowed:
         return f"holds buffers ({', '.join(sorted(buffers - allowed))}), more than a norm"
-    if feature_shape(module) is None:
-        return "holds no weight and records no size (normalized_shape, hidden_size, dim, …)"
-    inputs = _extra_inputs(type(module))
-    if inputs:
-        return f"takes more than one input ({', '.join(inputs)}); a member norm takes one tensor"
+    inputs = extra_inputs(type(module))
+    if inputs and inputs != [GATE]:
+        return (
+            f"takes more than one input ({', '.join(inputs)}); a member norm takes one tensor "
+            f"(or a second named {GATE!r}, a gated RMS norm's)"
+        )
     return None
 
 
-def _extra_inputs(cls: type) -> list[str]:
+#: The name of the second input a gated norm takes (``forward(x, gate)``).
+GATE = "gate"
+#: Features of the probe inputs of a norm that records no size (a weightless RMS norm).
+SIZELESS_FEATURES = 16
+
+
+def takes_gate(module: nn.Module) -> bool:
+    """Whether ``module``'s forward takes a second input named ``gate`` (a gated norm)."""
+    return extra_inputs(type(module)) == [GATE]
+
+
+def probe_shape(module: nn.Module) -> tuple[int, ...]:
+    """The feature shape of the probe inputs: the module's (:func:`feature_shape`), else the
+    size of a 1-D weight buffer it keeps, else :data:`SIZELESS_FEATURES`."""
+    shape = feature_shape(module)
+    if shape is not None:
+        return shape
+    unused = module._buffers.get("weight")
+    if unused is not None and unused.dim() == 1 and unused.numel() > 0:
+        return tuple(unused.shape)
+    return (SIZELESS_FEATURES,)
+
+
+def extra_inputs(cls: type) -> list[str]:
+    """The inputs of ``cls.forward`` beyond its first (keyword-only ones all)."""
     try:
         signature = inspect.signature(cls.forward)
     except (TypeError, ValueError):
@@ -186,12 +227,18 @@ def compare(module: nn.Module, member_type: type[MemberNorm], *, eps: float | No
         warnings.simplefilter("ignore")
         generator = torch.Generator().manual_seed(0)
         values = _random_state(module, generator)
+        gated = getattr(member_type, "takes_gate", False)
         inputs, unit = [], []
-        for shape, scale in _input_shapes(feature_shape(module)):
+        for shape, scale in _input_shapes(probe_shape(module)):
             x = torch.randn(shape, generator=generator, dtype=torch.float64)
-            inputs.append(scale * (x + 0.5))  # a mean ≠ 0 sets layer norms apart from RMS norms
+            x = scale * (x + 0.5)  # a mean ≠ 0 sets layer norms apart from RMS norms
+            if gated:  # a gate of x's shape, around 0 (where SiLU and sigmoid differ most)
+                x = _Gated(x, 2 * torch.randn(shape, generator=generator, dtype=torch.float64))
+            inputs.append(x)
             if scale == 1.0:
                 unit.append(inputs[-1])
+        if gated:  # and without a gate, where the module takes none
+            inputs += [_Gated(x.x, None) for x in inputs[-2:]]
         reason = _float32(module, member_type, eps, values, inputs, device)
         if reason:
             return Comparison(member_type, eps, computes=False, reason=reason)
@@ -262,18 +309,40 @@ def _precision(module, member_type, eps, values, inputs, param_dtype, input_dtyp
     return error
 
 
-def _both(plain: nn.Module, member: MemberNorm, x: Tensor) -> tuple[Tensor | None, Tensor | str]:
+@dataclasses.dataclass(frozen=True)
+class _Gated:
+    """A probe input of a gated norm: x and its gate (None: the forward is called without)."""
+
+    x: Tensor
+    gate: Tensor | None
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.x.shape
+
+    def to(self, device: torch.device, dtype: torch.dtype) -> _Gated:
+        gate = None if self.gate is None else self.gate.to(device, dtype)
+        return _Gated(self.x.to(device, dtype), gate)
+
+    def args(self) -> tuple[Tensor, ...]:
+        return (self.x,) if self.gate is None else (self.x, self.gate)
+
+
+def _both(
+    plain: nn.Module, member: MemberNorm, x: Tensor | _Gated
+) -> tuple[Tensor | None, Tensor | str]:
     """(the module's output or None where it raises, the member's output or why not)."""
     if not _takes(member, x):
         return None, ""
+    args = x.args() if isinstance(x, _Gated) else (x,)
     try:
-        expected = type(plain).forward(plain, x)  # hooks aside
+        expected = type(plain).forward(plain, *args)  # hooks aside
     except Exception:  # noqa: BLE001 - any failure means it does not take this input
         return None, ""
     if not isinstance(expected, Tensor):
         return expected, f"returns a {type(expected).__name__}, not a tensor"
     try:
-        got = member(x)
+        got = member(*args)
     except (RuntimeError, ValueError, TypeError) as err:
         return expected, f"its member version fails where it runs ({err})"
     if got.shape != expected.shape:
@@ -284,9 +353,9 @@ def _both(plain: nn.Module, member: MemberNorm, x: Tensor) -> tuple[Tensor | Non
     return expected, got
 
 
-def _takes(member: MemberNorm, x: Tensor) -> bool:
+def _takes(member: MemberNorm, x: Tensor | _Gated) -> bool:
     try:
-        member._check_input(x)
+        member._check_input(x.x if isinstance(x, _Gated) else x)
     except ValueError:
         return False
     return True

@@ -34,12 +34,21 @@ from snens.nn.channels_first import MemberLayerNorm2d
 from snens.nn.hf_norms import (
     MemberCohereLayerNorm,
     MemberDebertaLayerNorm,
+    MemberDeepseekUnweightedRMSNorm,
+    MemberGatedRMSNorm,
+    MemberGatedRMSNormF32,
+    MemberGateFirstRMSNorm,
+    MemberGateFirstRMSNormF32,
     MemberGemma3nRMSNorm,
     MemberGemmaRMSNorm,
+    MemberLayerNorm1P,
     MemberLlamaRMSNorm,
     MemberOlmo2RMSNorm,
     MemberOlmoLayerNorm,
     MemberT5RMSNorm,
+    MemberUnweightedL2Norm,
+    MemberUnweightedRMSNorm,
+    ScaledRMSNorm,
 )
 from snens.nn.linear import MemberLinear
 from snens.nn.norms import MemberNorm, check_num_members
@@ -55,6 +64,7 @@ from snens.nn.plain_conversion import from_plain_as
 
 __all__ = [
     "FORMULAS",
+    "GATED_FORMULAS",
     "MEMBER_NORMS",
     "SUPPORTED",
     "Converter",
@@ -97,6 +107,8 @@ class _Entry:
 _TABLE: dict[type[nn.Module], _Entry] = {
     plain: _Entry(member, member.from_plain) for plain, member in MEMBER_NORMS.items()
 }
+# what a weightless RMS norm's member becomes when extracted: converts back to its member class
+_TABLE[ScaledRMSNorm] = _Entry(None, MemberUnweightedRMSNorm.from_scaled)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,6 +139,19 @@ FORMULAS = (
         ),
     ),
     Formula("RMS norm with the weight 1 + w (Gemma)", (MemberGemmaRMSNorm,)),
+    Formula(
+        "RMS norm without a weight",
+        (MemberUnweightedRMSNorm, MemberDeepseekUnweightedRMSNorm),
+    ),
+    Formula("L2 norm without a weight (x / ‖x‖, nGPT)", (MemberUnweightedL2Norm,)),
+)
+#: The formulas a module whose forward takes a gate, ``forward(x, gate)``, is probed against.
+GATED_FORMULAS = (
+    Formula("gated RMS norm, gated after the norm", (MemberGatedRMSNorm, MemberGatedRMSNormF32)),
+    Formula(
+        "gated RMS norm, gated before the norm",
+        (MemberGateFirstRMSNorm, MemberGateFirstRMSNormF32),
+    ),
 )
 # A subclass of a torch norm holds torch's attributes and is probed against its family's
 # member versions only (their to_plain gives torch's class, or the subclass for layer norms
@@ -147,6 +172,7 @@ _TORCH_FAMILIES: tuple[tuple[type[nn.Module], tuple[Formula, ...]], ...] = (
         (
             Formula("layer norm over the last dimensions", (MemberLayerNorm,)),
             Formula("layer norm over the channels of (B, C, *) inputs", (MemberLayerNorm2d,)),
+            Formula("layer norm with the weight 1 + w (Nemotron)", (MemberLayerNorm1P,)),
         ),
     ),
     (nn.RMSNorm, (Formula("RMS norm", (MemberRMSNorm,)),)),
@@ -156,9 +182,11 @@ _TORCH_FAMILIES: tuple[tuple[type[nn.Module], tuple[Formula, ...]], ...] = (
 SUPPORTED = (
     f"{', '.join(t.__name__ for t in MEMBER_NORMS)} (instance norms without running "
     "statistics); modules that compute, on probe inputs, a layer norm over the last dimension "
-    "or over the channels of (B, C, *) inputs, an RMS norm (with the weight w or 1 + w), a "
-    "group norm or a batch norm (torch's subclasses), with a weight (and a bias) of their "
-    "feature size or none and that size recorded; types registered with snens.nn.register_norm"
+    "or over the channels of (B, C, *) inputs, an RMS norm (with the weight w or 1 + w, or "
+    "none), an L2 norm without a weight, a gated RMS norm (forward(x, gate), the gate before "
+    "or after the norm), a layer norm with the weight 1 + w, a group norm or a batch norm "
+    "(torch's subclasses), with a weight (and a bias) of their feature size or none; types "
+    "registered with snens.nn.register_norm"
 )
 
 # "LayerNorm", "T5LayerNorm", "FrozenBatchNorm2d", "RMSNormGated" — but not "Normalize".
@@ -245,7 +273,7 @@ def _formulas_for(module: nn.Module) -> tuple[Formula, ...]:
             return formulas
     if isinstance(module, _TORCH_NORMS):
         return ()  # other subclasses of torch's norm bases (SyncBatchNorm, …)
-    return FORMULAS
+    return GATED_FORMULAS if probe.takes_gate(module) else FORMULAS
 
 
 def _looks_like_norm(module: nn.Module) -> bool:

@@ -10,6 +10,7 @@ splits state that was.
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -52,9 +53,11 @@ class ConversionReport:
         num_members: M.
         converted: (module name, plain type, member type) per replaced norm.
         head: name of the replicated head, or None.
-        skipped: (module name, type) of unsupported norms left as they were.
+        skipped: (module name, type) of norms with no member version, left as they were,
+            shared by the members (``skip_unsupported`` not False).
         params_before, params_after: parameter counts around the surgery.
         unselected: (module name, type) of the norms ``norms=`` left shared (plain).
+        skipped_reasons: (type, reason) of each class in ``skipped``, once.
     """
 
     num_members: int
@@ -65,6 +68,7 @@ class ConversionReport:
     params_after: int = 0
     notes: tuple[str, ...] = field(default=())
     unselected: tuple[tuple[str, str], ...] = ()
+    skipped_reasons: tuple[tuple[str, str], ...] = ()
 
     @property
     def params_added(self) -> int:
@@ -84,8 +88,14 @@ class ConversionReport:
         lines += [f"  {n:4d} × {key}" for key, n in counts.items()]
         lines.append(f"  head: {self.head or 'none (shared output layer)'}")
         if self.skipped:
-            names = ", ".join(f"{n} ({t})" for n, t in self.skipped)
-            lines.append(f"  skipped unsupported norms: {names}")
+            names = ", ".join(f"{n} ({t})" for n, t in self.skipped[:8])
+            if len(self.skipped) > 8:
+                names += f" and {len(self.skipped) - 8} more"
+            lines.append(
+                f"  left shared, no member version: {len(self.skipped)} "
+                f"norm{'s' if len(self.skipped) > 1 else ''}: {names}"
+            )
+            lines += [f"    {kind}: {reason}" for kind, reason in self.skipped_reasons]
         if self.unselected:
             first = ", ".join(n for n, _ in self.unselected[:3])
             more = ", …" if len(self.unselected) > 3 else ""
@@ -166,7 +176,7 @@ def convert_modules(
     *,
     head: str | None = "auto",
     head_init: HeadInit = "copy",
-    skip_unsupported: bool = False,
+    skip_unsupported: bool | None = None,
     gamma_mean: float = 0.0,
     gamma_std: float = 1.0,
     generator: torch.Generator | None = None,
@@ -191,7 +201,11 @@ def convert_modules(
             the output layer between members).
         head_init: ``"copy"`` the plain head into every member, or ``"reset"`` every member
             head to an independent fresh initialization.
-        skip_unsupported: leave norms with no member version as they are instead of raising.
+        skip_unsupported: what becomes of a norm with no member version: None (the
+            default) leaves it as it is, shared by the members, names it in the report's
+            ``skipped`` and warns once (a ``UserWarning`` naming the classes and why); True
+            the same without the warning; False refuses the whole model (``TypeError``
+            naming each such norm, its class and why): all or nothing.
         gamma_mean, gamma_std: gamma ~ N(gamma_mean, gamma_std²).
         generator: optional ``torch.Generator`` for gamma and reset heads.
         norms: which norms to convert, by their names in ``model.named_modules()``: a
@@ -206,7 +220,7 @@ def convert_modules(
 
     Raises:
         TypeError: on a bad ``num_members``, an unsupported norm (its name and type in the
-            message) unless ``skip_unsupported``, a registered conversion that does not return
+            message) with ``skip_unsupported=False``, a registered conversion that does not return
             a member norm with ``num_members``, or a head that is not ``nn.Linear``.
         ValueError: if the model has no supported norm (or ``norms=`` chooses none), a name
             in a ``norms=`` sequence matches no norm, ``norms=`` is not a valid regular
@@ -221,8 +235,11 @@ def convert_modules(
 
     targets, refused, unselected = _collect_norms(model, chosen)
     _check_selection(model, norms, targets, refused, unselected)
-    _refuse_unsupported(model, refused, skip_unsupported)
-    _require_a_norm(model, targets, existing)
+    _check_skip_unsupported(skip_unsupported)
+    _refuse_unsupported(model, refused, skip_unsupported is False)
+    _require_a_norm(model, targets, existing, refused)
+    if refused and skip_unsupported is None:
+        _warn_skipped(model, refused)
     if head not in ("auto", None):  # a bad head name fails before anything is replaced
         _head_to_replace(model, head, existing)
 
@@ -241,6 +258,34 @@ def convert_modules(
         params_after=_count_params(model),
         notes=_notes(found, head, existing),
         unselected=tuple((name, type(m).__name__) for name, m in unselected),
+        skipped_reasons=tuple(
+            dict.fromkeys((type(m).__name__, reason) for _, m, reason in refused)
+        ),
+    )
+
+
+def _check_skip_unsupported(skip_unsupported: object) -> None:
+    if not (skip_unsupported is None or isinstance(skip_unsupported, bool)):
+        raise TypeError(
+            f"skip_unsupported must be None (the default: leave norms with no member version "
+            f"shared and warn), True (the same, silently) or False (all or nothing), got "
+            f"{skip_unsupported!r}"
+        )
+
+
+def _warn_skipped(model: nn.Module, refused: list[tuple[str, nn.Module, str]]) -> None:
+    """One warning for a conversion that leaves norms with no member version shared."""
+    kinds = list(dict.fromkeys(type(m).__name__ for _, m, _ in refused))
+    reasons = list(dict.fromkeys(reason for _, _, reason in refused))
+    why = " ".join(f"{reason}." for reason in reasons[:_REASONS])
+    warnings.warn(
+        f"snens.convert left {len(refused)} norm{'s' if len(refused) > 1 else ''} of "
+        f"{type(model).__name__} shared by the members, with no member version: "
+        f"{', '.join(kinds)} (the report's skipped lists them). {why} Every member still "
+        "computes the model at conversion; pass skip_unsupported=True to leave them shared "
+        "without this warning, or skip_unsupported=False to refuse the model instead",
+        UserWarning,
+        stacklevel=4,
     )
 
 
@@ -392,10 +437,10 @@ _REASONS = 4
 
 
 def _refuse_unsupported(
-    model: nn.Module, refused: list[tuple[str, nn.Module, str]], skip_unsupported: bool
+    model: nn.Module, refused: list[tuple[str, nn.Module, str]], all_or_nothing: bool
 ) -> None:
-    """Raise naming the refused norms (the first 8) and why, unless they are to be skipped."""
-    if not refused or skip_unsupported:
+    """Raise naming the refused norms (the first 8) and why, in the all-or-nothing mode."""
+    if not refused or not all_or_nothing:
         return
     listed = ", ".join(f"{n} ({type(m).__name__})" for n, m, _ in refused[:8])
     more = f" and {len(refused) - 8} more" if len(refused) > 8 else ""
@@ -413,20 +458,31 @@ def _refuse_unsupported(
     )
     raise TypeError(
         f"{type(model).__name__} has norms with no member version: {listed}{more}.{why} "
-        f"Supported: {SUPPORTED}.{register} Pass skip_unsupported=True to leave them shared, "
-        "or replace them with a supported norm first"
+        f"Supported: {SUPPORTED}.{register} Leave skip_unsupported at its default (None) to "
+        "convert the other norms and leave these shared, or replace them with a supported "
+        "norm first"
     )
 
 
 def _require_a_norm(
-    model: nn.Module, targets: dict[int, Converter], existing: list[tuple[str, nn.Module]]
+    model: nn.Module,
+    targets: dict[int, Converter],
+    existing: list[tuple[str, nn.Module]],
+    refused: list[tuple[str, nn.Module, str]] = (),
 ) -> None:
     """Raise if the model will hold no member norm: nothing to convert and none built in."""
     has_member_norms = any(isinstance(m, MemberNorm) for _, m in existing)
     if not targets and not has_member_norms:
+        unsupported = ""
+        if refused:
+            reasons = list(dict.fromkeys(reason for _, _, reason in refused))
+            unsupported = " Its norms have no member version:" + "".join(
+                f" {reason}." for reason in reasons[:_REASONS]
+            )
         raise ValueError(
             f"{type(model).__name__} has no supported norm layer to convert (looked for "
-            f"{SUPPORTED}); σN-Ens members live in the norms, so the model needs at least one"
+            f"{SUPPORTED}).{unsupported} σN-Ens members live in the norms, so the model needs "
+            "at least one"
         )
 
 
