@@ -152,8 +152,11 @@ def test_markdown_table(sweep, tmp_path, capsys):
     assert main(["report", str(root), "--out", str(tmp_path / "report")]) == 0
     printed = capsys.readouterr().out
     text = (tmp_path / "report" / "report.md").read_text()
-    table = [line for line in text.splitlines() if line.startswith("|")]
-    assert "\n".join(table) in printed
+    glance = text[text.index("## At a glance") : text.index("## Every metric")]
+    assert "\n".join(line for line in glance.splitlines() if line.startswith("|")) in printed
+    full = text[text.index("## Every metric") : text.index("## Runs")]
+    table = [line for line in full.splitlines() if line.startswith("|")]
+    assert "\n".join(table) not in printed  # the terminal gets the table at a glance
     assert table[0].startswith("| method | M | τ | λ | n | seeds | test/accuracy | test/nll |")
     single = table[2].split(" | ")
     accuracy = finals[("single", 1.0, 0)]["metrics"]["test/accuracy"]
@@ -724,3 +727,28 @@ def test_runs_of_other_class_counts_huge_numbers_and_odd_provenance_are_named(ke
         report.path.read_text()
     )
     assert ", 1, 2; torch" in report.path.read_text()
+
+
+def test_the_table_at_a_glance_names_rows_by_what_differs_and_keeps_few_columns(
+    sweep, tmp_path, capsys
+):
+    import statistics
+
+    root, finals = sweep
+    assert main(["report", str(root), "--out", str(tmp_path / "report")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    table = [[c.strip() for c in line.strip("|").split("|")] for line in lines[:5]]
+    assert table[0] == ["run", "n", "acc", "NLL", "ECE", "params", "train s"]
+    assert [row[:2] for row in table[2:]] == [
+        ["single", "1"],
+        ["snens, M=4, τ=0.05, λ=0.1", "3"],
+        ["snens, M=4, τ=5.0, λ=0.1", "2"],
+    ]
+    nll = [finals[("snens", 0.05, s)]["metrics"]["test/nll"] for s in (0, 1, 2)]
+    assert table[3][3] == f"{statistics.mean(nll):.4f} ± {statistics.stdev(nll):.4f}"
+    one = finals[("single", 1.0, 0)]["metrics"]["test/ece"]
+    assert table[2][4] == f"{one:.4f}"  # one run: its value, no "(n=1)"
+    assert table[3][5] == "5,852" and table[2][6] == "1.5"
+    assert lines[5] == "every metric, the runs and the plots: report.md; every number: report.csv"
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert text.index("## At a glance") < text.index("## Every metric") < text.index("## Runs")

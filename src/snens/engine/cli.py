@@ -372,7 +372,8 @@ def _report(args: argparse.Namespace) -> int:
     except (ValueError, TypeError, OSError) as error:
         print(f"snens report: {error}", file=sys.stderr)
         return 2
-    print(report.table)
+    print(report.summary)
+    print("every metric, the runs and the plots: report.md; every number: report.csv")
     for note in report.notes:
         print(note)
     # a path from undecodable bytes (lone surrogates) must not make the print fail

@@ -174,6 +174,30 @@ class Report:
     csv: Path
     plots: list[Path]
     notes: list[str]
+    #: The few columns that matter, for a terminal (:data:`GLANCE`), rows named by the keys
+    #: that differ between them.
+    summary: str = ""
+
+
+#: The columns of the report's table at a glance, those the runs hold, in this order; an OOD
+#: set's energy and max-logit AUROC follow the calibration columns.
+GLANCE = (
+    "test/accuracy",
+    "test/nll",
+    "test/ece",
+    "test_ts/nll",
+    "test_ts/ece",
+)
+_GLANCE_TAIL = ("params", "train seconds")
+_GLANCE_NAMES = {
+    "test/accuracy": "acc",
+    "test/nll": "NLL",
+    "test/ece": "ECE",
+    "test_ts/nll": "NLL +TS",
+    "test_ts/ece": "ECE +TS",
+    "params": "params",
+    "train seconds": "train s",
+}
 
 
 def _flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -572,6 +596,7 @@ def write_report(
         table_rows.append(cells)
     header = [*(_SHORT.get(k, k) for k in varied), "n", "seeds", *metrics]
     table = markdown_table(header, table_rows)
+    summary = _glance(groups, varied, metrics)
     differences = _differences(groups, varied, baseline) if baseline is not None else []
 
     out = Path(out)
@@ -602,6 +627,12 @@ def write_report(
         "row's runs (std with ddof=1; one run shows its value and n=1). Config keys not in the "
         "table are the same in every run.",
         "",
+        "## At a glance",
+        "",
+        summary,
+        "",
+        "## Every metric",
+        "",
         table,
         "",
         "## Runs",
@@ -617,7 +648,45 @@ def write_report(
     text += ["", *(f"{note}" for note in notes if note)]
     path = out / "report.md"
     _write(path, "\n".join(text) + "\n")
-    return Report(table, path, csv_path, plots, [n for n in notes if n])
+    return Report(table, path, csv_path, plots, [n for n in notes if n], summary)
+
+
+def _glance(groups: Sequence[Group], varied: Sequence[str], metrics: Sequence[str]) -> str:
+    """The table at a glance: a row per configuration named by the keys that differ (one
+    column), n, and the :data:`GLANCE` metrics the runs hold, the first OOD set's energy and
+    max-logit AUROC, parameters and training seconds; a cell is ``mean ± std``, with ``(n=k)``
+    only where k of the row's runs hold the value."""
+    ood = [
+        m
+        for score in ("energy", "max_logit")
+        for m in metrics
+        if m.startswith("ood/") and m.endswith(f"/{score}/auroc")
+    ]
+    first_set = ood[0].split("/")[1] if ood else None
+    ood = [m for m in ood if m.split("/")[1] == first_set]
+    columns = [m for m in (*GLANCE, *ood, *_GLANCE_TAIL) if m in metrics]
+    names = [
+        _GLANCE_NAMES.get(m) or f"OOD {m.split('/')[2].replace('_', '-')} AUROC" for m in columns
+    ]
+    rows = []
+    for group in groups:
+        cells = [_label(group, varied), str(len(group.runs))]
+        for metric in columns:
+            found = [r.metric(metric) for r in group.runs]
+            finite = [v for v in found if v is not None and math.isfinite(v)]
+            if not finite:
+                cells.append("—")
+                continue
+            mean, std, n = summarize(finite)
+            digits = 0 if metric == "params" else 1 if metric == "train seconds" else 4
+            text = f"{mean:,.{digits}f}" if metric == "params" else f"{mean:.{digits}f}"
+            if n > 1 and metric != "params":  # one config: one size
+                text += f" ± {std:.{digits}f}"
+            if n < len(group.runs):
+                text += f" (n={n})"
+            cells.append(text)
+        rows.append(cells)
+    return markdown_table(["run", "n", *names], rows)
 
 
 def _left_out(values: Sequence[float | None]) -> list[float]:
