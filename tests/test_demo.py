@@ -269,3 +269,38 @@ def test_demo_out_a_file_is_named_with_the_fix(tmp_path, capsys):
     assert capsys.readouterr().err == (
         f"snens demo: --out {tmp_path / 'file'} is a file, not a directory; choose another --out\n"
     )
+
+
+def test_the_demo_ends_with_a_verdict_its_intervals_support(demo):
+    from snens.engine.compare import compare_runs
+
+    out, results = demo
+    report = (out / "report.md").read_text()
+    verdicts = [line for line in report.splitlines() if line.startswith("Verdict: ")]
+    sigma = [r["method"] for r in results["rows"] if r["method"].startswith("σN-Ens")]
+    assert [v.split(" beats ")[0].split(" is ")[0].removeprefix("Verdict: ") for v in verdicts] == (
+        sigma
+    )
+    runs = {p.name: p for p in (out / "runs").iterdir() if p.is_dir()}
+    single = next(p for name, p in runs.items() if "single" in name)
+    default = next(
+        p for name, p in runs.items()
+        if "snens" in name and "temperature=1.0" in name and "split" not in name
+    )  # fmt: skip
+    nll, ece = compare_runs([default], [single], sets=("test",), metrics=("nll", "ece"))
+    line = next(v for v in verdicts if v.startswith("Verdict: σN-Ens τ=1 (default) "))
+    words = {"better": "beats", "worse": "is behind", "level": "is level with"}
+    assert f"{words[nll.verdict]} the single model on test nll (Δ {nll.interval})" in line
+    assert f"{words[ece.verdict]} the single model on test ece (Δ {ece.interval})" in line
+
+
+def test_the_demo_says_its_times_were_taken_under_load(monkeypatch):
+    from snens.engine import demo
+
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    monkeypatch.setattr("os.getloadavg", lambda: (9.0, 6.5, 3.0))
+    assert demo._load_note().startswith(
+        "The train s column was measured under load (5-minute load average 6.5 on 2 cores)"
+    )
+    monkeypatch.setattr("os.getloadavg", lambda: (0.5, 1.5, 1.0))
+    assert demo._load_note() == ""

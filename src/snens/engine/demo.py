@@ -280,9 +280,10 @@ def run(
             print(f"snens demo: run {name} failed: {error}", file=sys.stderr)
         return 1
 
-    rows, results, nets, steps = [], {}, {}, 0
+    rows, results, nets, steps, paths = [], {}, {}, 0, {}
     for sweep_run in runs:
         label, path = _label(sweep_run.config), sweep_run.path()
+        paths[label] = path
         final = read_final(path)  # a regular file, never through a link
         steps = max(steps, final["train"]["steps"])  # every method takes the same steps
         report = final["metrics"]
@@ -317,10 +318,12 @@ def run(
         )
 
     table, reference = _markdown(rows), _reference(config, steps, rows)
+    verdict = "\n".join(line for line in (_verdict(paths), _load_note()) if line)
     figures = _plots(out_dir, rows, results, nets)
     seconds = time.perf_counter() - start
-    print("\n" + table + "\n\n" + reference)
-    report_md = ["# snens demo", "", table, "", _provenance(config, seconds), "", reference, ""]
+    print("\n" + table + "\n\n" + verdict + "\n\n" + reference)
+    report_md = ["# snens demo", "", table, "", verdict, "", _provenance(config, seconds), ""]
+    report_md += [reference, ""]
     if figures:
         report_md += [f"![{path.stem}]({path.name})" for path in figures] + [""]
     else:
@@ -334,6 +337,41 @@ def run(
     print(f"\nwrote {out_dir / 'report.md'}, results.json and {len(figures)} figures")
     print(f"{seconds:.0f} s in all")
     return 0
+
+
+def _verdict(paths: dict[str, Path]) -> str:
+    """One line per σN-Ens run: how it compares with the single model on test NLL and ECE,
+    in the words its paired 95 % interval supports (this demo's one seed; the test images
+    resampled in pairs)."""
+    from snens.engine.compare import compare_runs, describe
+
+    single = paths.get(_LABELS["single"])
+    if single is None:
+        return ""
+    lines = []
+    for label, path in paths.items():
+        if not label.startswith("σN-Ens"):
+            continue
+        found = compare_runs([path], [single], sets=("test",), metrics=("nll", "ece"))
+        lines.append("Verdict: " + "; ".join(describe(c, label, "the single model") for c in found))
+    return "\n".join(lines)
+
+
+def _load_note() -> str:
+    """A line saying the training times were taken under load, where the machine's 5-minute
+    load average exceeds its cores (Linux and macOS; elsewhere nothing is said)."""
+    try:
+        load = os.getloadavg()[1]
+    except (AttributeError, OSError):
+        return ""
+    cores = os.cpu_count() or 1
+    if load <= cores:
+        return ""
+    return (
+        f"The train s column was measured under load (5-minute load average {load:.1f} on "
+        f"{cores} cores): a run that trained while other work ran took longer than it would "
+        "alone, so compare the times with care."
+    )
 
 
 def _trained_model(run_dir: Path):
