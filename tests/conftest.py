@@ -180,3 +180,15 @@ def member_loop(layer, x: torch.Tensor, stats: dict | None = None, momentum=None
             y = F.layer_norm(xm, layer.normalized_shape, scale[m], b, layer.eps)
         outs.append(y)
     return torch.cat(outs)
+
+
+@pytest.fixture(autouse=True)
+def _norm_registrations_end_with_the_test():
+    """A test's snens.nn.register_norm calls are undone after it, so no other test (in this
+    worker process) converts with a norm class it did not register."""
+    from snens.nn import registry
+
+    kept = dict(registry._TABLE)
+    yield
+    registry._TABLE.clear()
+    registry._TABLE.update(kept)

@@ -276,10 +276,15 @@ def test_known_bugs_stay_fixed(tmp_path):
     assert config.model.options == {"w": [1]}
 
 
-def test_zz_report_inputs_tried(capsys):
-    """Runs last in this file: how many inputs the properties above tried."""
-    with capsys.disabled():
-        print(
-            f"\nconfig fuzzing: {sum(TRIED.values())} inputs tried "
-            f"({', '.join(f'{k}: {v}' for k, v in TRIED.items())})"
-        )
+@pytest.mark.parametrize("kind", ["dicts", "overrides", "files"])
+def test_each_property_tries_hundreds_of_inputs(kind):
+    """A property that stopped drawing (a filter that rejects nearly everything, a strategy
+    that collapsed to a few values) would pass without testing: run it here and count."""
+    prop = {
+        "dicts": test_random_tables,
+        "overrides": test_random_overrides,
+        "files": test_random_toml_files,
+    }[kind]
+    before = TRIED[kind]
+    prop()
+    assert TRIED[kind] - before >= 250, f"{kind}: {TRIED[kind] - before} inputs tried"

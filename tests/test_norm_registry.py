@@ -170,3 +170,25 @@ def test_a_refusal_names_each_class_and_its_reason():
     # by default the rest converts; here nothing does, and the reasons are named all the same
     with pytest.raises(ValueError, match=r"no supported norm layer.*AffineOnly computes none"):
         snens.convert(model, M)
+
+
+class _Registered(nn.Module):
+    """A norm class the next two tests register and then expect gone."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(4))
+
+    def forward(self, x):
+        return torch.nn.functional.layer_norm(x, (4,), self.weight)
+
+
+def test_a_registration_holds_within_its_test():
+    snn.register_norm(_Registered, snn.MemberLayerNorm)
+    assert snn.registry.member_converter(_Registered()) is not None
+
+
+def test_a_registration_does_not_outlive_its_test():
+    from snens.nn.registry import _TABLE
+
+    assert _Registered not in _TABLE
