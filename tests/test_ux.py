@@ -80,7 +80,8 @@ def test_the_sigma_norm_epoch_numbers_are_explained_once_with_their_target():
         "per epoch, 'gain over uniform' is M·KL(uniform ‖ member importances) per feature, in "
         "nats (0: every member weighs every feature alike; higher: features owned by fewer "
         "members), and 'effective members' the members sharing a feature on average, which "
-        "the diversity loss drives toward k*(τ=1) = 1.67 of M=4"
+        "the diversity loss (λ = 0.1) pulls toward k*(τ=1) = 1.67 of M=4, against the task "
+        "loss (the smaller λ, the less it moves them)"
     )
     plain = load_config(preset("fashion_mnist_small_cnn_tiny"), ["method.diversity_weight=0"])
     assert _legend_line(plain).endswith("on average, M=4 (no diversity loss: λ = 0)")

@@ -725,9 +725,12 @@ _CURVE_METRICS = (
 def _legend_line(config: RunConfig) -> str:
     """What the σN-Ens numbers of the epoch lines mean, with the target the loss aims at."""
     tau, M = config.method.temperature, config.method.num_members
+    weight = config.method.diversity_weight
     target = (
-        f"which the diversity loss drives toward k*(τ={tau:g}) = {optimal_k(tau, M):.2f} of M={M}"
-        if config.method.diversity_weight > 0
+        f"which the diversity loss (λ = {weight:g}) pulls toward k*(τ={tau:g}) = "
+        f"{optimal_k(tau, M):.2f} of M={M}, against the task loss (the smaller λ, the less "
+        "it moves them)"
+        if weight > 0
         else f"M={M} (no diversity loss: λ = 0)"
     )
     layers = config.method.diversity_layers
