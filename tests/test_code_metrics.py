@@ -3,12 +3,14 @@ names (nor do the scripts of ``benchmarks/``), measured by ``scripts/code_metric
 sites that cannot be fixed on this branch are listed below, each with its reason."""
 
 import importlib.util
+import re
 import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src" / "snens"
 
 
 def _load_metrics():
@@ -98,3 +100,26 @@ def test_the_report_prints_every_measure(capsys):
         "radon",
     ):
         assert words in out, words
+
+
+#: A measured result as prose writes it: a metric, then a value to three or more decimals.
+STUDY_NUMBER = re.compile(r"\b(?:NLL|ECE|Brier|AUROC|accuracy)(?: of)? [0-9]\.[0-9]{3}")
+
+
+def test_no_study_number_lives_in_the_package():
+    """Results belong in results/ and the docs, written from the runs; a number copied into a
+    comment or docstring outlives the rerun that changes it."""
+    found = [
+        f"{path.relative_to(SRC.parent)}:{number}: {line.strip()}"
+        for path in sorted(SRC.rglob("*.py"))
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if STUDY_NUMBER.search(line)
+    ]
+    assert found == []
+
+
+def test_the_study_number_pattern_finds_what_prose_writes():
+    for line in ("validation NLL 0.293 at τ=1", "test accuracy 0.761, NLL 0.484", "AUROC 0.025"):
+        assert STUDY_NUMBER.search(line), line
+    for line in ("eps = 1e-5", "NLL of the mean", "lr 0.003", "AUROC(s_in, s_out)"):
+        assert not STUDY_NUMBER.search(line), line

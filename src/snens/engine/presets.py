@@ -118,11 +118,10 @@ PRESETS: dict[str, RunConfig] = {
     # Fine-tuning a pretrained RGB CNN, CPU-sized: MobileNetV2 with ImageNet weights on
     # Fashion-MNIST resized to 48 px, grey repeated to RGB, ImageNet-normalized; MNIST-5k as
     # OOD. All weights at lr 5e-4, gamma at 5e-4 × 3 = 0.0015, chosen on a validation split
-    # (the converged study's vision_tune stage, the last 1,000 training images, seed 0):
-    # σN-Ens validation NLL 0.273 at ×3, 0.300 at ×1, 0.313 at ×10 (one fine-tune: 0.295);
-    # faster, gamma rescales the pretrained features before the shared weights adapt. Flips
-    # only: a mirrored garment is the same class and the other Fashion-MNIST presets flip
-    # too; no crop. Test numbers, 3 seeds: README, Results.
+    # (the converged study's vision_tune stage; its numbers are on the results page): faster,
+    # gamma rescales the pretrained features before the shared weights adapt. Flips only: a
+    # mirrored garment is the same class and the other Fashion-MNIST presets flip too; no
+    # crop.
     "fashion_mnist_mobilenet_v2": RunConfig(
         data=DataConfig(
             dataset="fashion_mnist",
@@ -198,9 +197,8 @@ PRESETS: dict[str, RunConfig] = {
     # Offline stand-in for SST-2, CPU-sized: Rotten Tomatoes review snippets (a fixed 80/20
     # split), plot descriptions as OOD; pretrained MiniLM-L6, all weights fine-tuned at lr 1e-4,
     # gamma at 1e-4 × 50 = 0.005: in a short fine-tune a faster gamma (0.05) rescales the
-    # pretrained features before the shared weights adapt (README, Results §6). Measured
-    # (1 thread, 321 s of training): test accuracy 0.761, NLL 0.484, ECE 0.032; the same with
-    # norms and heads only at lr 1e-3 reached 0.58 accuracy on 1,000 texts.
+    # pretrained features before the shared weights adapt (the results page); training the
+    # norms and heads alone learned far less.
     "rotten_tomatoes_minilm": RunConfig(
         data=DataConfig(
             dataset="rotten_tomatoes",
@@ -229,12 +227,10 @@ PRESETS: dict[str, RunConfig] = {
     # next-token scores of " negative" / " positive" as the class scores (member-specific
     # rows), LoRA r=8, α=16 on q_proj/v_proj (the base frozen), 1,000 Rotten Tomatoes
     # reviews of ≤ 64 tokens, 2 epochs. σN-Ens partitions the 61 RMSNorms weakly (τ=5,
-    # λ=0.01; the library's defaults, τ=1 and λ=0.1, raise the validation NLL by 0.071 ±
-    # 0.012 there, members weaker for twice the disagreement). Split
-    # inputs (member m trains on its quarter of each batch: one fine-tune's compute and
-    # memory): chosen over repeat on the validation split of the LLM study
-    # (experiments/llm.py, results/llm.md). At λ=0.01 the regularizer barely acts there (with
-    # λ=0: validation NLL −0.0004 ± 0.0002, 3.70 of 4 effective members either way): the
+    # λ=0.01; the library's defaults, τ=1 and λ=0.1, make the members weaker for twice the
+    # disagreement there). Split inputs (member m trains on its quarter of each batch: one
+    # fine-tune's compute and memory), chosen over repeat on the validation split of the LLM
+    # study (its numbers are on the results page). At λ=0.01 the regularizer barely acts: the
     # members differ through their own quarters of each batch, their norms and their heads.
     "rotten_tomatoes_smollm2": RunConfig(
         data=DataConfig(

@@ -423,7 +423,7 @@ def posthoc_metrics(
 def _check_outputs(outputs: Mapping[str, Tensor]) -> None:
     """Kept logits of one model: ``test`` (M, N, K) floats, and every other set's logits of
     that M and K, each but the OOD sets with labels of their N, every logit finite (OOD logits
-    of another K or M had been scored against the test set, AUROC 0.025; validation logits
+    of another K or M had been scored against the test set, an AUROC near 0; validation logits
     without labels had been a KeyError, integer logits a NotImplementedError from torch); −inf
     is a logit of probability 0, allowed.
 
