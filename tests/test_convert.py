@@ -48,7 +48,10 @@ def test_report_counts_layers_and_parameters(resnet):
     assert report.params_added == expected
     assert report.params_after == sum(p.numel() for p in ens.parameters())
     text = str(report)
-    assert "6 × BatchNorm2d -> MemberBatchNorm2d" in text and "head: fc" in text
+    assert (
+        "6 × BatchNorm2d -> MemberBatchNorm2d" in text
+        and "head: 'fc' (its name in the model), one copy per member" in text
+    )
 
 
 def test_convert_copies_by_default_and_never_aliases_members(resnet):

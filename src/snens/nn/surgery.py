@@ -86,7 +86,11 @@ class ConversionReport:
             counts[key] = counts.get(key, 0) + 1
         lines = [f"snens conversion, num_members={self.num_members}"]
         lines += [f"  {n:4d} × {key}" for key, n in counts.items()]
-        lines.append(f"  head: {self.head or 'none (shared output layer)'}")
+        lines.append(
+            f"  head: {self.head!r} (its name in the model), one copy per member"
+            if self.head
+            else "  head: none (the output layer is shared)"
+        )
         if self.skipped:
             names = ", ".join(f"{n} ({t})" for n, t in self.skipped[:8])
             if len(self.skipped) > 8:
