@@ -119,17 +119,23 @@ def block() -> str:
                 rows.append([regime.label, label, *("not measured yet" for _ in COLUMNS), "—", "—"])
                 continue
             a, b = run_arrays(mine), run_arrays(theirs)
-            found = comparisons(a, b)
-            said.append((regime.label, label, [c.verdict for c in found]))
-            cells = [study.difference_cell(c) for c in found]
-            seeds = f"{len(mine)} and {len(theirs)}"
-            rows.append([regime.label, label, *cells, ood_set(a), seeds])
+            row, told = _row(regime.label, label, a, b, f"{len(mine)} and {len(theirs)}")
+            rows.append(row)
+            said.append(told)
     llm_rows, llm_said = _llm_rows()
     rows += llm_rows
     said += llm_said
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join([BEGIN, *lines, "", *sentences(said), END])
+
+
+def _row(regime: str, label: str, a: Sequence[dict], b: Sequence[dict], seeds: str) -> tuple:
+    """A table row of σN-Ens's arrays ``a`` against a baseline's ``b``, and what the sentences
+    say of it: (regime, label, the comparisons by column)."""
+    found = comparisons(a, b)
+    cells = [study.difference_cell(c) for c in found]
+    return [regime, label, *cells, ood_set(a), seeds], (regime, label, found)
 
 
 def ood_set(arrays: Sequence[dict]) -> str:
@@ -155,15 +161,21 @@ def comparisons(a: Sequence[dict], b: Sequence[dict]) -> list:
 WORDS = {"better": "beats {}", "worse": "is behind {}", "level": "is level with {}"}
 
 
-def sentences(said: Sequence[tuple[str, str, Sequence[str]]]) -> list[str]:
-    """One line per regime, in words, from each comparison's verdicts by column: "σN-Ens
-    beats one model on NLL and ECE; is level with a deep ensemble on NLL and ECE"; the only
-    comparative words the README's results use, each the word its interval supports."""
+def sentences(said: Sequence[tuple[str, str, Sequence]]) -> list[str]:
+    """One line per regime, in words, from each comparison by column (its ``verdict`` and
+    ``interval``): "σN-Ens beats one model on NLL (Δ −0.021 [−0.030, −0.012]); is level with
+    a deep ensemble on ECE (Δ …)"; the only comparative words the README's results use, each
+    the word its interval supports, with that interval beside it."""
     by_regime: dict[str, list[str]] = {}
-    for regime, label, verdicts in said:
+    for regime, label, found in said:
         clauses = []
         for word in WORDS:
-            columns = [name for (_, _, name), v in zip(COLUMNS, verdicts, strict=True) if v == word]
+            columns = [
+                f"{name} (Δ {c.interval.estimate:+.4f} [{c.interval.low:+.4f}, "
+                f"{c.interval.high:+.4f}])"
+                for (_, _, name), c in zip(COLUMNS, found, strict=True)
+                if c.verdict == word
+            ]
             if columns:
                 listed = (
                     ", ".join(columns[:-1]) + " and " + columns[-1]
@@ -202,10 +214,9 @@ def _llm_stage_rows(stage: str, regime: str) -> tuple[list[list[str]], list]:
             rows.append([regime, name, *("not measured yet" for _ in COLUMNS), "—", "—"])
             continue
         a, b = units[snens_label][1], units[label][1]
-        found = comparisons(a, b)
-        said.append((regime, name, [c.verdict for c in found]))
-        cells = [study.difference_cell(c) for c in found]
-        rows.append([regime, name, *cells, ood_set(a), f"{len(a)} and {len(b)}"])
+        row, told = _row(regime, name, a, b, f"{len(a)} and {len(b)}")
+        rows.append(row)
+        said.append(told)
     return rows, said
 
 

@@ -52,11 +52,34 @@ def test_the_generated_block_says_beats_only_where_its_interval_excludes_zero(ge
         assert (word in words) == (phrase in said)
 
 
-def test_a_sentence_lists_each_column_under_the_word_of_its_interval():
-    said = [("a regime", "one model", ["better", "level", "worse", "level", "better", "level"])]
+def test_a_sentence_lists_each_column_under_the_word_of_its_interval_with_the_interval():
+    from types import SimpleNamespace
+
+    def found(verdict, estimate, low, high):
+        interval = SimpleNamespace(estimate=estimate, low=low, high=high)
+        return SimpleNamespace(verdict=verdict, interval=interval)
+
+    level = found("level", 0.001, -0.002, 0.004)
+    said = [
+        (
+            "a regime",
+            "one model",
+            [
+                found("better", -0.05, -0.07, -0.04),
+                level,
+                found("worse", 0.01, 0.003, 0.02),
+                level,
+                found("better", 0.05, 0.04, 0.06),
+                level,
+            ],
+        )
+    ]
     assert claims.sentences(said) == [
-        "* a regime: σN-Ens beats one model on NLL and OOD AUROC (energy), is behind one model "
-        "on ECE, is level with one model on NLL +TS, ECE +TS and OOD AUROC (max. probability)."
+        "* a regime: σN-Ens beats one model on NLL (Δ -0.0500 [-0.0700, -0.0400]) and OOD AUROC "
+        "(energy) (Δ +0.0500 [+0.0400, +0.0600]), is behind one model on ECE (Δ +0.0100 "
+        "[+0.0030, +0.0200]), is level with one model on NLL +TS (Δ +0.0010 [-0.0020, +0.0040]), "
+        "ECE +TS (Δ +0.0010 [-0.0020, +0.0040]) and OOD AUROC (max. probability) (Δ +0.0010 "
+        "[-0.0020, +0.0040])."
     ]
 
 
