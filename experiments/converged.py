@@ -71,6 +71,7 @@ from pathlib import Path
 import study
 from study import Variant, plan_variant
 
+from snens import files
 from snens.engine.report import summarize, write_report
 from snens.engine.runs import FINAL, read_metrics
 from snens.engine.sweep import SweepRun
@@ -1255,7 +1256,7 @@ def report() -> Path:
     if plot:
         sections += [f"![sharing against member quality]({plot.name})", ""]
     path = WHERE["out"].parent / f"{WHERE['out'].name}.md"
-    path.write_text("\n".join(sections))
+    files.write_text(path, "\n".join(sections), mode=files.plain_mode(path))
     return path
 
 

@@ -33,6 +33,7 @@ from study import Variant, plan_variant
 from torch import nn
 
 import snens.models
+from snens import files
 from snens.engine.runs import EXAMPLES, FINAL, read_examples
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -212,7 +213,7 @@ def report() -> Path:
         if len(differences) > 2:  # a header alone: no pair has finished both its methods
             sections += [*differences, ""]
     path = WHERE["out"].parent / "holdout.md"
-    path.write_text("\n".join(sections))
+    files.write_text(path, "\n".join(sections), mode=files.plain_mode(path))
     return path
 
 

@@ -71,6 +71,7 @@ from pathlib import Path
 import study
 from study import Item, Variant, plan_variant
 
+from snens import files
 from snens.engine.report import markdown_table, summarize
 from snens.engine.runs import FINAL
 
@@ -1040,7 +1041,7 @@ def report() -> Path:
         ]
     )
     out = WHERE["out"].parent / "llm.md"
-    out.write_text(text)
+    files.write_text(out, text, mode=files.plain_mode(out))
     return out
 
 
