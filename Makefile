@@ -40,7 +40,7 @@ test-fast: setup
 # `make test` draws a fixed set (tests/conftest.py), so CI never passes or fails by chance.
 fuzz: setup
 	SNENS_FUZZ_PROFILE=explore SNENS_FUZZ_SCALE=20 $(BIN)/python -m pytest -q \
-		tests/test_fuzz.py tests/test_fuzz_cli.py tests/test_fuzz_config.py
+		tests/test_fuzz.py tests/engine/test_fuzz_cli.py tests/engine/test_fuzz_config.py
 
 # the documentation site, docs/_build/html/index.html (warnings are errors)
 docs: setup

@@ -5,7 +5,7 @@ only where it excludes 0, "is level with" otherwise).
     python experiments/claims.py            # print the block
     python experiments/claims.py --write    # put it into README.md between its markers
 
-``tests/test_readme_claims.py`` checks that README.md holds exactly what this writes, so a
+``tests/docs/test_readme_claims.py`` checks that README.md holds exactly what this writes, so a
 claim cannot outlive the runs it rests on.
 """
 

@@ -35,7 +35,7 @@
 # autocast there, and on CUDA each timed repeat starts and ends with torch.cuda.synchronize().
 #
 # --tiny (implied by --device cpu) shrinks every size, so that CI runs this same script on a CPU
-# (tests/test_gpu_check.py: 225 s of wall time on a 2-core machine at a load average of ~10,
+# (tests/studies/test_gpu_check.py: 225 s of wall time on a 2-core machine at a load average of ~10,
 # with section 3's runs without the Triton kernels and section 5's dynamo tracing). The report, by default results/gpu_<device>.md (results/gpu_nvidia-h200.md,
 # results/gpu_cpu.md), names the device, the torch/CUDA versions, the git SHA, the date, and
 # every command with its output.

@@ -24,6 +24,17 @@ settings.register_profile("ci", derandomize=True, database=None, print_blob=True
 settings.register_profile("explore", derandomize=False, print_blob=True)
 settings.load_profile(os.environ.get("SNENS_FUZZ_PROFILE", "ci"))
 
+# The tests under tests/docs/ hold the README, the docs and the docstrings to their text; with the
+# studies' checks of their committed reports they carry the pins_text marker, so
+# `pytest -m "not pins_text"` runs the behaviour tests alone.
+_DOCS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "docs") + os.sep
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if str(item.path).startswith(_DOCS):
+            item.add_marker(pytest.mark.pins_text)
+
 
 class BasicBlock(nn.Module):
     def __init__(self, c_in: int, c_out: int, stride: int = 1) -> None:

@@ -74,7 +74,7 @@ def build_model(
         backbone = models.create(backbone, num_classes=num_classes, **backbone_options)
         load_model_state(backbone, start.weights)
         backbone_options = {}
-    return baselines.create(
+    model = baselines.create(
         config.method.name,
         backbone,
         num_classes=num_classes,
@@ -82,6 +82,9 @@ def build_model(
         backbone_options=backbone_options,
         **options,
     )
+    if config.method.name == "snens":  # τ, λ and γ's multiplier beside what convert used
+        model.snens_config = config.method.snens_config()
+    return model
 
 
 def init_from_path(config: RunConfig) -> Path:

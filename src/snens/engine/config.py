@@ -50,6 +50,7 @@ from snens.engine.toml_io import (
 )
 from snens.evaluation.conformal import min_calibration_size
 from snens.evaluation.protocol import CALIBRATED_PREFIXES
+from snens.method.config import SnensConfig
 from snens.method.optim import GAMMA_LR_MULTIPLIER
 from snens.method.regularizer import DEFAULT_DIVERSITY_WEIGHT, DEFAULT_TEMPERATURE
 from snens.metrics import LOGIT_OOD_SCORES, OOD_SCORES
@@ -124,6 +125,16 @@ MAX_RATE = 1e3
 #: The largest multiplier of γ's learning rate (the presets use up to 1000): γ's rate, at most
 #: 1e7, stays a float32.
 MAX_GAMMA_LR_MULTIPLIER = 1e4
+#: The options of ``[method]`` that are fields of :class:`snens.SnensConfig` (the others are
+#: τ, λ, M, the input policy and γ's multiplier, keys of the table itself).
+SNENS_CONVERT_OPTIONS = (
+    "head",
+    "head_init",
+    "gamma_mean",
+    "gamma_std",
+    "norms",
+    "skip_unsupported",
+)
 #: The smallest conformal α: it needs ⌈1/α⌉ − 1 = 999,999 validation examples (1e-300 had
 #: asked for a number of 300 digits).
 MIN_ALPHA = 1e-6
@@ -606,6 +617,20 @@ class MethodConfig(_Section):
                 f"{', '.join(repr(m) for m in OWN_BATCH_METHODS)}, got method.name "
                 f'{self.name!r}; set method.input_policy="repeat" beside it'
             )
+
+    def snens_config(self) -> SnensConfig:
+        """This table as the :class:`snens.SnensConfig` σN-Ens is converted and trained with:
+        M, τ, λ, γ's learning-rate multiplier, the input policy ("own" trains as "split" on
+        batches of the members' own), and the conversion options held in ``options`` (``head``,
+        ``head_init``, ``gamma_mean``, ``gamma_std``, ``norms``, ``skip_unsupported``)."""
+        return SnensConfig(
+            num_members=self.num_members,
+            temperature=self.temperature,
+            diversity_weight=self.diversity_weight,
+            input_policy="split" if self.input_policy == "own" else self.input_policy,
+            gamma_lr_multiplier=self.gamma_lr_multiplier,
+            **{k: v for k, v in self.options.items() if k in SNENS_CONVERT_OPTIONS},
+        )
 
     @property
     def member_orders(self) -> int:

@@ -123,7 +123,7 @@ __all__ = [
 
 class _CompiledOrEager:
     """``torch.compile(model, fullgraph=True)``: one graph (converted CNNs, ViTs and Hugging
-    Face LLMs trace whole, ``tests/test_compile.py``); a model with a graph break is compiled
+    Face LLMs trace whole, ``tests/nn/test_compile.py``); a model with a graph break is compiled
     in pieces instead, and a failure falls back to the eager model (with a warning)."""
 
     def __init__(self, model: nn.Module) -> None:

@@ -41,7 +41,8 @@ What it changes in ``transformers.Trainer``, and why a plain ``Trainer`` cannot 
   mean probabilities, (N, K), summing to 1 over K; ``eval_loss`` is their negative
   log-likelihood, the ensemble's NLL (at most the mean member cross-entropy).
 * **saving**: ``trainer.save_model(directory)`` (and every checkpoint Trainer writes) holds the
-  ensemble's weights and ``snens.json`` beside them: M and the options of
+  ensemble's weights and ``snens.json`` beside them: its :class:`~snens.SnensConfig` (M, τ,
+  λ, the input policy, γ's learning-rate multiplier and initialization) and the options of
   :func:`snens.convert`. :func:`load_ensemble` converts a freshly built model with them and
   loads the weights, which reproduces the trained ensemble's outputs exactly::
 
@@ -86,12 +87,11 @@ from torch import Tensor, nn
 
 from snens import files
 from snens.integrations._dry_run import meta_copy
+from snens.method.config import SnensConfig, saved_config
 from snens.method.convert import convert
 from snens.method.ensemble import Ensemble, predictive_probs
-from snens.method.optim import GAMMA_LR_MULTIPLIER, param_groups
+from snens.method.optim import param_groups
 from snens.method.regularizer import (
-    DEFAULT_DIVERSITY_WEIGHT,
-    DEFAULT_TEMPERATURE,
     LayerSelection,
     diversity_gain,
     diversity_loss,
@@ -147,9 +147,11 @@ class SnensTrainer(transformers.Trainer):
         model: the ensemble, from :func:`snens.convert`.
         args: ``transformers.TrainingArguments``; ``learning_rate`` and ``weight_decay`` set the
             "decay" group, ``label_smoothing_factor`` the label smoothing.
-        temperature: τ of the diversity loss.
-        diversity_weight: λ; 0 trains on the task loss alone.
-        gamma_lr_multiplier: γ's learning rate over ``args.learning_rate``.
+        temperature: τ of the diversity loss; None (the default): ``ensemble.snens_config``'s.
+        diversity_weight: λ; 0 trains on the task loss alone; None (the default): the
+            ensemble's ``snens_config``'s.
+        gamma_lr_multiplier: γ's learning rate over ``args.learning_rate``; None (the default): the
+            ensemble's ``snens_config`` (:class:`snens.SnensConfig`), as for τ and λ.
         diversity_layers: which member norms the diversity loss regularizes (see
             :func:`snens.diversity_loss`); None: all.
         **kwargs: the other ``transformers.Trainer`` arguments (``train_dataset``,
@@ -175,9 +177,9 @@ class SnensTrainer(transformers.Trainer):
         model: Ensemble,
         args: transformers.TrainingArguments | None = None,
         *,
-        temperature: float = DEFAULT_TEMPERATURE,
-        diversity_weight: float = DEFAULT_DIVERSITY_WEIGHT,
-        gamma_lr_multiplier: float = GAMMA_LR_MULTIPLIER,
+        temperature: float | None = None,
+        diversity_weight: float | None = None,
+        gamma_lr_multiplier: float | None = None,
         diversity_layers: LayerSelection = None,
         **kwargs: Any,
     ) -> None:
@@ -186,6 +188,11 @@ class SnensTrainer(transformers.Trainer):
                 f"SnensTrainer trains a snens.Ensemble, got {type(model).__name__}; build one "
                 "with ens = snens.convert(model, num_members=4) and pass model=ens"
             )
+        config = model.snens_config  # what is not given comes from it
+        temperature = config.temperature if temperature is None else temperature
+        diversity_weight = config.diversity_weight if diversity_weight is None else diversity_weight
+        if gamma_lr_multiplier is None:
+            gamma_lr_multiplier = config.gamma_lr_multiplier
         if kwargs.get("compute_loss_func") is not None:
             raise ValueError(
                 "SnensTrainer computes the σN-Ens loss itself (ensemble_loss + diversity_loss); "
@@ -439,6 +446,7 @@ def _write_config(ensemble: Ensemble, directory: Path) -> None:
     report = ensemble.report
     meta = {
         "format": FORMAT_VERSION,
+        "config": ensemble.snens_config.to_dict(),
         "num_members": ensemble.num_members,
         "input_policy": ensemble.input_policy,
         # built by snens.convert (False: member layers at construction, see load_ensemble)
@@ -549,6 +557,10 @@ def _check_config(meta: Any, path: Path) -> dict[str, Any]:
         isinstance(norms, list) and all(isinstance(n, str) for n in norms)
     ):
         raise bad(f"norms = {norms!r:.40} is not a list of module names")
+    try:
+        meta["config"] = saved_config(meta)
+    except ValueError as error:
+        raise bad(str(error)) from None
     return meta
 
 
@@ -581,6 +593,7 @@ def _read_config(directory: Path, state: dict[str, Tensor]) -> tuple[dict[str, A
         "head": "auto",
         "skip_unsupported": False,
         "custom_output": False,
+        "config": SnensConfig(num_members=num_members),
     }
     return meta, "model."
 
@@ -601,6 +614,7 @@ def _fresh_ensemble(
                 f"the ensemble given has num_members={model.num_members}, {where} holds "
                 f"num_members={num_members}; build it with num_members={num_members}"
             )
+        model.snens_config = meta["config"]
         return model
     if not isinstance(model, nn.Module):
         raise TypeError(
@@ -613,7 +627,7 @@ def _fresh_ensemble(
             f"construction); build that model again with num_members={num_members}, wrap it "
             f"in snens.Ensemble(model, {num_members}) and pass the ensemble"
         )
-    return convert(
+    ensemble = convert(
         model,
         num_members,
         head=meta["head"],
@@ -623,6 +637,8 @@ def _fresh_ensemble(
         output=output,
         inplace=True,
     )
+    ensemble.snens_config = meta["config"]  # τ, λ, γ's multiplier and init as trained
+    return ensemble
 
 
 def _check_weights(ensemble: Ensemble, state: dict[str, Tensor], where: Path) -> None:

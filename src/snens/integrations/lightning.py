@@ -55,15 +55,10 @@ except ImportError as error:
 import torch
 from torch import Tensor
 
+from snens.method.config import SnensConfig
 from snens.method.ensemble import Ensemble, predictive_probs
-from snens.method.optim import GAMMA_LR_MULTIPLIER, param_groups
-from snens.method.regularizer import (
-    DEFAULT_DIVERSITY_WEIGHT,
-    DEFAULT_TEMPERATURE,
-    LayerSelection,
-    diversity_gain,
-    diversity_loss,
-)
+from snens.method.optim import param_groups
+from snens.method.regularizer import LayerSelection, diversity_gain, diversity_loss
 from snens.method.step import check_finite, training_loss
 from snens.metrics import accuracy, nll
 
@@ -115,9 +110,11 @@ class SnensModule(LightningModule):
         ensemble: the ensemble, from :func:`snens.convert`.
         lr: base learning rate (groups "decay" and "no_decay").
         weight_decay: weight decay of the "decay" group.
-        gamma_lr_multiplier: γ's learning rate over ``lr``.
-        temperature: τ of the diversity loss.
-        diversity_weight: λ; 0 trains on the task loss alone.
+        gamma_lr_multiplier: γ's learning rate over ``lr``; None (the default): the
+            ensemble's ``snens_config`` (:class:`snens.SnensConfig`), as for τ and λ.
+        temperature: τ of the diversity loss; None (the default): ``ensemble.snens_config``'s.
+        diversity_weight: λ; 0 trains on the task loss alone; None (the default): the
+            ensemble's ``snens_config``'s.
         diversity_layers: which member norms to regularize (see :func:`snens.diversity_loss`);
             None: all.
         label_smoothing: of the task loss, in [0, 1].
@@ -143,9 +140,9 @@ class SnensModule(LightningModule):
         *,
         lr: float,
         weight_decay: float = 0.0,
-        gamma_lr_multiplier: float = GAMMA_LR_MULTIPLIER,
-        temperature: float = DEFAULT_TEMPERATURE,
-        diversity_weight: float = DEFAULT_DIVERSITY_WEIGHT,
+        gamma_lr_multiplier: float | None = None,
+        temperature: float | None = None,
+        diversity_weight: float | None = None,
         diversity_layers: LayerSelection = None,
         label_smoothing: float = 0.0,
         optimizer: OptimizerFactory = torch.optim.AdamW,
@@ -168,6 +165,16 @@ class SnensModule(LightningModule):
         if callable(diversity_layers):
             ignore.append("diversity_layers")
         self.save_hyperparameters(ignore=ignore)
+        # None: the ensemble's SnensConfig; the values in force are what the checkpoint keeps
+        config = ensemble.snens_config
+        gamma_lr_multiplier = _given(gamma_lr_multiplier, config.gamma_lr_multiplier)
+        temperature = _given(temperature, config.temperature)
+        diversity_weight = _given(diversity_weight, config.diversity_weight)
+        self.hparams.update(
+            gamma_lr_multiplier=gamma_lr_multiplier,
+            temperature=temperature,
+            diversity_weight=diversity_weight,
+        )
         # refuse bad settings now, not at the first step
         param_groups(ensemble, lr, weight_decay, gamma_lr_multiplier)
         with torch.no_grad():
@@ -186,9 +193,15 @@ class SnensModule(LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Saves M, and whether a function chose the regularized layers, beside the
         hyperparameters."""
+        config = self.ensemble.snens_config.replace(
+            temperature=self.temperature,
+            diversity_weight=self.diversity_weight,
+            gamma_lr_multiplier=self.gamma_lr_multiplier,
+        )
         checkpoint[CHECKPOINT_KEY] = {
             "num_members": self.ensemble.num_members,
             "layers_chosen_by_function": callable(self.diversity_layers),
+            "config": config.to_dict(),
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -213,6 +226,8 @@ class SnensModule(LightningModule):
                 "saved; pass the same function again: load_from_checkpoint(path, ensemble=..., "
                 "diversity_layers=...)"
             )
+        if "config" in saved:  # the SnensConfig it trained with (input policy, γ's init, …)
+            self.ensemble.snens_config = SnensConfig.from_dict(saved["config"])
         # names missing or unexpected are Lightning's to judge (strict=False allows them);
         # a tensor of another shape never loads
         expected = self.state_dict()
@@ -292,3 +307,7 @@ class SnensModule(LightningModule):
         """``optimizer(snens.param_groups(...))``: groups "decay", "no_decay" and "gamma"."""
         groups = param_groups(self.ensemble, self.lr, self.weight_decay, self.gamma_lr_multiplier)
         return self.optimizer_factory(groups)
+
+
+def _given(value: float | None, default: float) -> float:
+    return default if value is None else value

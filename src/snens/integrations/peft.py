@@ -11,9 +11,10 @@ so that is what is saved — a few MB beside the base model's hundreds::
     snens.integrations.peft.save_pretrained(ens, "my-adapter")
     ens = snens.integrations.peft.from_pretrained(fresh_base, "my-adapter")  # same outputs
 
-The directory holds PEFT's ``adapter_config.json``, ``snens.json`` (M, the input policy, the
-head's name, the format's version) and ``snens_state.safetensors``: every trainable tensor
-(LoRA weights, member norms' scales and γ, member heads) and every member layer's buffers.
+The directory holds PEFT's ``adapter_config.json``, ``snens.json`` (the ensemble's
+:class:`~snens.SnensConfig`, M, the input policy, the head's name, the format's version) and
+``snens_state.safetensors``: every trainable tensor (LoRA weights, member norms' scales and γ,
+member heads) and every member layer's buffers.
 :func:`snens.extract_member` of such an ensemble gives member m as a plain PEFT model, whose
 ``merge_and_unload()`` gives a plain Hugging Face model.
 
@@ -35,6 +36,7 @@ from torch import Tensor, nn
 
 from snens import files
 from snens.integrations._dry_run import meta_copy
+from snens.method.config import saved_config
 from snens.method.convert import convert
 from snens.method.ensemble import Ensemble
 from snens.nn.linear import MemberLinear
@@ -106,6 +108,7 @@ def save_pretrained(ensemble: Ensemble, directory: str | os.PathLike) -> Path:
     report = ensemble.report
     meta = {
         "format": FORMAT_VERSION,
+        "config": ensemble.snens_config.to_dict(),
         "num_members": ensemble.num_members,
         "input_policy": ensemble.input_policy,
         "head": report.head if report is not None else "auto",
@@ -206,6 +209,10 @@ def _read_meta(path: Path) -> dict[str, Any]:
         isinstance(norms, list) and all(isinstance(n, str) for n in norms)
     ):
         raise bad(f"norms = {norms!r:.40} is not a list of module names")
+    try:
+        meta["config"] = saved_config(meta)
+    except ValueError as error:
+        raise bad(str(error)) from None
     return meta
 
 
@@ -224,7 +231,7 @@ def _read_state(path: Path) -> dict[str, Tensor]:
 def _wrap(base_model: nn.Module, config: Any, meta: dict[str, Any]) -> Ensemble:
     """``base_model`` with the saved adapters' PEFT wrapper, converted as the save was."""
     peft_model = _peft().get_peft_model(base_model, config)
-    return convert(
+    ensemble = convert(
         peft_model,
         meta["num_members"],
         head=meta.get("head", "auto"),
@@ -232,6 +239,8 @@ def _wrap(base_model: nn.Module, config: Any, meta: dict[str, Any]) -> Ensemble:
         input_policy=meta["input_policy"],
         inplace=True,
     )
+    ensemble.snens_config = meta["config"]  # τ, λ, γ's multiplier and init as trained
+    return ensemble
 
 
 def _check_state(ensemble: Ensemble, state: dict[str, Tensor], path: Path) -> None:

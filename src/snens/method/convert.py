@@ -14,6 +14,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
+from snens.method.config import SnensConfig
 from snens.method.ensemble import Ensemble, InputPolicy
 from snens.nn.norms import check_num_members
 from snens.nn.surgery import NormSelection, convert_modules
@@ -44,7 +45,7 @@ def _check_not_an_ensemble(model: nn.Module) -> None:
 
 def convert(
     model: nn.Module,
-    num_members: int,
+    num_members: int | SnensConfig,
     *,
     head: str | None = "auto",
     head_init: Literal["copy", "reset"] = "copy",
@@ -73,7 +74,12 @@ def convert(
     Args:
         model: any ``nn.Module``, including Hugging Face models (their ``.logits`` are used).
         num_members: M, the number of members, from 1 to
-            :data:`snens.nn.norms.MAX_MEMBERS`.
+            :data:`snens.nn.norms.MAX_MEMBERS`; or a :class:`~snens.method.config.SnensConfig`,
+            which gives M and every option below that it holds (``head``, ``head_init``,
+            ``skip_unsupported``, ``gamma_mean``, ``gamma_std``, ``input_policy``, ``norms``),
+            and τ, λ and γ's learning-rate multiplier for training; those options are then
+            not passed again. The ensemble keeps it as ``ensemble.snens_config`` (from an int, a
+            config of these arguments with τ, λ and the multiplier at their defaults).
         head: the layer replicated per member: ``"auto"`` (the default) takes the last
             ``nn.Linear`` registered in the model, the output layer of a classifier; a name
             from ``model.named_modules()`` (e.g. ``"classifier.1"``) picks another
@@ -116,7 +122,8 @@ def convert(
         An :class:`Ensemble`; its ``report`` says what was converted and the parameters added.
 
     Raises:
-        TypeError: bad ``num_members``; an unsupported norm, named, with
+        TypeError: bad ``num_members``; a config together with one of the options it holds
+            (set it in the config instead); an unsupported norm, named, with
             ``skip_unsupported=False``; a head that is not ``nn.Linear``; ``model`` is (or holds)
             an :class:`Ensemble` already, e.g. a notebook cell ``model = snens.convert(model,
             M)`` run twice; a TorchScript module (convert the eager module first).
@@ -127,7 +134,18 @@ def convert(
         UserWarning: once, where norms with no member version are left shared
             (``skip_unsupported=None``, the default).
     """
-    check_num_members(num_members)
+    config = _config_of(
+        num_members,
+        head=head,
+        head_init=head_init,
+        skip_unsupported=skip_unsupported,
+        gamma_mean=gamma_mean,
+        gamma_std=gamma_std,
+        input_policy=input_policy,
+        norms=norms,
+    )
+    if not callable(norms):
+        norms = config.norms
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if isinstance(model, torch.jit.ScriptModule):  # it had said "no supported norm layer"
@@ -151,19 +169,57 @@ def convert(
         ) from error
     report = convert_modules(
         target,
-        num_members,
-        head=head,
-        head_init=head_init,
-        skip_unsupported=skip_unsupported,
-        gamma_mean=gamma_mean,
-        gamma_std=gamma_std,
+        config.num_members,
+        head=config.head,
+        head_init=config.head_init,
+        skip_unsupported=config.skip_unsupported,
+        gamma_mean=config.gamma_mean,
+        gamma_std=config.gamma_std,
         generator=generator,
-        norms=norms,
+        norms=list(norms) if isinstance(norms, tuple) else norms,
     )
     return Ensemble(
         target,
-        num_members,
-        input_policy=input_policy,
+        config.num_members,
+        input_policy=config.input_policy,
         output=output,
         report=report,
+        config=config,
+    )
+
+
+#: convert's options that a SnensConfig holds, with their defaults.
+_CONFIG_OPTIONS = {
+    "head": "auto",
+    "head_init": "copy",
+    "skip_unsupported": None,
+    "gamma_mean": 0.0,
+    "gamma_std": 1.0,
+    "input_policy": "repeat",
+    "norms": None,
+}
+
+
+def _config_of(num_members: int | SnensConfig, **options: Any) -> SnensConfig:
+    """The config ``convert`` builds with: the one given, or one of M and the options."""
+    if isinstance(num_members, SnensConfig):
+        # a function choosing the norms is not plain data: it goes beside a config
+        given = [
+            k
+            for k, v in options.items()
+            if not callable(v) and v is not _CONFIG_OPTIONS[k] and v != _CONFIG_OPTIONS[k]
+        ]
+        if given:
+            raise TypeError(
+                f"convert got a SnensConfig and {', '.join(f'{k}=' for k in given)} as well; "
+                f"set {'them' if len(given) > 1 else 'it'} in the config: "
+                f"convert(model, config.replace({given[0]}=...))"
+            )
+        return num_members
+    check_num_members(num_members)
+    norms = options["norms"]
+    return SnensConfig(
+        num_members=num_members,
+        **{k: v for k, v in options.items() if k != "norms"},
+        norms=None if callable(norms) else (tuple(norms) if isinstance(norms, list) else norms),
     )

@@ -33,6 +33,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
+from snens.method.config import SnensConfig
 from snens.nn.layout import model_rows
 from snens.nn.linear import MemberLinear
 from snens.nn.norms import MemberNorm, check_member, check_num_members
@@ -232,6 +233,10 @@ class Ensemble(nn.Module):
         output: callable picking the logits from the model's output; by default a tensor, a
             Hugging Face output's ``.logits``, or the first element of a tuple.
         report: the :class:`~snens.nn.surgery.ConversionReport`, when built by ``convert``.
+        config: the :class:`~snens.method.config.SnensConfig` it was built with (τ, λ, γ's
+            learning-rate multiplier, …), read back as ``ensemble.snens_config``; by default one of
+            M members and the input policy, the other fields at their defaults. Its M and
+            input policy must be those given.
 
     Shape:
         Input: (B, …) (any positional and keyword arguments; every tensor whose leading
@@ -254,9 +259,18 @@ class Ensemble(nn.Module):
         input_policy: InputPolicy = "repeat",
         output: Callable[[Any], Tensor] | None = None,
         report: ConversionReport | None = None,
+        config: SnensConfig | None = None,
     ) -> None:
         super().__init__()
         self.num_members = check_num_members(num_members)
+        if config is None:
+            config = SnensConfig(num_members=num_members, input_policy=input_policy)
+        elif (config.num_members, config.input_policy) != (num_members, input_policy):
+            raise ValueError(
+                f"config has num_members={config.num_members}, input_policy="
+                f"{config.input_policy!r}; the ensemble num_members={num_members}, input_policy="
+                f"{input_policy!r}: give the same values"
+            )
         members = member_modules(model)
         if not any(isinstance(m, MemberNorm) for _, m in members):
             raise ValueError(
@@ -274,6 +288,7 @@ class Ensemble(nn.Module):
         adapted = adapt(model)
         self.model = model
         self.input_policy = input_policy
+        self._config = config
         self.output = output
         self.report = (
             report if report is None else dataclasses.replace(report, notes=report.notes + adapted)
@@ -300,6 +315,28 @@ class Ensemble(nn.Module):
         if value not in ("repeat", "split"):
             raise ValueError(f"input_policy must be 'repeat' or 'split', got {value!r}")
         self._input_policy = value
+
+    @property
+    def snens_config(self) -> SnensConfig:
+        """The :class:`~snens.method.config.SnensConfig` of this ensemble: what it was built with,
+        its input policy as it is now; what the saves write beside the weights. (Not
+        ``config``: Hugging Face's Trainer reads and sets ``model.config`` as the model's own.)"""
+        config = self.__dict__.get("_config") or SnensConfig(num_members=self.num_members)
+        return dataclasses.replace(config, input_policy=self.input_policy)
+
+    @snens_config.setter
+    def snens_config(self, value: SnensConfig) -> None:
+        if not isinstance(value, SnensConfig):
+            raise TypeError(
+                f"ensemble.snens_config takes a SnensConfig, got {type(value).__name__}"
+            )
+        if value.num_members != self.num_members:
+            raise ValueError(
+                f"config.num_members={value.num_members}, the ensemble has {self.num_members} "
+                "members; convert the model again for another M"
+            )
+        self.input_policy = value.input_policy
+        self.__dict__["_config"] = value
 
     # -- forward ---------------------------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Tensor:

@@ -27,7 +27,7 @@ def param_groups(
     model: nn.Module,
     lr: float,
     weight_decay: float = 0.0,
-    gamma_lr_multiplier: float = GAMMA_LR_MULTIPLIER,
+    gamma_lr_multiplier: float | None = None,
     affine_weight_decay: float = 0.0,
 ) -> list[dict]:
     """Optimizer parameter groups for a σN-Ens model (or any model).
@@ -45,7 +45,9 @@ def param_groups(
         model: the model whose parameters to group.
         lr: base learning rate.
         weight_decay: weight decay of the "decay" group.
-        gamma_lr_multiplier: gamma's learning rate over ``lr``.
+        gamma_lr_multiplier: gamma's learning rate over ``lr``; None (the default): the
+            ensemble's ``snens_config.gamma_lr_multiplier`` (:class:`snens.SnensConfig`), or
+            :data:`GAMMA_LR_MULTIPLIER` for a model that is not an ensemble.
         affine_weight_decay: weight decay of the member norms' affine ``weight`` and
             ``bias`` (each member's own scale and shift).
 
@@ -55,6 +57,9 @@ def param_groups(
     Raises:
         ValueError: on a negative or non-finite lr, weight decay or multiplier.
     """
+    if gamma_lr_multiplier is None:
+        config = getattr(model, "snens_config", None)
+        gamma_lr_multiplier = GAMMA_LR_MULTIPLIER if config is None else config.gamma_lr_multiplier
     for name, value in (
         ("lr", lr),
         ("weight_decay", weight_decay),

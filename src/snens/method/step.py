@@ -57,8 +57,8 @@ def training_loss(
     logits: Tensor,
     labels: Tensor,
     *,
-    temperature: float = DEFAULT_TEMPERATURE,
-    weight: float = DEFAULT_DIVERSITY_WEIGHT,
+    temperature: float | None = None,
+    weight: float | None = None,
     layers: LayerSelection = None,
     label_smoothing: float = 0.0,
     host_labels: Tensor | None = None,
@@ -76,8 +76,11 @@ def training_loss(
             any data-parallel or accelerator wrapper).
         logits: the ensemble's output on the batch.
         labels: class indices, on the logits' device.
-        temperature: τ of the diversity loss.
-        weight: λ; 0 trains on the task loss alone.
+        temperature: τ of the diversity loss; None (the default): the ensemble's
+            ``snens_config.temperature`` (:class:`snens.SnensConfig`), or
+            :data:`~snens.method.regularizer.DEFAULT_TEMPERATURE` for another model.
+        weight: λ; 0 trains on the task loss alone; None (the default): the ensemble's
+            ``snens_config.diversity_weight``, or ``DEFAULT_DIVERSITY_WEIGHT``.
         layers: which member norms to regularize (see :func:`snens.diversity_loss`).
         label_smoothing: of the task loss, in [0, 1].
         host_labels: the same labels on the host, as the data loader made them: their range
@@ -99,6 +102,11 @@ def training_loss(
         TypeError, ValueError: as :func:`snens.ensemble_loss` for the logits, labels and
             label smoothing, and as :func:`snens.diversity_loss` for τ, λ and the layers.
     """
+    config = getattr(model, "snens_config", None)
+    if temperature is None:
+        temperature = DEFAULT_TEMPERATURE if config is None else config.temperature
+    if weight is None:
+        weight = DEFAULT_DIVERSITY_WEIGHT if config is None else config.diversity_weight
     check_loss_inputs(logits, label_smoothing)
     if host_labels is None:
         labels = check_labels(labels, logits.shape[2])

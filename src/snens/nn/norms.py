@@ -31,8 +31,8 @@ that compute them:
 Every member norm has one entry point, ``_normalize``, whose docstring lists its paths in the
 order they are tried, each with its condition and its measured reason, and one definition,
 ``_reference``: the plain functional norm on each member's rows, concatenated. Each path equals
-``_reference`` (``tests/test_norms.py``: the matrix of families × paths × dtypes;
-``tests/test_norm_dispatch.py``: which path an input takes). Under ``torch.compile`` and
+``_reference`` (``tests/nn/test_norms.py``: the matrix of families × paths × dtypes;
+``tests/nn/test_norm_dispatch.py``: which path an input takes). Under ``torch.compile`` and
 ``torch.export`` the fused and out= kernels stand aside for plain torch ops (group norm traces
 ``_reference``, and so do the batch and layer norms on the CPU; on other devices these trace
 their vectorized path).

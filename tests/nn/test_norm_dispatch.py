@@ -1,4 +1,4 @@
-"""Which kernel path each member norm takes, and what the matrix of ``tests/test_norms.py``
+"""Which kernel path each member norm takes, and what the matrix of ``tests/nn/test_norms.py``
 cannot say about the paths: ``force_path``, ``torch.func`` and ``torch.compile``, the autograd
 functions' limits, and the errors the paths raise.
 
@@ -6,7 +6,7 @@ Each family's ``_normalize`` lists its paths in the order they are tried, with t
 for each. These tests pin that list: an input meeting a path's condition runs that path (its
 entry point is wrapped to record the call), with the graph that path builds. That every path
 computes the per-member loop of plain norms is the matrix's
-(``tests/test_norms.py::test_every_member_norm_is_the_per_member_loop_of_plain_norms``).
+(``tests/nn/test_norms.py::test_every_member_norm_is_the_per_member_loop_of_plain_norms``).
 
 ``torch.compile``/``torch.export`` are simulated by ``torch.compiler.is_compiling`` returning
 True in the path tables; the ``torch_compile`` tests compile models for real.

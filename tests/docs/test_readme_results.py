@@ -6,7 +6,7 @@ by ``docs/_ext/results_tables.py`` when the docs build. They are checked here: c
 recomputed from the runs' ``final.json`` (mean over seeds, sample standard deviation after
 ``±``), so a table rounded the wrong way fails; and cells of the generated tables are pinned
 to literal values, so a change to the generator or to a committed run shows up as a failing
-line. (The README's comparisons are generated and checked by tests/test_readme_claims.py.)
+line. (The README's comparisons are generated and checked by tests/docs/test_readme_claims.py.)
 """
 
 import functools
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "docs" / "_ext"))
 
 import results_tables  # noqa: E402

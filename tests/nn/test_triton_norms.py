@@ -6,7 +6,7 @@ their arithmetic without a GPU: forward values and the gradients of x, gamma, we
 float32, bfloat16 and float16, on shapes that stress the tiling (rows not a multiple of a tile,
 hidden sizes not a power of two, several backward programs per member, M = 1). Which inputs the
 dispatch sends to the kernels is pinned here too. The ``cuda`` tests run the compiled kernels
-through the default dispatch on a GPU (skipped without one). ``tests/test_norms.py``'s matrix
+through the default dispatch on a GPU (skipped without one). ``tests/nn/test_norms.py``'s matrix
 holds the kernels' path to the per-member loop of plain norms for every family that has it.
 """
 

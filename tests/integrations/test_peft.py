@@ -96,6 +96,16 @@ def test_save_and_load_into_a_fresh_base_reproduces_the_trained_ensemble(tmp_pat
     assert (got[0] - got[1]).abs().max() > 1e-4  # the members differ, and each was restored
 
 
+def test_a_save_keeps_the_snens_config(tmp_path):
+    config = snens.SnensConfig(
+        num_members=2, temperature=5.0, diversity_weight=0.01, input_policy="split", gamma_std=0.5
+    )
+    ens = snens.convert(peft.get_peft_model(_base(), _lora()), config)
+    save_pretrained(ens, tmp_path)
+    assert json.loads((tmp_path / "snens.json").read_text())["config"] == config.to_dict()
+    assert from_pretrained(_base(), tmp_path).snens_config == config
+
+
 def test_a_member_is_a_plain_peft_model_and_merges_into_a_plain_hf_model():
     ens = _trained()
     with torch.no_grad():

@@ -18,7 +18,7 @@ import snens.method.ensemble
 import snens.method.loss
 import snens.method.regularizer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 API_PAGES = (
     "snens",
     "nn",

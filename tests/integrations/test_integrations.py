@@ -407,6 +407,7 @@ def test_trainer_save_model_reloads_the_trained_ensemble_exactly(tmp_path):
     meta = json.loads((tmp_path / "saved" / "snens.json").read_text())
     assert meta == {
         "format": 1,
+        "config": snens.SnensConfig(num_members=3).to_dict(),
         "num_members": 3,
         "input_policy": "repeat",
         "converted": True,
@@ -787,6 +788,73 @@ def test_lightning_checkpoint_reloads_with_load_from_checkpoint(tmp_path):
         )
     with pytest.raises(TypeError, match=r"load_from_checkpoint\(path, ensemble=snens\.convert"):
         SnensModule.load_from_checkpoint(tmp_path / "last.ckpt")
+
+
+_TUNED = snens.SnensConfig(
+    num_members=3,
+    temperature=5.0,
+    diversity_weight=0.01,
+    input_policy="split",
+    gamma_lr_multiplier=10.0,
+    gamma_std=0.5,
+)
+
+
+def test_a_trainer_save_keeps_the_snens_config_and_trains_by_it(tmp_path):
+    """SnensTrainer takes τ, λ and γ's multiplier from ens.snens_config; its save writes the
+    config into snens.json and load_ensemble gives it back; a save written before the config
+    was kept still loads (M and the input policy from it, the rest at the defaults)."""
+    from snens.integrations.huggingface import load_ensemble
+
+    torch.manual_seed(0)
+    ens = snens.convert(TinyTransformer(), _TUNED)
+    trainer = _hf_trainer(tmp_path / "out", ens)
+    assert (trainer.temperature, trainer.diversity_weight) == (5.0, 0.01)
+    assert trainer.gamma_lr_multiplier == 10.0
+    trainer.save_model(tmp_path / "saved")
+    assert load_ensemble(TinyTransformer(), tmp_path / "saved").snens_config == _TUNED
+    path = tmp_path / "saved" / "snens.json"
+    meta = json.loads(path.read_text())
+    path.write_text(json.dumps({k: v for k, v in meta.items() if k != "config"}))
+    legacy = load_ensemble(TinyTransformer(), tmp_path / "saved").snens_config
+    assert legacy == snens.SnensConfig(num_members=3, input_policy="split")
+    path.write_text(json.dumps({**meta, "config": {**meta["config"], "temperature": -1}}))
+    with pytest.raises(ValueError, match=r"snens\.json: its config is not a SnensConfig"):
+        load_ensemble(TinyTransformer(), tmp_path / "saved")
+    path.write_text(json.dumps({**meta, "config": {**meta["config"], "num_members": 2}}))
+    with pytest.raises(ValueError, match=r"num_members=2.*disagrees with num_members=3"):
+        load_ensemble(TinyTransformer(), tmp_path / "saved")
+
+
+def test_a_lightning_checkpoint_keeps_the_snens_config(tmp_path):
+    pytest.importorskip("lightning.pytorch")
+    from snens.integrations.lightning import SnensModule
+
+    examples = _tiny_examples(n=12)
+    pairs = _Batches([
+        ({"input_ids": examples.ids[i : i + 6], "attention_mask": examples.mask[i : i + 6]},
+         examples.labels[i : i + 6])
+        for i in (0, 6)
+    ])  # fmt: skip
+    torch.manual_seed(0)
+    module = SnensModule(snens.convert(TinyTransformer(), _TUNED), lr=3e-3)
+    assert (module.temperature, module.diversity_weight, module.gamma_lr_multiplier) == (
+        5.0,
+        0.01,
+        10.0,
+    )
+    trainer = _lightning_trainer(max_steps=1)
+    trainer.fit(module, pairs)
+    trainer.save_checkpoint(tmp_path / "last.ckpt")
+    again = SnensModule.load_from_checkpoint(
+        tmp_path / "last.ckpt", ensemble=snens.convert(TinyTransformer(), num_members=3)
+    )
+    assert again.ensemble.snens_config == _TUNED
+    assert (again.temperature, again.diversity_weight, again.gamma_lr_multiplier) == (
+        5.0,
+        0.01,
+        10.0,
+    )
 
 
 def test_lightning_checkpoint_asks_again_for_a_layer_selecting_function(tmp_path):

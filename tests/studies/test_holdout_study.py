@@ -13,7 +13,7 @@ from torch import nn
 import snens
 import snens.models
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +86,7 @@ def test_the_plan_runs_every_method_of_every_cell_on_both_seeds_selected_on_vali
     assert seeds == sorted(seeds)
 
 
+@pytest.mark.pins_text
 def test_the_committed_report_is_the_committed_runs_report(holdout, tmp_path, monkeypatch):
     (tmp_path / "holdout").symlink_to(ROOT / "results" / "holdout")
     monkeypatch.setitem(holdout.WHERE, "out", tmp_path / "holdout")

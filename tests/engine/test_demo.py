@@ -14,7 +14,7 @@ from snens.engine.fit import fit
 from snens.method.regularizer import DEFAULT_DIVERSITY_WEIGHT, DEFAULT_TEMPERATURE
 from snens.models import create
 
-CONVERGED = Path(__file__).resolve().parent.parent / "results" / "converged"
+CONVERGED = Path(__file__).resolve().parents[2] / "results" / "converged"
 
 TINY = DemoConfig(
     train_examples=600,

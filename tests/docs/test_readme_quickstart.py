@@ -9,7 +9,7 @@ import torch
 
 import snens
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def _quickstart() -> str:

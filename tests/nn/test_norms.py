@@ -28,8 +28,8 @@ move twice), one for the others, then an eval step. Its axes:
 * device: the CPU, and CUDA (``cuda``-marked, skipped without a device).
 
 Which path an input takes, ``torch.func`` and ``torch.compile`` are
-``tests/test_norm_dispatch.py``'s; the fused kernels' build, fallbacks and thread counts
-``tests/test_fused.py``'s.
+``tests/nn/test_norm_dispatch.py``'s; the fused kernels' build, fallbacks and thread counts
+``tests/nn/test_fused.py``'s.
 """
 
 import contextlib

@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "converged.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "experiments" / "converged.py"
 TINY = [
     "--set", "data.train_examples=200",
     "--set", "data.validation_examples=200",

@@ -4,7 +4,7 @@ exists, so a renamed or deleted test cannot leave a guarantee pinned by nothing.
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "RELIABILITY.md"
 REFERENCE = re.compile(r"`((?:tests/[\w/]+\.py)?(?:::\w+(?:\[[^\]`]*\])?)?)`")
 

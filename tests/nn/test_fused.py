@@ -5,9 +5,9 @@ bf16 and code being traced take them too; results with two threads equal the per
 concurrent and killed builds never block one another; each environment has its own build. That
 the fused kernels compute the per-member loop of plain norms (outputs, input and parameter
 gradients, running statistics, float32 and float64, every shape) is the matrix's
-(``tests/test_norms.py::test_every_member_norm_is_the_per_member_loop_of_plain_norms``, its
+(``tests/nn/test_norms.py::test_every_member_norm_is_the_per_member_loop_of_plain_norms``, its
 ``dispatch`` path; ``no_fused`` is the fallback), and which input takes them
-``tests/test_norm_dispatch.py``'s.
+``tests/nn/test_norm_dispatch.py``'s.
 """
 
 import copy

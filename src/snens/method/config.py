@@ -1,0 +1,187 @@
+"""One configuration object for σN-Ens: what ``convert`` builds and what training uses.
+
+    config = snens.SnensConfig(num_members=4, temperature=5.0, diversity_weight=0.01,
+                               input_policy="split")
+    ens = snens.convert(model, config)       # ens.snens_config == config
+    loss = snens.training_loss(ens, ens(x), y).total  # τ and λ from ens.snens_config
+    groups = snens.param_groups(ens, lr=3e-3)              # γ's lr multiplier from ens.snens_config
+
+The same object is the engine's ``[method]`` table for σN-Ens (:meth:`MethodConfig.snens_config
+<snens.engine.config.MethodConfig.snens_config>`), and every save writes it beside the weights
+(``snens.json`` of the Hugging Face and PEFT saves, the Lightning checkpoint) and reads it back
+on load, so a reloaded ensemble trains on as the saved one did.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from snens.method.optim import GAMMA_LR_MULTIPLIER
+from snens.method.regularizer import (
+    DEFAULT_DIVERSITY_WEIGHT,
+    DEFAULT_TEMPERATURE,
+    _check_temperature,
+    _check_weight,
+)
+from snens.nn.norms import check_num_members
+
+__all__ = ["SnensConfig"]
+
+
+@dataclass(frozen=True)
+class SnensConfig:
+    """Everything σN-Ens needs beyond the model: members, diversity, inputs, γ, which layers.
+
+    Attributes:
+        num_members: M, from 1 to :data:`snens.nn.norms.MAX_MEMBERS`.
+        temperature: τ of the diversity regularizer's softmax over members, > 0; it sets how
+            many members share a feature at the optimum (:func:`snens.optimal_k`).
+        diversity_weight: λ, the weight of the diversity loss on the sum over features, ≥ 0;
+            0 trains on the task loss alone.
+        input_policy: ``"repeat"`` (every member the whole batch) or ``"split"`` (member m the
+            m-th of M equal parts of it) in training; evaluation always repeats.
+        gamma_lr_multiplier: γ's learning rate over the base one, ≥ 0.
+        gamma_mean: the mean of the importance logits γ drawn at conversion.
+        gamma_std: their standard deviation, ≥ 0 (0: members start alike, and the regularizer
+            has no gradient to follow).
+        head: the layer copied per member: ``"auto"`` (the last ``nn.Linear``), a module name,
+            or ``None`` (one head shared by the members).
+        head_init: ``"copy"`` (every member starts as the original model) or ``"reset"``.
+        norms: which norms convert: ``None`` (all), a regular expression the whole module name
+            matches, or a tuple of names or name endings. (:func:`snens.convert` also takes a
+            function; a function is not kept in a config, which is plain data.)
+        skip_unsupported: a norm with no member version: ``None`` leaves it shared and warns,
+            ``True`` the same silently, ``False`` refuses the model.
+
+    Raises:
+        TypeError: a number, M or a choice of the wrong type (named, with the value); a function
+            as ``norms``. (``head``, ``norms`` and ``skip_unsupported`` are checked by
+            :func:`snens.convert`, against the model.)
+        ValueError: a field outside its range or choices (named, with the value and the range).
+    """
+
+    num_members: int = 4
+    temperature: float = DEFAULT_TEMPERATURE
+    diversity_weight: float = DEFAULT_DIVERSITY_WEIGHT
+    input_policy: Literal["repeat", "split"] = "repeat"
+    gamma_lr_multiplier: float = GAMMA_LR_MULTIPLIER
+    gamma_mean: float = 0.0
+    gamma_std: float = 1.0
+    head: str | None = "auto"
+    head_init: Literal["copy", "reset"] = "copy"
+    norms: str | tuple[str, ...] | None = None
+    skip_unsupported: bool | None = None
+
+    def __post_init__(self) -> None:
+        check_num_members(self.num_members)
+        object.__setattr__(self, "temperature", _check_temperature(self.temperature))
+        object.__setattr__(self, "diversity_weight", _check_weight(self.diversity_weight))
+        for name in ("gamma_lr_multiplier", "gamma_mean", "gamma_std"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise TypeError(f"{name} must be a real number, got {value!r:.60}")
+            object.__setattr__(self, name, float(value))
+        if not math.isfinite(self.gamma_lr_multiplier) or self.gamma_lr_multiplier < 0:
+            raise ValueError(
+                f"gamma_lr_multiplier must be a number >= 0, got {self.gamma_lr_multiplier!r}"
+            )
+        if not (math.isfinite(self.gamma_mean) and math.isfinite(self.gamma_std)) or (
+            self.gamma_std < 0
+        ):
+            raise ValueError(
+                f"gamma_mean={self.gamma_mean} and gamma_std={self.gamma_std} must be finite, "
+                "gamma_std >= 0"
+            )
+        _choice(self, "input_policy", ("repeat", "split"))
+        _choice(self, "head_init", ("copy", "reset"))
+        # head, norms and skip_unsupported are checked where they act, by snens.convert
+        if isinstance(self.norms, list):  # a list read from JSON or TOML: kept as a tuple
+            object.__setattr__(self, "norms", tuple(self.norms))
+        if callable(self.norms):
+            raise TypeError(
+                "a SnensConfig holds plain data: pass a function choosing the norms to "
+                "snens.convert(model, config, norms=...) itself"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as plain JSON/TOML data (``norms`` a list), which :meth:`from_dict` reads.
+
+        Returns:
+            ``{field: value}`` for every field.
+        """
+        out = dataclasses.asdict(self)
+        if isinstance(self.norms, tuple):
+            out["norms"] = list(self.norms)
+        return out
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> SnensConfig:
+        """The config a :meth:`to_dict` (or a save's ``snens.json``) holds; missing keys default.
+
+        Args:
+            values: a mapping of field names to values.
+
+        Returns:
+            The checked config.
+
+        Raises:
+            TypeError: ``values`` is not a mapping, or a value of the wrong type.
+            ValueError: an unknown key (the nearest field suggested), or a value out of range.
+        """
+        if not isinstance(values, dict):
+            raise TypeError(f"a SnensConfig is read from a dict, got {type(values).__name__}")
+        fields = [f.name for f in dataclasses.fields(cls)]
+        for key in values:
+            if key not in fields:
+                near = difflib.get_close_matches(str(key), fields, n=1)
+                hint = f"; did you mean {near[0]!r}?" if near else f"; the fields: {fields}"
+                raise ValueError(f"SnensConfig has no field {key!r}{hint}")
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> SnensConfig:
+        """A copy with ``changes`` applied (and checked).
+
+        Args:
+            **changes: field values to change.
+
+        Returns:
+            The new config.
+
+        Raises:
+            ValueError: an unknown field, or a value out of range.
+            TypeError: a value of the wrong type.
+        """
+        return type(self).from_dict({**self.to_dict(), **changes})
+
+
+def _choice(config: SnensConfig, name: str, choices: tuple[str, ...]) -> None:
+    value = getattr(config, name)
+    if value not in choices:
+        raise ValueError(f"{name} must be {' or '.join(map(repr, choices))}, got {value!r:.60}")
+
+
+def saved_config(meta: dict[str, Any]) -> SnensConfig:
+    """The config a save's ``snens.json`` holds (``meta``, its checked ``num_members`` and
+    ``input_policy`` beside an optional ``"config"``); a save written before the config was
+    kept gives one of M and the input policy, the other fields at their defaults.
+
+    Raises:
+        ValueError: the config is not a SnensConfig's, or disagrees with M or the input policy.
+    """
+    if "config" not in meta:
+        return SnensConfig(num_members=meta["num_members"], input_policy=meta["input_policy"])
+    try:
+        config = SnensConfig.from_dict(meta["config"])
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"its config is not a SnensConfig ({error})") from None
+    if (config.num_members, config.input_policy) != (meta["num_members"], meta["input_policy"]):
+        raise ValueError(
+            f"its config (num_members={config.num_members}, input_policy="
+            f"{config.input_policy!r}) disagrees with num_members={meta['num_members']}, "
+            f"input_policy={meta['input_policy']!r}"
+        )
+    return config
