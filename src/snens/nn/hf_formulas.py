@@ -46,8 +46,9 @@ before the product (:func:`deepseek_unweighted_rms_norm`); nGPT's L2 norm (``Dor
 x_f32 · rsqrt(Σ x_f32² + eps), cast once (:func:`unweighted_l2_norm`), the sum, not the mean.
 
 In float32 the formulas of one kind agree; in half precision they differ by where they round,
-which is how :mod:`snens.nn.probe` tells them apart. :mod:`snens.nn.hf_norms` holds the member
-versions, which compute these functions with each member's folded scale in place of the weight.
+which is how :mod:`snens.nn.probe` tells them apart. Each function takes x of shape (*, C) and a
+weight broadcastable to it, and returns a tensor like x (Llama's, T5's and DeBERTa's in the
+promoted dtype of x and the weight).
 """
 
 from __future__ import annotations
@@ -72,11 +73,7 @@ __all__ = [
 
 
 def llama_rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """weight ⊙ (x_f32 · rsqrt(mean(x_f32²) + eps)).to(x.dtype), as ``LlamaRMSNorm`` computes it.
-
-    Shape:
-        x: (*, C). weight: broadcastable to x. Output: like x, in the promoted dtype.
-    """
+    """weight ⊙ (x_f32 · rsqrt(mean(x_f32²) + eps)).to(x.dtype), as ``LlamaRMSNorm`` computes it."""
     h = x.to(torch.float32)
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return weight * h.to(x.dtype)
@@ -85,9 +82,6 @@ def llama_rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 def gemma_rms_norm(x: Tensor, factor: Tensor, eps: float) -> Tensor:
     """(x̂ ⊙ factor_f32).to(x.dtype), x̂ = x_f32 · rsqrt(mean(x_f32²) + eps), as ``GemmaRMSNorm``
     computes it with factor = 1 + weight.
-
-    Shape:
-        x: (*, C). factor: broadcastable to x. Output: like x.
     """
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
@@ -97,9 +91,6 @@ def gemma_rms_norm(x: Tensor, factor: Tensor, eps: float) -> Tensor:
 def t5_rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """weight ⊙ (x · rsqrt(mean(x_f32²) + eps)), as ``T5LayerNorm`` computes it: the normalized
     input is cast to the weight's dtype first where that is float16 or bfloat16.
-
-    Shape:
-        x: (*, C). weight: broadcastable to x. Output: like x, in the promoted dtype.
     """
     variance = x.to(torch.float32).pow(2).mean(-1, keepdim=True)
     h = x * torch.rsqrt(variance + eps)
@@ -111,9 +102,6 @@ def t5_rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 def olmo2_rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """(weight ⊙ (x_f32 · rsqrt(mean(x_f32²) + eps))).to(x.dtype), as ``Olmo2RMSNorm`` computes
     it: the product in the promoted dtype of the weight and float32, cast once.
-
-    Shape:
-        x: (*, C). weight: broadcastable to x. Output: like x.
     """
     h = x.to(torch.float32)
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
@@ -123,9 +111,6 @@ def olmo2_rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 def gemma3n_rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """(x_f32 · pow(mean(x_f32²) + eps, −0.5) ⊙ weight_f32).to(x.dtype), as
     ``Gemma3nRMSNorm(with_scale=True)`` computes it.
-
-    Shape:
-        x: (*, C). weight: broadcastable to x. Output: like x.
     """
     h = x.float()
     h = h * torch.pow(h.pow(2).mean(-1, keepdim=True) + eps, -0.5)
@@ -135,9 +120,6 @@ def gemma3n_rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 def cohere_layer_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """(weight_f32 ⊙ (x_f32 − μ) · rsqrt(mean((x_f32 − μ)²) + eps)).to(x.dtype), μ the mean
     over the last dimension, as ``CohereLayerNorm`` computes it.
-
-    Shape:
-        x: (*, C) or (*, H, C). weight: broadcastable to x. Output: like x.
     """
     h = x.to(torch.float32)
     mean = h.mean(-1, keepdim=True)
@@ -149,9 +131,6 @@ def cohere_layer_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 def deberta_layer_norm(x: Tensor, weight: Tensor, bias: Tensor | None, eps: float) -> Tensor:
     """weight ⊙ ((x_f32 − μ) / sqrt(mean((x_f32 − μ)²) + eps)).to(x.dtype) + bias, μ the mean
     over the last dimension, as ``DebertaLayerNorm`` computes it (no bias: none added).
-
-    Shape:
-        x: (*, C). weight, bias: broadcastable to x. Output: like x, in the promoted dtype.
     """
     h = x.float()
     mean = h.mean(-1, keepdim=True)
@@ -163,9 +142,6 @@ def deberta_layer_norm(x: Tensor, weight: Tensor, bias: Tensor | None, eps: floa
 def olmo_layer_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """(F.layer_norm(x_f32, (C,), eps=eps) ⊙ weight_f32).to(x.dtype): ``OlmoLayerNorm``'s
     float32 layer norm and its one cast, with a weight (``OlmoLayerNorm`` is weight = 1).
-
-    Shape:
-        x: (*, C). weight: broadcastable to x. Output: like x.
     """
     h = F.layer_norm(x.to(torch.float32), x.shape[-1:], None, None, eps=eps)
     return (h * weight.to(torch.float32)).to(x.dtype)
@@ -174,9 +150,6 @@ def olmo_layer_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 def deepseek_unweighted_rms_norm(x: Tensor, scale: Tensor, eps: float) -> Tensor:
     """x ⊙ (scale_f32 · rsqrt(mean(x_f32²) + eps)).to(x.dtype), as ``DeepseekV4UnweightedRMSNorm``
     computes it with scale = 1: the inverse root cast to x's dtype before the product.
-
-    Shape:
-        x: (*, C). scale: broadcastable to x. Output: like x.
     """
     r = torch.rsqrt(x.float().square().mean(-1, keepdim=True) + eps)
     return x * (scale.float() * r).to(x.dtype)
@@ -229,9 +202,6 @@ def gated_rms_norm(
 def unweighted_l2_norm(x: Tensor, scale: Tensor, eps: float) -> Tensor:
     """(scale_f32 ⊙ x_f32 · rsqrt(Σ x_f32² + eps)).to(x.dtype), as nGPT's ``DoryL2Norm``
     computes it with scale = 1: onto the unit sphere (the sum of squares, not their mean).
-
-    Shape:
-        x: (*, C). scale: broadcastable to x. Output: like x.
     """
     h = x.to(torch.float32)
     h = h * torch.rsqrt(h.pow(2).sum(-1, keepdim=True) + eps)
