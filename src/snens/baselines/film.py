@@ -126,11 +126,8 @@ class FiLMBatchNorm1d(_FiLM, MemberBatchNorm1d):
 class FiLMBatchNorm2d(_FiLM, MemberBatchNorm2d):
     """FiLM over ``nn.BatchNorm2d``: per-member statistics and affine, no importance scale.
 
-    Args:
-        num_features: C.
-        num_members: M.
-        eps, momentum, track_running_stats: as in ``torch.nn.BatchNorm2d``.
-        spread: weight ~ N(1, spread²), bias ~ N(0, spread²), per member.
+    Args: as :class:`snens.nn.MemberBatchNorm2d`, plus ``spread``: weight ~ N(1, spread²),
+    bias ~ N(0, spread²), per member.
 
     Shape:
         Input: (M·B, C, H, W), member-major. Output: same shape.

@@ -482,22 +482,13 @@ class PackedSmallCNN(nn.Module):
     """:class:`snens.models.SmallCNN` of M packed members: (B, C, H, W) -> (M, B, K).
 
     Three stride-2 stages of widths (w, 2w, 4w), two conv3×3-norm-ReLU layers each, as in the
-    single model; every convolution is a :class:`PackedConv2d` (the first one reads the image
-    ungrouped), the head a :class:`PackedLinear`. Same names as the single model (``stage1``…
-    ``stage3``, ``fc``).
+    single model, with the same names (``stage1``… ``stage3``, ``fc``).
 
     Args:
-        num_classes: K.
+        num_classes, num_members, alpha, gamma, norm_layer, minimum_channels_per_group: as
+            :class:`PackedResNet`'s.
         in_channels: C of the input image.
         width: w of the single model.
-        num_members: M.
-        alpha: width factor α.
-        gamma: extra groups per member γ.
-        norm_layer: per-channel norm factory.
-        minimum_channels_per_group: see :class:`PackedConv2d`.
-
-    Shape:
-        Input: (B, C, H, W). Output: (M, B, K).
     """
 
     def __init__(

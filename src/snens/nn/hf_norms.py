@@ -184,19 +184,9 @@ class _MemberHFNorm(RebuildsPlain, MemberNorm):
             "plain_type": type(plain),
         }
 
-    def _plain_weight(self, scale: Tensor) -> Tensor:
-        """The plain module's weight that computes one member's folded ``scale``."""
-        return scale
-
     def to_plain(self, member: int) -> nn.Module:
         self._check_member(member)
-        plain = self._rebuild_plain(self.hidden_size)
-        scale, shift = self.scale_and_shift()
-        with torch.no_grad():
-            plain.weight.copy_(self._plain_weight(scale[member]))
-            if shift is not None:
-                plain.bias.copy_(shift[member])
-        return plain.train(self.training)
+        return self._carrying_member(self._rebuild_plain(self.hidden_size), member)
 
     def extra_repr(self) -> str:
         plain = "" if self.plain_type is None else f", plain_type={self.plain_type.__name__}"
@@ -422,6 +412,7 @@ class MemberUnweightedRMSNorm(_MemberHFNorm):
 
     formula = "unweighted"
     _norm_fn = staticmethod(olmo2_rms_norm)
+    _fallback_dtype = torch.float32
 
     def __init__(self, hidden_size: int | None, num_members: int, eps: float = 1e-6, **kw) -> None:
         super().__init__(1 if hidden_size is None else hidden_size, num_members, eps, **kw)
@@ -444,10 +435,7 @@ class MemberUnweightedRMSNorm(_MemberHFNorm):
     def to_plain(self, member: int) -> nn.Module:
         self._check_member(member)
         plain = self._rebuild_plain(1 if self.hidden_size is None else self.hidden_size)
-        scale, _ = self.scale_and_shift()
-        with torch.no_grad():
-            plain.weight.copy_(scale[member])
-        return plain.train(self.training)
+        return self._carrying_member(plain, member)
 
     @classmethod
     def _plain_config(cls, plain: nn.Module) -> dict[str, Any]:
@@ -462,23 +450,10 @@ class MemberUnweightedRMSNorm(_MemberHFNorm):
             "eps": norm_eps(plain),
         }
 
-    @classmethod
-    def _from_plain_config(cls, plain, config, num_members, generator, kw) -> MemberNorm:
+    def _plain_affine(self, plain: nn.Module) -> tuple[None, None]:
         # a weight the plain module keeps (FalconMamba's unused buffer) is not what it
         # computes with: every member starts at the identity scale
-        tensors = [*plain.parameters(recurse=False), *plain.buffers(recurse=False)]
-        floats = [t for t in tensors if t.is_floating_point()]
-        member = cls(
-            **config,
-            num_members=num_members,
-            **kw,
-            device=tensors[0].device if tensors else None,
-            dtype=torch.float32 if not floats else floats[0].dtype,
-        )
-        with torch.no_grad():
-            member._draw_gamma(generator)
-            member.load_plain_affine(None, None)
-        return member.train(plain.training)
+        return None, None
 
     def extra_repr(self) -> str:
         size = "broadcast" if self.broadcast else self.hidden_size

@@ -175,6 +175,8 @@ class MemberNorm(nn.Module):
     has_bias: bool = True
     #: members along dimension 0 (:mod:`snens.nn.layout`)
     member_major: bool = True
+    #: the dtype of one built from a plain module holding no floating-point tensor
+    _fallback_dtype: torch.dtype | None = None
 
     def __init__(
         self,
@@ -371,10 +373,14 @@ class MemberNorm(nn.Module):
     def _carrying_member(self, plain: nn.Module, member: int) -> nn.Module:
         """``plain`` given member ``member``'s folded affine and this layer's mode."""
         scale, shift = self.scale_and_shift()
-        plain.weight.copy_(scale[member])
+        plain.weight.copy_(self._plain_weight(scale[member]))
         if shift is not None:
             plain.bias.copy_(shift[member])
         return plain.train(self.training)
+
+    def _plain_weight(self, scale: Tensor) -> Tensor:
+        """The plain module's weight that computes one member's folded ``scale``."""
+        return scale
 
     @classmethod
     def from_plain(
@@ -412,14 +418,18 @@ class MemberNorm(nn.Module):
         floats = [t for t in tensors if t.is_floating_point()]
         factory = {
             "device": tensors[0].device if tensors else None,
-            "dtype": floats[0].dtype if floats else None,
+            "dtype": floats[0].dtype if floats else cls._fallback_dtype,
         }
         member = cls(**config, num_members=num_members, **kw, **factory)
         with torch.no_grad():
             member._draw_gamma(generator)
-            member.load_plain_affine(_state(plain, "weight"), _state(plain, "bias"))
+            member.load_plain_affine(*member._plain_affine(plain))
             member._copy_plain_stats(plain)
         return member.train(plain.training)
+
+    def _plain_affine(self, plain: nn.Module) -> tuple[Tensor | None, Tensor | None]:
+        """The plain module's weight and bias, which every member reproduces."""
+        return _state(plain, "weight"), _state(plain, "bias")
 
     def _draw_gamma(self, generator: torch.Generator | None) -> None:
         """Redraw gamma from ``generator`` (on the CPU, so a seed gives the same gamma anywhere)."""

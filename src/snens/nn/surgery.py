@@ -274,8 +274,7 @@ def _check_skip_unsupported(skip_unsupported: object) -> None:
 def _warn_skipped(model: nn.Module, refused: list[tuple[str, nn.Module, str]]) -> None:
     """One warning for a conversion that leaves norms with no member version shared."""
     kinds = list(dict.fromkeys(type(m).__name__ for _, m, _ in refused))
-    reasons = list(dict.fromkeys(reason for _, _, reason in refused))
-    why = " ".join(f"{reason}." for reason in reasons[:_REASONS])
+    why = _why(refused).lstrip()
     warnings.warn(
         f"snens.convert left {len(refused)} norm{'s' if len(refused) > 1 else ''} of "
         f"{type(model).__name__} shared by the members, with no member version: "
@@ -432,6 +431,12 @@ def _examples(names: list[str]) -> str:
 _REASONS = 4
 
 
+def _why(refused: list[tuple[str, nn.Module, str]]) -> str:
+    """The first :data:`_REASONS` distinct reasons, each as `` reason.``."""
+    reasons = list(dict.fromkeys(reason for _, _, reason in refused))
+    return "".join(f" {reason}." for reason in reasons[:_REASONS])
+
+
 def _refuse_unsupported(
     model: nn.Module, refused: list[tuple[str, nn.Module, str]], all_or_nothing: bool
 ) -> None:
@@ -440,10 +445,10 @@ def _refuse_unsupported(
         return
     listed = ", ".join(f"{n} ({type(m).__name__})" for n, m, _ in refused[:8])
     more = f" and {len(refused) - 8} more" if len(refused) > 8 else ""
-    reasons = list(dict.fromkeys(reason for _, _, reason in refused))
-    why = "".join(f" {reason}." for reason in reasons[:_REASONS])
-    if len(reasons) > _REASONS:
-        why += f" ({len(reasons) - _REASONS} more reasons.)"
+    why = _why(refused)
+    extra = len({reason for _, _, reason in refused}) - _REASONS
+    if extra > 0:
+        why += f" ({extra} more reasons.)"
     # torch's own types cannot be registered: for them the reason is the answer
     others = [type(m).__name__ for _, m, _ in refused if type(m) not in MEMBER_NORMS]
     register = (
@@ -469,12 +474,7 @@ def _require_a_norm(
     """Raise if the model will hold no member norm: nothing to convert and none built in."""
     has_member_norms = any(isinstance(m, MemberNorm) for _, m in existing)
     if not targets and not has_member_norms:
-        unsupported = ""
-        if refused:
-            reasons = list(dict.fromkeys(reason for _, _, reason in refused))
-            unsupported = " Its norms have no member version:" + "".join(
-                f" {reason}." for reason in reasons[:_REASONS]
-            )
+        unsupported = f" Its norms have no member version:{_why(refused)}" if refused else ""
         raise ValueError(
             f"{type(model).__name__} has no supported norm layer to convert (looked for "
             f"{SUPPORTED}).{unsupported} σN-Ens members live in the norms, so the model needs "
