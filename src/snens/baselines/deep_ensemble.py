@@ -161,16 +161,11 @@ class DeepEnsemble(nn.Module):
         def block(value: Any, m: int) -> Any:
             return value[m * b : (m + 1) * b] if is_per_example(value, B) else value
 
-        return torch.stack(
-            [
-                _logits(
-                    member(
-                        *(block(a, m) for a in args), **{k: block(v, m) for k, v in kwargs.items()}
-                    )
-                )
-                for m, member in enumerate(self.members)
-            ]
-        )  # (M, B/M, K)
+        outputs = []
+        for m, member in enumerate(self.members):
+            member_kwargs = {k: block(v, m) for k, v in kwargs.items()}
+            outputs.append(_logits(member(*(block(a, m) for a in args), **member_kwargs)))
+        return torch.stack(outputs)  # (M, B/M, K)
 
     def _forward_vmap(self, args: tuple, kwargs: dict) -> Tensor:
         names = [n for n, _ in self.members[0].named_parameters()]

@@ -144,13 +144,12 @@ class PackedConv2d(nn.Conv2d):
         M = num_members
         member_in = in_channels if first else member_width(in_channels, M, alpha)
         member_out = out_channels if last else member_width(out_channels, M, alpha)
-        if first:
-            groups, gamma = 1, 1
-            total_in = in_channels
+        if first:  # the plain input, ungrouped
+            gamma = 1
         else:
             gamma = _groups_per_member(member_in, member_out, gamma, minimum_channels_per_group)
-            groups = M * gamma
-            total_in = M * member_in
+        groups = 1 if first else M * gamma
+        total_in = in_channels if first else M * member_in
         super().__init__(
             total_in,
             M * member_out,
