@@ -6,15 +6,11 @@ Member m of a layer with shared weight W (out × in) uses
 
 computed exactly like that: scale the input by r_m, run the shared layer once for all members,
 scale its output by s_m and add the member bias b_m. Every ``nn.Conv2d`` and ``nn.Linear``
-(the classification head included) becomes such a layer; r and s ~ N(1, 0.5²) as in the paper's
-CIFAR setting (``random_sign=True`` draws ±1 instead). Activations are member-major (M·B, …):
-the (B, …) input is repeated M times at the start.
+(the head included) becomes such a layer; r and s ~ N(1, 0.5²) as in the paper's CIFAR setting.
 
 **Norms stay shared**, as in the paper: a BatchNorm normalizes all M·B rows with one set of
-statistics and one affine. In evaluation (running statistics) members are therefore
-independent; in training the batch statistics couple them, as they do in the reference. This is
-the difference to σN-Ens, whose members each own their norms (statistics, affine and
-importance) while convolutions are shared without any per-member factor.
+statistics and one affine (in training the batch statistics couple the members). This is the
+difference to σN-Ens, whose members each own their norms.
 
 Conversion by surgery (:func:`batch_ensemble`) keeps every pretrained weight: the shared weight
 *is* the plain layer's weight (the same parameter object, so weight tying survives) and every
@@ -45,9 +41,8 @@ __all__ = [
     "batch_ensemble",
 ]
 
-# The largest spread of the fast weights r, s ~ N(1, σ²): their product scales a layer's
-# output by ~σ², so σ = 100 already takes every member far from the shared layer, and 1e300
-# had made the first step's loss NaN (reported as a diverged update).
+# the largest spread of the fast weights r, s ~ N(1, σ²): their product scales a layer's
+# output by ~σ², so σ = 100 already takes every member far from the shared layer
 _MAX_INIT_STD = 100.0
 
 
@@ -74,10 +69,8 @@ def _member_affine(x: Tensor, scale: Tensor, shift: Tensor | None, dim: int) -> 
 
 
 class _FastWeights:
-    """r (M, in), s (M, out) and the per-member bias (M, out), shared by both layer types.
-
-    Mixed in before ``nn.Linear`` / ``nn.Conv2d``, whose ``weight`` is the shared weight.
-    """
+    """r (M, in), s (M, out) and the per-member bias (M, out), mixed in before ``nn.Linear`` /
+    ``nn.Conv2d``, whose ``weight`` is the shared weight."""
 
     num_members: int
     init_std: float
@@ -390,9 +383,8 @@ def batch_ensemble(
     """Turn any model into a BatchEnsemble by replacing every ``nn.Conv2d`` and ``nn.Linear``.
 
     Exact types only: subclasses (e.g. ``nn.MultiheadAttention``'s ``out_proj``, whose weight
-    the attention reads directly) are left as they are. Targets are collected first and replaced
-    through their parents, so nested models and layers registered under several names work;
-    pretrained weights are kept (see the module docstring).
+    the attention reads directly) are left as they are. Pretrained weights are kept (see the
+    module docstring).
 
     Args:
         model: any ``nn.Module``.

@@ -6,25 +6,10 @@ is equivalent to training them separately on the same batches.
 
 **Loop, not vmap, by default.** ``vectorize=True`` runs the members as one
 ``torch.func.vmap`` over ``functional_call``, with the members' parameters stacked on each
-forward (``torch.stack``, not ``stack_module_state``, which detaches, so gradients reach every
-member's own parameters) and BatchNorm statistics, updated on the stacked copies in training,
-written back into the members. Both paths give the same outputs, gradients and statistics
-(tested). Measured on a shared 2-core CPU (torch 2.13, 1 thread, M=4; median of 5–21 runs,
-loop and vmap interleaved; train = forward + backward, eval = forward without gradients):
-
-======================================  ==========  ==========  =========  =========
-model, batch                            loop train  vmap train  loop eval  vmap eval
-======================================  ==========  ==========  =========  =========
-tests' TinyResNet (width 8), 32×3×32²      86 ms       84 ms       24 ms      27 ms
-SmallCNN (width 32), 128×1×28²            304 ms      440 ms       86 ms     107 ms
-CIFAR ResNet-18, 32×3×32²                 4.12 s      5.47 s      1.15 s     1.52 s
-======================================  ==========  ==========  =========  =========
-
-vmap turns the M members' convolutions into one grouped convolution, which the CPU kernels run
-no faster than M dense ones, and adds the stacking; it never won by more than noise, and lost by
-1.2–1.45× on the real backbones, so the loop is the default. Runs with 2 threads were dominated
-by other load on the machine (medians varying 3×) and are not reported. Re-measure on other
-hardware with :func:`time_forward`.
+forward (``torch.stack``, not ``stack_module_state``, which detaches) and BatchNorm statistics
+written back into the members. Both paths give the same outputs, gradients and statistics;
+on the CPU vmap's grouped convolution ran no faster than M dense ones, so the loop is the
+default. Measure on other hardware with :func:`time_forward`.
 """
 
 from __future__ import annotations
@@ -176,16 +161,11 @@ class DeepEnsemble(nn.Module):
         def block(value: Any, m: int) -> Any:
             return value[m * b : (m + 1) * b] if is_per_example(value, B) else value
 
-        return torch.stack(
-            [
-                _logits(
-                    member(
-                        *(block(a, m) for a in args), **{k: block(v, m) for k, v in kwargs.items()}
-                    )
-                )
-                for m, member in enumerate(self.members)
-            ]
-        )  # (M, B/M, K)
+        outputs = []
+        for m, member in enumerate(self.members):
+            member_kwargs = {k: block(v, m) for k, v in kwargs.items()}
+            outputs.append(_logits(member(*(block(a, m) for a in args), **member_kwargs)))
+        return torch.stack(outputs)  # (M, B/M, K)
 
     def _forward_vmap(self, args: tuple, kwargs: dict) -> Tensor:
         names = [n for n, _ in self.members[0].named_parameters()]

@@ -142,8 +142,7 @@ def create(
     try:
         return _create(method, backbone, num_classes, num_members, backbone_options, options)
     except (RuntimeError, MemoryError) as error:
-        # a size within its bounds can still be too large for this machine (torch's
-        # "can't allocate memory" trace)
+        # a size within its bounds can still be too large for this machine
         if not isinstance(error, MemoryError) and "allocate" not in str(error):
             raise
         raise ValueError(
@@ -228,11 +227,7 @@ def option_names(method: str, backbone: str | nn.Module) -> tuple[str, ...] | No
 
 def _check_options(method: str, backbone: str | nn.Module, options: dict[str, Any]) -> None:
     """Refuse an option ``method`` does not take (or one create() gives itself), naming it
-    and the options there are: an unknown key had been a TypeError from inside the builder.
-
-    Raises:
-        ValueError: the option and the method's options named.
-    """
+    and the options there are."""
     takes = option_names(method, backbone)
     unknown = [k for k in options if takes is not None and k not in takes]
     if unknown:

@@ -6,20 +6,15 @@ classification head — is shared:
 
     FiLM_m(x) = weight_m ⊙ norm_m(x) + bias_m
 
-**Difference to σN-Ens.** σN-Ens multiplies each member's normalized features by an importance
-sigmoid(gamma_m) ∈ (0, 1) that the diversity regularizer drives towards ownership, and gives each
-member its own head. A FiLM norm is a σN-Ens member norm with gamma fixed at +∞ (importance 1,
-stored as a buffer, not trained) and the head shared. So every snens tool applies: the
-:class:`snens.Ensemble` contract, :func:`snens.extract_member`, and :func:`snens.method.allocation`,
-which reports M effective members per feature (nothing is partitioned);
-:func:`snens.diversity_loss` is a constant with no gradient. Diversity comes only
-from the initialization and from training: members whose affines start equal see the same
-inputs and gradients and never diverge, so the affine is drawn around the plain one,
+**Difference to σN-Ens.** A FiLM norm is a σN-Ens member norm with gamma fixed at +∞
+(importance 1, stored as a buffer, not trained) and the head shared, so every snens tool
+applies (:class:`snens.Ensemble`, :func:`snens.extract_member`, …); :func:`snens.diversity_loss`
+is a constant with no gradient. Members whose affines start equal never diverge, so the affine
+is drawn around the plain one,
 
-    weight_m = weight ⊙ (1 + spread·ε),  bias_m = bias + spread·ε',  ε, ε' ~ N(0, 1),
+    weight_m = weight ⊙ (1 + spread·ε),  bias_m = bias + spread·ε',  ε, ε' ~ N(0, 1)
 
-i.e. N(1, spread²) and N(0, spread²) for a freshly built network (the reference repository draws
-them Xavier-uniform instead, with a gain as its diversity knob). ``spread=0`` makes every member
+(the reference repository draws them Xavier-uniform instead). ``spread=0`` makes every member
 the plain model — the way to check a pretrained conversion, not to train.
 """
 
@@ -63,11 +58,8 @@ def _check_spread(spread: float) -> float:
 
 
 class _FiLM:
-    """Turns a member norm into a FiLM norm: gamma fixed at +∞, affine drawn with ``spread``.
-
-    Mixed in before a :class:`~snens.nn.MemberNorm` class, whose constructor arguments it takes
-    (plus ``spread``).
-    """
+    """Turns a member norm into a FiLM norm: gamma fixed at +∞, affine drawn with ``spread``
+    (mixed in before a :class:`~snens.nn.MemberNorm` class)."""
 
     gamma: Tensor
     weight: nn.Parameter
@@ -134,11 +126,8 @@ class FiLMBatchNorm1d(_FiLM, MemberBatchNorm1d):
 class FiLMBatchNorm2d(_FiLM, MemberBatchNorm2d):
     """FiLM over ``nn.BatchNorm2d``: per-member statistics and affine, no importance scale.
 
-    Args:
-        num_features: C.
-        num_members: M.
-        eps, momentum, track_running_stats: as in ``torch.nn.BatchNorm2d``.
-        spread: weight ~ N(1, spread²), bias ~ N(0, spread²), per member.
+    Args: as :class:`snens.nn.MemberBatchNorm2d`, plus ``spread``: weight ~ N(1, spread²),
+    bias ~ N(0, spread²), per member.
 
     Shape:
         Input: (M·B, C, H, W), member-major. Output: same shape.

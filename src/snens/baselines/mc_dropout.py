@@ -4,13 +4,11 @@ Every dropout module of the model is replaced by one that drops in evaluation to
 everything else follow the model's mode. If the model has no dropout with p > 0, one is inserted
 before the head (the last ``nn.Linear``), by option. The M passes run as one pass over the input
 repeated M times, member-major (M·B, …): every row draws its own masks, so member m is one
-dropout sample, and with running-statistics norms in evaluation the result has the same
-distribution as M separate passes. Under ``torch.manual_seed`` the output is reproducible.
+dropout sample.
 
-In training mode the wrapper runs ``train_samples`` passes, by default one: the model trains as
-the plain model with dropout does, at its cost (Gal & Ghahramani's recipe, and
-torch-uncertainty's), and the M samples are drawn in evaluation. ``train_samples=M`` averages
-the loss over M dropout samples per example instead ("multi-sample dropout") at M× the cost.
+In training mode the wrapper runs ``train_samples`` passes, by default one (Gal & Ghahramani's
+recipe); ``train_samples=M`` averages the loss over M dropout samples per example instead, at
+M× the cost.
 """
 
 from __future__ import annotations

@@ -1,27 +1,22 @@
 """Packed-Ensembles (Laurent et al., 2023): M narrow members packed into grouped convolutions.
 
-A Packed-Ensemble of a network scales every hidden width C by α (all members together hold α·C
-channels, so each member has α·C/M) and splits every convolution into M·γ groups: the members'
-channels never mix, and γ extra groups inside each member cut parameters further. Channels are
-member-major: member m owns channels [m·c, (m+1)·c) of every hidden layer.
+A Packed-Ensemble of a network scales every hidden width C by α (each member has α·C/M
+channels) and splits every convolution into M·γ groups: the members' channels never mix, and
+γ extra groups inside each member cut parameters further. Channels are member-major: member m
+owns channels [m·c, (m+1)·c) of every hidden layer.
 
 As in the reference (torch-uncertainty):
 
-* the first convolution is not grouped: its M·c output channels all read the C input channels,
-  which is exactly M members each reading their own copy of the image (the same function and
-  parameter count as repeating the input M times into a convolution with M groups), so the
-  (B, C, H, W) input goes in as it is;
-* the first convolution of every residual block uses γ = 1 (its other layers and the shortcut
-  use γ);
+* the first convolution is not grouped: its M·c output channels all read the C input channels
+  (the same function as M members each reading their own copy of the image);
+* the first convolution of every residual block uses γ = 1;
 * γ is lowered, layer by layer, until each group has at least ``minimum_channels_per_group``
-  (64) input channels: with α=2, M=4, γ=2 on a CIFAR ResNet the 64- and 128-wide stages run
-  with γ=1 and the 256- and 512-wide stages with γ=2;
+  (64) input channels;
 * the last layer is a grouped linear from the M·c pooled features to M·K logits, read out as
   (M, B, K).
 
-Parameters at 10 classes, α=2, γ=2, M=4 (pinned in the tests): ResNet-18 8,175,784 (0.73× one
-CIFAR ResNet-18, 11,173,962); ResNet-50 14,552,232 (0.62× one ResNet-50, 23,520,842), which
-matches the 14.6 M the paper lists for its CIFAR-10 ResNet-50 Packed-Ensemble.
+At 10 classes, α=2, γ=2, M=4, the ResNet-50 has 14,552,232 parameters, the 14.6 M the paper
+lists for its CIFAR-10 ResNet-50 Packed-Ensemble.
 """
 
 from __future__ import annotations
@@ -47,8 +42,7 @@ __all__ = [
 ]
 
 NormLayer = Callable[[int], nn.Module]
-# The largest width factor α: the widened network holds ~α² times the parameters, so α = 64
-# is a ResNet-18 of 45 G parameters; 1e300 had ended in a trace from inside torch.
+# the largest width factor α: the widened network holds ~α² times the parameters
 _MAX_ALPHA = 64
 
 
@@ -94,6 +88,13 @@ def _init_members(network: nn.Module) -> None:
         if isinstance(module, PackedConv2d):
             fan_out = module.out_channels // module.groups * math.prod(module.kernel_size)
             nn.init.normal_(module.weight, 0.0, math.sqrt(2.0 / fan_out))
+
+
+def _read_out(network: nn.Module, features: Tensor) -> Tensor:
+    """Pooled (B, M·c, H, W) features through the packed head, as (M, B, K) logits."""
+    x = torch.flatten(network.avgpool(features), 1)
+    logits = network.fc(x)  # (B, M·K), member-major
+    return logits.reshape(x.shape[0], network.num_members, -1).transpose(0, 1)
 
 
 class PackedConv2d(nn.Conv2d):
@@ -143,13 +144,12 @@ class PackedConv2d(nn.Conv2d):
         M = num_members
         member_in = in_channels if first else member_width(in_channels, M, alpha)
         member_out = out_channels if last else member_width(out_channels, M, alpha)
-        if first:
-            groups, gamma = 1, 1
-            total_in = in_channels
+        if first:  # the plain input, ungrouped
+            gamma = 1
         else:
             gamma = _groups_per_member(member_in, member_out, gamma, minimum_channels_per_group)
-            groups = M * gamma
-            total_in = M * member_in
+        groups = 1 if first else M * gamma
+        total_in = in_channels if first else M * member_in
         super().__init__(
             total_in,
             M * member_out,
@@ -403,10 +403,8 @@ class PackedResNet(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         x = self.relu(self.bn1(self.conv1(x)))  # (B, M·c, H, W)
-        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))  # (B, M·c·8·e, H/8, W/8)
-        x = torch.flatten(self.avgpool(x), 1)  # (B, M·c·8·e)
-        logits = self.fc(x)  # (B, M·K), member-major
-        return logits.reshape(x.shape[0], self.num_members, -1).transpose(0, 1)  # (M, B, K)
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return _read_out(self, x)
 
 
 def packed_resnet18(
@@ -423,10 +421,8 @@ def packed_resnet18(
     Args: see :class:`PackedResNet`.
 
     Returns:
-        A new :class:`PackedResNet` of :class:`PackedBasicBlock` (2-2-2-2).
-
-    Shape:
-        Input: (B, C, H, W). Output: (M, B, K).
+        A new :class:`PackedResNet` of :class:`PackedBasicBlock` (2-2-2-2), (B, C, H, W) ->
+        (M, B, K).
 
     Raises:
         TypeError: if ``num_members`` is not an int.
@@ -460,10 +456,8 @@ def packed_resnet50(
     Args: see :class:`PackedResNet`.
 
     Returns:
-        A new :class:`PackedResNet` of :class:`PackedBottleneck` (3-4-6-3).
-
-    Shape:
-        Input: (B, C, H, W). Output: (M, B, K).
+        A new :class:`PackedResNet` of :class:`PackedBottleneck` (3-4-6-3), (B, C, H, W) ->
+        (M, B, K).
 
     Raises:
         TypeError: if ``num_members`` is not an int.
@@ -487,22 +481,13 @@ class PackedSmallCNN(nn.Module):
     """:class:`snens.models.SmallCNN` of M packed members: (B, C, H, W) -> (M, B, K).
 
     Three stride-2 stages of widths (w, 2w, 4w), two conv3×3-norm-ReLU layers each, as in the
-    single model; every convolution is a :class:`PackedConv2d` (the first one reads the image
-    ungrouped), the head a :class:`PackedLinear`. Same names as the single model (``stage1``…
-    ``stage3``, ``fc``).
+    single model, with the same names (``stage1``… ``stage3``, ``fc``).
 
     Args:
-        num_classes: K.
+        num_classes, num_members, alpha, gamma, norm_layer, minimum_channels_per_group: as
+            :class:`PackedResNet`'s.
         in_channels: C of the input image.
         width: w of the single model.
-        num_members: M.
-        alpha: width factor α.
-        gamma: extra groups per member γ.
-        norm_layer: per-channel norm factory.
-        minimum_channels_per_group: see :class:`PackedConv2d`.
-
-    Shape:
-        Input: (B, C, H, W). Output: (M, B, K).
     """
 
     def __init__(
@@ -543,10 +528,7 @@ class PackedSmallCNN(nn.Module):
         _init_members(self)
 
     def forward(self, x: Tensor) -> Tensor:
-        x = self.stage3(self.stage2(self.stage1(x)))  # (B, M·c·4, H/8, W/8)
-        x = torch.flatten(self.avgpool(x), 1)  # (B, M·c·4)
-        logits = self.fc(x)  # (B, M·K), member-major
-        return logits.reshape(x.shape[0], self.num_members, -1).transpose(0, 1)  # (M, B, K)
+        return _read_out(self, self.stage3(self.stage2(self.stage1(x))))
 
 
 def packed_small_cnn(
@@ -564,10 +546,7 @@ def packed_small_cnn(
     Args: see :class:`PackedSmallCNN`.
 
     Returns:
-        A new :class:`PackedSmallCNN`.
-
-    Shape:
-        Input: (B, C, H, W). Output: (M, B, K).
+        A new :class:`PackedSmallCNN`, (B, C, H, W) -> (M, B, K).
 
     Raises:
         TypeError: if ``num_members`` is not an int.

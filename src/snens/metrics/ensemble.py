@@ -39,13 +39,10 @@ def disagreement(member_probs: Any) -> Tensor:
     there are no pairs and d = 0.
 
     Args:
-        member_probs: the members' probabilities.
+        member_probs: the members' probabilities, (M, B, K).
 
     Returns:
-        Float64 values in [0, 1].
-
-    Shape:
-        member_probs: (M, B, K). Output: (B,).
+        Float64 values in [0, 1], shape (B,).
 
     Raises:
         TypeError: if ``member_probs`` is not floating point.
@@ -67,13 +64,10 @@ def predictive_entropy(member_probs: Any) -> Tensor:
         H[p̄] = −Σ_k p̄_k log p̄_k,     p̄ = (1/M) Σ_m p_m
 
     Args:
-        member_probs: the members' probabilities.
+        member_probs: the members' probabilities, (M, B, K).
 
     Returns:
-        Float64 values in [0, log K].
-
-    Shape:
-        member_probs: (M, B, K). Output: (B,).
+        Float64 values in [0, log K], shape (B,).
 
     Raises:
         TypeError: if ``member_probs`` is not floating point.
@@ -89,13 +83,10 @@ def expected_entropy(member_probs: Any) -> Tensor:
         E_m H[p_m] = (1/M) Σ_m −Σ_k p_mk log p_mk
 
     Args:
-        member_probs: the members' probabilities.
+        member_probs: the members' probabilities, (M, B, K).
 
     Returns:
-        Float64 values in [0, log K].
-
-    Shape:
-        member_probs: (M, B, K). Output: (B,).
+        Float64 values in [0, log K], shape (B,).
 
     Raises:
         TypeError: if ``member_probs`` is not floating point.
@@ -110,19 +101,15 @@ def mutual_information(member_probs: Any) -> Tensor:
 
         I = H[p̄] − E_m H[p_m]
 
-    the mutual information between the prediction and the member index. In σN-Ens the members
-    differ only by their norm modulations, so this is the modulation uncertainty. It is >= 0 by
-    concavity of H and clamped at 0 against rounding; it is 0 exactly when all members agree,
-    and at most log M.
+    the mutual information between the prediction and the member index (in σN-Ens, the
+    modulation uncertainty). It is 0 exactly when all members agree, at most log M, and clamped
+    at 0 against rounding.
 
     Args:
-        member_probs: the members' probabilities.
+        member_probs: the members' probabilities, (M, B, K).
 
     Returns:
-        Float64 values in [0, min(log M, log K)].
-
-    Shape:
-        member_probs: (M, B, K). Output: (B,).
+        Float64 values in [0, min(log M, log K)], shape (B,).
 
     Raises:
         TypeError: if ``member_probs`` is not floating point.
@@ -141,13 +128,10 @@ def member_correlation(member_probs: Any) -> float:
     1 means the members predict alike; lower means more diverse members.
 
     Args:
-        member_probs: the members' probabilities.
+        member_probs: the members' probabilities, (M, B, K), M >= 2.
 
     Returns:
         A float in [−1, 1].
-
-    Shape:
-        member_probs: (M, B, K), M >= 2.
 
     Raises:
         TypeError: if ``member_probs`` is not floating point.
@@ -183,14 +167,11 @@ def per_member(member_probs: Any, labels: Any) -> dict[str, Tensor]:
     with p clamped at ``torch.finfo(dtype).tiny`` of the input dtype, as in :func:`nll`.
 
     Args:
-        member_probs: the members' probabilities.
-        labels: class indices.
+        member_probs: the members' probabilities, (M, B, K).
+        labels: class indices, (B,).
 
     Returns:
-        ``{"accuracy": acc, "nll": nll}``, float64 tensors.
-
-    Shape:
-        member_probs: (M, B, K). labels: (B,). Outputs: (M,) each.
+        ``{"accuracy": acc, "nll": nll}``, float64 tensors, shape (M,) each.
 
     Raises:
         TypeError: if ``member_probs`` is not floating point or ``labels`` not integer.
@@ -254,20 +235,15 @@ def max_logit_score(member_logits: Any) -> Tensor:
 
         s(x) = −max_k z̄_k,     z̄ = (1/M) Σ_m z_m
 
-    higher = more likely OOD (a low top logit). The members' logits are averaged first, as
-    torch-uncertainty's ``MaxLogitCriterion`` does on ``(B, M, K)``, so the score of an
-    ensemble is comparable across libraries; for M = 1 it is the plain max logit. Unlike the
-    probability scores it is not invariant to a shift of the logits: compare it only between
-    outputs of one model.
+    higher = more likely OOD. The members' logits are averaged first, as torch-uncertainty's
+    ``MaxLogitCriterion`` does; for M = 1 it is the plain max logit. Not invariant to a shift of
+    the logits: compare it only between outputs of one model.
 
     Args:
-        member_logits: the members' logits.
+        member_logits: the members' logits, (M, B, K).
 
     Returns:
-        Float64 scores.
-
-    Shape:
-        member_logits: (M, B, K). Output: (B,).
+        Float64 scores, shape (B,).
 
     Raises:
         TypeError: if ``member_logits`` is not floating point.
@@ -284,21 +260,15 @@ def energy_score(member_logits: Any) -> Tensor:
 
         s(x) = E(x) = −log Σ_k exp(z̄_k),     z̄ = (1/M) Σ_m z_m
 
-    higher = more likely OOD (Liu et al. flag high energy; −E is the in-distribution score).
-    The convention is torch-uncertainty's ``EnergyCriterion`` (``−logsumexp`` of the mean over
-    members of the logits) so the numbers compare across libraries, and for M = 1 it is the
-    plain energy. The mean of the members' energies, (1/M) Σ_m −log Σ_k exp(z_mk), is lower by
-    convexity of logsumexp (Jensen); the gap grows with the members' disagreement, which this
-    score does not reward separately (:func:`mutual_information` does).
+    higher = more likely OOD. The convention is torch-uncertainty's ``EnergyCriterion``
+    (``−logsumexp`` of the members' mean logit), so the numbers compare across libraries; for
+    M = 1 it is the plain energy.
 
     Args:
-        member_logits: the members' logits.
+        member_logits: the members' logits, (M, B, K).
 
     Returns:
-        Float64 scores.
-
-    Shape:
-        member_logits: (M, B, K). Output: (B,).
+        Float64 scores, shape (B,).
 
     Raises:
         TypeError: if ``member_logits`` is not floating point.

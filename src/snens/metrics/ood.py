@@ -34,14 +34,12 @@ def auroc(in_scores: Any, out_scores: Any) -> float:
     ``roc_auc_score`` with OOD labelled 1, ties included.
 
     Args:
-        in_scores: uncertainty scores of in-distribution examples, higher = more likely OOD.
-        out_scores: the same scores of OOD examples.
+        in_scores: uncertainty scores (N_in,) of in-distribution examples, higher = more likely
+            OOD.
+        out_scores: the same scores of OOD examples, (N_out,).
 
     Returns:
         A float in [0, 1]; 0.5 is chance, 1 a perfect separation.
-
-    Shape:
-        in_scores: (N_in,). out_scores: (N_out,).
 
     Raises:
         TypeError: if a score tensor is complex or neither a tensor nor an array.
@@ -70,14 +68,12 @@ def aupr(in_scores: Any, out_scores: Any) -> float:
     included (no interpolation).
 
     Args:
-        in_scores: uncertainty scores of in-distribution examples, higher = more likely OOD.
-        out_scores: the same scores of OOD examples.
+        in_scores: uncertainty scores (N_in,) of in-distribution examples, higher = more likely
+            OOD.
+        out_scores: the same scores of OOD examples, (N_out,).
 
     Returns:
         A float in (0, 1]; chance is the OOD fraction n_out / (n_in + n_out).
-
-    Shape:
-        in_scores: (N_in,). out_scores: (N_out,).
 
     Raises:
         TypeError: if a score tensor is complex or neither a tensor nor an array.
@@ -101,14 +97,12 @@ def fpr_at_95_tpr(in_scores: Any, out_scores: Any) -> float:
     in-distribution examples wrongly flagged at the first operating point reaching 95% TPR.
 
     Args:
-        in_scores: uncertainty scores of in-distribution examples, higher = more likely OOD.
-        out_scores: the same scores of OOD examples.
+        in_scores: uncertainty scores (N_in,) of in-distribution examples, higher = more likely
+            OOD.
+        out_scores: the same scores of OOD examples, (N_out,).
 
     Returns:
         A float in [0, 1]; lower is better.
-
-    Shape:
-        in_scores: (N_in,). out_scores: (N_out,).
 
     Raises:
         TypeError: if a score tensor is complex or neither a tensor nor an array.

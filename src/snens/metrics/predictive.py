@@ -16,14 +16,11 @@ def accuracy(probs: Any, labels: Any) -> float:
     """Fraction of examples whose argmax class is the label, (1/B) Σ_i 1[argmax_k p_ik = y_i].
 
     Args:
-        probs: predictive probabilities.
-        labels: class indices.
+        probs: predictive probabilities, (B, K).
+        labels: class indices, (B,).
 
     Returns:
         A float in [0, 1].
-
-    Shape:
-        probs: (B, K). labels: (B,).
 
     Raises:
         TypeError: if ``probs`` is not floating point or ``labels`` not integer.
@@ -45,18 +42,14 @@ def nll(probs: Any, labels: Any) -> float:
     """Negative log-likelihood of the labels, −(1/B) Σ_i log p_{i, y_i}, in nats.
 
     A probability that underflowed to 0 is clamped at the smallest normal number of the input's
-    dtype (``torch.finfo(dtype).tiny``), so the NLL stays finite: one such example costs at most
-    −log(tiny) = 87.3 nats in float32, 708.4 in float64.
+    dtype (``torch.finfo(dtype).tiny``), so the NLL stays finite.
 
     Args:
-        probs: predictive probabilities.
-        labels: class indices.
+        probs: predictive probabilities, (B, K).
+        labels: class indices, (B,).
 
     Returns:
         A float >= 0.
-
-    Shape:
-        probs: (B, K). labels: (B,).
 
     Raises:
         TypeError: if ``probs`` is not floating point or ``labels`` not integer.
@@ -76,14 +69,11 @@ def brier(probs: Any, labels: Any) -> float:
     Summed over classes, not averaged, so it lies in [0, 2].
 
     Args:
-        probs: predictive probabilities.
-        labels: class indices.
+        probs: predictive probabilities, (B, K).
+        labels: class indices, (B,).
 
     Returns:
         A float in [0, 2].
-
-    Shape:
-        probs: (B, K). labels: (B,).
 
     Raises:
         TypeError: if ``probs`` is not floating point or ``labels`` not integer.
@@ -128,15 +118,12 @@ def ece(probs: Any, labels: Any, *, num_bins: int = 15) -> float:
     mean confidence; empty bins contribute 0.
 
     Args:
-        probs: predictive probabilities; for an ensemble, the mean of the members'.
-        labels: class indices.
+        probs: predictive probabilities; for an ensemble, the mean of the members', (B, K).
+        labels: class indices, (B,).
         num_bins: n, the number of bins; 15 is the field's convention.
 
     Returns:
         A float in [0, 1].
-
-    Shape:
-        probs: (B, K). labels: (B,).
 
     Raises:
         TypeError: if ``probs`` is not floating point, ``labels`` not integer or ``num_bins``
@@ -163,15 +150,12 @@ def adaptive_ece(probs: Any, labels: Any, *, num_bins: int = 15) -> float:
     bins are empty.
 
     Args:
-        probs: predictive probabilities.
-        labels: class indices.
+        probs: predictive probabilities, (B, K).
+        labels: class indices, (B,).
         num_bins: n, the number of bins.
 
     Returns:
         A float in [0, 1].
-
-    Shape:
-        probs: (B, K). labels: (B,).
 
     Raises:
         TypeError: if ``probs`` is not floating point, ``labels`` not integer or ``num_bins``
@@ -203,15 +187,12 @@ def classwise_ece(probs: Any, labels: Any, *, num_bins: int = 15) -> float:
     and conf_k(B_bk) its mean p_k (Kull et al., 2019).
 
     Args:
-        probs: predictive probabilities.
-        labels: class indices.
+        probs: predictive probabilities, (B, K).
+        labels: class indices, (B,).
         num_bins: n, the number of bins per class.
 
     Returns:
         A float in [0, 1].
-
-    Shape:
-        probs: (B, K). labels: (B,).
 
     Raises:
         TypeError: if ``probs`` is not floating point, ``labels`` not integer or ``num_bins``
@@ -244,14 +225,11 @@ def aurc(probs: Any, labels: Any) -> float:
     group plus e·(position in group)/g.
 
     Args:
-        probs: predictive probabilities.
-        labels: class indices.
+        probs: predictive probabilities, (B, K).
+        labels: class indices, (B,).
 
     Returns:
         A float in [0, 1].
-
-    Shape:
-        probs: (B, K). labels: (B,).
 
     Raises:
         TypeError: if ``probs`` is not floating point or ``labels`` not integer.

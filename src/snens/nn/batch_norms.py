@@ -2,13 +2,8 @@
 
 Member m normalizes its own rows [m·B, (m+1)·B) of the member-major (M·B, C, *) input with
 statistics over those rows, keeps its own running mean and variance (rows of (M, C) buffers),
-and applies its folded affine sigmoid(gamma_m)·weight_m, sigmoid(gamma_m)·bias_m. On CPU,
-contiguous float32/64 inputs go through the fused kernel of :mod:`snens.nn.fused` (all members
-in one call); other CPU inputs run the native batch-norm kernel per member straight into its
-slice of one preallocated output; CPU inputs under ``torch.compile`` and ``torch.func``, the
-per-member loop of ``F.batch_norm``; other devices (CUDA, MPS, …), one ``F.batch_norm`` over
-the members stacked as channels, (M·B, C, *) → (B, M·C, *), all members at once
-(``_MemberBatchNorm._normalize`` lists the conditions).
+and applies its folded affine sigmoid(gamma_m)·weight_m, sigmoid(gamma_m)·bias_m
+(``_MemberBatchNorm._normalize`` lists the paths that compute it).
 """
 
 from __future__ import annotations
@@ -30,27 +25,16 @@ __all__ = ["MemberBatchNorm1d", "MemberBatchNorm2d", "MemberBatchNorm3d"]
 
 def _dense(x: Tensor) -> Tensor:
     """x itself if its memory is dense (contiguous or channels-last), else a contiguous copy."""
-    if x.is_contiguous():
-        return x
-    if x.dim() in (4, 5):
-        fmt = torch.channels_last if x.dim() == 4 else torch.channels_last_3d
-        if x.is_contiguous(memory_format=fmt):
-            return x
-    return x.contiguous()
+    return x.contiguous(memory_format=_memory_format(x))
 
 
 def _member_batch_norm(x, scale, shift, running_mean, running_var, training, momentum, eps, M):
     """``native_batch_norm.out`` once per member into that member's slice of one output.
 
-    Returns the output and the members' saved mean and invstd as two (M, C) tensors, which the
-    backward needs. Called directly, without the autograd function, when no gradient is wanted
-    (an eval forward). Per-member views come from one ``unbind`` each rather than M Python
-    indexings: at small shapes the fixed cost of a member norm is Python's, not the kernels'.
+    Returns the output and the members' saved mean and invstd as two (M, C) tensors.
     """
-    # x: (M·B, C, *), member-major and dense; scale, shift: (M, C)
     out = torch.empty_like(x)
-    # the kernel writes one (C,) row of each; on CPU they hold the parameters' dtype (float32
-    # for a bf16 input with float32 parameters)
+    # on CPU these hold the parameters' dtype (float32 for a bf16 input, float32 parameters)
     save_mean, save_invstd = scale.new_empty((2, *scale.shape)).unbind(0)
     members = zip(
         _members_of(x, M),
@@ -64,8 +48,7 @@ def _member_batch_norm(x, scale, shift, running_mean, running_var, training, mom
         strict=True,
     )
     for x_m, out_m, scale_m, shift_m, mean_m, var_m, save_mean_m, save_invstd_m in members:
-        # torch.native_batch_norm(out=...), not torch.ops.aten.native_batch_norm.out: the
-        # same kernel at half the Python cost per call (11 vs 21 µs)
+        # torch.native_batch_norm(out=...): the same kernel as aten's .out at half the Python cost
         torch.native_batch_norm(
             x_m,
             scale_m,
@@ -93,15 +76,8 @@ _BATCH_NORM_BACKWARD = torch.ops.aten.native_batch_norm_backward
 
 
 class _MemberBatchNormFunction(torch.autograd.Function):
-    """Batch norm of each member's rows, written straight into one output.
-
-    Forward runs ``native_batch_norm.out`` once per member into that member's slice of a
-    preallocated output (no concatenation: measured against a plain BatchNorm2d on a loaded
-    CPU thread, eval forward 1.9× → 1.1×, forward + backward 1.18× → 1.15×); backward runs
-    ``native_batch_norm_backward`` per member (its out= form is only a copy) and copies each
-    member's input gradient into one preallocated gradient while it is still in cache.
-    Running statistics are rows of the (M, C) buffers, updated in place by the kernel.
-    """
+    """Batch norm of each member's rows, written straight into one output (no concatenation);
+    backward copies each member's input gradient into one preallocated gradient."""
 
     @staticmethod
     def forward(ctx, x, scale, shift, running_mean, running_var, training, momentum, eps, M):
@@ -160,15 +136,10 @@ class _MemberBatchNormFunction(torch.autograd.Function):
 
 
 def _memory_format(x: Tensor) -> torch.memory_format:
-    if (
-        x.dim() == 4
-        and not x.is_contiguous()
-        and x.is_contiguous(memory_format=torch.channels_last)
-    ):
-        return torch.channels_last
-    if x.dim() == 5 and not x.is_contiguous():
-        if x.is_contiguous(memory_format=torch.channels_last_3d):
-            return torch.channels_last_3d
+    if not x.is_contiguous() and x.dim() in (4, 5):
+        fmt = torch.channels_last if x.dim() == 4 else torch.channels_last_3d
+        if x.is_contiguous(memory_format=fmt):
+            return fmt
     return torch.contiguous_format
 
 
@@ -239,8 +210,7 @@ class _MemberBatchNorm(MemberNorm):
             )
 
     def _momentum(self) -> float:
-        """The running statistics' update factor for this batch, counted in by the caller.
-        Same convention as torch.nn.BatchNorm: momentum=None means a cumulative average."""
+        """The running statistics' update factor, as torch.nn.BatchNorm's (None: cumulative)."""
         if not (self.training and self.track_running_stats):
             return 0.0
         if self.momentum is None:
@@ -250,39 +220,21 @@ class _MemberBatchNorm(MemberNorm):
     def _normalize(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
         """Batch norm of each member's rows: counts the batch, then the first path that applies.
 
-        1. fused (:func:`snens.nn.fused.member_batch_norm`, every (member, channel) in one
-           call): M > 1, CPU, contiguous, float32/64 with x and scale of one dtype, non-empty,
-           kernels built and ``SNENS_FUSED`` ≠ 0, neither traced by ``torch.compile``/
-           ``torch.export`` nor inside a ``torch.func`` transform. Why: path 2 needs one call
-           per member on quarter-size tensors and a copy of each member's input gradient
-           (1.1–1.3× a plain BatchNorm2d forward + backward, 1.4–1.5× an eval forward; fused
-           0.88× and 0.91×, ``results/bench_cpu.md``).
-        2. native out= (:func:`_member_batch_norm`: ``native_batch_norm.out`` per member into
-           one output, inside :class:`_MemberBatchNormFunction` where a gradient is wanted, else
-           called directly): M > 1, CPU, non-empty, not traced nor transformed, where path 1
-           does not apply: channels-last or strided inputs, bf16/fp16 or mixed dtypes, kernels
-           unavailable or ``SNENS_FUSED=0``. Why: no concatenation (eval forward 1.9× → 1.1× a
-           plain BatchNorm2d; measured again with ``benchmarks/norm_paths.py``, float32 at
-           (M·B, 64, 16, 16): eval 0.99× against the loop's 1.20×, forward + backward 1.35×
-           against 1.38×).
-        3. vectorized (:meth:`_vectorized`, one ``F.batch_norm`` over the members stacked as
-           channels): M > 1, non-empty, on any device other than the CPU (CUDA, MPS, …), traced
-           by ``torch.compile``/``torch.export`` and inside ``torch.func`` too. Why: paths 1 and
-           2 are CPU kernels (the out= kernel's saved-statistics dtypes are pinned down for CPU
-           kernels only), and the reference costs M kernel launches per op and a concatenation.
-        4. reference (:meth:`_reference`): everything else: M = 1, empty inputs, and on the CPU
-           ``torch.compile``/``torch.export`` (an exported graph holds only standard ops) and
-           ``torch.func`` (the autograd functions have no vmap or jvp rules).
+        1. fused (:func:`snens.nn.fused.member_batch_norm`): M > 1, CPU, contiguous, float32/64,
+           non-empty, kernels built, neither traced nor inside a ``torch.func`` transform.
+        2. native out= (:func:`_member_batch_norm`, inside :class:`_MemberBatchNormFunction`
+           where a gradient is wanted): the other CPU inputs with M > 1, non-empty, not traced.
+        3. vectorized (:meth:`_vectorized`): M > 1, non-empty, off the CPU (traced or not).
+        4. reference: everything else (M = 1, empty inputs, traced or transformed on the CPU).
 
-        :func:`snens.nn.norms.force_path` sends every input with M > 1 that is non-empty down
-        path 3 or 4, on any device.
+        :func:`snens.nn.norms.force_path` sends non-empty inputs with M > 1 down path 3 or 4.
         """
         if self.training and self.track_running_stats:
             self.num_batches_tracked.add_(1)  # this batch, as torch.nn.BatchNorm counts it
         if self.num_members == 1 or x.numel() == 0:
             return self._reference(x, scale, shift)
-        # Off the CPU the vectorized path: the out= kernel's saved-statistics dtypes are pinned
-        # down for CPU kernels only, and the fused kernels are CPU code.
+        # off the CPU the vectorized path: the out= kernel's saved-statistics dtypes are pinned
+        # down for CPU kernels only
         path = path_override(x)
         if path == "vectorized":
             return self._vectorized(x, scale, shift)
@@ -290,19 +242,14 @@ class _MemberBatchNorm(MemberNorm):
             return self._reference(x, scale, shift)
         self._check_values_per_channel(x)
         args = self._kernel_args(scale, shift)
-        if fused.applies_batch_norm(x, scale):  # one kernel for all members, no copies
+        if fused.applies_batch_norm(x, scale):
             return fused.member_batch_norm(x, *args)
         if not needs_grad(x, scale, shift):
             return _member_batch_norm(_dense(x), *args)[0]
         return _MemberBatchNormFunction.apply(_dense(x), *args)
 
     def _reference(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
-        """``F.batch_norm`` on each member's rows with its folded affine and its rows of the
-        running statistics (views, updated in place in training), concatenated.
-
-        The running statistics' update factor comes from the current ``num_batches_tracked``
-        (``_normalize`` counts the batch first).
-        """
+        """``F.batch_norm`` on each member's rows with its rows of the running statistics."""
         tracked = self.track_running_stats
         use_batch_stats = self.training or not tracked
         momentum = self._momentum()
@@ -327,13 +274,9 @@ class _MemberBatchNorm(MemberNorm):
 
             (M·B, C, *) -> (B, M·C, *) -> F.batch_norm -> (M·B, C, *)
 
-        Channel m·C + c of the stacked input holds member m's channel c over that member's B
-        rows, so the native kernel's per-channel statistics, affine (the (M, C) scale and
-        shift, flattened) and running statistics (the (M, C) buffers' flat views, updated in
-        place with the kernel's update factor and unbiased variance) are each member's. Two
-        transposing copies, in and out, against ~10 elementwise and reduction kernels of the
-        arithmetic written out: measured on an H200 in ``results/gpu_nvidia-h200.md``. Half
-        inputs keep their dtype, as a plain batch norm's do (the kernel accumulates in float32).
+        Channel m·C + c holds member m's channel c over its B rows, so the kernel's per-channel
+        statistics, affine and running statistics (flat views, updated in place) are each
+        member's.
         """
         self._check_values_per_channel(x)
         _, _, mean, var, batch_stats, momentum, eps, M = self._kernel_args(scale, shift)
@@ -351,8 +294,7 @@ class _MemberBatchNorm(MemberNorm):
         return y.unflatten(1, (M, -1)).transpose(0, 1).flatten(0, 1)  # (M·B, C, *)
 
     def _check_values_per_channel(self, x: Tensor) -> None:
-        """The check ``F.batch_norm`` makes on each member's rows, for the kernel and
-        vectorized paths."""
+        """The check ``F.batch_norm`` makes on each member's rows."""
         rows = x.shape[0] // self.num_members
         if (self.training or not self.track_running_stats) and rows * math.prod(x.shape[2:]) == 1:
             raise ValueError(
@@ -361,8 +303,7 @@ class _MemberBatchNorm(MemberNorm):
             )
 
     def _kernel_args(self, scale: Tensor, shift: Tensor | None) -> tuple:
-        """The arguments after x of the fused and out= paths: the affine, the running
-        statistics, whether to use batch statistics, the update factor, eps, M."""
+        """The arguments after x of the fused and out= paths."""
         tracked = self.track_running_stats
         return (
             scale,
@@ -379,8 +320,7 @@ class _MemberBatchNorm(MemberNorm):
     _plain_keys = ("weight", "bias", "running_mean", "running_var")
 
     def _migrate_plain_state(self, state_dict, prefix, local_metadata) -> None:
-        """The plain affine as every member's (the base class), and the plain running
-        statistics as every member's rows (M, C)."""
+        """Also the plain running statistics as every member's rows (M, C)."""
         for key in ("running_mean", "running_var"):
             value = state_dict.get(prefix + key)
             if value is not None and self.track_running_stats:

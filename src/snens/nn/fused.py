@@ -1,38 +1,20 @@
 """Fused CPU kernels for the member norms, built on first use: LayerNorm and batch norms.
 
 ATen's layer norm applies one affine to every row, so the member loop runs the native kernel
-once per member and concatenates the outputs (and, in backward, the input gradients): 1.3–1.7×
-a plain LayerNorm for forward + backward, ~2× for an eval forward. ``csrc/member_layer_norm.cpp``
-writes every row with its member's affine straight into one output, and its backward computes
-the input gradient and the members' affine gradients in one pass over the rows.
-
-Member batch norms through the native kernel need one call per member on quarter-size tensors
-and, in backward, a copy of each member's input gradient into one tensor (1.1–1.3× a plain
-BatchNorm2d forward + backward, 1.4–1.5× an eval forward). ``csrc/member_batch_norm.cpp`` runs
-every (member, channel) in one call: statistics, running statistics, the affine, and a backward
-that writes the input gradient in place (contiguous inputs; channels-last ones keep the
-native kernel). Measured against the plain norms in ``results/bench_cpu.md``; and against the
-paths they stand in front of (``python benchmarks/norm_paths.py --repeats 11 --inner 10``,
-float32, one thread, a shared 2-core machine; ``torch.compile`` does not serve eager users):
-member LayerNorm at (M·B·64, 384) 0.91× a plain one forward + backward (the per-member loop
-1.26×), 1.11× eval (loop 2.44×); member BatchNorm2d at (M·B, 64, 16, 16) 0.81× (the out= path
-1.35×, the loop 1.38×), eval 0.26× (0.99×, 1.20×). They stay.
+once per member and concatenates the outputs. ``csrc/member_layer_norm.cpp`` writes every row
+with its member's affine straight into one output, and its backward computes the input gradient
+and the members' affine gradients in one pass. ``csrc/member_batch_norm.cpp`` runs every
+(member, channel) of a member batch norm in one call (contiguous inputs only).
 
 Both are compiled once per environment by ``torch.utils.cpp_extension`` (a C++ compiler and
-ninja — ``pip install 'snens[kernels]'`` — are needed; without them the member norms run their
-native per-member paths; 15 s on a quiet 2-core machine, up to ~2 min on a
-loaded one) into ``$XDG_CACHE_HOME/snens/kernels`` (default ``~/.cache``), under a name carrying
-a digest of the sources and where they are, the flags, the torch version, the Python
-environment and the CPU's instruction-set flags: they are built with ``-march=native``, so
-another CPU gets its own build, and torch's ``build.ninja`` holds absolute paths, so another
-checkout or virtual environment gets its own directory instead of rebuilding this one. Build
-them ahead with ``snens build-kernels``; a build on first use prints one line before and one
-after (with its time) on stderr. Concurrent processes build once: the builder holds
-``snens.lock`` (:func:`snens.locks.hold`, dropped by the kernel however its process ends) and
-removes a torch ``lock`` a killed build left beside it.
+ninja are needed: ``pip install 'snens[kernels]'``) into ``$XDG_CACHE_HOME/snens/kernels``,
+under a name carrying a digest of the sources, their paths, the flags, the torch version, the
+Python environment and the CPU's instruction-set flags (they are built with
+``-march=native``). Build them ahead with ``snens build-kernels``. Concurrent processes build
+once: the builder holds ``snens.lock`` (:func:`snens.locks.hold`).
+
 Where they cannot be built, or with ``SNENS_FUSED=0``, member norms take their native-kernel
-paths, after one warning that names the reason. float32 and float64 on the CPU; other dtypes
-and devices, and code traced by ``torch.compile``, take those paths too.
+paths, after one warning that names the reason.
 """
 
 from __future__ import annotations
@@ -118,11 +100,10 @@ def _build_directory(name: str) -> Path:
 
 @contextlib.contextmanager
 def _build_lock(directory: Path) -> Iterator[None]:
-    """Hold ``directory/snens.lock`` (:func:`snens.locks.hold`) for this process's build.
+    """Hold ``directory/snens.lock`` for this process's build, waiting up to :data:`_WAIT_S`.
 
-    Another live process's build is waited for, up to :data:`_WAIT_S`; a lock its killed
-    holder left behind holds nothing (the kernel dropped it). Holding it, any torch ``lock``
-    beside it was left by a killed build, which torch would wait on forever: it is removed.
+    Holding it, any torch ``lock`` beside it was left by a killed build, which torch would wait
+    on forever: it is removed.
     """
     with hold(directory / "snens.lock", f"the kernel build in {directory}", wait_s=_WAIT_S):
         (directory / "lock").unlink(missing_ok=True)
@@ -207,8 +188,8 @@ def _build(*, verbose: bool = False) -> tuple[bool, str | None]:
 
 
 def _ninja_on_path() -> None:
-    """torch runs ``ninja`` from PATH; the ``ninja`` package's binary sits in the environment,
-    which is not on PATH when its Python is called by path (``.venv/bin/python``)."""
+    """Put the ``ninja`` package's binary on PATH, where torch looks for it (a venv's ``bin`` is
+    not on PATH when its Python is called by path)."""
     try:
         import ninja
     except ImportError:
@@ -258,9 +239,8 @@ def member_layer_norm(
     eps: float,
     num_members: int,
 ) -> Tensor:
-    """Layer norm of each member's rows with that member's affine, in one fused kernel.
-
-    Call only where :func:`applies` holds.
+    """Layer norm of each member's rows with that member's affine, in one fused kernel, where
+    :func:`applies` holds.
 
     Shape:
         x: (M·B, *, *normalized_shape), member-major. scale, shift: (M, *normalized_shape).

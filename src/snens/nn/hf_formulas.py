@@ -1,53 +1,24 @@
 """What Hugging Face's norm classes compute: the formulas their member versions compute.
 
-**RMS norms.** Hugging Face models do not use ``nn.RMSNorm``: about 160 of their RMS norm
-classes (transformers 5.24) are copies of a few formulas, which compute the statistics in
-float32 and differ in where they cast, with x̂ = x_f32 · rsqrt(mean(x_f32²) + eps):
+Hugging Face models do not use ``nn.RMSNorm``: their ~160 RMS norm classes are copies of a few
+formulas, which compute the statistics in float32 and differ in where they cast. Each function
+below names the class it was taken from; others computing it:
 
-* Llama (``LlamaRMSNorm``, ``MistralRMSNorm``, ``Qwen2RMSNorm``, ``Llama4TextRMSNorm``,
-  ``CpmAntLayerNorm``, …): weight ⊙ x̂.to(x.dtype);
-* Gemma (``GemmaRMSNorm``, ``Gemma2RMSNorm``, ``Qwen3NextRMSNorm``, …): (x̂ ⊙ (1 + weight_f32))
-  .to(x.dtype), the weight stored as an offset from 1;
-* T5 (``T5LayerNorm``, ``MT5LayerNorm``, ``LongT5LayerNorm``, …): weight ⊙ (x · rsqrt(…)), the
-  product cast to the weight's dtype first where that is half precision;
-* OLMo-2 (``Olmo2RMSNorm``, …): (weight ⊙ x̂).to(x.dtype), the product in float32 (in float64
-  for a float64 weight) and cast once;
-* Gemma 3n (``Gemma3nRMSNorm``, ``HeliumRMSNorm``, ``NemotronHRMSNorm``, …): (x̂ ⊙ weight_f32)
-  .to(x.dtype), the product in float32 whatever the weight's dtype (Gemma 3n writes the inverse
-  root as ``torch.pow(·, −0.5)``, which rounds as ``rsqrt`` does on the CPU).
-
-**Layer norms**, mean-centred in float32:
-
-* Cohere (``CohereLayerNorm``): (weight_f32 ⊙ (x_f32 − μ) · rsqrt(mean((x_f32 − μ)²) + eps))
-  .to(x.dtype), as explicit ops, over the last dimension; the weight may be (H, D) (its QK
-  norms);
-* DeBERTa (``DebertaLayerNorm``): weight ⊙ ((x_f32 − μ) / sqrt(var + eps)).to(x.dtype) + bias,
-  Llama's order: cast, then the affine;
-* OLMo-1 (``OlmoLayerNorm``): ``F.layer_norm(x_f32, (C,), eps=1e-5)``, no weight at all.
-
-**Gated RMS norms** take a second input, the gate g, and multiply by act(g_f32) (SiLU, or a
-sigmoid where the class's ``activation`` says so), each over groups of ``group_size`` features
-(the whole last dimension unless the class records groups), :func:`gated_rms_norm`:
-
-* norm, then gate, the weight after the cast (``Qwen3NextRMSNormGated``,
-  ``Qwen3_5RMSNormGated``, ``OlmoHybridRMSNormGated``, …): ((weight ⊙ x̂.to(x.dtype)) ⊙
-  act(g_f32)).to(x.dtype);
-* norm, then gate, the weight in float32 (``KimiLinearRMSNormGated``,
-  ``FalconH1RMSNormGated``, …): (weight_f32 ⊙ x̂ ⊙ act(g_f32)).to(x.dtype);
-* gate, then norm (``MambaRMSNormGated`` of Mamba-2, Bamba, Zamba2, Nemotron-H, Granite
-  hybrid): h = x_f32 ⊙ silu(g_f32), weight ⊙ ĥ.to(x.dtype); without a gate, Llama's formula;
-* gate, then norm, the weight in float32 (``FalconH1RMSNormGated(norm_before_gate=False)``):
-  (weight_f32 ⊙ ĥ).to(x.dtype).
-
-**Weightless RMS norms** (``Llama4TextL2Norm``, ``NanoChatRMSNorm``,
-``FalconMambaWeightlessRMSNorm``): x̂.type_as(x), OLMo-2's formula with weight 1; DeepSeek-V4's
-``DeepseekV4UnweightedRMSNorm``: x ⊙ rsqrt(mean(x_f32²) + eps).to(x.dtype), the factor cast
-before the product (:func:`deepseek_unweighted_rms_norm`); nGPT's L2 norm (``DoryL2Norm``):
-x_f32 · rsqrt(Σ x_f32² + eps), cast once (:func:`unweighted_l2_norm`), the sum, not the mean.
+* :func:`llama_rms_norm`: ``MistralRMSNorm``, ``Qwen2RMSNorm``, ``CpmAntLayerNorm``, …;
+* :func:`gemma_rms_norm` (weight stored as an offset from 1): ``Gemma2RMSNorm``,
+  ``Qwen3NextRMSNorm``, …;
+* :func:`t5_rms_norm`: ``MT5LayerNorm``, ``LongT5LayerNorm``, …;
+* :func:`gemma3n_rms_norm`: ``HeliumRMSNorm``, ``NemotronHRMSNorm``, …;
+* :func:`olmo2_rms_norm`, also the weightless RMS norms with weight 1 (``Llama4TextL2Norm``,
+  ``NanoChatRMSNorm``, ``FalconMambaWeightlessRMSNorm``);
+* :func:`gated_rms_norm`: the gated RMS norms of hybrid models (``Qwen3NextRMSNormGated``,
+  ``MambaRMSNormGated``, ``KimiLinearRMSNormGated``, ``FalconH1RMSNormGated``, …), the gate
+  before or after the norm, the weight in float32 or after the cast.
 
 In float32 the formulas of one kind agree; in half precision they differ by where they round,
-which is how :mod:`snens.nn.probe` tells them apart. :mod:`snens.nn.hf_norms` holds the member
-versions, which compute these functions with each member's folded scale in place of the weight.
+which is how :mod:`snens.nn.probe` tells them apart. Each function takes x of shape (*, C) and a
+weight broadcastable to it, and returns a tensor like x (Llama's, T5's and DeBERTa's in the
+promoted dtype of x and the weight).
 """
 
 from __future__ import annotations
@@ -72,11 +43,7 @@ __all__ = [
 
 
 def llama_rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """weight ⊙ (x_f32 · rsqrt(mean(x_f32²) + eps)).to(x.dtype), as ``LlamaRMSNorm`` computes it.
-
-    Shape:
-        x: (*, C). weight: broadcastable to x. Output: like x, in the promoted dtype.
-    """
+    """weight ⊙ (x_f32 · rsqrt(mean(x_f32²) + eps)).to(x.dtype), as ``LlamaRMSNorm`` computes it."""
     h = x.to(torch.float32)
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return weight * h.to(x.dtype)
@@ -85,9 +52,6 @@ def llama_rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 def gemma_rms_norm(x: Tensor, factor: Tensor, eps: float) -> Tensor:
     """(x̂ ⊙ factor_f32).to(x.dtype), x̂ = x_f32 · rsqrt(mean(x_f32²) + eps), as ``GemmaRMSNorm``
     computes it with factor = 1 + weight.
-
-    Shape:
-        x: (*, C). factor: broadcastable to x. Output: like x.
     """
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
@@ -97,9 +61,6 @@ def gemma_rms_norm(x: Tensor, factor: Tensor, eps: float) -> Tensor:
 def t5_rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """weight ⊙ (x · rsqrt(mean(x_f32²) + eps)), as ``T5LayerNorm`` computes it: the normalized
     input is cast to the weight's dtype first where that is float16 or bfloat16.
-
-    Shape:
-        x: (*, C). weight: broadcastable to x. Output: like x, in the promoted dtype.
     """
     variance = x.to(torch.float32).pow(2).mean(-1, keepdim=True)
     h = x * torch.rsqrt(variance + eps)
@@ -111,9 +72,6 @@ def t5_rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 def olmo2_rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """(weight ⊙ (x_f32 · rsqrt(mean(x_f32²) + eps))).to(x.dtype), as ``Olmo2RMSNorm`` computes
     it: the product in the promoted dtype of the weight and float32, cast once.
-
-    Shape:
-        x: (*, C). weight: broadcastable to x. Output: like x.
     """
     h = x.to(torch.float32)
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
@@ -123,9 +81,6 @@ def olmo2_rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 def gemma3n_rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """(x_f32 · pow(mean(x_f32²) + eps, −0.5) ⊙ weight_f32).to(x.dtype), as
     ``Gemma3nRMSNorm(with_scale=True)`` computes it.
-
-    Shape:
-        x: (*, C). weight: broadcastable to x. Output: like x.
     """
     h = x.float()
     h = h * torch.pow(h.pow(2).mean(-1, keepdim=True) + eps, -0.5)
@@ -135,9 +90,6 @@ def gemma3n_rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 def cohere_layer_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """(weight_f32 ⊙ (x_f32 − μ) · rsqrt(mean((x_f32 − μ)²) + eps)).to(x.dtype), μ the mean
     over the last dimension, as ``CohereLayerNorm`` computes it.
-
-    Shape:
-        x: (*, C) or (*, H, C). weight: broadcastable to x. Output: like x.
     """
     h = x.to(torch.float32)
     mean = h.mean(-1, keepdim=True)
@@ -149,9 +101,6 @@ def cohere_layer_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 def deberta_layer_norm(x: Tensor, weight: Tensor, bias: Tensor | None, eps: float) -> Tensor:
     """weight ⊙ ((x_f32 − μ) / sqrt(mean((x_f32 − μ)²) + eps)).to(x.dtype) + bias, μ the mean
     over the last dimension, as ``DebertaLayerNorm`` computes it (no bias: none added).
-
-    Shape:
-        x: (*, C). weight, bias: broadcastable to x. Output: like x, in the promoted dtype.
     """
     h = x.float()
     mean = h.mean(-1, keepdim=True)
@@ -163,9 +112,6 @@ def deberta_layer_norm(x: Tensor, weight: Tensor, bias: Tensor | None, eps: floa
 def olmo_layer_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """(F.layer_norm(x_f32, (C,), eps=eps) ⊙ weight_f32).to(x.dtype): ``OlmoLayerNorm``'s
     float32 layer norm and its one cast, with a weight (``OlmoLayerNorm`` is weight = 1).
-
-    Shape:
-        x: (*, C). weight: broadcastable to x. Output: like x.
     """
     h = F.layer_norm(x.to(torch.float32), x.shape[-1:], None, None, eps=eps)
     return (h * weight.to(torch.float32)).to(x.dtype)
@@ -174,9 +120,6 @@ def olmo_layer_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 def deepseek_unweighted_rms_norm(x: Tensor, scale: Tensor, eps: float) -> Tensor:
     """x ⊙ (scale_f32 · rsqrt(mean(x_f32²) + eps)).to(x.dtype), as ``DeepseekV4UnweightedRMSNorm``
     computes it with scale = 1: the inverse root cast to x's dtype before the product.
-
-    Shape:
-        x: (*, C). scale: broadcastable to x. Output: like x.
     """
     r = torch.rsqrt(x.float().square().mean(-1, keepdim=True) + eps)
     return x * (scale.float() * r).to(x.dtype)
@@ -229,9 +172,6 @@ def gated_rms_norm(
 def unweighted_l2_norm(x: Tensor, scale: Tensor, eps: float) -> Tensor:
     """(scale_f32 ⊙ x_f32 · rsqrt(Σ x_f32² + eps)).to(x.dtype), as nGPT's ``DoryL2Norm``
     computes it with scale = 1: onto the unit sphere (the sum of squares, not their mean).
-
-    Shape:
-        x: (*, C). scale: broadcastable to x. Output: like x.
     """
     h = x.to(torch.float32)
     h = h * torch.rsqrt(h.pow(2).sum(-1, keepdim=True) + eps)

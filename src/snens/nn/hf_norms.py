@@ -3,25 +3,14 @@
 Each member version computes one formula of :mod:`snens.nn.hf_formulas`, op for op, with
 member m's folded scale sigmoid(gamma_m)·weight_m in place of the weight (for Gemma in place of
 the whole factor 1 + weight), so every member reproduces the plain module in every dtype, up to
-the rounding of that folded scale (none in float32 beyond 1e-6). :mod:`snens.nn.registry` finds
-the one that reproduces a module (:func:`snens.nn.probe.match`) and converts it through
-:func:`~snens.nn.plain_conversion.from_plain_as`; each class's ``from_plain`` checks the same.
+the rounding of that folded scale. :mod:`snens.nn.registry` finds the one that reproduces a
+module (:func:`snens.nn.probe.match`) and converts it through
+:func:`~snens.nn.plain_conversion.from_plain_as`.
 
 A norm without a weight converts as torch's do with ``elementwise_affine=False``: the member
-affine starts at the identity, weight_m = 1/sigmoid(gamma_m). OLMo-1's ``OlmoLayerNorm`` has no
-weight to hold a member's, so its member's ``to_plain`` gives the Hugging Face class that is
-that float32 layer norm with a weight, ``CohereLayerNorm``. ``Gemma3nRMSNorm(with_scale=False)``
-does not record its size, and neither do Llama 4's and NanoChat's weightless QK norms: their
-member version, :class:`MemberUnweightedRMSNorm`, holds one scale per member (shape (M, 1),
-starting at 1), broadcast over whatever last dimension it normalizes; one that records its size
-gets a scale per feature.
-
-The gated RMS norms of hybrid and linear-attention models (Qwen3-Next, Qwen3.5, OLMo-hybrid,
-Kimi-Linear, Mamba-2, Bamba, Zamba2, Nemotron-H, Falcon-H1) take the gate as a second input;
-their member versions take it too, ``forward(x, gate=None)``, member-major like x, and compute
-:func:`~snens.nn.hf_formulas.gated_rms_norm` in the order of their class (gate before or after
-the norm, the weight in float32 or after the cast). Nemotron's ``NemotronLayerNorm1P`` (scale
-1 + w) converts to :class:`MemberLayerNorm1P`, every path of ``MemberLayerNorm``'s.
+affine starts at the identity, weight_m = 1/sigmoid(gamma_m). The gated RMS norms of hybrid
+and linear-attention models (Qwen3-Next, Mamba-2, Falcon-H1, …) take the gate as a second
+input; their member versions take it too, ``forward(x, gate=None)``, member-major like x.
 """
 
 from __future__ import annotations
@@ -76,7 +65,7 @@ __all__ = [
 
 def _feature_shape(hidden_size: Any) -> tuple[int, ...]:
     sizes = hidden_size if isinstance(hidden_size, tuple | list) else (hidden_size,)
-    if not sizes or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes):
+    if not sizes or not all(_positive_int(s) for s in sizes):
         raise ValueError(
             f"hidden_size must be an int >= 1 (or a tuple of them), got {hidden_size!r}"
         )
@@ -84,13 +73,8 @@ def _feature_shape(hidden_size: Any) -> tuple[int, ...]:
 
 
 class _MemberHFNorm(RebuildsPlain, MemberNorm):
-    """Shared body of the member versions of Hugging Face's norms.
-
-    Member m computes ``formula(x_m, scale_m, eps)`` with its folded scale
-    sigmoid(gamma_m)·weight_m (and its folded shift, for DeBERTa's) (:meth:`_reference`);
-    ``_normalize`` computes all members at once, the (M·B, …, C) input viewed as (M, B, …, C)
-    and the scales as (M, 1, …, C), which is each member's formula elementwise.
-    """
+    """Shared body of the member versions of Hugging Face's norms: member m computes
+    ``formula(x_m, sigmoid(gamma_m)·weight_m, eps)``."""
 
     has_bias = False
     #: the formula's name, as in :mod:`snens.nn.hf_formulas`
@@ -127,8 +111,7 @@ class _MemberHFNorm(RebuildsPlain, MemberNorm):
         self.plain_options: dict[str, Any] = {}
         self.reset_parameters()
 
-    # the formula's function; not named _apply, which is nn.Module's (.to() and .float() call
-    # it on every submodule)
+    # not named _apply, which is nn.Module's
     @staticmethod
     def _norm_fn(x: Tensor, scale: Tensor, eps: float) -> Tensor:
         raise NotImplementedError
@@ -152,17 +135,9 @@ class _MemberHFNorm(RebuildsPlain, MemberNorm):
         return None
 
     def _normalize(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
-        """The formula once, over (M, B, …, C) with the member scales broadcast as
-        (M, 1, …, C). Its reductions are over C, row by row, so this is :meth:`_reference`'s
-        arithmetic elementwise, without the per-member calls and the concatenation.
-
-        Before it, in ``forward``, path 0: the Triton kernels (:mod:`snens.nn.triton_norms`,
-        each class's ``triton_variant``) on CUDA, float32/bf16/fp16 with the parameters of
-        x's dtype, where :func:`snens.nn.triton_norms.applies` lists. Why: the formula's ops,
-        the folding and their backward are ~8 launches where the plain norm's are ~6 (H200,
-        LlamaRMSNorm at (M·B·T, 576), bf16: 1.32× the plain norm)."""
+        """The formula once over (M, B, …, C), the member scales broadcast as (M, 1, …, C)."""
         M = self.num_members
-        rows = x.unflatten(0, (M, -1))  # (M·B, …, C) -> (M, B, …, C)
+        rows = x.unflatten(0, (M, -1))
         affine = (M, *(1,) * (rows.dim() - 1 - len(self.feature_shape)), *self.feature_shape)
         shift = None if shift is None else shift.view(affine)
         return self._formula(rows, scale.view(affine), shift).flatten(0, 1)
@@ -178,8 +153,7 @@ class _MemberHFNorm(RebuildsPlain, MemberNorm):
         cls, plain: nn.Module, num_members: int, *, generator: torch.Generator | None = None, **kw
     ) -> MemberNorm:
         """A member norm whose every member reproduces ``plain``, a module computing this
-        class's formula: on probe inputs, in float32 and half precision
-        (:func:`snens.nn.probe.match`).
+        class's formula (checked by :func:`snens.nn.probe.match`).
 
         Raises:
             TypeError: if ``plain`` does not compute it.
@@ -210,19 +184,9 @@ class _MemberHFNorm(RebuildsPlain, MemberNorm):
             "plain_type": type(plain),
         }
 
-    def _plain_weight(self, scale: Tensor) -> Tensor:
-        """The plain module's weight that computes ``scale`` (one member's folded scale)."""
-        return scale
-
     def to_plain(self, member: int) -> nn.Module:
         self._check_member(member)
-        plain = self._rebuild_plain(self.hidden_size)
-        scale, shift = self.scale_and_shift()
-        with torch.no_grad():
-            plain.weight.copy_(self._plain_weight(scale[member]))
-            if shift is not None:
-                plain.bias.copy_(shift[member])
-        return plain.train(self.training)
+        return self._carrying_member(self._rebuild_plain(self.hidden_size), member)
 
     def extra_repr(self) -> str:
         plain = "" if self.plain_type is None else f", plain_type={self.plain_type.__name__}"
@@ -233,8 +197,8 @@ class _MemberHFNorm(RebuildsPlain, MemberNorm):
 class MemberLlamaRMSNorm(_MemberHFNorm):
     """σNorm over the Llama RMS norm (``LlamaRMSNorm``, ``MistralRMSNorm``, ``Qwen2RMSNorm``, …).
 
-    Member m computes :func:`~snens.nn.hf_formulas.llama_rms_norm` with its folded scale:
-    sigmoid(gamma_m)·weight_m ⊙ (x_f32 · rsqrt(mean(x_f32²) + eps)).to(x.dtype).
+    Member m computes :func:`~snens.nn.hf_formulas.llama_rms_norm` with its folded scale
+    sigmoid(gamma_m)·weight_m in place of the weight.
 
     Args:
         hidden_size: C.
@@ -254,18 +218,7 @@ class MemberLlamaRMSNorm(_MemberHFNorm):
 class MemberT5RMSNorm(_MemberHFNorm):
     """σNorm over the T5 RMS norm (``T5LayerNorm``, ``MT5LayerNorm``, ``LongT5LayerNorm``, …).
 
-    Member m computes :func:`~snens.nn.hf_formulas.t5_rms_norm` with its folded scale: no mean
-    subtraction, the variance in float32, the normalized input cast to the parameters' dtype if
-    that is half.
-
-    Args:
-        hidden_size: C.
-        num_members: M.
-        eps: the plain module's ``variance_epsilon``.
-        plain_type: the class ``to_plain`` rebuilds as ``plain_type(C, eps=eps)``.
-
-    Shape:
-        Input: (M·B, *, C), member-major. Output: same shape.
+    Args: as :class:`MemberLlamaRMSNorm`'s.
     """
 
     formula = "t5"
@@ -276,19 +229,10 @@ class MemberT5RMSNorm(_MemberHFNorm):
 class MemberGemmaRMSNorm(_MemberHFNorm):
     """σNorm over the Gemma RMS norm (``GemmaRMSNorm``, ``Gemma2RMSNorm``, …).
 
-    The plain module multiplies by 1 + weight in float32; a member's weight is that whole
-    factor, so member m computes :func:`~snens.nn.hf_formulas.gemma_rms_norm` with factor
-    sigmoid(gamma_m)·weight_m. A plain weight w (from a module or a state_dict) is loaded as the
-    factor 1 + w, and ``to_plain`` gives back w = factor − 1.
+    The plain module multiplies by 1 + weight; a member's weight is that whole factor. A plain
+    weight w is loaded as 1 + w, and ``to_plain`` gives back w = factor − 1.
 
-    Args:
-        hidden_size: C.
-        num_members: M.
-        eps: the plain module's ``eps``.
-        plain_type: the class ``to_plain`` rebuilds as ``plain_type(C, eps=eps)``.
-
-    Shape:
-        Input: (M·B, *, C), member-major. Output: same shape.
+    Args: as :class:`MemberLlamaRMSNorm`'s.
     """
 
     formula = "gemma"
@@ -307,17 +251,7 @@ class MemberGemmaRMSNorm(_MemberHFNorm):
 class MemberOlmo2RMSNorm(_MemberHFNorm):
     """σNorm over the OLMo-2 RMS norm (``Olmo2RMSNorm``): Llama's with the cast after the product.
 
-    Member m computes :func:`~snens.nn.hf_formulas.olmo2_rms_norm` with its folded scale:
-    (sigmoid(gamma_m)·weight_m ⊙ x_f32 · rsqrt(mean(x_f32²) + eps)).to(x.dtype).
-
-    Args:
-        hidden_size: C.
-        num_members: M.
-        eps: the plain module's ``variance_epsilon``.
-        plain_type: the class ``to_plain`` rebuilds as ``plain_type(C, eps=eps)``.
-
-    Shape:
-        Input: (M·B, *, C), member-major. Output: same shape.
+    Args: as :class:`MemberLlamaRMSNorm`'s.
     """
 
     formula = "olmo2"
@@ -327,19 +261,9 @@ class MemberOlmo2RMSNorm(_MemberHFNorm):
 
 class MemberGemma3nRMSNorm(_MemberHFNorm):
     """σNorm over ``Gemma3nRMSNorm(with_scale=True)``, whose weight is a scale (not Gemma's
-    offset from 1) and whose inverse root is ``torch.pow(·, −0.5)``.
+    offset from 1).
 
-    Member m computes :func:`~snens.nn.hf_formulas.gemma3n_rms_norm` with its folded scale:
-    (x_f32 · pow(mean(x_f32²) + eps, −0.5) ⊙ sigmoid(gamma_m)·weight_m).to(x.dtype).
-
-    Args:
-        hidden_size: C.
-        num_members: M.
-        eps: the plain module's ``eps``.
-        plain_type: the class ``to_plain`` rebuilds as ``plain_type(C, eps=eps)``.
-
-    Shape:
-        Input: (M·B, *, C), member-major. Output: same shape.
+    Args: as :class:`MemberLlamaRMSNorm`'s.
     """
 
     formula = "gemma3n"
@@ -349,20 +273,12 @@ class MemberGemma3nRMSNorm(_MemberHFNorm):
 
 # -- layer norms ------------------------------------------------------------------------------
 class MemberCohereLayerNorm(_MemberHFNorm):
-    """σNorm over ``CohereLayerNorm``: a mean-centred layer norm in float32 with a float32
-    weight and no bias, over the last dimension.
-
-    Member m computes :func:`~snens.nn.hf_formulas.cohere_layer_norm` with its folded scale. The
-    weight may be (H, D), as in Cohere's QK norms, normalizing each head's D features.
+    """σNorm over ``CohereLayerNorm``: a float32 layer norm without bias; the weight may be
+    (H, D), as in Cohere's QK norms, normalizing each head's D features.
 
     Args:
         hidden_size: C, or (H, D).
-        num_members: M.
-        eps: the plain module's ``variance_epsilon``.
-        plain_type: the class ``to_plain`` rebuilds as ``plain_type(hidden_size, eps=eps)``.
-
-    Shape:
-        Input: (M·B, *, *hidden_size), member-major. Output: same shape.
+        num_members, eps, plain_type: as :class:`MemberLlamaRMSNorm`'s.
     """
 
     formula = "cohere"
@@ -374,30 +290,13 @@ class MemberCohereLayerNorm(_MemberHFNorm):
 class MemberOlmoLayerNorm(_MemberHFNorm):
     """σNorm over OLMo-1's ``OlmoLayerNorm``, a float32 layer norm without weight or bias.
 
-    Member m computes :func:`~snens.nn.hf_formulas.olmo_layer_norm`, ``OlmoLayerNorm``'s ops
-    followed by its folded scale sigmoid(gamma_m)·weight_m in float32, before the one cast. At
-    conversion weight_m = 1/sigmoid(gamma_m), so every member reproduces the plain module up to
-    the rounding of that scale (measured ≤ 2.4e-7 in float32 at unit scale; in bfloat16 and
-    float16 the same bits for all 7,680 values measured); the weights are built in float32,
-    the precision ``OlmoLayerNorm`` computes in, and then train apart. A plain
-    ``OlmoLayerNorm`` has no state to load: ``load_state_dict`` of a plain checkpoint reports
-    this module's ``gamma`` and ``weight`` missing (``strict=False`` keeps them).
-
-    ``to_plain`` cannot give back an ``OlmoLayerNorm``, which holds no weight; it gives
-    ``CohereLayerNorm``, Hugging Face's float32 layer norm with a weight (the same formula as
-    explicit ops: ≤ 1e-6 apart in float32, measured ≤ 7.2e-7 at unit scale). An extracted
-    member is therefore no longer an OLMo-1 checkpoint: ``from_pretrained`` of its saved
-    weights would drop the norm weights.
+    At conversion weight_m = 1/sigmoid(gamma_m). ``to_plain`` cannot give back an
+    ``OlmoLayerNorm``, which holds no weight: it gives ``CohereLayerNorm``, the same formula with
+    a weight, so an extracted member is no longer an OLMo-1 checkpoint.
 
     Args:
-        hidden_size: C.
-        num_members: M.
+        hidden_size, num_members, plain_type: as :class:`MemberLlamaRMSNorm`'s.
         eps: 1e-5, the constant of ``OlmoLayerNorm``'s forward (found by the probe).
-        plain_type: the class ``to_plain`` rebuilds as ``plain_type(C, eps=eps)``
-            (``from_plain`` records ``CohereLayerNorm``).
-
-    Shape:
-        Input: (M·B, *, C), member-major. Output: same shape.
     """
 
     formula = "olmo"
@@ -423,22 +322,12 @@ class MemberOlmoLayerNorm(_MemberHFNorm):
 
 
 class MemberDebertaLayerNorm(_MemberHFNorm):
-    """σNorm over ``DebertaLayerNorm``: a mean-centred layer norm in float32, cast back to the
-    input's dtype, then the affine (Llama's order), over the last dimension.
-
-    Member m computes :func:`~snens.nn.hf_formulas.deberta_layer_norm` with its folded scale
-    and shift: sigmoid(gamma_m)·weight_m ⊙ ((x_f32 − μ) / sqrt(var + eps)).to(x.dtype)
-    + sigmoid(gamma_m)·bias_m.
+    """σNorm over ``DebertaLayerNorm``: a float32 layer norm cast back to the input's dtype,
+    then the affine.
 
     Args:
-        hidden_size: C.
-        num_members: M.
-        eps: the plain module's ``variance_epsilon``.
+        hidden_size, num_members, eps, plain_type: as :class:`MemberLlamaRMSNorm`'s.
         bias: whether the member affine has a bias (default True).
-        plain_type: the class ``to_plain`` rebuilds as ``plain_type(C, eps=eps)``.
-
-    Shape:
-        Input: (M·B, *, C), member-major. Output: same shape.
     """
 
     formula = "deberta"
@@ -467,13 +356,7 @@ class MemberDebertaLayerNorm(_MemberHFNorm):
 # -- weightless RMS norms ---------------------------------------------------------------------
 class ScaledRMSNorm(nn.Module):
     """A weightless RMS norm's formula with a weight: what a member of
-    :class:`MemberUnweightedRMSNorm` becomes (``extract_member``), since the weightless class
-    has no weight to hold the member's scale.
-
-    Computes ``formula(x, weight, eps)``, :func:`~snens.nn.hf_formulas.olmo2_rms_norm`
-    (``"unweighted"``), :func:`~snens.nn.hf_formulas.deepseek_unweighted_rms_norm`
-    (``"deepseek_unweighted"``) or :func:`~snens.nn.hf_formulas.unweighted_l2_norm`
-    (``"l2"``); with weight 1, the weightless norm itself.
+    :class:`MemberUnweightedRMSNorm` becomes (``extract_member``).
 
     Args:
         hidden_size: C, or 1 for one scale broadcast over any last dimension.
@@ -514,32 +397,22 @@ _UNWEIGHTED_FORMULAS = {
 
 class MemberUnweightedRMSNorm(_MemberHFNorm):
     """σNorm over a weightless RMS norm (``Llama4TextL2Norm``, ``NanoChatRMSNorm``,
-    ``FalconMambaWeightlessRMSNorm``, ``Gemma3nRMSNorm(with_scale=False)``): x̂.type_as(x).
+    ``FalconMambaWeightlessRMSNorm``, ``Gemma3nRMSNorm(with_scale=False)``).
 
-    Member m computes :func:`~snens.nn.hf_formulas.olmo2_rms_norm` with its folded scale
-    sigmoid(gamma_m)·weight_m, in float32, cast once: the plain module is weight 1, so at
-    conversion weight_m = 1/sigmoid(gamma_m) and every member reproduces it up to the rounding
-    of that scale (float32: ≤ 1 ulp of the scale; in half precision the probe checks it). A
-    module that records its size (``hidden_size``, ``dim``, …) gets a scale per feature; one
-    that records none (Llama 4's QK norms; FalconMamba's, whose unused weight buffer has the
-    model's width while it also normalizes narrower tensors) one scale per member, shape
-    (M, 1), broadcast over whatever last dimension it normalizes.
-
-    The weightless class cannot hold a member's scale: ``to_plain`` gives
-    :class:`ScaledRMSNorm`, the same formula with a weight. A plain checkpoint holds nothing
-    for these layers (``gamma`` and ``weight`` are reported missing by ``load_state_dict``).
+    The plain module is weight 1, so at conversion weight_m = 1/sigmoid(gamma_m). A module that
+    records its size gets a scale per feature; one that records none one scale per member,
+    shape (M, 1), broadcast over whatever last dimension it normalizes. ``to_plain`` gives
+    :class:`ScaledRMSNorm`, the same formula with a weight.
 
     Args:
         hidden_size: C, or None for one scale per member broadcast over any last dimension.
         num_members: M.
         eps: the plain module's eps.
-
-    Shape:
-        Input: (M·B, *, C), member-major. Output: same shape.
     """
 
     formula = "unweighted"
     _norm_fn = staticmethod(olmo2_rms_norm)
+    _fallback_dtype = torch.float32
 
     def __init__(self, hidden_size: int | None, num_members: int, eps: float = 1e-6, **kw) -> None:
         super().__init__(1 if hidden_size is None else hidden_size, num_members, eps, **kw)
@@ -562,10 +435,7 @@ class MemberUnweightedRMSNorm(_MemberHFNorm):
     def to_plain(self, member: int) -> nn.Module:
         self._check_member(member)
         plain = self._rebuild_plain(1 if self.hidden_size is None else self.hidden_size)
-        scale, _ = self.scale_and_shift()
-        with torch.no_grad():
-            plain.weight.copy_(scale[member])
-        return plain.train(self.training)
+        return self._carrying_member(plain, member)
 
     @classmethod
     def _plain_config(cls, plain: nn.Module) -> dict[str, Any]:
@@ -573,33 +443,17 @@ class MemberUnweightedRMSNorm(_MemberHFNorm):
             raise TypeError(f"it has a weight; {cls.__name__} is for RMS norms without one")
         if plain._parameters.get("bias") is not None:
             raise TypeError(f"it has a bias; {cls.__name__} is for RMS norms without one")
-        # the size it records (hidden_size, …), not that of a weight buffer it does not use:
-        # FalconMamba's has the model's width and normalizes its SSM's B, C and dt as well
+        # the size it records, not that of an unused weight buffer (FalconMamba's)
         shape = feature_shape(plain)
         return {
             "hidden_size": None if shape is None or len(shape) != 1 else shape[0],
             "eps": norm_eps(plain),
         }
 
-    @classmethod
-    def _from_plain_config(cls, plain, config, num_members, generator, kw) -> MemberNorm:
-        # the plain module's weight, where it keeps one (FalconMamba's unused buffer), is not
-        # what it computes with: every member starts at the identity scale
-        tensors = [*plain.parameters(recurse=False), *plain.buffers(recurse=False)]
-        floats = [t for t in tensors if t.is_floating_point()]
-        member = cls(
-            **config,
-            num_members=num_members,
-            **kw,
-            device=tensors[0].device if tensors else None,
-            dtype=torch.float32 if not floats else floats[0].dtype,
-        )
-        with torch.no_grad():
-            if generator is not None:
-                noise = torch.randn(member.gamma.shape, generator=generator, dtype=torch.float32)
-                member.gamma.copy_(noise.mul_(member.gamma_std).add_(member.gamma_mean))
-            member.load_plain_affine(None, None)
-        return member.train(plain.training)
+    def _plain_affine(self, plain: nn.Module) -> tuple[None, None]:
+        # a weight the plain module keeps (FalconMamba's unused buffer) is not what it
+        # computes with: every member starts at the identity scale
+        return None, None
 
     def extra_repr(self) -> str:
         size = "broadcast" if self.broadcast else self.hidden_size
@@ -613,9 +467,7 @@ class MemberUnweightedRMSNorm(_MemberHFNorm):
         generator: torch.Generator | None = None,
         **kw: Any,
     ) -> MemberUnweightedRMSNorm:
-        """A member norm whose every member reproduces ``plain``, an extracted member
-        (:class:`ScaledRMSNorm`): its formula's member class, its weight loaded (one of size 1
-        is one scale per member again).
+        """A member norm whose every member reproduces ``plain``, an extracted member.
 
         Raises:
             TypeError: if ``plain`` is not a :class:`ScaledRMSNorm`.
@@ -628,32 +480,22 @@ class MemberUnweightedRMSNorm(_MemberHFNorm):
         size = None if tuple(weight.shape) == (1,) else weight.shape[0]
         member = cls(size, num_members, plain.eps, **kw, device=weight.device, dtype=weight.dtype)
         with torch.no_grad():
-            if generator is not None:
-                noise = torch.randn(member.gamma.shape, generator=generator, dtype=torch.float32)
-                member.gamma.copy_(noise.mul_(member.gamma_std).add_(member.gamma_mean))
+            member._draw_gamma(generator)
             member.load_plain_affine(weight, None)
         return member.train(plain.training)
 
 
 class MemberDeepseekUnweightedRMSNorm(MemberUnweightedRMSNorm):
-    """σNorm over DeepSeek-V4's ``DeepseekV4UnweightedRMSNorm``: x ⊙ rsqrt(mean(x_f32²) +
-    eps).to(x.dtype), the inverse root cast before the product.
-
-    Member m computes :func:`~snens.nn.hf_formulas.deepseek_unweighted_rms_norm` with its
-    folded scale in the factor; otherwise as :class:`MemberUnweightedRMSNorm`.
-    """
+    """σNorm over DeepSeek-V4's ``DeepseekV4UnweightedRMSNorm`` (the inverse root cast before
+    the product); otherwise as :class:`MemberUnweightedRMSNorm`."""
 
     formula = "deepseek_unweighted"
     _norm_fn = staticmethod(deepseek_unweighted_rms_norm)
 
 
 class MemberUnweightedL2Norm(MemberUnweightedRMSNorm):
-    """σNorm over nGPT's weightless L2 norm (``DoryL2Norm``): x_f32 · rsqrt(Σ x_f32² + eps),
-    cast once, onto the unit sphere.
-
-    Member m computes :func:`~snens.nn.hf_formulas.unweighted_l2_norm` with its folded scale;
-    otherwise as :class:`MemberUnweightedRMSNorm`.
-    """
+    """σNorm over nGPT's weightless L2 norm (``DoryL2Norm``); otherwise as
+    :class:`MemberUnweightedRMSNorm`."""
 
     formula = "l2"
     norm_kind = "L2 norm"
@@ -662,16 +504,7 @@ class MemberUnweightedL2Norm(MemberUnweightedRMSNorm):
 
 # -- gated RMS norms --------------------------------------------------------------------------
 class _MemberGatedRMSNorm(_MemberHFNorm):
-    """Shared body of the gated RMS norms' member versions: ``forward(x, gate=None)``.
-
-    Member m computes :func:`~snens.nn.hf_formulas.gated_rms_norm` on its rows of x and of the
-    gate (both member-major, (M·B, *, C)), with its folded scale sigmoid(gamma_m)·weight_m in
-    place of the weight, its class's order (gate first or not, the weight in float32 or after
-    the cast), the plain module's activation (``activation``: SiLU or sigmoid) and groups
-    (``group_size``, or C // ``n_groups``). ``to_plain`` rebuilds the plain class with the
-    options of its constructor it records (``group_size``, ``n_groups``,
-    ``norm_before_gate``, ``activation``).
-    """
+    """Shared body of the gated RMS norms' member versions: ``forward(x, gate=None)``."""
 
     norm_kind = "gated RMS norm"
     gate_first = False
@@ -692,12 +525,7 @@ class _MemberGatedRMSNorm(_MemberHFNorm):
     ) -> None:
         if isinstance(hidden_size, bool) or not isinstance(hidden_size, int):
             raise ValueError(f"hidden_size must be an int >= 1, got {hidden_size!r}")
-        if group_size is not None and (
-            isinstance(group_size, bool)
-            or not isinstance(group_size, int)
-            or group_size < 1
-            or hidden_size % group_size
-        ):
+        if group_size is not None and (not _positive_int(group_size) or hidden_size % group_size):
             raise ValueError(
                 f"group_size must be None or an int >= 1 dividing hidden_size={hidden_size}, "
                 f"got {group_size!r}"
@@ -741,7 +569,6 @@ class _MemberGatedRMSNorm(_MemberHFNorm):
     def _reference(  # type: ignore[override]
         self, x: Tensor, scale: Tensor, shift: Tensor | None, gate: Tensor | None = None
     ) -> Tensor:
-        """The formula on each member's rows (and gate rows) with its folded scale."""
         M = self.num_members
         xs = x.unflatten(0, (M, -1)).unbind(0)
         gs = (None,) * M if gate is None else gate.unflatten(0, (M, -1)).unbind(0)
@@ -783,8 +610,7 @@ def _positive_int(value: Any) -> bool:
 
 
 def _constructor_options(plain: nn.Module) -> dict[str, Any]:
-    """The arguments of ``type(plain).__init__`` after its first (the size) and other than
-    eps that ``plain`` keeps as attributes of the same name (plain values only)."""
+    """``plain``'s constructor arguments after the size (but eps) it keeps as plain attributes."""
     try:
         parameters = list(inspect.signature(type(plain).__init__).parameters.values())[2:]
     except (TypeError, ValueError):
@@ -801,10 +627,9 @@ def _constructor_options(plain: nn.Module) -> dict[str, Any]:
 
 class MemberGatedRMSNorm(_MemberGatedRMSNorm):
     """σNorm over a gated RMS norm that normalizes, casts, weighs, then gates
-    (``Qwen3NextRMSNormGated``, ``Qwen3_5RMSNormGated``, ``OlmoHybridRMSNormGated``, …):
-    ((weight ⊙ x̂.to(x.dtype)) ⊙ act(g_f32)).to(x.dtype).
+    (``Qwen3NextRMSNormGated``, ``Qwen3_5RMSNormGated``, ``OlmoHybridRMSNormGated``, …).
 
-    ``forward(x, gate=None)`` takes the gate as the plain module does, positional or keyword.
+    ``forward(x, gate=None)`` takes the gate as the plain module does, member-major like x.
 
     Args:
         hidden_size: C.
@@ -813,9 +638,6 @@ class MemberGatedRMSNorm(_MemberGatedRMSNorm):
         group_size: features per RMS group (None: all C).
         activation: the gate's, ``"silu"`` or ``"sigmoid"``.
         plain_type: the class ``to_plain`` rebuilds.
-
-    Shape:
-        Input and gate: (M·B, *, C), member-major. Output: same shape.
     """
 
     formula = "gated"
@@ -823,8 +645,8 @@ class MemberGatedRMSNorm(_MemberGatedRMSNorm):
 
 class MemberGatedRMSNormF32(_MemberGatedRMSNorm):
     """σNorm over a gated RMS norm whose weight multiplies in float32 before the gate
-    (``KimiLinearRMSNormGated``, ``FalconH1RMSNormGated``, ``BailingHybridRMSNormGated``, …):
-    (weight_f32 ⊙ x̂ ⊙ act(g_f32)).to(x.dtype). Otherwise as :class:`MemberGatedRMSNorm`."""
+    (``KimiLinearRMSNormGated``, ``FalconH1RMSNormGated``, …). Otherwise as
+    :class:`MemberGatedRMSNorm`."""
 
     formula = "gated, weight in float32"
     weight_in_float32 = True
@@ -832,10 +654,8 @@ class MemberGatedRMSNormF32(_MemberGatedRMSNorm):
 
 class MemberGateFirstRMSNorm(_MemberGatedRMSNorm):
     """σNorm over a gated RMS norm that gates before it normalizes (Mamba-2's
-    ``MambaRMSNormGated``, ``BambaRMSNormGated``, ``Zamba2RMSNormGated``,
-    ``NemotronHRMSNormGated``, ``GraniteMoeHybridRMSNormGated``): h = x_f32 ⊙ silu(g_f32),
-    weight ⊙ ĥ.to(x.dtype) over groups of ``group_size``. Otherwise as
-    :class:`MemberGatedRMSNorm`."""
+    ``MambaRMSNormGated``, ``BambaRMSNormGated``, ``NemotronHRMSNormGated``, …).
+    Otherwise as :class:`MemberGatedRMSNorm`."""
 
     formula = "gate first"
     gate_first = True
@@ -843,8 +663,8 @@ class MemberGateFirstRMSNorm(_MemberGatedRMSNorm):
 
 class MemberGateFirstRMSNormF32(_MemberGatedRMSNorm):
     """σNorm over a gated RMS norm that gates first and weighs in float32
-    (``FalconH1RMSNormGated(norm_before_gate=False)``): (weight_f32 ⊙ ĥ).to(x.dtype).
-    Otherwise as :class:`MemberGatedRMSNorm`."""
+    (``FalconH1RMSNormGated(norm_before_gate=False)``). Otherwise as
+    :class:`MemberGatedRMSNorm`."""
 
     formula = "gate first, weight in float32"
     gate_first = True
@@ -853,13 +673,10 @@ class MemberGateFirstRMSNormF32(_MemberGatedRMSNorm):
 
 # -- layer norm with the weight 1 + w ---------------------------------------------------------
 class MemberLayerNorm1P(MemberLayerNorm):
-    """σNorm over a layer norm whose scale is weight + 1 (Nemotron's ``NemotronLayerNorm1P``,
-    a subclass of ``nn.LayerNorm`` computing ``F.layer_norm(x, shape, weight + 1, bias, eps)``).
+    """σNorm over a layer norm whose scale is weight + 1 (Nemotron's ``NemotronLayerNorm1P``).
 
-    A member's weight is the whole scale, so member m computes ``nn.LayerNorm``'s formula with
-    sigmoid(gamma_m)·weight_m, every path of :class:`~snens.nn.MemberLayerNorm`. A plain
-    weight w (from a module or a state_dict) is loaded as the scale 1 + w, and ``to_plain``
-    rebuilds the plain class with w = scale − 1, as :class:`MemberGemmaRMSNorm` does.
+    A member's weight is the whole scale; a plain weight w is loaded as 1 + w, and ``to_plain``
+    gives back w = scale − 1, as :class:`MemberGemmaRMSNorm` does.
 
     Args:
         normalized_shape, num_members, eps, bias: as :class:`~snens.nn.MemberLayerNorm`'s.
@@ -879,9 +696,8 @@ class MemberLayerNorm1P(MemberLayerNorm):
         super().load_plain_affine(scale, bias)
 
     def forward(self, x: Tensor) -> Tensor:
-        """As ``NemotronLayerNorm1P``: autocast off; under CUDA's autocast (what its
-        ``torch.is_autocast_enabled()`` reads) the input and the folded affine are cast to the
-        autocast dtype first, as it casts its input, weight + 1 and bias."""
+        """As ``NemotronLayerNorm1P``: autocast off; under CUDA's autocast the input and the
+        folded affine are cast to the autocast dtype first, as it casts its own."""
         device = x.device.type
         if not torch.is_autocast_enabled():
             with torch.autocast(device, enabled=False):

@@ -1,18 +1,12 @@
 """Where member layers find the members: along the first dimension, and how to say otherwise.
 
-Every member layer (member norms, member heads, BatchEnsemble's layers: classes with
-``member_major = True``) splits its input into M equal blocks along dimension 0, member m's
-rows [m·N/M, (m+1)·N/M). That holds wherever the model keeps the batch first: the ensemble
-feeds it (M·B, …) rows, and a reshape of them to (M·B·S, …) keeps the blocks. A model that
-moves the batch elsewhere — a sequence-first transformer, (S, M·B, D), torch's default
-``batch_first=False`` — would have its sequence split into "members" instead, silently.
-
-So while an ensemble's forward runs (:func:`model_rows`), a member layer checks that its first
-dimension is a multiple of the rows the model was fed (:func:`check_batch_first`); a layer
-that sees the batch in dimension 1 is marked with :func:`sequence_first`, which moves the
-batch to the front for it and back after it. ``snens.convert`` and the baselines mark the
-layers of torch's own sequence-first transformer modules themselves
-(:mod:`snens.nn.torch_transformers`).
+Every member layer (``member_major = True``) splits its input into M equal blocks along
+dimension 0. A model that moves the batch elsewhere (a sequence-first transformer, (S, M·B, D))
+would have its sequence split into "members" instead, silently. So while an ensemble's forward
+runs (:func:`model_rows`), a member layer checks that its first dimension is a multiple of the
+rows the model was fed (:func:`check_batch_first`); a layer that sees the batch in dimension 1
+is marked with :func:`sequence_first`, which moves the batch to the front for it and back
+after it.
 """
 
 from __future__ import annotations
@@ -37,8 +31,8 @@ _MARK = "_snens_sequence_first"
 def model_rows(rows: int) -> Iterator[None]:
     """While the block runs, member layers expect a multiple of ``rows`` in dimension 0.
 
-    Under ``torch.compile`` the check is off (:func:`check_batch_first`) and nothing is set:
-    dynamo cannot trace a ``ContextVar``, and every member layer calling it broke the graph.
+    Under ``torch.compile`` nothing is set and the check is off: dynamo cannot trace a
+    ``ContextVar``.
     """
     if torch.compiler.is_compiling():
         yield

@@ -105,9 +105,8 @@ class MemberLinear(nn.Module):
                 plain.bias.copy_(self.bias[member])
         return plain.train(self.training)
 
-    #: The layout of this layer's entries, recorded by ``state_dict``: 2, per-member rows
-    #: (M, K, D) and (M, K). An nn.Linear records 1, and so did a MemberLinear before member
-    #: layers recorded a version.
+    #: The layout of this layer's entries: 2, per-member rows (M, K, D) and (M, K); 1 (or none),
+    #: a plain nn.Linear's.
     _version = 2
 
     def _load_from_state_dict(

@@ -6,51 +6,20 @@ For member m, with its own statistics and its own affine,
 
 where x̂_m is x normalized as the plain layer would normalize it. Inputs are member-major:
 rows [m·B, (m+1)·B) of an (M·B, …) tensor belong to member m. The sigmoid scale and the affine
-are folded into one per-member scale and shift before they touch the activations. The paths
-that compute them:
+are folded into one per-member scale and shift before they touch the activations.
 
-* batch norms (statistics over each member's own rows, ``snens.nn.batch_norms``): on the CPU,
-  all members in one call of snens' fused kernel (``snens.nn.fused``, contiguous float32/64,
-  built on first use), else one native kernel per member writing straight into its slice of
-  one preallocated output, inside an autograd function whose backward runs the native backward
-  kernel per member; on other devices (CUDA, MPS, …), the vectorized path: one native batch
-  norm over the members stacked as channels, (M·B, C, S) → (B, M·C, S), whose per-channel
-  statistics, affine and running statistics are each member's;
-* per-example norms (``snens.nn.per_example_norms``): group norm as one native kernel over the
-  whole (M·B, …) tensor, viewed as a single example of M·B·C channels, so the per-member affine
-  becomes a per-channel one; RMS norm in float32/64 as one un-weighted kernel and a broadcast
-  member weight; layer norm, whose affine over the normalized features no native kernel takes
-  per row, through the fused CPU kernel (float32/64), on other devices as one un-affine kernel
-  over all rows and the member affine broadcast (the vectorized path), else one native kernel
-  per member's rows, then a concatenation;
-* the RMS and layer norms on CUDA (torch's and Hugging Face's): first the Triton kernels of
-  ``snens.nn.triton_norms`` where ``triton`` is installed, the folding included (one launch
-  forward, two backward), called from ``forward`` through ``_fused_forward`` before the scale
-  and shift are folded.
-
-Every member norm has one entry point, ``_normalize``, whose docstring lists its paths in the
-order they are tried, each with its condition and its measured reason, and one definition,
-``_reference``: the plain functional norm on each member's rows, concatenated. Each path equals
-``_reference`` (``tests/nn/test_norms.py``: the matrix of families × paths × dtypes;
-``tests/nn/test_norm_dispatch.py``: which path an input takes). Under ``torch.compile`` and
-``torch.export`` the fused and out= kernels stand aside for plain torch ops (group norm traces
-``_reference``, and so do the batch and layer norms on the CPU; on other devices these trace
-their vectorized path).
-
-The batch and layer norms' choice between their vectorized path and ``_reference`` can be
-forced on any device, for tests and device checks, with :func:`force_path`::
+Every member norm has one definition, ``_reference`` (the plain functional norm on each
+member's rows, concatenated), and one dispatch, ``_normalize``, among faster paths that are
+tested equal to it: the fused CPU kernels (:mod:`snens.nn.fused`), a vectorized path over the
+whole tensor, and the Triton kernels on CUDA (:mod:`snens.nn.triton_norms`). Under
+``torch.compile`` and ``torch.export`` the custom kernels stand aside for plain torch ops.
+:func:`force_path` forces a path, for tests and device checks::
 
     with snens.nn.norms.force_path("reference"):  # the per-member loop, on CUDA too
         expected = model(x)
 
-This module holds what every member norm shares: the base class :class:`MemberNorm` (gamma, the
-member affine, its folding, the plain-state migration), the checks of M and of a member index,
-and :func:`force_path`.
-
 Loading a plain norm's state_dict (weight of shape (C,) instead of (M, C)) into a member norm is
-output-preserving: every member is set so that it reproduces the plain layer exactly. Member
-norms record the version of their state_dict layout (``MemberNorm._version``, 2) as torch's
-norms do; a plain norm's entries are told apart by their missing ``gamma``.
+output-preserving: every member is set so that it reproduces the plain layer exactly.
 """
 
 from __future__ import annotations
@@ -77,8 +46,7 @@ __all__ = [
 ]
 
 
-#: The most members an ensemble may have. The forward pass repeats every input M times, so
-#: M = 10**6 is a 1.3 GB output and minutes per batch (a typo, not an ensemble); implicit
+#: The most members an ensemble may have: every input is repeated M times, and implicit
 #: ensembles in the literature use M <= 16.
 MAX_MEMBERS = 1024
 
@@ -130,20 +98,14 @@ def check_member(member: Any, num_members: int) -> int:
 def custom_functions_unavailable(x: Tensor) -> bool:
     """Whether snens' custom autograd functions must stand aside for plain torch ops.
 
-    True while ``torch.compile`` or ``torch.export`` traces (the member loop of plain norms is
-    what gets traced, so an exported graph holds only standard ops) and inside
-    ``torch.func`` transforms (vmap, grad, jacrev, …), whose wrapped tensors need functions with
-    vmap and jvp rules that the fused and out= kernels do not have.
+    True while ``torch.compile`` or ``torch.export`` traces and inside ``torch.func``
+    transforms, whose wrapped tensors need vmap and jvp rules the fused kernels do not have.
     """
     return torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(x)
 
 
 def needs_grad(*tensors: Tensor | None) -> bool:
-    """Whether autograd must record an op on these tensors: grad mode on and one requires grad.
-
-    Where it need not, the member norms call their kernels directly, without the bookkeeping of
-    an autograd function.
-    """
+    """Whether autograd must record an op on these tensors: grad mode on and one requires grad."""
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
@@ -157,14 +119,10 @@ def force_path(path: str) -> Iterator[None]:
     """Within the block, the member batch norms and layer norms take ``path`` on every device.
 
     For tests and device checks: ``"vectorized"`` runs the plain-op path over the whole
-    (M·B, …) tensor on the CPU too, ``"reference"`` the per-member loop of the plain functional
-    norm on CUDA too. Inputs the dispatch always sends to the reference (M = 1, empty inputs)
-    still take it; the other member norms (RMS, group) are unaffected. ``"triton"`` sends the
-    member norms with Triton kernels (:mod:`snens.nn.triton_norms`) to them on every device
-    (CPU tensors through Triton's interpreter) where the kernels take the input, the others
-    to their usual paths; ``"vectorized"`` and ``"reference"`` keep every input off the Triton
-    kernels. The setting is process-wide, not per thread, and blocks nest (the innermost
-    wins).
+    (M·B, …) tensor on the CPU too, ``"reference"`` the per-member loop on CUDA too (M = 1 and
+    empty inputs always take it); ``"triton"`` sends the norms with Triton kernels to them on
+    every device (CPU tensors through Triton's interpreter) where they take the input. The
+    setting is process-wide, not per thread; blocks nest (the innermost wins).
 
     Raises:
         ValueError: if ``path`` is not one of :data:`FORCEABLE_PATHS`.
@@ -188,9 +146,7 @@ def path_override(x: Tensor) -> str | None:
     """The batch and layer norms' path for ``x`` where the CPU dispatch does not decide it.
 
     The path :func:`force_path` forces (``"vectorized"`` or ``"reference"``), else
-    ``"vectorized"`` for inputs off the CPU (the fused kernels are CPU code, and the out=
-    kernels are checked on the CPU only), else None: the CPU paths, as listed in each
-    ``_normalize``, apply.
+    ``"vectorized"`` off the CPU, else None.
     """
     if _forced_path in ("vectorized", "reference"):
         return _forced_path
@@ -198,7 +154,7 @@ def path_override(x: Tensor) -> str | None:
 
 
 def _state(module: nn.Module, name: str) -> Tensor | None:
-    """``module``'s own parameter or buffer ``name`` (a plain attribute is not its state)."""
+    """``module``'s own parameter or buffer ``name``."""
     value = module._parameters.get(name)
     return module._buffers.get(name) if value is None else value
 
@@ -219,6 +175,8 @@ class MemberNorm(nn.Module):
     has_bias: bool = True
     #: members along dimension 0 (:mod:`snens.nn.layout`)
     member_major: bool = True
+    #: the dtype of one built from a plain module holding no floating-point tensor
+    _fallback_dtype: torch.dtype | None = None
 
     def __init__(
         self,
@@ -277,8 +235,7 @@ class MemberNorm(nn.Module):
         weight_m = weight / sigmoid(gamma_m), bias_m = bias / sigmoid(gamma_m), so that
         sigmoid(gamma_m)·(weight_m x̂ + bias_m) = weight x̂ + bias for every member m.
         """
-        # In float64, then checked: w / sigmoid(gamma) overflows float32 below gamma ≈ -87
-        # and float16 below gamma ≈ -11.
+        # in float64, then checked: w / sigmoid(gamma) overflows float32 below gamma ≈ -87
         s = torch.sigmoid(self.gamma.detach().double())
         w = torch.ones(self.feature_shape) if weight is None else weight.detach()
         new_weight = w.double().to(s.device) / s
@@ -322,70 +279,38 @@ class MemberNorm(nn.Module):
         return self._normalize(x, scale, shift)
 
     def _fused_forward(self, x: Tensor) -> Tensor | None:
-        """The whole forward, folding included, in one device kernel, or None where none takes
-        ``x`` (then :meth:`_normalize` runs on the folded scale and shift). Families with
-        Triton kernels (:mod:`snens.nn.triton_norms`) override it; their ``_normalize``
-        docstring lists it as path 0.
-
-        Shape:
-            x: (M·B, …), member-major, checked. Output: like x.
-        """
+        """The whole forward in one device kernel, or None where none takes ``x``."""
         return None
 
     def _check_input(self, x: Tensor) -> None:
         raise NotImplementedError
 
     def _normalize(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
-        """The one entry point of ``forward``: the first kernel path whose condition holds.
-
-        Families with fast paths override this with a short dispatch whose docstring lists the
-        paths in order, each with its condition and why; every path computes
-        :meth:`_reference`. Without an override, the reference runs.
-
-        Shape:
-            x: (M·B, …), member-major, checked. scale, shift: (M, *feature_shape) (shift None
-            without a bias). Output: like x.
-        """
+        """The dispatch among a family's paths (each equal to :meth:`_reference`)."""
         return self._reference(x, scale, shift)
 
     def _reference(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
-        """The layer's definition: the plain functional norm on each member's rows with that
-        member's folded affine (``scale[m]``, ``shift[m]``), concatenated, through
-        :meth:`_per_member`. The fast paths are tested equal to it."""
+        """The definition: the plain functional norm on each member's rows, concatenated."""
         raise NotImplementedError
 
     def _per_member(self, x: Tensor, scale: Tensor, shift: Tensor | None, normalize) -> Tensor:
-        """``normalize(rows, m, scale_m, shift_m)`` on each member's rows, concatenated.
-
-        Every member's rows go through the native, fused norm kernel with that member's folded
-        affine; the only cost over the plain layer is the concatenation of the outputs. This is
-        the loop of :meth:`_reference`, which the fast paths are tested against.
-        Vectorized alternatives measured slower on the CPU: ``var_mean`` over (M, B, …) views
-        1.6–2.5× a plain BatchNorm, one un-affine norm call followed by a broadcast per-member
-        affine 2–3× (other devices take them: the batch and layer norms' vectorized paths).
-        """
+        """``normalize(rows, m, scale_m, shift_m)`` on each member's rows, concatenated."""
         M = self.num_members
-        # one unbind, not scale[m] per member: its backward is one stack instead of M zero-filled
-        # (M, C) gradients summed (CPU: 204 → 160 µs for a small layer's forward + backward)
+        # unbind, not scale[m] / x[m·B:(m+1)·B]: the backward of M slices sums M full-size
+        # zero-filled gradients; unbind's is one stack. Not split: torch.export could not keep
+        # the batch size dynamic.
         scales = scale.unbind(0)
         shifts = (None,) * M if shift is None else shift.unbind(0)
         if M == 1:
             return normalize(x, 0, scales[0], shifts[0])
-        # unbind, not x[m·B:(m+1)·B]: the backward of M slices builds M full-size zero
-        # gradients and sums them (measured 1.6–2.5× a plain BatchNorm); unbind's backward is
-        # one stack, as x.split(B)'s is one concatenation (1.1–1.2×; the two measure alike).
-        # Not split: its chunk count ceil(M·B / B) is a guard on B, and torch.export could not
-        # keep the batch size dynamic.
         chunks = x.unflatten(0, (M, -1)).unbind(0)
         return torch.cat(
             [normalize(rows, m, scales[m], shifts[m]) for m, rows in enumerate(chunks)]
         )
 
     # -- state_dict versions and migration ---------------------------------------------------
-    #: The layout of this layer's entries, recorded by ``state_dict`` as torch's norms record
-    #: theirs. 2: the member layout, ``gamma`` and per-member rows (M, …) of the affine and of
-    #: the running statistics. 1, or none recorded (a safetensors file, a dict copy): written
-    #: before member norms recorded a version, in the same layout, which loads as it is.
+    #: The layout of this layer's entries, as torch's norms record theirs. 2: ``gamma`` and
+    #: per-member rows (M, …); 1 or none recorded: the same layout, loaded as it is.
     _version = 2
     #: Entries a plain norm of this family saves (any one of them marks its state).
     _plain_keys: tuple[str, ...] = ("weight", "bias")
@@ -398,33 +323,29 @@ class MemberNorm(nn.Module):
             # versions 1 and 2 hold the same member layout: nothing to migrate
             self._check_num_members(state_dict[prefix + "gamma"], prefix + "gamma", version)
         elif any(prefix + key in state_dict for key in self._plain_keys):
-            # No gamma, whatever the version says (torch's batch norms record a version 2 of
-            # their own): the entries of the plain norm this layer replaced.
+            # no gamma, whatever the version says: the plain norm's entries
             self._migrate_plain_state(state_dict, prefix, local_metadata)
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )
 
     def _check_num_members(self, gamma: Tensor, key: str, version: int | None) -> None:
-        if (
-            tuple(gamma.shape) != tuple(self.gamma.shape)
-            and gamma.shape[:1] == self.gamma.shape[:1]
-        ):
-            # the same M: another width, so another architecture (it had advised that M)
+        if tuple(gamma.shape) == tuple(self.gamma.shape):
+            return
+        if gamma.shape[:1] == self.gamma.shape[:1]:  # the same M: another architecture
             raise ValueError(
                 f"cannot load {key} of shape {tuple(gamma.shape)} into {type(self).__name__} "
                 f"with gamma {tuple(self.gamma.shape)}: the same num_members "
                 f"({self.num_members}), other features, so the state_dict comes from another "
                 "architecture or width; build the model it was saved from"
             )
-        if tuple(gamma.shape) != tuple(self.gamma.shape):
-            raise ValueError(
-                f"cannot load {key} of shape {tuple(gamma.shape)} into {type(self).__name__} "
-                f"with gamma {tuple(self.gamma.shape)}: the state_dict (version {version}) comes "
-                f"from an ensemble with num_members={gamma.shape[0]}, this one has "
-                f"num_members={self.num_members}; convert with num_members={gamma.shape[0]} or "
-                "use snens.extract_member to get one member as a plain model"
-            )
+        raise ValueError(
+            f"cannot load {key} of shape {tuple(gamma.shape)} into {type(self).__name__} "
+            f"with gamma {tuple(self.gamma.shape)}: the state_dict (version {version}) comes "
+            f"from an ensemble with num_members={gamma.shape[0]}, this one has "
+            f"num_members={self.num_members}; convert with num_members={gamma.shape[0]} or "
+            "use snens.extract_member to get one member as a plain model"
+        )
 
     def _migrate_plain_state(self, state_dict, prefix, local_metadata) -> None:
         """Rewrite a plain norm's entries in place into this layer's member layout."""
@@ -450,13 +371,16 @@ class MemberNorm(nn.Module):
 
     @torch.no_grad()
     def _carrying_member(self, plain: nn.Module, member: int) -> nn.Module:
-        """``plain``, a freshly built plain norm with an affine, given member ``member``'s
-        folded affine and this layer's train/eval mode: the end of each ``to_plain``."""
+        """``plain`` given member ``member``'s folded affine and this layer's mode."""
         scale, shift = self.scale_and_shift()
-        plain.weight.copy_(scale[member])
+        plain.weight.copy_(self._plain_weight(scale[member]))
         if shift is not None:
             plain.bias.copy_(shift[member])
         return plain.train(self.training)
+
+    def _plain_weight(self, scale: Tensor) -> Tensor:
+        """The plain module's weight that computes one member's folded ``scale``."""
+        return scale
 
     @classmethod
     def from_plain(
@@ -489,23 +413,29 @@ class MemberNorm(nn.Module):
         generator: torch.Generator | None,
         kw: dict[str, Any],
     ) -> MemberNorm:
-        """``from_plain``'s steps after its type check (shared with ``from_plain_as``'s conversions
-        of classes that compute what ``cls`` does): build from ``config`` on plain's device and
-        dtype, draw gamma, fold plain's affine, copy its running statistics."""
+        """``from_plain`` after its type check (``from_plain_as`` shares it)."""
         tensors = [*plain.parameters(recurse=False), *plain.buffers(recurse=False)]
         floats = [t for t in tensors if t.is_floating_point()]
         factory = {
             "device": tensors[0].device if tensors else None,
-            "dtype": floats[0].dtype if floats else None,
+            "dtype": floats[0].dtype if floats else cls._fallback_dtype,
         }
         member = cls(**config, num_members=num_members, **kw, **factory)
         with torch.no_grad():
-            if generator is not None:
-                noise = torch.randn(member.gamma.shape, generator=generator, dtype=torch.float32)
-                member.gamma.copy_(noise.mul_(member.gamma_std).add_(member.gamma_mean))
-            member.load_plain_affine(_state(plain, "weight"), _state(plain, "bias"))
+            member._draw_gamma(generator)
+            member.load_plain_affine(*member._plain_affine(plain))
             member._copy_plain_stats(plain)
         return member.train(plain.training)
+
+    def _plain_affine(self, plain: nn.Module) -> tuple[Tensor | None, Tensor | None]:
+        """The plain module's weight and bias, which every member reproduces."""
+        return _state(plain, "weight"), _state(plain, "bias")
+
+    def _draw_gamma(self, generator: torch.Generator | None) -> None:
+        """Redraw gamma from ``generator`` (on the CPU, so a seed gives the same gamma anywhere)."""
+        if generator is not None:
+            noise = torch.randn(self.gamma.shape, generator=generator, dtype=torch.float32)
+            self.gamma.copy_(noise.mul_(self.gamma_std).add_(self.gamma_mean))
 
     @staticmethod
     def _plain_config(plain: nn.Module) -> dict[str, Any]:
@@ -513,13 +443,11 @@ class MemberNorm(nn.Module):
 
     @classmethod
     def refusal(cls, plain: nn.Module) -> str | None:
-        """Why this class cannot reproduce ``plain``, a module of its ``plain_type`` (a setting
-        it does not compute), or None where it can; ``snens.convert`` then treats ``plain`` as
-        a norm with no member version and names the reason."""
+        """Why this class cannot reproduce ``plain`` (a setting it does not compute), or None."""
         return None
 
     def _copy_plain_stats(self, plain: nn.Module) -> None:
-        """Copy a plain norm's running statistics into every member (batch norms only)."""
+        """Copy a plain norm's running statistics (batch norms only)."""
 
     def _check_member(self, member: int) -> None:
         check_member(member, self.num_members)

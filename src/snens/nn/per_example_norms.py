@@ -1,9 +1,7 @@
 """Per-example member norms: LayerNorm, RMSNorm, GroupNorm and InstanceNorm with a member affine.
 
 Their statistics are per example (per row), so members share them and differ only in their
-folded affine sigmoid(gamma_m)·weight_m, sigmoid(gamma_m)·bias_m. Each class's ``_reference``
-is its definition (the plain functional norm on each member's rows); its ``_normalize`` lists
-the faster paths that compute the same, and when each runs.
+folded affine sigmoid(gamma_m)·weight_m, sigmoid(gamma_m)·bias_m.
 """
 
 from __future__ import annotations
@@ -36,15 +34,15 @@ def _as_shape(normalized_shape: int | Sequence[int]) -> tuple[int, ...]:
     return tuple(int(s) for s in normalized_shape)
 
 
+def _recorded_shape(plain: nn.Module) -> tuple[int, ...]:
+    shape = getattr(plain, "normalized_shape", None) or feature_shape(plain)
+    if shape is None:
+        raise TypeError("it records no size (normalized_shape, hidden_size, …)")
+    return shape
+
+
 class MemberLayerNorm(MemberNorm):
     """σNorm over ``nn.LayerNorm``: one layer_norm per member's rows with its folded affine.
-
-    No native kernel takes a per-row affine over the normalized features. float32/64 CPU inputs
-    go through the fused kernel of :mod:`snens.nn.fused` (one pass, each member's rows with its
-    affine, measured 1.0–1.1× a plain LayerNorm); inputs on other devices through one un-affine
-    layer norm over all rows and the member affine broadcast; other CPU inputs, or where the
-    kernel cannot be built, take one native kernel per member and a concatenation (1.3–1.7×
-    forward + backward, ~2× an eval forward).
 
     Args:
         normalized_shape: trailing shape to normalize over, as in ``torch.nn.LayerNorm``.
@@ -102,29 +100,12 @@ class MemberLayerNorm(MemberNorm):
     def _normalize(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
         """Layer norm of each member's rows: the first path that applies.
 
-        0. triton (:mod:`snens.nn.triton_norms`, taken in ``forward`` before the folding: one
-           kernel forward with σ(γ) folded in, two backward): CUDA, float32/bf16/fp16 with the
-           parameters of x's dtype, where :func:`snens.nn.triton_norms.applies` lists. Why: the
-           vectorized path is ~6 launches forward and backward with the folding where a plain
-           layer norm is 2 (H200, bf16: 2.31× a plain LayerNorm).
-        1. fused (:func:`snens.nn.fused.member_layer_norm`, every row with its member's affine
-           in one pass): M > 1, CPU, float32/64 with x and scale of one dtype, non-empty,
-           kernels built and ``SNENS_FUSED`` ≠ 0, neither traced by ``torch.compile``/
-           ``torch.export`` nor inside a ``torch.func`` transform. Why: no native kernel takes
-           a per-row affine, so the reference runs one per member and concatenates (1.3–1.7× a
-           plain LayerNorm forward + backward, ~2× an eval forward; fused 1.0–1.1×).
-        2. vectorized (:meth:`_vectorized`, one un-affine ``F.layer_norm`` over all rows and
-           the member affine broadcast): M > 1, non-empty, on any device other than the CPU
-           (CUDA, MPS, …), any dtype, traced by ``torch.compile``/``torch.export`` and inside
-           ``torch.func`` too. Why: the fused kernel is CPU code, and the reference costs M
-           kernel launches and a concatenation. Unmeasured on a GPU so far:
-           ``scripts/gpu_check.sh`` compares it with the reference loop.
-        3. reference (:meth:`_reference`): everything else: M = 1, empty inputs, and on the CPU
-           bf16/fp16 (CPU autocast included) or mixed dtypes, kernels unavailable or
-           ``SNENS_FUSED=0``, ``torch.compile``/``torch.export`` and ``torch.func``.
-
-        :func:`snens.nn.norms.force_path` sends every input with M > 1 that is non-empty down
-        path 2 or 3, on any device.
+        0. triton, taken in ``forward``: CUDA, where :func:`snens.nn.triton_norms.applies`.
+        1. fused (:func:`snens.nn.fused.member_layer_norm`): M > 1, CPU, float32/64, non-empty,
+           kernels built, not traced. No native kernel takes a per-row affine.
+        2. vectorized (one un-affine ``F.layer_norm``, the member affine broadcast): M > 1,
+           non-empty, off the CPU (or forced).
+        3. reference: everything else.
         """
         if self.num_members > 1 and x.numel() > 0:
             path = path_override(x)
@@ -137,13 +118,10 @@ class MemberLayerNorm(MemberNorm):
         return self._reference(x, scale, shift)
 
     def _vectorized(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
-        """One un-affine ``F.layer_norm`` over all M·B rows, then each member's affine broadcast
-        over (M, B, …): y = x̂ · scale_m + shift_m.
+        """One un-affine ``F.layer_norm`` over all M·B rows, then each member's affine broadcast.
 
-        Statistics are per row, so one call over all rows normalizes as the per-member calls
-        do. Half inputs are normalized in float32 and rounded once, after the affine, as the
-        reference's kernel does; under autocast ``F.layer_norm`` picks the precision (float32
-        on CUDA) and the output dtype, as it does for the reference.
+        Half inputs are normalized in float32 and rounded once, after the affine, as the
+        reference's kernel does; under autocast ``F.layer_norm`` picks the precision.
         """
         M = self.num_members
         widen = x.dtype in (torch.float16, torch.bfloat16) and not torch.is_autocast_enabled(
@@ -151,7 +129,7 @@ class MemberLayerNorm(MemberNorm):
         )
         y = F.layer_norm(x.float() if widen else x, self.normalized_shape, None, None, self.eps)
         out_dtype = x.dtype if widen else y.dtype
-        y = y.unflatten(0, (M, -1))  # (M·B, …) -> (M, B, …)
+        y = y.unflatten(0, (M, -1))
         affine = (M, *(1,) * (y.dim() - 1 - len(self.normalized_shape)), *self.normalized_shape)
         if shift is None:
             y = y * scale.view(affine)
@@ -160,8 +138,6 @@ class MemberLayerNorm(MemberNorm):
         return y.flatten(0, 1).to(out_dtype)
 
     def _reference(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
-        """``F.layer_norm`` over the trailing ``normalized_shape`` of each member's rows with
-        its folded affine, concatenated."""
         return self._per_member(
             x,
             scale,
@@ -173,14 +149,9 @@ class MemberLayerNorm(MemberNorm):
 
     @staticmethod
     def _plain_config(plain: nn.Module) -> dict[str, Any]:
-        # nn.LayerNorm's attributes, or what a module computing layer norm holds (a weight, a
-        # bias, an eps under another name)
-        shape = getattr(plain, "normalized_shape", None) or feature_shape(plain)
-        if shape is None:
-            raise TypeError("it records no size (normalized_shape, hidden_size, …)")
         weight = plain._parameters.get("weight")
         return {
-            "normalized_shape": shape,
+            "normalized_shape": _recorded_shape(plain),
             "eps": norm_eps(plain),
             "bias": plain._parameters.get("bias") is not None or weight is None,
         }
@@ -202,11 +173,6 @@ class MemberLayerNorm(MemberNorm):
 
 class MemberRMSNorm(MemberNorm):
     """σNorm over ``nn.RMSNorm``: the member's folded scale on x / rms(x).
-
-    RMSNorm has no bias, so member m computes sigmoid(gamma_m) ⊙ weight_m ⊙ x / rms(x). On
-    CUDA, the Triton kernels; in float32/64 without a gradient (or traced), one un-weighted
-    rms_norm over all M·B rows and the member scales broadcast over (M, B, …); otherwise one
-    rms_norm per member's rows (``_normalize`` lists when and why).
 
     Args:
         normalized_shape: trailing shape to normalize over.
@@ -250,8 +216,7 @@ class MemberRMSNorm(MemberNorm):
 
     def _fused_forward(self, x: Tensor) -> Tensor | None:
         if triton_norms.applies(self, x):
-            # eps=None: F.rms_norm's default, the machine epsilon of float32 (its compute
-            # dtype for float32, bfloat16 and float16 inputs)
+            # eps=None: F.rms_norm's default, float32's machine epsilon (its compute dtype)
             eps = torch.finfo(torch.float32).eps if self.eps is None else self.eps
             return triton_norms.forward(self, x, eps)
         return None
@@ -259,26 +224,13 @@ class MemberRMSNorm(MemberNorm):
     def _normalize(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
         """RMS norm of each member's rows: the first path that applies.
 
-        0. triton (:mod:`snens.nn.triton_norms`, taken in ``forward`` before the folding):
-           CUDA, float32/bf16/fp16 with the parameters of x's dtype, where
-           :func:`snens.nn.triton_norms.applies` lists. Why: the broadcast path is ~8 launches
-           forward and backward with the folding where a plain RMSNorm is 2 (H200, bf16:
-           2.88× a plain RMSNorm).
-        1. broadcast (:meth:`_broadcast`, one un-weighted ``rms_norm`` over all rows, then the
-           member scales broadcast): M > 1, x and scale both float32 or both float64, and no
-           gradient to record on the CPU; any device, and also traced by ``torch.compile`` and
-           inside ``torch.func`` (plain torch ops). Why: no concatenation (eval forward 1.49× →
-           1.22× a plain RMSNorm at (M·B·64, 384), ``benchmarks/norm_paths.py``).
-        2. reference (:meth:`_reference`): everything else: M = 1, bf16/fp16 (where
-           ``rms_norm`` applies its weight inside its float upcast), mixed dtypes, and eager
-           training on the CPU, where the broadcast product's backward (a reduction over the
-           rows for the scale's gradient) costs more than the loop's concatenation: forward +
-           backward 1.18–1.38× a plain RMSNorm at (M·B·64, 384) against the loop's 0.68–0.70×,
-           1.27× against 1.01× at (M·B, 64, 16, 16) (float32, one thread, interleaved;
-           ``benchmarks/norm_paths.py``).
+        0. triton, taken in ``forward``: CUDA, where :func:`snens.nn.triton_norms.applies`.
+        1. broadcast (:meth:`_broadcast`): M > 1, x and scale both float32 or both float64, and
+           not eager training on the CPU (there the broadcast product's backward costs more
+           than the loop's concatenation).
+        2. reference: everything else, half precision included (``rms_norm`` applies its
+           weight inside its float upcast).
         """
-        # Half-precision inputs keep the loop: there the weight is applied inside rms_norm's
-        # float upcast.
         dtypes = (torch.float32, torch.float64)
         eager_cpu_training = (
             x.device.type == "cpu" and needs_grad(x, scale) and not custom_functions_unavailable(x)
@@ -295,17 +247,13 @@ class MemberRMSNorm(MemberNorm):
     def _broadcast(self, x: Tensor, scale: Tensor) -> Tensor:
         """One un-weighted ``rms_norm`` over all M·B rows, times each member's scale."""
         M = self.num_members
-        # In float32/64 rms_norm multiplies by its weight as a last, separate step, so one
-        # un-weighted call over all rows followed by the member weights broadcast over
-        # (M, B, …) is the member loop's arithmetic, op for op, without its concatenation
-        # (measured eval forward 1.5× → 1.0× a plain RMSNorm).
+        # in float32/64 rms_norm multiplies by its weight as a last, separate step, so this
+        # is the member loop's arithmetic, op for op
         y = F.rms_norm(x, self.normalized_shape, None, self.eps).unflatten(0, (M, -1))
         ones = (1,) * (y.dim() - 1 - len(self.normalized_shape))
         return (y * scale.view(M, *ones, *self.normalized_shape)).flatten(0, 1)
 
     def _reference(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
-        """``F.rms_norm`` over the trailing ``normalized_shape`` of each member's rows with its
-        folded scale as the weight, concatenated (no bias)."""
         return self._per_member(
             x,
             scale,
@@ -315,10 +263,7 @@ class MemberRMSNorm(MemberNorm):
 
     @staticmethod
     def _plain_config(plain: nn.Module) -> dict[str, Any]:
-        shape = getattr(plain, "normalized_shape", None) or feature_shape(plain)
-        if shape is None:
-            raise TypeError("it records no size (normalized_shape, hidden_size, …)")
-        return {"normalized_shape": shape, "eps": norm_eps(plain)}
+        return {"normalized_shape": _recorded_shape(plain), "eps": norm_eps(plain)}
 
     def to_plain(self, member: int) -> nn.Module:
         self._check_member(member)
@@ -327,8 +272,7 @@ class MemberRMSNorm(MemberNorm):
         )
         return self._carrying_member(plain, member)
 
-    def extra_repr(self) -> str:
-        return f"{self.normalized_shape}, num_members={self.num_members}, eps={self.eps}"
+    extra_repr = MemberLayerNorm.extra_repr
 
 
 class MemberGroupNorm(MemberNorm):
@@ -388,20 +332,11 @@ class MemberGroupNorm(MemberNorm):
     def _normalize(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
         """Group norm of each member's rows: the first path that applies.
 
-        1. one example (:meth:`_as_one_example`, one ``group_norm`` over the whole tensor):
-           M > 1, spatial dims (x.dim() > 2), non-empty, more than one value per group,
-           contiguous, not traced by ``torch.compile``/``torch.export``; any device, and also
-           inside ``torch.func`` (plain torch ops). Why: no concatenation (1.4–1.6× → 1.0–1.1×
-           a plain GroupNorm, forward + backward).
-        2. reference (:meth:`_reference`): everything else: M = 1, (M·B, C) inputs, empty
-           inputs, one value per group and example (``F.group_norm`` would refuse the
-           one-example view; on each member's rows it refuses only B = 1, naming those rows),
-           channels-last inputs (which cannot be viewed as one example),
-           ``torch.compile``/``torch.export``.
+        1. one example (:meth:`_as_one_example`): M > 1, spatial dims, non-empty, more than one
+           value per group, contiguous, not traced by ``torch.compile``/``torch.export``.
+        2. reference: everything else (one value per group raises there, naming the member's
+           rows; channels-last inputs cannot be viewed as one example).
         """
-        # one value per group is an error whose message should name the member's rows: the
-        # plain path raises it. Channels-last inputs cannot be viewed as one example and take
-        # the member loop.
         per_group = self.num_channels // self.num_groups * math.prod(x.shape[2:])
         fast = x.dim() > 2 and x.numel() > 0 and per_group > 1 and x.is_contiguous()
         if self.num_members > 1 and fast and not torch.compiler.is_compiling():
@@ -410,12 +345,8 @@ class MemberGroupNorm(MemberNorm):
 
     def _as_one_example(self, x: Tensor, scale: Tensor, shift: Tensor) -> Tensor:
         """The (M·B, C, *) input as one example of M·B·C channels in M·B·G groups, with the
-        member affine as a per-channel affine of (M·B·C,)."""
-        # Statistics are per example, so the whole (M·B, C, *) tensor viewed as one example
-        # of M·B·C channels in M·B·G groups normalizes exactly as the plain layer does, and
-        # the member affine becomes a per-channel affine of (M·B·C,): one native kernel, no
-        # concatenation (measured 1.4–1.6× → 1.0–1.1× a plain GroupNorm, forward +
-        # backward).
+        member affine as a per-channel affine of (M·B·C,): statistics are per example, so this
+        normalizes exactly as the plain layer does, in one kernel."""
         M = self.num_members
         rows = x.shape[0] // M
         per_channel = (M, rows, self.num_channels)
@@ -427,7 +358,6 @@ class MemberGroupNorm(MemberNorm):
         return y.view(x.shape)
 
     def _reference(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
-        """``F.group_norm`` of each member's rows with its folded affine, concatenated."""
         return self._per_member(
             x,
             scale,
@@ -464,15 +394,12 @@ class MemberGroupNorm(MemberNorm):
 
 
 class _MemberInstanceNorm(MemberGroupNorm):
-    """σNorm over ``nn.InstanceNorm{1,2,3}d``: instance norm is group norm with one channel per
-    group, so it is :class:`MemberGroupNorm` with ``num_groups = num_features`` (its fast path
-    too), for inputs of exactly the plain layer's dimensions.
+    """σNorm over ``nn.InstanceNorm{1,2,3}d``: :class:`MemberGroupNorm` with one channel per
+    group, for inputs of exactly the plain layer's dimensions.
 
-    Only instance norms without running statistics convert (the default,
-    ``track_running_stats=False``): with them a plain instance norm normalizes by averaged
-    statistics in eval mode, which a per-example member norm does not compute. ``affine=False``
-    (the plain layer's default) starts every member's affine at the identity, as for any
-    other norm; :meth:`to_plain` gives an ``affine=True`` layer carrying the member's.
+    Only instance norms without running statistics convert (the default); ``affine=False``
+    starts every member's affine at the identity, and :meth:`to_plain` gives an
+    ``affine=True`` layer carrying the member's.
 
     Args:
         num_features: C.
@@ -480,8 +407,7 @@ class _MemberInstanceNorm(MemberGroupNorm):
         eps: as in ``torch.nn.InstanceNorm2d``.
 
     Shape:
-        Input: (M·B, C, *spatial), member-major, with the plain layer's number of spatial
-        dimensions. Output: same shape.
+        Input: (M·B, C, *spatial), member-major. Output: same shape.
     """
 
     plain_type: type[nn.modules.instancenorm._InstanceNorm]

@@ -1,11 +1,9 @@
 """Conversion to and from plain norm classes a member norm does not own.
 
 A torch member norm converts exactly its ``plain_type`` (``MemberNorm.from_plain``). The
-member norms that replace modules of other classes (the norms :mod:`snens.nn.registry`
-recognizes by what they compute, and those users register with ``snens.nn.register_norm``)
-convert through :func:`from_plain_as`, reading the module's size and eps with
-:func:`feature_shape` and :func:`norm_eps`; :class:`RebuildsPlain` gives ``to_plain`` the class
-it rebuilds.
+member norms that replace modules of other classes convert through :func:`from_plain_as`,
+reading the module's size and eps with :func:`feature_shape` and :func:`norm_eps`;
+:class:`RebuildsPlain` gives ``to_plain`` the class it rebuilds.
 """
 
 from __future__ import annotations
@@ -71,11 +69,9 @@ def from_plain_as(
     """A ``member_type`` whose every member reproduces ``plain``, a module of any type that
     computes what ``member_type`` does.
 
-    ``MemberNorm.from_plain`` without its exact-type check: ``member_type`` is built
-    from ``member_type._plain_config(plain)`` (``eps`` in place of the eps it reads, where
-    given) on plain's device and dtype, gamma drawn from N(gamma_mean, gamma_std²), each
-    member's affine set to plain's ``weight`` and ``bias`` divided by sigmoid(gamma_m), running
-    statistics copied.
+    ``MemberNorm.from_plain`` without its exact-type check: ``member_type`` is built from
+    ``member_type._plain_config(plain)`` on plain's device and dtype, gamma drawn, each
+    member's affine set to reproduce plain's, running statistics copied.
 
     Args:
         member_type: a :class:`MemberNorm` subclass.

@@ -3,19 +3,17 @@
 :func:`lookup` answers for every module, in this order:
 
 1. member modules, and modules that do not look like a norm: nothing to convert (None);
-2. classes in the table (exact types, since a subclass may change ``forward``): torch's norms
-   (:data:`MEMBER_NORMS`) convert through their member class's ``from_plain``, unless in a
-   setting it does not compute (an instance norm with running statistics: the reason); classes
-   registered with :func:`register_norm` through their registered conversion;
+2. classes in the table (exact types): torch's norms (:data:`MEMBER_NORMS`), unless in a
+   setting their member class does not compute, and classes registered with
+   :func:`register_norm`;
 3. any other module that looks like a norm is recognized by what it computes: the probe
-   (:func:`snens.nn.probe.match`) runs it against each formula of :data:`FORMULAS` (torch's
-   subclasses against their own family's), and it converts where exactly one formula matches in
-   float32 and a member version of it reproduces it in half precision; otherwise it is refused
-   with the reason.
+   (:func:`snens.nn.probe.match`) runs it against each formula of :data:`FORMULAS`, and it
+   converts where exactly one formula matches in float32 and a member version reproduces it in
+   half precision; otherwise it is refused with the reason.
 
-A module looks like a norm when it is a torch norm (batch, instance, layer, group, RMS, local
-response), its class name says "…Norm" (a leaf, or one holding a weight of its own), or it
-comes from outside torch and holds a 1-D ``weight`` (and a ``bias``) and nothing else.
+A module looks like a norm when it is a torch norm, its class name says "…Norm" (a leaf, or one
+holding a weight of its own), or it comes from outside torch and holds a 1-D ``weight`` (and a
+``bias``) and nothing else.
 """
 
 from __future__ import annotations
@@ -113,9 +111,8 @@ _TABLE[ScaledRMSNorm] = _Entry(None, MemberUnweightedRMSNorm.from_scaled)
 
 @dataclasses.dataclass(frozen=True)
 class Formula:
-    """What a norm computes, and its member versions: they agree in float32 and differ in where
-    they round in half precision; the first is taken among those that reproduce a module
-    equally closely."""
+    """What a norm computes, and its member versions (they differ in where they round in half
+    precision; the first is taken among equally close ones)."""
 
     name: str
     members: tuple[type[MemberNorm], ...]
@@ -153,9 +150,7 @@ GATED_FORMULAS = (
         (MemberGateFirstRMSNorm, MemberGateFirstRMSNormF32),
     ),
 )
-# A subclass of a torch norm holds torch's attributes and is probed against its family's
-# member versions only (their to_plain gives torch's class, or the subclass for layer norms
-# over channels).
+# a subclass of a torch norm is probed against its family's member versions only
 _TORCH_FAMILIES: tuple[tuple[type[nn.Module], tuple[Formula, ...]], ...] = (
     (nn.BatchNorm1d, (Formula("batch norm over (N, C, *)", (MemberBatchNorm1d,)),)),
     (nn.BatchNorm2d, (Formula("batch norm over (N, C, H, W)", (MemberBatchNorm2d,)),)),
@@ -206,8 +201,8 @@ def lookup(module: nn.Module, memo: dict[Any, Any] | None = None) -> Converter |
     """How ``snens.convert`` turns ``module`` into a member norm (a :data:`Converter`), why it
     cannot (a reason naming the class), or None where ``module`` is not a norm to convert.
 
-    See the module docstring for the order. ``memo``, a dict kept over one conversion, shares
-    a probe between modules of one class holding equal settings.
+    ``memo``, a dict kept over one conversion, shares a probe between modules of one class
+    holding equal settings.
     """
     kind = type(module)
     if isinstance(module, (MemberNorm, MemberLinear)):
@@ -292,8 +287,7 @@ def _looks_like_norm(module: nn.Module) -> bool:
 
 
 def _settings(module: nn.Module) -> tuple:
-    """What the probe of ``module`` depends on: its class, the shapes of its tensors and its
-    plain attributes (other objects by identity)."""
+    """What the probe of ``module`` depends on: its class, tensor shapes and plain attributes."""
     tensors = [
         (name, None if t is None else (tuple(t.shape), t.device.type))
         for name, t in [*module._parameters.items(), *module._buffers.items()]
@@ -330,9 +324,7 @@ def is_norm(module: nn.Module) -> bool:
 
 def is_unsupported_norm(module: nn.Module) -> bool:
     """True for a normalization layer that is not one of the exact torch types of
-    :data:`MEMBER_NORMS` in a setting its member version computes: what a conversion with a
-    table of exact types of its own (FiLM) refuses. ``snens.convert`` converts those of them
-    that :func:`lookup` recognizes and refuses the rest."""
+    :data:`MEMBER_NORMS` in a setting its member version computes (what FiLM refuses)."""
     if isinstance(module, (MemberNorm, MemberLinear)):
         return False
     member = MEMBER_NORMS.get(type(module))
@@ -361,9 +353,8 @@ def register_norm(
 
     You vouch for the class: it is not probed. With ``member_type`` a module is converted as
     ``member_type`` converts its own plain type
-    (:func:`~snens.nn.plain_conversion.from_plain_as`): built from
-    ``member_type._plain_config(module)``, every member set to the module's ``weight`` and
-    ``bias``. Registering a type again replaces its conversion.
+    (:func:`~snens.nn.plain_conversion.from_plain_as`). Registering a type again replaces its
+    conversion.
 
     Args:
         plain_type: the norm class, an ``nn.Module`` subclass.
@@ -410,11 +401,9 @@ def member_norm(
 
     ``member_norm(4)(64)`` builds ``MemberBatchNorm2d(64, num_members=4)``;
     ``member_norm(4, nn.LayerNorm, eps=1e-6)(384)`` builds a ``MemberLayerNorm``.
-    The layer takes ``norm``'s own signature, positional and keyword (``(64, 1e-3)``,
-    ``(64, momentum=None)``, ``(384, elementwise_affine=False)``, ``device=``, ``dtype=``),
-    checked by ``norm`` itself; ``gamma_mean`` and ``gamma_std`` go to the member norm. A
-    member norm always has its per-member affine (σ(γ) scales it): ``affine=False`` or
-    ``elementwise_affine=False`` start it at the identity, as for any other layer.
+    The layer takes ``norm``'s own signature, checked by ``norm`` itself; ``gamma_mean`` and
+    ``gamma_std`` go to the member norm. ``affine=False`` or ``elementwise_affine=False`` start
+    the member affine at the identity.
 
     Args:
         num_members: M.

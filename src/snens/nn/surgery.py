@@ -189,14 +189,9 @@ def convert_modules(
     r"""Replace, in place, every supported norm by its member norm and the head by a member head.
 
     Which norms are supported, and by which member norm, is decided by
-    :func:`snens.nn.registry.lookup`: torch's norms, types registered with
-    ``snens.nn.register_norm``, and other modules that look like norms, by what they compute on
-    probe inputs; every other module that looks like a norm is refused with the reason. Every
-    member is set to reproduce the plain layer it replaces (see ``MemberNorm.from_plain``);
-    with ``head_init="copy"`` each member head is a copy of the plain head, so right after
-    conversion every member computes the original function. ``norms=`` converts some norms
-    only (e.g. a pretrained network's last blocks); the others stay plain, shared by the
-    members, and are listed in the report's ``unselected``.
+    :func:`snens.nn.registry.lookup`. Every member is set to reproduce the plain layer it
+    replaces; with ``head_init="copy"`` each member head is a copy of the plain head, so right
+    after conversion every member computes the original function.
 
     Args:
         model: any ``nn.Module``; modified in place.
@@ -206,18 +201,17 @@ def convert_modules(
         head_init: ``"copy"`` the plain head into every member, or ``"reset"`` every member
             head to an independent fresh initialization.
         skip_unsupported: what becomes of a norm with no member version: None (the
-            default) leaves it as it is, shared by the members, names it in the report's
-            ``skipped`` and warns once (a ``UserWarning`` naming the classes and why); True
-            the same without the warning; False refuses the whole model (``TypeError``
-            naming each such norm, its class and why): all or nothing.
+            default) leaves it shared by the members, names it in the report's ``skipped``
+            and warns once; True the same without the warning; False refuses the whole model
+            (``TypeError`` naming each such norm, its class and why).
         gamma_mean, gamma_std: gamma ~ N(gamma_mean, gamma_std²).
         generator: optional ``torch.Generator`` for gamma and reset heads.
         norms: which norms to convert, by their names in ``model.named_modules()``: a
             regular expression the whole name must match (``r".*layers\.(2[2-9])\..*"``), a
             sequence of names or name endings (``["input_layernorm", "model.norm"]``), or a
             function ``(name, module) -> bool``; None (the default) converts every norm.
-            A norm not chosen is left as it is, shared by the members, even an unsupported
-            one; the head is replicated either way.
+            The others stay plain, shared by the members (the report's ``unselected``); the
+            head is replicated either way.
 
     Returns:
         A :class:`ConversionReport`.
@@ -280,8 +274,7 @@ def _check_skip_unsupported(skip_unsupported: object) -> None:
 def _warn_skipped(model: nn.Module, refused: list[tuple[str, nn.Module, str]]) -> None:
     """One warning for a conversion that leaves norms with no member version shared."""
     kinds = list(dict.fromkeys(type(m).__name__ for _, m, _ in refused))
-    reasons = list(dict.fromkeys(reason for _, _, reason in refused))
-    why = " ".join(f"{reason}." for reason in reasons[:_REASONS])
+    why = _why(refused).lstrip()
     warnings.warn(
         f"snens.convert left {len(refused)} norm{'s' if len(refused) > 1 else ''} of "
         f"{type(model).__name__} shared by the members, with no member version: "
@@ -294,7 +287,7 @@ def _warn_skipped(model: nn.Module, refused: list[tuple[str, nn.Module, str]]) -
 
 
 def _check_initialized(model: nn.Module) -> None:
-    """Lazy modules have no shapes to copy into members until their first forward pass."""
+    """Refuse lazy modules: they have no shapes to copy into members before a forward pass."""
     for name, param in model.named_parameters():
         if isinstance(param, nn.parameter.UninitializedParameter):
             raise ValueError(
@@ -332,8 +325,7 @@ def only_named(names: Sequence[str] | None) -> Callable[[str, nn.Module], bool] 
 
 
 class _Named:
-    """The ``norms=`` of :func:`only_named`, shown by its names in messages (a lambda's repr
-    had been all a save naming no such norm was told)."""
+    """The ``norms=`` of :func:`only_named`, shown by its names in messages."""
 
     def __init__(self, names: Sequence[str]) -> None:
         self.names = frozenset(names)
@@ -376,8 +368,7 @@ def _collect_norms(
     model: nn.Module, chosen: Callable[[str, nn.Module], bool] | None = None
 ) -> tuple[dict[int, Converter], list[tuple[str, nn.Module, str]], list[tuple[str, nn.Module]]]:
     """(id -> conversion) of every supported norm, (name, module, reason) of every refused
-    one, as :func:`snens.nn.registry.lookup` answers (one probe per class and settings), and
-    (name, module) of every norm ``chosen`` leaves out (never refused, never converted)."""
+    one, and (name, module) of every norm ``chosen`` leaves out."""
     targets: dict[int, Converter] = {}
     inside_targets: set[int] = set()  # modules of a norm replaced whole, or left whole
     refused: list[tuple[str, nn.Module, str]] = []
@@ -440,6 +431,12 @@ def _examples(names: list[str]) -> str:
 _REASONS = 4
 
 
+def _why(refused: list[tuple[str, nn.Module, str]]) -> str:
+    """The first :data:`_REASONS` distinct reasons, each as `` reason.``."""
+    reasons = list(dict.fromkeys(reason for _, _, reason in refused))
+    return "".join(f" {reason}." for reason in reasons[:_REASONS])
+
+
 def _refuse_unsupported(
     model: nn.Module, refused: list[tuple[str, nn.Module, str]], all_or_nothing: bool
 ) -> None:
@@ -448,10 +445,10 @@ def _refuse_unsupported(
         return
     listed = ", ".join(f"{n} ({type(m).__name__})" for n, m, _ in refused[:8])
     more = f" and {len(refused) - 8} more" if len(refused) > 8 else ""
-    reasons = list(dict.fromkeys(reason for _, _, reason in refused))
-    why = "".join(f" {reason}." for reason in reasons[:_REASONS])
-    if len(reasons) > _REASONS:
-        why += f" ({len(reasons) - _REASONS} more reasons.)"
+    why = _why(refused)
+    extra = len({reason for _, _, reason in refused}) - _REASONS
+    if extra > 0:
+        why += f" ({extra} more reasons.)"
     # torch's own types cannot be registered: for them the reason is the answer
     others = [type(m).__name__ for _, m, _ in refused if type(m) not in MEMBER_NORMS]
     register = (
@@ -477,12 +474,7 @@ def _require_a_norm(
     """Raise if the model will hold no member norm: nothing to convert and none built in."""
     has_member_norms = any(isinstance(m, MemberNorm) for _, m in existing)
     if not targets and not has_member_norms:
-        unsupported = ""
-        if refused:
-            reasons = list(dict.fromkeys(reason for _, _, reason in refused))
-            unsupported = " Its norms have no member version:" + "".join(
-                f" {reason}." for reason in reasons[:_REASONS]
-            )
+        unsupported = f" Its norms have no member version:{_why(refused)}" if refused else ""
         raise ValueError(
             f"{type(model).__name__} has no supported norm layer to convert (looked for "
             f"{SUPPORTED}).{unsupported} σN-Ens members live in the norms, so the model needs "
@@ -491,29 +483,13 @@ def _require_a_norm(
 
 
 def _replace_norms(
-    model: nn.Module,
-    targets: dict[int, Converter],
-    num_members: int,
-    *,
-    gamma_mean: float,
-    gamma_std: float,
-    generator: torch.Generator | None,
+    model: nn.Module, targets: dict[int, Converter], num_members: int, **kw
 ) -> list[tuple[str, str, str]]:
     """Replace every collected norm by its member norm; (name, plain type, member type) each."""
 
     def member_norm(name: str, module: nn.Module) -> MemberNorm | None:
         convert = targets.get(id(module))
-        if convert is None:
-            return None
-        return _member_norm(
-            name,
-            module,
-            convert,
-            num_members,
-            gamma_mean=gamma_mean,
-            gamma_std=gamma_std,
-            generator=generator,
-        )
+        return None if convert is None else _member_norm(name, module, convert, num_members, **kw)
 
     return [
         (name, type(old).__name__, type(new).__name__)
@@ -522,24 +498,11 @@ def _replace_norms(
 
 
 def _member_norm(
-    name: str,
-    module: nn.Module,
-    convert: Converter,
-    num_members: int,
-    *,
-    gamma_mean: float,
-    gamma_std: float,
-    generator: torch.Generator | None,
+    name: str, module: nn.Module, convert: Converter, num_members: int, **kw
 ) -> MemberNorm:
     """``convert(module)``, its errors naming the module, checked to be a member norm of M."""
     try:
-        member = convert(
-            module,
-            num_members,
-            gamma_mean=gamma_mean,
-            gamma_std=gamma_std,
-            generator=generator,
-        )
+        member = convert(module, num_members, **kw)
     except (TypeError, ValueError) as err:
         error = TypeError if isinstance(err, TypeError) else ValueError
         raise error(f"cannot convert {name} ({type(module).__name__}): {err}") from err

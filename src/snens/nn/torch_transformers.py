@@ -1,25 +1,17 @@
 """torch's fused transformer fast path, which computes a layer without calling its submodules.
 
-In eval mode with autograd off (``torch.no_grad``, ``torch.inference_mode``: every evaluation),
-``nn.TransformerEncoderLayer.forward`` does not call its norms, linears or dropouts: it hands
-their weights (``norm1.weight``, ``linear1.weight``, …), as a plain ``nn.LayerNorm``'s and
-``nn.Linear``'s, to one fused kernel, which applies no dropout; and ``nn.TransformerEncoder``
-first packs a padded batch into a nested tensor for that kernel. An ensemble that replaced one
-of those submodules — a member norm ((M, C) affine), a BatchEnsemble or FiLM layer, an
-always-on MC-dropout — would then fail ("Expected weight to be of same shape as
-normalized_shape") or, worse, silently compute one plain network for every member.
+In eval mode with autograd off, ``nn.TransformerEncoderLayer.forward`` hands its submodules'
+weights, as plain ``nn.LayerNorm``'s and ``nn.Linear``'s, to one fused kernel, which applies no
+dropout. An ensemble that replaced one of those submodules (a member norm, a BatchEnsemble or
+FiLM layer, an always-on MC-dropout) would then fail or silently compute one plain network for
+every member.
 
-torch takes the fast path only where ``activation_relu_or_gelu`` (set at construction from the
-activation, read by nothing else) is nonzero and, for the encoder, ``use_nested_tensor`` is
-true. :func:`route_through_modules` clears both on every layer whose fused submodules are no
-longer torch's own types, and keeps their values; :func:`restore_fast_paths` puts them back
-once they are again (``snens.extract_member``), so an extracted member runs as fast as the
-original. The layers' own forward, which training always takes, computes the same function.
-
-torch's transformer modules are sequence-first by default (``batch_first=False``): their
-norms and linears see (S, M·B, D). :func:`mark_sequence_first` marks the member layers among
-them with :func:`snens.nn.layout.sequence_first`, so each finds the members where the batch is.
-:func:`adapt` does both, for ``snens.convert`` and the baselines.
+torch takes the fast path only where ``activation_relu_or_gelu`` is nonzero and, for the
+encoder, ``use_nested_tensor`` is true. :func:`route_through_modules` clears both on every
+layer whose fused submodules are no longer torch's own types, and keeps their values;
+:func:`restore_fast_paths` puts them back once they are again (``snens.extract_member``).
+:func:`mark_sequence_first` marks the member layers of torch's sequence-first modules with
+:func:`snens.nn.layout.sequence_first`. :func:`adapt` does both.
 """
 
 from __future__ import annotations

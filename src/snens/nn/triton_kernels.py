@@ -1,31 +1,21 @@
 """Triton kernels of the member RMS and layer norms: forward, backward, affine gradients.
 
-Three kernels, written for :mod:`snens.nn.triton_norms` (which launches them and holds the
-autograd function); this module imports ``triton`` and is imported only where it is installed.
+Written for :mod:`snens.nn.triton_norms`, which launches them; this module imports ``triton``
+and is imported only where it is installed.
 
 * ``member_norm_forward``: a tile of rows per program; each row is normalized in float32 and
-  takes its member's affine, the member being the row index // rows per member; the folded
-  scale σ(γ_m)·weight_m (and shift σ(γ_m)·bias_m) is computed in the kernel from gamma, weight
-  and bias, rounded to the parameters' dtype as the folding in torch rounds it. It writes the
-  output and each row's inverse standard deviation (and mean, for layer norm).
-* ``member_norm_backward``: a grid of (member, program): each program walks a contiguous chunk
-  of its member's rows, writes their input gradient and sums, over its rows, the two per-feature
-  products the affine gradients need (Σ dy·x̂ and Σ dy), written as one partial row per program.
-* ``member_affine_backward``: per member, the partial rows summed and turned into the gradients
-  of gamma, weight and bias: with s = σ(γ_m), A = Σ dy·x̂ and Bs = Σ dy,
-  d weight = s·A, d bias = s·Bs, d γ = s(1 − s)·(weight·A + bias·Bs).
+  takes its member's folded affine (member = row // rows per member), computed in the kernel
+  from gamma, weight and bias and rounded to the parameters' dtype as torch's folding rounds it.
+* ``member_norm_backward``: a grid of (member, program): each program walks a chunk of its
+  member's rows, writes their input gradient and one partial row of Σ dy·x̂ and Σ dy.
+* ``member_affine_backward``: per member, the partial rows summed into the gradients: with
+  s = σ(γ_m), A = Σ dy·x̂ and Bs = Σ dy, d weight = s·A, d bias = s·Bs,
+  d γ = s(1 − s)·(weight·A + bias·Bs).
 
-Every sum is in float32 whatever the input's dtype. ``ROUND_FIRST`` selects where half
-precision rounds, the two orders of the formulas the member norms compute: x̂ rounded to the
-input's dtype and then multiplied by the scale (``F.rms_norm``, Llama's and T5's RMS norms,
-DeBERTa's layer norm, whose bias is added to the rounded product), or the affine in float32 and
-one rounding at the end (``F.layer_norm``, OLMo-2's, Gemma's and Gemma 3n's RMS norms, Cohere's
-and OLMo-1's layer norms). In float32 both are the same arithmetic.
-
-:func:`kernels` gives the three as Triton JIT functions for CUDA tensors or, with
-``TRITON_INTERPRET=1`` set before ``triton`` is imported, run by Triton's interpreter on CPU
-tensors: how the tests check them without a GPU (``tests/conftest.py`` sets it where no CUDA
-device is seen).
+``ROUND_FIRST`` selects where half precision rounds: x̂ rounded to the input's dtype before
+the affine (``F.rms_norm``, Llama's), or the affine in float32 and one rounding at the end
+(``F.layer_norm``, OLMo-2's). With ``TRITON_INTERPRET=1`` set before ``triton`` is imported,
+:func:`kernels` runs them in Triton's interpreter on CPU tensors.
 """
 
 from __future__ import annotations

@@ -1,28 +1,17 @@
 """Fused Triton member norms for CUDA: RMS and layer norms in one launch forward, two backward.
 
-On a GPU the other paths of a member norm are launch-bound: the folding σ(γ)·weight (a sigmoid
-and two products, and their backward), the normalization, the member-broadcast affine and its
-per-member reduction are each a kernel, about 8 launches forward and backward where a plain norm
-has 2 (measured on an H200, ``results/gpu_nvidia-h200.md``: member RMSNorm 2.88× a plain one in
-bf16, LlamaRMSNorm at (M·B·T, 576) 1.32×, and ~470 of the 5,600 launches of a SmolLM2-LoRA
-σN-Ens step). :mod:`snens.nn.triton_kernels` computes the whole member norm from gamma, weight
-and bias: one kernel forward (the member taken from the row index, σ(γ) folded in), one for the
-input gradient with per-member partial sums of the affine gradients, one that turns those into
-the gradients of gamma, weight and bias. Statistics and sums are float32 for float32, bfloat16
-and float16 inputs.
+On a GPU the other paths of a member norm are launch-bound: the folding σ(γ)·weight, the
+normalization, the member-broadcast affine and its per-member reduction are each a kernel.
+:mod:`snens.nn.triton_kernels` computes the whole member norm from gamma, weight and bias: one
+kernel forward (the member taken from the row index, σ(γ) folded in), one for the input
+gradient with per-member partial sums of the affine gradients, one that turns those into the
+gradients of gamma, weight and bias. Statistics and sums are float32.
 
-Liger-Kernel's fused RMSNorm and LayerNorm (BSD-2-Clause, installable here) were considered:
-they take one weight row for every row of the input, so M members would need M launches and the
-folding outside them, which is what these kernels remove.
-
-Which member norms take it: each class that declares its own ``triton_variant``
-(:class:`Variant`: RMS or layer norm, where half precision rounds): ``MemberRMSNorm``,
-``MemberLayerNorm`` and the member versions of Hugging Face's norms (:mod:`snens.nn.hf_norms`),
-not their subclasses (e.g. ``MemberLayerNorm2d``, which normalizes over the channels);
-:func:`applies` lists for which inputs.
+The member norms that take it are the classes that declare their own ``triton_variant``
+(:class:`Variant`), not their subclasses; :func:`applies` lists for which inputs.
 ``SNENS_TRITON=0`` turns the path off; :func:`snens.nn.norms.force_path` ``("triton")`` sends
-inputs on any device to it (CPU tensors run in Triton's interpreter: how the tests check the
-kernels without a GPU), ``force_path("reference")`` or ``("vectorized")`` away from it.
+inputs on any device to it (CPU tensors run in Triton's interpreter, how the tests check the
+kernels without a GPU).
 """
 
 from __future__ import annotations
@@ -44,8 +33,7 @@ __all__ = ["ENV", "MAX_FEATURES", "Variant", "applies", "available", "forward", 
 
 #: Environment variable: "0" turns the Triton path off.
 ENV = "SNENS_TRITON"
-#: The widest normalized size a kernel takes: one row of BLOCK_D float32 values per tile row
-#: stays in registers up to here (Llama-70B's hidden size is 8,192).
+#: The widest normalized size a kernel takes (one row of float32 values stays in registers).
 MAX_FEATURES = 8192
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -64,12 +52,9 @@ class Variant:
             of the feature shape (torch's).
         output: the output's dtype, as the formula gives it. ``"autocast"`` (torch's
             ``layer_norm`` and ``rms_norm``): x's, for x and parameters of one dtype; under
-            CUDA autocast float32 for any dtypes (autocast runs both in float32, so nothing is
-            rounded first); elsewhere under autocast only float32 inputs are taken.
-            ``"promoted"`` (Llama's ``weight * x̂.to(x.dtype)``, DeBERTa's): the promotion of
-            x's and the parameters' dtypes. ``"input"`` (the formulas that cast their result
-            to x's dtype): x's. ``"same"`` (T5's, which rounds to the weight's dtype): x and
-            parameters of one dtype only.
+            CUDA autocast float32. ``"promoted"`` (Llama's, DeBERTa's): the promotion of x's
+            and the parameters' dtypes. ``"input"``: x's. ``"same"`` (T5's): x and parameters
+            of one dtype only.
     """
 
     center: bool
@@ -79,8 +64,8 @@ class Variant:
 
 
 def _output(variant: Variant, x: Tensor, params: torch.dtype) -> tuple[torch.dtype, bool] | None:
-    """(output dtype, round first) of ``variant`` for x and parameters of dtype ``params``,
-    or None where the kernels do not take that combination."""
+    """(output dtype, round first) for x and parameters of dtype ``params``, or None where the
+    kernels do not take that combination."""
     same = x.dtype == params
     if variant.output == "autocast" and torch.is_autocast_enabled(x.device.type):
         if x.device.type == "cuda":
@@ -108,12 +93,9 @@ def applies(layer: norms.MemberNorm, x: Tensor) -> bool:
     """Whether ``layer``'s forward on ``x`` takes the Triton kernels.
 
     All of: the layer's class declares a ``triton_variant``; :func:`available`; x on a CUDA
-    device, or ``force_path("triton")`` on any device (``force_path`` to another path: never);
-    x non-empty, of float32, bfloat16 or float16, gamma, weight and bias of one of those dtypes
-    and on x's device; dtypes the variant's ``output`` takes (:class:`Variant`); at most
-    :data:`MAX_FEATURES` normalized features; neither traced by ``torch.compile``/
-    ``torch.export`` (inductor writes its own fused kernels there) nor inside a ``torch.func``
-    transform (no vmap or jvp rules).
+    device, or ``force_path("triton")``; x non-empty, of float32, bfloat16 or float16, the
+    parameters of one of those dtypes and on x's device; dtypes the variant's ``output`` takes;
+    at most :data:`MAX_FEATURES` features; not traced nor inside a ``torch.func`` transform.
 
     Raises:
         RuntimeError: if ``force_path("triton")`` sends a CPU tensor here while the kernels
@@ -154,8 +136,8 @@ def _interpreted() -> bool:
 
 
 def _blocks(features: int) -> tuple[int, int, int]:
-    """(BLOCK_D, forward tile rows, backward tile rows): a tile of ~4,096 values forward and
-    ~2,048 backward, whose two float32 accumulators and four operands share the registers."""
+    """(BLOCK_D, forward tile rows, backward tile rows): tiles of ~4,096 values forward and
+    ~2,048 backward."""
     block_d = 1 << (features - 1).bit_length()  # the smallest power of 2 >= features
     return block_d, max(1, min(64, 4096 // block_d)), max(1, min(32, 2048 // block_d))
 
@@ -169,9 +151,8 @@ def _warps(values: int) -> int:
 
 
 def _programs_per_member(x: Tensor, rows_per_member: int, block_r: int, members: int) -> int:
-    """Backward programs per member: about four per streaming multiprocessor over all members
-    (the partial sums they write are summed by the affine kernel), at most one per tile of the
-    member's rows; 2 on the CPU, where the interpreter runs them one after another."""
+    """Backward programs per member: about four per streaming multiprocessor over all members,
+    at most one per tile of rows; 2 on the CPU, where the interpreter runs them serially."""
     tiles = max(1, _cdiv(rows_per_member, block_r))
     if x.device.type != "cuda":
         return min(2, tiles)
@@ -304,9 +285,8 @@ def member_norm(
     programs: int | None = None,
 ) -> Tensor:
     """σ(γ_m) ⊙ (weight_m ⊙ x̂ + bias_m) over each member's rows, x̂ the RMS or layer norm of
-    each row over its last ``gamma[0].numel()`` values, in the fused kernels.
-
-    Call only where :func:`applies` holds (for a layer) or with inputs meeting its conditions.
+    each row over its last ``gamma[0].numel()`` values, in the fused kernels, where
+    :func:`applies` holds.
 
     Args:
         x: the member-major input.
