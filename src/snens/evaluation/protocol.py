@@ -1,16 +1,14 @@
 """The field's evaluation protocol for any model honouring (B, …) -> logits (M, B, K).
 
 One pass per data set: :func:`collect` runs the model batch by batch in eval mode and keeps
-only the members' float32 probabilities (M, N, K) on the CPU, never the inputs, so a test set
-of ImageNet size (50 000 × 1 000 classes × M=4: 800 MB) is evaluated without holding its
-images. Every number is then computed from those probabilities by :mod:`snens.metrics`:
+only the members' outputs (M, N, K) on the CPU, never the inputs. Every number is then
+computed from them by :mod:`snens.metrics`:
 
 * ``test/…``: accuracy, NLL, Brier, ECE (equal-width bins), adaptive and class-wise ECE, AURC
   of the ensemble mean (the mean of member softmaxes); disagreement, predictive (total) and
   expected (aleatoric) entropy, mutual information (epistemic: in σN-Ens the modulation
   uncertainty), member correlation (NaN for one member); member accuracy, NLL and ECE
-  averaged over members; the number of members. :func:`ensemble_metrics` computes them from
-  member probabilities at hand (e.g. M models trained apart, each evaluated once).
+  averaged over members; the number of members (:func:`ensemble_metrics`).
 * ``ood/<name>/…``: AUROC, AUPR and FPR@95%TPR of the test set against each OOD set, OOD the
   positive class, with one score of :data:`snens.metrics.OOD_SCORES` (from probabilities) or
   :data:`snens.metrics.LOGIT_OOD_SCORES` (from logits: max logit, energy).
@@ -64,7 +62,7 @@ adapting to uncertainty (randomized APS)."""
 
 _SEVERITIES = range(1, 6)
 _SCORE_NAMES = sorted([*metrics.OOD_SCORES, *metrics.LOGIT_OOD_SCORES])
-# Names a corruption cannot take: "shift/severity/…" and "shift/mean/…" hold the averages.
+# "shift/severity/…" and "shift/mean/…" hold the averages
 _RESERVED_SHIFT_NAMES = ("severity", "mean")
 
 
@@ -122,7 +120,6 @@ def ensemble_metrics(member_probs: Any, labels: Any, num_bins: int = 15) -> dict
         "predictive_entropy": metrics.predictive_entropy(member_probs).mean().item(),
         "expected_entropy": metrics.expected_entropy(member_probs).mean().item(),
         "mutual_information": metrics.mutual_information(member_probs).mean().item(),
-        # one member has no pairs to correlate
         "member_correlation": math.nan if M < 2 else metrics.member_correlation(member_probs),
         "member_accuracy_mean": members["accuracy"].mean().item(),
         "member_nll_mean": members["nll"].mean().item(),
@@ -248,8 +245,7 @@ def ood_detection(
 
 
 def _score(score: str, member_logits: Tensor, member_probs: Tensor) -> Tensor:
-    """Per-example OOD scores (N,) of any known score, from the members' logits (M, N, K) or
-    their probabilities (the same pass, softmaxed once)."""
+    """Per-example OOD scores (N,) of any known score, from logits or probabilities (M, N, K)."""
     if score in metrics.LOGIT_OOD_SCORES:
         return metrics.LOGIT_OOD_SCORES[score](member_logits)
     return metrics.OOD_SCORES[score](member_probs)
@@ -278,13 +274,8 @@ def evaluate(
     """Evaluate an ensemble (or any model under the (M, B, K) contract) on the full protocol.
 
     Calibration and accuracy are measured on the ensemble mean p̄ = (1/M) Σ_m softmax(z_m);
-    OOD detection flags high scores s(x) of ``ood_score`` (OOD positive); shift metrics are
-    averaged as
-
-        shift/severity/s/metric = mean over names n of shift/n/s/metric
-        shift/mean/metric       = mean over every (n, s) given
-
-    Each data set is run once (see :func:`collect`); the model's training flags are restored.
+    OOD detection flags high scores of ``ood_score`` (OOD positive). Each data set is run once;
+    the model's training flags are restored.
 
     Args:
         model: returns logits (M, B, K) from inputs (B, …); wrap a plain classifier in
@@ -304,10 +295,8 @@ def evaluate(
         device: where inputs go, by default the model's device.
         keep_logits: a dict that receives the member logits (M, N, K) of the pass over each
             set — ``"test"``, ``"test_labels"`` (N,), ``"ood/<name>"``,
-            ``"shift/<name>/<severity>"``, ``"domain/<name>"`` and their ``"…_labels"`` — so a
-            post-hoc
-            calibrator, another OOD score or a prediction set needs no second pass
-            (:func:`posthoc_metrics`).
+            ``"shift/<name>/<severity>"``, ``"domain/<name>"`` and their ``"…_labels"`` — for
+            :func:`posthoc_metrics`, with no second pass.
 
     Returns:
         A flat ``{key: float}``: ``"test/<metric>"``, ``"ood/<name>/{auroc,aupr,fpr95}"``
@@ -328,12 +317,9 @@ def evaluate(
     ood_sets = _check_ood_sets(ood)
     shifted = _check_corruptions(corruptions)
 
-    member_logits, labels = _collect(model, test_loader, device, what="test set", logits=True)
-    if labels is None:
-        raise ValueError("test set: the loader yielded batches without labels; yield (x, y)")
-    member_probs = member_logits.softmax(dim=-1)  # what _collect computes without logits=True
-    if keep_logits is not None:
-        keep_logits.update(test=member_logits, test_labels=labels)
+    member_logits, member_probs, labels = _collect_labelled(
+        model, test_loader, device, "test set", None, keep_logits, "test"
+    )
     M, _, K = member_probs.shape
     results = {f"test/{k}": v for k, v in ensemble_metrics(member_probs, labels, num_bins).items()}
 
@@ -344,18 +330,27 @@ def evaluate(
     )
     results.update(_shift_results(model, shifted, (M, K), num_bins, device, keep_logits))
     for name, loader in _check_ood_sets(domains).items():
-        what = f"domain set {name!r}"
-        logits, domain_labels = _collect(model, loader, device, what=what, logits=True)
-        if domain_labels is None:
-            raise ValueError(f"{what}: the loader yielded batches without labels; yield (x, y)")
-        probs = logits.softmax(dim=-1)
-        _check_same_members(probs, M, K, what)
+        _, probs, domain_labels = _collect_labelled(
+            model, loader, device, f"domain set {name!r}", (M, K), keep_logits, f"domain/{name}"
+        )
         for metric, value in _shift_metrics(probs, domain_labels, num_bins).items():
             results[f"domain/{name}/{metric}"] = value
-        if keep_logits is not None:
-            keep_logits[f"domain/{name}"] = logits
-            keep_logits[f"domain/{name}_labels"] = domain_labels
     return results
+
+
+def _collect_labelled(model, loader, device, what, members_classes, keep_logits, key):
+    """One labelled set's member logits, probabilities and labels, checked against the test
+    set's (M, K) and kept as ``key`` and ``<key>_labels``."""
+    logits, labels = _collect(model, loader, device, what=what, logits=True)
+    if labels is None:
+        raise ValueError(f"{what}: the loader yielded batches without labels; yield (x, y)")
+    probs = logits.softmax(dim=-1)  # what _collect computes without logits=True
+    if members_classes is not None:
+        _check_same_members(probs, *members_classes, what)
+    if keep_logits is not None:
+        keep_logits[key] = logits
+        keep_logits[f"{key}_labels"] = labels
+    return logits, probs, labels
 
 
 def posthoc_metrics(
@@ -371,10 +366,9 @@ def posthoc_metrics(
       :func:`evaluate`'s default ``"msp"`` leaves out);
     * with a validation split (``"val"``, ``"val_labels"``): split-conformal prediction sets
       at α = ``conformal_alpha`` calibrated on it and measured on the test set,
-      ``test/conformal_<score>_coverage`` (the fraction of sets holding the label, >= 1 − α in
-      expectation) and ``test/conformal_<score>_size`` (the mean number of classes per set),
-      for each of :data:`CONFORMAL_SCORES`: THR, and randomized APS whose u are drawn by a
-      generator seeded 0, so every run and every re-evaluation draws the same.
+      ``test/conformal_<score>_coverage`` and ``test/conformal_<score>_size``, for each of
+      :data:`CONFORMAL_SCORES` (APS's u drawn by a generator seeded 0, so re-evaluation
+      draws the same).
 
     Args:
         outputs: the dict ``evaluate(..., keep_logits=outputs)`` filled: ``"test"``,
@@ -400,14 +394,7 @@ def posthoc_metrics(
     scores = _check_scores(ood_scores) if len(ood_scores) else []
     _check_outputs(outputs)
     test, labels = outputs["test"], outputs["test_labels"]
-    names = [key.removeprefix("ood/") for key in outputs if key.startswith("ood/")]
-    test_probs = test.softmax(dim=-1)
-    in_scores = {s: _score(s, test, test_probs) for s in scores} if names else {}
-    results = {}
-    for name in names:
-        out_logits = outputs[f"ood/{name}"]
-        member_outputs = (out_logits, out_logits.softmax(dim=-1))
-        results.update(_ood_keys(name, in_scores, member_outputs, scores, ood_score=scores))
+    results = _kept_ood_results(outputs, test.softmax(dim=-1), scores, scores)
     if "val" in outputs:
         generator = torch.Generator().manual_seed(0)
         for score in CONFORMAL_SCORES:
@@ -420,18 +407,22 @@ def posthoc_metrics(
     return results
 
 
-def _check_outputs(outputs: Mapping[str, Tensor]) -> None:
-    """Kept logits of one model: ``test`` (M, N, K) floats, and every other set's logits of
-    that M and K, each but the OOD sets with labels of their N, every logit finite (OOD logits
-    of another K or M had been scored against the test set, an AUROC near 0; validation logits
-    without labels had been a KeyError, integer logits a NotImplementedError from torch); −inf
-    is a logit of probability 0, allowed.
+def _kept_ood_results(outputs, test_probs, scores, ood_score) -> dict[str, float]:
+    """:func:`_ood_keys` of every kept ``"ood/<name>"`` against the kept test set."""
+    test = outputs["test"]
+    names = [key.removeprefix("ood/") for key in outputs if key.startswith("ood/")]
+    in_scores = {s: _score(s, test, test_probs) for s in scores} if names else {}
+    results = {}
+    for name in names:
+        out_logits = outputs[f"ood/{name}"]
+        member_outputs = (out_logits, out_logits.softmax(dim=-1))
+        results.update(_ood_keys(name, in_scores, member_outputs, scores, ood_score))
+    return results
 
-    Raises:
-        ValueError: a set's logits or labels of another shape or kind, missing labels, or
-            logits that are NaN or +inf, named with the set.
-        KeyError: no ``"test"`` or ``"test_labels"``.
-    """
+
+def _check_outputs(outputs: Mapping[str, Tensor]) -> None:
+    """Kept logits of one model: ``test`` (M, N, K) floats, every other set's of that M and K,
+    each but the OOD sets with labels of their N, none NaN or +inf (−inf is allowed)."""
     test, _ = outputs["test"], outputs["test_labels"]
     if not isinstance(test, Tensor) or test.dim() != 3 or not test.is_floating_point():
         got = (
@@ -481,7 +472,7 @@ def _ood_results(
     model, ood_sets, member_outputs, scores, ood_score, device, keep_logits=None
 ) -> dict[str, float]:
     """``ood/<name>/[<score>/]{auroc,aupr,fpr95}`` of every OOD set against the test set's
-    member (logits, probabilities), each (M, N, K), whose scores are computed once per score."""
+    member (logits, probabilities)."""
     M, _, K = member_outputs[0].shape
     in_scores = {s: _score(s, *member_outputs) for s in scores} if ood_sets else {}
     results = {}
@@ -502,9 +493,8 @@ def _ood_keys(
     scores: Sequence[str],
     ood_score: str | Sequence[str],
 ) -> dict[str, float]:
-    """``ood/<name>/[<score>/]{auroc,aupr,fpr95}`` of one OOD set's member (logits,
-    probabilities) against the test set's ``in_scores``; the score in the key where
-    ``ood_score`` is a list, as :func:`evaluate` names them."""
+    """``ood/<name>/[<score>/]{auroc,aupr,fpr95}`` of one OOD set against the test set's
+    ``in_scores``; the score in the key where ``ood_score`` is a list."""
     results = {}
     for score in scores:
         prefix = f"ood/{name}/" if isinstance(ood_score, str) else f"ood/{name}/{score}/"
@@ -517,20 +507,14 @@ def _ood_keys(
 def _shift_results(
     model, shifted, members_classes, num_bins, device, keep_logits=None
 ) -> dict[str, float]:
-    """``shift/<name>/<s>/<metric>`` of every corrupted set, their means per severity
-    (``shift/severity/<s>/…``) and over all (``shift/mean/…``); ``keep_logits`` receives each
-    set's member logits and labels as ``shift/<name>/<s>`` and ``shift/<name>/<s>_labels``."""
+    """The metrics of every corrupted set and their means (:func:`_shift_summary`)."""
     per_set: dict[tuple[str, int], dict[str, float]] = {}
     for (name, severity), loader in shifted.items():
         what = f"corruption {name!r} at severity {severity}"
-        logits, shift_labels = _collect(model, loader, device, what=what, logits=True)
-        if shift_labels is None:
-            raise ValueError(f"{what}: the loader yielded batches without labels")
-        probs = logits.softmax(dim=-1)  # what _collect computes without logits=True
-        if keep_logits is not None:
-            keep_logits[f"shift/{name}/{severity}"] = logits
-            keep_logits[f"shift/{name}/{severity}_labels"] = shift_labels
-        _check_same_members(probs, *members_classes, what)
+        key = f"shift/{name}/{severity}"
+        _, probs, shift_labels = _collect_labelled(
+            model, loader, device, what, members_classes, keep_logits, key
+        )
         per_set[(name, severity)] = _shift_metrics(probs, shift_labels, num_bins)
     return _shift_summary(per_set, "shift")
 
@@ -562,8 +546,7 @@ def _check_same_members(member_probs: Tensor, num_members: int, num_classes: int
 
 def temperature_scaled_metrics(outputs: Mapping[str, Tensor]) -> dict[str, float]:
     """``test_ts/<metric>``: the test metrics after temperature scaling fitted on the
-    validation logits (one T for every member, the ensemble's mean of softmaxes), and
-    ``test_ts/temperature``; the baseline a user would try first.
+    validation logits, and ``test_ts/temperature``.
 
     Args:
         outputs: the dict ``evaluate(..., keep_logits=outputs)`` filled, with a validation
@@ -598,11 +581,8 @@ def temperature_scaled_metrics(outputs: Mapping[str, Tensor]) -> dict[str, float
 def _kept_set_metrics(
     outputs: Mapping[str, Tensor], apply: Any = None, tail: str = "", num_bins: int = 15
 ) -> dict[str, float]:
-    """The metrics of :data:`SHIFT_METRICS` of the kept corrupted and domain sets
-    (``shift/<name>/<s>``, ``domain/<name>`` and their labels), after ``apply`` (a calibrator
-    fitted in-domain; None: the logits as kept): ``domain<tail>/<name>/<metric>`` and
-    ``shift<tail>/<name>/<s>/<metric>`` with their means per severity and over all, as
-    :func:`evaluate` reports the raw ones (``tail`` ``"_ts"`` for temperature scaling)."""
+    """``domain<tail>/…`` and ``shift<tail>/…`` metrics of the kept corrupted and domain sets,
+    after ``apply`` (a calibrator fitted in-domain; None: the logits as kept)."""
     results: dict[str, float] = {}
     per_set: dict[tuple[str, int], dict[str, float]] = {}
     for key in sorted(outputs):
@@ -694,11 +674,7 @@ def calibrated_metrics(
 
 
 def _check_calibrators(calibrators: str | Sequence[str]) -> list[str]:
-    """``calibrators`` as a list of names of :data:`CALIBRATED_PREFIXES`, each once.
-
-    Raises:
-        ValueError: an unknown name, or one listed twice; the message lists the choices.
-    """
+    """``calibrators`` as a list of names of :data:`CALIBRATED_PREFIXES`, each once."""
     names = [calibrators] if isinstance(calibrators, str) else list(calibrators)
     choices = list(CALIBRATED_PREFIXES)
     for name in names:
@@ -713,10 +689,8 @@ def stack_members(outputs: Sequence[Mapping[str, Tensor]]) -> dict[str, Tensor]:
     """One ensemble's kept logits from the kept logits of models trained apart: each set's
     member logits concatenated on the member dimension, its labels checked equal.
 
-    The deep ensemble as the field runs it is M models trained one by one (on other machines,
-    under other seeds) and evaluated one by one; stacking their ``keep_logits`` dicts (or
-    engine runs' ``outputs.npz``) makes the dict one ensemble of all their members would
-    have kept, ready for :func:`logit_metrics`.
+    Stacking the ``keep_logits`` dicts of M models trained apart (a deep ensemble) makes the
+    dict one ensemble of all their members would have kept, ready for :func:`logit_metrics`.
 
     Args:
         outputs: two or more dicts as ``evaluate(..., keep_logits=...)`` fills them:
@@ -801,16 +775,10 @@ def logit_metrics(
     scores = _check_scores(ood_score)
     _check_num_bins(num_bins)
     _check_outputs(outputs)
-    test, labels = outputs["test"], outputs["test_labels"]
-    test_probs = test.softmax(dim=-1)
-    results = {f"test/{k}": v for k, v in ensemble_metrics(test_probs, labels, num_bins).items()}
-    names = [key.removeprefix("ood/") for key in outputs if key.startswith("ood/")]
-    in_scores = {s: _score(s, test, test_probs) for s in scores} if names else {}
-    for name in names:
-        out_logits = outputs[f"ood/{name}"]
-        _check_same_members(out_logits, *test.shape[::2], f"OOD set {name!r}")
-        member_outputs = (out_logits, out_logits.softmax(dim=-1))
-        results.update(_ood_keys(name, in_scores, member_outputs, scores, ood_score))
+    test_probs = outputs["test"].softmax(dim=-1)
+    values = ensemble_metrics(test_probs, outputs["test_labels"], num_bins)
+    results = {f"test/{k}": v for k, v in values.items()}
+    results.update(_kept_ood_results(outputs, test_probs, scores, ood_score))
     results.update(_kept_set_metrics(outputs, num_bins=num_bins))
     results.update(
         held_out_metrics(
@@ -834,9 +802,8 @@ def held_out_metrics(
 ) -> dict[str, float]:
     """What a run reports beyond :func:`evaluate`'s test and OOD metrics, from kept logits:
     with a validation split (``"val"``, ``"val_labels"``), its metrics (``val/<metric>``) and
-    the post-hoc calibrators fitted on it (:func:`calibrated_metrics`: temperature scaling by
-    default); and always :func:`posthoc_metrics`. The engine's final evaluation,
-    :func:`logit_metrics` and a run evaluated again all compose their results with it.
+    the post-hoc calibrators fitted on it (:func:`calibrated_metrics`); and always
+    :func:`posthoc_metrics`.
 
     Args:
         outputs: as :func:`posthoc_metrics` takes them.
