@@ -61,9 +61,8 @@ _CHUNK = 1 << 20
 
 
 class FileRefusedError(OSError):
-    """A file snens will not read or write: a link, a FIFO or device, a file of several names,
-    too large, or outside the directory it belongs to. The message names it and the fix;
-    ``errno`` says which (``ELOOP`` a link, ``EFBIG`` too large, ``EINVAL`` the others)."""
+    """A file snens will not read or write (a link, a special file, too large, …); the message
+    names it and the fix, ``errno`` says which (``ELOOP``, ``EFBIG``, ``EINVAL``)."""
 
     def __init__(self, message: str, code: int = errno.EINVAL) -> None:
         super().__init__(message)
@@ -128,7 +127,7 @@ def open_atomic(
     Raises:
         FileExistsError: ``exclusive`` and something is at ``path``.
         OSError: the directory is missing or not writable, the disk is full, …; the message
-            names ``path``. The temporary is removed and ``path`` is left as it was.
+            names ``path``, which is left as it was.
     """
     path = Path(path)
     try:
@@ -171,8 +170,7 @@ def write_bytes(
     Args:
         path: the destination; its directory must exist.
         data: the whole content.
-        exclusive: put the file in place only where nothing is at ``path``: of two processes
-            writing the same new file at once, exactly one succeeds.
+        exclusive: put the file in place only where nothing is at ``path``.
         mode: the file's permission bits; default ``0o600`` (its owner alone).
 
     Returns:
@@ -196,14 +194,13 @@ def write_text(
     mode: int | None = None,
     errors: str = "strict",
 ) -> Path:
-    """:func:`write_bytes` of ``text`` in UTF-8 (``errors`` as ``str.encode`` takes it:
-    ``"surrogateescape"`` writes a path read from undecodable bytes back as those bytes)."""
+    """:func:`write_bytes` of ``text`` in UTF-8 (``errors`` as ``str.encode`` takes it)."""
     return write_bytes(path, text.encode("utf-8", errors), exclusive=exclusive, mode=mode)
 
 
 def savez(path: str | os.PathLike, arrays: Mapping[str, Any], *, mode: int | None = None) -> Path:
     """``np.savez_compressed`` of ``arrays`` (NumPy arrays, tensors or scalars) to ``path``
-    through :func:`write_bytes`: a killed writer leaves no file that reads as written."""
+    through :func:`write_bytes`."""
     import numpy as np
 
     def numpy(value: Any) -> Any:
@@ -502,8 +499,7 @@ def read_bytes(
 
 
 def sha256(path: str | os.PathLike, *, limit: int, follow_links: bool = False) -> str:
-    """The SHA-256 of the regular file ``path``, read in blocks (never whole in memory), with
-    the checks of :func:`read_bytes`.
+    """The SHA-256 of the regular file ``path``, read in blocks, with :func:`read_bytes`' checks.
 
     Raises:
         The errors of :func:`read_bytes`.
@@ -529,9 +525,8 @@ def sha256(path: str | os.PathLike, *, limit: int, follow_links: bool = False) -
 
 def inside(directory: str | os.PathLike, name: str) -> Path:
     """``directory / name`` for a ``name`` read from a file, refused where it leads out of
-    ``directory``: an absolute path, a ``..`` component, or a folder in it that is a link out.
-    The file itself may be a link (a Hugging Face Hub cache's snapshot holds links to its
-    blobs): whoever can put one in the directory can change the file itself.
+    ``directory`` (an absolute path, a ``..``, a folder in it that links out). The file itself
+    may be a link (a Hugging Face Hub snapshot holds links to its blobs).
 
     Raises:
         ValueError: ``name`` is not a plain relative name inside ``directory``.

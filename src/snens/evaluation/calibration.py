@@ -1,19 +1,8 @@
 """Post-hoc calibration of an ensemble's prediction, fitted on a validation split.
 
-Temperature scaling (Guo et al., 2017): one scalar T > 0 divides every member's logits; it is
-chosen to minimize the negative log-likelihood of the ensemble's prediction on held-out
-**validation** data:
-
-    T* = argmin_T  −(1/N) Σ_i log p̄_T(y_i | x_i)
-
-with, by ``mode``,
-
-* ``"mean_of_softmax"`` (the ensemble's prediction everywhere in snens):
-  p̄_T = (1/M) Σ_m softmax(z_m / T);
-* ``"logits"`` (logit averaging): p̄_T = softmax(((1/M) Σ_m z_m) / T).
-
-For one model (M = 1) both are ordinary temperature scaling. Fit on a validation split, never
-on the test set.
+Temperature scaling (Guo et al., 2017): one scalar T > 0 divides every member's logits, chosen
+to minimize the NLL of the ensemble's prediction on held-out **validation** data (never the
+test set); see :func:`fit_temperature`.
 
 Every calibrator behind one interface, :func:`fit_calibrator` (validation logits → a frozen
 :class:`Calibrator`, whose :meth:`~Calibrator.apply` maps test logits to calibrated logits):
@@ -140,8 +129,7 @@ def fit_temperature(
 
     Returns:
         T as a float; apply it with :class:`TemperatureScaled`. A warning is issued when the
-        optimum lies at a bound of [0.01, 100] (e.g. every validation example already right
-        with margin: the NLL keeps falling as T -> 0).
+        optimum lies at a bound of [0.01, 100].
 
     Shape:
         logits: (M, N, K) or (N, K). labels: (N,).
@@ -292,8 +280,7 @@ class Calibrator:
 
     Shape:
         apply: logits (M, N, K) or (N, K) -> calibrated logits (M, N, K), or (1, N, K) for
-        calibrators of the ensemble prediction (histogram binning, temperature in ``"logits"``
-        mode), in the dtype of the input.
+        calibrators of the ensemble prediction, in the dtype of the input.
     """
 
     method: ClassVar[str] = ""
@@ -483,9 +470,8 @@ class HistogramBinning(Calibrator):
     member (1, N, K).
 
     Args:
-        edges: the B − 1 inner bin edges of each class (the validation values of p̄_k of rank
-            ⌊jN/B⌋, j = 1..B−1); a value x falls in the bin whose index is the number of
-            edges <= x.
+        edges: the B − 1 inner bin edges of each class; a value x falls in the bin whose index
+            is the number of edges <= x.
         values: θ.
 
     Shape:

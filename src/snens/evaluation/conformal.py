@@ -297,11 +297,9 @@ def calibrate(
         logits: (M, n, K) or (n, K). labels: (n,).
 
     Raises:
-        TypeError: non-floating logits, non-integer labels or alpha, a non-int ``k_reg``, a
-            ``randomized`` that is not a bool or None.
-        ValueError: α outside (0, 1); an unknown score; ``randomized=True`` with THR;
-            ``penalty`` or ``k_reg`` with a score other than RAPS, or out of range; bad shapes,
-            labels out of range, NaN or +inf logits; a calibration split smaller than
+        TypeError: an argument of the wrong type (each named).
+        ValueError: α outside (0, 1); an unknown score; options the score does not take or
+            out of range; bad logits or labels; a calibration split smaller than
             :func:`min_calibration_size` (``alpha``).
 
     >>> g = torch.Generator().manual_seed(0)
@@ -517,10 +515,8 @@ class ResampledCoverage:
     examples (:func:`resampled_coverage`).
 
     Attributes:
-        coverage: the mean over the splits of each split's test coverage — close to 1 − α, as
-            the guarantee is over the draw of the calibration split.
-        coverage_std: its standard deviation over the splits: how far the coverage of sets
-            calibrated on one sample of ``calibration_size`` may fall from the mean.
+        coverage: the mean over the splits of each split's test coverage.
+        coverage_std: its standard deviation over the splits.
         size: the mean set size over the splits.
         splits: the number of random splits.
         calibration_size: the examples calibrated on in each split; the rest are measured.

@@ -1,24 +1,11 @@
 """The field's evaluation protocol for any model honouring (B, …) -> logits (M, B, K).
 
 One pass per data set: :func:`collect` runs the model batch by batch in eval mode and keeps
-only the members' outputs (M, N, K) on the CPU, never the inputs. Every number is then
-computed from them by :mod:`snens.metrics`:
-
-* ``test/…``: accuracy, NLL, Brier, ECE (equal-width bins), adaptive and class-wise ECE, AURC
-  of the ensemble mean (the mean of member softmaxes); disagreement, predictive (total) and
-  expected (aleatoric) entropy, mutual information (epistemic: in σN-Ens the modulation
-  uncertainty), member correlation (NaN for one member); member accuracy, NLL and ECE
-  averaged over members; the number of members (:func:`ensemble_metrics`).
-* ``ood/<name>/…``: AUROC, AUPR and FPR@95%TPR of the test set against each OOD set, OOD the
-  positive class, with one score of :data:`snens.metrics.OOD_SCORES` (from probabilities) or
-  :data:`snens.metrics.LOGIT_OOD_SCORES` (from logits: max logit, energy).
-* ``shift/<name>/<severity>/…``: accuracy, NLL, ECE, Brier on each corrupted copy of the test
-  set; ``shift/severity/<s>/…`` their mean over corruption names at severity s, and
-  ``shift/mean/…`` the mean over every (name, severity).
-
-:func:`posthoc_metrics` adds what the logits kept by :func:`evaluate` (``keep_logits``) and a
-validation split give without another pass: more OOD scores, and split-conformal prediction
-sets calibrated on the validation split (:mod:`snens.evaluation.conformal`).
+only the members' outputs (M, N, K) on the CPU. Every number is then computed from them by
+:mod:`snens.metrics`: ``test/…`` (:func:`ensemble_metrics`), ``ood/<name>/…`` (AUROC, AUPR and
+FPR@95%TPR, OOD positive) and ``shift/<name>/<severity>/…`` with their means per severity and
+over all. :func:`posthoc_metrics` adds what the kept logits and a validation split give
+without another pass: more OOD scores and split-conformal prediction sets.
 """
 
 from __future__ import annotations
@@ -57,8 +44,7 @@ SHIFT_METRICS = ("accuracy", "nll", "ece", "brier")
 """The metrics reported per corruption, per severity and on average."""
 
 CONFORMAL_SCORES = ("thr", "aps")
-"""The conformal scores :func:`posthoc_metrics` reports: the smallest sets (THR) and the sets
-adapting to uncertainty (randomized APS)."""
+"""The conformal scores :func:`posthoc_metrics` reports (THR and randomized APS)."""
 
 _SEVERITIES = range(1, 6)
 _SCORE_NAMES = sorted([*metrics.OOD_SCORES, *metrics.LOGIT_OOD_SCORES])
@@ -93,9 +79,8 @@ def ensemble_metrics(member_probs: Any, labels: Any, num_bins: int = 15) -> dict
         member_probs: (M, N, K). labels: (N,).
 
     Raises:
-        TypeError, ValueError: as :mod:`snens.metrics` does: probabilities that are not
-            floating point, not (M, N, K) or whose rows do not sum to 1; labels that are not
-            integers, not (N,) or out of range; ``num_bins`` not an int >= 1.
+        TypeError, ValueError: as :mod:`snens.metrics` does (bad probabilities or labels);
+            ``num_bins`` not an int >= 1.
     """
     member_probs = torch.as_tensor(member_probs)
     if member_probs.dim() != 3:
@@ -286,11 +271,8 @@ def evaluate(
             (e.g. built with ``snens.data.corruptions``).
         domains: ``{name: loader}`` of labelled test sets of another domain with the same
             classes (``(x, y)`` batches): accuracy and calibration under domain shift.
-        ood_score: one of ``snens.metrics.OOD_SCORES``: ``"msp"`` (1 − max p̄),
-            ``"entropy"`` (H[p̄]) or ``"mutual_information"``, or of
-            ``snens.metrics.LOGIT_OOD_SCORES``: ``"max_logit"`` (−max_k z̄_k) or ``"energy"``
-            (−log Σ_k exp z̄_k), z̄ the members' mean logit; or a list of them, each scored
-            from the same pass (keys ``ood/<name>/<score>/…``).
+        ood_score: one of ``snens.metrics.OOD_SCORES`` or ``snens.metrics.LOGIT_OOD_SCORES``,
+            or a list of them, each scored from the same pass (keys ``ood/<name>/<score>/…``).
         num_bins: bins of the ECEs; 15 is the field's convention.
         device: where inputs go, by default the model's device.
         keep_logits: a dict that receives the member logits (M, N, K) of the pass over each
@@ -304,7 +286,6 @@ def evaluate(
         ``"shift/<name>/<severity>/<metric>"``, ``"shift/severity/<s>/<metric>"``,
         ``"shift/mean/<metric>"``, ``"domain/<name>/<metric>"`` (metrics of
         :data:`SHIFT_METRICS`).
-        ``"test/member_correlation"`` is NaN for a single member.
 
     Raises:
         ValueError: an unknown ``ood_score``; a severity outside 1..5 or a malformed
@@ -563,8 +544,7 @@ def temperature_scaled_metrics(outputs: Mapping[str, Tensor]) -> dict[str, float
     Raises:
         KeyError: ``outputs`` without one of those four keys.
         TypeError, ValueError: validation logits or labels that
-            :func:`~snens.evaluation.calibration.fit_temperature` refuses (non-floating logits,
-            non-integer labels, bad shapes, labels out of range, NaN or +inf logits).
+            :func:`~snens.evaluation.calibration.fit_temperature` refuses.
     """
     with warnings.catch_warnings():  # a T at the search's bound is reported, not warned
         warnings.simplefilter("ignore")
@@ -635,10 +615,8 @@ def calibrated_metrics(
     outputs: Mapping[str, Tensor], calibrators: str | Sequence[str] = ("temperature",)
 ) -> dict[str, float]:
     """The test metrics after each post-hoc calibrator of ``calibrators``, fitted on the
-    validation logits and applied to the test logits
-    (:func:`~snens.evaluation.calibration.fit_calibrator`, its default options), keyed
-    ``<prefix>/<metric>`` by :data:`CALIBRATED_PREFIXES` (``test_ts/nll``, ``test_vs/ece``, …);
-    temperature also gives ``test_ts/temperature`` (:func:`temperature_scaled_metrics`).
+    validation logits with its default options, keyed ``<prefix>/<metric>`` by
+    :data:`CALIBRATED_PREFIXES`; temperature also gives ``test_ts/temperature``.
 
     Args:
         outputs: the dict ``evaluate(..., keep_logits=outputs)`` filled, with a validation
@@ -701,8 +679,7 @@ def stack_members(outputs: Sequence[Mapping[str, Tensor]]) -> dict[str, Tensor]:
         The same keys: logits (ΣM, N, K), labels (N,).
 
     Raises:
-        ValueError: fewer than two dicts; dicts with different keys, or labels, or numbers
-            of examples or classes for one set (models evaluated on different data).
+        ValueError: fewer than two dicts, or dicts of different sets, labels or shapes.
         KeyError: no ``"test"`` or ``"test_labels"``.
     """
     if isinstance(outputs, Mapping) or len(outputs) < 2:
@@ -753,10 +730,8 @@ def logit_metrics(
     calibrators: str | Sequence[str] = ("temperature",),
     num_bins: int = 15,
 ) -> dict[str, float]:
-    """The metrics a run's final evaluation reports, from kept logits alone: what
-    :func:`evaluate` gives on the test and OOD sets (with the same ``ood_score`` keys), the
-    validation split's, the post-hoc calibrators fitted on it and :func:`posthoc_metrics`
-    (:func:`held_out_metrics`), and those of the corrupted and domain sets it kept.
+    """The metrics a run's final evaluation reports, from kept logits alone: :func:`evaluate`'s
+    (with the same ``ood_score`` keys) and :func:`held_out_metrics`.
 
     Args:
         outputs: as :func:`posthoc_metrics` takes them, e.g. :func:`stack_members`' result.
