@@ -57,6 +57,15 @@ class TextSplit(NamedTuple):
     test_labels: list[int]
 
 
+def _csv_rows(content: str, path: os.PathLike, columns: Sequence[str]) -> csv.DictReader:
+    """The rows of a CSV file's text, after checking its header holds ``columns``."""
+    reader = csv.DictReader(io.StringIO(content, newline=""))
+    missing = [c for c in columns if c not in (reader.fieldnames or ())]
+    if missing:
+        raise ValueError(f"{path}: missing columns {missing}, found {reader.fieldnames}")
+    return reader
+
+
 def load_rotten_tomatoes(
     root: str | os.PathLike | None = None, *, deduplicate: bool = True
 ) -> RottenTomatoes:
@@ -90,12 +99,7 @@ def load_rotten_tomatoes(
         what="Rotten Tomatoes corpus",
     )
     with bz2.open(path, "rb") as f:
-        content = f.read().decode("utf-8")
-    reader = csv.DictReader(io.StringIO(content, newline=""))
-    missing = [c for c in _COLUMNS if c not in (reader.fieldnames or ())]
-    if missing:
-        raise ValueError(f"{path}: missing columns {missing}, found {reader.fieldnames}")
-
+        reader = _csv_rows(f.read().decode("utf-8"), path, _COLUMNS)
     texts, labels, ood_texts = [], [], []
     seen: dict[str, set[str]] = {"fresh": set(), "rotten": set(), "plot": set()}
     for line, row in enumerate(reader, start=2):
