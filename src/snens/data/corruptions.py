@@ -542,9 +542,8 @@ def corrupt(images: torch.Tensor, name: str, severity: int, *, seed: int = 0) ->
         images: ``(N, C, H, W)`` with C ∈ {1, 3} and H, W ≥ 28; the output likewise.
 
     Raises:
-        ValueError: unknown ``name`` (the message lists the valid ones), ``severity`` not an
-            integer in 1..5, a negative seed, a shape that is not (N, 1 or 3, ≥28, ≥28), float
-            values outside [0, 1], ``saturate`` on 1 channel.
+        ValueError: unknown ``name``, ``severity`` not in 1..5, a negative seed, a shape that
+            is not (N, 1 or 3, ≥28, ≥28), values outside [0, 1], ``saturate`` on 1 channel.
         TypeError: not a tensor, or a dtype other than float or uint8.
         ImportError: ``jpeg_compression`` without Pillow.
     """

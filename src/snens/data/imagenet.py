@@ -191,12 +191,10 @@ class ImageFolder(Dataset):
     Raises:
         FileNotFoundError: ``root`` missing, without class folders, or with a class folder
             holding no usable image (named).
-        ValueError: ``root`` holds images but no class folders (an unsorted validation set);
-            a class folder that is a link back into the tree, a link that cannot be
-            followed, or the same folder as another class; an unknown ``on_bad_image``.
+        ValueError: images but no class folders; a class folder that cannot be read as one;
+            an unknown ``on_bad_image``.
         OSError: a folder of the tree cannot be listed (named, with the fix).
-        BadImageError: with ``on_bad_image="raise"``, zero-byte files, or (with ``scan``)
-            undecodable ones; the message lists them.
+        BadImageError: with ``on_bad_image="raise"``, bad files found at construction.
         ImportError: Pillow is not installed.
     """
 

@@ -202,11 +202,8 @@ class TensorLoader:
         ``(M·B, …)`` each with ``member_orders=M``.
 
     Raises:
-        ValueError: non-positive or non-int ``batch_size``, images and labels of different
-            lengths (both named), an empty data set, ``drop_last`` with ``batch_size`` > N,
-            an unknown augmentation, crop on inputs that are not (N, C, H, W), or
-            ``mean``/``std`` on token ids, ``member_orders`` not an int in
-            [1, 1024] or above 1 without ``shuffle``.
+        ValueError: a bad size or option (each named), images and labels of different
+            lengths, an empty data set, or an option that does not apply to the inputs.
     """
 
     def __init__(
