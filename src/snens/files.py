@@ -1,34 +1,18 @@
 """Files written and read one way: never through a link, never more than was meant.
 
-**Writing.** Every file snens writes — run files, checkpoints, reports, plots, CSVs, saves,
-caches — goes through :func:`write_bytes` (or :func:`open_atomic`, its streaming form):
+**Writing.** Every file snens writes goes through :func:`write_bytes` (or :func:`open_atomic`,
+its streaming form): a temporary ``.<name>.<random>.tmp`` beside the destination, created with
+``O_CREAT | O_EXCL | O_NOFOLLOW``, is written, fsynced, renamed over the destination
+(``os.replace``; ``os.link`` when ``exclusive``) and the directory fsynced. A failure removes
+the temporary and leaves the destination as it was. Appending goes through
+:func:`open_append` (a regular file of one name, never a link); a library that writes a
+directory itself writes into :func:`staged_directory`. ``tests/test_files.py`` fails on a write
+site that bypasses these.
 
-1. a temporary file beside the destination, ``.<name>.<random>.tmp``, created with
-   ``O_CREAT | O_EXCL | O_NOFOLLOW``: a unique name no other process chose, and never a link
-   or an existing file opened in its place (a fixed name like ``sweep.csv.tmp`` had been
-   followed through a link planted there);
-2. written, flushed and fsynced;
-3. renamed over the destination (``os.replace``: a link at the destination is replaced, never
-   written through), or with ``exclusive`` linked to it (``os.link`` fails where any file or
-   link is);
-4. the directory fsynced, so the rename survives a power cut.
-
-A failure at any step removes the temporary and leaves the destination as it was. Appending
-(``metrics.jsonl``, a download's ``.part``) goes through :func:`open_append`: opened with
-``O_NOFOLLOW | O_NONBLOCK`` and written only if ``fstat`` finds a regular file of one name (a
-``metrics.jsonl`` link planted in a shared run directory had taken the epoch records). A
-library that writes a directory itself (``save_pretrained``) writes into
-:func:`staged_directory`, a private directory whose files are then renamed into place.
-``tests/test_files.py`` lists every write site of the package and fails on one that bypasses
-these.
-
-**Reading.** A file a user (or another process) may have put in place is read by
-:func:`read_bytes`: opened with ``O_NOFOLLOW | O_NONBLOCK`` (a FIFO never blocks, a link is
-refused; ``follow_links=True`` for a path the user gave by hand), checked by ``fstat`` to be a
-regular file of at most ``limit`` bytes before a byte is read. :func:`inside` refuses a name
-read from a file (a shard named in an index) that leads out of its directory, and
-:func:`load_npz` checks what every member of an ``.npz`` archive declares it inflates to
-before inflating any.
+**Reading.** :func:`read_bytes` opens with ``O_NOFOLLOW | O_NONBLOCK`` and checks by ``fstat``
+for a regular file of at most ``limit`` bytes before a byte is read. :func:`inside` refuses a
+name read from a file that leads out of its directory; :func:`load_npz` checks what every
+member of an ``.npz`` archive declares it inflates to before inflating any.
 """
 
 from __future__ import annotations
@@ -77,9 +61,8 @@ _CHUNK = 1 << 20
 
 
 class FileRefusedError(OSError):
-    """A file snens will not read or write: a link, a FIFO or device, a file of several names,
-    too large, or outside the directory it belongs to. The message names it and the fix;
-    ``errno`` says which (``ELOOP`` a link, ``EFBIG`` too large, ``EINVAL`` the others)."""
+    """A file snens will not read or write (a link, a special file, too large, …); the message
+    names it and the fix, ``errno`` says which (``ELOOP``, ``EFBIG``, ``EINVAL``)."""
 
     def __init__(self, message: str, code: int = errno.EINVAL) -> None:
         super().__init__(message)
@@ -121,8 +104,7 @@ def _temporary(path: Path, mode: int | None) -> tuple[int, Path]:
 
 
 def _cannot_write(path: Path, error: OSError) -> OSError:
-    """``error`` with a message naming ``path`` and not the temporary (a directory at ``path``
-    had been named as "'.<name>.<random>.tmp' -> '<path>'")."""
+    """``error`` with a message naming ``path``, not the temporary."""
     named = type(error)(error.errno, f"cannot write {path}: {error.strerror or error}")
     named.__cause__ = error
     return named
@@ -134,9 +116,8 @@ def open_atomic(
 ) -> Iterator[IO[bytes]]:
     """A binary file whose content becomes ``path``, whole, when the block ends without error.
 
-    The writing side of :func:`write_bytes`, for writers that take a file object
-    (``figure.savefig(file)``, ``torch.save(obj, file)``): the block writes a unique temporary
-    beside ``path``, which is then fsynced and renamed over it (see the module docstring).
+    The streaming form of :func:`write_bytes`, for writers that take a file object
+    (``figure.savefig(file)``, ``torch.save(obj, file)``).
 
     Args:
         path: the destination; its directory must exist.
@@ -146,7 +127,7 @@ def open_atomic(
     Raises:
         FileExistsError: ``exclusive`` and something is at ``path``.
         OSError: the directory is missing or not writable, the disk is full, …; the message
-            names ``path``. The temporary is removed and ``path`` is left as it was.
+            names ``path``, which is left as it was.
     """
     path = Path(path)
     try:
@@ -189,8 +170,7 @@ def write_bytes(
     Args:
         path: the destination; its directory must exist.
         data: the whole content.
-        exclusive: put the file in place only where nothing is at ``path``: of two processes
-            writing the same new file at once, exactly one succeeds.
+        exclusive: put the file in place only where nothing is at ``path``.
         mode: the file's permission bits; default ``0o600`` (its owner alone).
 
     Returns:
@@ -214,14 +194,13 @@ def write_text(
     mode: int | None = None,
     errors: str = "strict",
 ) -> Path:
-    """:func:`write_bytes` of ``text`` in UTF-8 (``errors`` as ``str.encode`` takes it:
-    ``"surrogateescape"`` writes a path read from undecodable bytes back as those bytes)."""
+    """:func:`write_bytes` of ``text`` in UTF-8 (``errors`` as ``str.encode`` takes it)."""
     return write_bytes(path, text.encode("utf-8", errors), exclusive=exclusive, mode=mode)
 
 
 def savez(path: str | os.PathLike, arrays: Mapping[str, Any], *, mode: int | None = None) -> Path:
     """``np.savez_compressed`` of ``arrays`` (NumPy arrays, tensors or scalars) to ``path``
-    through :func:`write_bytes`: a killed writer leaves no file that reads as written."""
+    through :func:`write_bytes`."""
     import numpy as np
 
     def numpy(value: Any) -> Any:
@@ -242,8 +221,7 @@ def plain_mode(path: str | os.PathLike) -> int:
 
 
 def _umask() -> int:
-    """The process's umask, read where Linux shows it (setting it to read it would race with
-    other threads creating files); 0o022 elsewhere."""
+    """The umask, read from /proc (setting it to read it would race other threads); else 0o022."""
     try:
         with open("/proc/self/status", encoding="ascii", errors="replace") as status:
             for line in status:
@@ -288,12 +266,20 @@ def _open_nofollow(path: Path, flags: int, perm: int = 0o666) -> int:
         raise
 
 
+def _kind_if_not_regular(path: Path) -> str | None:
+    """After a failed open: what is at ``path`` in words, or None for a regular file (or none)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return None
+    return None if stat.S_ISREG(mode) else file_kind(mode)
+
+
 def open_append(path: str | os.PathLike, *, truncate: bool = False) -> IO[bytes]:
     """``path`` opened to append bytes (created if missing), never through a link.
 
-    Opened with ``O_NOFOLLOW | O_NONBLOCK`` and used only if ``fstat`` finds a regular file of
-    one name: a link, FIFO, device or second name of another file at ``path`` is refused and
-    left untouched.
+    A link, FIFO, device or second name of another file at ``path`` is refused and left
+    untouched.
 
     Args:
         path: the file.
@@ -314,12 +300,8 @@ def open_append(path: str | os.PathLike, *, truncate: bool = False) -> IO[bytes]
         raise
     except OSError as error:
         # a FIFO without a reader (ENXIO), a directory (EISDIR): named as what it is
-        try:
-            mode = os.lstat(path).st_mode
-        except OSError:
-            mode = stat.S_IFREG
-        if not stat.S_ISREG(mode):
-            raise _refused(path, file_kind(mode), "move it away, then try again") from None
+        if kind := _kind_if_not_regular(path):
+            raise _refused(path, kind, "move it away, then try again") from None
         raise _cannot_write(path, error) from error
     try:
         info = os.fstat(fd)
@@ -342,11 +324,9 @@ def staged_directory(directory: str | os.PathLike) -> Iterator[Path]:
     """A private empty directory for a writer that writes files by name (``save_pretrained``),
     whose files are renamed into ``directory`` when the block ends without error.
 
-    The staging directory is made inside ``directory`` (one file system) with mode ``0o700``:
-    no other user can plant a link in it, so the writer's plain ``open`` is safe there, and
-    each file then replaces the one of its name in ``directory`` by ``os.replace``, which never
-    follows a link at the destination. Subdirectories are made as needed; a link the writer
-    made is refused. On an error nothing is moved and the staging directory is removed.
+    The staging directory (mode ``0o700``, inside ``directory``) admits no link planted by
+    another user; each file then replaces its namesake by ``os.replace``. On an error nothing
+    is moved and the staging directory is removed.
 
     Args:
         directory: where the files go (created if missing).
@@ -453,21 +433,16 @@ def open_regular(path: str | os.PathLike, *, follow_links: bool = False) -> int:
         raise missing from None
     except OSError as error:
         # a link (ELOOP under O_NOFOLLOW), or a directory where opening one fails (Windows)
-        try:
-            mode = os.lstat(path).st_mode
-        except OSError:
-            mode = stat.S_IFREG
-        if not stat.S_ISREG(mode):
-            raise _not_readable(path, file_kind(mode)) from None
+        if kind := _kind_if_not_regular(path):
+            raise _not_readable(path, kind) from None
         raise type(error)(error.errno, f"cannot read {path}: {error.strerror}") from error
     try:
         mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise _not_readable(path, file_kind(mode))
     except BaseException:
         os.close(fd)
         raise
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        raise _not_readable(path, file_kind(mode))
     return fd
 
 
@@ -524,8 +499,7 @@ def read_bytes(
 
 
 def sha256(path: str | os.PathLike, *, limit: int, follow_links: bool = False) -> str:
-    """The SHA-256 of the regular file ``path``, read in blocks (never whole in memory), with
-    the checks of :func:`read_bytes`.
+    """The SHA-256 of the regular file ``path``, read in blocks, with :func:`read_bytes`' checks.
 
     Raises:
         The errors of :func:`read_bytes`.
@@ -551,9 +525,8 @@ def sha256(path: str | os.PathLike, *, limit: int, follow_links: bool = False) -
 
 def inside(directory: str | os.PathLike, name: str) -> Path:
     """``directory / name`` for a ``name`` read from a file, refused where it leads out of
-    ``directory``: an absolute path, a ``..`` component, or a folder in it that is a link out.
-    The file itself may be a link (a Hugging Face Hub cache's snapshot holds links to its
-    blobs): whoever can put one in the directory can change the file itself.
+    ``directory`` (an absolute path, a ``..``, a folder in it that links out). The file itself
+    may be a link (a Hugging Face Hub snapshot holds links to its blobs).
 
     Raises:
         ValueError: ``name`` is not a plain relative name inside ``directory``.
@@ -583,9 +556,8 @@ def load_npz(data: bytes, *, name: str | os.PathLike, limit: int) -> dict[str, A
     """The arrays of an ``.npz`` archive's bytes ``data``, inflated only after what every
     member declares was checked against ``limit``.
 
-    Each member's declared size (the zip directory's) and their total must be at most
-    ``limit`` bytes, and each member's ``.npy`` header must promise exactly the bytes it
-    declares (a header's shape allocates before the data is read); pickled arrays are refused.
+    Each ``.npy`` header must promise exactly the bytes its member declares (a header's shape
+    allocates before the data is read); pickled arrays are refused.
 
     Args:
         data: the archive's bytes.

@@ -1,15 +1,10 @@
 """Lock files held by a process for as long as it lives: ``fcntl.flock`` on the file.
 
-The kernel drops an ``flock`` when its process ends, however it ends, so a SIGKILL never
-leaves a lock that blocks the next run — no staleness rule, no liveness guess. The file names
-its holder (``host pid``) for the error message, and the holder removes it on release. Where
-``fcntl`` is missing (Windows) a lock is an ``O_EXCL`` file naming its process, taken over when
-that process is gone from this host.
-
-A lock file is opened without following a link (``O_NOFOLLOW``) and written only when it is a
-regular file of one name: in a shared directory a ``run.lock`` made a link to another file
-(or a FIFO, or a second name of one) would otherwise have its target truncated and
-overwritten with ``host pid``. Such a file is refused, naming it, and left as it is.
+The kernel drops an ``flock`` when its process ends, so a SIGKILL never leaves a stale lock.
+The file names its holder (``host pid``) for the error message. Where ``fcntl`` is missing
+(Windows) a lock is an ``O_EXCL`` file, taken over when its process is gone from this host.
+A lock file is opened without following a link and written only when it is a regular file of
+one name; anything else is refused, naming it, and left as it is.
 """
 
 from __future__ import annotations
@@ -30,11 +25,9 @@ except ImportError:  # Windows
 
 __all__ = ["LockHeldError", "holder", "hold", "process_alive"]
 
-# Where the platform has them (not Windows): never follow a link in the lock file's name, and
-# never block opening one (a FIFO opened for reading would wait for a writer).
+# never follow a link in the lock file's name, never block opening one (a FIFO would wait)
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
-# ``host pid`` is a few dozen bytes; a lock file is never read further.
 _MAX_HOLDER_BYTES = 1024
 
 

@@ -1,15 +1,9 @@
 """Data: the paper's data sets, packaged stand-ins, checksummed downloads, a batch loader.
 
-The paper's data, each downloaded on request from its official source with the checksum
-verified: CIFAR-10/100, CIFAR-10-C/100-C, SVHN, SST-2; ImageNet is read from a class-folder
-tree. CIFAR-10-C corruptions are generated on tensors when the released files are absent.
-Stand-ins that ship in packages, for machines without network access: Fashion-MNIST for
-CIFAR-10, MNIST-5k as image OOD, Rotten Tomatoes snippets for SST-2 with plot descriptions as
-near text OOD, and tweets as far text OOD.
-
-Loaders: :class:`TensorLoader` (a data set resident in device memory), :class:`TokenLoader`
-(texts tokenized once), :class:`FolderLoader` (image files read by DataLoader workers); all
-three draw epoch e from (seed, e) and shard a global batch across data-parallel ranks.
+The paper's data sets are downloaded on request from their official sources, checksummed
+(ImageNet is read from a class-folder tree); stand-ins that ship in packages serve machines
+without network access. :class:`TensorLoader`, :class:`TokenLoader` and :class:`FolderLoader`
+all draw epoch e from (seed, e) and shard a global batch across data-parallel ranks.
 """
 
 from .cifar import (

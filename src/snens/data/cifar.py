@@ -10,22 +10,14 @@ Layout under the data root (``root=``, else ``$SNENS_DATA``, else ``~/.cache/sne
     cifar-10-c/CIFAR-10-C.tar           and cifar-10-c/CIFAR-10-C/<corruption>.npy, labels.npy
     cifar-100-c/CIFAR-100-C.tar         and cifar-100-c/CIFAR-100-C/...
 
-Safety. The CIFAR batches are Python pickles, and unpickling runs whatever code the file
-names. Each batch file is therefore read into memory and its MD5 compared with the official
-value **before** it is unpickled; a file that does not match is refused with a
-:class:`ChecksumError`. Archives are MD5-checked before extraction, every member must be a
-plain file or directory inside the archive's one top folder (no absolute paths, no ``..``, no
-links or devices), and extraction uses ``tarfile``'s ``"data"`` filter into a temporary folder
-that is renamed into place only when complete. Before anything is written, the member headers
-are read and the archive is refused when it holds more than :data:`MAX_ARCHIVE_MEMBERS` members
-(2 000 000) or more than :data:`MAX_ARCHIVE_BYTES` uncompressed (256 GiB), or more than the
-free space of its folder; the limits are far above the official archives (CIFAR-10-C: 21
-members, 2.9 GB; even ImageNet's train set, 1.28 M files and 147 GB, passes) and are raised with
-the environment variables ``SNENS_MAX_ARCHIVE_MEMBERS`` and ``SNENS_MAX_ARCHIVE_BYTES``. The
-CIFAR-C arrays are ``.npy`` files read with ``allow_pickle=False``, which cannot run code.
-
-Checksums: the archive MD5s are those published with the data (Toronto's page, Zenodo); the
-per-batch MD5s are the ones torchvision pins.
+Safety. The CIFAR batches are Python pickles, so each batch's MD5 is compared with the
+official value (torchvision's) **before** it is unpickled; a mismatch is a
+:class:`ChecksumError`. Archives are MD5-checked, every member must be a plain file or
+directory inside the archive's one top folder, and the archive is refused above
+:data:`MAX_ARCHIVE_MEMBERS` members or :data:`MAX_ARCHIVE_BYTES` uncompressed (raised with
+``SNENS_MAX_ARCHIVE_MEMBERS`` and ``SNENS_MAX_ARCHIVE_BYTES``) or the free space; it is
+extracted into a temporary folder renamed into place when complete. The CIFAR-C arrays are
+read with ``allow_pickle=False``.
 """
 
 from __future__ import annotations
@@ -124,7 +116,7 @@ class _Source(NamedTuple):
 
 
 def _source(dataset: str) -> _Source:
-    # Looked up at call time so that tests (and mirrors) can replace the module constants.
+    # looked up at call time so that tests (and mirrors) can replace the module constants
     sources = {
         "cifar10": _Source("CIFAR-10", CIFAR10_URL, CIFAR10_MD5, "cifar-10", "cifar-10-batches-py"),
         "cifar100": _Source(
@@ -160,8 +152,7 @@ def _limit(env: str, default: int) -> int:
 
 def _check_members(tar: tarfile.TarFile, archive: Path, top: str) -> list[tarfile.TarInfo]:
     """The archive's members, after refusing anything that could land outside ``top/`` and an
-    archive over the member or byte limits (read member by member, so a huge index is not
-    read whole)."""
+    archive over the member or byte limits."""
     max_members = _limit(ARCHIVE_MEMBERS_ENV, MAX_ARCHIVE_MEMBERS)
     max_bytes = _limit(ARCHIVE_BYTES_ENV, MAX_ARCHIVE_BYTES)
     members, total = [], 0
@@ -226,11 +217,8 @@ def _extract_members(
 
 
 def _extract(archive: Path, top: str) -> Path:
-    """Extract ``archive`` (whose single top folder is ``top``) next to it; return that folder.
-
-    Extraction goes to a temporary folder beside the archive and is renamed into place, so an
-    interrupted or refused extraction leaves no partial ``top`` folder.
-    """
+    """Extract ``archive`` (whose single top folder is ``top``) next to it, through a temporary
+    folder renamed into place; return that folder."""
     target = archive.parent / top
     staging = Path(tempfile.mkdtemp(prefix=f".{top}-", dir=archive.parent))
     try:
@@ -256,12 +244,8 @@ def _extract(archive: Path, top: str) -> Path:
 
 
 def _locate(dataset: str, root, download: bool, required: tuple[str, ...]) -> Path:
-    """Folder holding the extracted files ``required``: found, extracted, or downloaded.
-
-    Search order: ``<data root>/<subdir>/<top>/``, then ``<data root>/<top>/``; then an
-    archive at ``<data root>/<subdir>/<archive>`` (MD5-checked, then extracted); then, with
-    ``download=True``, the official URL.
-    """
+    """Folder holding the extracted files ``required``: found (``<root>/<subdir>/<top>/``, then
+    ``<root>/<top>/``), extracted from a local archive, or downloaded."""
     source = _source(dataset)
     base = data_root(root)
     candidates = (base / source.subdir / source.top, base / source.top)
@@ -326,8 +310,7 @@ def _read_batches(
             )
         if label.shape != (data.shape[0],):
             raise ValueError(f"{path}: {data.shape[0]} images but labels of shape {label.shape}")
-        # Each row is 1024 red, 1024 green, 1024 blue bytes, each plane row-major 32×32.
-        images.append(data.reshape(-1, 3, 32, 32))  # (N, 3072) -> (N, 3, 32, 32)
+        images.append(data.reshape(-1, 3, 32, 32))  # rows of R, G, B planes, each 32×32
         labels.append(label)
     return torch.from_numpy(np.concatenate(images)), torch.from_numpy(np.concatenate(labels))
 
@@ -342,8 +325,7 @@ def load_cifar10(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Load CIFAR-10: 50 000 train / 10 000 test 32×32 colour images, 10 balanced classes.
 
-    Reads the official python version (``cifar-10-python.tar.gz``, 163 MiB). See the module
-    docstring for the file layout and why each batch's MD5 is checked before unpickling.
+    Reads the official python version (``cifar-10-python.tar.gz``); see the module docstring.
 
     Args:
         split: ``"train"`` (``data_batch_1`` … ``data_batch_5``) or ``"test"``.
@@ -376,8 +358,7 @@ def load_cifar100(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Load CIFAR-100: 50 000 train / 10 000 test 32×32 colour images, 100 fine classes.
 
-    Reads the official python version (``cifar-100-python.tar.gz``, 161 MiB), checked as
-    :func:`load_cifar10` is.
+    Reads the official python version (``cifar-100-python.tar.gz``), as :func:`load_cifar10`.
 
     Args:
         split: ``"train"`` or ``"test"``.
@@ -412,11 +393,8 @@ def load_cifar_c(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Load one corruption at one severity of the released CIFAR-10-C or CIFAR-100-C.
 
-    Each ``<name>.npy`` holds the 10 000 test images corrupted at severity 1, then 2, … 5
-    (50 000 × 32 × 32 × 3 uint8, channels last); ``labels.npy`` holds their labels, repeated
-    five times. Severity s is rows ``[(s − 1)·n, s·n)`` with n = rows / 5. The file is
-    memory-mapped, so only that slice is read. The archives are large (2.9 GB each) and are
-    extracted whole, once.
+    Each ``<name>.npy`` holds the test images corrupted at severity 1, then 2, … 5 (channels
+    last); the file is memory-mapped, so only the severity's rows are read.
 
     Args:
         name: one of :data:`CIFAR_C_CORRUPTIONS` (the 15 of the benchmark) or
@@ -445,9 +423,8 @@ def load_cifar_c(
     names = CIFAR_C_CORRUPTIONS + CIFAR_C_EXTRA_CORRUPTIONS
     if name not in names:
         raise ValueError(f"unknown corruption {name!r}; choose from {list(names)}")
-    if not isinstance(severity, (int, np.integer)) or isinstance(severity, bool):
-        raise ValueError(f"severity must be an int in {list(SEVERITIES)}, got {severity!r}")
-    if severity not in SEVERITIES:
+    is_int = isinstance(severity, (int, np.integer)) and not isinstance(severity, bool)
+    if not is_int or severity not in SEVERITIES:
         raise ValueError(f"severity must be an int in {list(SEVERITIES)}, got {severity!r}")
     folder = _locate(datasets[dataset], root, download, (f"{name}.npy", "labels.npy"))
     images = _load_npy(folder / f"{name}.npy")
@@ -472,5 +449,4 @@ def _load_npy(path: Path) -> np.ndarray:
     try:
         return np.load(path, mmap_mode="r", allow_pickle=False)
     except ValueError as err:
-        # numpy refuses object arrays without allow_pickle, which the released files never need.
         raise ValueError(f"{path}: not a plain numeric .npy file ({err})") from err

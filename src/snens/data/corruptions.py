@@ -35,46 +35,24 @@ Extras, not among the 15 (the CIFAR-10-C "held-out" set): ``speckle_noise`` (x +
 edge and distance transforms and is not provided.
 
 Randomness: every draw comes from one ``numpy.random.Generator`` seeded by
-``(seed, name, severity)``, on the CPU, so the output is the same on every device and never
-touches the global generators. Random parameters are drawn per image (noise, angles, crops,
-textures, fields), as the reference does.
+``(seed, name, severity)``, on the CPU, so the output is the same on every device. Random
+parameters are drawn per image, as the reference does.
 
-Known differences from the released CIFAR-10-C files (which cannot be reproduced bit for bit:
-their random state is not published):
+Known differences from the released CIFAR-10-C files (whose random state is not published):
 
-* ``frost`` blends with synthetic textures (ridged multi-octave noise and short bright streaks,
-  tinted ice-blue, mean ≈ 0.45), five fixed ones generated from a fixed seed, not the
-  photographs ``frost1.png`` … ``frost5.jpg`` that the reference loads (not shipped with
-  snens). Crop position and texture choice are random per image as in the reference. Error
-  rates on ``frost`` are therefore not comparable with published ones.
-* ``motion_blur`` and ``snow`` re-implement ImageMagick's ``MotionBlurImage`` in torch (the
-  kernel of ImageMagick 6.7+ and 7: width 2·radius + 1, weights exp(−i²/2σ²), offsets
-  ⌈i·cos θ − ½⌉, ⌈i·sin θ − ½⌉, edge pixels repeated); ImageMagick itself is not used, so
+* ``frost`` blends with five synthetic textures from a fixed seed, not the reference's
+  photographs (not shipped with snens): its error rates are not comparable with published ones.
+* ``motion_blur`` and ``snow`` re-implement ImageMagick's ``MotionBlurImage`` in torch, so
   8-bit rounding differs slightly.
-* ``glass_blur`` is exact, vectorized: the reference's "swap" ``x[h, w], x[h', w'] = x[h', w'],
-  x[h, w]`` assigns NumPy views, so it copies the neighbour into (h, w) and leaves (h', w')
-  unchanged (numpy/numpy#14428); with ``max_delta = 1`` the neighbour is up/left and not yet
-  visited, so each pass is one gather. ``max_delta = 1`` at every CIFAR severity.
-* Results are not rounded to 8 bits between steps (the reference works on uint8 PIL images
-  for ``pixelate`` and ``jpeg_compression`` and saves uint8 by truncation); ``uint8`` inputs
-  give ``uint8`` outputs, rounded rather than truncated. ``pixelate`` computes Pillow's BOX
-  weights in floating point. ``elastic_transform`` samples with bilinear interpolation where
-  OpenCV's ``warpAffine`` uses 1/32-pixel fixed point. JPEG bytes depend on the libjpeg
-  build inside Pillow.
+* Results are not rounded to 8 bits between steps; ``uint8`` inputs give ``uint8`` outputs,
+  rounded rather than truncated. ``elastic_transform`` samples bilinearly where OpenCV uses
+  1/32-pixel fixed point; JPEG bytes depend on Pillow's libjpeg.
 * The reference hard-codes 32 px. Here ``elastic_transform`` scales its constants by
-  min(H, W) (``IMSIZE``), ``pixelate`` uses ⌊c·H⌋, ``fog`` uses the next power of two ≥ max(H,
-  W) as map size, ``frost`` textures are 4·max(H, W) wide; blur radii and noise levels are in
-  pixels and [0, 1] units and stay as they are. At 32 × 32 this is the reference.
-* Not a deviation, but worth knowing: with the CIFAR constants ``elastic_transform`` changes
-  pixels *less* at higher severity (mean |Δ| 0.037 at severity 1, 0.023 at 5 on coloured
-  Fashion-MNIST): the affine jitter shrinks from 0.08 to 0.03 of the image size while the
-  non-rigid displacement grows. ``frost`` at 4–5 and ``glass_blur`` at 1–3 are close to flat.
-* 1-channel images are corrupted as themselves (no gray → RGB conversion): ``snow`` uses x as
-  its gray level, ``frost`` the texture's luminance, ``brightness`` adds to x.
+  min(H, W), ``pixelate`` uses ⌊c·H⌋, ``fog`` and ``frost`` scale their maps with the image;
+  at 32 × 32 this is the reference.
+* 1-channel images are corrupted as themselves (no gray → RGB conversion).
 
-Source of the constants: hendrycks/robustness, ``ImageNet-C/create_c/make_cifar_c.py``. The
-motion-blur constants there are (6, 1), (6, 1.5), (6, 2), (8, 2), (9, 2.5); (10, 1) … (12, 3)
-are the Tiny-ImageNet-C ones.
+Source of the constants: hendrycks/robustness, ``ImageNet-C/create_c/make_cifar_c.py``.
 """
 
 from __future__ import annotations
@@ -218,13 +196,10 @@ def _defocus_blur(x, rng, c):
 
 
 def _glass_shuffle(x: torch.Tensor, dx: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
-    """One pass of the reference's local pixel "swap" loop, for max_delta = 1.
+    """One pass of the reference's pixel "swap" loop, for max_delta = 1, as one gather.
 
-    The loop visits (h, w) for h, w from size − 1 down to 2 and runs
-    ``x[h, w], x[h + dy, w + dx] = x[h + dy, w + dx], x[h, w]`` with dx, dy in {−1, 0}. Both
-    sides are NumPy views, so this copies (h + dy, w + dx) into (h, w) and leaves the
-    neighbour as it is; the neighbour (up/left) is not yet visited, so the pass is one gather
-    from the input. ``dx``, ``dy``: (N, H, W) offsets, used where (h, w) is visited.
+    The reference's swap assigns NumPy views, so it copies the (up/left, not yet visited)
+    neighbour into (h, w) and leaves the neighbour as it is (numpy/numpy#14428).
     """
     n, c, h, w = x.shape
     if dx.min() < -1 or dy.min() < -1 or dx.max() > 0 or dy.max() > 0:
@@ -309,12 +284,8 @@ def _fog(x, rng, c):
 
 @lru_cache(maxsize=4)
 def _frost_textures(size: int) -> torch.Tensor:
-    """Five fixed synthetic frost textures, (5, 3, size, size) in [0, 1], mean ≈ 0.45.
-
-    Ridged multi-octave noise (bright veins where smooth noise crosses zero, as ice crystals
-    branch) plus short bright streaks at random angles (needles), gamma-adjusted to the mean
-    and tinted ice-blue. Feature sizes scale with ``size`` (4 image widths).
-    """
+    """Five fixed synthetic frost textures, (5, 3, size, size) in [0, 1]: ridged noise (veins)
+    plus short bright streaks (needles), gamma-adjusted to the mean and tinted ice-blue."""
     rng = np.random.default_rng(_FROST_TEXTURE_SEED)
     textures = []
     for _ in range(_FROST_TEXTURES):
@@ -385,12 +356,8 @@ def _pixel_grid(x: torch.Tensor) -> torch.Tensor:
 
 
 def _warp_affine(x: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
-    """out(p) = x(inverse · (p, 1)), bilinear, border mirrored about the edge pixels.
-
-    ``inverse`` (N, 2, 3) acts on (column, row, 1). This is cv2.warpAffine with
-    BORDER_REFLECT_101: reflecting coordinates about pixels 0 and n − 1 (grid_sample
-    "reflection" with align_corners=True) interpolates the reflect-101 extension exactly.
-    """
+    """out(p) = x(inverse · (p, 1)), bilinear: cv2.warpAffine with BORDER_REFLECT_101, which
+    grid_sample "reflection" with align_corners=True interpolates exactly."""
     h, w = x.shape[-2:]
     grid = _pixel_grid(x)
     points = torch.cat((grid, torch.ones_like(grid[..., :1])), -1)  # (H, W, 3)
@@ -402,12 +369,8 @@ def _warp_affine(x: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
 
 
 def _displace(x: torch.Tensor, field: torch.Tensor) -> torch.Tensor:
-    """out(p) = x(p + field(p)), field (N, 2, H, W) as (column, row) offsets in pixels.
-
-    scipy's map_coordinates(order=1, mode="reflect"): reflecting about the outer pixel
-    edges (grid_sample "reflection" with align_corners=False) interpolates the half-sample
-    symmetric extension exactly.
-    """
+    """out(p) = x(p + field(p)), field (N, 2, H, W) of (column, row) offsets: scipy's
+    map_coordinates(order=1, mode="reflect"), as grid_sample with align_corners=False."""
     h, w = x.shape[-2:]
     target = _pixel_grid(x) + field.permute(0, 2, 3, 1)
     size = torch.tensor([w, h], dtype=x.dtype, device=x.device)
@@ -579,9 +542,8 @@ def corrupt(images: torch.Tensor, name: str, severity: int, *, seed: int = 0) ->
         images: ``(N, C, H, W)`` with C ∈ {1, 3} and H, W ≥ 28; the output likewise.
 
     Raises:
-        ValueError: unknown ``name`` (the message lists the valid ones), ``severity`` not an
-            integer in 1..5, a negative seed, a shape that is not (N, 1 or 3, ≥28, ≥28), float
-            values outside [0, 1], ``saturate`` on 1 channel.
+        ValueError: unknown ``name``, ``severity`` not in 1..5, a negative seed, a shape that
+            is not (N, 1 or 3, ≥28, ≥28), values outside [0, 1], ``saturate`` on 1 channel.
         TypeError: not a tensor, or a dtype other than float or uint8.
         ImportError: ``jpeg_compression`` without Pillow.
     """
@@ -602,11 +564,9 @@ def corrupted(
 ) -> Iterator[tuple[str, int, torch.Tensor, torch.Tensor]]:
     """Yield every corrupted version of a data set, one ``(name, severity)`` at a time.
 
-    The images are corrupted ``batch_size`` at a time into one preallocated output, so the
-    temporaries are those of one chunk. Chunk k starting at image s draws from
-    ``(seed, s, name, severity)`` (``(seed, name, severity)`` for s = 0): with
-    ``batch_size ≥ N`` each output equals ``corrupt(images, name, severity, seed=seed)``, and
-    the output depends on ``batch_size`` otherwise.
+    The images are corrupted ``batch_size`` at a time; with ``batch_size ≥ N`` each output
+    equals ``corrupt(images, name, severity, seed=seed)``, and depends on ``batch_size``
+    otherwise (a chunk starting at image s draws from ``(seed, s, name, severity)``).
 
     Args:
         images: the clean images, as for :func:`corrupt`.

@@ -29,7 +29,7 @@ __all__ = [
 
 DATA_ENV_VAR = "SNENS_DATA"
 DEFAULT_DATA_ROOT = Path("~/.cache/snens")
-_CHUNK_BYTES = 1 << 20  # 1 MiB: large enough that per-chunk Python overhead is negligible
+_CHUNK_BYTES = 1 << 20
 _DIGEST_HEX_LENGTH = {"sha256": 64, "md5": 32}
 
 
@@ -218,12 +218,10 @@ def download_url(
 ) -> Path:
     """Download ``url`` to ``path``, resuming a partial download and verifying its checksum.
 
-    Bytes stream into ``path + ".part"``. When that file already exists the request asks for
-    the rest with ``Range: bytes=<size>-``; a server that answers 200 instead of 206 sends the
-    whole file, which then replaces the partial one. After the last byte the digests are
-    checked and the file is renamed into place with ``os.replace`` (atomic on one file
-    system). An existing ``path`` whose digests pass (or with no digests given) is returned
-    without a request.
+    Bytes stream into ``path + ".part"``; an existing ``.part`` is resumed with a ``Range``
+    request (or replaced, where the server sends the whole file). The digests are checked
+    before the file is renamed into place. An existing ``path`` whose digests pass (or with
+    no digests given) is returned without a request.
 
     Args:
         url: http(s) or file URL.
@@ -243,7 +241,6 @@ def download_url(
     """
     path = Path(path)
     expected = _expected_digests(sha256, md5)
-    # A copy that fails a digest is stale or corrupt: fetch again, os.replace swaps it atomically.
     if path.is_file() and _passes(path, expected):
         return path
     part = path.with_name(path.name + ".part")
@@ -253,7 +250,7 @@ def download_url(
     except urllib.error.HTTPError as err:
         err.close()  # it holds the response's socket
         if err.code == 416 and start > 0:
-            # Range not satisfiable: the .part is already complete (or longer than the file).
+            # range not satisfiable: the .part is already complete (or longer than the file)
             if _keep_complete_part(part, path, expected):
                 return path
             return download_url(url, path, sha256, md5, progress=progress, timeout=timeout)
@@ -279,7 +276,7 @@ def download_url(
         bar = _progress_bar(total, offset, path.name, progress)
         received = _stream(response, part, offset, bar, url)
     if remaining is not None and received < remaining:
-        # http.client returns b"" on a closed connection instead of raising: check ourselves.
+        # http.client returns b"" on a closed connection instead of raising
         raise DownloadError(
             f"connection closed after {offset + received} of {total} bytes of {url}; "
             f"run again to resume from {part}"
@@ -299,8 +296,10 @@ def _passes(path: Path, expected: dict[str, str]) -> bool:
 
 
 def _keep_complete_part(part: Path, path: Path, expected: dict[str, str]) -> bool:
-    """Rename a complete ``.part`` into place if its digests pass, else delete it; whether kept."""
-    if _part_is_valid(part, expected):
+    """Rename a complete ``.part`` into place if its digests pass, else delete it; whether kept.
+
+    Without digests nothing proves a ``.part`` complete: it is deleted."""
+    if expected and _passes(part, expected):
         os.replace(part, path)
         return True
     part.unlink()
@@ -312,7 +311,7 @@ def _resume_offset(response, start: int, url: str) -> int | None:
     status = getattr(response, "status", 200)
     resumed = start > 0 and status == 206 and _range_start(response) == start
     if status == 206 and not resumed:
-        # A partial answer we did not ask for (or for another offset): start over.
+        # a partial answer we did not ask for (or for another offset): start over
         response.close()
         if start == 0:
             raise DownloadError(f"{url} answered 206 Partial Content to a plain request")
@@ -351,12 +350,6 @@ def _verify_part(part: Path, expected: dict[str, str], name: str) -> None:
     except ChecksumError:
         part.unlink()
         raise
-
-
-def _part_is_valid(part: Path, expected: dict[str, str]) -> bool:
-    if not expected:
-        return False  # nothing proves a complete .part; start over
-    return _passes(part, expected)
 
 
 def _range_start(response) -> int | None:

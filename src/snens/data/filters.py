@@ -1,9 +1,7 @@
 """Image filters the corruptions (:mod:`snens.data.corruptions`) are built from, in torch on
 (N, C, H, W) batches: SciPy's and OpenCV's boundary modes (:func:`extend_index`), 2-D and
 separable filtering, Gaussian and disk kernels, a centred zoom, ImageMagick's motion blur,
-Pillow's BOX resize as a matrix, RGB ↔ HSV and luma. ``tests/data/test_corruptions.py`` checks
-them against SciPy (Gaussian filter, zoom), the reference's disk kernel, Pillow (BOX resize),
-ImageMagick's motion-blur formula and ``colorsys`` (HSV).
+Pillow's BOX resize as a matrix, RGB ↔ HSV and luma.
 """
 
 from __future__ import annotations

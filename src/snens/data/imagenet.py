@@ -4,38 +4,23 @@ ImageNet's licence forbids redistribution, so nothing downloads: get ILSVRC-2012
 https://image-net.org and lay it out as ``<data root>/imagenet/{train,val}/<wnid>/*.JPEG``
 (the validation images sorted into class folders, e.g. with the widely used ``valprep.sh``).
 
-:class:`ImageFolder` is a small stand-in for torchvision's (so that reading class folders needs
-no torchvision): classes are the sorted sub-folder names, indexed 0…K−1, samples the image files
-under each, sorted. Images decode with Pillow (imported on first use) to uint8 RGB tensors
-``(3, H, W)``, which the transforms of :mod:`snens.data.transforms` (re-exported here) take.
+:class:`ImageFolder` is a small stand-in for torchvision's: classes are the sorted sub-folder
+names, indexed 0…K−1, samples the image files under each, sorted. Images decode with Pillow to
+uint8 RGB tensors ``(3, H, W)``, which the transforms of :mod:`snens.data.transforms` take.
 
-What counts as a sample. A sample is a regular, non-empty file with an image extension whose
-path lies under a class folder; its label is that top-level class folder, whatever links led to
-it. Names starting with ``.`` (hidden folders, macOS ``._*`` files) are not read. Symbolic links
-are followed where they lead out of the tree (a class folder, sub-folder or file linked from
-another disk, as subsets of ImageNet are often built); a link that leads back into the tree —
-to the root, a folder above it, or anything inside a class folder — is skipped, since
-following it would count files twice or label them by the wrong class. Within a class, each
-real folder is read once and each file listed once, however many links or hard links reach
-it; a file in two class folders is a sample of each, as the folders say. FIFOs, sockets and
-devices named like images, broken links and zero-byte files are skipped too. Everything
-skipped is counted in :attr:`ImageFolder.skipped` and named in one :class:`ImageFolderWarning`.
-A class folder that is itself a link back into the tree, or a link that cannot be followed, is
-an error: skipping it would shift every later label.
+What counts as a sample. A regular, non-empty file with an image extension under a class
+folder, labelled by that folder; hidden names (``.*``) are not read. Symbolic links are
+followed where they lead out of the tree; a link back into it is skipped (it would count files
+twice or label them by the wrong class), and each real folder and file is listed once per
+class. Special files, broken links and empty files are skipped too; everything skipped is
+counted in :attr:`ImageFolder.skipped` and named in one :class:`ImageFolderWarning`. A class
+folder that cannot be read as one is an error: skipping it would shift every later label.
 
-Bad images. Listing stays cheap — one ``stat`` per file and no decoding, about 17 µs a file on
-a local disk, so ImageNet's 1.28 M in about 22 s — and a file that turns out unreadable or
-undecodable (truncated, corrupt, deleted since) is met while training. With
-``on_bad_image="skip"`` (the default) it is replaced by the next image of the same class (in
-sample order, cyclically), so the batch keeps its size and every label stays right, and an
-:class:`ImageFolderWarning` names it, with the count and the first few bad files found so far
-in that process (each DataLoader worker counts its own; after 10, it warns at 16, 32, 64 …).
-``on_bad_image="raise"`` stops at the first one, and at construction on a zero-byte file, with
-a :class:`BadImageError` naming the file. ``scan=True`` decodes every image once at
-construction (in threads) and then leaves the bad ones out, listed in ``skipped`` (or raises
-listing all of them). A class whose every image fails is an error under either policy. Pillow
-decodes some damaged JPEGs without complaint (grey or smeared blocks); no check short of
-looking at the pixels finds those.
+Bad images. Listing decodes nothing, so a file that turns out undecodable is met while
+training. With ``on_bad_image="skip"`` (the default) it is replaced by the next image of the
+same class, so every label stays right, and an :class:`ImageFolderWarning` names it;
+``"raise"`` stops with a :class:`BadImageError`. ``scan=True`` decodes every image once at
+construction and leaves the bad ones out. A class whose every image fails is an error.
 """
 
 from __future__ import annotations
@@ -92,8 +77,7 @@ SKIP_EMPTY = "empty file (0 bytes)"
 SKIP_UNDECODABLE = "undecodable image (found by scan=True)"
 _NAMED = 5  # paths named in a message; the rest are counted
 _WARN_EACH = 10  # per process: warn on each of the first 10 bad files, then at powers of 2
-# Pillow releases the GIL while it decodes (ImagingSectionEnter in decode.c): a scan runs in
-# threads.
+# Pillow releases the GIL while it decodes: a scan runs in threads
 _SCAN_THREADS = min(32, os.cpu_count() or 1)
 _O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # opening a FIFO must not wait for a writer
 
@@ -107,7 +91,7 @@ class BadImageError(OSError):
     """
 
     def __init__(self, message: str, path: str | os.PathLike | None = None, reason: str = ""):
-        # One positional argument, so that a DataLoader re-raises it from a worker as itself.
+        # one positional argument, so that a DataLoader re-raises it from a worker as itself
         super().__init__(message)
         self.path = path
         self.reason = reason or message
@@ -118,8 +102,7 @@ class ImageFolderWarning(UserWarning):
 
 
 def _shown(path: str | os.PathLike) -> str:
-    """``path`` for a message: bytes that are not UTF-8 (file names from other systems) are
-    written as ``\\xNN`` escapes, so a log that encodes strictly can still write it."""
+    """``path`` for a message, bytes that are not UTF-8 written as ``\\xNN`` escapes."""
     return os.fsdecode(path).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
@@ -139,8 +122,7 @@ def _pillow_image():
 def read_image(path: str | os.PathLike) -> torch.Tensor:
     """Decode an image file to RGB (grayscale, palette and CMYK images are converted).
 
-    Only a regular file is decoded: a FIFO, socket or device is refused at once (it is opened
-    without blocking and checked with ``fstat``) instead of hanging the reader.
+    Only a regular file is decoded: a FIFO, socket or device is refused at once.
 
     Returns:
         uint8 tensor ``(3, H, W)``.
@@ -173,9 +155,7 @@ def read_image(path: str | os.PathLike) -> torch.Tensor:
             except MemoryError:
                 raise
             except Exception as err:
-                # A parser of untrusted bytes: Pillow raises OSError (truncated), SyntaxError,
-                # ValueError, struct.error or DecompressionBombError, and on crafted input
-                # others; each means that this file is not a usable image.
+                # a parser of untrusted bytes raises many kinds; each means "not usable"
                 if isinstance(err, image_module.UnidentifiedImageError):
                     reason = "not an image format Pillow reads (a truncated header or no image)"
                 else:
@@ -211,12 +191,10 @@ class ImageFolder(Dataset):
     Raises:
         FileNotFoundError: ``root`` missing, without class folders, or with a class folder
             holding no usable image (named).
-        ValueError: ``root`` holds images but no class folders (an unsorted validation set);
-            a class folder that is a link back into the tree, a link that cannot be
-            followed, or the same folder as another class; an unknown ``on_bad_image``.
+        ValueError: images but no class folders; a class folder that cannot be read as one;
+            an unknown ``on_bad_image``.
         OSError: a folder of the tree cannot be listed (named, with the fix).
-        BadImageError: with ``on_bad_image="raise"``, zero-byte files, or (with ``scan``)
-            undecodable ones; the message lists them.
+        BadImageError: with ``on_bad_image="raise"``, bad files found at construction.
         ImportError: Pillow is not installed.
     """
 
@@ -268,9 +246,7 @@ class ImageFolder(Dataset):
             self._scan()
         self.targets = [label for _, label in self.samples]
         self._bad: dict[int, str] = {}
-        # One flag per sample in shared memory, set by whichever process finds the file bad:
-        # DataLoader workers (forked, or spawned through torch's pickler) write the same
-        # flags, so the main process counts them and no worker decodes a known-bad file again.
+        # shared with DataLoader workers: any process that finds a file bad flags it for all
         self._bad_flags = torch.zeros(len(self.samples), dtype=torch.uint8).share_memory_()
         self._by_class: dict[int, list[int]] | None = None
         if self.skipped:
@@ -311,9 +287,7 @@ class ImageFolder(Dataset):
     def bad_images(self) -> dict[Path, str]:
         """Files found unreadable or undecodable while reading, by this process or by any
         DataLoader worker reading this data set (their reasons stay in the worker)."""
-        # a copy first: other workers write the shared flags meanwhile, and torch.nonzero
-        # counts then fills in two passes, which a write between them breaks (an internal
-        # assert in torch)
+        # a copy first: torch.nonzero breaks on a write by a worker between its two passes
         flags = self._bad_flags.clone()
         flagged = flags.nonzero().flatten().tolist() if len(flags) else []
         out = {self.samples[i][0]: "found bad by a DataLoader worker" for i in flagged}
@@ -384,7 +358,7 @@ class ImageFolder(Dataset):
         members = self._by_class.get(label, [])
         start = bisect.bisect_right(members, index)
         for other in members[start:] + members[:start]:
-            # The label check keeps a replacement in the class even if samples were edited.
+            # the label check keeps a replacement in the class even if samples were edited
             if other != index and not self._known_bad(other) and self.samples[other][1] == label:
                 yield other
 
@@ -518,14 +492,9 @@ def _leads_back(target: str, root_real: str, class_dirs: set[str]) -> bool:
 def _class_images(
     folder: str, folder_real: str, root_real: str, class_dirs: set[str], skipped: dict
 ) -> Iterator[Path]:
-    """The sample files of one class folder, depth first: a folder's files, then its
-    sub-folders, each sorted by name; what is left out is added to ``skipped``.
-
-    Within the class each real folder is read once and each file listed once: the names that
-    might repeat a file — symlinks and files with several hard links — are keyed by inode, and
-    a symlink to a file in a folder already read repeats it. A file in two class folders (hard
-    links, or links to one file outside the tree) is a sample of each, as the folders say.
-    """
+    """The sample files of one class folder, depth first, each sorted by name; what is left
+    out is added to ``skipped``. Names that might repeat a file (links, hard links) are keyed
+    by inode, so each file is listed once per class."""
 
     def skip(reason: str, path: str) -> None:
         skipped.setdefault(reason, []).append(Path(path))
@@ -592,9 +561,8 @@ def imagenet_folder(
 ) -> ImageFolder:
     """ImageNet (ILSVRC-2012) train or val as an :class:`ImageFolder`; nothing downloads.
 
-    Search order: ``<data root>/imagenet/<split>/`` (the data root is ``root``, else
-    ``$SNENS_DATA``, else ``~/.cache/snens``), then, only when ``root`` is given,
-    ``<root>/<split>/``: so ``root`` may also be the ImageNet folder itself.
+    Search order: ``<data root>/imagenet/<split>/``, then, when ``root`` is given,
+    ``<root>/<split>/`` (``root`` may be the ImageNet folder itself).
 
     Args:
         root: data root, or the folder holding ``train/`` and ``val/``.

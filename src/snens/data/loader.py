@@ -166,22 +166,17 @@ class TensorLoader:
 
     Augmentation, per batch, vectorized:
 
-    * ``"crop"``: pad each side by ``crop_padding`` with the value a black (0) pixel has after
-      normalization — the same as torchvision's ``RandomCrop(size, padding=p)`` before
-      normalization — then cut a random H×W window (offsets uniform in [0, 2p]).
+    * ``"crop"``: pad each side by ``crop_padding`` with a black pixel's normalized value (as
+      torchvision's ``RandomCrop(size, padding=p)`` before normalization), then cut a random
+      H×W window.
     * ``"flip"``: mirror the last (width) dimension with probability ``flip_prob``.
 
-    Randomness: epoch e uses a ``torch.Generator`` seeded from ``(seed, e)`` through NumPy's
-    ``SeedSequence``; it draws the permutation, then crop offsets, then flip decisions, for the
-    whole epoch at once on the CPU. Each full or partial pass advances ``epoch`` by one;
-    :meth:`set_epoch` chooses the next one (e.g. when resuming).
+    Randomness: epoch e draws from a generator seeded from ``(seed, e)``, on the CPU. Each
+    pass advances ``epoch`` by one; :meth:`set_epoch` chooses the next one (e.g. resuming).
 
-    Members' own orders (``member_orders=M``, with ``shuffle``): each epoch draws M
-    permutations (and M sets of crops and flips), and batch i is the M batches of
-    ``batch_size`` rows the M orders give at step i, one after another: (M·B, …) rows, member
-    m's at rows [m·B, (m+1)·B) — every member sees the whole set each epoch in an order of its
-    own, as M models trained apart would, and an ensemble taking member m's rows from its
-    m-th block (``input_policy="split"``) trains on them.
+    Members' own orders (``member_orders=M``, with ``shuffle``): each epoch draws M orders, and
+    a batch is the M members' batches one after another, member m's at rows [m·B, (m+1)·B), as
+    an ensemble with ``input_policy="split"`` takes them.
 
     Args:
         images: the inputs, first dimension N; images as ``(N, C, H, W)``.
@@ -207,11 +202,8 @@ class TensorLoader:
         ``(M·B, …)`` each with ``member_orders=M``.
 
     Raises:
-        ValueError: non-positive or non-int ``batch_size``, images and labels of different
-            lengths (both named), an empty data set, ``drop_last`` with ``batch_size`` > N,
-            an unknown augmentation, crop on inputs that are not (N, C, H, W), or
-            ``mean``/``std`` on token ids, ``member_orders`` not an int in
-            [1, 1024] or above 1 without ``shuffle``.
+        ValueError: a bad size or option (each named), images and labels of different
+            lengths, an empty data set, or an option that does not apply to the inputs.
     """
 
     def __init__(
@@ -283,10 +275,9 @@ class TensorLoader:
     def shard(self, rank: int, world_size: int) -> TensorLoader:
         """Yield only this rank's share of every batch, for data-parallel training.
 
-        Every rank draws the same permutation and augmentation from ``(seed, epoch)``; rank r
-        takes rows ``[r·b, (r+1)·b)`` of each global batch of ``batch_size`` rows,
-        ``b = batch_size / world_size``. The ranks' shards are disjoint and together are the
-        batch one process would see; ``len`` (steps per epoch) does not change.
+        Every rank draws the same permutation and augmentation; rank r takes its contiguous
+        share of each global batch, so the shards together are the batch one process would
+        see; ``len`` (steps per epoch) does not change.
 
         Returns:
             This loader, sharded.
@@ -311,7 +302,7 @@ class TensorLoader:
 
     def epoch_generator(self, epoch: int) -> torch.Generator:
         """The CPU generator of ``epoch``, seeded from ``(seed, epoch)``."""
-        # SeedSequence mixes both numbers, so (seed, epoch + 1) and (seed + 1, epoch) differ.
+        # SeedSequence mixes both numbers, so (seed, epoch + 1) and (seed + 1, epoch) differ
         state = np.random.SeedSequence([self.seed, epoch]).generate_state(1, dtype=np.uint64)
         return torch.Generator().manual_seed(int(state[0]))
 
@@ -367,11 +358,8 @@ class TensorLoader:
         return x, y
 
     def _crop(self, x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        """Random crops of a batch: pad by p, then cut the H×W window at ``offsets``.
-
-        Shape:
-            x: (B, C, H, W); offsets: (B, 2) as (row, column) in [0, 2p]; out: (B, C, H, W).
-        """
+        """Random crops of a batch (B, C, H, W): pad by p, then cut the H×W window at
+        ``offsets`` (B, 2), (row, column) in [0, 2p]."""
         batch, channels, height, width = x.shape
         p = self.crop_padding
         padded = self._fill.expand(batch, channels, height + 2 * p, width + 2 * p).clone()

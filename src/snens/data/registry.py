@@ -2,21 +2,9 @@
 config checks and its loaders read.
 
 A data set is one of three kinds, which decides how it is loaded and which options apply:
-
-* ``image``: held in memory as uint8 tensors ``(N, C, H, W)`` and augmented on the device;
-  the entry gives the stored channels, the mean and std of the stored images in [0, 1], and
-  ``load(split, root, download)``;
-* ``folder``: class folders streamed from disk (the classes are the folder names); the entry's
-  ``load(root, split, transform, **policy)`` gives an :class:`~snens.data.ImageFolder` of
-  split ``"train"`` or ``"val"``;
-* ``text``: labelled texts, tokenized once by the model's tokenizer; the entry's
-  ``load(root, download)`` gives a :class:`~snens.data.TextSplit` (training and test texts).
-
-An OOD set serves the data sets of its kind: ``load(root, download)`` gives uint8 images and
-labels for ``image``, a list of texts for ``text``.
-
-Adding a data set is one entry here and its loader: the engine's config (which reads this table
-when imported) then accepts the name, with the options that apply to its kind.
+``image`` (uint8 tensors held in memory, augmented on the device), ``folder`` (class folders
+streamed from disk) or ``text`` (labelled texts, tokenized once). An OOD set serves the data
+sets of its kind. Adding a data set is one entry here and its loader.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """SST-2, the binary Stanford Sentiment Treebank task of GLUE (Socher et al. 2013).
 
-The GLUE archive ``SST-2.zip`` holds ``SST-2/train.tsv`` (67 349 phrases), ``SST-2/dev.tsv``
-(872 sentences) and ``SST-2/test.tsv`` (1 821, labels hidden, so not offered here). Each
-labelled file is tab-separated with the header ``sentence<TAB>label``, label 0 (negative) or
-1 (positive). The text is not quoted: a ``"`` is part of the sentence, so the files are parsed
-with ``csv.QUOTE_NONE``.
-
-The TSVs are read straight from the zip (nothing is extracted). Looked up in
-``<data root>/sst-2/`` (the zip, or an extracted ``SST-2/`` folder), then an extracted
-``SST-2/`` directly under the data root.
+The GLUE archive ``SST-2.zip`` holds ``train.tsv`` and ``dev.tsv`` (``test.tsv``'s labels are
+hidden, so it is not offered), tab-separated ``sentence<TAB>label`` and not quoted (a ``"`` is
+part of the sentence). The TSVs are read straight from the zip, looked up in
+``<data root>/sst-2/`` (the zip, or an extracted ``SST-2/`` folder), then ``<data root>/SST-2/``.
 """
 
 from __future__ import annotations
@@ -30,8 +25,7 @@ SST2_MD5 = "9f81648d4199384278b86e315dac217c"
 SST2_CLASSES = ("negative", "positive")
 _SPLIT_FILES = {"train": "train.tsv", "validation": "dev.tsv"}
 _HEADER = ["sentence", "label"]
-# What one TSV of the zip may hold (train.tsv is 4.7 MB): it is read into memory, so a damaged
-# or hostile archive declaring gigabytes is refused before any of it is decompressed.
+# what one TSV of the zip may hold; checked before any of it is decompressed
 MAX_TSV_BYTES = 256 * 2**20
 
 

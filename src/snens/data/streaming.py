@@ -4,14 +4,11 @@
 transform) through a ``torch.utils.data.DataLoader`` with worker processes. It behaves like
 :class:`~snens.data.TensorLoader` where the engine relies on it:
 
-* epoch e depends only on ``(seed, e)``: the permutation is drawn from a generator seeded with
-  them, and example i's random transform runs under torch's global generator seeded with
-  ``(seed, e, i)`` — so the batches do not depend on the number of workers either;
-* :meth:`FolderLoader.shard` makes it a data-parallel loader with TensorLoader's contract:
-  every rank draws the same permutation and takes the r-th of N contiguous parts of each global
-  batch of B, so N processes step through the batches one process would. (A
-  ``DistributedSampler`` would not: it draws its own permutation, from seed + epoch, and deals
-  examples round-robin, so its global batches differ from a single process's.)
+* epoch e depends only on ``(seed, e)``: example i's random transform runs under torch's
+  global generator seeded with ``(seed, e, i)``, so the batches do not depend on the number of
+  workers either;
+* :meth:`FolderLoader.shard` gives TensorLoader's data-parallel contract: N processes step
+  through the batches one process would (a ``DistributedSampler`` would not).
 """
 
 from __future__ import annotations
@@ -29,9 +26,8 @@ from .loader import check_shard
 
 __all__ = ["MAX_WORKERS", "FolderLoader", "default_num_workers"]
 
-#: Most DataLoader worker processes a loader may start: above the cores of the largest CPU
-#: hosts (two 192-core CPUs), far below what exhausts a host's process table (100,000 had been
-#: accepted and an image-folder run started that many processes).
+#: Most DataLoader worker processes a loader may start: above the cores of the largest hosts,
+#: far below what exhausts a host's process table.
 MAX_WORKERS = 512
 
 _WORKERS = 2**63  # third seed number of the workers' base seed; item seeds use indices < N
@@ -52,7 +48,7 @@ def default_num_workers() -> int:
 
 
 def _seed(*numbers: int) -> int:
-    # SeedSequence mixes all numbers, so (seed, epoch + 1, i) and (seed, epoch, i + 1) differ.
+    # SeedSequence mixes all numbers, so (seed, epoch + 1, i) and (seed, epoch, i + 1) differ
     return int(np.random.SeedSequence(list(numbers)).generate_state(1, dtype=np.uint64)[0])
 
 

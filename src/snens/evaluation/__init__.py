@@ -13,11 +13,6 @@
 * :mod:`~snens.evaluation.bootstrap` — paired bootstrap intervals between two methods;
 * :mod:`~snens.evaluation.plots` — reliability diagrams, allocation heatmaps, frontiers.
 
-The modules import one way, each only those listed before it: predictions → calibration →
-conformal → protocol → bootstrap (``tests/test_code_metrics.py`` finds no import circle);
-``_checks`` holds the checks of logits, labels and temperatures they share.
-
-The metrics, pure functions over tensors, are :mod:`snens.metrics`. Dependency rule: evaluation
-imports the method, :mod:`snens.nn` and :mod:`snens.metrics`, never :mod:`snens.engine`
-(``tests/test_layout.py`` keeps it).
+The modules import one way, each only those listed before it; evaluation never imports
+:mod:`snens.engine`. The metrics themselves are :mod:`snens.metrics`.
 """

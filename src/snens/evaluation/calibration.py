@@ -1,23 +1,8 @@
 """Post-hoc calibration of an ensemble's prediction, fitted on a validation split.
 
-Temperature scaling (Guo et al., 2017): one scalar T > 0 divides every member's logits; it is
-chosen to minimize the negative log-likelihood of the ensemble's prediction on held-out
-**validation** data:
-
-    T* = argmin_T  −(1/N) Σ_i log p̄_T(y_i | x_i)
-
-with, by ``mode``,
-
-* ``"mean_of_softmax"`` (the ensemble's prediction everywhere in snens):
-  p̄_T = (1/M) Σ_m softmax(z_m / T);
-* ``"logits"`` (logit averaging): p̄_T = softmax(((1/M) Σ_m z_m) / T).
-
-For one model (M = 1) both are ordinary temperature scaling. T > 1 softens overconfident
-predictions, T < 1 sharpens underconfident ones; the argmax, hence accuracy, is unchanged in
-``"logits"`` mode and for one model (averaging softmaxes can move the argmax slightly).
-
-Fit T on a validation split, never on the test set: a temperature fitted on the data it is
-evaluated on reports a calibration the model does not have.
+Temperature scaling (Guo et al., 2017): one scalar T > 0 divides every member's logits, chosen
+to minimize the NLL of the ensemble's prediction on held-out **validation** data (never the
+test set); see :func:`fit_temperature`.
 
 Every calibrator behind one interface, :func:`fit_calibrator` (validation logits → a frozen
 :class:`Calibrator`, whose :meth:`~Calibrator.apply` maps test logits to calibrated logits):
@@ -29,13 +14,10 @@ Every calibrator behind one interface, :func:`fit_calibrator` (validation logits
 * ``"histogram"`` — one-vs-rest histogram binning of the ensemble prediction p̄ (Zadrozny and
   Elkan, 2001), then renormalized.
 
-On an ensemble the parametric maps act on every member's logits alike (one shared map, M
-independent) and are fitted, like T, on the NLL of the mean of the mapped members' softmaxes:
-what snens reports is that mean, and the members stay members, so disagreement, mutual
-information and prediction sets keep their meaning after calibration. Histogram binning maps
-probabilities, not logits, so it acts on p̄ alone and returns log-probabilities as one member
-(1, N, K). Either way ``snens.predictive_probs(calibrator.apply(logits))`` is the calibrated
-prediction.
+On an ensemble the parametric maps act on every member's logits alike and are fitted on the
+NLL of the mean of the mapped members' softmaxes, so the members stay members. Histogram
+binning acts on p̄ alone and returns log-probabilities as one member (1, N, K). Either way
+``snens.predictive_probs(calibrator.apply(logits))`` is the calibrated prediction.
 """
 
 from __future__ import annotations
@@ -68,8 +50,7 @@ __all__ = [
 Mode = Literal["mean_of_softmax", "logits"]
 MODES = ("mean_of_softmax", "logits")
 
-# log T is searched in [log 0.01, log 100]: a coarse grid of 0.2 in log T (T steps of 22%)
-# finds the basin, golden-section search refines it to 1e-6 in log T.
+# a coarse grid in log T finds the basin, golden-section search refines it
 _LOG_T_BOUNDS = (math.log(1e-2), math.log(1e2))
 _GRID_STEP = 0.2
 _TOLERANCE = 1e-6
@@ -90,14 +71,7 @@ def _check_inputs(logits: Any, labels: Any) -> tuple[Tensor, Tensor]:
 
 def _possible(z: Tensor, y: Tensor, mode: str, what: str) -> tuple[Tensor, Tensor]:
     """``(z, y)`` without the examples whose label has probability 0 whatever the calibrator
-    does: a logit of −inf in every member (in ``"logits"`` mode, in any member, as the mean
-    logit is then −inf). Their NLL is infinite for every T, w or b, so they cannot choose
-    among them: with them, every candidate had tied at +inf and the search ended at its first
-    bound (T = 0.01) with a warning giving another reason. A warning names how many.
-
-    Raises:
-        ValueError: every example's label has probability 0.
-    """
+    does (their NLL is infinite for every candidate, so they cannot choose among them)."""
     label_logits = z.gather(-1, y.view(1, -1, 1).expand(z.shape[0], -1, 1)).squeeze(-1)
     ruled_out = label_logits == -math.inf  # (M, N)
     impossible = ruled_out.any(0) if mode == "logits" else ruled_out.all(0)
@@ -122,10 +96,7 @@ def _possible(z: Tensor, y: Tensor, mode: str, what: str) -> tuple[Tensor, Tenso
 
 
 def _nll(z: Tensor, y: Tensor, log_t: float, mode: str) -> float:
-    """−(1/N) Σ_i log p̄_T(y_i), computed in the log domain (finite even when p underflows).
-
-    log p̄ = logsumexp_m log softmax(z_m / T)_y − log M for the mean of softmaxes.
-    """
+    """−(1/N) Σ_i log p̄_T(y_i), in the log domain (finite even when p underflows)."""
     scaled = z * math.exp(-log_t)
     if mode == "logits":
         log_p = scaled.mean(0).log_softmax(-1)  # (N, K)
@@ -146,13 +117,8 @@ def fit_temperature(
         p̄_T = (1/M) Σ_m softmax(z_m / T)   (``mode="mean_of_softmax"``)
         p̄_T = softmax(mean_m z_m / T)       (``mode="logits"``)
 
-    Deterministic and derivative-free: the NLL is evaluated on a grid of log T with step 0.2,
-    then a golden-section search refines the best grid point's bracket to 1e-6 in log T.
-    Takes what a user has: ``fit_temperature(ens, val_loader)`` runs the model over the loader
-    (:func:`snens.evaluation.predictions.collect`), or give the validation logits and labels.
-    Log-probabilities work as well (softmax ignores a per-row shift; −inf entries of
-    underflowed probabilities are allowed).
-
+    Deterministic: a grid of log T, then a golden-section search. ``fit_temperature(ens,
+    val_loader)`` runs the model over the loader, or give the validation logits and labels.
     Fit on a validation split, never on the test set you report.
 
     Args:
@@ -163,8 +129,7 @@ def fit_temperature(
 
     Returns:
         T as a float; apply it with :class:`TemperatureScaled`. A warning is issued when the
-        optimum lies at a bound of [0.01, 100] (e.g. every validation example already right
-        with margin: the NLL keeps falling as T -> 0).
+        optimum lies at a bound of [0.01, 100].
 
     Shape:
         logits: (M, N, K) or (N, K). labels: (N,).
@@ -184,20 +149,7 @@ def fit_temperature(
     values = [_nll(z, y, t, mode) for t in grid]
     best = min(range(len(grid)), key=values.__getitem__)
     a, b = grid[max(best - 1, 0)], grid[min(best + 1, steps)]
-    # golden-section search on [a, b], which brackets the grid minimum
-    c, d = b - _GOLDEN * (b - a), a + _GOLDEN * (b - a)
-    fc, fd = _nll(z, y, c, mode), _nll(z, y, d, mode)
-    while b - a > _TOLERANCE:
-        if fc <= fd:
-            b, d, fd = d, c, fc
-            c = b - _GOLDEN * (b - a)
-            fc = _nll(z, y, c, mode)
-        else:
-            a, c, fc = c, d, fd
-            d = a + _GOLDEN * (b - a)
-            fd = _nll(z, y, d, mode)
-    candidates = [(values[best], grid[best]), (fc, c), (fd, d)]
-    log_t = min(candidates)[1]
+    log_t = _golden_section(lambda t: _nll(z, y, t, mode), a, b, (values[best], grid[best]))
     if log_t - low < 2 * _GRID_STEP:
         reason = "every validation example is right with a margin (or it is the training set)"
     elif high - log_t < 2 * _GRID_STEP:
@@ -213,14 +165,27 @@ def fit_temperature(
     return math.exp(log_t)
 
 
+def _golden_section(f: Callable[[float], float], a: float, b: float, start: tuple) -> float:
+    """The argmin of ``f`` on [a, b] (which brackets the grid minimum ``start``: (f, x))."""
+    c, d = b - _GOLDEN * (b - a), a + _GOLDEN * (b - a)
+    fc, fd = f(c), f(d)
+    while b - a > _TOLERANCE:
+        if fc <= fd:
+            b, d, fd = d, c, fc
+            c = b - _GOLDEN * (b - a)
+            fc = f(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + _GOLDEN * (b - a)
+            fd = f(d)
+    return min([start, (fc, c), (fd, d)])[1]
+
+
 class TemperatureScaled(nn.Module):
     """An ensemble whose logits are divided by a fitted temperature: z_m / T.
 
-    Keeps the (B, …) -> logits (M, B, K) contract, so ``snens.evaluate`` and
-    ``snens.predictive_probs`` apply unchanged. With ``mode="logits"`` (a temperature fitted on
-    averaged logits) the output is the one scaled mean logit, (1, B, K).
-
-    Fit ``temperature`` with :func:`fit_temperature` on validation data, never on the test set.
+    Keeps the (B, …) -> logits (M, B, K) contract; with ``mode="logits"`` the output is the one
+    scaled mean logit, (1, B, K). Fit ``temperature`` with :func:`fit_temperature`.
 
     Args:
         model: an ensemble (or ``snens.baselines.SingleModel``) returning (M, B, K).
@@ -270,18 +235,15 @@ class TemperatureScaled(nn.Module):
 # One interface for post-hoc calibrators
 # ------------------------------------------------------------------------------------------------
 
-# L-BFGS of vector and matrix scaling: at most this many iterations (each with a strong-Wolfe
-# line search) from the identity map; deterministic, and converged (gradient < 1e-9) within
-# ~50 on K = 10 classes and 10 000 examples.
+# L-BFGS of vector and matrix scaling, from the identity map
 _LBFGS_ITERATIONS = 200
 
 
 def _mean_of_softmax_nll(z: Tensor, y: Tensor) -> Tensor:
     """−(1/N) Σ_i log p̄(y_i), p̄ = (1/M) Σ_m softmax(z_m), in the log domain; differentiable.
 
-    The label's column is taken before the sum over members: logsumexp over an entry of −inf
-    in every member (a class of probability 0) has the gradient exp(−inf + inf) = NaN, which
-    had reached the weights through the entries the loss does not even read."""
+    The label's column is taken before the logsumexp over members: an entry of −inf in every
+    member would give a NaN gradient."""
     label = y.view(1, -1, 1).expand(z.shape[0], -1, 1)
     log_p_y = z.log_softmax(-1).gather(-1, label).squeeze(-1)  # (M, N)
     return -(torch.logsumexp(log_p_y, dim=0) - math.log(z.shape[0])).mean()
@@ -318,8 +280,7 @@ class Calibrator:
 
     Shape:
         apply: logits (M, N, K) or (N, K) -> calibrated logits (M, N, K), or (1, N, K) for
-        calibrators of the ensemble prediction (histogram binning, temperature in ``"logits"``
-        mode), in the dtype of the input.
+        calibrators of the ensemble prediction, in the dtype of the input.
     """
 
     method: ClassVar[str] = ""
@@ -385,8 +346,7 @@ class TemperatureScaling(Calibrator):
 
 
 def _affine(z: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
-    """w ⊙ z + b, with a logit of −inf (probability 0, from log-probabilities) kept at −inf:
-    −inf·w had given the gradient −inf·0 = NaN, and NaN weights."""
+    """w ⊙ z + b, with a logit of −inf kept at −inf (−inf·w would give a NaN gradient)."""
     ruled_out = z == -math.inf
     if not bool(ruled_out.any()):
         return z * weight + bias
@@ -451,8 +411,7 @@ class MatrixScaling(Calibrator):
 
         (W, b)* = argmin −(1/N) Σ_i log p̄_{W,b}(y_i) + λ/(K(K−1)) Σ_{j≠k} W_jk²
 
-    λ (``off_diagonal``) keeps the K² − K class-to-class weights, which K(K−1) examples would
-    be needed to pin, near 0; the diagonal and b are free (vector scaling is λ → ∞).
+    The diagonal and b are free (vector scaling is λ → ∞).
 
     Args:
         weight: W, float64.
@@ -507,14 +466,12 @@ class HistogramBinning(Calibrator):
 
         θ_kb = (#{i in bin b : y_i = k} + 1) / (#{i in bin b} + 2)
 
-    (a bin with no positive would otherwise give probability 0, and one miss an infinite NLL).
     At test, q_k = θ_{k, bin_k(p̄_k)} and the prediction is q / Σ_k q, returned as log q̄ of one
-    member (1, N, K). The argmax can move; p̄ is binned, so the members are not kept.
+    member (1, N, K).
 
     Args:
-        edges: the B − 1 inner bin edges of each class (the validation values of p̄_k of rank
-            ⌊jN/B⌋, j = 1..B−1); a value x falls in the bin whose index is the number of
-            edges <= x.
+        edges: the B − 1 inner bin edges of each class; a value x falls in the bin whose index
+            is the number of edges <= x.
         values: θ.
 
     Shape:
@@ -540,9 +497,7 @@ class HistogramBinning(Calibrator):
                 f"num_bins must be in 1..N = {N} (validation examples), got {num_bins}"
             )
         p = z.softmax(-1).mean(0).T  # (K, N)
-        # edge j: the value of rank ⌊jN/B⌋ (0-based), so without ties bin b holds the ranks
-        # ⌊bN/B⌋ .. ⌊(b+1)N/B⌋ − 1 (torch.quantile refuses more than 2^24 values: K·N of
-        # ImageNet is 5·10^7)
+        # edge j: the value of rank ⌊jN/B⌋ (torch.quantile refuses more than 2^24 values)
         ranks = torch.arange(1, num_bins, device=z.device) * N // num_bins
         edges = p.sort(dim=1).values[:, ranks].contiguous()  # (K, B − 1)
         bins = _bin_index(edges, p)  # (K, N)
@@ -580,9 +535,7 @@ def fit_calibrator(method: str, logits: Tensor, labels: Tensor, **options: Any) 
         calibrator = fit_calibrator(method, val_logits, val_labels)
         p̄_calibrated = snens.predictive_probs(calibrator.apply(test_logits))
 
-    Every fit is deterministic: a grid and golden-section search (temperature), L-BFGS with a
-    strong-Wolfe line search for at most 200 iterations from the identity (vector, matrix),
-    counting (histogram). See the module docstring for how each acts on an ensemble.
+    Every fit is deterministic. See the module docstring for how each acts on an ensemble.
 
     Args:
         method: one of :data:`CALIBRATORS`: ``"temperature"``, ``"vector"``, ``"matrix"``,

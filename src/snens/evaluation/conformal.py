@@ -17,15 +17,9 @@ and then P(y ∈ C(x)) >= 1 − α over the draw of calibration and test data, f
 * ``"raps"`` (Angelopoulos et al., 2021): APS + λ·max(0, o(y) − k_reg), o(y) the 1-based rank
   of y in p̄ — the penalty λ keeps the many unlikely classes of a large K out of the sets.
 
-Classes of equal probability are ranked by index (a stable sort), so every score is
-deterministic given u; one u is drawn per example (the sets stay prefixes of the ranking) from
-a ``torch.Generator``. Sets can be empty: THR when no p̄_y reaches 1 − q̂, APS and RAPS when
-the first class's score exceeds q̂.
-
-:func:`calibrate` fits on calibration logits and returns a frozen :class:`ConformalPredictor`;
-:func:`coverage`, :func:`mean_set_size`, :func:`size_stratified_coverage` and
-:func:`class_conditional_coverage` measure the sets it predicts on test data;
-:func:`resampled_coverage` checks the guarantee on held-out data by re-splitting it at random.
+Ties are ranked by class index (a stable sort); one u is drawn per example. Sets can be empty.
+:func:`calibrate` returns a frozen :class:`ConformalPredictor`; the other functions measure
+its sets, and :func:`resampled_coverage` checks the guarantee by re-splitting held-out data.
 """
 
 from __future__ import annotations
@@ -60,17 +54,12 @@ __all__ = [
 SCORES = ("thr", "aps", "raps")
 """The conformity scores of :func:`calibrate`."""
 
-# RAPS defaults: a light penalty (0.01 per rank) past the 5 most likely classes. Tune them for
-# your K; Angelopoulos et al. choose them on a part of the calibration data, kept out of q̂.
+# RAPS defaults: a light penalty past the 5 most likely classes; tune them for your K
 _PENALTY, _K_REG = 0.01, 5
-# Their bounds: a score is at most 1 + λ·K, which stays finite and exact in float64 for any K
-# below 2**31 at λ <= 1e6 (λ = 1e308 had made every score inf, k_reg = 10**400 an OverflowError).
+# a score is at most 1 + λ·K: finite and exact in float64 for any K below 2**31 at λ <= 1e6
 _MAX_PENALTY, _MAX_K_REG = 1e6, 2**31
-# Most random splits of resampled_coverage: its mean is then within coverage_std / 316 of the
-# expected coverage; 10**12 had run for days with no word.
 _MAX_SPLITS = 100_000
-# Size bins of the size-stratified coverage, as in Angelopoulos et al. (2021): 0-1, 2-3, 4-6,
-# 7-10, 11-100, 101-1000.
+# size bins of the size-stratified coverage (Angelopoulos et al., 2021)
 _SIZE_EDGES = (1, 3, 6, 10, 100, 1000)
 
 
@@ -111,9 +100,6 @@ def min_calibration_size(alpha: float) -> int:
     """The fewest calibration examples for which the conformal quantile at ``alpha`` exists.
 
         n_min = ⌈1/α⌉ − 1,   the least n with ⌈(n+1)(1−α)⌉ <= n
-
-    Below it the ⌈(n+1)(1−α)⌉-th smallest score does not exist: only the set of every class
-    would be guaranteed to cover.
 
     Args:
         alpha: the miscoverage, in (0, 1).
@@ -178,10 +164,8 @@ def _class_scores(p: Tensor, score: str, u: Tensor, penalty: float, k_reg: int) 
         return 1 - p
     p_sorted, order = p.sort(dim=-1, descending=True, stable=True)  # ties: by class index
     if bool((u == 1).all()):
-        # u = 1: s = ρ(y) + p̄_y = 1 − (the mass ranked below y), summed from the bottom so that
-        # the last class scores exactly 1. A running sum from the top ends within an ulp of 1
-        # on either side, and with q̂ = 1 (K = 2, more than α of the labels ranked second)
-        # whether that class entered a set depended on the last bit of p̄_1 + p̄_2.
+        # u = 1: s = 1 − (the mass ranked below y), summed from the bottom so that the last
+        # class scores exactly 1 (a running sum from the top ends within an ulp of 1)
         below = p_sorted.flip(-1).cumsum(-1).flip(-1) - p_sorted
         s_sorted = 1 - below
     else:
@@ -289,9 +273,8 @@ def calibrate(
 
         q̂ = s_(⌈(n+1)(1−α)⌉) of {s(x_i, y_i)}_{i=1..n},     C(x) = {y : s(x, y) <= q̂}
 
-    with s of ``score`` on p̄ = (1/M) Σ_m softmax(z_m) (see the module docstring). The
-    calibration split must be held out of training and exchangeable with the test data (e.g.
-    the run's validation split), never the test set the coverage is reported on.
+    The calibration split must be held out of training and exchangeable with the test data
+    (e.g. the run's validation split), never the test set the coverage is reported on.
 
     Args:
         logits: calibration logits of the members, or of one model; log-probabilities work as
@@ -314,11 +297,9 @@ def calibrate(
         logits: (M, n, K) or (n, K). labels: (n,).
 
     Raises:
-        TypeError: non-floating logits, non-integer labels or alpha, a non-int ``k_reg``, a
-            ``randomized`` that is not a bool or None.
-        ValueError: α outside (0, 1); an unknown score; ``randomized=True`` with THR;
-            ``penalty`` or ``k_reg`` with a score other than RAPS, or out of range; bad shapes,
-            labels out of range, NaN or +inf logits; a calibration split smaller than
+        TypeError: an argument of the wrong type (each named).
+        ValueError: α outside (0, 1); an unknown score; options the score does not take or
+            out of range; bad logits or labels; a calibration split smaller than
             :func:`min_calibration_size` (``alpha``).
 
     >>> g = torch.Generator().manual_seed(0)
@@ -334,7 +315,7 @@ def calibrate(
         raise TypeError(
             f"generator must be a torch.Generator (or None), got {type(generator).__name__}"
         )
-    if randomized is not None and not isinstance(randomized, bool):  # "no" had read as True
+    if randomized is not None and not isinstance(randomized, bool):
         raise TypeError(
             f"randomized must be True, False or None (the score's default), got {randomized!r}"
         )
@@ -460,9 +441,8 @@ def size_stratified_coverage(
 
         cov_b = Σ_i 1[y_i ∈ C(x_i), #C(x_i) ∈ b] / #{i : #C(x_i) ∈ b}
 
-    over the size bins 0..e_1, e_1+1..e_2, …, the last ending at K. A method that covers by
-    giving easy examples huge sets and hard ones small sets has a low coverage in some bin;
-    the size-stratified coverage (SSC) is min_b cov_b, 1 − α for ideal conditional coverage.
+    over the size bins 0..e_1, e_1+1..e_2, …, the last ending at K; min_b cov_b is the
+    size-stratified coverage (SSC).
 
     Args:
         sets: prediction sets.
@@ -504,8 +484,7 @@ def class_conditional_coverage(sets: Tensor, labels: Tensor) -> Tensor:
 
         cov_k = Σ_i 1[y_i = k, k ∈ C(x_i)] / #{i : y_i = k}
 
-    Split conformal guarantees the mean over examples, not each cov_k: min_k cov_k, or the
-    mean absolute gap between cov_k and 1 − α, shows how unevenly the classes are covered.
+    Split conformal guarantees the mean over examples, not each cov_k.
 
     Returns:
         Float64 coverages.
@@ -536,10 +515,8 @@ class ResampledCoverage:
     examples (:func:`resampled_coverage`).
 
     Attributes:
-        coverage: the mean over the splits of each split's test coverage — close to 1 − α, as
-            the guarantee is over the draw of the calibration split.
-        coverage_std: its standard deviation over the splits: how far the coverage of sets
-            calibrated on one sample of ``calibration_size`` may fall from the mean.
+        coverage: the mean over the splits of each split's test coverage.
+        coverage_std: its standard deviation over the splits.
         size: the mean set size over the splits.
         splits: the number of random splits.
         calibration_size: the examples calibrated on in each split; the rest are measured.
@@ -566,15 +543,10 @@ def resampled_coverage(
     """Check split-conformal coverage on held-out examples: calibrate on a random
     ``calibration_size`` of them, measure coverage and set size on the rest, ``splits`` times.
 
-    The guarantee P(y ∈ C(x)) >= 1 − α holds over the draw of the calibration split, so one
-    fixed split covers a little over or under 1 − α by chance: with n calibration and n'
-    test examples its coverage's standard deviation is about √(α(1−α)/n + α(1−α)/n') (0.006
-    for α = 0.1 and n = n' = 5,000). Over random splits of exchangeable data the expected
-    coverage lies in [1 − α, 1 − α + 1/(n+1)] (continuous scores), and the mean over
-    ``splits`` of them estimates it to about ``coverage_std`` / √splits; a mean well outside
-    says the examples are not exchangeable — or the sets are wrong. Each split draws a random
-    permutation of the examples, then (APS, RAPS) the calibration and test u, from
-    ``generator``.
+    The guarantee holds over the draw of the calibration split, so one fixed split covers a
+    little over or under 1 − α by chance. Over random splits of exchangeable data the expected
+    coverage lies in [1 − α, 1 − α + 1/(n+1)]; a mean well outside says the examples are not
+    exchangeable, or the sets are wrong.
 
     Args:
         logits: held-out logits of the members, or of one model, as :func:`calibrate` takes.
@@ -623,7 +595,7 @@ def resampled_coverage(
             f"calibration_size must be an int in [1, {n - 1}] for {n} examples (the rest are "
             f"measured), got {calibration_size!r}"
         )
-    _rank(int(size), _check_alpha(alpha))  # too few to calibrate on: refused before any work
+    _rank(int(size), _check_alpha(alpha))  # refused before any work
     if z.dim() == 2:
         z = z.unsqueeze(0)
     generator = torch.Generator().manual_seed(0) if generator is None else generator

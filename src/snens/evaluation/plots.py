@@ -1,10 +1,8 @@
 """Figures of the evaluation, written as PNG files: reliability diagram, metrics under shift,
 OOD score histograms, the σN-Ens importance allocation, and accuracy–NLL Pareto plots.
 
-matplotlib is an optional dependency (``pip install snens[plot]``), imported when a function
-is called. Figures are drawn on the Agg canvas directly, without pyplot, so a call neither
-opens a window nor changes the backend of an interactive session. Each function returns the
-path it wrote.
+matplotlib is optional (``pip install snens[plot]``). Figures are drawn on the Agg canvas
+without pyplot, so a call neither opens a window nor changes an interactive session's backend.
 """
 
 from __future__ import annotations
@@ -77,7 +75,7 @@ def _save(figure: Any, path: str | os.PathLike) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     image = io.BytesIO()
     figure.savefig(image, format="png")
-    # atomic, never through a link at the name (a plain savefig had followed one in --out)
+    # atomic, never through a link at the name
     return files.write_bytes(path, image.getvalue(), mode=files.plain_mode(path))
 
 
@@ -144,9 +142,7 @@ def reliability_diagram(
 ) -> Path:
     """Accuracy against confidence per equal-width bin, the gap to the diagonal, and the ECE.
 
-    Top panel: bars of accuracy per confidence bin, red bars from accuracy to mean confidence
-    (the gap: above the bar = overconfident), the diagonal of perfect calibration; the title
-    holds the ECE of :func:`snens.metrics.ece`. Bottom panel: the fraction of examples per bin.
+    The bottom panel shows the fraction of examples per bin.
 
     Args:
         probs: predictive probabilities, or member probabilities (averaged over members).
@@ -260,10 +256,8 @@ def shift_plot(
 ) -> Path:
     """Accuracy and ``metric`` against corruption severity, 0 (clean) to 5, one line per method.
 
-    A point at severity s is the mean over corruption names (``shift/severity/<s>/<metric>``);
-    the band around it spans the min to max over names; severity 0 is the clean test set.
-    With ``std``, a bar of ± std crosses each point that has one (the spread over seeds of a
-    method whose results are means over runs).
+    A point is the mean over corruption names, the band spans their min to max; severity 0 is
+    the clean test set.
 
     Args:
         results: ``{method: flat dict of snens.evaluate}``, each run with ``corruptions``.
@@ -287,7 +281,7 @@ def shift_plot(
         panel: {method: _severity_curve(r, panel, method) for method, r in results.items()}
         for panel in panels
     }
-    # one legend for all panels, below them: a study of many settings keeps its curves visible
+    # one legend for all panels, below them
     columns = 1 if len(results) <= 4 else 2
     rows = -(-len(results) // columns)
     figure = _figure(5.0 * len(panels), 4.0 + 0.2 * rows)
@@ -394,7 +388,7 @@ def ood_histograms(
 
 def _by_owner(importances: Tensor, max_features: int) -> Tensor:
     """Feature order for display: grouped by owner (argmax member), strongest first; at most
-    ``max_features`` of them, taken evenly along that order so each owner keeps its share."""
+    ``max_features``, taken evenly along that order."""
     owner = importances.argmax(0)
     strength = importances.max(0).values
     # sort by owner, then by decreasing strength; owner dominates since strength is in (0, 1)
@@ -413,11 +407,8 @@ def allocation_heatmap(
 ) -> Path:
     """Importance σ(γ) of every feature for every member, one heatmap row per member norm.
 
-    Each panel is members × features of one layer, features grouped by their owner (the member
-    of highest importance) and sorted by strength, so a hard partition shows as a block
-    diagonal and full sharing as a uniform panel. Layers wider than ``max_features`` show
-    ``max_features`` features taken evenly along that order. The panel title gives the layer's
-    mean effective members per feature (1 = one owner, M = equal sharing).
+    Features are grouped by their owner (the member of highest importance), so a hard
+    partition shows as a block diagonal and full sharing as a uniform panel.
 
     Args:
         model_or_allocation: a model holding member norms, or ``snens.allocation(model)``.
@@ -530,9 +521,6 @@ def pareto_plot(
 ) -> Path:
     """Scatter of one metric against another, one colour per ``label``, with the Pareto front.
 
-    With ``x_err`` or ``y_err``, a bar of ± that value crosses each point that has one: the
-    standard deviation over seeds where a point is the mean of several runs.
-
     Args:
         rows: one mapping per run, e.g. ``{"method": "σN-Ens", "nll": 0.21, "accuracy": 0.93,
             "tau": 0.5}``; flat ``snens.evaluate`` dicts with a label added work with
@@ -620,8 +608,7 @@ def pareto_plot(
 
 
 def _errors(rows: Sequence[Mapping[str, Any]], key: str | None) -> list[float]:
-    """Each row's value of ``key`` (a standard deviation); NaN, which draws no bar, where a
-    row lacks it or it is None."""
+    """Each row's value of ``key``; NaN (no bar) where a row lacks it or it is None."""
     if key is None:
         return [math.nan] * len(rows)
     return [math.nan if r.get(key) is None else float(r[key]) for r in rows]

@@ -1,26 +1,11 @@
 """The field's evaluation protocol for any model honouring (B, …) -> logits (M, B, K).
 
 One pass per data set: :func:`collect` runs the model batch by batch in eval mode and keeps
-only the members' float32 probabilities (M, N, K) on the CPU, never the inputs, so a test set
-of ImageNet size (50 000 × 1 000 classes × M=4: 800 MB) is evaluated without holding its
-images. Every number is then computed from those probabilities by :mod:`snens.metrics`:
-
-* ``test/…``: accuracy, NLL, Brier, ECE (equal-width bins), adaptive and class-wise ECE, AURC
-  of the ensemble mean (the mean of member softmaxes); disagreement, predictive (total) and
-  expected (aleatoric) entropy, mutual information (epistemic: in σN-Ens the modulation
-  uncertainty), member correlation (NaN for one member); member accuracy, NLL and ECE
-  averaged over members; the number of members. :func:`ensemble_metrics` computes them from
-  member probabilities at hand (e.g. M models trained apart, each evaluated once).
-* ``ood/<name>/…``: AUROC, AUPR and FPR@95%TPR of the test set against each OOD set, OOD the
-  positive class, with one score of :data:`snens.metrics.OOD_SCORES` (from probabilities) or
-  :data:`snens.metrics.LOGIT_OOD_SCORES` (from logits: max logit, energy).
-* ``shift/<name>/<severity>/…``: accuracy, NLL, ECE, Brier on each corrupted copy of the test
-  set; ``shift/severity/<s>/…`` their mean over corruption names at severity s, and
-  ``shift/mean/…`` the mean over every (name, severity).
-
-:func:`posthoc_metrics` adds what the logits kept by :func:`evaluate` (``keep_logits``) and a
-validation split give without another pass: more OOD scores, and split-conformal prediction
-sets calibrated on the validation split (:mod:`snens.evaluation.conformal`).
+only the members' outputs (M, N, K) on the CPU. Every number is then computed from them by
+:mod:`snens.metrics`: ``test/…`` (:func:`ensemble_metrics`), ``ood/<name>/…`` (AUROC, AUPR and
+FPR@95%TPR, OOD positive) and ``shift/<name>/<severity>/…`` with their means per severity and
+over all. :func:`posthoc_metrics` adds what the kept logits and a validation split give
+without another pass: more OOD scores and split-conformal prediction sets.
 """
 
 from __future__ import annotations
@@ -59,12 +44,11 @@ SHIFT_METRICS = ("accuracy", "nll", "ece", "brier")
 """The metrics reported per corruption, per severity and on average."""
 
 CONFORMAL_SCORES = ("thr", "aps")
-"""The conformal scores :func:`posthoc_metrics` reports: the smallest sets (THR) and the sets
-adapting to uncertainty (randomized APS)."""
+"""The conformal scores :func:`posthoc_metrics` reports (THR and randomized APS)."""
 
 _SEVERITIES = range(1, 6)
 _SCORE_NAMES = sorted([*metrics.OOD_SCORES, *metrics.LOGIT_OOD_SCORES])
-# Names a corruption cannot take: "shift/severity/…" and "shift/mean/…" hold the averages.
+# "shift/severity/…" and "shift/mean/…" hold the averages
 _RESERVED_SHIFT_NAMES = ("severity", "mean")
 
 
@@ -95,9 +79,8 @@ def ensemble_metrics(member_probs: Any, labels: Any, num_bins: int = 15) -> dict
         member_probs: (M, N, K). labels: (N,).
 
     Raises:
-        TypeError, ValueError: as :mod:`snens.metrics` does: probabilities that are not
-            floating point, not (M, N, K) or whose rows do not sum to 1; labels that are not
-            integers, not (N,) or out of range; ``num_bins`` not an int >= 1.
+        TypeError, ValueError: as :mod:`snens.metrics` does (bad probabilities or labels);
+            ``num_bins`` not an int >= 1.
     """
     member_probs = torch.as_tensor(member_probs)
     if member_probs.dim() != 3:
@@ -122,7 +105,6 @@ def ensemble_metrics(member_probs: Any, labels: Any, num_bins: int = 15) -> dict
         "predictive_entropy": metrics.predictive_entropy(member_probs).mean().item(),
         "expected_entropy": metrics.expected_entropy(member_probs).mean().item(),
         "mutual_information": metrics.mutual_information(member_probs).mean().item(),
-        # one member has no pairs to correlate
         "member_correlation": math.nan if M < 2 else metrics.member_correlation(member_probs),
         "member_accuracy_mean": members["accuracy"].mean().item(),
         "member_nll_mean": members["nll"].mean().item(),
@@ -248,8 +230,7 @@ def ood_detection(
 
 
 def _score(score: str, member_logits: Tensor, member_probs: Tensor) -> Tensor:
-    """Per-example OOD scores (N,) of any known score, from the members' logits (M, N, K) or
-    their probabilities (the same pass, softmaxed once)."""
+    """Per-example OOD scores (N,) of any known score, from logits or probabilities (M, N, K)."""
     if score in metrics.LOGIT_OOD_SCORES:
         return metrics.LOGIT_OOD_SCORES[score](member_logits)
     return metrics.OOD_SCORES[score](member_probs)
@@ -278,13 +259,8 @@ def evaluate(
     """Evaluate an ensemble (or any model under the (M, B, K) contract) on the full protocol.
 
     Calibration and accuracy are measured on the ensemble mean p̄ = (1/M) Σ_m softmax(z_m);
-    OOD detection flags high scores s(x) of ``ood_score`` (OOD positive); shift metrics are
-    averaged as
-
-        shift/severity/s/metric = mean over names n of shift/n/s/metric
-        shift/mean/metric       = mean over every (n, s) given
-
-    Each data set is run once (see :func:`collect`); the model's training flags are restored.
+    OOD detection flags high scores of ``ood_score`` (OOD positive). Each data set is run once;
+    the model's training flags are restored.
 
     Args:
         model: returns logits (M, B, K) from inputs (B, …); wrap a plain classifier in
@@ -295,19 +271,14 @@ def evaluate(
             (e.g. built with ``snens.data.corruptions``).
         domains: ``{name: loader}`` of labelled test sets of another domain with the same
             classes (``(x, y)`` batches): accuracy and calibration under domain shift.
-        ood_score: one of ``snens.metrics.OOD_SCORES``: ``"msp"`` (1 − max p̄),
-            ``"entropy"`` (H[p̄]) or ``"mutual_information"``, or of
-            ``snens.metrics.LOGIT_OOD_SCORES``: ``"max_logit"`` (−max_k z̄_k) or ``"energy"``
-            (−log Σ_k exp z̄_k), z̄ the members' mean logit; or a list of them, each scored
-            from the same pass (keys ``ood/<name>/<score>/…``).
+        ood_score: one of ``snens.metrics.OOD_SCORES`` or ``snens.metrics.LOGIT_OOD_SCORES``,
+            or a list of them, each scored from the same pass (keys ``ood/<name>/<score>/…``).
         num_bins: bins of the ECEs; 15 is the field's convention.
         device: where inputs go, by default the model's device.
         keep_logits: a dict that receives the member logits (M, N, K) of the pass over each
             set — ``"test"``, ``"test_labels"`` (N,), ``"ood/<name>"``,
-            ``"shift/<name>/<severity>"``, ``"domain/<name>"`` and their ``"…_labels"`` — so a
-            post-hoc
-            calibrator, another OOD score or a prediction set needs no second pass
-            (:func:`posthoc_metrics`).
+            ``"shift/<name>/<severity>"``, ``"domain/<name>"`` and their ``"…_labels"`` — for
+            :func:`posthoc_metrics`, with no second pass.
 
     Returns:
         A flat ``{key: float}``: ``"test/<metric>"``, ``"ood/<name>/{auroc,aupr,fpr95}"``
@@ -315,7 +286,6 @@ def evaluate(
         ``"shift/<name>/<severity>/<metric>"``, ``"shift/severity/<s>/<metric>"``,
         ``"shift/mean/<metric>"``, ``"domain/<name>/<metric>"`` (metrics of
         :data:`SHIFT_METRICS`).
-        ``"test/member_correlation"`` is NaN for a single member.
 
     Raises:
         ValueError: an unknown ``ood_score``; a severity outside 1..5 or a malformed
@@ -328,12 +298,9 @@ def evaluate(
     ood_sets = _check_ood_sets(ood)
     shifted = _check_corruptions(corruptions)
 
-    member_logits, labels = _collect(model, test_loader, device, what="test set", logits=True)
-    if labels is None:
-        raise ValueError("test set: the loader yielded batches without labels; yield (x, y)")
-    member_probs = member_logits.softmax(dim=-1)  # what _collect computes without logits=True
-    if keep_logits is not None:
-        keep_logits.update(test=member_logits, test_labels=labels)
+    member_logits, member_probs, labels = _collect_labelled(
+        model, test_loader, device, "test set", None, keep_logits, "test"
+    )
     M, _, K = member_probs.shape
     results = {f"test/{k}": v for k, v in ensemble_metrics(member_probs, labels, num_bins).items()}
 
@@ -344,18 +311,27 @@ def evaluate(
     )
     results.update(_shift_results(model, shifted, (M, K), num_bins, device, keep_logits))
     for name, loader in _check_ood_sets(domains).items():
-        what = f"domain set {name!r}"
-        logits, domain_labels = _collect(model, loader, device, what=what, logits=True)
-        if domain_labels is None:
-            raise ValueError(f"{what}: the loader yielded batches without labels; yield (x, y)")
-        probs = logits.softmax(dim=-1)
-        _check_same_members(probs, M, K, what)
+        _, probs, domain_labels = _collect_labelled(
+            model, loader, device, f"domain set {name!r}", (M, K), keep_logits, f"domain/{name}"
+        )
         for metric, value in _shift_metrics(probs, domain_labels, num_bins).items():
             results[f"domain/{name}/{metric}"] = value
-        if keep_logits is not None:
-            keep_logits[f"domain/{name}"] = logits
-            keep_logits[f"domain/{name}_labels"] = domain_labels
     return results
+
+
+def _collect_labelled(model, loader, device, what, members_classes, keep_logits, key):
+    """One labelled set's member logits, probabilities and labels, checked against the test
+    set's (M, K) and kept as ``key`` and ``<key>_labels``."""
+    logits, labels = _collect(model, loader, device, what=what, logits=True)
+    if labels is None:
+        raise ValueError(f"{what}: the loader yielded batches without labels; yield (x, y)")
+    probs = logits.softmax(dim=-1)  # what _collect computes without logits=True
+    if members_classes is not None:
+        _check_same_members(probs, *members_classes, what)
+    if keep_logits is not None:
+        keep_logits[key] = logits
+        keep_logits[f"{key}_labels"] = labels
+    return logits, probs, labels
 
 
 def posthoc_metrics(
@@ -371,10 +347,9 @@ def posthoc_metrics(
       :func:`evaluate`'s default ``"msp"`` leaves out);
     * with a validation split (``"val"``, ``"val_labels"``): split-conformal prediction sets
       at α = ``conformal_alpha`` calibrated on it and measured on the test set,
-      ``test/conformal_<score>_coverage`` (the fraction of sets holding the label, >= 1 − α in
-      expectation) and ``test/conformal_<score>_size`` (the mean number of classes per set),
-      for each of :data:`CONFORMAL_SCORES`: THR, and randomized APS whose u are drawn by a
-      generator seeded 0, so every run and every re-evaluation draws the same.
+      ``test/conformal_<score>_coverage`` and ``test/conformal_<score>_size``, for each of
+      :data:`CONFORMAL_SCORES` (APS's u drawn by a generator seeded 0, so re-evaluation
+      draws the same).
 
     Args:
         outputs: the dict ``evaluate(..., keep_logits=outputs)`` filled: ``"test"``,
@@ -400,14 +375,7 @@ def posthoc_metrics(
     scores = _check_scores(ood_scores) if len(ood_scores) else []
     _check_outputs(outputs)
     test, labels = outputs["test"], outputs["test_labels"]
-    names = [key.removeprefix("ood/") for key in outputs if key.startswith("ood/")]
-    test_probs = test.softmax(dim=-1)
-    in_scores = {s: _score(s, test, test_probs) for s in scores} if names else {}
-    results = {}
-    for name in names:
-        out_logits = outputs[f"ood/{name}"]
-        member_outputs = (out_logits, out_logits.softmax(dim=-1))
-        results.update(_ood_keys(name, in_scores, member_outputs, scores, ood_score=scores))
+    results = _kept_ood_results(outputs, test.softmax(dim=-1), scores, scores)
     if "val" in outputs:
         generator = torch.Generator().manual_seed(0)
         for score in CONFORMAL_SCORES:
@@ -420,18 +388,22 @@ def posthoc_metrics(
     return results
 
 
-def _check_outputs(outputs: Mapping[str, Tensor]) -> None:
-    """Kept logits of one model: ``test`` (M, N, K) floats, and every other set's logits of
-    that M and K, each but the OOD sets with labels of their N, every logit finite (OOD logits
-    of another K or M had been scored against the test set, an AUROC near 0; validation logits
-    without labels had been a KeyError, integer logits a NotImplementedError from torch); −inf
-    is a logit of probability 0, allowed.
+def _kept_ood_results(outputs, test_probs, scores, ood_score) -> dict[str, float]:
+    """:func:`_ood_keys` of every kept ``"ood/<name>"`` against the kept test set."""
+    test = outputs["test"]
+    names = [key.removeprefix("ood/") for key in outputs if key.startswith("ood/")]
+    in_scores = {s: _score(s, test, test_probs) for s in scores} if names else {}
+    results = {}
+    for name in names:
+        out_logits = outputs[f"ood/{name}"]
+        member_outputs = (out_logits, out_logits.softmax(dim=-1))
+        results.update(_ood_keys(name, in_scores, member_outputs, scores, ood_score))
+    return results
 
-    Raises:
-        ValueError: a set's logits or labels of another shape or kind, missing labels, or
-            logits that are NaN or +inf, named with the set.
-        KeyError: no ``"test"`` or ``"test_labels"``.
-    """
+
+def _check_outputs(outputs: Mapping[str, Tensor]) -> None:
+    """Kept logits of one model: ``test`` (M, N, K) floats, every other set's of that M and K,
+    each but the OOD sets with labels of their N, none NaN or +inf (−inf is allowed)."""
     test, _ = outputs["test"], outputs["test_labels"]
     if not isinstance(test, Tensor) or test.dim() != 3 or not test.is_floating_point():
         got = (
@@ -481,7 +453,7 @@ def _ood_results(
     model, ood_sets, member_outputs, scores, ood_score, device, keep_logits=None
 ) -> dict[str, float]:
     """``ood/<name>/[<score>/]{auroc,aupr,fpr95}`` of every OOD set against the test set's
-    member (logits, probabilities), each (M, N, K), whose scores are computed once per score."""
+    member (logits, probabilities)."""
     M, _, K = member_outputs[0].shape
     in_scores = {s: _score(s, *member_outputs) for s in scores} if ood_sets else {}
     results = {}
@@ -502,9 +474,8 @@ def _ood_keys(
     scores: Sequence[str],
     ood_score: str | Sequence[str],
 ) -> dict[str, float]:
-    """``ood/<name>/[<score>/]{auroc,aupr,fpr95}`` of one OOD set's member (logits,
-    probabilities) against the test set's ``in_scores``; the score in the key where
-    ``ood_score`` is a list, as :func:`evaluate` names them."""
+    """``ood/<name>/[<score>/]{auroc,aupr,fpr95}`` of one OOD set against the test set's
+    ``in_scores``; the score in the key where ``ood_score`` is a list."""
     results = {}
     for score in scores:
         prefix = f"ood/{name}/" if isinstance(ood_score, str) else f"ood/{name}/{score}/"
@@ -517,20 +488,14 @@ def _ood_keys(
 def _shift_results(
     model, shifted, members_classes, num_bins, device, keep_logits=None
 ) -> dict[str, float]:
-    """``shift/<name>/<s>/<metric>`` of every corrupted set, their means per severity
-    (``shift/severity/<s>/…``) and over all (``shift/mean/…``); ``keep_logits`` receives each
-    set's member logits and labels as ``shift/<name>/<s>`` and ``shift/<name>/<s>_labels``."""
+    """The metrics of every corrupted set and their means (:func:`_shift_summary`)."""
     per_set: dict[tuple[str, int], dict[str, float]] = {}
     for (name, severity), loader in shifted.items():
         what = f"corruption {name!r} at severity {severity}"
-        logits, shift_labels = _collect(model, loader, device, what=what, logits=True)
-        if shift_labels is None:
-            raise ValueError(f"{what}: the loader yielded batches without labels")
-        probs = logits.softmax(dim=-1)  # what _collect computes without logits=True
-        if keep_logits is not None:
-            keep_logits[f"shift/{name}/{severity}"] = logits
-            keep_logits[f"shift/{name}/{severity}_labels"] = shift_labels
-        _check_same_members(probs, *members_classes, what)
+        key = f"shift/{name}/{severity}"
+        _, probs, shift_labels = _collect_labelled(
+            model, loader, device, what, members_classes, keep_logits, key
+        )
         per_set[(name, severity)] = _shift_metrics(probs, shift_labels, num_bins)
     return _shift_summary(per_set, "shift")
 
@@ -562,8 +527,7 @@ def _check_same_members(member_probs: Tensor, num_members: int, num_classes: int
 
 def temperature_scaled_metrics(outputs: Mapping[str, Tensor]) -> dict[str, float]:
     """``test_ts/<metric>``: the test metrics after temperature scaling fitted on the
-    validation logits (one T for every member, the ensemble's mean of softmaxes), and
-    ``test_ts/temperature``; the baseline a user would try first.
+    validation logits, and ``test_ts/temperature``.
 
     Args:
         outputs: the dict ``evaluate(..., keep_logits=outputs)`` filled, with a validation
@@ -580,8 +544,7 @@ def temperature_scaled_metrics(outputs: Mapping[str, Tensor]) -> dict[str, float
     Raises:
         KeyError: ``outputs`` without one of those four keys.
         TypeError, ValueError: validation logits or labels that
-            :func:`~snens.evaluation.calibration.fit_temperature` refuses (non-floating logits,
-            non-integer labels, bad shapes, labels out of range, NaN or +inf logits).
+            :func:`~snens.evaluation.calibration.fit_temperature` refuses.
     """
     with warnings.catch_warnings():  # a T at the search's bound is reported, not warned
         warnings.simplefilter("ignore")
@@ -598,11 +561,8 @@ def temperature_scaled_metrics(outputs: Mapping[str, Tensor]) -> dict[str, float
 def _kept_set_metrics(
     outputs: Mapping[str, Tensor], apply: Any = None, tail: str = "", num_bins: int = 15
 ) -> dict[str, float]:
-    """The metrics of :data:`SHIFT_METRICS` of the kept corrupted and domain sets
-    (``shift/<name>/<s>``, ``domain/<name>`` and their labels), after ``apply`` (a calibrator
-    fitted in-domain; None: the logits as kept): ``domain<tail>/<name>/<metric>`` and
-    ``shift<tail>/<name>/<s>/<metric>`` with their means per severity and over all, as
-    :func:`evaluate` reports the raw ones (``tail`` ``"_ts"`` for temperature scaling)."""
+    """``domain<tail>/…`` and ``shift<tail>/…`` metrics of the kept corrupted and domain sets,
+    after ``apply`` (a calibrator fitted in-domain; None: the logits as kept)."""
     results: dict[str, float] = {}
     per_set: dict[tuple[str, int], dict[str, float]] = {}
     for key in sorted(outputs):
@@ -655,10 +615,8 @@ def calibrated_metrics(
     outputs: Mapping[str, Tensor], calibrators: str | Sequence[str] = ("temperature",)
 ) -> dict[str, float]:
     """The test metrics after each post-hoc calibrator of ``calibrators``, fitted on the
-    validation logits and applied to the test logits
-    (:func:`~snens.evaluation.calibration.fit_calibrator`, its default options), keyed
-    ``<prefix>/<metric>`` by :data:`CALIBRATED_PREFIXES` (``test_ts/nll``, ``test_vs/ece``, …);
-    temperature also gives ``test_ts/temperature`` (:func:`temperature_scaled_metrics`).
+    validation logits with its default options, keyed ``<prefix>/<metric>`` by
+    :data:`CALIBRATED_PREFIXES`; temperature also gives ``test_ts/temperature``.
 
     Args:
         outputs: the dict ``evaluate(..., keep_logits=outputs)`` filled, with a validation
@@ -694,11 +652,7 @@ def calibrated_metrics(
 
 
 def _check_calibrators(calibrators: str | Sequence[str]) -> list[str]:
-    """``calibrators`` as a list of names of :data:`CALIBRATED_PREFIXES`, each once.
-
-    Raises:
-        ValueError: an unknown name, or one listed twice; the message lists the choices.
-    """
+    """``calibrators`` as a list of names of :data:`CALIBRATED_PREFIXES`, each once."""
     names = [calibrators] if isinstance(calibrators, str) else list(calibrators)
     choices = list(CALIBRATED_PREFIXES)
     for name in names:
@@ -713,10 +667,8 @@ def stack_members(outputs: Sequence[Mapping[str, Tensor]]) -> dict[str, Tensor]:
     """One ensemble's kept logits from the kept logits of models trained apart: each set's
     member logits concatenated on the member dimension, its labels checked equal.
 
-    The deep ensemble as the field runs it is M models trained one by one (on other machines,
-    under other seeds) and evaluated one by one; stacking their ``keep_logits`` dicts (or
-    engine runs' ``outputs.npz``) makes the dict one ensemble of all their members would
-    have kept, ready for :func:`logit_metrics`.
+    Stacking the ``keep_logits`` dicts of M models trained apart (a deep ensemble) makes the
+    dict one ensemble of all their members would have kept, ready for :func:`logit_metrics`.
 
     Args:
         outputs: two or more dicts as ``evaluate(..., keep_logits=...)`` fills them:
@@ -727,8 +679,7 @@ def stack_members(outputs: Sequence[Mapping[str, Tensor]]) -> dict[str, Tensor]:
         The same keys: logits (ΣM, N, K), labels (N,).
 
     Raises:
-        ValueError: fewer than two dicts; dicts with different keys, or labels, or numbers
-            of examples or classes for one set (models evaluated on different data).
+        ValueError: fewer than two dicts, or dicts of different sets, labels or shapes.
         KeyError: no ``"test"`` or ``"test_labels"``.
     """
     if isinstance(outputs, Mapping) or len(outputs) < 2:
@@ -779,10 +730,8 @@ def logit_metrics(
     calibrators: str | Sequence[str] = ("temperature",),
     num_bins: int = 15,
 ) -> dict[str, float]:
-    """The metrics a run's final evaluation reports, from kept logits alone: what
-    :func:`evaluate` gives on the test and OOD sets (with the same ``ood_score`` keys), the
-    validation split's, the post-hoc calibrators fitted on it and :func:`posthoc_metrics`
-    (:func:`held_out_metrics`), and those of the corrupted and domain sets it kept.
+    """The metrics a run's final evaluation reports, from kept logits alone: :func:`evaluate`'s
+    (with the same ``ood_score`` keys) and :func:`held_out_metrics`.
 
     Args:
         outputs: as :func:`posthoc_metrics` takes them, e.g. :func:`stack_members`' result.
@@ -801,16 +750,10 @@ def logit_metrics(
     scores = _check_scores(ood_score)
     _check_num_bins(num_bins)
     _check_outputs(outputs)
-    test, labels = outputs["test"], outputs["test_labels"]
-    test_probs = test.softmax(dim=-1)
-    results = {f"test/{k}": v for k, v in ensemble_metrics(test_probs, labels, num_bins).items()}
-    names = [key.removeprefix("ood/") for key in outputs if key.startswith("ood/")]
-    in_scores = {s: _score(s, test, test_probs) for s in scores} if names else {}
-    for name in names:
-        out_logits = outputs[f"ood/{name}"]
-        _check_same_members(out_logits, *test.shape[::2], f"OOD set {name!r}")
-        member_outputs = (out_logits, out_logits.softmax(dim=-1))
-        results.update(_ood_keys(name, in_scores, member_outputs, scores, ood_score))
+    test_probs = outputs["test"].softmax(dim=-1)
+    values = ensemble_metrics(test_probs, outputs["test_labels"], num_bins)
+    results = {f"test/{k}": v for k, v in values.items()}
+    results.update(_kept_ood_results(outputs, test_probs, scores, ood_score))
     results.update(_kept_set_metrics(outputs, num_bins=num_bins))
     results.update(
         held_out_metrics(
@@ -834,9 +777,8 @@ def held_out_metrics(
 ) -> dict[str, float]:
     """What a run reports beyond :func:`evaluate`'s test and OOD metrics, from kept logits:
     with a validation split (``"val"``, ``"val_labels"``), its metrics (``val/<metric>``) and
-    the post-hoc calibrators fitted on it (:func:`calibrated_metrics`: temperature scaling by
-    default); and always :func:`posthoc_metrics`. The engine's final evaluation,
-    :func:`logit_metrics` and a run evaluated again all compose their results with it.
+    the post-hoc calibrators fitted on it (:func:`calibrated_metrics`); and always
+    :func:`posthoc_metrics`.
 
     Args:
         outputs: as :func:`posthoc_metrics` takes them.

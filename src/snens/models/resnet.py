@@ -170,10 +170,6 @@ def resnet18(
 
     Returns:
         A new :class:`ResNet` of basic blocks, randomly initialized.
-
-    Shape:
-        - Input: (B, C, H, W).
-        - Output: (B, K).
     """
     return ResNet(BasicBlock, (2, 2, 2, 2), num_classes, in_channels, norm_layer)
 
@@ -190,9 +186,5 @@ def resnet50(
 
     Returns:
         A new :class:`ResNet` of bottleneck blocks, randomly initialized.
-
-    Shape:
-        - Input: (B, C, H, W).
-        - Output: (B, K).
     """
     return ResNet(Bottleneck, (3, 4, 6, 3), num_classes, in_channels, norm_layer)

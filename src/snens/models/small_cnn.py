@@ -99,9 +99,5 @@ def small_cnn(
 
     Returns:
         A new :class:`SmallCNN`, randomly initialized.
-
-    Shape:
-        - Input: (B, C, H, W).
-        - Output: (B, K).
     """
     return SmallCNN(num_classes, in_channels, width, norm_layer)

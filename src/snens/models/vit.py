@@ -222,12 +222,7 @@ def vit_small(
     Returns:
         A new :class:`VisionTransformer`, randomly initialized.
 
-    Shape:
-        - Input: (B, C, image_size, image_size).
-        - Output: (B, K).
-
     Raises:
-        ValueError: if ``image_size`` is not divisible by ``patch_size`` or ``dim`` by
-            ``num_heads``; at call time, if the input size differs from ``image_size``.
+        ValueError: as :class:`VisionTransformer`.
     """
     return VisionTransformer(num_classes, image_size, patch_size, in_channels, **kwargs)

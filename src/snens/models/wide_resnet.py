@@ -144,9 +144,5 @@ def wrn28_10(
 
     Returns:
         A new :class:`WideResNet` of depth 28 and widen factor 10, randomly initialized.
-
-    Shape:
-        - Input: (B, C, H, W).
-        - Output: (B, K).
     """
     return WideResNet(28, 10, num_classes, dropout, in_channels, norm_layer)
