@@ -1,0 +1,121 @@
+"""σN-Ens under PyTorch FSDP2 (``torch.distributed.fsdp.fully_shard``), in real processes over
+gloo on the CPU: a converted model sharded over 2 ranks, each on half of every batch, takes the
+steps of one unsharded model on the whole batch (member norms' γ, weights and heads, the
+diversity loss on sharded γ, the parameter groups), and its full state dict loads into a fresh
+conversion.
+
+The model is an MLP of LayerNorms (batch norms' statistics are per rank under any data
+parallelism). Each rank wraps every member norm and linear layer as its own FSDP unit, then
+the ensemble, as one shards a transformer block by block.
+"""
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch.distributed as dist
+
+pytestmark = pytest.mark.skipif(
+    not (dist.is_available() and dist.is_gloo_available()),
+    reason="this torch build has no torch.distributed with the gloo backend",
+)
+
+SCRIPT = """\
+import json
+import sys
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.fsdp import fully_shard
+
+import snens
+from snens.nn.norms import MemberNorm
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+torch.set_num_threads(1)
+CONFIG = snens.SnensConfig(num_members=4, temperature=5.0, diversity_weight=0.01)
+
+
+def mlp():
+    return nn.Sequential(
+        nn.Flatten(), nn.Linear(48, 32), nn.LayerNorm(32), nn.GELU(),
+        nn.Linear(32, 32), nn.LayerNorm(32), nn.GELU(), nn.Linear(32, 5),
+    )
+
+
+torch.manual_seed(0)
+ens = snens.convert(mlp(), CONFIG)
+reference = snens.convert(mlp(), CONFIG)
+reference.load_state_dict(ens.state_dict())
+initial = {k: v.clone() for k, v in reference.state_dict().items()}
+for module in ens.model.modules():
+    if isinstance(module, MemberNorm):  # γ stays gathered from the forward to the loss
+        fully_shard(module, reshard_after_forward=False)
+    elif isinstance(module, nn.Linear):
+        fully_shard(module)
+fully_shard(ens)
+sharded = sum(isinstance(p, torch.distributed.tensor.DTensor) for p in ens.parameters())
+optimizer = torch.optim.AdamW(snens.param_groups(ens, lr=1e-2))
+reference_optimizer = torch.optim.AdamW(snens.param_groups(reference, lr=1e-2))
+g = torch.Generator().manual_seed(1)
+for step in range(4):
+    x, y = torch.randn(16, 3, 4, 4, generator=g), torch.randint(0, 5, (16,), generator=g)
+    half = slice(rank * 16 // world, (rank + 1) * 16 // world)
+    loss = snens.training_loss(ens, ens.train()(x[half]), y[half]).total
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    whole = snens.training_loss(reference, reference.train()(x), y).total
+    reference_optimizer.zero_grad()
+    whole.backward()
+    reference_optimizer.step()
+full = get_model_state_dict(ens, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+if rank == 0:
+    expected = reference.state_dict()
+    gap = max((full[k] - expected[k]).abs().max().item() for k in expected)
+    moved = max((full[k] - initial[k]).abs().max().item() for k in expected)
+    fresh = snens.convert(mlp(), CONFIG)
+    fresh.load_state_dict(full)
+    x = torch.randn(8, 3, 4, 4, generator=g)
+    with torch.no_grad():
+        out_gap = (fresh.eval()(x) - reference.eval()(x)).abs().max().item()
+    json.dump(
+        {"sharded": sharded, "params": sum(1 for _ in ens.parameters()), "gap": gap,
+         "out_gap": out_gap, "moved": moved, "keys": sorted(full) == sorted(expected)},
+        open(sys.argv[1], "w"),
+    )
+dist.destroy_process_group()
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_sharded_ensemble_takes_the_steps_of_the_whole_one(tmp_path):
+    import json
+
+    script = tmp_path / "fsdp_step.py"
+    script.write_text(SCRIPT)
+    result = tmp_path / "result.json"
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+        f"--master_port={_free_port()}", str(script), str(result),
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(result.read_text())
+    # every parameter sharded: 2 linears and the member head (w, b), 2 member norms (w, b, γ)
+    assert found["sharded"] == found["params"] == 3 * 2 + 2 * 3
+    assert found["keys"]  # the full state dict names every tensor of the unsharded ensemble
+    assert found["gap"] < 2e-5, found  # the same steps, to float32 rounding
+    assert found["out_gap"] < 2e-5, found
+    assert found["moved"] > 1e-3, found  # it trained
