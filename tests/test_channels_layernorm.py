@@ -186,6 +186,7 @@ def test_a_module_taking_either_layout_at_one_rank_is_refused_saying_what_to_do(
     norm = _randomize(EitherLayout())
     reason = refusal(norm)
     assert reason.startswith("EitherLayout computes both layer norm over the last dimension and")
+    assert "register_norm(EitherLayout, snens.nn.MemberLayerNorm2d)" in reason
     model = _conv1d(norm)
     with pytest.raises(TypeError, match=r"1 \(EitherLayout\)\. EitherLayout computes both"):
         snens.convert(model, M, skip_unsupported=False)
