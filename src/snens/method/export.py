@@ -98,7 +98,10 @@ def export_onnx(
     named after the forward's keywords (``input_ids``, ``attention_mask``, …; positional
     inputs ``input``, ``input_1``, …, or ``input_names``), its output ``logits``, and the
     shared batch dimension ``batch`` wherever it appears. Needs ``onnx`` and ``onnxscript``
-    (``pip install 'snens[export]'``); ONNX Runtime runs the file.
+    (``pip install 'snens[export]'``); ONNX Runtime runs the file. A correct export prints
+    nothing: torch.onnx's progress lines and the exporter's notes that need no action (skipped
+    torchvision ops, nodes constant folding leaves unfolded) are silenced while it runs; every
+    other log record and warning shows.
 
     Args:
         ensemble: an :class:`Ensemble` in eval mode.
