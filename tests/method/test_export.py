@@ -1,5 +1,8 @@
 """The whole ensemble exports with a dynamic batch size: torch.export and ONNX equal eager."""
 
+import logging
+import warnings
+
 import pytest
 import torch
 
@@ -202,3 +205,85 @@ def test_onnx_input_names_are_checked_against_the_inputs(tmp_path):
     graph = onnx.load(path).graph
     assert [i.name for i in graph.input] == ["ids", "mask"]
     assert [o.name for o in graph.output] == ["logits"]
+
+
+def _tiny_bert():
+    """A Hugging Face ``BertForSequenceClassification`` of width 32, built from a config."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=37,
+        vocab_size=100,
+    )
+    torch.manual_seed(0)
+    return transformers.BertForSequenceClassification(config).eval()
+
+
+def _bert_tokens(batch: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 100, (batch, 7), generator=g)
+    return (), {"input_ids": ids, "attention_mask": torch.ones(batch, 7, dtype=torch.long)}
+
+
+QUIET_CASES = [("small_cnn", _small_cnn, _images(1, 28)), ("bert", _tiny_bert, _bert_tokens)]
+
+
+@pytest.mark.parametrize("case", QUIET_CASES, ids=[c[0] for c in QUIET_CASES])
+def test_a_correct_onnx_export_prints_nothing_and_warns_nothing(case, tmp_path, capfd, caplog):
+    """torch.onnx's progress lines, its skipped torchvision ops, onnxscript's constant folding
+    ("Evaluation failed: …") and torch's own LeafSpec deprecation stay out of a clean export."""
+    pytest.importorskip("onnx")
+    pytest.importorskip("onnxscript")
+    name, model, inputs = case
+    ens = snens.convert(model(), num_members=M).eval()
+    args, kwargs = inputs(5, seed=99)
+    capfd.readouterr()
+    with caplog.at_level(logging.WARNING), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        snens.export_onnx(ens, tmp_path / f"{name}.onnx", *args, **kwargs)
+    out, err = capfd.readouterr()
+    assert (out, err) == ("", "")
+    assert [r.getMessage() for r in caplog.records] == []  # pytest's handler, else stderr
+    assert [f"{w.category.__name__}: {w.message}" for w in caught] == []
+
+
+def test_onnx_export_keeps_other_messages_and_restores_the_filters(monkeypatch, tmp_path, caplog):
+    """Only the known chatter is dropped, only during the export: another record of the same
+    loggers and another warning show, an error raises, and the loggers are as they were."""
+    pytest.importorskip("onnx")
+    pytest.importorskip("onnxscript")
+    ens = snens.convert(_small_cnn(), num_members=M).eval()
+    x = torch.randn(3, 1, 28, 28)
+    folding = logging.getLogger("onnxscript.optimizer._constant_folding")
+    registration = logging.getLogger("torch.onnx._internal.exporter._registration")
+    before = (list(folding.filters), list(registration.filters))
+    real_export = torch.onnx.export
+
+    def chatty(*args, fail=False, **kwargs):
+        folding.warning("Evaluation failed: %s", "cannot reshape")
+        folding.warning("a real problem")
+        registration.warning("torchvision is not installed. Skipping %s", "torchvision::nms")
+        warnings.warn(
+            "`isinstance(treespec, LeafSpec)` is deprecated, use …", FutureWarning, stacklevel=2
+        )
+        warnings.warn("a real warning", UserWarning, stacklevel=2)
+        if fail:
+            raise RuntimeError("a real error")
+        return real_export(*args, **kwargs)
+
+    monkeypatch.setattr(torch.onnx, "export", chatty)
+    with caplog.at_level(logging.WARNING), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        snens.export_onnx(ens, tmp_path / "c.onnx", x)
+    assert [r.getMessage() for r in caplog.records] == ["a real problem"]
+    assert [str(w.message) for w in caught] == ["a real warning"]
+    assert (folding.filters, registration.filters) == before
+
+    monkeypatch.setattr(torch.onnx, "export", lambda *a, **k: chatty(*a, fail=True, **k))
+    with pytest.raises(RuntimeError, match="a real error"), pytest.warns(UserWarning):
+        snens.export_onnx(ens, tmp_path / "d.onnx", x)
+    assert (folding.filters, registration.filters) == before
+    folding.warning("Evaluation failed: %s", "after the export")
+    assert caplog.records[-1].getMessage() == "Evaluation failed: after the export"

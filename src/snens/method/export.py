@@ -6,9 +6,12 @@ norms trace their loop of plain norms, so one program takes any B ≥ 1.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import logging
 import os
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -95,7 +98,10 @@ def export_onnx(
     named after the forward's keywords (``input_ids``, ``attention_mask``, …; positional
     inputs ``input``, ``input_1``, …, or ``input_names``), its output ``logits``, and the
     shared batch dimension ``batch`` wherever it appears. Needs ``onnx`` and ``onnxscript``
-    (``pip install 'snens[export]'``); ONNX Runtime runs the file.
+    (``pip install 'snens[export]'``); ONNX Runtime runs the file. A correct export prints
+    nothing: torch.onnx's progress lines and the exporter's notes that need no action (skipped
+    torchvision ops, nodes constant folding leaves unfolded) are silenced while it runs; every
+    other log record and warning shows.
 
     Args:
         ensemble: an :class:`Ensemble` in eval mode.
@@ -129,9 +135,10 @@ def export_onnx(
             f"({len(args)} positional, keywords {list(kwargs)})"
         )
     program = export(ensemble, *args, **kwargs)
-    onnx_program = torch.onnx.export(
-        program, dynamo=True, input_names=names, output_names=["logits"]
-    )
+    with _without_exporter_chatter():
+        onnx_program = torch.onnx.export(
+            program, dynamo=True, input_names=names, output_names=["logits"], verbose=False
+        )
     model = onnx_program.model_proto
     batch = next(
         dim.dim_param
@@ -145,6 +152,43 @@ def export_onnx(
                 dim.dim_param = "batch"
     # atomic, never through a link at the name; one protobuf holds at most 2 GiB, as onnx.save
     return files.write_bytes(path, model.SerializeToString(), mode=files.plain_mode(path))
+
+
+#: (logger, how its message starts): what torch.onnx and onnxscript log during a correct export,
+#: nothing the user can act on: the exporter's table skipping torchvision's ops when torchvision
+#: is not installed, and constant folding leaving a node it cannot evaluate unfolded.
+_CHATTER = (
+    ("torch.onnx._internal.exporter._registration", "torchvision is not installed"),
+    ("onnxscript.optimizer._constant_folding", "Evaluation failed"),
+)
+#: torch's own deprecation, raised by its copy of the program's call graph (torch 2.13).
+_TORCH_DEPRECATION = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
+
+
+@contextlib.contextmanager
+def _without_exporter_chatter() -> Iterator[None]:
+    """During ``torch.onnx.export`` only: drop the log records of :data:`_CHATTER` and torch's
+    own FutureWarning about ``LeafSpec``; every other record and warning shows, errors raise,
+    and the loggers' filters and the warning filters are restored after."""
+    dropped = [(logging.getLogger(name), _starts_otherwise(start)) for name, start in _CHATTER]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_TORCH_DEPRECATION, category=FutureWarning)
+        for logger, keep in dropped:
+            logger.addFilter(keep)
+        try:
+            yield
+        finally:
+            for logger, keep in dropped:
+                logger.removeFilter(keep)
+
+
+def _starts_otherwise(start: str):
+    """A logging filter keeping the records whose message does not start with ``start``."""
+
+    def keep(record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(start)
+
+    return keep
 
 
 class _NamedKeywords(nn.Module):

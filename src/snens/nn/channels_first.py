@@ -2,9 +2,11 @@
 
 timm's ``LayerNorm2d``, Hugging Face's ``ConvNextLayerNorm`` (``data_format="channels_first"``)
 and ``SqueezeBertLayerNorm`` normalize (B, C, *) inputs over C: permute to channels-last, layer
-norm, permute back. Their sources vary between libraries and versions; :mod:`snens.nn.registry`
-recognizes them by what they compute (:mod:`snens.nn.probe`) and converts them to a
-:class:`MemberLayerNorm2d` through :func:`~snens.nn.plain_conversion.from_plain_as`.
+norm, permute back; so does a layer norm wrapped in ``x.transpose(1, 2)`` on the (N, C, W)
+inputs of 1-D convolutional and audio models (its 3-D inputs decide its layout). Their sources
+vary between libraries and versions; :mod:`snens.nn.registry` recognizes them by what they
+compute (:mod:`snens.nn.probe`) and converts them to a :class:`MemberLayerNorm2d` through
+:func:`~snens.nn.plain_conversion.from_plain_as`.
 """
 
 from __future__ import annotations

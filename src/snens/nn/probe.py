@@ -33,7 +33,10 @@ raise on some; the rest must agree:
 
 1. **float32**, eval and train mode, every input both take (at least one): within
    rtol = atol = 1e-5, and batch norms' running statistics after each training step too. This
-   decides what the module computes.
+   decides what the module computes. The 3-D inputs decide the layout: a member does not
+   compute a module that runs on none of the 3-D inputs the member takes but on one it refuses
+   (``x.transpose(1, 2)`` around a layer norm normalizes the channels of (N, C, W) inputs, and
+   the last dimension of 4-D ones: a layer norm over the channels, not over the last dimension).
 2. **half precision** (parameters / input: bfloat16 / bfloat16, float32 / bfloat16, float16 /
    float16; and float64 / float32, where an OLMo-2 norm multiplies in float64 and a Gemma 3n
    norm in float32), eval and train mode, the first two inputs of the first step: the same
@@ -283,7 +286,32 @@ def _float32(module, member_type, eps, values, inputs, device) -> str:
             if training and not _same_statistics(plain, member):
                 return "updates its running statistics otherwise"
             compared += 1
-    return "" if compared else "runs on none of the inputs its member version takes"
+    if not compared:
+        return "runs on none of the inputs its member version takes"
+    return _three_d_layout(plain, member, inputs, device)
+
+
+def _three_d_layout(plain, member, inputs, device) -> str:
+    """Step 1's rule for 3-D inputs: "" unless the module runs on none of the 3-D inputs the
+    member takes but on one it refuses: the layout of (N, C, W) and (N, W, C) inputs decides.
+
+    A module that swaps dims 1 and 2 around a layer norm normalizes the channels of (N, C, W)
+    inputs, and the last dimension of 4-D ones, where the swap leaves it last: it agrees with
+    both layouts, each on inputs of its own rank, and converts as the one of its 3-D inputs.
+    """
+    plain.eval()
+    three = [x for x in inputs if len(x.shape) == 3]
+    taken = [x for x in three if _takes(member, x)]
+    if not taken or any(_runs(plain, x, device) for x in taken):
+        return ""
+    refused = [x for x in three if not _takes(member, x)]
+    other = next((x for x in refused if _runs(plain, x, device)), None)
+    if other is None:
+        return ""
+    return (
+        f"runs on 3-D inputs of shape {tuple(other.shape)}, which its member version refuses, "
+        f"and on none of shape {tuple(taken[-1].shape)}, which it takes"
+    )
 
 
 def _precision(module, member_type, eps, values, inputs, param_dtype, input_dtype, device):
@@ -351,6 +379,16 @@ def _both(
             f"gives shape {tuple(expected.shape)} where its member gives {tuple(got.shape)}",
         )
     return expected, got
+
+
+def _runs(plain: nn.Module, x: Tensor | _Gated, device: torch.device) -> bool:
+    """Whether the module's forward (hooks aside) takes ``x`` in float32."""
+    x = x.to(device, torch.float32)
+    try:
+        type(plain).forward(plain, *(x.args() if isinstance(x, _Gated) else (x,)))
+    except Exception:  # noqa: BLE001 - any failure means it does not take this input
+        return False
+    return True
 
 
 def _takes(member: MemberNorm, x: Tensor | _Gated) -> bool:

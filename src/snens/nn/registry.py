@@ -251,7 +251,15 @@ def _recognize(module: nn.Module) -> Converter | str:
         return f"{name} computes none of the supported formulas on probe inputs ({names})"
     if len(found) > 1:
         names = " and ".join(f.name for f, _ in found)
-        return f"{name} computes both {names} on probe inputs"
+        choices = ", or ".join(
+            f"snens.nn.register_norm({name}, snens.nn.{c.member_type.__name__}) for a {f.name}"
+            for f, c in found
+        )
+        return (
+            f"{name} computes both {names} on probe inputs, depending on their shape, and the "
+            f"module does not tell which one your model gives it; register its class as the one "
+            f"your model needs: {choices}"
+        )
     ((formula, best),) = found
     if not best.reproduces:
         return (
