@@ -1,8 +1,10 @@
 """σN-Ens under PyTorch FSDP2 (``torch.distributed.fsdp.fully_shard``), in real processes over
 gloo on the CPU: a converted model sharded over 2 ranks, each on half of every batch, takes the
 steps of one unsharded model on the whole batch (member norms' γ, weights and heads, the
-diversity loss on sharded γ, the parameter groups), and its full state dict loads into a fresh
-conversion.
+diversity loss, the parameter groups), and its full state dict loads into a fresh conversion.
+Two ways of sharding the member norms: kept whole from the forward to the loss
+(``reshard_after_forward=False``; they are small), or resharded like every other layer, the
+diversity loss then gathering γ itself.
 
 The model is an MLP of LayerNorms (batch norms' statistics are per rank under any data
 parallelism). Each rank wraps every member norm and linear layer as its own FSDP unit, then
@@ -54,10 +56,10 @@ reference = snens.convert(mlp(), CONFIG)
 reference.load_state_dict(ens.state_dict())
 initial = {k: v.clone() for k, v in reference.state_dict().items()}
 for module in ens.model.modules():
-    if isinstance(module, MemberNorm):  # γ stays gathered from the forward to the loss
-        fully_shard(module, reshard_after_forward=False)
-    elif isinstance(module, nn.Linear):
-        fully_shard(module)
+    if isinstance(module, MemberNorm) and sys.argv[2] == "gathered":
+        fully_shard(module, reshard_after_forward=False)  # γ stays whole from forward to loss
+    elif isinstance(module, MemberNorm | nn.Linear):
+        fully_shard(module)  # γ is a DTensor again when the diversity loss reads it
 fully_shard(ens)
 sharded = sum(isinstance(p, torch.distributed.tensor.DTensor) for p in ens.parameters())
 optimizer = torch.optim.AdamW(snens.param_groups(ens, lr=1e-2))
@@ -99,7 +101,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_a_sharded_ensemble_takes_the_steps_of_the_whole_one(tmp_path):
+@pytest.mark.parametrize("norms", ["gathered", "resharded"])
+def test_a_sharded_ensemble_takes_the_steps_of_the_whole_one(tmp_path, norms):
     import json
 
     script = tmp_path / "fsdp_step.py"
@@ -107,7 +110,7 @@ def test_a_sharded_ensemble_takes_the_steps_of_the_whole_one(tmp_path):
     result = tmp_path / "result.json"
     command = [
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-        f"--master_port={_free_port()}", str(script), str(result),
+        f"--master_port={_free_port()}", str(script), str(result), norms,
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)

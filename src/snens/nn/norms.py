@@ -220,8 +220,14 @@ class MemberNorm(nn.Module):
                 self.bias.zero_()
 
     def importances(self) -> Tensor:
-        """sigmoid(gamma) flattened to (M, C): the per-feature importance of each member."""
-        return torch.sigmoid(self.gamma).reshape(self.num_members, -1)
+        """sigmoid(gamma) flattened to (M, C): the per-feature importance of each member.
+
+        Under FSDP2 a γ resharded after the forward is a DTensor when the diversity loss reads
+        it: it is gathered whole (differentiably; its gradient returns to each rank's shard).
+        """
+        gamma = self.gamma
+        whole = getattr(gamma, "full_tensor", None)
+        return torch.sigmoid(gamma if whole is None else whole()).reshape(self.num_members, -1)
 
     def scale_and_shift(self) -> tuple[Tensor, Tensor | None]:
         """The folded per-member affine: (sigmoid(gamma)·weight, sigmoid(gamma)·bias)."""
