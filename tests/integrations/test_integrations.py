@@ -480,6 +480,34 @@ def test_load_ensemble_reads_what_save_pretrained_writes(tmp_path):
     torch.testing.assert_close(_outputs(again, examples), _outputs(ens, examples), rtol=0, atol=0)
 
 
+def test_the_save_directory_alone_reloads_the_ensemble_through_the_model_class(tmp_path):
+    """load_ensemble(AutoModelForSequenceClassification, directory) builds the architecture
+    from the config.json in the directory, as from_pretrained does: a SnensTrainer save (which
+    writes the wrapped model's config.json) and ens.model.save_pretrained both reload exactly,
+    with no base model at hand; a save without config.json is refused naming what to pass."""
+    transformers = pytest.importorskip("transformers")
+    from snens.integrations.huggingface import load_ensemble
+
+    torch.manual_seed(0)
+    ens = snens.convert(_tiny_bert(), num_members=3)
+    with torch.no_grad():
+        for p in ens.parameters():  # stands in for training: the members now differ
+            p.add_(0.1 * torch.randn_like(p))
+    examples = _tiny_examples()
+    _hf_trainer(tmp_path / "out", ens).save_model(tmp_path / "trainer")
+    ens.model.save_pretrained(tmp_path / "hf")
+    for directory in (tmp_path / "trainer", tmp_path / "hf"):
+        for cls in (transformers.AutoModelForSequenceClassification, type(ens.model)):
+            again = load_ensemble(cls, directory)
+            assert again.num_members == 3
+            torch.testing.assert_close(
+                _outputs(again, examples), _outputs(ens, examples), rtol=0, atol=0
+            )
+    (tmp_path / "trainer" / "config.json").unlink()
+    with pytest.raises(FileNotFoundError, match="holds no config.json to build Auto"):
+        load_ensemble(transformers.AutoModelForSequenceClassification, tmp_path / "trainer")
+
+
 def test_load_ensemble_refuses_what_does_not_fit_saying_what_to_do(tmp_path):
     from snens.integrations.huggingface import load_ensemble
 

@@ -336,7 +336,8 @@ class SnensTrainer(transformers.Trainer):
     # -- saving ----------------------------------------------------------------------------------
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
         """What Trainer saves of a model that is not a ``PreTrainedModel`` — the ensemble's
-        state dict (``model.safetensors``), the tokenizer, ``training_args.bin`` — and
+        state dict (``model.safetensors``), the tokenizer, ``training_args.bin``, the wrapped
+        Hugging Face model's ``config.json`` — and
         ``snens.json`` beside them, which :func:`load_ensemble` reads; each file atomic and
         never written through a link (:mod:`snens.files`). ``save_model`` and every
         checkpoint come through here."""
@@ -358,6 +359,10 @@ class SnensTrainer(transformers.Trainer):
         if tokenizer is not None:  # it writes its files by name: into a private directory
             with files.staged_directory(directory) as staging:
                 tokenizer.save_pretrained(str(staging))
+        config = getattr(ensemble.model, "config", None)  # a Hugging Face model's: config.json
+        if isinstance(config, transformers.PretrainedConfig):
+            with files.staged_directory(directory) as staging:
+                config.save_pretrained(str(staging))
         arguments = io.BytesIO()
         torch.save(self.args, arguments)
         files.write_bytes(directory / "training_args.bin", arguments.getvalue())
@@ -684,8 +689,21 @@ def _check_weights(ensemble: Ensemble, state: dict[str, Tensor], where: Path) ->
         )
 
 
+def _built_from_saved_config(cls: type, where: Path) -> nn.Module:
+    """``cls.from_config`` of the ``config.json`` saved in ``where``: the architecture, no
+    weights (they all come from the save)."""
+    if not (where / "config.json").is_file():
+        raise FileNotFoundError(
+            f"{where} holds no config.json to build {cls.__name__} from (a save of an ensemble "
+            "over a model without a Hugging Face config); pass the model itself, freshly built"
+        )
+    config = transformers.AutoConfig.from_pretrained(str(where))
+    # an Auto class builds through from_config; a model class takes the config itself
+    return cls.from_config(config) if hasattr(cls, "from_config") else cls(config)
+
+
 def load_ensemble(
-    model: nn.Module | Callable[[], nn.Module],
+    model: nn.Module | Callable[[], nn.Module] | type,
     directory: str | os.PathLike,
     *,
     output: Callable[[Any], Tensor] | None = None,
@@ -702,7 +720,10 @@ def load_ensemble(
     Args:
         model: the model the ensemble was trained from, freshly built (the same class and
             configuration; its weights are all replaced, so pretrained ones need not be
-            loaded), or a function of no arguments building it. It is converted in place,
+            loaded), or a function of no arguments building it, or a Hugging Face model class
+            (``AutoModelForSequenceClassification``, ``BertForSequenceClassification``, …),
+            built from the ``config.json`` in ``directory`` — the directory alone then
+            reloads the ensemble, as ``from_pretrained`` reloads a model. It is converted in place,
             once the save was found to fit it (checked on a copy without values): on any
             error it is left as it was.
             An ensemble built without :func:`snens.convert` (member layers at construction)
@@ -739,7 +760,11 @@ def load_ensemble(
     state = _read_weights(where)
     meta, prefix = _read_config(where, state)
     state = {prefix + k: v for k, v in state.items()}
-    if not isinstance(model, nn.Module) and callable(model):
+    if isinstance(model, type) and (
+        hasattr(model, "from_config") or issubclass(model, transformers.PreTrainedModel)
+    ):
+        model = _built_from_saved_config(model, where)
+    elif not isinstance(model, nn.Module) and callable(model):
         model = model()
     # a save that does not fit is found on a copy without values, before the model given is
     # converted in place (it had been left converted, and a retry with the right save failed)
