@@ -61,3 +61,25 @@ def test_the_top_level_holds_only_the_public_api_and_library_wide_modules():
         "models",
         "nn",
     ]
+
+
+def test_the_tests_mirror_the_packages_with_unique_file_names():
+    """Tests live in the folder of the package they test (tests/method/ for snens.method, …);
+    at the top only the checks of the whole package. Names are unique across folders (pytest
+    imports test files by their name)."""
+    tests = Path(__file__).resolve().parent
+    top = sorted(p.name for p in tests.glob("test_*.py"))
+    assert top == [
+        "test_code_metrics.py",
+        "test_files.py",
+        "test_fuzz.py",
+        "test_layout.py",
+        "test_locks.py",
+        "test_package.py",
+        "test_public_api.py",
+    ]
+    folders = {p.parent.name for p in tests.rglob("test_*.py") if p.parent != tests}
+    packages = {p.name for p in SRC.iterdir() if (p / "__init__.py").is_file()}
+    assert folders - packages == {"docs", "studies"}
+    names = [p.name for p in tests.rglob("test_*.py")]
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)

@@ -72,7 +72,7 @@ def test_every_committed_run_is_the_run_its_plan_makes(holdout):
 
 def test_the_plan_runs_every_method_of_every_cell_on_both_seeds_selected_on_validation(holdout):
     items = holdout.runs()
-    assert len(items) == len(holdout.CELLS) * len(holdout.METHODS) * len(holdout.SEEDS) == 32
+    assert len(items) == len(holdout.CELLS) * len(holdout.METHODS) * len(holdout.SEEDS) == 40
     for _, variant, run in items:
         config = run.config
         assert config.optim.select == "nll" and config.data.validation_examples == 5000
@@ -81,6 +81,9 @@ def test_the_plan_runs_every_method_of_every_cell_on_both_seeds_selected_on_vali
     split = next(r.config for _, v, r in items if v.name == "snens_split_tau5_lam0.01")
     assert split.method.input_policy == "split" and split.method.temperature == 5.0
     assert split.method.diversity_weight == 0.01
+    split = next(r.config for _, v, r in items if v.name == "snens_split_tau1_lam0.1")
+    assert split.method.input_policy == "split" and split.method.temperature == 1.0
+    assert split.method.diversity_weight == 0.1
     # one seed's runs all come before the next seed's, so a stopped queue has whole cells
     seeds = [run.config.seed for _, _, run in items]
     assert seeds == sorted(seeds)

@@ -1,0 +1,175 @@
+"""Which σN-Ens recipe to use where: every recipe each study trained, per situation, with the
+one chosen on validation — the table a user with a new model and data reads to set
+``input_policy``, τ and λ.
+
+For each situation (a regime of the converged study, a cell of the holdout study), every
+σN-Ens variant with finished runs: its input policy, τ and λ (read from the run's config), the
+validation NLL at its selected epoch (the number a user can see too, and what chooses), and on
+test its NLL and ECE raw and after temperature scaling and the OOD AUROC by the energy score;
+one model and the deep ensemble beside them. The recipe with the lowest validation NLL is
+marked, and compared with one model and the deep ensemble on test NLL with paired bootstrap 95 %
+intervals. Seeds are averaged; a situation's rows say how many seeds each rests on.
+
+    python experiments/recipes.py            # print results/recipes.md
+    python experiments/recipes.py --write    # write it
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import study
+
+from snens import files
+from snens.engine.config import load_config
+from snens.engine.runs import EXAMPLES, FINAL, read_examples
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "results" / "recipes.md"
+SELECTED = ROOT / "results" / "converged" / "selected"
+HOLDOUT = ROOT / "results" / "holdout"
+
+#: (label, directory holding <variant>/seed=<s>/), in the order of the page.
+SITUATIONS = (
+    ("SmallCNN (BatchNorm), 10,000 images: one model overfits", SELECTED / "overfit"),
+    ("SmallCNN (BatchNorm), all 55,000 images, converged", SELECTED / "final"),
+    ("MiniLM fine-tuned on 2,000 reviews", SELECTED / "text"),
+    ("MobileNetV2 (ImageNet weights) fine-tuned", SELECTED / "vision"),
+    ("MLP (LayerNorm), 10,000 images: no study tuned it", HOLDOUT / "few_mlp"),
+    ("CNN (GroupNorm), 10,000 images: no study tuned it", HOLDOUT / "few_gncnn"),
+    ("small ViT (LayerNorm), 10,000 images: no study tuned it", HOLDOUT / "few_vit"),
+    ("MLP (LayerNorm), all 55,000 images: no study tuned it", HOLDOUT / "all_mlp"),
+)
+BASELINES = (("single", "one model"), ("deep_ensemble", "deep ensemble of 4"))
+OOD_SCORE = "energy"
+
+
+def _finished(variant: Path) -> list[Path]:
+    return sorted(
+        p for p in variant.glob("seed=*") if (p / FINAL).is_file() and (p / EXAMPLES).is_file()
+    )
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values)
+
+
+def _epochs(selection: dict) -> str:
+    if "epoch" in selection:
+        return str(selection["epoch"])
+    return "members " + "/".join(str(e) for e in selection["member_epochs"])
+
+
+def _row(variant: Path, runs: list[Path]) -> dict:
+    """The recipe and its numbers, averaged over the finished seeds."""
+    finals = [json.loads((p / FINAL).read_text()) for p in runs]
+    metrics = [f["metrics"] for f in finals]
+    config = load_config(runs[0] / "config.toml")
+    ood = sorted(
+        k
+        for k in metrics[0]
+        if k.startswith("ood/") and k.endswith(f"/{OOD_SCORE}/auroc") and "/corrupt" not in k
+    )
+    method = config.method
+    recipe = (
+        f"{method.input_policy}, τ={method.temperature:g}, λ={method.diversity_weight:g}"
+        if method.name == "snens"
+        else dict(BASELINES).get(variant.name, variant.name)
+    )
+    return {
+        "name": variant.name,
+        "snens": method.name == "snens",
+        "recipe": recipe,
+        "seeds": len(runs),
+        "epochs": "; ".join(_epochs(f["selection"]) for f in finals),
+        # a deep ensemble's members are each selected on their own: no one ensemble value
+        "val": _mean(values)
+        if (values := [f["selection"].get("value") for f in finals]) and None not in values
+        else None,
+        "nll": _mean([m["test/nll"] for m in metrics]),
+        "ece": _mean([m["test/ece"] for m in metrics]),
+        "nll_ts": _mean([m["test_ts/nll"] for m in metrics]),
+        "ece_ts": _mean([m["test_ts/ece"] for m in metrics]),
+        "ood": _mean([m[ood[0]] for m in metrics]) if ood else None,
+        "arrays": [read_examples(p) for p in runs],
+    }
+
+
+def situation(label: str, stage: Path) -> list[str]:
+    """The section of one situation, or [] where none of its σN-Ens runs has finished."""
+    from snens.engine.compare import compare_arrays
+
+    rows = [_row(v, runs) for v in sorted(stage.glob("*")) if (runs := _finished(v))]
+    recipes = [r for r in rows if r["snens"]]
+    if not recipes:
+        return []
+    chosen = min(recipes, key=lambda r: r["val"])
+    rows.sort(key=lambda r: (r["snens"], r["val"] if r["val"] is not None else -1.0))
+    lines = [
+        f"## {label}",
+        "",
+        f"`{stage.relative_to(ROOT)}`. Chosen on validation: **{chosen['recipe']}**.",
+        "",
+        "| recipe | seeds | selected epochs | val NLL | test NLL | ECE | NLL +TS | ECE +TS "
+        f"| OOD AUROC ({OOD_SCORE}) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        mark = " ← chosen" if r is chosen else ""
+        ood = "—" if r["ood"] is None else f"{r['ood']:.4f}"
+        val = "—" if r["val"] is None else f"{r['val']:.4f}"
+        lines.append(
+            f"| {r['recipe']}{mark} | {r['seeds']} | {r['epochs']} | {val} | "
+            f"{r['nll']:.4f} | {r['ece']:.4f} | {r['nll_ts']:.4f} | {r['ece_ts']:.4f} | {ood} |"
+        )
+    against = [(r, label) for name, label in BASELINES for r in rows if r["name"] == name]
+    if against:
+        lines.append("")
+    for baseline, name in against:
+        (nll,) = compare_arrays(
+            chosen["arrays"], baseline["arrays"], sets=("test",), metrics=("nll",)
+        )
+        lines.append(
+            f"* chosen − {name}, test NLL: {study.difference_cell(nll)} "
+            f"({chosen['seeds']} and {baseline['seeds']} seeds)"
+        )
+    return [*lines, ""]
+
+
+def page() -> str:
+    intro = (__doc__ or "").split("\n\n")[1].replace("\n", " ")
+    lines = ["# σN-Ens recipes by situation (`python experiments/recipes.py --write`)", "", intro]
+    lines.append("")
+    summary = ["| situation | chosen on validation | seeds |", "|---|---|---|"]
+    sections = []
+    for label, stage in SITUATIONS:
+        section = situation(label, stage)
+        if section:
+            chosen = next(line for line in section if line.startswith("`"))
+            summary.append(
+                f"| {label} | {chosen.split('**')[1]} | "
+                f"{max(_row(v, r)['seeds'] for v in stage.glob('snens*') if (r := _finished(v)))} |"
+            )
+        sections += section
+    return "\n".join([*lines, *summary, "", *sections]).rstrip() + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--write", action="store_true", help=f"write {OUT.relative_to(ROOT)}")
+    args = parser.parse_args(argv)
+    text = page()
+    if args.write:
+        files.write_text(OUT, text)
+        print(f"wrote {OUT.relative_to(ROOT)}")
+    else:
+        print(text, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
