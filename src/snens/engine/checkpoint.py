@@ -66,11 +66,6 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be trusted or used: truncated, modified, refused or incomplete."""
 
 
-# ------------------------------------------------------------------------------------------------
-# Atomic files
-# ------------------------------------------------------------------------------------------------
-
-
 def atomic_write(
     path: str | os.PathLike, data: bytes, *, exclusive: bool = False, mode: int | None = None
 ) -> Path:
@@ -122,11 +117,6 @@ def _keep_previous(path: Path, previous: Path) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-
-
-# ------------------------------------------------------------------------------------------------
-# Save and load
-# ------------------------------------------------------------------------------------------------
 
 
 def _header(payload: bytes) -> bytes:
@@ -351,11 +341,14 @@ def load_checkpoint_with_digest(
     return state, digest
 
 
+def _a(name: str) -> str:
+    return f"{'an' if name[:1] in 'aeiou' else 'a'} {name}"
+
+
 def _tensor_problem(value: Any, own: torch.Tensor) -> str | None:
     """Why ``value`` cannot be copied into the model's tensor ``own``; None when it can."""
     if not isinstance(value, torch.Tensor):
-        name = type(value).__name__
-        return f"{'an' if name[:1] in 'aeiou' else 'a'} {name}, not a tensor"
+        return f"{_a(type(value).__name__)}, not a tensor"
     if value.layout != torch.strided:
         return f"a {value.layout} tensor, not a dense one"
     if value.is_meta:
@@ -379,10 +372,8 @@ def load_model_state(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -
             unchanged.
     """
     if not isinstance(state_dict, Mapping):
-        kind = type(state_dict).__name__
         raise CheckpointError(
-            f"the checkpoint's model state is {'an' if kind[:1] in 'aeiou' else 'a'} {kind}, "
-            "not a mapping of "
+            f"the checkpoint's model state is {_a(type(state_dict).__name__)}, not a mapping of "
             "tensors; nothing was loaded. The file was not written by snens (or was changed): "
             "use the previous checkpoint (prev.pt)"
         )
@@ -405,11 +396,8 @@ def load_model_state(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -
         )
     if missing or unexpected or mismatched:
         problems = []
-        for label, items in (
-            ("missing", missing),
-            ("unexpected", unexpected),
-            ("mismatched", mismatched),
-        ):
+        named = {"missing": missing, "unexpected": unexpected, "mismatched": mismatched}
+        for label, items in named.items():
             if items:
                 more = f" (+{len(items) - 5} more)" if len(items) > 5 else ""
                 problems.append(f"{label}: {items[:5]}{more}")
@@ -426,10 +414,7 @@ def load_model_state(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -
         ) from error
 
 
-# ------------------------------------------------------------------------------------------------
-# Optimizer and schedule states, checked before they are loaded
-# ------------------------------------------------------------------------------------------------
-
+# hyperparameters of a param group: finite numbers >= 0 where present
 _GROUP_NUMBERS = ("lr", "initial_lr", "weight_decay", "momentum", "dampening", "eps")
 # switches of a param group: a bool, or None for torch's default
 _GROUP_FLAGS = (
@@ -679,11 +664,6 @@ def load_training_state(
             f"{path}: its optimizer or schedule state does not fit this run ({error}); resume "
             "from prev.pt (copy it over last.pt) or start the run again"
         ) from error
-
-
-# ------------------------------------------------------------------------------------------------
-# Random number generator states, as tensors and lists (weights_only-safe)
-# ------------------------------------------------------------------------------------------------
 
 
 def rng_state() -> dict[str, Any]:

@@ -396,7 +396,7 @@ def _cell(
         shown = ", ".join(dict.fromkeys(_nonfinite(v) for v in left_out))
         return f"{shown} (n={len(left_out)})"
     mean, std, n = stats
-    digits = 0 if metric == "params" else 1 if metric == "train seconds" else 4
+    digits = _digits(metric)
     text = f"{mean:.{digits}f}"
     if n > 1:
         text += f" ± {std:.{digits}f}"
@@ -405,6 +405,10 @@ def _cell(
     elif n == 1 or n < n_group:
         text += f" (n={n})"
     return text
+
+
+def _digits(metric: str) -> int:
+    return 0 if metric == "params" else 1 if metric == "train seconds" else 4
 
 
 def _nonfinite(value: float) -> str:
@@ -622,7 +626,7 @@ def _glance(groups: Sequence[Group], varied: Sequence[str], metrics: Sequence[st
                 cells.append("—")
                 continue
             mean, std, n = summarize(finite)
-            digits = 0 if metric == "params" else 1 if metric == "train seconds" else 4
+            digits = _digits(metric)
             text = f"{mean:,.{digits}f}" if metric == "params" else f"{mean:.{digits}f}"
             if n > 1 and metric != "params":  # one config: one size
                 text += f" ± {std:.{digits}f}"

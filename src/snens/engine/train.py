@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
@@ -74,6 +73,7 @@ from snens.engine.reload import (
 )
 from snens.engine.runs import (
     Run,
+    _default_name,
     create_run,
     hold_run,
     open_run,
@@ -157,11 +157,7 @@ def _describe_groups(groups: list[dict]) -> str:
 def _run_path(config: RunConfig, run_dir: str | os.PathLike | None) -> Path:
     if run_dir is not None:
         return Path(run_dir)
-    if config.name:
-        return Path(config.out_dir) / config.name
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    base = f"{config.data.dataset}-{config.model.backbone}-{config.method.name}-{stamp}"
-    return Path(config.out_dir) / base
+    return Path(config.out_dir) / (config.name or _default_name(config))
 
 
 def train(
