@@ -245,10 +245,8 @@ class DataConfig(_Section):
     train_examples: int = 0  # N training examples (image sets: the first N; texts, folders: a fixed
     # random subset, as they are stored in order); 0 = all
     test_examples: int = 0  # N test examples, chosen as train_examples; 0 = all
-    # N examples held out of the training set as validation, never trained on (in-memory image
-    # sets: the last N of the training file; texts: a fixed random N of the training texts;
-    # train_examples counts the rest), evaluated after every epoch (val/* in metrics.jsonl and
-    # final.json); 0 = none. Choose τ, λ and the budget here, never on the test set.
+    # N training examples held out as validation (image sets: the last N; texts: a fixed random
+    # N), evaluated after every epoch (val/*); 0 = none. Choose τ, λ and the budget here.
     validation_examples: int = 0
     batch_size: int = 128  # examples per optimizer step ("split": B/M per member)
     eval_batch_size: int = 1000  # examples per forward pass in evaluation
@@ -259,16 +257,14 @@ class DataConfig(_Section):
     # classifiers): domain/<name>/<metric>, and after each calibrator domain_ts/<name>/<metric>
     domains: tuple[str, ...] = ()
     domain_examples: int = 0  # examples per domain set (a fixed random subset); 0 = all
-    # OOD scores reported beside msp (ood/<name>/auroc, …) as ood/<name>/<score>/{auroc,aupr,
-    # fpr95}, from the same pass: energy, max_logit (of the members' mean logit),
-    # mutual_information (the members' disagreement), entropy, msp
+    # OOD scores reported beside msp as ood/<name>/<score>/{auroc,aupr,fpr95}: energy,
+    # max_logit (of the members' mean logit), mutual_information, entropy, msp
     ood_scores: tuple[str, ...] = ("energy", "max_logit", "mutual_information", "entropy")
     # miscoverage α of the split-conformal prediction sets calibrated on the validation split
     # (test/conformal_{thr,aps}_{coverage,size}); needs validation_examples >= ⌈1/α⌉ − 1
     conformal_alpha: float = 0.1
-    # post-hoc calibrators fitted on the validation split, the test metrics after each under
-    # its prefix: temperature (test_ts/*), vector (test_vs/*), matrix (test_ms/*; K² + K
-    # parameters), histogram (test_hb/*); [] = none
+    # post-hoc calibrators fitted on the validation split: temperature (test_ts/*), vector
+    # (test_vs/*), matrix (test_ms/*), histogram (test_hb/*); [] = none
     calibrators: tuple[str, ...] = ("temperature",)
     corruptions: bool = False  # evaluate on generated CIFAR-C-style corruptions of the test set
     corruption_names: tuple[str, ...] = ()  # () = the 15 CIFAR-10-C corruptions
@@ -292,8 +288,7 @@ class DataConfig(_Section):
     num_workers: int = -1  # DataLoader worker processes; -1 = min(8, CPU count)
     ood_folder: str = ""  # a class-folder tree evaluated as OOD set ood/<its name>; "" = none
     # a class-folder image that fails to decode: "skip" reads the next image of its class in
-    # its place (label unchanged; counted per epoch in metrics.jsonl, listed in final.json),
-    # "raise" stops the run naming the file
+    # its place (counted in metrics.jsonl, listed in final.json), "raise" stops the run
     on_bad_image: Literal["skip", "raise"] = "skip"
     scan_images: bool = False  # decode every class-folder image once before training
 
@@ -459,10 +454,8 @@ class ModelConfig(_Section):
     backbone: str = "small_cnn"  # a name of snens.models.available()
     num_classes: int = 0  # K; 0 = the data set's number of classes
     options: dict[str, Any] = field(default_factory=dict)  # builder kwargs: width, pretrained, …
-    # a trained single model to start from: its run directory (or its last.pt), made with this
-    # backbone, options and number of classes; the method then converts or wraps that network
-    # (σN-Ens: M exact copies of it); "{seed}" in it reads as the run's seed, so a seed sweep
-    # starts each seed from its own. Read when a run starts, not when it resumes; "" = none
+    # a trained single model of this backbone to start from: its run directory (or its
+    # last.pt), which the method converts or wraps; "{seed}" reads as the run's seed; "" = none
     init_from: str = ""
 
     def validate(self) -> None:
