@@ -348,9 +348,8 @@ def _train(
                 # until best.pt holds them (a kill between the two writes loses nothing)
                 every = epoch % config.checkpoint_every == 0 or epoch == config.optim.epochs
                 if every or improved or stop:
-                    _save_checkpoint(
-                        run, model, optimizer, schedule, epoch, step, seconds, skipped, selection
-                    )
+                    counters = (epoch, step, seconds, skipped)
+                    _save_checkpoint(run, model, optimizer, schedule, counters, selection)
                 if improved:
                     with run.writing(run.path / BEST):
                         selection.save(run.path / BEST, to_dict(run.config))  # type: ignore[union-attr]
@@ -412,20 +411,27 @@ def _finish(
     progress: bool,
     say: Callable[[str], None],
 ) -> None:
-    """The final evaluation (of the kept weights under selection), written to the run."""
+    """The final evaluation (of the kept weights under selection), written to the run:
+    final.json, the member logits (outputs.npz) and the per-example results (examples.npz)."""
     epoch, step, seconds, skipped = counters
     if selection is not None:
         load_model_state(model, {**model.state_dict(), **selection.weights()})
         validation_logits = selection.kept_validation() or {}
         say(_selection_line(selection))
     with progress_bars(progress):
-        final = _final_results(
-            config, model, loaded, epoch, step, seconds, skipped, validation_logits or None
-        )
+        validation = validation_logits or None
+        results, outputs = final_metrics(model, loaded, config, validation=validation)
+    final: dict[str, Any] = {
+        "metrics": results,
+        "model": _model_summary(model, config),
+        "train": {"epochs": epoch, "steps": step, "skipped_steps": skipped, "seconds": seconds},
+    }
+    bad = loaded.bad_images()
+    if bad is not None:  # in this process's life: a resumed run counts from its restart
+        final["data"] = {"bad_images": bad}
     if selection is not None:
         final["selection"] = selection.summary(epoch, config.optim.patience)
     final["train"].update(peak_over(read_metrics(run.path)))  # over every epoch logged
-    outputs = final.pop("outputs")
     run.write_outputs(outputs)
     run.write_examples(run_examples(outputs, calibrators=config.data.calibrators))
     run.write_final(final)
@@ -630,13 +636,11 @@ def _save_checkpoint(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     schedule: torch.optim.lr_scheduler.LambdaLR,
-    epoch: int,
-    step: int,
-    seconds: float,
-    skipped_steps: int,
+    counters: tuple[int, int, float, int],
     selection: Selection | None = None,
 ) -> None:
     """Write ``last.pt``: everything a resumed run needs to go on as this one."""
+    epoch, step, seconds, skipped_steps = counters
     state = {
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
@@ -666,36 +670,6 @@ def _selection_line(selection: Selection) -> str:
     else:
         kept = "members at epochs " + ", ".join(map(str, selection.epochs))
     return f"evaluating the weights of {kept}, the best on validation (optim.select)"
-
-
-def _final_results(
-    config: RunConfig,
-    model: nn.Module,
-    loaded: Data,
-    epoch: int,
-    step: int,
-    seconds: float,
-    skipped_steps: int,
-    validation: dict[str, Tensor] | None = None,
-) -> dict[str, Any]:
-    """final.json: the evaluation, the model's size and the training counters; the member
-    logits under ``"outputs"`` (for ``outputs.npz``)."""
-    results, outputs = final_metrics(model, loaded, config, validation=validation)
-    final: dict[str, Any] = {
-        "metrics": results,
-        "model": _model_summary(model, config),
-        "train": {
-            "epochs": epoch,
-            "steps": step,
-            "skipped_steps": skipped_steps,
-            "seconds": seconds,
-        },
-    }
-    final["outputs"] = outputs
-    bad = loaded.bad_images()
-    if bad is not None:  # in this process's life: a resumed run counts from its restart
-        final["data"] = {"bad_images": bad}
-    return final
 
 
 #: Validation metrics logged after every epoch.
