@@ -1,16 +1,9 @@
 """The measuring core of ``snens bench``: interleaved timing ratios, a training step, peak memory.
 
-Timings on a shared CPU are noisy, so :func:`compare` interleaves a variant and its baseline,
-repeats them, and returns the median of the per-repeat ratios; on CUDA the clock is read only
-after :func:`sync`, before and after each timed repeat, past the warm-up calls.
-
-Peak memory (:func:`peak_memory_bytes`) is the parameters and buffers plus the peak of the
-bytes allocated and not yet freed during one no-grad forward: ``torch.cuda.max_memory_allocated``
-on a GPU, the profiler's allocation events (``profile_memory=True``) on a CPU.
-
-What is measured with them — the rows of σN-Ens against one model at M·B, a deep ensemble and a
-LoRA ensemble, and their targets — is the repository's harness, ``benchmarks/harness.py`` and
-``benchmarks/harness_llm.py``; ``snens bench`` (:func:`main`) runs it from a checkout:
+Timings on a shared CPU are noisy, so :func:`compare` interleaves a variant and its baseline
+and returns the median of the per-repeat ratios. What is measured with them is the
+repository's harness, ``benchmarks/harness.py``; ``snens bench`` (:func:`main`) runs it from a
+checkout:
 
     snens bench --quick                       # or: python benchmarks/bench.py --quick
     snens bench --device cuda --steps-only
@@ -78,8 +71,7 @@ def measure_device(name: str | torch.device) -> torch.device:
         The ``torch.device``.
 
     Raises:
-        ValueError: if torch does not parse ``name``, if it is neither ``cpu`` nor ``cuda``, or
-            if the CUDA device is not there (no CUDA, or an index past the last device).
+        ValueError: ``name`` is not a device, neither ``cpu`` nor ``cuda``, or not there.
     """
     device = resolve_device(name)
     if device.type not in ("cpu", "cuda"):
@@ -89,7 +81,7 @@ def measure_device(name: str | torch.device) -> torch.device:
 
 def sync() -> None:
     """Wait for queued GPU work, so that wall-clock times measure it (a no-op until CUDA is
-    initialized, i.e. on every CPU run)."""
+    initialized)."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()
 
@@ -137,9 +129,8 @@ def compare(
 def train_step(
     model: nn.Module, x: torch.Tensor, y: torch.Tensor, bf16: bool = False
 ) -> Callable[[], None]:
-    """One timed step: forward, the ensemble loss, backward, an SGD update. The model's cost
-    alone: the engine's step (:func:`snens.engine.epoch.run_epoch`) adds the same host sync and
-    gradient-norm work to every method, which would blur the ratios.
+    """One timed step: forward, the ensemble loss, backward, an SGD update (the model's cost
+    alone, without the engine's per-step bookkeeping).
 
     Returns:
         A function of no arguments that takes one step of ``model`` on ``(x, y)``; a plain
@@ -162,11 +153,8 @@ def train_step(
 
 
 def peak_memory_bytes(model: nn.Module, x: torch.Tensor) -> int:
-    """Parameters and buffers plus the peak of live allocations during one no-grad forward.
-
-    On CUDA: ``torch.cuda.max_memory_allocated`` over the forward, minus what was allocated
-    before it. On CPU: the running sum of the profiler's allocation and free events, in time
-    order (``torch.profiler`` with ``profile_memory=True``).
+    """Parameters and buffers plus the peak of live allocations during one no-grad forward
+    (on CPU from the profiler's allocation and free events).
 
     Returns:
         Bytes.
@@ -232,14 +220,13 @@ def device_line(device: torch.device) -> str:
 
 def load_harness() -> ModuleType:
     """The harness of this checkout, ``benchmarks/harness.py`` (its folder put first on
-    ``sys.path``, where ``python benchmarks/bench.py`` has it).
+    ``sys.path``).
 
     Returns:
         The imported module.
 
     Raises:
-        FileNotFoundError: where the package is not run from a checkout of the repository (an
-            installed wheel holds no ``benchmarks/``).
+        FileNotFoundError: not run from a checkout of the repository.
     """
     if not (HARNESS_DIR / "harness.py").is_file():
         raise FileNotFoundError(

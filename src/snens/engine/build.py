@@ -1,11 +1,6 @@
 """What a run config builds, and the settings its process runs under.
 
-:func:`build_model` (the method over its backbone, freshly built), :func:`select_finetune`
-(what trains), :func:`build_optimizer` and :func:`build_schedule` (per step, of
-:func:`lr_factor`); and for the process: :func:`seed_everything`, :func:`reproducible`
-(threads and deterministic algorithms), :func:`resolve_device`, and :func:`text_encoder` (whose
-tokenizer the data needs). The engine (:func:`snens.engine.train.train`) and a reloaded run
-(:mod:`snens.engine.reload`) both build through these.
+The engine and a reloaded run (:mod:`snens.engine.reload`) both build through these.
 """
 
 from __future__ import annotations
@@ -51,19 +46,16 @@ def build_model(
 ) -> nn.Module:
     """The method of ``config.method`` over the backbone of ``config.model``, freshly built.
 
-    ``in_channels`` and ``num_classes`` come from the data set unless the config sets them;
-    ``channels`` is None for text (the backbone takes token ids). With ``start`` (the
-    ``model.init_from`` run read by :func:`read_init_from`, for a run that starts; one that
-    resumes or is reloaded loads its own checkpoint), its trained weights are loaded into the
-    backbone before the method converts or wraps it.
+    ``in_channels`` and ``num_classes`` come from the data set unless the config sets them
+    (``channels`` None for text). With ``start`` (:func:`read_init_from`), its trained
+    weights are loaded into the backbone before the method converts or wraps it.
     """
     image = {} if channels is None else {"in_channels": channels}
     backbone_options = {**image, **config.model.options}
     options = dict(config.method.options)
     method = baselines.METHOD_RECORDS[config.method.name]
     policy = config.method.input_policy
-    # "own": the loader gives member m a batch of its own at rows [m·B, (m+1)·B), which the
-    # model takes as split inputs
+    # "own": member m's batch is rows [m·B, (m+1)·B), which the model takes as split inputs
     if method.regularized or policy == "own":
         options.setdefault("input_policy", "split" if policy == "own" else policy)
     single = method.fixed_members == 1
@@ -99,8 +91,7 @@ class InitFrom:
     Attributes:
         weights: its backbone's state dict (names without the ``model.`` prefix).
         checkpoint: the absolute path of the checkpoint file read (symbolic links resolved).
-        sha256: the SHA-256 of the payload those weights were read from, so a source retrained
-            or replaced in place afterwards is told apart from the one the run read.
+        sha256: the SHA-256 of the payload those weights were read from.
     """
 
     weights: dict[str, torch.Tensor]
@@ -116,14 +107,11 @@ def read_init_from(config: RunConfig) -> InitFrom:
     """The single-model run ``config.model.init_from`` names (its directory or a checkpoint
     file; ``{seed}`` in it reads as the run's seed), checked against ``config.model``.
 
-    The path is resolved once and the file read once: the weights, the path and the digest
-    recorded are those of the same bytes.
-
     Raises:
         FileNotFoundError: no run directory or checkpoint there.
         CheckpointError: the checkpoint is truncated, modified or not a snens checkpoint.
         ValueError: the run is not a single model, or its backbone, options or number of
-            classes differ from this config's (both named).
+            classes differ from this config's.
     """
     where = init_from_path(config)
     path = (where / "last.pt" if where.is_dir() else where).resolve()
@@ -172,7 +160,7 @@ def read_init_from(config: RunConfig) -> InitFrom:
 
 
 def _is_head(module: nn.Module, num_classes: int) -> bool:
-    # A member head, or any linear layer with K outputs (each deep-ensemble member's head).
+    # a member head, or any linear layer with K outputs (each deep-ensemble member's head)
     if isinstance(module, MemberLinear):
         return True
     linear = isinstance(module, nn.Linear) or type(module).__name__.endswith("Linear")
@@ -182,9 +170,8 @@ def _is_head(module: nn.Module, num_classes: int) -> bool:
 def select_finetune(model: nn.Module, mode: str, num_classes: int) -> int:
     """Freeze what ``mode`` does not train; return the number of trainable parameters.
 
-    ``"all"`` trains everything. ``"norms_and_heads"`` trains the parameters of every norm
-    layer (member norms with their gamma, plain norms) and of the heads (member heads, and
-    every linear layer with K outputs); everything else is frozen.
+    ``"all"`` trains everything; ``"norms_and_heads"`` only every norm layer and the heads
+    (member heads, and every linear layer with K outputs).
 
     Raises:
         ValueError: ``norms_and_heads`` found no norm and no head to train.
@@ -293,8 +280,7 @@ def resolve_device(name: str | torch.device) -> torch.device:
         The ``torch.device``; a CUDA one only where torch sees it.
 
     Raises:
-        ValueError: if torch does not parse ``name``, or a CUDA device is asked for that is not
-            there (no CUDA, or an index past the last device).
+        ValueError: ``name`` is not a device, or a CUDA device that is not there.
     """
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -5,27 +5,15 @@ File layout: one header line, then a ``torch.save`` payload::
     snens-checkpoint 1 sha256=<64 hex digits> bytes=<payload length>\\n
     <payload>
 
-* **Atomic.** :func:`atomic_write` writes a temporary file in the target's directory, flushes
-  and fsyncs it, ``os.replace``-s it over the target and fsyncs the directory. A crash at any
-  moment leaves either the old complete file or the new complete file, never a mix; a failed
-  write removes its temporary file. :func:`save_checkpoint` first keeps the current file as
-  ``prev.pt`` beside it (a hard link, so the current one is never absent).
-* **Verified.** :func:`load_checkpoint` checks the header, the length (a truncated file is
-  caught) and the SHA-256 of the payload (a flipped byte is caught) before unpickling anything,
-  and raises :class:`CheckpointError` on any mismatch. The digest detects corruption, not
-  forgery: whoever can write the file can write a matching digest, so safety against a
-  malicious file comes from the next point.
-* **No code.** The payload is read with ``torch.load(..., weights_only=True)`` only, which
-  refuses any pickled object other than tensors and plain containers; RNG states are stored
-  as tensors and lists so they pass. A refused file raises :class:`CheckpointError`.
-* **All or nothing.** :func:`load_model_state` compares names, shapes and dtypes with the
-  model before copying a single tensor (``nn.Module.load_state_dict`` copies matching tensors
-  before it reports a mismatch). :func:`check_training_state` checks the optimizer and schedule
-  states the same way (a valid digest proves the file whole, not its values), against the
-  checkpoint's own model or the live optimizer, and :func:`load_training_state` loads them
-  only then: a wrong shape had failed inside ``torch.optim`` at the first step.
-* **Regular files only.** A checkpoint is read only from a regular file, opened without
-  blocking: a directory (or FIFO) named ``last.pt`` is a :class:`CheckpointError` naming it.
+* **Atomic.** :func:`atomic_write` replaces the target only with a complete file;
+  :func:`save_checkpoint` first keeps the current file as ``prev.pt`` (a hard link).
+* **Verified.** :func:`load_checkpoint` checks the header, the length and the SHA-256 of the
+  payload before unpickling anything. The digest detects corruption, not forgery.
+* **No code.** The payload is read with ``torch.load(..., weights_only=True)`` only; RNG
+  states are stored as tensors and lists so they pass.
+* **All or nothing.** :func:`load_model_state` and :func:`check_training_state` check every
+  tensor and the optimizer and schedule states before anything is loaded.
+* **Regular files only.** A directory or FIFO named ``last.pt`` is a :class:`CheckpointError`.
 """
 
 from __future__ import annotations
@@ -78,20 +66,13 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be trusted or used: truncated, modified, refused or incomplete."""
 
 
-# ------------------------------------------------------------------------------------------------
-# Atomic files
-# ------------------------------------------------------------------------------------------------
-
-
 def atomic_write(
     path: str | os.PathLike, data: bytes, *, exclusive: bool = False, mode: int | None = None
 ) -> Path:
-    """Write ``data`` to ``path`` so that a crash leaves the old file or the new one, whole:
-    :func:`snens.files.write_bytes` (a unique temporary beside it, never a link followed).
+    """Write ``data`` to ``path`` so that a crash leaves the old file or the new one, whole.
 
-    With ``exclusive`` the last step is ``os.link``, which fails if ``path`` exists: of two
-    processes writing the same new file at once, exactly one succeeds. The file is readable
-    by its owner alone (``0o600``), or has ``mode``.
+    With ``exclusive``, fails if ``path`` exists (of two concurrent writers exactly one
+    succeeds). The file is readable by its owner alone (``0o600``), or has ``mode``.
 
     Raises:
         FileExistsError: ``exclusive`` and ``path`` exists.
@@ -104,8 +85,7 @@ def atomic_write(
 def atomic_savez(
     path: str | os.PathLike, arrays: Mapping[str, Any], *, mode: int | None = None
 ) -> Path:
-    """``np.savez_compressed`` of ``arrays`` (NumPy arrays, tensors or scalars) to ``path``
-    through :func:`atomic_write`: a killed writer leaves no file that reads as written."""
+    """``np.savez_compressed`` of ``arrays`` to ``path``, written atomically."""
     return files.savez(path, arrays, mode=mode)
 
 
@@ -117,9 +97,8 @@ def remove_stale_temporaries(directory: str | os.PathLike) -> list[Path]:
 
 
 def _keep_previous(path: Path, previous: Path) -> None:
-    """Make ``previous`` a complete copy of ``path`` without ever removing ``path``: a second
-    name for the same file (a hard link under a unique temporary name, renamed over
-    ``previous``), or a copy where the file system has no hard links."""
+    """Make ``previous`` a complete copy of ``path`` (a hard link, else a copy), never
+    removing ``path``."""
     for _ in range(100):
         tmp = previous.with_name(f".{previous.name}.{secrets.token_hex(8)}.tmp")
         try:
@@ -140,11 +119,6 @@ def _keep_previous(path: Path, previous: Path) -> None:
         raise
 
 
-# ------------------------------------------------------------------------------------------------
-# Save and load
-# ------------------------------------------------------------------------------------------------
-
-
 def _header(payload: bytes) -> bytes:
     digest = hashlib.sha256(payload).hexdigest()
     return b"%s %d sha256=%s bytes=%d\n" % (_MAGIC, _VERSION, digest.encode(), len(payload))
@@ -156,8 +130,7 @@ def save_checkpoint(
     """Save ``state`` atomically with a content digest.
 
     When ``path`` already exists and ``keep_previous``, it is first kept as ``prev.pt`` (for
-    ``last.pt``; ``<stem>.prev<suffix>`` otherwise) in the same directory, so after a save the
-    two newest checkpoints exist. The new file replaces ``path`` only once it is complete.
+    ``last.pt``; ``<stem>.prev<suffix>`` otherwise) in the same directory.
 
     Args:
         path: destination, e.g. ``run_dir / "last.pt"``.
@@ -193,7 +166,7 @@ def _previous_path(path: Path) -> Path:
 
 
 def _parse_header(data: bytes, path: Path) -> tuple[int, str, int]:
-    """The header line's end, digest and payload length, from the file's first bytes."""
+    """The header line's end, digest and payload length."""
     newline = data.find(b"\n", 0, _MAX_HEADER)
     fields = data[:newline].split(b" ") if newline > 0 else []
     if len(fields) != 4 or fields[0] != _MAGIC:
@@ -210,14 +183,13 @@ def _parse_header(data: bytes, path: Path) -> tuple[int, str, int]:
         raise CheckpointError(f"{path}: malformed header {data[:newline]!r}") from error
     if version != _VERSION:
         raise CheckpointError(f"{path}: checkpoint format {version}, this snens reads {_VERSION}")
-    if size < 0 or len(digest) != 64:  # bytes=-5 had read as "trailing bytes"
+    if size < 0 or len(digest) != 64:
         raise CheckpointError(f"{path}: malformed header {data[:newline]!r}")
     return newline, digest, size
 
 
 def checkpoint_digest(path: str | os.PathLike) -> str:
-    """The SHA-256 of the payload that the header of checkpoint ``path`` records, read from
-    the header alone (:func:`load_checkpoint` checks the payload against it).
+    """The SHA-256 of the payload that the header of checkpoint ``path`` records.
 
     Raises:
         FileNotFoundError: no file at ``path``.
@@ -233,13 +205,8 @@ def checkpoint_digest(path: str | os.PathLike) -> str:
 
 
 def _open_checkpoint(path: Path) -> int:
-    """A read-only descriptor of the regular file ``path`` (links followed: a checkpoint given
-    by its user may be one), opened without blocking so that a FIFO never hangs the reader.
-
-    Raises:
-        FileNotFoundError: no file at ``path``.
-        CheckpointError: a directory, FIFO, socket or device.
-    """
+    """A read-only descriptor of the regular file ``path``, opened without blocking so that a
+    FIFO never hangs the reader."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
@@ -272,8 +239,7 @@ def _read_all(path: Path) -> bytes:
 
 
 def _remedy(path: Path) -> str:
-    """What to do about a damaged checkpoint: the previous one, except for the selected epoch's
-    weights (``best.pt``), which nothing else holds."""
+    """What to do about a damaged checkpoint (``best.pt`` has no previous one)."""
     if path.name == "best.pt":
         return (
             "the selected epoch's weights are lost with it: train the run again (its last.pt "
@@ -283,10 +249,8 @@ def _remedy(path: Path) -> str:
 
 
 def _read_checkpoint(path: Path) -> tuple[str, bytes]:
-    """The digest the header of checkpoint ``path`` records and its payload, read only once
-    the file's length was found equal to the header's: a truncated file, or one with bytes
-    after its payload, is refused before its payload is read (a 3 GiB sparse ``last.pt`` had
-    been read whole, 6.5 GB of memory, to be refused)."""
+    """The header's digest and the payload, read only once the file's length matches the
+    header's (a huge truncated file is refused without reading it)."""
     fd = _open_checkpoint(path)
     try:
         with os.fdopen(fd, "rb", closefd=False) as file:
@@ -303,7 +267,7 @@ def _read_checkpoint(path: Path) -> tuple[str, bytes]:
             payload = file.read(size + 1)
     finally:
         os.close(fd)
-    if len(payload) != size:  # changed while being read
+    if len(payload) != size:
         raise CheckpointError(
             f"{path} changed while being read (the header says {size} bytes of payload, "
             f"{len(payload)} were read); read it again once nothing writes it"
@@ -345,9 +309,8 @@ def load_checkpoint_with_digest(
 ) -> tuple[dict[str, Any], str]:
     """:func:`load_checkpoint`, and the SHA-256 of the payload the state was read from.
 
-    Both come from one read of the file, so the digest names the bytes the state holds even
-    if the file is replaced a moment later (reading :func:`checkpoint_digest` afterwards
-    could name the newer file's).
+    Both come from one read, so the digest names the bytes the state holds even if the file
+    is replaced a moment later.
 
     Raises:
         The errors of :func:`load_checkpoint`.
@@ -378,11 +341,14 @@ def load_checkpoint_with_digest(
     return state, digest
 
 
+def _a(name: str) -> str:
+    return f"{'an' if name[:1] in 'aeiou' else 'a'} {name}"
+
+
 def _tensor_problem(value: Any, own: torch.Tensor) -> str | None:
     """Why ``value`` cannot be copied into the model's tensor ``own``; None when it can."""
     if not isinstance(value, torch.Tensor):
-        name = type(value).__name__
-        return f"{'an' if name[:1] in 'aeiou' else 'a'} {name}, not a tensor"
+        return f"{_a(type(value).__name__)}, not a tensor"
     if value.layout != torch.strided:
         return f"a {value.layout} tensor, not a dense one"
     if value.is_meta:
@@ -398,9 +364,7 @@ def _tensor_problem(value: Any, own: torch.Tensor) -> str | None:
 
 def load_model_state(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> None:
     """``model.load_state_dict(state_dict)``, but only after every entry was found to fit:
-    the names, and each value a dense tensor (not sparse, not on the meta device) of the
-    model's shape and dtype, finite (a checkpoint of NaN weights had been evaluated, and its
-    NaN outputs blamed on the command line).
+    the names, and each value a dense, finite tensor of the model's shape and dtype.
 
     Raises:
         CheckpointError: ``state_dict`` is not a mapping, or has missing or unexpected names,
@@ -408,10 +372,8 @@ def load_model_state(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -
             unchanged.
     """
     if not isinstance(state_dict, Mapping):
-        kind = type(state_dict).__name__
         raise CheckpointError(
-            f"the checkpoint's model state is {'an' if kind[:1] in 'aeiou' else 'a'} {kind}, "
-            "not a mapping of "
+            f"the checkpoint's model state is {_a(type(state_dict).__name__)}, not a mapping of "
             "tensors; nothing was loaded. The file was not written by snens (or was changed): "
             "use the previous checkpoint (prev.pt)"
         )
@@ -434,11 +396,8 @@ def load_model_state(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -
         )
     if missing or unexpected or mismatched:
         problems = []
-        for label, items in (
-            ("missing", missing),
-            ("unexpected", unexpected),
-            ("mismatched", mismatched),
-        ):
+        named = {"missing": missing, "unexpected": unexpected, "mismatched": mismatched}
+        for label, items in named.items():
             if items:
                 more = f" (+{len(items) - 5} more)" if len(items) > 5 else ""
                 problems.append(f"{label}: {items[:5]}{more}")
@@ -455,13 +414,9 @@ def load_model_state(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -
         ) from error
 
 
-# ------------------------------------------------------------------------------------------------
-# Optimizer and schedule states, checked before they are loaded
-# ------------------------------------------------------------------------------------------------
-
-# Hyperparameters of a param group that must be finite numbers >= 0 where present.
+# hyperparameters of a param group: finite numbers >= 0 where present
 _GROUP_NUMBERS = ("lr", "initial_lr", "weight_decay", "momentum", "dampening", "eps")
-# Switches of a param group that must be bools where present (None: torch's default).
+# switches of a param group: a bool, or None for torch's default
 _GROUP_FLAGS = (
     "amsgrad",
     "maximize",
@@ -479,7 +434,7 @@ def _is_int(value: Any) -> bool:
 
 
 def _is_rate(value: Any) -> bool:
-    """A finite real number >= 0 (a 0-d tensor too: torch allows a tensor lr)."""
+    """A finite real number >= 0 (or a 0-d tensor of one: torch allows a tensor lr)."""
     if isinstance(value, torch.Tensor):
         if value.dim() != 0 or value.is_complex():
             return False
@@ -498,17 +453,14 @@ def check_training_state(
     optimizer: torch.optim.Optimizer | None = None,
 ) -> None:
     """Check a training checkpoint's ``optimizer`` and ``schedule`` states before they are
-    loaded: ``torch.optim`` takes a state of the wrong shape, or a malformed schedule, without
-    a word and fails deep inside the first step (or half-way through loading it).
+    loaded (``torch.optim`` takes a state of the wrong shape silently and fails in the first
+    step).
 
-    The optimizer state must be torch's layout (``state``: parameter index -> tensors;
-    ``param_groups``: dicts listing parameter indices, each index once, with finite rates);
-    the tensors kept for one parameter (momentum, Adam's moments) must share one shape, the
-    parameter's. Its parameter is the live ``optimizer``'s where given; otherwise the
-    checkpoint's own ``model`` state is the reference: ``snens.param_groups`` lists each
-    group's parameters in module order, which is the order of ``model.state_dict()``, so the
-    shapes of a group must appear in that order among the model's tensors. The schedule state
-    must be a ``LambdaLR``'s with one entry per param group.
+    The optimizer state must be torch's layout, each parameter listed once, with finite
+    rates, and the tensors kept for one parameter must have its shape: the live
+    ``optimizer``'s where given, else the checkpoint's own ``model`` state (whose order
+    ``snens.param_groups`` follows). The schedule state must be a ``LambdaLR``'s with one
+    entry per param group.
 
     Raises:
         CheckpointError: what does not fit, named, with the file and the way on (the previous
@@ -530,35 +482,56 @@ def check_training_state(
         and saved["param_groups"]
     ):
         raise bad("the optimizer state is not torch's mapping of 'state' and 'param_groups'")
-    groups = list(saved["param_groups"])
-    listed: list[list[int]] = []
-    for g, group in enumerate(groups):
-        params = group.get("params") if isinstance(group, Mapping) else None
-        if not isinstance(params, list | tuple) or not all(_is_int(i) for i in params):
-            raise bad(f"optimizer param group {g} lists no parameter indices")
-        for key in _GROUP_NUMBERS:
-            if key in group and not _is_rate(group[key]):
-                raise bad(
-                    f"optimizer param group {g}: {key} = {group[key]!r:.40} is not a number >= 0"
-                )
-        for key in _GROUP_FLAGS:  # a string such as 'yes' had failed inside the first step
-            if key in group and group[key] is not None and not isinstance(group[key], bool):
-                raise bad(f"optimizer param group {g}: {key} = {group[key]!r:.40} is not a bool")
-        betas = group.get("betas", (0.0, 0.0))
-        if not (
-            isinstance(betas, list | tuple)
-            and len(betas) == 2
-            and all(_is_rate(b) and float(b) < 1 for b in betas)
-        ):
-            raise bad(
-                f"optimizer param group {g}: betas = {betas!r:.60} is not two numbers in [0, 1)"
-            )
-        listed.append(list(params))
+    listed = [_group_params(g, group, bad) for g, group in enumerate(saved["param_groups"])]
+    shapes = _state_shapes(saved["state"], listed, bad)
+    if optimizer is not None:
+        _fit_live_optimizer(optimizer, listed, shapes, bad)
+    else:
+        _fit_model_state(state.get("model"), listed, shapes, bad)
+    _check_schedule_state(state.get("schedule"), len(listed), bad)
+    step = state.get("step")
+    last = state["schedule"]["last_epoch"]
+    if _is_int(step) and last != step:  # the schedule steps once per batch, as step counts
+        raise bad(
+            f"the schedule is at step {last}, the checkpoint's step is {step} (the schedule "
+            "steps once per training step): resumed, the rest would train at the learning "
+            "rate of another step"
+        )
+
+
+_Bad = Callable[[str], CheckpointError]
+
+
+def _group_params(g: int, group: Any, bad: _Bad) -> list[int]:
+    """The parameter indices of optimizer param group ``g``, its rates and flags checked."""
+    params = group.get("params") if isinstance(group, Mapping) else None
+    if not isinstance(params, list | tuple) or not all(_is_int(i) for i in params):
+        raise bad(f"optimizer param group {g} lists no parameter indices")
+    for key in _GROUP_NUMBERS:
+        if key in group and not _is_rate(group[key]):
+            raise bad(f"optimizer param group {g}: {key} = {group[key]!r:.40} is not a number >= 0")
+    for key in _GROUP_FLAGS:
+        if key in group and group[key] is not None and not isinstance(group[key], bool):
+            raise bad(f"optimizer param group {g}: {key} = {group[key]!r:.40} is not a bool")
+    betas = group.get("betas", (0.0, 0.0))
+    if not (
+        isinstance(betas, list | tuple)
+        and len(betas) == 2
+        and all(_is_rate(b) and float(b) < 1 for b in betas)
+    ):
+        raise bad(f"optimizer param group {g}: betas = {betas!r:.60} is not two numbers in [0, 1)")
+    return list(params)
+
+
+def _state_shapes(
+    saved: Mapping[Any, Any], listed: list[list[int]], bad: _Bad
+) -> dict[int, tuple[int, ...]]:
+    """The one shape of the tensors the optimizer keeps for each parameter that has state."""
     indices = [i for params in listed for i in params]
     if len(set(indices)) != len(indices):
         raise bad("the optimizer's param groups list a parameter twice")
     shapes: dict[int, tuple[int, ...]] = {}
-    for index, entry in saved["state"].items():
+    for index, entry in saved.items():
         if index not in set(indices):
             raise bad(f"the optimizer holds a state of parameter {index!r}, which no group lists")
         if not isinstance(entry, Mapping):
@@ -580,22 +553,7 @@ def check_training_state(
             )
         if found:
             shapes[index] = found.pop()
-    if optimizer is not None:
-        _fit_live_optimizer(optimizer, listed, shapes, bad)
-    else:
-        _fit_model_state(state.get("model"), listed, shapes, bad)
-    _check_schedule_state(state.get("schedule"), len(groups), bad)
-    step = state.get("step")
-    last = state["schedule"]["last_epoch"]
-    if _is_int(step) and last != step:  # the schedule steps once per batch, as step counts
-        raise bad(
-            f"the schedule is at step {last}, the checkpoint's step is {step} (the schedule "
-            "steps once per training step): resumed, the rest would train at the learning "
-            "rate of another step"
-        )
-
-
-_Bad = Callable[[str], CheckpointError]
+    return shapes
 
 
 def _fit_live_optimizer(
@@ -630,7 +588,7 @@ def _fit_model_state(
 ) -> None:
     """Each group's state shapes appear, in order, among the model state's tensor shapes."""
     if not isinstance(model, Mapping):
-        return  # the model state is checked where it is loaded (load_model_state)
+        return  # load_model_state checks it
     order = [tuple(v.shape) for v in model.values() if isinstance(v, torch.Tensor)]
     for g, params in enumerate(listed):
         at = 0  # greedy: the earliest place of each parameter in model order
@@ -690,8 +648,8 @@ def load_training_state(
     state: Mapping[str, Any],
     path: str | os.PathLike,
 ) -> None:
-    """``optimizer.load_state_dict`` and ``schedule.load_state_dict`` of a training
-    checkpoint's states, after :func:`check_training_state` against the live optimizer.
+    """Load a training checkpoint's optimizer and schedule states, after
+    :func:`check_training_state` against the live optimizer.
 
     Raises:
         CheckpointError: the states do not fit the optimizer and schedule (named, with the file
@@ -708,16 +666,9 @@ def load_training_state(
         ) from error
 
 
-# ------------------------------------------------------------------------------------------------
-# Random number generator states, as tensors and lists (weights_only-safe)
-# ------------------------------------------------------------------------------------------------
-
-
 def rng_state() -> dict[str, Any]:
-    """The states of Python's, NumPy's and torch's global generators (CPU and every CUDA device).
-
-    Stored as tensors, ints and lists, so the checkpoint loads with ``weights_only=True``.
-    """
+    """The states of Python's, NumPy's and torch's global generators (CPU and every CUDA device),
+    as tensors, ints and lists, so the checkpoint loads with ``weights_only=True``."""
     version, mt, gauss = random.getstate()
     name, keys, pos, has_gauss, cached = np.random.get_state()
     state = {

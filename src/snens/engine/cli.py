@@ -40,8 +40,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _weights_line(state: dict) -> str:
-    """Which weights ``snens eval`` measured: the epoch the run kept on validation (best.pt)
-    where it selected one, else the last epoch's (last.pt)."""
+    """Which weights ``snens eval`` measured: best.pt's where the run selected, else last.pt's."""
     trained = f"after epoch {state['epoch']} (step {state['step']})"
     record = state.get("selection")
     if not record:
@@ -129,8 +128,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _naming(error: Exception, checkpoint: Path | None) -> str:
-    """The message of ``error``, led by the checkpoint it is about where it names no file:
-    a model state refused by ``load_model_state`` knows no path."""
+    """The message of ``error``, led by the checkpoint it is about where it names no file."""
     from snens.engine.checkpoint import CheckpointError
 
     message = str(error)
@@ -140,23 +138,13 @@ def _naming(error: Exception, checkpoint: Path | None) -> str:
 
 
 def _run_dir_of(config) -> str:
-    """The run directory a config trains into, or a placeholder where its name is made at
-    start (a time stamp)."""
+    """The run directory a config trains into, or a placeholder for a time-stamped one."""
     return str(Path(config.out_dir) / config.name) if config.name else "<the run directory>"
 
 
 def _check_config_unedited(run_dir: Path) -> None:
     """Refuse to resume a run whose config.toml no longer holds the config its last.pt was
-    trained with, naming every key that differs (as ``snens eval`` does).
-
-    Checked here, before the data and the model are built: the engine finds it only when it
-    loads the checkpoint, and says only that the two differ.
-
-    Raises:
-        ValueError: config.toml differs from the checkpoint's config (the keys named);
-            config.toml cannot be read.
-        CheckpointError: last.pt is damaged or holds no readable config.
-    """
+    trained with, naming every key that differs, before the data and model are built."""
     from snens.engine.checkpoint import load_checkpoint
     from snens.engine.config import load_config, to_dict
     from snens.engine.reload import saved_config
@@ -215,7 +203,6 @@ def _train_config(args: argparse.Namespace) -> RunConfig | int:
         else:
             config = load_config(Path(args.resume) / CONFIG, list(args.set))
         if args.out is not None:
-            # The path as given, not as TOML text: any character it holds is checked as is.
             config = dataclasses.replace(config, out_dir=args.out)
     except (ValueError, TypeError, OSError) as error:
         print(f"snens train: {error}", file=sys.stderr)
@@ -345,12 +332,8 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 def _check_set_and_grid(settings: list[str], axes: list[str]) -> None:
-    """Refuse a key given by ``--set`` and by ``--grid``: the grid's values are applied after
-    the ``--set`` ones, so the ``--set`` value was dropped without a word.
-
-    Raises:
-        ValueError: naming the key, both options and what to do.
-    """
+    """Refuse a key given by ``--set`` and by ``--grid`` (the ``--set`` value would be
+    dropped silently)."""
     grid = {axis.split("=", 1)[0].strip(): axis for axis in axes if "=" in axis}
     for item in settings:
         key = item.split("=", 1)[0].strip()
@@ -388,8 +371,7 @@ def _metrics_table(results: dict[str, float]) -> str:
 
 
 def _measuring_flags(parser: argparse.ArgumentParser, whose: str) -> None:
-    """--alpha, --calibrators, --ood-scores: how the kept logits are measured, in place of
-    the config's."""
+    """--alpha, --calibrators, --ood-scores: how the kept logits are measured."""
     parser.add_argument(
         "--alpha",
         type=float,
@@ -491,13 +473,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="train every combination of a grid of config values (τ, M, λ, seeds, methods, …), "
         "one run directory each, resumable, with a sweep.csv of the final metrics",
         description="Train the cartesian product of the --grid axes on a base config, run by "
-        "run, into OUT/<run name> (the name lists the grid values, e.g. "
-        "method.temperature=0.5,seed=1). Every run's config is checked before the first one "
-        "starts. Running the same command again skips finished runs (final.json) and resumes "
-        "interrupted ones (last.pt). Method-aware: method.temperature and "
-        "method.diversity_weight apply to method 'snens' only, method.num_members to every "
-        "method but 'single' (forced to M=1); for other methods those axes collapse to one run. "
-        "Exit status: 0 all runs done, 1 a run failed (the others still run), 2 bad input.",
+        "run, into OUT/<run name> (e.g. method.temperature=0.5,seed=1), every config checked "
+        "first. Running the same command again skips finished runs and resumes interrupted "
+        "ones. Axes that do not apply to a run's method (τ and λ outside 'snens', M for "
+        "'single') collapse to one run. Exit status: 0 all runs done, 1 a run failed (the "
+        "others still run), 2 bad input.",
         epilog="example: snens sweep --preset fashion_mnist_small_cnn_tiny "
         "--grid method.temperature=0.05,0.5,5 --grid seed=0,1,2 --out runs/sweeps/tau; then "
         "snens report runs/sweeps/tau --out runs/sweeps/tau/report",
@@ -535,14 +515,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Collect every run directory (config.toml and final.json) under the given "
         "directories, group runs whose configs differ only in seed, and write DIR/report.md and "
         "DIR/report.csv: one row per group with the config keys that vary, the number of seeds "
-        "and mean ± std (over seeds, ddof=1) of accuracy, NLL, ECE, Brier, OOD AUROC/AUPR/"
-        "FPR95, corrupted accuracy and ECE, parameters and training time. With matplotlib, "
-        "each point a group's mean crossed by ± its std: accuracy–NLL and accuracy–ECE Pareto "
-        "plots (pareto_nll.png, pareto_ece.png); when the runs evaluated corruptions, accuracy "
-        "and ECE against severity (shift.png); per group whose runs kept their member logits "
-        "(outputs.npz), the reliability diagram of its test predictions (reliability_<row>.png); "
-        "per σN-Ens group with a checkpoint (last.pt), every member norm's importances σ(γ) "
-        "(allocation_<row>.png).",
+        "and mean ± std (over seeds, ddof=1) of every metric. With matplotlib also Pareto "
+        "plots, accuracy and ECE against corruption severity, a reliability diagram per group "
+        "and the importances σ(γ) of each σN-Ens group.",
         epilog="example: snens report runs/sweeps/tau runs/single-seed3 --out reports/tau",
     )
     report.add_argument(

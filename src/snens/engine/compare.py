@@ -1,11 +1,8 @@
 """Differences between two groups of finished runs, with paired bootstrap intervals.
 
-A group is the runs of one method under several seeds; each run keeps what its intervals need
-per test example (``examples.npz``, :func:`snens.evaluation.bootstrap.run_examples`). Two groups
-are compared on the test examples both scored (the same test set, checked by its labels),
-raw and after each calibrator, and the difference is worded by its interval: "better" or
-"worse" only where the 95 % interval excludes 0, "level" otherwise
-(:func:`snens.evaluation.bootstrap.verdict`).
+A group is the runs of one method under several seeds, each with its per-example results
+(``examples.npz``). The difference is worded by its interval: "better" or "worse" only where
+the 95 % interval excludes 0, "level" otherwise.
 
     rows = compare_runs(snens_runs, single_runs)       # one Comparison per set and metric
     cells = comparison_cells(rows)                     # a table's cells, with the words
@@ -95,8 +92,7 @@ def compare_runs(
 
     Args:
         a, b: run directories of the two methods (one per seed).
-        sets: prefixes of ``examples.npz``: ``test``, ``test_ts``, ``shift/<name>/<s>``,
-            ``domain_ts/<name>``, …; a set some run lacks is an error naming it.
+        sets: prefixes of ``examples.npz``: ``test``, ``test_ts``, ``shift/<name>/<s>``, …
         metrics: of :data:`snens.evaluation.bootstrap.BOOTSTRAP_METRICS`.
         resamples, seed: of :func:`snens.evaluation.bootstrap.paired_bootstrap`.
 
@@ -120,9 +116,7 @@ def compare_arrays(
     resamples: int = 2000,
     seed: int = 0,
 ) -> list[Comparison]:
-    """:func:`compare_runs` on per-example arrays already at hand (``examples.npz``'s, or
-    :func:`snens.evaluation.bootstrap.run_examples` of runs pooled into one ensemble), one
-    mapping per seed."""
+    """:func:`compare_runs` on per-example arrays already at hand, one mapping per seed."""
     out = []
     for name in sets:
         left, right = _examples(a, name), _examples(b, name)
@@ -171,8 +165,7 @@ COMPARISON_HEADER = ("set", "metric", "Δ (A − B)", "95 % interval", "A agains
 
 
 def comparison_cells(rows: Sequence[Comparison]) -> list[list[str]]:
-    """A table's cells, one row per comparison (:data:`COMPARISON_HEADER`): set, metric,
-    Δ (A − B), its 95 % interval and the word for A."""
+    """A table's cells, one row per comparison (:data:`COMPARISON_HEADER`)."""
     return [
         [
             r.set,

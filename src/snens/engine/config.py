@@ -11,10 +11,9 @@ determinism, checkpointing) and four sections, each a frozen dataclass::
     [method]    # MethodConfig: ensemble method, M, τ, λ, input policy
     [optim]     # OptimConfig: optimizer, schedule, epochs, clipping, bf16, fine-tuning mode
 
-Every value is checked when a config is built, in Python or from TOML: unknown keys are
-refused with the list of valid ones, a wrong type raises ``TypeError`` and an out-of-range
-value ``ValueError``, each naming the key (``optim.lr``). Sizes that read "0 = all" use 0
-because TOML has no null.
+Every value is checked when a config is built: unknown keys are refused with the list of
+valid ones, a wrong type raises ``TypeError`` and an out-of-range value ``ValueError``, each
+naming the key (``optim.lr``). Sizes that read "0 = all" use 0 because TOML has no null.
 
     config = load_config("my.toml", ["method.temperature=0.5", "optim.epochs=3"])
     text = to_toml(config)            # load_config(tomllib.loads(text)) == config
@@ -98,32 +97,23 @@ TEXT_OOD_SETS = registry.ood_names("text")
 #: Every out-of-distribution test set a config may name in ``data.ood``.
 OOD_SETS = tuple(registry.OOD_SETS)
 
-#: Most torch CPU threads a config may ask for (``threads``). Machine-independent, so a config
-#: valid on one host stays valid on another: above the hardware threads of the largest CPU hosts
-#: (two 192-core CPUs with SMT: 768), where torch gains nothing past the physical cores, and far
-#: below where libgomp fails ("Thread creation failed" at 16,384 threads on a 2-core host;
-#: ``threads = 100000`` crashed the process with a segmentation fault, exit status 139).
+# Upper bounds of sizes and rates: far beyond any real run, and machine-independent, so a
+# config valid on one host stays valid on another (and torch never sees absurd values).
+#: Most torch CPU threads a config may ask for (``threads``): libgomp fails far above it.
 MAX_THREADS = 1024
-#: Most examples a count of examples may name: more than any data set holds (ImageNet-21k:
-#: 14 M images); a larger count than a set holds takes the whole set.
+#: Most examples a count of examples may name (more than any data set holds).
 MAX_EXAMPLES = 2**40
-#: Largest batch of examples: beyond any single device's memory for the smallest model here
-#: (2**20 Fashion-MNIST images are 3.3 GB as float32).
+#: Largest batch of examples.
 MAX_BATCH = 2**20
-#: Largest image side in pixels (image_size, resize_size, resize): a 4096² RGB float32 image is
-#: 200 MB; the models here are trained at 32 to 224 px.
+#: Largest image side in pixels (image_size, resize_size, resize).
 MAX_IMAGE_SIDE = 4096
-#: Most tokens per text (max_length): above the longest context of the models here (SmolLM2:
-#: 8,192; MiniLM: 512).
+#: Most tokens per text (max_length).
 MAX_TOKENS = 2**16
-#: Most classes (num_classes): above the largest label sets (ImageNet-21k: 21,841) and an LLM
-#: vocabulary (256 k); a head of 2**20 × 1024 float32 is 4 GiB.
+#: Most classes (num_classes).
 MAX_CLASSES = 2**20
-#: The largest learning rate, weight decay and decay factor: a rate of 10 already diverges
-#: every model here in a step (optim.lr = 1e300 had overflowed inside torch.optim, a trace).
+#: The largest learning rate, weight decay and decay factor.
 MAX_RATE = 1e3
-#: The largest multiplier of γ's learning rate (the presets use up to 1000): γ's rate, at most
-#: 1e7, stays a float32.
+#: The largest multiplier of γ's learning rate (γ's rate stays a float32).
 MAX_GAMMA_LR_MULTIPLIER = 1e4
 #: The options of ``[method]`` that are fields of :class:`snens.SnensConfig` (the others are
 #: τ, λ, M, the input policy and γ's multiplier, keys of the table itself).
@@ -135,11 +125,9 @@ SNENS_CONVERT_OPTIONS = (
     "norms",
     "skip_unsupported",
 )
-#: The smallest conformal α: it needs ⌈1/α⌉ − 1 = 999,999 validation examples (1e-300 had
-#: asked for a number of 300 digits).
+#: The smallest conformal α (it needs ⌈1/α⌉ − 1 validation examples).
 MIN_ALPHA = 1e-6
-#: Most epochs (and epochs between checkpoints or evaluations): a million epochs of the
-#: tiniest preset take months.
+#: Most epochs (and epochs between checkpoints or evaluations).
 MAX_EPOCHS = 10**6
 
 Dataset = Literal[
@@ -152,11 +140,6 @@ Dataset = Literal[
     "sst2",
     "rotten_tomatoes",
 ]
-
-
-# ------------------------------------------------------------------------------------------------
-# Checking and coercing values
-# ------------------------------------------------------------------------------------------------
 
 
 def _type_name(hint: Any) -> str:
@@ -192,8 +175,7 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
             raise TypeError(f"{key} must be a table of named values, got {value!r}")
         for name, item in value.items():
             check_value(item, f"{key}.{name}")
-        # A deep copy in plain types: the frozen config must not share the caller's dicts and
-        # lists, and a tuple or a float subclass must read back from TOML as what it is here.
+        # a deep copy in plain types: shares nothing with the caller, reads back from TOML alike
         return _plain(value)
     ok = {
         bool: isinstance(value, bool),
@@ -238,10 +220,9 @@ class _Section:
     def validate(self) -> None:
         """Range checks of a section; raise ``ValueError`` naming the key."""
 
-
-# ------------------------------------------------------------------------------------------------
-# The sections
-# ------------------------------------------------------------------------------------------------
+    def _in_range(self, name: str, low: float, high: float, what: str) -> None:
+        value = getattr(self, name)
+        _require(low <= value <= high, self.key(name), what, value)
 
 
 #: Keys that apply to one kind of data set only: (key, the value that leaves it unused, the
@@ -275,10 +256,8 @@ class DataConfig(_Section):
     train_examples: int = 0  # N training examples (image sets: the first N; texts, folders: a fixed
     # random subset, as they are stored in order); 0 = all
     test_examples: int = 0  # N test examples, chosen as train_examples; 0 = all
-    # N examples held out of the training set as validation, never trained on (in-memory image
-    # sets: the last N of the training file; texts: a fixed random N of the training texts;
-    # train_examples counts the rest), evaluated after every epoch (val/* in metrics.jsonl and
-    # final.json); 0 = none. Choose τ, λ and the budget here, never on the test set.
+    # N training examples held out as validation (image sets: the last N; texts: a fixed random
+    # N), evaluated after every epoch (val/*); 0 = none. Choose τ, λ and the budget here.
     validation_examples: int = 0
     batch_size: int = 128  # examples per optimizer step ("split": B/M per member)
     eval_batch_size: int = 1000  # examples per forward pass in evaluation
@@ -289,26 +268,22 @@ class DataConfig(_Section):
     # classifiers): domain/<name>/<metric>, and after each calibrator domain_ts/<name>/<metric>
     domains: tuple[str, ...] = ()
     domain_examples: int = 0  # examples per domain set (a fixed random subset); 0 = all
-    # OOD scores reported beside msp (ood/<name>/auroc, …) as ood/<name>/<score>/{auroc,aupr,
-    # fpr95}, from the same pass: energy, max_logit (of the members' mean logit),
-    # mutual_information (the members' disagreement), entropy, msp
+    # OOD scores reported beside msp as ood/<name>/<score>/{auroc,aupr,fpr95}: energy,
+    # max_logit (of the members' mean logit), mutual_information, entropy, msp
     ood_scores: tuple[str, ...] = ("energy", "max_logit", "mutual_information", "entropy")
     # miscoverage α of the split-conformal prediction sets calibrated on the validation split
     # (test/conformal_{thr,aps}_{coverage,size}); needs validation_examples >= ⌈1/α⌉ − 1
     conformal_alpha: float = 0.1
-    # post-hoc calibrators fitted on the validation split, the test metrics after each under
-    # its prefix: temperature (test_ts/*), vector (test_vs/*), matrix (test_ms/*; K² + K
-    # parameters), histogram (test_hb/*); [] = none
+    # post-hoc calibrators fitted on the validation split: temperature (test_ts/*), vector
+    # (test_vs/*), matrix (test_ms/*), histogram (test_hb/*); [] = none
     calibrators: tuple[str, ...] = ("temperature",)
     corruptions: bool = False  # evaluate on generated CIFAR-C-style corruptions of the test set
     corruption_names: tuple[str, ...] = ()  # () = the 15 CIFAR-10-C corruptions
     severities: tuple[int, ...] = SEVERITIES  # each in 1..5
     corruption_examples: int = 1000  # first N test images corrupted; 0 = all
     corruption_seed: int = 0  # fixed across runs so every method sees the same corruptions
-    # in-memory image sets (fashion_mnist, cifar10/100, svhn), converted once when loaded for a
-    # model pretrained on other images (e.g. ImageNet RGB): every image (training, validation,
-    # test, OOD, corrupted) is resized (bilinear, rounded back to uint8), then its channels
-    # converted; corruptions are made at the stored size first, so they stay the same
+    # in-memory image sets, converted once when loaded (for a model pretrained on other
+    # images): every image is resized (bilinear, back to uint8), then its channels converted
     resize: int = 0  # px, side of the square resize; 0 = as stored
     channels: int = 0  # 0 = as stored; 3 = grey images repeated to 3 channels (RGB: unchanged)
     # per-channel mean/std that normalize the images: "dataset" = the data set's own (a grey
@@ -324,8 +299,7 @@ class DataConfig(_Section):
     num_workers: int = -1  # DataLoader worker processes; -1 = min(8, CPU count)
     ood_folder: str = ""  # a class-folder tree evaluated as OOD set ood/<its name>; "" = none
     # a class-folder image that fails to decode: "skip" reads the next image of its class in
-    # its place (label unchanged; counted per epoch in metrics.jsonl, listed in final.json),
-    # "raise" stops the run naming the file
+    # its place (counted in metrics.jsonl, listed in final.json), "raise" stops the run
     on_bad_image: Literal["skip", "raise"] = "skip"
     scan_images: bool = False  # decode every class-folder image once before training
 
@@ -337,13 +311,9 @@ class DataConfig(_Section):
             "ood_examples",
             "corruption_examples",
         ):
-            value = getattr(self, name)
-            _require(
-                0 <= value <= MAX_EXAMPLES, self.key(name), "an int in 0..2**40 (0 = all)", value
-            )
+            self._in_range(name, 0, MAX_EXAMPLES, "an int in 0..2**40 (0 = all)")
         for name in ("batch_size", "eval_batch_size"):
-            value = getattr(self, name)
-            _require(1 <= value <= MAX_BATCH, self.key(name), "an int in 1..2**20", value)
+            self._in_range(name, 1, MAX_BATCH, "an int in 1..2**20")
         for a in self.augment:
             _require(a in ("crop", "flip"), self.key("augment"), "a list of 'crop', 'flip'", a)
         for name in self.ood:
@@ -368,49 +338,25 @@ class DataConfig(_Section):
                 f"calibrate conformal sets at {self.key('conformal_alpha')} = {alpha}: give at "
                 f"least {least} validation examples, or a larger conformal_alpha"
             )
-        _require(
-            2 <= self.max_length <= MAX_TOKENS,
-            self.key("max_length"),
-            f"an int in 2..{MAX_TOKENS}",
-            self.max_length,
-        )
+        self._in_range("max_length", 2, MAX_TOKENS, f"an int in 2..{MAX_TOKENS}")
         side = MAX_IMAGE_SIDE
-        _require(
-            1 <= self.image_size <= side,
-            self.key("image_size"),
-            f"an int in 1..{side}",
+        self._in_range("image_size", 1, side, f"an int in 1..{side}")
+        self._in_range("resize", 0, side, f"an int in 0..{side} (0 = as stored)")
+        self._in_range(
+            "resize_size",
             self.image_size,
-        )
-        _require(
-            0 <= self.resize <= side,
-            self.key("resize"),
-            f"an int in 0..{side} (0 = as stored)",
-            self.resize,
-        )
-        _require(
-            self.image_size <= self.resize_size <= side,
-            self.key("resize_size"),
+            side,
             f"an int in data.image_size ({self.image_size})..{side}",
-            self.resize_size,
         )
-        _require(
-            -1 <= self.num_workers <= MAX_WORKERS,
-            self.key("num_workers"),
-            f"an int in 0..{MAX_WORKERS}, or -1 (min(8, CPUs))",
-            self.num_workers,
-        )
+        what = f"an int in 0..{MAX_WORKERS}, or -1 (min(8, CPUs))"
+        self._in_range("num_workers", -1, MAX_WORKERS, what)
         self._validate_kind()
         known = CORRUPTIONS + EXTRA_CORRUPTIONS
         for name in self.corruption_names:
             _require(name in known, self.key("corruption_names"), f"a list of {known}", name)
         for s in self.severities:
             _require(1 <= s <= 5, self.key("severities"), "a list of ints in 1..5", s)
-        _require(
-            self.domain_examples >= 0,
-            self.key("domain_examples"),
-            "an int >= 0",
-            self.domain_examples,
-        )
+        self._in_range("domain_examples", 0, math.inf, "an int >= 0")
         allowed = registry.domain_names(self.dataset)
         for name in self.domains:
             if name not in allowed:
@@ -438,8 +384,7 @@ class DataConfig(_Section):
                 "corrupted set would be evaluated; give severities in 1..5 (e.g. [1, 2, 3, 4, 5]) "
                 "or set data.corruptions=false"
             )
-        seed = self.corruption_seed
-        _require(0 <= seed < 2**32, self.key("corruption_seed"), "an int in [0, 2**32)", seed)
+        self._in_range("corruption_seed", 0, 2**32 - 1, "an int in [0, 2**32)")
 
     def _validate_kind(self) -> None:
         """What applies to text, to class folders and to in-memory images."""
@@ -520,20 +465,13 @@ class ModelConfig(_Section):
     backbone: str = "small_cnn"  # a name of snens.models.available()
     num_classes: int = 0  # K; 0 = the data set's number of classes
     options: dict[str, Any] = field(default_factory=dict)  # builder kwargs: width, pretrained, …
-    # a trained single model to start from: its run directory (or its last.pt), made with this
-    # backbone, options and number of classes; the method then converts or wraps that network
-    # (σN-Ens: M exact copies of it); "{seed}" in it reads as the run's seed, so a seed sweep
-    # starts each seed from its own. Read when a run starts, not when it resumes; "" = none
+    # a trained single model of this backbone to start from: its run directory (or its
+    # last.pt), which the method converts or wraps; "{seed}" reads as the run's seed; "" = none
     init_from: str = ""
 
     def validate(self) -> None:
         _require(bool(self.backbone), self.key("backbone"), "a model name", self.backbone)
-        _require(
-            0 <= self.num_classes <= MAX_CLASSES,
-            self.key("num_classes"),
-            "an int in 0..2**20 (0 = the data set's)",
-            self.num_classes,
-        )
+        self._in_range("num_classes", 0, MAX_CLASSES, "an int in 0..2**20 (0 = the data set's)")
 
 
 #: The methods built around one network, so ``model.init_from`` can hand them a trained one
@@ -673,12 +611,8 @@ class OptimConfig(_Section):
                 f"optim.select must be one of {', '.join(repr(m) for m in SELECT_METRICS)} or "
                 f'"" (evaluate the last epoch), got {self.select!r}'
             )
-        _require(
-            0 <= self.patience <= self.epochs,
-            self.key("patience"),
-            f"an int in [0, epochs={self.epochs}] (0 = train every epoch)",
-            self.patience,
-        )
+        what = f"an int in [0, epochs={self.epochs}] (0 = train every epoch)"
+        self._in_range("patience", 0, self.epochs, what)
         if self.patience and not self.select:
             raise ValueError(
                 f"optim.patience = {self.patience} stops when the selected metric stops "
@@ -699,15 +633,8 @@ class OptimConfig(_Section):
             "two numbers in [0, 1)",
             self.betas,
         )
-        _require(
-            1 <= self.epochs <= MAX_EPOCHS, self.key("epochs"), "an int in 1..10**6", self.epochs
-        )
-        _require(
-            0 <= self.warmup_epochs <= self.epochs,
-            self.key("warmup_epochs"),
-            f"an int in [0, epochs={self.epochs}]",
-            self.warmup_epochs,
-        )
+        self._in_range("epochs", 1, MAX_EPOCHS, "an int in 1..10**6")
+        self._in_range("warmup_epochs", 0, self.epochs, f"an int in [0, epochs={self.epochs}]")
         increasing = list(self.milestones) == sorted(set(self.milestones))
         if not (increasing and all(0 < m < self.epochs for m in self.milestones)):
             raise ValueError(
@@ -732,11 +659,6 @@ class OptimConfig(_Section):
         )
 
 
-# ------------------------------------------------------------------------------------------------
-# The run
-# ------------------------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class RunConfig(_Section):
     """One training run: where it goes, how it is seeded and saved, and its four sections."""
@@ -756,31 +678,21 @@ class RunConfig(_Section):
     optim: OptimConfig = field(default_factory=OptimConfig)
 
     def validate(self) -> None:
-        _require(0 <= self.seed < 2**32, "seed", "an int in [0, 2**32)", self.seed)
-        _require(
-            0 <= self.threads <= MAX_THREADS,
-            "threads",
+        self._in_range("seed", 0, 2**32 - 1, "an int in [0, 2**32)")
+        what = (
             f"an int in [0, {MAX_THREADS}] (0 = torch's default; threads beyond the CPU cores "
-            "do not help)",
-            self.threads,
+            "do not help)"
         )
-        # A newline or other control character in a directory name breaks every line-based
-        # record of the run (logs, the sweep's CSV, shell commands that name it).
+        self._in_range("threads", 0, MAX_THREADS, what)
+        # a control character in a directory name breaks every line-based record of the run
         for i, ch in enumerate(self.name):
             if unicodedata.category(ch) in ("Cc", "Zl", "Zp"):
                 raise ValueError(
                     f"name holds the control character {ch!r} (U+{ord(ch):04X}) at position {i} "
                     f"of {self.name!r}; a run directory name must be printable: remove it"
                 )
-        _require(
-            1 <= self.checkpoint_every <= MAX_EPOCHS,
-            "checkpoint_every",
-            "an int in 1..10**6",
-            self.checkpoint_every,
-        )
-        _require(
-            0 <= self.eval_every <= MAX_EPOCHS, "eval_every", "an int in 0..10**6", self.eval_every
-        )
+        self._in_range("checkpoint_every", 1, MAX_EPOCHS, "an int in 1..10**6")
+        self._in_range("eval_every", 0, MAX_EPOCHS, "an int in 0..10**6")
         _require(bool(self.out_dir), "out_dir", "a directory path", self.out_dir)
         _require(
             self.name in ("",) or (os.sep not in self.name and self.name not in (".", "..")),
@@ -835,8 +747,7 @@ class RunConfig(_Section):
 
     def _validate_method_options(self) -> None:
         """Every ``method.options`` key an option of the method that a config can hold, and
-        not a key the config has elsewhere (an unknown key had been a TypeError from inside
-        the builder; ``input_policy`` there had silently replaced ``method.input_policy``)."""
+        not a key the config has elsewhere."""
         for key in self.method.options:
             if key in _OPTIONS_ELSEWHERE:
                 raise ValueError(
@@ -858,7 +769,6 @@ class RunConfig(_Section):
                 and all(isinstance(n, str) and n for n in norms)
             )
         ):
-            # 5 had been a TypeError from inside convert, once the data were loaded
             raise ValueError(
                 f"method.options.norms must be a regular expression or a list of module names, "
                 f"got {norms!r}"
@@ -869,7 +779,7 @@ class RunConfig(_Section):
             usable = [k for k in takes if k not in (*_OPTIONS_ELSEWHERE, *_PYTHON_ONLY_OPTIONS)]
             raise ValueError(
                 f"method.options.{unknown[0]} is not an option of method {self.method.name!r}; "
-                f"its options are: {', '.join(usable) or 'none'}" + _suggest(unknown[0], usable)
+                f"its options are: {', '.join(usable) or 'none'}" + did_you_mean(unknown[0], usable)
             )
 
 
@@ -889,11 +799,6 @@ _PYTHON_ONLY_OPTIONS = {
 }
 
 
-def _suggest(name: str, choices: list[str]) -> str:
-    close = difflib.get_close_matches(name, choices, n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
 _SECTIONS: dict[str, type] = {
     "data": DataConfig,
     "model": ModelConfig,
@@ -902,14 +807,9 @@ _SECTIONS: dict[str, type] = {
 }
 
 
-# ------------------------------------------------------------------------------------------------
-# dict and TOML
-# ------------------------------------------------------------------------------------------------
-
-
 def _plain(value: Any) -> Any:
-    """Builtin types only: lists for sequences, dicts for tables, and subclasses of bool, int,
-    float and str (NumPy's float64, an IntEnum) as the builtin, which is what TOML reads back."""
+    """Builtin types only, as TOML reads them back: lists for sequences, dicts for tables,
+    subclasses of bool, int, float and str (NumPy's float64, an IntEnum) as the builtin."""
     if isinstance(value, tuple | list):
         return [_plain(v) for v in value]
     if isinstance(value, Mapping):
@@ -950,8 +850,8 @@ def did_you_mean(name: str, choices: Iterable[str]) -> str:
 
 
 def _milestones_fix(milestones: tuple[int, ...], epochs: int) -> str:
-    """How to fix milestones that do not fit ``epochs`` (typically a preset's, after an
-    ``optim.epochs`` override): as many, evenly spaced over the run, or a cosine schedule."""
+    """How to fix milestones that do not fit ``epochs`` (e.g. a preset's after an
+    ``optim.epochs`` override)."""
     k = len(milestones)
     if k and epochs > k:
         spaced = sorted({max(1, round(i * epochs / (k + 1))) for i in range(1, k + 1)})
@@ -996,12 +896,8 @@ def from_dict(values: Mapping[str, Any]) -> RunConfig:
 
 
 def _parse_value(text: str, key: str = "value") -> Any:
-    """A ``--set`` value: a TOML value (``0.5``, ``true``, ``[25, 50]``, ``"x"``), else a string.
-
-    Text that starts like a TOML string, list or table (``"``, ``'``, ``[``, ``{``) must parse
-    as one: a bare string is taken as it is, but a broken quoted one is an error, never a
-    string with its quotes kept.
-    """
+    """A ``--set`` value: a TOML value (``0.5``, ``true``, ``[25, 50]``, ``"x"``), else a bare
+    string; text that starts like a TOML string, list or table must parse as one."""
     try:
         return parse_value(text)
     except TOMLDecodeError as error:
@@ -1014,8 +910,8 @@ def _parse_value(text: str, key: str = "value") -> Any:
 
 
 def _parse_override(item: Any) -> tuple[str, list[str], str]:
-    """The key, its dotted parts and the value text of an override ``"a.b=value"``, checked
-    against the config's keys before its value is parsed."""
+    """The key, its dotted parts and the value text of an override ``"a.b=value"``, the key
+    checked before the value is parsed."""
     if not isinstance(item, str) or "=" not in item:
         raise ValueError(f"an override must read key=value, e.g. optim.lr=0.1; got {item!r}")
     key, text = item.split("=", 1)
@@ -1054,8 +950,7 @@ def apply_overrides(values: dict[str, Any], overrides: Sequence[str]) -> dict[st
     """Set ``"a.b=value"`` overrides in nested dicts (a copy); values are parsed as TOML.
 
     Raises:
-        ValueError: an override without ``=``, or a key that is not in the config (named,
-            with the valid keys at that level).
+        ValueError: an override without ``=``, or a key that is not in the config.
         TypeError: ``values`` is not a mapping, ``overrides`` is one string, or a key's
             parent is not a table.
     """
@@ -1108,9 +1003,6 @@ def load_config(
 
 def to_toml(config: RunConfig) -> str:
     """The config as TOML text; ``load_config(tomllib.loads(text))`` gives it back.
-
-    Run-level keys first, then ``[data]``, ``[model]``, ``[method]``, ``[optim]``, each
-    section's ``options`` as ``[section.options]`` after its keys.
 
     Raises:
         TypeError: an option value TOML cannot hold (e.g. an object in ``model.options``).

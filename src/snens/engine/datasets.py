@@ -1,13 +1,7 @@
 """The data sets the training engine reads: :func:`build_data` turns a
 :class:`~snens.engine.config.DataConfig` into a :class:`Data` of loaders.
 
-In-memory image sets (Fashion-MNIST, CIFAR-10/100, SVHN) become :class:`snens.data.TensorLoader`
-objects (the whole set on the device, vectorized augmentation); text sets are tokenized once
-into :class:`snens.data.tokens.TokenLoader` batches of ``(dict(input_ids, attention_mask), y)``;
-ImageNet-style class folders stream through DataLoader workers. OOD sets and generated
-corruptions are built alongside, converted (``data.resize``, ``data.channels``) and normalized
-(``data.normalize``) as the training set is. Every loader draws epoch e from (seed, e) and can
-be sharded across data-parallel ranks.
+Every loader draws epoch e from (seed, e) and can be sharded across data-parallel ranks.
 """
 
 from __future__ import annotations
@@ -36,13 +30,8 @@ __all__ = ["Data", "build_data", "data_shape"]
 
 
 def _convert(images: Tensor, config: DataConfig) -> Tensor:
-    """Stored uint8 images as the model sees them, still uint8: resized to ``data.resize``
-    (bilinear, rounded), then grey repeated to RGB where ``data.channels`` is 3.
-
-    Shape:
-        images: ``(N, C, H, W)``; out: ``(N, C', S, S)``, C' =
-        :meth:`DataConfig.channels_after`, S = resize (H, W where resize is 0).
-    """
+    """Stored uint8 images (N, C, H, W) as the model sees them, still uint8: resized to
+    ``data.resize``, then grey repeated to RGB where ``data.channels`` is 3."""
     if config.resize:
         images = data.resize_images(images, config.resize)
     if config.channels == 3 and images.shape[1] == 1:
@@ -51,20 +40,16 @@ def _convert(images: Tensor, config: DataConfig) -> Tensor:
 
 
 def _normalization(spec: registry.DataSet, config: DataConfig) -> dict[str, Any]:
-    """The mean and std ``data.normalize`` names; a grey set's one value serves every channel
-    it is repeated to (the TensorLoader broadcasts it)."""
+    """The mean and std ``data.normalize`` names (a grey set's one value is broadcast)."""
     if config.normalize == "imagenet":
         return {"mean": data.IMAGENET_MEAN, "std": data.IMAGENET_STD}
     return {"mean": spec.mean, "std": spec.std}
 
 
 class _CorruptedLoader:
-    """Batches of one corrupted copy of the test images, generated when iterated.
-
-    Generating all 15 × 5 corrupted sets up front would hold 75 copies of the test set; this
-    holds one at a time. The stored images are corrupted, then converted (``convert``: the
-    data's resize and channels), so a corruption is the same whatever size the model sees.
-    """
+    """Batches of one corrupted copy of the test images, generated when iterated (so one
+    copy is held at a time). The stored images are corrupted, then converted, so a
+    corruption is the same whatever size the model sees."""
 
     def __init__(
         self, images, labels, name, severity, *, corruption_seed, batch_size, convert, **options
@@ -87,10 +72,8 @@ Loader = data.TensorLoader | data.TokenLoader | data.FolderLoader
 
 @dataclass
 class Data:
-    """Everything :func:`train` reads: loaders and the data set's shape.
-
-    ``channels`` is None for text (the model takes token ids, not images).
-    """
+    """Everything :func:`train` reads: loaders and the data set's shape (``channels`` None
+    for text)."""
 
     train: Loader
     test: Loader
@@ -102,8 +85,8 @@ class Data:
     domains: dict[str, Loader] = field(default_factory=dict)  # data.domains: labelled shift sets
 
     def bad_images(self) -> dict[str, str] | None:
-        """Class-folder images found undecodable so far (read in their class's next image's
-        place), path to reason, over every loader; None for data that are not class folders."""
+        """Class-folder images found undecodable so far, path to reason; None for data that
+        are not class folders."""
         loaders = [self.train, self.test, self.validation, *self.ood.values()]
         folders = [_image_folder(loader) for loader in loaders if loader is not None]
         if not any(folder is not None for folder in folders):
@@ -150,12 +133,9 @@ def _head(
 
 
 def _subset(total: int, n: int, key: str | None = None, what: str = "") -> list[int]:
-    """A fixed random subset of n of ``range(total)`` (all if n is 0), in increasing order;
-    with ``key``, more than ``total`` is refused.
-
-    Text files and class folders are stored in order (by class, by movie), so their first n
-    would not be a sample of the set; the subset is the same for every run seed.
-    """
+    """A fixed random subset of n of ``range(total)`` (all if n is 0), in increasing order,
+    the same for every run seed (texts and folders are stored in order, so their first n would
+    not be a sample); with ``key``, more than ``total`` is refused."""
     _check_count(n, total, key, what)
     if not n or n >= total:
         return list(range(total))
@@ -165,15 +145,10 @@ def _subset(total: int, n: int, key: str | None = None, what: str = "") -> list[
 
 def text_split(config: DataConfig, total: int) -> tuple[list[int], list[int]]:
     """Which of a text set's ``total`` training texts ``config`` holds out for validation and
-    which it trains on: two disjoint lists of indices into the training file, each in
-    increasing order.
-
-    Both depend on the data config alone, not on the run's seed, so every run of one config
-    validates and trains on the same texts, and code that scores further texts of the training
-    file can take them from neither list.
-    """
+    which it trains on: two disjoint, increasing lists of indices into the training file,
+    depending on the data config alone (not the run's seed)."""
     held: list[int] = []
-    if config.validation_examples:  # texts are stored in order: a fixed random N, not the last
+    if config.validation_examples:
         n = config.validation_examples
         if n >= total:
             raise ValueError(
@@ -197,51 +172,39 @@ def build_data(
 ) -> Data:
     """Load the data set named by ``config`` and wrap it in loaders.
 
-    Three kinds, one interface (epoch e of the training loader depends only on (seed, e); the
-    training loader shards a global batch across data-parallel ranks):
+    Three kinds, one interface:
 
     * in-memory image sets (Fashion-MNIST, CIFAR, SVHN): the whole set on ``device`` in a
-      :class:`~snens.data.TensorLoader`, augmented there; every image (training, validation,
-      test, OOD, corrupted) is resized to ``resize`` px (bilinear, rounded to uint8) and, with
-      ``channels`` 3, grey repeated to RGB, once when loaded (corruptions are made on the
-      stored images, then converted); all are normalized with one mean/std, the data set's or
-      ImageNet's (``normalize``);
-    * text sets (``sst2``: GLUE train / validation; ``rotten_tomatoes``: a fixed stratified
-      80/20 split, seed 0): tokenized once with the encoder's tokenizer into a
-      :class:`~snens.data.TokenLoader` whose batches are ``({"input_ids", "attention_mask"},
-      y)``; OOD sets ``rt_plots`` (Rotten Tomatoes plot descriptions, near) and ``tweets``
-      (tweets on airlines, brands and self-driving cars, far);
-    * class folders (``imagenet``, and ``image_folder`` for your own: ``train/`` and
-      ``val/``): a
-      :class:`~snens.data.FolderLoader` over a DataLoader with ``num_workers`` workers;
-      training views are random-resized crops (``"crop"``) and flips (``"flip"``) at
-      ``image_size``, evaluation views the resized (``resize_size``) center crop; an OOD set
-      only from ``ood_folder``.
+      :class:`~snens.data.TensorLoader`, augmented there, converted (``resize``,
+      ``channels``) once when loaded and normalized (``normalize``);
+    * text sets (``sst2``, ``rotten_tomatoes``): tokenized once into a
+      :class:`~snens.data.TokenLoader` whose batches are ``({"input_ids",
+      "attention_mask"}, y)``;
+    * class folders (``imagenet``, ``image_folder``: ``train/`` and ``val/``): a
+      :class:`~snens.data.FolderLoader` over DataLoader workers, random-resized crops and
+      flips for training, the resized center crop for evaluation.
 
-    Subsets (``train_examples``, ``test_examples``, ``ood_examples``) are the first N of an
-    image set and a fixed random subset of texts, folders and OOD sets (stored in order). The
-    validation set (``validation_examples``) is held out before ``train_examples`` takes its N
-    of the rest: the last N of an image set's training file, a fixed random N of the training
-    texts.
+    Subsets are the first N of an image set and a fixed random subset of texts, folders and
+    OOD sets. The validation set is held out before ``train_examples`` takes its N of the
+    rest.
 
     Args:
         config: the data section.
         seed: seed of the training order and augmentation.
         device: where in-memory sets live.
-        encoder: text only: the Hugging Face model directory whose tokenizer to use (the
-            ``encoder`` option of the model); default MiniLM-L6's.
-        member_orders: M > 1: the training loader gives each of M members a batch of its own
-            from an order of its own, (M·B, …) rows per step (``method.input_policy="own"``);
-            in-memory image sets and text sets.
+        encoder: text only: the Hugging Face model directory whose tokenizer to use; default
+            MiniLM-L6's.
+        member_orders: M > 1: each of M members gets a batch of its own from an order of its
+            own, (M·B, …) rows per step (``method.input_policy="own"``).
+
+    Returns:
+        The loaders.
 
     Raises:
-        ValueError: an OOD set whose channels differ from the data set's (both after
-            ``channels`` converts them), an OOD set or option that does not apply to the kind
-            of data set (also refused when the config is built), ``max_length`` above the
-            tokenizer's limit, classes of the validation folder that differ from the training
-            folder's.
-        FileNotFoundError: the data is not on disk and ``download`` is off or impossible
-            (says how to get it).
+        ValueError: an OOD set whose channels differ from the data set's, an OOD set or
+            option that does not apply to the kind of data set, ``max_length`` above the
+            tokenizer's limit, a validation folder with other classes than the training one.
+        FileNotFoundError: the data is not on disk and ``download`` is off or impossible.
     """
     if config.dataset in TEXT_DATASETS:
         return _text_data(
@@ -258,8 +221,7 @@ def build_data(
     spec = registry.DATASETS[config.dataset]
     channels = config.channels_after(spec.channels)
     root = config.root or None
-    # A loader given no seed draws one from torch's global generator; give every loader one
-    # so that building the data leaves the generator (and so the model's init) untouched.
+    # a seed for every loader: building the data leaves torch's global generator untouched
     norm = {**_normalization(spec, config), "device": device, "seed": seed}
     x, y = spec.load("train", root, config.download)
     validation = None
@@ -334,8 +296,7 @@ def build_data(
 
 def data_shape(config: DataConfig) -> tuple[int, int | None]:
     """(number of classes, input channels) of the data set, without loading its examples
-    (channels None for text; in-memory image sets: after ``data.channels`` converts them); what
-    a model for it is built with."""
+    (channels None for text); what a model for it is built with."""
     if config.dataset in TEXT_DATASETS:
         return 2, None
     if config.dataset in FOLDER_DATASETS:
@@ -346,7 +307,6 @@ def data_shape(config: DataConfig) -> tuple[int, int | None]:
 
 
 def _check_ood_name(name: str, allowed: tuple[str, ...], dataset: str) -> None:
-    # DataConfig refuses these already; a DataConfig built around its checks still fails here.
     if name not in allowed:
         raise ValueError(
             f"data.ood {name!r} is not an OOD set for data.dataset {dataset!r}; choose from "
@@ -442,11 +402,8 @@ def _text_data(
 
 @dataclass(frozen=True)
 class _Flip:
-    """``transform(image)``, mirrored along the width with probability ``flip_prob``.
-
-    Randomness from torch's global generator, which :class:`~snens.data.FolderLoader` seeds
-    per example.
-    """
+    """``transform(image)``, mirrored along the width with probability ``flip_prob`` (torch's
+    global generator, which the FolderLoader seeds per example)."""
 
     transform: Callable[[Tensor], Tensor]
     flip_prob: float = 0.5

@@ -1,29 +1,12 @@
 """``snens demo``: σN-Ens against a single model, a deep ensemble and Packed-Ensembles.
 
-On the bundled Fashion-MNIST (MNIST-5k as the OOD set, generated corruptions as the shifted
-test sets) the demo trains, one after the other and from the same seed, through the engine
-(:func:`snens.engine.sweep.plan` and :func:`snens.engine.sweep.run_sweep` over the preset
-``fashion_mnist_small_cnn``, so every run is an ordinary run directory under ``OUT/runs``),
-by default on 2,000 images without augmentation at width 32 for 20 epochs, where one model
-overfits (the regime where σN-Ens pays; ``--full``: all images, crop and flip):
-
-* a single SmallCNN,
-* a deep ensemble of M SmallCNNs,
-* Packed-Ensembles of the SmallCNN (α=2, γ=2),
-* σN-Ens (the SmallCNN converted, M members) at the library's default τ
-  (:data:`snens.method.regularizer.DEFAULT_TEMPERATURE`; ``--full`` adds a lower and a
-  higher one), and at the default τ with ``split`` inputs (about one model's compute),
-
-reads each run's ``final.json`` (:func:`snens.evaluate`'s metrics) and writes ``report.md``
-(the table, the budget it ran beside the converged study's reference tables — read at run time
-from the runs a checkout of the repository holds under ``results/converged/``
-(:func:`converged_rows`), left out where it holds none, as an installed package does — and
-the plots), ``results.json``
-(config, rows, every metric) and the PNG figures:
-accuracy–NLL and accuracy–ECE Pareto fronts, accuracy and ECE against corruption severity, a
-reliability diagram per method and the feature allocation σ(γ) of every σN-Ens run. Running
-it again resumes: finished runs are read, an interrupted one continues from its checkpoint.
-Plots need matplotlib (``pip install snens[plot]``); without it the tables are still written.
+On the bundled Fashion-MNIST (MNIST-5k as the OOD set) the demo sweeps the preset
+``fashion_mnist_small_cnn`` (ordinary run directories under ``OUT/runs``), by default on
+2,000 images without augmentation, where one model overfits (``--full``: all images, crop and
+flip): a single SmallCNN, a deep ensemble, Packed-Ensembles (α=2, γ=2) and σN-Ens at the
+default τ (also with ``split`` inputs). It writes ``report.md`` (the table, and the converged
+study's reference tables where a checkout holds their runs, :func:`converged_rows`),
+``results.json`` and the figures (with matplotlib). Running it again resumes.
 """
 
 from __future__ import annotations
@@ -56,9 +39,8 @@ EVAL_BATCH = 250  # images per forward pass when scoring
 
 @dataclass(frozen=True)
 class DemoConfig:
-    """Settings of ``snens demo``: by default few images, no augmentation and a wide network,
-    so that one model overfits within a demo's budget (the regime where σN-Ens pays);
-    ``--full`` uses the whole training set with crop and flip (where nothing overfits)."""
+    """Settings of ``snens demo``: by default few images and no augmentation, so that one
+    model overfits within a demo's budget; :data:`FULL_DEMO` uses all of them."""
 
     train_examples: int = 2_000  # Fashion-MNIST training images used (of 60,000)
     test_examples: int = 10_000  # Fashion-MNIST test images (of 10,000)
@@ -104,13 +86,11 @@ class ConvergedRow:
     train_seconds: float  # one thread of a 2-core CPU, evaluation excluded
 
 
-#: Where a checkout of the repository holds the converged study's run directories
-#: (``python experiments/converged.py``): ``<stage>/<variant>/seed=<s>/``. An installed package
-#: holds none, and its demo report then shows no reference numbers.
+#: Where a checkout holds the converged study's runs, ``<stage>/<variant>/seed=<s>/`` (an
+#: installed package holds none).
 CONVERGED_DIR = Path(__file__).resolve().parents[3] / "results" / "converged"
 CONVERGED_SEEDS = (0, 1, 2)
-#: The methods of the reference tables, by stage of the converged study: (label, variant). The
-#: numbers are read from the runs (:func:`converged_rows`), never written here.
+#: The methods of the reference tables, by stage of the converged study: (label, variant).
 CONVERGED_METHODS: dict[str, tuple[tuple[str, str], ...]] = {
     # one model overfits: 10,000 training images, no augmentation, SmallCNN width 32, 20 epochs
     "overfit": (
@@ -133,9 +113,8 @@ CONVERGED_METHODS: dict[str, tuple[tuple[str, str], ...]] = {
 
 
 def _train_seconds(run_dir: Path, stage: str, final: dict) -> float:
-    """A run's training seconds: the wall clock of ``final.json`` in the overfit stage; in the
-    final stage the epochs × the median epoch's (its processes were paused at times, which the
-    wall clock of a run counts)."""
+    """A run's training seconds; in the final stage the epochs × the median epoch's (its
+    processes were paused at times)."""
     if stage != "final":
         return final["train"]["seconds"]
     epochs = [record["seconds"] for record in read_metrics(run_dir)]
@@ -145,8 +124,8 @@ def _train_seconds(run_dir: Path, stage: str, final: dict) -> float:
 def converged_rows(
     stage: str, root: str | os.PathLike | None = None
 ) -> tuple[ConvergedRow, ...] | None:
-    """The reference table of one stage of the converged study, read from its runs: each
-    method of :data:`CONVERGED_METHODS` as the mean over seeds 0, 1, 2 of its ``final.json``.
+    """The reference table of one stage of the converged study, read from its runs (means
+    over seeds 0, 1, 2).
 
     Args:
         stage: ``"overfit"`` or ``"final"``.
@@ -193,8 +172,6 @@ def _overrides(config: DemoConfig) -> list[str]:
         f"data.test_examples={config.test_examples}",
         f"data.batch_size={config.batch_size}",
         f"data.augment={json.dumps(list(config.augment))}",
-        # Scoring at 250 images per forward: 2.4× faster than 1000 for σN-Ens on this CPU,
-        # where M·1000 images' activations no longer fit in cache.
         f"data.eval_batch_size={EVAL_BATCH}",
         f"data.corruption_names={json.dumps(list(config.corruptions))}",
         f"data.corruption_examples={config.corruption_examples}",
@@ -207,13 +184,12 @@ def _overrides(config: DemoConfig) -> list[str]:
 
 
 def _grid(config: DemoConfig) -> list[str]:
-    # τ applies to σN-Ens only: the sweep runs single, deep ensemble and Packed-Ensembles once
     taus = ",".join(repr(float(t)) for t in config.temperatures)
     return ["method.name=single,deep_ensemble,packed,snens", f"method.temperature={taus}"]
 
 
 def _split_run(config: DemoConfig) -> list[str]:
-    """The grid of the one σN-Ens run on split inputs, at the default τ (with ``split``)."""
+    """The grid of the σN-Ens run on split inputs, at the default τ."""
     if not config.split:
         return []
     tau = repr(float(DEFAULT_TEMPERATURE))
@@ -284,7 +260,7 @@ def run(
     for sweep_run in runs:
         label, path = _label(sweep_run.config), sweep_run.path()
         paths[label] = path
-        final = read_final(path)  # a regular file, never through a link
+        final = read_final(path)
         steps = max(steps, final["train"]["steps"])  # every method takes the same steps
         report = final["metrics"]
         net = _trained_model(path)
@@ -311,8 +287,6 @@ def run(
                 "effective_members": snens.mean_effective_members(net) if tau else None,
                 "k_star": snens.optimal_k(tau, config.num_members) if tau else None,
                 "train_seconds": final["train"]["seconds"],
-                # the last epoch's mean training loss (the task loss, without augmentation
-                # the loss on the training images as they are)
                 "train_loss": read_metrics(path)[-1]["task_loss"],
             }
         )
@@ -340,9 +314,7 @@ def run(
 
 
 def _verdict(paths: dict[str, Path]) -> str:
-    """One line per σN-Ens run: how it compares with the single model on test NLL and ECE,
-    in the words its paired 95 % interval supports (this demo's one seed; the test images
-    resampled in pairs)."""
+    """One line per σN-Ens run: how it compares with the single model on test NLL and ECE."""
     from snens.engine.compare import compare_runs, describe
 
     single = paths.get(_LABELS["single"])
@@ -358,8 +330,8 @@ def _verdict(paths: dict[str, Path]) -> str:
 
 
 def _load_note() -> str:
-    """A line saying the training times were taken under load, where the machine's 5-minute
-    load average exceeds its cores (Linux and macOS; elsewhere nothing is said)."""
+    """A line saying the training times were taken under load, where the 5-minute load
+    average exceeds the cores."""
     try:
         load = os.getloadavg()[1]
     except (AttributeError, OSError):
@@ -421,7 +393,7 @@ def _plots(out_dir: Path, rows, results, nets) -> list[Path]:
 def _slug(label: str) -> str:
     label = label.replace("σN-Ens", "snens").replace("τ=", "tau")
     slug = "".join(c if c.isascii() and (c.isalnum() or c in ".-") else "_" for c in label)
-    return "_".join(part for part in slug.split("_") if part)  # "τ=1 (default)": tau1_default
+    return "_".join(part for part in slug.split("_") if part)
 
 
 def _fmt(value: Any, spec: str) -> str:
@@ -476,8 +448,7 @@ OVERFIT_RATIO = 3.0
 
 
 def _reference(config: DemoConfig, steps: int, rows: list[dict]) -> str:
-    """The budget the demo ran, whether its single model overfit, and the converged study's
-    results beside it."""
+    """The budget the demo ran, whether its single model overfit, and the converged study."""
     augment = " and ".join(config.augment) if config.augment else "no augmentation"
     single = next((r for r in rows if r["method"] == _LABELS["single"]), None)
     fit = ""

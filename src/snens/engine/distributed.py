@@ -1,28 +1,17 @@
 """Data-parallel training across processes: the process group, the rank's shard, the guards.
 
-``snens train`` under ``torchrun --nproc_per_node=N`` trains with PyTorch
-DistributedDataParallel: :func:`session` joins the process group that torchrun's environment
-(``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``) describes — NCCL
-when CUDA is available, gloo on the CPU — and every other function here is a no-op for a
-single process, so the engine reads the same either way.
+``snens train`` under ``torchrun --nproc_per_node=N`` trains with DistributedDataParallel:
+:func:`session` joins the process group torchrun's environment describes (NCCL with CUDA,
+gloo on the CPU), and every other function here is a no-op for a single process.
 
-Contract of a distributed run (see :func:`snens.engine.train.train`):
+* every rank seeds the same and builds the same model and data order; rank r takes rows
+  ``[r·b, (r+1)·b)`` of each global batch of B examples, b = B / N;
+* with equal shards the averaged gradient is the global batch's, so N processes take the
+  steps of one with batch B (BatchNorm statistics are per rank);
+* rank 0 alone writes the run directory and evaluates.
 
-* every rank seeds the same, so it builds the same model and the same shuffled order of every
-  epoch; rank r takes rows ``[r·b, (r+1)·b)`` of each global batch of B examples, b = B / N;
-* DDP averages the gradients; with equal shards that is the gradient of the global batch's
-  mean loss, so N processes take the steps of one process with batch B — except that
-  BatchNorm statistics are computed per rank, over b examples (no SyncBatchNorm);
-* rank 0 alone writes the run directory and evaluates, over the full test set.
-
-Faults. A collective that waits longer than the group's timeout (``SNENS_DIST_TIMEOUT``
-seconds, default 60) fails instead of hanging; a collective that fails (a peer died, its
-connection closed) is re-raised by :func:`guard` as a ``RuntimeError`` naming the rank and
-what it was doing. torchrun then tears down the remaining workers and exits non-zero.
-
-Exit. A rank's process group is shut down by :func:`shutdown` before the rank returns: the
-group destroyed and its worker threads stopped, so that none is left to run while the
-interpreter exits (see :func:`shutdown` for the abort that prevents).
+A collective that waits longer than ``SNENS_DIST_TIMEOUT`` seconds (default 60) or fails is
+re-raised by :func:`guard` as a ``RuntimeError`` naming the rank and what it was doing.
 """
 
 from __future__ import annotations
@@ -150,11 +139,8 @@ def session() -> Iterator[Context]:
 
     Without ``WORLD_SIZE`` (or with ``WORLD_SIZE=1``) this yields a single-process context and
     touches nothing. A group the caller initialized already is used as it is and kept.
-
-    At the end the group is shut down (:func:`shutdown`: destroyed, its threads stopped) unless
-    :func:`leave` did so already. When the block raises, the group is only destroyed: the
-    traceback keeps the block's frames, and with them the DistributedDataParallel wrapper that
-    references the group, alive until the exception is handled.
+    At the end the group is shut down (:func:`shutdown`); when the block raises, only
+    destroyed (the traceback still references it).
 
     Raises:
         ValueError: malformed ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``SNENS_DIST_TIMEOUT``.
@@ -180,10 +166,8 @@ def session() -> Iterator[Context]:
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(local_rank)  # so that device "cuda" is this rank's GPU
-    # Imported while no group exists: this module's functions take ``group=group.WORLD`` as a
-    # default, evaluated on import. DistributedDataParallel imports it (through
-    # torch.distributed._shard) once the group exists, and ten defaults then held the group
-    # until the interpreter exited, so that shutdown() could not stop its threads.
+    # Imported while no group exists: its functions' defaults (group=group.WORLD), evaluated
+    # on import, would otherwise hold the group so that shutdown() could not stop its threads.
     importlib.import_module("torch.distributed.nn.functional")
     dist.init_process_group(
         backend, rank=rank, world_size=world_size, timeout=timeout(), init_method="env://"
@@ -191,7 +175,7 @@ def session() -> Iterator[Context]:
     try:
         yield Context(rank, world_size, local_rank, backend)
     except BaseException:
-        if dist.is_initialized():  # so that a later session can start; see the docstring
+        if dist.is_initialized():  # so that a later session can start
             dist.destroy_process_group()
         raise
     shutdown()  # a no-op when leave() shut the group down already
@@ -200,9 +184,8 @@ def session() -> Iterator[Context]:
 def leave(group: Context, what: str) -> None:
     """Every rank leaves the process group together and shuts it down (no-op for one process).
 
-    For the end of a run, before rank 0 works alone and the other ranks return: a barrier, then
-    :func:`shutdown`. Drop every DistributedDataParallel wrapper of the group first; one still
-    referenced keeps the group's threads running (:func:`shutdown` warns).
+    A barrier, then :func:`shutdown`. Drop every DistributedDataParallel wrapper of the group
+    first: one still referenced keeps the group's threads running.
     """
     if group.enabled and dist.is_initialized():
         group.barrier(what)
@@ -213,24 +196,14 @@ def shutdown() -> None:
     """Destroy the default process group and wait until its worker threads have stopped.
 
     ``dist.destroy_process_group()`` alone stops no thread: gloo's workers stop when the last
-    reference to the group goes, and a DistributedDataParallel wrapper (or a function default
-    of ``torch.distributed.nn.functional``, see :func:`session`) kept the group until the
-    interpreter exited. A worker that ran a collective on tensors Python created (the loss
-    all-reduce of :meth:`Context.mean`, or the barrier that waited on it and holds it) frees
-    them after waking the caller, and freeing one takes the GIL; when that came after the
-    interpreter began to exit, Python ended the thread inside a C++ destructor and the process
-    aborted with "terminate called without an active exception" (SIGABRT): rank 1, right after
-    the barrier of :func:`leave`, on loaded machines (2 of 20 two-process runs whose gloo
-    threads were paused at random, as a loaded machine pauses them). Here the group is
-    released while the interpreter is whole, and its destructor joins the workers (with the GIL
-    released, so that they can free their tensors).
-
-    A no-op without a group. Users of a launcher that made the group itself (``accelerate
-    launch``) call it at the end of their script, after dropping their trainer.
+    reference to the group goes, and one that frees a tensor after the interpreter began to
+    exit aborts the process ("terminate called without an active exception"). Here the group
+    is released while the interpreter is whole. A no-op without a group; users of a launcher
+    that made the group itself call it at the end of their script.
 
     Warns:
-        RuntimeWarning: the group is still referenced after it was destroyed (its threads keep
-            running); the message says what holds it where that is known, and the fix.
+        RuntimeWarning: the group is still referenced after it was destroyed; the message says
+            what holds it where that is known, and the fix.
     """
     if not (dist.is_available() and dist.is_initialized()):
         return
@@ -260,8 +233,7 @@ def _still_held(group: dist.ProcessGroup) -> str:
     )
 
 
-# The DDP reducer reports a peer's death as a plain RuntimeError carrying the backend's text
-# (gloo: "Read error ... Connection reset by peer"), not always as a dist.DistError.
+# the DDP reducer reports a peer's death as a plain RuntimeError carrying the backend's text
 _COLLECTIVE_FAILURE = re.compile(r"gloo|nccl|connection|peer|timed out|timeout", re.IGNORECASE)
 
 
@@ -271,11 +243,7 @@ def _is_collective_failure(error: RuntimeError) -> bool:
 
 @contextlib.contextmanager
 def guard(context: Context, what: str) -> Iterator[None]:
-    """Re-raise a failed collective as a ``RuntimeError`` naming this rank and ``what``.
-
-    A peer that died closes its connections (gloo) or stops answering (NCCL, after the
-    timeout); either way the collective fails here rather than waiting forever.
-    """
+    """Re-raise a failed collective as a ``RuntimeError`` naming this rank and ``what``."""
     if not context.enabled:
         yield
         return

@@ -2,11 +2,8 @@
 
     loss = ensemble_loss(model(x), y) + diversity_loss(model, τ, λ)    (second term if λ > 0)
 
-The loss is :func:`snens.method.step.training_loss`, the one the integrations train on too.
-:func:`run_epoch` is the step of the engine (:func:`snens.engine.train.train`) and of
-:func:`snens.engine.fit.fit`: forward (bf16 autocast if set) → loss → backward → gradient
-clipping → a non-finite loss or gradient norm stops the run or skips the step → optimizer and
-schedule step.
+The loss is :func:`snens.method.step.training_loss`, the one the integrations train on too;
+:func:`run_epoch` is the step of the engine and of :func:`snens.engine.fit.fit`.
 """
 
 from __future__ import annotations
@@ -24,7 +21,6 @@ from torch import Tensor, nn
 from snens.method.regularizer import DEFAULT_TEMPERATURE
 from snens.method.step import NonFiniteLossError, nonfinite_cause, training_loss
 
-# NonFiniteLossError is the method's (snens.method.step), raised here under the engine's name too
 __all__ = ["EpochStats", "NonFiniteLossError", "StepSettings", "run_epoch"]
 
 
@@ -81,20 +77,11 @@ def _diversity_weight(settings: StepSettings, step: int) -> float:
 
 class _Pace:
     """Progress lines of a long epoch: step, s/step, examples (or tokens) per second, time left.
-
-    Tokens are counted from an ``attention_mask`` on the host only: reading one on a GPU
-    would synchronize every step.
-    """
+    Tokens are counted from an ``attention_mask`` on the host only (on a GPU it would sync)."""
 
     def __init__(self, epoch, per_epoch, start, say, every) -> None:
-        self.epoch, self.per_epoch, self.start, self.say, self.every = (
-            epoch,
-            per_epoch,
-            start,
-            say,
-            every,
-        )
-        self.last = start
+        self.epoch, self.per_epoch, self.say, self.every = epoch, per_epoch, say, every
+        self.start = self.last = start
         self.examples = self.tokens = 0
 
     def count(self, x: Any, y: Any) -> None:
@@ -150,16 +137,17 @@ def run_epoch(
         epoch: 0-based epoch, for messages.
         step: steps taken before this epoch, for messages.
         forward: what computes the logits (a compiled model); default ``model``.
-        say: called with a progress line (step, seconds per step, examples or tokens per
-            second, time left in the epoch) at most every ``say_every`` seconds — for long
-            epochs logged to a file, where no progress bar is drawn.
+        say: called with a progress line at most every ``say_every`` seconds (for epochs
+            logged to a file, where no progress bar is drawn).
         say_every: seconds between progress lines.
+
+    Returns:
+        The epoch's statistics.
 
     Raises:
         NonFiniteLossError: with ``on_nonfinite="stop"``, a NaN or infinite loss or gradient
-            norm, naming the epoch (1-based), the step and the likely cause. Nothing of that
-            step is applied. With ``"skip"`` the step is dropped instead: no update, and the
-            norm statistics its forward pass changed are restored.
+            norm, naming the epoch, the step and the likely cause; nothing of that step is
+            applied. With ``"skip"`` the step is dropped instead (norm statistics restored).
     """
     forward = forward or model
     device = _model_device(model)

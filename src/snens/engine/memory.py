@@ -1,15 +1,8 @@
 """Peak memory over a stretch of training, as :func:`~snens.engine.train.train` logs it per epoch.
 
-Two measures, each where the platform gives it:
-
-* ``peak_rss_mib`` — the process's peak resident set (Linux: ``VmHWM`` in ``/proc/self/status``,
-  reset by writing ``5`` to ``/proc/self/clear_refs``). Everything the process holds: weights,
-  optimizer state, activations, the data, the allocator's cache and the Python runtime.
-* ``peak_cuda_mib`` — the peak of tensor memory allocated on the run's GPU
-  (``torch.cuda.max_memory_allocated``, reset with ``reset_peak_memory_stats``).
-
-Resetting the resident peak is process-wide: a program that reads ``VmHWM`` itself sees it
-restart at each epoch.
+* ``peak_rss_mib`` — the process's peak resident set (Linux: ``VmHWM``, reset through
+  ``/proc/self/clear_refs``, process-wide);
+* ``peak_cuda_mib`` — the peak of tensor memory allocated on the run's GPU.
 """
 
 from __future__ import annotations
@@ -24,7 +17,7 @@ _CLEAR_REFS = Path("/proc/self/clear_refs")
 
 
 def _resident_peak_kib() -> int | None:
-    """``VmHWM`` in KiB, or None where the process has no ``/proc/self/status`` line for it."""
+    """``VmHWM`` in KiB, or None where there is none."""
     try:
         status = _STATUS.read_text()
     except OSError:
@@ -47,9 +40,8 @@ def _reset_resident_peak() -> bool:
 class PeakMemory:
     """A context that measures the peak memory of its block, in MiB.
 
-    ``with PeakMemory(device) as peak: ...`` then ``peak.record()``: ``{"peak_rss_mib": …}`` on
-    Linux, ``{"peak_cuda_mib": …}`` on a CUDA device; a measure the platform cannot give is left
-    out rather than reported as the whole process's lifetime peak.
+    ``with PeakMemory(device) as peak: ...`` then ``peak.record()``; a measure the platform
+    cannot give is left out.
     """
 
     def __init__(self, device: torch.device) -> None:

@@ -1,19 +1,10 @@
 """An ensemble of runs trained apart: the deep ensemble as the field runs it.
 
-M models trained one by one — under their own seeds, on one machine or several — are one
-ensemble of all their members: :func:`pool_runs` stacks the member logits the runs kept
-(``outputs.npz``) on the member dimension and measures them as the engine measures an
-ensemble it trained (:func:`snens.evaluation.protocol.logit_metrics`: test and validation
-metrics, temperature scaling fitted on validation, OOD detection and conformal sets), with no
-pass over any data. Any finished runs of one data configuration pool: four single models
-(a deep ensemble), two σN-Ens runs (an ensemble of ensembles), a mix. Corruption metrics are
-not pooled: runs keep no logits of corrupted sets.
+:func:`pool_runs` stacks the member logits finished runs of one data configuration kept
+(``outputs.npz``) and measures them as the engine measures an ensemble it trained, with no
+pass over any data (corruption metrics are not pooled: runs keep no logits of them).
 
     snens pool runs/seed-0 runs/seed-1 runs/seed-2 runs/seed-3 --out runs/deep-ensemble
-
-writes ``final.json`` (the metrics; parameters and training seconds summed over the runs,
-peak memory the largest run's; the runs pooled, each with the SHA-256 of its logits) and
-``outputs.npz`` (the stacked logits) to ``--out``.
 """
 
 from __future__ import annotations
@@ -41,18 +32,11 @@ from snens.engine.runs import (
 
 __all__ = ["pool_runs"]
 
-#: Config keys that say where a run went and how it was run, not what it learned: two runs
-#: equal in every other key, the seed included, train the same members.
+# config keys that say where and how a run ran, not what it learned
 _WHERE = ("out_dir", "name", "device", "threads", "deterministic", "checkpoint_every")
-
-
-#: Data keys that say how the kept logits are measured, not which examples they are of: runs
-#: that differ in them pool, measured with the settings given (the same in every run, else
-#: given to :func:`pool_runs`).
+# data keys that say how the kept logits are measured, not which examples they are of
 _MEASURE = ("ood_scores", "conformal_alpha", "calibrators")
-
-#: Data keys that say where the data lay and how it was read, not what it is: runs trained
-#: on other machines differ in them and pool.
+# data keys that say where the data lay and how it was read, not what it is
 _DATA_WHERE = ("root", "download", "num_workers", "scan_images", "eval_batch_size")
 
 
@@ -77,23 +61,19 @@ def pool_runs(
         out: where to write the ensemble's ``outputs.npz`` and ``final.json`` (created; an
             earlier ensemble's there is replaced; a run directory is refused); None writes
             nothing.
-        ood_scores, conformal_alpha, calibrators: in place of the runs' ``data.ood_scores``,
-            ``data.conformal_alpha`` and ``data.calibrators``; None keeps the runs' (which
-            must then agree).
+        ood_scores, conformal_alpha, calibrators: in place of the runs' settings; None keeps
+            the runs' (which must then agree).
 
     Returns:
-        ``final.json``'s content: ``"metrics"`` (the keys of a run's final metrics, less the
-        corruption ones), ``"model"`` (``params``, ``trainable_params``: sums, and
-        ``members``), ``"train"`` (``seconds``: the sum; ``peak_rss_mib``: the largest,
-        where the runs recorded it) and ``"runs"`` (each run's path and the SHA-256 of its
-        ``outputs.npz``).
+        ``final.json``'s content: ``"metrics"``, ``"model"`` (sizes summed, ``members``),
+        ``"train"`` (seconds summed, the largest peak memory) and ``"runs"`` (each run's
+        path and the SHA-256 of its ``outputs.npz``).
 
     Raises:
         ValueError: fewer than two runs, a run given twice, ``out`` a run directory, runs
-            of different data configurations (the keys named) or of one configuration and
-            seed (their members would be copies), runs whose measuring settings differ and
-            none given, a setting the config refuses, kept logits that do not stack
-            (different examples).
+            of different data configurations or of one configuration and seed, measuring
+            settings that differ and none given, a setting the config refuses, kept logits
+            that do not stack.
         FileNotFoundError: a run that has not finished, or kept no ``outputs.npz``.
         RunDirError: a run file that is not a regular file, or too large.
     """
@@ -204,14 +184,12 @@ def _check_configs(paths: list[Path], configs: list) -> None:
 
 
 def _learned(config: dict[str, Any]) -> dict[str, Any]:
-    """A config dict less what does not change the members: where and how it ran, and how
-    its logits are measured."""
+    """A config dict less what does not change the members."""
     out = {k: v for k, v in config.items() if k not in _WHERE}
     out["data"] = _data(config)
     return out
 
 
-#: The command-line flag of each measuring setting, named in the refusal of runs that differ.
 _FLAGS = {"ood_scores": "ood-scores", "conformal_alpha": "alpha", "calibrators": "calibrators"}
 
 
@@ -232,8 +210,7 @@ def _measuring(paths: list[Path], configs: list, **given: Any) -> Any:
 
 
 def _finite(path: Path, outputs: dict[str, Any]) -> dict[str, Any]:
-    """``outputs`` when every logit is finite; a NaN or infinite logit (a diverged run) had
-    stopped the pooled metrics with an error naming no run."""
+    """``outputs`` when every logit is finite (a diverged run is refused by name)."""
     import torch
 
     for key, value in outputs.items():
@@ -248,8 +225,7 @@ def _finite(path: Path, outputs: dict[str, Any]) -> dict[str, Any]:
 
 
 def _refuse_copies(paths: list[Path], outputs: list[dict], digests: list[str]) -> None:
-    """No two runs with the same kept logits: a copied run whose config.toml says another
-    seed is still the same model (pooled, its members would be copies)."""
+    """No two runs with the same kept logits (a copy whose config.toml says another seed)."""
     import torch
 
     for i in range(len(paths)):

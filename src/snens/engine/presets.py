@@ -3,8 +3,7 @@
     config = preset("cifar10_resnet18")          # a fresh RunConfig
     snens train --preset fashion_mnist_small_cnn --set optim.epochs=3
 
-Each preset is an ordinary :class:`~snens.engine.config.RunConfig`, checked like any other; the list
-with what each one is for is :data:`PRESETS` (and ``snens train --help``).
+Each preset is an ordinary :class:`~snens.engine.config.RunConfig`, checked like any other.
 """
 
 from __future__ import annotations
@@ -43,8 +42,7 @@ def _cifar(dataset: str, backbone: str, **optim: Any) -> RunConfig:
     )
 
 
-# ResNet-18 CIFAR recipe (the field's common one): 75 epochs SGD lr 0.05, momentum 0.9, wd 5e-4,
-# ×0.1 at epochs 25 and 50, batch 128, crop + flip.
+# the field's common ResNet-18 CIFAR recipe
 _RESNET18 = {
     "optimizer": "sgd",
     "lr": 0.05,
@@ -55,8 +53,7 @@ _RESNET18 = {
     "lr_decay": 0.1,
     "epochs": 75,
 }
-# WRN-28-10 recipe (Zagoruyko & Komodakis 2016, as in uncertainty-baselines): 200 epochs SGD
-# lr 0.1, Nesterov momentum 0.9, wd 5e-4, ×0.2 at epochs 60, 120, 160, one warm-up epoch.
+# WRN-28-10 recipe (Zagoruyko & Komodakis 2016, as in uncertainty-baselines)
 _WRN28_10 = {
     "optimizer": "sgd",
     "lr": 0.1,
@@ -115,13 +112,8 @@ PRESETS: dict[str, RunConfig] = {
         method=MethodConfig(name="snens", num_members=4),
         optim=OptimConfig(**{**_RESNET18, "epochs": 15, "milestones": (5, 10)}),
     ),
-    # Fine-tuning a pretrained RGB CNN, CPU-sized: MobileNetV2 with ImageNet weights on
-    # Fashion-MNIST resized to 48 px, grey repeated to RGB, ImageNet-normalized; MNIST-5k as
-    # OOD. All weights at lr 5e-4, gamma at 5e-4 × 3 = 0.0015, chosen on a validation split
-    # (the converged study's vision_tune stage; its numbers are on the results page): faster,
-    # gamma rescales the pretrained features before the shared weights adapt. Flips only: a
-    # mirrored garment is the same class and the other Fashion-MNIST presets flip too; no
-    # crop.
+    # fine-tuning a pretrained RGB CNN, CPU-sized: Fashion-MNIST at 48 px as RGB; gamma's lr
+    # (×3) chosen on a validation split: faster, it rescales the pretrained features first
     "fashion_mnist_mobilenet_v2": RunConfig(
         data=DataConfig(
             dataset="fashion_mnist",
@@ -154,7 +146,7 @@ PRESETS: dict[str, RunConfig] = {
     "cifar100_resnet18": _cifar("cifar100", "resnet18", **_RESNET18),
     "cifar10_wrn28_10": _cifar("cifar10", "wrn28_10", **_WRN28_10),
     "cifar100_wrn28_10": _cifar("cifar100", "wrn28_10", **_WRN28_10),
-    # ViT-S/4 on CIFAR-10 from scratch: AdamW lr 1e-3, wd 0.05, cosine, 10 warm-up epochs.
+    # ViT-S/4 on CIFAR-10 from scratch
     "cifar10_vit_small": RunConfig(
         data=DataConfig(
             dataset="cifar10",
@@ -176,7 +168,6 @@ PRESETS: dict[str, RunConfig] = {
             bf16=True,
         ),
     ),
-    # ResNet-50 on ImageNet: SGD lr 0.1 at batch 256, wd 1e-4, ×0.1 at 30, 60, 80; 5 warm-up.
     "imagenet_resnet50": RunConfig(
         data=DataConfig(dataset="imagenet", batch_size=256, eval_batch_size=500),
         model=ModelConfig(backbone="resnet50", num_classes=1000),
@@ -194,11 +185,8 @@ PRESETS: dict[str, RunConfig] = {
             channels_last=True,
         ),
     ),
-    # Offline stand-in for SST-2, CPU-sized: Rotten Tomatoes review snippets (a fixed 80/20
-    # split), plot descriptions as OOD; pretrained MiniLM-L6, all weights fine-tuned at lr 1e-4,
-    # gamma at 1e-4 × 50 = 0.005: in a short fine-tune a faster gamma (0.05) rescales the
-    # pretrained features before the shared weights adapt (the results page); training the
-    # norms and heads alone learned far less.
+    # offline stand-in for SST-2, CPU-sized; in a short fine-tune a faster gamma (×50)
+    # rescales the pretrained features before the shared weights adapt
     "rotten_tomatoes_minilm": RunConfig(
         data=DataConfig(
             dataset="rotten_tomatoes",
@@ -223,15 +211,9 @@ PRESETS: dict[str, RunConfig] = {
             finetune="all",
         ),
     ),
-    # Calibrated LLM fine-tuning: SmolLM2-135M-Instruct read at the end of a prompt, its
-    # next-token scores of " negative" / " positive" as the class scores (member-specific
-    # rows), LoRA r=8, α=16 on q_proj/v_proj (the base frozen), 1,000 Rotten Tomatoes
-    # reviews of ≤ 64 tokens, 2 epochs. σN-Ens partitions the 61 RMSNorms weakly (τ=5,
-    # λ=0.01; the library's defaults, τ=1 and λ=0.1, make the members weaker for twice the
-    # disagreement there). Split inputs (member m trains on its quarter of each batch: one
-    # fine-tune's compute and memory), chosen over repeat on the validation split of the LLM
-    # study (its numbers are on the results page). At λ=0.01 the regularizer barely acts: the
-    # members differ through their own quarters of each batch, their norms and their heads.
+    # calibrated LLM fine-tuning: SmolLM2-135M-Instruct's next-token scores of " negative" /
+    # " positive" as the class scores; a weak partition (τ=5, λ=0.01) and split inputs (one
+    # fine-tune's compute), chosen on the validation split of the LLM study
     "rotten_tomatoes_smollm2": RunConfig(
         data=DataConfig(
             dataset="rotten_tomatoes",
@@ -262,7 +244,6 @@ PRESETS: dict[str, RunConfig] = {
             finetune="all",
         ),
     ),
-    # SST-2 on pretrained MiniLM-L6: all weights fine-tuned, gamma at 1000× the base lr.
     "sst2_minilm": RunConfig(
         data=DataConfig(dataset="sst2", batch_size=32, augment=()),
         model=ModelConfig(backbone="minilm", num_classes=2),

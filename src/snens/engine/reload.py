@@ -1,10 +1,8 @@
 """A finished or interrupted run's model and metrics again, from its directory.
 
 :func:`load_run_model` rebuilds the model from the run's config.toml and loads its verified
-last.pt; :func:`evaluate_run` scores it on its data as the engine did, so it reproduces
-final.json's metrics. The checks of a checkpoint (:func:`saved_config`, :func:`check_progress`)
-and the validation metrics (:func:`validation_metrics`) are the ones the engine
-(:mod:`snens.engine.train`) uses when it resumes and trains.
+last.pt; :func:`evaluate_run` scores it on its data as the engine did. The checkpoint checks
+and validation metrics here are the ones the engine uses when it resumes and trains.
 """
 
 from __future__ import annotations
@@ -48,15 +46,11 @@ __all__ = [
 
 
 def check_progress(state: Mapping[str, Any], checkpoint: Path, epochs: int) -> None:
-    """A checkpoint's counters must be what training can have written: a valid digest proves
-    the file whole, not its values (an edited ``epoch = 10**9`` would end training at once and
-    report a billion epochs). So must its optimizer and schedule states
-    (:func:`snens.engine.checkpoint.check_training_state`): one of the wrong shape had failed inside
-    ``torch.optim`` at the first step of the resumed run.
+    """Check that a checkpoint's counters, optimizer and schedule states are what training
+    can have written (a valid digest proves the file whole, not its values).
 
     Raises:
-        CheckpointError: what is impossible, named, with the file and the way on (prev.pt, or
-            a fresh start).
+        CheckpointError: what is impossible, named, with the file and the way on.
     """
 
     def count(key: str, low: int, high: float) -> int:
@@ -92,15 +86,9 @@ def final_metrics(
     ood_score: str | Sequence[str] = "msp",
     validation: Mapping[str, Tensor] | None = None,
 ) -> tuple[dict[str, float], dict[str, Tensor]]:
-    """What ``final.json`` holds of a model on a run's data (a
-    :class:`~snens.engine.datasets.Data`), and the member logits it kept (``outputs.npz``):
-    :func:`snens.evaluate`'s metrics, the validation split's, and, from the kept logits with
-    no second pass, the OOD scores of ``data.ood_scores`` and, with a validation split, the
-    calibrators of ``data.calibrators`` and conformal sets at ``data.conformal_alpha`` fitted
-    on it. The engine and :func:`evaluate_run` both call it; the engine passes the
-    ``validation`` logits (``"val"``, ``"val_labels"``) its last epoch's learning curve kept
-    of this same model, so the validation split is not run again.
-    """
+    """The metrics ``final.json`` holds of a model on a run's data, and the member logits it
+    kept (``outputs.npz``); ``validation``: the validation logits (``"val"``,
+    ``"val_labels"``) already computed for this model, so they are not computed again."""
     outputs: dict[str, Tensor] = {}
     metrics = evaluate(
         model,
@@ -145,9 +133,15 @@ def validation_metrics(
 
 
 def saved_config(state: Mapping[str, Any], checkpoint: Path) -> dict[str, Any]:
-    """The config a checkpoint was trained with, every key of today's config present: a key
-    added since it was saved reads as its default (what the older code did), so a run made
-    before a new option still resumes and evaluates."""
+    """The config a checkpoint was trained with, every key of today's config present (a key
+    added since reads as its default).
+
+    Returns:
+        The config as dicts.
+
+    Raises:
+        CheckpointError: a config this version cannot read.
+    """
     try:
         return to_dict(from_dict(state["config"]))
     except (ValueError, TypeError) as error:
@@ -160,9 +154,9 @@ def saved_config(state: Mapping[str, Any], checkpoint: Path) -> dict[str, Any]:
 def load_run_model(
     run_dir: str | os.PathLike, *, selected: bool = True
 ) -> tuple[nn.Module, RunConfig, dict[str, Any]]:
-    """A run's model, rebuilt from its config.toml and loaded from its verified last.pt — with
-    the weights it selected on validation (``best.pt``) laid over it when the run selects
-    (``optim.select``), the model its ``final.json`` evaluated.
+    """A run's model, rebuilt from its config.toml and loaded from its verified last.pt, with
+    the weights it selected (``best.pt``) where the run selects: the model ``final.json``
+    evaluated.
 
     Args:
         run_dir: the run directory.
@@ -176,10 +170,8 @@ def load_run_model(
     Raises:
         RunDirError: not a run directory.
         FileNotFoundError: the run has no last.pt.
-        CheckpointError: last.pt is truncated, modified, holds impossible counters, does not
-            fit the model, or was trained with another config than config.toml now holds (an
-            edited config.toml would describe other data or another model); the run selects and
-            best.pt is missing or does not fit.
+        CheckpointError: last.pt is damaged, does not fit the model, or was trained with
+            another config than config.toml now holds; or best.pt is missing or does not fit.
     """
     path = Path(run_dir)
     if not (path / CONFIG).is_file():
@@ -208,7 +200,7 @@ def load_run_model(
 
 
 def _data_shape(config: RunConfig) -> tuple[int, int | None]:
-    """(K, input channels) of the run's data set, without loading it (None channels: text)."""
+    """(K, input channels) of the run's data set, without loading it."""
     from snens.engine.datasets import data_shape
 
     return data_shape(config.data)
@@ -224,13 +216,9 @@ def evaluate_run(
     conformal_alpha: float | None = None,
     calibrators: Sequence[str] | None = None,
 ) -> tuple[dict[str, float], dict[str, Any]]:
-    """Re-evaluate a run: its model (:func:`load_run_model`) on its data, rebuilt from its
-    config.toml, with the run's threads and determinism settings, so it reproduces
-    ``final.json``'s metrics: :func:`snens.evaluate`'s, the validation split's, and those of
-    the kept logits (``data.ood_scores``; the calibrators of ``data.calibrators`` and
-    conformal sets at ``data.conformal_alpha`` fitted on the validation split). The last
-    three can be changed for this evaluation: another α, more calibrators, other OOD scores
-    need no retraining.
+    """Re-evaluate a run: its model (:func:`load_run_model`) on its data, with the run's
+    threads and determinism settings, so it reproduces ``final.json``'s metrics. The OOD
+    scores, α and calibrators can be changed without retraining.
 
     Args:
         run_dir: the run directory.
@@ -246,9 +234,8 @@ def evaluate_run(
 
     Raises:
         RunDirError, FileNotFoundError, CheckpointError: see :func:`load_run_model`.
-        ValueError: an override the config refuses (an unknown score or calibrator, α outside
-            (0, 1) or too small for the run's validation split), or α or calibrators given for
-            a run without a validation split to fit them on; the message names it.
+        ValueError: an override the config refuses, or α or calibrators given for a run
+            without a validation split to fit them on.
     """
     model, config, state = load_run_model(run_dir)
     data_config = with_evaluation_settings(
@@ -270,8 +257,7 @@ def evaluate_run(
             "with data.validation_examples > 0 to measure them"
         )
     if not data_config.validation_examples and config.optim.select:
-        # the selected weights are loaded already; without the validation split this config
-        # only says which data to score
+        # the selected weights are loaded already: this config only says which data to score
         config = dataclasses.replace(
             config, optim=dataclasses.replace(config.optim, select="", patience=0)
         )

@@ -2,53 +2,18 @@
 
     snens report runs/sweeps/tau --out runs/sweeps/tau/report
 
-A run is any directory holding ``config.toml`` and ``final.json`` (made by ``snens train`` or
-``snens sweep``); the directories given are searched recursively. Runs whose configs differ
-only in ``seed`` (and ``name``, ``out_dir``) form a group; keys that do not apply to a run's
-method (τ and λ outside σN-Ens, see :func:`snens.engine.sweep.applies`) are ignored. One row per
-group: the config keys that vary between groups, n (the number of runs) and, for each metric
-some run of the group holds, the mean ± std over its runs (std with ddof=1; a group of one run
-shows its value and "n=1"). A value that is not finite (inf, or NaN: null in final.json) is
-left out of the mean and std and named in the cell (``0.4000 (n=1; left out: inf)``, ``inf
-(n=1)`` where no value is finite) and in a note naming the run:
+A run is any directory holding ``config.toml`` and ``final.json``, searched recursively.
+Runs whose configs differ only in ``seed`` (and ``name``, ``out_dir``, and keys their method
+ignores, :func:`snens.engine.sweep.applies`) form a group. One row per group: the config keys
+that vary, n, and for each metric the mean ± std over its runs (ddof=1). A non-finite value is
+left out of the mean and std and named in the cell and in a note. ``report.csv`` holds the
+same numbers at full precision.
 
-* ``val/accuracy``, ``val/nll``, ``val/ece``, ``val/disagreement`` when the runs held out a
-  validation set (``data.validation_examples``);
-* ``test/accuracy``, ``test/nll``, ``test/ece``, ``test/brier``;
-* ``<prefix>/nll``, ``<prefix>/ece`` after each post-hoc calibrator the runs report (``test_ts``,
-  ``test_vs``, ``test_ms``, ``test_hb``; ``data.calibrators``);
-* ``test/conformal_{thr,aps}_{coverage,size}``, the conformal sets at ``data.conformal_alpha``;
-* ``ood/<set>/auroc``, ``ood/<set>/aupr``, ``ood/<set>/fpr95`` for every OOD set (MSP), and
-  ``ood/<set>/<score>/auroc`` for each other score the runs report (``data.ood_scores``);
-* ``shift/mean/accuracy``, ``shift/mean/ece`` (the mean over corruptions and severities);
-* ``params`` (``model.params``) and ``train seconds`` (``train.seconds``).
-
-``report.csv`` holds the same numbers at full precision (``<metric> mean``, ``<metric> std``,
-and ``<metric> left out`` for a metric some run holds a non-finite value of).
-
-Each run counts once: a directory inside another run's directory (a backup, a copy), a run
-of the same configuration and seed as one already counted (a copied run directory) and a run
-whose ``outputs.npz`` or ``last.pt`` payload is byte for byte a counted run's (a copy whose
-seed was edited) are skipped with a note naming both; counting them had made one seed look
-like two, with a std of 0. The files and plots are written atomically and never through a
-link (:mod:`snens.files`): a full disk leaves the previous report as it was, and the error
-names the file.
-With matplotlib (``pip install snens[plot]``), :mod:`snens.evaluation.plots` draws, each
-point the mean over a group's runs and, where a group has more than one, crossed by a bar of
-± the std over them (ddof=1, as the table):
-
-* ``pareto_nll.png`` and ``pareto_ece.png``: accuracy against NLL and ECE, one point per group;
-* ``shift.png``, when the runs evaluated corruptions: accuracy and ECE against severity per
-  group;
-* ``reliability_<row>.png`` per group (``<row>``: its row in the table, from 1) whose runs kept
-  their member logits (``outputs.npz``): the reliability diagram of the test predictions of
-  its runs pooled;
-* ``allocation_<row>.png`` per σN-Ens group whose first run (in seed order) with a checkpoint
-  still holds it (``last.pt``): the importances σ(γ) of every member norm, read from the
-  checkpoint's state dict without building the model.
-
-Groups whose runs hold no ``outputs.npz`` or ``last.pt`` are named in a note. Without
-matplotlib the report says so and writes the table alone.
+Each run counts once: a run inside another run's directory, or repeating a counted run's
+configuration and seed, or its ``outputs.npz`` or ``last.pt`` byte for byte, is skipped with
+a note. With matplotlib (``pip install snens[plot]``) the report also draws Pareto plots
+(accuracy against NLL and ECE), a shift plot, a reliability diagram per group (from
+``outputs.npz``) and an allocation heatmap per σN-Ens group (from ``last.pt``).
 """
 
 from __future__ import annotations
@@ -100,16 +65,13 @@ __all__ = [
     "write_report",
 ]
 
-# Config keys that do not make runs different configurations.
 _IGNORED = ("seed", "name", "out_dir")
-# Short names of the keys people read in tables and legends.
 _SHORT = {
     "method.name": "method",
     "method.temperature": "τ",
     "method.num_members": "M",
     "method.diversity_weight": "λ",
 }
-# Validation first: the split that chooses τ, λ and the budget (data.validation_examples).
 _VALIDATION = ("val/accuracy", "val/nll", "val/ece", "val/disagreement")
 _CORE = ("test/accuracy", "test/nll", "test/ece", "test/brier")
 _CALIBRATED = tuple(
@@ -120,12 +82,12 @@ _CONFORMAL = tuple(
 )
 _SHIFT = ("shift/mean/accuracy", "shift/mean/ece")
 _OOD = ("auroc", "aupr", "fpr95")
-# The OOD scores shown before the maximum probability's (ood/<set>/auroc), in this order.
+# the OOD scores shown before the maximum probability's, in this order
 _OOD_FIRST = ("energy", "max_logit")
 _EXTRA = {"params": ("model", "params"), "train seconds": ("train", "seconds")}
 # The methods whose member norms learn importances σ(γ) (FiLM's γ is fixed at +∞).
 _ALLOCATION_METHODS = ("snens",)
-# The largest float64, as an int: a larger int in final.json has no float value.
+# a larger int in final.json has no float value
 _LARGEST_FLOAT = int(np.finfo(np.float64).max)
 
 
@@ -139,8 +101,8 @@ class RunRecord:
     final: dict[str, Any]
 
     def metric(self, name: str) -> float | None:
-        """A metric of :data:`_CORE`, ``ood/…``, ``shift/…`` or ``params``/``train seconds``;
-        None when absent, NaN when it was not finite (null in final.json)."""
+        """A metric of final.json, or ``params``/``train seconds``; None when absent, NaN
+        when it was not finite (null in final.json)."""
         if name in _EXTRA:
             section, key = _EXTRA[name]
             values = self.final.get(section, {})
@@ -174,13 +136,12 @@ class Report:
     csv: Path
     plots: list[Path]
     notes: list[str]
-    #: The few columns that matter, for a terminal (:data:`GLANCE`), rows named by the keys
-    #: that differ between them.
+    #: The table at a glance (:data:`GLANCE`), for a terminal.
     summary: str = ""
 
 
-#: The columns of the report's table at a glance, those the runs hold, in this order; an OOD
-#: set's energy and max-logit AUROC follow the calibration columns.
+#: The columns of the report's table at a glance (those the runs hold), then an OOD set's
+#: energy and max-logit AUROC.
 GLANCE = (
     "test/accuracy",
     "test/nll",
@@ -211,7 +172,6 @@ def _flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def _read_run(path: Path) -> RunRecord:
-    # read_*: regular files only (a FIFO had hung the report), a final.json with "metrics"
     config = _flatten(to_dict(read_config(path)))
     final = read_final(path)
     for section in ("metrics", *(s for s, _ in _EXTRA.values())):
@@ -237,9 +197,7 @@ def collect_runs(paths: Iterable[str | os.PathLike]) -> tuple[list[RunRecord], l
 
     Returns:
         ``(runs, skipped)``: the runs in path order, and a line per directory that looks like
-        a run but could not be read (its config or final.json broken, final.json without
-        "metrics", a file that is not a regular file), or that repeats a run (inside another
-        run's directory, or the same configuration and seed as a run counted), saying why.
+        a run but could not be read, or that repeats a run, saying why.
 
     Raises:
         ValueError: a path that does not exist or is not a directory, or no run at all.
@@ -278,15 +236,14 @@ def collect_runs(paths: Iterable[str | os.PathLike]) -> tuple[list[RunRecord], l
             skipped.append(f"skipped {path}: {error}")
             continue
         same = counted.setdefault((_group_key(run.config), run.config["seed"]), path)
-        if same != path:  # a copied run directory: one seed counted twice had shown a std of 0
+        if same != path:  # a copied run directory
             skipped.append(
                 f"skipped {path}: the same configuration and seed ({run.config['seed']}) as "
                 f"{same}, so a copy of that run (or a rerun of it); each seed counts once: "
                 "remove the copy, or give it another seed"
             )
             continue
-        # a copy whose config.toml was edited (another seed) is the same trained model: its
-        # kept logits and checkpoint are byte for byte the first's (it had shown as n=2, ± 0)
+        # a copy whose config.toml was edited (another seed) is the same trained model
         prints = _fingerprints(path)
         copied = next(((k[0], trained[k]) for k in prints.items() if k in trained), None)
         if copied is not None:
@@ -310,9 +267,8 @@ def collect_runs(paths: Iterable[str | os.PathLike]) -> tuple[list[RunRecord], l
 
 
 def _fingerprints(path: Path) -> dict[str, str]:
-    """What a run's training left that a copy shares byte for byte: the SHA-256 of its
-    ``outputs.npz`` and the payload digest its ``last.pt`` header records, where it has them
-    (one that cannot be read gives none: it is named where it is read)."""
+    """The digests of a run's ``outputs.npz`` and ``last.pt`` payload, where readable: what a
+    copy shares byte for byte."""
     prints = {}
     with contextlib.suppress(OSError, ValueError):
         prints[OUTPUTS] = files.sha256(path / OUTPUTS, limit=OUTPUTS_MAX_BYTES)
@@ -326,8 +282,7 @@ def _applies(key: str, config: Mapping[str, Any]) -> bool:
 
 
 def _group_key(config: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
-    """The configuration a run belongs to: its config but seed, name, out_dir and the keys its
-    method ignores."""
+    """The configuration a run belongs to: its config but the ignored keys."""
     return tuple(
         (k, v) for k, v in sorted(config.items()) if k not in _IGNORED and _applies(k, config)
     )
@@ -361,11 +316,8 @@ _MISSING = "—"
 
 
 def _varies(key: str, values: Sequence[Mapping[str, Any]]) -> bool:
-    """Whether ``key`` tells the groups (their config values) apart: the groups that have it
-    differ in it, or a group it applies to lacks it (an option set in one group only, e.g.
-    head_init); one that groups lack because their method ignores it counts where it is a
-    headline one (M, τ, λ), not, say, a σN-Ens option at its default in every σN-Ens group
-    next to a single model."""
+    """Whether ``key`` tells the groups apart: they differ in it, a group it applies to lacks
+    it, or it is a headline key (M, τ, λ) that some groups lack."""
     lacking = [v["method.name"] for v in values if key not in v]
     return (
         len({repr(v[key]) for v in values if key in v}) > 1
@@ -388,8 +340,6 @@ def metric_names(runs: Sequence[RunRecord]) -> list[str]:
     names = [m for m in (*_VALIDATION, *_CORE, *_CALIBRATED, *_CONFORMAL) if m in present]
     ood_sets = dict.fromkeys(k.split("/")[1] for k in present if k.startswith("ood/"))
     for s in ood_sets:
-        # the energy of the members' mean logit first: of the scores every run records, the
-        # one that keeps the logits' scale, which averaging softmaxes flattens
         scored = [
             k
             for k in present
@@ -398,7 +348,6 @@ def metric_names(runs: Sequence[RunRecord]) -> list[str]:
         first = [k for k in (f"ood/{s}/{score}/auroc" for score in _OOD_FIRST) if k in scored]
         names += first
         names += [f"ood/{s}/{m}" for m in _OOD if f"ood/{s}/{m}" in present]
-        # the other scores of the set, in the order the runs hold them
         names += [k for k in scored if k not in first]
     names += [m for m in _SHIFT if m in present]
     names += [m for m in _EXTRA if any(r.metric(m) is not None for r in runs)]
@@ -439,15 +388,15 @@ def _cell(
     n_group: int,
     left_out: Sequence[float] = (),
 ) -> str:
-    """The table cell: ``mean ± std`` over the finite values (``stats``), n where it is not
-    the group's, and the non-finite values ``left_out`` of them by name."""
+    """``mean ± std`` over the finite values, n where it is not the group's, and the
+    non-finite values ``left_out``."""
     if stats is None and not left_out:
         return "—"
     if stats is None:  # nothing finite: the values as they are, with their count
         shown = ", ".join(dict.fromkeys(_nonfinite(v) for v in left_out))
         return f"{shown} (n={len(left_out)})"
     mean, std, n = stats
-    digits = 0 if metric == "params" else 1 if metric == "train seconds" else 4
+    digits = _digits(metric)
     text = f"{mean:.{digits}f}"
     if n > 1:
         text += f" ± {std:.{digits}f}"
@@ -456,6 +405,10 @@ def _cell(
     elif n == 1 or n < n_group:
         text += f" (n={n})"
     return text
+
+
+def _digits(metric: str) -> int:
+    return 0 if metric == "params" else 1 if metric == "train seconds" else 4
 
 
 def _nonfinite(value: float) -> str:
@@ -524,7 +477,7 @@ def _provenance(runs: Sequence[RunRecord]) -> str | None:
     for run in runs:
         try:
             info = json.loads(read_run_file(run.path / PROVENANCE).decode("utf-8"))
-        except (OSError, ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        except (OSError, ValueError, RecursionError):
             continue
         if not isinstance(info, dict):
             continue
@@ -549,23 +502,21 @@ def write_report(
     plots (when matplotlib is installed).
 
     With ``baseline`` (a run of one row, or a directory of that row's runs only), every other
-    row is compared
-    with it: the difference of test NLL, ECE, accuracy and Brier, raw and after temperature
-    scaling, with its paired bootstrap 95 % interval over test examples and seeds, worded
-    "better", "worse" or "level" by the interval (:mod:`snens.engine.compare`).
+    row is compared with it (:mod:`snens.engine.compare`).
+
+    Returns:
+        What was written.
 
     Raises:
         ValueError: a directory that does not exist, no finished runs, or an empty ``out``;
             a ``baseline`` that holds no row's runs, or the runs of several rows.
-        OSError: ``out`` cannot be written (a full disk, no permission); the message names the
-            file, and the previous report there is left as it was.
+        OSError: ``out`` cannot be written; the previous report there is left as it was.
     """
     if not str(out).strip():
         raise ValueError("--out is empty; give the directory for report.md")
     runs, notes = collect_runs(dirs)
     groups, varied = group_runs(runs)
     metrics = metric_names(runs)
-    # a CSV column of the values left out, for the metrics some run holds a non-finite one of
     with_left_out = [
         m for m in metrics if any(_left_out([r.metric(m) for r in group.runs]) for group in groups)
     ]
@@ -652,10 +603,7 @@ def write_report(
 
 
 def _glance(groups: Sequence[Group], varied: Sequence[str], metrics: Sequence[str]) -> str:
-    """The table at a glance: a row per configuration named by the keys that differ (one
-    column), n, and the :data:`GLANCE` metrics the runs hold, the first OOD set's energy and
-    max-logit AUROC, parameters and training seconds; a cell is ``mean ± std``, with ``(n=k)``
-    only where k of the row's runs hold the value."""
+    """The table at a glance: a row per configuration, n, and the :data:`GLANCE` metrics."""
     ood = [
         m
         for score in ("energy", "max_logit")
@@ -678,7 +626,7 @@ def _glance(groups: Sequence[Group], varied: Sequence[str], metrics: Sequence[st
                 cells.append("—")
                 continue
             mean, std, n = summarize(finite)
-            digits = 0 if metric == "params" else 1 if metric == "train seconds" else 4
+            digits = _digits(metric)
             text = f"{mean:,.{digits}f}" if metric == "params" else f"{mean:.{digits}f}"
             if n > 1 and metric != "params":  # one config: one size
                 text += f" ± {std:.{digits}f}"
@@ -695,8 +643,7 @@ def _left_out(values: Sequence[float | None]) -> list[float]:
 
 
 def _write(path: Path, text: str) -> None:
-    """Write a report file atomically: a full disk leaves the previous one whole (writing in
-    place had left a 0-byte report.md), and the error names the file."""
+    """Write a report file atomically; the error names the file."""
     try:  # surrogateescape: a path from undecodable bytes is written back as those bytes
         files.write_text(path, text, mode=files.plain_mode(path), errors="surrogateescape")
     except OSError as error:
@@ -709,8 +656,7 @@ def _write(path: Path, text: str) -> None:
 
 
 def _named(error: OSError, message: str) -> OSError:
-    """An OSError of ``error``'s type and errno whose text is ``message`` alone (no
-    ``[Errno N]`` before it: it is printed as it is)."""
+    """An OSError of ``error``'s type and errno whose text is ``message`` alone."""
     named = type(error)(message)
     named.errno = error.errno
     return named
@@ -724,20 +670,9 @@ def _csv_value(value: Any) -> str:
     return str(value)
 
 
-def _mean_results(group: Group) -> dict[str, float]:
-    """The mean over the group's runs of every metric of final.json (for the plots)."""
-    return {key: mean for key, (mean, _) in _group_stats(group).items()}
-
-
-def _std_results(group: Group) -> dict[str, float]:
-    """The std over the group's runs (ddof=1, as the table) of every metric of final.json
-    that more than one run holds a finite value of: the error bars of the plots."""
-    return {key: std for key, (_, std) in _group_stats(group).items() if math.isfinite(std)}
-
-
 def _group_stats(group: Group) -> dict[str, tuple[float, float]]:
-    """``{metric: (mean, std)}`` over the finite values of the group's runs, as the table:
-    the mean NaN where no value is finite (no point is drawn), the std NaN below two."""
+    """``{metric: (mean, std)}`` over the finite values of the group's runs: the mean NaN
+    where no value is finite, the std NaN below two."""
     keys: dict[str, None] = {}
     for run in group.runs:
         keys.update(dict.fromkeys(run.final.get("metrics", {})))
@@ -775,9 +710,12 @@ def _summary_plots(
     """The Pareto and shift plots of the groups' means, with ± std bars."""
     from snens.evaluation import plots
 
-    means = {_label(g, varied): _mean_results(g) for g in groups}
-    spread = {_label(g, varied): _std_results(g) for g in groups}
-    # each point is written with what sets its group apart (an empty label writes nothing)
+    stats = {_label(g, varied): _group_stats(g) for g in groups}
+    means = {label: {k: mean for k, (mean, _) in s.items()} for label, s in stats.items()}
+    spread = {
+        label: {k: std for k, (_, std) in s.items() if math.isfinite(std)}
+        for label, s in stats.items()
+    }
     settings = _point_labels(groups, [k for k in varied if k != "method.name"])
     rows = [
         {
@@ -805,9 +743,8 @@ def _summary_plots(
                     y_err="test/accuracy std",
                 )
                 written.append((path, path.stem))
-            except (ValueError, OSError) as error:  # the table stands without the figure
+            except (ValueError, OSError) as error:
                 failed.append(f"{name}: {error}")
-    # the legend names each group as its point is named: the method and what sets it apart
     short = {
         _label(group, varied): " ".join(filter(None, (dict(group.key)["method.name"], label)))
         for group, label in zip(groups, settings, strict=True)
@@ -832,9 +769,8 @@ def _summary_plots(
 
 
 def _test_predictions(run: RunRecord) -> tuple[Tensor, Tensor]:
-    """A run's test predictive probabilities (N, K), the mean of its members' softmaxes, and
-    labels (N,), from its ``outputs.npz`` (read by :func:`snens.engine.runs.read_outputs`,
-    whose errors pass through)."""
+    """A run's test predictive probabilities (N, K) and labels (N,), from its
+    ``outputs.npz``."""
     outputs = read_outputs(run.path)
     logits, labels = outputs["test"], outputs["test_labels"]
     return predictive_probs(logits.float()), labels.long()
@@ -843,8 +779,7 @@ def _test_predictions(run: RunRecord) -> tuple[Tensor, Tensor]:
 def _reliability_diagrams(
     groups: Sequence[Group], labels: Sequence[str], out: Path
 ) -> tuple[list[tuple[Path, str]], list[str]]:
-    """A reliability diagram per group from its runs' ``outputs.npz``: the test predictions of
-    the runs that hold one, pooled (the same test set once per seed)."""
+    """A reliability diagram per group: the test predictions of its runs, pooled."""
     from snens.evaluation import plots
 
     drawn, notes, without = [], [], []
@@ -858,7 +793,7 @@ def _reliability_diagrams(
             except (OSError, ValueError) as error:
                 notes.append(f"Reliability diagram of {label}: {run.path} left out: {error}")
                 continue
-            if probs and p.shape[1] != probs[0].shape[1]:  # torch.cat had raised a trace
+            if probs and p.shape[1] != probs[0].shape[1]:
                 notes.append(
                     f"Reliability diagram of {label}: {run.path} left out: its test "
                     f"predictions are of {p.shape[1]} classes, the group's first run's of "
@@ -892,18 +827,10 @@ def _reliability_diagrams(
 
 
 def _checkpoint_allocation(path: Path) -> dict[str, LayerAllocation]:
-    """The allocation of every member norm of a checkpoint, without building its model.
-
-    Each ``<name>.gamma`` (M, …) of the checkpoint's model state is set in a bare
-    :class:`snens.nn.MemberNorm` placed at ``<name>``, so :func:`snens.allocation` measures
-    the importances σ(γ) as it measures the trained model.
-
-    Raises:
-        CheckpointError: the checkpoint is damaged, or holds no model state.
-        ValueError: the model state holds no member norm γ.
-    """
+    """The allocation of every member norm of a checkpoint, without building its model: each
+    ``<name>.gamma`` is set in a bare :class:`snens.nn.MemberNorm` placed at ``<name>``."""
     state = load_checkpoint(path, required=("model",))["model"]
-    if not isinstance(state, Mapping):  # a list had ended the report in an AttributeError
+    if not isinstance(state, Mapping):
         raise CheckpointError(
             f"{path}: its model state is of type {type(state).__name__}, not a mapping of "
             "tensors: "
@@ -929,9 +856,8 @@ def _checkpoint_allocation(path: Path) -> dict[str, LayerAllocation]:
 def _allocation_heatmaps(
     groups: Sequence[Group], labels: Sequence[str], out: Path
 ) -> tuple[list[tuple[Path, str]], list[str]]:
-    """An allocation heatmap per σN-Ens group, from the checkpoint of its first run (in seed
-    order) that has one: importances are one run's, since members of different seeds do not
-    correspond."""
+    """An allocation heatmap per σN-Ens group, from its first run's checkpoint (members of
+    different seeds do not correspond)."""
     from snens.evaluation import plots
 
     drawn, notes, without = [], [], []
@@ -960,14 +886,13 @@ def _allocation_heatmaps(
 
 
 def _alt(caption: str) -> str:
-    """A caption as Markdown image text: brackets escaped (a list value shows as [1, 2])."""
+    """A caption as Markdown image text: brackets escaped."""
     return caption.replace("[", "\\[").replace("]", "\\]")
 
 
 def _point_labels(groups: Sequence[Group], keys: Sequence[str]) -> list[str]:
     """What sets each group apart, written beside its point: τ and λ wherever they apply, any
-    other key only where the group's value differs from the one most groups have (``τ=5,
-    λ=0.01, gamma_lr_multiplier=3.0``), so a study of many settings stays legible."""
+    other key only where the group's value differs from the most common one."""
     from collections import Counter
 
     values = [dict(group.key) for group in groups]

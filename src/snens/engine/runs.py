@@ -8,15 +8,9 @@
         outputs.npz       the member logits of that evaluation (test, validation, OOD sets)
         final.json        the final evaluation (snens.evaluate), written at the end, last
 
-Everything except ``metrics.jsonl`` is written atomically, and ``metrics.jsonl`` is appended
-to only as a regular file of one name (:mod:`snens.files`: nothing is written through a
-link). Numbers that are not finite (NaN, inf) are written as ``null`` so every file is strict
-JSON.
-
-A run directory may be shared, copied or damaged, so its files are read with care
-(:func:`read_run_file`): only regular files are read, never through a symbolic link, never
-blocking (a FIFO named ``final.json`` had hung ``snens report``) and at most
-:data:`MAX_FILE_BYTES`; anything else is a :class:`RunDirError` naming the file.
+Everything except ``metrics.jsonl`` is written atomically, nothing through a link, and
+non-finite numbers as ``null`` (strict JSON). Files are read only as regular files of at most
+:data:`MAX_FILE_BYTES` (:func:`read_run_file`); anything else is a :class:`RunDirError`.
 """
 
 from __future__ import annotations
@@ -73,14 +67,11 @@ EXAMPLES = "examples.npz"
 LAST = "last.pt"
 #: A run's files besides config.toml, which is written first.
 _RUN_FILES = (PROVENANCE, METRICS, FINAL, OUTPUTS, LAST, "prev.pt")
-#: Held (``fcntl.flock``) by the process training the run; gone when it ends, however it ends.
+#: Held (``fcntl.flock``) by the process training the run.
 LOCK = "run.lock"
-#: The largest run file read (config.toml, final.json, metrics.jsonl, provenance.json): each is
-#: kilobytes (metrics.jsonl: a line of ~1 kB per epoch); a larger one is refused by name.
+#: The largest run file read (config.toml, final.json, metrics.jsonl, provenance.json).
 MAX_FILE_BYTES = 64 * 2**20
-#: outputs.npz holds the member logits of every evaluated set: (M, N, K) float32 is 800 MB for
-#: ImageNet's 50,000 test images at M=4, K=1000; a larger file, or one that inflates to more,
-#: is refused by name.
+#: The largest outputs.npz read, or inflated (ImageNet's test logits at M=4 are 800 MB).
 OUTPUTS_MAX_BYTES = 4 * 2**30
 
 
@@ -98,8 +89,7 @@ class RunInUseError(RunDirError):
 
 @contextlib.contextmanager
 def hold_run(path: str | os.PathLike) -> Iterator[Path]:
-    """Hold ``path/run.lock`` while the block runs, so that no second process trains the run
-    (two ``snens sweep`` over one grid, a ``--resume`` while the first still runs).
+    """Hold ``path/run.lock`` while the block runs, so that no second process trains the run.
 
     Raises:
         RunInUseError: a live process holds it; the message names the process.
@@ -140,8 +130,9 @@ def _now() -> str:
 def git_sha(path: str | os.PathLike | None = None, timeout: float = 5.0) -> str | None:
     """``git rev-parse HEAD`` of the repository holding ``path`` (default: the snens source).
 
-    Returns None when git is missing, ``path`` is not in a repository, or git takes longer than
-    ``timeout`` seconds.
+    Returns:
+        The SHA, or None when git is missing, ``path`` is not in a repository, or git takes
+        longer than ``timeout`` seconds.
     """
     where = Path(path) if path is not None else Path(__file__).resolve().parent
     sha = _git(where, ["rev-parse", "HEAD"], timeout)
@@ -201,8 +192,7 @@ def check_writable(directory: str | os.PathLike) -> Path:
     """Create ``directory`` if needed and prove it writable by writing and fsyncing a probe.
 
     Raises:
-        RunDirError: the directory cannot be created or written (read-only file system,
-            permissions, full disk, a file in the way); the message names it and the cause.
+        RunDirError: the directory cannot be created or written; the message names the cause.
     """
     directory = Path(directory)
     try:
@@ -218,17 +208,15 @@ def check_writable(directory: str | os.PathLike) -> Path:
 
 
 def refuse_existing_run(path: str | os.PathLike) -> Path:
-    """Raise :class:`RunDirError` when ``path`` already holds a run (resume it, or choose
-    another name), or files of a run without its ``config.toml`` (a link planted there, a run
-    whose config was removed: left as they are); ``path`` as a Path otherwise."""
+    """Raise :class:`RunDirError` when ``path`` already holds a run, or files of a run without
+    its ``config.toml`` (left as they are); ``path`` as a Path otherwise."""
     path = Path(path)
     if os.path.lexists(path / CONFIG):
         raise RunDirError(
             f"{path} already holds a run; resume it with `snens train --resume {path}`, or "
             "choose another name (--set name=…) or --out"
         )
-    # config.toml is a run's first file: any other without it is not snens's (in a shared
-    # runs/, a metrics.jsonl link planted there had received the epoch records)
+    # config.toml is a run's first file: any other without it is not snens's
     stray = [name for name in _RUN_FILES if os.path.lexists(path / name)]
     if stray:
         raise RunDirError(
@@ -263,13 +251,13 @@ class Run:
 
     @contextlib.contextmanager
     def writing(self, what: str | os.PathLike) -> Iterator[None]:
-        """Turn an ``OSError`` while writing ``what`` (a full disk, a directory made read-only
-        mid-run) into a :class:`RunDirError` that names the file and how to go on."""
+        """Turn an ``OSError`` while writing ``what`` into a :class:`RunDirError` that names the
+        file and how to go on."""
         try:
             yield
         except RunDirError:
             raise
-        except files.FileRefusedError as error:  # a link or FIFO in the run: named as it is
+        except files.FileRefusedError as error:  # a link or FIFO in the run
             refused = RunDirError(str(error))
             refused.errno = error.errno
             raise refused from None
@@ -283,8 +271,7 @@ class Run:
 
     def log(self, record: Mapping[str, Any]) -> None:
         """Append one JSON line to ``metrics.jsonl``, flushed and fsynced, never through a
-        link (:func:`snens.files.open_append`: a ``metrics.jsonl`` link planted in a shared
-        run directory had received the epoch records)."""
+        link."""
         with self.writing(self.path / METRICS):
             with files.open_append(self.path / METRICS) as file:
                 file.write((to_json(record) + "\n").encode())
@@ -292,12 +279,8 @@ class Run:
                 os.fsync(file.fileno())
 
     def truncate_metrics(self, epochs: int) -> None:
-        """Keep the lines of epochs 1..``epochs`` only (and drop a half-written last line).
-
-        Called on resume: epochs after the last checkpoint are trained again and logged anew.
-        A file that lacks some of epochs 1..``epochs`` (emptied, or cut by hand) is warned about,
-        naming it: that history is lost, and training goes on without it.
-        """
+        """Keep the lines of epochs 1..``epochs`` only (and drop a half-written last line),
+        on resume; warn where some of those epochs are missing."""
         records = read_metrics(self.path)
         # a record without an epoch is kept as before; one whose epoch is not an int is not
         kept = [r for r in records if "epoch" not in r or (_epoch(r) or 0) in range(epochs + 1)]
@@ -314,8 +297,7 @@ class Run:
             atomic_write(self.path / METRICS, "".join(to_json(r) + "\n" for r in kept).encode())
 
     def provenance(self) -> dict[str, Any]:
-        """``provenance.json`` as a dict; empty where it is missing or unreadable (not a
-        regular file, not UTF-8 JSON, not an object)."""
+        """``provenance.json`` as a dict; empty where it is missing or unreadable."""
         with contextlib.suppress(OSError, ValueError, RecursionError):
             path = self.path / PROVENANCE
             info = json.loads(_text(path, read_run_file(path)))
@@ -330,14 +312,12 @@ class Run:
             atomic_write(self.path / PROVENANCE, (to_json(info, indent=2) + "\n").encode())
 
     def write_outputs(self, outputs: Mapping[str, Any]) -> Path:
-        """Write the final evaluation's member logits and labels, ``outputs.npz`` (atomic):
-        ``test``, ``test_labels``, ``val``, ``val_labels``, ``ood/<name>``; logits (M, N, K)."""
+        """Write the final evaluation's member logits (M, N, K) and labels, ``outputs.npz``."""
         with self.writing(self.path / OUTPUTS):
             return atomic_savez(self.path / OUTPUTS, outputs)
 
     def write_examples(self, arrays: Mapping[str, Any]) -> Path:
-        """Write the per-example quantities of the final evaluation, ``examples.npz`` (atomic;
-        :func:`snens.evaluation.bootstrap.run_examples`)."""
+        """Write the per-example quantities of the final evaluation, ``examples.npz``."""
         with self.writing(self.path / EXAMPLES):
             return atomic_savez(self.path / EXAMPLES, arrays)
 
@@ -354,7 +334,7 @@ def _epoch(record: Mapping[str, Any]) -> int | None:
 
 
 def _spans(numbers: list[int]) -> str:
-    """``1-3, 5`` for ``[1, 2, 3, 5]`` (sorted, distinct)."""
+    """``1-3, 5`` for ``[1, 2, 3, 5]``."""
     spans: list[list[int]] = []
     for n in numbers:
         if spans and n == spans[-1][1] + 1:
@@ -377,9 +357,11 @@ def create_run(config: RunConfig, run_dir: str | os.PathLike | None = None) -> R
         run_dir: the directory; default ``config.out_dir / config.name`` (a timestamped name
             when ``config.name`` is empty).
 
+    Returns:
+        The open run.
+
     Raises:
-        RunDirError: not writable (checked before anything else), or it already holds a run
-            (resume it, or choose another name).
+        RunDirError: not writable, or it already holds a run.
     """
     path = (
         Path(run_dir)
@@ -387,7 +369,7 @@ def create_run(config: RunConfig, run_dir: str | os.PathLike | None = None) -> R
         else Path(config.out_dir) / (config.name or _default_name(config))
     )
     check_new_run(path)
-    try:  # exclusive: of two processes creating the same run at once, one gets it
+    try:  # of two processes creating the same run at once, one gets it
         atomic_write(path / CONFIG, to_toml(config).encode(), exclusive=True)
     except FileExistsError:
         raise RunDirError(
@@ -404,6 +386,9 @@ def open_run(run_dir: str | os.PathLike, config: RunConfig | None = None) -> Run
     Args:
         run_dir: a directory made by :func:`create_run`.
         config: the config to resume with; it must equal the saved ``config.toml``.
+
+    Returns:
+        The open run.
 
     Raises:
         RunDirError: not a run directory, or not writable.
@@ -428,8 +413,8 @@ def open_run(run_dir: str | os.PathLike, config: RunConfig | None = None) -> Run
 
 
 def _check_checkpoint_file(path: Path) -> None:
-    """A ``last.pt`` that exists must be a checkpoint file: a directory (or FIFO, or dangling
-    link) in its place would make the run start again at epoch 1 and then fail to save."""
+    """A ``last.pt`` that exists must be a regular file (a directory in its place would make
+    the run start again at epoch 1, then fail to save)."""
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
@@ -462,15 +447,14 @@ def config_differences(a: Mapping[str, Any], b: Mapping[str, Any], prefix: str =
 
 def read_run_file(path: str | os.PathLike, *, limit: int = MAX_FILE_BYTES) -> bytes:
     """The bytes of the run file ``path``, read only if it is a regular file of at most
-    ``limit`` bytes that is not a symbolic link (:func:`snens.files.read_bytes`).
+    ``limit`` bytes that is not a symbolic link (never blocking on a FIFO).
 
-    Opened with ``O_NOFOLLOW | O_NONBLOCK`` and checked with ``fstat`` before a byte is read, so
-    a FIFO never blocks the reader, a device is never read and a link never leads elsewhere.
+    Returns:
+        The file's bytes.
 
     Raises:
         FileNotFoundError: no file at ``path``.
-        RunDirError: a symbolic link, a directory, FIFO, socket or device, a file above
-            ``limit`` bytes, or a read that failed; the message names the file and what to do.
+        RunDirError: not a regular file, a file above ``limit`` bytes, or a read that failed.
     """
     try:
         return files.read_bytes(path, limit=limit, what="run file (snens writes kilobytes there)")
@@ -495,13 +479,15 @@ def _text(path: Path, data: bytes) -> str:
 
 
 def read_config(run_dir: str | os.PathLike) -> RunConfig:
-    """A run's ``config.toml``, read as :func:`read_run_file` reads (a regular file only).
+    """A run's ``config.toml``, read as :func:`read_run_file` reads.
+
+    Returns:
+        The config.
 
     Raises:
         FileNotFoundError: no config.toml.
         RunDirError: config.toml is not a regular file, or too large.
-        ValueError, TypeError: it is not UTF-8 TOML, or not a valid config; the file or the
-            key named.
+        ValueError, TypeError: it is not UTF-8 TOML, or not a valid config.
     """
     path = Path(run_dir) / CONFIG
     return load_config(parse_toml(_text(path, read_run_file(path)), path))
@@ -510,20 +496,19 @@ def read_config(run_dir: str | os.PathLike) -> RunConfig:
 def read_final(run_dir: str | os.PathLike) -> dict[str, Any]:
     """A finished run's ``final.json``: a JSON object holding a ``"metrics"`` mapping.
 
-    A ``final.json`` without it (``{}``, a file cut short and closed again) does not make a
-    run finished.
+    Returns:
+        The object.
 
     Raises:
         FileNotFoundError: no final.json (the run has not finished).
         RunDirError: final.json is not a regular file, or too large.
-        ValueError: it is not UTF-8 JSON, not an object, or holds no ``"metrics"`` mapping;
-            the file named, and ``--resume`` to finish the run.
+        ValueError: it is not UTF-8 JSON, not an object, or holds no ``"metrics"`` mapping.
     """
     path = Path(run_dir) / FINAL
     text = _text(path, read_run_file(path))
     try:
         final = json.loads(text)
-    except (ValueError, RecursionError) as error:  # RecursionError: nested beyond Python's
+    except (ValueError, RecursionError) as error:
         raise ValueError(f"{path} is not valid JSON ({error})") from None
     if not isinstance(final, dict):
         raise ValueError(f"{path} must hold a JSON object, got {type(final).__name__}")
@@ -541,25 +526,21 @@ def read_outputs(run_dir: str | os.PathLike) -> dict[str, Any]:
     ``test_labels`` (N,), and ``val``, ``val_labels``, ``ood/<name>`` where the run had them.
 
     Raises:
-        FileNotFoundError: no outputs.npz (a run finished before runs kept their logits).
+        FileNotFoundError: no outputs.npz.
         RunDirError: outputs.npz is not a regular file, or above :data:`OUTPUTS_MAX_BYTES`.
-        ValueError: not an npz archive (pickled data refused), damaged, without ``test`` and
-            ``test_labels``, or an array of the wrong kind (logits must be (M, N, K) floats,
-            labels (N,) integers of their set's N).
+        ValueError: not an npz archive, damaged, or an array of the wrong kind.
     """
     path = Path(run_dir) / OUTPUTS
     return parse_outputs(path, read_run_file(path, limit=OUTPUTS_MAX_BYTES))
 
 
 def read_examples(run_dir: str | os.PathLike) -> dict[str, np.ndarray]:
-    """A finished run's per-example quantities, ``examples.npz``
-    (:func:`snens.evaluation.bootstrap.run_examples`): one-dimensional arrays by name.
+    """A finished run's per-example quantities, ``examples.npz``: 1-d arrays by name.
 
     Raises:
-        FileNotFoundError: no examples.npz (a run finished before runs kept them).
+        FileNotFoundError: no examples.npz.
         RunDirError: examples.npz is not a regular file, or above :data:`OUTPUTS_MAX_BYTES`.
-        ValueError: not an npz archive (pickled data refused), damaged, or holding an array
-            that is not one-dimensional and numeric.
+        ValueError: not an npz archive, damaged, or an array that is not 1-d and numeric.
     """
     path = Path(run_dir) / EXAMPLES
     data = read_run_file(path, limit=OUTPUTS_MAX_BYTES)
@@ -575,20 +556,14 @@ def read_examples(run_dir: str | os.PathLike) -> dict[str, np.ndarray]:
 
 def outputs_inflation_limit(size: int) -> int:
     """The most bytes an ``outputs.npz`` of ``size`` bytes may inflate to: 256 MiB, or 32
-    bytes per byte of the file, at most :data:`OUTPUTS_MAX_BYTES`. Float logits compress
-    less than 2× (their low mantissa bits are noise) and labels are 1/(M·K) of them, so a
-    file snens wrote is far inside it; a 7 MB archive inflating to 1.85 GB is refused."""
+    bytes per byte of the file, at most :data:`OUTPUTS_MAX_BYTES` (float logits compress less
+    than 2×)."""
     return min(OUTPUTS_MAX_BYTES, max(256 * 2**20, 32 * size))
 
 
 def parse_outputs(path: Path, data: bytes) -> dict[str, Any]:
-    """The tensors of ``outputs.npz``'s bytes ``data`` (read from ``path``, named in the
-    errors), checked as :func:`read_outputs` says; labels as int64.
-
-    Each member is inflated only after its declared size and the total were found within
-    :func:`outputs_inflation_limit` (:func:`snens.files.load_npz`). Logits must hold at least
-    one member, one example and two classes; labels must be classes of their logits' K.
-    """
+    """The tensors of ``outputs.npz``'s bytes ``data`` (read from ``path``), checked as
+    :func:`read_outputs` says; labels as int64."""
     import torch  # runs.py serves the CLI's light commands without torch
 
     arrays = files.load_npz(data, name=path, limit=outputs_inflation_limit(len(data)))
@@ -631,10 +606,12 @@ def parse_outputs(path: Path, data: bytes) -> dict[str, Any]:
 def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
     """The per-epoch records of ``metrics.jsonl``; a half-written last line is skipped.
 
+    Returns:
+        The records, oldest first; none where there is no file.
+
     Raises:
         RunDirError: metrics.jsonl is not a regular file, or too large.
-        ValueError: a line that is not UTF-8 (only a kill mid-write can leave a last line cut
-            short, and snens writes ASCII); the file, line and byte named.
+        ValueError: a line before the last that is not UTF-8.
     """
     path = Path(run_dir) / METRICS
     try:

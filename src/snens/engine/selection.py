@@ -1,25 +1,14 @@
 """Model selection on the validation split: which epoch's weights a run evaluates.
 
 With ``optim.select = "nll"`` (or ``"brier"``, ``"ece"``, ``"accuracy"``) the engine scores the
-validation split after every epoch and keeps the weights of the best epoch so far; the test set,
-OOD sets and corruptions are then evaluated with those weights, not the last epoch's, and
-``final.json`` records which epoch was kept. This is what a fair comparison gives every method
-(early stopping, as a practitioner runs it): in a regime where one model overfits, its last
-epoch can read a validation NLL 0.1 above its best.
+validation split after every epoch and keeps the weights of the best epoch so far, which the
+final evaluation then uses (early stopping, as a practitioner runs it). A deep ensemble
+keeps each member at its own best epoch, by its own metric; every other method is selected
+as a whole. ``optim.patience = P`` stops training once nothing improved for P epochs.
 
-A deep ensemble trained in one run (:class:`~snens.baselines.DeepEnsemble`: members share no
-parameter) keeps **each member at its own best epoch**, scored by that member's own validation
-metric — the ensemble a practitioner gets from M runs each early-stopped. Every other method
-shares weights between its members and is selected as a whole, by the ensemble's metric.
-
-``optim.patience = P`` also stops training once no kept weights improved for P epochs.
-
-Files. ``best.pt`` holds the kept weights (only the tensors training changes: trainable
-parameters and buffers; a frozen pretrained base stays in ``last.pt``), written after
-``last.pt`` whenever a selection improves; ``last.pt`` records the selection (epoch and value
-of each group). An epoch that improves is always checkpointed, so the selected weights are
-always in ``last.pt`` (the epoch just trained) or ``best.pt``: a kill between the two writes
-loses nothing, and a resumed run picks up the selection where it stood.
+``best.pt`` holds the kept weights (the tensors training changes), written after ``last.pt``
+whenever a selection improves; ``last.pt`` records the selection, so a kill between the two
+writes loses nothing.
 """
 
 from __future__ import annotations
@@ -76,7 +65,7 @@ class Selection:
         epochs: per group, the kept epoch (0: none yet).
         values: per group, the metric at that epoch.
         logits: per group, the validation logits at that epoch (``(M_g, N, K)``), while this
-            process saw it; the final evaluation reuses them instead of a second pass.
+            process saw it.
         latest: per group, the metric of the epoch scored last.
     """
 
@@ -135,10 +124,8 @@ class Selection:
     def update(
         self, epoch: int, member_logits: Tensor, labels: Tensor, model: nn.Module
     ) -> list[int]:
-        """Score ``epoch`` and keep the weights of each group it improves; return those groups.
-
-        A non-finite score never replaces a finite one (a diverged epoch is never kept).
-        """
+        """Score ``epoch`` and keep the weights of each group it improves; return those groups
+        (a non-finite score never replaces a finite one)."""
         improved = []
         state = None
         self.latest = self.scores(member_logits, labels)
@@ -157,8 +144,7 @@ class Selection:
 
     def kept_validation(self) -> dict[str, Tensor] | None:
         """The validation logits of the kept weights (``"val"``: ``(M, N, K)``) and labels
-        (``"val_labels"``), or None if this process did not see every group's kept epoch (a
-        resumed run), whose final evaluation then runs the validation split again."""
+        (``"val_labels"``), or None if this process did not see every group's kept epoch."""
         if any(t is None for t in self.logits) or self._labels is None:
             return None
         return {"val": torch.cat(self.logits), "val_labels": self._labels}  # type: ignore[arg-type]
@@ -202,7 +188,7 @@ class Selection:
 
         Raises:
             CheckpointError: the record does not fit this run, or ``best.pt`` is missing or
-                holds other epochs than the record (the kept weights are lost).
+                holds other epochs than the record.
         """
         epochs, values = record.get("epochs"), record.get("values")
         if (

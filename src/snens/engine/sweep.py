@@ -3,32 +3,21 @@
     snens sweep --preset fashion_mnist_small_cnn_tiny \\
         --grid method.temperature=0.05,0.5,5 --grid seed=0,1,2 --out runs/sweeps/tau
 
-A grid axis is ``KEY=V1,V2,…`` over any config key; each value is read as a ``--set`` value
-(TOML: ``0.5``, ``true``, ``[25, 50]``, ``"text"``; commas inside brackets, braces or quotes do
-not split). The runs are the cartesian product of the axes, in the order given (the last axis
-varies fastest), each trained by :func:`snens.engine.train.train` into ``OUT/<run name>``, the name
-built from the grid values: ``method.temperature=0.5,seed=1``.
+A grid axis is ``KEY=V1,V2,…`` over any config key, each value read as a ``--set`` value
+(commas inside brackets, braces or quotes do not split). The runs are the cartesian product
+of the axes (the last varies fastest), each trained into ``OUT/<run name>``, the name built
+from the grid values: ``method.temperature=0.5,seed=1``.
 
-**Method-aware axes.** ``method.temperature`` (τ) and ``method.diversity_weight`` (λ) act
-only through σN-Ens's diversity regularizer, so they apply to ``method.name = "snens"`` only;
-``method.num_members`` does not apply to ``"single"``, whose M is forced to 1. For a run of
-another method, the axes that do not apply are dropped from its config (the base value stays)
-and from its name, so the combinations that differ only in them are one run:
+**Method-aware axes.** Axes that do not apply to a run's method (τ and λ outside σN-Ens, M
+for ``"single"``; :data:`METHOD_ONLY_KEYS`) are dropped from its config and name, so
 ``--grid method.name=single,snens --grid method.temperature=0.05,5`` is three runs, not four.
 
-**Resuming.** Running the same command again does no repeated work: a run whose
-``final.json`` exists is skipped, one with ``config.toml`` but no ``final.json`` (interrupted)
-is resumed from its ``last.pt``. A run directory whose saved config differs from the one the
-grid asks for is an error, found before anything trains. A key the saved file does not record
-(it was written before the key existed) is not compared: what the run did there is unknown,
-and the default it would be read with now need not be what the run used.
+**Resuming.** Running the same command again skips finished runs and resumes interrupted
+ones. A run directory whose saved config differs from the grid's is an error (keys the saved
+file does not record are not compared).
 
-**Checks first.** Every run's config is built and checked before the first run starts: an
-unknown key, a bad value, an empty axis or a value listed twice is a ``ValueError`` or
-``TypeError`` naming the axis and value, and nothing trains.
-
-``OUT/sweep.csv`` holds one row per run (its status, the grid values and every number of its
-``final.json``), rewritten after each run.
+**Checks first.** Every run's config is built and checked before the first run starts.
+``OUT/sweep.csv`` holds one row per run, rewritten after each run.
 """
 
 from __future__ import annotations
@@ -75,7 +64,7 @@ __all__ = [
     "write_csv",
 ]
 
-#: A grid of more runs than this is refused (it is almost always a typo in a value list).
+#: A grid of more runs than this is refused (almost always a typo in a value list).
 MAX_RUNS = 10_000
 
 #: Config keys that apply to some methods only: key -> the methods they apply to (None: every
@@ -89,9 +78,7 @@ METHOD_ONLY_KEYS: dict[str, tuple[str, ...] | None] = {
     "method.num_members": None,
 }
 
-# Keys the sweep sets itself: the run directory is OUT/<run name>.
-_RESERVED = ("name", "out_dir")
-# A file name is at most 255 bytes on common file systems; keep room for a hash suffix.
+_RESERVED = ("name", "out_dir")  # set by the sweep: the run directory is OUT/<run name>
 _MAX_NAME = 200
 _SAFE = re.compile(r"[^A-Za-z0-9._,=+-]")
 CSV = "sweep.csv"
@@ -103,11 +90,6 @@ def applies(key: str, method: str) -> bool:
         return True
     methods = METHOD_ONLY_KEYS[key]
     return method != "single" if methods is None else method in methods
-
-
-# ------------------------------------------------------------------------------------------------
-# Parsing the grid
-# ------------------------------------------------------------------------------------------------
 
 
 def _split_values(text: str) -> list[str]:
@@ -143,9 +125,12 @@ def parse_grid(axes: Sequence[str]) -> dict[str, list[str]]:
 
     Only the syntax is checked here; :func:`plan` checks keys and values against the config.
 
+    Returns:
+        The value texts of each key.
+
     Raises:
         ValueError: an axis without ``=``, an empty key, an empty axis or value, or a key given
-            twice (each message quotes the axis).
+            twice.
     """
     grid: dict[str, list[str]] = {}
     for axis in axes:
@@ -176,11 +161,6 @@ def parse_grid(axes: Sequence[str]) -> dict[str, list[str]]:
             )
         grid[key] = values
     return grid
-
-
-# ------------------------------------------------------------------------------------------------
-# Planning the runs
-# ------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -221,7 +201,7 @@ def _run_name(values: Mapping[str, Any]) -> str:
     readable = ",".join(f"{key}={_format(value)}" for key, value in values.items()) or "base"
     safe = _SAFE.sub("_", readable)
     if safe != readable or len(safe) > _MAX_NAME:
-        # Keep names apart that differ only in characters replaced above or in a cut tail.
+        # keep apart names that differ only in replaced characters or in a cut tail
         digest = hashlib.sha256(readable.encode("utf-8", "surrogatepass")).hexdigest()[:8]
         safe = f"{safe[:_MAX_NAME]}-{digest}"
     return safe
@@ -254,7 +234,14 @@ def _same_run(
 def config_differences(path: str | Path, config: RunConfig) -> list[str]:
     """The keys (other than out_dir and name) in which the run saved in ``path`` differs from
     ``config``, as ``"section.key: saved …, grid …"``; a key its ``config.toml`` does not
-    record is not compared (see the module's notes on resuming)."""
+    record is not compared.
+
+    Returns:
+        One line per differing key.
+
+    Raises:
+        ValueError: an unreadable ``config.toml``.
+    """
     path = Path(path)
     try:
         saved = load_config(path / CONFIG)
@@ -279,8 +266,7 @@ def _status(path: Path, config: RunConfig) -> str:
 
 
 def _finished(path: Path) -> bool:
-    """Whether the run in ``path`` has finished: a ``final.json`` with its metrics (a ``{}``
-    left by a fault is not one: the run resumes and writes it anew)."""
+    """Whether the run in ``path`` has a ``final.json`` with its metrics."""
     try:
         read_final(path)
     except FileNotFoundError:
@@ -306,16 +292,16 @@ def plan(
 
     Returns:
         The runs in grid order (last axis fastest), combinations that differ only in keys that
-        do not apply to their method merged into one (see the module docstring).
+        do not apply to their method merged into one.
 
     Raises:
-        ValueError: an empty grid, an axis or value that is not valid for the config (the axis,
-            value and reason named), more than :data:`MAX_RUNS` runs, ``--set`` of ``name`` or
-            ``out_dir``, or an existing run directory of another config.
-        TypeError: a value of the wrong type (the axis, value and key named).
+        ValueError: an empty grid, an axis or value that is not valid for the config, more
+            than :data:`MAX_RUNS` runs, ``--set`` of ``name`` or ``out_dir``, or an existing
+            run directory of another config.
+        TypeError: a value of the wrong type.
     """
     axes = _parse_axes(grid)
-    overrides = list(overrides)  # read twice below: a generator would be used up by the check
+    overrides = list(overrides)  # read twice below
     _check_overrides(overrides)
     _check_size(axes)
     base_values = _base_values(base, overrides)
@@ -337,7 +323,7 @@ def plan(
 
 
 def _parse_axes(grid: Sequence[str] | Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
-    """The grid's axes, ``{key: [value texts]}``; an empty grid is refused."""
+    """The grid's axes; an empty grid is refused."""
     if isinstance(grid, Mapping):
         grid = [f"{k}={','.join(v)}" for k, v in grid.items()]
     axes = parse_grid(grid)
@@ -347,7 +333,7 @@ def _parse_axes(grid: Sequence[str] | Mapping[str, Sequence[str]]) -> dict[str, 
 
 
 def _check_overrides(overrides: Sequence[str]) -> None:
-    """Refuse a ``--set`` of a key the sweep sets itself (``name``, ``out_dir``)."""
+    """Refuse a ``--set`` of ``name`` or ``out_dir``."""
     for item in overrides:
         key = item.split("=", 1)[0].strip() if isinstance(item, str) else ""
         if key in _RESERVED:
@@ -358,7 +344,7 @@ def _check_overrides(overrides: Sequence[str]) -> None:
 
 
 def _check_size(axes: Mapping[str, list[str]]) -> None:
-    """Refuse a grid of more than :data:`MAX_RUNS` runs, each axis's size named."""
+    """Refuse a grid of more than :data:`MAX_RUNS` runs."""
     total = math.prod(len(values) for values in axes.values())
     if total > MAX_RUNS:
         sizes = " × ".join(f"{len(v)} ({k})" for k, v in axes.items())
@@ -432,17 +418,12 @@ def _blame(error: Exception, base: Mapping[str, Any], texts: Mapping[str, str]) 
     return type(error)(f"--grid: the run {where}: {error}")
 
 
-# ------------------------------------------------------------------------------------------------
-# Running and the table
-# ------------------------------------------------------------------------------------------------
-
-
 def final_row(run_dir: str | os.PathLike) -> dict[str, Any]:
     """The numbers of a run's ``final.json``, flat: ``metrics`` keys as they are, ``model`` and
     ``train`` keys as ``model/<key>`` and ``train/<key>`` (null, a non-finite number, as NaN).
 
-    Read as every run file is (:func:`snens.engine.runs.read_final`: a regular file of at most
-    64 MiB, never through a link; a link to a large file had been read whole).
+    Returns:
+        The row.
 
     Raises:
         RunDirError: final.json is not a regular file, or too large.
@@ -473,7 +454,11 @@ def _cell(value: Any) -> str:
 
 def write_csv(path: str | os.PathLike, rows: Sequence[Mapping[str, Any]]) -> Path:
     """Rows as CSV, columns in order of first appearance; missing cells empty; floats written
-    with ``repr`` so they read back exactly."""
+    with ``repr`` so they read back exactly.
+
+    Returns:
+        ``path``.
+    """
     columns: dict[str, None] = {}
     for row in rows:
         columns.update(dict.fromkeys(row))
@@ -482,7 +467,6 @@ def write_csv(path: str | os.PathLike, rows: Sequence[Mapping[str, Any]]) -> Pat
     writer.writerow(list(columns))
     for row in rows:
         writer.writerow([_cell(row.get(c)) for c in columns])
-    # atomic, never through a link (a fixed sweep.csv.tmp had been followed)
     return files.write_text(path, text.getvalue(), mode=files.plain_mode(path))
 
 
@@ -511,7 +495,7 @@ def _rows(
         if (run.path() / FINAL).is_file():
             try:
                 values = final_row(run.path())
-            except (ValueError, OSError, AttributeError):  # not the JSON object train writes
+            except (ValueError, OSError, AttributeError):
                 row["status"] = "unreadable final.json"
             else:
                 row["status"] = "done"
@@ -541,22 +525,25 @@ def run_sweep(
     """Train the runs of :func:`plan` one after the other, skipping and resuming as planned.
 
     A run that raises is reported and the sweep goes on; ``sweep.csv`` is rewritten after
-    every run. A run another live process is training (its ``run.lock`` held) is left to it:
-    so the same command started in two shells shares the grid out, one run per process.
+    every run. A run another live process is training is left to it, so the same command
+    started in two shells shares the grid out.
 
     Args:
         runs: from :func:`plan`.
         out: the sweep's directory (``sweep.csv`` goes there).
         keys: the grid keys, the CSV's first columns.
-        table: the runs ``sweep.csv`` lists (default: ``runs``) — the whole plan, when the
-            runs trained here are a part of it, so the table of a sweep trained piecewise
-            keeps the rows of the parts trained before.
+        table: the runs ``sweep.csv`` lists (default: ``runs``), e.g. the whole plan when
+            the runs trained here are a part of it.
         progress: progress bars in training.
         train: the engine (default :func:`snens.engine.train.train`).
         log: called with one line per run and the engine's lines.
 
+    Returns:
+        The runs, those that failed, were trained or were in use, and the CSV's path.
+
     Raises:
         RunDirError: ``out`` is not writable (before any run).
+        ValueError: ``table`` lacks a run of ``runs``.
     """
     from snens.engine.runs import RunDirError, RunInUseError, check_writable
 
@@ -588,12 +575,11 @@ def run_sweep(
             train(config, resume=resume, progress=progress, run_dir=path, log=log)
             trained.append(run.name)
             log(f"{head}: finished in {time.perf_counter() - start:.1f} s")
-        except RunInUseError as error:  # another process trains it: leave it to that one
+        except RunInUseError as error:
             busy[run.name] = error.holder
             log(f"{head}: in use by {error.holder}, left to it")
         except Exception as error:  # one failed run must not stop the others
             if isinstance(error, RunDirError) and (path / FINAL).is_file():
-                # another process finished it between our look and our start
                 log(f"{head}: finished meanwhile by another process")
             else:
                 failed[run.name] = f"{type(error).__name__}: {error}"

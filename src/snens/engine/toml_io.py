@@ -1,20 +1,12 @@
 """TOML text and files: reading them into dicts, writing dicts of plain values back.
 
-Reading is Python's ``tomllib`` (``tomli`` on Python 3.10); its errors are re-raised as
-``ValueError`` naming the file, with tomllib's line and column::
-
-    bad.toml: not valid TOML: Expected ']' at the end of a table declaration (at line 1, column 7)
-
-Writing covers what a run config holds: strings, ints, floats (``inf``, ``-inf``, ``nan``),
-bools, lists and tuples (as arrays), and tables. A table's scalars come first, then each
-table inside it under its own ``[a.b]`` header; a table one level further down (or inside a
-list) is written inline, ``{key = value}``::
+Reading is ``tomllib`` (``tomli`` on Python 3.10), its errors re-raised as ``ValueError``
+naming the file. Writing covers what a run config holds; tables two levels down are inline::
 
     text = format_toml({"seed": 0, "optim": {"lr": 0.1}, "model": {"options": {"w": 8}}})
     parse_toml(text) == {"seed": 0, "optim": {"lr": 0.1}, "model": {"options": {"w": 8}}}
 
-Tuples read back as lists, and ``nan`` as a NaN that compares unequal to itself.
-:func:`check_value` tells, naming the key, whether a value can make the trip at all.
+Tuples read back as lists. :func:`check_value` tells whether a value can make the trip.
 """
 
 from __future__ import annotations
@@ -44,13 +36,8 @@ __all__ = [
 #: What :func:`parse_value` raises for text that is not a TOML value (a ``ValueError``).
 TOMLDecodeError = tomllib.TOMLDecodeError
 
-# Escapes TOML defines for basic strings; every other control character is written as \uXXXX.
+# every other control character is written as \uXXXX
 _ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
-
-
-# ------------------------------------------------------------------------------------------------
-# Reading
-# ------------------------------------------------------------------------------------------------
 
 
 def parse_toml(text: str, source: str | os.PathLike = "<text>") -> dict[str, Any]:
@@ -60,9 +47,11 @@ def parse_toml(text: str, source: str | os.PathLike = "<text>") -> dict[str, Any
         text: the document.
         source: what the text came from, for the error message (a file name).
 
+    Returns:
+        The document's tables.
+
     Raises:
-        ValueError: ``text`` is not valid TOML; the message names ``source`` and tomllib's
-            line and column (or "at end of document").
+        ValueError: ``text`` is not valid TOML; the message names ``source``.
     """
     try:
         return tomllib.loads(text)
@@ -75,8 +64,7 @@ def read_toml(path: str | os.PathLike) -> dict[str, Any]:
 
     Raises:
         FileNotFoundError: ``path`` is not a file.
-        ValueError: the file is not UTF-8 (the byte offset named) or not valid TOML (the line
-            and column named), with the file's path first.
+        ValueError: the file is not UTF-8 or not valid TOML.
     """
     path = Path(path)
     if not path.is_file():
@@ -99,13 +87,8 @@ def parse_value(text: str) -> Any:
     return tomllib.loads(f"value = {text}")["value"]
 
 
-# ------------------------------------------------------------------------------------------------
-# Writing
-# ------------------------------------------------------------------------------------------------
-
-
 def _check_utf8(text: str, key: str) -> None:
-    # A lone surrogate (e.g. from a bad decode) cannot be written to a TOML file (UTF-8).
+    """Refuse a lone surrogate (e.g. from a bad decode), which a UTF-8 file cannot hold."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as error:
@@ -164,8 +147,7 @@ def _format_float(value: float) -> str:
         return "nan"
     if math.isinf(value):
         return "inf" if value > 0 else "-inf"
-    # repr is the shortest text that reads back to the same float, and always has a "." or an
-    # exponent (1e-07, 1e+300), so TOML reads a float, never an int.
+    # the shortest text that reads back the same, always with "." or an exponent: a TOML float
     return repr(value)
 
 
@@ -211,10 +193,9 @@ def _format_table(table: Mapping[str, Any], header: tuple[str, ...]) -> list[str
 
 
 def format_toml(values: Mapping[str, Any], comment: str = "") -> str:
-    """``values`` as a TOML document, which :func:`parse_toml` reads back (tuples as lists).
-
-    Top-level scalars come first, then each table as ``[name]`` and each table in it as
-    ``[name.inner]``, in the order given; tables deeper down are inline.
+    """``values`` as a TOML document, which :func:`parse_toml` reads back (tuples as lists):
+    top-level scalars first, then each table as ``[name]`` and each table in it as
+    ``[name.inner]``; tables deeper down inline.
 
     Args:
         values: the tables, as nested mappings of the types :func:`format_value` writes.

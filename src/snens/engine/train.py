@@ -3,31 +3,20 @@ to a run.
 
 :func:`train` reads top to bottom, as nanoGPT's loop does:
 
-    seed → data → model (snens.baselines.create) → parameter groups (one rule, printed)
-    → optimizer → schedule (linear warm-up, then cosine or multistep, per step)
-    → per epoch: per batch: forward (bf16 autocast if set) → ensemble loss + diversity loss
-      (σN-Ens only) → a non-finite loss stops (or skips the step) → backward → clip → step
-      → one line of metrics.jsonl → checkpoint (atomic) → at the end: snens.evaluate → final.json
+    seed → data → model → parameter groups → optimizer → schedule (warm-up, then cosine or
+    multistep, per step) → per epoch: :func:`run_epoch` → one line of metrics.jsonl →
+    checkpoint (atomic) → at the end: snens.evaluate → final.json
 
-Reproducibility. Everything random is seeded from ``config.seed``: Python, NumPy and torch
-(every device), the model's initialization, and the data order and augmentation (epoch e of
-the loader depends only on (seed, e)). A checkpoint holds the model, optimizer, schedule, all
-RNG states, epoch and step, so ``train(config, resume=True)`` continues an interrupted run
-from its last checkpoint and ends with the same final metrics as a run never interrupted —
-bitwise on the CPU with ``deterministic = true`` and the same ``threads``.
+Reproducibility. Everything random is seeded from ``config.seed``, and a checkpoint holds
+the model, optimizer, schedule, all RNG states, epoch and step, so ``train(config,
+resume=True)`` ends with the same final metrics as a run never interrupted — bitwise on the
+CPU with ``deterministic = true`` and the same ``threads``. On a GPU, ``deterministic = true``
+also turns off cuDNN benchmarking and sets ``CUBLAS_WORKSPACE_CONFIG=:4096:8``; bf16 and
+``torch.compile`` may pick other kernels on other hardware.
 
-On a GPU, ``deterministic = true`` also turns off cuDNN benchmarking and sets
-``CUBLAS_WORKSPACE_CONFIG=:4096:8`` (unless set); with it, runs on the same GPU model, driver
-and library versions repeat exactly. bf16 autocast and ``torch.compile`` may pick different
-kernels on other hardware, so compare such runs within a tolerance. An operation without a
-deterministic implementation then raises an error naming it rather than running silently.
-
-What a config builds (model, optimizer, schedule, the process's settings) lives in
-:mod:`snens.engine.build`; a finished or interrupted run's model and metrics, again from its
-directory, in :mod:`snens.engine.reload`; :func:`~snens.engine.fit.fit` and
-:func:`~snens.engine.fit.predict` (:mod:`snens.engine.fit`) are the small helpers for a model
-and batches you built yourself, and :func:`~snens.engine.fit.fit` runs the same step as the
-engine. Their public names are re-exported here.
+What a config builds lives in :mod:`snens.engine.build`, a run read back in
+:mod:`snens.engine.reload`, and the helpers for batches of one's own in
+:mod:`snens.engine.fit`; their public names are re-exported here.
 """
 
 from __future__ import annotations
@@ -35,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
@@ -85,6 +73,7 @@ from snens.engine.reload import (
 )
 from snens.engine.runs import (
     Run,
+    _default_name,
     create_run,
     hold_run,
     open_run,
@@ -122,9 +111,8 @@ __all__ = [
 
 
 class _CompiledOrEager:
-    """``torch.compile(model, fullgraph=True)``: one graph (converted CNNs, ViTs and Hugging
-    Face LLMs trace whole, ``tests/nn/test_compile.py``); a model with a graph break is compiled
-    in pieces instead, and a failure falls back to the eager model (with a warning)."""
+    """``torch.compile(model, fullgraph=True)``; a model with a graph break is compiled in
+    pieces instead, and a failure falls back to the eager model (with a warning)."""
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
@@ -148,8 +136,7 @@ class _CompiledOrEager:
 
 
 def _progress(batches: Iterable, enabled: bool, description: str) -> Iterable:
-    # A bar redrawn into a log file (stderr not a terminal) is one unreadable line: the epoch
-    # lines say the same there.
+    # a bar redrawn into a log file is one unreadable line
     if not enabled or not sys.stderr.isatty():
         return batches
     try:
@@ -170,11 +157,7 @@ def _describe_groups(groups: list[dict]) -> str:
 def _run_path(config: RunConfig, run_dir: str | os.PathLike | None) -> Path:
     if run_dir is not None:
         return Path(run_dir)
-    if config.name:
-        return Path(config.out_dir) / config.name
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    base = f"{config.data.dataset}-{config.model.backbone}-{config.method.name}-{stamp}"
-    return Path(config.out_dir) / base
+    return Path(config.out_dir) / (config.name or _default_name(config))
 
 
 def train(
@@ -190,9 +173,7 @@ def train(
     Args:
         config: the resolved run config.
         resume: continue the run in ``run_dir`` (default ``out_dir/name``) from its
-            ``last.pt``: model, optimizer, schedule, RNG states, epoch and step are restored
-            and training goes on with the epoch after the checkpoint. ``config`` must equal the
-            run's saved config.
+            ``last.pt``; ``config`` must equal the run's saved config.
         progress: a progress bar per epoch (when tqdm is installed).
         run_dir: the run directory, instead of ``out_dir/name``.
         log: called with one line per epoch and a few setup lines; None for silence.
@@ -208,28 +189,26 @@ def train(
             the message names it).
         NonFiniteLossError: a NaN/inf loss with ``on_nonfinite = "stop"``; the message names
             epoch, step and cause, and the last good checkpoint is kept.
-        CheckpointError: on resume, ``last.pt`` is truncated, modified or does not fit (the
-            previous one, ``prev.pt``, is kept beside it: copy it over ``last.pt`` to resume
-            from there).
+        CheckpointError: on resume, ``last.pt`` is truncated, modified or does not fit (copy
+            ``prev.pt`` over it to resume from the one before).
         ValueError: on resume, a config that differs from the run's; under torchrun, a
             ``data.batch_size`` not divisible by the number of processes, or
             ``on_nonfinite = "skip"``.
         RuntimeError: under torchrun, another rank died or stopped answering (names the rank).
 
-    Under ``torchrun --nproc_per_node=N`` (see :mod:`snens.engine.distributed`) the same call trains
-    with DistributedDataParallel: each rank takes B/N rows of every global batch of B, rank 0
-    alone writes the run directory, logs and evaluates (over the full test set; the others
-    return when training ends). The epoch's task loss is the mean over the ranks.
+    Under ``torchrun --nproc_per_node=N`` the same call trains with DistributedDataParallel:
+    each rank takes B/N rows of every global batch, and rank 0 alone writes the run
+    directory, logs and evaluates (see :mod:`snens.engine.distributed`).
     """
     path = _run_path(config, run_dir)
     existed = path.exists()
     try:
         with distributed.session() as group, contextlib.ExitStack() as held:
-            if group.is_main:  # no second process trains this run meanwhile
+            if group.is_main:
                 held.enter_context(hold_run(path))
             return _train(config, group, resume=resume, progress=progress, run_dir=path, log=log)
     except BaseException:
-        # a start that failed (missing data, a bad model option) leaves no empty run directory
+        # a failed start leaves no empty run directory
         if not existed and path.is_dir() and not any(path.iterdir()):
             with contextlib.suppress(OSError):
                 path.rmdir()
@@ -254,7 +233,6 @@ def _train(
         seed_everything(config.seed)
         device = resolve_device(config.device)
 
-        # -- data
         loaded = build_data(
             config.data,
             seed=config.seed,
@@ -266,7 +244,6 @@ def _train(
             loaded.train.shard(group.rank, group.world_size)
         steps_per_epoch = len(loaded.train)
 
-        # -- model
         start = read_init_from(config) if config.model.init_from and not resume else None
         model = build_model(
             config, num_classes=loaded.num_classes, channels=loaded.channels, start=start
@@ -279,13 +256,12 @@ def _train(
             model.to(memory_format=torch.channels_last)
         num_classes = config.model.num_classes or loaded.num_classes
         trainable = select_finetune(model, config.optim.finetune, num_classes)
-        if config.method.diversity_layers:  # names that are not member norms: said now
+        if config.method.diversity_layers:  # names that are not member norms: refused now
             try:
                 diversity_gain(model, config.method.temperature, config.method.diversity_layers)
             except ValueError as error:
                 raise ValueError(f"method.diversity_layers: {error}") from None
 
-        # -- optimizer and schedule: parameter groups by one rule (snens.param_groups)
         groups = param_groups(
             model,
             config.optim.lr,
@@ -297,7 +273,6 @@ def _train(
         schedule = build_schedule(config.optim, optimizer, steps_per_epoch)
         settings = _step_settings(config, steps_per_epoch)
 
-        # -- model selection on the validation split (rank 0 validates; see selection.py)
         patience = config.optim.patience
         selection = (
             Selection.for_model(model, config.optim.select)
@@ -305,7 +280,6 @@ def _train(
             else None
         )
 
-        # -- run directory, or the state of the interrupted run
         run = _open_run_directory(config, path, group, resume=resume)
         epoch, step, seconds, skipped = 0, 0, 0.0, 0
         if resume:
@@ -316,27 +290,10 @@ def _train(
                 _discard_after_checkpoint(run, epoch, say)
         group.barrier("waiting for rank 0 to prepare the run directory")
         say(_run_line(run, model, trainable, steps_per_epoch, device))
-        if group.enabled:
-            if group.is_main:
-                run.record(distributed=_launch_record(group))
-            say(
-                f"data-parallel over {group.world_size} processes ({group.backend}); each "
-                f"takes {config.data.batch_size // group.world_size} rows of every global batch"
-            )
-        if source is not None:
-            if group.is_main:
-                run.record(init_from=source)
-            say(
-                f"backbone started from the trained single model of {init_from_path(config)} "
-                f"(sha256 {source['sha256'][:12]}…)"
-            )
-        say(f"parameter groups: {_describe_groups(groups)}")
-        if METHOD_RECORDS[config.method.name].regularized:
-            say(_legend_line(config))
+        _announce(config, run, group, source, groups, say)
         replicated = _wrap_ddp(model, group, device)  # checkpoints hold the plain model's state
         forward = _CompiledOrEager(replicated) if config.optim.compile else replicated
 
-        # -- training
         # the last epoch's validation logits: the final evaluation's, with the same weights
         validation_logits: dict[str, Tensor] = {}
         stop = _patience_ran_out(selection, epoch, patience)  # a resumed run that had stopped
@@ -366,7 +323,7 @@ def _train(
                 )
             epoch, step = epoch + 1, step + stats.steps
             seconds, skipped = seconds + stats.seconds, skipped + stats.skipped
-            # Equal shards: the mean of the ranks' means is the mean over the global batches.
+            # equal shards: the mean of the ranks' means is the global batches' mean
             task_loss = group.mean(stats.task_loss, f"averaging epoch {epoch}'s loss")
             if group.is_main:
                 kept = validation_logits if epoch == config.optim.epochs or selection else None
@@ -391,9 +348,8 @@ def _train(
                 # until best.pt holds them (a kill between the two writes loses nothing)
                 every = epoch % config.checkpoint_every == 0 or epoch == config.optim.epochs
                 if every or improved or stop:
-                    _save_checkpoint(
-                        run, model, optimizer, schedule, epoch, step, seconds, skipped, selection
-                    )
+                    counters = (epoch, step, seconds, skipped)
+                    _save_checkpoint(run, model, optimizer, schedule, counters, selection)
                 if improved:
                     with run.writing(run.path / BEST):
                         selection.save(run.path / BEST, to_dict(run.config))  # type: ignore[union-attr]
@@ -405,38 +361,86 @@ def _train(
                     f"improved for {patience} epochs (optim.patience)"
                 )
 
-        # -- evaluation, on rank 0 over the full test set: its model holds the weights every
-        # rank holds, and its norm statistics are the ones the checkpoint saves. The ranks
-        # leave the group together first, so none tears it down while rank 0 evaluates. The
-        # DDP wrapper goes before: it references the group, whose threads stop only when
-        # nothing does (see distributed.shutdown).
+        # Rank 0 evaluates over the full test set. The ranks leave the group together first
+        # (so none tears it down meanwhile), and the DDP wrapper, which references it, before.
         del replicated, forward
         distributed.leave(group, "finishing training")
         if not group.is_main:
             return run.path
-        if selection is not None:  # evaluate the kept weights, not the last epoch's
-            load_model_state(model, {**model.state_dict(), **selection.weights()})
-            validation_logits = selection.kept_validation() or {}
-            say(_selection_line(selection))
-        with progress_bars(progress):
-            final = _final_results(
-                config, model, loaded, epoch, step, seconds, skipped, validation_logits or None
-            )
-        if selection is not None:
-            final["selection"] = selection.summary(epoch, patience)
-        final["train"].update(peak_over(read_metrics(run.path)))  # over every epoch logged
-        outputs = final.pop("outputs")
-        run.write_outputs(outputs)
-        run.write_examples(run_examples(outputs, calibrators=config.data.calibrators))
-        run.write_final(final)
-        say(_done_line(final["metrics"], run.path / "final.json"))
+        counters = (epoch, step, seconds, skipped)
+        _finish(config, run, model, loaded, counters, selection, validation_logits, progress, say)
     return run.path
 
 
+def _announce(
+    config: RunConfig,
+    run: Run,
+    group: distributed.Context,
+    source: dict[str, Any] | None,
+    groups: list[dict],
+    say: Callable[[str], None],
+) -> None:
+    """The setup lines after the first; rank 0 records the launch and the start in the run."""
+    if group.enabled:
+        if group.is_main:
+            run.record(distributed=_launch_record(group))
+        say(
+            f"data-parallel over {group.world_size} processes ({group.backend}); each "
+            f"takes {config.data.batch_size // group.world_size} rows of every global batch"
+        )
+    if source is not None:
+        if group.is_main:
+            run.record(init_from=source)
+        say(
+            f"backbone started from the trained single model of {init_from_path(config)} "
+            f"(sha256 {source['sha256'][:12]}…)"
+        )
+    say(f"parameter groups: {_describe_groups(groups)}")
+    if METHOD_RECORDS[config.method.name].regularized:
+        say(_legend_line(config))
+
+
+def _finish(
+    config: RunConfig,
+    run: Run,
+    model: nn.Module,
+    loaded: Data,
+    counters: tuple[int, int, float, int],
+    selection: Selection | None,
+    validation_logits: dict[str, Tensor],
+    progress: bool,
+    say: Callable[[str], None],
+) -> None:
+    """The final evaluation (of the kept weights under selection), written to the run:
+    final.json, the member logits (outputs.npz) and the per-example results (examples.npz)."""
+    epoch, step, seconds, skipped = counters
+    if selection is not None:
+        load_model_state(model, {**model.state_dict(), **selection.weights()})
+        validation_logits = selection.kept_validation() or {}
+        say(_selection_line(selection))
+    with progress_bars(progress):
+        validation = validation_logits or None
+        results, outputs = final_metrics(model, loaded, config, validation=validation)
+    final: dict[str, Any] = {
+        "metrics": results,
+        "model": _model_summary(model, config),
+        "train": {"epochs": epoch, "steps": step, "skipped_steps": skipped, "seconds": seconds},
+    }
+    bad = loaded.bad_images()
+    if bad is not None:  # in this process's life: a resumed run counts from its restart
+        final["data"] = {"bad_images": bad}
+    if selection is not None:
+        final["selection"] = selection.summary(epoch, config.optim.patience)
+    final["train"].update(peak_over(read_metrics(run.path)))  # over every epoch logged
+    run.write_outputs(outputs)
+    run.write_examples(run_examples(outputs, calibrators=config.data.calibrators))
+    run.write_final(final)
+    say(_done_line(final["metrics"], run.path / "final.json"))
+
+
 def _launch_record(group: distributed.Context) -> dict[str, Any]:
-    """What ``provenance.json`` records of a data-parallel run: its size, its backend and how
-    it was launched (torchrun sets ``TORCHELASTIC_RUN_ID``; the launcher's own command line
-    is not visible to its workers, so its settings are read from the environment it gave them)."""
+    """What ``provenance.json`` records of a data-parallel run, read from the environment the
+    launcher gave its workers (torchrun sets ``TORCHELASTIC_RUN_ID``)."""
     env = os.environ
     launcher = "torchrun" if "TORCHELASTIC_RUN_ID" in env else "environment (MASTER_ADDR, …)"
     return {
@@ -452,7 +456,7 @@ def _launch_record(group: distributed.Context) -> dict[str, Any]:
 def _run_line(
     run: Run, model: nn.Module, trainable: int, steps_per_epoch: int, device: torch.device
 ) -> str:
-    """The first line logged: the run, its method and backbone, its size and its device."""
+    """The first line logged."""
     params = sum(p.numel() for p in model.parameters())
     return (
         f"run {run.path}: {run.config.method.name} over {run.config.model.backbone}, {params:,} "
@@ -461,7 +465,7 @@ def _run_line(
 
 
 def _done_line(results: Mapping[str, float], final: Path) -> str:
-    """The last line logged: the headline test metrics and where final.json is."""
+    """The last line logged."""
     return (
         f"done: test accuracy {results['test/accuracy']:.4f}, NLL {results['test/nll']:.4f}, "
         f"ECE {results['test/ece']:.4f}; {final}"
@@ -480,10 +484,7 @@ def _check_start(
                 "its backward pass would leave the others waiting in the gradient all-reduce; "
                 'use "stop"'
             )
-    # A name already taken (checked by rank 0, which writes the run and, taking its lock, has
-    # proved the directory writable; opening a run to resume it records the resume in
-    # provenance.json).
-    if group.is_main:
+    if group.is_main:  # rank 0 writes the run (opening one to resume records the resume)
         if resume:
             return open_run(path, config).config
         refuse_existing_run(path)
@@ -491,7 +492,7 @@ def _check_start(
 
 
 def _step_settings(config: RunConfig, steps_per_epoch: int) -> StepSettings:
-    """The training step's settings (no diversity loss but for σN-Ens)."""
+    """The training step's settings (a diversity loss for σN-Ens only)."""
     regularized = METHOD_RECORDS[config.method.name].regularized
     return StepSettings(
         temperature=config.method.temperature,
@@ -523,9 +524,9 @@ def _resume_state(
     say: Callable[[str], None],
     selection: Selection | None = None,
 ) -> tuple[int, int, float, int]:
-    """Load and check ``last.pt`` into model, optimizer, schedule and RNGs, and the selection
-    it recorded (with ``best.pt``) into ``selection``; return its counters."""
-    if not run.checkpoint.is_file():  # stopped before its first checkpoint: start it afresh
+    """Load and check ``last.pt`` into model, optimizer, schedule, RNGs and ``selection``;
+    return its counters."""
+    if not run.checkpoint.is_file():  # stopped before its first checkpoint
         say(f"resuming {run.path}: no checkpoint yet, starting from epoch 1")
         return 0, 0, 0.0, 0
     state = load_checkpoint(run.checkpoint)
@@ -552,7 +553,7 @@ def _resume_state(
 def _discard_after_checkpoint(run: Run, epoch: int, say: Callable[[str], None]) -> None:
     """Drop the metrics of epochs after ``epoch`` and the temporary files a kill left."""
     run.truncate_metrics(epoch)
-    for tmp in remove_stale_temporaries(run.path):  # left by a kill mid-write
+    for tmp in remove_stale_temporaries(run.path):
         say(f"removed {tmp.name}, a temporary file an interrupted write left")
 
 
@@ -560,11 +561,8 @@ def _wrap_ddp(model: nn.Module, group: distributed.Context, device: torch.device
     """The model in DistributedDataParallel under torchrun; the model itself otherwise."""
     if not group.enabled:
         return model
-    # DDP averages gradients over the ranks. The diversity loss is a function of the
-    # parameters alone, identical on every rank, so averaging leaves its gradient as it is;
-    # the task loss is a mean over the rank's B/N examples, so the average is the gradient
-    # of the global batch's mean. Every parameter is used in every forward pass, hence
-    # find_unused_parameters=False.
+    # Averaging gradients over the ranks leaves the diversity loss's (the same on every rank)
+    # as it is and makes the task loss's the global batch's mean.
     index = next(model.parameters()).device.index  # "cuda" resolved to its index
     return DistributedDataParallel(
         model,
@@ -598,8 +596,7 @@ def _epoch_record(
     keep_logits: dict[str, Tensor] | None = None,
 ) -> tuple[dict[str, Any], dict[str, str] | None]:
     """The epoch's metrics.jsonl record, and the undecodable images so far (None: no folders);
-    ``keep_logits`` receives the validation split's member logits (``"val"``,
-    ``"val_labels"``)."""
+    ``keep_logits`` receives the validation logits (``"val"``, ``"val_labels"``)."""
     record: dict[str, Any] = {
         "epoch": epoch,
         "step": step,
@@ -609,20 +606,18 @@ def _epoch_record(
         "skipped_steps": stats.skipped,
         "seconds": stats.seconds,
     }
-    if METHOD_RECORDS[
-        config.method.name
-    ].regularized:  # the realized allocation, to report next to k*(τ)
+    if METHOD_RECORDS[config.method.name].regularized:
         layers = config.method.diversity_layers or None
         record["diversity_loss"] = stats.diversity_loss
         record["diversity_gain"] = diversity_gain(model, config.method.temperature, layers)
         record["effective_members"] = _effective_members(model, config)
-    if loaded.validation is not None:  # the learning curve, on held-out training data
+    if loaded.validation is not None:
         record.update(validation_metrics(model, loaded.validation, _CURVE_METRICS, keep_logits))
     if config.eval_every and epoch % config.eval_every == 0:
         quick = evaluate(model, loaded.test)
         record.update({k: quick[k] for k in ("test/accuracy", "test/nll", "test/ece")})
     bad = loaded.bad_images()  # after the evaluations above, which read images too
-    if bad is not None:  # class folders: undecodable images read as another of their class
+    if bad is not None:
         record["bad_images"] = len(bad)
     return record, bad
 
@@ -641,13 +636,11 @@ def _save_checkpoint(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     schedule: torch.optim.lr_scheduler.LambdaLR,
-    epoch: int,
-    step: int,
-    seconds: float,
-    skipped_steps: int,
+    counters: tuple[int, int, float, int],
     selection: Selection | None = None,
 ) -> None:
-    """Write ``last.pt`` atomically: everything a resumed run needs to go on as this one."""
+    """Write ``last.pt``: everything a resumed run needs to go on as this one."""
+    epoch, step, seconds, skipped_steps = counters
     state = {
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
@@ -679,39 +672,7 @@ def _selection_line(selection: Selection) -> str:
     return f"evaluating the weights of {kept}, the best on validation (optim.select)"
 
 
-def _final_results(
-    config: RunConfig,
-    model: nn.Module,
-    loaded: Data,
-    epoch: int,
-    step: int,
-    seconds: float,
-    skipped_steps: int,
-    validation: dict[str, Tensor] | None = None,
-) -> dict[str, Any]:
-    """final.json: the evaluation (:func:`~snens.engine.reload.final_metrics`, which
-    ``snens eval`` repeats; ``validation``: the last epoch's validation logits, reused), the
-    model's size and the training counters; the kept member logits under ``"outputs"``, for
-    ``outputs.npz``."""
-    results, outputs = final_metrics(model, loaded, config, validation=validation)
-    final: dict[str, Any] = {
-        "metrics": results,
-        "model": _model_summary(model, config),
-        "train": {
-            "epochs": epoch,
-            "steps": step,
-            "skipped_steps": skipped_steps,
-            "seconds": seconds,
-        },
-    }
-    final["outputs"] = outputs  # written beside final.json (outputs.npz), not into it
-    bad = loaded.bad_images()
-    if bad is not None:  # in this process's life: a resumed run counts from its restart
-        final["data"] = {"bad_images": bad}
-    return final
-
-
-#: Validation metrics logged after every epoch: the learning curve, and where members differ.
+#: Validation metrics logged after every epoch.
 _CURVE_METRICS = (
     "accuracy",
     "nll",
@@ -723,7 +684,7 @@ _CURVE_METRICS = (
 
 
 def _legend_line(config: RunConfig) -> str:
-    """What the σN-Ens numbers of the epoch lines mean, with the target the loss aims at."""
+    """What the σN-Ens numbers of the epoch lines mean."""
     tau, M = config.method.temperature, config.method.num_members
     weight = config.method.diversity_weight
     target = (
@@ -763,8 +724,7 @@ def _epoch_line(record: Mapping[str, Any], epochs: int, selection: Selection | N
 
 
 def _effective_members(model: nn.Module, config: RunConfig) -> float:
-    """The realized sharing of the member norms the diversity loss acts on (all, unless
-    ``method.diversity_layers`` names some), the number to hold against k*(τ)."""
+    """The realized sharing of the member norms the diversity loss acts on, against k*(τ)."""
     shares = allocation(model)
     if config.method.diversity_layers:
         shares = {n: a for n, a in shares.items() if n in config.method.diversity_layers}
