@@ -226,6 +226,13 @@ class MemberNorm(nn.Module):
         it: it is gathered whole (differentiably; its gradient returns to each rank's shard).
         """
         gamma = self.gamma
+        if gamma.numel() == 0 and hasattr(gamma, "ds_status"):
+            raise RuntimeError(
+                "this member norm's γ is partitioned by DeepSpeed ZeRO-3 (empty outside its "
+                "module's forward), so the diversity loss cannot read it: train with ZeRO "
+                "stage 1 or 2, or shard with FSDP2 (torch.distributed.fsdp.fully_shard), whose "
+                "sharded γ the loss gathers"
+            )
         whole = getattr(gamma, "full_tensor", None)
         return torch.sigmoid(gamma if whole is None else whole()).reshape(self.num_members, -1)
 
