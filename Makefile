@@ -21,6 +21,10 @@ $(STAMP): pyproject.toml Makefile constraints.txt scripts/install-data.sh src/sn
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q "torch==2.13.0"
 	$(BIN)/pip install -q -c constraints.txt -e ".[dev,transformers,plot]"
+	# DeepSpeed for tests/integrations/test_deepspeed.py only, in a folder of its own: imported
+	# anywhere, it keeps a launcher's process group referenced from C++ after it is destroyed
+	$(BIN)/pip install -q -c constraints.txt --no-deps --target $(VENV)/deepspeed \
+		deepspeed einops hjson msgpack py-cpuinfo
 	bash scripts/install-data.sh
 	PIP_QUIET=1 $(BIN)/snens fetch-data --no-download
 	-$(BIN)/snens build-kernels  # once per environment; without a compiler: native paths

@@ -8,10 +8,17 @@ import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-pytest.importorskip("deepspeed")
+# DeepSpeed lives in a folder of its own (`make setup` installs it there): imported in this
+# process or another test's, it keeps the process group referenced after it is destroyed
+DEEPSPEED = Path(sys.prefix) / "deepspeed"
+pytestmark = pytest.mark.skipif(
+    not (DEEPSPEED / "deepspeed").is_dir(),
+    reason=f"DeepSpeed is not installed in {DEEPSPEED} (make setup installs it)",
+)
 
 SCRIPT = """\
 import json
@@ -85,7 +92,8 @@ def _run(tmp_path, stage: int) -> dict:
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
         f"--master_port={_free_port()}", str(script), str(out), str(stage),
     ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
+    path = os.pathsep.join([str(DEEPSPEED), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "PYTHONPATH": path}
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(out.read_text())

@@ -361,8 +361,7 @@ class SnensTrainer(transformers.Trainer):
                 tokenizer.save_pretrained(str(staging))
         config = getattr(ensemble.model, "config", None)  # a Hugging Face model's: config.json
         if isinstance(config, transformers.PretrainedConfig):
-            with files.staged_directory(directory) as staging:
-                config.save_pretrained(str(staging))
+            files.write_text(directory / "config.json", config.to_json_string())
         arguments = io.BytesIO()
         torch.save(self.args, arguments)
         files.write_bytes(directory / "training_args.bin", arguments.getvalue())
