@@ -267,7 +267,7 @@ def test_a_save_that_does_not_fit_leaves_the_base_model_as_it_was(tmp_path):
         (lambda p: (p / "snens.json").write_text("[1, 2]"), "holds a JSON list, not an object"),
         (
             lambda p: (p / "snens.json").write_text('{"format": 1, "input_policy": "repeat"}'),
-            "num_members = None is not an int",
+            "'num_members' is missing",
         ),
         (
             lambda p: (p / "snens.json").write_text(

@@ -87,7 +87,8 @@ from torch import Tensor, nn
 
 from snens import files
 from snens.integrations._dry_run import meta_copy
-from snens.method.config import SnensConfig, saved_config
+from snens.integrations._saves import check_meta, load_safetensors, write_meta
+from snens.method.config import SnensConfig
 from snens.method.convert import convert
 from snens.method.ensemble import Ensemble, predictive_probs
 from snens.method.optim import param_groups
@@ -106,7 +107,6 @@ from snens.nn import (
     MemberLayerNorm2d,
     fused,
 )
-from snens.nn.norms import MAX_MEMBERS
 from snens.nn.surgery import only_named
 
 __all__ = ["FORMAT_VERSION", "SNENS_CONFIG", "SnensTrainer", "load_ensemble"]
@@ -448,35 +448,16 @@ def _unshared(state: dict[str, Any]) -> dict[str, Any]:
 def _write_config(ensemble: Ensemble, directory: Path) -> None:
     """Write ``snens.json``: how :func:`load_ensemble` converts a fresh model for the weights."""
     report = ensemble.report
-    meta = {
-        "format": FORMAT_VERSION,
-        "config": ensemble.snens_config.to_dict(),
-        "num_members": ensemble.num_members,
-        "input_policy": ensemble.input_policy,
+    write_meta(
+        directory / SNENS_CONFIG,
+        ensemble,
+        FORMAT_VERSION,
         # built by snens.convert (False: member layers at construction, see load_ensemble)
-        "converted": report is not None,
-        "head": None if report is None else report.head,
-        "skip_unsupported": report is not None and bool(report.skipped),
-        "custom_output": ensemble.output is not None,
-    }
-    if report is not None and report.unselected:  # converted with norms=: which ones
-        meta["norms"] = [name for name, _, _ in report.converted]
-    path = directory / SNENS_CONFIG
-    files.write_text(path, json.dumps(meta, indent=2) + "\n", mode=files.plain_mode(path))
-
-
-def _load_safetensors(path: Path) -> dict[str, Tensor]:
-    """The tensors of the safetensors file ``path`` (a regular file; a link is followed, as a
-    Hub cache's snapshot holds links), or a ValueError naming it."""
-    from safetensors.torch import load_file
-
-    os.close(files.open_regular(path, follow_links=True))  # never a FIFO or a directory
-    try:
-        return load_file(str(path))
-    except Exception as error:  # noqa: BLE001 - SafetensorError, OSError, …: a damaged file
-        raise ValueError(
-            f"{path} is not a readable safetensors file ({error}); save it again"
-        ) from None
+        converted=report is not None,
+        head=None if report is None else report.head,
+        skip_unsupported=report is not None and bool(report.skipped),
+        custom_output=ensemble.output is not None,
+    )
 
 
 def _read_json(path: Path) -> Any:
@@ -492,7 +473,7 @@ def _read_weights(directory: Path) -> dict[str, Tensor]:
     # lexists: a FIFO or directory in a weight file's place is refused as what it is (it had
     # been reported as no weights at all)
     if os.path.lexists(directory / _SAFETENSORS):
-        return _load_safetensors(directory / _SAFETENSORS)
+        return load_safetensors(directory / _SAFETENSORS)
     if os.path.lexists(directory / _SAFETENSORS_INDEX):
         path = directory / _SAFETENSORS_INDEX
         index = _read_json(path)
@@ -504,7 +485,7 @@ def _read_weights(directory: Path) -> dict[str, Tensor]:
         state: dict[str, Tensor] = {}
         # each shard by its plain name inside the save: "../x" or "/x" is refused, not read
         for shard in sorted(set(shards.values())):
-            state.update(_load_safetensors(files.inside(directory, shard)))
+            state.update(load_safetensors(files.inside(directory, shard)))
         return state
     if os.path.lexists(directory / _PICKLED):  # Trainer with save_safetensors=False (v4)
         os.close(files.open_regular(directory / _PICKLED, follow_links=True))
@@ -529,13 +510,6 @@ def _check_config(meta: Any, path: Path) -> dict[str, Any]:
             "save the ensemble again"
         )
 
-    if not isinstance(meta, dict):
-        raise bad(f"it holds a JSON {type(meta).__name__}, not an object")
-    if meta.get("format") != FORMAT_VERSION:
-        raise ValueError(
-            f"{path}: format {meta.get('format')!r}, this snens reads format "
-            f"{FORMAT_VERSION}; save it again with this version"
-        )
     kinds = {
         "num_members": int,
         "input_policy": str,
@@ -543,29 +517,7 @@ def _check_config(meta: Any, path: Path) -> dict[str, Any]:
         "skip_unsupported": bool,
         "custom_output": bool,
     }
-    for key, kind in kinds.items():
-        value = meta.get(key)
-        if key not in meta:
-            raise bad(f"{key!r} is missing")
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            article = "an" if kind is int else "a"
-            raise bad(f"{key} = {value!r:.40} is not {article} {kind.__name__}")
-    if not 1 <= meta["num_members"] <= MAX_MEMBERS:
-        raise bad(f"num_members = {meta['num_members']} is outside 1..{MAX_MEMBERS}")
-    if meta["input_policy"] not in ("repeat", "split"):
-        raise bad(f"input_policy = {meta['input_policy']!r:.40} is not 'repeat' or 'split'")
-    if meta.get("head") is not None and not isinstance(meta.get("head"), str):
-        raise bad(f"head = {meta.get('head')!r:.40} is not a module name (or null)")
-    norms = meta.get("norms")
-    if norms is not None and not (
-        isinstance(norms, list) and all(isinstance(n, str) for n in norms)
-    ):
-        raise bad(f"norms = {norms!r:.40} is not a list of module names")
-    try:
-        meta["config"] = saved_config(meta)
-    except ValueError as error:
-        raise bad(str(error)) from None
-    return meta
+    return check_meta(meta, path, bad, version=FORMAT_VERSION, kinds=kinds)
 
 
 def _read_config(directory: Path, state: dict[str, Tensor]) -> tuple[dict[str, Any], str]:

@@ -36,11 +36,11 @@ from torch import Tensor, nn
 
 from snens import files
 from snens.integrations._dry_run import meta_copy
-from snens.method.config import saved_config
+from snens.integrations._saves import check_meta, load_safetensors, write_meta
 from snens.method.convert import convert
 from snens.method.ensemble import Ensemble
 from snens.nn.linear import MemberLinear
-from snens.nn.norms import MAX_MEMBERS, MemberNorm
+from snens.nn.norms import MemberNorm
 from snens.nn.surgery import only_named
 
 __all__ = ["FORMAT_VERSION", "from_pretrained", "save_pretrained"]
@@ -106,19 +106,8 @@ def save_pretrained(ensemble: Ensemble, directory: str | os.PathLike) -> Path:
     state = {k: v.detach().contiguous() for k, v in ensemble.state_dict().items() if k in names}
     files.write_bytes(path / _STATE, save(state), mode=files.plain_mode(path / _STATE))
     report = ensemble.report
-    meta = {
-        "format": FORMAT_VERSION,
-        "config": ensemble.snens_config.to_dict(),
-        "num_members": ensemble.num_members,
-        "input_policy": ensemble.input_policy,
-        "head": report.head if report is not None else "auto",
-    }
-    if report is not None and report.unselected:  # converted with norms=: which ones
-        meta["norms"] = [name for name, _, _ in report.converted]
-    # last: a complete save has it
-    files.write_text(
-        path / _CONFIG, json.dumps(meta, indent=2) + "\n", mode=files.plain_mode(path / _CONFIG)
-    )
+    head = report.head if report is not None else "auto"
+    write_meta(path / _CONFIG, ensemble, FORMAT_VERSION, head=head)  # last: a save is complete
     return path
 
 
@@ -156,7 +145,7 @@ def from_pretrained(base_model: nn.Module, directory: str | os.PathLike) -> Ense
                 "save_pretrained directory (or the save was interrupted; save again)"
             )
     meta = _read_meta(path / _CONFIG)
-    state = _read_state(path / _STATE)
+    state = load_safetensors(path / _STATE)
     try:
         config = peft.PeftConfig.from_pretrained(str(path))
     except Exception as error:  # noqa: BLE001 - PEFT fails in many ways on a damaged file
@@ -188,44 +177,8 @@ def _read_meta(path: Path) -> dict[str, Any]:
         meta = json.loads(files.read_bytes(path, limit=_MAX_JSON_BYTES, follow_links=True))
     except (ValueError, RecursionError) as error:
         raise bad(f"not valid JSON ({error})") from None
-    if not isinstance(meta, dict):
-        raise bad(f"it holds a JSON {type(meta).__name__}, not an object")
-    if meta.get("format") != FORMAT_VERSION:
-        raise ValueError(
-            f"{path}: format {meta.get('format')!r}, this snens reads format "
-            f"{FORMAT_VERSION}; save it again with this version"
-        )
-    members = meta.get("num_members")
-    if not isinstance(members, int) or isinstance(members, bool):
-        raise bad(f"num_members = {members!r:.40} is not an int")
-    if not 1 <= members <= MAX_MEMBERS:
-        raise bad(f"num_members = {members} is outside 1..{MAX_MEMBERS}")
-    if meta.get("input_policy") not in ("repeat", "split"):
-        raise bad(f"input_policy = {meta.get('input_policy')!r:.40} is not 'repeat' or 'split'")
-    if meta.get("head") is not None and not isinstance(meta.get("head"), str):
-        raise bad(f"head = {meta.get('head')!r:.40} is not a module name (or null)")
-    norms = meta.get("norms")
-    if norms is not None and not (
-        isinstance(norms, list) and all(isinstance(n, str) for n in norms)
-    ):
-        raise bad(f"norms = {norms!r:.40} is not a list of module names")
-    try:
-        meta["config"] = saved_config(meta)
-    except ValueError as error:
-        raise bad(str(error)) from None
-    return meta
-
-
-def _read_state(path: Path) -> dict[str, Tensor]:
-    from safetensors.torch import load_file
-
-    os.close(files.open_regular(path, follow_links=True))  # never a FIFO or a directory
-    try:
-        return load_file(str(path))
-    except Exception as error:  # noqa: BLE001 - SafetensorError, OSError, …: a damaged file
-        raise ValueError(
-            f"{path} is not a readable safetensors file ({error}); save again"
-        ) from None
+    kinds = {"num_members": int, "input_policy": str}
+    return check_meta(meta, path, bad, version=FORMAT_VERSION, kinds=kinds)
 
 
 def _wrap(base_model: nn.Module, config: Any, meta: dict[str, Any]) -> Ensemble:

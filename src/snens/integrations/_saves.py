@@ -1,0 +1,88 @@
+"""What the Hugging Face and PEFT saves read alike: ``snens.json``, checked, and the weights."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from snens import files
+from snens.method.config import saved_config
+from snens.nn.norms import MAX_MEMBERS
+
+
+def check_meta(
+    meta: Any,
+    path: Path,
+    bad: Callable[[str], ValueError],
+    *,
+    version: int,
+    kinds: dict[str, type],
+) -> dict[str, Any]:
+    """``meta`` with its ``SnensConfig`` under ``"config"``, once every key of ``kinds`` is
+    there with its type, M in range, the input policy, head and norms of their kinds, and the
+    format ``version``; ``bad(what)`` makes the error naming the save."""
+    if not isinstance(meta, dict):
+        raise bad(f"it holds a JSON {type(meta).__name__}, not an object")
+    if meta.get("format") != version:
+        raise ValueError(
+            f"{path}: format {meta.get('format')!r}, this snens reads format {version}; save "
+            "it again with this version"
+        )
+    for key, kind in kinds.items():
+        value = meta.get(key)
+        if key not in meta:
+            raise bad(f"{key!r} is missing")
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            article = "an" if kind is int else "a"
+            raise bad(f"{key} = {value!r:.40} is not {article} {kind.__name__}")
+    if not 1 <= meta["num_members"] <= MAX_MEMBERS:
+        raise bad(f"num_members = {meta['num_members']} is outside 1..{MAX_MEMBERS}")
+    if meta["input_policy"] not in ("repeat", "split"):
+        raise bad(f"input_policy = {meta['input_policy']!r:.40} is not 'repeat' or 'split'")
+    if meta.get("head") is not None and not isinstance(meta.get("head"), str):
+        raise bad(f"head = {meta.get('head')!r:.40} is not a module name (or null)")
+    norms = meta.get("norms")
+    if norms is not None and not (
+        isinstance(norms, list) and all(isinstance(n, str) for n in norms)
+    ):
+        raise bad(f"norms = {norms!r:.40} is not a list of module names")
+    try:
+        meta["config"] = saved_config(meta)
+    except ValueError as error:
+        raise bad(str(error)) from None
+    return meta
+
+
+def load_safetensors(path: Path) -> dict[str, Tensor]:
+    """The tensors of the safetensors file ``path`` (a regular file; a link is followed, as a
+    Hub cache's snapshot holds links), or a ValueError naming it."""
+    from safetensors.torch import load_file
+
+    os.close(files.open_regular(path, follow_links=True))  # never a FIFO or a directory
+    try:
+        return load_file(str(path))
+    except Exception as error:  # noqa: BLE001 - SafetensorError, OSError, …: a damaged file
+        raise ValueError(
+            f"{path} is not a readable safetensors file ({error}); save it again"
+        ) from None
+
+
+def write_meta(path: Path, ensemble: Any, version: int, **keys: Any) -> None:
+    """Write ``snens.json``: the format ``version``, the ensemble's ``SnensConfig``, M, its
+    input policy, the norms converted where ``norms=`` chose some, and ``keys``."""
+    meta = {
+        "format": version,
+        "config": ensemble.snens_config.to_dict(),
+        "num_members": ensemble.num_members,
+        "input_policy": ensemble.input_policy,
+        **keys,
+    }
+    report = ensemble.report
+    if report is not None and report.unselected:  # converted with norms=: which ones
+        meta["norms"] = [name for name, _, _ in report.converted]
+    files.write_text(path, json.dumps(meta, indent=2) + "\n", mode=files.plain_mode(path))
