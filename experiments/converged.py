@@ -320,6 +320,8 @@ def _stages() -> dict[str, list[Variant]]:
         Variant("snens_default", ("method.name=snens",), seeds, TEXT),
         Variant("mc_dropout", ("method.name=mc_dropout",), seeds, TEXT),
         Variant("snens_tau5_lam0.01_split", _snens(5, 0.01, *SPLIT_RECIPE), seeds, TEXT),
+        # split inputs at the library's τ and λ: the overfit regime's choice on validation
+        Variant("snens_tau1_lam0.1_split", _snens(1, 0.1, *SPLIT_RECIPE), seeds, TEXT),
     ]
     vision = [Variant(v.name, v.overrides, v.seeds, VISION) for v in text]
     # the pretrained CNN's and the pretrained transformer's recipes on a validation split:
@@ -403,6 +405,9 @@ def final_variants() -> list[Variant]:
     out.append(Variant("snens_default", ("method.name=snens", length), FINAL_SEEDS))
     out.append(
         Variant("snens_tau5_lam0.01_split", (*_snens(5, 0.01, *SPLIT_RECIPE), length), FINAL_SEEDS)
+    )
+    out.append(
+        Variant("snens_tau1_lam0.1_split", (*_snens(1, 0.1, *SPLIT_RECIPE), length), FINAL_SEEDS)
     )
     kept = _without(recipe.overrides, "optim.epochs")
     out.append(Variant(f"{recipe.name}_chosen", (*kept, length), FINAL_SEEDS))
@@ -527,7 +532,14 @@ def runs_of(stage: str) -> list[tuple[Variant, SweepRun]]:
 
 
 def _queue_rank(name: str) -> float:
-    order = ("single", "snens_tau5_lam0.01_split", "deep_ensemble", "snens_default", "packed")
+    order = (
+        "single",
+        "snens_tau5_lam0.01_split",
+        "snens_tau1_lam0.1_split",
+        "deep_ensemble",
+        "snens_default",
+        "packed",
+    )
     return order.index(name) if name in order else 2.5 if name.endswith("_chosen") else 9
 
 
