@@ -10,9 +10,10 @@ Every run trains through the engine (:mod:`study`'s runner, so
 corruptions at five severities on 1,000 test images, one torch thread. Two regimes: ``few`` —
 10,000 training images, no augmentation, 20 epochs (where one small CNN overfits its NLL), for
 every backbone — and, for the MLP, ``all`` — the other 55,000 images, crop and flip, 10
-epochs. Methods: one model, a deep ensemble of four, σN-Ens with the recipe under
-test (``split`` inputs, τ=5, λ=0.01), with the library's τ=1, λ=0.1 and ``split`` inputs, and
-with the library's defaults (``repeat``, τ=1, λ=0.1), seeds 0 and 1. Runs live in ``results/holdout/<regime>_<backbone>/<method>/seed=<s>/``.
+epochs. Methods: one model, a deep ensemble of four, σN-Ens with the recipe under test
+(``split`` inputs, τ=5, λ=0.01), with the library's τ=1, λ=0.1 and ``split`` inputs, and with
+the library's defaults (``repeat``, τ=1, λ=0.1), seeds 0 and 1. Runs live in
+``results/holdout/<regime>_<backbone>/<method>/seed=<s>/``.
 
     OMP_NUM_THREADS=1 python experiments/holdout.py run &      # two processes share the queue
     python experiments/holdout.py report                       # results/holdout.md
