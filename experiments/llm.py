@@ -199,6 +199,8 @@ STAGES["selected"] = [
     _final("snens_split", ()),
     _final("single_fair", (*SINGLE, *FAIR), tuple(range(POOL * len(SEEDS)))),
     _final("mc_dropout_fair", ("method.name=mc_dropout", *REPEAT, *FAIR)),
+    # split inputs at the library's τ and λ: the image studies' choice on validation
+    _final("snens_split_tau1_lam0.1", ("method.temperature=1.0", "method.diversity_weight=0.1")),
 ]
 #: Overrides of a stage over :data:`BASE`.
 STAGE_OVERRIDES = {"selected": PROTOCOL}
@@ -206,12 +208,15 @@ STAGE_OVERRIDES = {"selected": PROTOCOL}
 
 def _selected_rank(name: str, seed: int) -> tuple[int, int]:
     """The ``selected`` stage's queue: σN-Ens seed s, then the s-th LoRA ensemble's four
-    fine-tunes, for s = 0, 1, 2 (a comparison after each), MC-dropout last."""
+    fine-tunes, for s = 0, 1, 2 (a comparison after each), then MC-dropout, then σN-Ens at the
+    library's τ and λ."""
     if name == "snens_split":
         return seed, 0
     if name == "single_fair":
         return seed // POOL, 1
-    return len(SEEDS) + seed, 2
+    if name == "mc_dropout_fair":
+        return len(SEEDS) + seed, 2
+    return 2 * len(SEEDS) + seed, 3
 
 
 def runs_of(stage: str) -> list[Item]:

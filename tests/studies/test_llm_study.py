@@ -189,8 +189,8 @@ def test_plan_lists_every_run_of_every_stage(study, tmp_path, capsys, monkeypatc
     lines = capsys.readouterr().out.splitlines()
     # final: 5 variants × 3 seeds and the fair single model's 12 (three LoRA ensembles of
     # four fine-tunes run apart); tune 2, tune_split 16; selected: σN-Ens and MC-dropout × 3
-    # and the fair single model's 12 again
-    assert len(lines) == 5 * 3 + 12 + 2 + 16 + 2 * 3 + 12
+    # and the fair single model's 12 again, σN-Ens at the library's τ and λ × 3
+    assert len(lines) == 5 * 3 + 12 + 2 + 16 + 2 * 3 + 12 + 3
     single_fair = [
         line.split()[2] for line in lines if line.split()[:2] == ["final", "single_fair"]
     ]
@@ -207,8 +207,11 @@ def test_plan_lists_every_run_of_every_stage(study, tmp_path, capsys, monkeypatc
         *(["single_fair", f"seed={s}"] for s in range(4)),
         ["snens_split", "seed=1"],
     ]
-    assert selected[-3:] == [["mc_dropout_fair", f"seed={s}"] for s in range(3)]
+    assert selected[-6:-3] == [["mc_dropout_fair", f"seed={s}"] for s in range(3)]
+    assert selected[-3:] == [["snens_split_tau1_lam0.1", f"seed={s}"] for s in range(3)]
     configs = {(v.name, r.config.seed): r.config for _, v, r in study.runs_of("selected")}
+    tau1 = configs[("snens_split_tau1_lam0.1", 0)].method
+    assert (tau1.input_policy, tau1.temperature, tau1.diversity_weight) == ("split", 1.0, 0.1)
     config = configs[("snens_split", 0)]
     assert config.optim.select == "nll" and config.data.test_examples == 0
     assert config.data.domains == ("tweets",) and config.data.ood == ("rt_plots", "tweets")
