@@ -75,3 +75,11 @@ def test_the_quickstart_prints_what_was_converted_and_reports_sharing(ran):
     assert "parameters: 18,482 -> 20,592" in ran["printed"]
     assert len(snens.allocation(ran["ens"])) == 6  # one entry per converted norm
     assert 1.0 <= snens.mean_effective_members(ran["ens"]) <= 4.0
+
+
+def test_the_quickstart_config_is_kept_and_sets_the_loss(ran):
+    tuned, config, step = ran["tuned"], ran["config"], ran["step"]
+    assert tuned.snens_config == config
+    logits = tuned(ran["x"])
+    expected = snens.ensemble_loss(logits, ran["y"]) + snens.diversity_loss(tuned, 5.0, 0.01)
+    torch.testing.assert_close(step.total, expected)
