@@ -8,6 +8,7 @@ without wrapping it) and wraps the result in an :class:`~snens.method.ensemble.E
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -176,7 +177,7 @@ def convert(
         gamma_mean=config.gamma_mean,
         gamma_std=config.gamma_std,
         generator=generator,
-        norms=list(norms) if isinstance(norms, tuple) else norms,
+        norms=norms,
     )
     return Ensemble(
         target,
@@ -188,26 +189,15 @@ def convert(
     )
 
 
-#: convert's options that a SnensConfig holds, with their defaults.
-_CONFIG_OPTIONS = {
-    "head": "auto",
-    "head_init": "copy",
-    "skip_unsupported": None,
-    "gamma_mean": 0.0,
-    "gamma_std": 1.0,
-    "input_policy": "repeat",
-    "norms": None,
-}
-
-
 def _config_of(num_members: int | SnensConfig, **options: Any) -> SnensConfig:
     """The config ``convert`` builds with: the one given, or one of M and the options."""
     if isinstance(num_members, SnensConfig):
+        defaults = {f.name: f.default for f in dataclasses.fields(SnensConfig)}
         # a function choosing the norms is not plain data: it goes beside a config
         given = [
             k
             for k, v in options.items()
-            if not callable(v) and v is not _CONFIG_OPTIONS[k] and v != _CONFIG_OPTIONS[k]
+            if not callable(v) and v is not defaults[k] and v != defaults[k]
         ]
         if given:
             raise TypeError(
@@ -217,9 +207,5 @@ def _config_of(num_members: int | SnensConfig, **options: Any) -> SnensConfig:
             )
         return num_members
     check_num_members(num_members)
-    norms = options["norms"]
-    return SnensConfig(
-        num_members=num_members,
-        **{k: v for k, v in options.items() if k != "norms"},
-        norms=None if callable(norms) else (tuple(norms) if isinstance(norms, list) else norms),
-    )
+    norms = options.pop("norms")  # a list is kept as a tuple by the config
+    return SnensConfig(num_members=num_members, norms=None if callable(norms) else norms, **options)
