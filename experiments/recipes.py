@@ -99,14 +99,15 @@ def _row(variant: Path, runs: list[Path]) -> dict:
     }
 
 
-def situation(label: str, stage: Path) -> list[str]:
-    """The section of one situation, or [] where none of its σN-Ens runs has finished."""
+def situation(label: str, stage: Path) -> tuple[list[str], str | None]:
+    """The section of one situation and its row of the summary table, or ([], None) where
+    none of its σN-Ens runs has finished."""
     from snens.engine.compare import compare_arrays
 
     rows = [_row(v, runs) for v in sorted(stage.glob("*")) if (runs := _finished(v))]
     recipes = [r for r in rows if r["snens"]]
     if not recipes:
-        return []
+        return [], None
     chosen = min(recipes, key=lambda r: r["val"])
     rows.sort(key=lambda r: (r["snens"], r["val"] if r["val"] is not None else -1.0))
     lines = [
@@ -137,7 +138,8 @@ def situation(label: str, stage: Path) -> list[str]:
             f"* chosen − {name}, test NLL: {study.difference_cell(nll)} "
             f"({chosen['seeds']} and {baseline['seeds']} seeds)"
         )
-    return [*lines, ""]
+    summary = f"| {label} | {chosen['recipe']} | {max(r['seeds'] for r in recipes)} |"
+    return [*lines, ""], summary
 
 
 def page() -> str:
@@ -147,13 +149,9 @@ def page() -> str:
     summary = ["| situation | chosen on validation | seeds |", "|---|---|---|"]
     sections = []
     for label, stage in SITUATIONS:
-        section = situation(label, stage)
-        if section:
-            chosen = next(line for line in section if line.startswith("`"))
-            summary.append(
-                f"| {label} | {chosen.split('**')[1]} | "
-                f"{max(_row(v, r)['seeds'] for v in stage.glob('snens*') if (r := _finished(v)))} |"
-            )
+        section, row = situation(label, stage)
+        if row is not None:
+            summary.append(row)
         sections += section
     return "\n".join([*lines, *summary, "", *sections]).rstrip() + "\n"
 

@@ -19,7 +19,7 @@ def recipes(monkeypatch):
 
 def test_the_chosen_recipe_is_the_lowest_validation_nll_and_never_a_test_number(recipes):
     stage = recipes.SELECTED / "overfit"
-    section = recipes.situation("overfit", stage)
+    section, _ = recipes.situation("overfit", stage)
     assert section, "the overfit regime's σN-Ens runs are committed"
     rows = [line.split(" | ") for line in section if line.startswith("| ") and "τ=" in line]
     val = {row[0].lstrip("| ").removesuffix(" ← chosen"): float(row[3]) for row in rows}
