@@ -33,7 +33,7 @@ class Regime:
 
     label: str
     stage: Path  # the directory holding <variant>/seed=<s>/
-    snens: str  # σN-Ens at the recipe under test
+    snens: str  # σN-Ens at the library's defaults (the preset's, where it names a recipe)
     baselines: tuple[tuple[str, str], ...]  # (variant, label)
 
 
@@ -42,25 +42,25 @@ REGIMES = (
     Regime(
         "one model overfits: 10,000 images, SmallCNN width 32, 20 epochs",
         SELECTED / "overfit",
-        "snens_tau5_lam0.01_split",
+        "snens_tau1_lam0.1",
         (("single", "one model"), ("deep_ensemble", "a deep ensemble")),
     ),
     Regime(
         "all 55,000 images, SmallCNN width 16, 40 epochs (converged)",
         SELECTED / "final",
-        "snens_tau5_lam0.01_split",
+        "snens_default",
         (("single", "one model"), ("deep_ensemble", "a deep ensemble")),
     ),
     Regime(
         "MiniLM fine-tuned on 2,000 Rotten Tomatoes reviews",
         SELECTED / "text",
-        "snens_tau5_lam0.01_split",
+        "snens_default",
         (("single", "one model"), ("deep_ensemble", "a deep ensemble")),
     ),
     Regime(
         "MobileNetV2 fine-tuned on 5,000 Fashion-MNIST images",
         SELECTED / "vision",
-        "snens_tau5_lam0.01_split",
+        "snens_default",
         (("single", "one model"), ("deep_ensemble", "a deep ensemble")),
     ),
 )
@@ -70,7 +70,7 @@ REGIMES += tuple(
     Regime(
         f"{backbone}, no study tuned on it: {data}",
         HOLDOUT / cell,
-        "snens_split_tau5_lam0.01",
+        "snens_tau1_lam0.1",
         (("single", "one model"), ("deep_ensemble", "a deep ensemble")),
     )
     for cell, backbone, data in (

@@ -8,7 +8,11 @@ validation NLL at its selected epoch (the number a user can see too, and what ch
 test its NLL and ECE raw and after temperature scaling and the OOD AUROC by the energy score;
 one model and the deep ensemble beside them. The recipe with the lowest validation NLL is
 marked, and compared with one model and the deep ensemble on test NLL with paired bootstrap 95 %
-intervals. Seeds are averaged; a situation's rows say how many seeds each rests on.
+intervals. Seeds are averaged; a situation's rows say how many seeds each rests on. The
+summary also measures σN-Ens at the library's defaults (repeat inputs, τ=1, λ=0.1, or a
+preset's own recipe) against one model after temperature scaling, the bar a user can trust
+it to clear; and each situation decomposes the validation NLL at the selected epoch into what
+the members lose or gain alone against one model and what their disagreement wins back.
 
     python experiments/recipes.py            # print results/recipes.md
     python experiments/recipes.py --write    # write it
@@ -24,7 +28,7 @@ from pathlib import Path
 
 import study
 
-from snens import files
+from snens import SnensConfig, files
 from snens.engine.config import load_config
 from snens.engine.runs import EXAMPLES, FINAL, read_examples
 
@@ -46,6 +50,11 @@ SITUATIONS = (
 )
 BASELINES = (("single", "one model"), ("deep_ensemble", "deep ensemble of 4"))
 OOD_SCORE = "energy"
+#: The recipe fields that make σN-Ens "at the library's defaults" (a preset's defaults are its
+#: stage's ``snens_default`` variant).
+DEFAULT_FIELDS = ("input_policy", "temperature", "diversity_weight", "gamma_lr_multiplier")
+#: Validation metrics of the decomposition, read at the selected epoch from metrics.jsonl.
+DECOMPOSITION = ("val/nll", "val/member_nll_mean", "val/disagreement")
 
 
 def _finished(variant: Path) -> list[Path]:
@@ -64,11 +73,32 @@ def _epochs(selection: dict) -> str:
     return "members " + "/".join(str(e) for e in selection["member_epochs"])
 
 
+def _is_default(variant: Path, method) -> bool:
+    """Whether the variant is σN-Ens at the library's defaults, or the preset's."""
+    if method.name != "snens":
+        return False
+    defaults = SnensConfig()
+    return variant.name == "snens_default" or all(
+        getattr(method, field) == getattr(defaults, field) for field in DEFAULT_FIELDS
+    )
+
+
+def _at_selected_epoch(run: Path, selection: dict) -> dict | None:
+    """The decomposition's validation metrics of the epoch the run selected; None for an
+    ensemble whose members were selected each on its own."""
+    if "epoch" not in selection:
+        return None
+    epochs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    row = next(e for e in reversed(epochs) if e.get("epoch") == selection["epoch"])
+    return {key: row[key] for key in DECOMPOSITION}
+
+
 def _row(variant: Path, runs: list[Path]) -> dict:
     """The recipe and its numbers, averaged over the finished seeds."""
     finals = [json.loads((p / FINAL).read_text()) for p in runs]
     metrics = [f["metrics"] for f in finals]
     config = load_config(runs[0] / "config.toml")
+    parts = [_at_selected_epoch(p, f["selection"]) for p, f in zip(runs, finals, strict=True)]
     ood = sorted(
         k
         for k in metrics[0]
@@ -83,7 +113,11 @@ def _row(variant: Path, runs: list[Path]) -> dict:
     return {
         "name": variant.name,
         "snens": method.name == "snens",
+        "default": _is_default(variant, method),
         "recipe": recipe,
+        "parts": None
+        if None in parts
+        else {key: _mean([part[key] for part in parts]) for key in DECOMPOSITION},
         "seeds": len(runs),
         "epochs": "; ".join(_epochs(f["selection"]) for f in finals),
         # a deep ensemble's members are each selected on their own: no one ensemble value
@@ -124,7 +158,7 @@ def situation(label: str, stage: Path) -> tuple[list[str], str | None]:
         ood = "—" if r["ood"] is None else f"{r['ood']:.4f}"
         val = "—" if r["val"] is None else f"{r['val']:.4f}"
         lines.append(
-            f"| {r['recipe']}{mark} | {r['seeds']} | {r['epochs']} | {val} | "
+            f"| {_name(r)}{mark} | {r['seeds']} | {r['epochs']} | {val} | "
             f"{r['nll']:.4f} | {r['ece']:.4f} | {r['nll_ts']:.4f} | {r['ece_ts']:.4f} | {ood} |"
         )
     against = [(r, label) for name, label in BASELINES for r in rows if r["name"] == name]
@@ -138,15 +172,65 @@ def situation(label: str, stage: Path) -> tuple[list[str], str | None]:
             f"* chosen − {name}, test NLL: {study.difference_cell(nll)} "
             f"({chosen['seeds']} and {baseline['seeds']} seeds)"
         )
-    summary = f"| {label} | {chosen['recipe']} | {max(r['seeds'] for r in recipes)} |"
+    single = next((r for r in rows if r["name"] == "single"), None)
+    lines += ["", *decomposition(rows, single)]
+    cells = _defaults_cells(recipes, single)
+    summary = f"| {label} | {chosen['recipe']} | {max(r['seeds'] for r in recipes)} | {cells} |"
     return [*lines, ""], summary
+
+
+def _name(row: dict) -> str:
+    return f"{row['recipe']} (defaults)" if row["default"] else row["recipe"]
+
+
+def decomposition(rows: list[dict], single: dict | None) -> list[str]:
+    """The validation NLL at the selected epoch, taken apart: the members' mean NLL, how far it
+    is from one model's (what a member loses or gains alone), and how much lower the ensemble
+    is than its members (what their disagreement wins back; 0 for one model)."""
+    lines = [
+        "Validation NLL at the selected epoch, taken apart: members' mean NLL, its difference "
+        "from one model's, and the gain of averaging them (members' mean − ensemble).",
+        "",
+        "| recipe | val NLL | members' mean | members − one model | gain of averaging "
+        "| disagreement |",
+        "|---|---|---|---|---|---|",
+    ]
+    base = single["parts"]["val/nll"] if single and single["parts"] else None
+    for r in rows:
+        if r["parts"] is None:
+            continue
+        nll, members, disagreement = (r["parts"][key] for key in DECOMPOSITION)
+        alone = "—" if base is None else f"{members - base:+.4f}"
+        lines.append(
+            f"| {_name(r)} | {nll:.4f} | {members:.4f} | {alone} | {members - nll:.4f} "
+            f"| {disagreement:.4f} |"
+        )
+    return lines
+
+
+def _defaults_cells(recipes: list[dict], single: dict | None) -> str:
+    """The summary's cells: σN-Ens at the defaults − one model on test NLL and ECE after
+    temperature scaling, with intervals; what is missing, said."""
+    from snens.engine.compare import compare_arrays
+
+    default = next((r for r in recipes if r["default"]), None)
+    if default is None or single is None:
+        return "not trained yet | not trained yet"
+    found = compare_arrays(
+        default["arrays"], single["arrays"], sets=("test_ts",), metrics=("nll", "ece")
+    )
+    return " | ".join(study.difference_cell(c) for c in found)
 
 
 def page() -> str:
     intro = (__doc__ or "").split("\n\n")[1].replace("\n", " ")
     lines = ["# σN-Ens recipes by situation (`python experiments/recipes.py --write`)", "", intro]
     lines.append("")
-    summary = ["| situation | chosen on validation | seeds |", "|---|---|---|"]
+    summary = [
+        "| situation | chosen on validation | seeds | defaults − one model, NLL +TS "
+        "| defaults − one model, ECE +TS |",
+        "|---|---|---|---|---|",
+    ]
     sections = []
     for label, stage in SITUATIONS:
         section, row = situation(label, stage)

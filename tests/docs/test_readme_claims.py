@@ -98,3 +98,22 @@ def test_the_block_replaces_only_what_lies_between_the_markers():
     )
     with pytest.raises(ValueError, match="holds no"):
         claims.readme_with("no markers", "x")
+
+
+def test_each_regime_measures_snens_at_the_library_defaults_or_its_presets():
+    from snens import SnensConfig
+    from snens.engine.config import load_config
+
+    defaults, checked = SnensConfig(), 0
+    for regime in claims.REGIMES:
+        for run in sorted((regime.stage / regime.snens).glob("seed=*/final.json")):
+            method = load_config(run.with_name("config.toml")).method
+            assert method.name == "snens", run
+            recipe = [getattr(method, f) for f in ("input_policy", "temperature")]
+            recipe += [method.diversity_weight, method.gamma_lr_multiplier]
+            wanted = [defaults.input_policy, defaults.temperature]
+            wanted += [defaults.diversity_weight, defaults.gamma_lr_multiplier]
+            # a preset's defaults are what its stage trains with no method override
+            assert recipe == wanted or regime.snens == "snens_default", run
+            checked += 1
+    assert checked >= 6  # the overfit regime's and the holdout cells' finished runs

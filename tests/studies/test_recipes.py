@@ -21,11 +21,50 @@ def test_the_chosen_recipe_is_the_lowest_validation_nll_and_never_a_test_number(
     stage = recipes.SELECTED / "overfit"
     section, _ = recipes.situation("overfit", stage)
     assert section, "the overfit regime's σN-Ens runs are committed"
-    rows = [line.split(" | ") for line in section if line.startswith("| ") and "τ=" in line]
+    rows = [line.split(" | ") for line in _table(section, "| recipe | seeds |") if "τ=" in line]
     val = {row[0].lstrip("| ").removesuffix(" ← chosen"): float(row[3]) for row in rows}
     chosen = next(row[0] for row in rows if row[0].endswith("← chosen"))
     assert chosen.removesuffix(" ← chosen").lstrip("| ") == min(val, key=val.get)
     assert len(val) >= 4  # every σN-Ens variant the regime trained
+
+
+def _table(section: list[str], header: str) -> list[str]:
+    """The rows of the section's table that starts with ``header``."""
+    start = next(i for i, line in enumerate(section) if line.startswith(header)) + 2
+    end = next(i for i in range(start, len(section)) if not section[i].startswith("|"))
+    return section[start:end]
+
+
+def test_the_decomposition_adds_up_and_marks_the_library_defaults(recipes):
+    section, summary = recipes.situation("overfit", recipes.SELECTED / "overfit")
+    rows = {
+        cells[0]: [float(c) for c in cells[1:6]]
+        for line in _table(section, "| recipe | val NLL | members' mean |")
+        for cells in [line.strip("| ").split(" | ")]
+    }
+    # the ensemble's NLL is its members' mean less the gain of averaging; one model gains 0
+    for name, (nll, members, _, gain, _) in rows.items():
+        assert members - gain == pytest.approx(nll, abs=2e-4), name
+    assert rows["one model"][1:4] == [rows["one model"][0], 0.0, 0.0]
+    # members − one model: each row's members' mean against one model's validation NLL
+    single = rows["one model"][0]
+    for name, (_, members, alone, _, _) in rows.items():
+        assert alone == pytest.approx(members - single, abs=2e-4), name
+    # the defaults are read from the run's config, not its name: repeat, τ=1, λ=0.1, γ ×30
+    assert [n for n in rows if n.endswith("(defaults)")] == ["repeat, τ=1, λ=0.1 (defaults)"]
+    # the summary measures those defaults against one model after temperature scaling
+    assert summary.count(" [") == 2 and "not trained" not in summary
+
+
+def test_a_situation_without_the_defaults_says_so(recipes, tmp_path, monkeypatch):
+    import shutil
+
+    source = recipes.SELECTED / "overfit"
+    for name in ("single", "snens_tau5_lam0.01_split"):
+        shutil.copytree(source / name, tmp_path / name, ignore=shutil.ignore_patterns("*.pt"))
+    monkeypatch.setattr(recipes, "ROOT", tmp_path.parent)
+    _, summary = recipes.situation("copy", tmp_path)
+    assert summary.endswith("| not trained yet | not trained yet |")
 
 
 @pytest.mark.pins_text
