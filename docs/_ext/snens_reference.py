@@ -145,6 +145,8 @@ def presets_page() -> str:
 STUDIES = {
     "converged": "the converged study",
     "llm": "the LLM study",
+    "holdout": "the holdout study",
+    "recipes": "the recipes by situation",
     "bench_cpu": "CPU costs",
     "gpu_nvidia-h200": "GPU costs (NVIDIA H200)",
 }

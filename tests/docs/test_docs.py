@@ -170,6 +170,8 @@ def test_the_site_builds_with_warnings_as_errors(tmp_path):
         "howto/llm.html",
         "howto/uncertainty.html",
         "study/converged.html",
+        "study/recipes.html",
+        "study/holdout.html",
         "search.html",
     ):
         assert (html / page).is_file(), page
