@@ -6,10 +6,10 @@ For each situation (a regime of the converged study, a cell of the holdout study
 σN-Ens variant with finished runs: its input policy, τ and λ (read from the run's config), the
 validation NLL at its selected epoch (the number a user can see too, and what chooses), and on
 test its NLL and ECE raw and after temperature scaling and the OOD AUROC by the energy score;
-one model and the deep ensemble beside them. The recipe with the lowest validation NLL is
-marked, and compared with one model and the deep ensemble on test NLL with paired bootstrap 95 %
-intervals. Seeds are averaged; a situation's rows say how many seeds each rests on. The
-summary also measures σN-Ens at the library's defaults (repeat inputs, τ=1, λ=0.1, or a
+one model and the deep ensemble beside them. The recipe with the lowest validation NLL (over
+the seeds every recipe of the situation has finished) is marked, and compared with one model
+and the deep ensemble on test NLL with paired bootstrap 95 % intervals. Seeds are averaged; a
+situation's rows say how many seeds each rests on. The summary also measures σN-Ens at the library's defaults (repeat inputs, τ=1, λ=0.1, or a
 preset's own recipe) against one model after temperature scaling, the bar a user can trust
 it to clear; and each situation decomposes the validation NLL at the selected epoch into what
 the members lose or gain alone against one model and what their disagreement wins back.
@@ -119,6 +119,9 @@ def _row(variant: Path, runs: list[Path]) -> dict:
         if None in parts
         else {key: _mean([part[key] for part in parts]) for key in DECOMPOSITION},
         "seeds": len(runs),
+        "val_by_seed": {
+            p.name: f["selection"].get("value") for p, f in zip(runs, finals, strict=True)
+        },
         "epochs": "; ".join(_epochs(f["selection"]) for f in finals),
         # a deep ensemble's members are each selected on their own: no one ensemble value
         "val": _mean(values)
@@ -142,7 +145,7 @@ def situation(label: str, stage: Path) -> tuple[list[str], str | None]:
     recipes = [r for r in rows if r["snens"]]
     if not recipes:
         return [], None
-    chosen = min(recipes, key=lambda r: r["val"])
+    chosen = _choose(recipes)
     rows.sort(key=lambda r: (r["snens"], r["val"] if r["val"] is not None else -1.0))
     lines = [
         f"## {label}",
@@ -177,6 +180,15 @@ def situation(label: str, stage: Path) -> tuple[list[str], str | None]:
     cells = _defaults_cells(recipes, single)
     summary = f"| {label} | {chosen['recipe']} | {max(r['seeds'] for r in recipes)} | {cells} |"
     return [*lines, ""], summary
+
+
+def _choose(recipes: list[dict]) -> dict:
+    """The recipe of lowest validation NLL over the seeds every recipe has finished, so that a
+    recipe with more seeds is not judged on other draws than the rest."""
+    common = set.intersection(*(set(r["val_by_seed"]) for r in recipes))
+    if not common:
+        return min(recipes, key=lambda r: r["val"])
+    return min(recipes, key=lambda r: _mean([r["val_by_seed"][s] for s in sorted(common)]))
 
 
 def _name(row: dict) -> str:
