@@ -36,8 +36,9 @@ def test_the_chosen_recipe_is_the_lowest_validation_nll_and_never_a_test_number(
     common = sorted(set.intersection(*(set(v) for v in by_variant.values())))
     assert common, "every σN-Ens variant of the regime has seed 0"
     best = min(by_variant, key=lambda v: sum(by_variant[v][s] for s in common))
-    assert chosen.lstrip("| ").removesuffix(" ← chosen").removesuffix(" (defaults)") == (
-        recipes._row(stage / best, recipes._finished(stage / best))["recipe"]
+    assert (
+        chosen.lstrip("| ").removesuffix(" ← chosen").removesuffix(" (defaults)")
+        == (recipes._row(stage / best, recipes._finished(stage / best))["recipe"])
     )
 
 
