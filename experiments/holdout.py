@@ -12,8 +12,9 @@ corruptions at five severities on 1,000 test images, one torch thread. Two regim
 every backbone — and, for the MLP, ``all`` — the other 55,000 images, crop and flip, 10
 epochs. Methods: one model, a deep ensemble of four, σN-Ens with the recipe under test
 (``split`` inputs, τ=5, λ=0.01), with the library's τ=1, λ=0.1 and ``split`` inputs, and with
-the library's defaults (``repeat``, τ=1, λ=0.1), seeds 0 and 1. Runs live in
-``results/holdout/<regime>_<backbone>/<method>/seed=<s>/``.
+the library's defaults (``repeat``, τ=1, λ=0.1), seeds 0 and 1; on the GroupNorm CNN, where
+the defaults are behind one model on validation, also ``repeat`` at τ=5, λ=0.01 (seed 0). Runs
+live in ``results/holdout/<regime>_<backbone>/<method>/seed=<s>/``.
 
     OMP_NUM_THREADS=1 python experiments/holdout.py run &      # two processes share the queue
     python experiments/holdout.py report                       # results/holdout.md
@@ -147,8 +148,19 @@ METHODS = {
         "method.temperature=1.0",
         "method.diversity_weight=0.1",
     ),
+    # a weaker partition with the defaults' inputs, where the defaults are behind one model on
+    # validation (the GroupNorm CNN: each member 0.054 worse alone, averaging wins 0.031 back):
+    # does the weaker partition help, or the split inputs of the recipe chosen there?
+    "snens_tau5_lam0.01": (
+        "method.name=snens",
+        "method.input_policy=repeat",
+        "method.temperature=5.0",
+        "method.diversity_weight=0.01",
+    ),
 }
 SEEDS = (0, 1)
+#: Methods trained in some cells and seeds only: name → (cells, seeds).
+LIMITED = {"snens_tau5_lam0.01": ((("few", "gncnn"),), (0,))}
 
 
 def runs() -> list[study.Item]:
@@ -158,7 +170,10 @@ def runs() -> list[study.Item]:
         stage = f"{regime}_{backbone}"
         overrides = (*BASE, *REGIMES[regime], *BACKBONES[backbone])
         for name, method in METHODS.items():
-            variant = Variant(name, method, SEEDS)
+            cells, seeds = LIMITED.get(name, (CELLS, SEEDS))
+            if (regime, backbone) not in cells:
+                continue
+            variant = Variant(name, method, seeds)
             out += [
                 (stage, variant, run)
                 for run in plan_variant(variant, WHERE["out"] / stage, overrides)

@@ -31,7 +31,7 @@ import study
 
 from snens import SnensConfig, files
 from snens.engine.config import load_config
-from snens.engine.runs import EXAMPLES, FINAL, read_examples
+from snens.engine.runs import EXAMPLES, FINAL, read_examples, read_selected_epoch
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "results" / "recipes.md"
@@ -84,22 +84,12 @@ def _is_default(variant: Path, method) -> bool:
     )
 
 
-def _at_selected_epoch(run: Path, selection: dict) -> dict | None:
-    """The decomposition's validation metrics of the epoch the run selected; None for an
-    ensemble whose members were selected each on its own."""
-    if "epoch" not in selection:
-        return None
-    epochs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    row = next(e for e in reversed(epochs) if e.get("epoch") == selection["epoch"])
-    return {key: row[key] for key in DECOMPOSITION}
-
-
 def _row(variant: Path, runs: list[Path]) -> dict:
     """The recipe and its numbers, averaged over the finished seeds."""
     finals = [json.loads((p / FINAL).read_text()) for p in runs]
     metrics = [f["metrics"] for f in finals]
     config = load_config(runs[0] / "config.toml")
-    parts = [_at_selected_epoch(p, f["selection"]) for p, f in zip(runs, finals, strict=True)]
+    parts = [read_selected_epoch(p) for p in runs]
     ood = sorted(
         k
         for k in metrics[0]

@@ -752,3 +752,53 @@ def test_the_table_at_a_glance_names_rows_by_what_differs_and_keeps_few_columns(
     assert lines[5] == "every metric, the runs and the plots: report.md; every number: report.csv"
     text = (tmp_path / "report" / "report.md").read_text()
     assert text.index("## At a glance") < text.index("## Every metric") < text.index("## Runs")
+
+
+HOLDOUT_GN = Path(__file__).resolve().parents[2] / "results" / "holdout" / "few_gncnn"
+
+
+def _copy_runs(tmp_path: Path, *variants: str) -> dict[str, Path]:
+    """The committed holdout runs of ``variants`` (seed 0), their files but the checkpoints."""
+    out = {}
+    for name in variants:
+        out[name] = tmp_path / name / "seed=0"
+        shutil.copytree(
+            HOLDOUT_GN / name / "seed=0", out[name], ignore=shutil.ignore_patterns("*.pt")
+        )
+    return out
+
+
+def test_the_report_takes_the_validation_nll_apart_against_a_single_model_baseline(tmp_path):
+    runs = _copy_runs(tmp_path, "single", "snens_tau1_lam0.1", "snens_split_tau5_lam0.01")
+    report = write_report([tmp_path], tmp_path / "report", baseline=runs["single"])
+    text = report.path.read_text()
+    section = text[text.index("## Members alone") :].split("\n\n")[2].splitlines()[2:]
+    rows = {line.split(" | ")[0].strip("| "): line.strip("| ").split(" | ")[1:] for line in section}
+    # the GroupNorm CNN at the defaults (seed 0, epoch 20): members 0.0543 worse alone than one
+    # model (0.3183 at its epoch 18), averaging wins 0.0307 back, so it is behind
+    defaults = next(v for k, v in rows.items() if "λ=0.1" in k)
+    assert defaults[:4] == ["0.3419", "0.3726", "+0.0543", "0.0307"]
+    assert defaults[4].startswith("behind: a weaker partition")
+    weak = next(v for k, v in rows.items() if "λ=0.01" in k)
+    assert weak == ["0.3083", "0.3123", "-0.0060", "0.0040", "ahead"]
+    # the same numbers from metrics.jsonl, read here apart from the library
+    for name, cells in (("snens_tau1_lam0.1", defaults), ("snens_split_tau5_lam0.01", weak)):
+        epoch = json.loads((runs[name] / "final.json").read_text())["selection"]["epoch"]
+        lines = (runs[name] / "metrics.jsonl").read_text().splitlines()
+        record = [json.loads(x) for x in lines if json.loads(x).get("epoch") == epoch][-1]
+        assert float(cells[0]) == pytest.approx(record["val/nll"], abs=5e-5)
+        assert float(cells[1]) == pytest.approx(record["val/member_nll_mean"], abs=5e-5)
+    single = json.loads((runs["single"] / "final.json").read_text())["selection"]["value"]
+    assert float(defaults[2]) == pytest.approx(float(defaults[1]) - single, abs=2e-4)
+
+
+def test_runs_that_selected_no_epoch_give_no_decomposition(tmp_path):
+    runs = _copy_runs(tmp_path, "single", "snens_tau1_lam0.1")
+    for run in runs.values():
+        final = json.loads((run / "final.json").read_text())
+        del final["selection"]
+        (run / "final.json").write_text(json.dumps(final))
+    assert snens.engine.runs.read_selected_epoch(runs["single"]) is None
+    report = write_report([tmp_path], tmp_path / "report", baseline=runs["single"])
+    assert "## Differences against" in report.path.read_text()
+    assert "## Members alone" not in report.path.read_text()

@@ -534,7 +534,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="a run of the baseline row (or a directory of its runs only): every other row's "
         "test NLL, ECE, accuracy and Brier (raw and after temperature scaling) minus the "
         "baseline's, with paired bootstrap 95%% intervals and the word they support (better, "
-        "worse, level)",
+        "worse, level); and each row's validation NLL at its selected epoch taken apart into "
+        "what its members lose or gain alone against the baseline and what averaging them wins "
+        "back",
     )
     report.set_defaults(run=_report)
     demo = sub.add_parser(

@@ -48,6 +48,7 @@ from snens.engine.runs import (
     read_final,
     read_outputs,
     read_run_file,
+    read_selected_epoch,
 )
 from snens.engine.sweep import applies
 from snens.evaluation.protocol import CALIBRATED_PREFIXES, CONFORMAL_SCORES
@@ -425,8 +426,8 @@ def _label(group: Group, varied: Sequence[str]) -> str:
     return ", ".join(parts) or "all runs"
 
 
-def _differences(groups: Sequence[Group], varied: Sequence[str], baseline: Any) -> list[str]:
-    """The report's section comparing every row with the row whose runs lie in ``baseline``."""
+def _baseline_group(groups: Sequence[Group], varied: Sequence[str], baseline: Any) -> Group:
+    """The row whose runs lie in ``baseline``."""
     where = Path(baseline).resolve()
 
     def inside(run: RunRecord) -> bool:
@@ -440,7 +441,11 @@ def _differences(groups: Sequence[Group], varied: Sequence[str], baseline: Any) 
             f"--baseline {str(baseline)!r} holds the runs of {len(chosen)} rows, not one; give "
             f"one run of the baseline row, or a directory of its runs only (rows: {labels})"
         )
-    (base,) = chosen
+    return chosen[0]
+
+
+def _differences(groups: Sequence[Group], varied: Sequence[str], base: Group) -> list[str]:
+    """The report's section comparing every row with the baseline's row."""
     name = _label(base, varied)
     lines = [
         "",
@@ -471,6 +476,55 @@ def _differences(groups: Sequence[Group], varied: Sequence[str], baseline: Any) 
     if rows:
         lines.append(markdown_table(["row", *COMPARISON_HEADER], rows))
     return lines
+
+
+def _selected_nll(run: RunRecord) -> tuple[float, float] | None:
+    """(ensemble, members' mean) validation NLL at the epoch the run selected, or None."""
+    try:
+        record = read_selected_epoch(run.path)
+    except (OSError, ValueError):
+        return None
+    values = [record.get(k) for k in ("val/nll", "val/member_nll_mean")] if record else []
+    if len(values) < 2 or not all(isinstance(v, int | float) for v in values):
+        return None
+    return float(values[0]), float(values[1])
+
+
+def _members_alone(groups: Sequence[Group], varied: Sequence[str], base: Group) -> list[str]:
+    """The report's section taking every row's validation NLL apart against the baseline's:
+    what its members lose or gain alone, and what averaging them wins back; empty where the
+    runs selected no epoch on validation."""
+    parts = {id(g): [p for r in g.runs if (p := _selected_nll(r))] for g in groups}
+    if not parts[id(base)]:
+        return []
+    reference = summarize([nll for nll, _ in parts[id(base)]])[0]
+    rows = []
+    for group in groups:
+        if group is base or not parts[id(group)]:
+            continue
+        nll = summarize([n for n, _ in parts[id(group)]])[0]
+        members = summarize([m for _, m in parts[id(group)]])[0]
+        reading = "ahead" if nll < reference else "behind"
+        if nll >= reference and dict(group.key).get("method.name") == "snens":
+            reading += ": a weaker partition (higher τ, lower λ) costs each member less"
+        alone, gain = members - reference, members - nll
+        cells = [f"{nll:.4f}", f"{members:.4f}", f"{alone:+.4f}", f"{gain:.4f}", reading]
+        rows.append([_label(group, varied), *cells])
+    if not rows:
+        return []
+    header = ["row", "val NLL", "members' mean", "members − baseline", "gain of averaging"]
+    return [
+        "",
+        f"## Members alone and the gain of averaging, against {_label(base, varied)}",
+        "",
+        "Validation NLL at each run's selected epoch, means over the row's runs: the members' "
+        "mean NLL, its difference from the baseline's NLL (what a member loses or gains alone) "
+        "and the members' mean less the ensemble's (what averaging them wins back, ≥ 0). A row "
+        "is ahead of the baseline on validation exactly where averaging wins back more than "
+        "its members lose alone.",
+        "",
+        markdown_table([*header, "reading"], rows),
+    ]
 
 
 def _provenance(runs: Sequence[RunRecord]) -> str | None:
@@ -548,7 +602,10 @@ def write_report(
     header = [*(_SHORT.get(k, k) for k in varied), "n", "seeds", *metrics]
     table = markdown_table(header, table_rows)
     summary = _glance(groups, varied, metrics)
-    differences = _differences(groups, varied, baseline) if baseline is not None else []
+    differences = []
+    if baseline is not None:
+        base = _baseline_group(groups, varied, baseline)
+        differences = _differences(groups, varied, base) + _members_alone(groups, varied, base)
 
     out = Path(out)
     try:

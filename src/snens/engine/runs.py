@@ -53,6 +53,7 @@ __all__ = [
     "read_final",
     "read_metrics",
     "read_run_file",
+    "read_selected_epoch",
     "refuse_existing_run",
     "to_json",
 ]
@@ -637,3 +638,23 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
             if isinstance(record, dict):
                 records.append(record)
     return records
+
+
+def read_selected_epoch(run_dir: str | os.PathLike) -> dict[str, Any] | None:
+    """The ``metrics.jsonl`` record of the epoch a finished run selected on validation.
+
+    Returns:
+        The record (its ``val/…`` metrics among them); None for a run that selected no single
+        epoch (no ``optim.select``, or a deep ensemble's members selected each on its own) or
+        whose record of that epoch is missing.
+
+    Raises:
+        FileNotFoundError: no final.json (the run has not finished).
+        RunDirError: final.json or metrics.jsonl is not a regular file, or too large.
+        ValueError: either file is damaged.
+    """
+    selection = read_final(run_dir).get("selection")
+    epoch = selection.get("epoch") if isinstance(selection, dict) else None
+    if not isinstance(epoch, int):
+        return None
+    return next((r for r in reversed(read_metrics(run_dir)) if r.get("epoch") == epoch), None)
