@@ -802,3 +802,13 @@ def test_runs_that_selected_no_epoch_give_no_decomposition(tmp_path):
     report = write_report([tmp_path], tmp_path / "report", baseline=runs["single"])
     assert "## Differences against" in report.path.read_text()
     assert "## Members alone" not in report.path.read_text()
+
+
+@pytest.mark.parametrize("selection", ["nll", {"epoch": True}, {"epoch": "20"}, {"epoch": 99}])
+def test_a_selection_record_that_names_no_kept_epoch_reads_as_none(tmp_path, selection):
+    run = _copy_runs(tmp_path, "single")["single"]
+    final = json.loads((run / "final.json").read_text())
+    assert snens.engine.runs.read_selected_epoch(run)["epoch"] == final["selection"]["epoch"]
+    final["selection"] = selection
+    (run / "final.json").write_text(json.dumps(final))
+    assert snens.engine.runs.read_selected_epoch(run) is None

@@ -655,6 +655,6 @@ def read_selected_epoch(run_dir: str | os.PathLike) -> dict[str, Any] | None:
     """
     selection = read_final(run_dir).get("selection")
     epoch = selection.get("epoch") if isinstance(selection, dict) else None
-    if not isinstance(epoch, int):
+    if not isinstance(epoch, int) or isinstance(epoch, bool):
         return None
     return next((r for r in reversed(read_metrics(run_dir)) if r.get("epoch") == epoch), None)
