@@ -8,12 +8,15 @@ validation NLL at its selected epoch (the number a user can see too, and what ch
 test its NLL and ECE raw and after temperature scaling and the OOD AUROC by the energy score;
 one model and the deep ensemble beside them. The recipe with the lowest validation NLL (over
 the seeds every recipe of the situation has finished) is marked, and compared with one model
-and the deep ensemble on test NLL with paired bootstrap 95 % intervals. Seeds are averaged; a
-situation's rows say how many seeds each rests on. The summary also measures σN-Ens at the
-library's defaults (repeat inputs, τ=1, λ=0.1, or a preset's own recipe) against one model
-after temperature scaling, the bar a user can trust it to clear; and each situation decomposes
-the validation NLL at the selected epoch into what the members lose or gain alone against one
-model and what their disagreement wins back.
+and the deep ensemble on test NLL with paired bootstrap 95 % intervals. The chosen recipe had
+as many tries as the situation has σN-Ens rows, one model and the deep ensemble one each (the
+same optimizer, learning rate and epochs for all): its comparisons carry that advantage, the
+defaults' comparisons do not. Seeds are averaged; a situation's rows say how many seeds each
+rests on. The summary also measures σN-Ens at the library's defaults (repeat inputs, τ=1,
+λ=0.1, or a preset's own recipe) against one model after temperature scaling, the bar a user
+can trust it to clear; and each situation decomposes the validation NLL at the selected epoch
+into what the members lose or gain alone against one model and what their disagreement wins
+back.
 
     python experiments/recipes.py            # print results/recipes.md
     python experiments/recipes.py --write    # write it
