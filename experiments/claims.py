@@ -148,15 +148,13 @@ def ood_set(arrays: Sequence[dict]) -> str:
 def comparisons(a: Sequence[dict], b: Sequence[dict]) -> list:
     """σN-Ens's per-seed arrays ``a`` against a baseline's ``b``, one comparison per column:
     the OOD columns on the first OOD set the runs were scored on (AUROC, higher better)."""
-    from snens.engine.compare import compare_arrays, compare_ood
+    from snens.engine.compare import compare_ood
 
-    found = []
-    for set_name, metric, _ in COLUMNS:
-        if set_name == "ood":
-            found.append(compare_ood(a, b, ood_set(a), metric))
-        else:
-            found.append(compare_arrays(a, b, sets=(set_name,), metrics=(metric,))[0])
-    return found
+    labelled = [(s, m) for s, m, _ in COLUMNS if s != "ood"]
+    found = dict(zip(labelled, study.compared(a, b, labelled), strict=True))
+    return [
+        compare_ood(a, b, ood_set(a), m) if s == "ood" else found[(s, m)] for s, m, _ in COLUMNS
+    ]
 
 
 #: How a verdict of snens.evaluation.bootstrap.verdict reads in a sentence.

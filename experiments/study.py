@@ -104,7 +104,7 @@ def difference_table(
     score) the AUROC of that score, each with its paired bootstrap 95 % interval (test
     examples resampled in pairs, seeds as a second level) and the word it supports; a pair
     whose runs are not all finished is left out."""
-    from snens.engine.compare import compare_arrays, compare_ood
+    from snens.engine.compare import compare_ood
 
     header = ["A", "B", *(f"Δ {s} {m}" for s, m in differences)]
     if ood:
@@ -113,11 +113,19 @@ def difference_table(
     for a, b in pairs:
         if not groups.get(a) or not groups.get(b):
             continue
-        cells = [a, b]
-        for set_name, metric in differences:
-            (row,) = compare_arrays(groups[a], groups[b], sets=(set_name,), metrics=(metric,))
-            cells.append(difference_cell(row))
+        cells = [a, b, *(difference_cell(c) for c in compared(groups[a], groups[b], differences))]
         if ood:
             cells.append(difference_cell(compare_ood(groups[a], groups[b], *ood)))
         lines.append("| " + " | ".join(cells) + " |")
     return lines
+
+
+def compared(a: list, b: list, differences: Sequence[tuple[str, str]]) -> list:
+    """The comparisons of ``differences`` ((set, metric) pairs), in their order, from one
+    bootstrap draw for them all (:func:`snens.engine.compare.compare_arrays`)."""
+    from snens.engine.compare import compare_arrays
+
+    sets = tuple(dict.fromkeys(s for s, _ in differences))
+    metrics = tuple(dict.fromkeys(m for _, m in differences))
+    found = {(c.set, c.metric): c for c in compare_arrays(a, b, sets=sets, metrics=metrics)}
+    return [found[pair] for pair in differences]

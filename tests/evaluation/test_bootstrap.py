@@ -11,6 +11,7 @@ from snens.evaluation.bootstrap import (
     Examples,
     auroc_bootstrap,
     paired_bootstrap,
+    paired_bootstraps,
     verdict,
 )
 
@@ -138,6 +139,67 @@ def test_auroc_bootstrap_finds_a_better_detector():
     assert diff.low > 0.2 and verdict(diff) == "better"
     same = auroc_bootstrap([(inside, outside_good)], [(inside, outside_good)], resamples=100)
     assert (same.estimate, same.low, same.high) == (0.0, 0.0, 0.0)
+
+
+def test_comparisons_drawn_together_are_the_separate_calls_bit_for_bit():
+    probs, labels = _probs(300, 1.5, 10)
+    small, small_labels = _probs(120, 1.0, 11)
+
+    def seeds(p, y, count, base):
+        out = []
+        for s in range(count):
+            g = torch.Generator().manual_seed(base + s)
+            noisy = p.log() + 0.3 * torch.randn(p.shape, generator=g, dtype=torch.float64)
+            out.append(Examples.from_probs(noisy.softmax(-1), y))
+        return out
+
+    a, b, c = seeds(probs, labels, 2, 20), seeds(probs, labels, 3, 30), seeds(probs, labels, 2, 40)
+    d, e = seeds(small, small_labels, 1, 50), seeds(small, small_labels, 2, 60)
+    # three groups of draws: (300, 2 seeds, 3 seeds), (300, 2, 2) and (120, 1, 2)
+    wanted = [(a, b, m) for m in ("nll", "ece", "accuracy")]
+    wanted += [(a, c, "brier"), (d, e, "ece"), (b, a, "nll"), (a, c, "nll"), (d, e, "nll")]
+    together = paired_bootstraps(wanted, resamples=300, seed=3)
+    apart = [paired_bootstrap(x, y, m, resamples=300, seed=3) for x, y, m in wanted]
+    assert together == apart
+    assert [i.metric for i in together] == [m for _, _, m in wanted]
+    assert len({i.low for i in together}) == len(wanted)  # no two share an answer by accident
+    with pytest.raises(ValueError, match="labels differ"):
+        paired_bootstraps([(a, b, "nll"), (a, d, "nll")])
+
+
+def _auroc_bootstrap_by_ranks(a, b, resamples, seed):
+    """The AUROC bootstrap written as its definition: the rank-based AUROC of each resample."""
+    n_in, n_out = len(a[0][0]), len(a[0][1])
+
+    def value(pairs, i, o):
+        return float(
+            np.mean([metrics.auroc(torch.as_tensor(x[i]), torch.as_tensor(y[o])) for x, y in pairs])
+        )
+
+    everything = (np.arange(n_in), np.arange(n_out))
+    estimate = value(a, *everything) - value(b, *everything)
+    rng = np.random.default_rng(seed)
+    deltas = []
+    for _ in range(resamples):
+        i, o = rng.integers(0, n_in, n_in), rng.integers(0, n_out, n_out)
+        pick_a = [a[k] for k in rng.integers(0, len(a), len(a))]
+        pick_b = [b[k] for k in rng.integers(0, len(b), len(b))]
+        deltas.append(value(pick_a, i, o) - value(pick_b, i, o))
+    low, high = np.quantile(deltas, [0.025, 0.975])
+    return estimate, float(low), float(high)
+
+
+def test_the_auroc_of_a_resample_is_the_rank_based_auroc_bit_for_bit():
+    rng = np.random.default_rng(1)
+    # scores rounded to a coarse grid: many ties within and across the two sets
+    a = [(np.round(rng.normal(0, 1, 150), 1), np.round(rng.normal(1, 1, 90), 1)) for _ in range(2)]
+    b = [
+        (np.round(rng.normal(0, 1, 150), 1), np.round(rng.normal(0.5, 1, 90), 1)) for _ in range(3)
+    ]
+    found = auroc_bootstrap(a, b, resamples=150, seed=4)
+    assert (found.estimate, found.low, found.high) == _auroc_bootstrap_by_ranks(a, b, 150, 4)
+    with pytest.raises(ValueError, match="NaN or inf"):
+        auroc_bootstrap([(np.array([0.1, np.nan]), np.array([0.3]))], [(np.zeros(2), np.ones(1))])
 
 
 def test_a_runs_examples_give_its_final_metrics(tmp_path):

@@ -23,7 +23,7 @@ from snens.evaluation.bootstrap import (
     Examples,
     Interval,
     auroc_bootstrap,
-    paired_bootstrap,
+    paired_bootstraps,
     verdict,
 )
 
@@ -117,13 +117,15 @@ def compare_arrays(
     seed: int = 0,
 ) -> list[Comparison]:
     """:func:`compare_runs` on per-example arrays already at hand, one mapping per seed."""
-    out = []
-    for name in sets:
-        left, right = _examples(a, name), _examples(b, name)
-        for metric in metrics:
-            interval = paired_bootstrap(left, right, metric, resamples=resamples, seed=seed)
-            out.append(Comparison(name, metric, interval, verdict(interval)))
-    return out
+    wanted = [(name, metric) for name in sets for metric in metrics]
+    examples = {name: (_examples(a, name), _examples(b, name)) for name in sets}
+    intervals = paired_bootstraps(
+        [(*examples[name], metric) for name, metric in wanted], resamples=resamples, seed=seed
+    )
+    return [
+        Comparison(name, metric, interval, verdict(interval))
+        for (name, metric), interval in zip(wanted, intervals, strict=True)
+    ]
 
 
 def compare_ood(
