@@ -25,10 +25,15 @@ import json
 import sys
 
 import deepspeed
+import deepspeed.comm.torch
 import torch
 from torch import nn
 
 import snens
+
+# DeepSpeed's CPU accelerator compiles a shared-memory all-reduce on first use (over a minute):
+# an op that only speeds its own collectives up, which gloo carries without it
+deepspeed.comm.torch.build_shm_op = lambda: None
 
 out, stage = sys.argv[1], int(sys.argv[2])
 torch.set_num_threads(1)
