@@ -24,16 +24,18 @@ SCRIPT = """\
 import json
 import sys
 
+import importlib
+
 import deepspeed
-import deepspeed.comm.torch
 import torch
 from torch import nn
 
 import snens
 
 # DeepSpeed's CPU accelerator compiles a shared-memory all-reduce on first use (over a minute):
-# an op that only speeds its own collectives up, which gloo carries without it
-deepspeed.comm.torch.build_shm_op = lambda: None
+# an op that only speeds its own collectives up, which gloo carries without it. (The module by
+# its name: the attribute deepspeed.comm.torch is the torch package deepspeed.comm imports.)
+importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
 
 out, stage = sys.argv[1], int(sys.argv[2])
 torch.set_num_threads(1)
