@@ -9,6 +9,8 @@ import torch
 
 import snens
 from snens import data
+from snens.engine import demo as demo_module
+from snens.engine.config import load_config
 from snens.engine.demo import CONVERGED_METHODS, FULL_DEMO, DemoConfig, converged_rows, run
 from snens.engine.fit import fit
 from snens.method.regularizer import DEFAULT_DIVERSITY_WEIGHT, DEFAULT_TEMPERATURE
@@ -18,8 +20,9 @@ CONVERGED = Path(__file__).resolve().parents[2] / "results" / "converged"
 
 TINY = DemoConfig(
     train_examples=600,
+    validation_examples=300,
     test_examples=300,
-    epochs=1,
+    epochs=2,
     width=4,
     temperatures=(0.05, DEFAULT_TEMPERATURE, 5.0),
     corruptions=("gaussian_noise", "contrast"),
@@ -62,6 +65,19 @@ def test_demo_trains_every_method_and_writes_its_table(demo):
             assert 0.0 <= row[key] <= 1.0, (row["method"], key)
         assert row["nll"] > 0 and row["train_seconds"] > 0
     assert rows["single"]["disagreement"] == 0.0 and rows["deep ensemble"]["disagreement"] > 0
+    # each run at the epoch it selected on the validation split (deep-ensemble members each at
+    # its own), and after temperature scaling fitted there
+    runs = {p.name: p for p in (out / "runs").iterdir() if p.is_dir()}
+    for name, path in runs.items():
+        final = json.loads((path / "final.json").read_text())
+        label = demo_module._label(load_config(path / "config.toml"))
+        selection = final["selection"]
+        epochs = selection.get("member_epochs") or [selection["epoch"]]
+        assert rows[label]["epoch"] == "/".join(map(str, epochs)), name
+        assert rows[label]["nll_ts"] == final["metrics"]["test_ts/nll"]
+        assert rows[label]["ece_ts"] == final["metrics"]["test_ts/ece"]
+        assert selection["metric"] == "nll" and set(epochs) <= {1, 2}
+    assert len(rows["deep ensemble"]["epoch"].split("/")) == 4
     # the realized sharing and the optimum are reported for σN-Ens only
     assert rows["σN-Ens τ=0.05"]["k_star"] == pytest.approx(snens.optimal_k(0.05, 4))
     assert rows["single"]["effective_members"] is None
@@ -78,8 +94,8 @@ def test_demo_trains_every_method_and_writes_its_table(demo):
     assert table.count("\n| ") == 1 + len(rows)  # the header, one line per run
     assert "| Packed-Ensembles | " in table and "corrupted ECE" in table
     # the budget it ran, said to be short, and the converged study's table beside it
-    assert "600 images for 1 epoch (4 steps, SmallCNN width 4, no augmentation)" in reference
-    # whether one model overfit, read off its own run: after one epoch it has not
+    assert "600 images for 2 epochs (8 steps, SmallCNN width 4, no augmentation)" in reference
+    # whether one model overfit, read off its own run: after two epochs it has not
     loss, nll = rows["single"]["train_loss"], rows["single"]["nll"]
     assert f"training loss of {loss:.3f} and a test NLL of {nll:.3f}: it does not overfit" in (
         reference.replace("\n", " ")
@@ -278,20 +294,30 @@ def test_the_demo_ends_with_a_verdict_its_intervals_support(demo):
     report = (out / "report.md").read_text()
     verdicts = [line for line in report.splitlines() if line.startswith("Verdict: ")]
     sigma = [r["method"] for r in results["rows"] if r["method"].startswith("σN-Ens")]
+    # one line for each σN-Ens run and each baseline
     assert [v.split(" beats ")[0].split(" is ")[0].removeprefix("Verdict: ") for v in verdicts] == (
-        sigma
+        [label for label in sigma for _ in range(3)]
     )
     runs = {p.name: p for p in (out / "runs").iterdir() if p.is_dir()}
-    single = next(p for name, p in runs.items() if "single" in name)
     default = next(
         p for name, p in runs.items()
         if "snens" in name and "temperature=1.0" in name and "split" not in name
     )  # fmt: skip
-    nll, ece = compare_runs([default], [single], sets=("test",), metrics=("nll", "ece"))
-    line = next(v for v in verdicts if v.startswith("Verdict: σN-Ens τ=1 (default) "))
+    lines = [v for v in verdicts if v.startswith("Verdict: σN-Ens τ=1 (default) ")]
     words = {"better": "beats", "worse": "is behind", "level": "is level with"}
-    assert f"{words[nll.verdict]} the single model on test nll (Δ {nll.interval})" in line
-    assert f"{words[ece.verdict]} the single model on test ece (Δ {ece.interval})" in line
+    for line, (key, name) in zip(
+        lines,
+        (("single", "the single model"), ("deep_ensemble", "the deep ensemble"),
+         ("packed", "Packed-Ensembles")),
+        strict=True,
+    ):  # fmt: skip
+        baseline = next(p for run_name, p in runs.items() if f"name={key}" in run_name)
+        found = compare_runs(
+            [default], [baseline], sets=("test", "test_ts"), metrics=("nll", "ece")
+        )
+        assert len(found) == 4
+        for c in found:
+            assert f"{words[c.verdict]} {name} on {c.set} {c.metric} (Δ {c.interval})" in line
 
 
 def test_the_demo_says_its_times_were_taken_under_load(monkeypatch):

@@ -4,7 +4,10 @@ On the bundled Fashion-MNIST (MNIST-5k as the OOD set) the demo sweeps the prese
 ``fashion_mnist_small_cnn`` (ordinary run directories under ``OUT/runs``), by default on
 2,000 images without augmentation, where one model overfits (``--full``: all images, crop and
 flip): a single SmallCNN, a deep ensemble, Packed-Ensembles (α=2, γ=2) and σN-Ens at the
-default τ (also with ``split`` inputs). It writes ``report.md`` (the table, and the converged
+default τ (also with ``split`` inputs). Every run is evaluated at its best epoch on a validation
+split held out of the training images (deep-ensemble members each at its own) and again after
+temperature scaling fitted there; each σN-Ens run is compared with every baseline by paired
+bootstrap intervals. It writes ``report.md`` (the table, the comparisons, and the converged
 study's reference tables where a checkout holds their runs, :func:`converged_rows`),
 ``results.json`` and the figures (with matplotlib). Running it again resumes.
 """
@@ -19,6 +22,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from snens import files
 from snens.baselines import METHOD_RECORDS
@@ -43,6 +48,9 @@ class DemoConfig:
     model overfits within a demo's budget; :data:`FULL_DEMO` uses all of them."""
 
     train_examples: int = 2_000  # Fashion-MNIST training images used (of 60,000)
+    # the last N training images, held out: each run's epoch is selected on them (NLL) and its
+    # temperature fitted there
+    validation_examples: int = 5_000
     test_examples: int = 10_000  # Fashion-MNIST test images (of 10,000)
     epochs: int = 20
     batch_size: int = 128  # examples per step, every member sees all of them
@@ -61,7 +69,7 @@ class DemoConfig:
 
 
 FULL_DEMO = DemoConfig(
-    train_examples=60_000,
+    train_examples=55_000,
     epochs=10,
     augment=("crop", "flip"),
     temperatures=(0.5, DEFAULT_TEMPERATURE, 5.0),
@@ -70,6 +78,12 @@ FULL_DEMO = DemoConfig(
 )
 
 _LABELS = {"single": "single", "deep_ensemble": "deep ensemble", "packed": "Packed-Ensembles"}
+#: How a verdict names each baseline, by its label.
+_AGAINST = {
+    "single": "the single model",
+    "deep ensemble": "the deep ensemble",
+    "Packed-Ensembles": "Packed-Ensembles",
+}
 
 
 @dataclass(frozen=True)
@@ -169,6 +183,8 @@ def _overrides(config: DemoConfig) -> list[str]:
     return [
         f"seed={config.seed}",
         f"data.train_examples={config.train_examples}",
+        f"data.validation_examples={config.validation_examples}",
+        f'optim.select="{"nll" if config.validation_examples else ""}"',
         f"data.test_examples={config.test_examples}",
         f"data.batch_size={config.batch_size}",
         f"data.augment={json.dumps(list(config.augment))}",
@@ -279,8 +295,12 @@ def run(
                 "accuracy": report["test/accuracy"],
                 "nll": report["test/nll"],
                 "ece": report["test/ece"],
+                "nll_ts": report.get("test_ts/nll"),
+                "ece_ts": report.get("test_ts/ece"),
+                "epoch": _selected(final),
                 "brier": report["test/brier"],
                 "ood_auroc": report["ood/mnist_5k/auroc"],
+                "ood_auroc_energy": report.get("ood/mnist_5k/energy/auroc"),
                 "corrupted_accuracy": report["shift/mean/accuracy"],
                 "corrupted_ece": report["shift/mean/ece"],
                 "disagreement": report.get("test/disagreement", 0.0),
@@ -313,19 +333,32 @@ def run(
     return 0
 
 
-def _verdict(paths: dict[str, Path]) -> str:
-    """One line per σN-Ens run: how it compares with the single model on test NLL and ECE."""
-    from snens.engine.compare import compare_runs, describe
+#: The comparisons of each σN-Ens run with each baseline: test NLL and ECE, raw and after
+#: temperature scaling (where the runs kept a validation split to fit it on).
+VERDICT = (("test", "nll"), ("test_ts", "nll"), ("test", "ece"), ("test_ts", "ece"))
 
-    single = paths.get(_LABELS["single"])
-    if single is None:
-        return ""
+
+def _verdict(paths: dict[str, Path]) -> str:
+    """One line per σN-Ens run and baseline: σN-Ens − the baseline on :data:`VERDICT`, each
+    with its paired bootstrap 95 % interval and the word it supports."""
+    from snens.engine.compare import compare_runs, describe
+    from snens.engine.runs import EXAMPLES
+
     lines = []
     for label, path in paths.items():
         if not label.startswith("σN-Ens"):
             continue
-        found = compare_runs([path], [single], sets=("test",), metrics=("nll", "ece"))
-        lines.append("Verdict: " + "; ".join(describe(c, label, "the single model") for c in found))
+        with np.load(path / EXAMPLES) as kept:
+            sets = tuple(s for s in dict.fromkeys(s for s, _ in VERDICT) if f"{s}/nll" in kept)
+        for name, against in _AGAINST.items():
+            if name not in paths:
+                continue
+            found = compare_runs([path], [paths[name]], sets=sets, metrics=("nll", "ece"))
+            by = {(c.set, c.metric): c for c in found}
+            said = [describe(by[k], label, against) for k in VERDICT if k in by]
+            # the subject once: "σN-Ens … beats X on test nll (…); is level with X on …"
+            said[1:] = [clause.removeprefix(label + " ") for clause in said[1:]]
+            lines.append("Verdict: " + "; ".join(said))
     return "\n".join(lines)
 
 
@@ -347,7 +380,7 @@ def _load_note() -> str:
 
 
 def _trained_model(run_dir: Path):
-    """The run's model with the weights of its last checkpoint, in eval mode."""
+    """The run's model with the weights it was evaluated with (the selected epoch's)."""
     from snens.engine.reload import load_run_model
 
     return load_run_model(run_dir)[0].eval()
@@ -396,20 +429,32 @@ def _slug(label: str) -> str:
     return "_".join(part for part in slug.split("_") if part)
 
 
+def _selected(final: dict) -> str:
+    """The epoch the run was evaluated at: the selected one, each member's for a deep ensemble
+    trained apart, or the last."""
+    selection = final.get("selection") or {}
+    if "member_epochs" in selection:
+        return "/".join(str(e) for e in selection["member_epochs"])
+    return str(selection.get("epoch", final["train"]["epochs"]))
+
+
 def _fmt(value: Any, spec: str) -> str:
     return "–" if value is None else format(value, spec)
 
 
 def _markdown(rows: list[dict]) -> str:
     header = (
-        "| method | params | acc | NLL | ECE | Brier | OOD AUROC (MSP) | corrupted acc "
-        "| corrupted ECE | disagreement | effective members | k*(τ) | train s |"
+        "| method | params | epoch | acc | NLL | ECE | NLL +TS | ECE +TS | Brier "
+        "| OOD AUROC (MSP) | OOD AUROC (energy) | corrupted acc | corrupted ECE | disagreement "
+        "| effective members | k*(τ) | train s |"
     )
-    lines = [header, "|" + "---|" * 13]
+    lines = [header, "|" + "---|" * 17]
     for r in rows:
         lines.append(
-            f"| {r['method']} | {r['params']:,} | {r['accuracy']:.4f} | {r['nll']:.4f} "
-            f"| {r['ece']:.4f} | {r['brier']:.4f} | {r['ood_auroc']:.4f} "
+            f"| {r['method']} | {r['params']:,} | {r['epoch']} | {r['accuracy']:.4f} "
+            f"| {r['nll']:.4f} | {r['ece']:.4f} | {_fmt(r['nll_ts'], '.4f')} "
+            f"| {_fmt(r['ece_ts'], '.4f')} | {r['brier']:.4f} | {r['ood_auroc']:.4f} "
+            f"| {_fmt(r['ood_auroc_energy'], '.4f')} "
             f"| {r['corrupted_accuracy']:.4f} | {r['corrupted_ece']:.4f} "
             f"| {r['disagreement']:.4f} | {_fmt(r['effective_members'], '.2f')} "
             f"| {_fmt(r['k_star'], '.2f')} | {r['train_seconds']:.0f} |"
@@ -420,9 +465,16 @@ def _markdown(rows: list[dict]) -> str:
 def _provenance(config: DemoConfig, seconds: float) -> str:
     import torch
 
+    selection = (
+        f"each run at its best validation epoch by NLL ({config.validation_examples:,} held-out "
+        "training images; deep-ensemble members each at its own), +TS: temperature fitted there"
+        if config.validation_examples
+        else "each run at its last epoch"
+    )
     return (
         f"seed {config.seed}; {config.train_examples:,} training images "
         f"({', '.join(config.augment) or 'no augmentation'}), {config.epochs} epochs, "
+        f"{selection}, "
         f"SmallCNN width {config.width}, M={config.num_members}, λ={config.diversity_weight}; "
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
         f"{platform.processor() or platform.machine()}, Python {platform.python_version()}; "
