@@ -185,7 +185,8 @@ def _auroc_bootstrap_by_ranks(a, b, resamples, seed):
         pick_a = [a[k] for k in rng.integers(0, len(a), len(a))]
         pick_b = [b[k] for k in rng.integers(0, len(b), len(b))]
         deltas.append(value(pick_a, i, o) - value(pick_b, i, o))
-    low, high = np.quantile(deltas, [0.025, 0.975])
+    tail = (1 - 0.95) / 2  # the percentile interval's tails, as the library computes them
+    low, high = np.quantile(deltas, [tail, 1 - tail])
     return estimate, float(low), float(high)
 
 
