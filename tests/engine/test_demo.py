@@ -330,3 +330,14 @@ def test_the_demo_says_its_times_were_taken_under_load(monkeypatch):
     )
     monkeypatch.setattr("os.getloadavg", lambda: (0.5, 1.5, 1.0))
     assert demo._load_note() == ""
+
+
+def test_the_epoch_column_says_which_epoch_each_run_was_evaluated_at():
+    selected = demo_module._selected
+    assert selected({"selection": {"metric": "nll", "epoch": 7}, "train": {"epochs": 20}}) == "7"
+    members = {
+        "selection": {"metric": "nll", "member_epochs": [6, 5, 9, 7]},
+        "train": {"epochs": 20},
+    }
+    assert selected(members) == "6/5/9/7"
+    assert selected({"selection": None, "train": {"epochs": 20}}) == "20"  # no selection: the last

@@ -23,8 +23,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from snens import files
 from snens.baselines import METHOD_RECORDS
 from snens.engine.runs import read_final, read_metrics
@@ -342,14 +340,14 @@ def _verdict(paths: dict[str, Path]) -> str:
     """One line per σN-Ens run and baseline: σN-Ens − the baseline on :data:`VERDICT`, each
     with its paired bootstrap 95 % interval and the word it supports."""
     from snens.engine.compare import compare_runs, describe
-    from snens.engine.runs import EXAMPLES
+    from snens.engine.runs import read_examples
 
     lines = []
     for label, path in paths.items():
         if not label.startswith("σN-Ens"):
             continue
-        with np.load(path / EXAMPLES) as kept:
-            sets = tuple(s for s in dict.fromkeys(s for s, _ in VERDICT) if f"{s}/nll" in kept)
+        kept = read_examples(path)
+        sets = tuple(s for s in dict.fromkeys(s for s, _ in VERDICT) if f"{s}/nll" in kept)
         for name, against in _AGAINST.items():
             if name not in paths:
                 continue
