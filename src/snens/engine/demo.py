@@ -506,7 +506,7 @@ def _reference(config: DemoConfig, steps: int, rows: list[dict]) -> str:
         ratio = single["nll"] / max(single["train_loss"], 1e-12)
         fit = (
             f"The single model ends with a training loss of {single['train_loss']:.3f} and a "
-            f"test NLL of {single['nll']:.3f}: "
+            f"test NLL of {single['nll']:.3f} at the epoch it is evaluated at: "
             + (
                 "it overfits, the regime where σN-Ens pays (one seed here). "
                 if ratio >= OVERFIT_RATIO
