@@ -54,9 +54,11 @@ SITUATIONS = (
 )
 BASELINES = (("single", "one model"), ("deep_ensemble", "deep ensemble of 4"))
 OOD_SCORE = "energy"
-#: The recipe fields that make σN-Ens "at the library's defaults" (a preset's defaults are its
-#: stage's ``snens_default`` variant).
+#: The recipe fields that make σN-Ens "at the library's defaults", or at a preset's.
 DEFAULT_FIELDS = ("input_policy", "temperature", "diversity_weight", "gamma_lr_multiplier")
+#: The situations trained from a preset, by stage: σN-Ens at the defaults is the preset's own
+#: recipe as the preset reads today (a stage may pin another value its runs were made with).
+PRESET_OF = {"vision": "fashion_mnist_mobilenet_v2", "text": "rotten_tomatoes_minilm"}
 #: Validation metrics of the decomposition, read at the selected epoch from metrics.jsonl.
 DECOMPOSITION = ("val/nll", "val/member_nll_mean", "val/disagreement")
 
@@ -77,14 +79,20 @@ def _epochs(selection: dict) -> str:
     return "members " + "/".join(str(e) for e in selection["member_epochs"])
 
 
+def default_recipe(stage: Path) -> tuple:
+    """The :data:`DEFAULT_FIELDS` of σN-Ens at the defaults a user gets in ``stage``: its
+    preset's method where it was trained from one, the library's otherwise."""
+    from snens.engine.presets import preset
+
+    name = PRESET_OF.get(stage.name) if stage.parent == SELECTED else None
+    defaults = preset(name).method if name else SnensConfig()
+    return tuple(getattr(defaults, field) for field in DEFAULT_FIELDS)
+
+
 def _is_default(variant: Path, method) -> bool:
-    """Whether the variant is σN-Ens at the library's defaults, or the preset's."""
-    if method.name != "snens":
-        return False
-    defaults = SnensConfig()
-    return variant.name == "snens_default" or all(
-        getattr(method, field) == getattr(defaults, field) for field in DEFAULT_FIELDS
-    )
+    """Whether the variant is σN-Ens at the library's defaults, or at its preset's."""
+    recipe = tuple(getattr(method, field) for field in DEFAULT_FIELDS)
+    return method.name == "snens" and recipe == default_recipe(variant.parent)
 
 
 def _row(variant: Path, runs: list[Path]) -> dict:
@@ -104,6 +112,8 @@ def _row(variant: Path, runs: list[Path]) -> dict:
         if method.name == "snens"
         else dict(BASELINES).get(variant.name, variant.name)
     )
+    if method.name == "snens" and method.gamma_lr_multiplier != default_recipe(variant.parent)[3]:
+        recipe += f", γ's lr ×{method.gamma_lr_multiplier:g}"  # other than the defaults'
     return {
         "name": variant.name,
         "snens": method.name == "snens",

@@ -101,19 +101,31 @@ def test_the_block_replaces_only_what_lies_between_the_markers():
 
 
 def test_each_regime_measures_snens_at_the_library_defaults_or_its_presets():
+    import recipes
+
     from snens import SnensConfig
     from snens.engine.config import load_config
+    from snens.engine.presets import preset
 
     defaults, checked = SnensConfig(), 0
+    library = (defaults.input_policy, defaults.temperature)
+    library += (defaults.diversity_weight, defaults.gamma_lr_multiplier)
+    presets = {"vision": "fashion_mnist_mobilenet_v2", "text": "rotten_tomatoes_minilm"}
+    assert recipes.PRESET_OF == presets
     for regime in claims.REGIMES:
+        # a preset's defaults as the preset reads today, the library's elsewhere
+        name = presets.get(regime.stage.name)
+        wanted = library
+        if name:
+            method = preset(name).method
+            wanted = (method.input_policy, method.temperature)
+            wanted += (method.diversity_weight, method.gamma_lr_multiplier)
+        assert recipes.default_recipe(regime.stage) == wanted, regime.label
         for run in sorted((regime.stage / regime.snens).glob("seed=*/final.json")):
             method = load_config(run.with_name("config.toml")).method
             assert method.name == "snens", run
-            recipe = [getattr(method, f) for f in ("input_policy", "temperature")]
-            recipe += [method.diversity_weight, method.gamma_lr_multiplier]
-            wanted = [defaults.input_policy, defaults.temperature]
-            wanted += [defaults.diversity_weight, defaults.gamma_lr_multiplier]
-            # a preset's defaults are what its stage trains with no method override
-            assert recipe == wanted or regime.snens == "snens_default", run
+            recipe = (method.input_policy, method.temperature)
+            recipe += (method.diversity_weight, method.gamma_lr_multiplier)
+            assert recipe == wanted, run
             checked += 1
-    assert checked >= 6  # the overfit regime's and the holdout cells' finished runs
+    assert checked >= 8  # the overfit regime's, MobileNetV2's and the holdout cells' runs
