@@ -2,6 +2,9 @@
 snens.metrics', a difference that is there on every example is found exactly, the intervals
 cover the true difference about 95 % of the time, and seeds widen them."""
 
+import importlib.util
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -168,26 +171,12 @@ def test_comparisons_drawn_together_are_the_separate_calls_bit_for_bit():
 
 
 def _auroc_bootstrap_by_ranks(a, b, resamples, seed):
-    """The AUROC bootstrap written as its definition: the rank-based AUROC of each resample."""
-    n_in, n_out = len(a[0][0]), len(a[0][1])
-
-    def value(pairs, i, o):
-        return float(
-            np.mean([metrics.auroc(torch.as_tensor(x[i]), torch.as_tensor(y[o])) for x, y in pairs])
-        )
-
-    everything = (np.arange(n_in), np.arange(n_out))
-    estimate = value(a, *everything) - value(b, *everything)
-    rng = np.random.default_rng(seed)
-    deltas = []
-    for _ in range(resamples):
-        i, o = rng.integers(0, n_in, n_in), rng.integers(0, n_out, n_out)
-        pick_a = [a[k] for k in rng.integers(0, len(a), len(a))]
-        pick_b = [b[k] for k in rng.integers(0, len(b), len(b))]
-        deltas.append(value(pick_a, i, o) - value(pick_b, i, o))
-    tail = (1 - 0.95) / 2  # the percentile interval's tails, as the library computes them
-    low, high = np.quantile(deltas, [tail, 1 - tail])
-    return estimate, float(low), float(high)
+    """The AUROC bootstrap as its definition, from the checkout's benchmarks/bootstrap.py."""
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bootstrap.py"
+    spec = importlib.util.spec_from_file_location("bootstrap_benchmark", path)
+    benchmark = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(benchmark)
+    return benchmark.auroc_bootstrap_by_ranks(a, b, resamples, seed)
 
 
 def test_the_auroc_of_a_resample_is_the_rank_based_auroc_bit_for_bit():
