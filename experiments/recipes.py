@@ -89,12 +89,6 @@ def default_recipe(stage: Path) -> tuple:
     return tuple(getattr(defaults, field) for field in DEFAULT_FIELDS)
 
 
-def _is_default(variant: Path, method) -> bool:
-    """Whether the variant is σN-Ens at the library's defaults, or at its preset's."""
-    recipe = tuple(getattr(method, field) for field in DEFAULT_FIELDS)
-    return method.name == "snens" and recipe == default_recipe(variant.parent)
-
-
 def _row(variant: Path, runs: list[Path]) -> dict:
     """The recipe and its numbers, averaged over the finished seeds."""
     finals = [json.loads((p / FINAL).read_text()) for p in runs]
@@ -112,12 +106,17 @@ def _row(variant: Path, runs: list[Path]) -> dict:
         if method.name == "snens"
         else dict(BASELINES).get(variant.name, variant.name)
     )
-    if method.name == "snens" and method.gamma_lr_multiplier != default_recipe(variant.parent)[3]:
-        recipe += f", γ's lr ×{method.gamma_lr_multiplier:g}"  # other than the defaults'
+    # σN-Ens at the library's defaults, or at its preset's; γ's multiplier named where it differs
+    defaults = default_recipe(variant.parent)
+    is_default = method.name == "snens" and defaults == tuple(
+        getattr(method, field) for field in DEFAULT_FIELDS
+    )
+    if method.name == "snens" and method.gamma_lr_multiplier != defaults[3]:
+        recipe += f", γ's lr ×{method.gamma_lr_multiplier:g}"
     return {
         "name": variant.name,
         "snens": method.name == "snens",
-        "default": _is_default(variant, method),
+        "default": is_default,
         "recipe": recipe,
         "parts": None
         if None in parts

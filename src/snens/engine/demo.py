@@ -339,19 +339,19 @@ VERDICT = (("test", "nll"), ("test_ts", "nll"), ("test", "ece"), ("test_ts", "ec
 def _verdict(paths: dict[str, Path]) -> str:
     """One line per σN-Ens run and baseline: σN-Ens − the baseline on :data:`VERDICT`, each
     with its paired bootstrap 95 % interval and the word it supports."""
-    from snens.engine.compare import compare_runs, describe
+    from snens.engine.compare import compare_arrays, describe
     from snens.engine.runs import read_examples
 
+    kept = {label: read_examples(path) for label, path in paths.items()}  # each run read once
     lines = []
-    for label, path in paths.items():
+    for label, mine in kept.items():
         if not label.startswith("σN-Ens"):
             continue
-        kept = read_examples(path)
-        sets = tuple(s for s in dict.fromkeys(s for s, _ in VERDICT) if f"{s}/nll" in kept)
+        sets = tuple(s for s in dict.fromkeys(s for s, _ in VERDICT) if f"{s}/nll" in mine)
         for name, against in _AGAINST.items():
-            if name not in paths:
+            if name not in kept:
                 continue
-            found = compare_runs([path], [paths[name]], sets=sets, metrics=("nll", "ece"))
+            found = compare_arrays([mine], [kept[name]], sets=sets, metrics=("nll", "ece"))
             by = {(c.set, c.metric): c for c in found}
             said = [describe(by[k], label, against) for k in VERDICT if k in by]
             # the subject once: "σN-Ens … beats X on test nll (…); is level with X on …"
