@@ -12,9 +12,10 @@ and the deep ensemble on test NLL with paired bootstrap 95 % intervals. The chos
 as many tries as the situation has σN-Ens rows, one model and the deep ensemble one each (the
 same optimizer, learning rate and epochs for all): its comparisons carry that advantage, the
 defaults' comparisons do not. Seeds are averaged; a situation's rows say how many seeds each
-rests on. The summary also measures σN-Ens at the library's defaults (repeat inputs, τ=1,
-λ=0.1, or a preset's own recipe) against one model after temperature scaling, the bar a user
-can trust it to clear; and each situation decomposes the validation NLL at the selected epoch
+rests on. The summary measures the chosen recipe, and σN-Ens at the library's defaults
+(repeat inputs, τ=1, λ=0.1, or a preset's own recipe), against one model after temperature
+scaling, the bar a user can trust them to clear (the same choice, on a user's own runs:
+``snens report``); and each situation decomposes the validation NLL at the selected epoch
 into what the members lose or gain alone against one model and what their disagreement wins
 back.
 
@@ -25,7 +26,6 @@ back.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,7 +34,8 @@ import study
 
 from snens import SnensConfig, files
 from snens.engine.config import load_config
-from snens.engine.runs import EXAMPLES, FINAL, read_examples, read_selected_epoch
+from snens.engine.runs import EXAMPLES, FINAL, read_examples, read_final, read_selected_epoch
+from snens.engine.selection import choose_on_validation
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "results" / "recipes.md"
@@ -91,7 +92,7 @@ def default_recipe(stage: Path) -> tuple:
 
 def _row(variant: Path, runs: list[Path]) -> dict:
     """The recipe and its numbers, averaged over the finished seeds."""
-    finals = [json.loads((p / FINAL).read_text()) for p in runs]
+    finals = [read_final(p) for p in runs]
     metrics = [f["metrics"] for f in finals]
     config = load_config(runs[0] / "config.toml")
     parts = [read_selected_epoch(p) for p in runs]
@@ -122,8 +123,9 @@ def _row(variant: Path, runs: list[Path]) -> dict:
         if None in parts
         else {key: _mean([part[key] for part in parts]) for key in DECOMPOSITION},
         "seeds": len(runs),
-        "val_by_seed": {
-            p.name: f["selection"].get("value") for p, f in zip(runs, finals, strict=True)
+        "selections": {
+            int(p.name.removeprefix("seed=")): f["selection"]
+            for p, f in zip(runs, finals, strict=True)
         },
         "epochs": "; ".join(_epochs(f["selection"]) for f in finals),
         # a deep ensemble's members are each selected on their own: no one ensemble value
@@ -180,18 +182,19 @@ def situation(label: str, stage: Path) -> tuple[list[str], str | None]:
         )
     single = next((r for r in rows if r["name"] == "single"), None)
     lines += ["", *decomposition(rows, single)]
-    cells = _defaults_cells(recipes, single)
+    cells = _summary_cells(chosen, recipes, single)
     summary = f"| {label} | {chosen['recipe']} | {max(r['seeds'] for r in recipes)} | {cells} |"
     return [*lines, ""], summary
 
 
 def _choose(recipes: list[dict]) -> dict:
-    """The recipe of lowest validation NLL over the seeds every recipe has finished, so that a
-    recipe with more seeds is not judged on other draws than the rest."""
-    common = set.intersection(*(set(r["val_by_seed"]) for r in recipes))
-    if not common:
-        return min(recipes, key=lambda r: r["val"])
-    return min(recipes, key=lambda r: _mean([r["val_by_seed"][s] for s in sorted(common)]))
+    """The recipe of lowest validation NLL over the seeds every recipe has finished (so that a
+    recipe with more seeds is not judged on other draws than the rest): the library's choice,
+    :func:`snens.engine.selection.choose_on_validation`, as ``snens report`` makes it."""
+    choice = choose_on_validation([r["selections"] for r in recipes])
+    if choice.index is None:
+        raise ValueError(f"no σN-Ens recipe to choose from: {choice.left_out}")
+    return recipes[choice.index]
 
 
 def _name(row: dict) -> str:
@@ -223,18 +226,22 @@ def decomposition(rows: list[dict], single: dict | None) -> list[str]:
     return lines
 
 
-def _defaults_cells(recipes: list[dict], single: dict | None) -> str:
-    """The summary's cells: σN-Ens at the defaults − one model on test NLL and ECE after
-    temperature scaling, with intervals; what is missing, said."""
+def _summary_cells(chosen: dict, recipes: list[dict], single: dict | None) -> str:
+    """The summary's cells after temperature scaling, with intervals: the recipe chosen on
+    validation − one model on test NLL, and σN-Ens at the defaults − one model on test NLL
+    and ECE; what is missing, said."""
     from snens.engine.compare import compare_arrays
 
+    if single is None:
+        return "no one model yet | not trained yet | not trained yet"
+    (nll,) = compare_arrays(chosen["arrays"], single["arrays"], sets=("test_ts",), metrics=("nll",))
     default = next((r for r in recipes if r["default"]), None)
-    if default is None or single is None:
-        return "not trained yet | not trained yet"
+    if default is None:
+        return f"{study.difference_cell(nll)} | not trained yet | not trained yet"
     found = compare_arrays(
         default["arrays"], single["arrays"], sets=("test_ts",), metrics=("nll", "ece")
     )
-    return " | ".join(study.difference_cell(c) for c in found)
+    return " | ".join(study.difference_cell(c) for c in (nll, *found))
 
 
 def page() -> str:
@@ -242,9 +249,9 @@ def page() -> str:
     lines = ["# σN-Ens recipes by situation (`python experiments/recipes.py --write`)", "", intro]
     lines.append("")
     summary = [
-        "| situation | chosen on validation | seeds | defaults − one model, NLL +TS "
-        "| defaults − one model, ECE +TS |",
-        "|---|---|---|---|---|",
+        "| situation | chosen on validation | seeds | chosen − one model, NLL +TS "
+        "| defaults − one model, NLL +TS | defaults − one model, ECE +TS |",
+        "|---|---|---|---|---|---|",
     ]
     sections = []
     for label, stage in SITUATIONS:

@@ -812,3 +812,42 @@ def test_a_selection_record_that_names_no_kept_epoch_reads_as_none(tmp_path, sel
     final["selection"] = selection
     (run / "final.json").write_text(json.dumps(final))
     assert snens.engine.runs.read_selected_epoch(run) is None
+
+
+def test_the_report_chooses_the_row_of_lowest_validation_nll_from_the_runs_files(tmp_path):
+    # the committed GroupNorm CNN runs of seed 0: one model (0.3183 at epoch 18), σN-Ens at the
+    # defaults (0.3419) and split with τ=5, λ=0.01 (0.3083), and the deep ensemble, whose
+    # members were selected apart
+    names = ("single", "snens_tau1_lam0.1", "snens_split_tau5_lam0.01", "deep_ensemble")
+    runs = _copy_runs(tmp_path, *names)
+    value = {
+        n: json.loads((runs[n] / "final.json").read_text())["selection"].get("value") for n in names
+    }
+    best = min(names[:3], key=lambda n: value[n])
+    assert best == "snens_split_tau5_lam0.01"
+    report = write_report([tmp_path], tmp_path / "report")
+    label = "snens, M=4, τ=5.0, λ=0.01, method.input_policy=split"
+    assert report.choice.startswith(
+        f"Chosen on validation: **{label}**, the lowest validation NLL at the selected epoch "
+        f"({value[best]:.4f}, seed 0, the one every candidate row has)"
+    )
+    assert "Not candidates: deep_ensemble, M=4, method.input_policy=repeat (its members" in (
+        report.choice
+    )
+    assert report.choice in report.path.read_text()
+    glance = {
+        row.split(" | ")[0].strip("| "): row.split(" | ") for row in report.summary.split("\n")[2:6]
+    }
+    assert glance[label][2] == f"{value[best]:.4f} ← chosen"
+    assert glance["single, method.input_policy=repeat"][2] == f"{value['single']:.4f}"
+    assert glance["deep_ensemble, M=4, method.input_policy=repeat"][2] == "—"
+    rows = {r["method.name"] + r["method.input_policy"]: r for r in _read_csv(report.csv)}
+    assert [k for k, r in rows.items() if r["chosen on validation"] == "True"] == ["snenssplit"]
+    assert float(rows["single" + "repeat"]["val/nll selected mean"]) == value["single"]
+
+
+def test_runs_without_selection_give_no_choice(sweep, tmp_path):
+    root, _ = sweep
+    report = write_report([root], tmp_path / "report")
+    assert report.choice is None and "Chosen on validation" not in report.path.read_text()
+    assert "chosen on validation" not in _read_csv(report.csv)[0]

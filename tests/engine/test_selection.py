@@ -271,3 +271,48 @@ def test_snens_eval_says_it_measured_the_kept_epoch_not_the_last(selected, capsy
         f"{selected}: best.pt, epoch {kept} kept on validation nll "
         f"(last.pt after epoch {EPOCHS} (step {EPOCHS * 1000 // 50}))"
     )
+
+
+def _picked(value, metric="nll"):
+    return {"metric": metric, "epoch": 3, "value": value, "epochs_trained": 6, "patience": 0}
+
+
+def test_the_choice_on_validation_compares_the_seeds_every_candidate_has():
+    from snens.engine.selection import choose_on_validation
+
+    candidates = [
+        {0: _picked(0.30), 1: _picked(0.40)},  # mean 0.35 over seeds 0 and 1
+        {0: _picked(0.34), 1: _picked(0.34), 2: _picked(0.10)},  # seed 2 alone would win
+        {0: None, 1: None},  # trained without optim.select
+        {0: {"metric": "nll", "member_epochs": [3, 4], "member_values": [0.2, 0.2]}},
+    ]
+    choice = choose_on_validation(candidates)
+    assert choice.index == 1 and choice.metric == "nll" and choice.seeds == (0, 1)
+    assert choice.values[:2] == pytest.approx((0.35, 0.34)) and choice.values[2:] == (None, None)
+    assert choice.left_out[:2] == (None, None)
+    assert "without optim.select" in choice.left_out[2]
+    assert "each selected on their own" in choice.left_out[3]
+    # no seed common to all: each candidate's mean over its own seeds
+    apart = choose_on_validation([{0: _picked(0.30)}, {1: _picked(0.20), 2: _picked(0.50)}])
+    assert apart.seeds == () and apart.index == 0
+    assert apart.values == pytest.approx((0.30, 0.35))
+
+
+def test_the_choice_follows_the_metric_and_a_diverged_run_never_wins():
+    from snens.engine.selection import choose_on_validation
+
+    # accuracy: higher is better
+    found = choose_on_validation([{0: _picked(0.8, "accuracy")}, {0: _picked(0.9, "accuracy")}])
+    assert found.index == 1 and found.metric == "accuracy"
+    # a non-finite value (null in final.json, or NaN) never wins; ties go to the earlier
+    found = choose_on_validation([{0: _picked(None)}, {0: _picked(0.5)}, {0: _picked(0.5)}])
+    assert found.index == 1 and math.isnan(found.values[0])
+    assert choose_on_validation([{0: _picked(math.nan)}]).index is None
+    # runs selected on different metrics cannot be compared: no choice
+    mixed = choose_on_validation([{0: _picked(0.3)}, {0: _picked(0.9, "accuracy")}])
+    assert mixed.index is None and mixed.metric is None
+    assert choose_on_validation([{0: None}]).index is None
+    # an edited record is read, never a crash: a metric that is no name, a value that is no
+    # number
+    odd = choose_on_validation([{0: {"metric": ["nll"], "value": 0.1}}, {0: _picked(True)}])
+    assert odd.index is None and "names no metric" in odd.left_out[0]

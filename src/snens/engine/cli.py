@@ -515,7 +515,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Collect every run directory (config.toml and final.json) under the given "
         "directories, group runs whose configs differ only in seed, and write DIR/report.md and "
         "DIR/report.csv: one row per group with the config keys that vary, the number of seeds "
-        "and mean ± std (over seeds, ddof=1) of every metric. With matplotlib also Pareto "
+        "and mean ± std (over seeds, ddof=1) of every metric. Where the runs selected their "
+        "epoch on validation (optim.select), the row of the best validation metric is chosen "
+        "and named, the test set unread. With matplotlib also Pareto "
         "plots, accuracy and ECE against corruption severity, a reliability diagram per group "
         "and the importances σ(γ) of each σN-Ens group.",
         epilog="example: snens report runs/sweeps/tau runs/single-seed3 --out reports/tau",

@@ -14,6 +14,10 @@ configuration and seed, or its ``outputs.npz`` or ``last.pt`` byte for byte, is 
 a note. With matplotlib (``pip install snens[plot]``) the report also draws Pareto plots
 (accuracy against NLL and ECE), a shift plot, a reliability diagram per group (from
 ``outputs.npz``) and an allocation heatmap per σN-Ens group (from ``last.pt``).
+
+Where the runs selected their epoch on validation (``optim.select``), the report chooses the
+row of the best validation metric at the selected epochs
+(:func:`snens.engine.selection.choose_on_validation`): the test set plays no part.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ from snens.engine.runs import (
     read_run_file,
     read_selected_epoch,
 )
+from snens.engine.selection import SELECT_METRICS, Choice, choose_on_validation
 from snens.engine.sweep import applies
 from snens.evaluation.protocol import CALIBRATED_PREFIXES, CONFORMAL_SCORES
 from snens.method.allocation import LayerAllocation, allocation
@@ -139,6 +144,8 @@ class Report:
     notes: list[str]
     #: The table at a glance (:data:`GLANCE`), for a terminal.
     summary: str = ""
+    #: The sentence naming the row chosen on validation (None: no two rows to choose from).
+    choice: str | None = None
 
 
 #: The columns of the report's table at a glance (those the runs hold), then an OOD set's
@@ -574,13 +581,20 @@ def write_report(
     with_left_out = [
         m for m in metrics if any(_left_out([r.metric(m) for r in group.runs]) for group in groups)
     ]
+    choice = choose_on_validation(
+        [{r.config["seed"]: r.final.get("selection") for r in g.runs} for g in groups]
+    )
+    choosing = sum(why is None for why in choice.left_out) > 1
     rows: list[dict[str, Any]] = []
     table_rows: list[list[str]] = []
-    for group in groups:
+    for i, group in enumerate(groups):
         values = dict(group.key)
         row: dict[str, Any] = {k: values.get(k, _MISSING) for k in varied}
         row["n"] = len(group.runs)
         row["seeds"] = " ".join(str(s) for s in group.seeds)
+        if choosing and choice.metric is not None:
+            row[f"val/{choice.metric} selected mean"] = choice.values[i]
+            row["chosen on validation"] = i == choice.index
         cells = [_value(row[k]) for k in varied] + [str(row["n"]), row["seeds"]]
         for metric in metrics:
             found = [r.metric(metric) for r in group.runs]
@@ -601,7 +615,10 @@ def write_report(
         table_rows.append(cells)
     header = [*(_SHORT.get(k, k) for k in varied), "n", "seeds", *metrics]
     table = markdown_table(header, table_rows)
-    summary = _glance(groups, varied, metrics)
+    summary = _glance(groups, varied, metrics, choice if choosing else None)
+    sentence = _choice_sentence(groups, varied, choice) if choosing else None
+    if sentence:
+        summary += "\n\n" + sentence
     differences = []
     if baseline is not None:
         base = _baseline_group(groups, varied, baseline)
@@ -656,11 +673,53 @@ def write_report(
     text += ["", *(f"{note}" for note in notes if note)]
     path = out / "report.md"
     _write(path, "\n".join(text) + "\n")
-    return Report(table, path, csv_path, plots, [n for n in notes if n], summary)
+    return Report(table, path, csv_path, plots, [n for n in notes if n], summary, sentence)
 
 
-def _glance(groups: Sequence[Group], varied: Sequence[str], metrics: Sequence[str]) -> str:
-    """The table at a glance: a row per configuration, n, and the :data:`GLANCE` metrics."""
+_SELECT_NAMES = {"nll": "NLL", "ece": "ECE", "brier": "Brier", "accuracy": "accuracy"}
+
+
+def _choice_sentence(groups: Sequence[Group], varied: Sequence[str], choice: Choice) -> str:
+    """What the choice on validation kept, over which seeds, and the rows it left out."""
+    if choice.metric is None:
+        return (
+            "No choice on validation: the rows were selected on different metrics "
+            "(optim.select); train them with one."
+        )
+    name = f"validation {_SELECT_NAMES[choice.metric]}"
+    seeds = (
+        f"seed {choice.seeds[0]}, the one every candidate row has"
+        if len(choice.seeds) == 1
+        else f"mean over seeds {', '.join(map(str, choice.seeds))}, those every candidate row has"
+        if choice.seeds
+        else "mean over each row's own seeds (no seed is common to every candidate row)"
+    )
+    if choice.index is None:
+        text = f"No choice on validation: every candidate row's {name} is non-finite."
+    else:
+        best = "highest" if SELECT_METRICS[choice.metric] else "lowest"
+        text = (
+            f"Chosen on validation: **{_label(groups[choice.index], varied)}**, the {best} "
+            f"{name} at the selected epoch ({choice.values[choice.index]:.4f}, {seeds}); the "
+            "test set played no part in the choice."
+        )
+    out = [
+        f"{_label(g, varied)} ({why})"
+        for g, why in zip(groups, choice.left_out, strict=True)
+        if why is not None
+    ]
+    return text + (f" Not candidates: {'; '.join(out)}." if out else "")
+
+
+def _glance(
+    groups: Sequence[Group],
+    varied: Sequence[str],
+    metrics: Sequence[str],
+    choice: Choice | None = None,
+) -> str:
+    """The table at a glance: a row per configuration, n, the validation metric a choice
+    rests on (mean over each row's runs; the chosen row marked), and the :data:`GLANCE`
+    metrics."""
     ood = [
         m
         for score in ("energy", "max_logit")
@@ -673,25 +732,38 @@ def _glance(groups: Sequence[Group], varied: Sequence[str], metrics: Sequence[st
     names = [
         _GLANCE_NAMES.get(m) or f"OOD {m.split('/')[2].replace('_', '-')} AUROC" for m in columns
     ]
+    picked = choice is not None and choice.metric is not None
     rows = []
-    for group in groups:
+    for i, group in enumerate(groups):
         cells = [_label(group, varied), str(len(group.runs))]
-        for metric in columns:
-            found = [r.metric(metric) for r in group.runs]
-            finite = [v for v in found if v is not None and math.isfinite(v)]
-            if not finite:
-                cells.append("—")
-                continue
-            mean, std, n = summarize(finite)
-            digits = _digits(metric)
-            text = f"{mean:,.{digits}f}" if metric == "params" else f"{mean:.{digits}f}"
-            if n > 1 and metric != "params":  # one config: one size
-                text += f" ± {std:.{digits}f}"
-            if n < len(group.runs):
-                text += f" (n={n})"
-            cells.append(text)
+        if picked:
+            kept = choice.left_out[i] is None  # type: ignore[union-attr]
+            found = [r.final["selection"]["value"] for r in group.runs] if kept else []
+            cells.append(_glance_cell("val", found, len(group.runs)))
+            if i == choice.index:  # type: ignore[union-attr]
+                cells[-1] += " ← chosen"
+        cells += [
+            _glance_cell(m, [r.metric(m) for r in group.runs], len(group.runs)) for m in columns
+        ]
         rows.append(cells)
+    if picked:
+        names.insert(0, f"val {_SELECT_NAMES[choice.metric]}")  # type: ignore[union-attr,index]
     return markdown_table(["run", "n", *names], rows)
+
+
+def _glance_cell(metric: str, found: Sequence[float | None], n_runs: int) -> str:
+    """A cell at a glance: mean ± std of the finite values, n where some are missing."""
+    finite = [v for v in found if isinstance(v, int | float) and math.isfinite(v)]
+    if not finite:
+        return "—"
+    mean, std, n = summarize(finite)
+    digits = _digits(metric)
+    text = f"{mean:,.{digits}f}" if metric == "params" else f"{mean:.{digits}f}"
+    if n > 1 and metric != "params":  # one config: one size
+        text += f" ± {std:.{digits}f}"
+    if n < n_runs:
+        text += f" (n={n})"
+    return text
 
 
 def _left_out(values: Sequence[float | None]) -> list[float]:

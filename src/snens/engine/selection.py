@@ -9,12 +9,16 @@ as a whole. ``optim.patience = P`` stops training once nothing improved for P ep
 ``best.pt`` holds the kept weights (the tensors training changes), written after ``last.pt``
 whenever a selection improves; ``last.pt`` records the selection, so a kill between the two
 writes loses nothing.
+
+:func:`choose_on_validation` chooses among finished runs the same way: the configuration
+(a recipe, a method) of the best validation metric at the selected epochs, the test set
+unread.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +30,14 @@ from snens.baselines import DeepEnsemble
 from snens.engine.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from snens.metrics import predictive
 
-__all__ = ["BEST", "SELECT_METRICS", "Selection", "selected_state"]
+__all__ = [
+    "BEST",
+    "SELECT_METRICS",
+    "Choice",
+    "Selection",
+    "choose_on_validation",
+    "selected_state",
+]
 
 #: The file of the kept weights, beside ``last.pt``.
 BEST = "best.pt"
@@ -258,3 +269,75 @@ def selected_state(
     selection = Selection.for_model(model, metric)
     selection.restore(record, state["epoch"], state["model"], run_dir / BEST)
     return {**state["model"], **selection.weights()}, selection.record()
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A choice among configurations by their validation metric at the selected epochs.
+
+    Attributes:
+        index: the chosen candidate (None: no two candidates could be compared).
+        metric: the validation metric every candidate was selected on.
+        seeds: the seeds compared (those every candidate has; empty: no seed is common to all,
+            and each candidate's own seeds were averaged).
+        values: per candidate, the mean metric over the compared seeds (None: left out).
+        left_out: per candidate, why it is not a candidate (None: it is one).
+    """
+
+    index: int | None
+    metric: str | None
+    seeds: tuple[int, ...]
+    values: tuple[float | None, ...]
+    left_out: tuple[str | None, ...]
+
+
+def _why_left_out(runs: Mapping[int, Any]) -> str | None:
+    records = list(runs.values())
+    if not records or not all(isinstance(r, Mapping) for r in records):
+        return "trained without optim.select (evaluated at its last epoch)"
+    if any("member_values" in r for r in records):
+        return "its members were each selected on their own: no one validation value"
+    if any(
+        not isinstance(r.get("metric"), str)
+        or r["metric"] not in SELECT_METRICS
+        or "value" not in r
+        for r in records
+    ):
+        return "its selection record names no metric and value"
+    return None
+
+
+def choose_on_validation(candidates: Sequence[Mapping[int, Any]]) -> Choice:
+    """The candidate of the best validation metric at its selected epochs, mean over seeds.
+
+    Each candidate is a configuration's finished runs, ``{seed: final.json's "selection"}``.
+    Candidates are compared over the seeds they all have (a candidate with more seeds is not
+    judged on other draws than the rest); where no seed is common to all, over each one's own.
+    A candidate whose runs selected no epoch, or selected each member apart (a deep ensemble
+    trained in one run), is left out with the reason; a non-finite value (a diverged run)
+    never wins; ties go to the earlier candidate.
+
+    Returns:
+        The choice; ``index`` None where no candidate remains, every candidate's value is
+        non-finite, or the candidates were selected on different metrics (``metric`` None).
+    """
+    left_out = [_why_left_out(runs) for runs in candidates]
+    kept = [i for i, why in enumerate(left_out) if why is None]
+    metrics = {r["metric"] for i in kept for r in candidates[i].values()}
+    if len(metrics) != 1:
+        return Choice(None, None, (), (None,) * len(candidates), tuple(left_out))
+    metric = metrics.pop()
+    common = set.intersection(*(set(candidates[i]) for i in kept))
+    values: list[float | None] = [None] * len(candidates)
+    for i in kept:
+        seeds = sorted(common) if common else sorted(candidates[i])
+        found = [candidates[i][s]["value"] for s in seeds]
+        finite = all(
+            isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+            for v in found
+        )
+        values[i] = sum(found) / len(found) if finite else math.nan
+    sign = -1.0 if SELECT_METRICS[metric] else 1.0
+    ranked = [i for i in kept if math.isfinite(values[i])]  # type: ignore[arg-type]
+    index = min(ranked, key=lambda i: sign * values[i]) if ranked else None  # type: ignore[operator]
+    return Choice(index, metric, tuple(sorted(common)), tuple(values), tuple(left_out))
