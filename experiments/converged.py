@@ -558,12 +558,17 @@ def _score_ood(stage: str, path: Path) -> None:
         examples(path)
 
 
-def run(stages: Sequence[str]) -> int:
+def run(stages: Sequence[str], seeds: Sequence[int] = ()) -> int:
     """Train every unfinished run of ``stages`` in order (a stage's variants may depend on the
-    previous stage's results, so each stage is planned when its turn comes)."""
+    previous stage's results, so each stage is planned when its turn comes); of the ``seeds``
+    only, where given (a first seed of every stage before the next seeds of any)."""
     failed = 0
     for stage in stages:
-        queue = [(stage, variant, run) for variant, run in runs_of(stage)]
+        queue = [
+            (stage, variant, run)
+            for variant, run in runs_of(stage)
+            if not seeds or run.config.seed in seeds
+        ]
         failed |= study.train(queue, after=_score_ood)
     return failed
 
@@ -1281,6 +1286,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     run_parser = sub.add_parser("run", help="train the stages' runs not yet done")
     run_parser.add_argument("--stage", nargs="+", choices=list(STAGES), default=list(STAGES))
+    run_parser.add_argument(
+        "--seeds", nargs="+", type=int, default=[], help="these seeds only (default: all)"
+    )
     sub.add_parser("report", help="write results/converged.md from the finished runs")
     sub.add_parser(
         "score",
@@ -1292,7 +1300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     WHERE.update(out=args.out.resolve(), extra=tuple(args.set))
     os.chdir(ROOT)  # where the runs' relative paths (model.init_from) start
     if args.command == "run":
-        return run(args.stage)
+        return run(args.stage, args.seeds)
     if args.command == "report":
         print(report())
         return 0
