@@ -343,3 +343,46 @@ def test_the_epoch_column_says_which_epoch_each_run_was_evaluated_at():
     }
     assert selected(members) == "6/5/9/7"
     assert selected({"selection": None, "train": {"epochs": 20}}) == "20"  # no selection: the last
+
+
+def test_the_reference_reads_the_reruns_under_selection_once_every_method_has_its_seeds(
+    monkeypatch, tmp_path
+):
+    """The reference tables read ``results/converged/selected`` once every method of a stage
+    has seeds 0, 1, 2 there, and say that each method is at its best validation epoch; until
+    then the earlier runs, said to be at their last epoch."""
+    if not CONVERGED.is_dir():
+        pytest.skip("not a repository checkout: results/converged is missing")
+    row = {"method": "single", "train_loss": 0.005, "nll": 0.592}
+    selected = CONVERGED / "selected" / "overfit"
+    complete = all(
+        (selected / variant / f"seed={seed}" / "final.json").is_file()
+        for _, variant in CONVERGED_METHODS["overfit"]
+        for seed in (0, 1, 2)
+    )
+    text = demo_module._reference(DemoConfig(), 300, [row]).replace("\n", " ")
+    wanted = "best validation epoch" if complete else "at its last epoch, as the study was"
+    assert wanted in text.split("Where nothing overfits")[0]
+    # a study directory whose reruns are complete: their numbers, said to be selected
+    for _, variant in CONVERGED_METHODS["overfit"]:
+        for seed in (0, 1, 2):
+            source = CONVERGED / "overfit" / variant / f"seed={seed}" / "final.json"
+            for root, shift in ((tmp_path, 0.0), (tmp_path / "selected", 0.5)):
+                final = json.loads(source.read_text(encoding="utf-8"))
+                final["metrics"]["test/nll"] += shift
+                run_dir = root / "overfit" / variant / f"seed={seed}"
+                run_dir.mkdir(parents=True)
+                (run_dir / "final.json").write_text(json.dumps(final))
+    monkeypatch.setattr(demo_module, "CONVERGED_DIR", tmp_path)
+    text = demo_module._reference(DemoConfig(), 300, [row])
+    assert "read from `results/converged/selected/overfit`" in text.replace("\n", " ")
+    assert "best validation epoch" in text
+    nll = statistics.mean(
+        json.loads((CONVERGED / "overfit/single" / f"seed={s}" / "final.json").read_text())[
+            "metrics"
+        ]["test/nll"]
+        + 0.5
+        for s in (0, 1, 2)
+    )
+    single_row = text.split("| single |")[1].split("\n")[0]
+    assert f"| {nll:.4f} |" in single_row
