@@ -851,3 +851,19 @@ def test_runs_without_selection_give_no_choice(sweep, tmp_path):
     report = write_report([root], tmp_path / "report")
     assert report.choice is None and "Chosen on validation" not in report.path.read_text()
     assert "chosen on validation" not in _read_csv(report.csv)[0]
+
+
+def test_rows_validated_on_different_examples_are_not_ranked(tmp_path):
+    runs = _copy_runs(tmp_path, "single", "snens_split_tau5_lam0.01")
+    config = (runs["single"] / "config.toml").read_text()
+    assert "validation_examples = 5000" in config
+    (runs["single"] / "config.toml").write_text(
+        config.replace("validation_examples = 5000", "validation_examples = 4000")
+    )
+    report = write_report([tmp_path], tmp_path / "report")
+    assert report.choice == (
+        "No choice on validation: the rows were validated on different examples "
+        "(data.validation_examples: 4000, 5000); choose among rows of one validation split."
+    )
+    assert "← chosen" not in report.summary
+    assert [r["chosen on validation"] for r in _read_csv(report.csv)] == ["False", "False"]

@@ -29,7 +29,7 @@ import json
 import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -585,6 +585,9 @@ def write_report(
         [{r.config["seed"]: r.final.get("selection") for r in g.runs} for g in groups]
     )
     choosing = sum(why is None for why in choice.left_out) > 1
+    split = _split_difference(groups, choice) if choosing else None
+    if split is not None:  # validation NLLs of different examples rank nothing
+        choice = replace(choice, index=None)
     rows: list[dict[str, Any]] = []
     table_rows: list[list[str]] = []
     for i, group in enumerate(groups):
@@ -616,7 +619,7 @@ def write_report(
     header = [*(_SHORT.get(k, k) for k in varied), "n", "seeds", *metrics]
     table = markdown_table(header, table_rows)
     summary = _glance(groups, varied, metrics, choice if choosing else None)
-    sentence = _choice_sentence(groups, varied, choice) if choosing else None
+    sentence = _choice_sentence(groups, varied, choice, split) if choosing else None
     if sentence:
         summary += "\n\n" + sentence
     differences = []
@@ -679,8 +682,32 @@ def write_report(
 _SELECT_NAMES = {"nll": "NLL", "ece": "ECE", "brier": "Brier", "accuracy": "accuracy"}
 
 
-def _choice_sentence(groups: Sequence[Group], varied: Sequence[str], choice: Choice) -> str:
+#: The config keys that fix which examples a run validates on.
+_SPLIT_KEYS = ("data.dataset", "data.validation_examples")
+
+
+def _split_difference(groups: Sequence[Group], choice: Choice) -> str | None:
+    """``"key: a, b"`` where the candidate rows validated on different examples, else None."""
+    for key in _SPLIT_KEYS:
+        found = {
+            _value(dict(g.key).get(key, _MISSING))
+            for g, why in zip(groups, choice.left_out, strict=True)
+            if why is None
+        }
+        if len(found) > 1:
+            return f"{key}: {', '.join(sorted(found))}"
+    return None
+
+
+def _choice_sentence(
+    groups: Sequence[Group], varied: Sequence[str], choice: Choice, split: str | None = None
+) -> str:
     """What the choice on validation kept, over which seeds, and the rows it left out."""
+    if split is not None:
+        return (
+            f"No choice on validation: the rows were validated on different examples ({split}); "
+            "choose among rows of one validation split."
+        )
     if choice.metric is None:
         return (
             "No choice on validation: the rows were selected on different metrics "
