@@ -780,7 +780,11 @@ def _glance(
 
 def _glance_cell(metric: str, found: Sequence[float | None], n_runs: int) -> str:
     """A cell at a glance: mean ± std of the finite values, n where some are missing."""
-    finite = [v for v in found if isinstance(v, int | float) and math.isfinite(v)]
+    finite = [
+        v
+        for v in found
+        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    ]
     if not finite:
         return "—"
     mean, std, n = summarize(finite)

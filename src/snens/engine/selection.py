@@ -276,7 +276,7 @@ class Choice:
     """A choice among configurations by their validation metric at the selected epochs.
 
     Attributes:
-        index: the chosen candidate (None: no two candidates could be compared).
+        index: the chosen candidate (None: none could be chosen).
         metric: the validation metric every candidate was selected on.
         seeds: the seeds compared (those every candidate has; empty: no seed is common to all,
             and each candidate's own seeds were averaged).
