@@ -270,11 +270,12 @@ def run(
             print(f"snens demo: run {name} failed: {error}", file=sys.stderr)
         return 1
 
-    rows, results, nets, steps, paths = [], {}, {}, 0, {}
+    rows, results, nets, steps, paths, selections = [], {}, {}, 0, {}, {}
     for sweep_run in runs:
         label, path = _label(sweep_run.config), sweep_run.path()
         paths[label] = path
         final = read_final(path)
+        selections[label] = {sweep_run.config.seed: final.get("selection")}
         steps = max(steps, final["train"]["steps"])  # every method takes the same steps
         report = final["metrics"]
         net = _trained_model(path)
@@ -310,7 +311,8 @@ def run(
         )
 
     table, reference = _markdown(rows), _reference(config, steps, rows)
-    verdict = "\n".join(line for line in (_verdict(paths), _load_note()) if line)
+    said = (_verdict(paths), _chosen(selections), _load_note())
+    verdict = "\n".join(line for line in said if line)
     figures = _plots(out_dir, rows, results, nets)
     seconds = time.perf_counter() - start
     print("\n" + table + "\n\n" + verdict + "\n\n" + reference)
@@ -334,6 +336,24 @@ def run(
 #: The comparisons of each σN-Ens run with each baseline: test NLL and ECE, raw and after
 #: temperature scaling (where the runs kept a validation split to fit it on).
 VERDICT = (("test", "nll"), ("test_ts", "nll"), ("test", "ece"), ("test_ts", "ece"))
+
+
+def _chosen(selections: dict[str, dict[int, Any]]) -> str:
+    """The line naming the run of lowest validation NLL at its selected epoch, as
+    ``snens report`` chooses (the test set unread), and the runs it could not rank."""
+    from snens.engine.selection import SELECT_NAMES, choose_on_validation
+
+    labels = list(selections)
+    choice = choose_on_validation([selections[label] for label in labels])
+    if choice.index is None or choice.metric is None:
+        return ""
+    line = (
+        f"Chosen on validation: {labels[choice.index]} (validation {SELECT_NAMES[choice.metric]} "
+        f"{choice.values[choice.index]:.4f} at its selected epoch, the lowest; the test set "
+        "played no part)"
+    )
+    out = [f"{label} ({why})" for label, why in zip(labels, choice.left_out) if why]
+    return line + (f"; not ranked: {'; '.join(out)}" if out else "")
 
 
 def _verdict(paths: dict[str, Path]) -> str:

@@ -54,7 +54,7 @@ from snens.engine.runs import (
     read_run_file,
     read_selected_epoch,
 )
-from snens.engine.selection import SELECT_METRICS, Choice, choose_on_validation
+from snens.engine.selection import SELECT_METRICS, SELECT_NAMES, Choice, choose_on_validation
 from snens.engine.sweep import applies
 from snens.evaluation.protocol import CALIBRATED_PREFIXES, CONFORMAL_SCORES
 from snens.method.allocation import LayerAllocation, allocation
@@ -679,9 +679,6 @@ def write_report(
     return Report(table, path, csv_path, plots, [n for n in notes if n], summary, sentence)
 
 
-_SELECT_NAMES = {"nll": "NLL", "ece": "ECE", "brier": "Brier", "accuracy": "accuracy"}
-
-
 #: The config keys that fix which examples a run validates on.
 _SPLIT_KEYS = ("data.dataset", "data.validation_examples")
 
@@ -713,7 +710,7 @@ def _choice_sentence(
             "No choice on validation: the rows were selected on different metrics "
             "(optim.select); train them with one."
         )
-    name = f"validation {_SELECT_NAMES[choice.metric]}"
+    name = f"validation {SELECT_NAMES[choice.metric]}"
     seeds = (
         f"seed {choice.seeds[0]}, the one every candidate row has"
         if len(choice.seeds) == 1
@@ -774,7 +771,7 @@ def _glance(
         ]
         rows.append(cells)
     if picked:
-        names.insert(0, f"val {_SELECT_NAMES[choice.metric]}")  # type: ignore[union-attr,index]
+        names.insert(0, f"val {SELECT_NAMES[choice.metric]}")  # type: ignore[union-attr,index]
     return markdown_table(["run", "n", *names], rows)
 
 

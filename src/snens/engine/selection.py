@@ -33,6 +33,7 @@ from snens.metrics import predictive
 __all__ = [
     "BEST",
     "SELECT_METRICS",
+    "SELECT_NAMES",
     "Choice",
     "Selection",
     "choose_on_validation",
@@ -44,6 +45,8 @@ BEST = "best.pt"
 
 #: The validation metrics a run can select on, and whether higher is better.
 SELECT_METRICS: dict[str, bool] = {"nll": False, "brier": False, "ece": False, "accuracy": True}
+#: How each of them is written in reports.
+SELECT_NAMES = {"nll": "NLL", "brier": "Brier", "ece": "ECE", "accuracy": "accuracy"}
 
 _SCORES = {
     "nll": predictive.nll,
