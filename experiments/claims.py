@@ -95,6 +95,12 @@ COLUMNS = (
 #: the LoRA ensemble of four fine-tunes run apart, by their labels in ``llm.SELECTED_ROWS``.
 LLM_REGIME = "SmolLM2-135M + LoRA fine-tuned on 1,000 Rotten Tomatoes reviews"
 LLM_EARLIER = f"{LLM_REGIME}; earlier runs, last epoch, 1,000 test reviews"
+#: The same runs scored on a labelled set of another domain (calibration under shift): the
+#: ``selected`` stage's ``data.domains``, its calibrators fitted on the reviews.
+LLM_SHIFT = "tweets"
+LLM_SHIFTED = f"{LLM_REGIME}; scored on 1,000 tweets (another domain)"
+#: The in-domain columns and the sets that stand for them under shift (no OOD columns there).
+SHIFT_SETS = {"test": f"domain/{LLM_SHIFT}", "test_ts": f"domain_ts/{LLM_SHIFT}"}
 
 
 def _finished(stage: Path, variant: str) -> list[Path]:
@@ -176,7 +182,7 @@ def sentences(said: Sequence[tuple[str, str, Sequence]]) -> list[str]:
                 f"{name} (Δ {c.interval.estimate:+.4f} [{c.interval.low:+.4f}, "
                 f"{c.interval.high:+.4f}])"
                 for (_, _, name), c in zip(COLUMNS, found, strict=True)
-                if c.verdict == word
+                if c is not None and c.verdict == word
             ]
             if columns:
                 listed = (
@@ -219,7 +225,29 @@ def _llm_stage_rows(stage: str, regime: str) -> tuple[list[list[str]], list]:
         row, told = _row(regime, name, a, b, f"{len(a)} and {len(b)}")
         rows.append(row)
         said.append(told)
+    if stage == "selected":
+        for label, name in (
+            (single_label, "one fair LoRA model"),
+            (ensemble_label, "a LoRA ensemble"),
+        ):
+            if snens_label not in units or label not in units:
+                rows.append([LLM_SHIFTED, name, *("not measured yet" for _ in COLUMNS), "—", "—"])
+                continue
+            a, b = units[snens_label][1], units[label][1]
+            found = shifted(a, b)
+            cells = ["—" if c is None else study.difference_cell(c) for c in found]
+            rows.append([LLM_SHIFTED, name, *cells, "—", f"{len(a)} and {len(b)}"])
+            said.append((LLM_SHIFTED, name, found))
     return rows, said
+
+
+def shifted(a: Sequence[dict], b: Sequence[dict]) -> list:
+    """σN-Ens's per-seed arrays ``a`` against a baseline's ``b`` on the labelled set of another
+    domain, by column: NLL and ECE raw and after the calibrators fitted in-domain; None for
+    the OOD columns."""
+    pairs = [(SHIFT_SETS[s], m) for s, m, _ in COLUMNS if s in SHIFT_SETS]
+    found = dict(zip(pairs, study.compared(a, b, pairs), strict=True))
+    return [found.get((SHIFT_SETS.get(s), m)) for s, m, _ in COLUMNS]
 
 
 def readme_with(text: str, generated: str) -> str:

@@ -129,3 +129,34 @@ def test_each_regime_measures_snens_at_the_library_defaults_or_its_presets():
             assert recipe == wanted, run
             checked += 1
     assert checked >= 8  # the overfit regime's, MobileNetV2's and the holdout cells' runs
+
+
+def test_the_llm_rows_under_shift_compare_the_other_domain_s_examples():
+    """``shifted`` reads the sets of the labelled set of another domain (``domain/tweets``,
+    ``domain_ts/tweets``): arrays whose in-domain sets are relabelled as that domain's give the
+    in-domain comparisons exactly; the OOD columns stay empty, and the sentences skip them."""
+    from snens.engine.compare import run_arrays
+
+    cell = claims.HOLDOUT / "few_gncnn"
+    a = run_arrays([cell / "snens_tau1_lam0.1" / "seed=0"])
+    b = run_arrays([cell / "single" / "seed=0"])
+
+    def as_shifted(arrays):
+        out = []
+        for x in arrays:
+            moved = {}
+            for key, value in x.items():
+                for s, shift in claims.SHIFT_SETS.items():
+                    if key.startswith(f"{s}/"):
+                        moved[shift + key.removeprefix(s)] = value
+            out.append(moved)
+        return out
+
+    found = claims.shifted(as_shifted(a), as_shifted(b))
+    in_domain = claims.comparisons(a, b)
+    assert [c is None for c in found] == [s == "ood" for s, _, _ in claims.COLUMNS]
+    for c, d in zip(found, in_domain, strict=True):
+        if c is not None:
+            assert c.interval == d.interval and c.verdict == d.verdict
+    (sentence,) = claims.sentences([("shifted", "one model", found)])
+    assert "OOD" not in sentence and sentence.count("(Δ ") == 4
