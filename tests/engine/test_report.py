@@ -867,3 +867,25 @@ def test_rows_validated_on_different_examples_are_not_ranked(tmp_path):
     )
     assert "← chosen" not in report.summary
     assert [r["chosen on validation"] for r in _read_csv(report.csv)] == ["False", "False"]
+
+
+def test_the_validation_column_shows_the_runs_the_choice_compared(tmp_path):
+    # one model with seeds 0 and 1, σN-Ens with seed 0 only: the choice compares seed 0, and
+    # the column shows one model's seed-0 value, "n=1", not its mean over both seeds
+    (tmp_path / "single").mkdir()
+    for seed in (0, 1):
+        shutil.copytree(
+            HOLDOUT_GN / "single" / f"seed={seed}",
+            tmp_path / "single" / f"seed={seed}",
+            ignore=shutil.ignore_patterns("*.pt"),
+        )
+    _copy_runs(tmp_path / "snens", "snens_tau1_lam0.1")
+    report = write_report([tmp_path], tmp_path / "report")
+    value = json.loads((HOLDOUT_GN / "single/seed=0/final.json").read_text())["selection"]
+    cells = report.summary.splitlines()[2].split(" | ")
+    assert cells[0].strip("| ") == "single"
+    assert cells[2] == f"{value['value']:.4f} (n=1) ← chosen"
+    assert report.choice.startswith(
+        "Chosen on validation: **single**, the lowest validation NLL at the selected epoch "
+        "(0.3183, seed 0, the one every candidate row has)"
+    )

@@ -742,8 +742,8 @@ def _glance(
     choice: Choice | None = None,
 ) -> str:
     """The table at a glance: a row per configuration, n, the validation metric a choice
-    rests on (mean over each row's runs; the chosen row marked), and the :data:`GLANCE`
-    metrics."""
+    rests on (mean over the row's runs of the seeds it compared, "n=" where that is not all of
+    them; the chosen row marked), and the :data:`GLANCE` metrics."""
     ood = [
         m
         for score in ("energy", "max_logit")
@@ -761,8 +761,14 @@ def _glance(
     for i, group in enumerate(groups):
         cells = [_label(group, varied), str(len(group.runs))]
         if picked:
+            # the runs the choice compared: those of the seeds every candidate row has
             kept = choice.left_out[i] is None  # type: ignore[union-attr]
-            found = [r.final["selection"]["value"] for r in group.runs] if kept else []
+            seeds = choice.seeds or group.seeds  # type: ignore[union-attr]
+            found = [
+                r.final["selection"]["value"]
+                for r in group.runs
+                if kept and r.config["seed"] in seeds
+            ]
             cells.append(_glance_cell("val", found, len(group.runs)))
             if i == choice.index:  # type: ignore[union-attr]
                 cells[-1] += " ← chosen"
