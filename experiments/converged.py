@@ -564,12 +564,10 @@ def run(stages: Sequence[str], seeds: Sequence[int] = ()) -> int:
     only, where given (a first seed of every stage before the next seeds of any)."""
     failed = 0
     for stage in stages:
-        queue = [
-            (stage, variant, run)
-            for variant, run in runs_of(stage)
-            if not seeds or run.config.seed in seeds
-        ]
-        failed |= study.train(queue, after=_score_ood)
+        queue = [(stage, variant, run) for variant, run in runs_of(stage)]
+        # every run of the stage in its variant's sweep.csv, the given seeds' trained
+        only = (lambda run: run.config.seed in seeds) if seeds else None
+        failed |= study.train(queue, after=_score_ood, only=only)
     return failed
 
 

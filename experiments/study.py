@@ -44,8 +44,13 @@ def plan_variant(variant: Variant, out: Path, overrides: Sequence[str] = ()) -> 
     )
 
 
-def train(queue: Sequence[Item], after: Callable[[str, Path], object] | None = None) -> int:
-    """Train every unfinished run of ``queue`` in order; a run another process trains (its
+def train(
+    queue: Sequence[Item],
+    after: Callable[[str, Path], object] | None = None,
+    only: Callable[[SweepRun], bool] | None = None,
+) -> int:
+    """Train every unfinished run of ``queue`` in order (those ``only`` accepts, where given:
+    the rest still listed in their variant's ``sweep.csv``); a run another process trains (its
     ``run.lock`` held) is left to it; ``after(stage, run directory)`` is called once a run this
     process trained has finished, while its checkpoint is there. Returns 1 if a run failed,
     else 0."""
@@ -55,7 +60,7 @@ def train(queue: Sequence[Item], after: Callable[[str, Path], object] | None = N
     failed = 0
     for stage, variant, sweep_run in queue:
         path = sweep_run.path()
-        if (path / FINAL).is_file():
+        if (path / FINAL).is_file() or (only is not None and not only(sweep_run)):
             continue
         print(f"== {stage}/{variant.name}/{sweep_run.name}", flush=True)
         table = tables[(stage, variant.name)]
