@@ -402,3 +402,22 @@ def test_a_finished_test_stage_run_keeps_its_ood_scores_before_its_checkpoint_go
     assert not (budget / "conformal_halves.json").exists()
     # nothing more is called for a run that is already done
     assert study.train([("final", variant, run)], after=after) == 0 and len(called) == 1
+
+
+def test_training_some_seeds_lists_every_seed_in_the_sweep_csv(tmp_path):
+    """``converged.py run --seeds 1`` trains seed 1 only; the variant's ``sweep.csv`` still
+    lists seeds 0 and 1 (it had been rewritten with seed 1 alone)."""
+    _converged_module()
+    import csv
+
+    import study
+
+    tiny = [a for a in TINY if a != "--set"]
+    variant = study.Variant("single", ("method.name=single", "optim.epochs=1"), (0, 1))
+    runs = study.plan_variant(variant, tmp_path / "final", ("threads=1", *tiny))
+    queue = [("final", variant, run) for run in runs]
+    assert study.train(queue, only=lambda run: run.config.seed == 1) == 0
+    assert [(run.path() / "final.json").is_file() for run in runs] == [False, True]
+    with open(runs[0].path().parent / "sweep.csv", newline="") as file:
+        rows = [(r["seed"], r["status"]) for r in csv.DictReader(file)]
+    assert rows == [("0", "pending"), ("1", "done")]
