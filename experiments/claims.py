@@ -126,7 +126,7 @@ def block() -> str:
         for variant, label in regime.baselines:
             theirs = _finished(regime.stage, variant)
             if not mine or not theirs:
-                rows.append([regime.label, label, *("not measured yet" for _ in COLUMNS), "—", "—"])
+                rows.append(_unmeasured(regime.label, label))
                 continue
             a, b = run_arrays(mine), run_arrays(theirs)
             row, told = _row(regime.label, label, a, b, f"{len(mine)} and {len(theirs)}")
@@ -144,8 +144,17 @@ def _row(regime: str, label: str, a: Sequence[dict], b: Sequence[dict], seeds: s
     """A table row of σN-Ens's arrays ``a`` against a baseline's ``b``, and what the sentences
     say of it: (regime, label, the comparisons by column)."""
     found = comparisons(a, b)
-    cells = [study.difference_cell(c) for c in found]
-    return [regime, label, *cells, ood_set(a), seeds], (regime, label, found)
+    return [regime, label, *_cells(found), ood_set(a), seeds], (regime, label, found)
+
+
+def _cells(found: Sequence) -> list[str]:
+    """A row's difference cells by column; "—" where the column is not compared."""
+    return ["—" if c is None else study.difference_cell(c) for c in found]
+
+
+def _unmeasured(regime: str, label: str) -> list[str]:
+    """The row of a comparison whose runs have not all finished."""
+    return [regime, label, *("not measured yet" for _ in COLUMNS), "—", "—"]
 
 
 def ood_set(arrays: Sequence[dict]) -> str:
@@ -216,28 +225,23 @@ def _llm_stage_rows(stage: str, regime: str) -> tuple[list[list[str]], list]:
         llm.SELECTED_ROWS[0][0],
         llm.SELECTED_ROWS[1][0],
     )
-    rows, said = [], []
-    for label, name in ((single_label, "one fair LoRA model"), (ensemble_label, "a LoRA ensemble")):
-        if snens_label not in units or label not in units:
-            rows.append([regime, name, *("not measured yet" for _ in COLUMNS), "—", "—"])
-            continue
-        a, b = units[snens_label][1], units[label][1]
-        row, told = _row(regime, name, a, b, f"{len(a)} and {len(b)}")
-        rows.append(row)
-        said.append(told)
+    # in-domain rows, then (the selected stage's) the same comparisons on the other domain
+    measures = [(regime, lambda a, b: (comparisons(a, b), ood_set(a)))]
     if stage == "selected":
+        measures.append((LLM_SHIFTED, lambda a, b: (shifted(a, b), "—")))
+    rows, said = [], []
+    for row_regime, measure in measures:
         for label, name in (
             (single_label, "one fair LoRA model"),
             (ensemble_label, "a LoRA ensemble"),
         ):
             if snens_label not in units or label not in units:
-                rows.append([LLM_SHIFTED, name, *("not measured yet" for _ in COLUMNS), "—", "—"])
+                rows.append(_unmeasured(row_regime, name))
                 continue
             a, b = units[snens_label][1], units[label][1]
-            found = shifted(a, b)
-            cells = ["—" if c is None else study.difference_cell(c) for c in found]
-            rows.append([LLM_SHIFTED, name, *cells, "—", f"{len(a)} and {len(b)}"])
-            said.append((LLM_SHIFTED, name, found))
+            found, ood = measure(a, b)
+            rows.append([row_regime, name, *_cells(found), ood, f"{len(a)} and {len(b)}"])
+            said.append((row_regime, name, found))
     return rows, said
 
 
