@@ -581,13 +581,14 @@ def write_report(
     with_left_out = [
         m for m in metrics if any(_left_out([r.metric(m) for r in group.runs]) for group in groups)
     ]
-    choice = choose_on_validation(
+    choice: Choice | None = choose_on_validation(
         [{r.config["seed"]: r.final.get("selection") for r in g.runs} for g in groups]
     )
-    choosing = sum(why is None for why in choice.left_out) > 1
-    split = _split_difference(groups, choice) if choosing else None
-    if split is not None:  # validation NLLs of different examples rank nothing
-        choice = replace(choice, index=None)
+    split = None
+    if sum(why is None for why in choice.left_out) < 2:  # nothing to choose between
+        choice = None
+    elif (split := _split_difference(groups, choice)) is not None:
+        choice = replace(choice, index=None)  # validation NLLs of different examples rank nothing
     rows: list[dict[str, Any]] = []
     table_rows: list[list[str]] = []
     for i, group in enumerate(groups):
@@ -595,7 +596,7 @@ def write_report(
         row: dict[str, Any] = {k: values.get(k, _MISSING) for k in varied}
         row["n"] = len(group.runs)
         row["seeds"] = " ".join(str(s) for s in group.seeds)
-        if choosing and choice.metric is not None:
+        if choice is not None and choice.metric is not None:
             row[f"val/{choice.metric} selected mean"] = choice.values[i]
             row["chosen on validation"] = i == choice.index
         cells = [_value(row[k]) for k in varied] + [str(row["n"]), row["seeds"]]
@@ -618,8 +619,8 @@ def write_report(
         table_rows.append(cells)
     header = [*(_SHORT.get(k, k) for k in varied), "n", "seeds", *metrics]
     table = markdown_table(header, table_rows)
-    summary = _glance(groups, varied, metrics, choice if choosing else None)
-    sentence = _choice_sentence(groups, varied, choice, split) if choosing else None
+    summary = _glance(groups, varied, metrics, choice)
+    sentence = _choice_sentence(groups, varied, choice, split) if choice is not None else None
     if sentence:
         summary += "\n\n" + sentence
     differences = []
