@@ -558,15 +558,22 @@ def _score_ood(stage: str, path: Path) -> None:
         examples(path)
 
 
-def run(stages: Sequence[str], seeds: Sequence[int] = ()) -> int:
+def run(stages: Sequence[str], seeds: Sequence[int] = (), variants: Sequence[str] = ()) -> int:
     """Train every unfinished run of ``stages`` in order (a stage's variants may depend on the
     previous stage's results, so each stage is planned when its turn comes); of the ``seeds``
-    only, where given (a first seed of every stage before the next seeds of any)."""
+    and the ``variants`` only, where given (a first seed of every stage before the next seeds
+    of any)."""
     failed = 0
     for stage in stages:
         queue = [(stage, variant, run) for variant, run in runs_of(stage)]
-        # every run of the stage in its variant's sweep.csv, the given seeds' trained
-        only = (lambda run: run.config.seed in seeds) if seeds else None
+
+        # every run of the stage in its variant's sweep.csv, the chosen ones trained (a run's
+        # directory is <variant>/seed=<s>)
+        def only(run: SweepRun) -> bool:
+            return (not seeds or run.config.seed in seeds) and (
+                not variants or run.path().parent.name in variants
+            )
+
         failed |= study.train(queue, after=_score_ood, only=only)
     return failed
 
@@ -1287,6 +1294,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_parser.add_argument(
         "--seeds", nargs="+", type=int, default=[], help="these seeds only (default: all)"
     )
+    run_parser.add_argument(
+        "--only",
+        nargs="+",
+        default=[],
+        metavar="VARIANT",
+        help="these variants only (default: all)",
+    )
     sub.add_parser("report", help="write results/converged.md from the finished runs")
     sub.add_parser(
         "score",
@@ -1298,7 +1312,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     WHERE.update(out=args.out.resolve(), extra=tuple(args.set))
     os.chdir(ROOT)  # where the runs' relative paths (model.init_from) start
     if args.command == "run":
-        return run(args.stage, args.seeds)
+        return run(args.stage, args.seeds, args.only)
     if args.command == "report":
         print(report())
         return 0

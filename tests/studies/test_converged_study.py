@@ -421,3 +421,38 @@ def test_training_some_seeds_lists_every_seed_in_the_sweep_csv(tmp_path):
     with open(runs[0].path().parent / "sweep.csv", newline="") as file:
         rows = [(r["seed"], r["status"]) for r in csv.DictReader(file)]
     assert rows == [("0", "pending"), ("1", "done")]
+
+
+def test_run_trains_only_the_variants_and_seeds_asked_for(tmp_path, monkeypatch):
+    """``converged.py run --only snens --seeds 1`` trains that variant's seed 1 alone; the
+    other variant and seed are left as they were."""
+    module = _converged_module()
+    import study
+
+    tiny = [a for a in TINY if a != "--set"]
+    planned = {
+        name: study.plan_variant(
+            study.Variant(name, (f"method.name={name}", "optim.epochs=1"), (0, 1)),
+            tmp_path / "final",
+            ("threads=1", *tiny),
+        )
+        for name in ("single", "snens")
+    }
+    variants = {name: study.Variant(name, (), (0, 1)) for name in planned}
+    monkeypatch.setattr(
+        module,
+        "runs_of",
+        lambda stage: [(variants[name], run) for name, runs in planned.items() for run in runs],
+    )
+    assert module.run(["final"], seeds=[1], variants=["snens"]) == 0
+    done = {
+        (name, run.config.seed): (run.path() / "final.json").is_file()
+        for name, runs in planned.items()
+        for run in runs
+    }
+    assert done == {
+        ("single", 0): False,
+        ("single", 1): False,
+        ("snens", 0): False,
+        ("snens", 1): True,
+    }
