@@ -1,18 +1,16 @@
 """Files written and read one way: never through a link, never more than was meant.
 
-**Writing.** Every file snens writes goes through :func:`write_bytes` (or :func:`open_atomic`,
-its streaming form): a temporary ``.<name>.<random>.tmp`` beside the destination, created with
-``O_CREAT | O_EXCL | O_NOFOLLOW``, is written, fsynced, renamed over the destination
-(``os.replace``; ``os.link`` when ``exclusive``) and the directory fsynced. A failure removes
-the temporary and leaves the destination as it was. Appending goes through
-:func:`open_append` (a regular file of one name, never a link); a library that writes a
-directory itself writes into :func:`staged_directory`. ``tests/test_files.py`` fails on a write
-site that bypasses these.
+**Writing.** Every file snens writes goes through :func:`write_bytes` (or :func:`open_atomic`):
+a temporary ``.<name>.<random>.tmp`` beside the destination, created with ``O_CREAT | O_EXCL |
+O_NOFOLLOW``, is written, fsynced, renamed over the destination (``os.link`` when
+``exclusive``) and the directory fsynced; a failure leaves the destination as it was.
+:func:`open_append` appends to a regular file, never a link; a library that writes a directory
+itself writes into :func:`staged_directory`. ``tests/test_files.py`` fails on a write site that
+bypasses these.
 
 **Reading.** :func:`read_bytes` opens with ``O_NOFOLLOW | O_NONBLOCK`` and checks by ``fstat``
-for a regular file of at most ``limit`` bytes before a byte is read. :func:`inside` refuses a
-name read from a file that leads out of its directory; :func:`load_npz` checks what every
-member of an ``.npz`` archive declares it inflates to before inflating any.
+for a regular file of at most ``limit`` bytes before a byte is read; :func:`inside` refuses a
+name that leads out of its directory; :func:`load_npz` bounds what an ``.npz`` inflates to.
 """
 
 from __future__ import annotations
@@ -69,14 +67,8 @@ class FileRefusedError(OSError):
         self.errno = code
 
 
-# ------------------------------------------------------------------------------------------------
-# Writing
-# ------------------------------------------------------------------------------------------------
-
-
 def fsync_directory(directory: str | os.PathLike) -> None:
-    """fsync ``directory``, which makes a rename in it durable; a no-op where the platform
-    cannot (Windows)."""
+    """fsync ``directory`` (makes a rename in it durable); a no-op where the platform cannot."""
     try:
         fd = os.open(directory, os.O_RDONLY)
     except OSError:
@@ -90,8 +82,7 @@ def fsync_directory(directory: str | os.PathLike) -> None:
 
 
 def _temporary(path: Path, mode: int | None) -> tuple[int, Path]:
-    """A new file beside ``path`` under a unique name, opened for writing: ``O_EXCL`` and
-    ``O_NOFOLLOW``, so nothing that was there (a link, a file) is ever opened."""
+    """A new file beside ``path`` under a unique name, opened ``O_EXCL | O_NOFOLLOW``."""
     stem = os.fsencode(path.name)[:_NAME_KEPT].decode(errors="ignore") or "file"
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _BINARY
     for _ in range(100):  # 64 random bits: a clash is a planted name, tried again
@@ -104,7 +95,6 @@ def _temporary(path: Path, mode: int | None) -> tuple[int, Path]:
 
 
 def _cannot_write(path: Path, error: OSError) -> OSError:
-    """``error`` with a message naming ``path``, not the temporary."""
     named = type(error)(error.errno, f"cannot write {path}: {error.strerror or error}")
     named.__cause__ = error
     return named
@@ -114,20 +104,13 @@ def _cannot_write(path: Path, error: OSError) -> OSError:
 def open_atomic(
     path: str | os.PathLike, *, exclusive: bool = False, mode: int | None = None
 ) -> Iterator[IO[bytes]]:
-    """A binary file whose content becomes ``path``, whole, when the block ends without error.
-
-    The streaming form of :func:`write_bytes`, for writers that take a file object
-    (``figure.savefig(file)``, ``torch.save(obj, file)``).
-
-    Args:
-        path: the destination; its directory must exist.
-        exclusive: put the file in place only where no file (nor link) is at ``path``.
-        mode: the file's permission bits; default ``0o600`` (its owner alone).
+    """A binary file whose content becomes ``path`` (in an existing directory), whole, when the
+    block ends without error; only where nothing is at ``path`` with ``exclusive``; with the
+    permission bits ``mode`` (default ``0o600``).
 
     Raises:
         FileExistsError: ``exclusive`` and something is at ``path``.
-        OSError: the directory is missing or not writable, the disk is full, …; the message
-            names ``path``, which is left as it was.
+        OSError: the file cannot be written; the message names ``path``, left as it was.
     """
     path = Path(path)
     try:
@@ -146,17 +129,11 @@ def open_atomic(
             os.unlink(tmp)
         else:
             os.replace(tmp, path)
-    except FileExistsError:
+    except BaseException as error:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-        raise
-    except OSError as error:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise _cannot_write(path, error) from error
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+        if isinstance(error, OSError) and not isinstance(error, FileExistsError):
+            raise _cannot_write(path, error) from error
         raise
     fsync_directory(path.parent)
 
@@ -164,22 +141,14 @@ def open_atomic(
 def write_bytes(
     path: str | os.PathLike, data: bytes, *, exclusive: bool = False, mode: int | None = None
 ) -> Path:
-    """Write ``data`` to ``path`` so that a crash leaves the old file or the new one, whole,
-    and a link at ``path`` (or at any name the write uses) is never followed.
-
-    Args:
-        path: the destination; its directory must exist.
-        data: the whole content.
-        exclusive: put the file in place only where nothing is at ``path``.
-        mode: the file's permission bits; default ``0o600`` (its owner alone).
+    """Write ``data`` to ``path`` so that a crash leaves the old file or the new one, whole, and a
+    link at ``path`` (or at any name the write uses) is never followed; as :func:`open_atomic`.
 
     Returns:
         ``path`` as a Path.
 
     Raises:
-        FileExistsError: ``exclusive`` and something is at ``path``.
-        OSError: the directory is missing or not writable, the disk is full, …; the message
-            names ``path``, which is left as it was.
+        FileExistsError, OSError: as :func:`open_atomic`.
     """
     with open_atomic(path, exclusive=exclusive, mode=mode) as file:
         file.write(data)
@@ -212,8 +181,7 @@ def savez(path: str | os.PathLike, arrays: Mapping[str, Any], *, mode: int | Non
 
 
 def plain_mode(path: str | os.PathLike) -> int:
-    """The permission bits a file written in place at ``path`` would have: the present file's,
-    or ``0o666`` less the umask (for reports and plots, which their readers open as any file)."""
+    """The permission bits of the present file at ``path``, or ``0o666`` less the umask."""
     try:
         return stat.S_IMODE(os.stat(path).st_mode)
     except OSError:
@@ -221,7 +189,7 @@ def plain_mode(path: str | os.PathLike) -> int:
 
 
 def _umask() -> int:
-    """The umask, read from /proc (setting it to read it would race other threads); else 0o022."""
+    """The umask, read from /proc (setting it to read it would race other threads)."""
     try:
         with open("/proc/self/status", encoding="ascii", errors="replace") as status:
             for line in status:
@@ -252,7 +220,6 @@ def file_kind(mode: int) -> str:
 
 
 def _open_nofollow(path: Path, flags: int, perm: int = 0o666) -> int:
-    """``os.open`` with ``O_NOFOLLOW | O_NONBLOCK``; a link there is a FileRefusedError."""
     try:
         return os.open(path, flags | _NOFOLLOW | _NONBLOCK | _BINARY, perm)
     except OSError as error:
@@ -267,7 +234,6 @@ def _open_nofollow(path: Path, flags: int, perm: int = 0o666) -> int:
 
 
 def _kind_if_not_regular(path: Path) -> str | None:
-    """After a failed open: what is at ``path`` in words, or None for a regular file (or none)."""
     try:
         mode = os.lstat(path).st_mode
     except OSError:
@@ -276,14 +242,8 @@ def _kind_if_not_regular(path: Path) -> str | None:
 
 
 def open_append(path: str | os.PathLike, *, truncate: bool = False) -> IO[bytes]:
-    """``path`` opened to append bytes (created if missing), never through a link.
-
-    A link, FIFO, device or second name of another file at ``path`` is refused and left
-    untouched.
-
-    Args:
-        path: the file.
-        truncate: empty it first (a download starting over).
+    """``path`` opened to append bytes (created if missing, emptied first with ``truncate``),
+    never through a link.
 
     Returns:
         A binary file object, positioned at the end; the caller closes it.
@@ -321,15 +281,9 @@ def open_append(path: str | os.PathLike, *, truncate: bool = False) -> IO[bytes]
 
 @contextlib.contextmanager
 def staged_directory(directory: str | os.PathLike) -> Iterator[Path]:
-    """A private empty directory for a writer that writes files by name (``save_pretrained``),
-    whose files are renamed into ``directory`` when the block ends without error.
-
-    The staging directory (mode ``0o700``, inside ``directory``) admits no link planted by
-    another user; each file then replaces its namesake by ``os.replace``. On an error nothing
-    is moved and the staging directory is removed.
-
-    Args:
-        directory: where the files go (created if missing).
+    """A private empty directory (mode ``0o700``, inside ``directory``) for a writer that writes
+    files by name, whose files replace their namesakes in ``directory`` when the block ends
+    without error; on an error nothing is moved.
 
     Raises:
         FileRefusedError: the writer left a link, FIFO or device (not moved).
@@ -404,24 +358,15 @@ def remove_stale_temporaries(directory: str | os.PathLike) -> list[Path]:
     return removed
 
 
-# ------------------------------------------------------------------------------------------------
-# Reading
-# ------------------------------------------------------------------------------------------------
-
-
 def open_regular(path: str | os.PathLike, *, follow_links: bool = False) -> int:
-    """A read-only descriptor of the regular file ``path``, opened without blocking.
-
-    Args:
-        path: the file.
-        follow_links: follow a link in the last component (a path given by hand); by default
-            a link is refused (a name inside a directory that others may write).
+    """A read-only descriptor of the regular file ``path``, opened without blocking;
+    ``follow_links`` follows a link in the last component (a path given by hand).
 
     Raises:
         FileNotFoundError: nothing at ``path``.
         FileRefusedError: a link (unless ``follow_links``), a directory, FIFO, socket or
             device; the message names it.
-        OSError: it cannot be opened (permissions); the message names it.
+        OSError: it cannot be opened; the message names it.
     """
     path = Path(path)
     flags = os.O_RDONLY | _NONBLOCK | _BINARY | (0 if follow_links else _NOFOLLOW)
@@ -457,18 +402,13 @@ def _not_readable(path: Path, what: str) -> FileRefusedError:
 def read_bytes(
     path: str | os.PathLike, *, limit: int, follow_links: bool = False, what: str = "file"
 ) -> bytes:
-    """The bytes of the regular file ``path``, checked before a byte is read.
-
-    Args:
-        path: the file.
-        limit: the largest size read, in bytes; a larger file is refused unread.
-        follow_links: as :func:`open_regular`.
-        what: what the file is, for the message (``"run file"``).
+    """The bytes of the regular file ``path``, at most ``limit`` of them, checked before a byte
+    is read; ``follow_links`` as :func:`open_regular`, ``what`` names the file in messages.
 
     Raises:
         FileNotFoundError: nothing at ``path``.
-        FileRefusedError: not a regular file (a link unless ``follow_links``), above
-            ``limit`` bytes, or grown past it while being read; the message names it.
+        FileRefusedError: not a regular file, above ``limit`` bytes, or grown past it while
+            being read.
         OSError: a read that failed; the message names it.
     """
     path = Path(path)
@@ -525,8 +465,7 @@ def sha256(path: str | os.PathLike, *, limit: int, follow_links: bool = False) -
 
 def inside(directory: str | os.PathLike, name: str) -> Path:
     """``directory / name`` for a ``name`` read from a file, refused where it leads out of
-    ``directory`` (an absolute path, a ``..``, a folder in it that links out). The file itself
-    may be a link (a Hugging Face Hub snapshot holds links to its blobs).
+    ``directory``; the file itself may be a link (a Hub snapshot links to its blobs).
 
     Raises:
         ValueError: ``name`` is not a plain relative name inside ``directory``.
@@ -547,25 +486,18 @@ def inside(directory: str | os.PathLike, name: str) -> Path:
         raise ValueError(
             f"{name!r} names a file outside {directory}, so it was not read: a save names its "
             "files by their plain names in its own directory; the file naming it is damaged or "
-            "was made to read elsewhere",
+            "was made to read elsewhere"
         )
     return directory / name
 
 
 def load_npz(data: bytes, *, name: str | os.PathLike, limit: int) -> dict[str, Any]:  # numpy arrays
-    """The arrays of an ``.npz`` archive's bytes ``data``, inflated only after what every
-    member declares was checked against ``limit``.
-
-    Each ``.npy`` header must promise exactly the bytes its member declares (a header's shape
-    allocates before the data is read); pickled arrays are refused.
-
-    Args:
-        data: the archive's bytes.
-        name: the file they came from, for the messages.
-        limit: the most bytes the arrays may take once inflated.
+    """The arrays of an ``.npz`` archive's bytes ``data`` (from the file ``name``), inflated
+    only after what every member declares (and its ``.npy`` header promises) was checked
+    against ``limit`` bytes.
 
     Returns:
-        ``{name: numpy array}``.
+        ``{name: numpy array}``; pickled arrays are refused.
 
     Raises:
         ValueError: not an npz archive, damaged, a member of another kind, or inflating past

@@ -1,10 +1,9 @@
 """Lock files held by a process for as long as it lives: ``fcntl.flock`` on the file.
 
-The kernel drops an ``flock`` when its process ends, so a SIGKILL never leaves a stale lock.
-The file names its holder (``host pid``) for the error message. Where ``fcntl`` is missing
-(Windows) a lock is an ``O_EXCL`` file, taken over when its process is gone from this host.
-A lock file is opened without following a link and written only when it is a regular file of
-one name; anything else is refused, naming it, and left as it is.
+The kernel drops an ``flock`` when its process ends, so a SIGKILL never leaves a stale lock;
+the file names its holder (``host pid``). Without ``fcntl`` (Windows) a lock is an ``O_EXCL``
+file, taken over when its process is gone from this host. A lock file that is a link or not a
+regular file of one name is refused and left as it is.
 """
 
 from __future__ import annotations
@@ -51,8 +50,8 @@ def process_alive(pid: int) -> bool:
 
 
 def holder(path: str | os.PathLike) -> str | None:
-    """The ``"host pid"`` written in a lock file, or None when there is none (also when
-    ``path`` is a link, a FIFO or anything else but a regular file, which is never read)."""
+    """The ``"host pid"`` written in a lock file, or None (also for anything but a regular
+    file, which is never read)."""
     try:
         fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _NONBLOCK)
     except OSError:
@@ -73,19 +72,13 @@ def _me() -> str:
 
 @contextlib.contextmanager
 def hold(path: str | os.PathLike, what: str, *, wait_s: float = 0.0) -> Iterator[Path]:
-    """Hold the lock file ``path`` while the block runs.
-
-    Args:
-        path: the lock file (its directory must exist).
-        what: what the lock guards, for the error message (e.g. ``"run runs/a"``).
-        wait_s: how long to wait for another holder to let go (polling every 0.25 s) before
-            giving up; 0 = refuse at once.
+    """Hold the lock file ``path`` (in an existing directory) while the block runs, waiting up to
+    ``wait_s`` for another holder to let go; ``what`` the lock guards names it in messages.
 
     Raises:
-        LockHeldError: another live process holds it (still, after ``wait_s``); the message
-            names that process.
-        OSError: ``path`` is a symbolic link, not a regular file, or a file with other names
-            (hard links); the message names it and says to remove it. It is left untouched.
+        LockHeldError: another live process holds it (after ``wait_s``), named.
+        OSError: ``path`` is a link, not a regular file, or a file with other names; it is left
+            untouched.
     """
     path = Path(path)
     take = _take_flock if fcntl is not None else _take_exclusive
@@ -126,20 +119,17 @@ def _not_a_lock_file(path: Path, what: str) -> OSError:
 
 
 def _open_lock(path: Path, flags: int) -> int:
-    """``os.open`` of the lock file, refusing a link in its last component."""
     try:
         return os.open(path, flags | _NOFOLLOW | _NONBLOCK, 0o644)
     except OSError as error:
-        # ELOOP: O_NOFOLLOW met a link (EMLINK on FreeBSD); a link made by O_EXCL's EEXIST is
-        # told apart by the caller
+        # ELOOP: O_NOFOLLOW met a link (EMLINK on FreeBSD)
         if error.errno in (errno.ELOOP, errno.EMLINK) and os.path.islink(path):
             raise _not_a_lock_file(path, "a symbolic link") from None
         raise
 
 
 def _check_lock_file(fd: int, path: Path) -> None:
-    """Refuse to write a file that is not a regular file of one name: writing ``host pid``
-    into it would change what its other names (or the device, the FIFO) hold."""
+    """Refuse to write ``host pid`` into anything but a regular file of one name."""
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode):
         raise _not_a_lock_file(path, "not a regular file (a FIFO, device or socket)")

@@ -2,13 +2,9 @@
 
     net = snens.baselines.create("packed", "resnet18", num_classes=10, num_members=4)
 
-* :class:`SingleModel` — one model, M = 1.
-* :class:`DeepEnsemble` — M independently initialized copies, trained jointly.
-* :func:`batch_ensemble` / :class:`BatchEnsemble` — rank-1 fast weights (Wen et al., 2020).
-* :func:`packed_resnet18`, :func:`packed_resnet50`, :func:`packed_small_cnn` — Packed-Ensembles
-  (Laurent et al., 2023).
-* :func:`film` — FiLM-Ensemble, per-member norm affine, shared head (Turkoglu et al., 2022).
-* :class:`MCDropout` — M dropout samples (Gal & Ghahramani, 2016).
+* :class:`SingleModel`, :class:`DeepEnsemble`, :func:`batch_ensemble` (Wen et al., 2020),
+  :func:`packed_resnet18` and the other Packed-Ensembles (Laurent et al., 2023), :func:`film`
+  (Turkoglu et al., 2022) and :class:`MCDropout` (Gal & Ghahramani, 2016).
 """
 
 from snens.baselines.batch_ensemble import (

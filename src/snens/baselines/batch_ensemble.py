@@ -1,21 +1,13 @@
 """BatchEnsemble (Wen et al., 2020): rank-1 fast weights on shared convolutions and linears.
 
-Member m of a layer with shared weight W (out × in) uses
+Member m of a layer with shared weight W uses W_m = W ⊙ (s_m r_mᵀ), computed as
+y_m = ((x_m ⊙ r_m) W ⊙ s_m) + b_m: the shared layer runs once for all members. Every
+``nn.Conv2d`` and ``nn.Linear`` (the head included) becomes such a layer; r, s ~ N(1, 0.5²).
+Norms stay shared between members, as in the paper (σN-Ens's members own theirs).
 
-    W_m = W ⊙ (s_m r_mᵀ),     y_m = ((x_m ⊙ r_m) W ⊙ s_m) + b_m
-
-computed exactly like that: scale the input by r_m, run the shared layer once for all members,
-scale its output by s_m and add the member bias b_m. Every ``nn.Conv2d`` and ``nn.Linear``
-(the head included) becomes such a layer; r and s ~ N(1, 0.5²) as in the paper's CIFAR setting.
-
-**Norms stay shared**, as in the paper: a BatchNorm normalizes all M·B rows with one set of
-statistics and one affine (in training the batch statistics couple the members). This is the
-difference to σN-Ens, whose members each own their norms.
-
-Conversion by surgery (:func:`batch_ensemble`) keeps every pretrained weight: the shared weight
-*is* the plain layer's weight (the same parameter object, so weight tying survives) and every
-member's bias starts as the plain bias; with ``init_std=0`` (r = s = 1) the converted model
-computes the original function.
+:func:`batch_ensemble` keeps every pretrained weight: the shared weight *is* the plain layer's
+(the same parameter, so weight tying survives) and every member's bias starts as the plain
+bias; with ``init_std=0`` the converted model computes the original function.
 """
 
 from __future__ import annotations
@@ -34,15 +26,9 @@ from snens.nn.norms import check_num_members
 from snens.nn.surgery import ConversionReport, replace_modules
 from snens.nn.torch_transformers import adapt
 
-__all__ = [
-    "BatchEnsemble",
-    "BatchEnsembleConv2d",
-    "BatchEnsembleLinear",
-    "batch_ensemble",
-]
+__all__ = ["BatchEnsemble", "BatchEnsembleConv2d", "BatchEnsembleLinear", "batch_ensemble"]
 
-# the largest spread of the fast weights r, s ~ N(1, σ²): their product scales a layer's
-# output by ~σ², so σ = 100 already takes every member far from the shared layer
+# r, s ~ N(1, σ²) scale a layer's output by ~σ²: σ = 100 takes every member far from it
 _MAX_INIT_STD = 100.0
 
 
@@ -111,11 +97,8 @@ class _FastWeights:
         random_sign: bool | None = None,
         generator: torch.Generator | None = None,
     ) -> None:
-        """r, s ~ N(1, init_std²), or ±1 with probability 1/2 each with ``random_sign``.
-
-        ``init_std=0`` gives r = s = 1: every member computes the shared layer. Arguments left
-        None take the layer's own settings.
-        """
+        """r, s ~ N(1, init_std²), or ±1 with ``random_sign``; arguments left None take the
+        layer's own settings."""
         init_std = self.init_std if init_std is None else init_std
         random_sign = self.random_sign if random_sign is None else random_sign
         if not 0 <= init_std <= _MAX_INIT_STD:
@@ -130,6 +113,36 @@ class _FastWeights:
                 draw = torch.randn(p.shape, generator=generator).mul(init_std).add(1)
             p.copy_(draw.to(p))
 
+    @classmethod
+    def from_plain(
+        cls,
+        plain: nn.Linear | nn.Conv2d,
+        num_members: int,
+        *,
+        init_std: float = 0.5,
+        random_sign: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> _FastWeights:
+        """A BatchEnsemble layer sharing ``plain.weight`` (the same parameter), every member's
+        bias a copy of ``plain.bias``."""
+        args, options = cls._plain_arguments(plain)
+        layer = cls(
+            *args,
+            num_members,
+            bias=plain.bias is not None,
+            init_std=init_std,
+            random_sign=random_sign,
+            device=plain.weight.device,
+            dtype=plain.weight.dtype,
+            **options,
+        )
+        layer.weight = plain.weight  # the same parameter: pretrained, and tied if it was tied
+        if layer.bias is not None:
+            with torch.no_grad():
+                layer.bias.copy_(plain.bias.detach().unsqueeze(0).expand_as(layer.bias))
+        layer.reset_fast_weights(generator=generator)
+        return layer.train(plain.training)
+
     def _fast_weights_repr(self) -> str:
         return f"num_members={self.num_members}, bias={self.bias is not None}"
 
@@ -137,19 +150,9 @@ class _FastWeights:
 class BatchEnsembleLinear(_FastWeights, nn.Linear):
     """``nn.Linear`` with rank-1 fast weights: y_m = ((x_m ⊙ r_m) Wᵀ) ⊙ s_m + b_m.
 
-    ``weight`` (K, D) is shared; ``r`` (M, D), ``s`` (M, K) and ``bias`` (M, K) are per member.
-
-    Args:
-        in_features: D.
-        out_features: K.
-        num_members: M.
-        bias: whether each member has a bias.
-        init_std: r, s ~ N(1, init_std²).
-        random_sign: draw r, s as ±1 instead.
-
-    Shape:
-        Input: (M·B, *, D), member-major. Output: (M·B, *, K).
-    """
+    ``weight`` (K, D) is shared; ``r`` (M, D), ``s`` (M, K) and ``bias`` (M, K, if ``bias``) are
+    per member, r, s ~ N(1, init_std²) or ±1 with ``random_sign``; input (M·B, *, D),
+    member-major."""
 
     def __init__(
         self,
@@ -174,30 +177,9 @@ class BatchEnsembleLinear(_FastWeights, nn.Linear):
         y = F.linear(_member_affine(x, self.r, None, dim=x.dim() - 1), self.weight)
         return _member_affine(y, self.s, self.bias, dim=y.dim() - 1)
 
-    @classmethod
-    def from_plain(
-        cls,
-        linear: nn.Linear,
-        num_members: int,
-        *,
-        init_std: float = 0.5,
-        random_sign: bool = False,
-        generator: torch.Generator | None = None,
-    ) -> BatchEnsembleLinear:
-        """A BatchEnsemble layer sharing ``linear.weight`` (the same parameter), every member's
-        bias a copy of ``linear.bias``."""
-        layer = cls(
-            linear.in_features,
-            linear.out_features,
-            num_members,
-            bias=linear.bias is not None,
-            init_std=init_std,
-            random_sign=random_sign,
-            device=linear.weight.device,
-            dtype=linear.weight.dtype,
-        )
-        _adopt(layer, linear, generator)
-        return layer
+    @staticmethod
+    def _plain_arguments(linear: nn.Linear) -> tuple[tuple, dict]:
+        return (linear.in_features, linear.out_features), {}
 
     def extra_repr(self) -> str:
         return (
@@ -210,19 +192,8 @@ class BatchEnsembleConv2d(_FastWeights, nn.Conv2d):
     """``nn.Conv2d`` with rank-1 fast weights: y_m = conv(x_m ⊙ r_m, W) ⊙ s_m + b_m.
 
     ``weight`` is shared; ``r`` (M, C_in), ``s`` (M, C_out) and ``bias`` (M, C_out) are per
-    member, applied per channel.
-
-    Args:
-        in_channels, out_channels, kernel_size: as in ``torch.nn.Conv2d``.
-        stride, padding, dilation, groups, padding_mode: as in ``torch.nn.Conv2d``.
-        num_members: M.
-        bias: whether each member has a bias.
-        init_std: r, s ~ N(1, init_std²).
-        random_sign: draw r, s as ±1 instead.
-
-    Shape:
-        Input: (M·B, C_in, H, W), member-major. Output: (M·B, C_out, H', W').
-    """
+    member; input (M·B, C_in, H, W), member-major. Arguments as ``torch.nn.Conv2d`` and
+    :class:`BatchEnsembleLinear`."""
 
     def __init__(
         self,
@@ -265,36 +236,12 @@ class BatchEnsembleConv2d(_FastWeights, nn.Conv2d):
         y = self._conv_forward(_member_affine(x, self.r, None, dim=1), self.weight, None)
         return _member_affine(y, self.s, self.bias, dim=1)
 
-    @classmethod
-    def from_plain(
-        cls,
-        conv: nn.Conv2d,
-        num_members: int,
-        *,
-        init_std: float = 0.5,
-        random_sign: bool = False,
-        generator: torch.Generator | None = None,
-    ) -> BatchEnsembleConv2d:
-        """A BatchEnsemble layer sharing ``conv.weight`` (the same parameter), every member's
-        bias a copy of ``conv.bias``."""
-        layer = cls(
-            conv.in_channels,
-            conv.out_channels,
-            conv.kernel_size,
-            num_members,
-            stride=conv.stride,
-            padding=conv.padding,
-            dilation=conv.dilation,
-            groups=conv.groups,
-            bias=conv.bias is not None,
-            padding_mode=conv.padding_mode,
-            init_std=init_std,
-            random_sign=random_sign,
-            device=conv.weight.device,
-            dtype=conv.weight.dtype,
-        )
-        _adopt(layer, conv, generator)
-        return layer
+    @staticmethod
+    def _plain_arguments(conv: nn.Conv2d) -> tuple[tuple, dict]:
+        options = ("stride", "padding", "dilation", "groups", "padding_mode")
+        return (conv.in_channels, conv.out_channels, conv.kernel_size), {
+            k: getattr(conv, k) for k in options
+        }
 
     def extra_repr(self) -> str:
         return (
@@ -303,35 +250,10 @@ class BatchEnsembleConv2d(_FastWeights, nn.Conv2d):
         )
 
 
-def _adopt(
-    layer: BatchEnsembleLinear | BatchEnsembleConv2d,
-    plain: nn.Linear | nn.Conv2d,
-    generator: torch.Generator | None,
-) -> None:
-    layer.weight = plain.weight  # the same parameter: pretrained, and tied if it was tied
-    with torch.no_grad():
-        if layer.bias is not None:
-            layer.bias.copy_(plain.bias.detach().unsqueeze(0).expand_as(layer.bias))
-    layer.reset_fast_weights(generator=generator)
-    layer.train(plain.training)
-
-
 class BatchEnsemble(nn.Module):
-    """A model whose layers are BatchEnsemble layers, run so that it returns (M, B, K).
-
-    Every tensor argument with B rows is folded to (M·B, …) at the input
-    (:func:`snens.method.ensemble.forward_repeated`).
-
-    Args:
-        model: a model holding :class:`BatchEnsembleConv2d` / :class:`BatchEnsembleLinear`
-            layers with ``num_members`` members (e.g. from :func:`batch_ensemble`).
-        num_members: M.
-        output: callable picking the logits from the model's output (default: a tensor, a
-            Hugging Face ``.logits``, or the first element of a tuple).
-        report: the conversion report, when built by :func:`batch_ensemble`.
-
-    Shape:
-        Input: (B, …). Output: (M, B, K).
+    """A model whose layers are BatchEnsemble layers of ``num_members`` members, run so that it
+    returns (M, B, K) from (B, …) (:func:`snens.method.ensemble.forward_repeated`); ``output``
+    picks the logits from the model's output, ``report`` is :func:`batch_ensemble`'s.
 
     Raises:
         ValueError: if the model holds no BatchEnsemble layer or one with a different M.
@@ -380,24 +302,13 @@ def batch_ensemble(
     output: Callable[[Any], Tensor] | None = None,
     inplace: bool = False,
 ) -> BatchEnsemble:
-    """Turn any model into a BatchEnsemble by replacing every ``nn.Conv2d`` and ``nn.Linear``.
-
-    Exact types only: subclasses (e.g. ``nn.MultiheadAttention``'s ``out_proj``, whose weight
-    the attention reads directly) are left as they are. Pretrained weights are kept (see the
-    module docstring).
-
-    Args:
-        model: any ``nn.Module``.
-        num_members: M.
-        init_std: r, s ~ N(1, init_std²); 0 makes every member the original model.
-        random_sign: draw r, s as ±1 instead.
-        generator: optional ``torch.Generator`` for r and s.
-        output: see :class:`BatchEnsemble`.
-        inplace: convert ``model`` itself instead of a deep copy.
+    """Turn any model into a BatchEnsemble by replacing every ``nn.Conv2d`` and ``nn.Linear``
+    (exact types only: ``nn.MultiheadAttention``'s ``out_proj`` is left as it is), of a deep copy
+    unless ``inplace``; ``init_std``, ``random_sign`` and ``generator`` draw r and s (0: every
+    member the original model), ``output`` as :class:`BatchEnsemble`.
 
     Returns:
-        A :class:`BatchEnsemble`; its ``report`` lists the converted layers and the parameters
-        added.
+        A :class:`BatchEnsemble` whose ``report`` lists the converted layers.
 
     Raises:
         ValueError: if the model has no ``nn.Conv2d`` or ``nn.Linear``.
@@ -412,11 +323,7 @@ def batch_ensemble(
         if cls is None:
             return None
         return cls.from_plain(
-            module,
-            num_members,
-            init_std=init_std,
-            random_sign=random_sign,
-            generator=generator,
+            module, num_members, init_std=init_std, random_sign=random_sign, generator=generator
         )
 
     replaced = replace_modules(target, make)

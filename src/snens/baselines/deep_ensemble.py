@@ -1,15 +1,9 @@
 """Deep ensembles (Lakshminarayanan et al., 2017): M independently initialized copies of a model.
 
-The members share nothing: every parameter and every running statistic belongs to one member.
-They are trained jointly (one optimizer over all members, the mean of the members' losses), which
-is equivalent to training them separately on the same batches.
-
-**Loop, not vmap, by default.** ``vectorize=True`` runs the members as one
-``torch.func.vmap`` over ``functional_call``, with the members' parameters stacked on each
-forward (``torch.stack``, not ``stack_module_state``, which detaches) and BatchNorm statistics
-written back into the members. Both paths give the same outputs, gradients and statistics;
-on the CPU vmap's grouped convolution ran no faster than M dense ones, so the loop is the
-default. Measure on other hardware with :func:`time_forward`.
+The members share nothing and are trained jointly (one optimizer, the mean of the members'
+losses), which equals training them separately on the same batches. ``vectorize=True`` runs
+them as one ``torch.func.vmap`` over ``functional_call`` (same outputs, gradients and
+statistics); the loop is the default, as vmap was no faster on the CPU (:func:`time_forward`).
 """
 
 from __future__ import annotations
@@ -39,14 +33,9 @@ def _logits(out: Any) -> Tensor:
 
 
 def reinitialized_copy(model: nn.Module) -> nn.Module:
-    """A deep copy of ``model`` with every submodule's ``reset_parameters()`` called.
-
-    This is PyTorch's default initialization of each layer; a model's own initialization rule
-    (e.g. Kaiming-normal convolutions) is not reproduced, so pass a factory that builds the model
-    to :class:`DeepEnsemble` when it matters.
-
-    Args:
-        model: the model to copy; it is not modified.
+    """A deep copy of ``model`` with every submodule's ``reset_parameters()`` called (PyTorch's
+    default initialization, not a model's own rule: pass :class:`DeepEnsemble` a factory when
+    it matters).
 
     Returns:
         The new module, of ``model``'s class.
@@ -62,32 +51,16 @@ def reinitialized_copy(model: nn.Module) -> nn.Module:
 class DeepEnsemble(nn.Module):
     """M independent models run on the same input: (B, …) -> logits (M, B, K).
 
-    Build it from a list of models, or from a factory called ``num_members`` times, each call
-    under its own seed (``seed + m``) so members are independently initialized and the result is
-    reproducible; the global random state is left untouched.
-
-    Args:
-        models: a sequence of models (the members), or a zero-argument callable building one.
-        num_members: M; required with a factory, and must equal ``len(models)`` if given with a
-            sequence.
-        seed: base seed of a factory's members; None draws one from the global generator (so
-            ``torch.manual_seed`` makes it reproducible).
-        vectorize: run the members with ``torch.func.vmap`` instead of a loop (see the module
-            docstring for when that pays: on CPU it did not).
-        input_policy: ``"repeat"``: every member on the whole batch; ``"split"`` (training
-            only; evaluation always repeats): member m on the m-th of M equal blocks of the
-            batch's rows — with a loader drawing each member's own order
-            (``TensorLoader(member_orders=M)``), M models trained apart, in one run.
-
-    Shape:
-        Input: (B, …), any positional and keyword arguments, passed to every member (every
-        tensor whose leading dimension is B cut into M blocks with ``split``).
-        Output: (M, B, K); (M, B/M, K) when training with ``split``.
+    ``models`` is a sequence of modules, or a zero-argument callable called ``num_members`` times,
+    each call under its own seed ``seed + m`` (None: drawn from the global generator, whose state
+    is left untouched). ``vectorize`` runs the members with ``torch.func.vmap`` instead of a loop.
+    With ``input_policy="split"`` (training only) member m runs on the m-th of M equal blocks of
+    the batch's rows, output (M, B/M, K).
 
     Raises:
         TypeError: if ``models`` is neither a sequence of modules nor a callable.
-        ValueError: on an empty sequence, a missing or inconsistent ``num_members``, an
-            unknown ``input_policy``, or ``split`` with ``vectorize``.
+        ValueError: on an empty sequence, a missing or inconsistent ``num_members``, an unknown
+            ``input_policy``, or ``split`` with ``vectorize``.
     """
 
     def __init__(
@@ -171,7 +144,6 @@ class DeepEnsemble(nn.Module):
         names = [n for n, _ in self.members[0].named_parameters()]
         buffer_names = [n for n, _ in self.members[0].named_buffers()]
         states = [(dict(m.named_parameters()), dict(m.named_buffers())) for m in self.members]
-        # torch.stack (not stack_module_state, which detaches) so gradients reach each member.
         params = {n: torch.stack([p[n] for p, _ in states]) for n in names}
         buffers = {n: torch.stack([b[n] for _, b in states]) for n in buffer_names}
         skeleton = self._skeleton()
@@ -189,8 +161,7 @@ class DeepEnsemble(nn.Module):
         return out  # (M, B, K)
 
     def _skeleton(self) -> nn.Module:
-        # A parameter-free copy of member 0 that functional_call fills with stacked tensors;
-        # kept out of the module tree so it adds nothing to parameters() or the state_dict.
+        # a parameter-free copy of member 0, kept out of the module tree (and the state_dict)
         skeleton = self.__dict__.get("_skeleton_module")
         if skeleton is None:
             skeleton = copy.deepcopy(self.members[0]).to("meta")

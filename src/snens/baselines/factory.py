@@ -3,9 +3,8 @@
     net = snens.baselines.create("batch_ensemble", "resnet18", num_classes=10, num_members=4)
     logits = net(x)  # (M, B, K), whatever the method
 
-``backbone`` is a name for :func:`snens.models.create` (the network is built fresh), or an
-``nn.Module`` (converted or copied; it is never modified). Packed-Ensembles build their own
-widened network, so they take only the names ``resnet18``, ``resnet50`` and ``small_cnn``.
+``backbone`` is a name for :func:`snens.models.create`, or an ``nn.Module`` (converted or copied,
+never modified); Packed-Ensembles take only the names ``resnet18``, ``resnet50``, ``small_cnn``.
 """
 
 from __future__ import annotations
@@ -35,12 +34,9 @@ class Method:
 
     Attributes:
         name: the name :func:`create` and ``method.name`` take.
-        one_network: it wraps one network (``model.init_from`` can hand it a trained one); a
-            deep ensemble builds M networks, Packed-Ensembles its own widened one.
-        member_norms: its norms are member norms with an affine of each member's own
-            (``optim.affine_weight_decay`` decays them).
-        regularized: the diversity regularizer (τ, λ, the layers it acts on) applies, and
-            ``split`` inputs are implemented (σN-Ens).
+        one_network: it wraps one network (``model.init_from`` can hand it a trained one).
+        member_norms: its norms have an affine of each member's own.
+        regularized: the diversity regularizer and ``split`` inputs apply (σN-Ens).
         fixed_members: the number of members it has whatever is asked (1 for ``single``).
     """
 
@@ -104,31 +100,18 @@ def create(
     ``snens``             ``snens.convert(model, M, **options)``
     ====================  ===========================================================
 
-    What :func:`snens.models.create` raises for a backbone built by name, and the method for
-    options it refuses, passes through.
-
-    Args:
-        method: one of :data:`METHODS`.
-        backbone: a name from :func:`snens.models.available`, or an ``nn.Module``.
-        num_classes: K, for a backbone built by name (and ``packed``).
-        num_members: M; default 4 (1 for ``single``, which accepts no other value).
-        backbone_options: keyword arguments for :func:`snens.models.create` (``in_channels``,
-            ``width``, ``pretrained``, …); for ``packed`` they join ``options``.
-        **options: passed to the method (e.g. ``init_std`` for ``batch_ensemble``, ``alpha``
-            and ``gamma`` for ``packed``, ``spread`` for ``film``, ``p`` for ``mc_dropout``,
-            ``seed`` and ``vectorize`` for ``deep_ensemble``, ``head_init`` for ``snens``).
+    ``backbone`` is a name of :func:`snens.models.available` (built with ``num_classes`` and
+    ``backbone_options``) or an ``nn.Module``; ``num_members`` defaults to 4 (1 for ``single``,
+    which takes no other); ``options`` go to the method (:func:`option_names`).
 
     Returns:
-        An ``nn.Module`` of the class in the table (an :class:`snens.Ensemble` for ``snens``
-        and ``film``) that maps (B, …) to logits (M, B, K).
+        An ``nn.Module`` of the class in the table, (B, …) -> logits (M, B, K).
 
     Raises:
-        ValueError: an unknown method (the message lists them), ``num_members != 1`` for
-            ``single``, or a ``packed`` backbone other than ``resnet18``/``resnet50``/``small_cnn``;
-            also ``num_members`` outside [1, :data:`~snens.nn.norms.MAX_MEMBERS`], or
-            ``backbone_options`` with a module backbone.
-        TypeError: a backbone that is neither a name nor an ``nn.Module``; a ``num_members``
-            that is not an int.
+        ValueError: an unknown method or option, ``num_members != 1`` for ``single``, a ``packed``
+            backbone other than its three names, ``num_members`` out of range,
+            ``backbone_options`` with a module backbone, or a size too large for memory.
+        TypeError: a backbone neither a name nor an ``nn.Module``; ``num_members`` not an int.
     """
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
@@ -160,7 +143,6 @@ def _create(
     backbone_options: dict[str, Any],
     options: dict[str, Any],
 ) -> nn.Module:
-    """:func:`create` once its arguments were checked."""
     if method == "single":
         if num_members not in (None, 1):
             raise ValueError(
@@ -207,7 +189,7 @@ def _builder(method: str, backbone: str | nn.Module) -> Any:
 def option_names(method: str, backbone: str | nn.Module) -> tuple[str, ...] | None:
     """The options :func:`create` passes on to ``method``'s builder over ``backbone`` (its
     keyword parameters but those create() gives itself); None for a ``packed`` backbone it
-    cannot build (refused by name when built).
+    cannot build.
 
     Raises:
         ValueError: an unknown method.
@@ -226,8 +208,6 @@ def option_names(method: str, backbone: str | nn.Module) -> tuple[str, ...] | No
 
 
 def _check_options(method: str, backbone: str | nn.Module, options: dict[str, Any]) -> None:
-    """Refuse an option ``method`` does not take (or one create() gives itself), naming it
-    and the options there are."""
     takes = option_names(method, backbone)
     unknown = [k for k in options if takes is not None and k not in takes]
     if unknown:

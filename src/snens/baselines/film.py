@@ -1,21 +1,9 @@
 """FiLM-Ensemble (Turkoglu et al., 2022): members differ only in their norms' affine.
 
-Every norm becomes M member norms with their own statistics and their own affine
-(a feature-wise linear modulation, FiLM), everything else — convolutions, attention and the
-classification head — is shared:
-
-    FiLM_m(x) = weight_m ⊙ norm_m(x) + bias_m
-
-**Difference to σN-Ens.** A FiLM norm is a σN-Ens member norm with gamma fixed at +∞
-(importance 1, stored as a buffer, not trained) and the head shared, so every snens tool
-applies (:class:`snens.Ensemble`, :func:`snens.extract_member`, …); :func:`snens.diversity_loss`
-is a constant with no gradient. Members whose affines start equal never diverge, so the affine
-is drawn around the plain one,
-
-    weight_m = weight ⊙ (1 + spread·ε),  bias_m = bias + spread·ε',  ε, ε' ~ N(0, 1)
-
-(the reference repository draws them Xavier-uniform instead). ``spread=0`` makes every member
-the plain model — the way to check a pretrained conversion, not to train.
+Every norm becomes M member norms with their own statistics and affine, everything else shared:
+a σN-Ens member norm with gamma fixed at +∞ (a buffer), so every snens tool applies. The affine
+is drawn around the plain one, weight_m = weight ⊙ (1 + spread·ε), bias_m = bias + spread·ε',
+ε, ε' ~ N(0, 1) (the reference draws Xavier-uniform); ``spread=0`` gives the plain model.
 """
 
 from __future__ import annotations
@@ -117,53 +105,28 @@ class FiLMBatchNorm1d(_FiLM, MemberBatchNorm1d):
     """FiLM over ``nn.BatchNorm1d``: per-member statistics and affine, no importance scale.
 
     Args: as :class:`snens.nn.MemberBatchNorm1d`, plus ``spread``.
-
-    Shape:
-        Input: (M·B, C) or (M·B, C, L), member-major. Output: same shape.
     """
 
 
 class FiLMBatchNorm2d(_FiLM, MemberBatchNorm2d):
-    """FiLM over ``nn.BatchNorm2d``: per-member statistics and affine, no importance scale.
-
-    Args: as :class:`snens.nn.MemberBatchNorm2d`, plus ``spread``: weight ~ N(1, spread²),
-    bias ~ N(0, spread²), per member.
-
-    Shape:
-        Input: (M·B, C, H, W), member-major. Output: same shape.
-    """
+    """FiLM over ``nn.BatchNorm2d``; args as :class:`snens.nn.MemberBatchNorm2d`, plus
+    ``spread``."""
 
 
 class FiLMBatchNorm3d(_FiLM, MemberBatchNorm3d):
-    """FiLM over ``nn.BatchNorm3d``.
-
-    Shape:
-        Input: (M·B, C, D, H, W), member-major. Output: same shape.
-    """
+    """FiLM over ``nn.BatchNorm3d``."""
 
 
 class FiLMLayerNorm(_FiLM, MemberLayerNorm):
-    """FiLM over ``nn.LayerNorm``: one layer_norm over all rows, then the member affine.
-
-    Shape:
-        Input: (M·B, *, *normalized_shape), member-major. Output: same shape.
-    """
+    """FiLM over ``nn.LayerNorm``: one layer_norm over all rows, then the member affine."""
 
 
 class FiLMGroupNorm(_FiLM, MemberGroupNorm):
-    """FiLM over ``nn.GroupNorm``.
-
-    Shape:
-        Input: (M·B, C, *), member-major. Output: same shape.
-    """
+    """FiLM over ``nn.GroupNorm``."""
 
 
 class FiLMRMSNorm(_FiLM, MemberRMSNorm):
-    """FiLM over ``nn.RMSNorm`` (a per-member scale; RMSNorm has no shift).
-
-    Shape:
-        Input: (M·B, *, *normalized_shape), member-major. Output: same shape.
-    """
+    """FiLM over ``nn.RMSNorm`` (a per-member scale; RMSNorm has no shift)."""
 
 
 #: Plain norm type -> its FiLM counterpart (exact types, as for the member norms).
@@ -180,21 +143,15 @@ FILM_NORMS: dict[type[nn.Module], type[MemberNorm]] = {
 def film_norm(
     num_members: int, norm: type[nn.Module] = nn.BatchNorm2d, **defaults: Any
 ) -> Callable[..., MemberNorm]:
-    """A ``norm_layer=`` factory: ``film_norm(4)(64)`` builds ``FiLMBatchNorm2d(64, 4)``.
-
-    Args:
-        num_members: M.
-        norm: the plain norm type the model would otherwise use: a key of :data:`FILM_NORMS`.
-        **defaults: keyword arguments for every layer built (e.g. ``eps``, ``spread``).
+    """A ``norm_layer=`` factory: ``film_norm(4)(64)`` builds ``FiLMBatchNorm2d(64, 4)``;
+    ``defaults`` (e.g. ``eps``, ``spread``) go to every layer built.
 
     Returns:
-        A ``functools.partial`` of the FiLM class of ``norm`` with ``num_members`` and
-        ``defaults`` bound; called with the layer's own arguments, it builds a new FiLM norm.
+        A ``functools.partial`` of the FiLM class of ``norm`` (a key of :data:`FILM_NORMS`).
 
     Raises:
-        TypeError: on a norm type with no FiLM version, or a ``num_members`` that is not an
-            int.
-        ValueError: if ``num_members`` is outside [1, :data:`~snens.nn.norms.MAX_MEMBERS`].
+        TypeError: a norm type with no FiLM version, or ``num_members`` not an int.
+        ValueError: ``num_members`` out of range.
     """
     check_num_members(num_members)
     if norm not in FILM_NORMS:
@@ -215,17 +172,9 @@ def film(
 ) -> Ensemble:
     """Turn any model with norm layers into a FiLM-Ensemble of ``num_members`` members.
 
-    Every supported norm becomes a FiLM norm starting from the plain norm's statistics and
-    affine, perturbed with ``spread``; the head and all other layers stay shared.
-
-    Args:
-        model: any ``nn.Module`` with norm layers.
-        num_members: M.
-        spread: see the module docstring; 0 keeps every member equal to ``model``.
-        generator: optional ``torch.Generator`` for the perturbation.
-        skip_unsupported: leave norms with no FiLM version shared instead of raising.
-        output: see :class:`snens.Ensemble`.
-        inplace: convert ``model`` itself instead of a deep copy.
+    Every supported norm becomes a FiLM norm starting from the plain norm, perturbed with
+    ``spread`` (0 keeps every member equal to ``model``) by ``generator``; the head and all other
+    layers stay shared. ``skip_unsupported`` leaves norms with no FiLM version shared.
 
     Returns:
         An :class:`snens.Ensemble`, (B, …) -> (M, B, K); its ``report`` lists the converted norms.

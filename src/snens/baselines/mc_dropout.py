@@ -1,14 +1,9 @@
 """MC-dropout (Gal & Ghahramani, 2016): M stochastic forward passes with dropout left on.
 
-Every dropout module of the model is replaced by one that drops in evaluation too; norms and
-everything else follow the model's mode. If the model has no dropout with p > 0, one is inserted
-before the head (the last ``nn.Linear``), by option. The M passes run as one pass over the input
-repeated M times, member-major (M·B, …): every row draws its own masks, so member m is one
-dropout sample.
-
-In training mode the wrapper runs ``train_samples`` passes, by default one (Gal & Ghahramani's
-recipe); ``train_samples=M`` averages the loss over M dropout samples per example instead, at
-M× the cost.
+Every dropout module is replaced by one that drops in evaluation too (if the model has none with
+p > 0, one is inserted before the head, by option). The M passes run as one pass over the input
+repeated M times, member-major (M·B, …), every row drawing its own masks. In training mode it
+runs ``train_samples`` passes, by default one (Gal & Ghahramani's recipe).
 """
 
 from __future__ import annotations
@@ -38,15 +33,7 @@ _DROPOUT_FUNCTIONS: dict[type[nn.Module], Callable[..., Tensor]] = {
 
 
 class MCDropoutLayer(nn.Module):
-    """Dropout that stays on in evaluation mode.
-
-    Args:
-        p: drop probability.
-        kind: the dropout type it replaces (``nn.Dropout``, ``nn.Dropout2d``, …).
-
-    Shape:
-        Input: any shape the dropout type accepts. Output: same shape.
-    """
+    """Dropout of ``p`` that stays on in evaluation mode, of the type ``kind`` it replaces."""
 
     def __init__(self, p: float, kind: type[nn.Module] = nn.Dropout) -> None:
         super().__init__()
@@ -65,25 +52,14 @@ class MCDropoutLayer(nn.Module):
 
 
 class MCDropout(nn.Module):
-    """A model with always-on dropout, sampled M times: (B, …) -> logits (M, B, K).
+    """A model (copied unless ``inplace``) with always-on dropout, sampled M times: (B, …) -> logits
+    (M, B, K), or (train_samples, B, K) in training mode.
 
-    Args:
-        model: any classifier; copied unless ``inplace``.
-        num_members: M, dropout samples per input.
-        p: drop probability of the dropout inserted before the head.
-        insert: insert dropout before the head — ``None``: only if the model has no dropout
-            with p > 0; ``True``: always; ``False``: never.
-        output: callable picking the logits from the model's output.
-        inplace: modify ``model`` itself instead of a deep copy.
-        train_samples: dropout samples per input in training mode (1: the plain model's
-            training step; M: multi-sample dropout at M× the cost).
-
-    Shape:
-        Input: (B, …). Output: (M, B, K) in evaluation, (train_samples, B, K) in training.
+    Dropout of ``p`` is inserted before the head if ``insert`` (None: only where the model has no
+    dropout with p > 0); ``output`` picks the logits from the model's output.
 
     Raises:
-        ValueError: if no dropout would be active (``insert=False`` on a model without one),
-            or the head to insert before cannot be found.
+        ValueError: if no dropout would be active, or the head to insert before cannot be found.
     """
 
     def __init__(
@@ -125,8 +101,7 @@ class MCDropout(nn.Module):
                 )
             head = heads[-1]
             replace_modules(
-                target,
-                lambda _, m: nn.Sequential(MCDropoutLayer(p), head) if m is head else None,
+                target, lambda _, m: nn.Sequential(MCDropoutLayer(p), head) if m is head else None
             )
         elif not active:
             raise ValueError(

@@ -1,22 +1,11 @@
 """Packed-Ensembles (Laurent et al., 2023): M narrow members packed into grouped convolutions.
 
-A Packed-Ensemble of a network scales every hidden width C by α (each member has α·C/M
-channels) and splits every convolution into M·γ groups: the members' channels never mix, and
-γ extra groups inside each member cut parameters further. Channels are member-major: member m
-owns channels [m·c, (m+1)·c) of every hidden layer.
-
-As in the reference (torch-uncertainty):
-
-* the first convolution is not grouped: its M·c output channels all read the C input channels
-  (the same function as M members each reading their own copy of the image);
-* the first convolution of every residual block uses γ = 1;
-* γ is lowered, layer by layer, until each group has at least ``minimum_channels_per_group``
-  (64) input channels;
-* the last layer is a grouped linear from the M·c pooled features to M·K logits, read out as
-  (M, B, K).
-
-At 10 classes, α=2, γ=2, M=4, the ResNet-50 has 14,552,232 parameters, the 14.6 M the paper
-lists for its CIFAR-10 ResNet-50 Packed-Ensemble.
+Every hidden width C is scaled by α (each member has α·C/M channels) and every convolution split
+into M·γ groups, so the members' channels never mix; member m owns channels [m·c, (m+1)·c).
+As in the reference (torch-uncertainty), the first convolution is not grouped, the first
+convolution of every residual block uses γ = 1, γ is lowered until each group has at least
+``minimum_channels_per_group`` input channels, and the head is a grouped linear read out as
+(M, B, K).
 """
 
 from __future__ import annotations
@@ -42,7 +31,7 @@ __all__ = [
 ]
 
 NormLayer = Callable[[int], nn.Module]
-# the largest width factor α: the widened network holds ~α² times the parameters
+# the largest width factor α
 _MAX_ALPHA = 64
 
 
@@ -72,7 +61,6 @@ def _groups_per_member(member_in: int, member_out: int, gamma: int, minimum: int
 
 
 def _packing(num_members: int, alpha: float, gamma: int, minimum: int) -> dict:
-    """The checked packing options every :class:`PackedConv2d` of a network shares."""
     _check_packing(num_members, alpha, gamma)
     return {
         "num_members": num_members,
@@ -98,27 +86,13 @@ def _read_out(network: nn.Module, features: Tensor) -> Tensor:
 
 
 class PackedConv2d(nn.Conv2d):
-    """A convolution of M packed members: a ``nn.Conv2d`` with M·γ groups over widened channels.
+    """A convolution of M packed members: a ``nn.Conv2d`` with M·γ groups over widened channels,
+    input (B, M·c_in, H, W), member-major.
 
-    ``in_channels`` and ``out_channels`` are the single model's widths; the layer holds
-    M·⌈α·C/M⌉ of each (``first``: the input channels as given, ungrouped; ``last``: M·out
-    channels).
-
-    Args:
-        in_channels, out_channels: C_in, C_out of the single model.
-        kernel_size, stride, padding, dilation, bias, padding_mode: as in ``torch.nn.Conv2d``.
-        num_members: M.
-        alpha: width factor α.
-        gamma: extra groups per member γ (lowered where a group would get fewer than
-            ``minimum_channels_per_group`` input channels).
-        first: the network's first layer (takes the plain input, not grouped).
-        last: the network's last layer (each member produces ``out_channels``).
-        minimum_channels_per_group: see ``gamma``; 64 as in the reference.
-
-    Shape:
-        Input: (B, M·c_in, H, W) (``first``: (B, C_in, H, W)). Output: (B, M·c_out, H', W'),
-        member-major channels.
-    """
+    ``in_channels`` and ``out_channels`` are the single model's (the layer holds M·⌈α·C/M⌉ of
+    each); ``gamma`` is lowered where a group would get fewer than ``minimum_channels_per_group``
+    input channels; the ``first`` layer takes the plain input (B, C_in, H, W), ungrouped; in the
+    ``last`` each member produces ``out_channels``. The other arguments are ``nn.Conv2d``'s."""
 
     def __init__(
         self,
@@ -178,20 +152,8 @@ class PackedConv2d(nn.Conv2d):
 
 
 class PackedLinear(nn.Module):
-    """A linear layer of M packed members: block-diagonal over M·γ groups of features.
-
-    Args:
-        in_features, out_features: D, K of the single model.
-        num_members: M.
-        alpha: width factor α.
-        gamma: extra groups per member.
-        bias: whether the layer has a bias.
-        first: the network's first layer (takes the plain features, not grouped).
-        last: the network's last layer (each member produces ``out_features``).
-
-    Shape:
-        Input: (B, *, M·d) (``first``: (B, *, D)). Output: (B, *, M·k), member-major.
-    """
+    """A linear layer of M packed members: block-diagonal over M·γ groups of features, input
+    (B, *, M·d), member-major; the arguments as :class:`PackedConv2d`'s."""
 
     def __init__(
         self,
@@ -255,17 +217,9 @@ class PackedLinear(nn.Module):
 
 
 class PackedBasicBlock(nn.Module):
-    """ResNet basic block of packed members: conv3×3 (γ=1) – norm – ReLU – conv3×3 (γ) – norm.
-
-    Args:
-        in_planes, planes: the single model's widths (the layer holds M·⌈α·C/M⌉ channels).
-        stride: stride of the first convolution.
-        norm_layer: a per-channel norm factory, called with the packed channel count.
-        **packing: ``num_members``, ``alpha``, ``gamma``, ``minimum_channels_per_group``.
-
-    Shape:
-        Input: (B, M·c_in, H, W). Output: (B, M·c, H / stride, W / stride).
-    """
+    """ResNet basic block of packed members: conv3×3 (γ=1) – norm – ReLU – conv3×3 (γ) – norm, of
+    the single model's widths, ``norm_layer`` called with the packed channel count, ``**packing``
+    as :class:`PackedConv2d` takes them."""
 
     expansion = 1
 
@@ -299,9 +253,6 @@ class PackedBottleneck(nn.Module):
     """ResNet bottleneck of packed members: 1×1 (γ=1), 3×3 (γ, stride), 1×1 ×4 (γ), each normed.
 
     Args: as :class:`PackedBasicBlock`; C_out = 4 · planes.
-
-    Shape:
-        Input: (B, M·c_in, H, W). Output: (B, M·c_out, H / stride, W / stride).
     """
 
     expansion = 4
@@ -347,25 +298,9 @@ def _packed_downsample(
 class PackedResNet(nn.Module):
     """CIFAR ResNet of M packed members (3×3 stem, stride 1, no max pool): (B, …) -> (M, B, K).
 
-    Same layout and names as :class:`snens.models.ResNet` (``conv1``, ``bn1``, ``layer1``…
-    ``layer4``, ``fc``), every convolution a :class:`PackedConv2d`, the head a
-    :class:`PackedLinear`. Each member is initialized as a plain ResNet would be: Kaiming-normal
-    convolutions with the fan-out of its own group.
-
-    Args:
-        block: :class:`PackedBasicBlock` or :class:`PackedBottleneck`.
-        layers: blocks per stage, e.g. (2, 2, 2, 2) for ResNet-18.
-        num_classes: K.
-        num_members: M.
-        alpha: width factor α.
-        gamma: extra groups per member γ.
-        in_channels: C of the input image.
-        norm_layer: per-channel norm factory (channels of different members must not mix).
-        minimum_channels_per_group: see :class:`PackedConv2d`.
-
-    Shape:
-        Input: (B, C, H, W). Output: (M, B, K).
-    """
+    Same layout and names as :class:`snens.models.ResNet`, ``block`` and ``layers`` as there;
+    each member is initialized as a plain ResNet would be (Kaiming-normal with the fan-out of its
+    own group); ``norm_layer`` must not mix channels of different members."""
 
     def __init__(
         self,
@@ -416,30 +351,16 @@ def packed_resnet18(
     norm_layer: NormLayer = nn.BatchNorm2d,
     minimum_channels_per_group: int = 64,
 ) -> PackedResNet:
-    """Packed-Ensembles of the CIFAR ResNet-18: 8,175,784 parameters at K=10, α=2, γ=2, M=4.
-
-    Args: see :class:`PackedResNet`.
+    """Packed-Ensembles of the CIFAR ResNet-18 (8.2 M parameters at K=10, α=2, γ=2, M=4).
 
     Returns:
-        A new :class:`PackedResNet` of :class:`PackedBasicBlock` (2-2-2-2), (B, C, H, W) ->
-        (M, B, K).
+        A new :class:`PackedResNet` of :class:`PackedBasicBlock` (2-2-2-2).
 
     Raises:
-        TypeError: if ``num_members`` is not an int.
-        ValueError: if ``num_members`` is outside [1, :data:`~snens.nn.norms.MAX_MEMBERS`],
-            ``alpha`` is not a number > 0, or ``gamma`` is not an int >= 1.
+        TypeError, ValueError: ``num_members``, ``alpha`` or ``gamma`` out of range.
     """
-    return PackedResNet(
-        PackedBasicBlock,
-        (2, 2, 2, 2),
-        num_classes,
-        num_members,
-        alpha,
-        gamma,
-        in_channels,
-        norm_layer,
-        minimum_channels_per_group,
-    )
+    options = (num_classes, num_members, alpha, gamma, in_channels, norm_layer)
+    return PackedResNet(PackedBasicBlock, (2, 2, 2, 2), *options, minimum_channels_per_group)
 
 
 def packed_resnet50(
@@ -451,44 +372,21 @@ def packed_resnet50(
     norm_layer: NormLayer = nn.BatchNorm2d,
     minimum_channels_per_group: int = 64,
 ) -> PackedResNet:
-    """Packed-Ensembles of the CIFAR ResNet-50: 14,552,232 parameters at K=10, α=2, γ=2, M=4.
-
-    Args: see :class:`PackedResNet`.
+    """Packed-Ensembles of the CIFAR ResNet-50 (14.6 M parameters at K=10, α=2, γ=2, M=4).
 
     Returns:
-        A new :class:`PackedResNet` of :class:`PackedBottleneck` (3-4-6-3), (B, C, H, W) ->
-        (M, B, K).
+        A new :class:`PackedResNet` of :class:`PackedBottleneck` (3-4-6-3).
 
     Raises:
-        TypeError: if ``num_members`` is not an int.
-        ValueError: if ``num_members`` is outside [1, :data:`~snens.nn.norms.MAX_MEMBERS`],
-            ``alpha`` is not a number > 0, or ``gamma`` is not an int >= 1.
+        TypeError, ValueError: ``num_members``, ``alpha`` or ``gamma`` out of range.
     """
-    return PackedResNet(
-        PackedBottleneck,
-        (3, 4, 6, 3),
-        num_classes,
-        num_members,
-        alpha,
-        gamma,
-        in_channels,
-        norm_layer,
-        minimum_channels_per_group,
-    )
+    options = (num_classes, num_members, alpha, gamma, in_channels, norm_layer)
+    return PackedResNet(PackedBottleneck, (3, 4, 6, 3), *options, minimum_channels_per_group)
 
 
 class PackedSmallCNN(nn.Module):
-    """:class:`snens.models.SmallCNN` of M packed members: (B, C, H, W) -> (M, B, K).
-
-    Three stride-2 stages of widths (w, 2w, 4w), two conv3×3-norm-ReLU layers each, as in the
-    single model, with the same names (``stage1``… ``stage3``, ``fc``).
-
-    Args:
-        num_classes, num_members, alpha, gamma, norm_layer, minimum_channels_per_group: as
-            :class:`PackedResNet`'s.
-        in_channels: C of the input image.
-        width: w of the single model.
-    """
+    """:class:`snens.models.SmallCNN` of M packed members: (B, C, H, W) -> (M, B, K), three
+    stride-2 stages of widths (w, 2w, 4w) for ``width`` w, two conv3×3-norm-ReLU layers each."""
 
     def __init__(
         self,
@@ -543,15 +441,11 @@ def packed_small_cnn(
 ) -> PackedSmallCNN:
     """Packed-Ensembles of :class:`snens.models.SmallCNN`; see :class:`PackedSmallCNN`.
 
-    Args: see :class:`PackedSmallCNN`.
-
     Returns:
         A new :class:`PackedSmallCNN`, (B, C, H, W) -> (M, B, K).
 
     Raises:
-        TypeError: if ``num_members`` is not an int.
-        ValueError: if ``num_members`` is outside [1, :data:`~snens.nn.norms.MAX_MEMBERS`],
-            ``alpha`` is not a number > 0, or ``gamma`` is not an int >= 1.
+        TypeError, ValueError: ``num_members``, ``alpha`` or ``gamma`` out of range.
     """
     return PackedSmallCNN(
         num_classes,

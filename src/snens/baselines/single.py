@@ -10,11 +10,7 @@ __all__ = ["SingleModel"]
 
 
 class SingleModel(nn.Module):
-    """Wraps a plain classifier so it returns logits (M=1, B, K) like every ensemble.
-
-    Shape:
-        Input: (B, …). Output: (1, B, K).
-    """
+    """Wraps a plain classifier so it returns logits (M=1, B, K) like every ensemble."""
 
     num_members = 1
 

@@ -1,23 +1,14 @@
-"""CIFAR-10 and CIFAR-100 (Krizhevsky 2009) and their corrupted test sets CIFAR-10-C and
-CIFAR-100-C (Hendrycks & Dietterich 2019), from the official files.
+"""CIFAR-10/100 (Krizhevsky 2009) and CIFAR-10-C/100-C (Hendrycks & Dietterich 2019).
 
-Layout under the data root (``root=``, else ``$SNENS_DATA``, else ``~/.cache/snens``)::
+Under the data root: ``cifar-10/cifar-10-python.tar.gz`` and its ``cifar-10-batches-py/``
+(torchvision's layout, directly under the root, is read too), ``cifar-100/…``,
+``cifar-10-c/CIFAR-10-C.tar`` and ``cifar-10-c/CIFAR-10-C/<corruption>.npy``, ``cifar-100-c/…``.
 
-    cifar-10/cifar-10-python.tar.gz     official archive, kept after extraction
-    cifar-10/cifar-10-batches-py/       its batches (torchvision's layout, the folder
-                                        directly under the root, is read too)
-    cifar-100/cifar-100-python.tar.gz   and cifar-100/cifar-100-python/
-    cifar-10-c/CIFAR-10-C.tar           and cifar-10-c/CIFAR-10-C/<corruption>.npy, labels.npy
-    cifar-100-c/CIFAR-100-C.tar         and cifar-100-c/CIFAR-100-C/...
-
-Safety. The CIFAR batches are Python pickles, so each batch's MD5 is compared with the
-official value (torchvision's) **before** it is unpickled; a mismatch is a
-:class:`ChecksumError`. Archives are MD5-checked, every member must be a plain file or
-directory inside the archive's one top folder, and the archive is refused above
-:data:`MAX_ARCHIVE_MEMBERS` members or :data:`MAX_ARCHIVE_BYTES` uncompressed (raised with
-``SNENS_MAX_ARCHIVE_MEMBERS`` and ``SNENS_MAX_ARCHIVE_BYTES``) or the free space; it is
-extracted into a temporary folder renamed into place when complete. The CIFAR-C arrays are
-read with ``allow_pickle=False``.
+The batches are pickles, so each one's MD5 is checked **before** it is unpickled. Archives
+are MD5-checked, may hold only plain files and folders inside their one top folder, and are
+refused above :data:`MAX_ARCHIVE_MEMBERS` members or :data:`MAX_ARCHIVE_BYTES` (env
+``SNENS_MAX_ARCHIVE_MEMBERS``, ``SNENS_MAX_ARCHIVE_BYTES``) or the free space; they extract
+into a temporary folder renamed into place. CIFAR-C arrays load with ``allow_pickle=False``.
 """
 
 from __future__ import annotations
@@ -74,18 +65,7 @@ CIFAR10_C_MD5 = "56bf5dcef84df0e2308c6dcbcbbd8499"
 CIFAR100_C_URL = "https://zenodo.org/records/3555552/files/CIFAR-100-C.tar"
 CIFAR100_C_MD5 = "11f0ed0f1191edbf9fa23466ae6021d3"
 
-CIFAR10_CLASSES = (
-    "airplane",
-    "automobile",
-    "bird",
-    "cat",
-    "deer",
-    "dog",
-    "frog",
-    "horse",
-    "ship",
-    "truck",
-)
+CIFAR10_CLASSES = tuple("airplane automobile bird cat deer dog frog horse ship truck".split())
 # Per-channel mean and std of the training images in [0, 1] (the values the literature uses).
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
@@ -106,8 +86,6 @@ _IMAGE_BYTES = 3 * 32 * 32
 
 
 class _Source(NamedTuple):
-    """Where one data set comes from and where it lands under the data root."""
-
     title: str
     url: str
     md5: str
@@ -118,18 +96,12 @@ class _Source(NamedTuple):
 def _source(dataset: str) -> _Source:
     # looked up at call time so that tests (and mirrors) can replace the module constants
     sources = {
-        "cifar10": _Source("CIFAR-10", CIFAR10_URL, CIFAR10_MD5, "cifar-10", "cifar-10-batches-py"),
-        "cifar100": _Source(
-            "CIFAR-100", CIFAR100_URL, CIFAR100_MD5, "cifar-100", "cifar-100-python"
-        ),
-        "cifar10-c": _Source(
-            "CIFAR-10-C", CIFAR10_C_URL, CIFAR10_C_MD5, "cifar-10-c", "CIFAR-10-C"
-        ),
-        "cifar100-c": _Source(
-            "CIFAR-100-C", CIFAR100_C_URL, CIFAR100_C_MD5, "cifar-100-c", "CIFAR-100-C"
-        ),
+        "cifar10": ("CIFAR-10", CIFAR10_URL, CIFAR10_MD5, "cifar-10", "cifar-10-batches-py"),
+        "cifar100": ("CIFAR-100", CIFAR100_URL, CIFAR100_MD5, "cifar-100", "cifar-100-python"),
+        "cifar10-c": ("CIFAR-10-C", CIFAR10_C_URL, CIFAR10_C_MD5, "cifar-10-c", "CIFAR-10-C"),
+        "cifar100-c": ("CIFAR-100-C", CIFAR100_C_URL, CIFAR100_C_MD5, "cifar-100-c", "CIFAR-100-C"),
     }
-    return sources[dataset]
+    return _Source(*sources[dataset])
 
 
 def _archive_name(source: _Source) -> str:
@@ -137,7 +109,6 @@ def _archive_name(source: _Source) -> str:
 
 
 def _limit(env: str, default: int) -> int:
-    """The limit set by environment variable ``env``, else ``default``."""
     raw = os.environ.get(env, "").strip()
     if not raw:
         return default
@@ -151,8 +122,7 @@ def _limit(env: str, default: int) -> int:
 
 
 def _check_members(tar: tarfile.TarFile, archive: Path, top: str) -> list[tarfile.TarInfo]:
-    """The archive's members, after refusing anything that could land outside ``top/`` and an
-    archive over the member or byte limits."""
+    """The archive's members, refusing paths outside ``top/`` and archives over the limits."""
     max_members = _limit(ARCHIVE_MEMBERS_ENV, MAX_ARCHIVE_MEMBERS)
     max_bytes = _limit(ARCHIVE_BYTES_ENV, MAX_ARCHIVE_BYTES)
     members, total = [], 0
@@ -217,8 +187,7 @@ def _extract_members(
 
 
 def _extract(archive: Path, top: str) -> Path:
-    """Extract ``archive`` (whose single top folder is ``top``) next to it, through a temporary
-    folder renamed into place; return that folder."""
+    """Extract ``archive`` (single top folder ``top``) next to it via a temporary folder."""
     target = archive.parent / top
     staging = Path(tempfile.mkdtemp(prefix=f".{top}-", dir=archive.parent))
     try:
@@ -244,8 +213,9 @@ def _extract(archive: Path, top: str) -> Path:
 
 
 def _locate(dataset: str, root, download: bool, required: tuple[str, ...]) -> Path:
-    """Folder holding the extracted files ``required``: found (``<root>/<subdir>/<top>/``, then
-    ``<root>/<top>/``), extracted from a local archive, or downloaded."""
+    """Folder holding the extracted files ``required``: found, extracted from a local archive, or
+    downloaded.
+    """
     source = _source(dataset)
     base = data_root(root)
     candidates = (base / source.subdir / source.top, base / source.top)
@@ -261,10 +231,9 @@ def _locate(dataset: str, root, download: bool, required: tuple[str, ...]) -> Pa
         raise FileNotFoundError(
             f"{source.title} not found: looked for {list(required)} in "
             f"{' and '.join(str(c) for c in candidates)}, and for the archive {archive}. Fix: "
-            f"pass download=True (with snens train: --set data.download=true) to fetch "
-            f"{source.url} (MD5 checked), or set SNENS_DATA (or "
-            f"root=) to a folder that has it, or download it yourself and put "
-            f"{archive.name} at {archive}."
+            "pass download=True (with snens train: --set data.download=true) to fetch "
+            f"{source.url} (MD5 checked), or set SNENS_DATA (or root=) to a folder that has it, or "
+            f"download it yourself and put {archive.name} at {archive}."
         )
     folder = _extract(archive, source.top)
     missing = [name for name in required if not (folder / name).is_file()]
@@ -277,7 +246,6 @@ def _locate(dataset: str, root, download: bool, required: tuple[str, ...]) -> Pa
 
 
 def _unpickle_verified(path: Path, md5: str) -> dict:
-    """Unpickle ``path`` only if its bytes have the official MD5."""
     raw = path.read_bytes()  # hash and unpickle the same bytes: no swap between check and load
     got = hashlib.md5(raw).hexdigest()
     if got != md5:
@@ -323,20 +291,10 @@ def _check_split(split: str, splits: dict) -> None:
 def load_cifar10(
     split: str = "train", root: str | os.PathLike | None = None, download: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Load CIFAR-10: 50 000 train / 10 000 test 32×32 colour images, 10 balanced classes.
-
-    Reads the official python version (``cifar-10-python.tar.gz``); see the module docstring.
-
-    Args:
-        split: ``"train"`` (``data_batch_1`` … ``data_batch_5``) or ``"test"``.
-        root: data root, see :func:`snens.data.data_root`.
-        download: fetch and extract the archive when no local copy exists.
+    """Load CIFAR-10: 50 000 train / 10 000 test 32×32 colour images, 10 classes.
 
     Returns:
-        ``(images, labels)``; class names in :data:`CIFAR10_CLASSES`.
-
-    Shape:
-        images: ``(N, 3, 32, 32)`` uint8 RGB; labels: ``(N,)`` int64 in [0, 9].
+        ``(images, labels)``: ``(N, 3, 32, 32)`` uint8 RGB, ``(N,)`` int64 in [0, 9].
 
     Raises:
         ValueError: unknown ``split``; an archive with members outside its top folder.
@@ -356,21 +314,10 @@ def load_cifar100(
     *,
     coarse: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Load CIFAR-100: 50 000 train / 10 000 test 32×32 colour images, 100 fine classes.
-
-    Reads the official python version (``cifar-100-python.tar.gz``), as :func:`load_cifar10`.
-
-    Args:
-        split: ``"train"`` or ``"test"``.
-        root: data root, see :func:`snens.data.data_root`.
-        download: fetch and extract the archive when no local copy exists.
-        coarse: return the 20 superclass labels instead of the 100 fine ones.
+    """Load CIFAR-100: 50 000 train / 10 000 test images, 100 fine (``coarse``: 20) classes.
 
     Returns:
-        ``(images, labels)``.
-
-    Shape:
-        images: ``(N, 3, 32, 32)`` uint8 RGB; labels: ``(N,)`` int64 in [0, 99] (or [0, 19]).
+        ``(images, labels)``: ``(N, 3, 32, 32)`` uint8 RGB, ``(N,)`` int64.
 
     Raises:
         ValueError: unknown ``split``; an archive with members outside its top folder.
@@ -391,29 +338,18 @@ def load_cifar_c(
     dataset: str = "cifar10",
     download: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Load one corruption at one severity of the released CIFAR-10-C or CIFAR-100-C.
+    """Load one corruption at one severity (1–5) of the released CIFAR-10-C or CIFAR-100-C.
 
-    Each ``<name>.npy`` holds the test images corrupted at severity 1, then 2, … 5 (channels
-    last); the file is memory-mapped, so only the severity's rows are read.
-
-    Args:
-        name: one of :data:`CIFAR_C_CORRUPTIONS` (the 15 of the benchmark) or
-            :data:`CIFAR_C_EXTRA_CORRUPTIONS`.
-        severity: 1 (mildest) to 5.
-        root: data root, see :func:`snens.data.data_root`.
-        dataset: ``"cifar10"`` or ``"cifar100"``.
-        download: fetch and extract the archive from Zenodo when no local copy exists.
+    ``name`` is one of :data:`CIFAR_C_CORRUPTIONS` or :data:`CIFAR_C_EXTRA_CORRUPTIONS`;
+    ``dataset`` ``"cifar10"`` or ``"cifar100"``. The ``.npy`` is memory-mapped, so only the
+    severity's rows are read.
 
     Returns:
-        ``(images, labels)``.
-
-    Shape:
-        images: ``(n, 3, 32, 32)`` uint8 RGB (n = 10 000 for the released files);
-        labels: ``(n,)`` int64.
+        ``(images, labels)``: ``(n, 3, 32, 32)`` uint8 RGB, ``(n,)`` int64.
 
     Raises:
-        ValueError: unknown ``name``, ``dataset`` or ``severity``; arrays of the wrong shape
-            or dtype, or ``.npy`` files holding Python objects.
+        ValueError: unknown ``name``, ``dataset`` or ``severity``; arrays of the wrong shape or
+            dtype, or ``.npy`` files holding Python objects.
         FileNotFoundError: no local copy and ``download=False``; the message says how to get it.
         ChecksumError: the archive differs from the official one.
     """

@@ -1,58 +1,19 @@
 """CIFAR-10-C corruptions (Hendrycks & Dietterich 2019) generated on tensors, from a seed.
 
-The 15 standard corruptions × 5 severities, with the CIFAR-C constants of
-``ImageNet-C/create_c/make_cifar_c.py`` in hendrycks/robustness (not the ImageNet-C or
-Tiny-ImageNet-C ones), for images ``(N, C, H, W)`` with 1 or 3 channels and H, W ≥ 28. Use the
-released ``.npy`` files when you have them; this module is for when you do not, or for other
-data sets (Fashion-MNIST here). Only torch and numpy are needed; JPEG uses Pillow.
+The 15 standard corruptions × 5 severities with the CIFAR-C constants of
+``ImageNet-C/create_c/make_cifar_c.py`` in hendrycks/robustness, for images ``(N, C, H, W)``
+with 1 or 3 channels and H, W ≥ 28; extras (the "held-out" set): ``speckle_noise``,
+``gaussian_blur``, ``saturate`` (3 channels only). Spatter needs OpenCV and is not provided.
+Use the released ``.npy`` files when you have them. JPEG needs Pillow.
 
-What each corruption does (x in [0, 1], c the severity's constant, result clipped to [0, 1]):
+Every draw comes from one ``numpy.random.Generator`` seeded by ``(seed, name, severity)``, on
+the CPU, so the output is the same on every device; parameters are drawn per image.
 
-* ``gaussian_noise``: x + N(0, c²) per pixel and channel.
-* ``shot_noise``: Poisson(x·c) / c.
-* ``impulse_noise``: each value becomes 0 or 1 (equally likely) with probability c.
-* ``defocus_blur``: convolution with an anti-aliased disk of radius c₀ (Gaussian σ = c₁),
-  mirrored border.
-* ``glass_blur``: Gaussian blur σ, 8-bit rounding, each pixel replaced by a random up/left
-  neighbour (``iterations`` passes), Gaussian blur again.
-* ``motion_blur``: ImageMagick's motion blur: a one-sided Gaussian (radius, σ) along a line at
-  a random angle in [−45°, 45°], edge pixels repeated.
-* ``zoom_blur``: mean of the image and its centre zooms by each factor in c.
-* ``snow``: a thresholded, zoomed, motion-blurred noise layer (and its 180° rotation) added to
-  an image brightened towards 1.5·gray + 0.5.
-* ``frost``: c₀·x + c₁·(a random crop of a frost texture).
-* ``fog``: x + c₀·(diamond-square plasma fractal, roughness decay c₁), rescaled by
-  max(x) / (max(x) + c₀).
-* ``brightness``: V + c in HSV (on the value itself for 1 channel).
-* ``contrast``: (x − m)·c + m, m the per-image, per-channel mean.
-* ``elastic_transform``: a random affine jitter of three control points (± c₂ px), then a
-  smooth random displacement field (amplitude c₀, Gaussian σ c₁), bilinear, mirrored border.
-* ``pixelate``: box down-sampling to ⌊c·H⌋ × ⌊c·W⌋ and back (Pillow's BOX filter).
-* ``jpeg_compression``: JPEG at quality c (Pillow).
-
-Extras, not among the 15 (the CIFAR-10-C "held-out" set): ``speckle_noise`` (x + x·N(0, c²)),
-``gaussian_blur``, ``saturate`` (S·c₀ + c₁ in HSV, 3 channels only). Spatter needs OpenCV's
-edge and distance transforms and is not provided.
-
-Randomness: every draw comes from one ``numpy.random.Generator`` seeded by
-``(seed, name, severity)``, on the CPU, so the output is the same on every device. Random
-parameters are drawn per image, as the reference does.
-
-Known differences from the released CIFAR-10-C files (whose random state is not published):
-
-* ``frost`` blends with five synthetic textures from a fixed seed, not the reference's
-  photographs (not shipped with snens): its error rates are not comparable with published ones.
-* ``motion_blur`` and ``snow`` re-implement ImageMagick's ``MotionBlurImage`` in torch, so
-  8-bit rounding differs slightly.
-* Results are not rounded to 8 bits between steps; ``uint8`` inputs give ``uint8`` outputs,
-  rounded rather than truncated. ``elastic_transform`` samples bilinearly where OpenCV uses
-  1/32-pixel fixed point; JPEG bytes depend on Pillow's libjpeg.
-* The reference hard-codes 32 px. Here ``elastic_transform`` scales its constants by
-  min(H, W), ``pixelate`` uses ⌊c·H⌋, ``fog`` and ``frost`` scale their maps with the image;
-  at 32 × 32 this is the reference.
-* 1-channel images are corrupted as themselves (no gray → RGB conversion).
-
-Source of the constants: hendrycks/robustness, ``ImageNet-C/create_c/make_cifar_c.py``.
+Differences from the released files: ``frost`` blends five synthetic textures (not the
+reference's photographs), so its error rates are not comparable; ``motion_blur`` and ``snow``
+re-implement ImageMagick in torch; nothing is rounded to 8 bits between steps (uint8 inputs
+give rounded uint8 outputs); constants scale with the image size (the reference hard-codes
+32 px); 1-channel images stay 1-channel.
 """
 
 from __future__ import annotations
@@ -160,15 +121,8 @@ _FROST_BACKGROUND = (0.03, 0.06, 0.10)  # dark blue-gray glass between the cryst
 _Fn = Callable[[torch.Tensor, np.random.Generator, object], torch.Tensor]
 
 
-def _uniform(rng: np.random.Generator, low, high, shape, like: torch.Tensor) -> torch.Tensor:
-    return torch.as_tensor(rng.uniform(low, high, shape), dtype=like.dtype, device=like.device)
-
-
 def _normal(rng: np.random.Generator, loc, scale, shape, like: torch.Tensor) -> torch.Tensor:
     return torch.as_tensor(rng.normal(loc, scale, shape), dtype=like.dtype, device=like.device)
-
-
-# ---------------------------------------------------------------- the corruptions
 
 
 def _gaussian_noise(x, rng, c):
@@ -196,10 +150,10 @@ def _defocus_blur(x, rng, c):
 
 
 def _glass_shuffle(x: torch.Tensor, dx: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
-    """One pass of the reference's pixel "swap" loop, for max_delta = 1, as one gather.
+    """One pass of the reference's pixel "swap" loop (max_delta = 1) as one gather.
 
-    The reference's swap assigns NumPy views, so it copies the (up/left, not yet visited)
-    neighbour into (h, w) and leaves the neighbour as it is (numpy/numpy#14428).
+    The reference's swap assigns NumPy views, so it copies the up/left neighbour into (h, w) and
+    leaves the neighbour as it is (numpy/numpy#14428).
     """
     n, c, h, w = x.shape
     if dx.min() < -1 or dy.min() < -1 or dx.max() > 0 or dy.max() > 0:
@@ -223,7 +177,7 @@ def _glass_blur(x, rng, c):
     return gaussian_blur(x, sigma)
 
 
-def _motion(x, rng, c):
+def _motion_blur(x, rng, c):
     return motion_blur(x, c[0], c[1], rng.uniform(-45, 45, x.shape[0]))
 
 
@@ -284,8 +238,7 @@ def _fog(x, rng, c):
 
 @lru_cache(maxsize=4)
 def _frost_textures(size: int) -> torch.Tensor:
-    """Five fixed synthetic frost textures, (5, 3, size, size) in [0, 1]: ridged noise (veins)
-    plus short bright streaks (needles), gamma-adjusted to the mean and tinted ice-blue."""
+    """Five fixed synthetic frost textures, (5, 3, size, size) in [0, 1]."""
     rng = np.random.default_rng(_FROST_TEXTURE_SEED)
     textures = []
     for _ in range(_FROST_TEXTURES):
@@ -356,8 +309,7 @@ def _pixel_grid(x: torch.Tensor) -> torch.Tensor:
 
 
 def _warp_affine(x: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
-    """out(p) = x(inverse · (p, 1)), bilinear: cv2.warpAffine with BORDER_REFLECT_101, which
-    grid_sample "reflection" with align_corners=True interpolates exactly."""
+    """out(p) = x(inverse · (p, 1)), bilinear: cv2.warpAffine with BORDER_REFLECT_101."""
     h, w = x.shape[-2:]
     grid = _pixel_grid(x)
     points = torch.cat((grid, torch.ones_like(grid[..., :1])), -1)  # (H, W, 3)
@@ -369,8 +321,7 @@ def _warp_affine(x: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
 
 
 def _displace(x: torch.Tensor, field: torch.Tensor) -> torch.Tensor:
-    """out(p) = x(p + field(p)), field (N, 2, H, W) of (column, row) offsets: scipy's
-    map_coordinates(order=1, mode="reflect"), as grid_sample with align_corners=False."""
+    """out(p) = x(p + field(p)), field (N, 2, H, W) of (column, row) offsets, reflected border."""
     h, w = x.shape[-2:]
     target = _pixel_grid(x) + field.permute(0, 2, 3, 1)
     size = torch.tensor([w, h], dtype=x.dtype, device=x.device)
@@ -392,7 +343,7 @@ def _elastic_transform(x, rng, c):
     forward[:, 2, 2] = 1
     x = _warp_affine(x, torch.as_tensor(np.linalg.inv(forward)[:, :2]))
     # Smooth random displacement: U(-1, 1) per pixel, Gaussian σ (mirrored, truncate 3), ×α.
-    noise = _uniform(rng, -1, 1, (n, 2, h, w), x)
+    noise = torch.as_tensor(rng.uniform(-1, 1, (n, 2, h, w)), dtype=x.dtype, device=x.device)
     return _displace(x, gaussian_blur(noise, sigma, mode="reflect", truncate=3) * alpha)
 
 
@@ -425,29 +376,12 @@ def _jpeg_compression(x, rng, c):
     return torch.as_tensor(out, device=x.device).permute(0, 3, 1, 2).to(x.dtype) / 255
 
 
-_FUNCTIONS: dict[str, _Fn] = {
-    "gaussian_noise": _gaussian_noise,
-    "shot_noise": _shot_noise,
-    "impulse_noise": _impulse_noise,
-    "defocus_blur": _defocus_blur,
-    "glass_blur": _glass_blur,
-    "motion_blur": _motion,
-    "zoom_blur": _zoom_blur,
-    "snow": _snow,
-    "frost": _frost,
-    "fog": _fog,
-    "brightness": _brightness,
-    "contrast": _contrast,
-    "elastic_transform": _elastic_transform,
-    "pixelate": _pixelate,
-    "jpeg_compression": _jpeg_compression,
-    "speckle_noise": _speckle_noise,
-    "gaussian_blur": lambda x, rng, c: gaussian_blur(x, c),
-    "saturate": _saturate,
-}
+def _gaussian_blur(x, rng, c):
+    return gaussian_blur(x, c)
 
 
-# ---------------------------------------------------------------- public API
+# each corruption's function is the module's "_<name>"
+_FUNCTIONS: dict[str, _Fn] = {n: globals()[f"_{n}"] for n in CORRUPTIONS + EXTRA_CORRUPTIONS}
 
 
 def _check_name(name: object) -> str:
@@ -459,18 +393,18 @@ def _check_name(name: object) -> str:
     return name
 
 
+def _is_int(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 def _check_severity(severity: object) -> int:
-    if (
-        not isinstance(severity, numbers.Integral)
-        or isinstance(severity, bool)
-        or not 1 <= severity <= 5
-    ):
+    if not _is_int(severity) or not 1 <= severity <= 5:
         raise ValueError(f"severity must be an integer in 1..5, got {severity!r}")
     return int(severity)
 
 
 def _check_seed(seed: object) -> int:
-    if not isinstance(seed, numbers.Integral) or isinstance(seed, bool) or seed < 0:
+    if not _is_int(seed) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
     return int(seed)
 
@@ -525,25 +459,21 @@ def _corrupt(images: torch.Tensor, name: str, severity: int, key: tuple[int, ...
 def corrupt(images: torch.Tensor, name: str, severity: int, *, seed: int = 0) -> torch.Tensor:
     """Apply one CIFAR-10-C corruption at one severity to a batch of images.
 
-    Every image gets its own random draw (noise, angle, crop, field); the batch as a whole is
-    a deterministic function of ``(images, name, severity, seed)``, on any device.
+    Each image gets its own random draw; the batch is a deterministic function of
+    ``(images, name, severity, seed)``, on any device.
 
     Args:
-        images: floating point in [0, 1] (any float dtype) or uint8 in [0, 255].
+        images: ``(N, C, H, W)``, C ∈ {1, 3}, H, W ≥ 28; float in [0, 1] or uint8.
         name: one of :data:`CORRUPTIONS` (or :data:`EXTRA_CORRUPTIONS`).
         severity: 1 (mildest) … 5.
-        seed: non-negative integer; the generator is seeded by ``(seed, name, severity)``.
+        seed: non-negative integer.
 
     Returns:
-        The corrupted images, same shape, dtype and device, clipped to [0, 1] (uint8 inputs:
-        rounded to [0, 255]).
-
-    Shape:
-        images: ``(N, C, H, W)`` with C ∈ {1, 3} and H, W ≥ 28; the output likewise.
+        The corrupted images, same shape, dtype and device, clipped to [0, 1] (uint8: [0, 255]).
 
     Raises:
-        ValueError: unknown ``name``, ``severity`` not in 1..5, a negative seed, a shape that
-            is not (N, 1 or 3, ≥28, ≥28), values outside [0, 1], ``saturate`` on 1 channel.
+        ValueError: unknown ``name``, bad severity, seed, shape or value range, ``saturate`` on 1
+            channel.
         TypeError: not a tensor, or a dtype other than float or uint8.
         ImportError: ``jpeg_compression`` without Pillow.
     """
@@ -564,27 +494,16 @@ def corrupted(
 ) -> Iterator[tuple[str, int, torch.Tensor, torch.Tensor]]:
     """Yield every corrupted version of a data set, one ``(name, severity)`` at a time.
 
-    The images are corrupted ``batch_size`` at a time; with ``batch_size ≥ N`` each output
-    equals ``corrupt(images, name, severity, seed=seed)``, and depends on ``batch_size``
-    otherwise (a chunk starting at image s draws from ``(seed, s, name, severity)``).
-
-    Args:
-        images: the clean images, as for :func:`corrupt`.
-        labels: their labels, passed through unchanged.
-        names: corruption names, or a single name.
-        severities: severities in 1..5, or a single one.
-        seed: base seed.
-        batch_size: images per chunk.
+    Images are corrupted ``batch_size`` at a time; with ``batch_size ≥ N`` each output equals
+    ``corrupt(images, name, severity, seed=seed)`` (a chunk starting at image s > 0 draws from
+    ``(seed, s, name, severity)``). ``labels`` pass through unchanged.
 
     Yields:
         ``(name, severity, corrupted_images, labels)``, names outer, severities inner.
 
-    Shape:
-        images: ``(N, C, H, W)``; labels: ``(N, …)``.
-
     Raises:
-        ValueError: as :func:`corrupt`, checked for all names and severities before the
-            first yield; ``labels`` not of length N; ``batch_size`` < 1.
+        ValueError: as :func:`corrupt` (checked before the first yield); ``labels`` not of
+            length N; ``batch_size`` < 1.
     """
     names = (names,) if isinstance(names, str) else tuple(names)
     severities = (severities,) if isinstance(severities, numbers.Integral) else tuple(severities)

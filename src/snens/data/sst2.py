@@ -1,9 +1,8 @@
 """SST-2, the binary Stanford Sentiment Treebank task of GLUE (Socher et al. 2013).
 
-The GLUE archive ``SST-2.zip`` holds ``train.tsv`` and ``dev.tsv`` (``test.tsv``'s labels are
-hidden, so it is not offered), tab-separated ``sentence<TAB>label`` and not quoted (a ``"`` is
-part of the sentence). The TSVs are read straight from the zip, looked up in
-``<data root>/sst-2/`` (the zip, or an extracted ``SST-2/`` folder), then ``<data root>/SST-2/``.
+GLUE's ``SST-2.zip`` holds ``train.tsv`` and ``dev.tsv`` (``test.tsv``'s labels are hidden),
+``sentence<TAB>label`` unquoted, read straight from the zip in ``<data root>/sst-2/`` or from
+an extracted ``SST-2/`` folder there or in the data root.
 """
 
 from __future__ import annotations
@@ -30,8 +29,7 @@ MAX_TSV_BYTES = 256 * 2**20
 
 
 def _parse_tsv(stream: io.TextIOBase, source: str, fix: str) -> tuple[list[str], list[int]]:
-    """The sentences and labels of one TSV; ``source`` names it in errors, ``fix`` says what
-    to do about a damaged one."""
+    """The sentences and labels of one TSV; ``source`` and ``fix`` go into errors."""
     reader = csv.reader(stream, delimiter="\t", quoting=csv.QUOTE_NONE)
     texts, labels = [], []
     try:
@@ -62,15 +60,11 @@ def load_sst2(
 ) -> tuple[list[str], list[int]]:
     """Load the SST-2 sentences and their sentiment labels (1 = positive).
 
-    Args:
-        split: ``"train"`` or ``"validation"`` (GLUE's ``dev.tsv``; the usual test set).
-        root: data root, see :func:`snens.data.data_root`.
-        download: fetch ``SST-2.zip`` from the GLUE mirror when no local copy exists (MD5
-            checked; an existing zip is re-checked and replaced if it fails).
+    ``split`` is ``"train"`` or ``"validation"`` (GLUE's ``dev.tsv``, the usual test set);
+    ``download`` fetches ``SST-2.zip`` (MD5 checked) when no local copy exists.
 
     Returns:
-        ``(texts, labels)``: sentences stripped of surrounding whitespace, in file order,
-        and their labels; class names in :data:`SST2_CLASSES`.
+        ``(texts, labels)``, sentences stripped, in file order.
 
     Raises:
         ValueError: unknown ``split``; a file without the ``sentence/label`` layout.
@@ -97,9 +91,9 @@ def load_sst2(
         raise FileNotFoundError(
             f"SST-2 not found: looked for {archive} and for {tsv} in "
             f"{' and '.join(str(f) for f in folders)}. Fix: pass download=True (with snens "
-            "train: --set data.download=true) to fetch "
-            f"{SST2_URL} (MD5 checked), or set SNENS_DATA (or root=) to a folder that has it, "
-            f"or download it yourself and put it at {archive}."
+            f"train: --set data.download=true) to fetch {SST2_URL} (MD5 checked), or set "
+            f"SNENS_DATA (or root=) to a folder that has it, or download it yourself and put it at "
+            f"{archive}."
         )
     return _read_zip(archive, f"SST-2/{tsv}")
 

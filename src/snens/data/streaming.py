@@ -1,14 +1,8 @@
 """A loader of image files too large for memory: a torch DataLoader with seeded epochs.
 
-:class:`FolderLoader` reads a map-style data set (an :class:`~snens.data.ImageFolder` with its
-transform) through a ``torch.utils.data.DataLoader`` with worker processes. It behaves like
-:class:`~snens.data.TensorLoader` where the engine relies on it:
-
-* epoch e depends only on ``(seed, e)``: example i's random transform runs under torch's
-  global generator seeded with ``(seed, e, i)``, so the batches do not depend on the number of
-  workers either;
-* :meth:`FolderLoader.shard` gives TensorLoader's data-parallel contract: N processes step
-  through the batches one process would (a ``DistributedSampler`` would not).
+Like :class:`~snens.data.TensorLoader`, epoch e depends only on ``(seed, e)`` (example i's
+random transform runs under torch's global generator seeded with ``(seed, e, i)``, whatever
+the number of workers), and :meth:`FolderLoader.shard` gives its data-parallel contract.
 """
 
 from __future__ import annotations
@@ -22,7 +16,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from .loader import check_shard
+from .loader import _is_int_at_least, check_shard
 
 __all__ = ["MAX_WORKERS", "FolderLoader", "default_num_workers"]
 
@@ -37,8 +31,7 @@ def default_num_workers() -> int:
     """min(8, usable CPUs): enough to decode JPEGs for one GPU without crowding the host.
 
     Returns:
-        The number of DataLoader workers, an int in [1, 8]: the CPUs this process may run on
-        (``os.cpu_count()`` where the platform cannot say), at most 8.
+        An int in [1, 8].
     """
     try:
         cpus = len(os.sched_getaffinity(0))
@@ -71,17 +64,10 @@ class FolderLoader:
     """Iterate over ``(x, y)`` batches of a map-style data set, read by DataLoader workers.
 
     Args:
-        dataset: ``dataset[i]`` returns ``(image, label)``; ``len(dataset)`` examples.
-        batch_size: examples per (global) batch.
-        shuffle: a fresh permutation each epoch, drawn from ``(seed, epoch)``.
-        drop_last: drop the final short batch.
-        seed: base seed of permutations and random transforms.
+        dataset: ``dataset[i]`` returns ``(image, label)``.
+        batch_size: examples per global batch.
         num_workers: DataLoader worker processes; 0 reads in this process, -1 =
             :func:`default_num_workers`.
-        pin_memory: page-locked batches, for fast copies to a GPU.
-
-    Shape:
-        x: ``(B, C, H, W)`` as the transform returns it; y: ``(B,)`` int64.
 
     Raises:
         ValueError: an empty data set, a non-positive batch size, ``num_workers`` outside
@@ -99,7 +85,7 @@ class FolderLoader:
         num_workers: int = 0,
         pin_memory: bool = False,
     ) -> None:
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        if not _is_int_at_least(batch_size, 1):
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         if len(dataset) == 0:
             raise ValueError("the data set is empty")
@@ -108,11 +94,7 @@ class FolderLoader:
                 f"drop_last with batch_size {batch_size} > {len(dataset)} examples yields no "
                 "batch; lower data.batch_size or use more examples"
             )
-        if (
-            isinstance(num_workers, bool)
-            or not isinstance(num_workers, int)
-            or not -1 <= num_workers <= MAX_WORKERS
-        ):
+        if not _is_int_at_least(num_workers, -1) or num_workers > MAX_WORKERS:
             raise ValueError(
                 f"num_workers must be an int in 0..{MAX_WORKERS}, or -1 for the default; got "
                 f"{num_workers!r}"
@@ -126,34 +108,23 @@ class FolderLoader:
         self.rank, self.world_size = 0, 1
 
     def shard(self, rank: int, world_size: int) -> FolderLoader:
-        """Read only rank ``rank``'s share of every global batch (see :meth:`batches`).
-
-        Raises:
-            ValueError: ``rank`` outside ``[0, world_size)``, or ``batch_size`` not a multiple
-                of ``world_size``.
-        """
+        """Read only rank ``rank``'s share of every global batch (see :meth:`batches`)."""
         check_shard(rank, world_size, self.batch_size)
         self.rank, self.world_size = rank, world_size
         return self
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next pass epoch ``epoch``."""
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+        if not _is_int_at_least(epoch, 0):
             raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
         self.epoch = epoch
 
     def __len__(self) -> int:
-        """Batches per epoch (the same on every rank)."""
         n = len(self.dataset)
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
     def batches(self, epoch: int) -> list[list[int]]:
-        """The indices of this rank's batches in epoch ``epoch``.
-
-        The epoch's order is a permutation drawn from ``(seed, epoch)`` (or 0…N−1 without
-        shuffling); global batch i is its rows ``[i·B, (i+1)·B)``, and rank r takes the r-th
-        of ``world_size`` equal contiguous parts of each — as :class:`TensorLoader` does.
-        """
+        """The indices of this rank's batches in ``epoch``, as :class:`TensorLoader` takes them."""
         n, size = len(self.dataset), self.batch_size
         if self.shuffle:
             generator = torch.Generator().manual_seed(_seed(self.seed, epoch))

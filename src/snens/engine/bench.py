@@ -67,9 +67,6 @@ def measure_device(name: str | torch.device) -> torch.device:
     """``name`` as a device the bench measures on: the CPU or a CUDA device this process sees
     (``"auto"``: CUDA when available).
 
-    Returns:
-        The ``torch.device``.
-
     Raises:
         ValueError: ``name`` is not a device, neither ``cpu`` nor ``cuda``, or not there.
     """
@@ -87,11 +84,8 @@ def sync() -> None:
 
 
 def time_call(fn: Callable[[], None], inner: int) -> float:
-    """Seconds per call of ``fn``, over ``inner`` calls, the device synchronized around them.
-
-    Returns:
-        The wall-clock seconds of the ``inner`` calls divided by ``inner``.
-    """
+    """Wall-clock seconds per call of ``fn``, over ``inner`` calls, the device synchronized
+    around them."""
     sync()
     start = time.perf_counter()
     for _ in range(inner):
@@ -129,13 +123,8 @@ def compare(
 def train_step(
     model: nn.Module, x: torch.Tensor, y: torch.Tensor, bf16: bool = False
 ) -> Callable[[], None]:
-    """One timed step: forward, the ensemble loss, backward, an SGD update (the model's cost
-    alone, without the engine's per-step bookkeeping).
-
-    Returns:
-        A function of no arguments that takes one step of ``model`` on ``(x, y)``; a plain
-        model's (B, K) logits count as one member.
-    """
+    """A function of no arguments that takes one step of ``model`` on ``(x, y)``: forward,
+    the ensemble loss, backward, an SGD update (a plain model's (B, K) logits: one member)."""
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     model.train()
 
@@ -153,12 +142,8 @@ def train_step(
 
 
 def peak_memory_bytes(model: nn.Module, x: torch.Tensor) -> int:
-    """Parameters and buffers plus the peak of live allocations during one no-grad forward
-    (on CPU from the profiler's allocation and free events).
-
-    Returns:
-        Bytes.
-    """
+    """Bytes of parameters and buffers plus the peak of live allocations during one no-grad
+    forward (on CPU from the profiler's allocation and free events)."""
     resident = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
     model.eval()
     if x.is_cuda:
@@ -184,29 +169,22 @@ def peak_memory_bytes(model: nn.Module, x: torch.Tensor) -> int:
 
 
 def format_table(rows: list[Measure]) -> str:
-    """The rows as a Markdown table.
-
-    Returns:
-        The table, one line per row under its header.
-    """
+    """The rows as a Markdown table."""
     lines = [
         "| measure | ratio (median) | min–max | target | verdict | baseline ms |",
         "|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        lines.append(
+        *(
             f"| {r.name} | {r.ratio:.3f}× | {r.spread[0]:.2f}–{r.spread[1]:.2f} | {r.target} "
             f"| {r.verdict()} | {r.baseline_ms:.1f} |"
-        )
+            for r in rows
+        ),
+    ]
     return "\n".join(lines)
 
 
 def device_line(device: torch.device) -> str:
-    """The hardware a run measured: the CPU and its threads, or the CUDA device.
-
-    Returns:
-        One line naming it and the versions of CUDA and torch.
-    """
+    """One line naming the hardware a run measured (the CPU and its threads, or the CUDA
+    device) and the versions of CUDA and torch."""
     if device.type == "cuda":
         return (
             f"{torch.cuda.get_device_name(device)} ({device}), CUDA {torch.version.cuda}, "
@@ -219,11 +197,8 @@ def device_line(device: torch.device) -> str:
 
 
 def load_harness() -> ModuleType:
-    """The harness of this checkout, ``benchmarks/harness.py`` (its folder put first on
-    ``sys.path``).
-
-    Returns:
-        The imported module.
+    """The harness of this checkout, ``benchmarks/harness.py``, imported (its folder put first
+    on ``sys.path``).
 
     Raises:
         FileNotFoundError: not run from a checkout of the repository.
@@ -240,11 +215,8 @@ def load_harness() -> ModuleType:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``snens bench ARGS``: the checkout's harness with ``ARGS`` (``snens bench --help``).
-
-    Returns:
-        The harness's exit status; 2 without a checkout (said on stderr).
-    """
+    """``snens bench ARGS``: the checkout's harness with ``ARGS``; its exit status, 2 without a
+    checkout (said on stderr)."""
     try:
         harness = load_harness()
     except FileNotFoundError as error:

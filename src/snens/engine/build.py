@@ -86,17 +86,11 @@ def init_from_path(config: RunConfig) -> Path:
 
 @dataclass(frozen=True)
 class InitFrom:
-    """The trained single model a run starts from (``model.init_from``), read once.
+    """The trained single model a run starts from (``model.init_from``), read once."""
 
-    Attributes:
-        weights: its backbone's state dict (names without the ``model.`` prefix).
-        checkpoint: the absolute path of the checkpoint file read (symbolic links resolved).
-        sha256: the SHA-256 of the payload those weights were read from.
-    """
-
-    weights: dict[str, torch.Tensor]
-    checkpoint: str
-    sha256: str
+    weights: dict[str, torch.Tensor]  # its backbone's state dict (without the "model." prefix)
+    checkpoint: str  # the absolute path of the checkpoint file read (links resolved)
+    sha256: str  # of the payload those weights were read from
 
     def record(self) -> dict[str, str]:
         """What ``provenance.json`` records of the source: the file and the digest."""
@@ -109,9 +103,8 @@ def read_init_from(config: RunConfig) -> InitFrom:
 
     Raises:
         FileNotFoundError: no run directory or checkpoint there.
-        CheckpointError: the checkpoint is truncated, modified or not a snens checkpoint.
-        ValueError: the run is not a single model, or its backbone, options or number of
-            classes differ from this config's.
+        CheckpointError: the checkpoint is damaged or not a snens checkpoint.
+        ValueError: not a single-model run, or of another backbone, options or classes.
     """
     where = init_from_path(config)
     path = (where / "last.pt" if where.is_dir() else where).resolve()
@@ -274,10 +267,8 @@ def reproducible(config: RunConfig) -> Iterator[None]:
 
 
 def resolve_device(name: str | torch.device) -> torch.device:
-    """The device ``name`` names; ``"auto"``: CUDA when available, else the CPU.
-
-    Returns:
-        The ``torch.device``; a CUDA one only where torch sees it.
+    """The device ``name`` names (a CUDA one only where torch sees it); ``"auto"``: CUDA when
+    available, else the CPU.
 
     Raises:
         ValueError: ``name`` is not a device, or a CUDA device that is not there.

@@ -71,13 +71,11 @@ def atomic_write(
 ) -> Path:
     """Write ``data`` to ``path`` so that a crash leaves the old file or the new one, whole.
 
-    With ``exclusive``, fails if ``path`` exists (of two concurrent writers exactly one
-    succeeds). The file is readable by its owner alone (``0o600``), or has ``mode``.
+    With ``exclusive``, fails if ``path`` exists. The file has ``mode``, else ``0o600``.
 
     Raises:
         FileExistsError: ``exclusive`` and ``path`` exists.
-        OSError: the directory is missing or not writable, the disk is full, …; the message
-            names the path.
+        OSError: the file cannot be written; the message names the path.
     """
     return files.write_bytes(path, data, exclusive=exclusive, mode=mode)
 
@@ -90,9 +88,8 @@ def atomic_savez(
 
 
 def remove_stale_temporaries(directory: str | os.PathLike) -> list[Path]:
-    """Remove the temporary files a killed :func:`atomic_write` left in ``directory``
-    (``.<name>.<random>.tmp``); return them. Call it only where no other process writes (a
-    run being resumed): a live writer's temporary file looks the same."""
+    """Remove (and return) the temporary files a killed :func:`atomic_write` left in
+    ``directory``; only where no other process writes, as a live writer's look the same."""
     return files.remove_stale_temporaries(directory)
 
 
@@ -127,24 +124,13 @@ def _header(payload: bytes) -> bytes:
 def save_checkpoint(
     path: str | os.PathLike, state: Mapping[str, Any], *, keep_previous: bool = True
 ) -> Path:
-    """Save ``state`` atomically with a content digest.
-
-    When ``path`` already exists and ``keep_previous``, it is first kept as ``prev.pt`` (for
-    ``last.pt``; ``<stem>.prev<suffix>`` otherwise) in the same directory.
-
-    Args:
-        path: destination, e.g. ``run_dir / "last.pt"``.
-        state: tensors, numbers, strings, bools, None and (nested) dicts, lists, tuples of
-            them — what ``torch.load(weights_only=True)`` accepts. A ``state_dict`` qualifies.
-        keep_previous: keep the file being replaced as ``prev.pt``.
-
-    Returns:
-        ``path``.
+    """Save ``state`` (what ``torch.load(weights_only=True)`` accepts) atomically with a
+    content digest; with ``keep_previous``, an existing ``path`` is first kept as ``prev.pt``
+    (for ``last.pt``; ``<stem>.prev<suffix>`` otherwise).
 
     Raises:
         TypeError: ``state`` is not a mapping.
-        OSError: the file cannot be written; the old checkpoint is then unchanged and no
-            temporary file is left.
+        OSError: the file cannot be written; the old checkpoint is then unchanged.
     """
     if not isinstance(state, Mapping):
         raise TypeError(f"state must be a mapping (dict), got {type(state).__name__}")
@@ -158,11 +144,9 @@ def save_checkpoint(
 
 
 def _previous_path(path: Path) -> Path:
-    return (
-        path.with_name("prev.pt")
-        if path.name == "last.pt"
-        else path.with_suffix(".prev" + path.suffix)
-    )
+    if path.name == "last.pt":
+        return path.with_name("prev.pt")
+    return path.with_suffix(".prev" + path.suffix)
 
 
 def _parse_header(data: bytes, path: Path) -> tuple[int, str, int]:
@@ -283,20 +267,12 @@ def load_checkpoint(
 ) -> dict[str, Any]:
     """Load a checkpoint written by :func:`save_checkpoint`, verified and without running code.
 
-    Args:
-        path: the checkpoint file.
-        required: keys the state must hold (the training keys by default; ``()`` for none).
-        map_location: where tensors are loaded (CPU by default).
-
-    Returns:
-        The state dict.
+    ``required``: keys the state must hold (``()`` for none).
 
     Raises:
         FileNotFoundError: no file at ``path``.
-        CheckpointError: not a snens checkpoint; truncated or with trailing bytes; the digest
-            does not match (corrupted or modified); the payload holds objects other than
-            tensors and plain containers (refused by ``weights_only=True``, nothing is run);
-            a required key is missing.
+        CheckpointError: not a snens checkpoint, truncated, a digest mismatch, objects other
+            than tensors and plain containers, or a required key missing.
     """
     return load_checkpoint_with_digest(path, required=required, map_location=map_location)[0]
 
@@ -307,10 +283,8 @@ def load_checkpoint_with_digest(
     required: Iterable[str] = TRAINING_KEYS,
     map_location: str | torch.device | None = "cpu",
 ) -> tuple[dict[str, Any], str]:
-    """:func:`load_checkpoint`, and the SHA-256 of the payload the state was read from.
-
-    Both come from one read, so the digest names the bytes the state holds even if the file
-    is replaced a moment later.
+    """:func:`load_checkpoint`, and the SHA-256 of the payload the state was read from (in
+    one read, so the digest names the bytes the state holds).
 
     Raises:
         The errors of :func:`load_checkpoint`.
@@ -367,9 +341,7 @@ def load_model_state(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -
     the names, and each value a dense, finite tensor of the model's shape and dtype.
 
     Raises:
-        CheckpointError: ``state_dict`` is not a mapping, or has missing or unexpected names,
-            or a value that does not fit (the first few of each listed); the model is then
-            unchanged.
+        CheckpointError: not a mapping, or names or values that do not fit; nothing is loaded.
     """
     if not isinstance(state_dict, Mapping):
         raise CheckpointError(
@@ -380,11 +352,8 @@ def load_model_state(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -
     own = model.state_dict()
     missing = [k for k in own if k not in state_dict]
     unexpected = [str(k) for k in state_dict if k not in own]
-    mismatched = []
-    for k, v in state_dict.items():
-        problem = _tensor_problem(v, own[k]) if k in own else None
-        if problem is not None:
-            mismatched.append(f"{k}: {problem}")
+    found = {k: _tensor_problem(v, own[k]) for k, v in state_dict.items() if k in own}
+    mismatched = [f"{k}: {problem}" for k, problem in found.items() if problem is not None]
     nonfinite = [m for m in mismatched if m.endswith("NaN or inf")]
     if nonfinite and len(nonfinite) == len(mismatched) and not (missing or unexpected):
         more = f" (+{len(nonfinite) - 3} more)" if len(nonfinite) > 3 else ""
@@ -417,16 +386,8 @@ def load_model_state(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -
 # hyperparameters of a param group: finite numbers >= 0 where present
 _GROUP_NUMBERS = ("lr", "initial_lr", "weight_decay", "momentum", "dampening", "eps")
 # switches of a param group: a bool, or None for torch's default
-_GROUP_FLAGS = (
-    "amsgrad",
-    "maximize",
-    "nesterov",
-    "capturable",
-    "differentiable",
-    "foreach",
-    "fused",
-    "decoupled_weight_decay",
-)
+_GROUP_FLAGS = ("amsgrad", "maximize", "nesterov", "capturable", "differentiable", "foreach")
+_GROUP_FLAGS += ("fused", "decoupled_weight_decay")
 
 
 def _is_int(value: Any) -> bool:
@@ -447,6 +408,11 @@ def _is_rate(value: Any) -> bool:
     )
 
 
+def _list_of(value: Any, length: int, ok: Callable[[Any], bool]) -> bool:
+    """Whether ``value`` is a list or tuple of ``length`` items that are all ``ok``."""
+    return isinstance(value, list | tuple) and len(value) == length and all(map(ok, value))
+
+
 def check_training_state(
     state: Mapping[str, Any],
     path: str | os.PathLike,
@@ -454,17 +420,10 @@ def check_training_state(
 ) -> None:
     """Check a training checkpoint's ``optimizer`` and ``schedule`` states before they are
     loaded (``torch.optim`` takes a state of the wrong shape silently and fails in the first
-    step).
-
-    The optimizer state must be torch's layout, each parameter listed once, with finite
-    rates, and the tensors kept for one parameter must have its shape: the live
-    ``optimizer``'s where given, else the checkpoint's own ``model`` state (whose order
-    ``snens.param_groups`` follows). The schedule state must be a ``LambdaLR``'s with one
-    entry per param group.
+    step): shapes against the live ``optimizer`` where given, else the checkpoint's ``model``.
 
     Raises:
-        CheckpointError: what does not fit, named, with the file and the way on (the previous
-            checkpoint, prev.pt, or a fresh start).
+        CheckpointError: what does not fit, named, with the file and the way on.
     """
 
     def bad(what: str) -> CheckpointError:
@@ -514,11 +473,7 @@ def _group_params(g: int, group: Any, bad: _Bad) -> list[int]:
         if key in group and group[key] is not None and not isinstance(group[key], bool):
             raise bad(f"optimizer param group {g}: {key} = {group[key]!r:.40} is not a bool")
     betas = group.get("betas", (0.0, 0.0))
-    if not (
-        isinstance(betas, list | tuple)
-        and len(betas) == 2
-        and all(_is_rate(b) and float(b) < 1 for b in betas)
-    ):
+    if not _list_of(betas, 2, lambda b: _is_rate(b) and float(b) < 1):
         raise bad(f"optimizer param group {g}: betas = {betas!r:.60} is not two numbers in [0, 1)")
     return list(params)
 
@@ -621,21 +576,13 @@ def _check_schedule_state(schedule: Any, groups: int, bad: _Bad) -> None:
         if key not in schedule and not required:
             continue
         rates = schedule.get(key)
-        if (
-            not isinstance(rates, list | tuple)
-            or len(rates) != groups
-            or not all(_is_rate(r) for r in rates)
-        ):
+        if not _list_of(rates, groups, _is_rate):
             raise bad(
                 f"the schedule's {key} = {rates!r:.80} is not {groups} numbers >= 0, one per "
                 "param group"
             )
     lambdas = schedule.get("lr_lambdas")
-    if (
-        not isinstance(lambdas, list | tuple)
-        or len(lambdas) != groups
-        or not all(fn is None or isinstance(fn, Mapping) for fn in lambdas)
-    ):
+    if not _list_of(lambdas, groups, lambda fn: fn is None or isinstance(fn, Mapping)):
         raise bad(
             f"the schedule's lr_lambdas = {lambdas!r:.80} is not {groups} entries (None or a "
             "mapping), one per param group"
@@ -652,8 +599,7 @@ def load_training_state(
     :func:`check_training_state` against the live optimizer.
 
     Raises:
-        CheckpointError: the states do not fit the optimizer and schedule (named, with the file
-            and the way on); a failure inside torch is one too, never a raw torch error.
+        CheckpointError: the states do not fit (a failure inside torch too).
     """
     check_training_state(state, path, optimizer)
     try:
@@ -691,8 +637,7 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
     """Restore what :func:`rng_state` returned.
 
     Raises:
-        CheckpointError: a state without the python, numpy or torch entries, with unusable
-            entries, or with CUDA states for another number of devices.
+        CheckpointError: missing or unusable entries, or CUDA states of another device count.
     """
     missing = [k for k in ("python", "numpy", "torch") if k not in state]
     if missing:

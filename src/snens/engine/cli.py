@@ -14,29 +14,30 @@ if TYPE_CHECKING:  # the CLI imports the library lazily, per command
 __all__ = ["main"]
 
 
+def _fail(message: str, status: int = 2) -> int:
+    """Say ``message`` on stderr; return the exit status."""
+    print(message, file=sys.stderr)
+    return status
+
+
 def _demo(args: argparse.Namespace) -> int:
     from snens.data import install
     from snens.engine import demo
 
     if Path(args.out).exists() and not Path(args.out).is_dir():
-        print(
-            f"snens demo: --out {args.out} is a file, not a directory; choose another --out",
-            file=sys.stderr,
+        return _fail(
+            f"snens demo: --out {args.out} is a file, not a directory; choose another --out"
         )
-        return 2
     missing = install.demo_data_missing()
     if missing:  # said once here, not once for every run the demo would start
-        print(
+        return _fail(
             f"snens demo: its data is missing: {'; '.join(missing)}. Get it with "
-            f"`{install.COMMAND}`",
-            file=sys.stderr,
+            f"`{install.COMMAND}`"
         )
-        return 2
     try:
         return demo.run(full=args.full, out=args.out)
     except (ValueError, OSError) as error:  # e.g. --out holding another demo's runs
-        print(f"snens demo: {error}", file=sys.stderr)
-        return 2
+        return _fail(f"snens demo: {error}")
 
 
 def _weights_line(state: dict) -> str:
@@ -64,12 +65,11 @@ def _build_kernels(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     ok, error, library = fused.build(verbose=True)
     if not ok:
-        print(
+        return _fail(
             f"snens build-kernels: {error}; member norms will run their native-kernel paths. "
             "A C++ compiler (g++ or clang++) and ninja let the kernels build",
-            file=sys.stderr,
+            1,
         )
-        return 1
     print(f"{library} ({time.perf_counter() - start:.1f} s)")
     return 0
 
@@ -105,24 +105,21 @@ def _train(args: argparse.Namespace) -> int:
             run_dir=args.resume,
         )
     except NonFiniteLossError as error:
-        print(f"snens train: {error}", file=sys.stderr)
-        return 1
+        return _fail(f"snens train: {error}", 1)
     except KeyboardInterrupt:
         # the checkpoints are written atomically: the last complete one is whole
-        where = args.resume or _run_dir_of(config)
-        print(
+        named = str(Path(config.out_dir) / config.name) if config.name else None
+        where = args.resume or named or "<the run directory>"
+        return _fail(
             f"snens train: interrupted; the run keeps its last complete checkpoint, continue "
             f"it with: snens train --resume {where}",
-            file=sys.stderr,
+            130,
         )
-        return 130
     except (RunDirError, CheckpointError, FileNotFoundError, ValueError) as error:
         where = Path(args.resume) / "last.pt" if args.resume is not None else None
-        print(f"snens train: {_naming(error, where)}", file=sys.stderr)
-        return 2
+        return _fail(f"snens train: {_naming(error, where)}")
     except OSError as error:  # a disk or file fault outside the run directory (data, cache)
-        print(f"snens train: {error}", file=sys.stderr)
-        return 1
+        return _fail(f"snens train: {error}", 1)
     print(run_dir)
     return 0
 
@@ -135,11 +132,6 @@ def _naming(error: Exception, checkpoint: Path | None) -> str:
     if isinstance(error, CheckpointError) and checkpoint is not None and "/" not in message:
         return f"{checkpoint}: {message}"
     return message
-
-
-def _run_dir_of(config) -> str:
-    """The run directory a config trains into, or a placeholder for a time-stamped one."""
-    return str(Path(config.out_dir) / config.name) if config.name else "<the run directory>"
 
 
 def _check_config_unedited(run_dir: Path) -> None:
@@ -183,18 +175,12 @@ def _train_config(args: argparse.Namespace) -> RunConfig | int:
 
     sources = [x for x in (args.preset, args.config, args.resume) if x is not None]
     if len(sources) != 1:
-        print(
+        return _fail(
             "snens train: give one of --preset NAME, --config FILE, --resume RUN_DIR "
-            "(snens train --list-presets shows the presets)",
-            file=sys.stderr,
+            "(snens train --list-presets shows the presets)"
         )
-        return 2
     if args.resume is not None and args.out is not None:
-        print(
-            "snens train: --out does not apply to --resume (the run stays where it is)",
-            file=sys.stderr,
-        )
-        return 2
+        return _fail("snens train: --out does not apply to --resume (the run stays where it is)")
     try:
         if args.preset is not None:
             config = load_config(preset(args.preset), list(args.set))
@@ -205,8 +191,7 @@ def _train_config(args: argparse.Namespace) -> RunConfig | int:
         if args.out is not None:
             config = dataclasses.replace(config, out_dir=args.out)
     except (ValueError, TypeError, OSError) as error:
-        print(f"snens train: {error}", file=sys.stderr)
-        return 2
+        return _fail(f"snens train: {error}")
     return config
 
 
@@ -221,29 +206,18 @@ def _eval(args: argparse.Namespace) -> int:
         saved = read_config(args.run_dir)
     except (OSError, ValueError, TypeError):
         saved = None  # evaluate_run names what is wrong with the run directory
+    measuring = _measuring(args)
     try:  # the settings given, checked alone: a later error is not theirs
         if saved is not None:
-            with_evaluation_settings(
-                saved.data,
-                ood_scores=args.ood_scores,
-                conformal_alpha=args.alpha,
-                calibrators=args.calibrators,
-            )
+            with_evaluation_settings(saved.data, **measuring)
     except (ValueError, TypeError) as error:
-        print(f"snens eval: {error} (given on the command line)", file=sys.stderr)
-        return 2
+        return _fail(f"snens eval: {error} (given on the command line)")
     try:
         with progress_bars():
-            results, state = evaluate_run(
-                args.run_dir,
-                corruptions=not args.no_corruptions,
-                ood_scores=args.ood_scores,
-                conformal_alpha=args.alpha,
-                calibrators=args.calibrators,
-            )
+            corruptions = not args.no_corruptions
+            results, state = evaluate_run(args.run_dir, corruptions=corruptions, **measuring)
     except (RunDirError, CheckpointError, FileNotFoundError, ValueError) as error:
-        print(f"snens eval: {_naming(error, Path(args.run_dir) / 'last.pt')}", file=sys.stderr)
-        return 2
+        return _fail(f"snens eval: {_naming(error, Path(args.run_dir) / 'last.pt')}")
     if args.json:
         print(to_json(results, indent=2))
     else:
@@ -252,21 +226,23 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _measuring(args: argparse.Namespace) -> dict:
+    """The measuring settings given by --ood-scores, --alpha and --calibrators."""
+    return {
+        "ood_scores": args.ood_scores,
+        "conformal_alpha": args.alpha,
+        "calibrators": args.calibrators,
+    }
+
+
 def _pool(args: argparse.Namespace) -> int:
     from snens.engine.pool import pool_runs
     from snens.engine.runs import to_json
 
     try:
-        result = pool_runs(
-            args.run_dirs,
-            args.out,
-            ood_scores=args.ood_scores,
-            conformal_alpha=args.alpha,
-            calibrators=args.calibrators,
-        )
+        result = pool_runs(args.run_dirs, args.out, **_measuring(args))
     except (ValueError, TypeError, OSError) as error:
-        print(f"snens pool: {error}", file=sys.stderr)
-        return 2
+        return _fail(f"snens pool: {error}")
     if args.json:
         print(to_json(result, indent=2))
     else:
@@ -284,15 +260,13 @@ def _sweep(args: argparse.Namespace) -> int:
     from snens.engine.sweep import plan, run_sweep
 
     if (args.preset is None) == (args.config is None):
-        print("snens sweep: give one of --preset NAME, --config FILE", file=sys.stderr)
-        return 2
+        return _fail("snens sweep: give one of --preset NAME, --config FILE")
     try:
         base = preset(args.preset) if args.preset is not None else args.config
         runs = plan(base, args.grid, args.out, args.set)  # checks the syntax and the keys
         _check_set_and_grid(args.set, args.grid)
     except (ValueError, TypeError, OSError) as error:
-        print(f"snens sweep: {error}", file=sys.stderr)
-        return 2
+        return _fail(f"snens sweep: {error}")
     keys = list(dict.fromkeys(item.split("=", 1)[0].strip() for item in args.grid))
     counts = {s: sum(r.status == s for r in runs) for s in ("new", "resume", "done")}
     print(
@@ -313,8 +287,7 @@ def _sweep(args: argparse.Namespace) -> int:
             log=lambda line: print(line, flush=True),
         )
     except RunDirError as error:
-        print(f"snens sweep: {error}", file=sys.stderr)
-        return 2
+        return _fail(f"snens sweep: {error}")
     print(f"snens sweep: {result.csv}")
     if result.busy:
         print(
@@ -353,8 +326,7 @@ def _report(args: argparse.Namespace) -> int:
             args.dirs, args.out or Path(args.dirs[0]) / "report", baseline=args.baseline
         )
     except (ValueError, TypeError, OSError) as error:
-        print(f"snens report: {error}", file=sys.stderr)
-        return 2
+        return _fail(f"snens report: {error}")
     print(report.summary)
     print("every metric, the runs and the plots: report.md; every number: report.csv")
     for note in report.notes:

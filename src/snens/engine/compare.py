@@ -87,20 +87,13 @@ def compare_runs(
     resamples: int = 2000,
     seed: int = 0,
 ) -> list[Comparison]:
-    """A's runs against B's on each set and metric (seeds as the second level of the
-    bootstrap; the test examples resampled in pairs).
-
-    Args:
-        a, b: run directories of the two methods (one per seed).
-        sets: prefixes of ``examples.npz``: ``test``, ``test_ts``, ``shift/<name>/<s>``, …
-        metrics: of :data:`snens.evaluation.bootstrap.BOOTSTRAP_METRICS`.
-        resamples, seed: of :func:`snens.evaluation.bootstrap.paired_bootstrap`.
+    """A's runs against B's (run directories, one per seed) on each set (a prefix of
+    ``examples.npz``) and metric: a paired bootstrap over examples, seeds as a second level.
 
     Raises:
         FileNotFoundError: a run without ``examples.npz``.
         KeyError: a set a run did not keep.
-        ValueError: runs scored on other test examples, or what
-            :func:`~snens.evaluation.bootstrap.paired_bootstrap` refuses.
+        ValueError: runs scored on other test examples, or what the bootstrap refuses.
     """
     return compare_arrays(
         run_arrays(a), run_arrays(b), sets=sets, metrics=metrics, resamples=resamples, seed=seed
@@ -168,13 +161,8 @@ COMPARISON_HEADER = ("set", "metric", "Δ (A − B)", "95 % interval", "A agains
 
 def comparison_cells(rows: Sequence[Comparison]) -> list[list[str]]:
     """A table's cells, one row per comparison (:data:`COMPARISON_HEADER`)."""
-    return [
-        [
-            r.set,
-            r.metric,
-            f"{r.interval.estimate:+.4f}",
-            f"[{r.interval.low:+.4f}, {r.interval.high:+.4f}]",
-            r.verdict,
-        ]
-        for r in rows
-    ]
+    return [[r.set, r.metric, *_interval_cells(r.interval), r.verdict] for r in rows]
+
+
+def _interval_cells(interval: Interval) -> list[str]:
+    return [f"{interval.estimate:+.4f}", f"[{interval.low:+.4f}, {interval.high:+.4f}]"]

@@ -40,13 +40,7 @@ from snens.data import registry
 from snens.data.corruptions import CORRUPTIONS, EXTRA_CORRUPTIONS, SEVERITIES
 from snens.data.streaming import MAX_WORKERS
 from snens.engine.selection import SELECT_METRICS
-from snens.engine.toml_io import (
-    TOMLDecodeError,
-    check_value,
-    format_toml,
-    parse_value,
-    read_toml,
-)
+from snens.engine.toml_io import TOMLDecodeError, check_value, format_toml, parse_value, read_toml
 from snens.evaluation.conformal import min_calibration_size
 from snens.evaluation.protocol import CALIBRATED_PREFIXES
 from snens.method.config import SnensConfig
@@ -130,16 +124,7 @@ MIN_ALPHA = 1e-6
 #: Most epochs (and epochs between checkpoints or evaluations).
 MAX_EPOCHS = 10**6
 
-Dataset = Literal[
-    "fashion_mnist",
-    "cifar10",
-    "cifar100",
-    "svhn",
-    "imagenet",
-    "image_folder",
-    "sst2",
-    "rotten_tomatoes",
-]
+Dataset = Literal[DATASETS]  # type: ignore[valid-type]
 
 
 def _type_name(hint: Any) -> str:
@@ -304,13 +289,8 @@ class DataConfig(_Section):
     scan_images: bool = False  # decode every class-folder image once before training
 
     def validate(self) -> None:
-        for name in (
-            "train_examples",
-            "test_examples",
-            "validation_examples",
-            "ood_examples",
-            "corruption_examples",
-        ):
+        counts = ("train_examples", "test_examples", "validation_examples", "ood_examples")
+        for name in (*counts, "corruption_examples"):
             self._in_range(name, 0, MAX_EXAMPLES, "an int in 0..2**40 (0 = all)")
         for name in ("batch_size", "eval_batch_size"):
             self._in_range(name, 1, MAX_BATCH, "an int in 1..2**20")
@@ -325,12 +305,8 @@ class DataConfig(_Section):
             choices = list(CALIBRATED_PREFIXES)
             _require(name in choices, self.key("calibrators"), f"a list of {choices}", name)
         alpha = self.conformal_alpha
-        _require(
-            MIN_ALPHA <= alpha < 1,
-            self.key("conformal_alpha"),
-            f"a number in [{MIN_ALPHA:g}, 1)",
-            alpha,
-        )
+        what = f"a number in [{MIN_ALPHA:g}, 1)"
+        _require(MIN_ALPHA <= alpha < 1, self.key("conformal_alpha"), what, alpha)
         least = min_calibration_size(alpha)
         if 0 < self.validation_examples < least:
             raise ValueError(
@@ -342,12 +318,8 @@ class DataConfig(_Section):
         side = MAX_IMAGE_SIDE
         self._in_range("image_size", 1, side, f"an int in 1..{side}")
         self._in_range("resize", 0, side, f"an int in 0..{side} (0 = as stored)")
-        self._in_range(
-            "resize_size",
-            self.image_size,
-            side,
-            f"an int in data.image_size ({self.image_size})..{side}",
-        )
+        what = f"an int in data.image_size ({self.image_size})..{side}"
+        self._in_range("resize_size", self.image_size, side, what)
         what = f"an int in 0..{MAX_WORKERS}, or -1 (min(8, CPUs))"
         self._in_range("num_workers", -1, MAX_WORKERS, what)
         self._validate_kind()
@@ -512,12 +484,7 @@ class MethodConfig(_Section):
     options: dict[str, Any] = field(default_factory=dict)  # method kwargs: head_init, alpha, …
 
     def validate(self) -> None:
-        _require(
-            1 <= self.num_members <= MAX_MEMBERS,
-            self.key("num_members"),
-            f"an int in 1..{MAX_MEMBERS}",
-            self.num_members,
-        )
+        self._in_range("num_members", 1, MAX_MEMBERS, f"an int in 1..{MAX_MEMBERS}")
         fixed = METHOD_RECORDS[self.name].fixed_members
         if fixed is not None and self.num_members != fixed:
             raise ValueError(
@@ -530,13 +497,8 @@ class MethodConfig(_Section):
         _require(math.isfinite(lam) and lam >= 0, self.key("diversity_weight"), ">= 0", lam)
         ramp = self.diversity_ramp_epochs
         _require(math.isfinite(ramp) and ramp >= 0, self.key("diversity_ramp_epochs"), ">= 0", ramp)
-        mult = self.gamma_lr_multiplier
-        _require(
-            math.isfinite(mult) and 0 <= mult <= MAX_GAMMA_LR_MULTIPLIER,
-            self.key("gamma_lr_multiplier"),
-            f"a number in [0, {MAX_GAMMA_LR_MULTIPLIER:g}]",
-            mult,
-        )
+        what = f"a number in [0, {MAX_GAMMA_LR_MULTIPLIER:g}]"  # NaN and inf fail the range
+        self._in_range("gamma_lr_multiplier", 0, MAX_GAMMA_LR_MULTIPLIER, what)
         if self.diversity_layers and self.name not in REGULARIZED_METHODS:
             raise ValueError(
                 f"method.diversity_layers applies to method 'snens' only, got method.name "
@@ -627,12 +589,8 @@ class OptimConfig(_Section):
             value = getattr(self, name)
             _require(value <= MAX_RATE, self.key(name), f"a number in [0, {MAX_RATE:g}]", value)
         _require(self.momentum < 1, self.key("momentum"), "in [0, 1)", self.momentum)
-        _require(
-            len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
-            self.key("betas"),
-            "two numbers in [0, 1)",
-            self.betas,
-        )
+        betas = len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas)
+        _require(betas, self.key("betas"), "two numbers in [0, 1)", self.betas)
         self._in_range("epochs", 1, MAX_EPOCHS, "an int in 1..10**6")
         self._in_range("warmup_epochs", 0, self.epochs, f"an int in [0, epochs={self.epochs}]")
         increasing = list(self.milestones) == sorted(set(self.milestones))
@@ -651,12 +609,8 @@ class OptimConfig(_Section):
                 "optim.milestones is empty but optim.schedule is 'multistep'; give the epochs at "
                 "which to decay, e.g. optim.milestones=[25, 50]"
             )
-        _require(
-            0 <= self.label_smoothing < 1,
-            self.key("label_smoothing"),
-            "in [0, 1)",
-            self.label_smoothing,
-        )
+        smoothing = self.label_smoothing
+        _require(0 <= smoothing < 1, self.key("label_smoothing"), "in [0, 1)", smoothing)
 
 
 @dataclass(frozen=True)
@@ -694,18 +648,12 @@ class RunConfig(_Section):
         self._in_range("checkpoint_every", 1, MAX_EPOCHS, "an int in 1..10**6")
         self._in_range("eval_every", 0, MAX_EPOCHS, "an int in 0..10**6")
         _require(bool(self.out_dir), "out_dir", "a directory path", self.out_dir)
-        _require(
-            self.name in ("",) or (os.sep not in self.name and self.name not in (".", "..")),
-            "name",
-            "a directory name without path separators",
-            self.name,
-        )
-        _require(
-            re.fullmatch(r"auto|(cpu|cuda|mps)(:[0-9]+)?", self.device) is not None,
-            "device",
-            "'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'",
-            self.device,
-        )
+        plain = os.sep not in self.name and self.name not in (".", "..")
+        what = "a directory name without path separators"
+        _require(not self.name or plain, "name", what, self.name)
+        device = re.fullmatch(r"auto|(cpu|cuda|mps)(:[0-9]+)?", self.device)
+        what = "'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'"
+        _require(device is not None, "device", what, self.device)
         for name, cls in _SECTIONS.items():
             if not isinstance(getattr(self, name), cls):
                 raise TypeError(
@@ -808,8 +756,8 @@ _SECTIONS: dict[str, type] = {
 
 
 def _plain(value: Any) -> Any:
-    """Builtin types only, as TOML reads them back: lists for sequences, dicts for tables,
-    subclasses of bool, int, float and str (NumPy's float64, an IntEnum) as the builtin."""
+    """Builtin types only, as TOML reads them back (NumPy's float64, an IntEnum as the
+    builtin)."""
     if isinstance(value, tuple | list):
         return [_plain(v) for v in value]
     if isinstance(value, Mapping):
@@ -831,16 +779,9 @@ def to_dict(config: RunConfig) -> dict[str, Any]:
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
         if f.name in _SECTIONS:
-            out[f.name] = {
-                g.name: _plain(getattr(value, g.name)) for g in dataclasses.fields(value)
-            }
-        else:
-            out[f.name] = _plain(value)
+            value = {g.name: getattr(value, g.name) for g in dataclasses.fields(value)}
+        out[f.name] = _plain(value)
     return out
-
-
-def _field_names(cls: type) -> list[str]:
-    return [f.name for f in dataclasses.fields(cls)]
 
 
 def did_you_mean(name: str, choices: Iterable[str]) -> str:
@@ -863,7 +804,7 @@ def _milestones_fix(milestones: tuple[int, ...], epochs: int) -> str:
 
 
 def _check_keys(given: Mapping[str, Any], cls: type, where: str) -> None:
-    valid = _field_names(cls)
+    valid = [f.name for f in dataclasses.fields(cls)]
     for key in given:
         if key not in valid:
             full = f"{where}.{key}" if where else key
@@ -951,8 +892,7 @@ def apply_overrides(values: dict[str, Any], overrides: Sequence[str]) -> dict[st
 
     Raises:
         ValueError: an override without ``=``, or a key that is not in the config.
-        TypeError: ``values`` is not a mapping, ``overrides`` is one string, or a key's
-            parent is not a table.
+        TypeError: not a mapping, one string of overrides, or a key's parent not a table.
     """
     if not isinstance(values, Mapping):
         raise TypeError(f"a config must be a table (dict), got {type(values).__name__}")
@@ -971,18 +911,13 @@ def load_config(
     source: str | os.PathLike | Mapping[str, Any] | RunConfig | None = None,
     overrides: Sequence[str] = (),
 ) -> RunConfig:
-    """Read a run config from a TOML file (or dicts, or a config), then apply overrides.
-
-    Args:
-        source: a ``.toml`` path, nested dicts as TOML would give, a :class:`RunConfig`, or
-            None for the defaults.
-        overrides: ``"key=value"`` strings such as ``"method.temperature=0.5"``,
-            ``"optim.milestones=[25, 50]"``, ``"model.options.width=8"``, ``"seed=3"``.
+    """Read a run config from a TOML file (or dicts, or a config; None: the defaults), then
+    apply ``"key=value"`` overrides such as ``"optim.milestones=[25, 50]"``.
 
     Raises:
         FileNotFoundError: the file does not exist.
-        ValueError: unreadable TOML (with the file), an unknown key (named, with the valid
-            ones), an out-of-range value.
+        ValueError: unreadable TOML, an unknown key (named, with the valid ones), an
+            out-of-range value.
         TypeError: a value of the wrong type (the key named).
     """
     if source is None:
@@ -1020,11 +955,11 @@ def with_evaluation_settings(
     calibrators: str | Sequence[str] | None = None,
 ) -> DataConfig:
     """``data`` measured with other evaluation settings (None keeps its own), checked as a
-    config is: a name or a list of names as a tuple, α as a float.
+    config is.
 
     Raises:
         TypeError: α that is not a number, or names that are not strings.
-        ValueError: a value the config refuses (see :meth:`DataConfig.validate`).
+        ValueError: a value the config refuses.
     """
     values: dict[str, Any] = {}
     if conformal_alpha is not None:

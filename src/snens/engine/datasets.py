@@ -170,46 +170,19 @@ def build_data(
     encoder: str | os.PathLike | None = None,
     member_orders: int = 1,
 ) -> Data:
-    """Load the data set named by ``config`` and wrap it in loaders.
-
-    Three kinds, one interface:
-
-    * in-memory image sets (Fashion-MNIST, CIFAR, SVHN): the whole set on ``device`` in a
-      :class:`~snens.data.TensorLoader`, augmented there, converted (``resize``,
-      ``channels``) once when loaded and normalized (``normalize``);
-    * text sets (``sst2``, ``rotten_tomatoes``): tokenized once into a
-      :class:`~snens.data.TokenLoader` whose batches are ``({"input_ids",
-      "attention_mask"}, y)``;
-    * class folders (``imagenet``, ``image_folder``: ``train/`` and ``val/``): a
-      :class:`~snens.data.FolderLoader` over DataLoader workers, random-resized crops and
-      flips for training, the resized center crop for evaluation.
-
-    Subsets are the first N of an image set and a fixed random subset of texts, folders and
-    OOD sets. The validation set is held out before ``train_examples`` takes its N of the
-    rest.
-
-    Args:
-        config: the data section.
-        seed: seed of the training order and augmentation.
-        device: where in-memory sets live.
-        encoder: text only: the Hugging Face model directory whose tokenizer to use; default
-            MiniLM-L6's.
-        member_orders: M > 1: each of M members gets a batch of its own from an order of its
-            own, (M·B, …) rows per step (``method.input_policy="own"``).
-
-    Returns:
-        The loaders.
+    """Load the data set named by ``config`` and wrap it in loaders: in-memory image sets on
+    ``device`` (a :class:`~snens.data.TensorLoader`), text sets tokenized once with
+    ``encoder``'s tokenizer (a :class:`~snens.data.TokenLoader`), class folders read by
+    DataLoader workers (a :class:`~snens.data.FolderLoader`). ``seed`` seeds the training order
+    and augmentation; ``member_orders`` M > 1 gives each member a batch of its own per step.
 
     Raises:
-        ValueError: an OOD set whose channels differ from the data set's, an OOD set or
-            option that does not apply to the kind of data set, ``max_length`` above the
-            tokenizer's limit, a validation folder with other classes than the training one.
+        ValueError: an OOD set or option that does not fit the data set, or a count, batch
+            size or ``max_length`` it cannot hold.
         FileNotFoundError: the data is not on disk and ``download`` is off or impossible.
     """
     if config.dataset in TEXT_DATASETS:
-        return _text_data(
-            config, seed=seed, device=device, encoder=encoder, member_orders=member_orders
-        )
+        return _text_data(config, seed, device, encoder, member_orders)
     if config.dataset in FOLDER_DATASETS:
         if member_orders > 1:
             raise ValueError(
@@ -217,7 +190,7 @@ def build_data(
                 f"in-memory image sets and text sets, not class folders ({config.dataset}); "
                 'use method.input_policy="repeat"'
             )
-        return _folder_data(config, seed=seed, device=device)
+        return _folder_data(config, seed, device)
     spec = registry.DATASETS[config.dataset]
     channels = config.channels_after(spec.channels)
     root = config.root or None
@@ -237,15 +210,11 @@ def build_data(
         )
         x, y = x[:-n], y[:-n]
     held = " left after data.validation_examples" if validation is not None else ""
-    x, y = _head(
-        x, y, config.train_examples, "data.train_examples", f"{config.dataset}'s training set{held}"
-    )
-    xt, yt = _head(
-        *spec.load("test", root, config.download),
-        config.test_examples,
-        "data.test_examples",
-        f"{config.dataset}'s test set",
-    )
+    what = f"{config.dataset}'s training set{held}"
+    x, y = _head(x, y, config.train_examples, "data.train_examples", what)
+    xt, yt = spec.load("test", root, config.download)
+    what = f"{config.dataset}'s test set"
+    xt, yt = _head(xt, yt, config.test_examples, "data.test_examples", what)
     _check_batch(len(x), config)
     train_loader = data.TensorLoader(
         _convert(x, config),
@@ -279,17 +248,12 @@ def build_data(
     corruptions = {}
     if config.corruptions:
         xc, yc = _head(xt, yt, config.corruption_examples)
+        convert = functools.partial(_convert, config=config)
+        options = {"corruption_seed": config.corruption_seed, "convert": convert, **norm}
         for name in config.corruption_names or data.CORRUPTIONS:
             for severity in config.severities:
                 corruptions[(name, severity)] = _CorruptedLoader(
-                    xc,
-                    yc,
-                    name,
-                    severity,
-                    corruption_seed=config.corruption_seed,
-                    batch_size=config.eval_batch_size,
-                    convert=functools.partial(_convert, config=config),
-                    **norm,
+                    xc, yc, name, severity, batch_size=config.eval_batch_size, **options
                 )
     return Data(train_loader, test_loader, ood, corruptions, spec.num_classes, channels, validation)
 
@@ -316,11 +280,10 @@ def _check_ood_name(name: str, allowed: tuple[str, ...], dataset: str) -> None:
 
 def _text_data(
     config: DataConfig,
-    *,
     seed: int,
     device: torch.device | str,
     encoder: str | os.PathLike | None,
-    member_orders: int = 1,
+    member_orders: int,
 ) -> Data:
     """SST-2 or Rotten Tomatoes, tokenized once; see :func:`build_data`."""
     if config.augment or config.corruptions:
@@ -329,9 +292,8 @@ def _text_data(
             "data.corruptions=false (both apply to images)"
         )
     root = config.root or None
-    texts, labels, test_texts, test_labels = registry.DATASETS[config.dataset].load(
-        root, config.download
-    )
+    spec = registry.DATASETS[config.dataset]
+    texts, labels, test_texts, test_labels = spec.load(root, config.download)
 
     held, trained = text_split(config, len(texts))
     val_texts, val_labels = [texts[i] for i in held], [labels[i] for i in held]
@@ -344,12 +306,8 @@ def _text_data(
         keep = _subset(len(texts), n, key, what)
         if options.get("drop_last"):
             _check_batch(len(keep), config)
-        ids, mask = data.tokenize(
-            tok,
-            [texts[i] for i in keep],
-            max_length=config.max_length,
-            padding=config.padding,
-        )
+        kept = [texts[i] for i in keep]
+        ids, mask = data.tokenize(tok, kept, max_length=config.max_length, padding=config.padding)
         y = torch.tensor([labels[i] for i in keep], dtype=torch.long)
         return data.TokenLoader(ids, mask, y, batch_size, seed=seed, device=device, **options)
 
@@ -363,13 +321,14 @@ def _text_data(
         member_orders=member_orders,
     )
     validation = loader(val_texts, val_labels, 0, config.eval_batch_size) if held else None
+    what = f"{config.dataset}'s test texts"
     test_loader = loader(
         test_texts,
         test_labels,
         config.test_examples,
         config.eval_batch_size,
         "data.test_examples",
-        f"{config.dataset}'s test texts",
+        what,
     )
     ood = {}
     for name in config.ood:
@@ -380,24 +339,11 @@ def _text_data(
     domains = {}
     for name in config.domains:
         domain_texts, domain_labels = registry.DOMAIN_SETS[name].load(root, config.download)
+        n, what = config.domain_examples, f"the domain set {name!r}"
         domains[name] = loader(
-            domain_texts,
-            domain_labels,
-            config.domain_examples,
-            config.eval_batch_size,
-            "data.domain_examples",
-            f"the domain set {name!r}",
+            domain_texts, domain_labels, n, config.eval_batch_size, "data.domain_examples", what
         )
-    return Data(
-        train_loader,
-        test_loader,
-        ood,
-        {},
-        num_classes=2,
-        channels=None,
-        validation=validation,
-        domains=domains,
-    )
+    return Data(train_loader, test_loader, ood, {}, 2, None, validation, domains)  # K=2, text
 
 
 @dataclass(frozen=True)
@@ -413,7 +359,7 @@ class _Flip:
         return out.flip(-1) if torch.rand(()).item() < self.flip_prob else out
 
 
-def _folder_data(config: DataConfig, *, seed: int, device: torch.device | str) -> Data:
+def _folder_data(config: DataConfig, seed: int, device: torch.device | str) -> Data:
     """ImageNet-style class folders read by DataLoader workers; see :func:`build_data`."""
     if config.corruptions:
         raise ValueError(
@@ -459,17 +405,10 @@ def _folder_data(config: DataConfig, *, seed: int, device: torch.device | str) -
     train_subset = subset(train_set, config.train_examples, "data.train_examples")
     _check_batch(len(train_subset), config)
     train_loader = data.FolderLoader(
-        train_subset,
-        config.batch_size,
-        shuffle=True,
-        drop_last=True,
-        **options,
+        train_subset, config.batch_size, shuffle=True, drop_last=True, **options
     )
-    test_loader = data.FolderLoader(
-        subset(test_set, config.test_examples, "data.test_examples"),
-        config.eval_batch_size,
-        **options,
-    )
+    test_subset = subset(test_set, config.test_examples, "data.test_examples")
+    test_loader = data.FolderLoader(test_subset, config.eval_batch_size, **options)
     ood = {}
     if config.ood_folder:
         ood_set = data.ImageFolder(ood_folder, transform=evaluation, **policy)

@@ -28,14 +28,7 @@ from snens.baselines import METHOD_RECORDS
 from snens.engine.runs import read_final, read_metrics
 from snens.method.regularizer import DEFAULT_DIVERSITY_WEIGHT, DEFAULT_TEMPERATURE
 
-__all__ = [
-    "CONVERGED_METHODS",
-    "FULL_DEMO",
-    "ConvergedRow",
-    "DemoConfig",
-    "converged_rows",
-    "run",
-]
+__all__ = ["CONVERGED_METHODS", "FULL_DEMO", "ConvergedRow", "DemoConfig", "converged_rows", "run"]
 
 EVAL_BATCH = 250  # images per forward pass when scoring
 
@@ -136,12 +129,8 @@ def _train_seconds(run_dir: Path, stage: str, final: dict) -> float:
 def converged_rows(
     stage: str, root: str | os.PathLike | None = None
 ) -> tuple[ConvergedRow, ...] | None:
-    """The reference table of one stage of the converged study, read from its runs (means
-    over seeds 0, 1, 2).
-
-    Args:
-        stage: ``"overfit"`` or ``"final"``.
-        root: the study's run directories; default :data:`CONVERGED_DIR` of this checkout.
+    """The reference table of ``stage`` (``"overfit"`` or ``"final"``) of the converged study,
+    read from its runs under ``root`` (default :data:`CONVERGED_DIR`), means over seeds 0, 1, 2.
 
     Returns:
         One :class:`ConvergedRow` per method, or ``None`` where a run is missing or unreadable
@@ -225,17 +214,10 @@ def _label(run_config) -> str:
 
 
 def run(
-    *,
-    full: bool = False,
-    out: str | os.PathLike = "runs/demo",
-    config: DemoConfig | None = None,
+    *, full: bool = False, out: str | os.PathLike = "runs/demo", config: DemoConfig | None = None
 ) -> int:
-    """Train the demo's runs, print their table and write the report to ``out``.
-
-    Args:
-        full: use :data:`FULL_DEMO` (all 60k images, 10 epochs, width 32, all corruptions).
-        out: directory of report.md, results.json, the figures and the runs (created).
-        config: settings other than the two presets (overrides ``full``).
+    """Train the demo's runs, print their table and write the report, figures and runs to
+    ``out``; ``full`` uses :data:`FULL_DEMO`, ``config`` other settings (overriding ``full``).
 
     Returns:
         0 (the process exit code), 1 when a run failed (named on stderr).
@@ -244,6 +226,7 @@ def run(
 
     import snens
     from snens.engine.presets import preset
+    from snens.engine.reload import load_run_model
     from snens.engine.sweep import plan, run_sweep
 
     config = config or (FULL_DEMO if full else DemoConfig())
@@ -278,12 +261,9 @@ def run(
         selections[label] = {sweep_run.config.seed: final.get("selection")}
         steps = max(steps, final["train"]["steps"])  # every method takes the same steps
         report = final["metrics"]
-        net = _trained_model(path)
-        tau = (
-            sweep_run.config.method.temperature
-            if METHOD_RECORDS[sweep_run.config.method.name].regularized
-            else None
-        )
+        net = load_run_model(path)[0].eval()  # with the weights it was evaluated with
+        method = sweep_run.config.method
+        tau = method.temperature if METHOD_RECORDS[method.name].regularized else None
         results[label] = report
         nets[label] = (net, sweep_run.config)
         rows.append(
@@ -323,10 +303,8 @@ def run(
     else:
         report_md += ["(plots skipped: matplotlib is missing; `pip install snens[plot]`)", ""]
     saved = {"config": asdict(config), "rows": rows, "metrics": results}
-    for name, text in (
-        ("report.md", "\n".join(report_md)),
-        ("results.json", json.dumps(saved, indent=2)),
-    ):
+    texts = {"report.md": "\n".join(report_md), "results.json": json.dumps(saved, indent=2)}
+    for name, text in texts.items():
         files.write_text(out_dir / name, text, mode=files.plain_mode(out_dir / name))
     print(f"\nwrote {out_dir / 'report.md'}, results.json and {len(figures)} figures")
     print(f"{seconds:.0f} s in all")
@@ -395,13 +373,6 @@ def _load_note() -> str:
         f"{cores} cores): a run that trained while other work ran took longer than it would "
         "alone, so compare the times with care."
     )
-
-
-def _trained_model(run_dir: Path):
-    """The run's model with the weights it was evaluated with (the selected epoch's)."""
-    from snens.engine.reload import load_run_model
-
-    return load_run_model(run_dir)[0].eval()
 
 
 def _plots(out_dir: Path, rows, results, nets) -> list[Path]:
@@ -523,16 +494,15 @@ def _protocol(stage: str, selected: bool) -> str:
 
 
 def _converged_table(rows: tuple[ConvergedRow, ...]) -> list[str]:
-    lines = [
+    return [
         "| method | params | test acc | test NLL | test ECE | corrupted ECE, sev. 5 | train s |",
         "|" + "---|" * 7,
-    ]
-    for r in rows:
-        lines.append(
+        *(
             f"| {r.method} | {r.params:,} | {r.accuracy:.4f} | {r.nll:.4f} | {r.ece:.4f} "
             f"| {r.corrupted_ece:.4f} | {r.train_seconds:.0f} |"
-        )
-    return lines
+            for r in rows
+        ),
+    ]
 
 
 #: One model overfits where its test NLL is this many times its last epoch's training loss.
@@ -555,10 +525,8 @@ def _reference(config: DemoConfig, steps: int, rows: list[dict]) -> str:
                 else "it does not overfit, a regime where σN-Ens has little to gain. "
             )
         )
-    (overfit, selected), (final, final_selected) = (
-        _reference_rows("overfit"),
-        _reference_rows("final"),
-    )
+    overfit, selected = _reference_rows("overfit")
+    final, final_selected = _reference_rows("final")
     lines = [
         "## This budget, and a converged one",
         "",

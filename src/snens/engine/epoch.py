@@ -60,15 +60,6 @@ def _to_device(x: Any, device: torch.device) -> Any:
     return x
 
 
-def _model_device(model: nn.Module) -> torch.device:
-    return next(model.parameters()).device
-
-
-def _norm_buffers(model: nn.Module) -> list[tuple[Tensor, Tensor]]:
-    """(buffer, copy) of every buffer (running statistics), to undo a skipped step's forward."""
-    return [(b, b.detach().clone()) for b in model.buffers()]
-
-
 def _diversity_weight(settings: StepSettings, step: int) -> float:
     """λ at global step ``step`` (1-based): λ·min(1, step / ramp), or λ without a ramp."""
     ramp = settings.diversity_ramp_steps
@@ -98,11 +89,9 @@ class _Pace:
             return
         self.last = now
         seconds = now - self.start
-        rate = (
-            f"{self.tokens / seconds:,.0f} tokens/s"
-            if self.tokens
-            else f"{self.examples / seconds:,.1f} examples/s"
-        )
+        rate = f"{self.examples / seconds:,.1f} examples/s"
+        if self.tokens:
+            rate = f"{self.tokens / seconds:,.0f} tokens/s"
         line = f"  epoch {self.epoch + 1}: step {done}/{self.per_epoch}, "
         line += f"{seconds / done:.2f} s/step, {rate}"
         if isinstance(self.per_epoch, int):
@@ -127,30 +116,16 @@ def run_epoch(
 ) -> EpochStats:
     """One pass over ``batches``: forward → loss → backward → clip → optimizer and schedule step.
 
-        loss = ensemble_loss(model(x), y) + diversity_loss(model, τ, λ)    (second term if λ > 0)
-
-    Args:
-        model: returns logits (M, B, K) from inputs (B, …); trained in place.
-        batches: ``(x, y)`` batches; ``x`` may be a mapping of model keyword arguments.
-        optimizer, schedule: stepped once per batch.
-        settings: see :class:`StepSettings`.
-        epoch: 0-based epoch, for messages.
-        step: steps taken before this epoch, for messages.
-        forward: what computes the logits (a compiled model); default ``model``.
-        say: called with a progress line at most every ``say_every`` seconds (for epochs
-            logged to a file, where no progress bar is drawn).
-        say_every: seconds between progress lines.
-
-    Returns:
-        The epoch's statistics.
+    ``x`` of a batch may be a mapping of model keyword arguments; ``epoch`` (0-based) and
+    ``step`` (taken before) are for messages; ``forward`` computes the logits (default
+    ``model``); ``say`` gets a progress line at most every ``say_every`` seconds.
 
     Raises:
         NonFiniteLossError: with ``on_nonfinite="stop"``, a NaN or infinite loss or gradient
-            norm, naming the epoch, the step and the likely cause; nothing of that step is
-            applied. With ``"skip"`` the step is dropped instead (norm statistics restored).
+            norm; nothing of that step is applied (``"skip"`` drops the step instead).
     """
     forward = forward or model
-    device = _model_device(model)
+    device = next(model.parameters()).device
     trainable = [p for p in model.parameters() if p.requires_grad]
     zero = torch.zeros((), device=device)
     model.train()
@@ -166,7 +141,10 @@ def run_epoch(
         x, y = _to_device(x, device), _to_device(y, device)
         if settings.channels_last and isinstance(x, Tensor) and x.dim() == 4:
             x = x.contiguous(memory_format=torch.channels_last)
-        saved = _norm_buffers(model) if settings.on_nonfinite == "skip" else None
+        # every buffer (running statistics) and its copy, to undo a skipped step's forward
+        saved = None
+        if settings.on_nonfinite == "skip":
+            saved = [(b, b.detach().clone()) for b in model.buffers()]
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=settings.bf16):
             logits = forward(**x) if isinstance(x, Mapping) else forward(x)  # (M, B, K)
             # in float32 and float64 from float32 logits and γ: autocast changes none of it

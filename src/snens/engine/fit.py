@@ -33,10 +33,6 @@ class TrainResult:
     seconds: float
 
 
-def _has_member_norms(model: nn.Module) -> bool:
-    return any(isinstance(m, MemberNorm) for m in model.modules())
-
-
 def fit(
     model: nn.Module,
     batches: Iterable[tuple[Tensor, Tensor]],
@@ -52,18 +48,8 @@ def fit(
     """Train ``model`` with AdamW and a cosine schedule; add the diversity loss for σN-Ens.
 
     Loss per batch: ``ensemble_loss(model(x), y) + diversity_loss(model, τ, λ)`` (the second
-    term only when the model holds member norms). The step is :func:`run_epoch`'s.
-
-    Args:
-        model: returns logits (M, B, K) from inputs (B, …).
-        batches: re-iterable (x, y) batches, e.g. a ``snens.data.TensorLoader``.
-        epochs: passes over ``batches``.
-        lr: base learning rate (gamma: lr × gamma_lr_multiplier).
-        weight_decay: AdamW weight decay of conv/linear weights.
-        temperature: τ of the diversity regularizer.
-        diversity_weight: λ of the diversity regularizer.
-        gamma_lr_multiplier: see :func:`snens.param_groups`.
-        log: called with one line per epoch; None for silence.
+    term only when the model holds member norms), over ``epochs`` passes of the re-iterable
+    ``batches``; ``log`` gets one line per epoch (None: silence).
 
     Raises:
         ValueError: on ``epochs < 1``; :class:`NonFiniteLossError` (a ``ValueError``) on a
@@ -71,7 +57,8 @@ def fit(
     """
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
         raise ValueError(f"epochs must be an int >= 1, got {epochs!r}")
-    regularize = _has_member_norms(model) and diversity_weight > 0
+    member_norms = any(isinstance(m, MemberNorm) for m in model.modules())
+    regularize = member_norms and diversity_weight > 0
     optimizer = torch.optim.AdamW(param_groups(model, lr, weight_decay, gamma_lr_multiplier), lr=lr)
     steps = epochs * len(batches)  # type: ignore[arg-type]
     schedule = torch.optim.lr_scheduler.LambdaLR(
@@ -97,11 +84,8 @@ def fit(
 
 @torch.no_grad()
 def predict(model: nn.Module, batches: Iterable[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
-    """Member probabilities and labels over all batches, in eval mode.
-
-    Shape:
-        Output: member probabilities (M, N, K) in float32, labels (N,).
-    """
+    """Member probabilities (M, N, K) in float32 and labels (N,) over all batches, in eval
+    mode."""
     model.eval()
     probs, labels = [], []
     for x, y in batches:

@@ -53,27 +53,18 @@ def pool_runs(
     conformal_alpha: float | None = None,
     calibrators: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """The ensemble of finished runs trained apart, measured from their kept logits.
+    """The ensemble of two or more finished runs of one data configuration, trained apart,
+    measured from their kept logits; written to ``out`` (not a run directory) unless None.
 
-    Args:
-        run_dirs: two or more run directories ``snens train`` finished (``final.json`` and
-            ``outputs.npz``), of one data configuration.
-        out: where to write the ensemble's ``outputs.npz`` and ``final.json`` (created; an
-            earlier ensemble's there is replaced; a run directory is refused); None writes
-            nothing.
-        ood_scores, conformal_alpha, calibrators: in place of the runs' settings; None keeps
-            the runs' (which must then agree).
+    ``ood_scores``, ``conformal_alpha`` and ``calibrators`` replace the runs' settings; None
+    keeps the runs' (which must then agree).
 
     Returns:
-        ``final.json``'s content: ``"metrics"``, ``"model"`` (sizes summed, ``members``),
-        ``"train"`` (seconds summed, the largest peak memory) and ``"runs"`` (each run's
-        path and the SHA-256 of its ``outputs.npz``).
+        ``final.json``'s content: ``"metrics"``, ``"model"``, ``"train"`` and ``"runs"``.
 
     Raises:
-        ValueError: fewer than two runs, a run given twice, ``out`` a run directory, runs
-            of different data configurations or of one configuration and seed, measuring
-            settings that differ and none given, a setting the config refuses, kept logits
-            that do not stack.
+        ValueError: runs that cannot be pooled (too few, given twice, copies, other data,
+            settings that differ), ``out`` a run directory, or logits that do not stack.
         FileNotFoundError: a run that has not finished, or kept no ``outputs.npz``.
         RunDirError: a run file that is not a regular file, or too large.
     """
@@ -117,14 +108,12 @@ def pool_runs(
         stacked = stack_members(outputs)
     except ValueError as error:
         raise ValueError(f"cannot pool {', '.join(map(str, paths))}: {error}") from None
-    metrics = logit_metrics(
-        stacked,
-        ood_scores=measure.ood_scores,
-        conformal_alpha=measure.conformal_alpha,
-        calibrators=measure.calibrators,
-    )
+    alpha = measure.conformal_alpha
+    scores, calibrators = measure.ood_scores, measure.calibrators
     result = {
-        "metrics": metrics,
+        "metrics": logit_metrics(
+            stacked, ood_scores=scores, conformal_alpha=alpha, calibrators=calibrators
+        ),
         "model": {
             "params": _total(finals, "model", "params"),
             "trainable_params": _total(finals, "model", "trainable_params"),

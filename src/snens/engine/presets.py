@@ -27,7 +27,6 @@ __all__ = ["PRESETS", "preset"]
 def _cifar(dataset: str, backbone: str, **optim: Any) -> RunConfig:
     """The paper's CIFAR setting: σN-Ens, M=4, SVHN as OOD, all corruptions at 1..5."""
     return RunConfig(
-        name="",
         data=DataConfig(
             dataset=dataset,
             batch_size=128,
@@ -66,6 +65,12 @@ _WRN28_10 = {
     "warmup_epochs": 1,
     "epochs": 200,
 }
+
+#: AdamW on a cosine schedule, gradients clipped at norm 1
+_ADAMW = {"optimizer": "adamw", "schedule": "cosine", "grad_clip": 1.0}
+#: Rotten Tomatoes as the text presets read it: plot texts as OOD, 64 tokens
+_ROTTEN_TOMATOES = {"dataset": "rotten_tomatoes", "test_examples": 1000, "augment": ()}
+_ROTTEN_TOMATOES |= {"ood": ("rt_plots",), "ood_examples": 500, "max_length": 64}
 
 PRESETS: dict[str, RunConfig] = {
     # ---- offline stand-ins, CPU-sized: Fashion-MNIST for CIFAR-10, MNIST-5k for SVHN
@@ -118,7 +123,6 @@ PRESETS: dict[str, RunConfig] = {
         data=DataConfig(
             dataset="fashion_mnist",
             train_examples=5000,
-            validation_examples=0,
             test_examples=1000,
             batch_size=32,
             eval_batch_size=250,
@@ -131,15 +135,7 @@ PRESETS: dict[str, RunConfig] = {
         ),
         model=ModelConfig(backbone="mobilenet_v2", num_classes=10, options={"pretrained": True}),
         method=MethodConfig(name="snens", num_members=4, gamma_lr_multiplier=3.0),
-        optim=OptimConfig(
-            optimizer="adamw",
-            lr=5e-4,
-            weight_decay=0.01,
-            schedule="cosine",
-            epochs=3,
-            grad_clip=1.0,
-            finetune="all",
-        ),
+        optim=OptimConfig(**_ADAMW, lr=5e-4, weight_decay=0.01, epochs=3),
     ),
     # ---- the paper's GPU settings
     "cifar10_resnet18": _cifar("cifar10", "resnet18", **_RESNET18),
@@ -158,14 +154,7 @@ PRESETS: dict[str, RunConfig] = {
         model=ModelConfig(backbone="vit_small"),
         method=MethodConfig(name="snens", num_members=4),
         optim=OptimConfig(
-            optimizer="adamw",
-            lr=1e-3,
-            weight_decay=0.05,
-            schedule="cosine",
-            warmup_epochs=10,
-            epochs=200,
-            grad_clip=1.0,
-            bf16=True,
+            **_ADAMW, lr=1e-3, weight_decay=0.05, warmup_epochs=10, epochs=200, bf16=True
         ),
     ),
     "imagenet_resnet50": RunConfig(
@@ -189,42 +178,18 @@ PRESETS: dict[str, RunConfig] = {
     # rescales the pretrained features before the shared weights adapt
     "rotten_tomatoes_minilm": RunConfig(
         data=DataConfig(
-            dataset="rotten_tomatoes",
-            train_examples=2000,
-            test_examples=1000,
-            batch_size=32,
-            eval_batch_size=250,
-            augment=(),
-            ood=("rt_plots",),
-            ood_examples=500,
-            max_length=64,
+            **_ROTTEN_TOMATOES, train_examples=2000, batch_size=32, eval_batch_size=250
         ),
         model=ModelConfig(backbone="minilm", num_classes=2),
         method=MethodConfig(name="snens", num_members=4, gamma_lr_multiplier=50.0),
-        optim=OptimConfig(
-            optimizer="adamw",
-            lr=1e-4,
-            weight_decay=0.01,
-            schedule="cosine",
-            epochs=1,
-            grad_clip=1.0,
-            finetune="all",
-        ),
+        optim=OptimConfig(**_ADAMW, lr=1e-4, weight_decay=0.01, epochs=1),
     ),
     # calibrated LLM fine-tuning: SmolLM2-135M-Instruct's next-token scores of " negative" /
     # " positive" as the class scores; a weak partition (τ=5, λ=0.01) and split inputs (one
     # fine-tune's compute), chosen on the validation split of the LLM study
     "rotten_tomatoes_smollm2": RunConfig(
         data=DataConfig(
-            dataset="rotten_tomatoes",
-            train_examples=1000,
-            test_examples=1000,
-            batch_size=16,
-            eval_batch_size=100,
-            augment=(),
-            ood=("rt_plots",),
-            ood_examples=500,
-            max_length=64,
+            **_ROTTEN_TOMATOES, train_examples=1000, batch_size=16, eval_batch_size=100
         ),
         model=ModelConfig(backbone="smollm2", num_classes=2),
         method=MethodConfig(
@@ -234,30 +199,13 @@ PRESETS: dict[str, RunConfig] = {
             diversity_weight=0.01,
             input_policy="split",
         ),
-        optim=OptimConfig(
-            optimizer="adamw",
-            lr=3e-4,
-            weight_decay=0.0,
-            schedule="cosine",
-            epochs=2,
-            grad_clip=1.0,
-            finetune="all",
-        ),
+        optim=OptimConfig(**_ADAMW, lr=3e-4, epochs=2),
     ),
     "sst2_minilm": RunConfig(
         data=DataConfig(dataset="sst2", batch_size=32, augment=()),
         model=ModelConfig(backbone="minilm", num_classes=2),
         method=MethodConfig(name="snens", num_members=4, gamma_lr_multiplier=1000.0),
-        optim=OptimConfig(
-            optimizer="adamw",
-            lr=2e-5,
-            weight_decay=0.01,
-            schedule="cosine",
-            warmup_epochs=1,
-            epochs=3,
-            grad_clip=1.0,
-            finetune="all",
-        ),
+        optim=OptimConfig(**_ADAMW, lr=2e-5, weight_decay=0.01, warmup_epochs=1, epochs=3),
     ),
 }
 

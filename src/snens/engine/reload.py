@@ -24,25 +24,13 @@ from snens.engine.checkpoint import (
     load_checkpoint,
     load_model_state,
 )
-from snens.engine.config import (
-    RunConfig,
-    from_dict,
-    load_config,
-    to_dict,
-    with_evaluation_settings,
-)
-from snens.engine.datasets import build_data
+from snens.engine.config import RunConfig, from_dict, load_config, to_dict, with_evaluation_settings
+from snens.engine.datasets import build_data, data_shape
 from snens.engine.runs import CONFIG, RunDirError, config_differences
 from snens.engine.selection import selected_state
 from snens.evaluation.protocol import collect, evaluate, held_out_metrics
 
-__all__ = [
-    "check_progress",
-    "evaluate_run",
-    "load_run_model",
-    "saved_config",
-    "validation_metrics",
-]
+__all__ = ["check_progress", "evaluate_run", "load_run_model", "saved_config", "validation_metrics"]
 
 
 def check_progress(state: Mapping[str, Any], checkpoint: Path, epochs: int) -> None:
@@ -67,11 +55,8 @@ def check_progress(state: Mapping[str, Any], checkpoint: Path, epochs: int) -> N
     step = count("step", 0, math.inf)
     count("skipped_steps", 0, step)
     seconds = state.get("seconds", 0.0)
-    if (
-        isinstance(seconds, bool)
-        or not isinstance(seconds, int | float)
-        or not (math.isfinite(seconds) and seconds >= 0)
-    ):
+    number = isinstance(seconds, int | float) and not isinstance(seconds, bool)
+    if not (number and math.isfinite(seconds) and seconds >= 0):
         raise CheckpointError(
             f"{checkpoint}: seconds = {seconds!r} is not a finite number >= 0; resume from "
             "prev.pt (copy it over last.pt) or start the run again"
@@ -105,15 +90,13 @@ def final_metrics(
         else:
             outputs.update(val=validation["val"], val_labels=validation["val_labels"])
     data = config.data
-    metrics.update(
-        held_out_metrics(
-            outputs,
-            ood_scores=data.ood_scores,
-            conformal_alpha=data.conformal_alpha,
-            calibrators=data.calibrators,
-        )
+    held_out = held_out_metrics(
+        outputs,
+        ood_scores=data.ood_scores,
+        conformal_alpha=data.conformal_alpha,
+        calibrators=data.calibrators,
     )
-    return metrics, outputs
+    return {**metrics, **held_out}, outputs
 
 
 def validation_metrics(
@@ -133,11 +116,7 @@ def validation_metrics(
 
 
 def saved_config(state: Mapping[str, Any], checkpoint: Path) -> dict[str, Any]:
-    """The config a checkpoint was trained with, every key of today's config present (a key
-    added since reads as its default).
-
-    Returns:
-        The config as dicts.
+    """The config (as dicts) a checkpoint was trained with, a key added since at its default.
 
     Raises:
         CheckpointError: a config this version cannot read.
@@ -155,23 +134,18 @@ def load_run_model(
     run_dir: str | os.PathLike, *, selected: bool = True
 ) -> tuple[nn.Module, RunConfig, dict[str, Any]]:
     """A run's model, rebuilt from its config.toml and loaded from its verified last.pt, with
-    the weights it selected (``best.pt``) where the run selects: the model ``final.json``
+    the weights it selected (``best.pt``) unless ``selected`` is False: what ``final.json``
     evaluated.
 
-    Args:
-        run_dir: the run directory.
-        selected: False loads the last epoch's weights even where the run selected others.
-
     Returns:
-        ``(model, config, state)``: the model on the run's device (in training mode, as
-        built), the run's config and the checkpoint (``state["selection"]``: the record of
-        the kept epochs, where the run selects).
+        ``(model, config, state)``: the model on the run's device (in training mode), the
+        run's config and the checkpoint.
 
     Raises:
         RunDirError: not a run directory.
         FileNotFoundError: the run has no last.pt.
-        CheckpointError: last.pt is damaged, does not fit the model, or was trained with
-            another config than config.toml now holds; or best.pt is missing or does not fit.
+        CheckpointError: last.pt or best.pt is damaged, missing or does not fit, or the
+            config changed since training.
     """
     path = Path(run_dir)
     if not (path / CONFIG).is_file():
@@ -187,7 +161,7 @@ def load_run_model(
             "as this run's. Restore config.toml, or train a new run with the new settings"
         )
     check_progress(state, path / "last.pt", config.optim.epochs)
-    num_classes, channels = _data_shape(config)
+    num_classes, channels = data_shape(config.data)
     with reproducible(config):
         torch.manual_seed(config.seed)
         model = build_model(config, num_classes=num_classes, channels=channels)
@@ -197,13 +171,6 @@ def load_run_model(
         load_model_state(model, weights)
         model.to(resolve_device(config.device))
     return model, config, state
-
-
-def _data_shape(config: RunConfig) -> tuple[int, int | None]:
-    """(K, input channels) of the run's data set, without loading it."""
-    from snens.engine.datasets import data_shape
-
-    return data_shape(config.data)
 
 
 def evaluate_run(
@@ -217,25 +184,18 @@ def evaluate_run(
     calibrators: Sequence[str] | None = None,
 ) -> tuple[dict[str, float], dict[str, Any]]:
     """Re-evaluate a run: its model (:func:`load_run_model`) on its data, with the run's
-    threads and determinism settings, so it reproduces ``final.json``'s metrics. The OOD
-    scores, α and calibrators can be changed without retraining.
+    threads and determinism settings, so it reproduces ``final.json``'s metrics.
 
-    Args:
-        run_dir: the run directory.
-        ood_score: as in :func:`snens.evaluate` (a list scores each OOD set several ways).
-        corruptions: False leaves the corrupted test sets out (the slow part).
-        validation: False leaves the validation split out (no ``val/*``, ``test_ts/*`` or
-            ``test/conformal_*`` metrics).
-        ood_scores, conformal_alpha, calibrators: in place of the run's ``data.ood_scores``,
-            ``data.conformal_alpha`` and ``data.calibrators``; None keeps the run's.
+    ``corruptions`` / ``validation`` False leave those sets out; ``ood_scores``,
+    ``conformal_alpha`` and ``calibrators`` replace the run's ``data.*`` (None keeps them).
 
     Returns:
         ``(metrics, state)``: the metrics as in ``final.json``, and the checkpoint.
 
     Raises:
         RunDirError, FileNotFoundError, CheckpointError: see :func:`load_run_model`.
-        ValueError: an override the config refuses, or α or calibrators given for a run
-            without a validation split to fit them on.
+        ValueError: an override the config refuses, or α or calibrators without a
+            validation split.
     """
     model, config, state = load_run_model(run_dir)
     data_config = with_evaluation_settings(

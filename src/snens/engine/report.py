@@ -109,11 +109,8 @@ class RunRecord:
     def metric(self, name: str) -> float | None:
         """A metric of final.json, or ``params``/``train seconds``; None when absent, NaN
         when it was not finite (null in final.json)."""
-        if name in _EXTRA:
-            section, key = _EXTRA[name]
-            values = self.final.get(section, {})
-        else:
-            values, key = self.final.get("metrics", {}), name
+        section, key = _EXTRA.get(name, ("metrics", name))
+        values = self.final.get(section, {})
         if not isinstance(values, Mapping) or key not in values:
             return None
         value = values[key]
@@ -150,13 +147,7 @@ class Report:
 
 #: The columns of the report's table at a glance (those the runs hold), then an OOD set's
 #: energy and max-logit AUROC.
-GLANCE = (
-    "test/accuracy",
-    "test/nll",
-    "test/ece",
-    "test_ts/nll",
-    "test_ts/ece",
-)
+GLANCE = ("test/accuracy", "test/nll", "test/ece", "test_ts/nll", "test_ts/ece")
 _GLANCE_TAIL = ("params", "train seconds")
 _GLANCE_NAMES = {
     "test/accuracy": "acc",
@@ -285,14 +276,11 @@ def _fingerprints(path: Path) -> dict[str, str]:
     return prints
 
 
-def _applies(key: str, config: Mapping[str, Any]) -> bool:
-    return applies(key, config["method.name"])
-
-
 def _group_key(config: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
     """The configuration a run belongs to: its config but the ignored keys."""
+    method = config["method.name"]
     return tuple(
-        (k, v) for k, v in sorted(config.items()) if k not in _IGNORED and _applies(k, config)
+        (k, v) for k, v in sorted(config.items()) if k not in _IGNORED and applies(k, method)
     )
 
 
@@ -469,11 +457,8 @@ def _differences(groups: Sequence[Group], varied: Sequence[str], base: Group) ->
         if group is base:
             continue
         runs, base_runs = [r.path for r in group.runs], [r.path for r in base.runs]
-        sets = (
-            ("test", "test_ts")
-            if all("val/nll" in r.final.get("metrics", {}) for r in [*group.runs, *base.runs])
-            else ("test",)
-        )
+        validated = all("val/nll" in r.final.get("metrics", {}) for r in [*group.runs, *base.runs])
+        sets = ("test", "test_ts") if validated else ("test",)
         try:
             found = compare_runs(runs, base_runs, sets=sets)
         except (FileNotFoundError, KeyError) as error:
@@ -560,17 +545,12 @@ def write_report(
     baseline: str | os.PathLike | None = None,
 ) -> Report:
     """Collect the runs under ``dirs`` and write ``out/report.md``, ``out/report.csv`` and the
-    plots (when matplotlib is installed).
-
-    With ``baseline`` (a run of one row, or a directory of that row's runs only), every other
-    row is compared with it (:mod:`snens.engine.compare`).
-
-    Returns:
-        What was written.
+    plots (with matplotlib); with ``baseline`` (a run of one row, or a directory of that row's
+    runs only), every other row is compared with it (:mod:`snens.engine.compare`).
 
     Raises:
-        ValueError: a directory that does not exist, no finished runs, or an empty ``out``;
-            a ``baseline`` that holds no row's runs, or the runs of several rows.
+        ValueError: a directory that does not exist, no finished runs, an empty ``out``, or
+            a ``baseline`` that does not hold the runs of one row.
         OSError: ``out`` cannot be written; the previous report there is left as it was.
     """
     if not str(out).strip():
@@ -861,8 +841,8 @@ def _plots(
     drawn, failed = _summary_plots(groups, varied, out)
     labels = [_label(group, varied) for group in groups]
     reliability, notes = _reliability_diagrams(groups, labels, out)
-    allocations, allocation_notes = _allocation_heatmaps(groups, labels, out)
-    notes += allocation_notes
+    allocations, more = _allocation_heatmaps(groups, labels, out)
+    notes += more
     if failed:
         notes.append("; ".join(["Plots not drawn:", *failed]))
     return drawn + reliability + allocations, notes
@@ -891,21 +871,13 @@ def _summary_plots(
         for group, s in zip(groups, settings, strict=True)
     ]
     written, failed = [], []
+    style = {"y": "test/accuracy", "y_err": "test/accuracy std", "label": "method"}
+    style |= {"annotate": "settings", "annotate_with_key": False}
     for x, name in (("test/nll", "pareto_nll.png"), ("test/ece", "pareto_ece.png")):
         usable = [r for r in rows if _finite(r, x) and _finite(r, "test/accuracy")]
         if usable:
             try:
-                path = plots.pareto_plot(
-                    usable,
-                    out / name,
-                    x=x,
-                    y="test/accuracy",
-                    label="method",
-                    annotate="settings",
-                    annotate_with_key=False,
-                    x_err=f"{x} std",
-                    y_err="test/accuracy std",
-                )
+                path = plots.pareto_plot(usable, out / name, x=x, x_err=f"{x} std", **style)
                 written.append((path, path.stem))
             except (ValueError, OSError) as error:
                 failed.append(f"{name}: {error}")
@@ -932,14 +904,6 @@ def _summary_plots(
     return written, failed
 
 
-def _test_predictions(run: RunRecord) -> tuple[Tensor, Tensor]:
-    """A run's test predictive probabilities (N, K) and labels (N,), from its
-    ``outputs.npz``."""
-    outputs = read_outputs(run.path)
-    logits, labels = outputs["test"], outputs["test_labels"]
-    return predictive_probs(logits.float()), labels.long()
-
-
 def _reliability_diagrams(
     groups: Sequence[Group], labels: Sequence[str], out: Path
 ) -> tuple[list[tuple[Path, str]], list[str]]:
@@ -953,7 +917,8 @@ def _reliability_diagrams(
             if not os.path.lexists(run.path / OUTPUTS):
                 continue
             try:
-                p, y = _test_predictions(run)
+                outputs = read_outputs(run.path)
+                p, y = predictive_probs(outputs["test"].float()), outputs["test_labels"].long()
             except (OSError, ValueError) as error:
                 notes.append(f"Reliability diagram of {label}: {run.path} left out: {error}")
                 continue
@@ -1063,15 +1028,14 @@ def _point_labels(groups: Sequence[Group], keys: Sequence[str]) -> list[str]:
     common = {
         k: Counter(repr(v.get(k, _MISSING)) for v in values).most_common(1)[0][0] for k in keys
     }
-    labels = []
-    for v in values:
-        parts = [
+    return [
+        ", ".join(
             f"{_SHORT.get(k, k.rsplit('.', 1)[-1])}={_value(v[k])}"
             for k in keys
             if k in v and (k in _SHORT or repr(v[k]) != common[k])
-        ]
-        labels.append(", ".join(parts))
-    return labels
+        )
+        for v in values
+    ]
 
 
 def _finite(row: Mapping[str, Any], key: str) -> bool:

@@ -132,18 +132,11 @@ def git_sha(path: str | os.PathLike | None = None, timeout: float = 5.0) -> str 
     """``git rev-parse HEAD`` of the repository holding ``path`` (default: the snens source).
 
     Returns:
-        The SHA, or None when git is missing, ``path`` is not in a repository, or git takes
-        longer than ``timeout`` seconds.
+        The SHA, or None (no git, no repository, or slower than ``timeout`` seconds).
     """
     where = Path(path) if path is not None else Path(__file__).resolve().parent
     sha = _git(where, ["rev-parse", "HEAD"], timeout)
     return sha if sha is not None and len(sha) == 40 else None
-
-
-def _git_dirty(timeout: float = 5.0) -> bool | None:
-    where = Path(__file__).resolve().parent
-    status = _git(where, ["status", "--porcelain", "--untracked-files=no"], timeout)
-    return None if status is None else bool(status)
 
 
 def _git(where: Path, args: list[str], timeout: float) -> str | None:
@@ -169,7 +162,9 @@ def provenance() -> dict[str, Any]:
 
     import snens
 
-    info: dict[str, Any] = {
+    where = Path(__file__).resolve().parent
+    status = _git(where, ["status", "--porcelain", "--untracked-files=no"], 5.0)
+    return {
         "snens": snens.__version__,
         "torch": torch.__version__,
         "numpy": numpy.__version__,
@@ -182,11 +177,10 @@ def provenance() -> dict[str, Any]:
         "cuda": torch.version.cuda,
         "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
         "git_sha": git_sha(),
-        "git_dirty": _git_dirty(),
+        "git_dirty": None if status is None else bool(status),
         "command": [sys.executable, *sys.argv],
         "started": _now(),
     }
-    return info
 
 
 def check_writable(directory: str | os.PathLike) -> Path:
@@ -232,8 +226,7 @@ def check_new_run(path: str | os.PathLike) -> Path:
     """Check that a new run can be made at ``path``: holding no run yet, and writable.
 
     Raises:
-        RunDirError: already holding a run (resume it, or choose another name), or not
-            writable.
+        RunDirError: already holding a run, or not writable.
     """
     return check_writable(refuse_existing_run(path))
 
@@ -259,9 +252,7 @@ class Run:
         except RunDirError:
             raise
         except files.FileRefusedError as error:  # a link or FIFO in the run
-            refused = RunDirError(str(error))
-            refused.errno = error.errno
-            raise refused from None
+            raise _refused(error, str(error)) from None
         except OSError as error:
             raise RunDirError(
                 error.errno,
@@ -271,8 +262,7 @@ class Run:
             ) from error
 
     def log(self, record: Mapping[str, Any]) -> None:
-        """Append one JSON line to ``metrics.jsonl``, flushed and fsynced, never through a
-        link."""
+        """Append one JSON line to ``metrics.jsonl``, flushed and fsynced."""
         with self.writing(self.path / METRICS):
             with files.open_append(self.path / METRICS) as file:
                 file.write((to_json(record) + "\n").encode())
@@ -350,25 +340,21 @@ def _default_name(config: RunConfig) -> str:
     return f"{config.data.dataset}-{config.model.backbone}-{config.method.name}-{stamp}"
 
 
+def _run_path(config: RunConfig, run_dir: str | os.PathLike | None) -> Path:
+    """``run_dir``, by default ``out_dir/name`` (a timestamped name where ``name`` is "")."""
+    if run_dir is not None:
+        return Path(run_dir)
+    return Path(config.out_dir) / (config.name or _default_name(config))
+
+
 def create_run(config: RunConfig, run_dir: str | os.PathLike | None = None) -> Run:
-    """Make a new run directory holding ``config.toml`` and ``provenance.json``.
-
-    Args:
-        config: the resolved config.
-        run_dir: the directory; default ``config.out_dir / config.name`` (a timestamped name
-            when ``config.name`` is empty).
-
-    Returns:
-        The open run.
+    """Make a new run directory (``run_dir``, default ``out_dir/name``) holding
+    ``config.toml`` and ``provenance.json``.
 
     Raises:
         RunDirError: not writable, or it already holds a run.
     """
-    path = (
-        Path(run_dir)
-        if run_dir is not None
-        else Path(config.out_dir) / (config.name or _default_name(config))
-    )
+    path = _run_path(config, run_dir)
     check_new_run(path)
     try:  # of two processes creating the same run at once, one gets it
         atomic_write(path / CONFIG, to_toml(config).encode(), exclusive=True)
@@ -384,12 +370,7 @@ def create_run(config: RunConfig, run_dir: str | os.PathLike | None = None) -> R
 def open_run(run_dir: str | os.PathLike, config: RunConfig | None = None) -> Run:
     """Open an existing run directory to resume it; records the resume in ``provenance.json``.
 
-    Args:
-        run_dir: a directory made by :func:`create_run`.
-        config: the config to resume with; it must equal the saved ``config.toml``.
-
-    Returns:
-        The open run.
+    ``config``, where given, must equal the saved ``config.toml``.
 
     Raises:
         RunDirError: not a run directory, or not writable.
@@ -447,11 +428,8 @@ def config_differences(a: Mapping[str, Any], b: Mapping[str, Any], prefix: str =
 
 
 def read_run_file(path: str | os.PathLike, *, limit: int = MAX_FILE_BYTES) -> bytes:
-    """The bytes of the run file ``path``, read only if it is a regular file of at most
-    ``limit`` bytes that is not a symbolic link (never blocking on a FIFO).
-
-    Returns:
-        The file's bytes.
+    """The bytes of ``path``, read only if it is a regular file (not a link, never blocking on
+    a FIFO) of at most ``limit`` bytes.
 
     Raises:
         FileNotFoundError: no file at ``path``.
@@ -462,9 +440,14 @@ def read_run_file(path: str | os.PathLike, *, limit: int = MAX_FILE_BYTES) -> by
     except FileNotFoundError:
         raise
     except OSError as error:
-        refused = RunDirError(error.strerror or str(error))
-        refused.errno = error.errno
-        raise refused from None
+        raise _refused(error, error.strerror or str(error)) from None
+
+
+def _refused(error: OSError, message: str) -> RunDirError:
+    """A :class:`RunDirError` of ``message`` with ``error``'s errno."""
+    refused = RunDirError(message)
+    refused.errno = error.errno
+    return refused
 
 
 def _text(path: Path, data: bytes) -> str:
@@ -482,12 +465,8 @@ def _text(path: Path, data: bytes) -> str:
 def read_config(run_dir: str | os.PathLike) -> RunConfig:
     """A run's ``config.toml``, read as :func:`read_run_file` reads.
 
-    Returns:
-        The config.
-
     Raises:
-        FileNotFoundError: no config.toml.
-        RunDirError: config.toml is not a regular file, or too large.
+        FileNotFoundError, RunDirError: as :func:`read_run_file`.
         ValueError, TypeError: it is not UTF-8 TOML, or not a valid config.
     """
     path = Path(run_dir) / CONFIG
@@ -497,12 +476,8 @@ def read_config(run_dir: str | os.PathLike) -> RunConfig:
 def read_final(run_dir: str | os.PathLike) -> dict[str, Any]:
     """A finished run's ``final.json``: a JSON object holding a ``"metrics"`` mapping.
 
-    Returns:
-        The object.
-
     Raises:
-        FileNotFoundError: no final.json (the run has not finished).
-        RunDirError: final.json is not a regular file, or too large.
+        FileNotFoundError, RunDirError: as :func:`read_run_file`.
         ValueError: it is not UTF-8 JSON, not an object, or holds no ``"metrics"`` mapping.
     """
     path = Path(run_dir) / FINAL
@@ -527,8 +502,7 @@ def read_outputs(run_dir: str | os.PathLike) -> dict[str, Any]:
     ``test_labels`` (N,), and ``val``, ``val_labels``, ``ood/<name>`` where the run had them.
 
     Raises:
-        FileNotFoundError: no outputs.npz.
-        RunDirError: outputs.npz is not a regular file, or above :data:`OUTPUTS_MAX_BYTES`.
+        FileNotFoundError, RunDirError: as :func:`read_run_file`.
         ValueError: not an npz archive, damaged, or an array of the wrong kind.
     """
     path = Path(run_dir) / OUTPUTS
@@ -539,8 +513,7 @@ def read_examples(run_dir: str | os.PathLike) -> dict[str, np.ndarray]:
     """A finished run's per-example quantities, ``examples.npz``: 1-d arrays by name.
 
     Raises:
-        FileNotFoundError: no examples.npz.
-        RunDirError: examples.npz is not a regular file, or above :data:`OUTPUTS_MAX_BYTES`.
+        FileNotFoundError, RunDirError: as :func:`read_run_file`.
         ValueError: not an npz archive, damaged, or an array that is not 1-d and numeric.
     """
     path = Path(run_dir) / EXAMPLES
@@ -556,9 +529,8 @@ def read_examples(run_dir: str | os.PathLike) -> dict[str, np.ndarray]:
 
 
 def outputs_inflation_limit(size: int) -> int:
-    """The most bytes an ``outputs.npz`` of ``size`` bytes may inflate to: 256 MiB, or 32
-    bytes per byte of the file, at most :data:`OUTPUTS_MAX_BYTES` (float logits compress less
-    than 2×)."""
+    """The most bytes an ``outputs.npz`` of ``size`` bytes may inflate to (float logits
+    compress less than 2×)."""
     return min(OUTPUTS_MAX_BYTES, max(256 * 2**20, 32 * size))
 
 
@@ -605,13 +577,11 @@ def parse_outputs(path: Path, data: bytes) -> dict[str, Any]:
 
 
 def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
-    """The per-epoch records of ``metrics.jsonl``; a half-written last line is skipped.
-
-    Returns:
-        The records, oldest first; none where there is no file.
+    """The per-epoch records of ``metrics.jsonl``, oldest first; a half-written last line is
+    skipped, and no file reads as no records.
 
     Raises:
-        RunDirError: metrics.jsonl is not a regular file, or too large.
+        RunDirError: as :func:`read_run_file`.
         ValueError: a line before the last that is not UTF-8.
     """
     path = Path(run_dir) / METRICS
@@ -644,14 +614,11 @@ def read_selected_epoch(run_dir: str | os.PathLike) -> dict[str, Any] | None:
     """The ``metrics.jsonl`` record of the epoch a finished run selected on validation.
 
     Returns:
-        The record (its ``val/…`` metrics among them); None for a run that selected no single
-        epoch (no ``optim.select``, or a deep ensemble's members selected each on its own) or
-        whose record of that epoch is missing.
+        The record; None for a run that selected no single epoch (no ``optim.select``, or a
+        deep ensemble's members each on its own) or whose record of that epoch is missing.
 
     Raises:
-        FileNotFoundError: no final.json (the run has not finished).
-        RunDirError: final.json or metrics.jsonl is not a regular file, or too large.
-        ValueError: either file is damaged.
+        FileNotFoundError, RunDirError, ValueError: as :func:`read_final`.
     """
     selection = read_final(run_dir).get("selection")
     epoch = selection.get("epoch") if isinstance(selection, dict) else None

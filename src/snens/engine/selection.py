@@ -48,12 +48,7 @@ SELECT_METRICS: dict[str, bool] = {"nll": False, "brier": False, "ece": False, "
 #: How each of them is written in reports.
 SELECT_NAMES = {"nll": "NLL", "brier": "Brier", "ece": "ECE", "accuracy": "accuracy"}
 
-_SCORES = {
-    "nll": predictive.nll,
-    "brier": predictive.brier,
-    "ece": predictive.ece,
-    "accuracy": predictive.accuracy,
-}
+_SCORES = {name: getattr(predictive, name) for name in SELECT_METRICS}
 
 
 def _groups(model: nn.Module) -> tuple[str, ...]:
@@ -71,24 +66,15 @@ def _changing_keys(model: nn.Module) -> list[str]:
 
 @dataclass
 class Selection:
-    """The best epoch so far of each selected group, and its weights (CPU copies).
+    """The best epoch so far of each selected group, and its weights (CPU copies)."""
 
-    Attributes:
-        metric: the validation metric (a key of :data:`SELECT_METRICS`).
-        groups: state-dict prefixes selected apart (``("",)``: the model as a whole).
-        epochs: per group, the kept epoch (0: none yet).
-        values: per group, the metric at that epoch.
-        logits: per group, the validation logits at that epoch (``(M_g, N, K)``), while this
-            process saw it.
-        latest: per group, the metric of the epoch scored last.
-    """
-
-    metric: str
-    groups: tuple[str, ...]
-    epochs: list[int] = field(default_factory=list)
-    values: list[float] = field(default_factory=list)
+    metric: str  # a key of SELECT_METRICS
+    groups: tuple[str, ...]  # state-dict prefixes selected apart (("",): the model as a whole)
+    epochs: list[int] = field(default_factory=list)  # per group, the kept epoch (0: none yet)
+    values: list[float] = field(default_factory=list)  # per group, the metric at that epoch
+    # per group, the validation logits (M_g, N, K) at that epoch, while this process saw it
     logits: list[Tensor | None] = field(default_factory=list)
-    latest: list[float] = field(default_factory=list)
+    latest: list[float] = field(default_factory=list)  # per group, the last epoch's metric
     _state: dict[str, Tensor] = field(default_factory=dict, repr=False)
     _keys: list[list[str]] = field(default_factory=list, repr=False)
     _labels: Tensor | None = field(default=None, repr=False)
@@ -179,11 +165,8 @@ class Selection:
 
     def save(self, path: Path, config: Mapping[str, Any]) -> None:
         """Write the kept weights and the record to ``path`` (``best.pt``), atomically."""
-        save_checkpoint(
-            path,
-            {"model": dict(self._state), "selection": self.record(), "config": dict(config)},
-            keep_previous=False,
-        )
+        state = {"model": dict(self._state), "selection": self.record(), "config": dict(config)}
+        save_checkpoint(path, state, keep_previous=False)
 
     def weights(self) -> dict[str, Tensor]:
         """The kept tensors (a subset of the model's state dict)."""
@@ -197,12 +180,10 @@ class Selection:
         best: Path,
     ) -> None:
         """Take up the selection a checkpoint recorded: each group's weights from ``last.pt``
-        (``last_model``, at ``last_epoch``) where its kept epoch is the last one, else from
-        ``best``.
+        (``last_model``) where its kept epoch is ``last_epoch``, else from ``best``.
 
         Raises:
-            CheckpointError: the record does not fit this run, or ``best.pt`` is missing or
-                holds other epochs than the record.
+            CheckpointError: the record does not fit this run, or ``best.pt`` does not fit it.
         """
         epochs, values = record.get("epochs"), record.get("values")
         if (
@@ -260,8 +241,7 @@ def selected_state(
     of its selection laid over it, and the selection's record.
 
     Raises:
-        CheckpointError: ``last.pt`` holds no selection record, or ``best.pt`` is missing or
-            does not fit (see :meth:`Selection.restore`).
+        CheckpointError: no selection record, or see :meth:`Selection.restore`.
     """
     record = state.get("selection")
     if not isinstance(record, Mapping):
@@ -276,22 +256,14 @@ def selected_state(
 
 @dataclass(frozen=True)
 class Choice:
-    """A choice among configurations by their validation metric at the selected epochs.
+    """A choice among configurations by their validation metric at the selected epochs."""
 
-    Attributes:
-        index: the chosen candidate (None: none could be chosen).
-        metric: the validation metric every candidate was selected on.
-        seeds: the seeds compared (those every candidate has; empty: no seed is common to all,
-            and each candidate's own seeds were averaged).
-        values: per candidate, the mean metric over the compared seeds (None: left out).
-        left_out: per candidate, why it is not a candidate (None: it is one).
-    """
-
-    index: int | None
-    metric: str | None
+    index: int | None  # the chosen candidate (None: none could be chosen)
+    metric: str | None  # the validation metric every candidate was selected on
+    # the seeds compared, those every candidate has (empty: each candidate's own were averaged)
     seeds: tuple[int, ...]
-    values: tuple[float | None, ...]
-    left_out: tuple[str | None, ...]
+    values: tuple[float | None, ...]  # per candidate, the mean over those seeds (None: left out)
+    left_out: tuple[str | None, ...]  # per candidate, why it is not one (None: it is one)
 
 
 def _why_left_out(runs: Mapping[int, Any]) -> str | None:
@@ -313,16 +285,14 @@ def _why_left_out(runs: Mapping[int, Any]) -> str | None:
 def choose_on_validation(candidates: Sequence[Mapping[int, Any]]) -> Choice:
     """The candidate of the best validation metric at its selected epochs, mean over seeds.
 
-    Each candidate is a configuration's finished runs, ``{seed: final.json's "selection"}``.
-    Candidates are compared over the seeds they all have (a candidate with more seeds is not
-    judged on other draws than the rest); where no seed is common to all, over each one's own.
-    A candidate whose runs selected no epoch, or selected each member apart (a deep ensemble
-    trained in one run), is left out with the reason; a non-finite value (a diverged run)
-    never wins; ties go to the earlier candidate.
+    Each candidate is a configuration's finished runs, ``{seed: final.json's "selection"}``,
+    compared over the seeds they all have (else each over its own). A candidate that selected
+    no epoch, or each member apart, is left out with the reason; a non-finite value never
+    wins; ties go to the earlier candidate.
 
     Returns:
-        The choice; ``index`` None where no candidate remains, every candidate's value is
-        non-finite, or the candidates were selected on different metrics (``metric`` None).
+        The choice; ``index`` None where none remains, every value is non-finite, or the
+        metrics differ (``metric`` None).
     """
     left_out = [_why_left_out(runs) for runs in candidates]
     kept = [i for i, why in enumerate(left_out) if why is None]

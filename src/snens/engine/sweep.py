@@ -125,12 +125,8 @@ def parse_grid(axes: Sequence[str]) -> dict[str, list[str]]:
 
     Only the syntax is checked here; :func:`plan` checks keys and values against the config.
 
-    Returns:
-        The value texts of each key.
-
     Raises:
-        ValueError: an axis without ``=``, an empty key, an empty axis or value, or a key given
-            twice.
+        ValueError: an axis without ``=``, an empty key, axis or value, or a key given twice.
     """
     grid: dict[str, list[str]] = {}
     for axis in axes:
@@ -142,11 +138,7 @@ def parse_grid(axes: Sequence[str]) -> dict[str, list[str]]:
         key = key.strip()
         if not key:
             raise ValueError(f"--grid {axis!r}: the key is empty; e.g. seed=0,1,2")
-        if key in _RESERVED:
-            raise ValueError(
-                f"--grid {axis!r}: {key} is set by the sweep (each run goes to OUT/<run name>); "
-                "give the parent directory with --out"
-            )
+        _refuse_reserved("--grid", axis, key)
         if key in grid:
             raise ValueError(
                 f"--grid {axis!r}: {key} already has an axis; list all its values in one --grid"
@@ -165,15 +157,8 @@ def parse_grid(axes: Sequence[str]) -> dict[str, list[str]]:
 
 @dataclass(frozen=True)
 class SweepRun:
-    """One run of a sweep.
-
-    Attributes:
-        name: the run directory's name under the sweep's directory.
-        values: grid key -> the resolved config value (keys that do not apply to the run's
-            method are left out).
-        config: the run's resolved config (``out_dir`` the sweep's directory, ``name`` above).
-        status: ``"new"``, ``"resume"`` (config.toml without final.json) or ``"done"``.
-    """
+    """One run of a sweep: its directory's name, grid key -> resolved value (keys its method
+    ignores left out), its config, and ``status`` ``"new"``, ``"resume"`` or ``"done"``."""
 
     name: str
     values: dict[str, Any]
@@ -233,11 +218,10 @@ def _same_run(
 
 def config_differences(path: str | Path, config: RunConfig) -> list[str]:
     """The keys (other than out_dir and name) in which the run saved in ``path`` differs from
-    ``config``, as ``"section.key: saved …, grid …"``; a key its ``config.toml`` does not
-    record is not compared.
+    ``config``; a key its ``config.toml`` does not record is not compared.
 
     Returns:
-        One line per differing key.
+        One ``"section.key: saved …, grid …"`` line per differing key.
 
     Raises:
         ValueError: an unreadable ``config.toml``.
@@ -282,22 +266,16 @@ def plan(
     out: str | os.PathLike,
     overrides: Sequence[str] = (),
 ) -> list[SweepRun]:
-    """Every run of the grid, its config built and checked; nothing is written.
-
-    Args:
-        base: the base config (a preset's :class:`RunConfig`, a TOML path or dicts).
-        grid: ``KEY=V1,V2`` axes, or ``{key: [value texts]}``.
-        out: the sweep's directory; run i goes to ``out/<name i>``.
-        overrides: ``--set`` values applied to the base before the grid's.
+    """Every run of the grid (``KEY=V1,V2`` axes or ``{key: [texts]}``) over ``base`` and its
+    ``overrides``, into ``out/<name>``, each config built and checked; nothing is written.
 
     Returns:
-        The runs in grid order (last axis fastest), combinations that differ only in keys that
-        do not apply to their method merged into one.
+        The runs in grid order, combinations that differ only in keys their method ignores
+        merged into one.
 
     Raises:
-        ValueError: an empty grid, an axis or value that is not valid for the config, more
-            than :data:`MAX_RUNS` runs, ``--set`` of ``name`` or ``out_dir``, or an existing
-            run directory of another config.
+        ValueError: an empty, invalid or too large grid, ``--set`` of ``name`` or ``out_dir``,
+            or an existing run directory of another config.
         TypeError: a value of the wrong type.
     """
     axes = _parse_axes(grid)
@@ -336,11 +314,16 @@ def _check_overrides(overrides: Sequence[str]) -> None:
     """Refuse a ``--set`` of ``name`` or ``out_dir``."""
     for item in overrides:
         key = item.split("=", 1)[0].strip() if isinstance(item, str) else ""
-        if key in _RESERVED:
-            raise ValueError(
-                f"--set {item!r}: {key} is set by the sweep (each run goes to OUT/<run name>); "
-                "give the parent directory with --out"
-            )
+        _refuse_reserved("--set", item, key)
+
+
+def _refuse_reserved(flag: str, item: str, key: str) -> None:
+    """Refuse ``key`` where the sweep sets it (``name``, ``out_dir``)."""
+    if key in _RESERVED:
+        raise ValueError(
+            f"{flag} {item!r}: {key} is set by the sweep (each run goes to OUT/<run name>); "
+            "give the parent directory with --out"
+        )
 
 
 def _check_size(axes: Mapping[str, list[str]]) -> None:
@@ -419,15 +402,11 @@ def _blame(error: Exception, base: Mapping[str, Any], texts: Mapping[str, str]) 
 
 
 def final_row(run_dir: str | os.PathLike) -> dict[str, Any]:
-    """The numbers of a run's ``final.json``, flat: ``metrics`` keys as they are, ``model`` and
-    ``train`` keys as ``model/<key>`` and ``train/<key>`` (null, a non-finite number, as NaN).
-
-    Returns:
-        The row.
+    """The numbers of a run's ``final.json``, flat: ``metrics`` keys as they are, others as
+    ``<section>/<key>`` (null as NaN).
 
     Raises:
-        RunDirError: final.json is not a regular file, or too large.
-        ValueError: it is not a finished run's final.json.
+        RunDirError, ValueError: as :func:`snens.engine.runs.read_final`.
     """
     final = read_final(run_dir)
     row: dict[str, Any] = {}
@@ -453,12 +432,7 @@ def _cell(value: Any) -> str:
 
 
 def write_csv(path: str | os.PathLike, rows: Sequence[Mapping[str, Any]]) -> Path:
-    """Rows as CSV, columns in order of first appearance; missing cells empty; floats written
-    with ``repr`` so they read back exactly.
-
-    Returns:
-        ``path``.
-    """
+    """Rows as CSV, columns in order of first appearance, missing cells empty, floats exact."""
     columns: dict[str, None] = {}
     for row in rows:
         columns.update(dict.fromkeys(row))
@@ -500,14 +474,10 @@ def _rows(
             else:
                 row["status"] = "done"
                 row.update(values)
+        elif run.name in failed:
+            row["status"] = "failed"
         else:
-            row["status"] = (
-                "failed"
-                if run.name in failed
-                else f"in use by {busy[run.name]}"
-                if run.name in busy
-                else "pending"
-            )
+            row["status"] = f"in use by {busy[run.name]}" if run.name in busy else "pending"
         rows.append(row)
     return rows
 
@@ -524,19 +494,9 @@ def run_sweep(
 ) -> SweepResult:
     """Train the runs of :func:`plan` one after the other, skipping and resuming as planned.
 
-    A run that raises is reported and the sweep goes on; ``sweep.csv`` is rewritten after
-    every run. A run another live process is training is left to it, so the same command
-    started in two shells shares the grid out.
-
-    Args:
-        runs: from :func:`plan`.
-        out: the sweep's directory (``sweep.csv`` goes there).
-        keys: the grid keys, the CSV's first columns.
-        table: the runs ``sweep.csv`` lists (default: ``runs``), e.g. the whole plan when
-            the runs trained here are a part of it.
-        progress: progress bars in training.
-        train: the engine (default :func:`snens.engine.train.train`).
-        log: called with one line per run and the engine's lines.
+    A run that raises is reported and the sweep goes on; ``sweep.csv`` (listing ``table``,
+    default ``runs``, ``keys`` first) is rewritten after every run. A run another live process
+    is training is left to it, so the same command in two shells shares the grid out.
 
     Returns:
         The runs, those that failed, were trained or were in use, and the CSV's path.
@@ -557,7 +517,7 @@ def run_sweep(
         raise ValueError(f"table= must list every run trained; it lacks {missing}")
     failed: dict[str, str] = {}
     busy: dict[str, str] = {}
-    trained: list[str] = []
+    trained = []
     for i, run in enumerate(runs, 1):
         head = f"[{i}/{len(runs)}] {run.name}"
         path = run.path()
@@ -565,10 +525,8 @@ def run_sweep(
             log(f"{head}: done, skipped")
             continue
         resume = (path / CONFIG).is_file()
-        if not resume:
-            log(f"{head}: training")
-        else:
-            log(f"{head}: resuming{' from last.pt' if (path / LAST).is_file() else ''}")
+        from_last = " from last.pt" if (path / LAST).is_file() else ""
+        log(f"{head}: resuming{from_last}" if resume else f"{head}: training")
         start = time.perf_counter()
         try:
             config = load_config(path / CONFIG) if resume else run.config

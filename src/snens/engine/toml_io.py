@@ -41,14 +41,7 @@ _ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
 
 
 def parse_toml(text: str, source: str | os.PathLike = "<text>") -> dict[str, Any]:
-    """The tables of TOML ``text``.
-
-    Args:
-        text: the document.
-        source: what the text came from, for the error message (a file name).
-
-    Returns:
-        The document's tables.
+    """The tables of TOML ``text`` (``source``: the file it came from, for messages).
 
     Raises:
         ValueError: ``text`` is not valid TOML; the message names ``source``.
@@ -99,12 +92,8 @@ def _check_utf8(text: str, key: str) -> None:
 
 
 def check_value(value: Any, key: str) -> None:
-    """Raise unless ``value`` survives the trip to a TOML file and back: TOML scalars, lists
-    and tables with string keys, every string encodable as UTF-8.
-
-    Args:
-        value: what is to be written.
-        key: its name in messages (``model.options.width``); items add ``[i]`` or ``.name``.
+    """Raise unless ``value`` (named ``key`` in messages) survives the trip to a TOML file
+    and back: TOML scalars, lists and tables with string keys, strings encodable as UTF-8.
 
     Raises:
         TypeError: a value (or item) of a type TOML does not hold, e.g. None; the key named.
@@ -130,16 +119,14 @@ def check_value(value: Any, key: str) -> None:
     )
 
 
+def _format_char(ch: str) -> str:
+    if ch in _ESCAPES:
+        return _ESCAPES[ch]
+    return f"\\u{ord(ch):04x}" if ord(ch) < 0x20 or ord(ch) == 0x7F else ch
+
+
 def _format_string(text: str) -> str:
-    out = []
-    for ch in text:
-        if ch in _ESCAPES:
-            out.append(_ESCAPES[ch])
-        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
-            out.append(f"\\u{ord(ch):04x}")
-        else:
-            out.append(ch)
-    return '"' + "".join(out) + '"'
+    return '"' + "".join(map(_format_char, text)) + '"'
 
 
 def _format_float(value: float) -> str:
@@ -162,8 +149,7 @@ def format_value(value: Any) -> str:
     """``value`` as a TOML value on one line; lists, tuples and tables inline.
 
     Raises:
-        TypeError: ``value`` (or an item in it) is not a str, int, float, bool, list, tuple
-            or mapping, e.g. None.
+        TypeError: ``value`` (or an item in it) is of a type TOML does not hold, e.g. None.
     """
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -193,13 +179,9 @@ def _format_table(table: Mapping[str, Any], header: tuple[str, ...]) -> list[str
 
 
 def format_toml(values: Mapping[str, Any], comment: str = "") -> str:
-    """``values`` as a TOML document, which :func:`parse_toml` reads back (tuples as lists):
-    top-level scalars first, then each table as ``[name]`` and each table in it as
-    ``[name.inner]``; tables deeper down inline.
-
-    Args:
-        values: the tables, as nested mappings of the types :func:`format_value` writes.
-        comment: a first line, written as ``# comment``; "" = none.
+    """``values`` as a TOML document, which :func:`parse_toml` reads back (tuples as lists),
+    after a first line ``# comment`` unless it is "": top-level scalars first, then each table
+    as ``[name]`` and each table in it as ``[name.inner]``; tables deeper down inline.
 
     Raises:
         TypeError: a value TOML cannot hold (named, e.g. None).

@@ -73,7 +73,7 @@ from snens.engine.reload import (
 )
 from snens.engine.runs import (
     Run,
-    _default_name,
+    _run_path,
     create_run,
     hold_run,
     open_run,
@@ -154,12 +154,6 @@ def _describe_groups(groups: list[dict]) -> str:
     )
 
 
-def _run_path(config: RunConfig, run_dir: str | os.PathLike | None) -> Path:
-    if run_dir is not None:
-        return Path(run_dir)
-    return Path(config.out_dir) / (config.name or _default_name(config))
-
-
 def train(
     config: RunConfig,
     *,
@@ -168,37 +162,23 @@ def train(
     run_dir: str | os.PathLike | None = None,
     log: Callable[[str], None] | None = print,
 ) -> Path:
-    """Train and evaluate one run; return its directory (see :mod:`snens.engine.runs`).
+    """Train and evaluate one run in ``run_dir`` (default ``out_dir/name``).
 
-    Args:
-        config: the resolved run config.
-        resume: continue the run in ``run_dir`` (default ``out_dir/name``) from its
-            ``last.pt``; ``config`` must equal the run's saved config.
-        progress: a progress bar per epoch (when tqdm is installed).
-        run_dir: the run directory, instead of ``out_dir/name``.
-        log: called with one line per epoch and a few setup lines; None for silence.
+    ``resume`` continues the run from its ``last.pt`` (``config`` must equal its saved one);
+    ``log`` gets one line per epoch and a few setup lines (None: silence). Under ``torchrun``
+    the same call trains with DistributedDataParallel, rank 0 alone writing the run.
 
     Returns:
-        The run directory, holding config.toml, provenance.json, metrics.jsonl, last.pt,
-        prev.pt and final.json.
+        The run directory (see :mod:`snens.engine.runs`).
 
     Raises:
-        RunDirError: the output directory is not writable (before anything else), or a new
-            run's directory already holds a run.
-        RunInUseError: another live process is training this run (it holds ``run.lock``;
-            the message names it).
-        NonFiniteLossError: a NaN/inf loss with ``on_nonfinite = "stop"``; the message names
-            epoch, step and cause, and the last good checkpoint is kept.
-        CheckpointError: on resume, ``last.pt`` is truncated, modified or does not fit (copy
-            ``prev.pt`` over it to resume from the one before).
-        ValueError: on resume, a config that differs from the run's; under torchrun, a
-            ``data.batch_size`` not divisible by the number of processes, or
-            ``on_nonfinite = "skip"``.
-        RuntimeError: under torchrun, another rank died or stopped answering (names the rank).
-
-    Under ``torchrun --nproc_per_node=N`` the same call trains with DistributedDataParallel:
-    each rank takes B/N rows of every global batch, and rank 0 alone writes the run
-    directory, logs and evaluates (see :mod:`snens.engine.distributed`).
+        RunDirError: the output directory is not writable, or a new run's already holds a run.
+        RunInUseError: another live process is training this run.
+        NonFiniteLossError: a NaN/inf loss with ``on_nonfinite = "stop"``.
+        CheckpointError: on resume, ``last.pt`` is damaged or does not fit.
+        ValueError: on resume, a config that differs from the run's; under torchrun, a batch
+            size not divisible by the processes, or ``on_nonfinite = "skip"``.
+        RuntimeError: under torchrun, another rank died or stopped answering.
     """
     path = _run_path(config, run_dir)
     existed = path.exists()
@@ -274,20 +254,22 @@ def _train(
         settings = _step_settings(config, steps_per_epoch)
 
         patience = config.optim.patience
-        selection = (
-            Selection.for_model(model, config.optim.select)
-            if config.optim.select and group.is_main
-            else None
-        )
+        selection = None
+        if config.optim.select and group.is_main:
+            selection = Selection.for_model(model, config.optim.select)
 
-        run = _open_run_directory(config, path, group, resume=resume)
+        # created by rank 0 for a new run, else the existing one, opened
+        run = create_run(config, path) if group.is_main and not resume else Run(path, config)
         epoch, step, seconds, skipped = 0, 0, 0.0, 0
         if resume:
             epoch, step, seconds, skipped = _resume_state(
                 run, model, optimizer, schedule, say, selection
             )
             if group.is_main:
-                _discard_after_checkpoint(run, epoch, say)
+                # the metrics of epochs after the checkpoint, the temporary files a kill left
+                run.truncate_metrics(epoch)
+                for tmp in remove_stale_temporaries(run.path):
+                    say(f"removed {tmp.name}, a temporary file an interrupted write left")
         group.barrier("waiting for rank 0 to prepare the run directory")
         say(_run_line(run, model, trainable, steps_per_epoch, device))
         _announce(config, run, group, source, groups, say)
@@ -331,11 +313,9 @@ def _train(
                     config, model, loaded, stats, epoch, step, task_loss, keep_logits=kept
                 )
                 record.update(peak.record())
-                improved = (
-                    selection.update(epoch, kept["val"], kept["val_labels"], model)
-                    if selection is not None and kept is not None
-                    else []
-                )
+                improved: list[int] = []
+                if selection is not None and kept is not None:
+                    improved = selection.update(epoch, kept["val"], kept["val_labels"], model)
                 if selection is not None and len(selection.groups) > 1:
                     # each member's own score, which its kept epoch is chosen by
                     record[f"val/member_{selection.metric}"] = selection.latest
@@ -435,7 +415,11 @@ def _finish(
     run.write_outputs(outputs)
     run.write_examples(run_examples(outputs, calibrators=config.data.calibrators))
     run.write_final(final)
-    say(_done_line(final["metrics"], run.path / "final.json"))
+    results = final["metrics"]
+    say(
+        f"done: test accuracy {results['test/accuracy']:.4f}, NLL {results['test/nll']:.4f}, "
+        f"ECE {results['test/ece']:.4f}; {run.path / 'final.json'}"
+    )
 
 
 def _launch_record(group: distributed.Context) -> dict[str, Any]:
@@ -461,14 +445,6 @@ def _run_line(
     return (
         f"run {run.path}: {run.config.method.name} over {run.config.model.backbone}, {params:,} "
         f"parameters ({trainable:,} trainable), {steps_per_epoch} steps per epoch on {device}"
-    )
-
-
-def _done_line(results: Mapping[str, float], final: Path) -> str:
-    """The last line logged."""
-    return (
-        f"done: test accuracy {results['test/accuracy']:.4f}, NLL {results['test/nll']:.4f}, "
-        f"ECE {results['test/ece']:.4f}; {final}"
     )
 
 
@@ -507,15 +483,6 @@ def _step_settings(config: RunConfig, steps_per_epoch: int) -> StepSettings:
     )
 
 
-def _open_run_directory(
-    config: RunConfig, path: Path, group: distributed.Context, *, resume: bool
-) -> Run:
-    """The run directory: created by rank 0 for a new run, else the existing one, opened."""
-    if group.is_main and not resume:
-        return create_run(config, path)
-    return Run(path, config)
-
-
 def _resume_state(
     run: Run,
     model: nn.Module,
@@ -550,13 +517,6 @@ def _resume_state(
     return epoch, step, state.get("seconds", 0.0), state.get("skipped_steps", 0)
 
 
-def _discard_after_checkpoint(run: Run, epoch: int, say: Callable[[str], None]) -> None:
-    """Drop the metrics of epochs after ``epoch`` and the temporary files a kill left."""
-    run.truncate_metrics(epoch)
-    for tmp in remove_stale_temporaries(run.path):
-        say(f"removed {tmp.name}, a temporary file an interrupted write left")
-
-
 def _wrap_ddp(model: nn.Module, group: distributed.Context, device: torch.device) -> nn.Module:
     """The model in DistributedDataParallel under torchrun; the model itself otherwise."""
     if not group.enabled:
@@ -564,11 +524,8 @@ def _wrap_ddp(model: nn.Module, group: distributed.Context, device: torch.device
     # Averaging gradients over the ranks leaves the diversity loss's (the same on every rank)
     # as it is and makes the task loss's the global batch's mean.
     index = next(model.parameters()).device.index  # "cuda" resolved to its index
-    return DistributedDataParallel(
-        model,
-        device_ids=[index] if device.type == "cuda" else None,
-        find_unused_parameters=False,
-    )
+    ids = [index] if device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=ids, find_unused_parameters=False)
 
 
 @contextlib.contextmanager
@@ -577,11 +534,9 @@ def _naming_last_checkpoint(run: Run) -> Iterator[None]:
     try:
         yield
     except NonFiniteLossError as error:
-        kept = (
-            f"the last good checkpoint is {run.checkpoint}"
-            if run.checkpoint.is_file()
-            else "no checkpoint was saved before it"
-        )
+        kept = "no checkpoint was saved before it"
+        if run.checkpoint.is_file():
+            kept = f"the last good checkpoint is {run.checkpoint}"
         raise NonFiniteLossError(f"{error}. Training stopped; {kept}.") from error
 
 
@@ -673,14 +628,8 @@ def _selection_line(selection: Selection) -> str:
 
 
 #: Validation metrics logged after every epoch.
-_CURVE_METRICS = (
-    "accuracy",
-    "nll",
-    "ece",
-    "disagreement",
-    "member_accuracy_mean",
-    "member_nll_mean",
-)
+_CURVE_METRICS = ("accuracy", "nll", "ece", "disagreement")
+_CURVE_METRICS += ("member_accuracy_mean", "member_nll_mean")
 
 
 def _legend_line(config: RunConfig) -> str:

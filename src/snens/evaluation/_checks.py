@@ -1,6 +1,4 @@
-"""The checks of logits, labels and temperatures that the calibrators and the conformal
-prediction sets share (inside :mod:`snens.evaluation` only): each returns its argument in the
-form the callers compute with, or raises naming what it must be."""
+"""Checks of logits, labels and temperatures shared by the calibrators and the conformal sets."""
 
 from __future__ import annotations
 
@@ -13,12 +11,8 @@ from torch import Tensor
 
 
 def _check_temperature(temperature: Any) -> float:
-    """``temperature`` as a float, or an error saying what a temperature must be.
-
-    Raises:
-        TypeError: if it is not a real number (``bool`` included).
-        ValueError: if it is not finite and > 0.
-    """
+    """``temperature`` as a float; a TypeError if not a real number, a ValueError if not
+    finite and > 0."""
     if isinstance(temperature, Tensor) and temperature.numel() == 1:
         temperature = temperature.item()
     if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
@@ -48,8 +42,7 @@ def _check_logits(logits: Any) -> Tensor:
         raise ValueError(
             f"logits {tuple(logits.shape)} need at least one member, one example and two classes"
         )
-    # -inf is a logit of probability 0 (from log-probabilities): allowed where a row keeps a
-    # finite entry, since softmax ignores it.
+    # -inf (probability 0) is allowed where a row keeps a finite entry
     if torch.isnan(z).any() or (z == math.inf).any() or not torch.isfinite(z).any(-1).all():
         raise ValueError("logits contain NaN, +inf, or a row with no finite entry")
     return z

@@ -1,24 +1,13 @@
 """Paired bootstrap confidence intervals of the difference between two methods' metrics.
 
-Whether "A beats B" would survive another draw of the test set (and of the training seeds):
-
-    Δ = mean_s metric(A_s) − mean_s metric(B_s)
-
-over the seeds s of each method, and its percentile interval over R resamples, each of which
-
-1. draws N test examples with replacement — **the same draw for both methods** (paired: the
-   examples both get wrong or right cancel, which is what makes a paired interval narrow), and
-2. where a method has several seeds, draws its seeds with replacement (the second level: a
-   difference that one lucky seed carries does not survive).
-
-A difference is called a win only when its 95 % interval excludes 0 (:func:`verdict`), "level"
-otherwise. A few numbers per example (:class:`Examples`) give accuracy, NLL, Brier and the
-15-bin ECE of any resample; :func:`auroc_bootstrap` resamples OOD scores.
+Δ = mean_s metric(A_s) − mean_s metric(B_s) over the seeds s of each method, and its percentile
+interval over R resamples, each drawing the N test examples with replacement (the same draw
+for both methods: paired) and each method's seeds with replacement. A difference is a win only
+when its 95 % interval excludes 0 (:func:`verdict`)::
 
     a = [Examples.from_probs(p, y) for p in probs_of_each_seed_of_A]
-    b = [Examples.from_probs(p, y) for p in probs_of_each_seed_of_B]
     diff = paired_bootstrap(a, b, "nll")          # Interval(estimate, low, high, …)
-    verdict(diff, "nll")                          # "lower" | "higher" | "level"
+    verdict(diff, "nll")                          # "better" | "worse" | "level"
 """
 
 from __future__ import annotations
@@ -58,19 +47,10 @@ _CHUNK = 200
 
 @dataclass(frozen=True)
 class Examples:
-    """Per-example quantities of one model's predictions on one labelled set, enough for the
-    accuracy, NLL, Brier score and ECE of any resample of it.
-
-    Attributes:
-        nll: −log p(y), per example.
-        brier: Σ_k (p_k − 1[k = y])², per example.
-        confidence: max_k p_k, per example.
-        correct: 1.0 where argmax_k p_k = y, else 0.0.
-        labels: the true classes (pairing two models checks they scored the same examples).
-
-    Shape:
-        Every field (N,), float64 (labels int64).
-    """
+    """Per-example quantities (N,) of one model's predictions on one labelled set, enough for the
+    accuracy, NLL, Brier score and ECE of any resample: ``nll`` −log p(y), ``brier``
+    Σ_k (p_k − 1[k = y])², ``confidence`` max_k p_k, ``correct`` 1.0 or 0.0, and the int64
+    ``labels`` (pairing checks two models scored the same examples)."""
 
     nll: np.ndarray
     brier: np.ndarray
@@ -80,14 +60,7 @@ class Examples:
 
     @classmethod
     def from_probs(cls, probs: Tensor, labels: Tensor) -> Examples:
-        """The per-example quantities of predicted probabilities (an ensemble's mean).
-
-        Args:
-            probs: class probabilities, rows summing to 1.
-            labels: class indices.
-
-        Shape:
-            probs: (N, K). labels: (N,).
+        """The per-example quantities of predicted probabilities (N, K) and labels (N,).
 
         Raises:
             ValueError: shapes that do not match, probabilities that are not finite, or labels
@@ -135,8 +108,8 @@ class Examples:
         return cls(**values, labels=labels)
 
     def arrays(self, prefix: str = "") -> dict[str, np.ndarray]:
-        """The fields as ``{<prefix><field>: array}`` to save: float32 values (their metrics
-        within ~1e-7 of the float64 ones), ``correct`` as uint8 and int32 labels."""
+        """The fields as ``{<prefix><field>: array}`` to save: float32 values, ``correct`` as
+        uint8 and int32 labels."""
         out = {prefix + f: getattr(self, f).astype(np.float32) for f in _FIELDS[:3]}
         out[prefix + "correct"] = self.correct.astype(np.uint8)
         out[prefix + "labels"] = self.labels.astype(np.int32)
@@ -153,15 +126,8 @@ class Examples:
 
 @dataclass(frozen=True)
 class Interval:
-    """A difference between two methods and its bootstrap interval.
-
-    Attributes:
-        metric: what was compared.
-        estimate: Δ = mean over A's seeds − mean over B's seeds, on every example.
-        low, high: the percentile interval's bounds.
-        level: its confidence (0.95).
-        resamples: how many resamples it rests on.
-    """
+    """A difference Δ between two methods (``estimate``, on every example and seed) and its
+    percentile bootstrap interval [``low``, ``high``] of confidence ``level`` over ``resamples``."""
 
     metric: str
     estimate: float
@@ -179,8 +145,7 @@ class Interval:
 
 
 def _labelled_sets(outputs: Mapping[str, Tensor]) -> list[str]:
-    """The labelled sets of kept logits: ``test``, every ``shift/<name>/<s>`` and every
-    ``domain/<name>``."""
+    """``test``, every ``shift/<name>/<s>`` and every ``domain/<name>`` of kept logits."""
     other = [
         k
         for k in outputs
@@ -192,8 +157,7 @@ def _labelled_sets(outputs: Mapping[str, Tensor]) -> list[str]:
 
 
 def _calibrated_name(name: str, prefix: str) -> str:
-    """Where a set's calibrated examples go: ``test`` → ``test_ts``, ``shift/n/s`` →
-    ``shift_ts/n/s``, ``domain/n`` → ``domain_ts/n`` (for the prefix ``test_ts``)."""
+    """``test`` → ``test_ts``, ``shift/n/s`` → ``shift_ts/n/s`` (for the prefix ``test_ts``)."""
     head, _, rest = name.partition("/")
     tail = prefix.removeprefix("test")
     return f"{head}{tail}/{rest}" if rest else f"{head}{tail}"
@@ -204,18 +168,12 @@ def run_examples(
     calibrators: Sequence[str] = ("temperature",),
     ood_scores: Sequence[str] = ("msp", "entropy", "mutual_information", "max_logit", "energy"),
 ) -> dict[str, np.ndarray]:
-    """What a run's intervals need, from its kept member logits (``evaluate(...,
-    keep_logits=...)``, a run's ``outputs.npz``), as arrays to save.
-
-    * ``test/<field>``, ``shift/<name>/<s>/<field>`` and ``domain/<name>/<field>``: the
-      :class:`Examples` fields of the ensemble's prediction (the mean of the members'
-      softmaxes, computed as :func:`~snens.evaluation.protocol.evaluate` does) on the test
-      set, each corrupted set and each labelled set of another domain;
-    * ``test_ts/<field>``, ``shift_ts/<name>/<s>/<field>``, ``domain_ts/<name>/<field>`` (the
-      prefixes of :data:`~snens.evaluation.protocol.CALIBRATED_PREFIXES`): the same after each
-      calibrator fitted on the validation logits, where there are some;
-    * ``ood/<set>/<score>`` and ``test/ood/<score>``: each OOD score of the OOD examples and of
-      the test examples (OOD positive: higher means "more likely OOD").
+    """What a run's intervals need, from its kept member logits, as arrays to save: the
+    :class:`Examples` fields of every labelled set (``test/<field>``, ``shift/<name>/<s>/…``,
+    ``domain/<name>/…``), the same after each calibrator fitted on the validation logits (under
+    the prefixes of :data:`~snens.evaluation.protocol.CALIBRATED_PREFIXES`: ``test_ts/…``,
+    ``shift_ts/…``), and each OOD score of the OOD and test examples (``ood/<set>/<score>``,
+    ``test/ood/<score>``).
 
     Raises:
         KeyError: no ``test`` or ``test_labels``; an unknown calibrator.
@@ -253,7 +211,6 @@ def run_examples(
 
 
 def _ood_score(score: str, member_logits: Tensor) -> np.ndarray:
-    """Per-example OOD scores, as :func:`~snens.evaluation.protocol.evaluate` computes them."""
     if score in metrics.LOGIT_OOD_SCORES:
         values = metrics.LOGIT_OOD_SCORES[score](member_logits)
     else:
@@ -262,11 +219,7 @@ def _ood_score(score: str, member_logits: Tensor) -> np.ndarray:
 
 
 def _weighted(seeds: Sequence[Examples], metric: str, weights: np.ndarray) -> np.ndarray:
-    """The metric of each seed under each row of example weights (counts summing to N).
-
-    Shape:
-        weights: (R, N). Returns (R, S).
-    """
+    """The metric of each seed (R, S) under each row of example weights (R, N) summing to N."""
     n = weights.sum(1, keepdims=True)  # (R, 1)
     out = np.empty((weights.shape[0], len(seeds)))
     for s, ex in enumerate(seeds):
@@ -286,7 +239,7 @@ def _weighted(seeds: Sequence[Examples], metric: str, weights: np.ndarray) -> np
 
 
 def _bins(confidence: np.ndarray) -> np.ndarray:
-    """Bin b is (b/n, (b+1)/n] and bin 0 also holds 0, as :func:`snens.metrics.ece` bins."""
+    """Bin b is (b/n, (b+1)/n], bin 0 also holding 0, as :func:`snens.metrics.ece`."""
     edges = torch.linspace(0, 1, NUM_BINS + 1, dtype=torch.float64)
     return torch.bucketize(torch.from_numpy(confidence), edges[1:-1], right=False).numpy()
 
@@ -317,19 +270,15 @@ def paired_bootstrap(
     level: float = 0.95,
     seed: int = 0,
 ) -> Interval:
-    """Δ = metric(A) − metric(B) and its paired percentile bootstrap interval.
-
-    Each resample draws the N test examples with replacement, the same draw for A and B, and
-    each method's seeds with replacement (independently: seed s of A and seed s of B share
-    nothing but the test set); Δ of a resample is the difference of the means over the drawn
-    seeds. The estimate is Δ on all examples and seeds.
+    """Δ = metric(A) − metric(B) and its paired percentile bootstrap interval: each of the
+    ``resamples`` draws the N test examples with replacement, the same draw for A and B, and each
+    method's seeds with replacement.
 
     Args:
         a, b: per seed, the methods' :class:`Examples` on the same test examples.
         metric: ``"accuracy"``, ``"nll"``, ``"brier"`` or ``"ece"`` (15 equal-width bins).
-        resamples: R, the number of resamples.
         level: the interval's confidence.
-        seed: the bootstrap's random seed (the same seed, the same interval).
+        seed: the bootstrap's random seed.
 
     Returns:
         The :class:`Interval`.
@@ -350,13 +299,9 @@ def paired_bootstraps(
     level: float = 0.95,
     seed: int = 0,
 ) -> list[Interval]:
-    """:func:`paired_bootstrap` of each ``(a, b, metric)``, drawing the resamples once for all
-    the comparisons that would draw the same ones.
-
-    A resample's draws depend only on the seed, N and the two methods' numbers of seeds, so
-    comparisons alike in those (one pair of methods on several metrics, or on a set and its
-    temperature-scaled copy) share them: the intervals equal those of separate calls, bit for
-    bit, at the cost of one draw per group.
+    """:func:`paired_bootstrap` of each ``(a, b, metric)``, drawing the resamples once for
+    the comparisons alike in N and both numbers of seeds (the intervals equal those of separate
+    calls, bit for bit).
 
     Returns:
         One :class:`Interval` per comparison, in their order.
@@ -381,7 +326,6 @@ def paired_bootstraps(
 
 
 def _paired_group(comparisons, n: int, resamples: int, level: float, seed: int) -> list[Interval]:
-    """The intervals of comparisons sharing N and both numbers of seeds, from one draw."""
     full = np.ones((1, n))
     estimates = [
         float(_weighted(a, metric, full).mean() - _weighted(b, metric, full).mean())
@@ -398,9 +342,8 @@ def _paired_group(comparisons, n: int, resamples: int, level: float, seed: int) 
         rows = np.arange(r)[:, None]
         for c, (a, b, metric) in enumerate(comparisons):
             values_a, values_b = _weighted(a, metric, weights), _weighted(b, metric, weights)
-            deltas[c, start : start + r] = values_a[rows, picks_a].mean(1) - values_b[
-                rows, picks_b
-            ].mean(1)
+            mean_a, mean_b = values_a[rows, picks_a].mean(1), values_b[rows, picks_b].mean(1)
+            deltas[c, start : start + r] = mean_a - mean_b
     return [
         _percentile_interval(metric, estimate, row, level)
         for (_, _, metric), estimate, row in zip(comparisons, estimates, deltas, strict=True)
@@ -415,9 +358,7 @@ def _percentile_interval(metric: str, estimate: float, deltas: np.ndarray, level
 
 class _RankedScores:
     """One seed's in- and out-of-distribution scores, ranked once, so the AUROC of any resample
-    is counting: U = Σ over the drawn OOD examples of the drawn in-distribution examples scored
-    below it, plus half those tied with it — the Mann–Whitney statistic :func:`auroc` computes
-    from ranks, equal to it bit for bit (every term a multiple of ½, exact in float64)."""
+    is counting: the Mann–Whitney statistic :func:`auroc` computes, bit for bit."""
 
     def __init__(self, in_scores: np.ndarray, out_scores: np.ndarray):
         auroc(torch.as_tensor(in_scores), torch.as_tensor(out_scores))  # its checks
@@ -441,12 +382,9 @@ def auroc_bootstrap(
     level: float = 0.95,
     seed: int = 0,
 ) -> Interval:
-    """Δ AUROC (OOD positive) of two methods' OOD scores and its paired bootstrap interval.
-
-    Args:
-        a, b: per seed, ``(scores of the in-distribution examples, scores of the OOD
-            examples)``, higher meaning "more likely OOD"; the same examples for every seed.
-        resamples, level, seed: as :func:`paired_bootstrap`.
+    """Δ AUROC (OOD positive) of two methods' OOD scores and its paired bootstrap interval; ``a``
+    and ``b`` hold per seed ``(in-distribution scores, OOD scores)`` of the same examples, the
+    other arguments as :func:`paired_bootstrap`.
 
     Raises:
         ValueError: no seeds, or seeds scored on different numbers of examples.
@@ -475,9 +413,8 @@ def auroc_bootstrap(
 
 
 def verdict(interval: Interval, metric: str | None = None) -> str:
-    """``"better"`` or ``"worse"`` (for A against B) when the interval excludes 0, by the
-    metric's direction (higher accuracy and AUROC are better, lower NLL, Brier and ECE),
-    ``"level"`` otherwise."""
+    """``"better"`` or ``"worse"`` (A against B) when the interval excludes 0, by the metric's
+    direction, ``"level"`` otherwise."""
     name = metric or interval.metric
     higher = BOOTSTRAP_METRICS.get(name, name == "auroc")
     if not interval.excludes_zero():

@@ -1,23 +1,16 @@
 """Post-hoc calibration of an ensemble's prediction, fitted on a validation split.
 
-Temperature scaling (Guo et al., 2017): one scalar T > 0 divides every member's logits, chosen
-to minimize the NLL of the ensemble's prediction on held-out **validation** data (never the
-test set); see :func:`fit_temperature`.
-
-Every calibrator behind one interface, :func:`fit_calibrator` (validation logits → a frozen
+Every calibrator is fitted by :func:`fit_calibrator` (validation logits → a frozen
 :class:`Calibrator`, whose :meth:`~Calibrator.apply` maps test logits to calibrated logits):
 
-* ``"temperature"`` — z_m / T, T from :func:`fit_temperature`;
+* ``"temperature"`` — z_m / T (Guo et al., 2017), T from :func:`fit_temperature`;
 * ``"vector"`` — z'_m = w ⊙ z_m + b, w, b ∈ R^K;
-* ``"matrix"`` — z'_m = W z_m + b, W ∈ R^{K×K}, its off-diagonal entries L2-regularized
-  (Kull et al., 2019);
-* ``"histogram"`` — one-vs-rest histogram binning of the ensemble prediction p̄ (Zadrozny and
-  Elkan, 2001), then renormalized.
+* ``"matrix"`` — z'_m = W z_m + b, W's off-diagonal entries L2-regularized (Kull et al., 2019);
+* ``"histogram"`` — one-vs-rest histogram binning of p̄ (Zadrozny and Elkan, 2001),
+  renormalized, returned as log-probabilities of one member (1, N, K).
 
-On an ensemble the parametric maps act on every member's logits alike and are fitted on the
-NLL of the mean of the mapped members' softmaxes, so the members stay members. Histogram
-binning acts on p̄ alone and returns log-probabilities as one member (1, N, K). Either way
-``snens.predictive_probs(calibrator.apply(logits))`` is the calibrated prediction.
+The parametric maps act on every member's logits alike and are fitted on the NLL of the mean
+of the mapped members' softmaxes. Fit on a validation split, never on the test set.
 """
 
 from __future__ import annotations
@@ -64,14 +57,13 @@ def _check_mode(mode: Any) -> str:
 
 
 def _check_inputs(logits: Any, labels: Any) -> tuple[Tensor, Tensor]:
-    """Logits as float64 (M, N, K) and labels as int64 (N,), on the logits' device."""
     z = _check_logits(logits)
     return z, _check_labels(labels, z)
 
 
 def _possible(z: Tensor, y: Tensor, mode: str, what: str) -> tuple[Tensor, Tensor]:
     """``(z, y)`` without the examples whose label has probability 0 whatever the calibrator
-    does (their NLL is infinite for every candidate, so they cannot choose among them)."""
+    does (their NLL is infinite for every candidate)."""
     label_logits = z.gather(-1, y.view(1, -1, 1).expand(z.shape[0], -1, 1)).squeeze(-1)
     ruled_out = label_logits == -math.inf  # (M, N)
     impossible = ruled_out.any(0) if mode == "logits" else ruled_out.all(0)
@@ -106,33 +98,19 @@ def _nll(z: Tensor, y: Tensor, log_t: float, mode: str) -> float:
 
 
 def fit_temperature(
-    logits: Tensor | nn.Module,
-    labels: Tensor | Any,
-    *,
-    mode: Mode = "mean_of_softmax",
+    logits: Tensor | nn.Module, labels: Tensor | Any, *, mode: Mode = "mean_of_softmax"
 ) -> float:
-    """The temperature T minimizing the validation NLL of the ensemble's scaled prediction.
-
-        T* = argmin_{T ∈ [0.01, 100]}  −(1/N) Σ_i log p̄_T(y_i),
-        p̄_T = (1/M) Σ_m softmax(z_m / T)   (``mode="mean_of_softmax"``)
-        p̄_T = softmax(mean_m z_m / T)       (``mode="logits"``)
-
-    Deterministic: a grid of log T, then a golden-section search. ``fit_temperature(ens,
-    val_loader)`` runs the model over the loader, or give the validation logits and labels.
-    Fit on a validation split, never on the test set you report.
+    """The temperature T in [0.01, 100] minimizing the validation NLL of the ensemble's scaled
+    prediction, (1/M) Σ_m softmax(z_m / T), or softmax(mean_m z_m / T) with ``mode="logits"``;
+    deterministic (a grid of log T, then a golden-section search).
 
     Args:
-        logits: validation logits of the members, or of one model; or the model itself
-            (returning (M, B, K)), with its validation loader as ``labels``.
-        labels: validation class indices; or the loader of ``(x, y)`` batches.
-        mode: ``"mean_of_softmax"`` (the snens ensemble prediction) or ``"logits"``.
+        logits: validation logits (M, N, K) of the members, or (N, K) of one model; or the model
+            itself, with its validation loader of ``(x, y)`` batches as ``labels``.
+        labels: validation class indices (N,).
 
     Returns:
-        T as a float; apply it with :class:`TemperatureScaled`. A warning is issued when the
-        optimum lies at a bound of [0.01, 100].
-
-    Shape:
-        logits: (M, N, K) or (N, K). labels: (N,).
+        T as a float; a warning is issued when it lies at a bound of [0.01, 100].
 
     Raises:
         TypeError: non-floating logits or non-integer labels.
@@ -166,7 +144,7 @@ def fit_temperature(
 
 
 def _golden_section(f: Callable[[float], float], a: float, b: float, start: tuple) -> float:
-    """The argmin of ``f`` on [a, b] (which brackets the grid minimum ``start``: (f, x))."""
+    """The argmin of ``f`` on [a, b], which brackets the grid minimum ``start`` (f, x)."""
     c, d = b - _GOLDEN * (b - a), a + _GOLDEN * (b - a)
     fc, fd = f(c), f(d)
     while b - a > _TOLERANCE:
@@ -182,18 +160,9 @@ def _golden_section(f: Callable[[float], float], a: float, b: float, start: tupl
 
 
 class TemperatureScaled(nn.Module):
-    """An ensemble whose logits are divided by a fitted temperature: z_m / T.
-
-    Keeps the (B, …) -> logits (M, B, K) contract; with ``mode="logits"`` the output is the one
-    scaled mean logit, (1, B, K). Fit ``temperature`` with :func:`fit_temperature`.
-
-    Args:
-        model: an ensemble (or ``snens.baselines.SingleModel``) returning (M, B, K).
-        temperature: T, finite and > 0; stored as the buffer ``temperature``.
-        mode: the ``mode`` the temperature was fitted with.
-
-    Shape:
-        Input: (B, …). Output: (M, B, K), or (1, B, K) with ``mode="logits"``.
+    """A model returning (M, B, K) whose logits are divided by a fitted temperature T (finite and
+    > 0, the buffer ``temperature``); with ``mode="logits"`` the output is the one scaled mean
+    logit, (1, B, K).
 
     Raises:
         TypeError, ValueError: a temperature that is not a finite number > 0; unknown mode.
@@ -231,26 +200,19 @@ class TemperatureScaled(nn.Module):
         return f"temperature={self.temperature.item():.4g}, mode={self.mode!r}"
 
 
-# ------------------------------------------------------------------------------------------------
-# One interface for post-hoc calibrators
-# ------------------------------------------------------------------------------------------------
-
-# L-BFGS of vector and matrix scaling, from the identity map
 _LBFGS_ITERATIONS = 200
 
 
 def _mean_of_softmax_nll(z: Tensor, y: Tensor) -> Tensor:
-    """−(1/N) Σ_i log p̄(y_i), p̄ = (1/M) Σ_m softmax(z_m), in the log domain; differentiable.
-
-    The label's column is taken before the logsumexp over members: an entry of −inf in every
-    member would give a NaN gradient."""
+    """−(1/N) Σ_i log p̄(y_i), p̄ the mean of the members' softmaxes; differentiable. The
+    label's column is taken before the logsumexp over members (−inf in every member would give
+    a NaN gradient)."""
     label = y.view(1, -1, 1).expand(z.shape[0], -1, 1)
     log_p_y = z.log_softmax(-1).gather(-1, label).squeeze(-1)  # (M, N)
     return -(torch.logsumexp(log_p_y, dim=0) - math.log(z.shape[0])).mean()
 
 
 def _minimize(loss: Callable[[], Tensor], params: list[Tensor]) -> None:
-    """Minimize ``loss`` over ``params`` in place with full-batch L-BFGS."""
     optimizer = torch.optim.LBFGS(
         params,
         lr=1.0,
@@ -274,14 +236,9 @@ def _minimize(loss: Callable[[], Tensor], params: list[Tensor]) -> None:
 
 
 class Calibrator:
-    """A post-hoc calibrator fitted on validation logits; :meth:`apply` maps test logits.
-
-    Build one with :func:`fit_calibrator` (or a subclass's ``fit``); it is frozen.
-
-    Shape:
-        apply: logits (M, N, K) or (N, K) -> calibrated logits (M, N, K), or (1, N, K) for
-        calibrators of the ensemble prediction, in the dtype of the input.
-    """
+    """A post-hoc calibrator fitted on validation logits; :meth:`apply` maps test logits
+    (M, N, K) or (N, K) to calibrated logits (M, N, K), or (1, N, K) for calibrators of the
+    ensemble prediction, in the input's dtype. Build one with :func:`fit_calibrator`."""
 
     method: ClassVar[str] = ""
     num_classes: ClassVar[int | None] = None  # K the calibrator was fitted on; None = any
@@ -290,8 +247,7 @@ class Calibrator:
         """Calibrated logits, whose mean of softmaxes is the calibrated prediction.
 
         Raises:
-            TypeError, ValueError: logits that are not (M, N, K) or (N, K) floating point, or
-                whose K is not the K the calibrator was fitted on.
+            TypeError, ValueError: logits not (M, N, K) or (N, K) floating point, or of another K.
         """
         z = _check_logits(logits)
         K = self.num_classes
@@ -304,8 +260,7 @@ class Calibrator:
 
     @classmethod
     def fit(cls, logits: Tensor, labels: Tensor, **options: Any) -> Calibrator:
-        """Fit on validation logits (M, N, K) or (N, K) and labels (N,); see
-        :func:`fit_calibrator` for the options of each calibrator."""
+        """Fit on validation logits and labels; options as :func:`fit_calibrator`."""
         raise NotImplementedError
 
     def _map(self, z: Tensor) -> Tensor:
@@ -315,15 +270,8 @@ class Calibrator:
 
 @dataclass(frozen=True)
 class TemperatureScaling(Calibrator):
-    """z_m / T (``mode="mean_of_softmax"``), or mean_m z_m / T as one member (``"logits"``).
-
-    Fit with ``fit_calibrator("temperature", logits, labels)`` (:func:`fit_temperature`); wrap a
-    model with ``TemperatureScaled(model, calibrator.temperature)``.
-
-    Args:
-        temperature: T, finite and > 0.
-        mode: the ``mode`` T was fitted with.
-    """
+    """z_m / T (``temperature`` T, fitted with ``mode``), or mean_m z_m / T as one member with
+    ``mode="logits"``; wrap a model with ``TemperatureScaled(model, calibrator.temperature)``."""
 
     method: ClassVar[str] = "temperature"
     temperature: float
@@ -364,21 +312,8 @@ def _refuse_ruled_out(z: Tensor) -> None:
 
 @dataclass(frozen=True, eq=False)
 class VectorScaling(Calibrator):
-    """z'_m = w ⊙ z_m + b, one (w, b) for every member (Guo et al., 2017).
-
-    Fitted by L-BFGS from w = 1, b = 0 on the mean-of-softmax NLL of the validation split:
-
-        (w, b)* = argmin −(1/N) Σ_i log (1/M) Σ_m softmax(w ⊙ z_mi + b)_{y_i}
-
-    It can move the argmax (a class's logit is rescaled alone).
-
-    Args:
-        weight: w, float64.
-        bias: b, float64.
-
-    Shape:
-        weight: (K,). bias: (K,).
-    """
+    """z'_m = w ⊙ z_m + b, one float64 (w, b) of shape (K,) for every member (Guo et al., 2017),
+    fitted by L-BFGS from w = 1, b = 0 on the mean-of-softmax NLL; it can move the argmax."""
 
     method: ClassVar[str] = "vector"
     weight: Tensor
@@ -404,23 +339,9 @@ class VectorScaling(Calibrator):
 
 @dataclass(frozen=True, eq=False)
 class MatrixScaling(Calibrator):
-    """z'_m = W z_m + b, one (W, b) for every member, with off-diagonal L2 regularization.
-
-    Fitted by L-BFGS from W = I, b = 0 on the mean-of-softmax NLL plus the off-diagonal
-    penalty of Kull et al. (2019) (ODIR, without its bias term):
-
-        (W, b)* = argmin −(1/N) Σ_i log p̄_{W,b}(y_i) + λ/(K(K−1)) Σ_{j≠k} W_jk²
-
-    The diagonal and b are free (vector scaling is λ → ∞).
-
-    Args:
-        weight: W, float64.
-        bias: b, float64.
-        off_diagonal: λ it was fitted with.
-
-    Shape:
-        weight: (K, K). bias: (K,).
-    """
+    """z'_m = W z_m + b, one float64 (W, b) for every member, fitted by L-BFGS from W = I, b = 0
+    on the mean-of-softmax NLL plus ``off_diagonal`` λ/(K(K−1)) Σ_{j≠k} W_jk² (Kull et al.,
+    2019, without the bias term)."""
 
     method: ClassVar[str] = "matrix"
     weight: Tensor
@@ -461,21 +382,12 @@ class MatrixScaling(Calibrator):
 class HistogramBinning(Calibrator):
     """One-vs-rest histogram binning of the ensemble prediction p̄, renormalized.
 
-    For each class k, the validation values of p̄_k are cut into B bins of equal mass; a bin's
-    value is the frequency of class k among its examples, with Laplace's rule of succession:
+    For each class k, the validation values of p̄_k are cut into B bins of equal mass, each
+    valued θ_kb = (#{i in b : y_i = k} + 1) / (#{i in b} + 2); at test q_k = θ_{k, bin_k(p̄_k)}
+    and the prediction q / Σ_k q is returned as log-probabilities of one member (1, N, K).
 
-        θ_kb = (#{i in bin b : y_i = k} + 1) / (#{i in bin b} + 2)
-
-    At test, q_k = θ_{k, bin_k(p̄_k)} and the prediction is q / Σ_k q, returned as log q̄ of one
-    member (1, N, K).
-
-    Args:
-        edges: the B − 1 inner bin edges of each class; a value x falls in the bin whose index
-            is the number of edges <= x.
-        values: θ.
-
-    Shape:
-        edges: (K, B − 1). values: (K, B).
+    ``edges`` (K, B − 1) are the inner bin edges (a value falls in the bin whose index is the
+    number of edges <= it), ``values`` θ (K, B).
     """
 
     method: ClassVar[str] = "histogram"
@@ -532,32 +444,20 @@ CALIBRATORS: dict[str, type[Calibrator]] = {
 def fit_calibrator(method: str, logits: Tensor, labels: Tensor, **options: Any) -> Calibrator:
     """Fit a post-hoc calibrator on validation logits; apply it to test logits.
 
-        calibrator = fit_calibrator(method, val_logits, val_labels)
-        p̄_calibrated = snens.predictive_probs(calibrator.apply(test_logits))
-
-    Every fit is deterministic. See the module docstring for how each acts on an ensemble.
-
     Args:
-        method: one of :data:`CALIBRATORS`: ``"temperature"``, ``"vector"``, ``"matrix"``,
-            ``"histogram"``.
-        logits: validation logits of the members, or of one model; log-probabilities work too
-            (softmax ignores a per-row shift).
-        labels: validation class indices.
-        **options: ``mode`` (temperature: ``"mean_of_softmax"`` or ``"logits"``),
-            ``off_diagonal`` (matrix: λ >= 0, default 0.01), ``num_bins`` (histogram: B,
-            default 15).
+        method: one of :data:`CALIBRATORS`.
+        logits: validation logits (M, N, K) of the members, or (N, K) of one model.
+        labels: validation class indices (N,).
+        **options: ``mode`` (temperature), ``off_diagonal`` (matrix: λ >= 0, default 0.01),
+            ``num_bins`` (histogram: B, default 15).
 
     Returns:
         A frozen :class:`Calibrator`.
 
-    Shape:
-        logits: (M, N, K) or (N, K). labels: (N,).
-
     Raises:
         ValueError: an unknown method; bad shapes, labels out of range, NaN or +inf logits; an
             option out of range.
-        TypeError: an option the method does not take; non-floating logits or non-integer
-            labels.
+        TypeError: an option the method does not take; non-floating logits or non-integer labels.
 
     >>> g = torch.Generator().manual_seed(0)
     >>> logits = 3 * torch.randn(4, 500, 10, generator=g)

@@ -1,25 +1,11 @@
 """Split conformal prediction sets from an ensemble's prediction (Vovk et al., 2005).
 
-A score s(x, y) says how badly class y conforms to the prediction p̄ = (1/M) Σ_m softmax(z_m)
-(the ensemble mean; one model is M = 1). On a **calibration** split of n examples, held out of
-training and exchangeable with the test data, the threshold is the ⌈(n+1)(1−α)⌉-th smallest
-calibration score of the true class,
-
-    q̂ = s_(⌈(n+1)(1−α)⌉),        C(x) = {y : s(x, y) <= q̂},
-
-and then P(y ∈ C(x)) >= 1 − α over the draw of calibration and test data, for any model
-(marginal coverage; also <= 1 − α + 1/(n+1) when the scores have no ties). Scores:
-
-* ``"thr"`` (LAC, Sadinle et al., 2019): s = 1 − p̄_y — the smallest sets on average;
-* ``"aps"`` (Romano et al., 2020): s = ρ(y) + u·p̄_y, ρ(y) = Σ_{j : p̄_j > p̄_y} p̄_j the mass of
-  the classes ranked above y, u ~ U(0, 1) (randomized) or u = 1 — sets grow with the
-  prediction's uncertainty, for better conditional coverage;
-* ``"raps"`` (Angelopoulos et al., 2021): APS + λ·max(0, o(y) − k_reg), o(y) the 1-based rank
-  of y in p̄ — the penalty λ keeps the many unlikely classes of a large K out of the sets.
-
-Ties are ranked by class index (a stable sort); one u is drawn per example. Sets can be empty.
-:func:`calibrate` returns a frozen :class:`ConformalPredictor`; the other functions measure
-its sets, and :func:`resampled_coverage` checks the guarantee by re-splitting held-out data.
+A score s(x, y) says how badly class y conforms to the ensemble mean p̄. On a calibration split
+of n examples, exchangeable with the test data, q̂ = s_(⌈(n+1)(1−α)⌉) and the sets
+C(x) = {y : s(x, y) <= q̂} cover with P(y ∈ C(x)) >= 1 − α. Scores: ``"thr"`` (Sadinle et al.,
+2019) s = 1 − p̄_y; ``"aps"`` (Romano et al., 2020) s = ρ(y) + u·p̄_y, ρ(y) the mass of the
+classes ranked above y, u ~ U(0, 1) or u = 1; ``"raps"`` (Angelopoulos et al., 2021) APS +
+λ·max(0, o(y) − k_reg), o(y) the rank of y. Ties are ranked by class index; sets can be empty.
 """
 
 from __future__ import annotations
@@ -54,18 +40,13 @@ __all__ = [
 SCORES = ("thr", "aps", "raps")
 """The conformity scores of :func:`calibrate`."""
 
-# RAPS defaults: a light penalty past the 5 most likely classes; tune them for your K
+# RAPS defaults (λ, k_reg)
 _PENALTY, _K_REG = 0.01, 5
-# a score is at most 1 + λ·K: finite and exact in float64 for any K below 2**31 at λ <= 1e6
+# a score is at most 1 + λ·K: exact in float64 for any K below 2**31 at λ <= 1e6
 _MAX_PENALTY, _MAX_K_REG = 1e6, 2**31
 _MAX_SPLITS = 100_000
-# size bins of the size-stratified coverage (Angelopoulos et al., 2021)
+# size bins of the size-stratified coverage
 _SIZE_EDGES = (1, 3, 6, 10, 100, 1000)
-
-
-# ------------------------------------------------------------------------------------------------
-# The quantile
-# ------------------------------------------------------------------------------------------------
 
 
 def _check_alpha(alpha: Any) -> float:
@@ -97,12 +78,8 @@ def _rank(n: int, alpha: float) -> int:
 
 
 def min_calibration_size(alpha: float) -> int:
-    """The fewest calibration examples for which the conformal quantile at ``alpha`` exists.
-
-        n_min = ⌈1/α⌉ − 1,   the least n with ⌈(n+1)(1−α)⌉ <= n
-
-    Args:
-        alpha: the miscoverage, in (0, 1).
+    """The fewest calibration examples, ⌈1/α⌉ − 1, for which the conformal quantile at ``alpha``
+    exists.
 
     Returns:
         n_min as an int (at least 1).
@@ -117,27 +94,15 @@ def min_calibration_size(alpha: float) -> int:
 
 
 def conformal_quantile(scores: Tensor, alpha: float) -> float:
-    """The split-conformal threshold: the ⌈(n+1)(1−α)⌉-th smallest of n calibration scores.
-
-        q̂ = s_(k),   k = ⌈(n+1)(1−α)⌉
-
-    i.e. the empirical quantile at level k/n, the finite-sample correction that makes
-    P(s_test <= q̂) >= 1 − α for a score s_test exchangeable with the n others.
-
-    Args:
-        scores: the calibration scores of the true classes.
-        alpha: the miscoverage, in (0, 1).
+    """The split-conformal threshold q̂: the ⌈(n+1)(1−α)⌉-th smallest of the n calibration scores
+    (n,) of the true classes.
 
     Returns:
         q̂ as a float.
 
-    Shape:
-        scores: (n,).
-
     Raises:
-        TypeError, ValueError: ``alpha`` not a number in (0, 1); ``scores`` not 1-D or not
-            finite.
-        ValueError: n < :func:`min_calibration_size` (``alpha``), naming n, α and the minimum.
+        TypeError, ValueError: ``alpha`` not a number in (0, 1); ``scores`` not 1-D or not finite;
+            n < :func:`min_calibration_size` (``alpha``).
 
     >>> scores = torch.tensor([0.3, 0.1, 0.4, 0.2], dtype=torch.float64)
     >>> conformal_quantile(scores, alpha=0.4)  # k = ⌈5·0.6⌉ = 3
@@ -153,19 +118,13 @@ def conformal_quantile(scores: Tensor, alpha: float) -> float:
     return scores.sort().values[k - 1].item()
 
 
-# ------------------------------------------------------------------------------------------------
-# The scores
-# ------------------------------------------------------------------------------------------------
-
-
 def _class_scores(p: Tensor, score: str, u: Tensor, penalty: float, k_reg: int) -> Tensor:
     """s(x, y) of every class y: (N, K) from probabilities p (N, K) and one u per example."""
     if score == "thr":
         return 1 - p
     p_sorted, order = p.sort(dim=-1, descending=True, stable=True)  # ties: by class index
     if bool((u == 1).all()):
-        # u = 1: s = 1 − (the mass ranked below y), summed from the bottom so that the last
-        # class scores exactly 1 (a running sum from the top ends within an ulp of 1)
+        # u = 1: summed from the bottom so that the last class scores exactly 1
         below = p_sorted.flip(-1).cumsum(-1).flip(-1) - p_sorted
         s_sorted = 1 - below
     else:
@@ -192,18 +151,9 @@ def _probs(logits: Tensor) -> Tensor:
 
 @dataclass(frozen=True)
 class ConformalPredictor:
-    """Split-conformal prediction sets fitted by :func:`calibrate`: C(x) = {y : s(x, y) <= q̂}.
-
-    Args:
-        score: one of :data:`SCORES`.
-        alpha: the miscoverage α it was calibrated for.
-        threshold: q̂.
-        num_calibration: n, the calibration examples.
-        num_classes: K.
-        randomized: whether APS and RAPS draw u ~ U(0, 1) per example (False for THR).
-        penalty: λ of RAPS (0 for THR and APS).
-        k_reg: k_reg of RAPS (0 for THR and APS).
-    """
+    """Split-conformal prediction sets fitted by :func:`calibrate`: C(x) = {y : s(x, y) <= q̂}, with
+    ``threshold`` q̂, n = ``num_calibration``, K = ``num_classes``, and ``penalty`` λ and ``k_reg``
+    of RAPS (0 for THR and APS)."""
 
     score: str
     alpha: float
@@ -215,19 +165,12 @@ class ConformalPredictor:
     k_reg: int
 
     def scores(self, logits: Tensor, *, generator: torch.Generator | None = None) -> Tensor:
-        """s(x, y) of every class under this predictor's score, float64.
-
-        Args:
-            logits: member logits, or one model's; log-probabilities work as well.
-            generator: draws u of randomized APS and RAPS, one per example (default: torch's
-                global generator).
-
-        Shape:
-            logits: (M, N, K) or (N, K). Output: (N, K).
+        """s(x, y) of every class (N, K), float64, of member logits (M, N, K) or one model's (N, K);
+        ``generator`` draws u of randomized APS and RAPS.
 
         Raises:
-            TypeError, ValueError: logits that are not floating (M, N, K) or (N, K), or whose
-                K is not the calibration's.
+            TypeError, ValueError: logits that are not floating (M, N, K) or (N, K), or whose K
+                is not the calibration's.
         """
         p = _probs(logits)
         if p.shape[-1] != self.num_classes:
@@ -242,15 +185,8 @@ class ConformalPredictor:
         return _class_scores(p, self.score, u, self.penalty, self.k_reg)
 
     def predict(self, logits: Tensor, *, generator: torch.Generator | None = None) -> Tensor:
-        """Prediction sets as boolean masks: ``sets[i, y]`` is True when y ∈ C(x_i).
-
-        Args:
-            logits: member logits, or one model's, of the test examples.
-            generator: draws u of randomized APS and RAPS, one per example (default: torch's
-                global generator).
-
-        Shape:
-            logits: (M, B, K) or (B, K). Output: (B, K) bool.
+        """Prediction sets (B, K) as boolean masks, ``sets[i, y]`` True when y ∈ C(x_i);
+        arguments as :meth:`scores`.
 
         Raises:
             TypeError, ValueError: as :meth:`scores`.
@@ -269,38 +205,26 @@ def calibrate(
     k_reg: int | None = None,
     generator: torch.Generator | None = None,
 ) -> ConformalPredictor:
-    """Fit split-conformal prediction sets on a calibration split of an ensemble's logits.
-
-        q̂ = s_(⌈(n+1)(1−α)⌉) of {s(x_i, y_i)}_{i=1..n},     C(x) = {y : s(x, y) <= q̂}
-
-    The calibration split must be held out of training and exchangeable with the test data
-    (e.g. the run's validation split), never the test set the coverage is reported on.
+    """Fit split-conformal prediction sets on a calibration split of an ensemble's logits (held
+    out of training and exchangeable with the test data, never the test set itself).
 
     Args:
-        logits: calibration logits of the members, or of one model; log-probabilities work as
-            well (softmax ignores a per-row shift; −inf entries are allowed).
-        labels: calibration class indices.
+        logits: calibration logits (M, n, K) of the members, or (n, K) of one model;
+            log-probabilities work as well (−inf entries are allowed).
+        labels: calibration class indices (n,).
         alpha: the miscoverage, in (0, 1): sets cover with probability >= 1 − α.
-        score: ``"thr"``, ``"aps"`` or ``"raps"``.
-        randomized: draw u ~ U(0, 1) in APS and RAPS (default True: exact coverage and smaller
-            sets); False uses u = 1 (conservative; the least likely class then scores exactly
-            1). THR has no u. A bool, or None for the default.
+        randomized: draw u ~ U(0, 1) in APS and RAPS (default True); False uses u = 1.
         penalty: λ in [0, 1e6] of RAPS (default 0.01).
         k_reg: k_reg in 0..2**31 of RAPS, the ranks free of penalty (default 5).
-        generator: draws the calibration examples' u (default: torch's global generator).
+        generator: draws the calibration examples' u.
 
     Returns:
-        A frozen :class:`ConformalPredictor`; ``.threshold`` is q̂, ``.predict(logits)`` the
-        sets.
-
-    Shape:
-        logits: (M, n, K) or (n, K). labels: (n,).
+        A frozen :class:`ConformalPredictor`.
 
     Raises:
         TypeError: an argument of the wrong type (each named).
-        ValueError: α outside (0, 1); an unknown score; options the score does not take or
-            out of range; bad logits or labels; a calibration split smaller than
-            :func:`min_calibration_size` (``alpha``).
+        ValueError: α outside (0, 1); an unknown score; options the score does not take or out of
+            range; bad logits or labels; a split smaller than :func:`min_calibration_size`.
 
     >>> g = torch.Generator().manual_seed(0)
     >>> logits, labels = torch.randn(4, 200, 10, generator=g), torch.randint(0, 10, (200,))
@@ -366,11 +290,6 @@ def _check_raps(penalty: Any, k_reg: Any) -> tuple[float, int]:
     return float(penalty), int(k_reg)
 
 
-# ------------------------------------------------------------------------------------------------
-# Measuring prediction sets
-# ------------------------------------------------------------------------------------------------
-
-
 def _check_sets(sets: Any) -> Tensor:
     if not isinstance(sets, Tensor) or sets.dtype != torch.bool:
         got = sets.dtype if isinstance(sets, Tensor) else type(sets).__name__
@@ -388,19 +307,10 @@ def _covered(sets: Any, labels: Any) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def coverage(sets: Tensor, labels: Tensor) -> float:
-    """The empirical coverage: the fraction of sets that hold their label.
-
-        cov = (1/B) Σ_i 1[y_i ∈ C(x_i)]
-
-    Args:
-        sets: prediction sets, e.g. :meth:`ConformalPredictor.predict`'s.
-        labels: class indices.
+    """The empirical coverage: the fraction of ``sets`` (B, K) that hold their label (B,).
 
     Returns:
-        cov as a float in [0, 1].
-
-    Shape:
-        sets: (B, K) bool. labels: (B,).
+        A float in [0, 1].
 
     Raises:
         TypeError: ``sets`` not boolean, ``labels`` not integer.
@@ -414,16 +324,10 @@ def coverage(sets: Tensor, labels: Tensor) -> float:
 
 
 def mean_set_size(sets: Tensor) -> float:
-    """The mean number of classes per prediction set, (1/B) Σ_i #C(x_i).
-
-    Args:
-        sets: prediction sets.
+    """The mean number of classes per prediction set (B, K).
 
     Returns:
         The mean size as a float in [0, K].
-
-    Shape:
-        sets: (B, K) bool.
 
     Raises:
         TypeError, ValueError: ``sets`` not a boolean (B, K) tensor.
@@ -437,27 +341,14 @@ def mean_set_size(sets: Tensor) -> float:
 def size_stratified_coverage(
     sets: Tensor, labels: Tensor, *, edges: Sequence[int] = _SIZE_EDGES
 ) -> dict[tuple[int, int], float]:
-    """Coverage among the sets of each size range (Angelopoulos et al., 2021).
-
-        cov_b = Σ_i 1[y_i ∈ C(x_i), #C(x_i) ∈ b] / #{i : #C(x_i) ∈ b}
-
-    over the size bins 0..e_1, e_1+1..e_2, …, the last ending at K; min_b cov_b is the
-    size-stratified coverage (SSC).
-
-    Args:
-        sets: prediction sets.
-        labels: class indices.
-        edges: the increasing upper ends of the bins (default 1, 3, 6, 10, 100, 1000).
+    """Coverage among the sets (B, K) of each size range (Angelopoulos et al., 2021), over the size
+    bins 0..e_1, e_1+1..e_2, …, the last ending at K, of the increasing ``edges``.
 
     Returns:
-        ``{(low, high): cov_b}`` for the bins that hold a set, in increasing order.
-
-    Shape:
-        sets: (B, K) bool. labels: (B,).
+        ``{(low, high): coverage}`` for the bins that hold a set, in increasing order.
 
     Raises:
-        TypeError: ``sets`` not boolean, ``labels`` not integer.
-        ValueError: bad shapes, labels out of range, ``edges`` not increasing ints >= 0.
+        TypeError, ValueError: as :func:`coverage`; ``edges`` not increasing ints >= 0.
 
     >>> sets = torch.tensor([[True, False, False], [True, True, True], [False, True, True]])
     >>> size_stratified_coverage(sets, torch.tensor([1, 2, 0]), edges=(1,))
@@ -480,21 +371,14 @@ def size_stratified_coverage(
 
 
 def class_conditional_coverage(sets: Tensor, labels: Tensor) -> Tensor:
-    """Coverage among the examples of each class; NaN for a class with no example.
-
-        cov_k = Σ_i 1[y_i = k, k ∈ C(x_i)] / #{i : y_i = k}
-
-    Split conformal guarantees the mean over examples, not each cov_k.
+    """Coverage among the examples of each class (K,), NaN for a class with no example (split
+    conformal guarantees only the mean over examples).
 
     Returns:
         Float64 coverages.
 
-    Shape:
-        sets: (B, K) bool. labels: (B,). Output: (K,).
-
     Raises:
-        TypeError: ``sets`` not boolean, ``labels`` not integer.
-        ValueError: bad shapes, labels out of range.
+        TypeError, ValueError: as :func:`coverage`.
 
     >>> sets = torch.tensor([[True, False, False], [True, True, False], [False, True, False]])
     >>> class_conditional_coverage(sets, torch.tensor([0, 1, 0]))
@@ -511,16 +395,8 @@ def class_conditional_coverage(sets: Tensor, labels: Tensor) -> Tensor:
 
 @dataclass(frozen=True)
 class ResampledCoverage:
-    """The coverage of split-conformal sets over random calibration/test splits of one set of
-    examples (:func:`resampled_coverage`).
-
-    Attributes:
-        coverage: the mean over the splits of each split's test coverage.
-        coverage_std: its standard deviation over the splits.
-        size: the mean set size over the splits.
-        splits: the number of random splits.
-        calibration_size: the examples calibrated on in each split; the rest are measured.
-    """
+    """The mean and standard deviation over ``splits`` random calibration/test splits of the test
+    coverage, the mean set size, and the examples calibrated on in each split."""
 
     coverage: float
     coverage_std: float
@@ -541,31 +417,15 @@ def resampled_coverage(
     **options: Any,
 ) -> ResampledCoverage:
     """Check split-conformal coverage on held-out examples: calibrate on a random
-    ``calibration_size`` of them, measure coverage and set size on the rest, ``splits`` times.
+    ``calibration_size`` of them (default: half), measure coverage and set size on the rest,
+    ``splits`` times (the splits drawn by ``generator``, default seeded 0).
 
-    The guarantee holds over the draw of the calibration split, so one fixed split covers a
-    little over or under 1 − α by chance. Over random splits of exchangeable data the expected
-    coverage lies in [1 − α, 1 − α + 1/(n+1)]; a mean well outside says the examples are not
-    exchangeable, or the sets are wrong.
-
-    Args:
-        logits: held-out logits of the members, or of one model, as :func:`calibrate` takes.
-        labels: their class indices.
-        alpha: the miscoverage, in (0, 1).
-        score: ``"thr"``, ``"aps"`` or ``"raps"``.
-        splits: the number of random splits, >= 2.
-        calibration_size: the examples calibrated on in each split (default: half, rounded
-            down); at least :func:`min_calibration_size` (``alpha``), leaving at least one
-            to measure.
-        generator: draws the splits (default: a generator seeded 0, so the result is the same
-            each call).
-        **options: ``randomized``, ``penalty``, ``k_reg`` of :func:`calibrate`.
+    Over random splits of exchangeable data the mean coverage lies in [1 − α, 1 − α + 1/(n+1)];
+    a mean well outside says the examples are not exchangeable, or the sets are wrong. The other
+    arguments, and ``randomized``, ``penalty``, ``k_reg``, are :func:`calibrate`'s.
 
     Returns:
         A :class:`ResampledCoverage`.
-
-    Shape:
-        logits: (M, n, K) or (n, K). labels: (n,).
 
     Raises:
         TypeError, ValueError: as :func:`calibrate`; ``splits`` not an int >= 2;

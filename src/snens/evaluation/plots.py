@@ -1,8 +1,9 @@
 """Figures of the evaluation, written as PNG files: reliability diagram, metrics under shift,
 OOD score histograms, the σN-Ens importance allocation, and accuracy–NLL Pareto plots.
 
-matplotlib is optional (``pip install snens[plot]``). Figures are drawn on the Agg canvas
-without pyplot, so a call neither opens a window nor changes an interactive session's backend.
+matplotlib is optional (``pip install snens[plot]``; without it each figure raises ImportError).
+Figures are drawn on the Agg canvas without pyplot (no window, no backend change); each function
+writes the PNG file ``path`` (parent folders created) and returns it as a ``pathlib.Path``.
 """
 
 from __future__ import annotations
@@ -35,16 +36,9 @@ _SEVERITIES = range(1, 6)
 
 
 def curve_styles(n: int, markers: bool = False) -> list[dict[str, str]]:
-    """Matplotlib line styles for ``n`` curves on one axis, each told apart: the ten default
-    colours (``C0``–``C9``), then the same ten dashed, then dotted, and so on.
-
-    Args:
-        n: the number of curves.
-        markers: a marker per curve too (``o``, ``s``, ``^`` with the solid, dashed, dotted).
-
-    Returns:
-        ``n`` keyword dicts for ``Axes.plot`` (``color``, ``linestyle``, with ``marker``).
-    """
+    """Matplotlib line styles (keyword dicts for ``Axes.plot``) telling ``n`` curves apart: the
+    ten default colours, then the same dashed, then dotted, …; with ``markers``, ``o``, ``s``,
+    ``^`` likewise."""
     out = []
     for i in range(n):
         kind = i // 10 % 3
@@ -56,7 +50,6 @@ def curve_styles(n: int, markers: bool = False) -> list[dict[str, str]]:
 
 
 def _figure(width: float, height: float) -> Any:
-    """A matplotlib Figure on an Agg canvas, or an ImportError saying how to install it."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
@@ -88,34 +81,17 @@ def _as_tensor(x: Any, name: str) -> Tensor:
         raise TypeError(f"{name} must be a tensor or array, got {type(x).__name__}") from error
 
 
-# ------------------------------------------------------------------------------------------------
-# Reliability diagram
-# ------------------------------------------------------------------------------------------------
-
-
 def _ensemble_mean(probs: Any) -> Tensor:
     p = _as_tensor(probs, "probs")
     return p.mean(0) if p.dim() == 3 else p  # (M, B, K) -> (B, K)
 
 
 def reliability_bins(probs: Any, labels: Any, *, num_bins: int = 15) -> dict[str, Tensor]:
-    """Per confidence bin: the count, accuracy and mean confidence behind the ECE.
-
-    Bins are those of :func:`snens.metrics.ece`: (b/n, (b+1)/n], bin 0 also holding 0, so
-
-        ECE = Σ_b (count_b / N) · |accuracy_b − confidence_b|
-
-    Args:
-        probs: predictive probabilities, or member probabilities (averaged over members).
-        labels: class indices.
-        num_bins: n.
+    """Per confidence bin of :func:`snens.metrics.ece`: the count, accuracy and mean confidence of
+    ``probs`` (B, K) (member probabilities (M, B, K) are averaged) against ``labels`` (B,).
 
     Returns:
-        ``{"count", "accuracy", "confidence"}``; accuracy and confidence are NaN in empty
-        bins.
-
-    Shape:
-        probs: (B, K) or (M, B, K). labels: (B,). Outputs: (n,) each.
+        ``{"count", "accuracy", "confidence"}``, (num_bins,) each; NaN in empty bins.
 
     Raises:
         ValueError, TypeError: as :func:`snens.metrics.ece`.
@@ -134,31 +110,13 @@ def reliability_bins(probs: Any, labels: Any, *, num_bins: int = 15) -> dict[str
 
 
 def reliability_diagram(
-    probs: Any,
-    labels: Any,
-    path: str | os.PathLike,
-    num_bins: int = 15,
-    title: str | None = None,
+    probs: Any, labels: Any, path: str | os.PathLike, num_bins: int = 15, title: str | None = None
 ) -> Path:
-    """Accuracy against confidence per equal-width bin, the gap to the diagonal, and the ECE.
-
-    The bottom panel shows the fraction of examples per bin.
-
-    Args:
-        probs: predictive probabilities, or member probabilities (averaged over members).
-        labels: class indices.
-        path: PNG file to write (parent folders are created).
-        num_bins: n, 15 by convention.
-        title: text before the ECE in the title; default "Reliability".
-
-    Returns:
-        ``path`` as a ``pathlib.Path``.
-
-    Shape:
-        probs: (B, K) or (M, B, K). labels: (B,).
+    """Accuracy against confidence per equal-width bin, the gap to the diagonal, and the ECE,
+    above the fraction of examples per bin; ``probs``, ``labels`` and ``num_bins`` as
+    :func:`reliability_bins`, ``title`` before the ECE (default "Reliability").
 
     Raises:
-        ImportError: matplotlib is missing.
         ValueError, TypeError: as :func:`snens.metrics.ece`.
     """
     p = _ensemble_mean(probs)
@@ -172,20 +130,12 @@ def reliability_diagram(
 
     figure = _figure(5.0, 6.0)
     top, bottom = figure.subplots(2, 1, sharex=True, height_ratios=(3, 1))
+    x, y = centers[filled], accuracy[filled]
+    top.bar(x, y, width=width, color="#4C72B0", edgecolor="black", linewidth=0.5, label="accuracy")
     top.bar(
-        centers[filled],
-        accuracy[filled],
-        width=width,
-        color="#4C72B0",
-        edgecolor="black",
-        linewidth=0.5,
-        label="accuracy",
-    )
-    gap = confidence[filled] - accuracy[filled]
-    top.bar(
-        centers[filled],
-        gap,
-        bottom=accuracy[filled],
+        x,
+        confidence[filled] - y,
+        bottom=y,
         width=width,
         color="#DD4444",
         alpha=0.45,
@@ -207,22 +157,12 @@ def reliability_diagram(
     return _save(figure, path)
 
 
-# ------------------------------------------------------------------------------------------------
-# Metrics under distribution shift
-# ------------------------------------------------------------------------------------------------
-
-
 def _severity_curve(
     result: Mapping[str, float], metric: str, method: str
 ) -> tuple[list[int], list[float], list[float], list[float]]:
     """Severities, the mean metric, and its min and max over corruption names."""
-    severities, mean, low, high = [], [], [], []
     clean = result.get(f"test/{metric}")
-    if clean is not None:
-        severities.append(0)
-        mean.append(clean)
-        low.append(clean)
-        high.append(clean)
+    points = [] if clean is None else [(0, clean, clean, clean)]
     for s in _SEVERITIES:
         key = f"shift/severity/{s}/{metric}"
         if key not in result:
@@ -235,15 +175,14 @@ def _severity_curve(
             and k.count("/") == 3
             and not k.startswith("shift/severity/")
         ]
-        severities.append(s)
-        mean.append(result[key])
-        low.append(min(per_name, default=result[key]))
-        high.append(max(per_name, default=result[key]))
-    if not severities or severities[-1] == 0:
+        value = result[key]
+        points.append((s, value, min(per_name, default=value), max(per_name, default=value)))
+    if not points or points[-1][0] == 0:
         raise ValueError(
             f"method {method!r} has no 'shift/severity/<s>/{metric}' keys; pass the dict "
             "snens.evaluate(..., corruptions=...) returned"
         )
+    severities, mean, low, high = (list(column) for column in zip(*points))
     return severities, mean, low, high
 
 
@@ -254,24 +193,13 @@ def shift_plot(
     *,
     std: Mapping[str, Mapping[str, float]] | None = None,
 ) -> Path:
-    """Accuracy and ``metric`` against corruption severity, 0 (clean) to 5, one line per method.
-
-    A point is the mean over corruption names, the band spans their min to max; severity 0 is
-    the clean test set.
-
-    Args:
-        results: ``{method: flat dict of snens.evaluate}``, each run with ``corruptions``.
-        path: PNG file to write.
-        metric: the second panel's metric, one of ``snens.evaluation.protocol.SHIFT_METRICS``.
-        std: ``{method: {key: standard deviation}}`` for keys of ``results``
-            (``test/<metric>`` at severity 0, ``shift/severity/<s>/<metric>``); a method or key
-            missing, or a value that is not finite, draws no bar.
-
-    Returns:
-        ``path`` as a ``pathlib.Path``.
+    """Accuracy and ``metric`` (of :data:`~snens.evaluation.protocol.SHIFT_METRICS`) against
+    corruption severity, 0 (clean) to 5, one line per method of ``results``
+    (``{method: snens.evaluate(..., corruptions=...) dict}``): the mean over corruption names in a
+    band from their min to max; ``std`` (``{method: {key: standard deviation}}``) draws error bars
+    where finite.
 
     Raises:
-        ImportError: matplotlib is missing.
         ValueError: no methods, or a method without shift results for a panel's metric.
     """
     if not isinstance(results, Mapping) or not results:
@@ -281,7 +209,6 @@ def shift_plot(
         panel: {method: _severity_curve(r, panel, method) for method, r in results.items()}
         for panel in panels
     }
-    # one legend for all panels, below them
     columns = 1 if len(results) <= 4 else 2
     rows = -(-len(results) // columns)
     figure = _figure(5.0 * len(panels), 4.0 + 0.2 * rows)
@@ -310,41 +237,17 @@ def shift_plot(
     return _save(figure, path)
 
 
-# ------------------------------------------------------------------------------------------------
-# OOD detection
-# ------------------------------------------------------------------------------------------------
-
-
 def ood_histograms(
-    in_scores: Any,
-    out_scores: Any,
-    path: str | os.PathLike,
-    score_name: str,
+    in_scores: Any, out_scores: Any, path: str | os.PathLike, score_name: str
 ) -> Path:
-    """Overlaid density histograms of an OOD score on in-distribution and OOD data.
-
-    The legend gives each OOD set's AUROC (:func:`snens.metrics.auroc`, OOD positive).
-
-    Args:
-        in_scores: scores of the in-distribution test set, higher = more likely OOD.
-        out_scores: scores of the OOD set, or ``{name: scores}`` of several.
-        path: PNG file to write.
-        score_name: the score's name for the axis label, e.g. ``"msp"``.
-
-    Returns:
-        ``path`` as a ``pathlib.Path``.
-
-    Shape:
-        in_scores: (N_in,). out_scores: (N_out,).
+    """Overlaid density histograms of an OOD score (``score_name``, higher = more likely OOD) on
+    in-distribution data, ``in_scores`` (N_in,), and OOD data, ``out_scores`` (N_out,) or
+    ``{name: scores}`` of several, each OOD set's AUROC in the legend.
 
     Raises:
-        ImportError: matplotlib is missing.
-        ValueError, TypeError: as :func:`snens.metrics.auroc` (empty, non-finite, not 1-D).
+        ValueError, TypeError: as :func:`snens.metrics.auroc`.
     """
-    if isinstance(out_scores, Mapping):
-        out_sets = dict(out_scores)
-    else:
-        out_sets = {"OOD": out_scores}
+    out_sets = dict(out_scores) if isinstance(out_scores, Mapping) else {"OOD": out_scores}
     if not out_sets:
         raise ValueError("out_scores is an empty mapping; pass at least one OOD set's scores")
     aurocs = {name: metrics.auroc(in_scores, s) for name, s in out_sets.items()}
@@ -358,37 +261,21 @@ def ood_histograms(
 
     figure = _figure(6.0, 4.0)
     ax = figure.subplots()
-    ax.hist(
-        s_in.numpy(),
-        bins=edges,
-        density=True,
-        alpha=0.5,
-        color="#4C72B0",
-        label=f"in-distribution (N = {s_in.numel()})",
-    )
+    hists = [(s_in, 0.5, "#4C72B0", f"in-distribution (N = {s_in.numel()})")]
     for i, (name, scores) in enumerate(s_out.items()):
-        ax.hist(
-            scores.numpy(),
-            bins=edges,
-            density=True,
-            alpha=0.45,
-            color=f"C{(i + 1) % 10}",
-            label=f"{name} (N = {scores.numel()}), AUROC {aurocs[name]:.3f}",
-        )
+        label = f"{name} (N = {scores.numel()}), AUROC {aurocs[name]:.3f}"
+        hists.append((scores, 0.45, f"C{(i + 1) % 10}", label))
+    for scores, alpha, color, label in hists:
+        ax.hist(scores.numpy(), bins=edges, density=True, alpha=alpha, color=color, label=label)
     ax.set(xlabel=f"{score_name} (higher = more likely OOD)", ylabel="density")
     ax.set_title(f"OOD detection by {score_name}")
     ax.legend(fontsize=8)
     return _save(figure, path)
 
 
-# ------------------------------------------------------------------------------------------------
-# Importance allocation of a σN-Ens model
-# ------------------------------------------------------------------------------------------------
-
-
 def _by_owner(importances: Tensor, max_features: int) -> Tensor:
     """Feature order for display: grouped by owner (argmax member), strongest first; at most
-    ``max_features``, taken evenly along that order."""
+    ``max_features``, taken evenly."""
     owner = importances.argmax(0)
     strength = importances.max(0).values
     # sort by owner, then by decreasing strength; owner dominates since strength is in (0, 1)
@@ -405,22 +292,11 @@ def allocation_heatmap(
     max_features: int = 64,
     title: str | None = None,
 ) -> Path:
-    """Importance σ(γ) of every feature for every member, one heatmap row per member norm.
-
-    Features are grouped by their owner (the member of highest importance), so a hard
-    partition shows as a block diagonal and full sharing as a uniform panel.
-
-    Args:
-        model_or_allocation: a model holding member norms, or ``snens.allocation(model)``.
-        path: PNG file to write.
-        max_features: at most this many feature columns per layer.
-        title: what the allocation is of (a run, a model), written after the figure's title.
-
-    Returns:
-        ``path`` as a ``pathlib.Path``.
+    """Importance σ(γ) of every feature (at most ``max_features`` per layer) for every member of a
+    model or of ``snens.allocation(model)``, one heatmap row per member norm, features grouped by
+    their owner; ``title`` says what the allocation is of.
 
     Raises:
-        ImportError: matplotlib is missing.
         ValueError: no member norms, or ``max_features < 1``.
     """
     if isinstance(max_features, bool) or not isinstance(max_features, int) or max_features < 1:
@@ -469,11 +345,6 @@ def allocation_heatmap(
     return _save(figure, path)
 
 
-# ------------------------------------------------------------------------------------------------
-# Trade-offs between methods
-# ------------------------------------------------------------------------------------------------
-
-
 def _pareto_front(
     points: list[tuple[float, float]], lower_x: bool, higher_y: bool
 ) -> list[tuple[float, float]]:
@@ -488,7 +359,6 @@ def _pareto_front(
     return sorted(front)
 
 
-#: What a person reads for a metric key on an axis.
 _AXIS_LABELS = {
     "accuracy": "accuracy",
     "nll": "NLL (negative log-likelihood)",
@@ -519,31 +389,13 @@ def pareto_plot(
     x_err: str | None = None,
     y_err: str | None = None,
 ) -> Path:
-    """Scatter of one metric against another, one colour per ``label``, with the Pareto front.
-
-    Args:
-        rows: one mapping per run, e.g. ``{"method": "σN-Ens", "nll": 0.21, "accuracy": 0.93,
-            "tau": 0.5}``; flat ``snens.evaluate`` dicts with a label added work with
-            ``x="test/nll"``.
-        path: PNG file to write.
-        x: key of the horizontal metric.
-        y: key of the vertical metric.
-        label: key naming the method; rows sharing it share a colour and a legend entry.
-        annotate: key whose value is written beside each point (e.g. ``"tau"``), as
-            ``tau=0.5``; an empty value writes nothing.
-        annotate_with_key: False writes the value alone (a label of its own, e.g.
-            ``"τ=5, λ=0.01"``).
-        lower_x_is_better: direction of ``x`` for the front (NLL: lower is better).
-        higher_y_is_better: direction of ``y`` for the front (accuracy: higher is better).
-        x_err: key of the standard deviation of ``x`` in the rows that have one; a row
-            without it, or with a value that is not finite, draws no bar.
-        y_err: the same for ``y``.
-
-    Returns:
-        ``path`` as a ``pathlib.Path``.
+    """Scatter of metric ``y`` against metric ``x`` of ``rows`` (one mapping per run, e.g.
+    ``{"method": "σN-Ens", "nll": 0.21, "accuracy": 0.93}``), one colour per ``label``, with the
+    Pareto front (by ``lower_x_is_better``, ``higher_y_is_better``). ``annotate`` writes a key's
+    value beside each point (as ``tau=0.5``, or alone without ``annotate_with_key``; empty: none);
+    ``x_err``, ``y_err`` name the standard deviations drawn as bars where finite.
 
     Raises:
-        ImportError: matplotlib is missing.
         ValueError: no rows, or a row missing a key (the keys it has are listed).
     """
     if not rows:

@@ -1,8 +1,5 @@
 """Collecting predictions: a model run over a data set, batch by batch, in eval mode, keeping
-only the members' float32 probabilities (or logits) on the CPU, never the inputs. The bottom
-layer of :mod:`snens.evaluation`: the calibrators, the conformal sets and the protocol
-(:mod:`~snens.evaluation.protocol`, which re-exports :func:`collect`) build on it.
-"""
+only the members' float32 probabilities (or logits) on the CPU."""
 
 from __future__ import annotations
 
@@ -22,14 +19,9 @@ _PROGRESS: ContextVar[bool] = ContextVar("snens_evaluation_progress", default=Fa
 
 @contextlib.contextmanager
 def progress_bars(enabled: bool = True) -> Iterator[None]:
-    """Within the block, every pass over a data set (:func:`collect`, and the test, OOD,
-    corrupted and domain sets of :func:`snens.evaluation.protocol.evaluate`) shows a tqdm bar
-    named after the set, where stderr is a terminal and tqdm is installed; a log file gets
-    none. ``enabled=False`` turns them off inside an enclosing block.
-
-        with progress_bars():
-            metrics = snens.evaluate(ens, test_loader, ood={"mnist": ood_loader})
-    """
+    """Within the block, every pass over a data set shows a tqdm bar named after the set,
+    where stderr is a terminal and tqdm is installed; ``enabled=False`` turns them off inside
+    an enclosing block."""
     token = _PROGRESS.set(enabled)
     try:
         yield
@@ -38,7 +30,6 @@ def progress_bars(enabled: bool = True) -> Iterator[None]:
 
 
 def _with_bar(loader: Iterable[Any], what: str) -> Iterable[Any]:
-    """``loader``, behind a progress bar where :func:`progress_bars` asks for one."""
     if not _PROGRESS.get() or not sys.stderr.isatty():
         return loader
     try:
@@ -97,7 +88,6 @@ def _collect(
     what: str,
     logits: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
-    """Member probabilities (or logits) and labels over ``loader``; see :func:`collect`."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     device = torch.device(device) if device is not None else _model_device(model)
@@ -149,32 +139,23 @@ def collect(
     *,
     logits: bool = False,
 ) -> tuple[Tensor, Tensor]:
-    """The members' probabilities and the labels over a whole data set, one batch at a time.
-
-        member_probs[m, i] = softmax(model(x_i)[m])
-
-    The model runs in eval mode under ``torch.no_grad``; the training flag of each of its
-    modules is restored afterwards. Only the float32 outputs are kept, on the CPU.
+    """The members' probabilities and the labels over a whole data set, one batch at a time, the
+    model in eval mode under ``torch.no_grad`` (each module's training flag restored after).
 
     Args:
-        model: returns logits (M, B, K) from inputs (B, …); a batch ``x`` that is a mapping
-            (a text model's ``input_ids``, ``attention_mask``) is passed as ``model(**x)``.
-        loader: re-iterable or one-shot ``(x, y)`` batches, e.g. a ``snens.data.TensorLoader``.
-        device: where the inputs are moved before the forward pass; default the device of the
-            model's first parameter (the model itself is never moved).
-        logits: return the members' logits instead of their softmax, e.g. for
-            :func:`snens.evaluation.calibration.fit_temperature`.
+        model: returns logits (M, B, K) from inputs (B, …); a batch ``x`` that is a mapping is
+            passed as ``model(**x)``.
+        loader: re-iterable or one-shot ``(x, y)`` batches.
+        device: where the inputs are moved; default the model's (which is never moved).
+        logits: return the members' logits instead of their softmax.
 
     Returns:
-        ``(member_probs, labels)``; member logits instead with ``logits=True``.
-
-    Shape:
-        member_probs: (M, N, K) float32. labels: (N,).
+        ``(member_probs, labels)``, (M, N, K) float32 on the CPU and (N,).
 
     Raises:
-        ValueError: if the loader is empty, the model does not return (M, B, K), M or K
-            changes between batches, or the labels are not one per example.
-        TypeError: if a batch is not an ``(x, y)`` pair.
+        ValueError: an empty loader, a model not returning (M, B, K), M or K changing between
+            batches, or labels not one per example.
+        TypeError: a batch that is not an ``(x, y)`` pair.
     """
     out, labels = _collect(model, loader, device, what="data set", logits=logits)
     if labels is None:

@@ -1,11 +1,9 @@
 """The field's evaluation protocol for any model honouring (B, …) -> logits (M, B, K).
 
-One pass per data set: :func:`collect` runs the model batch by batch in eval mode and keeps
-only the members' outputs (M, N, K) on the CPU. Every number is then computed from them by
-:mod:`snens.metrics`: ``test/…`` (:func:`ensemble_metrics`), ``ood/<name>/…`` (AUROC, AUPR and
-FPR@95%TPR, OOD positive) and ``shift/<name>/<severity>/…`` with their means per severity and
-over all. :func:`posthoc_metrics` adds what the kept logits and a validation split give
-without another pass: more OOD scores and split-conformal prediction sets.
+One pass per data set: :func:`collect` keeps the members' outputs (M, N, K) on the CPU and every
+number is computed from them by :mod:`snens.metrics`: ``test/…``, ``ood/<name>/…`` (OOD
+positive) and ``shift/<name>/<severity>/…`` with their means. :func:`posthoc_metrics` adds
+more OOD scores and split-conformal sets from the kept logits, without another pass.
 """
 
 from __future__ import annotations
@@ -52,35 +50,17 @@ _SCORE_NAMES = sorted([*metrics.OOD_SCORES, *metrics.LOGIT_OOD_SCORES])
 _RESERVED_SHIFT_NAMES = ("severity", "mean")
 
 
-# ------------------------------------------------------------------------------------------------
-# Metrics of one data set
-# ------------------------------------------------------------------------------------------------
-
-
 def ensemble_metrics(member_probs: Any, labels: Any, num_bins: int = 15) -> dict[str, float]:
-    """The test metrics of :func:`evaluate` (its ``test/<metric>``, without the prefix) from
-    member probabilities already at hand: the members of an ensemble, or M models trained
-    apart and evaluated one by one, stacked.
-
-    Args:
-        member_probs: the members' probabilities, e.g. ``logits.softmax(-1)``.
-        labels: class indices.
-        num_bins: bins of the calibration errors.
+    """The test metrics of :func:`evaluate` (``test/<metric>`` without the prefix) from member
+    probabilities (M, N, K) and labels (N,) at hand, e.g. M models trained apart, stacked.
 
     Returns:
-        A flat ``{metric: float}``: ``accuracy``, ``nll``, ``brier``, ``ece``, ``adaptive_ece``,
-        ``classwise_ece`` and ``aurc`` of the ensemble's prediction (the mean of the members'
-        probabilities); ``disagreement``, ``predictive_entropy``, ``expected_entropy`` and
-        ``mutual_information`` (means over examples), ``member_correlation`` (NaN for one
-        member); ``member_accuracy_mean``, ``member_nll_mean``, ``member_ece_mean``;
-        ``num_members``.
-
-    Shape:
-        member_probs: (M, N, K). labels: (N,).
+        A flat ``{metric: float}``: the ensemble prediction's metrics, its diversity (means over
+        examples; ``member_correlation`` NaN for one member), the members' mean accuracy, NLL and
+        ECE, and ``num_members``.
 
     Raises:
-        TypeError, ValueError: as :mod:`snens.metrics` does (bad probabilities or labels);
-            ``num_bins`` not an int >= 1.
+        TypeError, ValueError: bad probabilities or labels; ``num_bins`` not an int >= 1.
     """
     member_probs = torch.as_tensor(member_probs)
     if member_probs.dim() != 3:
@@ -121,11 +101,6 @@ def _shift_metrics(member_probs: Tensor, labels: Tensor, num_bins: int) -> dict[
         "ece": metrics.ece(probs, labels, num_bins=num_bins),
         "brier": metrics.brier(probs, labels),
     }
-
-
-# ------------------------------------------------------------------------------------------------
-# Validation of the arguments, before any forward pass
-# ------------------------------------------------------------------------------------------------
 
 
 def _check_num_bins(num_bins: Any) -> None:
@@ -186,33 +161,17 @@ def _check_corruptions(
     return checked
 
 
-# ------------------------------------------------------------------------------------------------
-# The protocol
-# ------------------------------------------------------------------------------------------------
-
-
 def ood_detection(
     in_outputs: Tensor, out_outputs: Tensor, score: str = "msp", *, logits: bool = False
 ) -> dict[str, float]:
-    """AUROC, AUPR and FPR at 95% TPR of one OOD score, OOD as the positive class.
-
-    Args:
-        in_outputs: member probabilities of the in-distribution set, or member logits with
-            ``logits=True``.
-        out_outputs: the same of the OOD set.
-        score: one of ``snens.metrics.OOD_SCORES`` or, with ``logits=True``, of
-            ``snens.metrics.LOGIT_OOD_SCORES`` (high = OOD).
-        logits: the outputs are logits (``collect(..., logits=True)``), not probabilities.
-
-    Shape:
-        in_outputs: (M, N, K); out_outputs: (M, N', K).
+    """AUROC, AUPR and FPR at 95% TPR of one OOD score (high = OOD, OOD positive) of member
+    probabilities (M, N, K) and (M, N', K), or of member logits with ``logits=True``.
 
     Returns:
         ``{"auroc": …, "aupr": …, "fpr95": …}``.
 
     Raises:
-        ValueError: an unknown score; a logit score (``"max_logit"``, ``"energy"``) without
-            ``logits=True``.
+        ValueError: an unknown score; a logit score without ``logits=True``.
     """
     if score not in metrics.OOD_SCORES and score not in metrics.LOGIT_OOD_SCORES:
         raise ValueError(f"unknown OOD score {score!r}; choose one of {_SCORE_NAMES}")
@@ -258,39 +217,29 @@ def evaluate(
 ) -> dict[str, float]:
     """Evaluate an ensemble (or any model under the (M, B, K) contract) on the full protocol.
 
-    Calibration and accuracy are measured on the ensemble mean p̄ = (1/M) Σ_m softmax(z_m);
-    OOD detection flags high scores of ``ood_score`` (OOD positive). Each data set is run once;
-    the model's training flags are restored.
+    Each data set is run once through the model (in eval mode, its training flags restored); the
+    metrics are those of the ensemble mean p̄ = (1/M) Σ_m softmax(z_m).
 
     Args:
         model: returns logits (M, B, K) from inputs (B, …); wrap a plain classifier in
             ``snens.baselines.SingleModel``.
         test_loader: in-distribution ``(x, y)`` batches.
         ood: ``{name: loader}`` of OOD sets; their labels are ignored.
-        corruptions: ``{(name, severity): loader}`` of corrupted test sets, severity in 1..5
-            (e.g. built with ``snens.data.corruptions``).
-        domains: ``{name: loader}`` of labelled test sets of another domain with the same
-            classes (``(x, y)`` batches): accuracy and calibration under domain shift.
-        ood_score: one of ``snens.metrics.OOD_SCORES`` or ``snens.metrics.LOGIT_OOD_SCORES``,
-            or a list of them, each scored from the same pass (keys ``ood/<name>/<score>/…``).
-        num_bins: bins of the ECEs; 15 is the field's convention.
-        device: where inputs go, by default the model's device.
-        keep_logits: a dict that receives the member logits (M, N, K) of the pass over each
-            set — ``"test"``, ``"test_labels"`` (N,), ``"ood/<name>"``,
-            ``"shift/<name>/<severity>"``, ``"domain/<name>"`` and their ``"…_labels"`` — for
-            :func:`posthoc_metrics`, with no second pass.
+        corruptions: ``{(name, severity): loader}`` of corrupted test sets, severity in 1..5.
+        ood_score: a name of ``snens.metrics.OOD_SCORES`` or ``LOGIT_OOD_SCORES``, or a list of
+            them (keys ``ood/<name>/<score>/…``).
+        keep_logits: a dict that receives the member logits of each set and their labels
+            (``"test"``, ``"test_labels"``, ``"ood/<name>"``, …), for :func:`posthoc_metrics`.
+        domains: ``{name: loader}`` of labelled test sets of another domain, same classes.
 
     Returns:
-        A flat ``{key: float}``: ``"test/<metric>"``, ``"ood/<name>/{auroc,aupr,fpr95}"``
-        (``"ood/<name>/<score>/{auroc,aupr,fpr95}"`` for a list of scores),
-        ``"shift/<name>/<severity>/<metric>"``, ``"shift/severity/<s>/<metric>"``,
-        ``"shift/mean/<metric>"``, ``"domain/<name>/<metric>"`` (metrics of
-        :data:`SHIFT_METRICS`).
+        A flat ``{key: float}``: ``test/<metric>``, ``ood/<name>/[<score>/]{auroc,aupr,fpr95}``,
+        ``shift/<name>/<severity>/<metric>`` with ``shift/severity/<s>/…`` and ``shift/mean/…``,
+        ``domain/<name>/<metric>``.
 
     Raises:
-        ValueError: an unknown ``ood_score``; a severity outside 1..5 or a malformed
-            corruption key; an empty data set (named); a model that does not return
-            (M, B, K); M or K differing between data sets.
+        ValueError: an unknown ``ood_score``; a bad corruption key; an empty data set; a model not
+            returning (M, B, K); M or K differing between data sets.
         TypeError: ``ood`` or ``corruptions`` not a mapping.
     """
     scores = _check_scores(ood_score)
@@ -340,36 +289,21 @@ def posthoc_metrics(
     ood_scores: str | Sequence[str] = ("max_logit", "energy"),
     conformal_alpha: float = 0.1,
 ) -> dict[str, float]:
-    """Metrics from the logits :func:`evaluate` kept, with no second pass over any data.
-
-    * ``ood/<name>/<score>/{auroc,aupr,fpr95}``: the test set against each ``"ood/<name>"`` of
-      ``outputs``, for each of ``ood_scores`` (by default the logit scores, which
-      :func:`evaluate`'s default ``"msp"`` leaves out);
-    * with a validation split (``"val"``, ``"val_labels"``): split-conformal prediction sets
-      at α = ``conformal_alpha`` calibrated on it and measured on the test set,
-      ``test/conformal_<score>_coverage`` and ``test/conformal_<score>_size``, for each of
-      :data:`CONFORMAL_SCORES` (APS's u drawn by a generator seeded 0, so re-evaluation
-      draws the same).
+    """Metrics from the logits :func:`evaluate` kept, with no second pass over any data:
+    ``ood/<name>/<score>/…`` for each of ``ood_scores`` (``()`` for none) and, with a validation
+    split, ``test/conformal_<score>_{coverage,size}`` of split-conformal sets at α =
+    ``conformal_alpha`` for each of :data:`CONFORMAL_SCORES` (APS's u seeded 0).
 
     Args:
-        outputs: the dict ``evaluate(..., keep_logits=outputs)`` filled: ``"test"``,
-            ``"test_labels"``, ``"ood/<name>"``; plus ``"val"`` and ``"val_labels"`` of a
-            validation split, if any.
-        ood_scores: names of ``snens.metrics.OOD_SCORES`` and
-            ``snens.metrics.LOGIT_OOD_SCORES``; ``()`` for none.
-        conformal_alpha: the miscoverage α of the prediction sets, in (0, 1).
+        outputs: what ``evaluate(..., keep_logits=outputs)`` filled: ``"test"``, ``"test_labels"``,
+            ``"ood/<name>"``, and ``"val"``, ``"val_labels"`` if any.
 
     Returns:
         A flat ``{key: float}``.
 
-    Shape:
-        outputs: ``"test"`` (M, N, K), ``"test_labels"`` (N,), ``"ood/<name>"`` (M, N', K),
-        ``"val"`` (M, N_val, K), ``"val_labels"`` (N_val,).
-
     Raises:
-        ValueError: an unknown score; α outside (0, 1); a validation split smaller than
-            ``snens.evaluation.conformal.min_calibration_size(α)``; logits of a set of another
-            M or K than the test set's, or labels not of their logits' N.
+        ValueError: an unknown score; α outside (0, 1); a validation split too small for α; logits
+            of another M or K than the test set's, or labels not of their N.
         KeyError: ``outputs`` without ``"test"`` or ``"test_labels"``.
     """
     scores = _check_scores(ood_scores) if len(ood_scores) else []
@@ -389,16 +323,8 @@ def posthoc_metrics(
 
 
 def _kept_ood_results(outputs, test_probs, scores, ood_score) -> dict[str, float]:
-    """:func:`_ood_keys` of every kept ``"ood/<name>"`` against the kept test set."""
-    test = outputs["test"]
-    names = [key.removeprefix("ood/") for key in outputs if key.startswith("ood/")]
-    in_scores = {s: _score(s, test, test_probs) for s in scores} if names else {}
-    results = {}
-    for name in names:
-        out_logits = outputs[f"ood/{name}"]
-        member_outputs = (out_logits, out_logits.softmax(dim=-1))
-        results.update(_ood_keys(name, in_scores, member_outputs, scores, ood_score))
-    return results
+    ood_logits = {k.removeprefix("ood/"): v for k, v in outputs.items() if k.startswith("ood/")}
+    return _ood_keys((outputs["test"], test_probs), ood_logits, scores, ood_score)
 
 
 def _check_outputs(outputs: Mapping[str, Tensor]) -> None:
@@ -406,10 +332,9 @@ def _check_outputs(outputs: Mapping[str, Tensor]) -> None:
     each but the OOD sets with labels of their N, none NaN or +inf (−inf is allowed)."""
     test, _ = outputs["test"], outputs["test_labels"]
     if not isinstance(test, Tensor) or test.dim() != 3 or not test.is_floating_point():
-        got = (
-            f"{tuple(test.shape)} {test.dtype}" if isinstance(test, Tensor) else type(test).__name__
+        raise ValueError(
+            f"outputs['test'] must be (M, N, K) floating member logits, got {_describe(test)}"
         )
-        raise ValueError(f"outputs['test'] must be (M, N, K) floating member logits, got {got}")
     M, _, K = test.shape
     for key, value in outputs.items():
         if key.endswith("_labels"):
@@ -431,13 +356,8 @@ def _check_outputs(outputs: Mapping[str, Tensor]) -> None:
             or value.dim() != 3
             or (value.shape[0], value.shape[2]) != (M, K)
         ):
-            got = (
-                f"{tuple(value.shape)} {value.dtype}"
-                if isinstance(value, Tensor)
-                else type(value).__name__
-            )
             raise ValueError(
-                f"outputs[{key!r}] holds logits of shape {got}, the test set's are "
+                f"outputs[{key!r}] holds logits of shape {_describe(value)}, the test set's are "
                 f"{tuple(test.shape)} {test.dtype}: every set's logits must be (M, N, K) floats "
                 f"of the test set's M = {M} and K = {K} (the same model's, on the same classes)"
             )
@@ -449,46 +369,43 @@ def _check_outputs(outputs: Mapping[str, Tensor]) -> None:
             )
 
 
+def _describe(value: Any) -> str:
+    return (
+        f"{tuple(value.shape)} {value.dtype}" if isinstance(value, Tensor) else type(value).__name__
+    )
+
+
 def _ood_results(
     model, ood_sets, member_outputs, scores, ood_score, device, keep_logits=None
 ) -> dict[str, float]:
-    """``ood/<name>/[<score>/]{auroc,aupr,fpr95}`` of every OOD set against the test set's
-    member (logits, probabilities)."""
     M, _, K = member_outputs[0].shape
-    in_scores = {s: _score(s, *member_outputs) for s in scores} if ood_sets else {}
-    results = {}
+    ood_logits = {}
     for name, loader in ood_sets.items():
-        out_logits, _ = _collect(model, loader, device, what=f"OOD set {name!r}", logits=True)
-        out_probs = out_logits.softmax(dim=-1)
+        what = f"OOD set {name!r}"
+        ood_logits[name], _ = _collect(model, loader, device, what=what, logits=True)
         if keep_logits is not None:
-            keep_logits[f"ood/{name}"] = out_logits
-        _check_same_members(out_probs, M, K, f"OOD set {name!r}")
-        results.update(_ood_keys(name, in_scores, (out_logits, out_probs), scores, ood_score))
-    return results
+            keep_logits[f"ood/{name}"] = ood_logits[name]
+        _check_same_members(ood_logits[name], M, K, what)
+    return _ood_keys(member_outputs, ood_logits, scores, ood_score)
 
 
-def _ood_keys(
-    name: str,
-    in_scores: Mapping[str, Tensor],
-    member_outputs: tuple[Tensor, Tensor],
-    scores: Sequence[str],
-    ood_score: str | Sequence[str],
-) -> dict[str, float]:
-    """``ood/<name>/[<score>/]{auroc,aupr,fpr95}`` of one OOD set against the test set's
-    ``in_scores``; the score in the key where ``ood_score`` is a list."""
+def _ood_keys(test_outputs, ood_logits, scores, ood_score) -> dict[str, float]:
+    """``ood/<name>/[<score>/]{auroc,aupr,fpr95}`` of every OOD set's logits against the test
+    set's member (logits, probabilities); the score in the key where ``ood_score`` is a list."""
+    in_scores = {s: _score(s, *test_outputs) for s in scores} if ood_logits else {}
     results = {}
-    for score in scores:
-        prefix = f"ood/{name}/" if isinstance(ood_score, str) else f"ood/{name}/{score}/"
-        s_out = _score(score, *member_outputs)
-        for key, value in _detection(in_scores[score], s_out).items():
-            results[prefix + key] = value
+    for name, out_logits in ood_logits.items():
+        out_outputs = (out_logits, out_logits.softmax(dim=-1))
+        for score in scores:
+            prefix = f"ood/{name}/" if isinstance(ood_score, str) else f"ood/{name}/{score}/"
+            found = _detection(in_scores[score], _score(score, *out_outputs))
+            results.update({prefix + key: value for key, value in found.items()})
     return results
 
 
 def _shift_results(
     model, shifted, members_classes, num_bins, device, keep_logits=None
 ) -> dict[str, float]:
-    """The metrics of every corrupted set and their means (:func:`_shift_summary`)."""
     per_set: dict[tuple[str, int], dict[str, float]] = {}
     for (name, severity), loader in shifted.items():
         what = f"corruption {name!r} at severity {severity}"
@@ -526,25 +443,15 @@ def _check_same_members(member_probs: Tensor, num_members: int, num_classes: int
 
 
 def temperature_scaled_metrics(outputs: Mapping[str, Tensor]) -> dict[str, float]:
-    """``test_ts/<metric>``: the test metrics after temperature scaling fitted on the
-    validation logits, and ``test_ts/temperature``.
-
-    Args:
-        outputs: the dict ``evaluate(..., keep_logits=outputs)`` filled, with a validation
-            split: ``"val"``, ``"val_labels"``, ``"test"``, ``"test_labels"``.
+    """``test_ts/<metric>`` after temperature scaling fitted on ``outputs["val"]`` (as
+    :func:`posthoc_metrics` takes them), and ``test_ts/temperature``.
 
     Returns:
-        A flat ``{key: float}``: ``"test_ts/temperature"`` (T) and ``"test_ts/<metric>"`` for
-        ``accuracy``, ``nll``, ``brier``, ``ece`` and ``adaptive_ece`` (15 bins).
-
-    Shape:
-        outputs: ``"val"`` (M, N_val, K), ``"val_labels"`` (N_val,), ``"test"`` (M, N, K),
-        ``"test_labels"`` (N,).
+        A flat ``{key: float}``.
 
     Raises:
-        KeyError: ``outputs`` without one of those four keys.
-        TypeError, ValueError: validation logits or labels that
-            :func:`~snens.evaluation.calibration.fit_temperature` refuses.
+        KeyError: ``outputs`` without ``val``, ``val_labels``, ``test`` or ``test_labels``.
+        TypeError, ValueError: validation logits or labels :func:`fit_temperature` refuses.
     """
     with warnings.catch_warnings():  # a T at the search's bound is reported, not warned
         warnings.simplefilter("ignore")
@@ -607,34 +514,21 @@ CALIBRATED_PREFIXES = {
     "matrix": "test_ms",
     "histogram": "test_hb",
 }
-"""Each post-hoc calibrator's prefix in a run's metrics, ``<prefix>/<metric>``: temperature,
-vector and matrix scaling (TS, VS, MS) and histogram binning (HB)."""
+"""Each post-hoc calibrator's prefix in a run's metrics, ``<prefix>/<metric>``."""
 
 
 def calibrated_metrics(
     outputs: Mapping[str, Tensor], calibrators: str | Sequence[str] = ("temperature",)
 ) -> dict[str, float]:
-    """The test metrics after each post-hoc calibrator of ``calibrators``, fitted on the
-    validation logits with its default options, keyed ``<prefix>/<metric>`` by
-    :data:`CALIBRATED_PREFIXES`; temperature also gives ``test_ts/temperature``.
-
-    Args:
-        outputs: the dict ``evaluate(..., keep_logits=outputs)`` filled, with a validation
-            split: ``"val"``, ``"val_labels"``, ``"test"``, ``"test_labels"``.
-        calibrators: names of :data:`CALIBRATED_PREFIXES`, each once; ``()`` for none.
+    """The test metrics after each of ``calibrators`` (names of :data:`CALIBRATED_PREFIXES`, each
+    once) fitted on ``outputs["val"]``, keyed ``<prefix>/<metric>``.
 
     Returns:
-        A flat ``{key: float}``: ``accuracy``, ``nll``, ``brier``, ``ece`` and
-        ``adaptive_ece`` (15 bins) under each calibrator's prefix.
-
-    Shape:
-        outputs: ``"val"`` (M, N_val, K), ``"val_labels"`` (N_val,), ``"test"`` (M, N, K),
-        ``"test_labels"`` (N,).
+        A flat ``{key: float}``.
 
     Raises:
-        ValueError: an unknown calibrator, or one listed twice (the message lists the
-            choices); validation logits or labels the calibrator refuses.
-        KeyError: ``outputs`` without one of those four keys.
+        ValueError: an unknown calibrator, or one listed twice; logits the calibrator refuses.
+        KeyError: ``outputs`` without ``val``, ``val_labels``, ``test`` or ``test_labels``.
     """
     names = _check_calibrators(calibrators)
     results: dict[str, float] = {}
@@ -652,7 +546,6 @@ def calibrated_metrics(
 
 
 def _check_calibrators(calibrators: str | Sequence[str]) -> list[str]:
-    """``calibrators`` as a list of names of :data:`CALIBRATED_PREFIXES`, each once."""
     names = [calibrators] if isinstance(calibrators, str) else list(calibrators)
     choices = list(CALIBRATED_PREFIXES)
     for name in names:
@@ -664,16 +557,8 @@ def _check_calibrators(calibrators: str | Sequence[str]) -> list[str]:
 
 
 def stack_members(outputs: Sequence[Mapping[str, Tensor]]) -> dict[str, Tensor]:
-    """One ensemble's kept logits from the kept logits of models trained apart: each set's
-    member logits concatenated on the member dimension, its labels checked equal.
-
-    Stacking the ``keep_logits`` dicts of M models trained apart (a deep ensemble) makes the
-    dict one ensemble of all their members would have kept, ready for :func:`logit_metrics`.
-
-    Args:
-        outputs: two or more dicts as ``evaluate(..., keep_logits=...)`` fills them:
-            ``"test"`` and ``"test_labels"``, and optionally ``"val"``/``"val_labels"`` and
-            ``"ood/<name>"``; every dict with the same keys.
+    """One ensemble's kept logits from the ``keep_logits`` dicts of two or more models trained
+    apart: each set's member logits concatenated, its labels checked equal.
 
     Returns:
         The same keys: logits (ΣM, N, K), labels (N,).
@@ -730,15 +615,9 @@ def logit_metrics(
     calibrators: str | Sequence[str] = ("temperature",),
     num_bins: int = 15,
 ) -> dict[str, float]:
-    """The metrics a run's final evaluation reports, from kept logits alone: :func:`evaluate`'s
-    (with the same ``ood_score`` keys) and :func:`held_out_metrics`.
-
-    Args:
-        outputs: as :func:`posthoc_metrics` takes them, e.g. :func:`stack_members`' result.
-        ood_score: the score (or scores) of :func:`evaluate`'s ``ood/<name>/…`` keys.
-        ood_scores, conformal_alpha: of :func:`posthoc_metrics`.
-        calibrators: of :func:`calibrated_metrics`.
-        num_bins: bins of the calibration errors.
+    """The metrics a run's final evaluation reports, from kept logits alone (e.g. of
+    :func:`stack_members`): :func:`evaluate`'s, with ``ood_score`` as there, and
+    :func:`held_out_metrics`'s, with the other options.
 
     Returns:
         A flat ``{key: float}``.
@@ -776,16 +655,8 @@ def held_out_metrics(
     num_bins: int = 15,
 ) -> dict[str, float]:
     """What a run reports beyond :func:`evaluate`'s test and OOD metrics, from kept logits:
-    with a validation split (``"val"``, ``"val_labels"``), its metrics (``val/<metric>``) and
-    the post-hoc calibrators fitted on it (:func:`calibrated_metrics`); and always
-    :func:`posthoc_metrics`.
-
-    Args:
-        outputs: as :func:`posthoc_metrics` takes them.
-        ood_scores, conformal_alpha: of :func:`posthoc_metrics`.
-        calibrators: of :func:`calibrated_metrics` (checked with or without a validation
-            split; fitted only with one).
-        num_bins: bins of the validation split's calibration errors.
+    ``val/<metric>`` and :func:`calibrated_metrics` where there is a validation split, and
+    :func:`posthoc_metrics` (``ood_scores``, ``conformal_alpha`` as there).
 
     Returns:
         A flat ``{key: float}``.

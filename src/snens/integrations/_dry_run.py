@@ -1,10 +1,7 @@
 """A copy of a model without its values, to try a load on before the model itself is changed.
 
-Converting a model for a save (``snens.convert(..., inplace=True)``, PEFT's
-``get_peft_model``) changes the caller's model; a save that turns out not to fit would leave it
-converted, and a retry with the right directory would fail. The loaders first convert a copy
-whose tensors are on the meta device (shapes and dtypes, no memory) and check the save against
-it; only a save that fits is then loaded into the caller's model.
+The loaders convert such a copy (tensors on the meta device) and check the save against it
+first, so that a save that does not fit leaves the caller's model unconverted.
 """
 
 from __future__ import annotations
@@ -20,8 +17,7 @@ __all__ = ["meta_copy"]
 
 def meta_copy(model: nn.Module) -> nn.Module | None:
     """``model`` deep-copied with every parameter and buffer on the meta device (tied tensors
-    stay tied); None where the model cannot be deep-copied (legacy weight-norm hooks), in which
-    case the loader converts the model itself, as before."""
+    stay tied); None where the model cannot be deep-copied (legacy weight-norm hooks)."""
     memo: dict[int, torch.Tensor] = {}
     for tensor in itertools.chain(model.parameters(), model.buffers()):
         empty = torch.empty_like(tensor, device="meta")

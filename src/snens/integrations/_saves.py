@@ -16,16 +16,10 @@ from snens.nn.norms import MAX_MEMBERS
 
 
 def check_meta(
-    meta: Any,
-    path: Path,
-    bad: Callable[[str], ValueError],
-    *,
-    version: int,
-    kinds: dict[str, type],
+    meta: Any, path: Path, bad: Callable[[str], ValueError], *, version: int, kinds: dict[str, type]
 ) -> dict[str, Any]:
-    """``meta`` with its ``SnensConfig`` under ``"config"``, once every key of ``kinds`` is
-    there with its type, M in range, the input policy, head and norms of their kinds, and the
-    format ``version``; ``bad(what)`` makes the error naming the save."""
+    """``meta`` with its ``SnensConfig`` under ``"config"``, once its keys, types and format
+    ``version`` were checked; ``bad(what)`` makes the error naming the save."""
     if not isinstance(meta, dict):
         raise bad(f"it holds a JSON {type(meta).__name__}, not an object")
     if meta.get("format") != version:
@@ -59,8 +53,7 @@ def check_meta(
 
 
 def load_safetensors(path: Path) -> dict[str, Tensor]:
-    """The tensors of the safetensors file ``path`` (a regular file; a link is followed, as a
-    Hub cache's snapshot holds links), or a ValueError naming it."""
+    """The tensors of the safetensors file ``path`` (a link is followed), or a ValueError."""
     from safetensors.torch import load_file
 
     os.close(files.open_regular(path, follow_links=True))  # never a FIFO or a directory
@@ -74,7 +67,7 @@ def load_safetensors(path: Path) -> dict[str, Tensor]:
 
 def write_meta(path: Path, ensemble: Any, version: int, **keys: Any) -> None:
     """Write ``snens.json``: the format ``version``, the ensemble's ``SnensConfig``, M, its
-    input policy, the norms converted where ``norms=`` chose some, and ``keys``."""
+    input policy, the norms ``norms=`` chose, and ``keys``."""
     meta = {
         "format": version,
         "config": ensemble.snens_config.to_dict(),

@@ -1,59 +1,17 @@
 """A Hugging Face ``Trainer`` for σN-Ens ensembles.
 
-    ens = snens.convert(model, num_members=4)
-    trainer = SnensTrainer(model=ens, args=TrainingArguments(...), train_dataset=...,
-                           eval_dataset=..., compute_metrics=..., temperature=1.0,
-                           diversity_weight=0.1, gamma_lr_multiplier=30.0)
+    trainer = SnensTrainer(model=snens.convert(model, num_members=4), args=TrainingArguments(...),
+                           train_dataset=..., temperature=1.0, diversity_weight=0.1)
     trainer.train()
 
-What it changes in ``transformers.Trainer``, and why a plain ``Trainer`` cannot train an
-:class:`~snens.Ensemble`:
+``transformers.Trainer`` cannot train an :class:`~snens.Ensemble`; this one keeps the wrapped
+model's input columns and takes the labels out of the batch, trains on
+:func:`snens.method.step.training_loss` (logging the task loss and ``diversity_gain``), stops on
+a non-finite loss with :class:`snens.method.step.NonFiniteLossError`, optimizes
+:func:`snens.param_groups`, evaluates the members' mean softmax (``eval_loss`` its NLL), and
+saves ``snens.json`` beside the weights, which :func:`load_ensemble` reads::
 
-* **columns and labels**: ``Trainer`` keeps the batch columns named in ``model.forward``'s
-  signature (an ensemble's names the wrapped model's inputs) and passes the labels into the
-  model, taking its output as the loss; an ensemble computes no loss, so a plain ``Trainer``
-  on a converted model fails at its first step with the ensemble's "got labels=" error, which
-  names this class. ``SnensTrainer`` keeps the wrapped model's columns and the labels
-  (``remove_unused_columns=True`` keeps ``input_ids``, ``attention_mask``, …) and takes the
-  labels out of the batch before the ensemble sees it.
-* **loss**: ``ensemble_loss(logits (M, B, K), labels) + diversity_loss(ens, τ, λ)``
-  (:func:`snens.method.step.training_loss`, the engine's loss too), with
-  ``args.label_smoothing_factor`` as the label smoothing (applied here, in the ensemble loss:
-  ``Trainer``'s own label smoother reads ``model.config``, which an ensemble has not). The
-  labels are taken out of the batch (``"labels"``, or ``args.label_names``; the default
-  collator renames ``"label"``) and never reach the model.
-* **non-finite loss**: a NaN or infinite loss stops training with
-  :class:`snens.method.step.NonFiniteLossError`, naming the step and the likely cause (NaN inputs,
-  diverged parameters, overflowing logits), before that step's update, as the snens engine
-  does. ``Trainer`` alone goes on: with ``logging_nan_inf_filter`` (its default) it leaves
-  the NaN steps out of the logged loss, so NaN inputs trained every parameter to NaN while
-  reporting ``training_loss 0.0``.
-* **logged loss**: the task loss, ~ln K at the start. The diversity loss is a sum over
-  features with a constant −M·log M each (≈ −90 at λ = 1e-2 for MiniLM), so a logged sum
-  would be unreadable; it still enters the gradient, and the per-feature gain over equal
-  sharing, :func:`snens.diversity_gain`, is logged beside the loss as ``diversity_gain``.
-* **optimizer**: the class ``args.optim`` names (AdamW by default) over
-  :func:`snens.param_groups` (``"decay"``, ``"no_decay"``, ``"gamma"``), γ at
-  ``args.learning_rate × gamma_lr_multiplier`` without weight decay; the learning-rate
-  schedule scales every group alike.
-* **evaluation and prediction**: the ensemble's prediction, the mean of the M members'
-  softmaxes. ``compute_metrics`` (and ``trainer.predict(...).predictions``) receives those
-  mean probabilities, (N, K), summing to 1 over K; ``eval_loss`` is their negative
-  log-likelihood, the ensemble's NLL (at most the mean member cross-entropy).
-* **saving**: ``trainer.save_model(directory)`` (and every checkpoint Trainer writes) holds the
-  ensemble's weights and ``snens.json`` beside them: its :class:`~snens.SnensConfig` (M, τ,
-  λ, the input policy, γ's learning-rate multiplier and initialization) and the options of
-  :func:`snens.convert`. :func:`load_ensemble` converts a freshly built model with them and
-  loads the weights, which reproduces the trained ensemble's outputs exactly::
-
-      trainer.save_model("my-ensemble")
-      ens = load_ensemble(AutoModelForSequenceClassification.from_pretrained(name), "my-ensemble")
-
-  Hugging Face's ``from_pretrained`` cannot load a σN-Ens model: it builds the plain
-  architecture, whose norms and head have no member dimension, and refuses the saved shapes
-  ("size mismatch"; with ``ignore_mismatched_sizes=True`` it would replace the member layers
-  by random ones). :func:`load_ensemble` reads what ``ens.model.save_pretrained(directory)``
-  writes as well.
+    ens = load_ensemble(AutoModelForSequenceClassification.from_pretrained(name), "my-ensemble")
 
 Needs ``transformers`` and ``accelerate``: ``pip install 'snens[huggingface]'``.
 """
@@ -92,11 +50,7 @@ from snens.method.config import SnensConfig
 from snens.method.convert import convert
 from snens.method.ensemble import Ensemble, predictive_probs
 from snens.method.optim import param_groups
-from snens.method.regularizer import (
-    LayerSelection,
-    diversity_gain,
-    diversity_loss,
-)
+from snens.method.regularizer import LayerSelection, diversity_gain, diversity_loss
 from snens.method.step import check_finite, training_loss
 from snens.metrics import nll
 from snens.nn import (
@@ -111,8 +65,7 @@ from snens.nn.surgery import only_named
 
 __all__ = ["FORMAT_VERSION", "SNENS_CONFIG", "SnensTrainer", "load_ensemble"]
 
-#: The file ``SnensTrainer.save_model`` writes beside the weights: how to convert a fresh model
-#: for them to load (M, the head's name, the input policy, the format's version).
+#: The file ``SnensTrainer.save_model`` writes beside the weights: how to convert a fresh model.
 SNENS_CONFIG = "snens.json"
 #: The version of ``snens.json``.
 FORMAT_VERSION = 1
@@ -120,12 +73,7 @@ FORMAT_VERSION = 1
 _SAFETENSORS = "model.safetensors"
 _SAFETENSORS_INDEX = "model.safetensors.index.json"
 _PICKLED = "pytorch_model.bin"
-# snens.json and a shard index are kilobytes (an index names each tensor once: ~100 kB for an
-# LLM); a larger one is not a save's.
 _MAX_JSON_BYTES = 64 * 2**20
-
-
-#: Member norms with fused CPU kernels (:mod:`snens.nn.fused`).
 _FUSABLE = (
     MemberLayerNorm,
     MemberLayerNorm2d,
@@ -138,38 +86,18 @@ _FUSABLE = (
 class SnensTrainer(transformers.Trainer):
     """``transformers.Trainer`` training a :class:`snens.Ensemble` with the σN-Ens loss.
 
-    Loss of a training batch: ``ensemble_loss(ens(**inputs), labels, label_smoothing) +
-    diversity_loss(ens, temperature, diversity_weight, diversity_layers)``; the value logged as
-    ``loss`` is the first term, with ``diversity_gain`` beside it. See the module docstring for
-    the columns kept, the optimizer groups and what evaluation returns.
-
-    Args:
-        model: the ensemble, from :func:`snens.convert`.
-        args: ``transformers.TrainingArguments``; ``learning_rate`` and ``weight_decay`` set the
-            "decay" group, ``label_smoothing_factor`` the label smoothing.
-        temperature: τ of the diversity loss; None (the default): ``ensemble.snens_config``'s.
-        diversity_weight: λ; 0 trains on the task loss alone; None (the default): the
-            ensemble's ``snens_config``'s.
-        gamma_lr_multiplier: γ's learning rate over ``args.learning_rate``; None (the default): the
-            ensemble's ``snens_config`` (:class:`snens.SnensConfig`), as for τ and λ.
-        diversity_layers: which member norms the diversity loss regularizes (see
-            :func:`snens.diversity_loss`); None: all.
-        **kwargs: the other ``transformers.Trainer`` arguments (``train_dataset``,
-            ``eval_dataset``, ``data_collator``, ``compute_metrics``, ``callbacks``, …).
-
-    Shape:
-        Batches: the wrapped model's keyword inputs, (B, …), and labels (B,). Predictions:
-        (N, K) mean probabilities.
+    ``args.learning_rate`` and ``weight_decay`` set the "decay" group, ``label_smoothing_factor``
+    the label smoothing. ``temperature`` (τ), ``diversity_weight`` (λ; 0 trains on the task loss
+    alone) and ``gamma_lr_multiplier`` (γ's learning rate over ``args.learning_rate``) default to
+    the ensemble's ``snens_config``; ``diversity_layers`` picks the regularized member norms.
 
     Raises:
-        TypeError: ``model`` is not a :class:`snens.Ensemble` (a plain ``transformers.Trainer``
-            cannot train one either: see the module docstring).
-        ValueError: ``compute_loss_func`` given (the loss is the σN-Ens loss), more than one
-            label name, more than one GPU in one process (DataParallel), a
-            ``label_smoothing_factor`` outside [0, 1), or a temperature, weight or layer
-            selection that :func:`snens.diversity_loss` refuses.
-        NonFiniteLossError: while training, a NaN or infinite loss (the step and the cause
-            named); nothing of that step is applied.
+        TypeError: ``model`` is not a :class:`snens.Ensemble`.
+        ValueError: ``compute_loss_func`` or ``model_init`` given, more than one label name, more
+            than one GPU in one process, a ``label_smoothing_factor`` outside [0, 1), or a τ, λ or
+            layer selection that :func:`snens.diversity_loss` refuses.
+        NonFiniteLossError: while training, a NaN or infinite loss; nothing of that step is
+            applied.
     """
 
     def __init__(
@@ -215,9 +143,8 @@ class SnensTrainer(transformers.Trainer):
         self.diversity_weight = diversity_weight
         self.gamma_lr_multiplier = gamma_lr_multiplier
         self.diversity_layers = diversity_layers
-        # Trainer.__init__ builds a label smoother when label_smoothing_factor is set, reading
-        # model.config, which an ensemble has not (AttributeError); compute_loss applies the
-        # smoothing itself, so Trainer is shown 0 while it is built and the value is restored.
+        # Trainer.__init__'s label smoother would read model.config, which an ensemble has not;
+        # compute_loss smooths itself, so Trainer is shown 0 while it is built
         if smoothing:
             args.label_smoothing_factor = 0.0
         try:
@@ -244,13 +171,10 @@ class SnensTrainer(transformers.Trainer):
                 "pass TrainingArguments(label_names=['labels'])"
             )
         self.label_names = names
-        # The fused CPU kernels of member LayerNorms and batch norms build on their first use
-        # (about a minute, once per environment, announced): build them now, before training,
-        # rather than in the middle of the first evaluate()
+        # build the fused CPU kernels (a minute, once) now rather than in the first evaluate()
         if self.args.device.type == "cpu" and any(isinstance(m, _FUSABLE) for m in model.modules()):
             fused.available()
 
-    # -- columns ---------------------------------------------------------------------------------
     def _set_signature_columns_if_needed(self) -> None:
         # Trainer keeps the columns named in model.forward's signature, "args" and "kwargs"
         # included; keep the wrapped model's named inputs only, and say so if it names none.
@@ -278,7 +202,6 @@ class SnensTrainer(transformers.Trainer):
             )
         return {k: v for k, v in inputs.items() if k != name}, inputs[name]
 
-    # -- loss ------------------------------------------------------------------------------------
     def compute_loss(
         self,
         model: nn.Module,
@@ -288,14 +211,11 @@ class SnensTrainer(transformers.Trainer):
     ) -> Tensor | tuple[Tensor, Tensor]:
         """The σN-Ens loss of a batch: its value is the task loss, its gradient the total's.
 
-        Returns ``task + (div − div.detach())``: the bracket is exactly 0 in value and has the
-        diversity loss's gradient, so Trainer's backward, gradient-accumulation scaling and
-        logged ``loss`` all see the readable task loss while γ feels the regularizer.
-        ``num_items_in_batch`` is not used: the task loss is a mean over the batch.
+        ``task + (div − div.detach())`` is the task loss in value with the diversity loss's
+        gradient, so Trainer's backward, accumulation scaling and logged ``loss`` see the task.
 
         Raises:
-            NonFiniteLossError: the loss is NaN or infinite, before the backward pass; the
-                message names the step and the likely cause.
+            NonFiniteLossError: the loss is NaN or infinite, before the backward pass.
         """
         inputs, labels = self._split_labels(inputs)
         logits = model(**inputs)  # (M, B, K), or (M, B/M, K) with input_policy="split"
@@ -325,22 +245,16 @@ class SnensTrainer(transformers.Trainer):
         return (loss.total, logits) if return_outputs else loss.total
 
     def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
-        """Adds ``diversity_gain`` (:func:`snens.diversity_gain`, nats per feature) to each
-        training log, the one holding ``loss``."""
+        """Adds ``diversity_gain`` (nats per feature) to the training log holding ``loss``."""
         if "loss" in logs:
             logs["diversity_gain"] = diversity_gain(
                 self.accelerator.unwrap_model(self.model), self.temperature, self.diversity_layers
             )
         super().log(logs, *args, **kwargs)
 
-    # -- saving ----------------------------------------------------------------------------------
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
-        """What Trainer saves of a model that is not a ``PreTrainedModel`` — the ensemble's
-        state dict (``model.safetensors``), the tokenizer, ``training_args.bin``, the wrapped
-        Hugging Face model's ``config.json`` — and
-        ``snens.json`` beside them, which :func:`load_ensemble` reads; each file atomic and
-        never written through a link (:mod:`snens.files`). ``save_model`` and every
-        checkpoint come through here."""
+        """Trainer's save of a model that is not a ``PreTrainedModel``, plus ``snens.json``;
+        every file atomic (:mod:`snens.files`). ``save_model`` and checkpoints come here."""
         from safetensors.torch import save
 
         if not self.args.should_save:  # one process writes; an ensemble is never sharded
@@ -367,14 +281,9 @@ class SnensTrainer(transformers.Trainer):
         files.write_bytes(directory / "training_args.bin", arguments.getvalue())
         _write_config(ensemble, directory)
 
-    # -- optimizer -------------------------------------------------------------------------------
     def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:
-        """The optimizer ``args.optim`` names over :func:`snens.param_groups`.
-
-        Groups: "decay" (``args.weight_decay``), "no_decay" (norms, biases) and "gamma"
-        (``args.learning_rate × gamma_lr_multiplier``, no weight decay). An optimizer passed
-        as ``optimizers=(optimizer, scheduler)`` is kept as it is.
-        """
+        """The optimizer ``args.optim`` names over :func:`snens.param_groups`; one passed as
+        ``optimizers=(optimizer, scheduler)`` is kept."""
         if self.optimizer is None:
             opt_model = self.model if model is None else model
             groups = param_groups(
@@ -398,7 +307,6 @@ class SnensTrainer(transformers.Trainer):
             self.optimizer = optimizer_cls(groups, **optimizer_kwargs)
         return self.optimizer
 
-    # -- evaluation ------------------------------------------------------------------------------
     def prediction_step(
         self,
         model: nn.Module,
@@ -406,11 +314,11 @@ class SnensTrainer(transformers.Trainer):
         prediction_loss_only: bool,
         ignore_keys: list[str] | None = None,
     ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
-        """The ensemble's mean prediction on a batch, in eval mode (every member, every row).
+        """The ensemble's mean prediction on a batch, in eval mode.
 
         Returns:
             ``(loss, probs, labels)``: the NLL of the mean prediction (None without labels),
-            the mean probabilities ``snens.predictive_probs(logits)`` (B, K), and the labels.
+            the mean probabilities (B, K), and the labels.
         """
         inputs = self._prepare_inputs(inputs)
         (name,) = self.label_names
@@ -424,14 +332,9 @@ class SnensTrainer(transformers.Trainer):
         return loss, probs, labels
 
 
-# ------------------------------------------------------------------------------------------------
-# Saving and reloading
-# ------------------------------------------------------------------------------------------------
-
-
 def _unshared(state: dict[str, Any]) -> dict[str, Any]:
-    """``state`` with a copy of each tensor whose memory an earlier one holds (tied weights:
-    safetensors refuses to write tensors that share memory, and Trainer writes safetensors)."""
+    """``state`` with a copy of each tensor whose memory an earlier one holds (safetensors
+    refuses tensors that share memory)."""
     seen: set[int] = set()
     out = {}
     for name, value in state.items():
@@ -446,7 +349,6 @@ def _unshared(state: dict[str, Any]) -> dict[str, Any]:
 
 
 def _write_config(ensemble: Ensemble, directory: Path) -> None:
-    """Write ``snens.json``: how :func:`load_ensemble` converts a fresh model for the weights."""
     report = ensemble.report
     write_meta(
         directory / SNENS_CONFIG,
@@ -461,7 +363,6 @@ def _write_config(ensemble: Ensemble, directory: Path) -> None:
 
 
 def _read_json(path: Path) -> Any:
-    """The JSON held by the small file ``path``, or a ValueError naming it."""
     try:
         return json.loads(files.read_bytes(path, limit=_MAX_JSON_BYTES, follow_links=True))
     except (ValueError, RecursionError) as error:  # UnicodeDecodeError is a ValueError
@@ -470,8 +371,6 @@ def _read_json(path: Path) -> Any:
 
 def _read_weights(directory: Path) -> dict[str, Tensor]:
     """The tensors of a Trainer save or a ``save_pretrained`` directory (sharded or not)."""
-    # lexists: a FIFO or directory in a weight file's place is refused as what it is (it had
-    # been reported as no weights at all)
     if os.path.lexists(directory / _SAFETENSORS):
         return load_safetensors(directory / _SAFETENSORS)
     if os.path.lexists(directory / _SAFETENSORS_INDEX):
@@ -502,7 +401,6 @@ def _read_weights(directory: Path) -> dict[str, Tensor]:
 
 
 def _check_config(meta: Any, path: Path) -> dict[str, Any]:
-    """``snens.json``'s content, checked: every key of its format, each of its type."""
 
     def bad(what: str) -> ValueError:
         return ValueError(
@@ -521,8 +419,8 @@ def _check_config(meta: Any, path: Path) -> dict[str, Any]:
 
 
 def _read_config(directory: Path, state: dict[str, Tensor]) -> tuple[dict[str, Any], str]:
-    """``snens.json``, and the prefix that makes the saved names the ensemble's: "" for a
-    Trainer save (the ensemble's state dict), "model." for ``ens.model.save_pretrained``."""
+    """``snens.json`` and the prefix that makes the saved names the ensemble's: "" for a
+    Trainer save, "model." for ``ens.model.save_pretrained``."""
     path = directory / SNENS_CONFIG
     if path.is_file():
         return _check_config(_read_json(path), path), ""
@@ -557,7 +455,6 @@ def _read_config(directory: Path, state: dict[str, Tensor]) -> tuple[dict[str, A
 def _fresh_ensemble(
     model: nn.Module, meta: dict[str, Any], output: Callable[[Any], Tensor] | None, where: Path
 ) -> Ensemble:
-    """``model`` converted as ``meta`` says, or ``model`` itself if it is an ensemble of M."""
     num_members = meta["num_members"]
     if meta["custom_output"] and output is None:
         raise ValueError(
@@ -598,9 +495,8 @@ def _fresh_ensemble(
 
 
 def _check_weights(ensemble: Ensemble, state: dict[str, Tensor], where: Path) -> None:
-    """Every tensor of ``state`` must fit ``ensemble`` (a dense tensor of its shape, floating
-    where the ensemble's is), and every tensor of the ensemble be given (a tied one through a
-    name it shares its tensor with)."""
+    """Every tensor of ``state`` must fit ``ensemble`` and every tensor of the ensemble be
+    given (a tied one through a name it shares its tensor with)."""
     expected = ensemble.state_dict()
     same = {  # name -> the tensor object it names: tied names name one
         name: id(tensor)
@@ -641,8 +537,6 @@ def _check_weights(ensemble: Ensemble, state: dict[str, Tensor], where: Path) ->
 
 
 def _built_from_saved_config(cls: type, where: Path) -> nn.Module:
-    """``cls.from_config`` of the ``config.json`` saved in ``where``: the architecture, no
-    weights (they all come from the save)."""
     if not (where / "config.json").is_file():
         raise FileNotFoundError(
             f"{where} holds no config.json to build {cls.__name__} from (a save of an ensemble "
@@ -661,41 +555,23 @@ def load_ensemble(
 ) -> Ensemble:
     """The trained ensemble saved in ``directory``: ``model`` converted afresh, the weights loaded.
 
-    Reads what ``SnensTrainer.save_model(directory)`` writes (the ensemble's weights and
-    ``snens.json``: M, the head's name, the input policy) and Trainer's checkpoints
-    (``output_dir/checkpoint-<step>``). It also reads what Hugging Face's
-    ``ens.model.save_pretrained(directory)`` writes, M then taken from the shape of γ (M, C)
-    and the head found as :func:`snens.convert` finds it (the last ``nn.Linear``). The
-    ensemble returned computes what the saved one did, bit for bit on the same hardware.
-
-    Args:
-        model: the model the ensemble was trained from, freshly built (the same class and
-            configuration; its weights are all replaced, so pretrained ones need not be
-            loaded), or a function of no arguments building it, or a Hugging Face model class
-            (``AutoModelForSequenceClassification``, ``BertForSequenceClassification``, …),
-            built from the ``config.json`` in ``directory`` — the directory alone then
-            reloads the ensemble, as ``from_pretrained`` reloads a model. It is converted in place,
-            once the save was found to fit it (checked on a copy without values): on any
-            error it is left as it was.
-            An ensemble built without :func:`snens.convert` (member layers at construction)
-            is passed as the :class:`snens.Ensemble` of M, built as before.
-        directory: the directory ``save_model`` (or ``save_pretrained``) wrote.
-        output: the ``output=`` function the trained ensemble was built with, if it had one
-            (a function is not saved).
+    Reads ``SnensTrainer.save_model``'s saves and checkpoints, and ``ens.model.save_pretrained``'s
+    (M from the shape of γ). ``model`` is the architecture the ensemble was trained from, freshly
+    built (its weights are all replaced), a function building it, or a Hugging Face model class
+    built from the saved ``config.json``; it is converted in place once the save was found to fit
+    it (an ensemble built without :func:`snens.convert` is passed as the :class:`snens.Ensemble`).
+    ``output`` is the ``output=`` function the ensemble was built with, if any.
 
     Returns:
-        The :class:`snens.Ensemble`, in eval mode (as ``from_pretrained`` returns a model).
+        The :class:`snens.Ensemble`, in eval mode, computing what the saved one did.
 
     Raises:
-        FileNotFoundError: ``directory`` holds no weights, or neither ``snens.json`` nor
-            ``config.json``.
-        ValueError: a PEFT save (read by :func:`snens.integrations.peft.from_pretrained`); a
-            ``snens.json`` of another format version, or damaged (the file and key named); a
-            damaged weight file or shard index, or a shard named outside the directory;
-            weights that do not fit the model (the names given); an ensemble of another M; a
-            saved ``output=`` not passed again.
-        TypeError: ``model`` is not a module; a save of an ensemble not built by convert,
-            given a plain model.
+        FileNotFoundError: no weights, or neither ``snens.json`` nor ``config.json``.
+        ValueError: a PEFT save; a damaged or other-version ``snens.json``, weight file or shard
+            index; a shard outside the directory; weights that do not fit the model; an ensemble of
+            another M; a saved ``output=`` not passed again.
+        TypeError: ``model`` is not a module; a save of an ensemble not built by convert, given a
+            plain model.
         snens.files.FileRefusedError: a weight file that is a FIFO, device or directory.
     """
     where = Path(directory)
@@ -717,8 +593,7 @@ def load_ensemble(
         model = _built_from_saved_config(model, where)
     elif not isinstance(model, nn.Module) and callable(model):
         model = model()
-    # a save that does not fit is found on a copy without values, before the model given is
-    # converted in place (it had been left converted, and a retry with the right save failed)
+    # checked on a copy without values first: the model given is converted only if the save fits
     skeleton = meta_copy(model) if isinstance(model, nn.Module) else None
     if skeleton is not None and not isinstance(model, Ensemble):
         _check_weights(_fresh_ensemble(skeleton, meta, output, where), state, where)

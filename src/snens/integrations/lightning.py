@@ -1,43 +1,14 @@
 """A Lightning module for σN-Ens ensembles.
 
-    ens = snens.convert(model, num_members=4)
-    module = SnensModule(ens, lr=3e-3, temperature=1.0, diversity_weight=0.1)
+    module = SnensModule(snens.convert(model, num_members=4), lr=3e-3, temperature=1.0)
     lightning.pytorch.Trainer(max_epochs=10).fit(module, train_loader, val_loader)
 
-What :class:`SnensModule` does:
-
-* **training step**: ``ensemble_loss(ens(x), y) + diversity_loss(ens, τ, λ)``
-  (:func:`snens.method.step.training_loss`, the engine's loss too) is what it returns (and so
-  what is differentiated); it logs the task loss as ``train_loss``, ~ln K at the start, and
-  :func:`snens.diversity_gain` as ``diversity_gain``. The diversity loss is a sum over
-  features with a constant −M·log M each (≈ −90 on MiniLM at λ = 1e-2), unreadable as a log
-  entry. A NaN or infinite loss stops training before that step's update with
-  :class:`snens.method.step.NonFiniteLossError`, naming the step and the likely cause, as the
-  engine and the Hugging Face ``SnensTrainer`` do.
-* **optimizer**: ``optimizer(snens.param_groups(ens, lr, weight_decay, gamma_lr_multiplier))``,
-  AdamW by default; γ's group runs at ``lr × gamma_lr_multiplier`` without weight decay.
-* **validation and test**: the ensemble's mean prediction (the mean of the M members'
-  softmaxes, :func:`snens.predictive_probs`), logged as ``val_loss`` / ``test_loss`` (its NLL)
-  and ``val_accuracy`` / ``test_accuracy``, averaged over the epoch by batch size.
-* **prediction**: ``trainer.predict`` returns the mean probabilities (B, K) of each batch.
-* **checkpoints**: the hyperparameters (``lr``, τ, λ, …; not the ensemble, nor the optimizer
-  or a layer-selecting function, which are not plain data) and M are saved in each
-  checkpoint, so Lightning's own reload needs only a fresh ensemble of the same architecture
-  and M, whose weights it replaces::
-
-      module = SnensModule.load_from_checkpoint(ckpt, ensemble=snens.convert(fresh_model, 4))
-
-  It then computes what the saved module did, bit for bit. A checkpoint of another M, or
-  tensors of other shapes, is refused naming the M or the tensors; pass ``optimizer=`` again
-  to go on training with another optimizer than AdamW.
-
-Batches: ``(x, y)`` for image models; ``(inputs, y)`` with ``inputs`` a dict of keyword
-inputs (``snens.data.TokenLoader``); or a dict of keyword inputs holding ``"labels"`` (or
-``"label"``), as a Hugging Face collator gives them. Prediction also takes inputs without
-labels.
-
-Needs Lightning 2: ``pip install 'snens[lightning]'`` (the ``lightning`` package, imported as
-``lightning.pytorch``).
+:class:`SnensModule` trains on :func:`snens.method.step.training_loss`, stops on a non-finite
+loss with :class:`snens.method.step.NonFiniteLossError`, optimizes :func:`snens.param_groups`,
+and evaluates the ensemble's mean prediction. A checkpoint keeps the hyperparameters and M:
+``SnensModule.load_from_checkpoint(ckpt, ensemble=snens.convert(fresh_model, M))``. Batches are
+``(x, y)``, ``(inputs, y)`` with ``inputs`` a dict of keyword inputs, or such a dict holding
+``"labels"`` (or ``"label"``). Needs Lightning 2: ``pip install 'snens[lightning]'``.
 """
 
 from __future__ import annotations
@@ -64,8 +35,7 @@ from snens.metrics import accuracy, nll
 
 __all__ = ["SnensModule"]
 
-#: The checkpoint entry holding what the hyperparameters cannot: M, and whether a function
-#: chose the regularized layers.
+#: The checkpoint entry holding M and whether a function chose the regularized layers.
 CHECKPOINT_KEY = "snens"
 
 OptimizerFactory = Callable[[Iterable[dict]], torch.optim.Optimizer]
@@ -98,40 +68,16 @@ def _unpack(batch: Any, *, need_labels: bool) -> tuple[tuple, dict, Tensor | Non
 class SnensModule(LightningModule):
     """A ``LightningModule`` training a :class:`snens.Ensemble` with the σN-Ens loss.
 
-    Loss of a training batch: ``ensemble_loss(ens(x), y, label_smoothing) +
-    diversity_loss(ens, temperature, diversity_weight, diversity_layers)``. Logged:
-    ``train_loss`` (the first term), ``diversity_gain``; ``val_loss``, ``val_accuracy``
-    (``test_*`` in testing) of the ensemble's mean prediction.
-
-    Reload a checkpoint with ``SnensModule.load_from_checkpoint(path,
-    ensemble=snens.convert(fresh_model, M))``: the other arguments are saved in it.
-
-    Args:
-        ensemble: the ensemble, from :func:`snens.convert`.
-        lr: base learning rate (groups "decay" and "no_decay").
-        weight_decay: weight decay of the "decay" group.
-        gamma_lr_multiplier: γ's learning rate over ``lr``; None (the default): the
-            ensemble's ``snens_config`` (:class:`snens.SnensConfig`), as for τ and λ.
-        temperature: τ of the diversity loss; None (the default): ``ensemble.snens_config``'s.
-        diversity_weight: λ; 0 trains on the task loss alone; None (the default): the
-            ensemble's ``snens_config``'s.
-        diversity_layers: which member norms to regularize (see :func:`snens.diversity_loss`);
-            None: all.
-        label_smoothing: of the task loss, in [0, 1].
-        optimizer: called with the parameter groups, returns the optimizer; default
-            ``torch.optim.AdamW`` (e.g. ``functools.partial(torch.optim.SGD, momentum=0.9)``).
-            Each group carries its own ``lr`` and ``weight_decay``. Override
-            ``configure_optimizers`` to add a learning-rate schedule.
-
-    Shape:
-        ``module(*inputs)``: (B, …) -> logits (M, B, K). Labels: (B,).
+    Logs ``train_loss`` (the task loss), ``diversity_gain``, and ``val_loss``, ``val_accuracy``
+    (``test_*`` in testing) of the ensemble's mean prediction. ``lr`` and ``weight_decay`` set the
+    "decay" group; ``temperature`` (τ), ``diversity_weight`` (λ) and ``gamma_lr_multiplier``
+    default to the ensemble's ``snens_config``; ``optimizer`` is called with the parameter groups.
 
     Raises:
         TypeError: ``ensemble`` is missing or not a :class:`snens.Ensemble`.
-        ValueError: a learning rate, weight decay or multiplier that :func:`snens.param_groups`
-            refuses, or a temperature, weight or layer selection that
-            :func:`snens.diversity_loss` refuses; on loading a checkpoint, one of another M,
-            of weights that do not fit, or chosen layers not passed again.
+        ValueError: settings :func:`snens.param_groups` or :func:`snens.diversity_loss` refuses;
+            on loading, a checkpoint of another M, of weights that do not fit, or with chosen
+            layers not passed again.
     """
 
     def __init__(
@@ -159,8 +105,8 @@ class SnensModule(LightningModule):
                 f"SnensModule trains a snens.Ensemble, got {type(ensemble).__name__}; build one "
                 "with snens.convert(model, num_members=4)"
             )
-        # The ensemble is saved as the state dict; the optimizer factory and a layer-selecting
-        # function are code, which Lightning's reload (torch.load(weights_only=True)) refuses.
+        # the optimizer factory and a layer-selecting function are code, which Lightning's
+        # reload (torch.load(weights_only=True)) refuses
         ignore = ["ensemble", "optimizer"]
         if callable(diversity_layers):
             ignore.append("diversity_layers")
@@ -189,10 +135,8 @@ class SnensModule(LightningModule):
         self.label_smoothing = label_smoothing
         self.optimizer_factory = optimizer
 
-    # -- checkpoints -------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Saves M, and whether a function chose the regularized layers, beside the
-        hyperparameters."""
+        """Saves M, and whether a function chose the regularized layers."""
         config = self.ensemble.snens_config.replace(
             temperature=self.temperature,
             diversity_weight=self.diversity_weight,
@@ -208,9 +152,8 @@ class SnensModule(LightningModule):
         """Refuses a checkpoint this module cannot hold, before its weights are loaded.
 
         Raises:
-            ValueError: the checkpoint's M differs from the ensemble's; a saved tensor has
-                another shape (names and shapes given); it was trained with
-                ``diversity_layers`` a function, not passed again.
+            ValueError: another M; a tensor of another shape; layers chosen by a function not
+                passed again.
         """
         saved = checkpoint.get(CHECKPOINT_KEY, {})
         num_members = saved.get("num_members", self.ensemble.num_members)
@@ -249,11 +192,10 @@ class SnensModule(LightningModule):
         return self.ensemble(*args, **kwargs)  # (M, B, K)
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
-        """The σN-Ens loss of the batch (:func:`snens.method.step.training_loss`).
+        """The σN-Ens loss of the batch.
 
         Raises:
-            NonFiniteLossError: the loss is NaN or infinite, before the backward pass; the
-                message names the step and the likely cause.
+            NonFiniteLossError: the loss is NaN or infinite, before the backward pass.
         """
         args, kwargs, labels = _unpack(batch, need_labels=True)
         logits = self.ensemble(*args, **kwargs)  # (M, B, K), or (M, B/M, K) with "split"

@@ -1,27 +1,11 @@
 """σN-Ens over a PEFT (LoRA) model: save what fine-tuning trained, load it into a fresh base.
 
-A σN-Ens PEFT model is one frozen base, one set of LoRA adapters shared by the members, and
-per member its norms and head. Fine-tuning changes only the adapters and the member layers,
-so that is what is saved — a few MB beside the base model's hundreds::
-
-    peft_model = peft.get_peft_model(base, peft.LoraConfig(task_type="SEQ_CLS", r=8,
-                                                           target_modules=["q_proj", "v_proj"]))
-    ens = snens.convert(peft_model, num_members=4)
-    ...                                                   # fine-tune
-    snens.integrations.peft.save_pretrained(ens, "my-adapter")
+    snens.integrations.peft.save_pretrained(ens, "my-adapter")  # ens over a peft.PeftModel
     ens = snens.integrations.peft.from_pretrained(fresh_base, "my-adapter")  # same outputs
 
 The directory holds PEFT's ``adapter_config.json``, ``snens.json`` (the ensemble's
 :class:`~snens.SnensConfig`, M, the input policy, the head's name, the format's version) and
-``snens_state.safetensors``: every trainable tensor (LoRA weights, member norms' scales and γ,
-member heads) and every member layer's buffers.
-:func:`snens.extract_member` of such an ensemble gives member m as a plain PEFT model, whose
-``merge_and_unload()`` gives a plain Hugging Face model.
-
-A causal LM's ``lm_head`` is its vocabulary (49,152 × 576 for SmolLM2): convert it with
-``head=None`` to keep one LM head for all members (the member norms, the final one included,
-still make them differ), or classify through :class:`snens.models.LLMClassifier`, whose
-label-word head is K rows of it.
+``snens_state.safetensors`` (the trainable tensors and every member layer's buffers).
 """
 
 from __future__ import annotations
@@ -49,7 +33,6 @@ __all__ = ["FORMAT_VERSION", "from_pretrained", "save_pretrained"]
 FORMAT_VERSION = 1
 _CONFIG = "snens.json"
 _STATE = "snens_state.safetensors"
-# snens.json is a few hundred bytes; a larger one is not a save's.
 _MAX_JSON_BYTES = 1 << 20
 
 
@@ -82,11 +65,8 @@ def _saved_names(ensemble: Ensemble) -> set[str]:
 
 
 def save_pretrained(ensemble: Ensemble, directory: str | os.PathLike) -> Path:
-    """Write a σN-Ens PEFT model's adapters and member layers to ``directory``.
-
-    Args:
-        ensemble: ``snens.convert(peft_model, M)``, trained or not.
-        directory: created if missing; files of an earlier save there are replaced.
+    """Write a σN-Ens PEFT model's adapters and member layers to ``directory`` (created if
+    missing; an earlier save's files there are replaced).
 
     Returns:
         The directory.
@@ -98,7 +78,6 @@ def save_pretrained(ensemble: Ensemble, directory: str | os.PathLike) -> Path:
 
     peft_model = _peft_model(ensemble)
     path = Path(directory)
-    # every file atomic and never written through a link (fixed .tmp names had been followed);
     # PEFT writes its config by name, so into a private directory whose files are moved in
     with files.staged_directory(path) as staging:
         peft_model.peft_config[peft_model.active_adapter].save_pretrained(str(staging))
@@ -112,25 +91,18 @@ def save_pretrained(ensemble: Ensemble, directory: str | os.PathLike) -> Path:
 
 
 def from_pretrained(base_model: nn.Module, directory: str | os.PathLike) -> Ensemble:
-    """The σN-Ens PEFT model saved in ``directory``, over ``base_model``.
-
-    ``base_model`` must be the model the adapters were trained on, freshly loaded (the same
-    class, configuration and weights); it is wrapped in place, once the save was found to fit
-    it (checked on a copy without values): on any error it is left as it was.
-
-    Args:
-        base_model: the base model, freshly loaded.
-        directory: a directory :func:`save_pretrained` wrote.
+    """The σN-Ens PEFT model saved in ``directory`` by :func:`save_pretrained`, over ``base_model``,
+    the model the adapters were trained on, freshly loaded; it is wrapped in place once the save
+    was found to fit it, and left as it was on any error.
 
     Returns:
-        An :class:`~snens.Ensemble` over a ``peft.PeftModel`` of ``base_model``, with the saved
-        M, input policy and head, and the saved adapters and member layers loaded.
+        An :class:`~snens.Ensemble` over a ``peft.PeftModel`` of ``base_model``, with the saved M,
+        input policy, head, adapters and member layers.
 
     Raises:
         FileNotFoundError: ``directory`` holds no complete save (the missing file named).
-        ValueError: a save of another format version, a damaged ``snens.json``, state or
-            adapter config (the file named), or tensors that do not fit the model (the names
-            given: a different base model, or another M).
+        ValueError: another format version, a damaged ``snens.json``, state or adapter config, or
+            tensors that do not fit the model (named).
         ImportError: ``peft`` is not installed.
         snens.files.FileRefusedError: a file of the save that is a FIFO, device or directory.
     """
@@ -153,8 +125,7 @@ def from_pretrained(base_model: nn.Module, directory: str | os.PathLike) -> Ense
             f"{path / 'adapter_config.json'} is not a PEFT adapter config PEFT can read "
             f"({type(error).__name__}: {error}); save the model again"
         ) from None
-    # the save is checked against a copy without values first: the base model is wrapped in
-    # place only for a save that fits (it had been left wrapped, and a retry then failed)
+    # checked on a copy without values first: the base model is wrapped only if the save fits
     skeleton = meta_copy(base_model)
     if skeleton is not None:
         _check_state(_wrap(skeleton, copy.deepcopy(config), meta), state, path / _STATE)
@@ -165,7 +136,6 @@ def from_pretrained(base_model: nn.Module, directory: str | os.PathLike) -> Ense
 
 
 def _read_meta(path: Path) -> dict[str, Any]:
-    """``snens.json``, checked: format, M, input policy, head and norms of their types."""
 
     def bad(what: str) -> ValueError:
         return ValueError(
@@ -182,7 +152,6 @@ def _read_meta(path: Path) -> dict[str, Any]:
 
 
 def _wrap(base_model: nn.Module, config: Any, meta: dict[str, Any]) -> Ensemble:
-    """``base_model`` with the saved adapters' PEFT wrapper, converted as the save was."""
     peft_model = _peft().get_peft_model(base_model, config)
     ensemble = convert(
         peft_model,

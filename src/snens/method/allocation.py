@@ -5,9 +5,7 @@ M members, q_m = s_m / Σ_m' s_m', and count the members that use it:
 
     effective members_i = exp(H(q_i)) = exp(−Σ_m q_m log q_m)
 
-It ranges from 1 (one member owns the feature, the others have importance ≈ 0) to M (all
-members weigh it equally). The regularizer's optimum k*(τ) (``snens.optimal_k``) is not where
-training goes, so report this measured value next to it.
+from 1 (one owner) to M (equal sharing).
 """
 
 from __future__ import annotations
@@ -30,8 +28,7 @@ class LayerAllocation:
 
     Attributes:
         importances: sigmoid(gamma), detached float32 on the CPU.
-        effective_members: exp(entropy of q) per feature, q = s / Σ_m s over members; from 1
-            (one owner) to M (equal sharing).
+        effective_members: exp(entropy of q) per feature.
 
     Shape:
         importances: (M, C). effective_members: (C,).
@@ -42,20 +39,17 @@ class LayerAllocation:
 
     @property
     def num_members(self) -> int:
-        """M, the number of members."""
         return self.importances.shape[0]
 
     @property
     def mean_effective_members(self) -> float:
-        """The mean over this layer's features of the effective members."""
         return float(self.effective_members.double().mean())
 
 
 def _layer_allocation(layer: MemberNorm) -> LayerAllocation:
     M = layer.num_members
     gamma = layer.gamma.detach().double().reshape(M, -1)
-    # q = s / Σ s = softmax(log s) over members; logsigmoid keeps features whose every
-    # importance underflows (gamma < -88 in float32) finite.
+    # q = softmax(log s): logsigmoid keeps features whose every importance underflows finite
     q = torch.softmax(F.logsigmoid(gamma), dim=0)
     entropy = -torch.special.xlogy(q, q).sum(dim=0)  # (C,)
     return LayerAllocation(
@@ -67,9 +61,6 @@ def _layer_allocation(layer: MemberNorm) -> LayerAllocation:
 @torch.no_grad()
 def allocation(model: nn.Module) -> dict[str, LayerAllocation]:
     """The allocation of every member norm of a model, keyed by module name.
-
-    Args:
-        model: a module containing :class:`snens.nn.MemberNorm` layers.
 
     Returns:
         ``{name: LayerAllocation}`` in ``model.named_modules()`` order.
@@ -93,12 +84,8 @@ def allocation(model: nn.Module) -> dict[str, LayerAllocation]:
 
 
 def mean_effective_members(model_or_allocation: nn.Module | Mapping[str, LayerAllocation]) -> float:
-    """Effective members per feature, averaged over all features of all member norms pooled.
-
-    Layers weigh by their number of features: sum over all features / number of features.
-
-    Args:
-        model_or_allocation: a model with member norms, or the result of :func:`allocation`.
+    """Effective members per feature over all features of all member norms (of a model, or
+    the result of :func:`allocation`).
 
     Returns:
         A value between 1 (every feature has one owner) and M (every feature equally shared).

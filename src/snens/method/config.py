@@ -38,30 +38,18 @@ class SnensConfig:
 
     Attributes:
         num_members: M, from 1 to :data:`snens.nn.norms.MAX_MEMBERS`.
-        temperature: τ of the diversity regularizer's softmax over members, > 0; it sets how
-            many members share a feature at the optimum (:func:`snens.optimal_k`).
-        diversity_weight: λ, the weight of the diversity loss on the sum over features, ≥ 0;
-            0 trains on the task loss alone.
-        input_policy: ``"repeat"`` (every member the whole batch) or ``"split"`` (member m the
-            m-th of M equal parts of it) in training; evaluation always repeats.
+        temperature: τ of the diversity regularizer, > 0 (:func:`snens.optimal_k`).
+        diversity_weight: λ, ≥ 0; 0 trains on the task loss alone.
+        input_policy: ``"repeat"`` or ``"split"`` in training; evaluation always repeats.
         gamma_lr_multiplier: γ's learning rate over the base one, ≥ 0.
-        gamma_mean: the mean of the importance logits γ drawn at conversion.
-        gamma_std: their standard deviation, ≥ 0 (0: members start alike, and the regularizer
-            has no gradient to follow).
-        head: the layer copied per member: ``"auto"`` (the last ``nn.Linear``), a module name,
-            or ``None`` (one head shared by the members).
-        head_init: ``"copy"`` (every member starts as the original model) or ``"reset"``.
-        norms: which norms convert: ``None`` (all), a regular expression the whole module name
-            matches, or a tuple of names or name endings. (:func:`snens.convert` also takes a
-            function; a function is not kept in a config, which is plain data.)
-        skip_unsupported: a norm with no member version: ``None`` leaves it shared and warns,
-            ``True`` the same silently, ``False`` refuses the model.
+        gamma_mean, gamma_std: γ ~ N(gamma_mean, gamma_std²) at conversion.
+        head, head_init, skip_unsupported: as :func:`snens.convert`'s.
+        norms: which norms convert: ``None`` (all), a regular expression, or a tuple of names
+            or name endings (a function goes to :func:`snens.convert` itself).
 
     Raises:
-        TypeError: a number, M or a choice of the wrong type (named, with the value); a function
-            as ``norms``. (``head``, ``norms`` and ``skip_unsupported`` are checked by
-            :func:`snens.convert`, against the model.)
-        ValueError: a field outside its range or choices (named, with the value and the range).
+        TypeError: a field of the wrong type; a function as ``norms``.
+        ValueError: a field outside its range or choices.
     """
 
     num_members: int = 4
@@ -98,7 +86,6 @@ class SnensConfig:
             )
         _choice(self, "input_policy", ("repeat", "split"))
         _choice(self, "head_init", ("copy", "reset"))
-        # head, norms and skip_unsupported are checked where they act, by snens.convert
         if isinstance(self.norms, list):  # a list read from JSON or TOML: kept as a tuple
             object.__setattr__(self, "norms", tuple(self.norms))
         if callable(self.norms):
@@ -108,7 +95,7 @@ class SnensConfig:
             )
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields as plain JSON/TOML data (``norms`` a list), which :meth:`from_dict` reads.
+        """The fields as plain JSON/TOML data (``norms`` a list).
 
         Returns:
             ``{field: value}`` for every field.
@@ -120,10 +107,7 @@ class SnensConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> SnensConfig:
-        """The config a :meth:`to_dict` (or a save's ``snens.json``) holds; missing keys default.
-
-        Args:
-            values: a mapping of field names to values.
+        """The config a :meth:`to_dict` holds; missing keys default.
 
         Returns:
             The checked config.
@@ -145,9 +129,6 @@ class SnensConfig:
     def replace(self, **changes: Any) -> SnensConfig:
         """A copy with ``changes`` applied (and checked).
 
-        Args:
-            **changes: field values to change.
-
         Returns:
             The new config.
 
@@ -165,9 +146,8 @@ def _choice(config: SnensConfig, name: str, choices: tuple[str, ...]) -> None:
 
 
 def saved_config(meta: dict[str, Any]) -> SnensConfig:
-    """The config a save's ``snens.json`` holds (``meta``, its checked ``num_members`` and
-    ``input_policy`` beside an optional ``"config"``); a save written before the config was
-    kept gives one of M and the input policy, the other fields at their defaults.
+    """The config a save's ``snens.json`` (``meta``) holds; an old save without one gives one
+    of its M and input policy.
 
     Raises:
         ValueError: the config is not a SnensConfig's, or disagrees with M or the input policy.

@@ -1,24 +1,11 @@
 """The ensemble contract: (B, …) in, logits (M, B, K) out.
 
-This is the one place members are folded into the batch and unfolded again. Inside the
-backbone, activations are member-major (M·B, …): rows [m·B, (m+1)·B) belong to member m.
-:func:`fold_members` goes from (B, …) to (M·B, …), :func:`unfold_members` from (M·B, …) to
-(M, B, …), and :func:`forward_repeated` runs any model between the two; every wrapper in
-:mod:`snens.baselines` that repeats its input uses them.
+Inside the backbone, activations are member-major (M·B, …): rows [m·B, (m+1)·B) belong to
+member m. Input policies:
 
-Where members enter:
-
-* ``repeat`` (training default, and always in evaluation): every member sees the whole batch.
-  Every tensor argument whose leading size is B is repeated to (M·B, …) at the input, so the
-  model may use its inputs anywhere (a pre-norm transformer's residual stream, a Hugging Face
-  ``attention_mask``). The layers before the first member layer then compute the same rows M
-  times: repeating at the first member layer instead measured 1.00–1.02× the step time on the
-  CIFAR ResNet-18, whose stem is 0.3% of its multiply-adds, so there is one path.
-* ``split`` (training only): member m sees its own contiguous slice of the batch, rows
-  [m·B/M, (m+1)·B/M); the output is (M, B/M, K), so training costs what one model costs.
-
-An ensemble is built by :func:`snens.method.convert.convert`, trained on
-:mod:`snens.method.loss`, and exported by :mod:`snens.method.export`.
+* ``repeat`` (training default, always in evaluation): every tensor argument whose leading
+  size is B is repeated to (M·B, …), so every member sees the whole batch.
+* ``split`` (training only): member m sees rows [m·B/M, (m+1)·B/M); the output is (M, B/M, K).
 """
 
 from __future__ import annotations
@@ -53,57 +40,30 @@ InputPolicy = Literal["repeat", "split"]
 
 
 def fold_members(x: Tensor, num_members: int) -> Tensor:
-    """Repeat a batch once per member, member-major: rows [m·B, (m+1)·B) of the result are x.
-
-        fold_members(x, M)[m·B + b] = x[b]
-
-    Always a new tensor (also at M = 1), as ``Tensor.repeat`` is.
-
-    Args:
-        x: a batch with at least one dimension.
-        num_members: M.
+    """Repeat a batch once per member, member-major: ``fold_members(x, M)[m·B + b] = x[b]``.
 
     Returns:
-        A new tensor of ``x``'s dtype and device, ``x`` repeated M times along dimension 0.
-
-    Shape:
-        x: (B, …). Output: (M·B, …).
+        A new (M·B, …) tensor (also at M = 1).
 
     Raises:
-        TypeError, ValueError: if ``num_members`` is not an int in
-            [1, :data:`~snens.nn.norms.MAX_MEMBERS`].
+        TypeError, ValueError: if ``num_members`` is not an int in [1, MAX_MEMBERS].
     """
     check_num_members(num_members)
-    # repeat, not expand + reshape: one copy either way (measured 33 vs 16 µs for an
-    # (8, 3, 32, 32) batch, 161 vs 358 µs at B=128). Folding an activation inside the model
-    # the reshaped way fails torch.export with a dynamic batch (strides such as Min(512, 512·B)
-    # guard B); folding the ensemble's inputs exports either way
+    # repeat, not expand + reshape: the reshaped way fails torch.export with a dynamic batch
     return x.repeat(num_members, *(1,) * (x.dim() - 1))  # (M·B, …)
 
 
 def unfold_members(x: Tensor, num_members: int, *, batch_size: int | None = None) -> Tensor:
-    """Split member-major rows into a member dimension: the inverse of :func:`fold_members`.
+    """(M·B, …) member-major rows as (M, B, …), the inverse of :func:`fold_members`.
 
-        unfold_members(x, M)[m, b] = x[m·B + b]
-
-    Args:
-        x: member-major rows, member m's at [m·B, (m+1)·B).
-        num_members: M.
-        batch_size: B, when the caller knows it: the row count must then be exactly M·B (a
-            model whose output skipped the members, with B a multiple of M, is caught here).
+    ``batch_size``, when known, makes the row count required to be exactly M·B.
 
     Returns:
-        ``x`` reshaped to one block of rows per member: a view of ``x`` where its strides
-        allow one (a copy under ``torch.export``).
-
-    Shape:
-        x: (M·B, …). Output: (M, B, …).
+        ``x`` reshaped, a view where its strides allow one (a copy under ``torch.export``).
 
     Raises:
-        RuntimeError: if ``x`` has no rows dimension, or its leading size is not M·B (not a
-            multiple of M, when ``batch_size`` is not given); the message names the shapes.
-        TypeError, ValueError: if ``num_members`` is not an int in
-            [1, :data:`~snens.nn.norms.MAX_MEMBERS`].
+        RuntimeError: if ``x``'s leading size is not M·B (or not a multiple of M).
+        TypeError, ValueError: if ``num_members`` is not an int in [1, MAX_MEMBERS].
     """
     M = check_num_members(num_members)
     rows = x.shape[0] if x.dim() else None
@@ -141,8 +101,7 @@ def _default_output(out: Any) -> Tensor:
 
 
 def input_batch_size(args: tuple, kwargs: dict) -> int:
-    """B of an ensemble's inputs: the leading size of the first tensor with a dimension (the
-    rule the ensemble, its export and the deep ensemble share)."""
+    """B of an ensemble's inputs: the leading size of the first tensor with a dimension."""
     for value in (*args, *kwargs.values()):
         if isinstance(value, Tensor) and value.dim() > 0:
             return value.shape[0]
@@ -150,14 +109,12 @@ def input_batch_size(args: tuple, kwargs: dict) -> int:
 
 
 def is_per_example(value: Any, batch_size: int) -> bool:
-    """Whether an input argument is per example (a tensor of leading size ``batch_size``),
-    so that it is split or folded with the batch."""
+    """Whether an input argument is a tensor of leading size ``batch_size``."""
     return isinstance(value, Tensor) and value.dim() > 0 and value.shape[0] == batch_size
 
 
 def _fold_inputs(args: tuple, kwargs: dict, num_members: int, batch_size: int) -> tuple:
-    """Every per-example tensor (leading size B) folded to (M·B, …); other arguments as given,
-    and at M = 1 nothing is copied."""
+    """Every per-example tensor folded to (M·B, …); at M = 1 nothing is copied."""
     if num_members == 1:
         return args, kwargs
 
@@ -168,7 +125,6 @@ def _fold_inputs(args: tuple, kwargs: dict, num_members: int, batch_size: int) -
 
 
 def _unfold_logits(logits: Tensor, num_members: int, batch_size: int) -> Tensor:
-    """A model's (M·B, K) logits as (M, B, K); a model that returns no class dimension fails."""
     if logits.dim() < 2:
         raise RuntimeError(
             f"the model returned logits of shape {tuple(logits.shape)}, expected "
@@ -186,31 +142,19 @@ def forward_repeated(
     *,
     output: Callable[[Any], Tensor] | None = None,
 ) -> Tensor:
-    """Run ``model`` once on its inputs folded M times, and unfold the logits per member.
+    """Run ``model`` once on its inputs folded M times (``input_policy="repeat"``).
 
-    Every tensor argument whose leading dimension is B (the first such tensor's) is folded
-    to (M·B, …) with :func:`fold_members`; others pass as they are. This is what
-    :class:`Ensemble` does with ``input_policy="repeat"``, for wrappers whose members differ
-    inside the model (:class:`~snens.baselines.BatchEnsemble`,
-    :class:`~snens.baselines.MCDropout`).
-
-    Args:
-        model: a model taking member-major (M·B, …) inputs.
-        num_members: M.
-        args, kwargs: the inputs, as ``model(*args, **kwargs)`` would take them unfolded.
-        output: callable picking the logits from the model's output; by default a tensor, a
-            Hugging Face output's ``.logits``, or the first element of a tuple.
+    Every tensor argument whose leading size is B is folded to (M·B, …); others pass as they
+    are. ``output`` picks the logits from the model's output (default: a tensor, ``.logits``,
+    or the first element of a tuple).
 
     Returns:
-        The logits of every member, as a tensor.
-
-    Shape:
-        Inputs: (B, …). Output: (M, B, K).
+        The (M, B, K) logits of every member.
 
     Raises:
-        TypeError: if the inputs hold no tensor with a batch dimension, or no logits are found
-            in the model's output; or ``num_members`` is not an int.
-        ValueError: if ``num_members`` is outside [1, :data:`~snens.nn.norms.MAX_MEMBERS`].
+        TypeError: if the inputs hold no batch tensor, no logits are found, or ``num_members``
+            is not an int.
+        ValueError: if ``num_members`` is outside [1, MAX_MEMBERS].
         RuntimeError: if the logits are not (M·B, K).
     """
     B = input_batch_size(args, kwargs)
@@ -223,29 +167,18 @@ def forward_repeated(
 class Ensemble(nn.Module):
     """A σN-Ens ensemble: a model holding member layers, run so that it returns (M, B, K).
 
-    Build one with :func:`snens.convert`, or wrap a model constructed with
-    ``snens.nn.member_norm(M)`` as its ``norm_layer``.
-
     Args:
         model: a model whose norms (and usually head) are member layers with ``num_members``.
-        num_members: M.
         input_policy: ``"repeat"`` or ``"split"`` (training only; evaluation always repeats).
-        output: callable picking the logits from the model's output; by default a tensor, a
-            Hugging Face output's ``.logits``, or the first element of a tuple.
+        output: callable picking the logits from the model's output (as
+            :func:`forward_repeated`'s).
         report: the :class:`~snens.nn.surgery.ConversionReport`, when built by ``convert``.
-        config: the :class:`~snens.method.config.SnensConfig` it was built with (τ, λ, γ's
-            learning-rate multiplier, …), read back as ``ensemble.snens_config``; by default one of
-            M members and the input policy, the other fields at their defaults. Its M and
-            input policy must be those given.
+        config: the :class:`~snens.method.config.SnensConfig` it was built with (default: one
+            of M members and the input policy); its M and input policy must be those given.
 
     Shape:
-        Input: (B, …) (any positional and keyword arguments; every tensor whose leading
-        dimension is B is a per-example input, repeated to (M·B, …) at the input). Output:
-        (M, B, K) logits, or (M, B/M, K) when training with ``input_policy="split"``.
-        ``inspect.signature(ensemble.forward)`` names the model's inputs (keyword-only,
-        between ``*args`` and ``**kwargs``), as tools that choose a module's inputs by name
-        read it. ``labels=`` is refused: an ensemble computes no loss (see
-        :func:`snens.ensemble_loss`).
+        Input: (B, …). Output: (M, B, K), or (M, B/M, K) training with ``"split"``.
+        ``inspect.signature(ensemble.forward)`` names the model's inputs, keyword-only.
 
     Raises:
         ValueError: if ``model`` holds no member norm, or a member layer has another M.
@@ -283,8 +216,6 @@ class Ensemble(nn.Module):
                     f"{name} has num_members={m.num_members}, the ensemble num_members="
                     f"{num_members}; build every member layer with the same M"
                 )
-        # torch's transformer modules around the member layers, for every way an ensemble is
-        # built (convert, FiLM, member layers at construction); the report names what changed
         adapted = adapt(model)
         self.model = model
         self.input_policy = input_policy
@@ -305,7 +236,6 @@ class Ensemble(nn.Module):
         super().__setstate__(state)
         self.forward = _forward_naming_inputs(self)
 
-    # -- configuration ---------------------------------------------------------------------------
     @property
     def input_policy(self) -> InputPolicy:
         return self._input_policy
@@ -318,9 +248,8 @@ class Ensemble(nn.Module):
 
     @property
     def snens_config(self) -> SnensConfig:
-        """The :class:`~snens.method.config.SnensConfig` of this ensemble: what it was built with,
-        its input policy as it is now; what the saves write beside the weights. (Not
-        ``config``: Hugging Face's Trainer reads and sets ``model.config`` as the model's own.)"""
+        """The :class:`~snens.method.config.SnensConfig` it was built with, with its input policy
+        now. (Not ``config``: Hugging Face's Trainer owns ``model.config``.)"""
         config = self.__dict__.get("_config") or SnensConfig(num_members=self.num_members)
         return dataclasses.replace(config, input_policy=self.input_policy)
 
@@ -338,7 +267,6 @@ class Ensemble(nn.Module):
         self.input_policy = value.input_policy
         self.__dict__["_config"] = value
 
-    # -- forward ---------------------------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Tensor:
         if "labels" in kwargs:
             raise TypeError(
@@ -365,9 +293,7 @@ class Ensemble(nn.Module):
         return forward_repeated(self.model, M, args, kwargs, output=self.output)  # (M, B, K)
 
     def _check_inputs(self, args: tuple, kwargs: dict) -> None:
-        """A floating input on another device, or of a dtype none of the model's parameters
-        has, fails here, named, instead of inside the first layer. (Integer inputs — token ids,
-        CPU lengths for packed sequences — are the model's business.)"""
+        """Refuse a floating input on another device, or of a dtype no parameter has."""
         param = next(self.model.parameters(), None)
         if param is None:
             return
@@ -398,14 +324,9 @@ class Ensemble(nn.Module):
 
 
 def _forward_naming_inputs(ensemble: Ensemble) -> Callable[..., Tensor]:
-    """``ensemble.forward`` bound under the signature ``(*args, <the model's named inputs,
-    keyword-only>, **kwargs)``.
+    """``ensemble.forward`` under the signature ``(*args, <the model's inputs>, **kwargs)``.
 
-    Tools read a module's inputs from ``inspect.signature(module.forward)``: Hugging Face's
-    ``Trainer`` keeps only the batch columns named there, and ``(*args, **kwargs)`` named none,
-    so every column was dropped before the ensemble was called. The calls it accepts are those
-    of ``(*args, **kwargs)``; positional inputs still bind to ``args`` (``torch.export``'s
-    ``dynamic_shapes={"args": …}``), keyword inputs by their names.
+    Hugging Face's ``Trainer`` keeps only the batch columns the signature names.
     """
     P = inspect.Parameter
     try:
@@ -450,18 +371,10 @@ def check_logits(logits: Tensor, *, allow_empty: bool = False) -> None:
 
 
 def predictive_probs(logits: Tensor) -> Tensor:
-    """The ensemble's prediction: the mean of member softmaxes, p = (1/M) Σ_m softmax(z_m).
-
-    Computed in float32 whatever the logits' dtype.
-
-    Args:
-        logits: member logits.
+    """The ensemble's prediction: the mean of member softmaxes of (M, B, K) logits.
 
     Returns:
-        A float32 tensor of class probabilities; each row sums to 1.
-
-    Shape:
-        logits: (M, B, K). Output: (B, K).
+        (B, K) float32 class probabilities.
 
     Raises:
         ValueError: if ``logits`` has fewer than 3 dimensions or no members (M = 0).
@@ -477,18 +390,11 @@ def predictive_probs(logits: Tensor) -> Tensor:
 
 
 def extract_member(ensemble: Ensemble, member: int) -> nn.Module:
-    """Member ``member`` as a plain model of the input model's class.
-
-    Norms become ordinary norms holding that member's statistics, with sigmoid(gamma) folded
-    into their affine; the member head becomes an ordinary ``nn.Linear``. The result's output
-    equals ``ensemble(x)[member]``.
-
-    Args:
-        ensemble: an :class:`Ensemble`; it is not modified.
-        member: the member's index, 0 <= member < M.
+    """Member ``member`` as a plain model of the input model's class: its output equals
+    ``ensemble(x)[member]``.
 
     Returns:
-        A new ``nn.Module``: a deep copy of ``ensemble.model`` whose member layers are plain.
+        A deep copy of ``ensemble.model`` whose member layers are plain.
 
     Raises:
         TypeError: if ``ensemble`` is not an :class:`Ensemble` or ``member`` not an int.

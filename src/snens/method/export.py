@@ -25,25 +25,13 @@ __all__ = ["export", "export_onnx"]
 
 
 def export(ensemble: Ensemble, /, *args: Any, **kwargs: Any) -> torch.export.ExportedProgram:
-    """The whole ensemble as a ``torch.export`` program that takes any batch size.
+    """The whole ensemble (in eval mode) as a ``torch.export`` program that takes any B ≥ 1.
 
-    Every tensor argument whose leading dimension is the example's batch size B (the inputs
-    :class:`Ensemble` repeats) gets one shared dynamic dimension ``batch``; the rest stay as in
-    the example. ``program.module()(…)`` equals ``ensemble(…)`` at every B ≥ 1 and
-    ``torch.onnx.export(program, dynamo=True)`` turns the program into an ONNX model. The
-    graph holds standard ops only: the member norms trace their per-member loop of plain
-    norms, not the fused CPU kernels.
-
-    Args:
-        ensemble: an :class:`Ensemble` in eval mode.
-        args, kwargs: example inputs, as ``ensemble(*args, **kwargs)`` takes them.
+    Every tensor argument of the example's leading size B (B ≥ 2) gets one shared dynamic
+    dimension; the rest stay as in the example.
 
     Returns:
         A ``torch.export.ExportedProgram``.
-
-    Shape:
-        Inputs: (B, …) with B ≥ 2 in the example; the program takes any B ≥ 1. Output:
-        (M, B, K) logits.
 
     Raises:
         TypeError: if ``ensemble`` is not an :class:`Ensemble`, or the inputs hold no tensor
@@ -63,16 +51,14 @@ def export(ensemble: Ensemble, /, *args: Any, **kwargs: Any) -> torch.export.Exp
             f"the example batch has B={B}, and torch.export fixes a dimension of size 0 or 1 to "
             "that size; pass an example with B >= 2 (the program then takes any B >= 1)"
         )
-    # DYNAMIC, not a named Dim: a guard the shape solver cannot prove for every B (the
-    # last-non-pad-token pooling of a *ForSequenceClassification yields B·min(L, L·B) == L·B)
-    # becomes a runtime check instead of an export error; a B it would fix still raises
+    # DYNAMIC, not a named Dim: a guard the shape solver cannot prove for every B becomes a
+    # runtime check instead of an export error
     batch = torch.export.Dim.DYNAMIC
 
     def spec(value: Any) -> dict | None:
         return {0: batch} if is_per_example(value, B) else None
 
-    # keyword inputs only (input_ids=…, pixel_values=…): no "args" entry, the forward then has
-    # no *args parameter for it to match
+    # keyword inputs only: no "args" entry, the forward then has no *args parameter
     dynamic_shapes = {"args": tuple(spec(a) for a in args)} if args else {}
     dynamic_shapes.update({k: spec(v) for k, v in kwargs.items()})
     return torch.export.export(
@@ -91,29 +77,12 @@ def export_onnx(
     input_names: Sequence[str] | None = None,
     **kwargs: Any,
 ) -> Path:
-    """The whole ensemble as an ONNX file that takes any batch size, with named inputs, output
-    and batch dimension.
-
-    :func:`export`, then ``torch.onnx.export(program, dynamo=True)``; the file's inputs are
-    named after the forward's keywords (``input_ids``, ``attention_mask``, …; positional
-    inputs ``input``, ``input_1``, …, or ``input_names``), its output ``logits``, and the
-    shared batch dimension ``batch`` wherever it appears. Needs ``onnx`` and ``onnxscript``
-    (``pip install 'snens[export]'``); ONNX Runtime runs the file. A correct export prints
-    nothing: torch.onnx's progress lines and the exporter's notes that need no action (skipped
-    torchvision ops, nodes constant folding leaves unfolded) are silenced while it runs; every
-    other log record and warning shows.
-
-    Args:
-        ensemble: an :class:`Ensemble` in eval mode.
-        path: the ``.onnx`` file to write.
-        args, kwargs: example inputs, as ``ensemble(*args, **kwargs)`` takes them (B >= 2).
-        input_names: names for the inputs in order, positional then keyword; default as above.
+    """The whole ensemble as an ONNX file that takes any batch size (:func:`export`, then
+    ``torch.onnx.export``); inputs named after the keywords (positional ones ``input``,
+    ``input_1``, …, or ``input_names``), the output ``logits``, the batch dimension ``batch``.
 
     Returns:
         ``path``, as a :class:`~pathlib.Path`.
-
-    Shape:
-        Inputs: (batch, …). Output ``logits``: (M, batch, K).
 
     Raises:
         TypeError, ValueError: as :func:`export`; ``input_names`` of another length than the
@@ -154,9 +123,7 @@ def export_onnx(
     return files.write_bytes(path, model.SerializeToString(), mode=files.plain_mode(path))
 
 
-#: (logger, how its message starts): what torch.onnx and onnxscript log during a correct export,
-#: nothing the user can act on: the exporter's table skipping torchvision's ops when torchvision
-#: is not installed, and constant folding leaving a node it cannot evaluate unfolded.
+#: (logger, how its message starts): what a correct export logs that needs no action.
 _CHATTER = (
     ("torch.onnx._internal.exporter._registration", "torchvision is not installed"),
     ("onnxscript.optimizer._constant_folding", "Evaluation failed"),
@@ -167,10 +134,11 @@ _TORCH_DEPRECATION = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
 
 @contextlib.contextmanager
 def _without_exporter_chatter() -> Iterator[None]:
-    """During ``torch.onnx.export`` only: drop the log records of :data:`_CHATTER` and torch's
-    own FutureWarning about ``LeafSpec``; every other record and warning shows, errors raise,
-    and the loggers' filters and the warning filters are restored after."""
-    dropped = [(logging.getLogger(name), _starts_otherwise(start)) for name, start in _CHATTER]
+    """Drop the log records of :data:`_CHATTER` and torch's ``LeafSpec`` FutureWarning."""
+    dropped = [
+        (logging.getLogger(name), lambda record, start=start: not str(record.msg).startswith(start))
+        for name, start in _CHATTER
+    ]
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_TORCH_DEPRECATION, category=FutureWarning)
         for logger, keep in dropped:
@@ -182,22 +150,9 @@ def _without_exporter_chatter() -> Iterator[None]:
                 logger.removeFilter(keep)
 
 
-def _starts_otherwise(start: str):
-    """A logging filter keeping the records whose message does not start with ``start``."""
-
-    def keep(record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(start)
-
-    return keep
-
-
 class _NamedKeywords(nn.Module):
-    """``ensemble(*args, **kwargs)`` under the signature ``(*args, <one keyword per name>)``.
-
-    torch.export matches ``dynamic_shapes`` to the forward's parameters, and for a ``**kwargs``
-    parameter (torch 2.13) counts each keyword input twice, under "kwargs" and by its name, and
-    fails; keyword-only parameters named as in the example are counted once.
-    """
+    """``ensemble(*args, **kwargs)`` under the signature ``(*args, <one keyword per name>)``:
+    torch.export counts a ``**kwargs`` input twice against ``dynamic_shapes``."""
 
     def __init__(self, ensemble: Ensemble, names: Sequence[str], positional: bool = True) -> None:
         super().__init__()

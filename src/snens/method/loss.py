@@ -1,10 +1,4 @@
-"""The task loss of an ensemble: the mean over members of each member's cross-entropy.
-
-:func:`ensemble_loss` checks its inputs and scores every member on its labels (all of them
-with ``repeat``, its own slice with ``split``); :func:`member_cross_entropy` is the same loss
-after the checks, for :func:`snens.method.step.training_loss`, which checks the labels where
-they cost no device sync (:func:`check_labels`).
-"""
+"""The task loss of an ensemble: the mean over members of each member's cross-entropy."""
 
 from __future__ import annotations
 
@@ -20,20 +14,10 @@ __all__ = ["check_labels", "check_loss_inputs", "ensemble_loss", "member_cross_e
 
 
 def check_labels(labels: Any, num_classes: int) -> Tensor:
-    """Class indices, checked: the labels of a batch of ``num_classes``-way logits.
-
-    On a GPU the range check reads the labels back, a device sync: a training step checks
-    them where the loader made them, on the host.
-
-    Args:
-        labels: class indices.
-        num_classes: K.
+    """(B,) class indices of ``num_classes``-way logits, checked (on a GPU, a device sync).
 
     Returns:
         ``labels`` as int64.
-
-    Shape:
-        labels: (B,). Output: (B,).
 
     Raises:
         TypeError: ``labels`` is not a tensor of integers.
@@ -60,24 +44,11 @@ def check_labels(labels: Any, num_classes: int) -> Tensor:
 
 
 def ensemble_loss(logits: Tensor, labels: Tensor, *, label_smoothing: float = 0.0) -> Tensor:
-    """Mean over members of each member's cross-entropy.
-
-        L = (1/M) Σ_m CE(logits[m], labels_m)
-
-    Labels are broadcast here, never repeated by the caller: with (B,) labels and logits
-    (M, B, K) every member is scored on all labels (``repeat``); with logits (M, B/M, K) from
-    ``split`` training, member m is scored on its own slice labels[m·B/M:(m+1)·B/M].
-
-    Args:
-        logits: member logits.
-        labels: class indices.
-        label_smoothing: as in ``torch.nn.functional.cross_entropy``.
+    """(1/M) Σ_m CE(logits[m], labels_m) for (B,) labels: with (M, B, K) logits every member
+    is scored on all labels (``repeat``), with (M, B/M, K) member m on its own slice (``split``).
 
     Returns:
         The loss as a float32 scalar tensor, differentiable with respect to ``logits``.
-
-    Shape:
-        logits: (M, B, K) or (M, B/M, K). labels: (B,). Output: scalar.
 
     Raises:
         ValueError: if the shapes fit neither policy, a label is out of range, the logits are
@@ -97,13 +68,6 @@ def ensemble_loss(logits: Tensor, labels: Tensor, *, label_smoothing: float = 0.
 def check_loss_inputs(logits: Tensor, label_smoothing: float) -> None:
     """What :func:`ensemble_loss` checks besides the labels, none of it on the device.
 
-    Args:
-        logits: member logits.
-        label_smoothing: as in ``torch.nn.functional.cross_entropy``.
-
-    Shape:
-        logits: (M, B, K) or (M, B/M, K).
-
     Raises:
         ValueError: the logits are empty or not 3-D, or ``label_smoothing`` is outside [0, 1].
         TypeError: non-floating logits, or a ``label_smoothing`` that is not a number.
@@ -122,20 +86,10 @@ def check_loss_inputs(logits: Tensor, label_smoothing: float) -> None:
 
 
 def member_cross_entropy(logits: Tensor, labels: Tensor, label_smoothing: float) -> Tensor:
-    """:func:`ensemble_loss` after its checks (:func:`check_loss_inputs`, :func:`check_labels`),
-    for a training step that checked its labels on the host.
-
-    Args:
-        logits: member logits, checked.
-        labels: integer class indices, in range: all B of them (``repeat``) or member m's
-            slice at [m·b, (m+1)·b) (``split``).
-        label_smoothing: in [0, 1].
+    """:func:`ensemble_loss` after its checks, for (M, b, K) logits and (b,) or (M·b,) labels.
 
     Returns:
         The mean member cross-entropy, a float32 scalar tensor.
-
-    Shape:
-        logits: (M, b, K). labels: (b,) or (M·b,). Output: scalar.
 
     Raises:
         ValueError: the labels' length is neither b nor M·b.

@@ -1,9 +1,7 @@
 """Parameter groups by one visible rule: gamma apart, no weight decay on norms and biases.
 
-gamma gets its own group with a larger learning rate and no weight decay:
-with Adam a parameter moves about lr per step, so at lr 3e-3 for a few hundred steps gamma
-barely moves and no allocation forms (measured: 3.3–3.4 effective members of 4 at every τ);
-weight decay pulls sigmoid(gamma) to 0.5 and fights the regularizer.
+gamma gets a larger learning rate (at the base one it barely moves and no allocation forms)
+and no weight decay (which pulls sigmoid(gamma) to 0.5 and fights the regularizer).
 """
 
 from __future__ import annotations
@@ -15,11 +13,8 @@ from snens.nn.registry import is_norm
 
 __all__ = ["GAMMA_LR_MULTIPLIER", "param_groups"]
 
-#: Default learning-rate multiplier of gamma, relative to the base learning rate, chosen on
-#: validation for training from scratch (the results page's table of defaults). A short
-#: fine-tune of a pretrained network wants less, or γ rescales its features before the shared
-#: weights adapt: the presets fashion_mnist_mobilenet_v2 (×3, chosen on validation) and
-#: rotten_tomatoes_minilm (×50 of lr 1e-4, i.e. γ at 0.005).
+#: Default learning-rate multiplier of gamma, chosen on validation for training from scratch;
+#: a short fine-tune of a pretrained network wants less.
 GAMMA_LR_MULTIPLIER = 30.0
 
 
@@ -30,26 +25,16 @@ def param_groups(
     gamma_lr_multiplier: float | None = None,
     affine_weight_decay: float = 0.0,
 ) -> list[dict]:
-    """Optimizer parameter groups for a σN-Ens model (or any model).
+    """Optimizer parameter groups for a σN-Ens model (or any model), each parameter once:
 
-    The rule, applied to every trainable parameter once:
+    * ``gamma`` of a member norm -> "gamma": lr × gamma_lr_multiplier, no weight decay;
+    * where ``affine_weight_decay`` > 0, a member norm's ``weight`` and ``bias`` ->
+      "member_affine": lr, that decay;
+    * other parameters of norm layers, and every bias -> "no_decay";
+    * everything else -> "decay", with ``weight_decay``.
 
-    * ``gamma`` of a member norm -> group "gamma": lr × gamma_lr_multiplier, no weight decay;
-    * where ``affine_weight_decay`` > 0, a member norm's ``weight`` and ``bias`` -> group
-      "member_affine": lr, that decay (at 0 they stay in "no_decay", so the groups, and the
-      optimizer state a checkpoint holds, are those of a model trained without it);
-    * other parameters of norm layers, and every bias -> group "no_decay": lr, no decay;
-    * everything else (conv, linear, attention, embedding, head weights) -> group "decay".
-
-    Args:
-        model: the model whose parameters to group.
-        lr: base learning rate.
-        weight_decay: weight decay of the "decay" group.
-        gamma_lr_multiplier: gamma's learning rate over ``lr``; None (the default): the
-            ensemble's ``snens_config.gamma_lr_multiplier`` (:class:`snens.SnensConfig`), or
-            :data:`GAMMA_LR_MULTIPLIER` for a model that is not an ensemble.
-        affine_weight_decay: weight decay of the member norms' affine ``weight`` and
-            ``bias`` (each member's own scale and shift).
+    ``gamma_lr_multiplier`` None: the ensemble's ``snens_config``'s, or
+    :data:`GAMMA_LR_MULTIPLIER`.
 
     Returns:
         Non-empty groups as dicts for ``torch.optim``, each with a "name" key.

@@ -2,14 +2,8 @@
 
     loss = ensemble_loss(ens(x), y) + diversity_loss(ens, τ, λ)    (second term if λ > 0)
 
-:func:`training_loss` computes it from a batch's logits and returns it with its parts. The
-engine's step (:func:`snens.engine.epoch.run_epoch`), the Hugging Face ``SnensTrainer``
-(:mod:`snens.integrations.huggingface`) and the Lightning ``SnensModule``
-(:mod:`snens.integrations.lightning`) all differentiate it, each with an optimizer over
-:func:`snens.param_groups`. A loss that is NaN or infinite stops them before the update,
-with a :class:`NonFiniteLossError` whose message names the step and
-:func:`nonfinite_cause`, the likely cause; :func:`check_finite` is that stop for the loops
-that check the loss alone (the engine also checks the gradient norm, in the same read).
+:func:`training_loss` computes it; :func:`check_finite` stops a step whose loss is NaN or
+infinite with a :class:`NonFiniteLossError` naming :func:`nonfinite_cause`.
 """
 
 from __future__ import annotations
@@ -28,13 +22,7 @@ from snens.method.regularizer import (
     diversity_loss,
 )
 
-__all__ = [
-    "NonFiniteLossError",
-    "TrainingLoss",
-    "check_finite",
-    "nonfinite_cause",
-    "training_loss",
-]
+__all__ = ["NonFiniteLossError", "TrainingLoss", "check_finite", "nonfinite_cause", "training_loss"]
 
 
 class NonFiniteLossError(ValueError):
@@ -64,39 +52,20 @@ def training_loss(
     host_labels: Tensor | None = None,
     task_value: bool = False,
 ) -> TrainingLoss:
-    """The σN-Ens loss of a batch, ``ensemble_loss + diversity_loss``, and its parts.
-
-        total = ensemble_loss(logits, labels) + diversity_loss(model, τ, λ, layers)
-
-    The second term is left out at λ = 0. The task loss is computed in float32 whatever the
-    logits' dtype.
+    """``ensemble_loss(logits, labels) + diversity_loss(model, τ, λ, layers)`` and its parts
+    (the second term left out at λ = 0).
 
     Args:
-        model: the ensemble whose member norms the diversity loss regularizes (unwrapped from
-            any data-parallel or accelerator wrapper).
-        logits: the ensemble's output on the batch.
-        labels: class indices, on the logits' device.
-        temperature: τ of the diversity loss; None (the default): the ensemble's
-            ``snens_config.temperature`` (:class:`snens.SnensConfig`), or
-            :data:`~snens.method.regularizer.DEFAULT_TEMPERATURE` for another model.
-        weight: λ; 0 trains on the task loss alone; None (the default): the ensemble's
-            ``snens_config.diversity_weight``, or ``DEFAULT_DIVERSITY_WEIGHT``.
-        layers: which member norms to regularize (see :func:`snens.diversity_loss`).
-        label_smoothing: of the task loss, in [0, 1].
-        host_labels: the same labels on the host, as the data loader made them: their range
-            is checked there instead (on a GPU, checking ``labels`` reads them back, a device
-            sync each step).
+        model: the (unwrapped) ensemble whose member norms the diversity loss regularizes.
+        temperature, weight: τ and λ; None: the ensemble's ``snens_config``'s, or the defaults.
+        host_labels: the same labels on the host, where their range is checked instead (no
+            device sync).
         task_value: give ``total`` the task loss's value and the whole loss's gradient,
-            ``task + (div − div.detach())``: a trainer that logs the loss it differentiates
-            then logs the readable task loss (the diversity loss is a sum over features, with
-            a constant −M·log M each).
+            ``task + (div − div.detach())``, for trainers that log the loss they differentiate.
 
     Returns:
-        ``TrainingLoss(total, task, diversity)``, scalar tensors; ``diversity`` is None at
-        λ = 0, and ``total`` is then ``task`` itself.
-
-    Shape:
-        logits: (M, B, K), or (M, B/M, K) from ``split`` training. labels: (B,).
+        ``TrainingLoss(total, task, diversity)``; ``diversity`` is None at λ = 0, and ``total``
+        is then ``task`` itself.
 
     Raises:
         TypeError, ValueError: as :func:`snens.ensemble_loss` for the logits, labels and
@@ -131,38 +100,18 @@ def nonfinite_cause(
 ) -> str:
     """The likely cause of a NaN or infinite loss, for a :class:`NonFiniteLossError`.
 
-    Looked for in this order: NaN or infinite values in the batch's floating inputs; in the
-    parameters (an earlier update diverged); a task loss that is not finite while both are
-    (the logits overflowed); otherwise the diversity loss.
-
-    Args:
-        model: the model trained; its parameters are read.
-        inputs: the batch's inputs: a tensor, or a mapping of keyword inputs.
-        loss: the step's :func:`training_loss`.
-        temperature: τ, named when the diversity loss is the cause.
-        remedy: what to change, in the words of the caller's settings (``"lower optim.lr or
-            set optim.grad_clip"``).
-        precision: the reduced-precision setting that is on, named as a further remedy when
-            the logits overflowed (``"optim.bf16"``); None when there is none.
+    Looked for in the batch's inputs (a tensor or a mapping), the parameters, the task loss
+    (the logits overflowed), else the diversity loss. ``remedy`` is what to change, in the
+    caller's words; ``precision`` a reduced-precision setting to name when the logits overflowed.
 
     Returns:
         The cause and its remedy, a clause for an error message.
     """
     if isinstance(inputs, Mapping):
-        bad = [
-            name
-            for name, value in inputs.items()
-            if isinstance(value, Tensor)
-            and value.is_floating_point()
-            and not torch.isfinite(value).all()
-        ]
+        bad = [name for name, value in inputs.items() if _nonfinite(value)]
         if bad:
             return f"the batch's {', '.join(map(repr, bad))} hold NaN or inf values; check the data"
-    elif (
-        isinstance(inputs, Tensor)
-        and inputs.is_floating_point()
-        and not torch.isfinite(inputs).all()
-    ):
+    elif _nonfinite(inputs):
         return "the input batch holds NaN or inf values; check the data"
     if any(not torch.isfinite(p).all() for p in model.parameters()):
         return f"the parameters hold NaN or inf values: an earlier update diverged; {remedy}"
@@ -173,6 +122,12 @@ def nonfinite_cause(
         )
     diversity = "off" if loss.diversity is None else loss.diversity.item()
     return f"the diversity loss is {diversity} at temperature {temperature}"
+
+
+def _nonfinite(value: Any) -> bool:
+    return (
+        isinstance(value, Tensor) and value.is_floating_point() and not torch.isfinite(value).all()
+    )
 
 
 def check_finite(
@@ -187,18 +142,10 @@ def check_finite(
 ) -> None:
     """Stop a training step whose loss is NaN or infinite, before its backward pass.
 
-    One read of the loss from the device. An optimizer step on a non-finite loss would turn
-    every parameter NaN, and a trainer that leaves NaN steps out of its logged loss would go
-    on training without a word.
-
-    Args:
-        loss: the step's :func:`training_loss`.
-        model, inputs, temperature, remedy, precision: as :func:`nonfinite_cause` reads them.
-        where: the step, for the message (``"step 3 of 100"``).
+    ``where`` names the step (``"step 3 of 100"``); the rest as :func:`nonfinite_cause` reads.
 
     Raises:
-        NonFiniteLossError: the loss is NaN or infinite; the message names ``where``, the
-            task and diversity losses and the likely cause.
+        NonFiniteLossError: the loss is NaN or infinite.
     """
     if bool(torch.isfinite(loss.total)):
         return

@@ -1,22 +1,12 @@
 """Evaluation metrics: accuracy and calibration, selective prediction, OOD detection, and the
 ensemble's uncertainty decomposition into aleatoric and epistemic (modulation) parts.
 
-Conventions shared by every function here:
-
-* ``probs (B, K)`` are predictive probabilities, for an ensemble the mean of member softmaxes
-  (:func:`snens.predictive_probs`); ``labels (B,)`` are integer class indices;
-  ``member_probs (M, B, K)`` are the members' probabilities, ``logits.softmax(-1)`` of an
-  ensemble's ``(M, B, K)`` logits.
-* Torch tensors and NumPy arrays are accepted. Inputs are detached and computed in float64 on
-  their own device (on the CPU for MPS, which has no float64).
-* Scalar metrics return a Python ``float``; per-example metrics a float64 tensor ``(B,)``,
-  per-member metrics float64 tensors ``(M,)``.
-* The prediction is the argmax (the first index on ties), the confidence its probability.
-  Entropies are in nats.
-* OOD metrics take uncertainty scores, higher = more likely out-of-distribution, with OOD as the
-  positive class; :data:`OOD_SCORES` turns member probabilities into such scores,
-  :data:`LOGIT_OOD_SCORES` member logits (M, B, K) (max logit and energy of the members' mean
-  logit, torch-uncertainty's convention).
+Conventions: ``probs (B, K)`` are predictive probabilities (for an ensemble, the mean of the
+member softmaxes), ``labels (B,)`` class indices, ``member_probs (M, B, K)`` the members'
+probabilities. Tensors and NumPy arrays are accepted, detached and computed in float64 (on the
+CPU for MPS). Scalar metrics return a ``float``, per-example ones a float64 tensor ``(B,)``.
+The prediction is the argmax (the first index on ties); entropies are in nats. OOD metrics take
+scores, higher = more likely OOD, with OOD as the positive class.
 """
 
 from snens.metrics.ensemble import (

@@ -10,9 +10,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-# Rows of probabilities must sum to 1 within this: it catches inputs that are not probabilities
-# (logits, unnormalized scores) and passes rounded ones — float32 softmax over 1000 classes is
-# off by ~1e-6, bfloat16 softmax rows (also once cast to float64) by up to ~2e-3.
+# rows must sum to 1 within this: it refuses logits and passes rounded (bfloat16) softmax rows
 _SUM_ATOL = 5e-3
 _MAX_BINS = 10**6  # more bins than any data set has examples; beyond int64 torch overflows
 

@@ -31,22 +31,14 @@ def _entropy(p: Tensor) -> Tensor:
 
 
 def disagreement(member_probs: Any) -> Tensor:
-    """Per example, the fraction of member pairs whose argmax predictions differ.
-
-        d_i = (1 / (M(M−1)/2)) Σ_{m < m'} 1[ŷ_mi ≠ ŷ_m'i],     ŷ_mi = argmax_k p_mik
-
-    computed from the vote counts c_ik as 1 − Σ_k c_ik(c_ik − 1) / (M(M − 1)). With one member
-    there are no pairs and d = 0.
-
-    Args:
-        member_probs: the members' probabilities, (M, B, K).
+    """Per example, the fraction of member pairs whose argmax predictions differ (0 for M = 1).
 
     Returns:
         Float64 values in [0, 1], shape (B,).
 
     Raises:
-        TypeError: if ``member_probs`` is not floating point.
-        ValueError: if it is not 3-D, is empty, or its rows do not sum to 1.
+        TypeError, ValueError: ``member_probs`` not floating, not 3-D, empty, or rows not
+            summing to 1.
     """
     p, _ = _check_probs(member_probs, 3, "member_probs")
     M, B, K = p.shape
@@ -59,84 +51,55 @@ def disagreement(member_probs: Any) -> Tensor:
 
 
 def predictive_entropy(member_probs: Any) -> Tensor:
-    """Total uncertainty: the entropy of the mean prediction, in nats.
-
-        H[p̄] = −Σ_k p̄_k log p̄_k,     p̄ = (1/M) Σ_m p_m
-
-    Args:
-        member_probs: the members' probabilities, (M, B, K).
+    """Total uncertainty: the entropy of the mean prediction H[p̄], in nats.
 
     Returns:
         Float64 values in [0, log K], shape (B,).
 
     Raises:
-        TypeError: if ``member_probs`` is not floating point.
-        ValueError: if it is not 3-D, is empty, or its rows do not sum to 1.
+        TypeError, ValueError: as :func:`disagreement`.
     """
     p, _ = _check_probs(member_probs, 3, "member_probs")
     return _entropy(p.mean(0))
 
 
 def expected_entropy(member_probs: Any) -> Tensor:
-    """Aleatoric uncertainty: the mean of the members' entropies, in nats.
-
-        E_m H[p_m] = (1/M) Σ_m −Σ_k p_mk log p_mk
-
-    Args:
-        member_probs: the members' probabilities, (M, B, K).
+    """Aleatoric uncertainty: the mean of the members' entropies E_m H[p_m], in nats.
 
     Returns:
         Float64 values in [0, log K], shape (B,).
 
     Raises:
-        TypeError: if ``member_probs`` is not floating point.
-        ValueError: if it is not 3-D, is empty, or its rows do not sum to 1.
+        TypeError, ValueError: as :func:`disagreement`.
     """
     p, _ = _check_probs(member_probs, 3, "member_probs")
     return _entropy(p).mean(0)
 
 
 def mutual_information(member_probs: Any) -> Tensor:
-    """Epistemic uncertainty: total minus aleatoric, the members' disagreement in nats.
-
-        I = H[p̄] − E_m H[p_m]
-
-    the mutual information between the prediction and the member index (in σN-Ens, the
-    modulation uncertainty). It is 0 exactly when all members agree, at most log M, and clamped
-    at 0 against rounding.
-
-    Args:
-        member_probs: the members' probabilities, (M, B, K).
+    """Epistemic uncertainty: I = H[p̄] − E_m H[p_m], the members' disagreement in nats
+    (0 exactly when all members agree; clamped at 0 against rounding).
 
     Returns:
         Float64 values in [0, min(log M, log K)], shape (B,).
 
     Raises:
-        TypeError: if ``member_probs`` is not floating point.
-        ValueError: if it is not 3-D, is empty, or its rows do not sum to 1.
+        TypeError, ValueError: as :func:`disagreement`.
     """
     p, _ = _check_probs(member_probs, 3, "member_probs")
     return (_entropy(p.mean(0)) - _entropy(p).mean(0)).clamp_min(0)
 
 
 def member_correlation(member_probs: Any) -> float:
-    """Mean pairwise Pearson correlation of the members' outputs.
-
-        ρ = (1 / (M(M−1)/2)) Σ_{m < m'} corr(vec p_m, vec p_m')
-
-    where vec p_m is member m's probabilities flattened over examples and classes (B·K values).
-    1 means the members predict alike; lower means more diverse members.
-
-    Args:
-        member_probs: the members' probabilities, (M, B, K), M >= 2.
+    """Mean pairwise Pearson correlation of the members' probabilities, each flattened over
+    examples and classes; 1 means the members predict alike.
 
     Returns:
         A float in [−1, 1].
 
     Raises:
-        TypeError: if ``member_probs`` is not floating point.
-        ValueError: if it is not 3-D, is empty, its rows do not sum to 1, M < 2, or a member's
-            output is constant (its correlation is undefined).
+        TypeError, ValueError: as :func:`disagreement`; M < 2, or a member's output is
+            constant (its correlation is undefined).
     """
     p, _ = _check_probs(member_probs, 3, "member_probs")
     M = p.shape[0]
@@ -160,23 +123,14 @@ def member_correlation(member_probs: Any) -> float:
 
 
 def per_member(member_probs: Any, labels: Any) -> dict[str, Tensor]:
-    """Accuracy and NLL of each member on its own.
-
-        acc_m = (1/B) Σ_i 1[argmax_k p_mik = y_i],     nll_m = −(1/B) Σ_i log p_{m,i,y_i}
-
-    with p clamped at ``torch.finfo(dtype).tiny`` of the input dtype, as in :func:`nll`.
-
-    Args:
-        member_probs: the members' probabilities, (M, B, K).
-        labels: class indices, (B,).
+    """Accuracy and NLL of each member on its own (p clamped as in :func:`nll`).
 
     Returns:
         ``{"accuracy": acc, "nll": nll}``, float64 tensors, shape (M,) each.
 
     Raises:
-        TypeError: if ``member_probs`` is not floating point or ``labels`` not integer.
-        ValueError: if the shapes do not match, ``member_probs`` is empty or its rows do not
-            sum to 1, or a label is out of range.
+        TypeError, ValueError: as :func:`disagreement`; labels not integer, of another B or out
+            of range.
     """
     p, dtype = _check_probs(member_probs, 3, "member_probs")
     y = _check_labels(labels, p)
@@ -198,18 +152,10 @@ OOD_SCORES: dict[str, Callable[[Any], Tensor]] = {
     "mutual_information": mutual_information,
 }
 """OOD scores from member probabilities (M, B, K) to per-example scores (B,), higher = more
-likely OOD: ``"msp"`` 1 − max of the mean probability (the default in the field),
-``"entropy"`` the predictive entropy, ``"mutual_information"`` the epistemic part. The scores
-that need logits are :data:`LOGIT_OOD_SCORES`."""
-
-
-# ------------------------------------------------------------------------------------------------
-# OOD scores from logits
-# ------------------------------------------------------------------------------------------------
+likely OOD: ``"msp"`` 1 − max of the mean probability, ``"entropy"``, ``"mutual_information"``."""
 
 
 def _check_member_logits(member_logits: Any) -> Tensor:
-    """``member_logits`` as float64 (M, B, K), finite."""
     z = _as_tensor(member_logits, "member_logits")
     if not z.is_floating_point():
         raise TypeError(f"member_logits must be floating-point logits (M, B, K), got {z.dtype}")
@@ -231,23 +177,14 @@ def _check_member_logits(member_logits: Any) -> Tensor:
 
 
 def max_logit_score(member_logits: Any) -> Tensor:
-    """OOD score of the maximum logit (Hendrycks et al., 2022) of the members' mean logit.
-
-        s(x) = −max_k z̄_k,     z̄ = (1/M) Σ_m z_m
-
-    higher = more likely OOD. The members' logits are averaged first, as torch-uncertainty's
-    ``MaxLogitCriterion`` does; for M = 1 it is the plain max logit. Not invariant to a shift of
-    the logits: compare it only between outputs of one model.
-
-    Args:
-        member_logits: the members' logits, (M, B, K).
+    """OOD score −max_k z̄_k of the members' mean logit z̄ (Hendrycks et al., 2022; as
+    torch-uncertainty's ``MaxLogitCriterion``); not invariant to a shift of the logits.
 
     Returns:
         Float64 scores, shape (B,).
 
     Raises:
-        TypeError: if ``member_logits`` is not floating point.
-        ValueError: if it is not 3-D, is empty, or holds NaN or inf.
+        TypeError, ValueError: ``member_logits`` not floating, not 3-D, empty, or not finite.
 
     >>> max_logit_score(torch.tensor([[[2.0, 0.0]], [[0.0, 1.0]]]))
     tensor([-1.], dtype=torch.float64)
@@ -256,23 +193,14 @@ def max_logit_score(member_logits: Any) -> Tensor:
 
 
 def energy_score(member_logits: Any) -> Tensor:
-    """OOD score of the free energy (Liu et al., 2020) of the members' mean logit, at T = 1.
-
-        s(x) = E(x) = −log Σ_k exp(z̄_k),     z̄ = (1/M) Σ_m z_m
-
-    higher = more likely OOD. The convention is torch-uncertainty's ``EnergyCriterion``
-    (``−logsumexp`` of the members' mean logit), so the numbers compare across libraries; for
-    M = 1 it is the plain energy.
-
-    Args:
-        member_logits: the members' logits, (M, B, K).
+    """OOD score of the free energy −log Σ_k exp(z̄_k) of the members' mean logit z̄, at T = 1
+    (Liu et al., 2020; as torch-uncertainty's ``EnergyCriterion``).
 
     Returns:
         Float64 scores, shape (B,).
 
     Raises:
-        TypeError: if ``member_logits`` is not floating point.
-        ValueError: if it is not 3-D, is empty, or holds NaN or inf.
+        TypeError, ValueError: as :func:`max_logit_score`.
 
     >>> energy_score(torch.zeros(1, 1, 4))  # −log 4
     tensor([-1.3863], dtype=torch.float64)
@@ -284,6 +212,5 @@ LOGIT_OOD_SCORES: dict[str, Callable[[Any], Tensor]] = {
     "max_logit": max_logit_score,
     "energy": energy_score,
 }
-"""OOD scores from member logits (M, B, K) to per-example scores (B,), higher = more likely OOD,
-of the members' mean logit z̄: ``"max_logit"`` −max_k z̄_k, ``"energy"`` −log Σ_k exp z̄_k.
-Logits, not probabilities: softmax removes the scale these scores read."""
+"""OOD scores from member logits (M, B, K) to per-example scores (B,), higher = more likely OOD:
+``"max_logit"`` −max_k z̄_k, ``"energy"`` −log Σ_k exp z̄_k of the members' mean logit z̄."""

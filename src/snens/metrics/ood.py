@@ -25,25 +25,16 @@ def _curve_at_thresholds(scores: Tensor, is_ood: Tensor) -> tuple[Tensor, Tensor
 
 
 def auroc(in_scores: Any, out_scores: Any) -> float:
-    """Area under the ROC curve for telling OOD (positive) from in-distribution examples.
-
-        AUROC = P(s_out > s_in) + ½·P(s_out = s_in)
-
-    the Mann–Whitney statistic over all (in, out) pairs, computed from average ranks:
-    (Σ rank(out) − n_out(n_out + 1)/2) / (n_in·n_out). Equal to scikit-learn's
-    ``roc_auc_score`` with OOD labelled 1, ties included.
-
-    Args:
-        in_scores: uncertainty scores (N_in,) of in-distribution examples, higher = more likely
-            OOD.
-        out_scores: the same scores of OOD examples, (N_out,).
+    """Area under the ROC curve for telling OOD (positive) from in-distribution examples, from
+    scores (N_in,) and (N_out,), higher = more likely OOD: P(s_out > s_in) + ½·P(s_out = s_in),
+    equal to scikit-learn's ``roc_auc_score`` with OOD labelled 1.
 
     Returns:
-        A float in [0, 1]; 0.5 is chance, 1 a perfect separation.
+        A float in [0, 1]; 0.5 is chance.
 
     Raises:
-        TypeError: if a score tensor is complex or neither a tensor nor an array.
-        ValueError: if either is empty, not 1-D, or holds NaN or inf.
+        TypeError: a score tensor complex or neither a tensor nor an array.
+        ValueError: either empty, not 1-D, or holding NaN or inf.
     """
     scores, is_ood = _check_ood(in_scores, out_scores)
     sorted_scores, order = scores.sort(stable=True)
@@ -59,25 +50,14 @@ def auroc(in_scores: Any, out_scores: Any) -> float:
 
 
 def aupr(in_scores: Any, out_scores: Any) -> float:
-    """Area under the precision–recall curve with OOD as the positive class (AUPR-Out).
-
-        AP = Σ_n (R_n − R_{n−1}) · P_n
-
-    over the distinct score thresholds t_n from the highest down, flagging score >= t_n as OOD,
-    with R_0 = 0. This is scikit-learn's ``average_precision_score`` with OOD labelled 1, ties
-    included (no interpolation).
-
-    Args:
-        in_scores: uncertainty scores (N_in,) of in-distribution examples, higher = more likely
-            OOD.
-        out_scores: the same scores of OOD examples, (N_out,).
+    """Area under the precision–recall curve with OOD as the positive class (AUPR-Out):
+    scikit-learn's ``average_precision_score`` with OOD labelled 1 (no interpolation).
 
     Returns:
         A float in (0, 1]; chance is the OOD fraction n_out / (n_in + n_out).
 
     Raises:
-        TypeError: if a score tensor is complex or neither a tensor nor an array.
-        ValueError: if either is empty, not 1-D, or holds NaN or inf.
+        TypeError, ValueError: as :func:`auroc`.
     """
     scores, is_ood = _check_ood(in_scores, out_scores)
     tp, fp = _curve_at_thresholds(scores, is_ood)
@@ -88,25 +68,14 @@ def aupr(in_scores: Any, out_scores: Any) -> float:
 
 
 def fpr_at_95_tpr(in_scores: Any, out_scores: Any) -> float:
-    """False-positive rate on in-distribution data when 95% of OOD examples are flagged.
-
-        FPR@95 = FP(t*) / n_in,     t* = the highest threshold t with TP(t) / n_out >= 0.95
-
-    flagging score >= t as OOD, over the distinct scores as thresholds (the points of
-    scikit-learn's ``roc_curve(..., drop_intermediate=False)``): the fraction of
-    in-distribution examples wrongly flagged at the first operating point reaching 95% TPR.
-
-    Args:
-        in_scores: uncertainty scores (N_in,) of in-distribution examples, higher = more likely
-            OOD.
-        out_scores: the same scores of OOD examples, (N_out,).
+    """False-positive rate on in-distribution data at the highest threshold flagging 95% of OOD
+    examples (the points of scikit-learn's ``roc_curve(..., drop_intermediate=False)``).
 
     Returns:
         A float in [0, 1]; lower is better.
 
     Raises:
-        TypeError: if a score tensor is complex or neither a tensor nor an array.
-        ValueError: if either is empty, not 1-D, or holds NaN or inf.
+        TypeError, ValueError: as :func:`auroc`.
     """
     scores, is_ood = _check_ood(in_scores, out_scores)
     tp, fp = _curve_at_thresholds(scores, is_ood)

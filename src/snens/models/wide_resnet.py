@@ -1,9 +1,4 @@
-"""Wide ResNet (Zagoruyko & Komodakis, 2016) for CIFAR, with pre-activation blocks.
-
-WRN-d-k has (d − 4) / 6 blocks in each of three stages of widths 16k, 32k, 64k. WRN-28-10,
-the backbone of the uncertainty-baselines tables, has 36,479,194 parameters at 10 classes and
-25 norms.
-"""
+"""Wide ResNet (Zagoruyko & Komodakis, 2016) for CIFAR, with pre-activation blocks."""
 
 from __future__ import annotations
 
@@ -18,20 +13,8 @@ NormLayer = Callable[[int], nn.Module]
 
 
 class WideBasicBlock(nn.Module):
-    """Pre-activation block: norm-ReLU-conv3×3, norm-ReLU-dropout-conv3×3, plus a shortcut.
-
-    Where the shape changes the shortcut is a 1×1 convolution of the pre-activated input.
-
-    Args:
-        in_channels: C_in.
-        out_channels: C_out.
-        stride: stride of the first convolution.
-        dropout: dropout probability between the two convolutions.
-        norm_layer: norm factory, called as ``norm_layer(num_channels)``.
-
-    Shape:
-        - Input: (B, C_in, H, W).
-        - Output: (B, C_out, H / stride, W / stride).
+    """Pre-activation block: norm-ReLU-conv3×3, norm-ReLU-dropout-conv3×3, plus a shortcut (a 1×1
+    convolution of the pre-activated input where the shape changes).
     """
 
     def __init__(
@@ -65,22 +48,10 @@ class WideBasicBlock(nn.Module):
 
 
 class WideResNet(nn.Module):
-    """WRN-depth-widen_factor: 3×3 stem, three stages of pre-activation blocks, norm-ReLU, head.
-
-    Args:
-        depth: total depth d; (d − 4) must be divisible by 6.
-        widen_factor: k; stage widths are 16k, 32k, 64k.
-        num_classes: K, outputs of the head ``fc``.
-        dropout: dropout probability inside every block (0.3 in the paper's best CIFAR runs).
-        in_channels: C of the input image.
-        norm_layer: norm factory, called as ``norm_layer(num_channels)``.
-
-    Shape:
-        - Input: (B, C, H, W), e.g. (B, 3, 32, 32); the stages downsample by 4 in all.
-        - Output: (B, K).
+    """WRN-d-k: 3×3 stem, three stages of (d − 4) / 6 blocks of widths 16k, 32k, 64k, head ``fc``.
 
     Raises:
-        ValueError: if ``depth`` is not of the form 6n + 4.
+        ValueError: ``depth`` is not of the form 6n + 4.
     """
 
     def __init__(
@@ -136,13 +107,7 @@ def wrn28_10(
 ) -> WideResNet:
     """WRN-28-10: 36,479,194 parameters at 10 classes, 25 norms.
 
-    Args:
-        num_classes: K.
-        dropout: dropout probability inside every block.
-        in_channels: C of the input image.
-        norm_layer: norm factory, called as ``norm_layer(num_channels)``.
-
     Returns:
-        A new :class:`WideResNet` of depth 28 and widen factor 10, randomly initialized.
+        A new :class:`WideResNet`.
     """
     return WideResNet(28, 10, num_classes, dropout, in_channels, norm_layer)

@@ -1,9 +1,5 @@
-"""Member batch norms: per-member batch statistics and running statistics, one output.
-
-Member m normalizes its own rows [m·B, (m+1)·B) of the member-major (M·B, C, *) input with
-statistics over those rows, keeps its own running mean and variance (rows of (M, C) buffers),
-and applies its folded affine sigmoid(gamma_m)·weight_m, sigmoid(gamma_m)·bias_m
-(``_MemberBatchNorm._normalize`` lists the paths that compute it).
+"""Member batch norms: member m normalizes its own rows with their statistics, keeps its own
+running mean and variance (rows of (M, C) buffers) and applies its folded affine.
 """
 
 from __future__ import annotations
@@ -24,48 +20,24 @@ __all__ = ["MemberBatchNorm1d", "MemberBatchNorm2d", "MemberBatchNorm3d"]
 
 
 def _dense(x: Tensor) -> Tensor:
-    """x itself if its memory is dense (contiguous or channels-last), else a contiguous copy."""
     return x.contiguous(memory_format=_memory_format(x))
 
 
 def _member_batch_norm(x, scale, shift, running_mean, running_var, training, momentum, eps, M):
-    """``native_batch_norm.out`` once per member into that member's slice of one output.
-
-    Returns the output and the members' saved mean and invstd as two (M, C) tensors.
-    """
+    """``native_batch_norm.out`` once per member: the output and the saved (M, C) mean and
+    invstd."""
     out = torch.empty_like(x)
     # on CPU these hold the parameters' dtype (float32 for a bf16 input, float32 parameters)
     save_mean, save_invstd = scale.new_empty((2, *scale.shape)).unbind(0)
-    members = zip(
-        _members_of(x, M),
-        _members_of(out, M),
-        scale.unbind(0),
-        shift.unbind(0),
-        _rows(running_mean, M),
-        _rows(running_var, M),
-        save_mean.unbind(0),
-        save_invstd.unbind(0),
-        strict=True,
-    )
-    for x_m, out_m, scale_m, shift_m, mean_m, var_m, save_mean_m, save_invstd_m in members:
-        # torch.native_batch_norm(out=...): the same kernel as aten's .out at half the Python cost
-        torch.native_batch_norm(
-            x_m,
-            scale_m,
-            shift_m,
-            mean_m,
-            var_m,
-            training,
-            momentum,
-            eps,
-            out=(out_m, save_mean_m, save_invstd_m),
-        )
+    rows = [_rows(t, M) for t in (scale, shift, running_mean, running_var)]
+    saved = [_rows(t, M) for t in (save_mean, save_invstd)]
+    for *args, out_m in zip(_blocks(x, M), *rows, zip(_blocks(out, M), *saved), strict=True):
+        torch.native_batch_norm(*args, training, momentum, eps, out=out_m)
     return out, (save_mean, save_invstd)
 
 
-def _members_of(x: Tensor, M: int) -> Sequence[Tensor]:
-    """The M members' row blocks of a member-major (M·B, …) tensor, as views."""
-    return x.unflatten(0, (M, -1)).unbind(0)
+def _blocks(x: Tensor | None, M: int) -> Sequence[Tensor | None]:
+    return (None,) * M if x is None else x.unflatten(0, (M, -1)).unbind(0)
 
 
 def _rows(stats: Tensor | None, M: int) -> Sequence[Tensor | None]:
@@ -76,8 +48,7 @@ _BATCH_NORM_BACKWARD = torch.ops.aten.native_batch_norm_backward
 
 
 class _MemberBatchNormFunction(torch.autograd.Function):
-    """Batch norm of each member's rows, written straight into one output (no concatenation);
-    backward copies each member's input gradient into one preallocated gradient."""
+    """:func:`_member_batch_norm` with a backward writing into one preallocated gradient."""
 
     @staticmethod
     def forward(ctx, x, scale, shift, running_mean, running_var, training, momentum, eps, M):
@@ -99,30 +70,10 @@ class _MemberBatchNormFunction(torch.autograd.Function):
         grad_out = grad_out.contiguous(memory_format=_memory_format(x))
         grad_x = torch.empty_like(x) if mask[0] else None
         grad_scale, grad_shift = [], []
-        members = zip(
-            _members_of(grad_out, M),
-            _members_of(x, M),
-            scale.unbind(0),
-            _rows(running_mean, M),
-            _rows(running_var, M),
-            save_mean.unbind(0),
-            save_invstd.unbind(0),
-            (None,) * M if grad_x is None else _members_of(grad_x, M),
-            strict=True,
-        )
-        for grad_m, x_m, scale_m, mean_m, var_m, save_mean_m, save_invstd_m, grad_x_m in members:
-            gx, gw, gb = _BATCH_NORM_BACKWARD(
-                grad_m,
-                x_m,
-                scale_m,
-                mean_m,
-                var_m,
-                save_mean_m,
-                save_invstd_m,
-                ctx.training,
-                ctx.eps,
-                mask,
-            )
+        rows = [_rows(t, M) for t in (scale, running_mean, running_var, save_mean, save_invstd)]
+        members = zip(_blocks(grad_out, M), _blocks(x, M), *rows, _blocks(grad_x, M), strict=True)
+        for *args, grad_x_m in members:
+            gx, gw, gb = _BATCH_NORM_BACKWARD(*args, ctx.training, ctx.eps, mask)
             if grad_x_m is not None:
                 grad_x_m.copy_(gx)
             grad_scale.append(gw)
@@ -144,8 +95,6 @@ def _memory_format(x: Tensor) -> torch.memory_format:
 
 
 class _MemberBatchNorm(MemberNorm):
-    """Batch norm with per-member batch statistics and per-member running mean/var."""
-
     _input_dims: tuple[int, ...]
 
     def __init__(
@@ -161,30 +110,18 @@ class _MemberBatchNorm(MemberNorm):
         device=None,
         dtype=None,
     ) -> None:
-        super().__init__(
-            (num_features,),
-            num_members,
-            gamma_mean=gamma_mean,
-            gamma_std=gamma_std,
-            device=device,
-            dtype=dtype,
-        )
+        options = dict(gamma_mean=gamma_mean, gamma_std=gamma_std, device=device, dtype=dtype)
+        super().__init__((num_features,), num_members, **options)
         self.num_features = num_features
         self.eps = eps
         self.momentum = momentum
         self.track_running_stats = track_running_stats
-        factory = {"device": device, "dtype": dtype}
-        if track_running_stats:
-            M = self.num_members
-            self.register_buffer("running_mean", torch.zeros(M, num_features, **factory))
-            self.register_buffer("running_var", torch.ones(M, num_features, **factory))
-            self.register_buffer(
-                "num_batches_tracked", torch.tensor(0, dtype=torch.long, device=device)
-            )
-        else:
-            self.register_buffer("running_mean", None)
-            self.register_buffer("running_var", None)
-            self.register_buffer("num_batches_tracked", None)
+        factory, on = {"device": device, "dtype": dtype}, track_running_stats
+        shape = (self.num_members, num_features)
+        self.register_buffer("running_mean", torch.zeros(shape, **factory) if on else None)
+        self.register_buffer("running_var", torch.ones(shape, **factory) if on else None)
+        count = torch.tensor(0, dtype=torch.long, device=device) if on else None
+        self.register_buffer("num_batches_tracked", count)
         self.reset_parameters()
 
     def reset_running_stats(self) -> None:
@@ -210,7 +147,6 @@ class _MemberBatchNorm(MemberNorm):
             )
 
     def _momentum(self) -> float:
-        """The running statistics' update factor, as torch.nn.BatchNorm's (None: cumulative)."""
         if not (self.training and self.track_running_stats):
             return 0.0
         if self.momentum is None:
@@ -218,23 +154,12 @@ class _MemberBatchNorm(MemberNorm):
         return self.momentum
 
     def _normalize(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
-        """Batch norm of each member's rows: counts the batch, then the first path that applies.
-
-        1. fused (:func:`snens.nn.fused.member_batch_norm`): M > 1, CPU, contiguous, float32/64,
-           non-empty, kernels built, neither traced nor inside a ``torch.func`` transform.
-        2. native out= (:func:`_member_batch_norm`, inside :class:`_MemberBatchNormFunction`
-           where a gradient is wanted): the other CPU inputs with M > 1, non-empty, not traced.
-        3. vectorized (:meth:`_vectorized`): M > 1, non-empty, off the CPU (traced or not).
-        4. reference: everything else (M = 1, empty inputs, traced or transformed on the CPU).
-
-        :func:`snens.nn.norms.force_path` sends non-empty inputs with M > 1 down path 3 or 4.
-        """
+        """Counts the batch, then: the fused CPU kernel, the native out= kernel on the other
+        CPU inputs, the vectorized path off the CPU, else the reference."""
         if self.training and self.track_running_stats:
             self.num_batches_tracked.add_(1)  # this batch, as torch.nn.BatchNorm counts it
         if self.num_members == 1 or x.numel() == 0:
             return self._reference(x, scale, shift)
-        # off the CPU the vectorized path: the out= kernel's saved-statistics dtypes are pinned
-        # down for CPU kernels only
         path = path_override(x)
         if path == "vectorized":
             return self._vectorized(x, scale, shift)
@@ -249,52 +174,26 @@ class _MemberBatchNorm(MemberNorm):
         return _MemberBatchNormFunction.apply(_dense(x), *args)
 
     def _reference(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
-        """``F.batch_norm`` on each member's rows with its rows of the running statistics."""
-        tracked = self.track_running_stats
-        use_batch_stats = self.training or not tracked
-        momentum = self._momentum()
-        return self._per_member(
-            x,
-            scale,
-            shift,
-            lambda rows, m, scale_m, shift_m: F.batch_norm(
-                rows,
-                self.running_mean[m] if tracked else None,  # a view: updated in place
-                self.running_var[m] if tracked else None,
-                scale_m,
-                shift_m,
-                use_batch_stats,
-                momentum,
-                self.eps,
-            ),
-        )
+        _, _, mean, var, batch_stats, momentum, eps, _ = self._kernel_args(scale, shift)
+
+        def normalize(rows: Tensor, m: int, scale_m: Tensor, shift_m: Tensor | None) -> Tensor:
+            stats = (None, None) if mean is None else (mean[m], var[m])  # views: updated in place
+            return F.batch_norm(rows, *stats, scale_m, shift_m, batch_stats, momentum, eps)
+
+        return self._per_member(x, scale, shift, normalize)
 
     def _vectorized(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
         """Every member in one ``F.batch_norm`` call, the members stacked as channels:
-
-            (M·B, C, *) -> (B, M·C, *) -> F.batch_norm -> (M·B, C, *)
-
-        Channel m·C + c holds member m's channel c over its B rows, so the kernel's per-channel
-        statistics, affine and running statistics (flat views, updated in place) are each
-        member's.
-        """
+        (M·B, C, *) -> (B, M·C, *) -> (M·B, C, *)."""
         self._check_values_per_channel(x)
         _, _, mean, var, batch_stats, momentum, eps, M = self._kernel_args(scale, shift)
         stacked = x.unflatten(0, (M, -1)).transpose(0, 1).flatten(1, 2)  # (B, M·C, *)
-        y = F.batch_norm(
-            stacked,
-            None if mean is None else mean.view(-1),  # flat views: updated in place
-            None if var is None else var.view(-1),
-            scale.reshape(-1),
-            None if shift is None else shift.reshape(-1),
-            batch_stats,
-            momentum,
-            eps,
-        )
+        # flat views of the running statistics: updated in place
+        flat = [None if t is None else t.reshape(-1) for t in (mean, var, scale, shift)]
+        y = F.batch_norm(stacked, *flat, batch_stats, momentum, eps)
         return y.unflatten(1, (M, -1)).transpose(0, 1).flatten(0, 1)  # (M·B, C, *)
 
     def _check_values_per_channel(self, x: Tensor) -> None:
-        """The check ``F.batch_norm`` makes on each member's rows."""
         rows = x.shape[0] // self.num_members
         if (self.training or not self.track_running_stats) and rows * math.prod(x.shape[2:]) == 1:
             raise ValueError(
@@ -303,7 +202,6 @@ class _MemberBatchNorm(MemberNorm):
             )
 
     def _kernel_args(self, scale: Tensor, shift: Tensor | None) -> tuple:
-        """The arguments after x of the fused and out= paths."""
         tracked = self.track_running_stats
         return (
             scale,
@@ -320,7 +218,6 @@ class _MemberBatchNorm(MemberNorm):
     _plain_keys = ("weight", "bias", "running_mean", "running_var")
 
     def _migrate_plain_state(self, state_dict, prefix, local_metadata) -> None:
-        """Also the plain running statistics as every member's rows (M, C)."""
         for key in ("running_mean", "running_var"):
             value = state_dict.get(prefix + key)
             if value is not None and self.track_running_stats:
@@ -329,12 +226,8 @@ class _MemberBatchNorm(MemberNorm):
 
     @staticmethod
     def _plain_config(plain: nn.Module) -> dict[str, Any]:
-        return {
-            "num_features": plain.num_features,
-            "eps": plain.eps,
-            "momentum": plain.momentum,
-            "track_running_stats": plain.track_running_stats,
-        }
+        names = ("num_features", "eps", "momentum", "track_running_stats")
+        return {name: getattr(plain, name) for name in names}
 
     def _copy_plain_stats(self, plain: nn.Module) -> None:
         if self.track_running_stats and plain.running_mean is not None:
@@ -344,16 +237,10 @@ class _MemberBatchNorm(MemberNorm):
 
     def to_plain(self, member: int) -> nn.Module:
         self._check_member(member)
-        plain = self.plain_type(
-            self.num_features,
-            eps=self.eps,
-            momentum=self.momentum,
-            affine=True,
-            track_running_stats=self.track_running_stats,
-            device=self.weight.device,
-            dtype=self.weight.dtype,
-        )
-        if self.track_running_stats:
+        tracked = self.track_running_stats
+        options = {"momentum": self.momentum, "affine": True, "track_running_stats": tracked}
+        plain = self.plain_type(self.num_features, eps=self.eps, **options, **self._factory())
+        if tracked:
             with torch.no_grad():
                 plain.running_mean.copy_(self.running_mean[member])
                 plain.running_var.copy_(self.running_var[member])
@@ -368,42 +255,21 @@ class _MemberBatchNorm(MemberNorm):
 
 
 class MemberBatchNorm1d(_MemberBatchNorm):
-    """σNorm over ``nn.BatchNorm1d``: per-member batch statistics and running mean/var.
-
-    Args:
-        num_features: C, channels of the input.
-        num_members: M, ensemble members.
-        eps, momentum, track_running_stats: as in ``torch.nn.BatchNorm1d``.
-        gamma_mean, gamma_std: gamma ~ N(gamma_mean, gamma_std²) at reset; N(0, 1) puts the
-            importances where the sigmoid is steepest, so they can move.
-
-    Shape:
-        Input: (M·B, C) or (M·B, C, L), member-major. Output: same shape.
-    """
+    """σNorm over ``nn.BatchNorm1d`` (its arguments, and M): inputs (M·B, C) or (M·B, C, L)."""
 
     plain_type = nn.BatchNorm1d
     _input_dims = (2, 3)
 
 
 class MemberBatchNorm2d(_MemberBatchNorm):
-    """σNorm over ``nn.BatchNorm2d``: per-member batch statistics and running mean/var.
-
-    Args: as :class:`MemberBatchNorm1d`.
-
-    Shape:
-        Input: (M·B, C, H, W), member-major. Output: same shape.
-    """
+    """σNorm over ``nn.BatchNorm2d``: inputs (M·B, C, H, W), member-major."""
 
     plain_type = nn.BatchNorm2d
     _input_dims = (4,)
 
 
 class MemberBatchNorm3d(_MemberBatchNorm):
-    """σNorm over ``nn.BatchNorm3d``.
-
-    Shape:
-        Input: (M·B, C, D, H, W), member-major. Output: same shape.
-    """
+    """σNorm over ``nn.BatchNorm3d``: inputs (M·B, C, D, H, W), member-major."""
 
     plain_type = nn.BatchNorm3d
     _input_dims = (5,)

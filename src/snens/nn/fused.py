@@ -1,20 +1,11 @@
 """Fused CPU kernels for the member norms, built on first use: LayerNorm and batch norms.
 
-ATen's layer norm applies one affine to every row, so the member loop runs the native kernel
-once per member and concatenates the outputs. ``csrc/member_layer_norm.cpp`` writes every row
-with its member's affine straight into one output, and its backward computes the input gradient
-and the members' affine gradients in one pass. ``csrc/member_batch_norm.cpp`` runs every
-(member, channel) of a member batch norm in one call (contiguous inputs only).
-
-Both are compiled once per environment by ``torch.utils.cpp_extension`` (a C++ compiler and
-ninja are needed: ``pip install 'snens[kernels]'``) into ``$XDG_CACHE_HOME/snens/kernels``,
-under a name carrying a digest of the sources, their paths, the flags, the torch version, the
-Python environment and the CPU's instruction-set flags (they are built with
-``-march=native``). Build them ahead with ``snens build-kernels``. Concurrent processes build
-once: the builder holds ``snens.lock`` (:func:`snens.locks.hold`).
-
-Where they cannot be built, or with ``SNENS_FUSED=0``, member norms take their native-kernel
-paths, after one warning that names the reason.
+``csrc/member_layer_norm.cpp`` writes every row with its member's affine into one output (ATen
+takes one affine for all rows); ``csrc/member_batch_norm.cpp`` runs every (member, channel) of a
+member batch norm in one call. Both are compiled once per environment (a C++ compiler and ninja
+are needed) into ``$XDG_CACHE_HOME/snens/kernels``, under a digest of everything they depend
+on. Where they cannot be built, or with ``SNENS_FUSED=0``, member norms take their
+native-kernel paths, after one warning.
 """
 
 from __future__ import annotations
@@ -58,7 +49,7 @@ _SOURCES = tuple(
 )
 # no fused multiply-add contraction: x·a + b rounds twice, as in ATen's vectorized kernels
 _FLAGS = ("-O3", "-fopenmp-simd", "-march=native", "-ffp-contract=off")
-_WAIT_S = 1200  # the longest another process's build is waited for before giving up
+_WAIT_S = 1200  # the longest another process's build is waited for
 
 _lock = threading.Lock()
 _built: bool | None = None  # None: not tried in this process
@@ -100,11 +91,8 @@ def _build_directory(name: str) -> Path:
 
 @contextlib.contextmanager
 def _build_lock(directory: Path) -> Iterator[None]:
-    """Hold ``directory/snens.lock`` for this process's build, waiting up to :data:`_WAIT_S`.
-
-    Holding it, any torch ``lock`` beside it was left by a killed build, which torch would wait
-    on forever: it is removed.
-    """
+    """Hold ``directory/snens.lock`` for this process's build; a torch ``lock`` beside it was
+    left by a killed build, which torch would wait on forever: it is removed."""
     with hold(directory / "snens.lock", f"the kernel build in {directory}", wait_s=_WAIT_S):
         (directory / "lock").unlink(missing_ok=True)
         yield
@@ -124,7 +112,6 @@ def build(*, verbose: bool = False) -> tuple[bool, str | None, Path | None]:
 
 
 def _cpu() -> str:
-    """What -march=native compiles for: the instruction-set flags (Linux), else the CPU's name."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -141,7 +128,6 @@ _library: Path | None = None
 
 
 def _build_name() -> str:
-    """The build's directory name: a digest of everything the built library depends on."""
     sources = [path.read_text() for path in _SOURCES]
     where = [str(path.resolve()) for path in _SOURCES]
     fingerprint = "\n".join([*sources, *where, *_FLAGS, torch.__version__, sys.prefix, _cpu()])
@@ -167,15 +153,9 @@ def _build(*, verbose: bool = False) -> tuple[bool, str | None]:
                 else f"kernels cached in {directory}"
             )
         start = time.perf_counter()
+        options = {"build_directory": str(directory), "is_python_module": False, "verbose": False}
         with _build_lock(directory):
-            load(
-                name=name,
-                sources=where,
-                extra_cflags=list(_FLAGS),
-                build_directory=str(directory),
-                is_python_module=False,
-                verbose=False,
-            )
+            load(name=name, sources=where, extra_cflags=list(_FLAGS), **options)
         if fresh:
             _notice(f"built the fused kernels in {time.perf_counter() - start:.0f} s")
         torch.ops.snens_fused.member_layer_norm_forward  # noqa: B018 - registered?
@@ -188,8 +168,7 @@ def _build(*, verbose: bool = False) -> tuple[bool, str | None]:
 
 
 def _ninja_on_path() -> None:
-    """Put the ``ninja`` package's binary on PATH, where torch looks for it (a venv's ``bin`` is
-    not on PATH when its Python is called by path)."""
+    """Put the ``ninja`` package's binary on PATH, where torch looks for it."""
     try:
         import ninja
     except ImportError:
@@ -239,8 +218,7 @@ def member_layer_norm(
     eps: float,
     num_members: int,
 ) -> Tensor:
-    """Layer norm of each member's rows with that member's affine, in one fused kernel, where
-    :func:`applies` holds.
+    """Layer norm of each member's rows with its affine, in one fused kernel.
 
     Shape:
         x: (M·B, *, *normalized_shape), member-major. scale, shift: (M, *normalized_shape).
@@ -274,23 +252,11 @@ class _FusedMemberBatchNorm(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
-        x, scale, save_mean, save_invstd = ctx.saved_tensors
+        wants_x = ctx.needs_input_grad[0]
         grad_x, grad_scale, grad_shift = torch.ops.snens_fused.member_batch_norm_backward(
-            grad.contiguous(),
-            x,
-            scale,
-            save_mean,
-            save_invstd,
-            ctx.training,
-            ctx.needs_input_grad[0],
-            ctx.M,
+            grad.contiguous(), *ctx.saved_tensors, ctx.training, wants_x, ctx.M
         )
-        return (
-            grad_x if ctx.needs_input_grad[0] else None,
-            grad_scale,
-            grad_shift,
-            *[None] * 6,
-        )
+        return grad_x if wants_x else None, grad_scale, grad_shift, *[None] * 6
 
 
 def member_batch_norm(
@@ -304,11 +270,8 @@ def member_batch_norm(
     eps: float,
     num_members: int,
 ) -> Tensor:
-    """Batch norm of each member's rows with its statistics and affine, in one fused kernel.
-
-    ``training``: normalize with the batch statistics (and update the running ones, if given,
-    with ``momentum``); else with the running ones. Call only where :func:`applies_batch_norm`
-    holds.
+    """Batch norm of each member's rows with its statistics and affine, in one fused kernel
+    (``training``: with the batch statistics, updating the running ones).
 
     Shape:
         x: (M·B, C, *), member-major, contiguous. scale, shift, running_mean, running_var:

@@ -1,24 +1,9 @@
 """What Hugging Face's norm classes compute: the formulas their member versions compute.
 
-Hugging Face models do not use ``nn.RMSNorm``: their ~160 RMS norm classes are copies of a few
-formulas, which compute the statistics in float32 and differ in where they cast. Each function
-below names the class it was taken from; others computing it:
-
-* :func:`llama_rms_norm`: ``MistralRMSNorm``, ``Qwen2RMSNorm``, ``CpmAntLayerNorm``, …;
-* :func:`gemma_rms_norm` (weight stored as an offset from 1): ``Gemma2RMSNorm``,
-  ``Qwen3NextRMSNorm``, …;
-* :func:`t5_rms_norm`: ``MT5LayerNorm``, ``LongT5LayerNorm``, …;
-* :func:`gemma3n_rms_norm`: ``HeliumRMSNorm``, ``NemotronHRMSNorm``, …;
-* :func:`olmo2_rms_norm`, also the weightless RMS norms with weight 1 (``Llama4TextL2Norm``,
-  ``NanoChatRMSNorm``, ``FalconMambaWeightlessRMSNorm``);
-* :func:`gated_rms_norm`: the gated RMS norms of hybrid models (``Qwen3NextRMSNormGated``,
-  ``MambaRMSNormGated``, ``KimiLinearRMSNormGated``, ``FalconH1RMSNormGated``, …), the gate
-  before or after the norm, the weight in float32 or after the cast.
-
-In float32 the formulas of one kind agree; in half precision they differ by where they round,
-which is how :mod:`snens.nn.probe` tells them apart. Each function takes x of shape (*, C) and a
-weight broadcastable to it, and returns a tensor like x (Llama's, T5's and DeBERTa's in the
-promoted dtype of x and the weight).
+Hugging Face's RMS norm classes are copies of a few formulas, which compute the statistics in
+float32 and differ in where they cast (how :mod:`snens.nn.probe` tells them apart). Each
+function takes x of shape (*, C) and a weight broadcastable to it, and returns a tensor like x
+(Llama's, T5's and DeBERTa's in the promoted dtype of x and the weight).
 """
 
 from __future__ import annotations
@@ -50,18 +35,15 @@ def llama_rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 
 
 def gemma_rms_norm(x: Tensor, factor: Tensor, eps: float) -> Tensor:
-    """(x̂ ⊙ factor_f32).to(x.dtype), x̂ = x_f32 · rsqrt(mean(x_f32²) + eps), as ``GemmaRMSNorm``
-    computes it with factor = 1 + weight.
-    """
+    """(x̂ ⊙ factor_f32).to(x.dtype), as ``GemmaRMSNorm`` with factor = 1 + weight."""
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return (h * factor.float()).type_as(x)
 
 
 def t5_rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """weight ⊙ (x · rsqrt(mean(x_f32²) + eps)), as ``T5LayerNorm`` computes it: the normalized
-    input is cast to the weight's dtype first where that is float16 or bfloat16.
-    """
+    """weight ⊙ (x · rsqrt(mean(x_f32²) + eps)), cast to a half weight's dtype first, as
+    ``T5LayerNorm``."""
     variance = x.to(torch.float32).pow(2).mean(-1, keepdim=True)
     h = x * torch.rsqrt(variance + eps)
     if weight.dtype in (torch.float16, torch.bfloat16):
@@ -70,27 +52,22 @@ def t5_rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 
 
 def olmo2_rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """(weight ⊙ (x_f32 · rsqrt(mean(x_f32²) + eps))).to(x.dtype), as ``Olmo2RMSNorm`` computes
-    it: the product in the promoted dtype of the weight and float32, cast once.
-    """
+    """(weight ⊙ (x_f32 · rsqrt(mean(x_f32²) + eps))).to(x.dtype), as ``Olmo2RMSNorm``."""
     h = x.to(torch.float32)
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return (weight * h).to(x.dtype)
 
 
 def gemma3n_rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """(x_f32 · pow(mean(x_f32²) + eps, −0.5) ⊙ weight_f32).to(x.dtype), as
-    ``Gemma3nRMSNorm(with_scale=True)`` computes it.
-    """
+    """(x_f32 · pow(mean(x_f32²) + eps, −0.5) ⊙ weight_f32).to(x.dtype), as ``Gemma3nRMSNorm``."""
     h = x.float()
     h = h * torch.pow(h.pow(2).mean(-1, keepdim=True) + eps, -0.5)
     return (h * weight.float()).type_as(x)
 
 
 def cohere_layer_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """(weight_f32 ⊙ (x_f32 − μ) · rsqrt(mean((x_f32 − μ)²) + eps)).to(x.dtype), μ the mean
-    over the last dimension, as ``CohereLayerNorm`` computes it.
-    """
+    """(weight_f32 ⊙ (x_f32 − μ) · rsqrt(mean((x_f32 − μ)²) + eps)).to(x.dtype), as
+    ``CohereLayerNorm``."""
     h = x.to(torch.float32)
     mean = h.mean(-1, keepdim=True)
     variance = (h - mean).pow(2).mean(-1, keepdim=True)
@@ -99,9 +76,8 @@ def cohere_layer_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 
 
 def deberta_layer_norm(x: Tensor, weight: Tensor, bias: Tensor | None, eps: float) -> Tensor:
-    """weight ⊙ ((x_f32 − μ) / sqrt(mean((x_f32 − μ)²) + eps)).to(x.dtype) + bias, μ the mean
-    over the last dimension, as ``DebertaLayerNorm`` computes it (no bias: none added).
-    """
+    """weight ⊙ ((x_f32 − μ) / sqrt(mean((x_f32 − μ)²) + eps)).to(x.dtype) + bias, as
+    ``DebertaLayerNorm``."""
     h = x.float()
     mean = h.mean(-1, keepdim=True)
     variance = (h - mean).pow(2).mean(-1, keepdim=True)
@@ -110,17 +86,15 @@ def deberta_layer_norm(x: Tensor, weight: Tensor, bias: Tensor | None, eps: floa
 
 
 def olmo_layer_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """(F.layer_norm(x_f32, (C,), eps=eps) ⊙ weight_f32).to(x.dtype): ``OlmoLayerNorm``'s
-    float32 layer norm and its one cast, with a weight (``OlmoLayerNorm`` is weight = 1).
-    """
+    """(F.layer_norm(x_f32, (C,), eps=eps) ⊙ weight_f32).to(x.dtype), as ``OlmoLayerNorm``
+    (weight = 1)."""
     h = F.layer_norm(x.to(torch.float32), x.shape[-1:], None, None, eps=eps)
     return (h * weight.to(torch.float32)).to(x.dtype)
 
 
 def deepseek_unweighted_rms_norm(x: Tensor, scale: Tensor, eps: float) -> Tensor:
-    """x ⊙ (scale_f32 · rsqrt(mean(x_f32²) + eps)).to(x.dtype), as ``DeepseekV4UnweightedRMSNorm``
-    computes it with scale = 1: the inverse root cast to x's dtype before the product.
-    """
+    """x ⊙ (scale_f32 · rsqrt(mean(x_f32²) + eps)).to(x.dtype), as
+    ``DeepseekV4UnweightedRMSNorm`` (scale = 1)."""
     r = torch.rsqrt(x.float().square().mean(-1, keepdim=True) + eps)
     return x * (scale.float() * r).to(x.dtype)
 
@@ -140,17 +114,10 @@ def gated_rms_norm(
     activation: str = "silu",
     weight_in_float32: bool = False,
 ) -> Tensor:
-    """A gated RMS norm, as the Hugging Face classes listed in the module docstring compute it.
-
-    Statistics in float32 over groups of ``group_size`` features of the last dimension (None:
-    all of them). ``gate_first``: x_f32 ⊙ act(g_f32) is normalized (Mamba-2); else the gate
-    multiplies the normalized output (Qwen3-Next). ``weight_in_float32``: the weight multiplies
-    in float32 and the result is cast once to x's dtype (Kimi, Falcon-H1); else it multiplies
-    x̂.to(x.dtype) (Llama's order). A None gate skips the gate.
-
-    Shape:
-        x, gate: (*, C). weight: broadcastable to x. Output: like x (in the promoted dtype of
-        weight and x for the gate-first, weight-after-cast formula, as Mamba-2's).
+    """A gated RMS norm, statistics in float32 over groups of ``group_size`` features (None:
+    all). ``gate_first``: x_f32 ⊙ act(g_f32) is normalized (Mamba-2), else the gate multiplies
+    the output (Qwen3-Next). ``weight_in_float32``: the weight multiplies in float32 (Kimi),
+    else x̂.to(x.dtype). A None gate skips the gate.
     """
     act = GATE_ACTIVATIONS[activation]
     h = x.to(torch.float32)
@@ -170,9 +137,7 @@ def gated_rms_norm(
 
 
 def unweighted_l2_norm(x: Tensor, scale: Tensor, eps: float) -> Tensor:
-    """(scale_f32 ⊙ x_f32 · rsqrt(Σ x_f32² + eps)).to(x.dtype), as nGPT's ``DoryL2Norm``
-    computes it with scale = 1: onto the unit sphere (the sum of squares, not their mean).
-    """
+    """(scale_f32 ⊙ x_f32 · rsqrt(Σ x_f32² + eps)).to(x.dtype), as nGPT's ``DoryL2Norm``."""
     h = x.to(torch.float32)
     h = h * torch.rsqrt(h.pow(2).sum(-1, keepdim=True) + eps)
     return (scale.to(torch.float32) * h).to(x.dtype)

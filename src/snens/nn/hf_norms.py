@@ -1,16 +1,9 @@
 """Member norms for Hugging Face's RMS norms and float32 layer norms.
 
 Each member version computes one formula of :mod:`snens.nn.hf_formulas`, op for op, with
-member m's folded scale sigmoid(gamma_m)·weight_m in place of the weight (for Gemma in place of
-the whole factor 1 + weight), so every member reproduces the plain module in every dtype, up to
-the rounding of that folded scale. :mod:`snens.nn.registry` finds the one that reproduces a
-module (:func:`snens.nn.probe.match`) and converts it through
-:func:`~snens.nn.plain_conversion.from_plain_as`.
-
-A norm without a weight converts as torch's do with ``elementwise_affine=False``: the member
-affine starts at the identity, weight_m = 1/sigmoid(gamma_m). The gated RMS norms of hybrid
-and linear-attention models (Qwen3-Next, Mamba-2, Falcon-H1, …) take the gate as a second
-input; their member versions take it too, ``forward(x, gate=None)``, member-major like x.
+member m's folded scale sigmoid(gamma_m)·weight_m in place of the weight. A norm without a
+weight starts at weight_m = 1/sigmoid(gamma_m). Gated RMS norms take the gate as a second
+input, ``forward(x, gate=None)``, member-major like x.
 """
 
 from __future__ import annotations
@@ -72,12 +65,15 @@ def _feature_shape(hidden_size: Any) -> tuple[int, ...]:
     return tuple(sizes)
 
 
+def _config(shape: tuple[int, ...], plain: nn.Module, plain_type: type[nn.Module]) -> dict:
+    size = shape[0] if len(shape) == 1 else shape
+    return {"hidden_size": size, "eps": norm_eps(plain), "plain_type": plain_type}
+
+
 class _MemberHFNorm(RebuildsPlain, MemberNorm):
-    """Shared body of the member versions of Hugging Face's norms: member m computes
-    ``formula(x_m, sigmoid(gamma_m)·weight_m, eps)``."""
+    """Member m computes ``formula(x_m, sigmoid(gamma_m)·weight_m, eps)``."""
 
     has_bias = False
-    #: the formula's name, as in :mod:`snens.nn.hf_formulas`
     formula: str
     norm_kind = "RMS norm"
     plain_type = None
@@ -97,27 +93,19 @@ class _MemberHFNorm(RebuildsPlain, MemberNorm):
         shape = _feature_shape(hidden_size)
         if isinstance(eps, bool) or not isinstance(eps, int | float) or not math.isfinite(eps):
             raise TypeError(f"eps must be a real number, got {eps!r}")
-        super().__init__(
-            shape,
-            num_members,
-            gamma_mean=gamma_mean,
-            gamma_std=gamma_std,
-            device=device,
-            dtype=dtype,
-        )
+        options = dict(gamma_mean=gamma_mean, gamma_std=gamma_std, device=device, dtype=dtype)
+        super().__init__(shape, num_members, **options)
         self.hidden_size = hidden_size if isinstance(hidden_size, int) else shape
         self.eps = eps
         self.plain_type = plain_type
         self.plain_options: dict[str, Any] = {}
         self.reset_parameters()
 
-    # not named _apply, which is nn.Module's
     @staticmethod
     def _norm_fn(x: Tensor, scale: Tensor, eps: float) -> Tensor:
         raise NotImplementedError
 
     def _formula(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
-        """The formula with a folded scale (and shift, for the classes with a bias)."""
         return self._norm_fn(x, scale, self.eps)
 
     def _check_input(self, x: Tensor) -> None:
@@ -135,7 +123,6 @@ class _MemberHFNorm(RebuildsPlain, MemberNorm):
         return None
 
     def _normalize(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
-        """The formula once over (M, B, …, C), the member scales broadcast as (M, 1, …, C)."""
         M = self.num_members
         rows = x.unflatten(0, (M, -1))
         affine = (M, *(1,) * (rows.dim() - 1 - len(self.feature_shape)), *self.feature_shape)
@@ -143,17 +130,13 @@ class _MemberHFNorm(RebuildsPlain, MemberNorm):
         return self._formula(rows, scale.view(affine), shift).flatten(0, 1)
 
     def _reference(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
-        """The formula on each member's rows with its folded scale, concatenated."""
-        return self._per_member(
-            x, scale, shift, lambda rows, m, scale_m, shift_m: self._formula(rows, scale_m, shift_m)
-        )
+        return self._per_member(x, scale, shift, lambda r, _, w, b: self._formula(r, w, b))
 
     @classmethod
     def from_plain(
         cls, plain: nn.Module, num_members: int, *, generator: torch.Generator | None = None, **kw
     ) -> MemberNorm:
-        """A member norm whose every member reproduces ``plain``, a module computing this
-        class's formula (checked by :func:`snens.nn.probe.match`).
+        """A member norm whose every member reproduces ``plain`` (checked by the probe).
 
         Raises:
             TypeError: if ``plain`` does not compute it.
@@ -177,37 +160,20 @@ class _MemberHFNorm(RebuildsPlain, MemberNorm):
         weight = plain._parameters.get("weight")
         if weight is None:
             raise TypeError(f"it has no weight parameter for {cls.__name__} to hold")
-        shape = tuple(weight.shape)
-        return {
-            "hidden_size": shape[0] if len(shape) == 1 else shape,
-            "eps": norm_eps(plain),
-            "plain_type": type(plain),
-        }
+        return _config(tuple(weight.shape), plain, type(plain))
 
-    def to_plain(self, member: int) -> nn.Module:
-        self._check_member(member)
-        return self._carrying_member(self._rebuild_plain(self.hidden_size), member)
+    def _new_plain(self) -> nn.Module:
+        return self._rebuild_plain(self.hidden_size)
 
     def extra_repr(self) -> str:
         plain = "" if self.plain_type is None else f", plain_type={self.plain_type.__name__}"
         return f"{self.hidden_size}, num_members={self.num_members}, eps={self.eps}{plain}"
 
 
-# -- RMS norms --------------------------------------------------------------------------------
 class MemberLlamaRMSNorm(_MemberHFNorm):
     """σNorm over the Llama RMS norm (``LlamaRMSNorm``, ``MistralRMSNorm``, ``Qwen2RMSNorm``, …).
 
-    Member m computes :func:`~snens.nn.hf_formulas.llama_rms_norm` with its folded scale
-    sigmoid(gamma_m)·weight_m in place of the weight.
-
-    Args:
-        hidden_size: C.
-        num_members: M.
-        eps: the plain module's ``variance_epsilon``.
-        plain_type: the class ``to_plain`` rebuilds as ``plain_type(C, eps=eps)``.
-
-    Shape:
-        Input: (M·B, *, C), member-major. Output: same shape.
+    ``plain_type`` is the class ``to_plain`` rebuilds as ``plain_type(C, eps=eps)``.
     """
 
     formula = "llama"
@@ -216,10 +182,7 @@ class MemberLlamaRMSNorm(_MemberHFNorm):
 
 
 class MemberT5RMSNorm(_MemberHFNorm):
-    """σNorm over the T5 RMS norm (``T5LayerNorm``, ``MT5LayerNorm``, ``LongT5LayerNorm``, …).
-
-    Args: as :class:`MemberLlamaRMSNorm`'s.
-    """
+    """σNorm over the T5 RMS norm (``T5LayerNorm``, ``MT5LayerNorm``, ``LongT5LayerNorm``, …)."""
 
     formula = "t5"
     triton_variant = triton_norms.Variant(center=False, round_first=True)
@@ -227,13 +190,8 @@ class MemberT5RMSNorm(_MemberHFNorm):
 
 
 class MemberGemmaRMSNorm(_MemberHFNorm):
-    """σNorm over the Gemma RMS norm (``GemmaRMSNorm``, ``Gemma2RMSNorm``, …).
-
-    The plain module multiplies by 1 + weight; a member's weight is that whole factor. A plain
-    weight w is loaded as 1 + w, and ``to_plain`` gives back w = factor − 1.
-
-    Args: as :class:`MemberLlamaRMSNorm`'s.
-    """
+    """σNorm over the Gemma RMS norm (``GemmaRMSNorm``, …): a member's weight is the whole
+    factor 1 + w."""
 
     formula = "gemma"
     triton_variant = triton_norms.Variant(center=False, round_first=False, output="input")
@@ -249,10 +207,7 @@ class MemberGemmaRMSNorm(_MemberHFNorm):
 
 
 class MemberOlmo2RMSNorm(_MemberHFNorm):
-    """σNorm over the OLMo-2 RMS norm (``Olmo2RMSNorm``): Llama's with the cast after the product.
-
-    Args: as :class:`MemberLlamaRMSNorm`'s.
-    """
+    """σNorm over ``Olmo2RMSNorm``: Llama's with the cast after the product."""
 
     formula = "olmo2"
     triton_variant = triton_norms.Variant(center=False, round_first=False, output="input")
@@ -260,26 +215,16 @@ class MemberOlmo2RMSNorm(_MemberHFNorm):
 
 
 class MemberGemma3nRMSNorm(_MemberHFNorm):
-    """σNorm over ``Gemma3nRMSNorm(with_scale=True)``, whose weight is a scale (not Gemma's
-    offset from 1).
-
-    Args: as :class:`MemberLlamaRMSNorm`'s.
-    """
+    """σNorm over ``Gemma3nRMSNorm(with_scale=True)``, whose weight is a scale."""
 
     formula = "gemma3n"
     triton_variant = triton_norms.Variant(center=False, round_first=False, output="input")
     _norm_fn = staticmethod(gemma3n_rms_norm)
 
 
-# -- layer norms ------------------------------------------------------------------------------
 class MemberCohereLayerNorm(_MemberHFNorm):
-    """σNorm over ``CohereLayerNorm``: a float32 layer norm without bias; the weight may be
-    (H, D), as in Cohere's QK norms, normalizing each head's D features.
-
-    Args:
-        hidden_size: C, or (H, D).
-        num_members, eps, plain_type: as :class:`MemberLlamaRMSNorm`'s.
-    """
+    """σNorm over ``CohereLayerNorm``: a float32 layer norm without bias; ``hidden_size`` may
+    be (H, D), as in Cohere's QK norms."""
 
     formula = "cohere"
     triton_variant = triton_norms.Variant(center=True, round_first=False, output="input")
@@ -288,16 +233,8 @@ class MemberCohereLayerNorm(_MemberHFNorm):
 
 
 class MemberOlmoLayerNorm(_MemberHFNorm):
-    """σNorm over OLMo-1's ``OlmoLayerNorm``, a float32 layer norm without weight or bias.
-
-    At conversion weight_m = 1/sigmoid(gamma_m). ``to_plain`` cannot give back an
-    ``OlmoLayerNorm``, which holds no weight: it gives ``CohereLayerNorm``, the same formula with
-    a weight, so an extracted member is no longer an OLMo-1 checkpoint.
-
-    Args:
-        hidden_size, num_members, plain_type: as :class:`MemberLlamaRMSNorm`'s.
-        eps: 1e-5, the constant of ``OlmoLayerNorm``'s forward (found by the probe).
-    """
+    """σNorm over OLMo-1's ``OlmoLayerNorm``, a float32 layer norm without weight or bias;
+    ``to_plain`` gives a ``CohereLayerNorm``, the same formula with a weight."""
 
     formula = "olmo"
     triton_variant = triton_norms.Variant(center=True, round_first=False, output="input")
@@ -314,21 +251,12 @@ class MemberOlmoLayerNorm(_MemberHFNorm):
         shape = feature_shape(plain)
         if shape is None:
             raise TypeError("it records no size (normalized_shape, hidden_size, …)")
-        return {
-            "hidden_size": shape[0] if len(shape) == 1 else shape,
-            "eps": norm_eps(plain),
-            "plain_type": CohereLayerNorm,
-        }
+        return _config(shape, plain, CohereLayerNorm)
 
 
 class MemberDebertaLayerNorm(_MemberHFNorm):
     """σNorm over ``DebertaLayerNorm``: a float32 layer norm cast back to the input's dtype,
-    then the affine.
-
-    Args:
-        hidden_size, num_members, eps, plain_type: as :class:`MemberLlamaRMSNorm`'s.
-        bias: whether the member affine has a bias (default True).
-    """
+    then the affine."""
 
     formula = "deberta"
     triton_variant = triton_norms.Variant(center=True, round_first=True, output="promoted")
@@ -353,15 +281,11 @@ class MemberDebertaLayerNorm(_MemberHFNorm):
         return {**super()._plain_config(plain), "bias": plain._parameters.get("bias") is not None}
 
 
-# -- weightless RMS norms ---------------------------------------------------------------------
 class ScaledRMSNorm(nn.Module):
-    """A weightless RMS norm's formula with a weight: what a member of
-    :class:`MemberUnweightedRMSNorm` becomes (``extract_member``).
+    """A weightless RMS norm's formula with a weight: an extracted member of
+    :class:`MemberUnweightedRMSNorm` (``hidden_size`` 1: one scale broadcast).
 
-    Args:
-        hidden_size: C, or 1 for one scale broadcast over any last dimension.
-        eps: the eps of the formula.
-        formula: ``"unweighted"``, ``"deepseek_unweighted"`` or ``"l2"``.
+    ``formula``: ``"unweighted"``, ``"deepseek_unweighted"`` or ``"l2"``.
     """
 
     def __init__(
@@ -396,18 +320,10 @@ _UNWEIGHTED_FORMULAS = {
 
 
 class MemberUnweightedRMSNorm(_MemberHFNorm):
-    """σNorm over a weightless RMS norm (``Llama4TextL2Norm``, ``NanoChatRMSNorm``,
-    ``FalconMambaWeightlessRMSNorm``, ``Gemma3nRMSNorm(with_scale=False)``).
+    """σNorm over a weightless RMS norm (``Llama4TextL2Norm``, ``NanoChatRMSNorm``, …).
 
-    The plain module is weight 1, so at conversion weight_m = 1/sigmoid(gamma_m). A module that
-    records its size gets a scale per feature; one that records none one scale per member,
-    shape (M, 1), broadcast over whatever last dimension it normalizes. ``to_plain`` gives
-    :class:`ScaledRMSNorm`, the same formula with a weight.
-
-    Args:
-        hidden_size: C, or None for one scale per member broadcast over any last dimension.
-        num_members: M.
-        eps: the plain module's eps.
+    ``hidden_size`` None: one scale per member, broadcast over any last dimension.
+    ``to_plain`` gives :class:`ScaledRMSNorm`.
     """
 
     formula = "unweighted"
@@ -432,10 +348,8 @@ class MemberUnweightedRMSNorm(_MemberHFNorm):
             )
         return None
 
-    def to_plain(self, member: int) -> nn.Module:
-        self._check_member(member)
-        plain = self._rebuild_plain(1 if self.hidden_size is None else self.hidden_size)
-        return self._carrying_member(plain, member)
+    def _new_plain(self) -> nn.Module:
+        return self._rebuild_plain(1 if self.hidden_size is None else self.hidden_size)
 
     @classmethod
     def _plain_config(cls, plain: nn.Module) -> dict[str, Any]:
@@ -443,7 +357,6 @@ class MemberUnweightedRMSNorm(_MemberHFNorm):
             raise TypeError(f"it has a weight; {cls.__name__} is for RMS norms without one")
         if plain._parameters.get("bias") is not None:
             raise TypeError(f"it has a bias; {cls.__name__} is for RMS norms without one")
-        # the size it records, not that of an unused weight buffer (FalconMamba's)
         shape = feature_shape(plain)
         return {
             "hidden_size": None if shape is None or len(shape) != 1 else shape[0],
@@ -451,8 +364,7 @@ class MemberUnweightedRMSNorm(_MemberHFNorm):
         }
 
     def _plain_affine(self, plain: nn.Module) -> tuple[None, None]:
-        # a weight the plain module keeps (FalconMamba's unused buffer) is not what it
-        # computes with: every member starts at the identity scale
+        # FalconMamba's unused weight buffer is not what it computes with
         return None, None
 
     def extra_repr(self) -> str:
@@ -467,7 +379,7 @@ class MemberUnweightedRMSNorm(_MemberHFNorm):
         generator: torch.Generator | None = None,
         **kw: Any,
     ) -> MemberUnweightedRMSNorm:
-        """A member norm whose every member reproduces ``plain``, an extracted member.
+        """A member norm whose every member reproduces ``plain``.
 
         Raises:
             TypeError: if ``plain`` is not a :class:`ScaledRMSNorm`.
@@ -486,30 +398,24 @@ class MemberUnweightedRMSNorm(_MemberHFNorm):
 
 
 class MemberDeepseekUnweightedRMSNorm(MemberUnweightedRMSNorm):
-    """σNorm over DeepSeek-V4's ``DeepseekV4UnweightedRMSNorm`` (the inverse root cast before
-    the product); otherwise as :class:`MemberUnweightedRMSNorm`."""
+    """σNorm over DeepSeek-V4's ``DeepseekV4UnweightedRMSNorm``."""
 
     formula = "deepseek_unweighted"
     _norm_fn = staticmethod(deepseek_unweighted_rms_norm)
 
 
 class MemberUnweightedL2Norm(MemberUnweightedRMSNorm):
-    """σNorm over nGPT's weightless L2 norm (``DoryL2Norm``); otherwise as
-    :class:`MemberUnweightedRMSNorm`."""
+    """σNorm over nGPT's weightless L2 norm (``DoryL2Norm``)."""
 
     formula = "l2"
     norm_kind = "L2 norm"
     _norm_fn = staticmethod(unweighted_l2_norm)
 
 
-# -- gated RMS norms --------------------------------------------------------------------------
 class _MemberGatedRMSNorm(_MemberHFNorm):
-    """Shared body of the gated RMS norms' member versions: ``forward(x, gate=None)``."""
-
     norm_kind = "gated RMS norm"
     gate_first = False
     weight_in_float32 = False
-    #: forward takes a second input, the gate (the probe feeds one)
     takes_gate = True
 
     def __init__(
@@ -540,16 +446,8 @@ class _MemberGatedRMSNorm(_MemberHFNorm):
         self.plain_options = dict(plain_options or {})
 
     def _gated(self, x: Tensor, gate: Tensor | None, scale: Tensor) -> Tensor:
-        return gated_rms_norm(
-            x,
-            gate,
-            scale,
-            self.eps,
-            group_size=self.group_size,
-            gate_first=self.gate_first,
-            activation=self.activation,
-            weight_in_float32=self.weight_in_float32,
-        )
+        names = ("group_size", "gate_first", "activation", "weight_in_float32")
+        return gated_rms_norm(x, gate, scale, self.eps, **{n: getattr(self, n) for n in names})
 
     def forward(self, x: Tensor, gate: Tensor | None = None) -> Tensor:  # type: ignore[override]
         self._check_input(x)
@@ -610,7 +508,7 @@ def _positive_int(value: Any) -> bool:
 
 
 def _constructor_options(plain: nn.Module) -> dict[str, Any]:
-    """``plain``'s constructor arguments after the size (but eps) it keeps as plain attributes."""
+    """``plain``'s constructor arguments after the size it keeps as plain attributes."""
     try:
         parameters = list(inspect.signature(type(plain).__init__).parameters.values())[2:]
     except (TypeError, ValueError):
@@ -627,61 +525,43 @@ def _constructor_options(plain: nn.Module) -> dict[str, Any]:
 
 class MemberGatedRMSNorm(_MemberGatedRMSNorm):
     """σNorm over a gated RMS norm that normalizes, casts, weighs, then gates
-    (``Qwen3NextRMSNormGated``, ``Qwen3_5RMSNormGated``, ``OlmoHybridRMSNormGated``, …).
-
-    ``forward(x, gate=None)`` takes the gate as the plain module does, member-major like x.
+    (``Qwen3NextRMSNormGated``, …).
 
     Args:
-        hidden_size: C.
-        num_members: M.
-        eps: the plain module's ``variance_epsilon``.
         group_size: features per RMS group (None: all C).
         activation: the gate's, ``"silu"`` or ``"sigmoid"``.
-        plain_type: the class ``to_plain`` rebuilds.
     """
 
     formula = "gated"
 
 
 class MemberGatedRMSNormF32(_MemberGatedRMSNorm):
-    """σNorm over a gated RMS norm whose weight multiplies in float32 before the gate
-    (``KimiLinearRMSNormGated``, ``FalconH1RMSNormGated``, …). Otherwise as
-    :class:`MemberGatedRMSNorm`."""
+    """σNorm over a gated RMS norm weighing in float32 (``KimiLinearRMSNormGated``, …)."""
 
     formula = "gated, weight in float32"
     weight_in_float32 = True
 
 
 class MemberGateFirstRMSNorm(_MemberGatedRMSNorm):
-    """σNorm over a gated RMS norm that gates before it normalizes (Mamba-2's
-    ``MambaRMSNormGated``, ``BambaRMSNormGated``, ``NemotronHRMSNormGated``, …).
-    Otherwise as :class:`MemberGatedRMSNorm`."""
+    """σNorm over a gated RMS norm that gates first (Mamba-2's ``MambaRMSNormGated``, …)."""
 
     formula = "gate first"
     gate_first = True
 
 
 class MemberGateFirstRMSNormF32(_MemberGatedRMSNorm):
-    """σNorm over a gated RMS norm that gates first and weighs in float32
-    (``FalconH1RMSNormGated(norm_before_gate=False)``). Otherwise as
-    :class:`MemberGatedRMSNorm`."""
+    """σNorm over a gated RMS norm that gates first and weighs in float32."""
 
     formula = "gate first, weight in float32"
     gate_first = True
     weight_in_float32 = True
 
 
-# -- layer norm with the weight 1 + w ---------------------------------------------------------
 class MemberLayerNorm1P(MemberLayerNorm):
     """σNorm over a layer norm whose scale is weight + 1 (Nemotron's ``NemotronLayerNorm1P``).
 
-    A member's weight is the whole scale; a plain weight w is loaded as 1 + w, and ``to_plain``
-    gives back w = scale − 1, as :class:`MemberGemmaRMSNorm` does.
-
-    Args:
-        normalized_shape, num_members, eps, bias: as :class:`~snens.nn.MemberLayerNorm`'s.
-        plain_type: the class ``to_plain`` rebuilds, ``plain_type(shape, eps=eps, bias=…)``
-            (None: ``nn.LayerNorm`` holding the scale itself).
+    A member's weight is the whole scale. ``plain_type``: the class ``to_plain`` rebuilds (None:
+    ``nn.LayerNorm`` holding the scale itself).
     """
 
     triton_variant = None
@@ -696,8 +576,7 @@ class MemberLayerNorm1P(MemberLayerNorm):
         super().load_plain_affine(scale, bias)
 
     def forward(self, x: Tensor) -> Tensor:
-        """As ``NemotronLayerNorm1P``: autocast off; under CUDA's autocast the input and the
-        folded affine are cast to the autocast dtype first, as it casts its own."""
+        """As ``NemotronLayerNorm1P``: autocast off, the input and affine cast to its dtype."""
         device = x.device.type
         if not torch.is_autocast_enabled():
             with torch.autocast(device, enabled=False):
@@ -714,8 +593,7 @@ class MemberLayerNorm1P(MemberLayerNorm):
     def from_plain(
         cls, plain: nn.Module, num_members: int, *, generator: torch.Generator | None = None, **kw
     ) -> MemberNorm:
-        """A member norm whose every member reproduces ``plain``, a layer norm with the scale
-        1 + weight (checked on probe inputs, :func:`snens.nn.probe.match`).
+        """A member norm whose every member reproduces ``plain`` (checked by the probe).
 
         Raises:
             TypeError: if ``plain`` does not compute it.
@@ -734,16 +612,11 @@ class MemberLayerNorm1P(MemberLayerNorm):
             raise TypeError("it has no weight, so no scale 1 + weight")
         return {**MemberLayerNorm._plain_config(plain), "plain_type": type(plain)}
 
-    def to_plain(self, member: int) -> nn.Module:
+    def _new_plain(self) -> nn.Module:
         if self.plain_type is None:
-            return super().to_plain(member)
-        self._check_member(member)
-        plain = self.plain_type(self.normalized_shape, eps=self.eps, bias=self.bias is not None).to(
-            device=self.weight.device, dtype=self.weight.dtype
-        )
-        scale, shift = self.scale_and_shift()
-        with torch.no_grad():
-            plain.weight.copy_(scale[member].double() - 1)
-            if shift is not None:
-                plain.bias.copy_(shift[member])
-        return plain.train(self.training)
+            return super()._new_plain()
+        plain = self.plain_type(self.normalized_shape, eps=self.eps, bias=self.bias is not None)
+        return plain.to(**self._factory())
+
+    def _plain_weight(self, scale: Tensor) -> Tensor:
+        return scale if self.plain_type is None else scale.double() - 1

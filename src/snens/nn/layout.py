@@ -1,12 +1,8 @@
 """Where member layers find the members: along the first dimension, and how to say otherwise.
 
-Every member layer (``member_major = True``) splits its input into M equal blocks along
-dimension 0. A model that moves the batch elsewhere (a sequence-first transformer, (S, M·B, D))
-would have its sequence split into "members" instead, silently. So while an ensemble's forward
-runs (:func:`model_rows`), a member layer checks that its first dimension is a multiple of the
-rows the model was fed (:func:`check_batch_first`); a layer that sees the batch in dimension 1
-is marked with :func:`sequence_first`, which moves the batch to the front for it and back
-after it.
+While an ensemble's forward runs (:func:`model_rows`), a member layer checks that its first
+dimension is a multiple of the rows the model was fed (:func:`check_batch_first`); a layer that
+sees the batch in dimension 1 is marked with :func:`sequence_first`.
 """
 
 from __future__ import annotations
@@ -23,17 +19,13 @@ __all__ = ["check_batch_first", "model_rows", "sequence_first"]
 #: The rows the running ensemble's forward feeds its model (M·B; B with ``split`` inputs).
 _MODEL_ROWS: ContextVar[int | None] = ContextVar("snens_model_rows", default=None)
 
-#: The attribute that marks a member layer :func:`sequence_first` has hooked.
 _MARK = "_snens_sequence_first"
 
 
 @contextlib.contextmanager
 def model_rows(rows: int) -> Iterator[None]:
-    """While the block runs, member layers expect a multiple of ``rows`` in dimension 0.
-
-    Under ``torch.compile`` nothing is set and the check is off: dynamo cannot trace a
-    ``ContextVar``.
-    """
+    """While the block runs, member layers expect a multiple of ``rows`` in dimension 0 (not
+    under ``torch.compile``, which cannot trace a ``ContextVar``)."""
     if torch.compiler.is_compiling():
         yield
         return
@@ -75,12 +67,8 @@ def _batch_back(layer: nn.Module, args: tuple, output: Tensor) -> Tensor:
 
 
 def sequence_first(module: nn.Module) -> list[str]:
-    """Mark every member layer under ``module`` (itself included) as seeing (S, M·B, …) inputs.
-
-    Each gets its input with dimensions 0 and 1 swapped, so the batch is first, and its output
-    swapped back: right for layers that work on each position's last dimension (norms over
-    the features, linear layers), as in a sequence-first transformer block. Marking a layer
-    twice changes nothing; the hooks travel with ``copy.deepcopy`` and ``torch.save``.
+    """Mark every member layer under ``module`` (itself included) as seeing (S, M·B, …) inputs:
+    dimensions 0 and 1 are swapped around it.
 
     Returns:
         The names (relative to ``module``) of the layers newly marked.

@@ -14,22 +14,8 @@ __all__ = ["MemberLinear"]
 
 
 class MemberLinear(nn.Module):
-    """M independent linear layers applied to their members' rows.
+    """M independent linear layers on their members' rows: ``(M·B, *, D) -> (M·B, *, K)``."""
 
-    Member m computes ``x_m @ weight[m].T + bias[m]`` on rows [m·B, (m+1)·B) of a member-major
-    input, as one batched matmul.
-
-    Args:
-        in_features: D, input features.
-        out_features: K, output features (classes).
-        num_members: M.
-        bias: whether each member has a bias.
-
-    Shape:
-        Input: (M·B, *, D), member-major. Output: (M·B, *, K).
-    """
-
-    #: members along dimension 0 (:mod:`snens.nn.layout`)
     member_major: bool = True
 
     def __init__(
@@ -55,17 +41,15 @@ class MemberLinear(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """Each member gets its own draw of ``nn.Linear``'s default initialization."""
         bound = 1.0 / math.sqrt(self.in_features) if self.in_features > 0 else 0.0
         with torch.no_grad():
-            # kaiming_uniform_(a=sqrt(5)) on a (K, D) weight is U(-1/sqrt(D), 1/sqrt(D)).
+            # nn.Linear's default initialization, drawn per member
             self.weight.uniform_(-bound, bound)
             if self.bias is not None:
                 self.bias.uniform_(-bound, bound)
 
     @torch.no_grad()
     def load_plain(self, linear: nn.Linear) -> None:
-        """Copy a plain linear layer into every member."""
         self.weight.copy_(linear.weight.detach().unsqueeze(0).expand_as(self.weight))
         if self.bias is not None:
             if linear.bias is None:
@@ -90,23 +74,16 @@ class MemberLinear(nn.Module):
         return out.reshape(*lead, self.out_features)  # (M·B, *, K)
 
     def to_plain(self, member: int) -> nn.Linear:
-        """Member ``member`` as a plain ``nn.Linear``."""
         check_member(member, self.num_members)
-        plain = nn.Linear(
-            self.in_features,
-            self.out_features,
-            bias=self.bias is not None,
-            device=self.weight.device,
-            dtype=self.weight.dtype,
-        )
+        factory = {"device": self.weight.device, "dtype": self.weight.dtype}
+        plain = nn.Linear(self.in_features, self.out_features, self.bias is not None, **factory)
         with torch.no_grad():
             plain.weight.copy_(self.weight[member])
             if self.bias is not None:
                 plain.bias.copy_(self.bias[member])
         return plain.train(self.training)
 
-    #: The layout of this layer's entries: 2, per-member rows (M, K, D) and (M, K); 1 (or none),
-    #: a plain nn.Linear's.
+    #: 2: per-member rows (M, K, D) and (M, K); 1 (or none): a plain nn.Linear's.
     _version = 2
 
     def _load_from_state_dict(
@@ -119,8 +96,7 @@ class MemberLinear(nn.Module):
             if value is None or param is None:
                 continue
             if (version is None or version < 2) and value.dim() == param.dim() - 1:
-                # version 1 without a member dimension: a plain nn.Linear's, the head this
-                # layer replaced; every member starts as a copy of it
+                # a plain nn.Linear's: every member starts as a copy of it
                 state_dict[prefix + key] = value.unsqueeze(0).expand_as(param).clone()
             elif tuple(value.shape) != tuple(param.shape):
                 raise ValueError(

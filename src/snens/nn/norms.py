@@ -4,22 +4,13 @@ For member m, with its own statistics and its own affine,
 
     σNorm_m(x) = sigmoid(gamma_m) ⊙ (weight_m ⊙ x̂_m + bias_m)
 
-where x̂_m is x normalized as the plain layer would normalize it. Inputs are member-major:
-rows [m·B, (m+1)·B) of an (M·B, …) tensor belong to member m. The sigmoid scale and the affine
-are folded into one per-member scale and shift before they touch the activations.
+where x̂_m is x normalized as the plain layer would. Inputs are member-major: rows
+[m·B, (m+1)·B) of an (M·B, …) tensor belong to member m.
 
 Every member norm has one definition, ``_reference`` (the plain functional norm on each
-member's rows, concatenated), and one dispatch, ``_normalize``, among faster paths that are
-tested equal to it: the fused CPU kernels (:mod:`snens.nn.fused`), a vectorized path over the
-whole tensor, and the Triton kernels on CUDA (:mod:`snens.nn.triton_norms`). Under
-``torch.compile`` and ``torch.export`` the custom kernels stand aside for plain torch ops.
-:func:`force_path` forces a path, for tests and device checks::
-
-    with snens.nn.norms.force_path("reference"):  # the per-member loop, on CUDA too
-        expected = model(x)
-
-Loading a plain norm's state_dict (weight of shape (C,) instead of (M, C)) into a member norm is
-output-preserving: every member is set so that it reproduces the plain layer exactly.
+member's rows, concatenated), and one dispatch, ``_normalize``, among faster paths tested equal
+to it (:mod:`snens.nn.fused`, a vectorized path, :mod:`snens.nn.triton_norms`).
+Loading a plain norm's state_dict into a member norm makes every member reproduce it.
 """
 
 from __future__ import annotations
@@ -46,18 +37,13 @@ __all__ = [
 ]
 
 
-#: The most members an ensemble may have: every input is repeated M times, and implicit
-#: ensembles in the literature use M <= 16.
+#: The most members an ensemble may have: every input is repeated M times.
 MAX_MEMBERS = 1024
 
 
 def check_num_members(num_members: Any, *, ceiling: bool = True) -> int:
-    """Validate a member count and return it unchanged.
-
-    Args:
-        num_members: M.
-        ceiling: refuse M above :data:`MAX_MEMBERS` (for anything that runs M members; pure
-            formulas in M, such as ``optimal_k``, pass False).
+    """Validate a member count and return it unchanged (``ceiling``: refuse M above
+    :data:`MAX_MEMBERS`).
 
     Raises:
         TypeError: if ``num_members`` is not an int (bools are refused too).
@@ -96,11 +82,8 @@ def check_member(member: Any, num_members: int) -> int:
 
 
 def custom_functions_unavailable(x: Tensor) -> bool:
-    """Whether snens' custom autograd functions must stand aside for plain torch ops.
-
-    True while ``torch.compile`` or ``torch.export`` traces and inside ``torch.func``
-    transforms, whose wrapped tensors need vmap and jvp rules the fused kernels do not have.
-    """
+    """Whether snens' custom autograd functions must stand aside for plain torch ops: while
+    ``torch.compile`` or ``torch.export`` traces, and inside ``torch.func`` transforms."""
     return torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(x)
 
 
@@ -109,20 +92,14 @@ def needs_grad(*tensors: Tensor | None) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
-#: The paths :func:`force_path` can force.
 FORCEABLE_PATHS = ("vectorized", "reference", "triton")
 _forced_path: str | None = None
 
 
 @contextlib.contextmanager
 def force_path(path: str) -> Iterator[None]:
-    """Within the block, the member batch norms and layer norms take ``path`` on every device.
-
-    For tests and device checks: ``"vectorized"`` runs the plain-op path over the whole
-    (M·B, …) tensor on the CPU too, ``"reference"`` the per-member loop on CUDA too (M = 1 and
-    empty inputs always take it); ``"triton"`` sends the norms with Triton kernels to them on
-    every device (CPU tensors through Triton's interpreter) where they take the input. The
-    setting is process-wide, not per thread; blocks nest (the innermost wins).
+    """Within the block, the member batch norms and layer norms take ``path`` on every device
+    (for tests and device checks; process-wide, the innermost block wins).
 
     Raises:
         ValueError: if ``path`` is not one of :data:`FORCEABLE_PATHS`.
@@ -143,18 +120,14 @@ def forced_path() -> str | None:
 
 
 def path_override(x: Tensor) -> str | None:
-    """The batch and layer norms' path for ``x`` where the CPU dispatch does not decide it.
-
-    The path :func:`force_path` forces (``"vectorized"`` or ``"reference"``), else
-    ``"vectorized"`` off the CPU, else None.
-    """
+    """The forced ``"vectorized"`` or ``"reference"`` path, else ``"vectorized"`` off the CPU,
+    else None (the CPU dispatch decides)."""
     if _forced_path in ("vectorized", "reference"):
         return _forced_path
     return None if x.device.type == "cpu" else "vectorized"
 
 
 def _state(module: nn.Module, name: str) -> Tensor | None:
-    """``module``'s own parameter or buffer ``name``."""
     value = module._parameters.get(name)
     return module._buffers.get(name) if value is None else value
 
@@ -162,9 +135,8 @@ def _state(module: nn.Module, name: str) -> Tensor | None:
 class MemberNorm(nn.Module):
     """Base class of the member norms: owns gamma, the per-member affine and the state migration.
 
-    Subclasses pass ``feature_shape`` (the shape of one member's affine, e.g. ``(C,)``) and
-    implement ``_check_input(x)`` and ``_reference(x, scale, shift)``, the layer's definition;
-    those with fast paths override ``_normalize(x, scale, shift)``, the dispatch among them.
+    Subclasses pass ``feature_shape`` (one member's affine, e.g. ``(C,)``) and implement
+    ``_check_input`` and ``_reference``; those with fast paths override ``_normalize``.
 
     Attributes:
         gamma: importance logits, shape (M, *feature_shape); importance = sigmoid(gamma).
@@ -173,7 +145,6 @@ class MemberNorm(nn.Module):
 
     plain_type: type[nn.Module]
     has_bias: bool = True
-    #: members along dimension 0 (:mod:`snens.nn.layout`)
     member_major: bool = True
     #: the dtype of one built from a plain module holding no floating-point tensor
     _fallback_dtype: torch.dtype | None = None
@@ -209,10 +180,8 @@ class MemberNorm(nn.Module):
         else:
             self.register_parameter("bias", None)
 
-    # -- parameters ------------------------------------------------------------------------
     def reset_parameters(self) -> None:
-        """gamma ~ N(gamma_mean, gamma_std²) (asymmetric, so the regularizer has a gradient);
-        weight = 1, bias = 0."""
+        """gamma ~ N(gamma_mean, gamma_std²); weight = 1, bias = 0."""
         with torch.no_grad():
             self.gamma.normal_(self.gamma_mean, self.gamma_std)
             self.weight.fill_(1.0)
@@ -220,11 +189,7 @@ class MemberNorm(nn.Module):
                 self.bias.zero_()
 
     def importances(self) -> Tensor:
-        """sigmoid(gamma) flattened to (M, C): the per-feature importance of each member.
-
-        Under FSDP2 a γ resharded after the forward is a DTensor when the diversity loss reads
-        it: it is gathered whole (differentiably; its gradient returns to each rank's shard).
-        """
+        """sigmoid(gamma) flattened to (M, C); an FSDP2-sharded γ is gathered whole."""
         gamma = self.gamma
         if gamma.numel() == 0 and hasattr(gamma, "ds_status"):
             raise RuntimeError(
@@ -243,11 +208,8 @@ class MemberNorm(nn.Module):
 
     @torch.no_grad()
     def load_plain_affine(self, weight: Tensor | None, bias: Tensor | None) -> None:
-        """Set every member so that it reproduces a plain norm with this weight and bias.
-
-        weight_m = weight / sigmoid(gamma_m), bias_m = bias / sigmoid(gamma_m), so that
-        sigmoid(gamma_m)·(weight_m x̂ + bias_m) = weight x̂ + bias for every member m.
-        """
+        """Set every member to reproduce a plain norm: weight_m = weight / sigmoid(gamma_m), and
+        bias_m likewise."""
         # in float64, then checked: w / sigmoid(gamma) overflows float32 below gamma ≈ -87
         s = torch.sigmoid(self.gamma.detach().double())
         w = torch.ones(self.feature_shape) if weight is None else weight.detach()
@@ -258,7 +220,7 @@ class MemberNorm(nn.Module):
             new_bias = b.double().to(s.device) / s
         limit = torch.finfo(self.weight.dtype).max
         for value in (new_weight, new_bias):
-            if value is None or value.is_meta:  # meta tensors (shape-only models) hold no values
+            if value is None or value.is_meta:
                 continue
             if not (value.abs() <= limit).all():
                 raise ValueError(
@@ -271,7 +233,6 @@ class MemberNorm(nn.Module):
         if new_bias is not None:
             self.bias.copy_(new_bias)
 
-    # -- input checks ------------------------------------------------------------------------
     def _check_rows(self, x: Tensor) -> None:
         check_batch_first(self, x)
         if x.dim() == 0 or x.shape[0] % self.num_members:
@@ -292,26 +253,22 @@ class MemberNorm(nn.Module):
         return self._normalize(x, scale, shift)
 
     def _fused_forward(self, x: Tensor) -> Tensor | None:
-        """The whole forward in one device kernel, or None where none takes ``x``."""
         return None
 
     def _check_input(self, x: Tensor) -> None:
         raise NotImplementedError
 
     def _normalize(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
-        """The dispatch among a family's paths (each equal to :meth:`_reference`)."""
         return self._reference(x, scale, shift)
 
     def _reference(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
-        """The definition: the plain functional norm on each member's rows, concatenated."""
         raise NotImplementedError
 
     def _per_member(self, x: Tensor, scale: Tensor, shift: Tensor | None, normalize) -> Tensor:
         """``normalize(rows, m, scale_m, shift_m)`` on each member's rows, concatenated."""
         M = self.num_members
-        # unbind, not scale[m] / x[m·B:(m+1)·B]: the backward of M slices sums M full-size
-        # zero-filled gradients; unbind's is one stack. Not split: torch.export could not keep
-        # the batch size dynamic.
+        # unbind, not slices: their backward sums M full-size zero-filled gradients; not
+        # split: torch.export could not keep the batch size dynamic
         scales = scale.unbind(0)
         shifts = (None,) * M if shift is None else shift.unbind(0)
         if M == 1:
@@ -321,9 +278,7 @@ class MemberNorm(nn.Module):
             [normalize(rows, m, scales[m], shifts[m]) for m, rows in enumerate(chunks)]
         )
 
-    # -- state_dict versions and migration ---------------------------------------------------
-    #: The layout of this layer's entries, as torch's norms record theirs. 2: ``gamma`` and
-    #: per-member rows (M, …); 1 or none recorded: the same layout, loaded as it is.
+    #: 2: ``gamma`` and per-member rows (M, …); 1 or none recorded: the same layout.
     _version = 2
     #: Entries a plain norm of this family saves (any one of them marks its state).
     _plain_keys: tuple[str, ...] = ("weight", "bias")
@@ -333,10 +288,8 @@ class MemberNorm(nn.Module):
     ):
         version = local_metadata.get("version")
         if prefix + "gamma" in state_dict:
-            # versions 1 and 2 hold the same member layout: nothing to migrate
             self._check_num_members(state_dict[prefix + "gamma"], prefix + "gamma", version)
         elif any(prefix + key in state_dict for key in self._plain_keys):
-            # no gamma, whatever the version says: the plain norm's entries
             self._migrate_plain_state(state_dict, prefix, local_metadata)
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
@@ -361,7 +314,6 @@ class MemberNorm(nn.Module):
         )
 
     def _migrate_plain_state(self, state_dict, prefix, local_metadata) -> None:
-        """Rewrite a plain norm's entries in place into this layer's member layout."""
         weight = state_dict.pop(prefix + "weight", None)
         bias = state_dict.pop(prefix + "bias", None)
         expected = self.feature_shape
@@ -373,18 +325,23 @@ class MemberNorm(nn.Module):
                     "must have the same number of features"
                 )
         self.load_plain_affine(weight, bias if self.bias is not None else None)
-        state_dict[prefix + "gamma"] = self.gamma.detach().clone()
-        state_dict[prefix + "weight"] = self.weight.detach().clone()
-        if self.bias is not None:
-            state_dict[prefix + "bias"] = self.bias.detach().clone()
+        for name in ("gamma", "weight", "bias"):
+            if getattr(self, name) is not None:
+                state_dict[prefix + name] = getattr(self, name).detach().clone()
 
     def to_plain(self, member: int) -> nn.Module:
         """A plain norm equal to member ``member`` (sigmoid(gamma) folded into its affine)."""
+        self._check_member(member)
+        return self._carrying_member(self._new_plain(), member)
+
+    def _new_plain(self) -> nn.Module:
         raise NotImplementedError
+
+    def _factory(self) -> dict[str, Any]:
+        return {"device": self.weight.device, "dtype": self.weight.dtype}
 
     @torch.no_grad()
     def _carrying_member(self, plain: nn.Module, member: int) -> nn.Module:
-        """``plain`` given member ``member``'s folded affine and this layer's mode."""
         scale, shift = self.scale_and_shift()
         plain.weight.copy_(self._plain_weight(scale[member]))
         if shift is not None:
@@ -392,24 +349,14 @@ class MemberNorm(nn.Module):
         return plain.train(self.training)
 
     def _plain_weight(self, scale: Tensor) -> Tensor:
-        """The plain module's weight that computes one member's folded ``scale``."""
         return scale
 
     @classmethod
     def from_plain(
         cls, plain: nn.Module, num_members: int, *, generator: torch.Generator | None = None, **kw
     ) -> MemberNorm:
-        """A member norm whose every member reproduces ``plain`` (same statistics and output).
-
-        gamma is drawn from N(gamma_mean, gamma_std²) (``generator`` for reproducibility), then
-        each member's affine is set to the plain affine divided by sigmoid(gamma_m).
-
-        Args:
-            plain: a norm of exactly ``cls.plain_type``.
-            num_members: M.
-            generator: optional ``torch.Generator`` for gamma.
-            **kw: ``gamma_mean``, ``gamma_std``.
-        """
+        """A member norm whose every member reproduces ``plain``, a norm of exactly
+        ``cls.plain_type`` (``generator`` draws gamma; ``**kw``: ``gamma_mean``, ``gamma_std``)."""
         if type(plain) is not cls.plain_type:
             raise TypeError(
                 f"{cls.__name__}.from_plain expects {cls.plain_type.__name__}, "
@@ -418,15 +365,7 @@ class MemberNorm(nn.Module):
         return cls._from_plain_config(plain, cls._plain_config(plain), num_members, generator, kw)
 
     @classmethod
-    def _from_plain_config(
-        cls,
-        plain: nn.Module,
-        config: dict[str, Any],
-        num_members: int,
-        generator: torch.Generator | None,
-        kw: dict[str, Any],
-    ) -> MemberNorm:
-        """``from_plain`` after its type check (``from_plain_as`` shares it)."""
+    def _from_plain_config(cls, plain, config, num_members, generator, kw) -> MemberNorm:
         tensors = [*plain.parameters(recurse=False), *plain.buffers(recurse=False)]
         floats = [t for t in tensors if t.is_floating_point()]
         factory = {
@@ -441,7 +380,6 @@ class MemberNorm(nn.Module):
         return member.train(plain.training)
 
     def _plain_affine(self, plain: nn.Module) -> tuple[Tensor | None, Tensor | None]:
-        """The plain module's weight and bias, which every member reproduces."""
         return _state(plain, "weight"), _state(plain, "bias")
 
     def _draw_gamma(self, generator: torch.Generator | None) -> None:

@@ -1,7 +1,6 @@
 """Per-example member norms: LayerNorm, RMSNorm, GroupNorm and InstanceNorm with a member affine.
 
-Their statistics are per example (per row), so members share them and differ only in their
-folded affine sigmoid(gamma_m)·weight_m, sigmoid(gamma_m)·bias_m.
+Their statistics are per row, so members differ only in their folded affine.
 """
 
 from __future__ import annotations
@@ -42,17 +41,7 @@ def _recorded_shape(plain: nn.Module) -> tuple[int, ...]:
 
 
 class MemberLayerNorm(MemberNorm):
-    """σNorm over ``nn.LayerNorm``: one layer_norm per member's rows with its folded affine.
-
-    Args:
-        normalized_shape: trailing shape to normalize over, as in ``torch.nn.LayerNorm``.
-        num_members: M.
-        eps: as in ``torch.nn.LayerNorm``.
-        bias: whether the member affine has a bias (default True).
-
-    Shape:
-        Input: (M·B, *, *normalized_shape), member-major. Output: same shape.
-    """
+    """σNorm over ``nn.LayerNorm`` (its arguments, and M): inputs ``(M·B, *, *shape)``."""
 
     plain_type = nn.LayerNorm
     triton_variant = triton_norms.Variant(
@@ -72,14 +61,8 @@ class MemberLayerNorm(MemberNorm):
         dtype=None,
     ) -> None:
         self.has_bias = bias
-        super().__init__(
-            _as_shape(normalized_shape),
-            num_members,
-            gamma_mean=gamma_mean,
-            gamma_std=gamma_std,
-            device=device,
-            dtype=dtype,
-        )
+        options = dict(gamma_mean=gamma_mean, gamma_std=gamma_std, device=device, dtype=dtype)
+        super().__init__(_as_shape(normalized_shape), num_members, **options)
         self.normalized_shape = self.feature_shape
         self.eps = eps
         self.reset_parameters()
@@ -98,15 +81,11 @@ class MemberLayerNorm(MemberNorm):
         return None
 
     def _normalize(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
-        """Layer norm of each member's rows: the first path that applies.
+        """The fused CPU kernel, the vectorized path off the CPU, else the reference."""
+        y = self._fast_path(x, scale, shift)
+        return self._reference(x, scale, shift) if y is None else y
 
-        0. triton, taken in ``forward``: CUDA, where :func:`snens.nn.triton_norms.applies`.
-        1. fused (:func:`snens.nn.fused.member_layer_norm`): M > 1, CPU, float32/64, non-empty,
-           kernels built, not traced. No native kernel takes a per-row affine.
-        2. vectorized (one un-affine ``F.layer_norm``, the member affine broadcast): M > 1,
-           non-empty, off the CPU (or forced).
-        3. reference: everything else.
-        """
+    def _fast_path(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor | None:
         if self.num_members > 1 and x.numel() > 0:
             path = path_override(x)
             if path == "vectorized":
@@ -115,18 +94,14 @@ class MemberLayerNorm(MemberNorm):
                 return fused.member_layer_norm(
                     x, scale, shift, self.normalized_shape, self.eps, self.num_members
                 )
-        return self._reference(x, scale, shift)
+        return None
 
     def _vectorized(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
-        """One un-affine ``F.layer_norm`` over all M·B rows, then each member's affine broadcast.
-
-        Half inputs are normalized in float32 and rounded once, after the affine, as the
-        reference's kernel does; under autocast ``F.layer_norm`` picks the precision.
-        """
+        """One un-affine ``F.layer_norm`` over all rows, then each member's affine broadcast
+        (half inputs in float32, rounded once after the affine, as the reference's kernel)."""
         M = self.num_members
-        widen = x.dtype in (torch.float16, torch.bfloat16) and not torch.is_autocast_enabled(
-            x.device.type
-        )
+        half = x.dtype in (torch.float16, torch.bfloat16)
+        widen = half and not torch.is_autocast_enabled(x.device.type)
         y = F.layer_norm(x.float() if widen else x, self.normalized_shape, None, None, self.eps)
         out_dtype = x.dtype if widen else y.dtype
         y = y.unflatten(0, (M, -1))
@@ -138,13 +113,9 @@ class MemberLayerNorm(MemberNorm):
         return y.flatten(0, 1).to(out_dtype)
 
     def _reference(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
+        shape, eps = self.normalized_shape, self.eps
         return self._per_member(
-            x,
-            scale,
-            shift,
-            lambda rows, m, scale_m, shift_m: F.layer_norm(
-                rows, self.normalized_shape, scale_m, shift_m, self.eps
-            ),
+            x, scale, shift, lambda r, _, w, b: F.layer_norm(r, shape, w, b, eps)
         )
 
     @staticmethod
@@ -156,32 +127,16 @@ class MemberLayerNorm(MemberNorm):
             "bias": plain._parameters.get("bias") is not None or weight is None,
         }
 
-    def to_plain(self, member: int) -> nn.Module:
-        self._check_member(member)
-        plain = nn.LayerNorm(
-            self.normalized_shape,
-            eps=self.eps,
-            bias=self.bias is not None,
-            device=self.weight.device,
-            dtype=self.weight.dtype,
-        )
-        return self._carrying_member(plain, member)
+    def _new_plain(self) -> nn.Module:
+        bias = self.bias is not None
+        return nn.LayerNorm(self.normalized_shape, eps=self.eps, bias=bias, **self._factory())
 
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, num_members={self.num_members}, eps={self.eps}"
 
 
 class MemberRMSNorm(MemberNorm):
-    """σNorm over ``nn.RMSNorm``: the member's folded scale on x / rms(x).
-
-    Args:
-        normalized_shape: trailing shape to normalize over.
-        num_members: M.
-        eps: as in ``torch.nn.RMSNorm`` (None: the dtype's machine epsilon).
-
-    Shape:
-        Input: (M·B, *, *normalized_shape), member-major. Output: same shape.
-    """
+    """σNorm over ``nn.RMSNorm`` (its arguments, and M): inputs ``(M·B, *, *normalized_shape)``."""
 
     plain_type = nn.RMSNorm
     has_bias = False
@@ -200,14 +155,8 @@ class MemberRMSNorm(MemberNorm):
         device=None,
         dtype=None,
     ) -> None:
-        super().__init__(
-            _as_shape(normalized_shape),
-            num_members,
-            gamma_mean=gamma_mean,
-            gamma_std=gamma_std,
-            device=device,
-            dtype=dtype,
-        )
+        options = dict(gamma_mean=gamma_mean, gamma_std=gamma_std, device=device, dtype=dtype)
+        super().__init__(_as_shape(normalized_shape), num_members, **options)
         self.normalized_shape = self.feature_shape
         self.eps = eps
         self.reset_parameters()
@@ -222,71 +171,39 @@ class MemberRMSNorm(MemberNorm):
         return None
 
     def _normalize(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
-        """RMS norm of each member's rows: the first path that applies.
-
-        0. triton, taken in ``forward``: CUDA, where :func:`snens.nn.triton_norms.applies`.
-        1. broadcast (:meth:`_broadcast`): M > 1, x and scale both float32 or both float64, and
-           not eager training on the CPU (there the broadcast product's backward costs more
-           than the loop's concatenation).
-        2. reference: everything else, half precision included (``rms_norm`` applies its
-           weight inside its float upcast).
-        """
-        dtypes = (torch.float32, torch.float64)
-        eager_cpu_training = (
-            x.device.type == "cpu" and needs_grad(x, scale) and not custom_functions_unavailable(x)
-        )
-        if (
-            self.num_members > 1
-            and x.dtype == scale.dtype
-            and x.dtype in dtypes
-            and not eager_cpu_training
-        ):
+        """:meth:`_broadcast` for float32/64 (not eager CPU training, where the loop's backward
+        is cheaper), else the reference (half precision: ``rms_norm`` weighs inside its upcast)."""
+        cpu_training = x.device.type == "cpu" and needs_grad(x, scale)
+        eager_cpu_training = cpu_training and not custom_functions_unavailable(x)
+        same_float = x.dtype == scale.dtype and x.dtype in (torch.float32, torch.float64)
+        if self.num_members > 1 and same_float and not eager_cpu_training:
             return self._broadcast(x, scale)
         return self._reference(x, scale, shift)
 
     def _broadcast(self, x: Tensor, scale: Tensor) -> Tensor:
-        """One un-weighted ``rms_norm`` over all M·B rows, times each member's scale."""
+        """One un-weighted ``rms_norm`` over all rows, times each member's scale: in float32/64
+        the member loop's arithmetic, op for op."""
         M = self.num_members
-        # in float32/64 rms_norm multiplies by its weight as a last, separate step, so this
-        # is the member loop's arithmetic, op for op
         y = F.rms_norm(x, self.normalized_shape, None, self.eps).unflatten(0, (M, -1))
         ones = (1,) * (y.dim() - 1 - len(self.normalized_shape))
         return (y * scale.view(M, *ones, *self.normalized_shape)).flatten(0, 1)
 
     def _reference(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
-        return self._per_member(
-            x,
-            scale,
-            None,
-            lambda rows, m, scale_m, _: F.rms_norm(rows, self.normalized_shape, scale_m, self.eps),
-        )
+        shape, eps = self.normalized_shape, self.eps
+        return self._per_member(x, scale, None, lambda r, _, w, b: F.rms_norm(r, shape, w, eps))
 
     @staticmethod
     def _plain_config(plain: nn.Module) -> dict[str, Any]:
         return {"normalized_shape": _recorded_shape(plain), "eps": norm_eps(plain)}
 
-    def to_plain(self, member: int) -> nn.Module:
-        self._check_member(member)
-        plain = nn.RMSNorm(
-            self.normalized_shape, eps=self.eps, device=self.weight.device, dtype=self.weight.dtype
-        )
-        return self._carrying_member(plain, member)
+    def _new_plain(self) -> nn.Module:
+        return nn.RMSNorm(self.normalized_shape, eps=self.eps, **self._factory())
 
     extra_repr = MemberLayerNorm.extra_repr
 
 
 class MemberGroupNorm(MemberNorm):
-    """σNorm over ``nn.GroupNorm``: one group_norm over all rows, the member affine per channel.
-
-    Args:
-        num_groups: groups to separate the channels into, as in ``torch.nn.GroupNorm``.
-        num_channels: C.
-        num_members: M.
-        eps: as in ``torch.nn.GroupNorm``.
-
-    Shape:
-        Input: (M·B, C, *), member-major. Output: same shape.
-    """
+    """σNorm over ``nn.GroupNorm`` (its arguments, and M): inputs ``(M·B, C, *)``."""
 
     plain_type = nn.GroupNorm
 
@@ -309,14 +226,8 @@ class MemberGroupNorm(MemberNorm):
             raise ValueError(
                 f"num_channels={num_channels} must be divisible by num_groups={num_groups}"
             )
-        super().__init__(
-            (num_channels,),
-            num_members,
-            gamma_mean=gamma_mean,
-            gamma_std=gamma_std,
-            device=device,
-            dtype=dtype,
-        )
+        options = dict(gamma_mean=gamma_mean, gamma_std=gamma_std, device=device, dtype=dtype)
+        super().__init__((num_channels,), num_members, **options)
         self.num_groups = num_groups
         self.num_channels = num_channels
         self.eps = eps
@@ -330,13 +241,8 @@ class MemberGroupNorm(MemberNorm):
             )
 
     def _normalize(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
-        """Group norm of each member's rows: the first path that applies.
-
-        1. one example (:meth:`_as_one_example`): M > 1, spatial dims, non-empty, more than one
-           value per group, contiguous, not traced by ``torch.compile``/``torch.export``.
-        2. reference: everything else (one value per group raises there, naming the member's
-           rows; channels-last inputs cannot be viewed as one example).
-        """
+        """:meth:`_as_one_example` where it can view x so, else the reference (which raises on
+        one value per group)."""
         per_group = self.num_channels // self.num_groups * math.prod(x.shape[2:])
         fast = x.dim() > 2 and x.numel() > 0 and per_group > 1 and x.is_contiguous()
         if self.num_members > 1 and fast and not torch.compiler.is_compiling():
@@ -344,9 +250,8 @@ class MemberGroupNorm(MemberNorm):
         return self._reference(x, scale, shift)
 
     def _as_one_example(self, x: Tensor, scale: Tensor, shift: Tensor) -> Tensor:
-        """The (M·B, C, *) input as one example of M·B·C channels in M·B·G groups, with the
-        member affine as a per-channel affine of (M·B·C,): statistics are per example, so this
-        normalizes exactly as the plain layer does, in one kernel."""
+        """The input as one example of M·B·C channels in M·B·G groups, with the member affine
+        per channel: one kernel, the same statistics."""
         M = self.num_members
         rows = x.shape[0] // M
         per_channel = (M, rows, self.num_channels)
@@ -358,13 +263,9 @@ class MemberGroupNorm(MemberNorm):
         return y.view(x.shape)
 
     def _reference(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
+        groups, eps = self.num_groups, self.eps
         return self._per_member(
-            x,
-            scale,
-            shift,
-            lambda rows, m, scale_m, shift_m: F.group_norm(
-                rows, self.num_groups, scale_m, shift_m, self.eps
-            ),
+            x, scale, shift, lambda r, _, w, b: F.group_norm(r, groups, w, b, eps)
         )
 
     @staticmethod
@@ -375,16 +276,8 @@ class MemberGroupNorm(MemberNorm):
             "eps": plain.eps,
         }
 
-    def to_plain(self, member: int) -> nn.Module:
-        self._check_member(member)
-        plain = nn.GroupNorm(
-            self.num_groups,
-            self.num_channels,
-            eps=self.eps,
-            device=self.weight.device,
-            dtype=self.weight.dtype,
-        )
-        return self._carrying_member(plain, member)
+    def _new_plain(self) -> nn.Module:
+        return nn.GroupNorm(self.num_groups, self.num_channels, eps=self.eps, **self._factory())
 
     def extra_repr(self) -> str:
         return (
@@ -394,21 +287,8 @@ class MemberGroupNorm(MemberNorm):
 
 
 class _MemberInstanceNorm(MemberGroupNorm):
-    """σNorm over ``nn.InstanceNorm{1,2,3}d``: :class:`MemberGroupNorm` with one channel per
-    group, for inputs of exactly the plain layer's dimensions.
-
-    Only instance norms without running statistics convert (the default); ``affine=False``
-    starts every member's affine at the identity, and :meth:`to_plain` gives an
-    ``affine=True`` layer carrying the member's.
-
-    Args:
-        num_features: C.
-        num_members: M.
-        eps: as in ``torch.nn.InstanceNorm2d``.
-
-    Shape:
-        Input: (M·B, C, *spatial), member-major. Output: same shape.
-    """
+    """σNorm over ``nn.InstanceNorm{1,2,3}d`` without running statistics: one channel per
+    group; :meth:`to_plain` gives an ``affine=True`` layer."""
 
     plain_type: type[nn.modules.instancenorm._InstanceNorm]
     spatial_dims: int
@@ -426,16 +306,8 @@ class _MemberInstanceNorm(MemberGroupNorm):
     ) -> None:
         if isinstance(num_features, bool) or not isinstance(num_features, int) or num_features < 1:
             raise ValueError(f"num_features must be an int >= 1, got num_features={num_features!r}")
-        super().__init__(
-            num_features,
-            num_features,
-            num_members,
-            eps,
-            gamma_mean=gamma_mean,
-            gamma_std=gamma_std,
-            device=device,
-            dtype=dtype,
-        )
+        options = dict(gamma_mean=gamma_mean, gamma_std=gamma_std, device=device, dtype=dtype)
+        super().__init__(num_features, num_features, num_members, eps, **options)
         self.num_features = num_features
 
     def _check_input(self, x: Tensor) -> None:
@@ -469,39 +341,29 @@ class _MemberInstanceNorm(MemberGroupNorm):
             raise ValueError(reason)
         return {"num_features": plain.num_features, "eps": plain.eps}
 
-    def to_plain(self, member: int) -> nn.Module:
-        self._check_member(member)
-        plain = self.plain_type(
-            self.num_features,
-            eps=self.eps,
-            affine=True,
-            device=self.weight.device,
-            dtype=self.weight.dtype,
-        )
-        return self._carrying_member(plain, member)
+    def _new_plain(self) -> nn.Module:
+        return self.plain_type(self.num_features, eps=self.eps, affine=True, **self._factory())
 
     def extra_repr(self) -> str:
         return f"{self.num_features}, num_members={self.num_members}, eps={self.eps}"
 
 
 class MemberInstanceNorm1d(_MemberInstanceNorm):
-    """σNorm over ``nn.InstanceNorm1d``; inputs (M·B, C, L). See :class:`_MemberInstanceNorm`."""
+    """σNorm over ``nn.InstanceNorm1d``; inputs (M·B, C, L)."""
 
     plain_type = nn.InstanceNorm1d
     spatial_dims = 1
 
 
 class MemberInstanceNorm2d(_MemberInstanceNorm):
-    """σNorm over ``nn.InstanceNorm2d``; inputs (M·B, C, H, W). See :class:`_MemberInstanceNorm`."""
+    """σNorm over ``nn.InstanceNorm2d``; inputs (M·B, C, H, W)."""
 
     plain_type = nn.InstanceNorm2d
     spatial_dims = 2
 
 
 class MemberInstanceNorm3d(_MemberInstanceNorm):
-    """σNorm over ``nn.InstanceNorm3d``; inputs (M·B, C, D, H, W).
-
-    See :class:`_MemberInstanceNorm`."""
+    """σNorm over ``nn.InstanceNorm3d``; inputs (M·B, C, D, H, W)."""
 
     plain_type = nn.InstanceNorm3d
     spatial_dims = 3

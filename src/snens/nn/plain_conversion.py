@@ -1,10 +1,4 @@
-"""Conversion to and from plain norm classes a member norm does not own.
-
-A torch member norm converts exactly its ``plain_type`` (``MemberNorm.from_plain``). The
-member norms that replace modules of other classes convert through :func:`from_plain_as`,
-reading the module's size and eps with :func:`feature_shape` and :func:`norm_eps`;
-:class:`RebuildsPlain` gives ``to_plain`` the class it rebuilds.
-"""
+"""Conversion to and from plain norm classes a member norm does not own."""
 
 from __future__ import annotations
 
@@ -44,8 +38,7 @@ def norm_eps(module: nn.Module) -> float | None:
 
 
 def feature_shape(module: nn.Module) -> tuple[int, ...] | None:
-    """The shape of one member's affine for ``module``: its own ``weight``'s, else the size it
-    records (:data:`SIZE_ATTRIBUTES`, an int or a tuple of ints >= 1), else None."""
+    """The shape of one member's affine: ``module``'s weight's, else the size it records."""
     weight = module._parameters.get("weight")
     if weight is not None:
         return tuple(weight.shape)
@@ -66,25 +59,11 @@ def from_plain_as(
     generator: torch.Generator | None = None,
     **kw: Any,
 ) -> MemberNorm:
-    """A ``member_type`` whose every member reproduces ``plain``, a module of any type that
-    computes what ``member_type`` does.
-
-    ``MemberNorm.from_plain`` without its exact-type check: ``member_type`` is built from
-    ``member_type._plain_config(plain)`` on plain's device and dtype, gamma drawn, each
-    member's affine set to reproduce plain's, running statistics copied.
-
-    Args:
-        member_type: a :class:`MemberNorm` subclass.
-        plain: the module to replace.
-        num_members: M.
-        eps: the eps ``plain`` computes with, where it keeps none of :data:`EPS_ATTRIBUTES`
-            (found by :mod:`snens.nn.probe`).
-        generator: optional ``torch.Generator`` for gamma.
-        **kw: ``gamma_mean``, ``gamma_std``.
+    """``MemberNorm.from_plain`` without its exact-type check: a ``member_type`` whose every
+    member reproduces ``plain`` (``eps``: where it keeps none).
 
     Raises:
-        TypeError: if ``plain`` lacks what ``member_type`` reads from it or holds a bias the
-            member norm has none for (named in the message).
+        TypeError: if ``plain`` lacks what ``member_type`` reads, or holds a bias it has none for.
     """
     try:
         config = member_type._plain_config(plain)
@@ -100,7 +79,6 @@ def from_plain_as(
         and config["eps"] is None
         and getattr(member_type, "plain_type", None) is not nn.RMSNorm
     ):
-        # None is nn.RMSNorm's "the input dtype's machine epsilon", which only its member has
         raise TypeError(
             f"{member_type.__name__} needs the eps of {type(plain).__name__}, which keeps it in "
             f"none of {', '.join(EPS_ATTRIBUTES)}; register it with "
@@ -116,8 +94,7 @@ def from_plain_as(
 
 
 class RebuildsPlain:
-    """to_plain's half for member norms of external classes: the plain class is rebuilt as
-    ``plain_type(size, eps=eps, **plain_options)`` (recorded by from_plain)."""
+    """``to_plain`` rebuilds ``plain_type(size, eps=eps, **plain_options)``."""
 
     plain_type: type[nn.Module] | None
     plain_options: dict[str, Any]

@@ -4,46 +4,18 @@
 source: :func:`match` runs the module and a member norm built from it side by side and says
 whether, and how closely, the member computes what the module does.
 
-The module is never run itself: a shallow copy of it holding random tensors in place of its
-parameters and buffers runs, hooks aside (weights 1 + 0.5·N(0, 1), biases and running means
-0.5·N(0, 1), running variances 0.5 + U(0, 1), so that neither an identity affine nor a unit
-variance hides a formula), and the module's own tensors stay the same objects, bit for bit. The
-member norm is built from that copy with one member and σ(γ) = 1 exactly (γ = 100), so it holds
-the copy's weight as it is. The random draws have their own generator, seeded, and the global
-random state is restored: probing changes nothing a user can see.
+The module is never run itself: a shallow copy holding random tensors in place of its
+parameters and buffers runs (hooks aside), and the member norm is built from it with one member
+and σ(γ) = 1 exactly. The draws have their own seeded generator; the global random state is
+restored. Inputs (never 2-D, which is both layouts) normalize over the trailing feature shape S
+or, for S = (C,), over the channels; a small-scale one pins the eps. A gated norm gets a gate.
 
-Inputs, for a feature shape S (C for one dimension), with sizes a, b, c from 2, 3, 5, 7, 11,
-13 that are not in S:
-
-* normalized over the trailing S: (a, b, *S), (a, a, b, *S), and (c, *S) for S of two or more
-  dimensions;
-* channels first (S = (C,)): (a, C, b), (a, C, b, c), (a, C, a, b, a);
-* the first of each again at 1e-3 scale (variance ~1e-6, where eps = 1e-5, 1e-6, 1e-8 give
-  outputs apart by more than 0.5 %, so the eps is pinned too).
-
-No input is 2-D: (N, C) is both channels first and channels last, and the sizes a, b, c keep
-the two layouts apart on every other rank.
-
-A module that records no size (a weightless RMS norm) is probed with S = (16,). A gated norm,
-``forward(x, gate)``, is given a gate of x's shape with each input (2·N(0, 1)), and also called
-without one (the last two inputs of step 1), where its member must agree only if it runs.
-
-A member class rejects the inputs it is not defined on (its ``_check_input``), a module may
-raise on some; the rest must agree:
-
-1. **float32**, eval and train mode, every input both take (at least one): within
-   rtol = atol = 1e-5, and batch norms' running statistics after each training step too. This
-   decides what the module computes. The 3-D inputs decide the layout: a member does not
-   compute a module that runs on none of the 3-D inputs the member takes but on one it refuses
-   (``x.transpose(1, 2)`` around a layer norm normalizes the channels of (N, C, W) inputs, and
-   the last dimension of 4-D ones: a layer norm over the channels, not over the last dimension).
-2. **half precision** (parameters / input: bfloat16 / bfloat16, float32 / bfloat16, float16 /
-   float16; and float64 / float32, where an OLMo-2 norm multiplies in float64 and a Gemma 3n
-   norm in float32), eval and train mode, the first two inputs of the first step: the same
-   output dtype, within 2 units of the input dtype's epsilon relative to 1 + |output|
-   (float32: 1e-5). The error of each setting is its largest difference over that tolerance
-   (0 when the two are equal bit for bit); a setting where the module raises is skipped. This
-   decides which member version: the formulas of one kind differ by where they round.
+1. **float32**, eval and train mode: within rtol = atol = 1e-5 (and batch norms' running
+   statistics): what the module computes. A member does not compute a module that runs on
+   none of the 3-D inputs the member takes but on one it refuses.
+2. **half precision** (:data:`PRECISIONS`), the first two inputs: the same output dtype,
+   within :data:`HALF_ULPS` of the input dtype's epsilon relative to 1 + |output|: which
+   member version (the formulas of one kind differ by where they round).
 """
 
 from __future__ import annotations
@@ -71,15 +43,11 @@ __all__ = [
     "unprobeable",
 ]
 
-#: Eps values tried, after the module's own, for modules that keep none (OLMo-1's layer norm
-#: writes its 1e-5 into its forward).
+#: Eps values tried, after the module's own, for modules that keep none.
 COMMON_EPS = (1e-5, 1e-6, 1e-12, 1e-8)
-#: Buffers a probed module may hold: torch's batch and instance norms' running statistics.
 STATISTICS = frozenset({"running_mean", "running_var", "num_batches_tracked"})
 FLOAT32_TOLERANCE = 1e-5
-#: Units of the input dtype's epsilon a member may differ by in half precision.
 HALF_ULPS = 2
-#: (parameter dtype, input dtype) of step 2.
 PRECISIONS = (
     (torch.bfloat16, torch.bfloat16),
     (torch.float32, torch.bfloat16),
@@ -96,8 +64,8 @@ class Comparison:
     Attributes:
         computes: it computes what the module does in float32 (step 1).
         error: the sum over the half-precision settings of each one's largest difference over
-            its tolerance (0: equal bit for bit everywhere); inf where it does not compute it.
-        worst: the largest of those, and the setting it was in ("bfloat16 / bfloat16", …).
+            its tolerance (0: equal bit for bit); inf where it does not compute it.
+        worst, worst_setting: the largest of those and its setting.
         reason: why it does not compute it, or ``""``.
     """
 
@@ -111,16 +79,12 @@ class Comparison:
 
     @property
     def reproduces(self) -> bool:
-        """It computes what the module does, within tolerance in every setting."""
         return self.computes and self.worst <= 1.0
 
 
 def unprobeable(module: nn.Module) -> str | None:
-    """Why the probe cannot run ``module`` as a norm, or None: a norm holds a weight (and a
-    bias) of its feature size, or none (its size recorded or not: a weightless RMS norm), batch
-    and instance norms their running statistics, nothing else but an unused non-persistent
-    ``weight`` buffer (FalconMamba's), and its forward takes one input, or two, the second
-    named ``gate`` (a gated RMS norm)."""
+    """Why the probe cannot run ``module`` as a norm (it holds more than a weight, a bias and
+    running statistics, or takes more than ``x`` and a ``gate``), or None."""
     children = [name for name, _ in module.named_children()]
     if children:
         return f"holds submodules ({', '.join(children)}), more than a norm"
@@ -148,20 +112,18 @@ def unprobeable(module: nn.Module) -> str | None:
     return None
 
 
-#: The name of the second input a gated norm takes (``forward(x, gate)``).
 GATE = "gate"
 #: Features of the probe inputs of a norm that records no size (a weightless RMS norm).
 SIZELESS_FEATURES = 16
 
 
 def takes_gate(module: nn.Module) -> bool:
-    """Whether ``module``'s forward takes a second input named ``gate`` (a gated norm)."""
     return extra_inputs(type(module)) == [GATE]
 
 
 def probe_shape(module: nn.Module) -> tuple[int, ...]:
-    """The feature shape of the probe inputs: the module's (:func:`feature_shape`), else the
-    size of a 1-D weight buffer it keeps, else :data:`SIZELESS_FEATURES`."""
+    """The feature shape of the probe inputs: the module's, else its 1-D weight buffer's, else
+    :data:`SIZELESS_FEATURES`."""
     shape = feature_shape(module)
     if shape is not None:
         return shape
@@ -188,8 +150,7 @@ def extra_inputs(cls: type) -> list[str]:
 
 
 def eps_candidates(module: nn.Module) -> list[float | None]:
-    """The module's own eps (:func:`~snens.nn.plain_conversion.norm_eps`), then
-    :data:`COMMON_EPS`; None first for nn.RMSNorm's default (the dtype's epsilon)."""
+    """The module's own eps, then :data:`COMMON_EPS` (None alone for nn.RMSNorm's default)."""
     own = norm_eps(module)
     if own is None and isinstance(module, nn.RMSNorm):
         return [None]
@@ -197,10 +158,8 @@ def eps_candidates(module: nn.Module) -> list[float | None]:
 
 
 def match(module: nn.Module, member_types: Sequence[type[MemberNorm]]) -> Comparison | None:
-    """The member type (with its eps) that comes closest to ``module`` among those that compute
-    what it does in float32, the first in ``member_types`` among equally close ones; None where
-    none computes it, or :func:`unprobeable` has a reason. For each type the eps values of
-    :func:`eps_candidates` are tried in turn until one computes it."""
+    """The closest of ``member_types`` (with its eps) among those that compute what ``module``
+    does in float32, the first among equally close ones; None where none does."""
     if unprobeable(module) is not None:
         return None
     best = None
@@ -215,8 +174,7 @@ def match(module: nn.Module, member_types: Sequence[type[MemberNorm]]) -> Compar
 
 
 def compare(module: nn.Module, member_type: type[MemberNorm], *, eps: float | None) -> Comparison:
-    """Run ``module`` and a one-member ``member_type`` built from it side by side (steps 1 and
-    2 of the module docstring)."""
+    """Run ``module`` and a one-member ``member_type`` built from it side by side."""
     device = _probe_device(module)
     forks = [] if device.type != "cuda" else [device.index or 0]
     with (
@@ -225,8 +183,7 @@ def compare(module: nn.Module, member_type: type[MemberNorm], *, eps: float | No
         torch.autocast(device.type, enabled=False),
         warnings.catch_warnings(),
     ):
-        # the probe's own mixed dtypes make torch warn ("Mismatch dtype between input and
-        # weight"); nothing a user did
+        # the probe's own mixed dtypes make torch warn; nothing a user did
         warnings.simplefilter("ignore")
         generator = torch.Generator().manual_seed(0)
         values = _random_state(module, generator)
@@ -235,13 +192,14 @@ def compare(module: nn.Module, member_type: type[MemberNorm], *, eps: float | No
         for shape, scale in _input_shapes(probe_shape(module)):
             x = torch.randn(shape, generator=generator, dtype=torch.float64)
             x = scale * (x + 0.5)  # a mean ≠ 0 sets layer norms apart from RMS norms
+            gate = None
             if gated:  # a gate of x's shape, around 0 (where SiLU and sigmoid differ most)
-                x = _Gated(x, 2 * torch.randn(shape, generator=generator, dtype=torch.float64))
-            inputs.append(x)
+                gate = 2 * torch.randn(shape, generator=generator, dtype=torch.float64)
+            inputs.append(_Input(x, gate))
             if scale == 1.0:
                 unit.append(inputs[-1])
         if gated:  # and without a gate, where the module takes none
-            inputs += [_Gated(x.x, None) for x in inputs[-2:]]
+            inputs += [_Input(x.x, None) for x in inputs[-2:]]
         reason = _float32(module, member_type, eps, values, inputs, device)
         if reason:
             return Comparison(member_type, eps, computes=False, reason=reason)
@@ -251,18 +209,10 @@ def compare(module: nn.Module, member_type: type[MemberNorm], *, eps: float | No
             errors[setting] = _precision(
                 module, member_type, eps, values, unit, param_dtype, input_dtype, device
             )
-    worst_setting = max(errors, key=errors.get)
-    return Comparison(
-        member_type,
-        eps,
-        computes=True,
-        error=sum(errors.values()),
-        worst=errors[worst_setting],
-        worst_setting=worst_setting,
-    )
+    worst = max(errors, key=errors.get)
+    return Comparison(member_type, eps, True, sum(errors.values()), errors[worst], worst)
 
 
-# -- the steps ----------------------------------------------------------------------------------
 def _float32(module, member_type, eps, values, inputs, device) -> str:
     """Step 1: "" where the member computes what the module does in float32, else why not."""
     try:
@@ -293,12 +243,7 @@ def _float32(module, member_type, eps, values, inputs, device) -> str:
 
 def _three_d_layout(plain, member, inputs, device) -> str:
     """Step 1's rule for 3-D inputs: "" unless the module runs on none of the 3-D inputs the
-    member takes but on one it refuses: the layout of (N, C, W) and (N, W, C) inputs decides.
-
-    A module that swaps dims 1 and 2 around a layer norm normalizes the channels of (N, C, W)
-    inputs, and the last dimension of 4-D ones, where the swap leaves it last: it agrees with
-    both layouts, each on inputs of its own rank, and converts as the one of its 3-D inputs.
-    """
+    member takes but on one it refuses (a layer norm inside ``x.transpose(1, 2)``)."""
     plain.eval()
     three = [x for x in inputs if len(x.shape) == 3]
     taken = [x for x in three if _takes(member, x)]
@@ -338,8 +283,8 @@ def _precision(module, member_type, eps, values, inputs, param_dtype, input_dtyp
 
 
 @dataclasses.dataclass(frozen=True)
-class _Gated:
-    """A probe input of a gated norm: x and its gate (None: the forward is called without)."""
+class _Input:
+    """A probe input: x, and a gated norm's gate (None: the forward is called without)."""
 
     x: Tensor
     gate: Tensor | None
@@ -348,21 +293,18 @@ class _Gated:
     def shape(self) -> torch.Size:
         return self.x.shape
 
-    def to(self, device: torch.device, dtype: torch.dtype) -> _Gated:
+    def to(self, device: torch.device, dtype: torch.dtype) -> _Input:
         gate = None if self.gate is None else self.gate.to(device, dtype)
-        return _Gated(self.x.to(device, dtype), gate)
+        return _Input(self.x.to(device, dtype), gate)
 
     def args(self) -> tuple[Tensor, ...]:
         return (self.x,) if self.gate is None else (self.x, self.gate)
 
 
-def _both(
-    plain: nn.Module, member: MemberNorm, x: Tensor | _Gated
-) -> tuple[Tensor | None, Tensor | str]:
-    """(the module's output or None where it raises, the member's output or why not)."""
+def _both(plain: nn.Module, member: MemberNorm, x: _Input) -> tuple[Tensor | None, Tensor | str]:
     if not _takes(member, x):
         return None, ""
-    args = x.args() if isinstance(x, _Gated) else (x,)
+    args = x.args()
     try:
         expected = type(plain).forward(plain, *args)  # hooks aside
     except Exception:  # noqa: BLE001 - any failure means it does not take this input
@@ -381,25 +323,23 @@ def _both(
     return expected, got
 
 
-def _runs(plain: nn.Module, x: Tensor | _Gated, device: torch.device) -> bool:
-    """Whether the module's forward (hooks aside) takes ``x`` in float32."""
+def _runs(plain: nn.Module, x: _Input, device: torch.device) -> bool:
     x = x.to(device, torch.float32)
     try:
-        type(plain).forward(plain, *(x.args() if isinstance(x, _Gated) else (x,)))
+        type(plain).forward(plain, *x.args())
     except Exception:  # noqa: BLE001 - any failure means it does not take this input
         return False
     return True
 
 
-def _takes(member: MemberNorm, x: Tensor | _Gated) -> bool:
+def _takes(member: MemberNorm, x: _Input) -> bool:
     try:
-        member._check_input(x.x if isinstance(x, _Gated) else x)
+        member._check_input(x.x)
     except ValueError:
         return False
     return True
 
 
-# -- what runs ----------------------------------------------------------------------------------
 def _probe_device(module: nn.Module) -> torch.device:
     tensors = [*module._parameters.values(), *module._buffers.values()]
     devices = [t.device for t in tensors if t is not None and t.device.type != "meta"]
@@ -407,7 +347,7 @@ def _probe_device(module: nn.Module) -> torch.device:
 
 
 def _random_state(module: nn.Module, generator: torch.Generator) -> dict[str, Tensor]:
-    """float64 values for the module's parameters and buffers (see the module docstring)."""
+    """float64 values such that neither an identity affine nor a unit variance hides a formula."""
     values = {}
     named = [*module._parameters.items(), *module._buffers.items()]
     for name, tensor in named:
@@ -428,8 +368,7 @@ def _random_state(module: nn.Module, generator: torch.Generator) -> dict[str, Te
 def _copy_holding(
     module: nn.Module, values: dict[str, Tensor], dtype: torch.dtype, device: torch.device
 ) -> nn.Module:
-    """A shallow copy of ``module`` whose parameters and buffers are ``values`` in ``dtype``
-    (integer buffers as they are): its own dictionaries, so the module is never touched."""
+    """A shallow copy of ``module`` holding ``values`` in ``dtype``; the module is untouched."""
     probe = copy.copy(module)
 
     def cast(value: Tensor) -> Tensor:
@@ -463,8 +402,7 @@ def _same_statistics(plain: nn.Module, member: MemberNorm) -> bool:
 
 
 def _input_shapes(shape: tuple[int, ...]) -> Iterable[tuple[tuple[int, ...], float]]:
-    """(shape, scale) of every probe input, the small-scale ones first (they reject a wrong
-    eps at once). None is 2-D: (N, C) is both channels first and channels last."""
+    """(shape, scale) of every probe input, the small-scale ones first."""
     a, b, c = [n for n in (2, 3, 5, 7, 11, 13) if n not in shape][:3]
     trailing = [(a, b, *shape), (a, a, b, *shape)] + ([(c, *shape)] if len(shape) > 1 else [])
     channels = []
@@ -475,7 +413,6 @@ def _input_shapes(shape: tuple[int, ...]) -> Iterable[tuple[tuple[int, ...], flo
     return small + [(s, 1.0) for s in trailing + channels]
 
 
-# -- comparisons --------------------------------------------------------------------------------
 def _close(got: Tensor, expected: Tensor, tolerance: float) -> bool:
     return _relative_error(got, expected, tolerance) <= 1.0
 

@@ -1,19 +1,12 @@
 """Which member norm replaces a module: one table, one lookup, one reason when there is none.
 
-:func:`lookup` answers for every module, in this order:
+:func:`lookup`: member modules and modules that do not look like a norm convert to nothing;
+classes in the table (torch's norms, :func:`register_norm`'s) by their entry; any other norm
+by what it computes (:func:`snens.nn.probe.match` against :data:`FORMULAS`), where exactly one
+formula matches and a member version reproduces it.
 
-1. member modules, and modules that do not look like a norm: nothing to convert (None);
-2. classes in the table (exact types): torch's norms (:data:`MEMBER_NORMS`), unless in a
-   setting their member class does not compute, and classes registered with
-   :func:`register_norm`;
-3. any other module that looks like a norm is recognized by what it computes: the probe
-   (:func:`snens.nn.probe.match`) runs it against each formula of :data:`FORMULAS`, and it
-   converts where exactly one formula matches in float32 and a member version reproduces it in
-   half precision; otherwise it is refused with the reason.
-
-A module looks like a norm when it is a torch norm, its class name says "…Norm" (a leaf, or one
-holding a weight of its own), or it comes from outside torch and holds a 1-D ``weight`` (and a
-``bias``) and nothing else.
+A module looks like a norm when it is a torch norm, its class name says "…Norm", or it comes
+from outside torch and holds a 1-D ``weight`` (and a ``bias``) and nothing else.
 """
 
 from __future__ import annotations
@@ -100,8 +93,7 @@ class _Entry:
     convert: Converter
 
 
-#: The table: plain class (exact) -> its member class and conversion. torch's norms, then
-#: :func:`register_norm`'s.
+#: plain class (exact) -> its member class and conversion.
 _TABLE: dict[type[nn.Module], _Entry] = {
     plain: _Entry(member, member.from_plain) for plain, member in MEMBER_NORMS.items()
 }
@@ -111,8 +103,7 @@ _TABLE[ScaledRMSNorm] = _Entry(None, MemberUnweightedRMSNorm.from_scaled)
 
 @dataclasses.dataclass(frozen=True)
 class Formula:
-    """What a norm computes, and its member versions (they differ in where they round in half
-    precision; the first is taken among equally close ones)."""
+    """What a norm computes, and its member versions (differing in where they round)."""
 
     name: str
     members: tuple[type[MemberNorm], ...]
@@ -137,8 +128,7 @@ FORMULAS = (
     ),
     Formula("RMS norm with the weight 1 + w (Gemma)", (MemberGemmaRMSNorm,)),
     Formula(
-        "RMS norm without a weight",
-        (MemberUnweightedRMSNorm, MemberDeepseekUnweightedRMSNorm),
+        "RMS norm without a weight", (MemberUnweightedRMSNorm, MemberDeepseekUnweightedRMSNorm)
     ),
     Formula("L2 norm without a weight (x / ‖x‖, nGPT)", (MemberUnweightedL2Norm,)),
 )
@@ -146,8 +136,7 @@ FORMULAS = (
 GATED_FORMULAS = (
     Formula("gated RMS norm, gated after the norm", (MemberGatedRMSNorm, MemberGatedRMSNormF32)),
     Formula(
-        "gated RMS norm, gated before the norm",
-        (MemberGateFirstRMSNorm, MemberGateFirstRMSNormF32),
+        "gated RMS norm, gated before the norm", (MemberGateFirstRMSNorm, MemberGateFirstRMSNormF32)
     ),
 )
 # a subclass of a torch norm is probed against its family's member versions only
@@ -157,10 +146,7 @@ _TORCH_FAMILIES: tuple[tuple[type[nn.Module], tuple[Formula, ...]], ...] = (
     (nn.BatchNorm3d, (Formula("batch norm over (N, C, D, H, W)", (MemberBatchNorm3d,)),)),
     (nn.InstanceNorm1d, (Formula("instance norm over (N, C, L)", (MemberInstanceNorm1d,)),)),
     (nn.InstanceNorm2d, (Formula("instance norm over (N, C, H, W)", (MemberInstanceNorm2d,)),)),
-    (
-        nn.InstanceNorm3d,
-        (Formula("instance norm over (N, C, D, H, W)", (MemberInstanceNorm3d,)),),
-    ),
+    (nn.InstanceNorm3d, (Formula("instance norm over (N, C, D, H, W)", (MemberInstanceNorm3d,)),)),
     (nn.GroupNorm, (Formula("group norm", (MemberGroupNorm,)),)),
     (
         nn.LayerNorm,
@@ -173,7 +159,6 @@ _TORCH_FAMILIES: tuple[tuple[type[nn.Module], tuple[Formula, ...]], ...] = (
     (nn.RMSNorm, (Formula("RMS norm", (MemberRMSNorm,)),)),
 )
 
-#: For error messages: what converts.
 SUPPORTED = (
     f"{', '.join(t.__name__ for t in MEMBER_NORMS)} (instance norms without running "
     "statistics); modules that compute, on probe inputs, a layer norm over the last dimension "
@@ -196,13 +181,9 @@ _TORCH_NORMS = (
 )
 
 
-# -- the lookup ---------------------------------------------------------------------------------
 def lookup(module: nn.Module, memo: dict[Any, Any] | None = None) -> Converter | str | None:
     """How ``snens.convert`` turns ``module`` into a member norm (a :data:`Converter`), why it
-    cannot (a reason naming the class), or None where ``module`` is not a norm to convert.
-
-    ``memo``, a dict kept over one conversion, shares a probe between modules of one class
-    holding equal settings.
+    cannot (a reason), or None where it is not a norm. ``memo`` shares probes over a conversion.
     """
     kind = type(module)
     if isinstance(module, (MemberNorm, MemberLinear)):
@@ -223,21 +204,18 @@ def lookup(module: nn.Module, memo: dict[Any, Any] | None = None) -> Converter |
 
 
 def member_converter(module: nn.Module) -> Converter | None:
-    """How ``snens.convert`` turns ``module`` into a member norm, or None where it does not
-    (:func:`lookup`)."""
+    """:func:`lookup`'s conversion, or None."""
     found = lookup(module)
     return None if isinstance(found, str) else found
 
 
 def refusal(module: nn.Module) -> str | None:
-    """Why ``module``, a norm, does not convert (:func:`lookup`); None where it converts or is
-    not a norm."""
+    """:func:`lookup`'s reason, or None."""
     found = lookup(module)
     return found if isinstance(found, str) else None
 
 
 def _recognize(module: nn.Module) -> Converter | str:
-    """Step 3 of :func:`lookup`: what ``module`` computes, on probe inputs."""
     name = type(module).__name__
     if isinstance(module, (nn.LocalResponseNorm, nn.CrossMapLRN2d)):
         return f"{name} (torch) normalizes across neighbouring channels; no member version does"
@@ -295,7 +273,6 @@ def _looks_like_norm(module: nn.Module) -> bool:
 
 
 def _settings(module: nn.Module) -> tuple:
-    """What the probe of ``module`` depends on: its class, tensor shapes and plain attributes."""
     tensors = [
         (name, None if t is None else (tuple(t.shape), t.device.type))
         for name, t in [*module._parameters.items(), *module._buffers.items()]
@@ -317,22 +294,16 @@ def _hashable(value: object) -> bool:
     return True
 
 
-# -- what looks like a norm ---------------------------------------------------------------------
 def is_norm(module: nn.Module) -> bool:
-    """Whether ``module`` is a normalization layer — the one definition that conversion,
-    parameter groups (no weight decay) and fine-tuning (``norms_and_heads``) share.
-
-    A member norm, a class in the table (torch's norms, types registered with
-    :func:`register_norm`), or a module that looks like a norm (see the module docstring).
-    """
+    """Whether ``module`` is a normalization layer (a member norm, a class in the table, or
+    one that looks like a norm): the definition conversion and parameter groups share."""
     return (
         isinstance(module, MemberNorm) or type(module) in _TABLE or _looks_like_norm(module)
     ) and not isinstance(module, MemberLinear)
 
 
 def is_unsupported_norm(module: nn.Module) -> bool:
-    """True for a normalization layer that is not one of the exact torch types of
-    :data:`MEMBER_NORMS` in a setting its member version computes (what FiLM refuses)."""
+    """True for a norm that is not one of :data:`MEMBER_NORMS` in a setting it computes."""
     if isinstance(module, (MemberNorm, MemberLinear)):
         return False
     member = MEMBER_NORMS.get(type(module))
@@ -341,7 +312,6 @@ def is_unsupported_norm(module: nn.Module) -> bool:
     return is_norm(module)
 
 
-# -- registration -------------------------------------------------------------------------------
 def register_norm(
     plain_type: type[nn.Module],
     member_type: type[MemberNorm] | None = None,
@@ -351,28 +321,13 @@ def register_norm(
     """Teach ``snens.convert`` a norm class: modules of exactly ``plain_type`` become member norms.
 
     Give either ``member_type``, a :class:`MemberNorm` subclass computing what ``plain_type``
-    computes, or ``from_plain``, a function with the signature of ``MemberNorm.from_plain``,
-    ``(plain, num_members, *, gamma_mean, gamma_std, generator) -> MemberNorm``, returning a
-    member norm whose every member reproduces ``plain``::
-
-        snens.nn.register_norm(MyLayerNorm, snens.nn.MemberLayerNorm)
-        snens.nn.register_norm(MyScaleNorm, from_plain=my_scale_norm_to_members)
-        ens = snens.convert(model, 4)
-
-    You vouch for the class: it is not probed. With ``member_type`` a module is converted as
-    ``member_type`` converts its own plain type
-    (:func:`~snens.nn.plain_conversion.from_plain_as`). Registering a type again replaces its
-    conversion.
-
-    Args:
-        plain_type: the norm class, an ``nn.Module`` subclass.
-        member_type: a :class:`MemberNorm` subclass.
-        from_plain: a conversion function (instead of ``member_type``).
+    computes, or ``from_plain``, a :data:`Converter`. The class is not probed; registering it
+    again replaces its conversion.
 
     Raises:
-        TypeError: if ``plain_type`` is not an ``nn.Module`` class, is a torch norm snens already
-            converts or a member module; if ``member_type`` is not a ``MemberNorm`` subclass,
-            ``from_plain`` not callable, or not exactly one of them is given.
+        TypeError: a ``plain_type`` that is not an ``nn.Module`` class, a torch norm snens
+            converts or a member module; a bad ``member_type`` or ``from_plain``, or not
+            exactly one of them.
     """
     if not (isinstance(plain_type, type) and issubclass(plain_type, nn.Module)):
         raise TypeError(f"plain_type must be an nn.Module class, got {plain_type!r}")
@@ -401,28 +356,17 @@ def register_norm(
     _TABLE[plain_type] = _Entry(member_type, from_plain)
 
 
-# -- the norm_layer factory ---------------------------------------------------------------------
 def member_norm(
     num_members: int, norm: type[nn.Module] = nn.BatchNorm2d, **defaults
 ) -> Callable[..., MemberNorm]:
     """A ``norm_layer=`` factory for models built with one (torchvision, timm style).
 
-    ``member_norm(4)(64)`` builds ``MemberBatchNorm2d(64, num_members=4)``;
-    ``member_norm(4, nn.LayerNorm, eps=1e-6)(384)`` builds a ``MemberLayerNorm``.
-    The layer takes ``norm``'s own signature, checked by ``norm`` itself; ``gamma_mean`` and
-    ``gamma_std`` go to the member norm. ``affine=False`` or ``elementwise_affine=False`` start
-    the member affine at the identity.
-
-    Args:
-        num_members: M.
-        norm: the plain norm type the model would otherwise use: one of :data:`MEMBER_NORMS`
-            or a type registered with a member class.
-        **defaults: keyword arguments for every layer built (e.g. ``eps``, ``gamma_std``).
+    ``member_norm(4)(64)`` builds ``MemberBatchNorm2d(64, num_members=4)``. The layer takes
+    ``norm``'s own signature (``**defaults`` for every layer); ``gamma_mean`` and
+    ``gamma_std`` go to the member norm.
 
     Returns:
-        A callable taking ``norm``'s arguments and returning a new
-        :class:`~snens.nn.MemberNorm` of ``num_members`` members (the member class of
-        ``norm``); it raises what ``norm`` raises on arguments ``norm`` refuses.
+        A callable taking ``norm``'s arguments and returning its member norm.
 
     Raises:
         TypeError: if ``num_members`` is not an int, or ``norm`` has no member class.

@@ -1,16 +1,14 @@
 """Model surgery: replace a model's norms by member norms and its head by a member head.
 
-Targets are collected first, then replaced through their parent modules, so nested models,
-``nn.Sequential``/``nn.ModuleList`` children and modules registered under several names are
-all handled. A module object shared by several parents becomes one member module shared by
-the same parents: the surgery never aliases state that was not aliased before, and never
-splits state that was.
+Targets are collected first, then replaced through their parents; a module shared by several
+parents becomes one member module shared by the same parents.
 """
 
 from __future__ import annotations
 
 import re
 import warnings
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -20,12 +18,7 @@ from torch import nn
 
 from snens.nn.linear import MemberLinear
 from snens.nn.norms import MemberNorm, check_num_members
-from snens.nn.registry import (
-    MEMBER_NORMS,
-    SUPPORTED,
-    Converter,
-    lookup,
-)
+from snens.nn.registry import MEMBER_NORMS, SUPPORTED, Converter, lookup
 
 __all__ = [
     "ConversionReport",
@@ -37,11 +30,14 @@ __all__ = [
 ]
 
 HeadInit = Literal["copy", "reset"]
+#: (name, module) pairs; (name, module, why) of the norms with no member version; id -> conversion
+_Modules = list[tuple[str, nn.Module]]
+_Refused = list[tuple[str, nn.Module, str]]
+_Targets = dict[int, Converter]
 
-#: Which norms become member norms (``norms=`` of :func:`convert_modules`), as PEFT's
-#: ``target_modules`` names modules: a regular expression the whole module name must match,
-#: a sequence of names (a module is chosen when its name is one of them or ends with
-#: ``"." + name``), or a function ``(name, module) -> bool``; None chooses every norm.
+#: Which norms become member norms, as PEFT's ``target_modules``: a regular expression the
+#: whole name must match, a sequence of names or name endings, a function
+#: ``(name, module) -> bool``, or None (every norm).
 NormSelection = str | Sequence[str] | Callable[[str, nn.Module], bool] | None
 
 
@@ -56,7 +52,7 @@ class ConversionReport:
         skipped: (module name, type) of norms with no member version, left as they were,
             shared by the members (``skip_unsupported`` not False).
         params_before, params_after: parameter counts around the surgery.
-        unselected: (module name, type) of the norms ``norms=`` left shared (plain).
+        unselected: (module name, type) of the norms ``norms=`` left shared.
         skipped_reasons: (type, reason) of each class in ``skipped``, once.
     """
 
@@ -76,14 +72,10 @@ class ConversionReport:
 
     @property
     def params_ratio(self) -> float:
-        """params_after / params_before (≈ 1.006 for a CIFAR ResNet-18 at M=4)."""
         return self.params_after / max(self.params_before, 1)
 
     def __str__(self) -> str:
-        counts: dict[str, int] = {}
-        for _, plain, member in self.converted:
-            key = f"{plain} -> {member}"
-            counts[key] = counts.get(key, 0) + 1
+        counts = Counter(f"{plain} -> {member}" for _, plain, member in self.converted)
         lines = [f"snens conversion, num_members={self.num_members}"]
         lines += [f"  {n:4d} × {key}" for key, n in counts.items()]
         lines.append(
@@ -113,7 +105,7 @@ class ConversionReport:
 
 
 def member_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """(name, module) of every member norm and member head, in registration order."""
+    """(name, module) of every member norm and member head."""
     return [
         (name, m) for name, m in model.named_modules() if isinstance(m, (MemberNorm, MemberLinear))
     ]
@@ -127,8 +119,7 @@ def replace_modules(
     model: nn.Module, make: Callable[[str, nn.Module], nn.Module | None]
 ) -> list[tuple[str, nn.Module, nn.Module]]:
     """Replace, through their parents, every module for which ``make(name, module)`` returns
-    a new module. Targets are collected before anything changes; a module registered under
-    several names is replaced by one new module under all of them.
+    a new module (one new module for all the names of one).
 
     Returns:
         (first name, old module, new module) per replaced module, in registration order.
@@ -141,7 +132,6 @@ def replace_modules(
             new_of[id(module)] = new
             replaced.append((name, module, new))
     for _, parent in list(model.named_modules(remove_duplicate=False)):
-        # _modules, not named_children(): the latter skips a child registered twice.
         for attr, child in list(parent._modules.items()):
             if id(child) in new_of:
                 setattr(parent, attr, new_of[id(child)])
@@ -153,8 +143,7 @@ def _find_head(model: nn.Module, head: str | None) -> tuple[str, nn.Module] | No
     if head is None:
         return None
     if head == "auto":
-        # The last registered nn.Linear; exact type, so attention's out_proj
-        # (a NonDynamicallyQuantizableLinear) is never mistaken for the head.
+        # exact type: attention's out_proj (NonDynamicallyQuantizableLinear) is not a head
         return linears[-1] if linears else None
     if not isinstance(head, str):
         raise TypeError(f"head must be 'auto', a module name or None, got {head!r}")
@@ -186,46 +175,22 @@ def convert_modules(
     generator: torch.Generator | None = None,
     norms: NormSelection = None,
 ) -> ConversionReport:
-    r"""Replace, in place, every supported norm by its member norm and the head by a member head.
-
-    Which norms are supported, and by which member norm, is decided by
-    :func:`snens.nn.registry.lookup`. Every member is set to reproduce the plain layer it
-    replaces; with ``head_init="copy"`` each member head is a copy of the plain head, so right
-    after conversion every member computes the original function.
-
-    Args:
-        model: any ``nn.Module``; modified in place.
-        num_members: M.
-        head: ``"auto"`` (the last registered ``nn.Linear``), a module name, or None (share
-            the output layer between members).
-        head_init: ``"copy"`` the plain head into every member, or ``"reset"`` every member
-            head to an independent fresh initialization.
-        skip_unsupported: what becomes of a norm with no member version: None (the
-            default) leaves it shared by the members, names it in the report's ``skipped``
-            and warns once; True the same without the warning; False refuses the whole model
-            (``TypeError`` naming each such norm, its class and why).
-        gamma_mean, gamma_std: gamma ~ N(gamma_mean, gamma_std²).
-        generator: optional ``torch.Generator`` for gamma and reset heads.
-        norms: which norms to convert, by their names in ``model.named_modules()``: a
-            regular expression the whole name must match (``r".*layers\.(2[2-9])\..*"``), a
-            sequence of names or name endings (``["input_layernorm", "model.norm"]``), or a
-            function ``(name, module) -> bool``; None (the default) converts every norm.
-            The others stay plain, shared by the members (the report's ``unselected``); the
-            head is replicated either way.
+    """Replace, in place, every supported norm by its member norm and the head by a member head
+    (arguments as :func:`snens.convert`'s).
 
     Returns:
         A :class:`ConversionReport`.
 
     Raises:
-        TypeError: on a bad ``num_members``, an unsupported norm (its name and type in the
-            message) with ``skip_unsupported=False``, a registered conversion that does not return
-            a member norm with ``num_members``, or a head that is not ``nn.Linear``.
-        ValueError: if the model has no supported norm (or ``norms=`` chooses none), a name
-            in a ``norms=`` sequence matches no norm, ``norms=`` is not a valid regular
-            expression, the model already holds member modules with a different M, or
-            ``head_init`` is unknown.
+        TypeError: a bad ``num_members``, an unsupported norm with ``skip_unsupported=False``,
+            a registered conversion not returning a member norm of M, a head not ``nn.Linear``.
+        ValueError: no supported norm (or ``norms=`` chooses none), a ``norms=`` name matching
+            no norm or a bad regular expression, member modules of another M, a bad
+            ``head_init``.
     """
-    _check_arguments(num_members, head_init)
+    check_num_members(num_members)
+    if head_init not in ("copy", "reset"):
+        raise ValueError(f"head_init must be 'copy' or 'reset', got {head_init!r}")
     chosen = _norm_selector(norms)
     _check_initialized(model)
     params_before = _count_params(model)
@@ -271,8 +236,7 @@ def _check_skip_unsupported(skip_unsupported: object) -> None:
         )
 
 
-def _warn_skipped(model: nn.Module, refused: list[tuple[str, nn.Module, str]]) -> None:
-    """One warning for a conversion that leaves norms with no member version shared."""
+def _warn_skipped(model: nn.Module, refused: _Refused) -> None:
     kinds = list(dict.fromkeys(type(m).__name__ for _, m, _ in refused))
     why = _why(refused).lstrip()
     warnings.warn(
@@ -287,7 +251,6 @@ def _warn_skipped(model: nn.Module, refused: list[tuple[str, nn.Module, str]]) -
 
 
 def _check_initialized(model: nn.Module) -> None:
-    """Refuse lazy modules: they have no shapes to copy into members before a forward pass."""
     for name, param in model.named_parameters():
         if isinstance(param, nn.parameter.UninitializedParameter):
             raise ValueError(
@@ -296,15 +259,7 @@ def _check_initialized(model: nn.Module) -> None:
             )
 
 
-def _check_arguments(num_members: int, head_init: HeadInit) -> None:
-    """Refuse a bad ``num_members`` or an unknown ``head_init``, before the model is touched."""
-    check_num_members(num_members)
-    if head_init not in ("copy", "reset"):
-        raise ValueError(f"head_init must be 'copy' or 'reset', got {head_init!r}")
-
-
-def _existing_members(model: nn.Module, num_members: int) -> list[tuple[str, nn.Module]]:
-    """The model's member modules already there, refused when their M is not ``num_members``."""
+def _existing_members(model: nn.Module, num_members: int) -> _Modules:
     existing = member_modules(model)
     for name, m in existing:
         if m.num_members != num_members:
@@ -317,16 +272,11 @@ def _existing_members(model: nn.Module, num_members: int) -> list[tuple[str, nn.
 
 
 def only_named(names: Sequence[str] | None) -> Callable[[str, nn.Module], bool] | None:
-    """A ``norms=`` choosing exactly the modules named ``names`` (None: every norm); how a
-    saved ensemble's converted norms are converted again on loading."""
-    if names is None:
-        return None
-    return _Named(names)
+    """A ``norms=`` choosing exactly the modules named ``names`` (None: every norm)."""
+    return None if names is None else _Named(names)
 
 
 class _Named:
-    """The ``norms=`` of :func:`only_named`, shown by its names in messages."""
-
     def __init__(self, names: Sequence[str]) -> None:
         self.names = frozenset(names)
 
@@ -338,7 +288,6 @@ class _Named:
 
 
 def _norm_selector(norms: NormSelection) -> Callable[[str, nn.Module], bool] | None:
-    """``norms=`` as a function ``(name, module) -> bool`` (None: every norm), checked."""
     if norms is None or callable(norms):
         return norms
     if isinstance(norms, str):
@@ -360,19 +309,18 @@ def _norm_selector(norms: NormSelection) -> Callable[[str, nn.Module], bool] | N
 
 
 def _ends_with(name: str, end: str) -> bool:
-    """Whether module ``name`` is ``end`` or ends with ``"." + end`` (PEFT's rule)."""
     return name == end or name.endswith("." + end)
 
 
 def _collect_norms(
     model: nn.Module, chosen: Callable[[str, nn.Module], bool] | None = None
-) -> tuple[dict[int, Converter], list[tuple[str, nn.Module, str]], list[tuple[str, nn.Module]]]:
-    """(id -> conversion) of every supported norm, (name, module, reason) of every refused
-    one, and (name, module) of every norm ``chosen`` leaves out."""
-    targets: dict[int, Converter] = {}
+) -> tuple[_Targets, _Refused, _Modules]:
+    """(id -> conversion) of the supported norms, (name, module, reason) of the refused ones,
+    (name, module) of those ``chosen`` leaves out."""
+    targets: _Targets = {}
     inside_targets: set[int] = set()  # modules of a norm replaced whole, or left whole
-    refused: list[tuple[str, nn.Module, str]] = []
-    unselected: list[tuple[str, nn.Module]] = []
+    refused: _Refused = []
+    unselected: _Modules = []
     memo: dict = {}
     for name, m in model.named_modules():
         if id(m) in inside_targets:
@@ -395,11 +343,10 @@ def _collect_norms(
 def _check_selection(
     model: nn.Module,
     norms: NormSelection,
-    targets: dict[int, Converter],
-    refused: list[tuple[str, nn.Module, str]],
-    unselected: list[tuple[str, nn.Module]],
+    targets: _Targets,
+    refused: _Refused,
+    unselected: _Modules,
 ) -> None:
-    """Refuse a ``norms=`` that chooses no norm, or a listed name that matches none."""
     if norms is None:
         return
     ids = set(targets) | {id(m) for _, m, _ in refused} | {id(m) for _, m in unselected}
@@ -421,26 +368,20 @@ def _check_selection(
 
 
 def _examples(names: list[str]) -> str:
-    """A few of ``names`` for an error message: the first two and the last."""
     unique = list(dict.fromkeys(names))
     shown = unique[:2] + unique[-1:] if len(unique) > 3 else unique
     return ", ".join(shown) or "(none)"
 
 
-#: The most distinct reasons a refusal spells out.
 _REASONS = 4
 
 
-def _why(refused: list[tuple[str, nn.Module, str]]) -> str:
-    """The first :data:`_REASONS` distinct reasons, each as `` reason.``."""
+def _why(refused: _Refused) -> str:
     reasons = list(dict.fromkeys(reason for _, _, reason in refused))
     return "".join(f" {reason}." for reason in reasons[:_REASONS])
 
 
-def _refuse_unsupported(
-    model: nn.Module, refused: list[tuple[str, nn.Module, str]], all_or_nothing: bool
-) -> None:
-    """Raise naming the refused norms (the first 8) and why, in the all-or-nothing mode."""
+def _refuse_unsupported(model: nn.Module, refused: _Refused, all_or_nothing: bool) -> None:
     if not refused or not all_or_nothing:
         return
     listed = ", ".join(f"{n} ({type(m).__name__})" for n, m, _ in refused[:8])
@@ -466,12 +407,8 @@ def _refuse_unsupported(
 
 
 def _require_a_norm(
-    model: nn.Module,
-    targets: dict[int, Converter],
-    existing: list[tuple[str, nn.Module]],
-    refused: list[tuple[str, nn.Module, str]] = (),
+    model: nn.Module, targets: _Targets, existing: _Modules, refused: _Refused = ()
 ) -> None:
-    """Raise if the model will hold no member norm: nothing to convert and none built in."""
     has_member_norms = any(isinstance(m, MemberNorm) for _, m in existing)
     if not targets and not has_member_norms:
         unsupported = f" Its norms have no member version:{_why(refused)}" if refused else ""
@@ -483,9 +420,8 @@ def _require_a_norm(
 
 
 def _replace_norms(
-    model: nn.Module, targets: dict[int, Converter], num_members: int, **kw
+    model: nn.Module, targets: _Targets, num_members: int, **kw
 ) -> list[tuple[str, str, str]]:
-    """Replace every collected norm by its member norm; (name, plain type, member type) each."""
 
     def member_norm(name: str, module: nn.Module) -> MemberNorm | None:
         convert = targets.get(id(module))
@@ -500,7 +436,6 @@ def _replace_norms(
 def _member_norm(
     name: str, module: nn.Module, convert: Converter, num_members: int, **kw
 ) -> MemberNorm:
-    """``convert(module)``, its errors naming the module, checked to be a member norm of M."""
     try:
         member = convert(module, num_members, **kw)
     except (TypeError, ValueError) as err:
@@ -517,9 +452,8 @@ def _member_norm(
 
 
 def _head_to_replace(
-    model: nn.Module, head: str | None, existing: list[tuple[str, nn.Module]]
+    model: nn.Module, head: str | None, existing: _Modules
 ) -> tuple[str, nn.Module] | None:
-    """(name, plain head) to replicate; None when the model already has a member head."""
     if any(isinstance(m, MemberLinear) for _, m in existing):
         return None
     return _find_head(model, head)
@@ -532,18 +466,12 @@ def _replace_head(
     head_init: HeadInit,
     generator: torch.Generator | None,
 ) -> str | None:
-    """Replace the plain head by a member head through its parents; the head's name, or None."""
     if found is None:
         return None
     head_name, plain_head = found
-    member_head = MemberLinear(
-        plain_head.in_features,
-        plain_head.out_features,
-        num_members,
-        bias=plain_head.bias is not None,
-        device=plain_head.weight.device,
-        dtype=plain_head.weight.dtype,
-    )
+    factory = {"device": plain_head.weight.device, "dtype": plain_head.weight.dtype}
+    sizes = (plain_head.in_features, plain_head.out_features, num_members)
+    member_head = MemberLinear(*sizes, bias=plain_head.bias is not None, **factory)
     if head_init == "copy":
         member_head.load_plain(plain_head)
     elif generator is not None:
@@ -558,9 +486,8 @@ def _replace_head(
 
 
 def _notes(
-    found: tuple[str, nn.Module] | None, head: str | None, existing: list[tuple[str, nn.Module]]
+    found: tuple[str, nn.Module] | None, head: str | None, existing: _Modules
 ) -> tuple[str, ...]:
-    """The report's notes: a model with no head to replicate under ``head="auto"``."""
     if found is None and head == "auto" and not existing:
         return ("no nn.Linear found: members share the output layer",)
     return ()

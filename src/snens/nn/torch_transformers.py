@@ -1,17 +1,10 @@
 """torch's fused transformer fast path, which computes a layer without calling its submodules.
 
 In eval mode with autograd off, ``nn.TransformerEncoderLayer.forward`` hands its submodules'
-weights, as plain ``nn.LayerNorm``'s and ``nn.Linear``'s, to one fused kernel, which applies no
-dropout. An ensemble that replaced one of those submodules (a member norm, a BatchEnsemble or
-FiLM layer, an always-on MC-dropout) would then fail or silently compute one plain network for
-every member.
-
-torch takes the fast path only where ``activation_relu_or_gelu`` is nonzero and, for the
-encoder, ``use_nested_tensor`` is true. :func:`route_through_modules` clears both on every
-layer whose fused submodules are no longer torch's own types, and keeps their values;
-:func:`restore_fast_paths` puts them back once they are again (``snens.extract_member``).
-:func:`mark_sequence_first` marks the member layers of torch's sequence-first modules with
-:func:`snens.nn.layout.sequence_first`. :func:`adapt` does both.
+weights to one fused kernel, which would compute one plain network for every member once a
+submodule is replaced. :func:`route_through_modules` turns the fast path off there;
+:func:`restore_fast_paths` turns it back on; :func:`mark_sequence_first` marks the member
+layers of torch's sequence-first modules. :func:`adapt` does both.
 """
 
 from __future__ import annotations
@@ -33,20 +26,16 @@ _FUSED = {
     "dropout2": nn.Dropout,
 }
 
-#: The submodules of torch's encoder and decoder layers that work on each position's features.
 _PER_POSITION = ("norm1", "norm2", "norm3", "linear1", "linear2")
 
-#: Where a module keeps the fast-path settings it had before (attribute → value).
 _SAVED = "_snens_fast_path"
 
 
 def _fusable(layer: nn.TransformerEncoderLayer) -> bool:
-    """Whether the fused kernel computes what ``layer``'s submodules compute."""
     return all(type(getattr(layer, name, None)) is kind for name, kind in _FUSED.items())
 
 
 def _routed(module: nn.Module) -> bool:
-    """Whether ``module`` is an encoder layer, or an encoder with a layer, that is not fusable."""
     if isinstance(module, nn.TransformerEncoderLayer):
         return not _fusable(module)
     if isinstance(module, nn.TransformerEncoder):
@@ -56,8 +45,6 @@ def _routed(module: nn.Module) -> bool:
 
 def route_through_modules(model: nn.Module) -> list[str]:
     """Turn torch's fused path off on every encoder layer (and encoder) it would compute wrongly.
-
-    Call after replacing submodules of a model; calling it again changes nothing.
 
     Returns:
         The names of the modules whose fast path is off, for a conversion report.
@@ -89,7 +76,6 @@ def restore_fast_paths(model: nn.Module) -> None:
 
 
 def _sequence_first(module: nn.Module) -> bool:
-    """Whether ``module`` is a torch encoder or decoder layer (or stack) taking (S, B, D)."""
     if isinstance(module, (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)):
         return not module.self_attn.batch_first
     if isinstance(module, (nn.TransformerEncoder, nn.TransformerDecoder)):
@@ -99,11 +85,6 @@ def _sequence_first(module: nn.Module) -> bool:
 
 def mark_sequence_first(model: nn.Module) -> list[str]:
     """Mark the member layers of torch's sequence-first transformer modules as seeing (S, M·B, …).
-
-    Inside every ``nn.TransformerEncoderLayer`` / ``nn.TransformerDecoderLayer`` built with
-    ``batch_first=False``: its norms and linears; of an ``nn.TransformerEncoder`` /
-    ``nn.TransformerDecoder`` of such layers: its final ``norm``. Calling it again changes
-    nothing.
 
     Returns:
         The names of the layers newly marked.
@@ -121,11 +102,10 @@ def mark_sequence_first(model: nn.Module) -> list[str]:
 
 
 def adapt(model: nn.Module) -> tuple[str, ...]:
-    """Fit torch's transformer modules in ``model`` to the member layers replacing their parts:
-    :func:`route_through_modules` and :func:`mark_sequence_first`.
+    """:func:`route_through_modules` and :func:`mark_sequence_first`.
 
     Returns:
-        The notes for a conversion report: one line per kind of change, none if nothing changed.
+        The notes for a conversion report, one line per kind of change.
     """
     notes = []
     routed = route_through_modules(model)

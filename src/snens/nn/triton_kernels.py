@@ -1,21 +1,10 @@
 """Triton kernels of the member RMS and layer norms: forward, backward, affine gradients.
 
-Written for :mod:`snens.nn.triton_norms`, which launches them; this module imports ``triton``
-and is imported only where it is installed.
-
-* ``member_norm_forward``: a tile of rows per program; each row is normalized in float32 and
-  takes its member's folded affine (member = row // rows per member), computed in the kernel
-  from gamma, weight and bias and rounded to the parameters' dtype as torch's folding rounds it.
-* ``member_norm_backward``: a grid of (member, program): each program walks a chunk of its
-  member's rows, writes their input gradient and one partial row of Σ dy·x̂ and Σ dy.
-* ``member_affine_backward``: per member, the partial rows summed into the gradients: with
-  s = σ(γ_m), A = Σ dy·x̂ and Bs = Σ dy, d weight = s·A, d bias = s·Bs,
-  d γ = s(1 − s)·(weight·A + bias·Bs).
-
-``ROUND_FIRST`` selects where half precision rounds: x̂ rounded to the input's dtype before
-the affine (``F.rms_norm``, Llama's), or the affine in float32 and one rounding at the end
-(``F.layer_norm``, OLMo-2's). With ``TRITON_INTERPRET=1`` set before ``triton`` is imported,
-:func:`kernels` runs them in Triton's interpreter on CPU tensors.
+Launched by :mod:`snens.nn.triton_norms`; imported only where ``triton`` is installed. The
+forward folds each row's member affine (member = row // rows per member) in the kernel; the
+backward writes the input gradient and per-program partial rows of Σ dy·x̂ and Σ dy, which
+``member_affine_backward`` sums into d weight = s·A, d bias = s·Bs and
+d γ = s(1 − s)·(weight·A + bias·Bs), s = σ(γ_m).
 """
 
 from __future__ import annotations
@@ -182,8 +171,7 @@ def member_affine_backward(
 
 
 class Kernels(NamedTuple):
-    """The three kernels, launched as ``kernel[grid](...)``; ``interpreted``: run by Triton's
-    interpreter (on CPU tensors) rather than compiled for the GPU."""
+    """The three kernels; ``interpreted``: run by Triton's interpreter on CPU tensors."""
 
     forward: object
     backward: object
@@ -193,10 +181,8 @@ class Kernels(NamedTuple):
 
 @functools.cache
 def kernels() -> Kernels:
-    """The kernels, decorated once: compiled for the GPU, or run by Triton's interpreter where
-    ``TRITON_INTERPRET=1`` was set before ``triton`` was imported (the interpreter needs
-    triton's own library functions, ``tl.sum`` and ``tl.sigmoid`` among them, decorated for it
-    at that import)."""
+    """The kernels, decorated once (interpreted where ``TRITON_INTERPRET=1`` was set before
+    ``triton`` was imported)."""
     from triton.runtime.interpreter import InterpretedFunction
 
     sources = (member_norm_forward, member_norm_backward, member_affine_backward)

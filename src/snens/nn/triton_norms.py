@@ -1,17 +1,9 @@
 """Fused Triton member norms for CUDA: RMS and layer norms in one launch forward, two backward.
 
-On a GPU the other paths of a member norm are launch-bound: the folding σ(γ)·weight, the
-normalization, the member-broadcast affine and its per-member reduction are each a kernel.
-:mod:`snens.nn.triton_kernels` computes the whole member norm from gamma, weight and bias: one
-kernel forward (the member taken from the row index, σ(γ) folded in), one for the input
-gradient with per-member partial sums of the affine gradients, one that turns those into the
-gradients of gamma, weight and bias. Statistics and sums are float32.
-
-The member norms that take it are the classes that declare their own ``triton_variant``
-(:class:`Variant`), not their subclasses; :func:`applies` lists for which inputs.
-``SNENS_TRITON=0`` turns the path off; :func:`snens.nn.norms.force_path` ``("triton")`` sends
-inputs on any device to it (CPU tensors run in Triton's interpreter, how the tests check the
-kernels without a GPU).
+:mod:`snens.nn.triton_kernels` computes the whole member norm from gamma, weight and bias
+(statistics and sums in float32). The classes that declare their own ``triton_variant`` take
+it (:func:`applies`); ``SNENS_TRITON=0`` turns it off; ``force_path("triton")`` sends CPU
+tensors to it too (through Triton's interpreter).
 """
 
 from __future__ import annotations
@@ -33,7 +25,7 @@ __all__ = ["ENV", "MAX_FEATURES", "Variant", "applies", "available", "forward", 
 
 #: Environment variable: "0" turns the Triton path off.
 ENV = "SNENS_TRITON"
-#: The widest normalized size a kernel takes (one row of float32 values stays in registers).
+#: The widest normalized size a kernel takes.
 MAX_FEATURES = 8192
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -44,17 +36,12 @@ class Variant:
 
     Attributes:
         center: layer norm (subtract the row mean); else RMS norm.
-        round_first: in half precision, x̂ is rounded to the input's dtype before the affine
-            (``F.rms_norm``, Llama's, T5's, DeBERTa's); else the affine is applied in float32
-            and the result rounded once (``F.layer_norm``, OLMo-2's, Gemma's, Cohere's).
-        last_dim: the formula normalizes over the last dimension only (Hugging Face's), so a
-            layer with a 2-D feature shape (Cohere's per-head norms) is not taken; else over all
-            of the feature shape (torch's).
-        output: the output's dtype, as the formula gives it. ``"autocast"`` (torch's
-            ``layer_norm`` and ``rms_norm``): x's, for x and parameters of one dtype; under
-            CUDA autocast float32. ``"promoted"`` (Llama's, DeBERTa's): the promotion of x's
-            and the parameters' dtypes. ``"input"``: x's. ``"same"`` (T5's): x and parameters
-            of one dtype only.
+        round_first: in half precision, x̂ is rounded to the input's dtype before the affine;
+            else the affine is applied in float32 and the result rounded once.
+        last_dim: the formula normalizes over the last dimension only (not a 2-D feature shape).
+        output: the output's dtype: ``"autocast"`` (x's for x and parameters of one dtype,
+            float32 under CUDA autocast), ``"promoted"``, ``"input"`` (x's) or ``"same"`` (x
+            and parameters of one dtype only).
     """
 
     center: bool
@@ -64,8 +51,7 @@ class Variant:
 
 
 def _output(variant: Variant, x: Tensor, params: torch.dtype) -> tuple[torch.dtype, bool] | None:
-    """(output dtype, round first) for x and parameters of dtype ``params``, or None where the
-    kernels do not take that combination."""
+    """(output dtype, round first) for x and parameters of dtype ``params``, or None."""
     same = x.dtype == params
     if variant.output == "autocast" and torch.is_autocast_enabled(x.device.type):
         if x.device.type == "cuda":
@@ -84,23 +70,16 @@ def _triton_installed() -> bool:
 
 
 def available() -> bool:
-    """Whether the Triton path may run: ``triton`` installed, ``SNENS_TRITON`` ≠ 0, and no
-    failed first call in this process (:func:`forward`)."""
+    """Whether the Triton path may run: installed, not turned off, no failed first call."""
     return _failure is None and os.environ.get(ENV, "1").strip() != "0" and _triton_installed()
 
 
 def applies(layer: norms.MemberNorm, x: Tensor) -> bool:
     """Whether ``layer``'s forward on ``x`` takes the Triton kernels.
 
-    All of: the layer's class declares a ``triton_variant``; :func:`available`; x on a CUDA
-    device, or ``force_path("triton")``; x non-empty, of float32, bfloat16 or float16, the
-    parameters of one of those dtypes and on x's device; dtypes the variant's ``output`` takes;
-    at most :data:`MAX_FEATURES` features; not traced nor inside a ``torch.func`` transform.
-
     Raises:
-        RuntimeError: if ``force_path("triton")`` sends a CPU tensor here while the kernels
-            are compiled for the GPU (``TRITON_INTERPRET=1`` was not set before triton's
-            import).
+        RuntimeError: if ``force_path("triton")`` sends a CPU tensor while ``TRITON_INTERPRET=1``
+            was not set before triton's import.
     """
     variant = type(layer).__dict__.get("triton_variant")
     forced = norms.forced_path()
@@ -136,8 +115,7 @@ def _interpreted() -> bool:
 
 
 def _blocks(features: int) -> tuple[int, int, int]:
-    """(BLOCK_D, forward tile rows, backward tile rows): tiles of ~4,096 values forward and
-    ~2,048 backward."""
+    """(BLOCK_D, forward tile rows, backward tile rows)."""
     block_d = 1 << (features - 1).bit_length()  # the smallest power of 2 >= features
     return block_d, max(1, min(64, 4096 // block_d)), max(1, min(32, 2048 // block_d))
 
@@ -146,13 +124,13 @@ def _cdiv(a: int, b: int) -> int:
     return -(a // -b)
 
 
-def _warps(values: int) -> int:
-    return 4 if values <= 2048 else 8
+def _tiles(block_r: int, block_d: int) -> dict[str, int]:
+    warps = 4 if block_r * block_d <= 2048 else 8
+    return {"BLOCK_R": block_r, "BLOCK_D": block_d, "num_warps": warps}
 
 
 def _programs_per_member(x: Tensor, rows_per_member: int, block_r: int, members: int) -> int:
-    """Backward programs per member: about four per streaming multiprocessor over all members,
-    at most one per tile of rows; 2 on the CPU, where the interpreter runs them serially."""
+    """Backward programs per member: about four per multiprocessor, at most one per tile."""
     tiles = max(1, _cdiv(rows_per_member, block_r))
     if x.device.type != "cuda":
         return min(2, tiles)
@@ -172,25 +150,11 @@ def _launch_forward(x2, gamma, weight, bias, members, eps, variant, out_dtype, r
     y = torch.empty_like(x2, dtype=out_dtype)
     stats = torch.empty((2 if variant.center else 1, rows), device=x2.device, dtype=torch.float32)
     rstd, mean = stats[-1], stats[0]
+    tensors = (x2, y, gamma, weight, weight if bias is None else bias, mean, rstd)
+    flags = {"CENTER": variant.center, "HAS_BIAS": bias is not None, "ROUND_FIRST": round_first}
     grid = (_cdiv(rows, block_r),)
     kernels().forward[grid](
-        x2,
-        y,
-        gamma,
-        weight,
-        weight if bias is None else bias,
-        mean,
-        rstd,
-        rows,
-        rows // members,
-        features,
-        eps,
-        BLOCK_R=block_r,
-        BLOCK_D=block_d,
-        CENTER=variant.center,
-        HAS_BIAS=bias is not None,
-        ROUND_FIRST=round_first,
-        num_warps=_warps(block_r * block_d),
+        *tensors, rows, rows // members, features, eps, **_tiles(block_r, block_d), **flags
     )
     return y, mean, rstd
 
@@ -225,48 +189,20 @@ class _TritonMemberNorm(torch.autograd.Function):
         has_bias = bias is not None
         run = kernels()
         dx = torch.empty_like(x2)
-        partial = torch.empty(
-            (2 if has_bias else 1, members, programs, features),
-            device=x2.device,
-            dtype=torch.float32,
-        )
-        run.backward[(members, programs)](
-            grad.contiguous(),
-            x2,
-            dx,
-            gamma,
-            weight,
-            mean,
-            rstd,
-            partial[0],
-            partial[-1],
-            per_member,
-            features,
-            programs,
-            chunk,
-            BLOCK_R=block_r,
-            BLOCK_D=block_d,
-            CENTER=variant.center,
-            HAS_BIAS=has_bias,
-            ROUND_FIRST=ctx.round_first,
-            num_warps=_warps(block_r * block_d),
-        )
+        shape = (2 if has_bias else 1, members, programs, features)
+        partial = torch.empty(shape, device=x2.device, dtype=torch.float32)
+        tensors = (grad.contiguous(), x2, dx, gamma, weight, mean, rstd, partial[0], partial[-1])
+        sizes = (per_member, features, programs, chunk)
+        flags = {"CENTER": variant.center, "HAS_BIAS": has_bias, "ROUND_FIRST": ctx.round_first}
+        run.backward[(members, programs)](*tensors, *sizes, **_tiles(block_r, block_d), **flags)
         d_gamma, d_weight = torch.empty_like(gamma), torch.empty_like(weight)
         d_bias = torch.empty_like(bias) if has_bias else d_weight
         affine_block = min(block_d, 1024)
-        run.affine_backward[(members, _cdiv(features, affine_block))](
-            partial[0],
-            partial[-1],
-            gamma,
-            weight,
-            bias if has_bias else weight,
-            d_gamma,
-            d_weight,
-            d_bias,
-            features,
-            programs,
-            BLOCK_D=affine_block,
-            HAS_BIAS=has_bias,
+        tensors = (partial[0], partial[-1], gamma, weight, bias if has_bias else weight)
+        tensors += (d_gamma, d_weight, d_bias)
+        grid = (members, _cdiv(features, affine_block))
+        run.affine_backward[grid](
+            *tensors, features, programs, BLOCK_D=affine_block, HAS_BIAS=has_bias
         )
         return dx, d_gamma, d_weight, d_bias if has_bias else None, *(None,) * 6
 
@@ -285,18 +221,10 @@ def member_norm(
     programs: int | None = None,
 ) -> Tensor:
     """σ(γ_m) ⊙ (weight_m ⊙ x̂ + bias_m) over each member's rows, x̂ the RMS or layer norm of
-    each row over its last ``gamma[0].numel()`` values, in the fused kernels, where
-    :func:`applies` holds.
+    each row over its last ``gamma[0].numel()`` values, in the fused kernels.
 
-    Args:
-        x: the member-major input.
-        gamma, weight, bias: the member parameters (bias None: no bias).
-        num_members: M.
-        eps: added to the variance.
-        variant: which formula (:class:`Variant`).
-        out_dtype: the output's dtype (default: x's).
-        round_first: round x̂ to x's dtype before the affine (default: the variant's).
-        programs: backward programs per member (default: sized to the device); for tests.
+    ``out_dtype`` defaults to x's, ``round_first`` to the variant's; ``programs`` (backward
+    programs per member) is for tests.
 
     Shape:
         x: (M·B, *, *feature_shape). gamma, weight, bias: (M, *feature_shape). Output: like x.
@@ -315,16 +243,14 @@ def member_norm(
     return y.view(x.shape)
 
 
-#: Why the kernels failed on a device's first call (then they are off for this process).
 _failure: str | None = None
-#: CUDA devices whose first call ran: later errors there are errors, not an unsupported GPU.
+#: CUDA devices whose first call ran: later errors there are errors.
 _working: set[torch.device] = set()
 
 
 def forward(layer: norms.MemberNorm, x: Tensor, eps: float) -> Tensor | None:
-    """``layer``'s forward through the kernels (where :func:`applies` holds), or None where
-    the first call on a CUDA device fails (a GPU or driver Triton cannot compile for): then the
-    kernels are off for the process, after one warning, and the layer takes its other paths.
+    """``layer``'s forward through the kernels, or None where the first call on a CUDA device
+    fails: then the kernels are off for the process, after one warning.
 
     Shape:
         x: (M·B, *, *feature_shape), member-major. Output: like x.
