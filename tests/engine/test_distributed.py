@@ -6,6 +6,7 @@ training images in 8 global batches of 100 per epoch, 3 epochs, 1 thread per pro
 2-process run takes about 8 s on a 2-core machine, a 1-process run about 4 s.
 """
 
+import gc
 import json
 import os
 import socket
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import time
 import warnings
+import weakref
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,9 @@ import torch.distributed as dist
 
 from snens.data import TensorLoader
 from snens.engine.distributed import local_batch_size, shutdown
+
+if dist.is_available():  # imported before any group is made, as a script does at its top
+    from torch.distributed.fsdp import fully_shard
 
 pytestmark = pytest.mark.skipif(
     not (dist.is_available() and dist.is_gloo_available()),
@@ -378,6 +383,31 @@ def test_shutdown_warns_naming_what_still_holds_the_group(one_process_group):
     assert not dist.is_initialized()
     assert _gloo_threads()
     del held
+    assert _gloo_threads() == []
+
+
+@LINUX_THREADS
+def test_shutdown_releases_a_group_that_fsdp_device_meshes_held(one_process_group):
+    """After an FSDP2 model's steps, torch's DTensor caches keep the device meshes it made, each
+    holding the group: ``dist.destroy_process_group()`` alone left gloo's threads running. With
+    the model dropped, ``shutdown`` empties those caches and the threads stop."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4), torch.nn.Linear(4, 2))
+    for layer in model:
+        fully_shard(layer)
+    fully_shard(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for _ in range(2):
+        model(torch.randn(3, 4)).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    held_by_caches = weakref.ref(dist.group.WORLD)
+    del model, optimizer, layer
+    gc.collect()
+    assert _gloo_threads()  # they ran
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a group still held: a RuntimeWarning, an error here
+        shutdown()
+    assert held_by_caches() is None
     assert _gloo_threads() == []
 
 

@@ -2,7 +2,11 @@
 gloo on the CPU: a converted model sharded over 2 ranks, each on half of every batch, takes the
 steps of one unsharded model on the whole batch (member norms' γ, weights and heads, the
 diversity loss, the parameter groups), and its full state dict loads into a fresh conversion.
-Two ways of sharding the member norms: kept whole from the forward to the loss
+Each rank then drops the sharded model and shuts the group down with
+``snens.engine.distributed.shutdown``, which must find the group released (torch's DTensor
+caches keep the device meshes FSDP made, each holding the group) and no gloo thread left: one
+still running while the interpreter exits can abort the rank ("terminate called without an
+active exception"). Two ways of sharding the member norms: kept whole from the forward to the loss
 (``reshard_after_forward=False``; they are small), or resharded like every other layer, the
 diversity loss then gathering γ itself.
 
@@ -27,6 +31,8 @@ pytestmark = pytest.mark.skipif(
 SCRIPT = """\
 import json
 import sys
+import warnings
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -35,6 +41,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.fsdp import fully_shard
 
 import snens
+from snens.engine.distributed import shutdown
 from snens.nn.norms import MemberNorm
 
 dist.init_process_group("gloo")
@@ -91,7 +98,20 @@ if rank == 0:
          "out_gap": out_gap, "moved": moved, "keys": sorted(full) == sorted(expected)},
         open(sys.argv[1], "w"),
     )
-dist.destroy_process_group()
+# the sharded model and all that reaches it (its optimizer, a loss, the loop's last module),
+# then the group: a group still held is a RuntimeWarning, an error here
+del ens, optimizer, loss, module, full
+with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    shutdown()
+names = []
+for task in Path("/proc/self/task").glob("*"):  # Linux: the process's threads, by name
+    try:
+        names.append(task.joinpath("comm").read_text().strip())
+    except FileNotFoundError:  # a thread that ended meanwhile
+        pass
+gloo = sorted(name for name in names if "gloo" in name)
+assert not gloo, f"rank {rank}: gloo threads still running after shutdown(): {gloo}"
 """
 
 

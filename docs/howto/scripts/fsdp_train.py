@@ -17,6 +17,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import fully_shard
 
 import snens
+import snens.engine.distributed
 
 if "RANK" not in os.environ:  # started without torchrun: one process
     os.environ.update(
@@ -68,4 +69,6 @@ state = get_model_state_dict(
 if rank == 0:
     torch.save(state, "ensemble.pt")  # loads into snens.convert(fresh_bert, config)
     print(f"saved {len(state)} tensors of {world} rank(s) to ensemble.pt")
-dist.destroy_process_group()
+# drop the sharded model and what reaches it, then stop the group's threads
+del ens, optimizer, loss, block
+snens.engine.distributed.shutdown()

@@ -137,22 +137,17 @@ def _world_from_env() -> tuple[int, int, int]:
 def session() -> Iterator[Context]:
     """Join the process group described by torchrun's environment, and leave it at the end.
 
-    Without ``WORLD_SIZE`` (or with ``WORLD_SIZE=1``) this yields a single-process context and
-    touches nothing. A group the caller initialized already is used as it is and kept.
-    At the end the group is shut down (:func:`shutdown`); when the block raises, only
-    destroyed (the traceback still references it).
+    Without ``WORLD_SIZE`` > 1 this yields a single-process context and touches nothing; a
+    group the caller initialized is used and kept. When the block raises, the group is only
+    destroyed (the traceback still references it), else shut down (:func:`shutdown`).
 
     Raises:
         ValueError: malformed ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``SNENS_DIST_TIMEOUT``.
         RuntimeError: torch.distributed is not available in this build of torch.
     """
     if dist.is_available() and dist.is_initialized():
-        yield Context(
-            dist.get_rank(),
-            dist.get_world_size(),
-            _world_from_env()[2],
-            dist.get_backend(),
-        )
+        local_rank = _world_from_env()[2]
+        yield Context(dist.get_rank(), dist.get_world_size(), local_rank, dist.get_backend())
         return
     rank, world_size, local_rank = _world_from_env()
     if world_size <= 1:
@@ -182,11 +177,8 @@ def session() -> Iterator[Context]:
 
 
 def leave(group: Context, what: str) -> None:
-    """Every rank leaves the process group together and shuts it down (no-op for one process).
-
-    A barrier, then :func:`shutdown`. Drop every DistributedDataParallel wrapper of the group
-    first: one still referenced keeps the group's threads running.
-    """
+    """Every rank leaves the process group together (a barrier, then :func:`shutdown`); drop
+    every DistributedDataParallel wrapper first, as one still referenced keeps its threads."""
     if group.enabled and dist.is_initialized():
         group.barrier(what)
         shutdown()
@@ -197,23 +189,49 @@ def shutdown() -> None:
 
     ``dist.destroy_process_group()`` alone stops no thread: gloo's workers stop when the last
     reference to the group goes, and one that frees a tensor after the interpreter began to
-    exit aborts the process ("terminate called without an active exception"). Here the group
-    is released while the interpreter is whole. A no-op without a group; users of a launcher
-    that made the group itself call it at the end of their script.
+    exit aborts the process. Call it at the end of a script whose launcher made the group, once
+    the DDP wrappers and FSDP-sharded models are dropped (torch's DTensor caches, which keep
+    FSDP's device meshes and so the group, are emptied here). A no-op without a group.
 
     Warns:
-        RuntimeWarning: the group is still referenced after it was destroyed; the message says
-            what holds it where that is known, and the fix.
+        RuntimeWarning: the group is still referenced after it was destroyed (what holds it).
     """
     if not (dist.is_available() and dist.is_initialized()):
         return
     alive = weakref.ref(dist.group.WORLD)
     dist.destroy_process_group()
     if alive() is not None:
+        _forget_device_meshes()
         gc.collect()  # a wrapper of the group inside a reference cycle
     group = alive()
     if group is not None:
         warnings.warn(_still_held(group), RuntimeWarning, stacklevel=2)
+
+
+#: Where torch.distributed.tensor keeps device meshes (each holding its process group) after
+#: the FSDP2 model that made them is gone: (module, the path of a callable that empties it).
+_MESH_CACHES = (
+    ("torch.distributed.tensor.debug", "_clear_sharding_prop_cache"),
+    ("torch.distributed.tensor._redistribute", "_gen_transform_infos.cache_clear"),
+    ("torch.distributed.tensor._redistribute", "_planner_cache.clear"),
+    ("torch.distributed.tensor._collective_utils", "MeshTopoInfo.build_from_mesh.cache_clear"),
+)
+
+
+def _forget_device_meshes() -> None:
+    """Empty torch.distributed.tensor's caches of device meshes, where it was imported; a cache
+    another torch version lacks is passed over."""
+    if "torch.distributed.tensor" not in sys.modules:
+        return
+    for module, path in _MESH_CACHES:
+        try:
+            found: Any = importlib.import_module(module)
+        except ImportError:
+            continue
+        for name in path.split("."):
+            found = getattr(found, name, None)
+        if callable(found):
+            found()
 
 
 def _still_held(group: dist.ProcessGroup) -> str:
@@ -223,8 +241,9 @@ def _still_held(group: dist.ProcessGroup) -> str:
         "torch.distributed.nn.functional, imported after the group was made, holds it in its "
         "functions' defaults: import that module before the group is made"
         if any(value is group for value in defaults)
-        else "drop every DistributedDataParallel wrapper (a trainer holding one) and any saved "
-        "dist.group.WORLD before shutting the group down"
+        else "drop every DistributedDataParallel wrapper (a trainer holding one), every "
+        "FSDP-sharded model with what reaches it (its optimizer, a loss, a loop variable naming "
+        "one of its modules) and any saved dist.group.WORLD before shutting the group down"
     )
     return (
         "the process group was destroyed but is still referenced, so its worker threads run on "
@@ -237,10 +256,6 @@ def _still_held(group: dist.ProcessGroup) -> str:
 _COLLECTIVE_FAILURE = re.compile(r"gloo|nccl|connection|peer|timed out|timeout", re.IGNORECASE)
 
 
-def _is_collective_failure(error: RuntimeError) -> bool:
-    return isinstance(error, dist.DistError) or bool(_COLLECTIVE_FAILURE.search(str(error)))
-
-
 @contextlib.contextmanager
 def guard(context: Context, what: str) -> Iterator[None]:
     """Re-raise a failed collective as a ``RuntimeError`` naming this rank and ``what``."""
@@ -250,7 +265,7 @@ def guard(context: Context, what: str) -> Iterator[None]:
     try:
         yield
     except RuntimeError as error:
-        if not _is_collective_failure(error):
+        if not (isinstance(error, dist.DistError) or _COLLECTIVE_FAILURE.search(str(error))):
             raise
         seconds = timeout().total_seconds()
         raise RuntimeError(
