@@ -376,12 +376,26 @@ def _jpeg_compression(x, rng, c):
     return torch.as_tensor(out, device=x.device).permute(0, 3, 1, 2).to(x.dtype) / 255
 
 
-def _gaussian_blur(x, rng, c):
-    return gaussian_blur(x, c)
-
-
-# each corruption's function is the module's "_<name>"
-_FUNCTIONS: dict[str, _Fn] = {n: globals()[f"_{n}"] for n in CORRUPTIONS + EXTRA_CORRUPTIONS}
+_FUNCTIONS: dict[str, _Fn] = {
+    "gaussian_noise": _gaussian_noise,
+    "shot_noise": _shot_noise,
+    "impulse_noise": _impulse_noise,
+    "defocus_blur": _defocus_blur,
+    "glass_blur": _glass_blur,
+    "motion_blur": _motion_blur,
+    "zoom_blur": _zoom_blur,
+    "snow": _snow,
+    "frost": _frost,
+    "fog": _fog,
+    "brightness": _brightness,
+    "contrast": _contrast,
+    "elastic_transform": _elastic_transform,
+    "pixelate": _pixelate,
+    "jpeg_compression": _jpeg_compression,
+    "speckle_noise": _speckle_noise,
+    "gaussian_blur": lambda x, rng, c: gaussian_blur(x, c),
+    "saturate": _saturate,
+}
 
 
 def _check_name(name: object) -> str:

@@ -64,7 +64,10 @@ _BUILDERS: dict[str, Builder] = {
 
 
 def register(name: str) -> Callable[[Builder], Builder]:
-    """Decorator adding a model builder to the registry under ``name``.
+    """Decorator adding a model builder to the registry under ``name``::
+
+        @snens.models.register("my_net")
+        def my_net(num_classes=10, **kwargs): ...
 
     Returns:
         The decorator, which returns the builder unchanged.
