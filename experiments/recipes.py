@@ -54,6 +54,12 @@ SITUATIONS = (
     ("MLP (LayerNorm), all 55,000 images: no study tuned it", HOLDOUT / "all_mlp"),
 )
 BASELINES = (("single", "one model"), ("deep_ensemble", "deep ensemble of 4"))
+#: How the pages name the other methods a situation trained beside them.
+OTHERS = {
+    "mc_dropout": "MC dropout",
+    "batch_ensemble": "BatchEnsemble",
+    "packed": "Packed-Ensembles",
+}
 OOD_SCORE = "energy"
 #: The recipe fields that make σN-Ens "at the library's defaults", or at a preset's.
 DEFAULT_FIELDS = ("input_policy", "temperature", "diversity_weight", "gamma_lr_multiplier")
@@ -105,7 +111,7 @@ def _row(variant: Path, runs: list[Path]) -> dict:
     recipe = (
         f"{method.input_policy}, τ={method.temperature:g}, λ={method.diversity_weight:g}"
         if method.name == "snens"
-        else dict(BASELINES).get(variant.name, variant.name)
+        else {**dict(BASELINES), **OTHERS}.get(variant.name, variant.name)
     )
     # σN-Ens at the library's defaults, or at its preset's; γ's multiplier named where it differs
     defaults = default_recipe(variant.parent)
