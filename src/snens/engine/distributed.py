@@ -189,12 +189,14 @@ def shutdown() -> None:
 
     ``dist.destroy_process_group()`` alone stops no thread: gloo's workers stop when the last
     reference to the group goes, and one that frees a tensor after the interpreter began to
-    exit aborts the process. Call it at the end of a script whose launcher made the group, once
-    the DDP wrappers and FSDP-sharded models are dropped (torch's DTensor caches, which keep
-    FSDP's device meshes and so the group, are emptied here). A no-op without a group.
+    exit aborts the process ("terminate called without an active exception"). Call it at the
+    end of a script whose launcher made the group, once the DDP wrappers and FSDP-sharded
+    models are dropped (torch's DTensor caches, which keep FSDP's device meshes and so the
+    group, are emptied here). A no-op without a group.
 
     Warns:
-        RuntimeWarning: the group is still referenced after it was destroyed (what holds it).
+        RuntimeWarning: the group is still referenced after it was destroyed; the message says
+            what holds it where that is known, and the fix.
     """
     if not (dist.is_available() and dist.is_initialized()):
         return
