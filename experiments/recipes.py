@@ -60,6 +60,7 @@ OTHERS = {
     "batch_ensemble": "BatchEnsemble",
     "packed": "Packed-Ensembles",
 }
+LABELS = {**dict(BASELINES), **OTHERS}
 OOD_SCORE = "energy"
 #: The recipe fields that make σN-Ens "at the library's defaults", or at a preset's.
 DEFAULT_FIELDS = ("input_policy", "temperature", "diversity_weight", "gamma_lr_multiplier")
@@ -111,7 +112,7 @@ def _row(variant: Path, runs: list[Path]) -> dict:
     recipe = (
         f"{method.input_policy}, τ={method.temperature:g}, λ={method.diversity_weight:g}"
         if method.name == "snens"
-        else {**dict(BASELINES), **OTHERS}.get(variant.name, variant.name)
+        else LABELS.get(variant.name, variant.name)
     )
     # σN-Ens at the library's defaults, or at its preset's; γ's multiplier named where it differs
     defaults = default_recipe(variant.parent)
