@@ -7,8 +7,7 @@ flip): a single SmallCNN, a deep ensemble, Packed-Ensembles (α=2, γ=2) and σN
 default τ (also with ``split`` inputs). Every run is evaluated at its best epoch on a validation
 split held out of the training images (deep-ensemble members each at its own) and again after
 temperature scaling fitted there; each σN-Ens run is compared with every baseline by paired
-bootstrap intervals. It writes ``report.md`` (the table, the comparisons, and the converged
-study's reference tables where a checkout holds their runs, :func:`converged_rows`),
+bootstrap intervals. It writes ``report.md`` (the table, the comparisons and the budget it ran),
 ``results.json`` and the figures (with matplotlib). Running it again resumes.
 """
 
@@ -17,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -28,7 +26,7 @@ from snens.baselines import METHOD_RECORDS
 from snens.engine.runs import read_final, read_metrics
 from snens.method.regularizer import DEFAULT_DIVERSITY_WEIGHT, DEFAULT_TEMPERATURE
 
-__all__ = ["CONVERGED_METHODS", "FULL_DEMO", "ConvergedRow", "DemoConfig", "converged_rows", "run"]
+__all__ = ["FULL_DEMO", "DemoConfig", "run"]
 
 EVAL_BATCH = 250  # images per forward pass when scoring
 
@@ -75,94 +73,6 @@ _AGAINST = {
     "deep ensemble": "the deep ensemble",
     "Packed-Ensembles": "Packed-Ensembles",
 }
-
-
-@dataclass(frozen=True)
-class ConvergedRow:
-    """One method of a stage of the converged study: means over seeds 0, 1, 2."""
-
-    method: str  # as printed
-    variant: str  # its runs: results/converged/<stage>/<variant>/seed=<s>/final.json
-    params: int
-    accuracy: float  # test accuracy
-    nll: float  # test NLL, nats
-    ece: float  # test ECE
-    corrupted_ece: float  # ECE at severity 5, mean over the 4 corruptions
-    train_seconds: float  # one thread of a 2-core CPU, evaluation excluded
-
-
-#: Where a checkout holds the converged study's runs, ``<stage>/<variant>/seed=<s>/`` (an
-#: installed package holds none).
-CONVERGED_DIR = Path(__file__).resolve().parents[3] / "results" / "converged"
-CONVERGED_SEEDS = (0, 1, 2)
-#: The methods of the reference tables, by stage of the converged study: (label, variant).
-CONVERGED_METHODS: dict[str, tuple[tuple[str, str], ...]] = {
-    # one model overfits: 10,000 training images, no augmentation, SmallCNN width 32, 20 epochs
-    "overfit": (
-        ("single", "single"),
-        ("deep ensemble", "deep_ensemble"),
-        ("BatchEnsemble", "batch_ensemble"),
-        ("Packed-Ensembles (α=2, γ=2)", "packed"),
-        ("MC-dropout (4 samples)", "mc_dropout"),
-        ("σN-Ens τ=1 λ=0.1, repeat (default)", "snens_tau1_lam0.1"),
-        ("σN-Ens τ=1 λ=0.1, split", "snens_tau1_lam0.1_split"),
-    ),
-    # nothing overfits: all 55,000 training images with crop + flip, SmallCNN width 16, 40 epochs
-    "final": (
-        ("single", "single"),
-        ("deep ensemble", "deep_ensemble"),
-        ("σN-Ens τ=1 λ=0.1 (default)", "snens_default"),
-        ("σN-Ens λ=0, γ ×1 (best on validation)", "snens_lam0_glr1_chosen"),
-    ),
-}
-
-
-def _train_seconds(run_dir: Path, stage: str, final: dict) -> float:
-    """A run's training seconds; in the final stage the epochs × the median epoch's (its
-    processes were paused at times)."""
-    if stage != "final":
-        return final["train"]["seconds"]
-    epochs = [record["seconds"] for record in read_metrics(run_dir)]
-    return len(epochs) * statistics.median(epochs)
-
-
-def converged_rows(
-    stage: str, root: str | os.PathLike | None = None
-) -> tuple[ConvergedRow, ...] | None:
-    """The reference table of ``stage`` (``"overfit"`` or ``"final"``) of the converged study,
-    read from its runs under ``root`` (default :data:`CONVERGED_DIR`), means over seeds 0, 1, 2.
-
-    Returns:
-        One :class:`ConvergedRow` per method, or ``None`` where a run is missing or unreadable
-        (an installed package holds no ``results/``).
-    """
-    root = Path(CONVERGED_DIR if root is None else root)
-    rows = []
-    try:
-        for label, variant in CONVERGED_METHODS[stage]:
-            runs = [root / stage / variant / f"seed={seed}" for seed in CONVERGED_SEEDS]
-            finals = [read_final(run) for run in runs]
-
-            def mean(key: str, finals=finals) -> float:
-                return statistics.mean(final["metrics"][key] for final in finals)
-
-            rows.append(
-                ConvergedRow(
-                    label,
-                    variant,
-                    finals[0]["model"]["params"],
-                    mean("test/accuracy"),
-                    mean("test/nll"),
-                    mean("test/ece"),
-                    mean("shift/severity/5/ece"),
-                    statistics.mean(
-                        _train_seconds(run, stage, final) for run, final in zip(runs, finals)
-                    ),
-                )
-            )
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return tuple(rows)
 
 
 def _overrides(config: DemoConfig) -> list[str]:
@@ -471,46 +381,12 @@ def _provenance(config: DemoConfig, seconds: float) -> str:
     )
 
 
-def _reference_rows(stage: str) -> tuple[tuple[ConvergedRow, ...] | None, bool]:
-    """A stage's reference rows and whether they are the reruns under selection: those of
-    :data:`CONVERGED_DIR`'s ``selected`` runs once every method has its seeds there, else the
-    earlier runs (each at its last epoch)."""
-    rows = converged_rows(stage, Path(CONVERGED_DIR) / "selected")
-    return (rows, True) if rows is not None else (converged_rows(stage), False)
-
-
-def _protocol(stage: str, selected: bool) -> str:
-    """How the reference runs of ``stage`` were evaluated, and where they are."""
-    if selected:
-        return (
-            "every method at its best validation epoch (a deep ensemble's members each at "
-            f"their own), read from `results/converged/selected/{stage}`"
-        )
-    return (
-        "every method at its last epoch, as the study was first run (the README compares the "
-        "reruns, each at its best validation epoch, with intervals), read from "
-        f"`results/converged/{stage}`"
-    )
-
-
-def _converged_table(rows: tuple[ConvergedRow, ...]) -> list[str]:
-    return [
-        "| method | params | test acc | test NLL | test ECE | corrupted ECE, sev. 5 | train s |",
-        "|" + "---|" * 7,
-        *(
-            f"| {r.method} | {r.params:,} | {r.accuracy:.4f} | {r.nll:.4f} | {r.ece:.4f} "
-            f"| {r.corrupted_ece:.4f} | {r.train_seconds:.0f} |"
-            for r in rows
-        ),
-    ]
-
-
 #: One model overfits where its test NLL is this many times its last epoch's training loss.
 OVERFIT_RATIO = 3.0
 
 
 def _reference(config: DemoConfig, steps: int, rows: list[dict]) -> str:
-    """The budget the demo ran, whether its single model overfit, and the converged study."""
+    """The budget the demo ran, whether its single model overfit, and where the studies are."""
     augment = " and ".join(config.augment) if config.augment else "no augmentation"
     single = next((r for r in rows if r["method"] == _LABELS["single"]), None)
     fit = ""
@@ -525,32 +401,14 @@ def _reference(config: DemoConfig, steps: int, rows: list[dict]) -> str:
                 else "it does not overfit, a regime where σN-Ens has little to gain. "
             )
         )
-    overfit, selected = _reference_rows("overfit")
-    final, final_selected = _reference_rows("final")
     lines = [
-        "## This budget, and a converged one",
+        "## This budget",
         "",
         f"This demo trained every run on {config.train_examples:,} images for {config.epochs} "
         f"epoch{'s' * (config.epochs != 1)} ({steps:,} steps, SmallCNN width {config.width}, "
-        f"{augment}). " + fit + "The converged study (in the repository: "
-        "`python experiments/converged.py report` → `results/converged.md`) measured both "
-        "regimes over three seeds"
-        + (". " if overfit or final else "; this installation holds none of its runs."),
+        f"{augment}). " + fit + "The project's README compares σN-Ens with one model and a "
+        "deep ensemble in both regimes and on backbones no study tuned, every method at its "
+        "best validation epoch, with paired bootstrap intervals over seeds and test examples; "
+        "its recipes page gives the recipe chosen on validation in each situation.",
     ]
-    if overfit:
-        lines[-1] += (
-            "Where a single model overfits: 10,000 training images, no augmentation, SmallCNN "
-            "width 32, 20 epochs, M=4; mean over seeds 0, 1, 2 (train s: one thread of a "
-            f"2-core CPU, evaluation excluded), {_protocol('overfit', selected)}:"
-        )
-        lines += ["", *_converged_table(overfit)]
-    if final:
-        lines += [
-            "",
-            "Where nothing overfits — all 55,000 training images with crop + flip, SmallCNN "
-            "width 16, trained to convergence (40 epochs), M=4; mean over seeds 0, 1, 2 (train "
-            f"s: the epochs × the median epoch's), {_protocol('final', final_selected)}:",
-            "",
-            *_converged_table(final),
-        ]
     return "\n".join(lines)
