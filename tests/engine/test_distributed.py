@@ -411,6 +411,26 @@ def test_shutdown_releases_a_group_that_fsdp_device_meshes_held(one_process_grou
     assert _gloo_threads() == []
 
 
+@LINUX_THREADS
+def test_shutdown_names_sharded_tensors_left_alive_as_what_holds_the_group(one_process_group):
+    """A state dict that ``set_state_dict`` filled with sharded tensors, kept after loading,
+    holds the group through their device mesh: the warning says so and how to drop it, and
+    once it is dropped the threads stop."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (1,))
+    loaded = {"weight": distribute_tensor(torch.ones(4), mesh, [Replicate()])}
+    del mesh
+    match = r"still referenced.*1 sharded tensors \(DTensor\) are still alive.*set_state_dict"
+    with pytest.warns(RuntimeWarning, match=match):
+        shutdown()
+    assert _gloo_threads()
+    del loaded
+    gc.collect()
+    assert _gloo_threads() == []
+
+
 @pytest.fixture(scope="module")
 def tiny_llm(tmp_path_factory):
     """A causal LM of SmolLM2's kind (its tokenizer and vocabulary, Llama layers) but 2 layers

@@ -239,19 +239,41 @@ def _forget_device_meshes() -> None:
 def _still_held(group: dist.ProcessGroup) -> str:
     functional = sys.modules.get("torch.distributed.nn.functional")
     defaults = getattr(getattr(functional, "broadcast", None), "__defaults__", None) or ()
-    holder = (
-        "torch.distributed.nn.functional, imported after the group was made, holds it in its "
-        "functions' defaults: import that module before the group is made"
-        if any(value is group for value in defaults)
-        else "drop every DistributedDataParallel wrapper (a trainer holding one), every "
-        "FSDP-sharded model with what reaches it (its optimizer, a loss, a loop variable naming "
-        "one of its modules) and any saved dist.group.WORLD before shutting the group down"
-    )
+    sharded = _sharded_tensors()
+    if any(value is group for value in defaults):
+        holder = (
+            "torch.distributed.nn.functional, imported after the group was made, holds it in "
+            "its functions' defaults: import that module before the group is made"
+        )
+    elif sharded:
+        holder = (
+            f"{sharded} sharded tensors (DTensor) are still alive, each holding the group "
+            "through its device mesh: drop what holds them before shutting the group down — "
+            "an FSDP-sharded model, its optimizer, or a state dict given to "
+            "torch.distributed.checkpoint's set_state_dict (which fills it with sharded "
+            "tensors: `del` it once loaded)"
+        )
+    else:
+        holder = (
+            "drop every DistributedDataParallel wrapper (a trainer holding one), every "
+            "FSDP-sharded model with what reaches it (its optimizer, a loss, a loop variable "
+            "naming one of its modules) and any saved dist.group.WORLD before shutting the "
+            "group down"
+        )
     return (
         "the process group was destroyed but is still referenced, so its worker threads run on "
         "until the interpreter exits, where one that frees a tensor aborts the process "
         f"('terminate called without an active exception'); {holder}"
     )
+
+
+def _sharded_tensors() -> int:
+    """How many DTensors the garbage collector can see (0 where DTensor was never imported)."""
+    dtensor = getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)
+    if dtensor is None:
+        return 0
+    # type(), not isinstance: a proxy whose __class__ warns (torch.distributed.reduce_op) stays quiet
+    return sum(1 for value in gc.get_objects() if issubclass(type(value), dtensor))
 
 
 # the DDP reducer reports a peer's death as a plain RuntimeError carrying the backend's text
