@@ -272,7 +272,7 @@ def _sharded_tensors() -> int:
     dtensor = getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)
     if dtensor is None:
         return 0
-    # type(), not isinstance: a proxy whose __class__ warns (torch.distributed.reduce_op) stays quiet
+    # type(), not isinstance: a proxy whose __class__ warns (reduce_op) stays quiet
     return sum(1 for value in gc.get_objects() if issubclass(type(value), dtensor))
 
 
