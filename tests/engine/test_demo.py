@@ -1,5 +1,6 @@
 """``snens demo`` end to end on the bundled data, at a size that runs in seconds."""
 
+import csv
 import json
 
 import pytest
@@ -7,7 +8,6 @@ import torch
 
 import snens
 from snens import data
-from snens.engine import demo as demo_module
 from snens.engine.config import load_config
 from snens.engine.demo import FULL_DEMO, DemoConfig, run
 from snens.engine.fit import fit
@@ -35,71 +35,84 @@ def demo(tmp_path_factory):
         assert run(out=out, config=TINY) == 0
     finally:
         torch.set_num_threads(threads)
-    return out, json.loads((out / "results.json").read_text())
+    with (out / "report.csv").open(newline="", encoding="utf-8") as f:
+        return out, list(csv.DictReader(f))
+
+
+def _label(row):
+    """A report.csv row's method and the keys that set it apart, as the verdicts name it."""
+    if row["method.name"] != "snens":
+        return row["method.name"]
+    return f"snens τ={float(row['method.temperature']):g} {row['method.input_policy']}"
 
 
 def test_demo_trains_every_method_and_writes_its_table(demo):
-    out, results = demo
-    rows = {r["method"]: r for r in results["rows"]}
-    assert list(rows) == [
+    """Every method, as ``snens report`` tabulates runs: one row per configuration."""
+    out, rows = demo
+    rows = {_label(r): r for r in rows}
+    assert sorted(rows) == [
+        "deep_ensemble",
+        "packed",
         "single",
-        "deep ensemble",
-        "Packed-Ensembles",
-        "σN-Ens τ=0.05",
-        "σN-Ens τ=1 (default)",
-        "σN-Ens τ=5",
-        "σN-Ens τ=1, split",
+        "snens τ=0.05 repeat",
+        "snens τ=1 repeat",
+        "snens τ=1 split",
+        "snens τ=5 repeat",
     ]
+    params = {label: int(float(row["params mean"])) for label, row in rows.items()}
     # split inputs: each member sees a quarter of the batch, the same parameters
-    assert rows["σN-Ens τ=1, split"]["params"] == rows["σN-Ens τ=1 (default)"]["params"]
-    single = rows["single"]["params"]
-    assert rows["deep ensemble"]["params"] == 4 * single
+    assert params["snens τ=1 split"] == params["snens τ=1 repeat"]
+    assert params["deep_ensemble"] == 4 * params["single"]
     # σN-Ens adds M−1 heads and M−1 copies of each norm's affine and gamma, nothing else
-    assert single < rows["σN-Ens τ=5"]["params"] < 1.3 * single
-    for row in rows.values():
-        for key in ("accuracy", "ece", "ood_auroc", "corrupted_accuracy", "corrupted_ece"):
-            assert 0.0 <= row[key] <= 1.0, (row["method"], key)
-        assert row["nll"] > 0 and row["train_seconds"] > 0
-    assert rows["single"]["disagreement"] == 0.0 and rows["deep ensemble"]["disagreement"] > 0
+    assert params["single"] < params["snens τ=5 repeat"] < 1.3 * params["single"]
+    for label, row in rows.items():
+        for key in ("test/accuracy", "test/ece", "ood/mnist_5k/auroc", "shift/mean/ece"):
+            assert 0.0 <= float(row[f"{key} mean"]) <= 1.0, (label, key)
+        assert float(row["test/nll mean"]) > 0 and float(row["train seconds mean"]) > 0
     # each run at the epoch it selected on the validation split (deep-ensemble members each at
-    # its own), and after temperature scaling fitted there
-    runs = {p.name: p for p in (out / "runs").iterdir() if p.is_dir()}
-    for name, path in runs.items():
+    # its own), and after temperature scaling fitted there: the table holds final.json's numbers
+    for path in (out / "runs").iterdir():
+        if not path.is_dir():
+            continue
         final = json.loads((path / "final.json").read_text())
-        label = demo_module._label(load_config(path / "config.toml"))
+        row = rows[_label(_flat(load_config(path / "config.toml")))]
         selection = final["selection"]
         epochs = selection.get("member_epochs") or [selection["epoch"]]
-        assert rows[label]["epoch"] == "/".join(map(str, epochs)), name
-        assert rows[label]["nll_ts"] == final["metrics"]["test_ts/nll"]
-        assert rows[label]["ece_ts"] == final["metrics"]["test_ts/ece"]
-        assert selection["metric"] == "nll" and set(epochs) <= {1, 2}
-    assert len(rows["deep ensemble"]["epoch"].split("/")) == 4
-    # the realized sharing and the optimum are reported for σN-Ens only
-    assert rows["σN-Ens τ=0.05"]["k_star"] == pytest.approx(snens.optimal_k(0.05, 4))
-    assert rows["single"]["effective_members"] is None
-    # every row's metrics are snens.evaluate's, corruption means included
-    metrics = results["metrics"]["σN-Ens τ=5"]
-    assert rows["σN-Ens τ=5"]["corrupted_ece"] == metrics["shift/mean/ece"]
-    assert {k.split("/")[1] for k in metrics if k.startswith("shift/")} >= {
+        assert selection["metric"] == "nll" and set(epochs) <= {1, 2}, path.name
+        for key in ("test/nll", "test_ts/nll", "test_ts/ece", "shift/mean/ece"):
+            assert float(row[f"{key} mean"]) == final["metrics"][key], (path.name, key)
+    assert {k.split("/")[1] for k in final["metrics"] if k.startswith("shift/")} >= {
         "gaussian_noise",
         "contrast",
     }
 
     report = (out / "report.md").read_text()
-    table, reference = report.split("## This budget")
-    assert table.count("\n| ") == 1 + len(rows)  # the header, one line per run
-    assert "| Packed-Ensembles | " in table and "corrupted ECE" in table
+    assert report.startswith("# snens demo\n")
+    budget = next(line for line in report.splitlines() if line.startswith("This demo trained"))
     # the budget it ran, said to be short
-    assert "600 images for 2 epochs (8 steps, SmallCNN width 4, no augmentation)" in reference
+    assert "600 images for 2 epochs (8 steps, SmallCNN width 4, no augmentation)" in budget
     # whether one model overfit, read off its own run: after two epochs it has not
-    loss, nll = rows["single"]["train_loss"], rows["single"]["nll"]
+    single = next(p for p in (out / "runs").iterdir() if "name=single" in p.name)
+    loss = json.loads((single / "metrics.jsonl").read_text().splitlines()[-1])["task_loss"]
+    nll = json.loads((single / "final.json").read_text())["metrics"]["test/nll"]
     said = (
         f"training loss of {loss:.3f} and a test NLL of {nll:.3f} at the epoch it is evaluated at"
     )
-    assert f"{said}: it does not overfit" in (reference.replace("\n", " "))
+    assert f"{said}: it does not overfit" in budget
     # the studies are pointed to, none of their numbers copied into the demo
-    assert "README compares σN-Ens with one model and a deep ensemble" in reference
-    assert "\n|" not in reference
+    assert "README compares σN-Ens with one model and a deep ensemble" in budget
+    # then the report of snens report, with a section against each baseline
+    for name in ("single", "deep_ensemble, M=4", "packed, M=4"):
+        assert f"## Differences against {name}" in report
+
+
+def _flat(config):
+    method = config.method
+    return {
+        "method.name": method.name,
+        "method.temperature": method.temperature,
+        "method.input_policy": method.input_policy,
+    }
 
 
 def test_the_demo_trains_what_users_get_by_default():
@@ -111,31 +124,17 @@ def test_the_demo_trains_what_users_get_by_default():
 
 
 def test_demo_draws_every_figure(demo):
+    """The figures of ``snens report``: Pareto fronts, the shift plot, a reliability diagram
+    per row and an allocation heatmap per σN-Ens row, each shown in the report."""
     pytest.importorskip("matplotlib")
-    out, _ = demo
+    out, rows = demo
     pngs = sorted(p.name for p in out.glob("*.png"))
+    snens_rows = [i for i, r in enumerate(rows, start=1) if r["method.name"] == "snens"]
+    assert len(snens_rows) == 4
     assert pngs == sorted(
-        ["pareto_nll.png", "pareto_ece.png", "corruption_severity.png"]
-        + [
-            f"reliability_{i}_{name}.png"
-            for i, name in enumerate(
-                [
-                    "single",
-                    "deep_ensemble",
-                    "Packed-Ensembles",
-                    "snens_tau0.05",
-                    "snens_tau1_default",
-                    "snens_tau5",
-                    "snens_tau1_split",
-                ]
-            )
-        ]
-        + [
-            "allocation_snens_tau0.05.png",
-            "allocation_snens_tau1_default.png",
-            "allocation_snens_tau5.png",
-            "allocation_snens_tau1_split.png",
-        ]
+        ["pareto_nll.png", "pareto_ece.png", "shift.png"]
+        + [f"reliability_{i}.png" for i in range(1, len(rows) + 1)]
+        + [f"allocation_{i}.png" for i in snens_rows]
     )
     report = (out / "report.md").read_text()
     for name in pngs:
@@ -177,17 +176,17 @@ def test_demo_again_reads_its_finished_runs_and_refuses_other_settings(demo, cap
     refused before any training, naming the difference."""
     from snens.engine.cli import main
 
-    out, results = demo
+    out, rows = demo
     for run_dir in (out / "runs").iterdir():
         if run_dir.is_dir():
             assert (run_dir / "final.json").is_file() and (run_dir / "last.pt").is_file()
+    before = (out / "report.csv").read_text()
     capsys.readouterr()
     assert run(out=out, config=TINY) == 0
     printed = capsys.readouterr().out
     # run_sweep logs "<run>: training" for a run it trains
-    assert printed.count("done, skipped") == len(results["rows"]) and ": training" not in printed
-    again = json.loads((out / "results.json").read_text())
-    assert again["rows"] == results["rows"]
+    assert printed.count("done, skipped") == len(rows) and ": training" not in printed
+    assert (out / "report.csv").read_text() == before
     assert main(["demo", "--full", "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert "holds a run of another config" in err and "data.train_examples" in err
@@ -200,8 +199,7 @@ def test_the_report_says_whether_one_model_overfit_from_its_own_numbers():
     from snens.engine.demo import _reference
 
     def reference(train_loss, nll):
-        row = {"method": "single", "train_loss": train_loss, "nll": nll}
-        return _reference(DemoConfig(), 300, [row]).replace("\n", " ")
+        return _reference(DemoConfig(), 300, (train_loss, nll))
 
     assert "2,000 images for 20 epochs (300 steps, SmallCNN width 32, no augmentation)" in (
         reference(0.005, 0.592)
@@ -224,26 +222,25 @@ def test_demo_out_a_file_is_named_with_the_fix(tmp_path, capsys):
 
 
 def test_the_demo_ends_with_a_verdict_its_intervals_support(demo):
+    """One verdict line for each σN-Ens row and each baseline, on test NLL and ECE raw and +TS,
+    each clause the bootstrap's interval and the word it supports."""
     from snens.engine.compare import compare_runs
 
-    out, results = demo
+    out, rows = demo
     report = (out / "report.md").read_text()
     verdicts = [line for line in report.splitlines() if line.startswith("Verdict: ")]
-    sigma = [r["method"] for r in results["rows"] if r["method"].startswith("σN-Ens")]
-    # one line for each σN-Ens run and each baseline
-    assert [v.split(" beats ")[0].split(" is ")[0].removeprefix("Verdict: ") for v in verdicts] == (
-        [label for label in sigma for _ in range(3)]
-    )
+    assert len(verdicts) == 4 * 3
     runs = {p.name: p for p in (out / "runs").iterdir() if p.is_dir()}
     default = next(
         p for name, p in runs.items()
         if "snens" in name and "temperature=1.0" in name and "split" not in name
     )  # fmt: skip
-    lines = [v for v in verdicts if v.startswith("Verdict: σN-Ens τ=1 (default) ")]
+    subject = "snens, M=4, τ=1.0, λ=0.1, method.input_policy=repeat"
+    lines = [v for v in verdicts if v.startswith(f"Verdict: {subject} ")]
     words = {"better": "beats", "worse": "is behind", "level": "is level with"}
     for line, (key, name) in zip(
         lines,
-        (("single", "the single model"), ("deep_ensemble", "the deep ensemble"),
+        (("single", "one model"), ("deep_ensemble", "the deep ensemble"),
          ("packed", "Packed-Ensembles")),
         strict=True,
     ):  # fmt: skip
@@ -256,31 +253,8 @@ def test_the_demo_ends_with_a_verdict_its_intervals_support(demo):
             assert f"{words[c.verdict]} {name} on {c.set} {c.metric} (Δ {c.interval})" in line
 
 
-def test_the_demo_says_its_times_were_taken_under_load(monkeypatch):
-    from snens.engine import demo
-
-    monkeypatch.setattr("os.cpu_count", lambda: 2)
-    monkeypatch.setattr("os.getloadavg", lambda: (9.0, 6.5, 3.0))
-    assert demo._load_note().startswith(
-        "The train s column was measured under load (5-minute load average 6.5 on 2 cores)"
-    )
-    monkeypatch.setattr("os.getloadavg", lambda: (0.5, 1.5, 1.0))
-    assert demo._load_note() == ""
-
-
-def test_the_epoch_column_says_which_epoch_each_run_was_evaluated_at():
-    selected = demo_module._selected
-    assert selected({"selection": {"metric": "nll", "epoch": 7}, "train": {"epochs": 20}}) == "7"
-    members = {
-        "selection": {"metric": "nll", "member_epochs": [6, 5, 9, 7]},
-        "train": {"epochs": 20},
-    }
-    assert selected(members) == "6/5/9/7"
-    assert selected({"selection": None, "train": {"epochs": 20}}) == "20"  # no selection: the last
-
-
 def test_the_demo_names_the_run_chosen_on_validation_from_the_runs_files(demo):
-    out, results = demo
+    out, _ = demo
     report = (out / "report.md").read_text()
     (line,) = [x for x in report.splitlines() if x.startswith("Chosen on validation: ")]
     # every run's selected validation NLL, read from its final.json apart from the library
@@ -288,11 +262,8 @@ def test_the_demo_names_the_run_chosen_on_validation_from_the_runs_files(demo):
     for run_dir in (out / "runs").iterdir():
         if run_dir.is_dir():
             selection = json.loads((run_dir / "final.json").read_text())["selection"]
-            label = demo_module._label(load_config(run_dir / "config.toml"))
-            values[label] = selection.get("value")  # None: members selected apart
-    assert [label for label, v in values.items() if v is None] == ["deep ensemble"]
-    best = min((v, label) for label, v in values.items() if v is not None)
-    assert line.startswith(
-        f"Chosen on validation: {best[1]} (validation NLL {best[0]:.4f} at its selected "
-        "epoch, the lowest; the test set played no part); not ranked: deep ensemble (its members"
-    )
+            values[run_dir.name] = selection.get("value")  # None: members selected apart
+    assert [name for name, v in values.items() if v is None] == ["method.name=deep_ensemble"]
+    best = min(v for v in values.values() if v is not None)
+    assert f"the lowest validation NLL at the selected epoch ({best:.4f}, seed 0" in line
+    assert "Not candidates: deep_ensemble, M=4" in line

@@ -79,6 +79,33 @@ def test_snens_report_baseline_adds_the_differences(sweep, tmp_path, capsys):
     assert "holds the runs of 2 rows, not one" in capsys.readouterr().err
 
 
+def test_snens_report_takes_several_baselines_a_section_each(sweep, tmp_path):
+    """``--baseline`` repeated: every row against each baseline's row, in the order given, the
+    comparisons returned as (row, baseline, comparison) with the intervals of one baseline."""
+    from snens.engine.report import write_report
+
+    single, snens = _runs(sweep, "single")[0], _runs(sweep, "snens")[0]
+    args = ["report", str(sweep), "--out", str(tmp_path)]
+    assert main([*args, "--baseline", str(snens), "--baseline", str(single)]) == 0
+    text = (tmp_path / "report.md").read_text()
+    sections = [line for line in text.splitlines() if line.startswith("## Differences against")]
+    assert sections == [
+        "## Differences against snens, M=4, τ=1.0, λ=0.1",
+        "## Differences against single",
+    ]
+    report = write_report([sweep], tmp_path / "two", baseline=[single, snens])
+    alone = write_report([sweep], tmp_path / "one", baseline=single)
+    assert [(row, base) for row, base, _ in report.comparisons][:1] == [
+        ("snens, M=4, τ=1.0, λ=0.1", "single")
+    ]
+    assert {(r, b) for r, b, _ in report.comparisons} == {
+        ("snens, M=4, τ=1.0, λ=0.1", "single"),
+        ("single", "snens, M=4, τ=1.0, λ=0.1"),
+    }
+    against_single = [c for _, base, c in report.comparisons if base == "single"]
+    assert against_single == [c for _, _, c in alone.comparisons]
+
+
 def test_an_ood_comparison_is_the_auroc_of_the_kept_scores(sweep):
     from snens.engine.compare import compare_ood, run_arrays
     from snens.metrics import auroc

@@ -505,7 +505,9 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument(
         "--baseline",
         metavar="DIR",
-        help="a run of the baseline row (or a directory of its runs only): every other row's "
+        action="append",
+        help="a run of the baseline row (or a directory of its runs only; repeat the option "
+        "for several baselines, a section each): every other row's "
         "test NLL, ECE, accuracy and Brier (raw and after temperature scaling) minus the "
         "baseline's, with paired bootstrap 95%% intervals and the word they support (better, "
         "worse, level); and each row's validation NLL at its selected epoch taken apart into "
@@ -518,7 +520,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="train a single model, a deep ensemble, Packed-Ensembles and σN-Ens (repeat and "
         "split) on 2,000 Fashion-MNIST images, where one model overfits, each at its best "
         "validation epoch; report accuracy, NLL and ECE raw and after temperature scaling, "
-        "Brier, OOD AUROC, corrupted calibration and the realized sharing, and σN-Ens against "
+        "Brier, OOD AUROC and corrupted calibration as snens report does, and σN-Ens against "
         "each baseline with paired bootstrap intervals",
         description="By default 2,000 training images without augmentation, SmallCNN width 32, "
         "20 epochs: one model overfits, the regime where σN-Ens pays (the report says whether "
@@ -532,7 +534,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="the other regime: 55,000 training images (5,000 held out) with crop and flip, "
         "10 epochs, τ 0.5, 1 and 5",
     )
-    demo.add_argument("--out", default="runs/demo", help="directory for report.md, results.json")
+    demo.add_argument(
+        "--out", default="runs/demo", help="directory for the runs, report.md and report.csv"
+    )
     demo.set_defaults(run=_demo)
     bench = sub.add_parser(
         "bench",

@@ -39,7 +39,12 @@ from torch import Tensor, nn
 
 from snens import files
 from snens.engine.checkpoint import CheckpointError, checkpoint_digest, load_checkpoint
-from snens.engine.compare import COMPARISON_HEADER, compare_runs, comparison_cells
+from snens.engine.compare import (
+    COMPARISON_HEADER,
+    Comparison,
+    compare_runs,
+    comparison_cells,
+)
 from snens.engine.config import to_dict
 from snens.engine.runs import (
     CONFIG,
@@ -143,6 +148,8 @@ class Report:
     summary: str = ""
     #: The sentence naming the row chosen on validation (None: no two rows to choose from).
     choice: str | None = None
+    #: Every row against each baseline: ``(row, baseline, comparison)``, labels as in the table.
+    comparisons: list[tuple[str, str, Comparison]] = field(default_factory=list)
 
 
 #: The columns of the report's table at a glance (those the runs hold), then an OOD set's
@@ -439,8 +446,11 @@ def _baseline_group(groups: Sequence[Group], varied: Sequence[str], baseline: An
     return chosen[0]
 
 
-def _differences(groups: Sequence[Group], varied: Sequence[str], base: Group) -> list[str]:
-    """The report's section comparing every row with the baseline's row."""
+def _differences(
+    groups: Sequence[Group], varied: Sequence[str], base: Group, found: list
+) -> list[str]:
+    """The report's section comparing every row with the baseline's row; the comparisons are
+    added to ``found`` as ``(row, baseline, comparison)``."""
     name = _label(base, varied)
     lines = [
         "",
@@ -460,11 +470,12 @@ def _differences(groups: Sequence[Group], varied: Sequence[str], base: Group) ->
         validated = all("val/nll" in r.final.get("metrics", {}) for r in [*group.runs, *base.runs])
         sets = ("test", "test_ts") if validated else ("test",)
         try:
-            found = compare_runs(runs, base_runs, sets=sets)
+            compared = compare_runs(runs, base_runs, sets=sets)
         except (FileNotFoundError, KeyError) as error:
             lines.append(f"* {_label(group, varied)}: not compared ({error})")
             continue
-        rows += [[_label(group, varied), *cells] for cells in comparison_cells(found)]
+        found += [(_label(group, varied), name, c) for c in compared]
+        rows += [[_label(group, varied), *cells] for cells in comparison_cells(compared)]
     if rows:
         lines.append(markdown_table(["row", *COMPARISON_HEADER], rows))
     return lines
@@ -542,11 +553,12 @@ def _provenance(runs: Sequence[RunRecord]) -> str | None:
 def write_report(
     dirs: Sequence[str | os.PathLike],
     out: str | os.PathLike,
-    baseline: str | os.PathLike | None = None,
+    baseline: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
 ) -> Report:
     """Collect the runs under ``dirs`` and write ``out/report.md``, ``out/report.csv`` and the
     plots (with matplotlib); with ``baseline`` (a run of one row, or a directory of that row's
-    runs only), every other row is compared with it (:mod:`snens.engine.compare`).
+    runs only; or several of them), every other row is compared with each baseline's row
+    (:mod:`snens.engine.compare`), one section per baseline.
 
     Raises:
         ValueError: a directory that does not exist, no finished runs, an empty ``out``, or
@@ -603,10 +615,12 @@ def write_report(
     sentence = _choice_sentence(groups, varied, choice, split) if choice is not None else None
     if sentence:
         summary += "\n\n" + sentence
-    differences = []
-    if baseline is not None:
-        base = _baseline_group(groups, varied, baseline)
-        differences = _differences(groups, varied, base) + _members_alone(groups, varied, base)
+    differences: list[str] = []
+    compared: list[tuple[str, str, Comparison]] = []
+    bases = [baseline] if isinstance(baseline, str | os.PathLike) else list(baseline or ())
+    for base in [_baseline_group(groups, varied, b) for b in bases]:  # every one checked first
+        differences += _differences(groups, varied, base, compared)
+        differences += _members_alone(groups, varied, base)
 
     out = Path(out)
     try:
@@ -657,7 +671,8 @@ def write_report(
     text += ["", *(f"{note}" for note in notes if note)]
     path = out / "report.md"
     _write(path, "\n".join(text) + "\n")
-    return Report(table, path, csv_path, plots, [n for n in notes if n], summary, sentence)
+    kept = [n for n in notes if n]
+    return Report(table, path, csv_path, plots, kept, summary, sentence, compared)
 
 
 #: The config keys that fix which examples a run validates on.
