@@ -30,10 +30,10 @@ import time
 from collections.abc import Callable
 
 import torch
+from measure import compare
 from torch import nn
 
 import snens
-from snens.engine.bench import compare
 from snens.nn.norms import FORCEABLE_PATHS, force_path
 
 FAMILIES = ("cnn", "vit", "llama")

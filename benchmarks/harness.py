@@ -19,9 +19,9 @@ autocast of that device type, and on CUDA the clock is read only after
     python benchmarks/bench.py            # or: snens bench (from this checkout)
     snens bench --device cuda --steps-only
 
-The measuring core (:func:`snens.engine.bench.compare`, ``train_step``,
-``peak_memory_bytes``) is in the package; the rows, their targets and the command line are
-here, the LLM rows in ``harness_llm.py``.
+The measuring core (:func:`measure.compare`, ``train_step``, ``peak_memory_bytes``) is
+``measure.py``; the rows, their targets and the command line are here, the LLM rows in
+``harness_llm.py``.
 """
 
 from __future__ import annotations
@@ -36,11 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from torch import nn
-
-import snens
-from snens.baselines import DeepEnsemble
-from snens.engine.bench import (
+from measure import (
     Measure,
     compare,
     device_line,
@@ -51,6 +47,10 @@ from snens.engine.bench import (
     time_call,
     train_step,
 )
+from torch import nn
+
+import snens
+from snens.baselines import DeepEnsemble
 from snens.engine.config import MAX_THREADS
 from snens.models import create
 from snens.nn.norms import MAX_MEMBERS
@@ -326,7 +326,7 @@ def run(
 
     Raises:
         ValueError: if more than one of ``norms_only``, ``steps_only``, ``compile_only`` is
-            set, or ``device`` is not there (see :func:`snens.engine.bench.measure_device`).
+            set, or ``device`` is not there (see :func:`measure.measure_device`).
     """
     if norms_only + steps_only + compile_only > 1:
         raise ValueError("norms_only, steps_only and compile_only exclude each other: choose one")
@@ -385,7 +385,7 @@ def throughput(
 
     Raises:
         ValueError: if ``image`` is ``None`` for a backbone without a known input, or
-            ``device`` is not there (see :func:`snens.engine.bench.measure_device`).
+            ``device`` is not there (see :func:`measure.measure_device`).
     """
     if image is None:
         if backbone not in BACKBONE_IMAGES:

@@ -21,11 +21,11 @@ import copy
 from collections.abc import Callable
 
 import torch
+from measure import Measure, compare
 from torch import nn
 
 import snens
 from snens.baselines import DeepEnsemble
-from snens.engine.bench import Measure, compare
 from snens.nn.registry import member_converter
 
 __all__ = ["llm_measures", "llm_step", "lora_model", "smollm2_config", "texts"]

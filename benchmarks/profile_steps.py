@@ -26,9 +26,9 @@ from collections.abc import Callable
 
 import torch
 from harness_llm import llm_step, lora_model, texts
+from measure import measure_device, sync, train_step
 
 import snens
-from snens.engine.bench import measure_device, sync, train_step
 from snens.models import create
 
 LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
