@@ -104,6 +104,10 @@ def test_snens_report_takes_several_baselines_a_section_each(sweep, tmp_path):
     }
     against_single = [c for _, base, c in report.comparisons if base == "single"]
     assert against_single == [c for _, _, c in alone.comparisons]
+    # one row given twice (two of its runs) is refused, named
+    other_seed = _runs(sweep, "single")[1]
+    with pytest.raises(ValueError, match=r"names the row 'single' again, as --baseline"):
+        write_report([sweep], tmp_path / "twice", baseline=[single, other_seed])
 
 
 def test_an_ood_comparison_is_the_auroc_of_the_kept_scores(sweep):

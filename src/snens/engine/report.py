@@ -447,7 +447,10 @@ def _baseline_group(groups: Sequence[Group], varied: Sequence[str], baseline: An
 
 
 def _differences(
-    groups: Sequence[Group], varied: Sequence[str], base: Group, found: list
+    groups: Sequence[Group],
+    varied: Sequence[str],
+    base: Group,
+    found: list[tuple[str, str, Comparison]],
 ) -> list[str]:
     """The report's section comparing every row with the baseline's row; the comparisons are
     added to ``found`` as ``(row, baseline, comparison)``."""
@@ -618,7 +621,14 @@ def write_report(
     differences: list[str] = []
     compared: list[tuple[str, str, Comparison]] = []
     bases = [baseline] if isinstance(baseline, str | os.PathLike) else list(baseline or ())
-    for base in [_baseline_group(groups, varied, b) for b in bases]:  # every one checked first
+    chosen = [_baseline_group(groups, varied, b) for b in bases]  # every one checked first
+    for i, base in enumerate(chosen):
+        if base in chosen[:i]:
+            raise ValueError(
+                f"--baseline {str(bases[i])!r} names the row {_label(base, varied)!r} again, as "
+                f"--baseline {str(bases[chosen.index(base)])!r} does; give each baseline once"
+            )
+    for base in chosen:
         differences += _differences(groups, varied, base, compared)
         differences += _members_alone(groups, varied, base)
 
