@@ -35,6 +35,10 @@ def test_the_generated_block_says_beats_only_where_its_interval_excludes_zero(ge
     for row in rows[1:]:
         for (set_name, _, _), text in zip(claims.COLUMNS, row[2:], strict=False):
             found = cell.fullmatch(text.strip())
+            if found is None and text.strip() == "—":
+                # a set scored without an OOD set (the tweets as another domain) has no AUROC
+                assert set_name == "ood" and row[2 + len(claims.COLUMNS)].strip() == "—", row
+                continue
             if found is None:
                 assert text.strip() == "not measured yet"
                 continue

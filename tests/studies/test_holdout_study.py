@@ -75,15 +75,22 @@ def test_the_plan_runs_every_method_of_every_cell_on_both_seeds_selected_on_vali
     # every method in every cell on both seeds, but the limited ones: repeat τ=5 λ=0.01 on the
     # GroupNorm CNN's seed 0 only
     everywhere = len(holdout.METHODS) - len(holdout.LIMITED)
-    assert len(items) == len(holdout.CELLS) * everywhere * len(holdout.SEEDS) + 1 == 41
+    assert len(items) == len(holdout.CELLS) * everywhere * len(holdout.SEEDS) + 1 == 49
     weak = [(stage, r.config) for stage, v, r in items if v.name == "snens_tau5_lam0.01"]
     assert [(stage, c.seed) for stage, c in weak] == [("few_gncnn", 0)]
     assert weak[0][1].method.input_policy == "repeat" and weak[0][1].method.temperature == 5.0
     assert weak[0][1].method.diversity_weight == 0.01
+    still = [(stage, r.config) for stage, v, r in items if v.name == "snens_tau1_lam0_glr1"]
+    assert sorted((stage, c.seed) for stage, c in still) == [
+        (stage, seed) for stage in ("all_mlp", "few_gncnn", "few_mlp", "few_vit") for seed in (0, 1)
+    ]
+    for _, config in still:
+        assert (config.method.input_policy, config.method.temperature) == ("repeat", 1.0)
+        assert (config.method.diversity_weight, config.method.gamma_lr_multiplier) == (0.0, 1.0)
     for _, variant, run in items:
         config = run.config
         assert config.optim.select == "nll" and config.data.validation_examples == 5000
-        if variant.name.startswith("snens"):
+        if variant.name.startswith("snens") and variant.name != "snens_tau1_lam0_glr1":
             assert config.method.gamma_lr_multiplier == 30.0
     split = next(r.config for _, v, r in items if v.name == "snens_split_tau5_lam0.01")
     assert split.method.input_policy == "split" and split.method.temperature == 5.0
