@@ -13,8 +13,8 @@ every backbone — and, for the MLP, ``all`` — the other 55,000 images, crop a
 epochs. Methods: one model, a deep ensemble of four, σN-Ens with the recipe under test
 (``split`` inputs, τ=5, λ=0.01), with the library's τ=1, λ=0.1 and ``split`` inputs, and with
 the library's defaults (``repeat``, τ=1, λ=0.1), seeds 0 and 1; on the GroupNorm CNN, where
-the defaults are behind one model on validation, also ``repeat`` at τ=5, λ=0.01 (seed 0); and
-λ=0 with γ at the base learning rate (``repeat``, τ=1), seeds 0 and 1. Runs
+the defaults are behind one model on validation, also ``repeat`` at τ=5, λ=0.01 (seed 0); on
+every network, also λ=0 with γ at the base learning rate (``repeat``, τ=1), seeds 0 and 1. Runs
 live in ``results/holdout/<regime>_<backbone>/<method>/seed=<s>/``.
 
     OMP_NUM_THREADS=1 python experiments/holdout.py run &      # two processes share the queue
@@ -160,7 +160,7 @@ METHODS = {
     ),
     # no partition (λ=0) and γ at the base learning rate: the recipe chosen on validation in
     # the converged study's regime (a small CNN on all the data), whose members stay close to
-    # one model; a candidate of the how-to's recipe search, checked here where it was not chosen
+    # one model: is it more than one model on networks it was not chosen on?
     "snens_tau1_lam0_glr1": (
         "method.name=snens",
         "method.input_policy=repeat",
