@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from snens.engine.build import resolve_device
-from snens.method.ensemble import ensemble_loss
+from snens.method.loss import ensemble_loss
 
 
 @dataclass(frozen=True)

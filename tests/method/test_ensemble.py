@@ -207,3 +207,14 @@ def test_several_positional_tensors_and_keywords():
     ens = snens.convert(model, M).eval()
     out = ens(x, depth, scale=2.0)
     torch.testing.assert_close(out, model(x, depth, scale=2.0).expand(M, -1, -1), **TOL)
+
+
+def test_names_that_moved_out_of_the_ensemble_module_still_import_from_it():
+    import snens.method.ensemble as ensemble_module
+    from snens.method import export, loss
+
+    assert ensemble_module.convert is snens.convert
+    assert ensemble_module.ensemble_loss is loss.ensemble_loss
+    assert ensemble_module.export_onnx is export.export_onnx
+    with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
+        ensemble_module.nothing_here  # noqa: B018

@@ -1,13 +1,9 @@
 """BatchEnsemble (Wen et al., 2020): rank-1 fast weights on shared convolutions and linears.
 
 Member m of a layer with shared weight W uses W_m = W ⊙ (s_m r_mᵀ), computed as
-y_m = ((x_m ⊙ r_m) W ⊙ s_m) + b_m: the shared layer runs once for all members. Every
-``nn.Conv2d`` and ``nn.Linear`` (the head included) becomes such a layer; r, s ~ N(1, 0.5²).
-Norms stay shared between members, as in the paper (σN-Ens's members own theirs).
-
-:func:`batch_ensemble` keeps every pretrained weight: the shared weight *is* the plain layer's
-(the same parameter, so weight tying survives) and every member's bias starts as the plain
-bias; with ``init_std=0`` the converted model computes the original function.
+y_m = ((x_m ⊙ r_m) W ⊙ s_m) + b_m: the shared layer runs once for all members; r, s ~ N(1, 0.5²).
+Norms stay shared between members, as in the paper. :func:`batch_ensemble` keeps every
+pretrained weight (the shared weight *is* the plain layer's parameter, so tying survives).
 """
 
 from __future__ import annotations
@@ -97,8 +93,7 @@ class _FastWeights:
         random_sign: bool | None = None,
         generator: torch.Generator | None = None,
     ) -> None:
-        """r, s ~ N(1, init_std²), or ±1 with ``random_sign``; arguments left None take the
-        layer's own settings."""
+        """r, s ~ N(1, init_std²), or ±1 with ``random_sign``; None: the layer's own settings."""
         init_std = self.init_std if init_std is None else init_std
         random_sign = self.random_sign if random_sign is None else random_sign
         if not 0 <= init_std <= _MAX_INIT_STD:
@@ -251,9 +246,8 @@ class BatchEnsembleConv2d(_FastWeights, nn.Conv2d):
 
 
 class BatchEnsemble(nn.Module):
-    """A model whose layers are BatchEnsemble layers of ``num_members`` members, run so that it
-    returns (M, B, K) from (B, …) (:func:`snens.method.ensemble.forward_repeated`); ``output``
-    picks the logits from the model's output, ``report`` is :func:`batch_ensemble`'s.
+    """A model of BatchEnsemble layers of ``num_members`` members: (B, …) -> (M, B, K);
+    ``output`` picks the logits from the model's output, ``report`` is :func:`batch_ensemble`'s.
 
     Raises:
         ValueError: if the model holds no BatchEnsemble layer or one with a different M.
@@ -302,10 +296,10 @@ def batch_ensemble(
     output: Callable[[Any], Tensor] | None = None,
     inplace: bool = False,
 ) -> BatchEnsemble:
-    """Turn any model into a BatchEnsemble by replacing every ``nn.Conv2d`` and ``nn.Linear``
-    (exact types only: ``nn.MultiheadAttention``'s ``out_proj`` is left as it is), of a deep copy
-    unless ``inplace``; ``init_std``, ``random_sign`` and ``generator`` draw r and s (0: every
-    member the original model), ``output`` as :class:`BatchEnsemble`.
+    """Turn any model (a deep copy unless ``inplace``) into a BatchEnsemble: every ``nn.Conv2d``
+    and ``nn.Linear`` (exact types: not ``nn.MultiheadAttention``'s ``out_proj``) shared, with
+    r and s drawn by ``init_std``, ``random_sign`` and ``generator`` (0: every member the
+    original model); ``output`` as :class:`BatchEnsemble`.
 
     Returns:
         A :class:`BatchEnsemble` whose ``report`` lists the converted layers.

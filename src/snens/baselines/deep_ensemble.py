@@ -3,13 +3,12 @@
 The members share nothing and are trained jointly (one optimizer, the mean of the members'
 losses), which equals training them separately on the same batches. ``vectorize=True`` runs
 them as one ``torch.func.vmap`` over ``functional_call`` (same outputs, gradients and
-statistics); the loop is the default, as vmap was no faster on the CPU (:func:`time_forward`).
+statistics); the loop is the default, as vmap was no faster on the CPU.
 """
 
 from __future__ import annotations
 
 import copy
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -17,10 +16,10 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
-from snens.method.ensemble import input_batch_size, is_per_example
+from snens.method.ensemble import input_batch_size, is_per_example, split_size
 from snens.nn.norms import check_num_members
 
-__all__ = ["DeepEnsemble", "reinitialized_copy", "time_forward"]
+__all__ = ["DeepEnsemble", "reinitialized_copy"]
 
 
 def _logits(out: Any) -> Tensor:
@@ -34,8 +33,7 @@ def _logits(out: Any) -> Tensor:
 
 def reinitialized_copy(model: nn.Module) -> nn.Module:
     """A deep copy of ``model`` with every submodule's ``reset_parameters()`` called (PyTorch's
-    default initialization, not a model's own rule: pass :class:`DeepEnsemble` a factory when
-    it matters).
+    default initialization, not a model's own rule).
 
     Returns:
         The new module, of ``model``'s class.
@@ -122,14 +120,8 @@ class DeepEnsemble(nn.Module):
 
     def _forward_split(self, args: tuple, kwargs: dict) -> Tensor:
         """Member m on the m-th block of rows of every per-example tensor: (M, B/M, K)."""
-        M = self.num_members
         B = input_batch_size(args, kwargs)
-        if B % M:
-            raise ValueError(
-                f"input_policy='split' needs a batch size divisible by num_members={M}, got "
-                f"B={B}; use a multiple of {M} or drop_last=True in the data loader"
-            )
-        b = B // M
+        b = split_size(B, self.num_members)
 
         def block(value: Any, m: int) -> Any:
             return value[m * b : (m + 1) * b] if is_per_example(value, B) else value
@@ -171,22 +163,3 @@ class DeepEnsemble(nn.Module):
     def extra_repr(self) -> str:
         split = ", input_policy='split'" if self.input_policy == "split" else ""
         return f"num_members={self.num_members}, vectorize={self.vectorize}{split}"
-
-
-def time_forward(
-    ensemble: DeepEnsemble, x: Tensor, *, train: bool, repeats: int = 5, warmup: int = 2
-) -> float:
-    """Median seconds of one forward (and backward, with ``train``) of ``ensemble`` on ``x``."""
-    ensemble.train(train)
-    times = []
-    for i in range(warmup + repeats):
-        start = time.perf_counter()
-        if train:
-            ensemble.zero_grad(set_to_none=True)
-            ensemble(x).float().logsumexp(-1).mean().backward()
-        else:
-            with torch.no_grad():
-                ensemble(x)
-        if i >= warmup:
-            times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]

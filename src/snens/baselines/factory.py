@@ -3,8 +3,7 @@
     net = snens.baselines.create("batch_ensemble", "resnet18", num_classes=10, num_members=4)
     logits = net(x)  # (M, B, K), whatever the method
 
-``backbone`` is a name for :func:`snens.models.create`, or an ``nn.Module`` (converted or copied,
-never modified); Packed-Ensembles take only the names ``resnet18``, ``resnet50``, ``small_cnn``.
+Packed-Ensembles take only the backbone names ``resnet18``, ``resnet50``, ``small_cnn``.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from snens.baselines.film import film
 from snens.baselines.mc_dropout import MCDropout
 from snens.baselines.packed import packed_resnet18, packed_resnet50, packed_small_cnn
 from snens.baselines.single import SingleModel
-from snens.method.ensemble import convert
+from snens.method.convert import convert
 from snens.nn.norms import check_num_members
 
 __all__ = ["DEFAULT_NUM_MEMBERS", "METHODS", "METHOD_RECORDS", "Method", "create", "option_names"]
@@ -101,8 +100,9 @@ def create(
     ====================  ===========================================================
 
     ``backbone`` is a name of :func:`snens.models.available` (built with ``num_classes`` and
-    ``backbone_options``) or an ``nn.Module``; ``num_members`` defaults to 4 (1 for ``single``,
-    which takes no other); ``options`` go to the method (:func:`option_names`).
+    ``backbone_options``) or an ``nn.Module`` (converted or copied, never modified);
+    ``num_members`` defaults to 4 (1 for ``single``); ``options`` go to the method
+    (:func:`option_names`).
 
     Returns:
         An ``nn.Module`` of the class in the table, (B, …) -> logits (M, B, K).
@@ -155,13 +155,13 @@ def _create(
     if method == "packed":
         return _packed(backbone, num_classes, M, {**backbone_options, **options})
     if method == "deep_ensemble":
-        if isinstance(backbone, nn.Module):
-            return DeepEnsemble(lambda: reinitialized_copy(backbone), M, **options)
-        return DeepEnsemble(
-            lambda: models.create(backbone, num_classes=num_classes, **backbone_options),
-            M,
-            **options,
-        )
+
+        def member() -> nn.Module:
+            if isinstance(backbone, nn.Module):
+                return reinitialized_copy(backbone)
+            return models.create(backbone, num_classes=num_classes, **backbone_options)
+
+        return DeepEnsemble(member, M, **options)
     # the wrappers of one network; a backbone built here is converted in place, no copy needed
     model = _build(backbone, num_classes, backbone_options)
     return _WRAPPERS[method](model, M, inplace=isinstance(backbone, str), **options)
@@ -177,13 +177,9 @@ _GIVEN_TO_WRAPPERS = ("model", "num_members", "inplace")
 
 
 def _builder(method: str, backbone: str | nn.Module) -> Any:
-    if method == "single":
-        return SingleModel
-    if method == "deep_ensemble":
-        return DeepEnsemble
     if method == "packed":
         return _PACKED.get(backbone) if isinstance(backbone, str) else None
-    return _WRAPPERS[method]
+    return {"single": SingleModel, "deep_ensemble": DeepEnsemble, **_WRAPPERS}[method]
 
 
 def option_names(method: str, backbone: str | nn.Module) -> tuple[str, ...] | None:

@@ -46,8 +46,8 @@ def _check_spread(spread: float) -> float:
 
 
 class _FiLM:
-    """Turns a member norm into a FiLM norm: gamma fixed at +∞, affine drawn with ``spread``
-    (mixed in before a :class:`~snens.nn.MemberNorm` class)."""
+    """Mixed in before a :class:`~snens.nn.MemberNorm` class: gamma fixed at +∞, the affine drawn
+    with ``spread``."""
 
     gamma: Tensor
     weight: nn.Parameter
@@ -91,8 +91,7 @@ class _FiLM:
         spread: float = 0.5,
         generator: torch.Generator | None = None,
     ) -> MemberNorm:
-        """A FiLM norm whose members start at ``plain`` (statistics and affine), then perturbed
-        with ``spread`` (0: every member reproduces ``plain``)."""
+        """A FiLM norm whose members start at ``plain``, then perturbed with ``spread``."""
         member = super().from_plain(plain, num_members, spread=spread)
         member.perturb(spread, generator)
         return member
@@ -102,15 +101,12 @@ class _FiLM:
 
 
 class FiLMBatchNorm1d(_FiLM, MemberBatchNorm1d):
-    """FiLM over ``nn.BatchNorm1d``: per-member statistics and affine, no importance scale.
-
-    Args: as :class:`snens.nn.MemberBatchNorm1d`, plus ``spread``.
-    """
+    """FiLM over ``nn.BatchNorm1d``: per-member statistics and affine, no importance scale; args
+    as :class:`snens.nn.MemberBatchNorm1d`'s, plus ``spread``."""
 
 
 class FiLMBatchNorm2d(_FiLM, MemberBatchNorm2d):
-    """FiLM over ``nn.BatchNorm2d``; args as :class:`snens.nn.MemberBatchNorm2d`, plus
-    ``spread``."""
+    """FiLM over ``nn.BatchNorm2d``."""
 
 
 class FiLMBatchNorm3d(_FiLM, MemberBatchNorm3d):
@@ -170,11 +166,9 @@ def film(
     output: Callable[[Any], Tensor] | None = None,
     inplace: bool = False,
 ) -> Ensemble:
-    """Turn any model with norm layers into a FiLM-Ensemble of ``num_members`` members.
-
-    Every supported norm becomes a FiLM norm starting from the plain norm, perturbed with
-    ``spread`` (0 keeps every member equal to ``model``) by ``generator``; the head and all other
-    layers stay shared. ``skip_unsupported`` leaves norms with no FiLM version shared.
+    """Turn any model with norm layers into a FiLM-Ensemble of ``num_members`` members: every
+    supported norm becomes a FiLM norm, perturbed with ``spread`` (0 keeps every member equal to
+    ``model``) by ``generator``; ``skip_unsupported`` leaves norms with no FiLM version shared.
 
     Returns:
         An :class:`snens.Ensemble`, (B, …) -> (M, B, K); its ``report`` lists the converted norms.

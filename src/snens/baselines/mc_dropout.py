@@ -53,10 +53,9 @@ class MCDropoutLayer(nn.Module):
 
 class MCDropout(nn.Module):
     """A model (copied unless ``inplace``) with always-on dropout, sampled M times: (B, …) -> logits
-    (M, B, K), or (train_samples, B, K) in training mode.
-
-    Dropout of ``p`` is inserted before the head if ``insert`` (None: only where the model has no
-    dropout with p > 0); ``output`` picks the logits from the model's output.
+    (M, B, K), or (train_samples, B, K) in training mode. Dropout of ``p`` is inserted before the
+    head if ``insert`` (None: only where the model has none with p > 0); ``output`` picks the
+    logits from the model's output.
 
     Raises:
         ValueError: if no dropout would be active, or the head to insert before cannot be found.

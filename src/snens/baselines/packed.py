@@ -1,11 +1,9 @@
 """Packed-Ensembles (Laurent et al., 2023): M narrow members packed into grouped convolutions.
 
 Every hidden width C is scaled by α (each member has α·C/M channels) and every convolution split
-into M·γ groups, so the members' channels never mix; member m owns channels [m·c, (m+1)·c).
-As in the reference (torch-uncertainty), the first convolution is not grouped, the first
-convolution of every residual block uses γ = 1, γ is lowered until each group has at least
-``minimum_channels_per_group`` input channels, and the head is a grouped linear read out as
-(M, B, K).
+into M·γ groups, so the members' channels never mix. As in the reference (torch-uncertainty), the
+first convolution is not grouped, the first of every residual block uses γ = 1, γ is lowered
+until each group has ``minimum_channels_per_group`` inputs, and the head is a grouped linear.
 """
 
 from __future__ import annotations
@@ -16,6 +14,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from snens.models.resnet import BasicBlock, Bottleneck
 from snens.nn.norms import check_num_members
 
 __all__ = [
@@ -31,7 +30,6 @@ __all__ = [
 ]
 
 NormLayer = Callable[[int], nn.Module]
-# the largest width factor α
 _MAX_ALPHA = 64
 
 
@@ -52,6 +50,15 @@ def member_width(channels: int, num_members: int, alpha: float) -> int:
     return math.ceil(alpha * channels / num_members)
 
 
+def _member_widths(
+    in_size: int, out_size: int, num_members: int, alpha: float, first: bool, last: bool
+) -> tuple[int, int]:
+    """One member's inputs and outputs: the plain input of the ``first`` layer, the plain output
+    of the ``last``, else :func:`member_width`."""
+    member_in = in_size if first else member_width(in_size, num_members, alpha)
+    return member_in, out_size if last else member_width(out_size, num_members, alpha)
+
+
 def _groups_per_member(member_in: int, member_out: int, gamma: int, minimum: int) -> int:
     """The largest g ≤ γ that divides both widths and leaves ≥ ``minimum`` inputs per group."""
     for g in range(gamma, 1, -1):
@@ -60,14 +67,12 @@ def _groups_per_member(member_in: int, member_out: int, gamma: int, minimum: int
     return 1
 
 
-def _packing(num_members: int, alpha: float, gamma: int, minimum: int) -> dict:
+def _packing(network: nn.Module, num_members: int, alpha: float, gamma: int, minimum: int) -> dict:
+    """The packing options of ``network``'s layers, checked, and kept on it."""
     _check_packing(num_members, alpha, gamma)
-    return {
-        "num_members": num_members,
-        "alpha": alpha,
-        "gamma": gamma,
-        "minimum_channels_per_group": minimum,
-    }
+    network.num_members, network.alpha, network.gamma = num_members, alpha, gamma
+    names = ("num_members", "alpha", "gamma", "minimum_channels_per_group")
+    return dict(zip(names, (num_members, alpha, gamma, minimum)))
 
 
 def _init_members(network: nn.Module) -> None:
@@ -116,8 +121,7 @@ class PackedConv2d(nn.Conv2d):
     ) -> None:
         _check_packing(num_members, alpha, gamma)
         M = num_members
-        member_in = in_channels if first else member_width(in_channels, M, alpha)
-        member_out = out_channels if last else member_width(out_channels, M, alpha)
+        member_in, member_out = _member_widths(in_channels, out_channels, M, alpha, first, last)
         if first:  # the plain input, ungrouped
             gamma = 1
         else:
@@ -172,8 +176,7 @@ class PackedLinear(nn.Module):
         super().__init__()
         _check_packing(num_members, alpha, gamma)
         M = num_members
-        member_in = in_features if first else member_width(in_features, M, alpha)
-        member_out = out_features if last else member_width(out_features, M, alpha)
+        member_in, member_out = _member_widths(in_features, out_features, M, alpha, first, last)
         if first:
             self.groups, self.in_features = 1, in_features
         else:
@@ -216,12 +219,10 @@ class PackedLinear(nn.Module):
         )
 
 
-class PackedBasicBlock(nn.Module):
+class PackedBasicBlock(BasicBlock):
     """ResNet basic block of packed members: conv3×3 (γ=1) – norm – ReLU – conv3×3 (γ) – norm, of
     the single model's widths, ``norm_layer`` called with the packed channel count, ``**packing``
     as :class:`PackedConv2d` takes them."""
-
-    expansion = 1
 
     def __init__(
         self,
@@ -231,7 +232,7 @@ class PackedBasicBlock(nn.Module):
         norm_layer: NormLayer = nn.BatchNorm2d,
         **packing,
     ) -> None:
-        super().__init__()
+        nn.Module.__init__(self)  # not the plain block's: it builds plain convolutions
         no_gamma = {**packing, "gamma": 1}  # the block's first convolution is not sub-grouped
         self.conv1 = PackedConv2d(
             in_planes, planes, 3, stride=stride, padding=1, bias=False, **no_gamma
@@ -242,20 +243,10 @@ class PackedBasicBlock(nn.Module):
         self.bn2 = norm_layer(self.conv2.out_channels)
         self.downsample = _packed_downsample(in_planes, planes, stride, norm_layer, packing)
 
-    def forward(self, x: Tensor) -> Tensor:
-        identity = x if self.downsample is None else self.downsample(x)
-        out = self.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        return self.relu(out + identity)
 
-
-class PackedBottleneck(nn.Module):
-    """ResNet bottleneck of packed members: 1×1 (γ=1), 3×3 (γ, stride), 1×1 ×4 (γ), each normed.
-
-    Args: as :class:`PackedBasicBlock`; C_out = 4 · planes.
-    """
-
-    expansion = 4
+class PackedBottleneck(Bottleneck):
+    """ResNet bottleneck of packed members: 1×1 (γ=1), 3×3 (γ, stride), 1×1 ×4 (γ), each normed;
+    arguments as :class:`PackedBasicBlock`'s."""
 
     def __init__(
         self,
@@ -265,7 +256,7 @@ class PackedBottleneck(nn.Module):
         norm_layer: NormLayer = nn.BatchNorm2d,
         **packing,
     ) -> None:
-        super().__init__()
+        nn.Module.__init__(self)  # not the plain block's: it builds plain convolutions
         out_planes = planes * self.expansion
         self.conv1 = PackedConv2d(in_planes, planes, 1, bias=False, **{**packing, "gamma": 1})
         self.bn1 = norm_layer(self.conv1.out_channels)
@@ -277,13 +268,6 @@ class PackedBottleneck(nn.Module):
         self.bn3 = norm_layer(self.conv3.out_channels)
         self.relu = nn.ReLU(inplace=True)
         self.downsample = _packed_downsample(in_planes, out_planes, stride, norm_layer, packing)
-
-    def forward(self, x: Tensor) -> Tensor:
-        identity = x if self.downsample is None else self.downsample(x)
-        out = self.relu(self.bn1(self.conv1(x)))
-        out = self.relu(self.bn2(self.conv2(out)))
-        out = self.bn3(self.conv3(out))
-        return self.relu(out + identity)
 
 
 def _packed_downsample(
@@ -315,9 +299,7 @@ class PackedResNet(nn.Module):
         minimum_channels_per_group: int = 64,
     ) -> None:
         super().__init__()
-        packing = _packing(num_members, alpha, gamma, minimum_channels_per_group)
-        self.num_members = num_members
-        self.alpha, self.gamma = alpha, gamma
+        packing = _packing(self, num_members, alpha, gamma, minimum_channels_per_group)
         self.conv1 = PackedConv2d(in_channels, 64, 3, padding=1, bias=False, first=True, **packing)
         self.bn1 = norm_layer(self.conv1.out_channels)
         self.relu = nn.ReLU(inplace=True)
@@ -400,9 +382,7 @@ class PackedSmallCNN(nn.Module):
         minimum_channels_per_group: int = 64,
     ) -> None:
         super().__init__()
-        packing = _packing(num_members, alpha, gamma, minimum_channels_per_group)
-        self.num_members = num_members
-        self.alpha, self.gamma = alpha, gamma
+        packing = _packing(self, num_members, alpha, gamma, minimum_channels_per_group)
 
         def layer(c_in: int, c_out: int, stride: int, first: bool = False) -> nn.Sequential:
             conv = PackedConv2d(
@@ -447,13 +427,5 @@ def packed_small_cnn(
     Raises:
         TypeError, ValueError: ``num_members``, ``alpha`` or ``gamma`` out of range.
     """
-    return PackedSmallCNN(
-        num_classes,
-        in_channels,
-        width,
-        num_members,
-        alpha,
-        gamma,
-        norm_layer,
-        minimum_channels_per_group,
-    )
+    options = (num_classes, in_channels, width, num_members, alpha, gamma, norm_layer)
+    return PackedSmallCNN(*options, minimum_channels_per_group)

@@ -23,13 +23,19 @@ import tarfile
 import tempfile
 import zlib
 from pathlib import Path, PurePosixPath
-from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from .corruptions import CORRUPTIONS, SEVERITIES
-from .download import ChecksumError, data_root, download_url, verify_checksum
+from .download import (
+    ChecksumError,
+    check_split,
+    data_root,
+    download_url,
+    not_found,
+    verify_checksum,
+)
 
 __all__ = [
     "CIFAR100_MEAN",
@@ -85,27 +91,15 @@ ARCHIVE_BYTES_ENV = "SNENS_MAX_ARCHIVE_BYTES"
 _IMAGE_BYTES = 3 * 32 * 32
 
 
-class _Source(NamedTuple):
-    title: str
-    url: str
-    md5: str
-    subdir: str  # folder under the data root holding the archive and its extraction
-    top: str  # the archive's single top-level folder
-
-
-def _source(dataset: str) -> _Source:
+def _source(dataset: str) -> tuple[str, str, str, str, str]:
+    """``(title, url, md5, folder under the data root, the archive's one top folder)``."""
     # looked up at call time so that tests (and mirrors) can replace the module constants
-    sources = {
+    return {
         "cifar10": ("CIFAR-10", CIFAR10_URL, CIFAR10_MD5, "cifar-10", "cifar-10-batches-py"),
         "cifar100": ("CIFAR-100", CIFAR100_URL, CIFAR100_MD5, "cifar-100", "cifar-100-python"),
         "cifar10-c": ("CIFAR-10-C", CIFAR10_C_URL, CIFAR10_C_MD5, "cifar-10-c", "CIFAR-10-C"),
         "cifar100-c": ("CIFAR-100-C", CIFAR100_C_URL, CIFAR100_C_MD5, "cifar-100-c", "CIFAR-100-C"),
-    }
-    return _Source(*sources[dataset])
-
-
-def _archive_name(source: _Source) -> str:
-    return source.url.rsplit("/", 1)[-1]
+    }[dataset]
 
 
 def _limit(env: str, default: int) -> int:
@@ -171,11 +165,10 @@ def _check_space(archive: Path, members: list[tarfile.TarInfo]) -> None:
 def _extract_members(
     tar: tarfile.TarFile, staging: Path, members: list[tarfile.TarInfo], archive: Path
 ) -> None:
+    # Python < 3.10.12 has no filters; _check_members already vetted every path
+    filters = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
     try:
-        if hasattr(tarfile, "data_filter"):
-            tar.extractall(staging, members=members, filter="data")
-        else:  # Python < 3.10.12 has no filters; _check_members already vetted every path
-            tar.extractall(staging, members=members)
+        tar.extractall(staging, members=members, **filters)
     except gzip.BadGzipFile:
         raise  # an OSError too, but a damaged archive: _extract says so
     except OSError as err:  # the disk filled up, or failed, while writing
@@ -213,29 +206,22 @@ def _extract(archive: Path, top: str) -> Path:
 
 
 def _locate(dataset: str, root, download: bool, required: tuple[str, ...]) -> Path:
-    """Folder holding the extracted files ``required``: found, extracted from a local archive, or
-    downloaded.
-    """
-    source = _source(dataset)
+    """The folder holding the files ``required``: found, extracted, or downloaded and extracted."""
+    title, url, md5, subdir, top = _source(dataset)
     base = data_root(root)
-    candidates = (base / source.subdir / source.top, base / source.top)
+    candidates = (base / subdir / top, base / top)
     for folder in candidates:
         if all((folder / name).is_file() for name in required):
             return folder
-    archive = base / source.subdir / _archive_name(source)
+    archive = base / subdir / url.rsplit("/", 1)[-1]
     if download:
-        download_url(source.url, archive, md5=source.md5)
+        download_url(url, archive, md5=md5)
     elif archive.is_file():
-        verify_checksum(archive, md5=source.md5)
+        verify_checksum(archive, md5=md5)
     else:
-        raise FileNotFoundError(
-            f"{source.title} not found: looked for {list(required)} in "
-            f"{' and '.join(str(c) for c in candidates)}, and for the archive {archive}. Fix: "
-            "pass download=True (with snens train: --set data.download=true) to fetch "
-            f"{source.url} (MD5 checked), or set SNENS_DATA (or root=) to a folder that has it, or "
-            f"download it yourself and put {archive.name} at {archive}."
-        )
-    folder = _extract(archive, source.top)
+        looked = f"looked for {list(required)} in {' and '.join(map(str, candidates))}"
+        raise not_found(title, f"{looked}, and for the archive {archive}", url, archive)
+    folder = _extract(archive, top)
     missing = [name for name in required if not (folder / name).is_file()]
     if missing:
         raise FileNotFoundError(
@@ -283,11 +269,6 @@ def _read_batches(
     return torch.from_numpy(np.concatenate(images)), torch.from_numpy(np.concatenate(labels))
 
 
-def _check_split(split: str, splits: dict) -> None:
-    if split not in splits:
-        raise ValueError(f"split must be one of {sorted(splits)}, got {split!r}")
-
-
 def load_cifar10(
     split: str = "train", root: str | os.PathLike | None = None, download: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -302,7 +283,7 @@ def load_cifar10(
         ChecksumError: the archive or a batch file differs from the official one.
     """
     splits = {"train": tuple(f"data_batch_{i}" for i in range(1, 6)), "test": ("test_batch",)}
-    _check_split(split, splits)
+    check_split(split, splits)
     folder = _locate("cifar10", root, download, splits[split])
     return _read_batches(folder, splits[split], CIFAR10_FILE_MD5, b"labels")
 
@@ -325,7 +306,7 @@ def load_cifar100(
         ChecksumError: the archive or a batch file differs from the official one.
     """
     splits = {"train": ("train",), "test": ("test",)}
-    _check_split(split, splits)
+    check_split(split, splits)
     folder = _locate("cifar100", root, download, splits[split])
     label_key = b"coarse_labels" if coarse else b"fine_labels"
     return _read_batches(folder, splits[split], CIFAR100_FILE_MD5, label_key)

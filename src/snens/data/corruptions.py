@@ -50,22 +50,9 @@ __all__ = [
     "corrupted",
 ]
 
-CORRUPTIONS = (
-    "gaussian_noise",
-    "shot_noise",
-    "impulse_noise",
-    "defocus_blur",
-    "glass_blur",
-    "motion_blur",
-    "zoom_blur",
-    "snow",
-    "frost",
-    "fog",
-    "brightness",
-    "contrast",
-    "elastic_transform",
-    "pixelate",
-    "jpeg_compression",
+CORRUPTIONS = tuple(
+    "gaussian_noise shot_noise impulse_noise defocus_blur glass_blur motion_blur zoom_blur snow "
+    "frost fog brightness contrast elastic_transform pixelate jpeg_compression".split()
 )
 EXTRA_CORRUPTIONS = ("speckle_noise", "gaussian_blur", "saturate")
 SEVERITIES = (1, 2, 3, 4, 5)
@@ -80,13 +67,7 @@ CIFAR_C_CONSTANTS: dict[str, tuple] = {
     "defocus_blur": ((0.3, 0.4), (0.4, 0.5), (0.5, 0.6), (1, 0.2), (1.5, 0.1)),
     "glass_blur": ((0.05, 1, 1), (0.25, 1, 1), (0.4, 1, 1), (0.25, 1, 2), (0.4, 1, 2)),
     "motion_blur": ((6, 1), (6, 1.5), (6, 2), (8, 2), (9, 2.5)),
-    "zoom_blur": (
-        (1, 1.06, 0.01),
-        (1, 1.11, 0.01),
-        (1, 1.16, 0.01),
-        (1, 1.21, 0.01),
-        (1, 1.26, 0.01),
-    ),
+    "zoom_blur": tuple((1, stop, 0.01) for stop in (1.06, 1.11, 1.16, 1.21, 1.26)),
     "snow": (
         (0.1, 0.2, 1, 0.6, 8, 3, 0.95),
         (0.1, 0.2, 1, 0.5, 10, 4, 0.9),
@@ -347,15 +328,14 @@ def _elastic_transform(x, rng, c):
     return _displace(x, gaussian_blur(noise, sigma, mode="reflect", truncate=3) * alpha)
 
 
+def _box_resize(x: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    rows, cols = box_resize_matrix(x.shape[2], h).to(x), box_resize_matrix(x.shape[3], w).to(x)
+    return torch.einsum("oh,nchw,pw->ncop", rows, x, cols)
+
+
 def _pixelate(x, rng, c):
     _, _, h, w = x.shape
-    small_h, small_w = int(h * c), int(w * c)
-    down_h = box_resize_matrix(h, small_h).to(x)
-    down_w = box_resize_matrix(w, small_w).to(x)
-    up_h = box_resize_matrix(small_h, h).to(x)
-    up_w = box_resize_matrix(small_w, w).to(x)
-    small = torch.einsum("oh,nchw,pw->ncop", down_h, x, down_w)
-    return torch.einsum("oh,nchw,pw->ncop", up_h, small, up_w)
+    return _box_resize(_box_resize(x, int(h * c), int(w * c)), h, w)
 
 
 def _jpeg_compression(x, rng, c):

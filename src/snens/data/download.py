@@ -40,19 +40,15 @@ class DownloadError(OSError):
 
 
 def data_root(root: str | os.PathLike | None = None) -> Path:
-    """Directory under which data sets are looked up and downloaded (not created).
-
-    ``root``, else ``$SNENS_DATA``, else ``~/.cache/snens``.
+    """Directory under which data sets are looked up and downloaded (not created): ``root``,
+    else ``$SNENS_DATA``, else ``~/.cache/snens``.
 
     Returns:
         The directory with ``~`` expanded.
     """
-    if root is not None:
-        return Path(root).expanduser()
-    env = os.environ.get(DATA_ENV_VAR)
-    if env:
-        return Path(env).expanduser()
-    return DEFAULT_DATA_ROOT.expanduser()
+    if root is None:
+        root = os.environ.get(DATA_ENV_VAR) or DEFAULT_DATA_ROOT
+    return Path(root).expanduser()
 
 
 def package_data_file(package: str, relative_path: str) -> Path | None:
@@ -83,8 +79,8 @@ def shipped_data_file(
     install: str,
     what: str,
 ) -> Path:
-    """A data file shipped in ``package``: ``<data root>/<folder>/<its name>`` when placed there,
-    else the installed package's copy. ``install`` and ``what`` go into the error message.
+    """``<data root>/<folder>/<its name>`` when placed there, else ``package``'s copy; ``install``
+    and ``what`` go into the error message.
 
     Returns:
         The file's path.
@@ -102,6 +98,21 @@ def shipped_data_file(
             f"{user_file.name} at that path."
         )
     return path
+
+
+def check_split(split: str, splits) -> None:
+    """Raise ValueError unless ``split`` is one of ``splits``."""
+    if split not in splits:
+        raise ValueError(f"split must be one of {sorted(splits)}, got {split!r}")
+
+
+def not_found(what: str, looked: str, url: str, target: Path) -> FileNotFoundError:
+    """The error for a data set that is not here and that ``download=True`` fetches from ``url``."""
+    return FileNotFoundError(
+        f"{what} not found: {looked}. Fix: pass download=True (with snens train: --set "
+        f"data.download=true) to fetch {url} (MD5 checked), or set SNENS_DATA (or root=) to a "
+        f"folder that has it, or download it yourself and put it at {target}."
+    )
 
 
 def file_digest(path: str | os.PathLike, algorithm: str) -> str:
@@ -243,24 +254,22 @@ def download_url(
             f"connection closed after {offset + received} of {total} bytes of {url}; "
             f"run again to resume from {part}"
         )
-    _verify_part(part, expected, name=f"{path} (downloaded from {url})")
+    try:
+        _check_digests(part, expected, name=f"{path} (downloaded from {url})")
+    except ChecksumError:
+        part.unlink()  # so that a rerun starts over
+        raise
     os.replace(part, path)
     return path
 
 
 def _passes(path: Path, expected: dict[str, str]) -> bool:
-    try:
-        _check_digests(path, expected)
-    except ChecksumError:
-        return False
-    return True
+    return all(file_digest(path, algorithm) == want for algorithm, want in expected.items())
 
 
 def _keep_complete_part(part: Path, path: Path, expected: dict[str, str]) -> bool:
-    """Rename a complete ``.part`` into place if its digests pass, else delete it (without digests
-    nothing proves it complete); whether kept.
-    """
-    if expected and _passes(part, expected):
+    """Rename a complete ``.part`` into place if its digests pass, else delete it; whether kept."""
+    if expected and _passes(part, expected):  # without digests nothing proves it complete
         os.replace(part, path)
         return True
     part.unlink()
@@ -304,22 +313,11 @@ def _stream(response, part: Path, offset: int, bar, url: str) -> int:
     return received
 
 
-def _verify_part(part: Path, expected: dict[str, str], name: str) -> None:
-    """Check a finished ``.part``; one that fails is deleted, so a rerun starts over."""
-    try:
-        _check_digests(part, expected, name=name)
-    except ChecksumError:
-        part.unlink()
-        raise
-
-
 def _range_start(response) -> int | None:
-    content_range = response.headers.get("Content-Range", "")
-    unit, _, spec = content_range.partition(" ")
+    unit, _, spec = response.headers.get("Content-Range", "").partition(" ")
     if unit.strip().lower() != "bytes":
         return None
-    first, _, _ = spec.partition("-")
     try:
-        return int(first)
+        return int(spec.partition("-")[0])
     except ValueError:
         return None

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
-from .download import data_root
+from .download import check_split, data_root
 from .images import image_to_rgb
 from .transforms import (
     IMAGENET_MEAN,
@@ -197,12 +197,11 @@ class ImageFolder(Dataset):
         self.skipped: dict[str, list[Path]] = {}
         root_real, reals = os.path.realpath(self.root), set(class_dirs.values())
         empty = []
-        for name in self.classes:
-            found = len(self.samples)
+        for label, name in enumerate(self.classes):
             folder = os.path.join(self.root, name)
-            for path in _class_images(folder, class_dirs[name], root_real, reals, self.skipped):
-                self.samples.append((path, self.class_to_idx[name]))
-            if len(self.samples) == found:
+            paths = list(_class_images(folder, class_dirs[name], root_real, reals, self.skipped))
+            self.samples += [(path, label) for path in paths]
+            if not paths:
                 empty.append(name)
         if on_bad_image == "raise" and SKIP_EMPTY in self.skipped:
             files = self.skipped[SKIP_EMPTY]
@@ -534,8 +533,7 @@ def imagenet_folder(
         BadImageError: with ``on_bad_image="raise"``, bad files found at construction.
         ImportError: Pillow is not installed.
     """
-    if split not in IMAGENET_SPLITS:
-        raise ValueError(f"split must be one of {list(IMAGENET_SPLITS)}, got {split!r}")
+    check_split(split, IMAGENET_SPLITS)
     candidates = [data_root(root) / "imagenet" / split]
     if root is not None:
         candidates.append(Path(root).expanduser() / split)

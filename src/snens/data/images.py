@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from snens import files
 
-from .download import data_root, download_url, shipped_data_file
+from .download import check_split, data_root, download_url, shipped_data_file
 
 __all__ = [
     "FASHION_MNIST_CLASSES",
@@ -60,17 +60,8 @@ FASHION_MNIST_RAW_MD5 = {
     "t10k-labels-idx1-ubyte": "15d484375f8d13e6eb1aabb0c3f46965",
 }
 SYSTEM_FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
-FASHION_MNIST_CLASSES = (
-    "T-shirt/top",
-    "Trouser",
-    "Pullover",
-    "Dress",
-    "Coat",
-    "Sandal",
-    "Shirt",
-    "Sneaker",
-    "Bag",
-    "Ankle boot",
+FASHION_MNIST_CLASSES = tuple(
+    "T-shirt/top,Trouser,Pullover,Dress,Coat,Sandal,Shirt,Sneaker,Bag,Ankle boot".split(",")
 )
 # Per-pixel mean and std of the 60k training images scaled to [0, 1] (population std).
 FASHION_MNIST_MEAN = 0.2860
@@ -96,11 +87,9 @@ _MAX_DEFLATE_RATIO = 1032
 MAX_GZIP_BYTES = 256 * 2**20
 
 
-def _read_bytes(path: Path, limit: int | None = None) -> bytes:
-    """The file's bytes, gunzipped (at most ``limit`` bytes) when it is gzip."""
-    limit = MAX_GZIP_BYTES if limit is None else limit
-    with open(path, "rb") as f:
-        raw = f.read()
+def _read_bytes(path: Path) -> bytes:
+    """The file's bytes, gunzipped (at most :data:`MAX_GZIP_BYTES`) when it is gzip."""
+    raw, limit = path.read_bytes(), MAX_GZIP_BYTES
     if not raw.startswith(_GZIP_MAGIC):
         return raw
     try:
@@ -114,15 +103,6 @@ def _read_bytes(path: Path, limit: int | None = None) -> bytes:
             "it is damaged or another file: delete it and get it again"
         )
     return data
-
-
-def _read_exactly(stream: io.BufferedIOBase, size: int, path: Path, gz: bool) -> bytes:
-    try:
-        return stream.read(size)
-    except (EOFError, OSError, zlib.error) as err:
-        if not gz:
-            raise
-        raise ValueError(f"{path} is a damaged or truncated gzip file ({err})") from err
 
 
 def read_idx(path: str | os.PathLike) -> torch.Tensor:
@@ -140,13 +120,17 @@ def read_idx(path: str | os.PathLike) -> torch.Tensor:
         gz = f.read(2) == _GZIP_MAGIC
         f.seek(0)
         compressed = os.fstat(f.fileno()).st_size
-        stream = gzip.GzipFile(fileobj=f) if gz else f
-        with stream:
-            return _parse_idx(stream, path, gz, compressed)
+        try:
+            with gzip.GzipFile(fileobj=f) if gz else f as stream:
+                return _parse_idx(stream, path, gz, compressed)
+        except (EOFError, OSError, zlib.error) as err:
+            if not gz:
+                raise
+            raise ValueError(f"{path} is a damaged or truncated gzip file ({err})") from err
 
 
 def _parse_idx(stream: io.BufferedIOBase, path: Path, gz: bool, file_size: int) -> torch.Tensor:
-    magic = _read_exactly(stream, 4, path, gz)
+    magic = stream.read(4)
     if len(magic) < 4:
         raise ValueError(f"{path} is not an IDX file: {len(magic)} bytes, shorter than a header")
     if magic[0] != 0 or magic[1] != 0 or magic[2] not in _IDX_DTYPES:
@@ -158,7 +142,7 @@ def _parse_idx(stream: io.BufferedIOBase, path: Path, gz: bool, file_size: int) 
     dtype = _IDX_DTYPES[magic[2]]
     ndim = magic[3]
     header = 4 + 4 * ndim
-    sizes = _read_exactly(stream, 4 * ndim, path, gz)
+    sizes = stream.read(4 * ndim)
     if len(sizes) < 4 * ndim:
         raise ValueError(f"{path}: truncated IDX header ({4 + len(sizes)} of {header} bytes)")
     shape = tuple(int(d) for d in np.frombuffer(sizes, dtype=">u4"))
@@ -173,7 +157,7 @@ def _parse_idx(stream: io.BufferedIOBase, path: Path, gz: bool, file_size: int) 
     if not gz and header + expected != file_size:  # known without reading: a clear message
         found = file_size - header
     else:
-        data = _read_exactly(stream, expected + 1, path, gz)  # one more byte: padding?
+        data = stream.read(expected + 1)  # one more byte: padding?
         found = len(data)
     if found != expected:
         held = f"{found:,}" if found <= expected or not gz else f"more than {expected:,}"
@@ -239,8 +223,7 @@ def load_fashion_mnist(
         ValueError: unknown ``split``, or files whose contents are not Fashion-MNIST.
         FileNotFoundError: no local copy and ``download=False``; the message says how to get one.
     """
-    if split not in FASHION_MNIST_FILES:
-        raise ValueError(f"split must be one of {sorted(FASHION_MNIST_FILES)}, got {split!r}")
+    check_split(split, FASHION_MNIST_FILES)
     names = FASHION_MNIST_FILES[split]
     user_dir = data_root(root) / "fashion-mnist"
     files = _find_files(user_dir, names) or _find_files(SYSTEM_FASHION_MNIST_DIR, names)

@@ -54,10 +54,9 @@ class DataPackage:
     def installed(self) -> bool:
         """Whether the package is located here (it is not imported)."""
         try:
-            spec = importlib.util.find_spec(self.module)
+            return importlib.util.find_spec(self.module) is not None
         except (ImportError, ValueError):
             return False
-        return spec is not None
 
 
 #: Every data and weights package of the demo and the presets, at the versions snens reads.
@@ -127,8 +126,7 @@ def demo_data_missing(root: str | os.PathLike | None = None) -> list[str]:
 
 def _fashion_mnist(root: str | os.PathLike | None, download: bool, dry_run: bool) -> bool:
     """Find or download Fashion-MNIST, saying which; False when it is still missing."""
-    found = fashion_mnist_dir(root)
-    target = data_root(root) / "fashion-mnist"
+    found, target = fashion_mnist_dir(root), data_root(root) / "fashion-mnist"
     if found is not None:
         print(f"Fashion-MNIST: found in {found}")
         return True
@@ -193,13 +191,6 @@ def install(
     return status
 
 
-def build_parser(prog: str = "python -m snens.data.install") -> argparse.ArgumentParser:
-    """The ``argparse`` parser of ``snens fetch-data`` and ``python -m snens.data.install``."""
-    parser = argparse.ArgumentParser(prog=prog, description=DESCRIPTION)
-    add_arguments(parser)
-    return parser
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``--root``, ``--no-download`` and ``--dry-run`` to ``parser``."""
     parser.add_argument(
@@ -219,7 +210,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m snens.data.install [--root DIR] [--no-download] [--dry-run]``: exit status."""
-    args = build_parser().parse_args(argv)
+    parser = argparse.ArgumentParser(prog="python -m snens.data.install", description=DESCRIPTION)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
     return install(args.root, download=not args.no_download, dry_run=args.dry_run)
 
 

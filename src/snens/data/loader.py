@@ -46,6 +46,58 @@ def check_shard(rank: int, world_size: int, batch_size: int) -> None:
         )
 
 
+def seed_of(*numbers: int) -> int:
+    """One 64-bit seed mixed from all ``numbers``: (s, e + 1) and (s + 1, e) give different ones."""
+    return int(np.random.SeedSequence(list(numbers)).generate_state(1, dtype=np.uint64)[0])
+
+
+def check_batching(batch_size: int, num_examples: int, drop_last: bool) -> None:
+    """Raise ValueError unless ``num_examples`` make at least one batch of ``batch_size``."""
+    if not _is_int_at_least(batch_size, 1):
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    if num_examples == 0:
+        raise ValueError("the data set is empty")
+    if drop_last and batch_size > num_examples:
+        raise ValueError(
+            f"drop_last with batch_size {batch_size} > {num_examples} examples yields no "
+            "batch; lower batch_size or set drop_last=False"
+        )
+
+
+class EpochLoader:
+    """The epoch counter and data-parallel sharding that the loaders share."""
+
+    batch_size: int
+    epoch = 0
+    rank, world_size = 0, 1
+
+    def shard(self, rank: int, world_size: int) -> EpochLoader:
+        """Yield only rank ``rank``'s contiguous share of every global batch; returns ``self``.
+
+        Every rank draws the same order and augmentation; ``len`` does not change.
+
+        Raises:
+            ValueError: as :func:`check_shard`.
+        """
+        check_shard(rank, world_size, self.batch_size)
+        self.rank, self.world_size = rank, world_size
+        return self
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next pass epoch ``epoch`` (a non-negative int)."""
+        if not _is_int_at_least(epoch, 0):
+            raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
+        self.epoch = epoch
+
+    def _share(self, start: int, stop: int) -> slice:
+        """This rank's contiguous part of the global batch ``[start, stop)``."""
+        size, r, world = stop - start, self.rank, self.world_size
+        return slice(start + size * r // world, start + size * (r + 1) // world)
+
+    def _shard_repr(self) -> str:
+        return f", rank={self.rank}, world_size={self.world_size}" if self.world_size > 1 else ""
+
+
 def _channel_stat(value: float | Sequence[float], channels: int, name: str) -> torch.Tensor:
     stat = torch.as_tensor(value, dtype=torch.float64).flatten()
     if stat.numel() not in (1, channels):
@@ -62,22 +114,13 @@ def _length(tensor: torch.Tensor) -> int | str:
 def _as_dataset(
     images: torch.Tensor, labels: torch.Tensor, batch_size: int, drop_last: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    if not _is_int_at_least(batch_size, 1):
-        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
     images, labels = torch.as_tensor(images), torch.as_tensor(labels)
     if images.dim() == 0 or labels.dim() == 0 or len(images) != len(labels):
         raise ValueError(
             f"images and labels must have the same length, got {_length(images)} images "
             f"and {_length(labels)} labels"
         )
-    num_examples = len(images)
-    if num_examples == 0:
-        raise ValueError("the data set is empty")
-    if drop_last and batch_size > num_examples:
-        raise ValueError(
-            f"drop_last with batch_size {batch_size} > {num_examples} examples yields no "
-            "batch; lower batch_size or set drop_last=False"
-        )
+    check_batching(batch_size, len(images), drop_last)
     return images, labels
 
 
@@ -146,7 +189,7 @@ def _crop_padding_and_fill(
     return padding, fill.to(x.device, x.dtype).view(1, channels, 1, 1)
 
 
-class TensorLoader:
+class TensorLoader(EpochLoader):
     """Iterate over ``(x, y)`` batches of a device-resident data set.
 
     At construction ``uint8`` images become ``dtype`` in [0, 1] (÷255), floating inputs are cast
@@ -221,8 +264,6 @@ class TensorLoader:
         self.batch_size, self.shuffle, self.drop_last = batch_size, shuffle, drop_last
         self.flip_prob = flip_prob
         self.device = torch.device(device) if device is not None else images.device
-        self.epoch = 0
-        self.rank, self.world_size = 0, 1
         self.seed = _base_seed(seed, generator)
 
         is_ids = not images.is_floating_point() and images.dtype != torch.uint8
@@ -240,27 +281,9 @@ class TensorLoader:
         n = len(self.images)
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
-    def shard(self, rank: int, world_size: int) -> TensorLoader:
-        """Yield only this rank's contiguous share of every batch; returns ``self``.
-
-        Every rank draws the same order and augmentation; ``len`` does not change. Raises
-        ValueError as :func:`check_shard`.
-        """
-        check_shard(rank, world_size, self.batch_size)
-        self.rank, self.world_size = rank, world_size
-        return self
-
-    def set_epoch(self, epoch: int) -> None:
-        """Make the next pass epoch ``epoch`` (a non-negative int)."""
-        if not _is_int_at_least(epoch, 0):
-            raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
-        self.epoch = epoch
-
     def epoch_generator(self, epoch: int) -> torch.Generator:
         """The CPU generator of ``epoch``, seeded from ``(seed, epoch)``."""
-        # SeedSequence mixes both numbers, so (seed, epoch + 1) and (seed + 1, epoch) differ
-        state = np.random.SeedSequence([self.seed, epoch]).generate_state(1, dtype=np.uint64)
-        return torch.Generator().manual_seed(int(state[0]))
+        return torch.Generator().manual_seed(seed_of(self.seed, epoch))
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         epoch, self.epoch = self.epoch, self.epoch + 1
@@ -276,11 +299,7 @@ class TensorLoader:
         if "flip" in self.augment:
             flips = (torch.rand(M, n, generator=generator) < self.flip_prob).to(self.device)
         for i in range(len(self)):
-            start, stop = i * batch_size, min((i + 1) * batch_size, n)
-            if self.world_size > 1:  # this rank's contiguous share of the global batch
-                size, r, world = stop - start, self.rank, self.world_size
-                start, stop = start + size * r // world, start + size * (r + 1) // world
-            rows = slice(start, stop)
+            rows = self._share(i * batch_size, min((i + 1) * batch_size, n))
             batches = [
                 self._batch(order, rows, offsets, flips, m) for m, order in enumerate(orders)
             ]
@@ -329,6 +348,5 @@ class TensorLoader:
             f"augment={self.augment}, crop_padding={self.crop_padding}, seed={self.seed}, "
             f"device={self.device}"
             + (f", member_orders={self.member_orders}" if self.member_orders > 1 else "")
-            + (f", rank={self.rank}, world_size={self.world_size}" if self.world_size > 1 else "")
-            + ")"
+            + f"{self._shard_repr()})"
         )

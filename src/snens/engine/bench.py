@@ -1,10 +1,9 @@
 """``snens bench``: the cost measures of a checkout, ``benchmarks/harness.py``, run from the CLI.
 
     snens bench --quick                       # or: python benchmarks/bench.py --quick
-    snens bench --device cuda --steps-only
 
-The harness and its measuring core (``benchmarks/measure.py``) are not part of the package: an
-installed package holds none, and ``snens bench`` says so.
+The harness is not part of the package: an installed package holds none, and ``snens bench``
+says so.
 """
 
 from __future__ import annotations
@@ -21,8 +20,8 @@ HARNESS_DIR = Path(__file__).resolve().parents[3] / "benchmarks"
 
 
 def load_harness() -> ModuleType:
-    """The harness of this checkout, ``benchmarks/harness.py``, imported (its folder put first
-    on ``sys.path``).
+    """The harness of this checkout, ``benchmarks/harness.py``, imported (its folder first on
+    ``sys.path``).
 
     Raises:
         FileNotFoundError: not run from a checkout of the repository.

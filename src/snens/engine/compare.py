@@ -1,8 +1,7 @@
 """Differences between two groups of finished runs, with paired bootstrap intervals.
 
-A group is the runs of one method under several seeds, each with its per-example results
-(``examples.npz``). The difference is worded by its interval: "better" or "worse" only where
-the 95 % interval excludes 0, "level" otherwise.
+A group is the runs of one method, one per seed, each with its ``examples.npz``. A difference
+is "better" or "worse" only where its 95 % interval excludes 0, "level" otherwise.
 
     rows = compare_runs(snens_runs, single_runs)       # one Comparison per set and metric
     cells = comparison_cells(rows)                     # a table's cells, with the words

@@ -1,24 +1,15 @@
 """Typed, frozen run configurations, read from and written to TOML (by :mod:`snens.engine.toml_io`).
 
-A run is described by one :class:`RunConfig`: run-level settings (seed, output directory,
-determinism, checkpointing) and four sections, each a frozen dataclass::
-
-    seed = 0
-    out_dir = "runs"
-
-    [data]      # DataConfig: data set, subset sizes, batch size, augmentation, OOD, corruptions
-    [model]     # ModelConfig: backbone name and its builder options
-    [method]    # MethodConfig: ensemble method, M, τ, λ, input policy
-    [optim]     # OptimConfig: optimizer, schedule, epochs, clipping, bf16, fine-tuning mode
-
-Every value is checked when a config is built: unknown keys are refused with the list of
-valid ones, a wrong type raises ``TypeError`` and an out-of-range value ``ValueError``, each
-naming the key (``optim.lr``). Sizes that read "0 = all" use 0 because TOML has no null.
+A :class:`RunConfig` holds run-level settings (seed, out_dir, determinism, checkpointing) and
+four sections, frozen dataclasses: ``[data]`` (:class:`DataConfig`), ``[model]``, ``[method]``
+and ``[optim]``. Every value is checked when a config is built, the error naming the key
+(``optim.lr``): an unknown key with the valid ones, a wrong type (``TypeError``), a value out
+of range (``ValueError``). Sizes that read "0 = all" use 0 because TOML has no null.
 
     config = load_config("my.toml", ["method.temperature=0.5", "optim.epochs=3"])
     text = to_toml(config)            # load_config(tomllib.loads(text)) == config
 
-Named settings (the paper's and their offline stand-ins) are in :mod:`snens.engine.presets`.
+Named settings are in :mod:`snens.engine.presets`.
 """
 
 from __future__ import annotations
@@ -193,10 +184,9 @@ class _Section:
     def __post_init__(self) -> None:
         hints = typing.get_type_hints(type(self))
         for f in dataclasses.fields(self):  # type: ignore[arg-type]
-            if f.name in _SECTIONS:
-                continue
-            key = f"{self.section}.{f.name}" if self.section else f.name
-            object.__setattr__(self, f.name, _coerce(getattr(self, f.name), hints[f.name], key))
+            if f.name not in _SECTIONS:
+                value = _coerce(getattr(self, f.name), hints[f.name], self.key(f.name))
+                object.__setattr__(self, f.name, value)
         self.validate()
 
     def key(self, name: str) -> str:
@@ -337,15 +327,8 @@ class DataConfig(_Section):
                     f"data.domains {name!r} is not a labelled set of another domain for "
                     f"data.dataset {self.dataset!r}; {fix}"
                 )
-        for name in (
-            "augment",
-            "ood",
-            "domains",
-            "ood_scores",
-            "calibrators",
-            "corruption_names",
-            "severities",
-        ):
+        lists = ("augment", "ood", "domains", "ood_scores", "calibrators", "corruption_names")
+        for name in (*lists, "severities"):
             values = list(getattr(self, name))
             twice = sorted({v for v in values if values.count(v) > 1}, key=values.index)
             if twice:
@@ -709,14 +692,9 @@ class RunConfig(_Section):
                     "with snens.baselines.create"
                 )
         norms = self.method.options.get("norms")
-        if norms is not None and not (
-            (isinstance(norms, str) and norms)
-            or (
-                isinstance(norms, list | tuple)
-                and norms
-                and all(isinstance(n, str) and n for n in norms)
-            )
-        ):
+        names = [norms] if isinstance(norms, str) else norms
+        named = isinstance(names, list | tuple) and all(isinstance(n, str) and n for n in names)
+        if norms is not None and not (named and names):
             raise ValueError(
                 f"method.options.norms must be a regular expression or a list of module names, "
                 f"got {norms!r}"
@@ -756,20 +734,14 @@ _SECTIONS: dict[str, type] = {
 
 
 def _plain(value: Any) -> Any:
-    """Builtin types only, as TOML reads them back (NumPy's float64, an IntEnum as the
-    builtin)."""
+    """Builtin types only, as TOML reads them back (NumPy's float64, an IntEnum as the builtin)."""
     if isinstance(value, tuple | list):
         return [_plain(v) for v in value]
     if isinstance(value, Mapping):
         return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, bool):
-        return bool(value)
-    if isinstance(value, int):
-        return int(value)
-    if isinstance(value, float):
-        return float(value)
-    if isinstance(value, str):
-        return str.__str__(value)
+    for kind in (bool, int, float, str):  # str.__str__: a str subclass's own __str__ may differ
+        if isinstance(value, kind):
+            return str.__str__(value) if kind is str else kind(value)
     return value
 
 
@@ -973,6 +945,4 @@ def with_evaluation_settings(
         if not all(isinstance(name, str) for name in names):
             raise TypeError(f"{key} must be a name or a list of names, got {value!r}")
         values[key] = names
-    out = dataclasses.replace(data, **values)
-    out.validate()
-    return out
+    return dataclasses.replace(data, **values)  # checked as it is built

@@ -6,7 +6,6 @@ Every loader draws epoch e from (seed, e) and can be sharded across data-paralle
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -39,32 +38,18 @@ def _convert(images: Tensor, config: DataConfig) -> Tensor:
     return images
 
 
-def _normalization(spec: registry.DataSet, config: DataConfig) -> dict[str, Any]:
-    """The mean and std ``data.normalize`` names (a grey set's one value is broadcast)."""
-    if config.normalize == "imagenet":
-        return {"mean": data.IMAGENET_MEAN, "std": data.IMAGENET_STD}
-    return {"mean": spec.mean, "std": spec.std}
-
-
 class _CorruptedLoader:
-    """Batches of one corrupted copy of the test images, generated when iterated (so one
-    copy is held at a time). The stored images are corrupted, then converted, so a
-    corruption is the same whatever size the model sees."""
+    """Batches of one corrupted copy of the test images, generated when iterated (one copy
+    held at a time); corrupted before ``loader`` converts them, so the same whatever size the
+    model sees."""
 
-    def __init__(
-        self, images, labels, name, severity, *, corruption_seed, batch_size, convert, **options
-    ):
-        self.images, self.labels = images, labels
-        self.name, self.severity, self.seed = name, severity, corruption_seed
-        self.convert = convert
-        self.options = options  # mean, std, device, seed of the TensorLoader
-        self.batch_size = batch_size
+    def __init__(self, images, labels, name, severity, seed, loader) -> None:
+        self.corruption = (images, labels, name, severity)
+        self.seed, self.loader = seed, loader
 
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
-        _, _, x, y = next(
-            data.corrupted(self.images, self.labels, self.name, self.severity, seed=self.seed)
-        )
-        yield from data.TensorLoader(self.convert(x), y, self.batch_size, **self.options)
+        _, _, x, y = next(data.corrupted(*self.corruption, seed=self.seed))
+        yield from self.loader(x, y)
 
 
 Loader = data.TensorLoader | data.TokenLoader | data.FolderLoader
@@ -88,14 +73,10 @@ class Data:
         """Class-folder images found undecodable so far, path to reason; None for data that
         are not class folders."""
         loaders = [self.train, self.test, self.validation, *self.ood.values()]
-        folders = [_image_folder(loader) for loader in loaders if loader is not None]
-        if not any(folder is not None for folder in folders):
+        folders = [f for f in map(_image_folder, loaders) if f is not None]
+        if not folders:
             return None
-        out: dict[str, str] = {}
-        for folder in folders:
-            if folder is not None:
-                out.update({str(path): reason for path, reason in folder.bad_images.items()})
-        return out
+        return {str(path): why for folder in folders for path, why in folder.bad_images.items()}
 
 
 def _image_folder(loader: Any) -> data.ImageFolder | None:
@@ -106,8 +87,7 @@ def _image_folder(loader: Any) -> data.ImageFolder | None:
 
 
 def _check_count(n: int, total: int, key: str | None, what: str) -> None:
-    """A count asked of a set larger than the set is an error, never silently all of it."""
-    if key is not None and n > total:
+    if key is not None and n > total:  # an error, never silently all of it
         raise ValueError(
             f"{key} {n:,} is more than the {total:,} examples of {what}; ask for at most "
             f"{total:,}, or 0 for all of them"
@@ -115,8 +95,7 @@ def _check_count(n: int, total: int, key: str | None, what: str) -> None:
 
 
 def _check_batch(examples: int, config: DataConfig) -> None:
-    """Training drops the last partial batch: fewer examples than one batch train nothing."""
-    if examples < config.batch_size:
+    if examples < config.batch_size:  # the last partial batch is dropped: nothing would train
         raise ValueError(
             f"data.batch_size {config.batch_size:,} is more than the {examples:,} training "
             f"examples, so no full batch is left to train on; lower data.batch_size (at most "
@@ -133,9 +112,9 @@ def _head(
 
 
 def _subset(total: int, n: int, key: str | None = None, what: str = "") -> list[int]:
-    """A fixed random subset of n of ``range(total)`` (all if n is 0), in increasing order,
-    the same for every run seed (texts and folders are stored in order, so their first n would
-    not be a sample); with ``key``, more than ``total`` is refused."""
+    """A fixed random subset of n of ``range(total)`` (all if n is 0), in increasing order, the
+    same for every run seed (stored texts and folders are ordered: their first n is no sample);
+    with ``key``, more than ``total`` is refused."""
     _check_count(n, total, key, what)
     if not n or n >= total:
         return list(range(total))
@@ -145,8 +124,7 @@ def _subset(total: int, n: int, key: str | None = None, what: str = "") -> list[
 
 def text_split(config: DataConfig, total: int) -> tuple[list[int], list[int]]:
     """Which of a text set's ``total`` training texts ``config`` holds out for validation and
-    which it trains on: two disjoint, increasing lists of indices into the training file,
-    depending on the data config alone (not the run's seed)."""
+    which it trains on: two disjoint, increasing lists of indices (independent of the seed)."""
     held: list[int] = []
     if config.validation_examples:
         n = config.validation_examples
@@ -194,8 +172,15 @@ def build_data(
     spec = registry.DATASETS[config.dataset]
     channels = config.channels_after(spec.channels)
     root = config.root or None
-    # a seed for every loader: building the data leaves torch's global generator untouched
-    norm = {**_normalization(spec, config), "device": device, "seed": seed}
+    # the mean and std data.normalize names (a grey set's one value is broadcast); a seed for
+    # every loader: building the data leaves torch's global generator untouched
+    imagenet = config.normalize == "imagenet"
+    mean, std = (data.IMAGENET_MEAN, data.IMAGENET_STD) if imagenet else (spec.mean, spec.std)
+    norm = {"mean": mean, "std": std, "device": device, "seed": seed}
+
+    def evaluation(x: Tensor, y: Tensor) -> data.TensorLoader:
+        return data.TensorLoader(_convert(x, config), y, config.eval_batch_size, **norm)
+
     x, y = spec.load("train", root, config.download)
     validation = None
     if config.validation_examples:
@@ -205,10 +190,7 @@ def build_data(
                 f"data.validation_examples {n} leaves no training examples of the {len(x):,} in "
                 f"{config.dataset}'s training set; hold out fewer (e.g. {len(x) // 12:,})"
             )
-        validation = data.TensorLoader(
-            _convert(x[-n:], config), y[-n:], config.eval_batch_size, **norm
-        )
-        x, y = x[:-n], y[:-n]
+        validation, x, y = evaluation(x[-n:], y[-n:]), x[:-n], y[:-n]
     held = " left after data.validation_examples" if validation is not None else ""
     what = f"{config.dataset}'s training set{held}"
     x, y = _head(x, y, config.train_examples, "data.train_examples", what)
@@ -226,8 +208,7 @@ def build_data(
         member_orders=member_orders,
         **norm,
     )
-    test_loader = data.TensorLoader(_convert(xt, config), yt, config.eval_batch_size, **norm)
-
+    test_loader = evaluation(xt, yt)
     ood = {}
     for name in config.ood:
         _check_ood_name(name, IMAGE_OOD_SETS, config.dataset)
@@ -243,24 +224,21 @@ def build_data(
         if config.ood_examples and config.ood_examples < len(xo):
             keep = torch.randperm(len(xo), generator=torch.Generator().manual_seed(0))
             xo, yo = xo[keep[: config.ood_examples]], yo[keep[: config.ood_examples]]
-        ood[name] = data.TensorLoader(_convert(xo, config), yo, config.eval_batch_size, **norm)
-
+        ood[name] = evaluation(xo, yo)
     corruptions = {}
     if config.corruptions:
         xc, yc = _head(xt, yt, config.corruption_examples)
-        convert = functools.partial(_convert, config=config)
-        options = {"corruption_seed": config.corruption_seed, "convert": convert, **norm}
         for name in config.corruption_names or data.CORRUPTIONS:
             for severity in config.severities:
                 corruptions[(name, severity)] = _CorruptedLoader(
-                    xc, yc, name, severity, batch_size=config.eval_batch_size, **options
+                    xc, yc, name, severity, config.corruption_seed, evaluation
                 )
     return Data(train_loader, test_loader, ood, corruptions, spec.num_classes, channels, validation)
 
 
 def data_shape(config: DataConfig) -> tuple[int, int | None]:
     """(number of classes, input channels) of the data set, without loading its examples
-    (channels None for text); what a model for it is built with."""
+    (channels None for text)."""
     if config.dataset in TEXT_DATASETS:
         return 2, None
     if config.dataset in FOLDER_DATASETS:
@@ -296,53 +274,36 @@ def _text_data(
     texts, labels, test_texts, test_labels = spec.load(root, config.download)
 
     held, trained = text_split(config, len(texts))
-    val_texts, val_labels = [texts[i] for i in held], [labels[i] for i in held]
 
     from snens.models.text import tokenizer  # imports transformers: text only
 
     tok = tokenizer(encoder)
 
-    def loader(texts, labels, n, batch_size, key=None, what="", **options) -> data.TokenLoader:
-        keep = _subset(len(texts), n, key, what)
-        if options.get("drop_last"):
-            _check_batch(len(keep), config)
+    def loader(texts, labels, keep, batch_size=config.eval_batch_size, **options):
         kept = [texts[i] for i in keep]
         ids, mask = data.tokenize(tok, kept, max_length=config.max_length, padding=config.padding)
         y = torch.tensor([labels[i] for i in keep], dtype=torch.long)
         return data.TokenLoader(ids, mask, y, batch_size, seed=seed, device=device, **options)
 
-    train_loader = loader(
-        [texts[i] for i in trained],
-        [labels[i] for i in trained],
-        0,
-        config.batch_size,
-        shuffle=True,
-        drop_last=True,
-        member_orders=member_orders,
-    )
-    validation = loader(val_texts, val_labels, 0, config.eval_batch_size) if held else None
+    _check_batch(len(trained), config)
+    options = {"shuffle": True, "drop_last": True, "member_orders": member_orders}
+    train_loader = loader(texts, labels, trained, config.batch_size, **options)
+    validation = loader(texts, labels, held) if held else None
     what = f"{config.dataset}'s test texts"
-    test_loader = loader(
-        test_texts,
-        test_labels,
-        config.test_examples,
-        config.eval_batch_size,
-        "data.test_examples",
-        what,
-    )
+    keep = _subset(len(test_texts), config.test_examples, "data.test_examples", what)
+    test_loader = loader(test_texts, test_labels, keep)
     ood = {}
     for name in config.ood:
         _check_ood_name(name, TEXT_OOD_SETS, config.dataset)
         ood_texts = registry.OOD_SETS[name].load(root, config.download)
         zeros = [0] * len(ood_texts)  # OOD labels are not used
-        ood[name] = loader(ood_texts, zeros, config.ood_examples, config.eval_batch_size)
+        ood[name] = loader(ood_texts, zeros, _subset(len(ood_texts), config.ood_examples))
     domains = {}
     for name in config.domains:
         domain_texts, domain_labels = registry.DOMAIN_SETS[name].load(root, config.download)
-        n, what = config.domain_examples, f"the domain set {name!r}"
-        domains[name] = loader(
-            domain_texts, domain_labels, n, config.eval_batch_size, "data.domain_examples", what
-        )
+        what = f"the domain set {name!r}"
+        keep = _subset(len(domain_texts), config.domain_examples, "data.domain_examples", what)
+        domains[name] = loader(domain_texts, domain_labels, keep)
     return Data(train_loader, test_loader, ood, {}, 2, None, validation, domains)  # K=2, text
 
 

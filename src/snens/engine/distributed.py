@@ -1,17 +1,13 @@
 """Data-parallel training across processes: the process group, the rank's shard, the guards.
 
 ``snens train`` under ``torchrun --nproc_per_node=N`` trains with DistributedDataParallel:
-:func:`session` joins the process group torchrun's environment describes (NCCL with CUDA,
-gloo on the CPU), and every other function here is a no-op for a single process.
-
-* every rank seeds the same and builds the same model and data order; rank r takes rows
-  ``[r·b, (r+1)·b)`` of each global batch of B examples, b = B / N;
-* with equal shards the averaged gradient is the global batch's, so N processes take the
-  steps of one with batch B (BatchNorm statistics are per rank);
-* rank 0 alone writes the run directory and evaluates.
-
-A collective that waits longer than ``SNENS_DIST_TIMEOUT`` seconds (default 60) or fails is
-re-raised by :func:`guard` as a ``RuntimeError`` naming the rank and what it was doing.
+:func:`session` joins the process group (NCCL with CUDA, gloo on the CPU); every other
+function here is a no-op for a single process. Every rank builds the same model and data
+order and takes rows ``[r·b, (r+1)·b)`` of each global batch, b = B / N, so N processes take
+the steps of one with batch B (BatchNorm statistics are per rank); rank 0 alone writes the
+run directory and evaluates. A collective that fails or waits longer than
+``SNENS_DIST_TIMEOUT`` seconds (default 60) is re-raised by :func:`guard` as a
+``RuntimeError`` naming the rank and what it was doing.
 """
 
 from __future__ import annotations
@@ -137,19 +133,18 @@ def _world_from_env() -> tuple[int, int, int]:
 def session() -> Iterator[Context]:
     """Join the process group described by torchrun's environment, and leave it at the end.
 
-    Without ``WORLD_SIZE`` > 1 this yields a single-process context and touches nothing; a
-    group the caller initialized is used and kept. When the block raises, the group is only
-    destroyed (the traceback still references it), else shut down (:func:`shutdown`).
+    Without ``WORLD_SIZE`` > 1 this touches nothing; a group the caller initialized is used
+    and kept. When the block raises, the group is only destroyed (the traceback still
+    references it), else shut down (:func:`shutdown`).
 
     Raises:
         ValueError: malformed ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``SNENS_DIST_TIMEOUT``.
         RuntimeError: torch.distributed is not available in this build of torch.
     """
+    rank, world_size, local_rank = _world_from_env()
     if dist.is_available() and dist.is_initialized():
-        local_rank = _world_from_env()[2]
         yield Context(dist.get_rank(), dist.get_world_size(), local_rank, dist.get_backend())
         return
-    rank, world_size, local_rank = _world_from_env()
     if world_size <= 1:
         yield Context()
         return
@@ -188,11 +183,9 @@ def shutdown() -> None:
     """Destroy the default process group and wait until its worker threads have stopped.
 
     ``dist.destroy_process_group()`` alone stops no thread: gloo's workers stop when the last
-    reference to the group goes, and one that frees a tensor after the interpreter began to
-    exit aborts the process ("terminate called without an active exception"). Call it at the
-    end of a script whose launcher made the group, once the DDP wrappers and FSDP-sharded
-    models are dropped (torch's DTensor caches, which keep FSDP's device meshes and so the
-    group, are emptied here). A no-op without a group.
+    reference to the group goes, and one that frees a tensor while the interpreter exits
+    aborts the process. Call it once the DDP wrappers and FSDP-sharded models are dropped
+    (torch's DTensor caches of device meshes are emptied here). A no-op without a group.
 
     Warns:
         RuntimeWarning: the group is still referenced after it was destroyed; the message says
@@ -221,8 +214,8 @@ _MESH_CACHES = (
 
 
 def _forget_device_meshes() -> None:
-    """Empty torch.distributed.tensor's caches of device meshes, where it was imported; a cache
-    another torch version lacks is passed over."""
+    """Empty torch.distributed.tensor's caches of device meshes, where it was imported and has
+    them."""
     if "torch.distributed.tensor" not in sys.modules:
         return
     for module, path in _MESH_CACHES:

@@ -1,9 +1,8 @@
-"""One epoch of training: the engine's step around the training objective, and its statistics.
+"""One epoch of training, the step of the engine and of :func:`snens.engine.fit.fit`:
 
     loss = ensemble_loss(model(x), y) + diversity_loss(model, τ, λ)    (second term if λ > 0)
 
-The loss is :func:`snens.method.step.training_loss`, the one the integrations train on too;
-:func:`run_epoch` is the step of the engine and of :func:`snens.engine.fit.fit`.
+as :func:`snens.method.step.training_loss` computes it for the integrations too.
 """
 
 from __future__ import annotations
@@ -67,8 +66,8 @@ def _diversity_weight(settings: StepSettings, step: int) -> float:
 
 
 class _Pace:
-    """Progress lines of a long epoch: step, s/step, examples (or tokens) per second, time left.
-    Tokens are counted from an ``attention_mask`` on the host only (on a GPU it would sync)."""
+    """Progress lines of a long epoch: step, s/step, examples (or tokens, counted from a host
+    ``attention_mask``: on a GPU it would sync) per second, time left."""
 
     def __init__(self, epoch, per_epoch, start, say, every) -> None:
         self.epoch, self.per_epoch, self.say, self.every = epoch, per_epoch, say, every
@@ -135,6 +134,7 @@ def run_epoch(
     lr = optimizer.param_groups[0]["lr"]
     per_epoch = len(batches) if hasattr(batches, "__len__") else "?"
     pace = _Pace(epoch, per_epoch, start, say, say_every)
+    skip = settings.on_nonfinite == "skip"
     for i, (x, y) in enumerate(batches):
         labels = y  # range-checked where the loader made them: on the host, no device sync
         pace.count(x, y)
@@ -142,9 +142,7 @@ def run_epoch(
         if settings.channels_last and isinstance(x, Tensor) and x.dim() == 4:
             x = x.contiguous(memory_format=torch.channels_last)
         # every buffer (running statistics) and its copy, to undo a skipped step's forward
-        saved = None
-        if settings.on_nonfinite == "skip":
-            saved = [(b, b.detach().clone()) for b in model.buffers()]
+        saved = [(b, b.detach().clone()) for b in model.buffers()] if skip else []
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=settings.bf16):
             logits = forward(**x) if isinstance(x, Mapping) else forward(x)  # (M, B, K)
             # in float32 and float64 from float32 logits and γ: autocast changes none of it
@@ -184,18 +182,17 @@ def run_epoch(
                 f"the gradient norm is {norm.item()} with a finite loss {loss.item():.4g}; "
                 "lower optim.lr or set optim.grad_clip"
             )
-        where = f"epoch {epoch + 1}, step {i + 1} of {per_epoch} (global step {step + i + 1})"
-        if problem is not None and settings.on_nonfinite == "stop":
-            optimizer.zero_grad(set_to_none=True)
-            raise NonFiniteLossError(
-                f"non-finite loss at {where}: loss {loss.item()}, task loss {task.item()}, "
-                f"diversity loss {div.item()}; cause: {problem}"
-            )
         lr = optimizer.param_groups[0]["lr"]
-        if problem is not None:  # skip: undo what the forward pass changed, take no step
+        if problem is not None:
             optimizer.zero_grad(set_to_none=True)
-            with torch.no_grad():
-                for buffer, copy in saved or ():
+            where = f"epoch {epoch + 1}, step {i + 1} of {per_epoch} (global step {step + i + 1})"
+            if settings.on_nonfinite == "stop":
+                raise NonFiniteLossError(
+                    f"non-finite loss at {where}: loss {loss.item()}, task loss {task.item()}, "
+                    f"diversity loss {div.item()}; cause: {problem}"
+                )
+            with torch.no_grad():  # skip: undo what the forward pass changed, take no step
+                for buffer, copy in saved:
                     buffer.copy_(copy)
             warnings.warn(f"skipped the step at {where}: {problem}", stacklevel=2)
             skipped += 1

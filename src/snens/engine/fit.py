@@ -1,9 +1,5 @@
-"""Training and prediction for a model and batches built by hand, without a run directory.
-
-:func:`fit` trains with the engine's step (:func:`snens.engine.epoch.run_epoch`), AdamW and a cosine
-schedule; :func:`predict` returns the member probabilities and labels. For a run from a config,
-with checkpoints, resuming and the full evaluation, use :func:`snens.engine.train.train`.
-"""
+"""Training and prediction for a model and batches built by hand, without a run directory (a
+run from a config, with checkpoints and the full evaluation: :func:`snens.engine.train.train`)."""
 
 from __future__ import annotations
 
@@ -67,8 +63,7 @@ def fit(
     settings = StepSettings(
         temperature=temperature, diversity_weight=diversity_weight if regularize else 0.0
     )
-    losses, gains, step = [], [], 0
-    start = time.perf_counter()
+    losses, gains, step, start = [], [], 0, time.perf_counter()
     for epoch in range(epochs):
         stats = run_epoch(model, batches, optimizer, schedule, settings, epoch=epoch, step=step)
         step += stats.steps
@@ -87,8 +82,5 @@ def predict(model: nn.Module, batches: Iterable[tuple[Tensor, Tensor]]) -> tuple
     """Member probabilities (M, N, K) in float32 and labels (N,) over all batches, in eval
     mode."""
     model.eval()
-    probs, labels = [], []
-    for x, y in batches:
-        probs.append(model(x).float().softmax(dim=-1))
-        labels.append(y)
-    return torch.cat(probs, dim=1), torch.cat(labels)
+    pairs = [(model(x).float().softmax(dim=-1), y) for x, y in batches]
+    return torch.cat([p for p, _ in pairs], dim=1), torch.cat([y for _, y in pairs])

@@ -1,8 +1,6 @@
-"""Peak memory over a stretch of training, as :func:`~snens.engine.train.train` logs it per epoch.
-
-* ``peak_rss_mib`` — the process's peak resident set (Linux: ``VmHWM``, reset through
-  ``/proc/self/clear_refs``, process-wide);
-* ``peak_cuda_mib`` — the peak of tensor memory allocated on the run's GPU.
+"""Peak memory over a stretch of training, as :func:`~snens.engine.train.train` logs it per epoch:
+``peak_rss_mib``, the process's peak resident set (Linux: ``VmHWM``, reset through
+``/proc/self/clear_refs``), and ``peak_cuda_mib``, the peak tensor memory on the run's GPU.
 """
 
 from __future__ import annotations
@@ -38,11 +36,8 @@ def _reset_resident_peak() -> bool:
 
 
 class PeakMemory:
-    """A context that measures the peak memory of its block, in MiB.
-
-    ``with PeakMemory(device) as peak: ...`` then ``peak.record()``; a measure the platform
-    cannot give is left out.
-    """
+    """``with PeakMemory(device) as peak: ...`` measures the block's peak memory, in MiB, for
+    ``peak.record()``; a measure the platform cannot give is left out."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -58,10 +53,9 @@ class PeakMemory:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._resident:
-            kib = _resident_peak_kib()
-            if kib is not None:
-                self._measured["peak_rss_mib"] = kib / 1024
+        kib = _resident_peak_kib() if self._resident else None
+        if kib is not None:
+            self._measured["peak_rss_mib"] = kib / 1024
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             self._measured["peak_cuda_mib"] = torch.cuda.max_memory_allocated(self.device) / 2**20

@@ -1,8 +1,8 @@
 """An ensemble of runs trained apart: the deep ensemble as the field runs it.
 
-:func:`pool_runs` stacks the member logits finished runs of one data configuration kept
-(``outputs.npz``) and measures them as the engine measures an ensemble it trained, with no
-pass over any data (corruption metrics are not pooled: runs keep no logits of them).
+:func:`pool_runs` stacks the member logits (``outputs.npz``) of finished runs of one data
+configuration and measures them as the engine measures an ensemble it trained, with no pass
+over any data (runs keep no logits of corruptions: those are not pooled).
 
     snens pool runs/seed-0 runs/seed-1 runs/seed-2 runs/seed-3 --out runs/deep-ensemble
 """
@@ -15,20 +15,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from snens.engine import runs
 from snens.engine.checkpoint import atomic_savez, atomic_write
 from snens.engine.config import to_dict, with_evaluation_settings
-from snens.engine.runs import (
-    CONFIG,
-    FINAL,
-    OUTPUTS,
-    OUTPUTS_MAX_BYTES,
-    config_differences,
-    parse_outputs,
-    read_config,
-    read_final,
-    read_run_file,
-    to_json,
-)
+from snens.engine.runs import OUTPUTS
 
 __all__ = ["pool_runs"]
 
@@ -71,12 +61,12 @@ def pool_runs(
     from snens.evaluation.protocol import logit_metrics, stack_members
 
     paths = _check_paths(run_dirs)
-    if out is not None and os.path.lexists(Path(out) / CONFIG):
+    if out is not None and os.path.lexists(Path(out) / runs.CONFIG):
         raise ValueError(
             f"{out} holds a config.toml: it is a run directory, whose final.json and "
             f"{OUTPUTS} the ensemble's would replace; write the ensemble elsewhere"
         )
-    configs = [read_config(path) for path in paths]
+    configs = [runs.read_config(path) for path in paths]
     _check_configs(paths, configs)
     measure = _measuring(
         paths,
@@ -92,7 +82,7 @@ def pool_runs(
             f"{paths[0]} kept none (data.validation_examples = 0); pool runs trained with "
             "data.validation_examples > 0 to measure them"
         )
-    finals = [read_final(path) for path in paths]
+    finals = [runs.read_final(path) for path in paths]
     outputs, digests = [], []
     for path in paths:
         if not os.path.lexists(path / OUTPUTS):
@@ -100,28 +90,25 @@ def pool_runs(
                 f"{path} kept no {OUTPUTS} (member logits): it finished before runs kept "
                 "them; train it again to pool it"
             )
-        data = read_run_file(path / OUTPUTS, limit=OUTPUTS_MAX_BYTES)
+        data = runs.read_run_file(path / OUTPUTS, limit=runs.OUTPUTS_MAX_BYTES)
         digests.append(hashlib.sha256(data).hexdigest())
-        outputs.append(_finite(path / OUTPUTS, parse_outputs(path / OUTPUTS, data)))
+        outputs.append(_finite(path / OUTPUTS, runs.parse_outputs(path / OUTPUTS, data)))
     _refuse_copies(paths, outputs, digests)
     try:
         stacked = stack_members(outputs)
     except ValueError as error:
         raise ValueError(f"cannot pool {', '.join(map(str, paths))}: {error}") from None
-    alpha = measure.conformal_alpha
-    scores, calibrators = measure.ood_scores, measure.calibrators
+    settings = {key: getattr(measure, key) for key in _FLAGS}
     result = {
-        "metrics": logit_metrics(
-            stacked, ood_scores=scores, conformal_alpha=alpha, calibrators=calibrators
-        ),
+        "metrics": logit_metrics(stacked, **settings),
         "model": {
-            "params": _total(finals, "model", "params"),
-            "trainable_params": _total(finals, "model", "trainable_params"),
+            "params": _combine(finals, "model", "params"),
+            "trainable_params": _combine(finals, "model", "trainable_params"),
             "members": int(stacked["test"].shape[0]),
         },
         "train": {
-            "seconds": _total(finals, "train", "seconds"),
-            "peak_rss_mib": _largest(finals, "train", "peak_rss_mib"),
+            "seconds": _combine(finals, "train", "seconds"),
+            "peak_rss_mib": _combine(finals, "train", "peak_rss_mib", max),
         },
         "runs": [
             {"path": str(path), "outputs_sha256": digest}
@@ -155,7 +142,7 @@ def _check_configs(paths: list[Path], configs: list) -> None:
     """One data configuration, and no two runs of one configuration and seed."""
     dicts = [to_dict(config) for config in configs]
     for i in range(1, len(dicts)):
-        differ = config_differences(_data(dicts[0]), _data(dicts[i]), "data.")
+        differ = runs.config_differences(_data(dicts[0]), _data(dicts[i]), "data.")
         if differ:
             raise ValueError(
                 f"{paths[0]} and {paths[i]} differ in {', '.join(differ[:4])}: pool runs "
@@ -232,21 +219,16 @@ def _refuse_copies(paths: list[Path], outputs: list[dict], digests: list[str]) -
             )
 
 
-def _total(finals: list[dict], section: str, key: str) -> float | int | None:
+def _combine(finals: list[dict], section: str, key: str, reduce: Any = sum) -> Any:
+    """``reduce`` of the runs' ``final[section][key]``; None where one run lacks a number."""
     values = [final.get(section, {}).get(key) for final in finals]
     if any(not isinstance(v, (int, float)) or isinstance(v, bool) for v in values):
         return None
-    return sum(values)
-
-
-def _largest(finals: list[dict], section: str, key: str) -> float | None:
-    values = [final.get(section, {}).get(key) for final in finals]
-    numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
-    return max(numbers) if numbers and len(numbers) == len(values) else None
+    return reduce(values)
 
 
 def _write(out: Path, stacked: dict, result: dict) -> None:
     """``outputs.npz`` first, ``final.json`` last (each atomic): a complete ensemble has both."""
     out.mkdir(parents=True, exist_ok=True)
     atomic_savez(out / OUTPUTS, stacked)
-    atomic_write(out / FINAL, (to_json(result, indent=2) + "\n").encode())
+    atomic_write(out / runs.FINAL, (runs.to_json(result, indent=2) + "\n").encode())

@@ -1,9 +1,7 @@
 """Named run configurations: the paper's settings and their offline, CPU-sized stand-ins.
 
-    config = preset("cifar10_resnet18")          # a fresh RunConfig
-    snens train --preset fashion_mnist_small_cnn --set optim.epochs=3
-
-Each preset is an ordinary :class:`~snens.engine.config.RunConfig`, checked like any other.
+config = preset("cifar10_resnet18")          # a fresh RunConfig, checked like any other
+snens train --preset fashion_mnist_small_cnn --set optim.epochs=3
 """
 
 from __future__ import annotations
@@ -143,19 +141,15 @@ PRESETS: dict[str, RunConfig] = {
     "cifar10_wrn28_10": _cifar("cifar10", "wrn28_10", **_WRN28_10),
     "cifar100_wrn28_10": _cifar("cifar100", "wrn28_10", **_WRN28_10),
     # ViT-S/4 on CIFAR-10 from scratch
-    "cifar10_vit_small": RunConfig(
-        data=DataConfig(
-            dataset="cifar10",
-            batch_size=128,
-            ood=("svhn",),
-            corruptions=True,
-            corruption_examples=0,
-        ),
-        model=ModelConfig(backbone="vit_small"),
-        method=MethodConfig(name="snens", num_members=4),
-        optim=OptimConfig(
-            **_ADAMW, lr=1e-3, weight_decay=0.05, warmup_epochs=10, epochs=200, bf16=True
-        ),
+    "cifar10_vit_small": _cifar(
+        "cifar10",
+        "vit_small",
+        **_ADAMW,
+        lr=1e-3,
+        weight_decay=0.05,
+        warmup_epochs=10,
+        epochs=200,
+        bf16=True,
     ),
     "imagenet_resnet50": RunConfig(
         data=DataConfig(dataset="imagenet", batch_size=256, eval_batch_size=500),

@@ -1,9 +1,5 @@
-"""A finished or interrupted run's model and metrics again, from its directory.
-
-:func:`load_run_model` rebuilds the model from the run's config.toml and loads its verified
-last.pt; :func:`evaluate_run` scores it on its data as the engine did. The checkpoint checks
-and validation metrics here are the ones the engine uses when it resumes and trains.
-"""
+"""A finished or interrupted run's model and metrics again, from its directory, with the
+checkpoint checks and validation metrics the engine uses when it resumes and trains."""
 
 from __future__ import annotations
 
@@ -35,7 +31,7 @@ __all__ = ["check_progress", "evaluate_run", "load_run_model", "saved_config", "
 
 def check_progress(state: Mapping[str, Any], checkpoint: Path, epochs: int) -> None:
     """Check that a checkpoint's counters, optimizer and schedule states are what training
-    can have written (a valid digest proves the file whole, not its values).
+    can have written (its digest proves the file whole, not its values).
 
     Raises:
         CheckpointError: what is impossible, named, with the file and the way on.
@@ -52,8 +48,7 @@ def check_progress(state: Mapping[str, Any], checkpoint: Path, epochs: int) -> N
         return value
 
     count("epoch", 0, epochs)
-    step = count("step", 0, math.inf)
-    count("skipped_steps", 0, step)
+    count("skipped_steps", 0, count("step", 0, math.inf))
     seconds = state.get("seconds", 0.0)
     number = isinstance(seconds, int | float) and not isinstance(seconds, bool)
     if not (number and math.isfinite(seconds) and seconds >= 0):
@@ -72,8 +67,8 @@ def final_metrics(
     validation: Mapping[str, Tensor] | None = None,
 ) -> tuple[dict[str, float], dict[str, Tensor]]:
     """The metrics ``final.json`` holds of a model on a run's data, and the member logits it
-    kept (``outputs.npz``); ``validation``: the validation logits (``"val"``,
-    ``"val_labels"``) already computed for this model, so they are not computed again."""
+    keeps (``outputs.npz``); ``validation``: the validation logits (``"val"``, ``"val_labels"``)
+    already computed for this model."""
     outputs: dict[str, Tensor] = {}
     metrics = evaluate(
         model,
@@ -89,14 +84,10 @@ def final_metrics(
             outputs["val"], outputs["val_labels"] = collect(model, loaded.validation, logits=True)
         else:
             outputs.update(val=validation["val"], val_labels=validation["val_labels"])
-    data = config.data
-    held_out = held_out_metrics(
-        outputs,
-        ood_scores=data.ood_scores,
-        conformal_alpha=data.conformal_alpha,
-        calibrators=data.calibrators,
-    )
-    return {**metrics, **held_out}, outputs
+    settings = {
+        k: getattr(config.data, k) for k in ("ood_scores", "conformal_alpha", "calibrators")
+    }
+    return {**metrics, **held_out_metrics(outputs, **settings)}, outputs
 
 
 def validation_metrics(
@@ -134,8 +125,7 @@ def load_run_model(
     run_dir: str | os.PathLike, *, selected: bool = True
 ) -> tuple[nn.Module, RunConfig, dict[str, Any]]:
     """A run's model, rebuilt from its config.toml and loaded from its verified last.pt, with
-    the weights it selected (``best.pt``) unless ``selected`` is False: what ``final.json``
-    evaluated.
+    the weights it selected (``best.pt``) unless ``selected`` is False.
 
     Returns:
         ``(model, config, state)``: the model on the run's device (in training mode), the
@@ -183,8 +173,8 @@ def evaluate_run(
     conformal_alpha: float | None = None,
     calibrators: Sequence[str] | None = None,
 ) -> tuple[dict[str, float], dict[str, Any]]:
-    """Re-evaluate a run: its model (:func:`load_run_model`) on its data, with the run's
-    threads and determinism settings, so it reproduces ``final.json``'s metrics.
+    """Re-evaluate a run (:func:`load_run_model`) on its data with its threads and determinism
+    settings, reproducing ``final.json``'s metrics.
 
     ``corruptions`` / ``validation`` False leave those sets out; ``ood_scores``,
     ``conformal_alpha`` and ``calibrators`` replace the run's ``data.*`` (None keeps them).

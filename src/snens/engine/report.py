@@ -2,22 +2,13 @@
 
     snens report runs/sweeps/tau --out runs/sweeps/tau/report
 
-A run is any directory holding ``config.toml`` and ``final.json``, searched recursively.
-Runs whose configs differ only in ``seed`` (and ``name``, ``out_dir``, and keys their method
-ignores, :func:`snens.engine.sweep.applies`) form a group. One row per group: the config keys
-that vary, n, and for each metric the mean ± std over its runs (ddof=1). A non-finite value is
-left out of the mean and std and named in the cell and in a note. ``report.csv`` holds the
-same numbers at full precision.
-
-Each run counts once: a run inside another run's directory, or repeating a counted run's
-configuration and seed, or its ``outputs.npz`` or ``last.pt`` byte for byte, is skipped with
-a note. With matplotlib (``pip install snens[plot]``) the report also draws Pareto plots
-(accuracy against NLL and ECE), a shift plot, a reliability diagram per group (from
-``outputs.npz``) and an allocation heatmap per σN-Ens group (from ``last.pt``).
-
-Where the runs selected their epoch on validation (``optim.select``), the report chooses the
-row of the best validation metric at the selected epochs
-(:func:`snens.engine.selection.choose_on_validation`): the test set plays no part.
+A run is any directory holding ``config.toml`` and ``final.json``, searched recursively; runs
+whose configs differ only in ``seed`` (and keys their method ignores,
+:func:`snens.engine.sweep.applies`) form a row. A non-finite value is left out of the mean and
+std and named. Each run counts once: a nested run or a copy of a counted one is skipped with a
+note. With matplotlib the report also draws Pareto, shift, reliability and allocation plots.
+Where the runs selected their epoch on validation, the row of the best validation metric is
+chosen (:func:`snens.engine.selection.choose_on_validation`): the test set plays no part.
 """
 
 from __future__ import annotations
@@ -39,12 +30,7 @@ from torch import Tensor, nn
 
 from snens import files
 from snens.engine.checkpoint import CheckpointError, checkpoint_digest, load_checkpoint
-from snens.engine.compare import (
-    COMPARISON_HEADER,
-    Comparison,
-    compare_runs,
-    comparison_cells,
-)
+from snens.engine.compare import COMPARISON_HEADER, Comparison, compare_runs, comparison_cells
 from snens.engine.config import to_dict
 from snens.engine.runs import (
     CONFIG,
@@ -104,16 +90,14 @@ _LARGEST_FLOAT = int(np.finfo(np.float64).max)
 
 @dataclass(frozen=True)
 class RunRecord:
-    """One finished run: its directory, flat config (``"method.temperature"`` keys) and
-    ``final.json``."""
+    """One finished run: its directory, flat config (``"method.temperature"`` keys), final.json."""
 
     path: Path
     config: dict[str, Any]
     final: dict[str, Any]
 
     def metric(self, name: str) -> float | None:
-        """A metric of final.json, or ``params``/``train seconds``; None when absent, NaN
-        when it was not finite (null in final.json)."""
+        """A metric of final.json, or params/train seconds; None when absent, NaN for null."""
         section, key = _EXTRA.get(name, ("metrics", name))
         values = self.final.get(section, {})
         if not isinstance(values, Mapping) or key not in values:
@@ -124,8 +108,7 @@ class RunRecord:
 
 @dataclass(frozen=True)
 class Group:
-    """Runs of one configuration: ``key`` the config values (``seed`` left out), ``runs`` in
-    seed order."""
+    """Runs of one configuration: ``key`` the config values but seed, ``runs`` in seed order."""
 
     key: tuple[tuple[str, Any], ...]
     runs: list[RunRecord] = field(default_factory=list)
@@ -152,8 +135,7 @@ class Report:
     comparisons: list[tuple[str, str, Comparison]] = field(default_factory=list)
 
 
-#: The columns of the report's table at a glance (those the runs hold), then an OOD set's
-#: energy and max-logit AUROC.
+#: The columns of the table at a glance (those the runs hold), then an OOD set's AUROCs.
 GLANCE = ("test/accuracy", "test/nll", "test/ece", "test_ts/nll", "test_ts/ece")
 _GLANCE_TAIL = ("params", "train seconds")
 _GLANCE_NAMES = {
@@ -220,8 +202,7 @@ def collect_runs(paths: Iterable[str | os.PathLike]) -> tuple[list[RunRecord], l
         # lexists: a final.json that is a FIFO or link is read (refused) below, not passed over
         candidates = [path] if os.path.lexists(path / FINAL) else []
         candidates += sorted(p.parent for p in path.rglob(FINAL) if p.parent != path)
-        for candidate in candidates:
-            found.setdefault(candidate.resolve(), None)
+        found.update(dict.fromkeys(c.resolve() for c in candidates))
     runs, skipped = [], []
     counted: dict[tuple, Path] = {}  # (configuration, seed) -> the run counted for it
     trained: dict[tuple[str, str], Path] = {}  # (file, digest) -> the run counted with it
@@ -273,8 +254,7 @@ def collect_runs(paths: Iterable[str | os.PathLike]) -> tuple[list[RunRecord], l
 
 
 def _fingerprints(path: Path) -> dict[str, str]:
-    """The digests of a run's ``outputs.npz`` and ``last.pt`` payload, where readable: what a
-    copy shares byte for byte."""
+    """The digests of a run's ``outputs.npz`` and ``last.pt`` payload, where readable."""
     prints = {}
     with contextlib.suppress(OSError, ValueError):
         prints[OUTPUTS] = files.sha256(path / OUTPUTS, limit=OUTPUTS_MAX_BYTES)
@@ -319,8 +299,7 @@ _MISSING = "—"
 
 
 def _varies(key: str, values: Sequence[Mapping[str, Any]]) -> bool:
-    """Whether ``key`` tells the groups apart: they differ in it, a group it applies to lacks
-    it, or it is a headline key (M, τ, λ) that some groups lack."""
+    """Whether the groups differ in ``key``, one it applies to lacks it, or some lack M, τ, λ."""
     lacking = [v["method.name"] for v in values if key not in v]
     return (
         len({repr(v[key]) for v in values if key in v}) > 1
@@ -337,9 +316,7 @@ def _order(value: Any) -> tuple:
 
 def metric_names(runs: Sequence[RunRecord]) -> list[str]:
     """The report's metrics that at least one run holds, in report order."""
-    present: dict[str, None] = {}
-    for run in runs:
-        present.update(dict.fromkeys(k for k, v in run.final.get("metrics", {}).items()))
+    present = {k: None for run in runs for k in run.final.get("metrics", {})}
     names = [m for m in (*_VALIDATION, *_CORE, *_CALIBRATED, *_CONFORMAL) if m in present]
     ood_sets = dict.fromkeys(k.split("/")[1] for k in present if k.startswith("ood/"))
     for s in ood_sets:
@@ -391,8 +368,7 @@ def _cell(
     n_group: int,
     left_out: Sequence[float] = (),
 ) -> str:
-    """``mean ± std`` over the finite values, n where it is not the group's, and the
-    non-finite values ``left_out``."""
+    """``mean ± std`` over the finite values, n where it is not the group's, and ``left_out``."""
     if stats is None and not left_out:
         return "—"
     if stats is None:  # nothing finite: the values as they are, with their count
@@ -452,8 +428,8 @@ def _differences(
     base: Group,
     found: list[tuple[str, str, Comparison]],
 ) -> list[str]:
-    """The report's section comparing every row with the baseline's row; the comparisons are
-    added to ``found`` as ``(row, baseline, comparison)``."""
+    """The section comparing every row with ``base``; adds ``(row, baseline, comparison)``s to
+    ``found``."""
     name = _label(base, varied)
     lines = [
         "",
@@ -497,9 +473,8 @@ def _selected_nll(run: RunRecord) -> tuple[float, float] | None:
 
 
 def _members_alone(groups: Sequence[Group], varied: Sequence[str], base: Group) -> list[str]:
-    """The report's section taking every row's validation NLL apart against the baseline's:
-    what its members lose or gain alone, and what averaging them wins back; empty where the
-    runs selected no epoch on validation."""
+    """The section taking every row's validation NLL at its selected epoch apart against
+    ``base``'s: what its members lose alone, what averaging wins back (empty: no selection)."""
     parts = {id(g): [p for r in g.runs if (p := _selected_nll(r))] for g in groups}
     if not parts[id(base)]:
         return []
@@ -541,10 +516,8 @@ def _provenance(runs: Sequence[RunRecord]) -> str | None:
             continue
         if not isinstance(info, dict):
             continue
-        gpus = info.get("gpus")
-        # a list of names; anything else (an edited file) is shown as it is, not joined
-        gpus = ", ".join(map(str, gpus)) if isinstance(gpus, list) else gpus
-        gpus = gpus or "no GPU"
+        gpus = info.get("gpus")  # a list of names; anything else (an edited file) as it is
+        gpus = (", ".join(map(str, gpus)) if isinstance(gpus, list) else gpus) or "no GPU"
         return (
             f"Hardware and versions (from {run.path / PROVENANCE}): {info.get('platform')}, "
             f"{info.get('cpu_count')} CPUs, {gpus}; torch {info.get('torch')}, snens "
@@ -559,9 +532,8 @@ def write_report(
     baseline: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
 ) -> Report:
     """Collect the runs under ``dirs`` and write ``out/report.md``, ``out/report.csv`` and the
-    plots (with matplotlib); with ``baseline`` (a run of one row, or a directory of that row's
-    runs only; or several of them), every other row is compared with each baseline's row
-    (:mod:`snens.engine.compare`), one section per baseline.
+    plots; with ``baseline`` (a run of one row, or a directory of its runs only; or several),
+    every other row is compared with each baseline's row (:mod:`snens.engine.compare`).
 
     Raises:
         ValueError: a directory that does not exist, no finished runs, an empty ``out``, or
@@ -643,15 +615,12 @@ def write_report(
         ) from None
     csv_path = out / "report.csv"
     text_csv = io.StringIO(newline="")
-    writer = csv.writer(text_csv)
-    columns = list(rows[0])
-    writer.writerow(columns)
-    for row in rows:
-        writer.writerow(["" if row[c] is None else _csv_value(row[c]) for c in columns])
+    csv.writer(text_csv).writerows(
+        [list(rows[0]), *(["" if v is None else _csv_value(v) for v in r.values()] for r in rows)]
+    )
     _write(csv_path, text_csv.getvalue())
 
     drawn, plot_notes = _plots(groups, varied, out)
-    plots = [path for path, _ in drawn]
     notes += plot_notes
     text = [
         "# snens report",
@@ -678,10 +647,10 @@ def write_report(
         text += ["", evidence]
     if drawn:
         text += ["", "## Plots", ""] + [f"![{_alt(caption)}]({p.name})" for p, caption in drawn]
-    text += ["", *(f"{note}" for note in notes if note)]
-    path = out / "report.md"
-    _write(path, "\n".join(text) + "\n")
     kept = [n for n in notes if n]
+    path = out / "report.md"
+    _write(path, "\n".join([*text, "", *kept]) + "\n")
+    plots = [p for p, _ in drawn]
     return Report(table, path, csv_path, plots, kept, summary, sentence, compared)
 
 
@@ -742,17 +711,13 @@ def _choice_sentence(
 
 
 def _glance(
-    groups: Sequence[Group],
-    varied: Sequence[str],
-    metrics: Sequence[str],
-    choice: Choice | None = None,
+    groups: Sequence[Group], varied: Sequence[str], metrics: Sequence[str], choice: Choice | None
 ) -> str:
-    """The table at a glance: a row per configuration, n, the validation metric a choice
-    rests on (mean over the row's runs of the seeds it compared, "n=" where that is not all of
-    them; the chosen row marked), and the :data:`GLANCE` metrics."""
+    """The table at a glance: a row per configuration, n, the validation metric a choice rests
+    on (over the seeds it compared; the chosen row marked), and the :data:`GLANCE` metrics."""
     ood = [
         m
-        for score in ("energy", "max_logit")
+        for score in _OOD_FIRST
         for m in metrics
         if m.startswith("ood/") and m.endswith(f"/{score}/auroc")
     ]
@@ -766,8 +731,7 @@ def _glance(
     rows = []
     for i, group in enumerate(groups):
         cells = [_label(group, varied), str(len(group.runs))]
-        if picked:
-            # the runs the choice compared: those of the seeds every candidate row has
+        if picked:  # the runs the choice compared: of the seeds every candidate row has
             kept = choice.left_out[i] is None  # type: ignore[union-attr]
             seeds = choice.seeds or group.seeds  # type: ignore[union-attr]
             found = [
@@ -840,15 +804,11 @@ def _csv_value(value: Any) -> str:
 
 
 def _group_stats(group: Group) -> dict[str, tuple[float, float]]:
-    """``{metric: (mean, std)}`` over the finite values of the group's runs: the mean NaN
-    where no value is finite, the std NaN below two."""
-    keys: dict[str, None] = {}
-    for run in group.runs:
-        keys.update(dict.fromkeys(run.final.get("metrics", {})))
+    """``{metric: (mean, std)}`` over the finite values of the group's runs, NaN where too few."""
+    keys = {k: None for run in group.runs for k in run.final.get("metrics", {})}
     out = {}
     for key in keys:
-        values = [run.metric(key) for run in group.runs]
-        values = [v for v in values if v is not None]
+        values = [v for run in group.runs if (v := run.metric(key)) is not None]
         if values:
             finite = [v for v in values if math.isfinite(v)]
             out[key] = summarize(finite)[:2] if finite else (math.nan, math.nan)
@@ -887,13 +847,9 @@ def _summary_plots(
     }
     settings = _point_labels(groups, [k for k in varied if k != "method.name"])
     rows = [
-        {
-            "method": dict(group.key)["method.name"],
-            **means[_label(group, varied)],
-            **{f"{k} std": v for k, v in spread[_label(group, varied)].items()},
-            "settings": s,
-        }
-        for group, s in zip(groups, settings, strict=True)
+        {"method": dict(g.key)["method.name"], **means[_label(g, varied)], "settings": s}
+        | {f"{k} std": v for k, v in spread[_label(g, varied)].items()}
+        for g, s in zip(groups, settings, strict=True)
     ]
     written, failed = [], []
     style = {"y": "test/accuracy", "y_err": "test/accuracy std", "label": "method"}
@@ -944,15 +900,13 @@ def _reliability_diagrams(
             try:
                 outputs = read_outputs(run.path)
                 p, y = predictive_probs(outputs["test"].float()), outputs["test_labels"].long()
+                if probs and p.shape[1] != probs[0].shape[1]:
+                    raise ValueError(
+                        f"its test predictions are of {p.shape[1]} classes, the group's first "
+                        f"run's of {probs[0].shape[1]} ({OUTPUTS} does not belong to its config?)"
+                    )
             except (OSError, ValueError) as error:
                 notes.append(f"Reliability diagram of {label}: {run.path} left out: {error}")
-                continue
-            if probs and p.shape[1] != probs[0].shape[1]:
-                notes.append(
-                    f"Reliability diagram of {label}: {run.path} left out: its test "
-                    f"predictions are of {p.shape[1]} classes, the group's first run's of "
-                    f"{probs[0].shape[1]} ({OUTPUTS} does not belong to its config?)"
-                )
                 continue
             probs.append(p)
             targets.append(y)
@@ -981,14 +935,13 @@ def _reliability_diagrams(
 
 
 def _checkpoint_allocation(path: Path) -> dict[str, LayerAllocation]:
-    """The allocation of every member norm of a checkpoint, without building its model: each
-    ``<name>.gamma`` is set in a bare :class:`snens.nn.MemberNorm` placed at ``<name>``."""
+    """The allocation of a checkpoint's member norms, each ``<name>.gamma`` set in a bare
+    :class:`snens.nn.MemberNorm` at ``<name>`` (no model built)."""
     state = load_checkpoint(path, required=("model",))["model"]
     if not isinstance(state, Mapping):
         raise CheckpointError(
             f"{path}: its model state is of type {type(state).__name__}, not a mapping of "
-            "tensors: "
-            "the file was not written by snens (or was changed)"
+            "tensors: the file was not written by snens (or was changed)"
         )
     root = nn.Module()
     for key, gamma in state.items():
@@ -1045,8 +998,7 @@ def _alt(caption: str) -> str:
 
 
 def _point_labels(groups: Sequence[Group], keys: Sequence[str]) -> list[str]:
-    """What sets each group apart, written beside its point: τ and λ wherever they apply, any
-    other key only where the group's value differs from the most common one."""
+    """What sets each group apart beside its point: τ and λ, other keys where uncommon."""
     from collections import Counter
 
     values = [dict(group.key) for group in groups]

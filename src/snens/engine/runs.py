@@ -9,8 +9,8 @@
         final.json        the final evaluation (snens.evaluate), written at the end, last
 
 Everything except ``metrics.jsonl`` is written atomically, nothing through a link, and
-non-finite numbers as ``null`` (strict JSON). Files are read only as regular files of at most
-:data:`MAX_FILE_BYTES` (:func:`read_run_file`); anything else is a :class:`RunDirError`.
+non-finite numbers as ``null``. Files are read only as regular files of at most
+:data:`MAX_FILE_BYTES`; anything else is a :class:`RunDirError`.
 """
 
 from __future__ import annotations
@@ -134,21 +134,15 @@ def git_sha(path: str | os.PathLike | None = None, timeout: float = 5.0) -> str 
     Returns:
         The SHA, or None (no git, no repository, or slower than ``timeout`` seconds).
     """
-    where = Path(path) if path is not None else Path(__file__).resolve().parent
-    sha = _git(where, ["rev-parse", "HEAD"], timeout)
+    sha = _git(Path(path or Path(__file__).resolve().parent), ["rev-parse", "HEAD"], timeout)
     return sha if sha is not None and len(sha) == 40 else None
 
 
 def _git(where: Path, args: list[str], timeout: float) -> str | None:
     """Stripped stdout of ``git -C where args``; None if git is missing, fails or times out."""
+    command = ["git", "-C", str(where), *args]
     try:
-        out = subprocess.run(
-            ["git", "-C", str(where), *args],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
+        out = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
@@ -203,8 +197,8 @@ def check_writable(directory: str | os.PathLike) -> Path:
 
 
 def refuse_existing_run(path: str | os.PathLike) -> Path:
-    """Raise :class:`RunDirError` when ``path`` already holds a run, or files of a run without
-    its ``config.toml`` (left as they are); ``path`` as a Path otherwise."""
+    """Raise :class:`RunDirError` when ``path`` holds a run, or files of a run without its
+    ``config.toml``; ``path`` as a Path otherwise."""
     path = Path(path)
     if os.path.lexists(path / CONFIG):
         raise RunDirError(
@@ -296,26 +290,28 @@ class Run:
                 return info
         return {}
 
+    def _write(self, name: str, content: Mapping[str, Any]) -> Path:
+        """Write ``name`` atomically: an npz archive of arrays, else indented JSON."""
+        with self.writing(self.path / name):
+            if name.endswith(".npz"):
+                return atomic_savez(self.path / name, content)
+            return atomic_write(self.path / name, (to_json(content, indent=2) + "\n").encode())
+
     def record(self, **fields: Any) -> None:
         """Set ``fields`` in ``provenance.json`` (rewritten atomically)."""
-        info = {**self.provenance(), **fields}
-        with self.writing(self.path / PROVENANCE):
-            atomic_write(self.path / PROVENANCE, (to_json(info, indent=2) + "\n").encode())
+        self._write(PROVENANCE, {**self.provenance(), **fields})
 
     def write_outputs(self, outputs: Mapping[str, Any]) -> Path:
         """Write the final evaluation's member logits (M, N, K) and labels, ``outputs.npz``."""
-        with self.writing(self.path / OUTPUTS):
-            return atomic_savez(self.path / OUTPUTS, outputs)
+        return self._write(OUTPUTS, outputs)
 
     def write_examples(self, arrays: Mapping[str, Any]) -> Path:
         """Write the per-example quantities of the final evaluation, ``examples.npz``."""
-        with self.writing(self.path / EXAMPLES):
-            return atomic_savez(self.path / EXAMPLES, arrays)
+        return self._write(EXAMPLES, arrays)
 
     def write_final(self, results: Mapping[str, Any]) -> Path:
         """Write ``final.json`` atomically."""
-        with self.writing(self.path / FINAL):
-            return atomic_write(self.path / FINAL, (to_json(results, indent=2) + "\n").encode())
+        return self._write(FINAL, results)
 
 
 def _epoch(record: Mapping[str, Any]) -> int | None:
@@ -335,16 +331,13 @@ def _spans(numbers: list[int]) -> str:
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
-def _default_name(config: RunConfig) -> str:
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
-    return f"{config.data.dataset}-{config.model.backbone}-{config.method.name}-{stamp}"
-
-
 def _run_path(config: RunConfig, run_dir: str | os.PathLike | None) -> Path:
     """``run_dir``, by default ``out_dir/name`` (a timestamped name where ``name`` is "")."""
     if run_dir is not None:
         return Path(run_dir)
-    return Path(config.out_dir) / (config.name or _default_name(config))
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    default = f"{config.data.dataset}-{config.model.backbone}-{config.method.name}-{stamp}"
+    return Path(config.out_dir) / (config.name or default)
 
 
 def create_run(config: RunConfig, run_dir: str | os.PathLike | None = None) -> Run:

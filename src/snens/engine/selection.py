@@ -1,18 +1,14 @@
 """Model selection on the validation split: which epoch's weights a run evaluates.
 
 With ``optim.select = "nll"`` (or ``"brier"``, ``"ece"``, ``"accuracy"``) the engine scores the
-validation split after every epoch and keeps the weights of the best epoch so far, which the
-final evaluation then uses (early stopping, as a practitioner runs it). A deep ensemble
-keeps each member at its own best epoch, by its own metric; every other method is selected
-as a whole. ``optim.patience = P`` stops training once nothing improved for P epochs.
+validation split after every epoch and keeps the weights of the best epoch so far for the
+final evaluation. A deep ensemble keeps each member at its own best epoch; every other method
+is selected as a whole. ``optim.patience = P`` stops training once nothing improved for P
+epochs.
 
-``best.pt`` holds the kept weights (the tensors training changes), written after ``last.pt``
-whenever a selection improves; ``last.pt`` records the selection, so a kill between the two
-writes loses nothing.
-
-:func:`choose_on_validation` chooses among finished runs the same way: the configuration
-(a recipe, a method) of the best validation metric at the selected epochs, the test set
-unread.
+``best.pt`` holds the kept weights, written after ``last.pt`` (which records the selection),
+so a kill between the two writes loses nothing. :func:`choose_on_validation` chooses among
+finished runs the same way, the test set unread.
 """
 
 from __future__ import annotations
@@ -51,19 +47,6 @@ SELECT_NAMES = {"nll": "NLL", "brier": "Brier", "ece": "ECE", "accuracy": "accur
 _SCORES = {name: getattr(predictive, name) for name in SELECT_METRICS}
 
 
-def _groups(model: nn.Module) -> tuple[str, ...]:
-    """The state-dict prefixes selected apart: each deep-ensemble member, else the whole."""
-    if isinstance(model, DeepEnsemble) and model.num_members > 1:
-        return tuple(f"members.{m}." for m in range(model.num_members))
-    return ("",)
-
-
-def _changing_keys(model: nn.Module) -> list[str]:
-    """The state-dict entries training can change: trainable parameters and every buffer."""
-    frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
-    return [name for name in model.state_dict() if name not in frozen]
-
-
 @dataclass
 class Selection:
     """The best epoch so far of each selected group, and its weights (CPU copies)."""
@@ -90,8 +73,13 @@ class Selection:
             raise ValueError(
                 f"cannot select on {metric!r}; choose one of {', '.join(SELECT_METRICS)}"
             )
-        groups = _groups(model)
-        keys = _changing_keys(model)
+        # selected apart: each deep-ensemble member, else the whole
+        groups: tuple[str, ...] = ("",)
+        if isinstance(model, DeepEnsemble) and model.num_members > 1:
+            groups = tuple(f"members.{m}." for m in range(model.num_members))
+        # what training can change: trainable parameters and every buffer
+        frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
+        keys = [name for name in model.state_dict() if name not in frozen]
         by_group = [[k for k in keys if k.startswith(g)] for g in groups]
         if sum(map(len, by_group)) != len(keys):  # a shared tensor: select the whole
             groups, by_group = ("",), [keys]
@@ -126,8 +114,7 @@ class Selection:
     ) -> list[int]:
         """Score ``epoch`` and keep the weights of each group it improves; return those groups
         (a non-finite score never replaces a finite one)."""
-        improved = []
-        state = None
+        improved, state = [], None
         self.latest = self.scores(member_logits, labels)
         for g, value in enumerate(self.latest):
             if not self._better(value, self.values[g], self.epochs[g]):
@@ -199,7 +186,7 @@ class Selection:
                 f"this run ({len(self.groups)} group(s) selected on {self.metric!r}); resume "
                 "from prev.pt (copy it over last.pt) or start the run again"
             )
-        stored: dict[str, Tensor] = {}
+        stored: Mapping[str, Tensor] = {}
         stored_epochs: list[int] = []
         if any(0 < e < last_epoch for e in epochs):
             if not best.is_file():
@@ -213,11 +200,8 @@ class Selection:
         for g, epoch in enumerate(epochs):
             if epoch == 0:
                 continue
-            if epoch == last_epoch:
-                source = last_model
-            elif g < len(stored_epochs) and stored_epochs[g] == epoch:
-                source = stored
-            else:
+            source = last_model if epoch == last_epoch else stored
+            if epoch != last_epoch and not (g < len(stored_epochs) and stored_epochs[g] == epoch):
                 raise CheckpointError(
                     f"{best} holds epochs {stored_epochs}, but last.pt selected {epochs}: the "
                     "files are of different runs or were edited; start the run again"
@@ -229,29 +213,37 @@ class Selection:
                 )
             for key in self._keys[g]:
                 self._state[key] = source[key].detach().to("cpu", copy=True)
-        self.epochs = list(epochs)
-        self.values = [float(v) for v in values]
+        self.epochs, self.values = list(epochs), [float(v) for v in values]
         self.logits = [None] * len(self.groups)
 
 
 def selected_state(
     model: nn.Module, run_dir: Path, state: Mapping[str, Any], metric: str
 ) -> tuple[dict[str, Tensor], dict[str, Any]]:
-    """The state dict a finished run evaluates: ``last.pt``'s (``state``) with the kept weights
-    of its selection laid over it, and the selection's record.
+    """The state dict a finished run evaluates (``last.pt``'s ``state`` with the selection's kept
+    weights laid over it), and the selection's record.
 
     Raises:
         CheckpointError: no selection record, or see :meth:`Selection.restore`.
     """
+    selection = Selection.for_model(model, metric)
+    fix = "it was saved by another version or edited: start the run again"
+    _restore_checkpoint(selection, state, run_dir, fix)
+    return {**state["model"], **selection.weights()}, selection.record()
+
+
+def _restore_checkpoint(
+    selection: Selection, state: Mapping[str, Any], run_dir: Path, fix: str
+) -> None:
+    """:meth:`Selection.restore` of the record in ``last.pt``'s ``state``; ``fix`` says what to
+    do where it holds none."""
     record = state.get("selection")
     if not isinstance(record, Mapping):
         raise CheckpointError(
             f"{run_dir / 'last.pt'} holds no selection record, but the run selects on "
-            f"{metric!r}; it was saved by another version or edited: start the run again"
+            f"{selection.metric!r}; {fix}"
         )
-    selection = Selection.for_model(model, metric)
     selection.restore(record, state["epoch"], state["model"], run_dir / BEST)
-    return {**state["model"], **selection.weights()}, selection.record()
 
 
 @dataclass(frozen=True)

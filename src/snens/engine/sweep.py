@@ -3,21 +3,13 @@
     snens sweep --preset fashion_mnist_small_cnn_tiny \\
         --grid method.temperature=0.05,0.5,5 --grid seed=0,1,2 --out runs/sweeps/tau
 
-A grid axis is ``KEY=V1,V2,…`` over any config key, each value read as a ``--set`` value
-(commas inside brackets, braces or quotes do not split). The runs are the cartesian product
-of the axes (the last varies fastest), each trained into ``OUT/<run name>``, the name built
-from the grid values: ``method.temperature=0.5,seed=1``.
-
-**Method-aware axes.** Axes that do not apply to a run's method (τ and λ outside σN-Ens, M
-for ``"single"``; :data:`METHOD_ONLY_KEYS`) are dropped from its config and name, so
+A grid axis is ``KEY=V1,V2,…`` over any config key, each value read as a ``--set`` value.
+The runs are the cartesian product of the axes (the last varies fastest), each trained into
+``OUT/<run name>``, e.g. ``method.temperature=0.5,seed=1``. Axes that do not apply to a run's
+method (:data:`METHOD_ONLY_KEYS`) are dropped from its config and name, so
 ``--grid method.name=single,snens --grid method.temperature=0.05,5`` is three runs, not four.
-
-**Resuming.** Running the same command again skips finished runs and resumes interrupted
-ones. A run directory whose saved config differs from the grid's is an error (keys the saved
-file does not record are not compared).
-
-**Checks first.** Every run's config is built and checked before the first run starts.
-``OUT/sweep.csv`` holds one row per run, rewritten after each run.
+Every config is checked before the first run starts; running the command again skips finished
+runs and resumes interrupted ones. ``OUT/sweep.csv`` holds one row per run.
 """
 
 from __future__ import annotations
@@ -138,7 +130,7 @@ def parse_grid(axes: Sequence[str]) -> dict[str, list[str]]:
         key = key.strip()
         if not key:
             raise ValueError(f"--grid {axis!r}: the key is empty; e.g. seed=0,1,2")
-        _refuse_reserved("--grid", axis, key)
+        _refuse_reserved("--grid", axis)
         if key in grid:
             raise ValueError(
                 f"--grid {axis!r}: {key} already has an axis; list all its values in one --grid"
@@ -158,7 +150,7 @@ def parse_grid(axes: Sequence[str]) -> dict[str, list[str]]:
 @dataclass(frozen=True)
 class SweepRun:
     """One run of a sweep: its directory's name, grid key -> resolved value (keys its method
-    ignores left out), its config, and ``status`` ``"new"``, ``"resume"`` or ``"done"``."""
+    ignores left out), its config, and ``status`` "new", "resume" or "done"."""
 
     name: str
     values: dict[str, Any]
@@ -192,30 +184,6 @@ def _run_name(values: Mapping[str, Any]) -> str:
     return safe
 
 
-def _same_run(
-    saved: RunConfig, wanted: RunConfig, recorded: Mapping[str, Any] | None = None
-) -> list[str]:
-    """The keys (other than out_dir and name) in which two configs differ; with ``recorded``
-    (the saved file's own table), only the keys it records are compared."""
-    a, b = to_dict(saved), to_dict(wanted)
-    for values in (a, b):
-        for key in _RESERVED:
-            values.pop(key)
-    out = []
-    for section in sorted(set(a) | set(b)):
-        va, vb = a.get(section), b.get(section)
-        if isinstance(va, dict) and isinstance(vb, dict):
-            kept = recorded.get(section, {}) if recorded is not None else None
-            out += [
-                f"{section}.{k}: saved {va.get(k)!r}, grid {vb.get(k)!r}"
-                for k in sorted(set(va) | set(vb))
-                if va.get(k) != vb.get(k) and (kept is None or k in kept)
-            ]
-        elif va != vb and (recorded is None or section in recorded):
-            out.append(f"{section}: saved {va!r}, grid {vb!r}")
-    return out
-
-
 def config_differences(path: str | Path, config: RunConfig) -> list[str]:
     """The keys (other than out_dir and name) in which the run saved in ``path`` differs from
     ``config``; a key its ``config.toml`` does not record is not compared.
@@ -228,13 +196,26 @@ def config_differences(path: str | Path, config: RunConfig) -> list[str]:
     """
     path = Path(path)
     try:
-        saved = load_config(path / CONFIG)
+        saved = to_dict(load_config(path / CONFIG))
         recorded = read_toml(path / CONFIG)
     except (ValueError, TypeError, OSError) as error:
         raise ValueError(
             f"{path} holds an unreadable {CONFIG} ({error}); move it away or choose another --out"
         ) from None
-    return _same_run(saved, config, recorded)
+    wanted = to_dict(config)
+    out = []
+    for section in sorted(set(saved) - set(_RESERVED)):
+        va, vb = saved[section], wanted[section]
+        if isinstance(va, dict) and isinstance(vb, dict):
+            kept = recorded.get(section, {})
+            out += [
+                f"{section}.{k}: saved {va.get(k)!r}, grid {vb.get(k)!r}"
+                for k in sorted(set(va) | set(vb))
+                if va.get(k) != vb.get(k) and k in kept
+            ]
+        elif va != vb and section in recorded:
+            out.append(f"{section}: saved {va!r}, grid {vb!r}")
+    return out
 
 
 def _status(path: Path, config: RunConfig) -> str:
@@ -278,10 +259,18 @@ def plan(
             or an existing run directory of another config.
         TypeError: a value of the wrong type.
     """
-    axes = _parse_axes(grid)
+    if isinstance(grid, Mapping):
+        grid = [f"{k}={','.join(v)}" for k, v in grid.items()]
+    axes = parse_grid(grid)
+    if not axes:
+        raise ValueError("the grid is empty; give at least one axis, e.g. --grid seed=0,1,2")
     overrides = list(overrides)  # read twice below
-    _check_overrides(overrides)
-    _check_size(axes)
+    for item in overrides:
+        _refuse_reserved("--set", item)
+    total = math.prod(len(values) for values in axes.values())
+    if total > MAX_RUNS:
+        sizes = " × ".join(f"{len(v)} ({k})" for k, v in axes.items())
+        raise ValueError(f"the grid has {sizes} = {total} runs, more than {MAX_RUNS}; split it")
     base_values = _base_values(base, overrides)
     out = Path(out)
     _check_axes(axes, base_values)
@@ -300,38 +289,14 @@ def plan(
     return list(runs.values())
 
 
-def _parse_axes(grid: Sequence[str] | Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
-    """The grid's axes; an empty grid is refused."""
-    if isinstance(grid, Mapping):
-        grid = [f"{k}={','.join(v)}" for k, v in grid.items()]
-    axes = parse_grid(grid)
-    if not axes:
-        raise ValueError("the grid is empty; give at least one axis, e.g. --grid seed=0,1,2")
-    return axes
-
-
-def _check_overrides(overrides: Sequence[str]) -> None:
-    """Refuse a ``--set`` of ``name`` or ``out_dir``."""
-    for item in overrides:
-        key = item.split("=", 1)[0].strip() if isinstance(item, str) else ""
-        _refuse_reserved("--set", item, key)
-
-
-def _refuse_reserved(flag: str, item: str, key: str) -> None:
-    """Refuse ``key`` where the sweep sets it (``name``, ``out_dir``)."""
+def _refuse_reserved(flag: str, item: Any) -> None:
+    """Refuse an ``item`` ``KEY=…`` of a key the sweep sets (``name``, ``out_dir``)."""
+    key = item.split("=", 1)[0].strip() if isinstance(item, str) else ""
     if key in _RESERVED:
         raise ValueError(
             f"{flag} {item!r}: {key} is set by the sweep (each run goes to OUT/<run name>); "
             "give the parent directory with --out"
         )
-
-
-def _check_size(axes: Mapping[str, list[str]]) -> None:
-    """Refuse a grid of more than :data:`MAX_RUNS` runs."""
-    total = math.prod(len(values) for values in axes.values())
-    if total > MAX_RUNS:
-        sizes = " × ".join(f"{len(v)} ({k})" for k, v in axes.items())
-        raise ValueError(f"the grid has {sizes} = {total} runs, more than {MAX_RUNS}; split it")
 
 
 def _base_values(
@@ -360,7 +325,7 @@ def _check_axes(axes: Mapping[str, list[str]], base_values: dict[str, Any]) -> N
 def _combination(
     base_values: dict[str, Any], texts: dict[str, str]
 ) -> tuple[dict[str, str], RunConfig, dict[str, Any]]:
-    """One combination's (kept texts, config, resolved values), keys its method ignores dropped."""
+    """A combination's (kept texts, config, resolved values), keys its method ignores dropped."""
     settings = [f"{k}={t}" for k, t in texts.items()]
     method = _lookup(apply_overrides(base_values, settings), "method.name")
     kept = {k: t for k, t in texts.items() if applies(k, method)}
@@ -372,8 +337,7 @@ def _combination(
     except (ValueError, TypeError) as error:
         raise _blame(error, base_values, kept) from None
     resolved = to_dict(config)
-    values = {k: _lookup(resolved, k) for k in kept}
-    return kept, config, values
+    return kept, config, {k: _lookup(resolved, k) for k in kept}
 
 
 def _check_same_setting(
@@ -381,8 +345,7 @@ def _check_same_setting(
 ) -> None:
     """Refuse two value texts of an axis that give the same run name (the same setting)."""
     if earlier != kept:  # e.g. temperature 5 and 5.0
-        twins = [k for k in kept if kept[k] != earlier[k]]
-        k = twins[0]
+        k = next(k for k in kept if kept[k] != earlier[k])
         raise ValueError(
             f"--grid {k}: the values {earlier[k]!r} and {kept[k]!r} are the same "
             f"setting ({_format(values[k])}); remove one"
@@ -422,25 +385,14 @@ def final_row(run_dir: str | os.PathLike) -> dict[str, Any]:
 def _cell(value: Any) -> str:
     if value is None:
         return ""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        return repr(value)
-    if isinstance(value, list | tuple | Mapping):
-        return json.dumps(value)
-    return str(value)
+    return json.dumps(value) if isinstance(value, list | tuple | Mapping) else _format(value)
 
 
 def write_csv(path: str | os.PathLike, rows: Sequence[Mapping[str, Any]]) -> Path:
     """Rows as CSV, columns in order of first appearance, missing cells empty, floats exact."""
-    columns: dict[str, None] = {}
-    for row in rows:
-        columns.update(dict.fromkeys(row))
+    columns = {k: None for row in rows for k in row}
     text = io.StringIO(newline="")
-    writer = csv.writer(text)
-    writer.writerow(list(columns))
-    for row in rows:
-        writer.writerow([_cell(row.get(c)) for c in columns])
+    csv.writer(text).writerows([list(columns), *([_cell(r.get(c)) for c in columns] for r in rows)])
     return files.write_text(path, text.getvalue(), mode=files.plain_mode(path))
 
 
@@ -459,13 +411,11 @@ def _rows(
     runs: Sequence[SweepRun],
     failed: Mapping[str, str],
     keys: Sequence[str],
-    busy: Mapping[str, str] | None = None,
+    busy: Mapping[str, str],
 ) -> list[dict]:
-    busy = busy or {}
     rows = []
     for run in runs:
-        row: dict[str, Any] = {"run": run.name}
-        row.update({k: run.values.get(k) for k in keys})
+        row: dict[str, Any] = {"run": run.name} | {k: run.values.get(k) for k in keys}
         if (run.path() / FINAL).is_file():
             try:
                 values = final_row(run.path())
@@ -505,7 +455,7 @@ def run_sweep(
         RunDirError: ``out`` is not writable (before any run).
         ValueError: ``table`` lacks a run of ``runs``.
     """
-    from snens.engine.runs import RunDirError, RunInUseError, check_writable
+    from snens.engine.runs import RunInUseError, check_writable
 
     if train is None:
         from snens.engine.train import train

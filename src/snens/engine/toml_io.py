@@ -11,7 +11,6 @@ Tuples read back as lists. :func:`check_value` tells whether a value can make th
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -129,15 +128,6 @@ def _format_string(text: str) -> str:
     return '"' + "".join(map(_format_char, text)) + '"'
 
 
-def _format_float(value: float) -> str:
-    if math.isnan(value):
-        return "nan"
-    if math.isinf(value):
-        return "inf" if value > 0 else "-inf"
-    # the shortest text that reads back the same, always with "." or an exponent: a TOML float
-    return repr(value)
-
-
 def format_key(key: str) -> str:
     """``key`` as a TOML key: bare when it is ASCII letters, digits, ``_`` and ``-``, else
     quoted (``"b c"``, ``""``, ``"ключ"``)."""
@@ -155,8 +145,8 @@ def format_value(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, int):
         return str(value)
-    if isinstance(value, float):
-        return _format_float(value)
+    if isinstance(value, float):  # the shortest text that reads back the same: nan, inf, 1e+300
+        return repr(value)
     if isinstance(value, str):
         return _format_string(value)
     if isinstance(value, list | tuple):
@@ -168,8 +158,7 @@ def format_value(value: Any) -> str:
 
 
 def _format_table(table: Mapping[str, Any], header: tuple[str, ...]) -> list[str]:
-    """``table``'s lines: ``[header]`` (none at the top level), its scalars, then its tables,
-    each under its own header."""
+    """``table``'s lines: ``[header]`` (none at the top), its scalars, then each table in it."""
     lines = ["", "[" + ".".join(format_key(k) for k in header) + "]"] if header else []
     inner = {k: v for k, v in table.items() if isinstance(v, Mapping)} if len(header) < 2 else {}
     lines += [f"{format_key(k)} = {format_value(v)}" for k, v in table.items() if k not in inner]

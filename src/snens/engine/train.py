@@ -1,22 +1,17 @@
 """The training engine: one readable function from a :class:`~snens.engine.config.RunConfig`
 to a run.
 
-:func:`train` reads top to bottom, as nanoGPT's loop does:
+:func:`train` reads top to bottom: seed → data → model → parameter groups → optimizer →
+schedule (per step) → per epoch: :func:`run_epoch` → one line of metrics.jsonl → checkpoint
+(atomic) → at the end: snens.evaluate → final.json.
 
-    seed → data → model → parameter groups → optimizer → schedule (warm-up, then cosine or
-    multistep, per step) → per epoch: :func:`run_epoch` → one line of metrics.jsonl →
-    checkpoint (atomic) → at the end: snens.evaluate → final.json
-
-Reproducibility. Everything random is seeded from ``config.seed``, and a checkpoint holds
-the model, optimizer, schedule, all RNG states, epoch and step, so ``train(config,
-resume=True)`` ends with the same final metrics as a run never interrupted — bitwise on the
-CPU with ``deterministic = true`` and the same ``threads``. On a GPU, ``deterministic = true``
-also turns off cuDNN benchmarking and sets ``CUBLAS_WORKSPACE_CONFIG=:4096:8``; bf16 and
+A checkpoint holds the model, optimizer, schedule, all RNG states, epoch and step, so
+``train(config, resume=True)`` ends with the same final metrics as a run never interrupted —
+bitwise on the CPU with ``deterministic = true`` and the same ``threads``; bf16 and
 ``torch.compile`` may pick other kernels on other hardware.
 
-What a config builds lives in :mod:`snens.engine.build`, a run read back in
-:mod:`snens.engine.reload`, and the helpers for batches of one's own in
-:mod:`snens.engine.fit`; their public names are re-exported here.
+The public names of :mod:`~snens.engine.build`, :mod:`~snens.engine.reload` and
+:mod:`~snens.engine.fit` are re-exported here.
 """
 
 from __future__ import annotations
@@ -34,7 +29,7 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from snens.baselines import METHOD_RECORDS
-from snens.engine import distributed
+from snens.engine import checkpoint, distributed, reload
 from snens.engine.build import (
     build_model,
     build_optimizer,
@@ -48,29 +43,12 @@ from snens.engine.build import (
     select_finetune,
     text_encoder,
 )
-from snens.engine.checkpoint import (
-    CheckpointError,
-    load_checkpoint,
-    load_model_state,
-    load_training_state,
-    remove_stale_temporaries,
-    rng_state,
-    save_checkpoint,
-    set_rng_state,
-)
 from snens.engine.config import RunConfig, to_dict
 from snens.engine.datasets import Data, build_data
 from snens.engine.epoch import EpochStats, NonFiniteLossError, StepSettings, run_epoch
 from snens.engine.fit import TrainResult, fit, predict
 from snens.engine.memory import PeakMemory, peak_over
-from snens.engine.reload import (
-    check_progress,
-    evaluate_run,
-    final_metrics,
-    load_run_model,
-    saved_config,
-    validation_metrics,
-)
+from snens.engine.reload import evaluate_run, load_run_model, validation_metrics
 from snens.engine.runs import (
     Run,
     _run_path,
@@ -80,7 +58,7 @@ from snens.engine.runs import (
     read_metrics,
     refuse_existing_run,
 )
-from snens.engine.selection import BEST, Selection
+from snens.engine.selection import BEST, Selection, _restore_checkpoint
 from snens.evaluation.bootstrap import run_examples
 from snens.evaluation.predictions import progress_bars
 from snens.evaluation.protocol import evaluate
@@ -136,22 +114,13 @@ class _CompiledOrEager:
 
 
 def _progress(batches: Iterable, enabled: bool, description: str) -> Iterable:
-    # a bar redrawn into a log file is one unreadable line
-    if not enabled or not sys.stderr.isatty():
+    if not enabled or not sys.stderr.isatty():  # a bar redrawn into a log file is one line
         return batches
     try:
         from tqdm.auto import tqdm
     except ImportError:
         return batches
     return tqdm(batches, desc=description, leave=False, dynamic_ncols=True)
-
-
-def _describe_groups(groups: list[dict]) -> str:
-    return "; ".join(
-        f"{g['name']}: {len(g['params'])} tensors, {sum(p.numel() for p in g['params']):,} "
-        f"params, lr {g['lr']:.3g}, weight decay {g['weight_decay']:g}"
-        for g in groups
-    )
 
 
 def train(
@@ -254,11 +223,9 @@ def _train(
         settings = _step_settings(config, steps_per_epoch)
 
         patience = config.optim.patience
-        selection = None
-        if config.optim.select and group.is_main:
-            selection = Selection.for_model(model, config.optim.select)
+        select = config.optim.select and group.is_main
+        selection = Selection.for_model(model, config.optim.select) if select else None
 
-        # created by rank 0 for a new run, else the existing one, opened
         run = create_run(config, path) if group.is_main and not resume else Run(path, config)
         epoch, step, seconds, skipped = 0, 0, 0.0, 0
         if resume:
@@ -268,11 +235,10 @@ def _train(
             if group.is_main:
                 # the metrics of epochs after the checkpoint, the temporary files a kill left
                 run.truncate_metrics(epoch)
-                for tmp in remove_stale_temporaries(run.path):
+                for tmp in checkpoint.remove_stale_temporaries(run.path):
                     say(f"removed {tmp.name}, a temporary file an interrupted write left")
         group.barrier("waiting for rank 0 to prepare the run directory")
-        say(_run_line(run, model, trainable, steps_per_epoch, device))
-        _announce(config, run, group, source, groups, say)
+        _announce(run, group, source, groups, say, (model, trainable, steps_per_epoch, device))
         replicated = _wrap_ddp(model, group, device)  # checkpoints hold the plain model's state
         forward = _CompiledOrEager(replicated) if config.optim.compile else replicated
 
@@ -348,19 +314,27 @@ def _train(
         if not group.is_main:
             return run.path
         counters = (epoch, step, seconds, skipped)
-        _finish(config, run, model, loaded, counters, selection, validation_logits, progress, say)
+        _finish(run, model, loaded, counters, selection, validation_logits, progress, say)
     return run.path
 
 
 def _announce(
-    config: RunConfig,
     run: Run,
     group: distributed.Context,
     source: dict[str, Any] | None,
     groups: list[dict],
     say: Callable[[str], None],
+    trained: tuple[nn.Module, int, int, torch.device],
 ) -> None:
-    """The setup lines after the first; rank 0 records the launch and the start in the run."""
+    """The setup lines; rank 0 records the launch and the start in the run. ``trained``: the
+    model, its trainable parameters, steps per epoch and device."""
+    config = run.config
+    model, trainable, steps_per_epoch, device = trained
+    params = sum(p.numel() for p in model.parameters())
+    say(
+        f"run {run.path}: {config.method.name} over {config.model.backbone}, {params:,} "
+        f"parameters ({trainable:,} trainable), {steps_per_epoch} steps per epoch on {device}"
+    )
     if group.enabled:
         if group.is_main:
             run.record(distributed=_launch_record(group))
@@ -375,13 +349,17 @@ def _announce(
             f"backbone started from the trained single model of {init_from_path(config)} "
             f"(sha256 {source['sha256'][:12]}…)"
         )
-    say(f"parameter groups: {_describe_groups(groups)}")
+    described = (
+        f"{g['name']}: {len(g['params'])} tensors, {sum(p.numel() for p in g['params']):,} "
+        f"params, lr {g['lr']:.3g}, weight decay {g['weight_decay']:g}"
+        for g in groups
+    )
+    say(f"parameter groups: {'; '.join(described)}")
     if METHOD_RECORDS[config.method.name].regularized:
         say(_legend_line(config))
 
 
 def _finish(
-    config: RunConfig,
     run: Run,
     model: nn.Module,
     loaded: Data,
@@ -391,19 +369,30 @@ def _finish(
     progress: bool,
     say: Callable[[str], None],
 ) -> None:
-    """The final evaluation (of the kept weights under selection), written to the run:
-    final.json, the member logits (outputs.npz) and the per-example results (examples.npz)."""
-    epoch, step, seconds, skipped = counters
+    """The final evaluation (of the kept weights under selection): final.json, outputs.npz and
+    examples.npz."""
+    config, (epoch, step, seconds, skipped) = run.config, counters
     if selection is not None:
-        load_model_state(model, {**model.state_dict(), **selection.weights()})
+        checkpoint.load_model_state(model, {**model.state_dict(), **selection.weights()})
         validation_logits = selection.kept_validation() or {}
-        say(_selection_line(selection))
+        kept = "members at epochs " + ", ".join(map(str, selection.epochs))
+        if selection.groups == ("",):
+            kept = f"epoch {selection.epochs[0]} ({selection.metric} {selection.values[0]:.4f})"
+        say(f"evaluating the weights of {kept}, the best on validation (optim.select)")
     with progress_bars(progress):
         validation = validation_logits or None
-        results, outputs = final_metrics(model, loaded, config, validation=validation)
+        results, outputs = reload.final_metrics(model, loaded, config, validation=validation)
+    params = list(model.parameters())
+    summary = {
+        "params": sum(p.numel() for p in params),
+        "trainable_params": sum(p.numel() for p in params if p.requires_grad),
+    }
+    if METHOD_RECORDS[config.method.name].regularized:
+        summary["effective_members"] = _effective_members(model, config)
+        summary["k_star"] = optimal_k(config.method.temperature, config.method.num_members)
     final: dict[str, Any] = {
         "metrics": results,
-        "model": _model_summary(model, config),
+        "model": summary,
         "train": {"epochs": epoch, "steps": step, "skipped_steps": skipped, "seconds": seconds},
     }
     bad = loaded.bad_images()
@@ -415,7 +404,6 @@ def _finish(
     run.write_outputs(outputs)
     run.write_examples(run_examples(outputs, calibrators=config.data.calibrators))
     run.write_final(final)
-    results = final["metrics"]
     say(
         f"done: test accuracy {results['test/accuracy']:.4f}, NLL {results['test/nll']:.4f}, "
         f"ECE {results['test/ece']:.4f}; {run.path / 'final.json'}"
@@ -423,8 +411,7 @@ def _finish(
 
 
 def _launch_record(group: distributed.Context) -> dict[str, Any]:
-    """What ``provenance.json`` records of a data-parallel run, read from the environment the
-    launcher gave its workers (torchrun sets ``TORCHELASTIC_RUN_ID``)."""
+    """What ``provenance.json`` records of a data-parallel run's launch (from the environment)."""
     env = os.environ
     launcher = "torchrun" if "TORCHELASTIC_RUN_ID" in env else "environment (MASTER_ADDR, …)"
     return {
@@ -435,17 +422,6 @@ def _launch_record(group: distributed.Context) -> dict[str, Any]:
         "nnodes": int(env.get("GROUP_WORLD_SIZE", 1)),
         "master": f"{env.get('MASTER_ADDR', '?')}:{env.get('MASTER_PORT', '?')}",
     }
-
-
-def _run_line(
-    run: Run, model: nn.Module, trainable: int, steps_per_epoch: int, device: torch.device
-) -> str:
-    """The first line logged."""
-    params = sum(p.numel() for p in model.parameters())
-    return (
-        f"run {run.path}: {run.config.method.name} over {run.config.model.backbone}, {params:,} "
-        f"parameters ({trainable:,} trainable), {steps_per_epoch} steps per epoch on {device}"
-    )
 
 
 def _check_start(
@@ -491,38 +467,33 @@ def _resume_state(
     say: Callable[[str], None],
     selection: Selection | None = None,
 ) -> tuple[int, int, float, int]:
-    """Load and check ``last.pt`` into model, optimizer, schedule, RNGs and ``selection``;
+    """Load ``last.pt`` (checked) into model, optimizer, schedule, RNGs and ``selection``;
     return its counters."""
     if not run.checkpoint.is_file():  # stopped before its first checkpoint
         say(f"resuming {run.path}: no checkpoint yet, starting from epoch 1")
         return 0, 0, 0.0, 0
-    state = load_checkpoint(run.checkpoint)
-    if saved_config(state, run.checkpoint) != to_dict(run.config):
+    state = checkpoint.load_checkpoint(run.checkpoint)
+    if reload.saved_config(state, run.checkpoint) != to_dict(run.config):
         raise ValueError(f"{run.checkpoint} was saved by another config than {run.path}")
-    check_progress(state, run.checkpoint, run.config.optim.epochs)
+    reload.check_progress(state, run.checkpoint, run.config.optim.epochs)
     if selection is not None:  # checked before anything is loaded
-        record = state.get("selection")
-        if not isinstance(record, Mapping):
-            raise CheckpointError(
-                f"{run.checkpoint} holds no selection record, but the run selects on "
-                f"{selection.metric!r}; resume from prev.pt (copy it over last.pt) or start the "
-                "run again"
-            )
-        selection.restore(record, state["epoch"], state["model"], run.path / BEST)
-    load_model_state(model, state["model"])
-    load_training_state(optimizer, schedule, state, run.checkpoint)  # checked, then loaded
-    set_rng_state(state["rng"])
+        fix = "resume from prev.pt (copy it over last.pt) or start the run again"
+        _restore_checkpoint(selection, state, run.path, fix)
+    checkpoint.load_model_state(model, state["model"])
+    checkpoint.load_training_state(optimizer, schedule, state, run.checkpoint)
+    checkpoint.set_rng_state(state["rng"])
     epoch, step = state["epoch"], state["step"]
     say(f"resuming {run.path} after epoch {epoch} (step {step})")
     return epoch, step, state.get("seconds", 0.0), state.get("skipped_steps", 0)
 
 
 def _wrap_ddp(model: nn.Module, group: distributed.Context, device: torch.device) -> nn.Module:
-    """The model in DistributedDataParallel under torchrun; the model itself otherwise."""
+    """The model in DistributedDataParallel under torchrun; the model itself otherwise.
+
+    Averaging gradients over the ranks leaves the diversity loss's (the same on every rank) as
+    it is and makes the task loss's the global batch's mean."""
     if not group.enabled:
         return model
-    # Averaging gradients over the ranks leaves the diversity loss's (the same on every rank)
-    # as it is and makes the task loss's the global batch's mean.
     index = next(model.parameters()).device.index  # "cuda" resolved to its index
     ids = [index] if device.type == "cuda" else None
     return DistributedDataParallel(model, device_ids=ids, find_unused_parameters=False)
@@ -534,9 +505,9 @@ def _naming_last_checkpoint(run: Run) -> Iterator[None]:
     try:
         yield
     except NonFiniteLossError as error:
-        kept = "no checkpoint was saved before it"
-        if run.checkpoint.is_file():
-            kept = f"the last good checkpoint is {run.checkpoint}"
+        kept = f"the last good checkpoint is {run.checkpoint}"
+        if not run.checkpoint.is_file():
+            kept = "no checkpoint was saved before it"
         raise NonFiniteLossError(f"{error}. Training stopped; {kept}.") from error
 
 
@@ -552,15 +523,8 @@ def _epoch_record(
 ) -> tuple[dict[str, Any], dict[str, str] | None]:
     """The epoch's metrics.jsonl record, and the undecodable images so far (None: no folders);
     ``keep_logits`` receives the validation logits (``"val"``, ``"val_labels"``)."""
-    record: dict[str, Any] = {
-        "epoch": epoch,
-        "step": step,
-        "task_loss": task_loss,
-        "lr": stats.lr,
-        "grad_norm": stats.grad_norm,
-        "skipped_steps": stats.skipped,
-        "seconds": stats.seconds,
-    }
+    record: dict[str, Any] = {"epoch": epoch, "step": step, "task_loss": task_loss, "lr": stats.lr}
+    record.update(grad_norm=stats.grad_norm, skipped_steps=stats.skipped, seconds=stats.seconds)
     if METHOD_RECORDS[config.method.name].regularized:
         layers = config.method.diversity_layers or None
         record["diversity_loss"] = stats.diversity_loss
@@ -600,7 +564,7 @@ def _save_checkpoint(
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
         "schedule": schedule.state_dict(),
-        "rng": rng_state(),
+        "rng": checkpoint.rng_state(),
         "epoch": epoch,
         "step": step,
         "config": to_dict(run.config),
@@ -610,21 +574,12 @@ def _save_checkpoint(
     if selection is not None:
         state["selection"] = selection.record()
     with run.writing(run.checkpoint):
-        save_checkpoint(run.checkpoint, state)
+        checkpoint.save_checkpoint(run.checkpoint, state)
 
 
 def _patience_ran_out(selection: Selection | None, epoch: int, patience: int) -> bool:
     """Whether ``patience`` epochs have passed since the last kept one (never with 0)."""
     return bool(selection is not None and patience and epoch - selection.epoch >= patience)
-
-
-def _selection_line(selection: Selection) -> str:
-    """What the final evaluation takes: the kept epoch(s) and their validation metric."""
-    if selection.groups == ("",):
-        kept = f"epoch {selection.epochs[0]} ({selection.metric} {selection.values[0]:.4f})"
-    else:
-        kept = "members at epochs " + ", ".join(map(str, selection.epochs))
-    return f"evaluating the weights of {kept}, the best on validation (optim.select)"
 
 
 #: Validation metrics logged after every epoch.
@@ -678,14 +633,3 @@ def _effective_members(model: nn.Module, config: RunConfig) -> float:
     if config.method.diversity_layers:
         shares = {n: a for n, a in shares.items() if n in config.method.diversity_layers}
     return mean_effective_members(shares)
-
-
-def _model_summary(model: nn.Module, config: RunConfig) -> dict[str, Any]:
-    summary: dict[str, Any] = {
-        "params": sum(p.numel() for p in model.parameters()),
-        "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
-    }
-    if METHOD_RECORDS[config.method.name].regularized:
-        summary["effective_members"] = _effective_members(model, config)
-        summary["k_star"] = optimal_k(config.method.temperature, config.method.num_members)
-    return summary

@@ -10,12 +10,19 @@ import torch
 from torch import Tensor
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
 def _check_temperature(temperature: Any) -> float:
-    """``temperature`` as a float; a TypeError if not a real number, a ValueError if not
-    finite and > 0."""
+    """``temperature`` as a float, refused if not a real number finite and > 0."""
     if isinstance(temperature, Tensor) and temperature.numel() == 1:
         temperature = temperature.item()
-    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
+    if not _is_real(temperature):
         raise TypeError(f"temperature must be a real number, got {temperature!r}")
     value = float(temperature)
     if not math.isfinite(value) or value <= 0:

@@ -12,7 +12,6 @@ when its 95 % interval excludes 0 (:func:`verdict`)::
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -21,9 +20,7 @@ import torch
 from torch import Tensor
 
 from snens import metrics
-from snens.evaluation.calibration import fit_calibrator, fit_temperature
-from snens.evaluation.protocol import CALIBRATED_PREFIXES
-from snens.metrics.ood import auroc
+from snens.evaluation.protocol import CALIBRATED_PREFIXES, _calibration_map, _score
 
 __all__ = [
     "BOOTSTRAP_METRICS",
@@ -120,8 +117,7 @@ class Examples:
 
     def metric(self, name: str) -> float:
         """The metric on all the examples (as :mod:`snens.metrics` computes it)."""
-        weights = np.ones((1, len(self)))
-        return float(_weighted([self], name, weights)[0, 0])
+        return float(_weighted([self], name, np.ones((1, len(self))))[0, 0])
 
 
 @dataclass(frozen=True)
@@ -142,25 +138,6 @@ class Interval:
 
     def __str__(self) -> str:
         return f"{self.estimate:+.4f} [{self.low:+.4f}, {self.high:+.4f}]"
-
-
-def _labelled_sets(outputs: Mapping[str, Tensor]) -> list[str]:
-    """``test``, every ``shift/<name>/<s>`` and every ``domain/<name>`` of kept logits."""
-    other = [
-        k
-        for k in outputs
-        if k.startswith(("shift/", "domain/"))
-        and not k.endswith("_labels")
-        and f"{k}_labels" in outputs
-    ]
-    return ["test", *sorted(other)]
-
-
-def _calibrated_name(name: str, prefix: str) -> str:
-    """``test`` → ``test_ts``, ``shift/n/s`` → ``shift_ts/n/s`` (for the prefix ``test_ts``)."""
-    head, _, rest = name.partition("/")
-    tail = prefix.removeprefix("test")
-    return f"{head}{tail}/{rest}" if rest else f"{head}{tail}"
 
 
 def run_examples(
@@ -184,38 +161,24 @@ def run_examples(
     if unknown:
         raise ValueError(f"unknown OOD scores {unknown}; choose among {', '.join(known)}")
     arrays: dict[str, np.ndarray] = {}
-    sets = _labelled_sets(outputs)
-    for name in sets:
-        probs = outputs[name].softmax(-1).mean(0)
-        arrays.update(Examples.from_probs(probs, outputs[f"{name}_labels"]).arrays(f"{name}/"))
-    if "val" in outputs and "val_labels" in outputs:
-        for calibrator in calibrators:
-            if calibrator == "temperature":  # as the run's test_ts/* (the T its final.json has)
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    T = fit_temperature(outputs["val"], outputs["val_labels"])
-                mapped = lambda z, T=T: z / T  # noqa: E731
-            else:
-                mapped = fit_calibrator(calibrator, outputs["val"], outputs["val_labels"]).apply
-            for name in sets:
-                probs = mapped(outputs[name]).softmax(-1).mean(0)
-                where = _calibrated_name(name, CALIBRATED_PREFIXES[calibrator])
-                examples = Examples.from_probs(probs, outputs[f"{name}_labels"])
-                arrays.update(examples.arrays(f"{where}/"))
+    other = [k for k in outputs if k.startswith(("shift/", "domain/")) and f"{k}_labels" in outputs]
+    sets = ["test", *sorted(other)]
+    fitted = calibrators if "val" in outputs and "val_labels" in outputs else ()
+    for calibrator in [None, *fitted]:
+        # None: the logits as kept; a calibrator as the run's test_ts/… (its final.json's T)
+        mapped = _calibration_map(calibrator, outputs) if calibrator else None
+        tail = CALIBRATED_PREFIXES[calibrator].removeprefix("test") if calibrator else ""
+        for name in sets:
+            logits = outputs[name] if mapped is None else mapped(outputs[name])
+            examples = Examples.from_probs(logits.softmax(-1).mean(0), outputs[f"{name}_labels"])
+            head, _, rest = name.partition("/")
+            arrays.update(examples.arrays(f"{head}{tail}/{rest}/" if rest else f"{head}{tail}/"))
     ood_sets = sorted(k for k in outputs if k.startswith("ood/"))
     for score in ood_scores if ood_sets else ():
-        arrays[f"test/ood/{score}"] = _ood_score(score, outputs["test"])
-        for key in ood_sets:
-            arrays[f"{key}/{score}"] = _ood_score(score, outputs[key])
+        for key in ["test", *ood_sets]:
+            values = _score(score, outputs[key]).detach().cpu().numpy().astype(np.float32)
+            arrays[f"{'test/ood' if key == 'test' else key}/{score}"] = values
     return arrays
-
-
-def _ood_score(score: str, member_logits: Tensor) -> np.ndarray:
-    if score in metrics.LOGIT_OOD_SCORES:
-        values = metrics.LOGIT_OOD_SCORES[score](member_logits)
-    else:
-        values = metrics.OOD_SCORES[score](member_logits.softmax(-1))
-    return values.detach().cpu().numpy().astype(np.float32)
 
 
 def _weighted(seeds: Sequence[Examples], metric: str, weights: np.ndarray) -> np.ndarray:
@@ -224,8 +187,9 @@ def _weighted(seeds: Sequence[Examples], metric: str, weights: np.ndarray) -> np
     out = np.empty((weights.shape[0], len(seeds)))
     for s, ex in enumerate(seeds):
         if metric == "ece":
-            # |Σ_i∈bin w_i (conf_i − correct_i)| summed over bins, over Σ w
-            bins = _bins(ex.confidence)
+            # |Σ_i∈bin w_i (conf_i − correct_i)| summed over the bins of snens.metrics.ece, / Σ w
+            edges = torch.linspace(0, 1, NUM_BINS + 1, dtype=torch.float64)[1:-1]
+            bins = torch.bucketize(torch.from_numpy(ex.confidence), edges, right=False).numpy()
             gap = ex.confidence - ex.correct
             per_bin = np.zeros((weights.shape[0], NUM_BINS))
             for b in np.unique(bins):
@@ -238,13 +202,7 @@ def _weighted(seeds: Sequence[Examples], metric: str, weights: np.ndarray) -> np
     return out
 
 
-def _bins(confidence: np.ndarray) -> np.ndarray:
-    """Bin b is (b/n, (b+1)/n], bin 0 also holding 0, as :func:`snens.metrics.ece`."""
-    edges = torch.linspace(0, 1, NUM_BINS + 1, dtype=torch.float64)
-    return torch.bucketize(torch.from_numpy(confidence), edges[1:-1], right=False).numpy()
-
-
-def _check_sets(a: Sequence[Examples], b: Sequence[Examples], metric: str) -> int:
+def _check_seeds(a: Sequence[Examples], b: Sequence[Examples], metric: str) -> int:
     if metric not in BOOTSTRAP_METRICS:
         raise ValueError(f"unknown metric {metric!r}; choose one of {', '.join(BOOTSTRAP_METRICS)}")
     if isinstance(a, Examples) or isinstance(b, Examples):
@@ -315,14 +273,13 @@ def paired_bootstraps(
         raise ValueError(f"level must be in (0, 1), got {level!r}")
     groups: dict[tuple[int, int, int], list[int]] = {}
     for i, (a, b, metric) in enumerate(comparisons):
-        n = _check_sets(a, b, metric)
+        n = _check_seeds(a, b, metric)
         groups.setdefault((n, len(a), len(b)), []).append(i)
-    out: list[Interval | None] = [None] * len(comparisons)
+    found: dict[int, Interval] = {}
     for (n, _, _), members in groups.items():
-        found = _paired_group([comparisons[i] for i in members], n, resamples, level, seed)
-        for i, interval in zip(members, found, strict=True):
-            out[i] = interval
-    return out  # type: ignore[return-value]
+        intervals = _paired_group([comparisons[i] for i in members], n, resamples, level, seed)
+        found.update(zip(members, intervals, strict=True))
+    return [found[i] for i in range(len(comparisons))]
 
 
 def _paired_group(comparisons, n: int, resamples: int, level: float, seed: int) -> list[Interval]:
@@ -358,10 +315,10 @@ def _percentile_interval(metric: str, estimate: float, deltas: np.ndarray, level
 
 class _RankedScores:
     """One seed's in- and out-of-distribution scores, ranked once, so the AUROC of any resample
-    is counting: the Mann–Whitney statistic :func:`auroc` computes, bit for bit."""
+    is counting: the Mann–Whitney statistic :func:`snens.metrics.auroc` computes, bit for bit."""
 
     def __init__(self, in_scores: np.ndarray, out_scores: np.ndarray):
-        auroc(torch.as_tensor(in_scores), torch.as_tensor(out_scores))  # its checks
+        metrics.auroc(torch.as_tensor(in_scores), torch.as_tensor(out_scores))  # its checks
         scores = np.concatenate([in_scores, out_scores]).astype(np.float64)
         _, group = np.unique(scores, return_inverse=True)
         self.groups = int(group.max()) + 1

@@ -62,8 +62,7 @@ def _check_inputs(logits: Any, labels: Any) -> tuple[Tensor, Tensor]:
 
 
 def _possible(z: Tensor, y: Tensor, mode: str, what: str) -> tuple[Tensor, Tensor]:
-    """``(z, y)`` without the examples whose label has probability 0 whatever the calibrator
-    does (their NLL is infinite for every candidate)."""
+    """``(z, y)`` without the examples whose label has probability 0 whatever the calibration."""
     label_logits = z.gather(-1, y.view(1, -1, 1).expand(z.shape[0], -1, 1)).squeeze(-1)
     ruled_out = label_logits == -math.inf  # (M, N)
     impossible = ruled_out.any(0) if mode == "logits" else ruled_out.all(0)
@@ -100,9 +99,9 @@ def _nll(z: Tensor, y: Tensor, log_t: float, mode: str) -> float:
 def fit_temperature(
     logits: Tensor | nn.Module, labels: Tensor | Any, *, mode: Mode = "mean_of_softmax"
 ) -> float:
-    """The temperature T in [0.01, 100] minimizing the validation NLL of the ensemble's scaled
-    prediction, (1/M) Σ_m softmax(z_m / T), or softmax(mean_m z_m / T) with ``mode="logits"``;
-    deterministic (a grid of log T, then a golden-section search).
+    """The temperature T in [0.01, 100] minimizing the validation NLL of (1/M) Σ_m softmax(z_m / T),
+    or of softmax(mean_m z_m / T) with ``mode="logits"``: a grid of log T, then a golden-section
+    search.
 
     Args:
         logits: validation logits (M, N, K) of the members, or (N, K) of one model; or the model
@@ -160,9 +159,8 @@ def _golden_section(f: Callable[[float], float], a: float, b: float, start: tupl
 
 
 class TemperatureScaled(nn.Module):
-    """A model returning (M, B, K) whose logits are divided by a fitted temperature T (finite and
-    > 0, the buffer ``temperature``); with ``mode="logits"`` the output is the one scaled mean
-    logit, (1, B, K).
+    """A model returning (M, B, K) whose logits are divided by the buffer ``temperature`` T;
+    with ``mode="logits"`` the output is the one scaled mean logit, (1, B, K).
 
     Raises:
         TypeError, ValueError: a temperature that is not a finite number > 0; unknown mode.
@@ -204,9 +202,8 @@ _LBFGS_ITERATIONS = 200
 
 
 def _mean_of_softmax_nll(z: Tensor, y: Tensor) -> Tensor:
-    """−(1/N) Σ_i log p̄(y_i), p̄ the mean of the members' softmaxes; differentiable. The
-    label's column is taken before the logsumexp over members (−inf in every member would give
-    a NaN gradient)."""
+    """−(1/N) Σ_i log p̄(y_i), differentiable; the label's column is taken before the logsumexp
+    over members (−inf in every member would give a NaN gradient)."""
     label = y.view(1, -1, 1).expand(z.shape[0], -1, 1)
     log_p_y = z.log_softmax(-1).gather(-1, label).squeeze(-1)  # (M, N)
     return -(torch.logsumexp(log_p_y, dim=0) - math.log(z.shape[0])).mean()
@@ -236,9 +233,8 @@ def _minimize(loss: Callable[[], Tensor], params: list[Tensor]) -> None:
 
 
 class Calibrator:
-    """A post-hoc calibrator fitted on validation logits; :meth:`apply` maps test logits
-    (M, N, K) or (N, K) to calibrated logits (M, N, K), or (1, N, K) for calibrators of the
-    ensemble prediction, in the input's dtype. Build one with :func:`fit_calibrator`."""
+    """A post-hoc calibrator fitted on validation logits by :func:`fit_calibrator`; :meth:`apply`
+    maps logits (M, N, K) or (N, K) to calibrated ones (M or 1, N, K) in the input's dtype."""
 
     method: ClassVar[str] = ""
     num_classes: ClassVar[int | None] = None  # K the calibrator was fitted on; None = any
@@ -268,10 +264,22 @@ class Calibrator:
         raise NotImplementedError
 
 
+@dataclass(frozen=True, eq=False)
+class _Affine(Calibrator):
+    """A calibrator of one float64 ``weight`` and ``bias`` for every member, fitted on K classes."""
+
+    weight: Tensor
+    bias: Tensor
+
+    @property
+    def num_classes(self) -> int:  # type: ignore[override]
+        return self.weight.shape[0]
+
+
 @dataclass(frozen=True)
 class TemperatureScaling(Calibrator):
-    """z_m / T (``temperature`` T, fitted with ``mode``), or mean_m z_m / T as one member with
-    ``mode="logits"``; wrap a model with ``TemperatureScaled(model, calibrator.temperature)``."""
+    """z_m / T, or mean_m z_m / T as one member with ``mode="logits"``; wrap a model with
+    ``TemperatureScaled(model, calibrator.temperature)``."""
 
     method: ClassVar[str] = "temperature"
     temperature: float
@@ -311,17 +319,11 @@ def _refuse_ruled_out(z: Tensor) -> None:
 
 
 @dataclass(frozen=True, eq=False)
-class VectorScaling(Calibrator):
+class VectorScaling(_Affine):
     """z'_m = w ⊙ z_m + b, one float64 (w, b) of shape (K,) for every member (Guo et al., 2017),
     fitted by L-BFGS from w = 1, b = 0 on the mean-of-softmax NLL; it can move the argmax."""
 
     method: ClassVar[str] = "vector"
-    weight: Tensor
-    bias: Tensor
-
-    @property
-    def num_classes(self) -> int:  # type: ignore[override]
-        return self.weight.shape[0]
 
     @classmethod
     def fit(cls, logits: Tensor, labels: Tensor) -> VectorScaling:
@@ -338,19 +340,13 @@ class VectorScaling(Calibrator):
 
 
 @dataclass(frozen=True, eq=False)
-class MatrixScaling(Calibrator):
+class MatrixScaling(_Affine):
     """z'_m = W z_m + b, one float64 (W, b) for every member, fitted by L-BFGS from W = I, b = 0
     on the mean-of-softmax NLL plus ``off_diagonal`` λ/(K(K−1)) Σ_{j≠k} W_jk² (Kull et al.,
     2019, without the bias term)."""
 
     method: ClassVar[str] = "matrix"
-    weight: Tensor
-    bias: Tensor
     off_diagonal: float
-
-    @property
-    def num_classes(self) -> int:  # type: ignore[override]
-        return self.weight.shape[0]
 
     @classmethod
     def fit(cls, logits: Tensor, labels: Tensor, *, off_diagonal: float = 1e-2) -> MatrixScaling:
@@ -380,15 +376,10 @@ class MatrixScaling(Calibrator):
 
 @dataclass(frozen=True, eq=False)
 class HistogramBinning(Calibrator):
-    """One-vs-rest histogram binning of the ensemble prediction p̄, renormalized.
-
-    For each class k, the validation values of p̄_k are cut into B bins of equal mass, each
-    valued θ_kb = (#{i in b : y_i = k} + 1) / (#{i in b} + 2); at test q_k = θ_{k, bin_k(p̄_k)}
-    and the prediction q / Σ_k q is returned as log-probabilities of one member (1, N, K).
-
-    ``edges`` (K, B − 1) are the inner bin edges (a value falls in the bin whose index is the
-    number of edges <= it), ``values`` θ (K, B).
-    """
+    """One-vs-rest histogram binning of p̄: per class k, the validation p̄_k cut into B bins of
+    equal mass with inner ``edges`` (K, B − 1), each bin valued θ_kb = (#{i in b : y_i = k} + 1) /
+    (#{i in b} + 2) (``values`` (K, B)); at test q_k = θ_{k, bin_k(p̄_k)}, and q / Σ_k q is
+    returned as log-probabilities of one member (1, N, K)."""
 
     method: ClassVar[str] = "histogram"
     edges: Tensor
@@ -428,7 +419,7 @@ class HistogramBinning(Calibrator):
 
 
 def _bin_index(edges: Tensor, p: Tensor) -> Tensor:
-    """Per class, the number of inner edges <= each value: bin indices in 0..B−1, (K, N)."""
+    """Per class, the number of inner edges <= each value: bin indices (K, N) in 0..B−1."""
     return torch.searchsorted(edges, p.contiguous(), right=True)
 
 

@@ -10,9 +10,7 @@ classes ranked above y, u ~ U(0, 1) or u = 1; ``"raps"`` (Angelopoulos et al., 2
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -21,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from snens.evaluation._checks import _check_labels, _check_logits
+from snens.evaluation._checks import _check_labels, _check_logits, _is_int, _is_real
 
 __all__ = [
     "SCORES",
@@ -50,7 +48,7 @@ _SIZE_EDGES = (1, 3, 6, 10, 100, 1000)
 
 
 def _check_alpha(alpha: Any) -> float:
-    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real):
+    if not _is_real(alpha):
         raise TypeError(f"alpha must be a real number in (0, 1), got {alpha!r}")
     if not 0 < alpha < 1:
         raise ValueError(
@@ -78,8 +76,7 @@ def _rank(n: int, alpha: float) -> int:
 
 
 def min_calibration_size(alpha: float) -> int:
-    """The fewest calibration examples, ⌈1/α⌉ − 1, for which the conformal quantile at ``alpha``
-    exists.
+    """The fewest calibration examples, ⌈1/α⌉ − 1, with a conformal quantile at ``alpha``.
 
     Returns:
         n_min as an int (at least 1).
@@ -94,8 +91,7 @@ def min_calibration_size(alpha: float) -> int:
 
 
 def conformal_quantile(scores: Tensor, alpha: float) -> float:
-    """The split-conformal threshold q̂: the ⌈(n+1)(1−α)⌉-th smallest of the n calibration scores
-    (n,) of the true classes.
+    """The threshold q̂: the ⌈(n+1)(1−α)⌉-th smallest of the true classes' n scores (n,).
 
     Returns:
         q̂ as a float.
@@ -144,11 +140,6 @@ def _uniforms(n: int, randomized: bool, generator: torch.Generator | None) -> Te
     return torch.rand(n, generator=generator, dtype=torch.float64, device=device).cpu()
 
 
-def _probs(logits: Tensor) -> Tensor:
-    """p̄ = (1/M) Σ_m softmax(z_m) in float64 (N, K) from checked logits."""
-    return _check_logits(logits).softmax(-1).mean(0)
-
-
 @dataclass(frozen=True)
 class ConformalPredictor:
     """Split-conformal prediction sets fitted by :func:`calibrate`: C(x) = {y : s(x, y) <= q̂}, with
@@ -165,28 +156,24 @@ class ConformalPredictor:
     k_reg: int
 
     def scores(self, logits: Tensor, *, generator: torch.Generator | None = None) -> Tensor:
-        """s(x, y) of every class (N, K), float64, of member logits (M, N, K) or one model's (N, K);
-        ``generator`` draws u of randomized APS and RAPS.
+        """Float64 s(x, y) of every class (N, K) from logits (M, N, K) or (N, K); ``generator``
+        draws u of randomized APS and RAPS.
 
         Raises:
             TypeError, ValueError: logits that are not floating (M, N, K) or (N, K), or whose K
                 is not the calibration's.
         """
-        p = _probs(logits)
+        p = _check_logits(logits).softmax(-1).mean(0)  # p̄ (N, K)
         if p.shape[-1] != self.num_classes:
             raise ValueError(
                 f"the predictor was calibrated on K = {self.num_classes} classes, got logits "
                 f"{tuple(logits.shape)}"
             )
-        return self._scores(p, generator)
-
-    def _scores(self, p: Tensor, generator: torch.Generator | None) -> Tensor:
         u = _uniforms(p.shape[0], self.randomized, generator).to(p.device)
         return _class_scores(p, self.score, u, self.penalty, self.k_reg)
 
     def predict(self, logits: Tensor, *, generator: torch.Generator | None = None) -> Tensor:
-        """Prediction sets (B, K) as boolean masks, ``sets[i, y]`` True when y ∈ C(x_i);
-        arguments as :meth:`scores`.
+        """Prediction sets (B, K), ``sets[i, y]`` True when y ∈ C(x_i); arguments as :meth:`scores`.
 
         Raises:
             TypeError, ValueError: as :meth:`scores`.
@@ -205,8 +192,8 @@ def calibrate(
     k_reg: int | None = None,
     generator: torch.Generator | None = None,
 ) -> ConformalPredictor:
-    """Fit split-conformal prediction sets on a calibration split of an ensemble's logits (held
-    out of training and exchangeable with the test data, never the test set itself).
+    """Fit split-conformal prediction sets on a calibration split of an ensemble's logits, held
+    out of training and exchangeable with the test data.
 
     Args:
         logits: calibration logits (M, n, K) of the members, or (n, K) of one model;
@@ -254,33 +241,25 @@ def calibrate(
     randomized = score != "thr" if randomized is None else randomized
     z = _check_logits(logits)
     y = _check_labels(labels, z)
-    _rank(y.shape[0], alpha)  # a split too small is refused before any work
-    predictor = ConformalPredictor(
-        score=score,
-        alpha=alpha,
-        threshold=math.nan,
-        num_calibration=y.shape[0],
-        num_classes=z.shape[-1],
-        randomized=randomized,
-        penalty=penalty,
-        k_reg=k_reg,
-    )
-    p = z.softmax(-1).mean(0)  # (n, K)
-    true_class = predictor._scores(p, generator).gather(-1, y.unsqueeze(-1)).squeeze(-1)
-    return dataclasses.replace(predictor, threshold=conformal_quantile(true_class, alpha))
+    n, K = y.shape[0], z.shape[-1]
+    _rank(n, alpha)  # a split too small is refused before any work
+    u = _uniforms(n, randomized, generator).to(z.device)
+    scores = _class_scores(z.softmax(-1).mean(0), score, u, penalty, k_reg)  # (n, K)
+    q = conformal_quantile(scores.gather(-1, y.unsqueeze(-1)).squeeze(-1), alpha)
+    return ConformalPredictor(score, alpha, q, n, K, randomized, penalty, k_reg)
 
 
 def _check_raps(penalty: Any, k_reg: Any) -> tuple[float, int]:
     penalty = _PENALTY if penalty is None else penalty
     k_reg = _K_REG if k_reg is None else k_reg
-    if isinstance(penalty, bool) or not isinstance(penalty, numbers.Real):
+    if not _is_real(penalty):
         raise TypeError(f"penalty must be a real number >= 0, got {penalty!r}")
     if not (math.isfinite(penalty) and 0 <= penalty <= _MAX_PENALTY):
         raise ValueError(
             f"penalty (λ of RAPS) must be a number in [0, {_MAX_PENALTY:g}], got {penalty!r}; "
             "λ >= 1 already keeps every penalized class out of the sets"
         )
-    if isinstance(k_reg, bool) or not isinstance(k_reg, numbers.Integral):
+    if not _is_int(k_reg):
         raise TypeError(f"k_reg must be an int >= 0, got {k_reg!r}")
     if not 0 <= k_reg <= _MAX_K_REG:
         raise ValueError(
@@ -341,8 +320,8 @@ def mean_set_size(sets: Tensor) -> float:
 def size_stratified_coverage(
     sets: Tensor, labels: Tensor, *, edges: Sequence[int] = _SIZE_EDGES
 ) -> dict[tuple[int, int], float]:
-    """Coverage among the sets (B, K) of each size range (Angelopoulos et al., 2021), over the size
-    bins 0..e_1, e_1+1..e_2, …, the last ending at K, of the increasing ``edges``.
+    """Coverage among the sets (B, K) of each size bin 0..e_1, e_1+1..e_2, …, K of the increasing
+    ``edges`` (Angelopoulos et al., 2021).
 
     Returns:
         ``{(low, high): coverage}`` for the bins that hold a set, in increasing order.
@@ -356,7 +335,7 @@ def size_stratified_coverage(
     """
     sets, _, hit = _covered(sets, labels)
     edges = list(edges)
-    ints = all(isinstance(e, numbers.Integral) and not isinstance(e, bool) for e in edges)
+    ints = all(_is_int(e) for e in edges)
     if not edges or not ints or edges[0] < 0 or any(b <= a for a, b in zip(edges, edges[1:])):
         raise ValueError(f"edges must be increasing ints >= 0, got {edges!r}")
     K = sets.shape[-1]
@@ -371,8 +350,7 @@ def size_stratified_coverage(
 
 
 def class_conditional_coverage(sets: Tensor, labels: Tensor) -> Tensor:
-    """Coverage among the examples of each class (K,), NaN for a class with no example (split
-    conformal guarantees only the mean over examples).
+    """Coverage among the examples of each class (K,), NaN for a class with no example.
 
     Returns:
         Float64 coverages.
@@ -385,18 +363,15 @@ def class_conditional_coverage(sets: Tensor, labels: Tensor) -> Tensor:
     tensor([0.5000, 1.0000,    nan], dtype=torch.float64)
     """
     sets, y, hit = _covered(sets, labels)
-    K = sets.shape[-1]
-    count = torch.zeros(K, dtype=torch.float64, device=y.device).index_add_(
-        0, y, torch.ones_like(hit, dtype=torch.float64)
-    )
-    covered = torch.zeros_like(count).index_add_(0, y, hit.double())
+    count = torch.bincount(y, minlength=sets.shape[-1]).double()
+    covered = torch.bincount(y, weights=hit.double(), minlength=sets.shape[-1])
     return covered / count  # 0/0 = NaN for an absent class
 
 
 @dataclass(frozen=True)
 class ResampledCoverage:
-    """The mean and standard deviation over ``splits`` random calibration/test splits of the test
-    coverage, the mean set size, and the examples calibrated on in each split."""
+    """The test coverage's mean and standard deviation, and the mean set size, over ``splits``
+    random splits of ``calibration_size`` examples calibrated on, the rest tested."""
 
     coverage: float
     coverage_std: float
@@ -416,12 +391,9 @@ def resampled_coverage(
     generator: torch.Generator | None = None,
     **options: Any,
 ) -> ResampledCoverage:
-    """Check split-conformal coverage on held-out examples: calibrate on a random
-    ``calibration_size`` of them (default: half), measure coverage and set size on the rest,
-    ``splits`` times (the splits drawn by ``generator``, default seeded 0).
-
-    Over random splits of exchangeable data the mean coverage lies in [1 − α, 1 − α + 1/(n+1)];
-    a mean well outside says the examples are not exchangeable, or the sets are wrong. The other
+    """Calibrate on a random ``calibration_size`` of held-out examples (default: half), measure
+    coverage and set size on the rest, ``splits`` times (drawn by ``generator``, default seeded
+    0). On exchangeable data the mean coverage lies in [1 − α, 1 − α + 1/(n+1)]. The other
     arguments, and ``randomized``, ``penalty``, ``k_reg``, are :func:`calibrate`'s.
 
     Returns:
@@ -441,23 +413,17 @@ def resampled_coverage(
     z = _check_logits(logits)
     y = _check_labels(labels, z)
     n = y.shape[0]
-    if (
-        isinstance(splits, bool)
-        or not isinstance(splits, numbers.Integral)
-        or not 2 <= splits <= _MAX_SPLITS
-    ):
+    if not _is_int(splits) or not 2 <= splits <= _MAX_SPLITS:
         raise ValueError(
             f"splits must be an int in 2..{_MAX_SPLITS:,} (a spread needs two), got {splits!r}"
         )
     size = n // 2 if calibration_size is None else calibration_size
-    if isinstance(size, bool) or not isinstance(size, numbers.Integral) or not 0 < size < n:
+    if not _is_int(size) or not 0 < size < n:
         raise ValueError(
             f"calibration_size must be an int in [1, {n - 1}] for {n} examples (the rest are "
             f"measured), got {calibration_size!r}"
         )
     _rank(int(size), _check_alpha(alpha))  # refused before any work
-    if z.dim() == 2:
-        z = z.unsqueeze(0)
     generator = torch.Generator().manual_seed(0) if generator is None else generator
     covered, sizes = [], []
     for _ in range(int(splits)):
@@ -469,10 +435,4 @@ def resampled_coverage(
         sizes.append(mean_set_size(sets))
     mean = math.fsum(covered) / len(covered)
     std = math.sqrt(math.fsum((c - mean) ** 2 for c in covered) / (len(covered) - 1))
-    return ResampledCoverage(
-        coverage=mean,
-        coverage_std=std,
-        size=math.fsum(sizes) / len(sizes),
-        splits=int(splits),
-        calibration_size=int(size),
-    )
+    return ResampledCoverage(mean, std, math.fsum(sizes) / len(sizes), int(splits), int(size))

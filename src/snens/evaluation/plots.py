@@ -33,12 +33,13 @@ __all__ = [
 
 _DPI = 120
 _SEVERITIES = range(1, 6)
+_HEATMAP = dict(aspect="auto", interpolation="nearest", cmap="viridis", vmin=0.0, vmax=1.0)
+_GAP_BARS = dict(color="#DD4444", alpha=0.45, edgecolor="#AA0000", linewidth=0.5, hatch="//")
 
 
 def curve_styles(n: int, markers: bool = False) -> list[dict[str, str]]:
-    """Matplotlib line styles (keyword dicts for ``Axes.plot``) telling ``n`` curves apart: the
-    ten default colours, then the same dashed, then dotted, …; with ``markers``, ``o``, ``s``,
-    ``^`` likewise."""
+    """``Axes.plot`` keyword dicts telling ``n`` curves apart: the ten default colours solid, then
+    dashed, then dotted; with ``markers``, ``o``, ``s``, ``^`` likewise."""
     out = []
     for i in range(n):
         kind = i // 10 % 3
@@ -87,8 +88,8 @@ def _ensemble_mean(probs: Any) -> Tensor:
 
 
 def reliability_bins(probs: Any, labels: Any, *, num_bins: int = 15) -> dict[str, Tensor]:
-    """Per confidence bin of :func:`snens.metrics.ece`: the count, accuracy and mean confidence of
-    ``probs`` (B, K) (member probabilities (M, B, K) are averaged) against ``labels`` (B,).
+    """The count, accuracy and mean confidence of ``probs`` (B, K) (member probabilities
+    (M, B, K) are averaged) against ``labels`` (B,) in each bin of :func:`snens.metrics.ece`.
 
     Returns:
         ``{"count", "accuracy", "confidence"}``, (num_bins,) each; NaN in empty bins.
@@ -132,18 +133,8 @@ def reliability_diagram(
     top, bottom = figure.subplots(2, 1, sharex=True, height_ratios=(3, 1))
     x, y = centers[filled], accuracy[filled]
     top.bar(x, y, width=width, color="#4C72B0", edgecolor="black", linewidth=0.5, label="accuracy")
-    top.bar(
-        x,
-        confidence[filled] - y,
-        bottom=y,
-        width=width,
-        color="#DD4444",
-        alpha=0.45,
-        edgecolor="#AA0000",
-        linewidth=0.5,
-        hatch="//",
-        label="gap: confidence − accuracy",
-    )
+    gap = confidence[filled] - y
+    top.bar(x, gap, bottom=y, width=width, label="gap: confidence − accuracy", **_GAP_BARS)
     top.plot([0, 1], [0, 1], "--", color="gray", linewidth=1, label="perfect calibration")
     top.set(xlim=(0, 1), ylim=(0, 1), ylabel="accuracy")
     top.set_title(
@@ -320,14 +311,7 @@ def allocation_heatmap(
     for ax, (name, layer) in zip(axes, layers.items()):
         s = layer.importances.float().reshape(layer.num_members, -1)  # (M, C)
         order = _by_owner(s, max_features)
-        image = ax.imshow(
-            s[:, order].numpy(),
-            aspect="auto",
-            interpolation="nearest",
-            cmap="viridis",
-            vmin=0.0,
-            vmax=1.0,
-        )
+        image = ax.imshow(s[:, order].numpy(), **_HEATMAP)
         shown = f"{order.numel()} of {s.shape[1]}" if order.numel() < s.shape[1] else s.shape[1]
         ax.set_title(
             f"{name or '(root)'}: {shown} features, "
@@ -413,35 +397,18 @@ def pareto_plot(
     ax = figure.subplots()
     bars = False
     for i, (name, group) in enumerate(groups.items()):
-        xs = [float(r[x]) for r in group]
-        ys = [float(r[y]) for r in group]
-        ax.scatter(xs, ys, s=40, color=f"C{i % 10}", edgecolor="black", linewidth=0.5, label=name)
-        x_errors = _errors(group, x_err)
-        y_errors = _errors(group, y_err)
-        if any(math.isfinite(e) for e in x_errors + y_errors):
-            ax.errorbar(
-                xs,
-                ys,
-                xerr=x_errors,
-                yerr=y_errors,
-                fmt="none",
-                ecolor=f"C{i % 10}",
-                elinewidth=1,
-                capsize=2,
-                zorder=1,
-            )
+        xs, ys = [float(r[x]) for r in group], [float(r[y]) for r in group]
+        color = f"C{i % 10}"
+        ax.scatter(xs, ys, s=40, color=color, edgecolor="black", linewidth=0.5, label=name)
+        errors = {"xerr": _errors(group, x_err), "yerr": _errors(group, y_err)}
+        if any(math.isfinite(e) for e in errors["xerr"] + errors["yerr"]):
+            style = {"fmt": "none", "ecolor": color, "elinewidth": 1, "capsize": 2, "zorder": 1}
+            ax.errorbar(xs, ys, **errors, **style)
             bars = True
-        if annotate:
-            for r, px, py in zip(group, xs, ys):
-                if r[annotate] == "":
-                    continue
-                ax.annotate(
-                    f"{annotate}={r[annotate]}" if annotate_with_key else str(r[annotate]),
-                    (px, py),
-                    textcoords="offset points",
-                    xytext=(4, 4),
-                    fontsize=7,
-                )
+        for r, px, py in zip(group, xs, ys) if annotate else ():
+            if r[annotate] != "":
+                text = f"{annotate}={r[annotate]}" if annotate_with_key else str(r[annotate])
+                ax.annotate(text, (px, py), textcoords="offset points", xytext=(4, 4), fontsize=7)
     points = [(float(r[x]), float(r[y])) for r in rows]
     front = _pareto_front(points, lower_x_is_better, higher_y_is_better)
     if len(front) > 1:

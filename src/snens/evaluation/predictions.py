@@ -4,6 +4,7 @@ only the members' float32 probabilities (or logits) on the CPU."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import sys
 from collections.abc import Iterable, Iterator, Mapping
 from contextvars import ContextVar
@@ -43,12 +44,6 @@ def _with_bar(loader: Iterable[Any], what: str) -> Iterable[Any]:
     return tqdm(loader, desc=f"evaluating the {what}", total=total, leave=False, dynamic_ncols=True)
 
 
-def _model_device(model: nn.Module) -> torch.device | None:
-    for tensor in (*model.parameters(), *model.buffers()):
-        return tensor.device
-    return None
-
-
 def _to_device(x: Any, device: torch.device | None) -> Any:
     if device is None:
         return x
@@ -68,18 +63,6 @@ def _split_batch(batch: Any, what: str) -> tuple[Any, Any]:
     )
 
 
-def _check_model_logits(logits: Any, model: nn.Module, what: str) -> Tensor:
-    if not isinstance(logits, Tensor) or logits.dim() != 3:
-        got = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
-        raise ValueError(
-            f"{what}: {type(model).__name__} returned {got}, but evaluation needs the ensemble "
-            "contract, inputs (B, …) -> logits (M, B, K). Wrap a plain classifier in "
-            "snens.baselines.SingleModel(model) (M = 1), or convert it with "
-            "snens.convert(model, num_members=M)"
-        )
-    return logits
-
-
 def _collect(
     model: nn.Module,
     loader: Iterable[Any],
@@ -88,9 +71,11 @@ def _collect(
     what: str,
     logits: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
+    """The members' outputs (M, N, K) of the set named ``what``, and its labels (None: none)."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    device = torch.device(device) if device is not None else _model_device(model)
+    first = next(itertools.chain(model.parameters(), model.buffers()), None)
+    device = torch.device(device) if device is not None else getattr(first, "device", None)
     modes = {module: module.training for module in model.modules()}
     outputs: list[Tensor] = []
     labels: list[Tensor] = []
@@ -102,7 +87,15 @@ def _collect(
                 x, y = _split_batch(batch, what)
                 x = _to_device(x, device)
                 out = model(**x) if isinstance(x, Mapping) else model(x)
-                out = _check_model_logits(out, model, what).float()
+                if not isinstance(out, Tensor) or out.dim() != 3:
+                    got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+                    raise ValueError(
+                        f"{what}: {type(model).__name__} returned {got}, but evaluation needs "
+                        "the ensemble contract, inputs (B, …) -> logits (M, B, K). Wrap a plain "
+                        "classifier in snens.baselines.SingleModel(model) (M = 1), or convert it "
+                        "with snens.convert(model, num_members=M)"
+                    )
+                out = out.float()
                 if outputs and out.shape[::2] != outputs[0].shape[::2]:
                     raise ValueError(
                         f"{what}: the model's logits changed from (M, K) = "

@@ -9,9 +9,8 @@ more OOD scores and split-conformal sets from the kept logits, without another p
 from __future__ import annotations
 
 import math
-import numbers
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -19,6 +18,7 @@ from torch import Tensor, nn
 
 from snens import metrics
 from snens.evaluation import conformal
+from snens.evaluation._checks import _is_int
 from snens.evaluation.calibration import fit_calibrator, fit_temperature
 from snens.evaluation.predictions import _collect, collect
 
@@ -44,15 +44,26 @@ SHIFT_METRICS = ("accuracy", "nll", "ece", "brier")
 CONFORMAL_SCORES = ("thr", "aps")
 """The conformal scores :func:`posthoc_metrics` reports (THR and randomized APS)."""
 
+CALIBRATED_PREFIXES = {
+    "temperature": "test_ts",
+    "vector": "test_vs",
+    "matrix": "test_ms",
+    "histogram": "test_hb",
+}
+"""Each post-hoc calibrator's prefix in a run's metrics, ``<prefix>/<metric>``."""
+
+_DETECTION = {"auroc": metrics.auroc, "aupr": metrics.aupr, "fpr95": metrics.fpr_at_95_tpr}
+_CALIBRATED_KEEP = ("accuracy", "nll", "brier", "ece", "adaptive_ece")
 _SEVERITIES = range(1, 6)
 _SCORE_NAMES = sorted([*metrics.OOD_SCORES, *metrics.LOGIT_OOD_SCORES])
+_KEPT_SETS = ("domain", "shift")  # the labelled sets beside the test set
 # "shift/severity/…" and "shift/mean/…" hold the averages
 _RESERVED_SHIFT_NAMES = ("severity", "mean")
 
 
 def ensemble_metrics(member_probs: Any, labels: Any, num_bins: int = 15) -> dict[str, float]:
-    """The test metrics of :func:`evaluate` (``test/<metric>`` without the prefix) from member
-    probabilities (M, N, K) and labels (N,) at hand, e.g. M models trained apart, stacked.
+    """The test metrics of :func:`evaluate`, without the ``test/`` prefix, from member
+    probabilities (M, N, K) and labels (N,).
 
     Returns:
         A flat ``{metric: float}``: the ensemble prediction's metrics, its diversity (means over
@@ -93,8 +104,8 @@ def ensemble_metrics(member_probs: Any, labels: Any, num_bins: int = 15) -> dict
     }
 
 
-def _shift_metrics(member_probs: Tensor, labels: Tensor, num_bins: int) -> dict[str, float]:
-    probs = member_probs.mean(0)
+def _shift_metrics(member_logits: Tensor, labels: Tensor, num_bins: int) -> dict[str, float]:
+    probs = member_logits.softmax(dim=-1).mean(0)
     return {
         "accuracy": metrics.accuracy(probs, labels),
         "nll": metrics.nll(probs, labels),
@@ -104,8 +115,22 @@ def _shift_metrics(member_probs: Tensor, labels: Tensor, num_bins: int) -> dict[
 
 
 def _check_num_bins(num_bins: Any) -> None:
-    if isinstance(num_bins, bool) or not isinstance(num_bins, numbers.Integral) or num_bins < 1:
+    if not _is_int(num_bins) or num_bins < 1:
         raise ValueError(f"num_bins must be an int >= 1, got {num_bins!r}; use e.g. num_bins=15")
+
+
+def _check_loaders(loaders: Mapping[str, Any] | None, what: str) -> dict[str, Any]:
+    """``{name: loader}`` of OOD or domain sets, each name usable in a key."""
+    if loaders is None:
+        return {}
+    if not isinstance(loaders, Mapping):
+        raise TypeError(
+            f"{what} must be a mapping {{name: loader}}, got {type(loaders).__name__}; e.g. "
+            f"{what}={{'mnist': mnist_loader}}"
+        )
+    for name in loaders:
+        _check_name(name, "OOD set")
+    return dict(loaders)
 
 
 def _check_name(name: Any, what: str) -> str:
@@ -115,17 +140,6 @@ def _check_name(name: Any, what: str) -> str:
             "parts of keys such as 'ood/<name>/auroc')"
         )
     return name
-
-
-def _check_ood_sets(ood: Mapping[str, Any] | None) -> dict[str, Any]:
-    if ood is None:
-        return {}
-    if not isinstance(ood, Mapping):
-        raise TypeError(
-            f"ood must be a mapping {{name: loader}}, got {type(ood).__name__}; e.g. "
-            "ood={'mnist': mnist_loader}"
-        )
-    return {_check_name(name, "OOD set"): loader for name, loader in ood.items()}
 
 
 def _check_corruptions(
@@ -146,19 +160,27 @@ def _check_corruptions(
                 "{('gaussian_noise', 3): loader}"
             )
         name, severity = key
-        _check_name(name, "corruption")
-        if name in _RESERVED_SHIFT_NAMES:
+        if _check_name(name, "corruption") in _RESERVED_SHIFT_NAMES:
             raise ValueError(
                 f"corruption name {name!r} is reserved for the averages 'shift/severity/…' and "
                 "'shift/mean/…'; rename it"
             )
-        is_int = isinstance(severity, numbers.Integral) and not isinstance(severity, bool)
-        if not is_int or severity not in _SEVERITIES:
+        if not _is_int(severity) or severity not in _SEVERITIES:
             raise ValueError(
                 f"corruption {name!r}: severity must be an int in 1..5, got {severity!r}"
             )
         checked[(name, int(severity))] = loader
     return checked
+
+
+def _check_ood_scores(ood_score: str | Sequence[str]) -> list[str]:
+    scores = [ood_score] if isinstance(ood_score, str) else list(ood_score)
+    for score in scores:
+        if not isinstance(score, str) or score not in _SCORE_NAMES:
+            raise ValueError(f"unknown ood_score {score!r}; choose one of {_SCORE_NAMES}")
+    if not scores:
+        raise ValueError("ood_score is an empty list; give at least one, e.g. 'msp'")
+    return scores
 
 
 def ood_detection(
@@ -173,7 +195,7 @@ def ood_detection(
     Raises:
         ValueError: an unknown score; a logit score without ``logits=True``.
     """
-    if score not in metrics.OOD_SCORES and score not in metrics.LOGIT_OOD_SCORES:
+    if score not in _SCORE_NAMES:
         raise ValueError(f"unknown OOD score {score!r}; choose one of {_SCORE_NAMES}")
     if score in metrics.LOGIT_OOD_SCORES and not logits:
         raise ValueError(
@@ -181,26 +203,19 @@ def ood_detection(
             "pass member logits and logits=True"
         )
     if logits:
-        s_in = _score(score, in_outputs, in_outputs.softmax(-1))
-        s_out = _score(score, out_outputs, out_outputs.softmax(-1))
-    else:
-        s_in, s_out = metrics.OOD_SCORES[score](in_outputs), metrics.OOD_SCORES[score](out_outputs)
-    return _detection(s_in, s_out)
+        return _detection(_score(score, in_outputs), _score(score, out_outputs))
+    return _detection(metrics.OOD_SCORES[score](in_outputs), metrics.OOD_SCORES[score](out_outputs))
 
 
-def _score(score: str, member_logits: Tensor, member_probs: Tensor) -> Tensor:
-    """Per-example OOD scores (N,) of any known score, from logits or probabilities (M, N, K)."""
+def _score(score: str, member_logits: Tensor) -> Tensor:
+    """Per-example OOD scores (N,) of any known score of member logits (M, N, K)."""
     if score in metrics.LOGIT_OOD_SCORES:
         return metrics.LOGIT_OOD_SCORES[score](member_logits)
-    return metrics.OOD_SCORES[score](member_probs)
+    return metrics.OOD_SCORES[score](member_logits.softmax(dim=-1))
 
 
 def _detection(s_in: Tensor, s_out: Tensor) -> dict[str, float]:
-    return {
-        "auroc": metrics.auroc(s_in, s_out),
-        "aupr": metrics.aupr(s_in, s_out),
-        "fpr95": metrics.fpr_at_95_tpr(s_in, s_out),
-    }
+    return {key: detect(s_in, s_out) for key, detect in _DETECTION.items()}
 
 
 def evaluate(
@@ -215,10 +230,9 @@ def evaluate(
     keep_logits: dict[str, Tensor] | None = None,
     domains: Mapping[str, Iterable[Any]] | None = None,
 ) -> dict[str, float]:
-    """Evaluate an ensemble (or any model under the (M, B, K) contract) on the full protocol.
-
-    Each data set is run once through the model (in eval mode, its training flags restored); the
-    metrics are those of the ensemble mean p̄ = (1/M) Σ_m softmax(z_m).
+    """Evaluate an ensemble (or any model under the (M, B, K) contract) on the full protocol: each
+    data set run once through the model in eval mode, the metrics those of the ensemble mean
+    p̄ = (1/M) Σ_m softmax(z_m).
 
     Args:
         model: returns logits (M, B, K) from inputs (B, …); wrap a plain classifier in
@@ -242,45 +256,64 @@ def evaluate(
             returning (M, B, K); M or K differing between data sets.
         TypeError: ``ood`` or ``corruptions`` not a mapping.
     """
-    scores = _check_scores(ood_score)
+    scores = _check_ood_scores(ood_score)
     _check_num_bins(num_bins)
-    ood_sets = _check_ood_sets(ood)
+    ood_sets = _check_loaders(ood, "ood")
     shifted = _check_corruptions(corruptions)
 
-    member_logits, member_probs, labels = _collect_labelled(
-        model, test_loader, device, "test set", None, keep_logits, "test"
-    )
-    M, _, K = member_probs.shape
-    results = {f"test/{k}": v for k, v in ensemble_metrics(member_probs, labels, num_bins).items()}
+    def run(loader: Any, what: str, key: str, shape: tuple | None, labelled: bool = True):
+        """One set's member logits and labels, checked against the test set's (M, K), kept."""
+        logits, labels = _collect(model, loader, device, what=what, logits=True)
+        if labelled and labels is None:
+            raise ValueError(f"{what}: the loader yielded batches without labels; yield (x, y)")
+        if shape is not None and (logits.shape[0], logits.shape[2]) != shape:
+            raise ValueError(
+                f"{what}: the model returned (M, K) = ({logits.shape[0]}, {logits.shape[2]}) "
+                f"but {shape} on the test set"
+            )
+        if keep_logits is not None:
+            keep_logits[key] = logits
+            if labelled:
+                keep_logits[f"{key}_labels"] = labels
+        return logits, labels
 
-    results.update(
-        _ood_results(
-            model, ood_sets, (member_logits, member_probs), scores, ood_score, device, keep_logits
-        )
-    )
-    results.update(_shift_results(model, shifted, (M, K), num_bins, device, keep_logits))
-    for name, loader in _check_ood_sets(domains).items():
-        _, probs, domain_labels = _collect_labelled(
-            model, loader, device, f"domain set {name!r}", (M, K), keep_logits, f"domain/{name}"
-        )
-        for metric, value in _shift_metrics(probs, domain_labels, num_bins).items():
+    test_logits, labels = run(test_loader, "test set", "test", None)
+    shape = (test_logits.shape[0], test_logits.shape[2])
+    values = ensemble_metrics(test_logits.softmax(dim=-1), labels, num_bins)
+    results = {f"test/{k}": v for k, v in values.items()}
+    ood_logits = {
+        name: run(loader, f"OOD set {name!r}", f"ood/{name}", shape, labelled=False)[0]
+        for name, loader in ood_sets.items()
+    }
+    results.update(_ood_keys(test_logits, ood_logits, scores, ood_score))
+    per_set = {}
+    for (name, severity), loader in shifted.items():
+        what = f"corruption {name!r} at severity {severity}"
+        logits, shift_labels = run(loader, what, f"shift/{name}/{severity}", shape)
+        per_set[(name, severity)] = _shift_metrics(logits, shift_labels, num_bins)
+    results.update(_shift_summary(per_set, "shift"))
+    for name, loader in _check_loaders(domains, "domains").items():
+        logits, domain_labels = run(loader, f"domain set {name!r}", f"domain/{name}", shape)
+        for metric, value in _shift_metrics(logits, domain_labels, num_bins).items():
             results[f"domain/{name}/{metric}"] = value
     return results
 
 
-def _collect_labelled(model, loader, device, what, members_classes, keep_logits, key):
-    """One labelled set's member logits, probabilities and labels, checked against the test
-    set's (M, K) and kept as ``key`` and ``<key>_labels``."""
-    logits, labels = _collect(model, loader, device, what=what, logits=True)
-    if labels is None:
-        raise ValueError(f"{what}: the loader yielded batches without labels; yield (x, y)")
-    probs = logits.softmax(dim=-1)  # what _collect computes without logits=True
-    if members_classes is not None:
-        _check_same_members(probs, *members_classes, what)
-    if keep_logits is not None:
-        keep_logits[key] = logits
-        keep_logits[f"{key}_labels"] = labels
-    return logits, probs, labels
+def _ood_keys(test_logits, ood_logits, scores, ood_score) -> dict[str, float]:
+    """``ood/<name>/[<score>/]{auroc,aupr,fpr95}``, the score named if ``ood_score`` is a list."""
+    in_scores = {s: _score(s, test_logits) for s in scores} if ood_logits else {}
+    results = {}
+    for name, out_logits in ood_logits.items():
+        for score in scores:
+            prefix = f"ood/{name}/" if isinstance(ood_score, str) else f"ood/{name}/{score}/"
+            found = _detection(in_scores[score], _score(score, out_logits))
+            results.update({prefix + key: value for key, value in found.items()})
+    return results
+
+
+def _kept_ood_keys(outputs, scores, ood_score) -> dict[str, float]:
+    ood_logits = {k.removeprefix("ood/"): v for k, v in outputs.items() if k.startswith("ood/")}
+    return _ood_keys(outputs["test"], ood_logits, scores, ood_score)
 
 
 def posthoc_metrics(
@@ -289,10 +322,9 @@ def posthoc_metrics(
     ood_scores: str | Sequence[str] = ("max_logit", "energy"),
     conformal_alpha: float = 0.1,
 ) -> dict[str, float]:
-    """Metrics from the logits :func:`evaluate` kept, with no second pass over any data:
-    ``ood/<name>/<score>/…`` for each of ``ood_scores`` (``()`` for none) and, with a validation
-    split, ``test/conformal_<score>_{coverage,size}`` of split-conformal sets at α =
-    ``conformal_alpha`` for each of :data:`CONFORMAL_SCORES` (APS's u seeded 0).
+    """From the logits :func:`evaluate` kept: ``ood/<name>/<score>/…`` for each of ``ood_scores``
+    (``()`` for none) and, with a validation split, ``test/conformal_<score>_{coverage,size}`` of
+    split-conformal sets at α = ``conformal_alpha`` for each of :data:`CONFORMAL_SCORES`.
 
     Args:
         outputs: what ``evaluate(..., keep_logits=outputs)`` filled: ``"test"``, ``"test_labels"``,
@@ -306,67 +338,61 @@ def posthoc_metrics(
             of another M or K than the test set's, or labels not of their N.
         KeyError: ``outputs`` without ``"test"`` or ``"test_labels"``.
     """
-    scores = _check_scores(ood_scores) if len(ood_scores) else []
+    scores = _check_ood_scores(ood_scores) if len(ood_scores) else []
     _check_outputs(outputs)
-    test, labels = outputs["test"], outputs["test_labels"]
-    results = _kept_ood_results(outputs, test.softmax(dim=-1), scores, scores)
+    test_labels = outputs["test_labels"]
+    results = _kept_ood_keys(outputs, scores, scores)
     if "val" in outputs:
         generator = torch.Generator().manual_seed(0)
         for score in CONFORMAL_SCORES:
             fit = conformal.calibrate(
                 outputs["val"], outputs["val_labels"], conformal_alpha, score, generator=generator
             )
-            sets = fit.predict(test, generator=generator)  # (N, K)
-            results[f"test/conformal_{score}_coverage"] = conformal.coverage(sets, labels)
+            sets = fit.predict(outputs["test"], generator=generator)  # (N, K)
+            results[f"test/conformal_{score}_coverage"] = conformal.coverage(sets, test_labels)
             results[f"test/conformal_{score}_size"] = conformal.mean_set_size(sets)
     return results
 
 
-def _kept_ood_results(outputs, test_probs, scores, ood_score) -> dict[str, float]:
-    ood_logits = {k.removeprefix("ood/"): v for k, v in outputs.items() if k.startswith("ood/")}
-    return _ood_keys((outputs["test"], test_probs), ood_logits, scores, ood_score)
-
-
 def _check_outputs(outputs: Mapping[str, Tensor]) -> None:
-    """Kept logits of one model: ``test`` (M, N, K) floats, every other set's of that M and K,
-    each but the OOD sets with labels of their N, none NaN or +inf (−inf is allowed)."""
+    """Kept logits of one model: every set's (M, N, K) floats of the test set's M and K, none NaN
+    or +inf, each but the OOD sets with labels of their N."""
     test, _ = outputs["test"], outputs["test_labels"]
-    if not isinstance(test, Tensor) or test.dim() != 3 or not test.is_floating_point():
+    if not _is_logits(test):
         raise ValueError(
             f"outputs['test'] must be (M, N, K) floating member logits, got {_describe(test)}"
         )
     M, _, K = test.shape
     for key, value in outputs.items():
-        if key.endswith("_labels"):
-            logits = outputs.get(key.removesuffix("_labels"))
+        name = key.removesuffix("_labels")
+        if name != key:
+            logits = outputs.get(name)
             if not isinstance(value, Tensor) or logits is None or value.shape != logits.shape[1:2]:
+                got = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
                 raise ValueError(
-                    f"outputs[{key!r}] must be the (N,) labels of outputs"
-                    f"[{key.removesuffix('_labels')!r}], got "
-                    f"{tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__}"
+                    f"outputs[{key!r}] must be the (N,) labels of outputs[{name!r}], got {got}"
                 )
-            continue
-        if not key.startswith("ood/") and f"{key}_labels" not in outputs:
+        elif not key.startswith("ood/") and f"{key}_labels" not in outputs:
             raise ValueError(
                 f"outputs[{key!r}] has no labels: give outputs[{key + '_labels'!r}] beside it"
             )
-        if (
-            not isinstance(value, Tensor)
-            or not value.is_floating_point()
-            or value.dim() != 3
-            or (value.shape[0], value.shape[2]) != (M, K)
-        ):
+        elif not _is_logits(value) or (value.shape[0], value.shape[2]) != (M, K):
             raise ValueError(
                 f"outputs[{key!r}] holds logits of shape {_describe(value)}, the test set's are "
                 f"{tuple(test.shape)} {test.dtype}: every set's logits must be (M, N, K) floats "
                 f"of the test set's M = {M} and K = {K} (the same model's, on the same classes)"
             )
-        bad = torch.isnan(value) | (value == math.inf)  # −inf: a probability of 0, allowed
-        if bool(bad.any()):
-            raise ValueError(
-                f"outputs[{key!r}] holds {int(bad.sum()):,} logits that are NaN or +inf: the "
-                "model diverged, or the logits were changed; nothing can be measured from them"
-            )
+        else:
+            bad = torch.isnan(value) | (value == math.inf)  # −inf: a probability of 0, allowed
+            if bool(bad.any()):
+                raise ValueError(
+                    f"outputs[{key!r}] holds {int(bad.sum()):,} logits that are NaN or +inf: the "
+                    "model diverged, or the logits were changed; nothing can be measured from them"
+                )
+
+
+def _is_logits(value: Any) -> bool:
+    return isinstance(value, Tensor) and value.is_floating_point() and value.dim() == 3
 
 
 def _describe(value: Any) -> str:
@@ -375,111 +401,19 @@ def _describe(value: Any) -> str:
     )
 
 
-def _ood_results(
-    model, ood_sets, member_outputs, scores, ood_score, device, keep_logits=None
-) -> dict[str, float]:
-    M, _, K = member_outputs[0].shape
-    ood_logits = {}
-    for name, loader in ood_sets.items():
-        what = f"OOD set {name!r}"
-        ood_logits[name], _ = _collect(model, loader, device, what=what, logits=True)
-        if keep_logits is not None:
-            keep_logits[f"ood/{name}"] = ood_logits[name]
-        _check_same_members(ood_logits[name], M, K, what)
-    return _ood_keys(member_outputs, ood_logits, scores, ood_score)
-
-
-def _ood_keys(test_outputs, ood_logits, scores, ood_score) -> dict[str, float]:
-    """``ood/<name>/[<score>/]{auroc,aupr,fpr95}`` of every OOD set's logits against the test
-    set's member (logits, probabilities); the score in the key where ``ood_score`` is a list."""
-    in_scores = {s: _score(s, *test_outputs) for s in scores} if ood_logits else {}
-    results = {}
-    for name, out_logits in ood_logits.items():
-        out_outputs = (out_logits, out_logits.softmax(dim=-1))
-        for score in scores:
-            prefix = f"ood/{name}/" if isinstance(ood_score, str) else f"ood/{name}/{score}/"
-            found = _detection(in_scores[score], _score(score, *out_outputs))
-            results.update({prefix + key: value for key, value in found.items()})
-    return results
-
-
-def _shift_results(
-    model, shifted, members_classes, num_bins, device, keep_logits=None
-) -> dict[str, float]:
-    per_set: dict[tuple[str, int], dict[str, float]] = {}
-    for (name, severity), loader in shifted.items():
-        what = f"corruption {name!r} at severity {severity}"
-        key = f"shift/{name}/{severity}"
-        _, probs, shift_labels = _collect_labelled(
-            model, loader, device, what, members_classes, keep_logits, key
-        )
-        per_set[(name, severity)] = _shift_metrics(probs, shift_labels, num_bins)
-    return _shift_summary(per_set, "shift")
-
-
-def _check_scores(ood_score: str | Sequence[str]) -> list[str]:
-    scores = [ood_score] if isinstance(ood_score, str) else list(ood_score)
-    for score in scores:
-        known = isinstance(score, str) and (
-            score in metrics.OOD_SCORES or score in metrics.LOGIT_OOD_SCORES
-        )
-        if not known:
-            raise ValueError(f"unknown ood_score {score!r}; choose one of {_SCORE_NAMES}")
-    if not scores:
-        raise ValueError("ood_score is an empty list; give at least one, e.g. 'msp'")
-    return scores
-
-
-def _mean(rows: list[dict[str, float]], metric: str) -> float:
-    return sum(row[metric] for row in rows) / len(rows)
-
-
-def _check_same_members(member_probs: Tensor, num_members: int, num_classes: int, what: str):
-    if member_probs.shape[0] != num_members or member_probs.shape[2] != num_classes:
-        raise ValueError(
-            f"{what}: the model returned (M, K) = ({member_probs.shape[0]}, "
-            f"{member_probs.shape[2]}) but ({num_members}, {num_classes}) on the test set"
-        )
-
-
-def temperature_scaled_metrics(outputs: Mapping[str, Tensor]) -> dict[str, float]:
-    """``test_ts/<metric>`` after temperature scaling fitted on ``outputs["val"]`` (as
-    :func:`posthoc_metrics` takes them), and ``test_ts/temperature``.
-
-    Returns:
-        A flat ``{key: float}``.
-
-    Raises:
-        KeyError: ``outputs`` without ``val``, ``val_labels``, ``test`` or ``test_labels``.
-        TypeError, ValueError: validation logits or labels :func:`fit_temperature` refuses.
-    """
-    with warnings.catch_warnings():  # a T at the search's bound is reported, not warned
-        warnings.simplefilter("ignore")
-        T = fit_temperature(outputs["val"], outputs["val_labels"])
-    probs = (outputs["test"] / T).softmax(dim=-1)  # (M, N, K)
-    values = ensemble_metrics(probs, outputs["test_labels"])
-    return {
-        "test_ts/temperature": T,
-        **{f"test_ts/{k}": values[k] for k in _CALIBRATED_KEEP},
-        **_kept_set_metrics(outputs, lambda z: z / T, "_ts"),
-    }
-
-
 def _kept_set_metrics(
     outputs: Mapping[str, Tensor], apply: Any = None, tail: str = "", num_bins: int = 15
 ) -> dict[str, float]:
-    """``domain<tail>/…`` and ``shift<tail>/…`` metrics of the kept corrupted and domain sets,
-    after ``apply`` (a calibrator fitted in-domain; None: the logits as kept)."""
+    """``domain<tail>/…`` and ``shift<tail>/…`` of the kept domain and corrupted sets' logits,
+    mapped by ``apply`` (a calibrator; None: as kept)."""
     results: dict[str, float] = {}
     per_set: dict[tuple[str, int], dict[str, float]] = {}
     for key in sorted(outputs):
-        if key.endswith("_labels") or f"{key}_labels" not in outputs:
-            continue
         head, _, rest = key.partition("/")
-        if head not in ("domain", "shift"):
+        if key.endswith("_labels") or f"{key}_labels" not in outputs or head not in _KEPT_SETS:
             continue
         logits = outputs[key] if apply is None else apply(outputs[key])
-        values = _shift_metrics(logits.softmax(dim=-1), outputs[f"{key}_labels"], num_bins)
+        values = _shift_metrics(logits, outputs[f"{key}_labels"], num_bins)
         if head == "domain":
             results.update({f"domain{tail}/{rest}/{m}": v for m, v in values.items()})
         else:
@@ -490,8 +424,7 @@ def _kept_set_metrics(
 
 
 def _shift_summary(per_set: Mapping[tuple[str, int], Mapping[str, float]], head: str) -> dict:
-    """``<head>/<name>/<s>/<metric>`` of every corrupted set, their means per severity
-    (``<head>/severity/<s>/…``) and over all (``<head>/mean/…``)."""
+    """``<head>/<name>/<s>/<metric>`` and the means ``<head>/severity/<s>/…``, ``<head>/mean/…``."""
     results = {}
     for (name, severity), values in sorted(per_set.items()):
         for metric, value in values.items():
@@ -506,15 +439,46 @@ def _shift_summary(per_set: Mapping[tuple[str, int], Mapping[str, float]], head:
     return results
 
 
-_CALIBRATED_KEEP = ("accuracy", "nll", "brier", "ece", "adaptive_ece")
+def _mean(rows: list[dict[str, float]], metric: str) -> float:
+    return sum(row[metric] for row in rows) / len(rows)
 
-CALIBRATED_PREFIXES = {
-    "temperature": "test_ts",
-    "vector": "test_vs",
-    "matrix": "test_ms",
-    "histogram": "test_hb",
-}
-"""Each post-hoc calibrator's prefix in a run's metrics, ``<prefix>/<metric>``."""
+
+def _calibrated(outputs: Mapping[str, Tensor], prefix: str, apply: Callable) -> dict[str, float]:
+    """``<prefix>/<metric>`` of the test set and the kept sets' metrics after ``apply``."""
+    values = ensemble_metrics(apply(outputs["test"]).softmax(dim=-1), outputs["test_labels"])
+    return {
+        **{f"{prefix}/{k}": values[k] for k in _CALIBRATED_KEEP},
+        **_kept_set_metrics(outputs, apply, prefix.removeprefix("test")),
+    }
+
+
+def _calibration_map(name: str, outputs: Mapping[str, Tensor]) -> Callable[[Tensor], Tensor]:
+    """The calibrator ``name`` fitted on the kept validation logits, as a map of logits."""
+    if name != "temperature":
+        return fit_calibrator(name, outputs["val"], outputs["val_labels"]).apply
+    T = _temperature(outputs)
+    return lambda z: z / T
+
+
+def _temperature(outputs: Mapping[str, Tensor]) -> float:
+    with warnings.catch_warnings():  # a T at the search's bound is reported, not warned
+        warnings.simplefilter("ignore")
+        return fit_temperature(outputs["val"], outputs["val_labels"])
+
+
+def temperature_scaled_metrics(outputs: Mapping[str, Tensor]) -> dict[str, float]:
+    """``test_ts/<metric>`` after temperature scaling fitted on ``outputs["val"]``, and
+    ``test_ts/temperature``.
+
+    Returns:
+        A flat ``{key: float}``.
+
+    Raises:
+        KeyError: ``outputs`` without ``val``, ``val_labels``, ``test`` or ``test_labels``.
+        TypeError, ValueError: validation logits or labels :func:`fit_temperature` refuses.
+    """
+    T = _temperature(outputs)
+    return {"test_ts/temperature": T, **_calibrated(outputs, "test_ts", lambda z: z / T)}
 
 
 def calibrated_metrics(
@@ -530,27 +494,23 @@ def calibrated_metrics(
         ValueError: an unknown calibrator, or one listed twice; logits the calibrator refuses.
         KeyError: ``outputs`` without ``val``, ``val_labels``, ``test`` or ``test_labels``.
     """
-    names = _check_calibrators(calibrators)
     results: dict[str, float] = {}
-    for name in names:
+    for name in _check_calibrators(calibrators):
         if name == "temperature":
             results.update(temperature_scaled_metrics(outputs))
-            continue
-        calibrator = fit_calibrator(name, outputs["val"], outputs["val_labels"])
-        probs = calibrator.apply(outputs["test"]).softmax(dim=-1)  # (M, N, K) or (1, N, K)
-        values = ensemble_metrics(probs, outputs["test_labels"])
-        prefix = CALIBRATED_PREFIXES[name]
-        results.update({f"{prefix}/{k}": values[k] for k in _CALIBRATED_KEEP})
-        results.update(_kept_set_metrics(outputs, calibrator.apply, prefix.removeprefix("test")))
+        else:
+            apply = _calibration_map(name, outputs)
+            results.update(_calibrated(outputs, CALIBRATED_PREFIXES[name], apply))
     return results
 
 
 def _check_calibrators(calibrators: str | Sequence[str]) -> list[str]:
     names = [calibrators] if isinstance(calibrators, str) else list(calibrators)
-    choices = list(CALIBRATED_PREFIXES)
     for name in names:
         if name not in CALIBRATED_PREFIXES:
-            raise ValueError(f"unknown calibrator {name!r}; choose among {choices}")
+            raise ValueError(
+                f"unknown calibrator {name!r}; choose among {list(CALIBRATED_PREFIXES)}"
+            )
         if names.count(name) > 1:
             raise ValueError(f"calibrator {name!r} is listed twice; list each once")
     return names
@@ -579,10 +539,9 @@ def stack_members(outputs: Sequence[Mapping[str, Tensor]]) -> dict[str, Tensor]:
             raise KeyError(f"the first outputs hold no {key!r}; give what evaluate kept")
     for i, other in enumerate(outputs[1:], 1):
         if set(other) != keys:
-            differ = sorted(keys ^ set(other))
             raise ValueError(
-                f"outputs 0 and {i} hold different sets ({', '.join(differ)} in one only); "
-                "stack models evaluated on the same data"
+                f"outputs 0 and {i} hold different sets ({', '.join(sorted(keys ^ set(other)))} "
+                "in one only); stack models evaluated on the same data"
             )
     stacked: dict[str, Tensor] = {}
     for key in sorted(keys):
@@ -595,14 +554,13 @@ def stack_members(outputs: Sequence[Mapping[str, Tensor]]) -> dict[str, Tensor]:
                         f"evaluated on different {key.removesuffix('_labels')} examples"
                     )
             stacked[key] = values[0]
-            continue
-        shapes = {tuple(v.shape[1:]) for v in values}
-        if len(shapes) != 1 or any(v.dim() != 3 for v in values):
+        elif len({tuple(v.shape[1:]) for v in values}) != 1 or any(v.dim() != 3 for v in values):
             raise ValueError(
                 f"{key}: member logits of shapes {[tuple(v.shape) for v in values]}; each must "
                 "be (M_i, N, K) with one N and K"
             )
-        stacked[key] = torch.cat(values)
+        else:
+            stacked[key] = torch.cat(values)
     return stacked
 
 
@@ -615,9 +573,8 @@ def logit_metrics(
     calibrators: str | Sequence[str] = ("temperature",),
     num_bins: int = 15,
 ) -> dict[str, float]:
-    """The metrics a run's final evaluation reports, from kept logits alone (e.g. of
-    :func:`stack_members`): :func:`evaluate`'s, with ``ood_score`` as there, and
-    :func:`held_out_metrics`'s, with the other options.
+    """A run's final metrics from kept logits alone (e.g. of :func:`stack_members`):
+    :func:`evaluate`'s, ``ood_score`` as there, and :func:`held_out_metrics`'s.
 
     Returns:
         A flat ``{key: float}``.
@@ -626,24 +583,22 @@ def logit_metrics(
         ValueError: as :func:`evaluate` and :func:`posthoc_metrics` raise.
         KeyError: ``outputs`` without ``"test"`` or ``"test_labels"``.
     """
-    scores = _check_scores(ood_score)
+    scores = _check_ood_scores(ood_score)
     _check_num_bins(num_bins)
     _check_outputs(outputs)
-    test_probs = outputs["test"].softmax(dim=-1)
-    values = ensemble_metrics(test_probs, outputs["test_labels"], num_bins)
-    results = {f"test/{k}": v for k, v in values.items()}
-    results.update(_kept_ood_results(outputs, test_probs, scores, ood_score))
-    results.update(_kept_set_metrics(outputs, num_bins=num_bins))
-    results.update(
-        held_out_metrics(
+    values = ensemble_metrics(outputs["test"].softmax(dim=-1), outputs["test_labels"], num_bins)
+    return {
+        **{f"test/{k}": v for k, v in values.items()},
+        **_kept_ood_keys(outputs, scores, ood_score),
+        **_kept_set_metrics(outputs, num_bins=num_bins),
+        **held_out_metrics(
             outputs,
             ood_scores=ood_scores,
             conformal_alpha=conformal_alpha,
             calibrators=calibrators,
             num_bins=num_bins,
-        )
-    )
-    return results
+        ),
+    }
 
 
 def held_out_metrics(
@@ -654,9 +609,8 @@ def held_out_metrics(
     calibrators: str | Sequence[str] = ("temperature",),
     num_bins: int = 15,
 ) -> dict[str, float]:
-    """What a run reports beyond :func:`evaluate`'s test and OOD metrics, from kept logits:
-    ``val/<metric>`` and :func:`calibrated_metrics` where there is a validation split, and
-    :func:`posthoc_metrics` (``ood_scores``, ``conformal_alpha`` as there).
+    """From kept logits, ``val/<metric>`` and :func:`calibrated_metrics` where there is a
+    validation split, and :func:`posthoc_metrics` (``ood_scores``, ``conformal_alpha`` as there).
 
     Returns:
         A flat ``{key: float}``.

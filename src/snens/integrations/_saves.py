@@ -1,25 +1,42 @@
-"""What the Hugging Face and PEFT saves read alike: ``snens.json``, checked, and the weights."""
+"""What the Hugging Face and PEFT saves share: ``snens.json``, checked, the weights, and a copy
+of the model without its values to try a load on before the model itself is changed."""
 
 from __future__ import annotations
 
+import copy
+import itertools
 import json
 import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from torch import Tensor
+import torch
+from torch import Tensor, nn
 
 from snens import files
 from snens.method.config import saved_config
 from snens.nn.norms import MAX_MEMBERS
 
 
+def not_written_by(path: Path, writer: str, saved: str) -> Callable[[str], ValueError]:
+    """The error of a ``snens.json`` that ``writer`` did not write (``what`` is wrong with it)."""
+
+    def bad(what: str) -> ValueError:
+        return ValueError(
+            f"{path}: {what}, so it was not written by {writer} (or was changed); save {saved} "
+            "again"
+        )
+
+    return bad
+
+
 def check_meta(
-    meta: Any, path: Path, bad: Callable[[str], ValueError], *, version: int, kinds: dict[str, type]
+    meta: Any, path: Path, *, version: int, kinds: dict[str, type], writer: str, saved: str
 ) -> dict[str, Any]:
     """``meta`` with its ``SnensConfig`` under ``"config"``, once its keys, types and format
-    ``version`` were checked; ``bad(what)`` makes the error naming the save."""
+    ``version`` were checked; an error names ``writer`` and what to save again."""
+    bad = not_written_by(path, writer, saved)
     if not isinstance(meta, dict):
         raise bad(f"it holds a JSON {type(meta).__name__}, not an object")
     if meta.get("format") != version:
@@ -79,3 +96,18 @@ def write_meta(path: Path, ensemble: Any, version: int, **keys: Any) -> None:
     if report is not None and report.unselected:  # converted with norms=: which ones
         meta["norms"] = [name for name, _, _ in report.converted]
     files.write_text(path, json.dumps(meta, indent=2) + "\n", mode=files.plain_mode(path))
+
+
+def meta_copy(model: nn.Module) -> nn.Module | None:
+    """``model`` deep-copied with every parameter and buffer on the meta device (tied tensors
+    stay tied); None where the model cannot be deep-copied (legacy weight-norm hooks)."""
+    memo: dict[int, torch.Tensor] = {}
+    for tensor in itertools.chain(model.parameters(), model.buffers()):
+        empty = torch.empty_like(tensor, device="meta")
+        if isinstance(tensor, nn.Parameter):
+            empty = nn.Parameter(empty, requires_grad=tensor.requires_grad)
+        memo[id(tensor)] = empty
+    try:
+        return copy.deepcopy(model, memo)
+    except (TypeError, RuntimeError, AttributeError, copy.Error):
+        return None

@@ -4,12 +4,9 @@
                            train_dataset=..., temperature=1.0, diversity_weight=0.1)
     trainer.train()
 
-``transformers.Trainer`` cannot train an :class:`~snens.Ensemble`; this one keeps the wrapped
-model's input columns and takes the labels out of the batch, trains on
-:func:`snens.method.step.training_loss` (logging the task loss and ``diversity_gain``), stops on
-a non-finite loss with :class:`snens.method.step.NonFiniteLossError`, optimizes
-:func:`snens.param_groups`, evaluates the members' mean softmax (``eval_loss`` its NLL), and
-saves ``snens.json`` beside the weights, which :func:`load_ensemble` reads::
+It trains on :func:`snens.method.step.training_loss` over :func:`snens.param_groups`, evaluates
+the members' mean softmax (``eval_loss`` its NLL), and saves ``snens.json`` beside the weights,
+which :func:`load_ensemble` reads::
 
     ens = load_ensemble(AutoModelForSequenceClassification.from_pretrained(name), "my-ensemble")
 
@@ -44,8 +41,7 @@ import torch
 from torch import Tensor, nn
 
 from snens import files
-from snens.integrations._dry_run import meta_copy
-from snens.integrations._saves import check_meta, load_safetensors, write_meta
+from snens.integrations._saves import check_meta, load_safetensors, meta_copy, write_meta
 from snens.method.config import SnensConfig
 from snens.method.convert import convert
 from snens.method.ensemble import Ensemble, predictive_probs
@@ -53,14 +49,7 @@ from snens.method.optim import param_groups
 from snens.method.regularizer import LayerSelection, diversity_gain, diversity_loss
 from snens.method.step import check_finite, training_loss
 from snens.metrics import nll
-from snens.nn import (
-    MemberBatchNorm1d,
-    MemberBatchNorm2d,
-    MemberBatchNorm3d,
-    MemberLayerNorm,
-    MemberLayerNorm2d,
-    fused,
-)
+from snens.nn import MemberBatchNorm1d, MemberBatchNorm2d, MemberBatchNorm3d, MemberLayerNorm, fused
 from snens.nn.surgery import only_named
 
 __all__ = ["FORMAT_VERSION", "SNENS_CONFIG", "SnensTrainer", "load_ensemble"]
@@ -74,13 +63,7 @@ _SAFETENSORS = "model.safetensors"
 _SAFETENSORS_INDEX = "model.safetensors.index.json"
 _PICKLED = "pytorch_model.bin"
 _MAX_JSON_BYTES = 64 * 2**20
-_FUSABLE = (
-    MemberLayerNorm,
-    MemberLayerNorm2d,
-    MemberBatchNorm1d,
-    MemberBatchNorm2d,
-    MemberBatchNorm3d,
-)
+_FUSABLE = (MemberLayerNorm, MemberBatchNorm1d, MemberBatchNorm2d, MemberBatchNorm3d)
 
 
 class SnensTrainer(transformers.Trainer):
@@ -192,15 +175,17 @@ class SnensTrainer(transformers.Trainer):
             )
         self._signature_columns = [*names, *sorted({"label", "label_ids", *self.label_names})]
 
-    def _split_labels(self, inputs: dict[str, Any]) -> tuple[dict[str, Any], Tensor]:
+    def _split_labels(
+        self, inputs: dict[str, Any], required: bool = True
+    ) -> tuple[dict[str, Any], Tensor | None]:
         (name,) = self.label_names
-        if inputs.get(name) is None:
+        if required and inputs.get(name) is None:
             raise ValueError(
                 f"the batch holds no {name!r} (keys: {sorted(inputs)}); give every example a "
                 f"'label' or {name!r} entry, or name the label column with "
                 "TrainingArguments(label_names=[...])"
             )
-        return {k: v for k, v in inputs.items() if k != name}, inputs[name]
+        return {k: v for k, v in inputs.items() if k != name}, inputs.get(name)
 
     def compute_loss(
         self,
@@ -209,10 +194,8 @@ class SnensTrainer(transformers.Trainer):
         return_outputs: bool = False,
         num_items_in_batch: Tensor | int | None = None,
     ) -> Tensor | tuple[Tensor, Tensor]:
-        """The σN-Ens loss of a batch: its value is the task loss, its gradient the total's.
-
-        ``task + (div − div.detach())`` is the task loss in value with the diversity loss's
-        gradient, so Trainer's backward, accumulation scaling and logged ``loss`` see the task.
+        """The σN-Ens loss of a batch: the task loss in value, the total's in gradient, so that
+        Trainer's backward, accumulation scaling and logged ``loss`` see the task.
 
         Raises:
             NonFiniteLossError: the loss is NaN or infinite, before the backward pass.
@@ -253,8 +236,8 @@ class SnensTrainer(transformers.Trainer):
         super().log(logs, *args, **kwargs)
 
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
-        """Trainer's save of a model that is not a ``PreTrainedModel``, plus ``snens.json``;
-        every file atomic (:mod:`snens.files`). ``save_model`` and checkpoints come here."""
+        """Trainer's save (``save_model`` and checkpoints) of a model that is not a
+        ``PreTrainedModel``, plus ``snens.json``; every file atomic (:mod:`snens.files`)."""
         from safetensors.torch import save
 
         if not self.args.should_save:  # one process writes; an ensemble is never sharded
@@ -289,20 +272,16 @@ class SnensTrainer(transformers.Trainer):
             groups = param_groups(
                 opt_model, self.args.learning_rate, self.args.weight_decay, self.gamma_lr_multiplier
             )
-            if self.optimizer_cls_and_kwargs is not None:
-                optimizer_cls, optimizer_kwargs = self.optimizer_cls_and_kwargs
-            else:
-                optimizer_cls, optimizer_kwargs = self.get_optimizer_cls_and_kwargs(
-                    self.args, opt_model
+            optimizer_cls, optimizer_kwargs = (
+                self.optimizer_cls_and_kwargs
+                or self.get_optimizer_cls_and_kwargs(self.args, opt_model)
+            )
+            if {"params", "model", "optimizer_dict"} & set(optimizer_kwargs):
+                raise ValueError(
+                    f"optim={self.args.optim!r} builds its own parameter groups, which "
+                    "would replace snens.param_groups (γ's group); use an optimizer that "
+                    "takes parameter groups, such as optim='adamw_torch'"
                 )
-            optimizer_kwargs = dict(optimizer_kwargs)
-            for key in ("params", "model", "optimizer_dict"):
-                if key in optimizer_kwargs:
-                    raise ValueError(
-                        f"optim={self.args.optim!r} builds its own parameter groups, which "
-                        "would replace snens.param_groups (γ's group); use an optimizer that "
-                        "takes parameter groups, such as optim='adamw_torch'"
-                    )
             # each group carries its own lr and weight_decay, which override these defaults
             self.optimizer = optimizer_cls(groups, **optimizer_kwargs)
         return self.optimizer
@@ -317,13 +296,10 @@ class SnensTrainer(transformers.Trainer):
         """The ensemble's mean prediction on a batch, in eval mode.
 
         Returns:
-            ``(loss, probs, labels)``: the NLL of the mean prediction (None without labels),
-            the mean probabilities (B, K), and the labels.
+            ``(loss, probs, labels)``: the NLL of the mean probabilities (B, K) (None without
+            labels), those probabilities, and the labels.
         """
-        inputs = self._prepare_inputs(inputs)
-        (name,) = self.label_names
-        labels = inputs.get(name)
-        features = {k: v for k, v in inputs.items() if k != name}
+        features, labels = self._split_labels(self._prepare_inputs(inputs), required=False)
         with torch.no_grad(), self.compute_loss_context_manager():
             probs = predictive_probs(model(**features))  # (M, B, K) -> (B, K)
         loss = None if labels is None else torch.tensor(nll(probs, labels), device=probs.device)
@@ -333,8 +309,7 @@ class SnensTrainer(transformers.Trainer):
 
 
 def _unshared(state: dict[str, Any]) -> dict[str, Any]:
-    """``state`` with a copy of each tensor whose memory an earlier one holds (safetensors
-    refuses tensors that share memory)."""
+    """``state`` with a copy of each tensor whose memory an earlier one holds (for safetensors)."""
     seen: set[int] = set()
     out = {}
     for name, value in state.items():
@@ -354,8 +329,7 @@ def _write_config(ensemble: Ensemble, directory: Path) -> None:
         directory / SNENS_CONFIG,
         ensemble,
         FORMAT_VERSION,
-        # built by snens.convert (False: member layers at construction, see load_ensemble)
-        converted=report is not None,
+        converted=report is not None,  # False: member layers at construction
         head=None if report is None else report.head,
         skip_unsupported=report is not None and bool(report.skipped),
         custom_output=ensemble.output is not None,
@@ -400,37 +374,21 @@ def _read_weights(directory: Path) -> dict[str, Tensor]:
     )
 
 
-def _check_config(meta: Any, path: Path) -> dict[str, Any]:
-
-    def bad(what: str) -> ValueError:
-        return ValueError(
-            f"{path}: {what}, so it was not written by SnensTrainer.save_model (or was changed); "
-            "save the ensemble again"
-        )
-
-    kinds = {
-        "num_members": int,
-        "input_policy": str,
-        "converted": bool,
-        "skip_unsupported": bool,
-        "custom_output": bool,
-    }
-    return check_meta(meta, path, bad, version=FORMAT_VERSION, kinds=kinds)
-
-
 def _read_config(directory: Path, state: dict[str, Tensor]) -> tuple[dict[str, Any], str]:
-    """``snens.json`` and the prefix that makes the saved names the ensemble's: "" for a
-    Trainer save, "model." for ``ens.model.save_pretrained``."""
+    """``snens.json`` and the prefix of the saved names: "" for a Trainer save, "model." for
+    ``ens.model.save_pretrained``."""
     path = directory / SNENS_CONFIG
     if path.is_file():
-        return _check_config(_read_json(path), path), ""
+        flags = dict.fromkeys(("converted", "skip_unsupported", "custom_output"), bool)
+        kinds = {"num_members": int, "input_policy": str, **flags}
+        writer = {"writer": "SnensTrainer.save_model", "saved": "the ensemble"}
+        return check_meta(_read_json(path), path, version=FORMAT_VERSION, kinds=kinds, **writer), ""
     if not (directory / "config.json").is_file():
         raise FileNotFoundError(
             f"{path} is missing: {directory} was not written by SnensTrainer.save_model (or "
             "the save was interrupted; save again)"
         )
-    # ens.model.save_pretrained(directory): the converted model's own state dict, whose γ
-    # (M, C) give M; the head is the one snens.convert finds, the other options the defaults
+    # ens.model.save_pretrained(directory): M from γ (M, C), the other options the defaults
     members = {tuple(v.shape[:1]) for k, v in state.items() if k.endswith(".gamma") and v.dim()}
     if len(members) != 1:
         found = "no member norm γ" if not members else f"γ of {len(members)} sizes of M"
@@ -495,8 +453,8 @@ def _fresh_ensemble(
 
 
 def _check_weights(ensemble: Ensemble, state: dict[str, Tensor], where: Path) -> None:
-    """Every tensor of ``state`` must fit ``ensemble`` and every tensor of the ensemble be
-    given (a tied one through a name it shares its tensor with)."""
+    """Every tensor of ``state`` must fit ``ensemble``, and every tensor of it (a tied one under
+    any of its names) be given."""
     expected = ensemble.state_dict()
     same = {  # name -> the tensor object it names: tied names name one
         name: id(tensor)
@@ -553,14 +511,13 @@ def load_ensemble(
     *,
     output: Callable[[Any], Tensor] | None = None,
 ) -> Ensemble:
-    """The trained ensemble saved in ``directory``: ``model`` converted afresh, the weights loaded.
+    """The trained ensemble saved in ``directory`` (by ``SnensTrainer.save_model``, a checkpoint,
+    or ``ens.model.save_pretrained``): ``model`` converted afresh, the weights loaded.
 
-    Reads ``SnensTrainer.save_model``'s saves and checkpoints, and ``ens.model.save_pretrained``'s
-    (M from the shape of γ). ``model`` is the architecture the ensemble was trained from, freshly
-    built (its weights are all replaced), a function building it, or a Hugging Face model class
-    built from the saved ``config.json``; it is converted in place once the save was found to fit
-    it (an ensemble built without :func:`snens.convert` is passed as the :class:`snens.Ensemble`).
-    ``output`` is the ``output=`` function the ensemble was built with, if any.
+    ``model`` is the architecture it was trained from, freshly built, a function building it, or a
+    Hugging Face model class built from the saved ``config.json``; it is converted in place once
+    the save was found to fit it (an ensemble built without :func:`snens.convert` is passed as the
+    :class:`snens.Ensemble`). ``output`` is the ``output=`` function it was built with, if any.
 
     Returns:
         The :class:`snens.Ensemble`, in eval mode, computing what the saved one did.

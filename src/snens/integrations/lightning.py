@@ -3,12 +3,9 @@
     module = SnensModule(snens.convert(model, num_members=4), lr=3e-3, temperature=1.0)
     lightning.pytorch.Trainer(max_epochs=10).fit(module, train_loader, val_loader)
 
-:class:`SnensModule` trains on :func:`snens.method.step.training_loss`, stops on a non-finite
-loss with :class:`snens.method.step.NonFiniteLossError`, optimizes :func:`snens.param_groups`,
-and evaluates the ensemble's mean prediction. A checkpoint keeps the hyperparameters and M:
-``SnensModule.load_from_checkpoint(ckpt, ensemble=snens.convert(fresh_model, M))``. Batches are
-``(x, y)``, ``(inputs, y)`` with ``inputs`` a dict of keyword inputs, or such a dict holding
-``"labels"`` (or ``"label"``). Needs Lightning 2: ``pip install 'snens[lightning]'``.
+Reload with ``SnensModule.load_from_checkpoint(ckpt, ensemble=snens.convert(fresh_model, M))``.
+Batches are ``(x, y)``, ``(inputs, y)`` with ``inputs`` a dict of keyword inputs, or such a dict
+holding ``"labels"`` (or ``"label"``). Needs Lightning 2: ``pip install 'snens[lightning]'``.
 """
 
 from __future__ import annotations
@@ -105,32 +102,28 @@ class SnensModule(LightningModule):
                 f"SnensModule trains a snens.Ensemble, got {type(ensemble).__name__}; build one "
                 "with snens.convert(model, num_members=4)"
             )
-        # the optimizer factory and a layer-selecting function are code, which Lightning's
-        # reload (torch.load(weights_only=True)) refuses
+        # code (the optimizer factory, a layer-selecting function) is what Lightning's reload
+        # (torch.load(weights_only=True)) refuses
         ignore = ["ensemble", "optimizer"]
         if callable(diversity_layers):
             ignore.append("diversity_layers")
         self.save_hyperparameters(ignore=ignore)
-        # None: the ensemble's SnensConfig; the values in force are what the checkpoint keeps
+        # None: the ensemble's SnensConfig's value; the checkpoint keeps the values in force
         config = ensemble.snens_config
-        gamma_lr_multiplier = _given(gamma_lr_multiplier, config.gamma_lr_multiplier)
-        temperature = _given(temperature, config.temperature)
-        diversity_weight = _given(diversity_weight, config.diversity_weight)
-        self.hparams.update(
-            gamma_lr_multiplier=gamma_lr_multiplier,
-            temperature=temperature,
-            diversity_weight=diversity_weight,
-        )
+        for name, value in (
+            ("gamma_lr_multiplier", gamma_lr_multiplier),
+            ("temperature", temperature),
+            ("diversity_weight", diversity_weight),
+        ):
+            setattr(self, name, getattr(config, name) if value is None else value)
+            self.hparams[name] = getattr(self, name)
         # refuse bad settings now, not at the first step
-        param_groups(ensemble, lr, weight_decay, gamma_lr_multiplier)
+        param_groups(ensemble, lr, weight_decay, self.gamma_lr_multiplier)
         with torch.no_grad():
-            diversity_loss(ensemble, temperature, diversity_weight, diversity_layers)
+            diversity_loss(ensemble, self.temperature, self.diversity_weight, diversity_layers)
         self.ensemble = ensemble
         self.lr = lr
         self.weight_decay = weight_decay
-        self.gamma_lr_multiplier = gamma_lr_multiplier
-        self.temperature = temperature
-        self.diversity_weight = diversity_weight
         self.diversity_layers = diversity_layers
         self.label_smoothing = label_smoothing
         self.optimizer_factory = optimizer
@@ -249,7 +242,3 @@ class SnensModule(LightningModule):
         """``optimizer(snens.param_groups(...))``: groups "decay", "no_decay" and "gamma"."""
         groups = param_groups(self.ensemble, self.lr, self.weight_decay, self.gamma_lr_multiplier)
         return self.optimizer_factory(groups)
-
-
-def _given(value: float | None, default: float) -> float:
-    return default if value is None else value

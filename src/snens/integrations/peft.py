@@ -19,8 +19,13 @@ from typing import Any
 from torch import Tensor, nn
 
 from snens import files
-from snens.integrations._dry_run import meta_copy
-from snens.integrations._saves import check_meta, load_safetensors, write_meta
+from snens.integrations._saves import (
+    check_meta,
+    load_safetensors,
+    meta_copy,
+    not_written_by,
+    write_meta,
+)
 from snens.method.convert import convert
 from snens.method.ensemble import Ensemble
 from snens.nn.linear import MemberLinear
@@ -66,7 +71,7 @@ def _saved_names(ensemble: Ensemble) -> set[str]:
 
 def save_pretrained(ensemble: Ensemble, directory: str | os.PathLike) -> Path:
     """Write a σN-Ens PEFT model's adapters and member layers to ``directory`` (created if
-    missing; an earlier save's files there are replaced).
+    missing; an earlier save's files replaced).
 
     Returns:
         The directory.
@@ -91,9 +96,9 @@ def save_pretrained(ensemble: Ensemble, directory: str | os.PathLike) -> Path:
 
 
 def from_pretrained(base_model: nn.Module, directory: str | os.PathLike) -> Ensemble:
-    """The σN-Ens PEFT model saved in ``directory`` by :func:`save_pretrained`, over ``base_model``,
-    the model the adapters were trained on, freshly loaded; it is wrapped in place once the save
-    was found to fit it, and left as it was on any error.
+    """The σN-Ens PEFT model saved in ``directory`` by :func:`save_pretrained`, over ``base_model``
+    (freshly loaded, the one the adapters were trained on), wrapped in place once the save was
+    found to fit it.
 
     Returns:
         An :class:`~snens.Ensemble` over a ``peft.PeftModel`` of ``base_model``, with the saved M,
@@ -136,19 +141,13 @@ def from_pretrained(base_model: nn.Module, directory: str | os.PathLike) -> Ense
 
 
 def _read_meta(path: Path) -> dict[str, Any]:
-
-    def bad(what: str) -> ValueError:
-        return ValueError(
-            f"{path}: {what}, so it was not written by snens.integrations.peft.save_pretrained "
-            "(or was changed); save the model again"
-        )
-
+    writer = {"writer": "snens.integrations.peft.save_pretrained", "saved": "the model"}
     try:
         meta = json.loads(files.read_bytes(path, limit=_MAX_JSON_BYTES, follow_links=True))
     except (ValueError, RecursionError) as error:
-        raise bad(f"not valid JSON ({error})") from None
+        raise not_written_by(path, **writer)(f"not valid JSON ({error})") from None
     kinds = {"num_members": int, "input_policy": str}
-    return check_meta(meta, path, bad, version=FORMAT_VERSION, kinds=kinds)
+    return check_meta(meta, path, version=FORMAT_VERSION, kinds=kinds, **writer)
 
 
 def _wrap(base_model: nn.Module, config: Any, meta: dict[str, Any]) -> Ensemble:

@@ -1,11 +1,8 @@
 """How the members of an ensemble share the features: the realized allocation.
 
-For each feature i of a member norm, normalize the importances s_m = sigmoid(gamma_m) over the
-M members, q_m = s_m / Σ_m' s_m', and count the members that use it:
+For each feature i of a member norm, with q_m = s_m / Σ_m' s_m' for importances s = sigmoid(gamma),
 
-    effective members_i = exp(H(q_i)) = exp(−Σ_m q_m log q_m)
-
-from 1 (one owner) to M (equal sharing).
+    effective members_i = exp(H(q_i)) = exp(−Σ_m q_m log q_m),  from 1 (one owner) to M.
 """
 
 from __future__ import annotations
@@ -84,8 +81,7 @@ def allocation(model: nn.Module) -> dict[str, LayerAllocation]:
 
 
 def mean_effective_members(model_or_allocation: nn.Module | Mapping[str, LayerAllocation]) -> float:
-    """Effective members per feature over all features of all member norms (of a model, or
-    the result of :func:`allocation`).
+    """Effective members per feature over all member norms of a model (or an :func:`allocation`).
 
     Returns:
         A value between 1 (every feature has one owner) and M (every feature equally shared).
@@ -93,11 +89,10 @@ def mean_effective_members(model_or_allocation: nn.Module | Mapping[str, LayerAl
     Raises:
         ValueError: if there are no member norms (or the mapping is empty).
     """
-    if isinstance(model_or_allocation, nn.Module):
-        layers = allocation(model_or_allocation)
-    elif isinstance(model_or_allocation, Mapping):
-        layers = model_or_allocation
-    else:
+    layers = model_or_allocation
+    if isinstance(layers, nn.Module):
+        layers = allocation(layers)
+    elif not isinstance(layers, Mapping):
         raise TypeError(
             "mean_effective_members takes a model or the dict from snens.allocation(model), "
             f"got {type(model_or_allocation).__name__}"

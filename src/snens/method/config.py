@@ -6,10 +6,8 @@
     loss = snens.training_loss(ens, ens(x), y).total  # τ and λ from ens.snens_config
     groups = snens.param_groups(ens, lr=3e-3)              # γ's lr multiplier from ens.snens_config
 
-The same object is the engine's ``[method]`` table for σN-Ens (:meth:`MethodConfig.snens_config
-<snens.engine.config.MethodConfig.snens_config>`), and every save writes it beside the weights
-(``snens.json`` of the Hugging Face and PEFT saves, the Lightning checkpoint) and reads it back
-on load, so a reloaded ensemble trains on as the saved one did.
+It is the engine's ``[method]`` table for σN-Ens, and every save writes it beside the weights
+and reads it back, so a reloaded ensemble trains on as the saved one did.
 """
 
 from __future__ import annotations
@@ -95,10 +93,10 @@ class SnensConfig:
             )
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields as plain JSON/TOML data (``norms`` a list).
+        """The fields as plain JSON/TOML data.
 
         Returns:
-            ``{field: value}`` for every field.
+            ``{field: value}`` for every field, ``norms`` a list.
         """
         out = dataclasses.asdict(self)
         if isinstance(self.norms, tuple):

@@ -24,14 +24,8 @@ __all__ = ["convert"]
 
 
 def _check_not_an_ensemble(model: nn.Module) -> None:
-    """Refuse an :class:`Ensemble`, or a model holding one, before anything is copied.
-
-    Converting one again built ``Ensemble(Ensemble(…))``, whose outer level repeats the batch
-    a second time, and the first forward pass failed far from the cause ("cannot unfold a
-    tensor of shape (M, B, K)"). A model whose norms are member norms but which is not wrapped
-    in an Ensemble (``ens.model``, or one built with ``snens.nn.member_norm``) still converts:
-    its member layers are kept and only what is plain is converted.
-    """
+    """Refuse an :class:`Ensemble`, or a model holding one: converting it again would nest one
+    ensemble in another and fail far from the cause. Plain member norms still convert."""
     for name, module in model.named_modules():
         if isinstance(module, Ensemble):
             what = f"a σN-Ens ensemble with M={module.num_members} members"
@@ -61,55 +55,40 @@ def convert(
 ) -> Ensemble:
     r"""Turn any model with norm layers into a σN-Ens ensemble of ``num_members`` members.
 
-    Every supported norm (BatchNorm1d/2d/3d, LayerNorm, GroupNorm, RMSNorm, and the norms of
-    other libraries recognized by what they compute: Hugging Face's RMS and layer norms, gated
-    and weightless RMS norms among them) becomes a member norm, ``σ(γ_m) ⊙ norm_m(x)`` with
-    per-member statistics and affine, and the head (the last ``nn.Linear``, or ``head=``) is
-    replicated per member. Right after conversion, in eval mode, every member computes the
-    original model's function (with ``head_init="copy"``), while γ starts asymmetric,
-    ~ N(gamma_mean, gamma_std²), so the diversity regularizer has a gradient.
-
-    The layers are replaced by :func:`snens.nn.surgery.convert_modules`; the model is then
-    wrapped in an :class:`Ensemble`.
+    Every supported norm (BatchNorm1d/2d/3d, LayerNorm, GroupNorm, RMSNorm, and other libraries'
+    norms recognized by what they compute, Hugging Face's RMS and layer norms among them) becomes
+    a member norm ``σ(γ_m) ⊙ norm_m(x)`` with per-member statistics and affine, and the head is
+    replicated per member (:func:`snens.nn.surgery.convert_modules`); the model is then wrapped
+    in an :class:`Ensemble`. Right after conversion, in eval mode, every member computes the
+    original model's function (with ``head_init="copy"``).
 
     Args:
         model: any ``nn.Module``, including Hugging Face models (their ``.logits`` are used).
-        num_members: M, the number of members, from 1 to
-            :data:`snens.nn.norms.MAX_MEMBERS`; or a :class:`~snens.method.config.SnensConfig`,
-            which gives M and every option below that it holds (``head``, ``head_init``,
-            ``skip_unsupported``, ``gamma_mean``, ``gamma_std``, ``input_policy``, ``norms``),
-            and τ, λ and γ's learning-rate multiplier for training; those options are then
-            not passed again. The ensemble keeps it as ``ensemble.snens_config`` (from an int, a
-            config of these arguments with τ, λ and the multiplier at their defaults).
-        head: the layer replicated per member: ``"auto"`` (the default) takes the last
-            ``nn.Linear`` registered in the model, the output layer of a classifier; a name
-            from ``model.named_modules()`` (e.g. ``"classifier.1"``) picks another
-            ``nn.Linear``; ``None`` shares the output layer between the members (a causal
-            LM's vocabulary head), which then differ through their norms only.
-        head_init: ``"copy"`` (the default) copies the plain head into every member, so that
-            every member starts as the original model; ``"reset"`` gives each member head a
-            fresh, independent initialization (a new task's head).
-        skip_unsupported: what becomes of a norm that has no member version (one that looks
-            like a norm but computes none of the formulas snens has member versions of, e.g.
+        num_members: M, from 1 to :data:`snens.nn.norms.MAX_MEMBERS`; or a
+            :class:`~snens.method.config.SnensConfig`, which gives M, every option below that it
+            holds (not passed again), and τ, λ and γ's learning-rate multiplier for training.
+            The ensemble keeps it as ``ensemble.snens_config``.
+        head: the layer replicated per member: ``"auto"`` (the default) the last ``nn.Linear``
+            registered in the model; a name from ``model.named_modules()`` (e.g.
+            ``"classifier.1"``) another ``nn.Linear``; ``None`` shares the output layer (a causal
+            LM's vocabulary head), the members then differing through their norms only.
+        head_init: ``"copy"`` (the default) copies the plain head into every member;
+            ``"reset"`` gives each member head a fresh initialization (a new task's head).
+        skip_unsupported: what becomes of a norm with no member version (e.g.
             ``LocalResponseNorm``; ``snens.nn.registry.refusal`` says why). ``None`` (the
-            default): the model converts without it: it stays as it is, shared by the
-            members, ``report.skipped`` names it (``print(ens.report)`` counts and names
-            them, with the reason per class), and one ``UserWarning`` says so. Every member
-            still computes the model at conversion. ``True``: the same, without the warning.
-            ``False``: all or nothing: such a norm refuses the whole model with a
-            ``TypeError`` naming it, its class and why. A model whose norms all convert
-            converts the same way under all three.
-        gamma_mean: the mean of the importance logits γ, drawn for every member and feature
-            of every member norm; σ(γ) scales the member's normalized feature, and its affine
-            is set so that each member reproduces the plain layer all the same.
+            default): it stays shared by the members, ``report.skipped`` names it, and one
+            ``UserWarning`` says so; ``True``: the same, without the warning; ``False``: it
+            refuses the whole model with a ``TypeError`` naming it, its class and why.
+        gamma_mean: the mean of the importance logits γ, drawn for every member and feature;
+            each member's affine is set so that it reproduces the plain layer all the same.
         gamma_std: their standard deviation: γ ~ N(gamma_mean, gamma_std²) differs between the
             members from the start, so the diversity regularizer has a gradient to follow.
-        generator: a ``torch.Generator`` for γ and the reset heads, for a conversion that
-            does not draw from (or advance) torch's global random state.
+        generator: a ``torch.Generator`` for γ and the reset heads (torch's global random state
+            is then neither used nor advanced).
         input_policy: what the members see of a training batch of B examples: ``"repeat"``
-            (every member the whole batch, M·B rows per step) or ``"split"`` (member m the
-            m-th of M equal parts, about one model's compute; B divisible by M). Evaluation
-            always repeats. Settable later as ``ensemble.input_policy``.
+            (every member the whole batch) or ``"split"`` (member m the m-th of M equal parts;
+            B divisible by M). Evaluation always repeats. Settable later as
+            ``ensemble.input_policy``.
         output: a function picking the logits from the model's output; the default takes a
             tensor as it is, a Hugging Face output's ``.logits``, or a tuple's first element.
         inplace: convert ``model`` itself instead of a deep copy of it.
@@ -123,11 +102,10 @@ def convert(
         An :class:`Ensemble`; its ``report`` says what was converted and the parameters added.
 
     Raises:
-        TypeError: bad ``num_members``; a config together with one of the options it holds
-            (set it in the config instead); an unsupported norm, named, with
-            ``skip_unsupported=False``; a head that is not ``nn.Linear``; ``model`` is (or holds)
-            an :class:`Ensemble` already, e.g. a notebook cell ``model = snens.convert(model,
-            M)`` run twice; a TorchScript module (convert the eager module first).
+        TypeError: bad ``num_members``; a config together with one of the options it holds;
+            an unsupported norm with ``skip_unsupported=False``; a head that is not
+            ``nn.Linear``; ``model`` is (or holds) an :class:`Ensemble` already; a TorchScript
+            module.
         ValueError: ``num_members < 1``; no supported norm in the model (the unsupported
             ones named with their reasons).
 
@@ -149,7 +127,7 @@ def convert(
         norms = config.norms
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    if isinstance(model, torch.jit.ScriptModule):  # it had said "no supported norm layer"
+    if isinstance(model, torch.jit.ScriptModule):
         raise TypeError(
             f"convert takes an eager nn.Module, got a TorchScript {type(model).__name__} "
             "(torch.jit.script or torch.jit.trace), whose layers cannot be replaced: convert "

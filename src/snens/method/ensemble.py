@@ -54,9 +54,8 @@ def fold_members(x: Tensor, num_members: int) -> Tensor:
 
 
 def unfold_members(x: Tensor, num_members: int, *, batch_size: int | None = None) -> Tensor:
-    """(M·B, …) member-major rows as (M, B, …), the inverse of :func:`fold_members`.
-
-    ``batch_size``, when known, makes the row count required to be exactly M·B.
+    """(M·B, …) member-major rows as (M, B, …), the inverse of :func:`fold_members`; a known
+    ``batch_size`` makes the row count required to be exactly M·B.
 
     Returns:
         ``x`` reshaped, a view where its strides allow one (a copy under ``torch.export``).
@@ -113,6 +112,18 @@ def is_per_example(value: Any, batch_size: int) -> bool:
     return isinstance(value, Tensor) and value.dim() > 0 and value.shape[0] == batch_size
 
 
+def split_size(batch_size: int, num_members: int) -> int:
+    """B/M, the rows of each member under ``input_policy="split"``; refuses a B not divisible."""
+    B, M = batch_size, num_members
+    if B % M:
+        raise ValueError(
+            f"input_policy='split' needs a batch size divisible by num_members={M}, "
+            f"got B={B}; use a batch size that is a multiple of {M} (e.g. "
+            f"{B - B % M or M}) or drop_last=True in the data loader"
+        )
+    return B // M
+
+
 def _fold_inputs(args: tuple, kwargs: dict, num_members: int, batch_size: int) -> tuple:
     """Every per-example tensor folded to (M·B, …); at M = 1 nothing is copied."""
     if num_members == 1:
@@ -142,11 +153,9 @@ def forward_repeated(
     *,
     output: Callable[[Any], Tensor] | None = None,
 ) -> Tensor:
-    """Run ``model`` once on its inputs folded M times (``input_policy="repeat"``).
-
-    Every tensor argument whose leading size is B is folded to (M·B, …); others pass as they
-    are. ``output`` picks the logits from the model's output (default: a tensor, ``.logits``,
-    or the first element of a tuple).
+    """Run ``model`` once on every tensor argument of leading size B folded to (M·B, …)
+    (``input_policy="repeat"``); ``output`` picks the logits from the model's output (default: a
+    tensor, ``.logits``, or the first element of a tuple).
 
     Returns:
         The (M, B, K) logits of every member.
@@ -170,11 +179,10 @@ class Ensemble(nn.Module):
     Args:
         model: a model whose norms (and usually head) are member layers with ``num_members``.
         input_policy: ``"repeat"`` or ``"split"`` (training only; evaluation always repeats).
-        output: callable picking the logits from the model's output (as
-            :func:`forward_repeated`'s).
+        output: picks the logits from the model's output (as :func:`forward_repeated`'s).
         report: the :class:`~snens.nn.surgery.ConversionReport`, when built by ``convert``.
         config: the :class:`~snens.method.config.SnensConfig` it was built with (default: one
-            of M members and the input policy); its M and input policy must be those given.
+            of M and the input policy), of the M and input policy given.
 
     Shape:
         Input: (B, …). Output: (M, B, K), or (M, B/M, K) training with ``"split"``.
@@ -227,7 +235,6 @@ class Ensemble(nn.Module):
         self.forward = _forward_naming_inputs(self)
 
     def __getstate__(self) -> dict[str, Any]:
-        # the instance's forward (see _forward_naming_inputs) is rebuilt, not pickled
         state = super().__getstate__()
         state.pop("forward", None)
         return state
@@ -249,7 +256,7 @@ class Ensemble(nn.Module):
     @property
     def snens_config(self) -> SnensConfig:
         """The :class:`~snens.method.config.SnensConfig` it was built with, with its input policy
-        now. (Not ``config``: Hugging Face's Trainer owns ``model.config``.)"""
+        now (Hugging Face's Trainer owns ``model.config``)."""
         config = self.__dict__.get("_config") or SnensConfig(num_members=self.num_members)
         return dataclasses.replace(config, input_policy=self.input_policy)
 
@@ -281,15 +288,10 @@ class Ensemble(nn.Module):
         M = self.num_members
         self._check_inputs(args, kwargs)
         if self.training and self.input_policy == "split":
-            if B % M:
-                raise ValueError(
-                    f"input_policy='split' needs a batch size divisible by num_members={M}, "
-                    f"got B={B}; use a batch size that is a multiple of {M} (e.g. "
-                    f"{B - B % M or M}) or drop_last=True in the data loader"
-                )
+            b = split_size(B, M)
             with model_rows(B):
                 logits = (self.output or _default_output)(self.model(*args, **kwargs))  # (B, K)
-            return _unfold_logits(logits, M, B // M)  # (M, B/M, K)
+            return _unfold_logits(logits, M, b)  # (M, B/M, K)
         return forward_repeated(self.model, M, args, kwargs, output=self.output)  # (M, B, K)
 
     def _check_inputs(self, args: tuple, kwargs: dict) -> None:
@@ -324,10 +326,8 @@ class Ensemble(nn.Module):
 
 
 def _forward_naming_inputs(ensemble: Ensemble) -> Callable[..., Tensor]:
-    """``ensemble.forward`` under the signature ``(*args, <the model's inputs>, **kwargs)``.
-
-    Hugging Face's ``Trainer`` keeps only the batch columns the signature names.
-    """
+    """``ensemble.forward`` under the signature ``(*args, <the model's inputs>, **kwargs)``:
+    Hugging Face's ``Trainer`` keeps only the batch columns the signature names."""
     P = inspect.Parameter
     try:
         named = inspect.signature(ensemble.model.forward).parameters.values()
@@ -356,8 +356,8 @@ def _forward_naming_inputs(ensemble: Ensemble) -> Callable[..., Tensor]:
 
 
 def check_logits(logits: Tensor, *, allow_empty: bool = False) -> None:
-    """Refuse what is not ensemble logits: a floating tensor (M, B, K, …) with a member, and
-    (unless ``allow_empty``) at least one example and one class."""
+    """Refuse what is not floating ensemble logits (M, B, K, …) with a member and (unless
+    ``allow_empty``) an example and a class."""
     if not isinstance(logits, Tensor) or logits.dim() < 3:
         shape = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
         raise ValueError(f"expected ensemble logits of shape (M, B, K), got {shape}")
@@ -390,8 +390,7 @@ def predictive_probs(logits: Tensor) -> Tensor:
 
 
 def extract_member(ensemble: Ensemble, member: int) -> nn.Module:
-    """Member ``member`` as a plain model of the input model's class: its output equals
-    ``ensemble(x)[member]``.
+    """Member ``member`` as a plain model of the input model's class: ``ensemble(x)[member]``.
 
     Returns:
         A deep copy of ``ensemble.model`` whose member layers are plain.
@@ -412,7 +411,7 @@ def extract_member(ensemble: Ensemble, member: int) -> nn.Module:
     return plain
 
 
-# Their home until the module was split; snens.baselines.factory imports convert from here.
+# Their home until the module was split: old imports keep working.
 _MOVED = {
     "convert": "snens.method.convert",
     "ensemble_loss": "snens.method.loss",

@@ -25,10 +25,8 @@ __all__ = ["export", "export_onnx"]
 
 
 def export(ensemble: Ensemble, /, *args: Any, **kwargs: Any) -> torch.export.ExportedProgram:
-    """The whole ensemble (in eval mode) as a ``torch.export`` program that takes any B ≥ 1.
-
-    Every tensor argument of the example's leading size B (B ≥ 2) gets one shared dynamic
-    dimension; the rest stay as in the example.
+    """The whole ensemble (in eval mode) as a ``torch.export`` program that takes any B ≥ 1:
+    every tensor argument of the example's leading size B ≥ 2 gets one shared dynamic dimension.
 
     Returns:
         A ``torch.export.ExportedProgram``.

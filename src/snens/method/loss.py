@@ -44,17 +44,16 @@ def check_labels(labels: Any, num_classes: int) -> Tensor:
 
 
 def ensemble_loss(logits: Tensor, labels: Tensor, *, label_smoothing: float = 0.0) -> Tensor:
-    """(1/M) Σ_m CE(logits[m], labels_m) for (B,) labels: with (M, B, K) logits every member
-    is scored on all labels (``repeat``), with (M, B/M, K) member m on its own slice (``split``).
+    """(1/M) Σ_m CE(logits[m], labels_m) for (B,) labels: every member scored on all labels with
+    (M, B, K) logits (``repeat``), member m on its own slice with (M, B/M, K) (``split``).
 
     Returns:
         The loss as a float32 scalar tensor, differentiable with respect to ``logits``.
 
     Raises:
-        ValueError: if the shapes fit neither policy, a label is out of range, the logits are
-            empty or not 3-D, or ``label_smoothing`` is outside [0, 1].
-        TypeError: for non-floating logits, labels that are not integer tensors, or a
-            ``label_smoothing`` that is not a number.
+        ValueError: shapes that fit neither policy, a label out of range, empty or non-3-D
+            logits, or ``label_smoothing`` outside [0, 1].
+        TypeError: non-floating logits, labels not integer tensors, or a non-number smoothing.
 
     Example:
         >>> logits = torch.tensor([[[2.0, 0.0]], [[0.0, 2.0]]])  # (M=2, B=1, K=2)
@@ -96,16 +95,13 @@ def member_cross_entropy(logits: Tensor, labels: Tensor, label_smoothing: float)
     """
     M, b, _ = logits.shape
     if labels.shape[0] == b:
-        target = labels.unsqueeze(0).expand(M, b)  # repeat: every member, every label
+        target = labels.unsqueeze(0).expand(M, b)  # repeat
     elif labels.shape[0] == M * b:
-        target = labels.reshape(M, b)  # split: member m gets its own slice
+        target = labels.reshape(M, b)  # split
     else:
         raise ValueError(
             f"labels of length {labels.shape[0]} fit neither logits {tuple(logits.shape)} "
             f"(repeat: B={b}) nor split training (B={M * b})"
         )
-    return F.cross_entropy(
-        logits.reshape(M * b, -1).float(),
-        target.reshape(-1).long(),
-        label_smoothing=label_smoothing,
-    )
+    flat = logits.reshape(M * b, -1).float()
+    return F.cross_entropy(flat, target.reshape(-1).long(), label_smoothing=label_smoothing)

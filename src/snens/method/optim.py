@@ -1,7 +1,7 @@
 """Parameter groups by one visible rule: gamma apart, no weight decay on norms and biases.
 
-gamma gets a larger learning rate (at the base one it barely moves and no allocation forms)
-and no weight decay (which pulls sigmoid(gamma) to 0.5 and fights the regularizer).
+gamma gets a larger learning rate (at the base one no allocation forms) and no weight decay
+(which pulls sigmoid(gamma) to 0.5 and fights the regularizer).
 """
 
 from __future__ import annotations
@@ -33,8 +33,7 @@ def param_groups(
     * other parameters of norm layers, and every bias -> "no_decay";
     * everything else -> "decay", with ``weight_decay``.
 
-    ``gamma_lr_multiplier`` None: the ensemble's ``snens_config``'s, or
-    :data:`GAMMA_LR_MULTIPLIER`.
+    ``gamma_lr_multiplier`` None: the ``snens_config``'s, or :data:`GAMMA_LR_MULTIPLIER`.
 
     Returns:
         Non-empty groups as dicts for ``torch.optim``, each with a "name" key.
@@ -45,40 +44,36 @@ def param_groups(
     if gamma_lr_multiplier is None:
         config = getattr(model, "snens_config", None)
         gamma_lr_multiplier = GAMMA_LR_MULTIPLIER if config is None else config.gamma_lr_multiplier
-    for name, value in (
-        ("lr", lr),
-        ("weight_decay", weight_decay),
-        ("gamma_lr_multiplier", gamma_lr_multiplier),
-        ("affine_weight_decay", affine_weight_decay),
-    ):
+    rates = {"lr": lr, "weight_decay": weight_decay, "gamma_lr_multiplier": gamma_lr_multiplier}
+    for name, value in {**rates, "affine_weight_decay": affine_weight_decay}.items():
         if not isinstance(value, int | float) or isinstance(value, bool) or not value >= 0:
             raise ValueError(f"{name} must be a number >= 0, got {value!r}")
         if value == float("inf"):
             raise ValueError(f"{name} must be finite, got {value!r}")
-    groups: dict[str, list] = {"decay": [], "no_decay": [], "gamma": [], "member_affine": []}
+    settings = {  # name -> (lr, weight decay), in the order the groups are returned
+        "decay": (lr, weight_decay),
+        "no_decay": (lr, 0.0),
+        "gamma": (lr * gamma_lr_multiplier, 0.0),
+        "member_affine": (lr, affine_weight_decay),
+    }
+    groups: dict[str, list] = {name: [] for name in settings}
     seen: set[int] = set()
     for module in model.modules():
-        norm = is_norm(module)
+        member = isinstance(module, MemberNorm)
         for pname, p in module.named_parameters(recurse=False):
             if not p.requires_grad or id(p) in seen:
                 continue
             seen.add(id(p))
-            if isinstance(module, MemberNorm) and pname == "gamma":
+            if member and pname == "gamma":
                 groups["gamma"].append(p)
-            elif isinstance(module, MemberNorm) and affine_weight_decay > 0:
+            elif member and affine_weight_decay > 0:
                 groups["member_affine"].append(p)
-            elif norm or pname == "bias":
+            elif is_norm(module) or pname == "bias":
                 groups["no_decay"].append(p)
             else:
                 groups["decay"].append(p)
-    settings = {
-        "decay": {"lr": lr, "weight_decay": weight_decay},
-        "no_decay": {"lr": lr, "weight_decay": 0.0},
-        "gamma": {"lr": lr * gamma_lr_multiplier, "weight_decay": 0.0},
-        "member_affine": {"lr": lr, "weight_decay": affine_weight_decay},
-    }
     return [
-        {"name": name, "params": params, **settings[name]}
+        {"name": name, "params": params, "lr": settings[name][0], "weight_decay": settings[name][1]}
         for name, params in groups.items()
         if params
     ]

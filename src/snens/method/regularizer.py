@@ -73,15 +73,14 @@ def _check_real(name: str, value: Any, example: str, positive: bool, hint: str) 
     return real
 
 
+_TEMPERATURE_HINT = (
+    "(smaller τ: fewer members share each feature), or snens.tau_for_k(k, num_members) "
+    "to pick τ for a target sharing k"
+)
+
+
 def _check_temperature(temperature: Any) -> float:
-    return _check_real(
-        "temperature",
-        temperature,
-        "1.0",
-        True,
-        "(smaller τ: fewer members share each feature), or snens.tau_for_k(k, num_members) "
-        "to pick τ for a target sharing k",
-    )
+    return _check_real("temperature", temperature, "1.0", True, _TEMPERATURE_HINT)
 
 
 def _check_weight(weight: Any) -> float:
@@ -111,8 +110,7 @@ def _select_layers(model: nn.Module, layers: LayerSelection) -> list[tuple[str, 
                 f"wrap it in a list: layers=[{layers!r}]"
             )
         wanted = list(layers)
-        by_name = dict(found)
-        unknown = [n for n in wanted if n not in by_name]
+        unknown = [n for n in wanted if n not in dict(found)]
         if unknown:
             shown = ", ".join(repr(n) for n, _ in found[:5])
             more = f" (and {len(found) - 5} more)" if len(found) > 5 else ""
@@ -120,8 +118,7 @@ def _select_layers(model: nn.Module, layers: LayerSelection) -> list[tuple[str, 
                 f"layers names {unknown} are not member norms of {type(model).__name__}; "
                 f"available names (as model.named_modules() gives them): {shown}{more}"
             )
-        keep = set(wanted)
-        chosen = [(n, m) for n, m in found if n in keep]
+        chosen = [(n, m) for n, m in found if n in set(wanted)]
         what = f"layers={wanted!r}"
     if not chosen:
         raise ValueError(
@@ -132,7 +129,7 @@ def _select_layers(model: nn.Module, layers: LayerSelection) -> list[tuple[str, 
 
 
 def diversity_penalty(importances: Tensor, temperature: float) -> Tensor:
-    """Σ_i Σ_m (log softmax_m(s[:, i] / τ) + log M) = −Σ_i M·KL(U ‖ p_i) <= 0, for (M, C)
+    """Σ_i Σ_m (log softmax_m(s[:, i] / τ) + log M) = −Σ_i M·KL(U ‖ p_i) <= 0 for (M, C)
     importances s: 0 at equal sharing.
 
     Returns:
@@ -149,9 +146,7 @@ def diversity_penalty(importances: Tensor, temperature: float) -> Tensor:
             f"importances must be a 2-D tensor of shape (M, C), got {got}; use "
             "layer.importances(), which flattens the features of a member norm to (M, C)"
         )
-    s = importances
-    if s.dtype in (torch.float16, torch.bfloat16):
-        s = s.float()
+    s = importances.float() if importances.dtype in (torch.float16, torch.bfloat16) else importances
     # the max subtracted keeps s/τ from overflowing at tiny τ; float64 because near equal
     # sharing each log(M·p_m) cancels (float32 lost 1% of the sum); MPS has no float64
     dtype = torch.float32 if s.device.type == "mps" else torch.float64
@@ -218,10 +213,9 @@ def tau_for_k(k: float, num_members: int) -> float:
             "gives a smaller τ"
         )
     target = float(k) / M
-    if target < 1e-3:
-        # k*/M = τ to double precision here; bisecting would underflow lo·hi
-        if target == 0.0:
-            raise ValueError(f"k={k!r} is too small: k/M underflows to 0")
+    if target == 0.0:
+        raise ValueError(f"k={k!r} is too small: k/M underflows to 0")
+    if target < 1e-3:  # k*/M = τ to double precision here; bisecting would underflow lo·hi
         return target
     # k*(τ)/M <= τ, so τ >= target; grow the upper end until it brackets.
     lo, hi = target, max(2.0 * target, 1.0)
@@ -261,9 +255,8 @@ def diversity_loss(
     """
     tau = _check_temperature(temperature)
     lam = _check_weight(weight)
-    chosen = _select_layers(model, layers)
     total = None
-    for _, layer in chosen:
+    for _, layer in _select_layers(model, layers):
         penalty = diversity_penalty(layer.importances(), tau)
         total = penalty if total is None else total + penalty.to(total.device)
     # λ·penalty in float64: a λ beyond float32's range would turn λ·0 into inf·0 = NaN.

@@ -1,9 +1,7 @@
-"""The training objective, written once for every training loop of snens.
+"""The training objective, written once for every training loop of snens, and the stop of a
+step whose loss is NaN or infinite.
 
     loss = ensemble_loss(ens(x), y) + diversity_loss(ens, τ, λ)    (second term if λ > 0)
-
-:func:`training_loss` computes it; :func:`check_finite` stops a step whose loss is NaN or
-infinite with a :class:`NonFiniteLossError` naming :func:`nonfinite_cause`.
 """
 
 from __future__ import annotations
@@ -52,8 +50,7 @@ def training_loss(
     host_labels: Tensor | None = None,
     task_value: bool = False,
 ) -> TrainingLoss:
-    """``ensemble_loss(logits, labels) + diversity_loss(model, τ, λ, layers)`` and its parts
-    (the second term left out at λ = 0).
+    """``ensemble_loss(logits, labels) + diversity_loss(model, τ, λ, layers)`` and its parts.
 
     Args:
         model: the (unwrapped) ensemble whose member norms the diversity loss regularizes.
@@ -98,11 +95,9 @@ def nonfinite_cause(
     remedy: str,
     precision: str | None = None,
 ) -> str:
-    """The likely cause of a NaN or infinite loss, for a :class:`NonFiniteLossError`.
-
-    Looked for in the batch's inputs (a tensor or a mapping), the parameters, the task loss
-    (the logits overflowed), else the diversity loss. ``remedy`` is what to change, in the
-    caller's words; ``precision`` a reduced-precision setting to name when the logits overflowed.
+    """The likely cause of a NaN or infinite loss: the batch's inputs (a tensor or a mapping),
+    the parameters, the task loss (the logits overflowed), else the diversity loss. ``remedy`` is
+    what to change; ``precision`` a reduced-precision setting to name when the logits overflowed.
 
     Returns:
         The cause and its remedy, a clause for an error message.
@@ -140,9 +135,8 @@ def check_finite(
     remedy: str,
     precision: str | None = None,
 ) -> None:
-    """Stop a training step whose loss is NaN or infinite, before its backward pass.
-
-    ``where`` names the step (``"step 3 of 100"``); the rest as :func:`nonfinite_cause` reads.
+    """Stop a training step whose loss is NaN or infinite, before its backward pass; ``where``
+    names the step (``"step 3 of 100"``), the rest as :func:`nonfinite_cause` reads.
 
     Raises:
         NonFiniteLossError: the loss is NaN or infinite.

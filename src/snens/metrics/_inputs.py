@@ -1,4 +1,4 @@
-"""Checks shared by the metrics: probabilities, labels, bin counts and OOD scores."""
+"""Checks shared by the metrics: probabilities, logits, labels, bin counts and OOD scores."""
 
 from __future__ import annotations
 
@@ -24,24 +24,31 @@ def _as_tensor(x: Any, name: str) -> Tensor:
     return x.cpu() if x.device.type == "mps" else x
 
 
-def _check_probs(probs: Any, ndim: int, name: str) -> tuple[Tensor, torch.dtype]:
-    """``probs`` as float64, and its original dtype (for the NLL clamp)."""
-    p = _as_tensor(probs, name)
+def _check_floats(x: Any, ndim: int, name: str, kind: str) -> Tensor:
+    """``x`` as a non-empty floating-point tensor of ``ndim`` dims, (B, K) or (M, B, K)."""
+    t = _as_tensor(x, name)
     layout = "(B, K)" if ndim == 2 else "(M, B, K)"
-    if not p.is_floating_point():
-        raise TypeError(f"{name} must be floating-point probabilities {layout}, got {p.dtype}")
-    if p.dim() != ndim:
+    if not t.is_floating_point():
+        raise TypeError(f"{name} must be floating-point {kind} {layout}, got {t.dtype}")
+    if t.dim() != ndim:
         hint = ""
-        if ndim == 2 and p.dim() == 3:
+        if ndim == 2 and t.dim() == 3:
             hint = "; for member probabilities (M, B, K) pass their mean, snens.predictive_probs"
-        elif ndim == 3 and p.dim() == 2:
-            hint = "; for a single model pass probs.unsqueeze(0) (M = 1)"
-        raise ValueError(f"{name} must be {ndim}-D {layout}, got shape {tuple(p.shape)}{hint}")
-    if p.numel() == 0:
+        elif ndim == 3 and t.dim() == 2:
+            single = "logits" if kind == "logits" else "probs"
+            hint = f"; for a single model pass {single}.unsqueeze(0) (M = 1)"
+        raise ValueError(f"{name} must be {ndim}-D {layout}, got shape {tuple(t.shape)}{hint}")
+    if t.numel() == 0:
         raise ValueError(
-            f"{name} is empty (shape {tuple(p.shape)}); metrics need at least one example and "
+            f"{name} is empty (shape {tuple(t.shape)}); metrics need at least one example and "
             "one class"
         )
+    return t
+
+
+def _check_probs(probs: Any, ndim: int, name: str) -> tuple[Tensor, torch.dtype]:
+    """``probs`` as float64, and its original dtype (for the NLL clamp)."""
+    p = _check_floats(probs, ndim, name, "probabilities")
     dtype, p = p.dtype, p.to(torch.float64)
     if not torch.isfinite(p).all():
         raise ValueError(f"{name} contains NaN or inf")
@@ -61,6 +68,16 @@ def _check_probs(probs: Any, ndim: int, name: str) -> tuple[Tensor, torch.dtype]
             "ensemble logits (M, B, K), or logits.softmax(-1)"
         )
     return p, dtype
+
+
+def _check_member_logits(member_logits: Any) -> Tensor:
+    z = _check_floats(member_logits, 3, "member_logits", "logits").to(torch.float64)
+    if not torch.isfinite(z).all():
+        raise ValueError(
+            "member_logits contains NaN or inf; these scores need the model's finite logits "
+            "(collect(model, loader, logits=True)), not log-probabilities"
+        )
+    return z
 
 
 def _check_labels(labels: Any, probs: Tensor) -> Tensor:
@@ -83,6 +100,14 @@ def _check_labels(labels: Any, probs: Tensor) -> Tensor:
             f"labels must lie in [0, {K - 1}] for K = {K} classes, got {y[out][:5].tolist()}"
         )
     return y
+
+
+def _check_probs_labels(
+    probs: Any, labels: Any, ndim: int = 2, name: str = "probs"
+) -> tuple[Tensor, Tensor, torch.dtype]:
+    """Checked float64 ``probs``, int64 ``labels``, and the probabilities' original dtype."""
+    p, dtype = _check_probs(probs, ndim, name)
+    return p, _check_labels(labels, p), dtype
 
 
 def _check_num_bins(num_bins: Any) -> int:

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from snens.metrics._inputs import _as_tensor, _check_labels, _check_probs
+from snens.metrics._inputs import _check_member_logits, _check_probs, _check_probs_labels
 from snens.metrics.predictive import _log_true_class
 
 __all__ = [
@@ -30,6 +30,10 @@ def _entropy(p: Tensor) -> Tensor:
     return -torch.special.xlogy(p, p).sum(-1)
 
 
+def _members(member_probs: Any) -> Tensor:
+    return _check_probs(member_probs, 3, "member_probs")[0]
+
+
 def disagreement(member_probs: Any) -> Tensor:
     """Per example, the fraction of member pairs whose argmax predictions differ (0 for M = 1).
 
@@ -40,7 +44,7 @@ def disagreement(member_probs: Any) -> Tensor:
         TypeError, ValueError: ``member_probs`` not floating, not 3-D, empty, or rows not
             summing to 1.
     """
-    p, _ = _check_probs(member_probs, 3, "member_probs")
+    p = _members(member_probs)
     M, B, K = p.shape
     if M == 1:
         return p.new_zeros(B)
@@ -59,8 +63,7 @@ def predictive_entropy(member_probs: Any) -> Tensor:
     Raises:
         TypeError, ValueError: as :func:`disagreement`.
     """
-    p, _ = _check_probs(member_probs, 3, "member_probs")
-    return _entropy(p.mean(0))
+    return _entropy(_members(member_probs).mean(0))
 
 
 def expected_entropy(member_probs: Any) -> Tensor:
@@ -72,8 +75,7 @@ def expected_entropy(member_probs: Any) -> Tensor:
     Raises:
         TypeError, ValueError: as :func:`disagreement`.
     """
-    p, _ = _check_probs(member_probs, 3, "member_probs")
-    return _entropy(p).mean(0)
+    return _entropy(_members(member_probs)).mean(0)
 
 
 def mutual_information(member_probs: Any) -> Tensor:
@@ -86,7 +88,7 @@ def mutual_information(member_probs: Any) -> Tensor:
     Raises:
         TypeError, ValueError: as :func:`disagreement`.
     """
-    p, _ = _check_probs(member_probs, 3, "member_probs")
+    p = _members(member_probs)
     return (_entropy(p.mean(0)) - _entropy(p).mean(0)).clamp_min(0)
 
 
@@ -101,7 +103,7 @@ def member_correlation(member_probs: Any) -> float:
         TypeError, ValueError: as :func:`disagreement`; M < 2, or a member's output is
             constant (its correlation is undefined).
     """
-    p, _ = _check_probs(member_probs, 3, "member_probs")
+    p = _members(member_probs)
     M = p.shape[0]
     if M < 2:
         raise ValueError(
@@ -132,8 +134,7 @@ def per_member(member_probs: Any, labels: Any) -> dict[str, Tensor]:
         TypeError, ValueError: as :func:`disagreement`; labels not integer, of another B or out
             of range.
     """
-    p, dtype = _check_probs(member_probs, 3, "member_probs")
-    y = _check_labels(labels, p)
+    p, y, dtype = _check_probs_labels(member_probs, labels, 3, "member_probs")
     return {
         "accuracy": (p.argmax(-1) == y).double().mean(-1),
         "nll": -_log_true_class(p, y, dtype).mean(-1),
@@ -142,8 +143,7 @@ def per_member(member_probs: Any, labels: Any) -> dict[str, Tensor]:
 
 def _max_prob_score(member_probs: Any) -> Tensor:
     """1 − max_k p̄_k, the complement of the maximum softmax probability of the mean."""
-    p, _ = _check_probs(member_probs, 3, "member_probs")
-    return 1 - p.mean(0).amax(-1)
+    return 1 - _members(member_probs).mean(0).amax(-1)
 
 
 OOD_SCORES: dict[str, Callable[[Any], Tensor]] = {
@@ -153,27 +153,6 @@ OOD_SCORES: dict[str, Callable[[Any], Tensor]] = {
 }
 """OOD scores from member probabilities (M, B, K) to per-example scores (B,), higher = more
 likely OOD: ``"msp"`` 1 − max of the mean probability, ``"entropy"``, ``"mutual_information"``."""
-
-
-def _check_member_logits(member_logits: Any) -> Tensor:
-    z = _as_tensor(member_logits, "member_logits")
-    if not z.is_floating_point():
-        raise TypeError(f"member_logits must be floating-point logits (M, B, K), got {z.dtype}")
-    if z.dim() != 3:
-        hint = "; for a single model pass logits.unsqueeze(0) (M = 1)" if z.dim() == 2 else ""
-        raise ValueError(f"member_logits must be 3-D (M, B, K), got shape {tuple(z.shape)}{hint}")
-    if z.numel() == 0:
-        raise ValueError(
-            f"member_logits is empty (shape {tuple(z.shape)}); scores need at least one member, "
-            "example and class"
-        )
-    z = z.to(torch.float64)
-    if not torch.isfinite(z).all():
-        raise ValueError(
-            "member_logits contains NaN or inf; these scores need the model's finite logits "
-            "(collect(model, loader, logits=True)), not log-probabilities"
-        )
-    return z
 
 
 def max_logit_score(member_logits: Any) -> Tensor:

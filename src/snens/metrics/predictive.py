@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from snens.metrics._inputs import _check_labels, _check_num_bins, _check_probs
+from snens.metrics._inputs import _check_num_bins, _check_probs_labels
 
 __all__ = ["accuracy", "adaptive_ece", "aurc", "brier", "classwise_ece", "ece", "nll"]
 
@@ -21,8 +21,7 @@ def accuracy(probs: Any, labels: Any) -> float:
     Raises:
         TypeError, ValueError: probabilities or labels that are not valid (:func:`ece`).
     """
-    p, _ = _check_probs(probs, 2, "probs")
-    y = _check_labels(labels, p)
+    p, y, _ = _check_probs_labels(probs, labels)
     return (p.argmax(-1) == y).double().mean().item()
 
 
@@ -33,9 +32,8 @@ def _log_true_class(p: Tensor, y: Tensor, dtype: torch.dtype) -> Tensor:
 
 
 def nll(probs: Any, labels: Any) -> float:
-    """Negative log-likelihood of the labels, −(1/B) Σ_i log p_{i, y_i}, in nats.
-
-    A probability of 0 is clamped at ``torch.finfo(dtype).tiny`` of the input's dtype.
+    """Negative log-likelihood of the labels, −(1/B) Σ_i log p_{i, y_i}, in nats; a probability
+    of 0 is clamped at ``torch.finfo(dtype).tiny`` of the input's dtype.
 
     Returns:
         A float >= 0.
@@ -43,8 +41,7 @@ def nll(probs: Any, labels: Any) -> float:
     Raises:
         TypeError, ValueError: probabilities or labels that are not valid (:func:`ece`).
     """
-    p, dtype = _check_probs(probs, 2, "probs")
-    y = _check_labels(labels, p)
+    p, y, dtype = _check_probs_labels(probs, labels)
     return -_log_true_class(p, y, dtype).mean().item()
 
 
@@ -57,10 +54,15 @@ def brier(probs: Any, labels: Any) -> float:
     Raises:
         TypeError, ValueError: probabilities or labels that are not valid (:func:`ece`).
     """
-    p, _ = _check_probs(probs, 2, "probs")
-    y = _check_labels(labels, p)
+    p, y, _ = _check_probs_labels(probs, labels)
     one_hot = torch.nn.functional.one_hot(y, p.shape[-1]).to(p.dtype)
     return (p - one_hot).square().sum(-1).mean().item()
+
+
+def _top_label(p: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+    """The top-label confidence max_k p_k and 1. where the argmax is the label, 0. elsewhere."""
+    confidence, prediction = p.max(-1)
+    return confidence, (prediction == y).double()
 
 
 def _binned_gap(confidence: Tensor, hit: Tensor, bins: Tensor, num_bins: int) -> Tensor:
@@ -90,18 +92,15 @@ def ece(probs: Any, labels: Any, *, num_bins: int = 15) -> float:
             range, or ``num_bins < 1``.
     """
     n = _check_num_bins(num_bins)
-    p, _ = _check_probs(probs, 2, "probs")
-    y = _check_labels(labels, p)
-    confidence, prediction = p.max(-1)
-    hit = (prediction == y).double()
+    p, y, _ = _check_probs_labels(probs, labels)
+    confidence, hit = _top_label(p, y)
     return _binned_gap(confidence, hit, _equal_width_bins(confidence, n), n).item()
 
 
 def adaptive_ece(probs: Any, labels: Any, *, num_bins: int = 15) -> float:
-    """Expected calibration error of the top-label confidence, with equal-mass bins.
-
-    As :func:`ece`, but the examples sorted by confidence (stably) are split into ``num_bins``
-    bins of equal count, the first N mod n holding one more (``numpy.array_split``).
+    """Expected calibration error of the top-label confidence, as :func:`ece` but with the
+    examples sorted by confidence (stably) split into ``num_bins`` bins of equal count, the first
+    N mod n holding one more (``numpy.array_split``).
 
     Returns:
         A float in [0, 1].
@@ -110,10 +109,8 @@ def adaptive_ece(probs: Any, labels: Any, *, num_bins: int = 15) -> float:
         TypeError, ValueError: as :func:`ece`.
     """
     n = _check_num_bins(num_bins)
-    p, _ = _check_probs(probs, 2, "probs")
-    y = _check_labels(labels, p)
-    confidence, prediction = p.max(-1)
-    hit = (prediction == y).double()
+    p, y, _ = _check_probs_labels(probs, labels)
+    confidence, hit = _top_label(p, y)
     N = confidence.numel()
     sizes = torch.full((n,), N // n, dtype=torch.long)
     sizes[: N % n] += 1
@@ -134,8 +131,7 @@ def classwise_ece(probs: Any, labels: Any, *, num_bins: int = 15) -> float:
         TypeError, ValueError: as :func:`ece`.
     """
     n = _check_num_bins(num_bins)
-    p, _ = _check_probs(probs, 2, "probs")
-    y = _check_labels(labels, p)
+    p, y, _ = _check_probs_labels(probs, labels)
     p_t = p.T.contiguous()  # (K, B): each class binned on its own
     is_class = (y == torch.arange(p.shape[1], device=p.device).unsqueeze(1)).double()  # (K, B)
     return _binned_gap(p_t, is_class, _equal_width_bins(p_t, n), n).mean().item()
@@ -155,11 +151,10 @@ def aurc(probs: Any, labels: Any) -> float:
     Raises:
         TypeError, ValueError: probabilities or labels that are not valid (:func:`ece`).
     """
-    p, _ = _check_probs(probs, 2, "probs")
-    y = _check_labels(labels, p)
-    confidence, prediction = p.max(-1)
+    p, y, _ = _check_probs_labels(probs, labels)
+    confidence, hit = _top_label(p, y)
     confidence, order = confidence.sort(descending=True, stable=True)
-    error = (prediction != y).double()[order]
+    error = (1 - hit)[order]
     _, group, size = torch.unique_consecutive(confidence, return_inverse=True, return_counts=True)
     group_errors = torch.zeros(size.numel(), dtype=torch.float64, device=p.device)
     group_errors.index_add_(0, group, error)

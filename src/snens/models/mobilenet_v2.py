@@ -51,7 +51,7 @@ _INVERTED_RESIDUAL_SETTING = (
 
 
 def _make_divisible(value: float, divisor: int = 8) -> int:
-    """Round a channel count to a multiple of ``divisor``, never 10% below ``value``."""
+    """``value`` rounded to a multiple of ``divisor``, never 10% below it."""
     rounded = max(divisor, int(value + divisor / 2) // divisor * divisor)
     if rounded < 0.9 * value:
         rounded += divisor
@@ -66,20 +66,12 @@ def _conv_norm_relu6(
     stride: int = 1,
     groups: int = 1,
 ) -> nn.Sequential:
-    # A Sequential with children 0, 1, 2 gives torchvision's names ("….0.weight", "….1.bias").
-    return nn.Sequential(
-        nn.Conv2d(
-            in_channels,
-            out_channels,
-            kernel_size,
-            stride=stride,
-            padding=(kernel_size - 1) // 2,
-            groups=groups,
-            bias=False,
-        ),
-        norm_layer(out_channels),
-        nn.ReLU6(inplace=True),
+    # children 0, 1, 2 give torchvision's names ("….0.weight", "….1.bias")
+    padding = (kernel_size - 1) // 2
+    conv = nn.Conv2d(
+        in_channels, out_channels, kernel_size, stride, padding, groups=groups, bias=False
     )
+    return nn.Sequential(conv, norm_layer(out_channels), nn.ReLU6(inplace=True))
 
 
 class InvertedResidual(nn.Module):
@@ -113,9 +105,7 @@ class InvertedResidual(nn.Module):
         self.conv = nn.Sequential(*layers)
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.use_res_connect:
-            return x + self.conv(x)
-        return self.conv(x)
+        return x + self.conv(x) if self.use_res_connect else self.conv(x)
 
 
 class MobileNetV2(nn.Module):
@@ -194,11 +184,9 @@ def mobilenet_v2(
     weights: str | os.PathLike | None = None,
     **kwargs,
 ) -> MobileNetV2:
-    """Build a MobileNetV2, optionally with torchvision's ImageNet weights (``weights``: a path to
-    a state_dict, implies ``pretrained``).
-
+    """A MobileNetV2, optionally with torchvision's ImageNet weights (``weights``: a path to a
+    state_dict, implies ``pretrained``); with ``num_classes != 1000`` only ``features`` is loaded.
     Pretrained models expect RGB in [0, 1] normalized with ``IMAGENET_MEAN``/``IMAGENET_STD``.
-    With ``num_classes != 1000`` only ``features`` is loaded; the head stays fresh.
 
     Returns:
         A new :class:`MobileNetV2`.

@@ -19,10 +19,17 @@ def _conv3x3(in_channels: int, out_channels: int, stride: int = 1) -> nn.Conv2d:
     return nn.Conv2d(in_channels, out_channels, 3, stride=stride, padding=1, bias=False)
 
 
+def init_convs(model: nn.Module) -> None:
+    """Kaiming-normal (fan-out, ReLU) convolutions; norms keep their own rule (a member norm's)."""
+    for module in model.modules():
+        if isinstance(module, nn.Conv2d):
+            nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
+
+
 def _downsample(
     in_channels: int, out_channels: int, stride: int, norm_layer: NormLayer
 ) -> nn.Sequential | None:
-    # Projection shortcut (option B of the paper) only where the shape changes.
+    # projection shortcut (option B of the paper) only where the shape changes
     if stride == 1 and in_channels == out_channels:
         return None
     return nn.Sequential(
@@ -106,10 +113,7 @@ class ResNet(nn.Module):
         self.layer1, self.layer2, self.layer3, self.layer4 = stages
         self.avgpool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(channels, num_classes)
-        for module in self.modules():
-            # Norms keep their own initialization (a member norm has its own rule).
-            if isinstance(module, nn.Conv2d):
-                nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
+        init_convs(self)
 
     def forward(self, x: Tensor) -> Tensor:
         x = self.relu(self.bn1(self.conv1(x)))  # (B, 64, H, W)

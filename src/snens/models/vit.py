@@ -118,18 +118,14 @@ class VisionTransformer(nn.Module):
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
         self.pos_embed = nn.Parameter(torch.zeros(1, num_patches + 1, dim))
         self.pos_dropout = nn.Dropout(dropout)
-        self.blocks = nn.Sequential(
-            *(
-                Block(dim, num_heads, mlp_ratio, dropout, attn_dropout, norm_layer)
-                for _ in range(depth)
-            )
-        )
+        block = (dim, num_heads, mlp_ratio, dropout, attn_dropout, norm_layer)
+        self.blocks = nn.Sequential(*(Block(*block) for _ in range(depth)))
         self.norm = norm_layer(dim)
         self.head = nn.Linear(dim, num_classes)
         self._init_weights()
 
     def _init_weights(self) -> None:
-        # ViT/timm initialization: truncated normal (std 0.02) for embeddings and linears.
+        # ViT/timm initialization
         nn.init.trunc_normal_(self.pos_embed, std=0.02)
         nn.init.trunc_normal_(self.cls_token, std=0.02)
         for module in self.modules():

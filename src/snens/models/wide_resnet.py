@@ -7,6 +7,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from snens.models.resnet import init_convs
+
 __all__ = ["WideBasicBlock", "WideResNet", "wrn28_10"]
 
 NormLayer = Callable[[int], nn.Module]
@@ -33,11 +35,9 @@ class WideBasicBlock(nn.Module):
         self.relu2 = nn.ReLU(inplace=True)
         self.dropout = nn.Dropout(p=dropout) if dropout > 0 else nn.Identity()
         self.conv2 = nn.Conv2d(out_channels, out_channels, 3, padding=1, bias=False)
-        self.shortcut = (
-            nn.Conv2d(in_channels, out_channels, 1, stride=stride, bias=False)
-            if stride != 1 or in_channels != out_channels
-            else None
-        )
+        self.shortcut = None
+        if stride != 1 or in_channels != out_channels:
+            self.shortcut = nn.Conv2d(in_channels, out_channels, 1, stride=stride, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
         pre = self.relu1(self.bn1(x))
@@ -69,8 +69,7 @@ class WideResNet(nn.Module):
         blocks_per_stage = (depth - 4) // 6
         widths = (16 * widen_factor, 32 * widen_factor, 64 * widen_factor)
         self.conv1 = nn.Conv2d(in_channels, 16, 3, padding=1, bias=False)
-        channels = 16
-        stages = []
+        stages, channels = [], 16
         for width, stride in zip(widths, (1, 2, 2)):
             blocks = []
             for i in range(blocks_per_stage):
@@ -84,12 +83,8 @@ class WideResNet(nn.Module):
         self.relu = nn.ReLU(inplace=True)
         self.avgpool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(channels, num_classes)
-        for module in self.modules():
-            # Norms keep their own initialization (a member norm has its own rule).
-            if isinstance(module, nn.Conv2d):
-                nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
-            elif isinstance(module, nn.Linear):
-                nn.init.zeros_(module.bias)
+        init_convs(self)
+        nn.init.zeros_(self.fc.bias)
 
     def forward(self, x: Tensor) -> Tensor:
         x = self.conv1(x)  # (B, 16, H, W)

@@ -235,17 +235,18 @@ class _MemberBatchNorm(MemberNorm):
             self.running_var.copy_(plain.running_var.unsqueeze(0).expand_as(self.running_var))
             self.num_batches_tracked.copy_(plain.num_batches_tracked)
 
-    def to_plain(self, member: int) -> nn.Module:
-        self._check_member(member)
+    def _new_plain(self) -> nn.Module:
         tracked = self.track_running_stats
         options = {"momentum": self.momentum, "affine": True, "track_running_stats": tracked}
-        plain = self.plain_type(self.num_features, eps=self.eps, **options, **self._factory())
-        if tracked:
-            with torch.no_grad():
-                plain.running_mean.copy_(self.running_mean[member])
-                plain.running_var.copy_(self.running_var[member])
-                plain.num_batches_tracked.copy_(self.num_batches_tracked)
-        return self._carrying_member(plain, member)
+        return self.plain_type(self.num_features, eps=self.eps, **options, **self._factory())
+
+    @torch.no_grad()
+    def _carrying_member(self, plain: nn.Module, member: int) -> nn.Module:
+        if self.track_running_stats:
+            plain.running_mean.copy_(self.running_mean[member])
+            plain.running_var.copy_(self.running_var[member])
+            plain.num_batches_tracked.copy_(self.num_batches_tracked)
+        return super()._carrying_member(plain, member)
 
     def extra_repr(self) -> str:
         return (

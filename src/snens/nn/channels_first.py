@@ -6,17 +6,16 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
 from snens.nn import probe
 from snens.nn.per_example_norms import MemberLayerNorm
-from snens.nn.plain_conversion import RebuildsPlain, feature_shape, from_plain_as, norm_eps
+from snens.nn.plain_conversion import RebuildsPlain, feature_shape, norm_eps
 
 __all__ = ["MemberLayerNorm2d"]
 
 
-class MemberLayerNorm2d(RebuildsPlain, MemberLayerNorm):
+class MemberLayerNorm2d(probe.ProbedFromPlain, RebuildsPlain, MemberLayerNorm):
     """σNorm over a channels-first LayerNorm: :class:`MemberLayerNorm` over dim 1 of
     ``(M·B, C, *)`` inputs; ``to_plain`` builds ``plain_type(C, eps=eps, **plain_options)``."""
 
@@ -56,22 +55,11 @@ class MemberLayerNorm2d(RebuildsPlain, MemberLayerNorm):
         return super()._reference(x.movedim(1, -1), scale, shift).movedim(-1, 1)
 
     @classmethod
-    def from_plain(
-        cls, plain: nn.Module, num_members: int, *, generator: torch.Generator | None = None, **kw
-    ) -> MemberLayerNorm2d:
-        """A member norm whose every member reproduces ``plain`` (checked by the probe).
-
-        Raises:
-            TypeError: if ``plain`` does not compute a channels-first layer norm.
-        """
-        found = probe.match(plain, [cls])
-        if found is None or not found.reproduces:
-            raise TypeError(
-                f"{cls.__name__}.from_plain expects a layer norm normalizing over dim 1 (timm's "
-                f"LayerNorm2d, ConvNextLayerNorm(data_format='channels_first')); "
-                f"{type(plain).__name__} does not compute one on a probe input"
-            )
-        return from_plain_as(cls, plain, num_members, eps=found.eps, generator=generator, **kw)
+    def _expects(cls) -> str:
+        return (
+            "a layer norm normalizing over dim 1 (timm's LayerNorm2d, "
+            "ConvNextLayerNorm(data_format='channels_first'))"
+        )
 
     @staticmethod
     def _plain_config(plain: nn.Module) -> dict[str, Any]:

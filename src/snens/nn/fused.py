@@ -82,13 +82,6 @@ def build_error() -> str | None:
     return _error
 
 
-def _build_directory(name: str) -> Path:
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    directory = cache / "snens" / "kernels" / name
-    directory.mkdir(parents=True, exist_ok=True)
-    return directory
-
-
 @contextlib.contextmanager
 def _build_lock(directory: Path) -> Iterator[None]:
     """Hold ``directory/snens.lock`` for this process's build; a torch ``lock`` beside it was
@@ -140,9 +133,10 @@ def _build(*, verbose: bool = False) -> tuple[bool, str | None]:
         from torch.utils.cpp_extension import load
 
         _ninja_on_path()
-        where = [str(path.resolve()) for path in _SOURCES]
         name = _build_name()
-        directory = _build_directory(name)
+        cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+        directory = cache / "snens" / "kernels" / name
+        directory.mkdir(parents=True, exist_ok=True)
         library = directory / f"{name}.so"
         fresh = not library.is_file()
         if fresh or verbose:
@@ -153,9 +147,10 @@ def _build(*, verbose: bool = False) -> tuple[bool, str | None]:
                 else f"kernels cached in {directory}"
             )
         start = time.perf_counter()
+        sources = [str(path.resolve()) for path in _SOURCES]
         options = {"build_directory": str(directory), "is_python_module": False, "verbose": False}
         with _build_lock(directory):
-            load(name=name, sources=where, extra_cflags=list(_FLAGS), **options)
+            load(name=name, sources=sources, extra_cflags=list(_FLAGS), **options)
         if fresh:
             _notice(f"built the fused kernels in {time.perf_counter() - start:.0f} s")
         torch.ops.snens_fused.member_layer_norm_forward  # noqa: B018 - registered?

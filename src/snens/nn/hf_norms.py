@@ -33,7 +33,7 @@ from snens.nn.hf_formulas import (
 )
 from snens.nn.norms import MemberNorm
 from snens.nn.per_example_norms import MemberLayerNorm
-from snens.nn.plain_conversion import RebuildsPlain, feature_shape, from_plain_as, norm_eps
+from snens.nn.plain_conversion import RebuildsPlain, feature_shape, norm_eps, positive_int
 
 __all__ = [
     "MemberCohereLayerNorm",
@@ -58,7 +58,7 @@ __all__ = [
 
 def _feature_shape(hidden_size: Any) -> tuple[int, ...]:
     sizes = hidden_size if isinstance(hidden_size, tuple | list) else (hidden_size,)
-    if not sizes or not all(_positive_int(s) for s in sizes):
+    if not sizes or not all(positive_int(s) for s in sizes):
         raise ValueError(
             f"hidden_size must be an int >= 1 (or a tuple of them), got {hidden_size!r}"
         )
@@ -70,7 +70,7 @@ def _config(shape: tuple[int, ...], plain: nn.Module, plain_type: type[nn.Module
     return {"hidden_size": size, "eps": norm_eps(plain), "plain_type": plain_type}
 
 
-class _MemberHFNorm(RebuildsPlain, MemberNorm):
+class _MemberHFNorm(probe.ProbedFromPlain, RebuildsPlain, MemberNorm):
     """Member m computes ``formula(x_m, sigmoid(gamma_m)·weight_m, eps)``."""
 
     has_bias = False
@@ -118,9 +118,7 @@ class _MemberHFNorm(RebuildsPlain, MemberNorm):
             )
 
     def _fused_forward(self, x: Tensor) -> Tensor | None:
-        if triton_norms.applies(self, x):
-            return triton_norms.forward(self, x, self.eps)
-        return None
+        return triton_norms.forward(self, x, self.eps) if triton_norms.applies(self, x) else None
 
     def _normalize(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
         M = self.num_members
@@ -133,27 +131,8 @@ class _MemberHFNorm(RebuildsPlain, MemberNorm):
         return self._per_member(x, scale, shift, lambda r, _, w, b: self._formula(r, w, b))
 
     @classmethod
-    def from_plain(
-        cls, plain: nn.Module, num_members: int, *, generator: torch.Generator | None = None, **kw
-    ) -> MemberNorm:
-        """A member norm whose every member reproduces ``plain`` (checked by the probe).
-
-        Raises:
-            TypeError: if ``plain`` does not compute it.
-        """
-        found = probe.match(plain, [cls])
-        if found is None or not found.reproduces:
-            why = probe.unprobeable(plain) or (
-                "it computes something else"
-                if found is None
-                else f"{found.worst_setting} differs by {found.worst:.3g}× the tolerance"
-            )
-            raise TypeError(
-                f"{cls.__name__}.from_plain expects a module computing the Hugging Face "
-                f"{cls.formula} {cls.norm_kind} formula; {type(plain).__name__} is not one "
-                f"(on probe inputs: {why})"
-            )
-        return from_plain_as(cls, plain, num_members, eps=found.eps, generator=generator, **kw)
+    def _expects(cls) -> str:
+        return f"a module computing the Hugging Face {cls.formula} {cls.norm_kind} formula"
 
     @classmethod
     def _plain_config(cls, plain: nn.Module) -> dict[str, Any]:
@@ -196,11 +175,7 @@ class MemberGemmaRMSNorm(_MemberHFNorm):
     formula = "gemma"
     triton_variant = triton_norms.Variant(center=False, round_first=False, output="input")
     _norm_fn = staticmethod(gemma_rms_norm)
-
-    @torch.no_grad()
-    def load_plain_affine(self, weight: Tensor | None, bias: Tensor | None) -> None:
-        factor = None if weight is None else 1 + weight.detach().double()
-        super().load_plain_affine(factor, None)
+    _weight_offset = 1
 
     def _plain_weight(self, scale: Tensor) -> Tensor:
         return scale.float() - 1
@@ -297,26 +272,17 @@ class ScaledRMSNorm(nn.Module):
         dtype=None,
     ) -> None:
         super().__init__()
-        if formula not in _UNWEIGHTED_FORMULAS:
-            raise ValueError(
-                f"formula must be one of {sorted(_UNWEIGHTED_FORMULAS)}, got {formula!r}"
-            )
+        if formula not in _UNWEIGHTED:
+            raise ValueError(f"formula must be one of {sorted(_UNWEIGHTED)}, got {formula!r}")
         self.weight = nn.Parameter(torch.ones(hidden_size, device=device, dtype=dtype))
         self.eps = eps
         self.formula = formula
 
     def forward(self, x: Tensor) -> Tensor:
-        return _UNWEIGHTED_FORMULAS[self.formula](x, self.weight, self.eps)
+        return _UNWEIGHTED[self.formula]._norm_fn(x, self.weight, self.eps)
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.eps}, formula={self.formula!r}"
-
-
-_UNWEIGHTED_FORMULAS = {
-    "unweighted": olmo2_rms_norm,
-    "deepseek_unweighted": deepseek_unweighted_rms_norm,
-    "l2": unweighted_l2_norm,
-}
 
 
 class MemberUnweightedRMSNorm(_MemberHFNorm):
@@ -353,10 +319,9 @@ class MemberUnweightedRMSNorm(_MemberHFNorm):
 
     @classmethod
     def _plain_config(cls, plain: nn.Module) -> dict[str, Any]:
-        if plain._parameters.get("weight") is not None:
-            raise TypeError(f"it has a weight; {cls.__name__} is for RMS norms without one")
-        if plain._parameters.get("bias") is not None:
-            raise TypeError(f"it has a bias; {cls.__name__} is for RMS norms without one")
+        for name in ("weight", "bias"):
+            if plain._parameters.get(name) is not None:
+                raise TypeError(f"it has a {name}; {cls.__name__} is for RMS norms without one")
         shape = feature_shape(plain)
         return {
             "hidden_size": None if shape is None or len(shape) != 1 else shape[0],
@@ -386,8 +351,7 @@ class MemberUnweightedRMSNorm(_MemberHFNorm):
         """
         if not isinstance(plain, ScaledRMSNorm):
             raise TypeError(f"from_scaled expects a ScaledRMSNorm, got {type(plain).__name__}")
-        members = (MemberUnweightedRMSNorm, MemberDeepseekUnweightedRMSNorm, MemberUnweightedL2Norm)
-        cls = {c.formula: c for c in members}[plain.formula]
+        cls = _UNWEIGHTED[plain.formula]
         weight = plain.weight
         size = None if tuple(weight.shape) == (1,) else weight.shape[0]
         member = cls(size, num_members, plain.eps, **kw, device=weight.device, dtype=weight.dtype)
@@ -412,6 +376,13 @@ class MemberUnweightedL2Norm(MemberUnweightedRMSNorm):
     _norm_fn = staticmethod(unweighted_l2_norm)
 
 
+#: The weightless formulas by name: what a ScaledRMSNorm computes, and its member class.
+_UNWEIGHTED = {
+    cls.formula: cls
+    for cls in (MemberUnweightedRMSNorm, MemberDeepseekUnweightedRMSNorm, MemberUnweightedL2Norm)
+}
+
+
 class _MemberGatedRMSNorm(_MemberHFNorm):
     norm_kind = "gated RMS norm"
     gate_first = False
@@ -431,7 +402,7 @@ class _MemberGatedRMSNorm(_MemberHFNorm):
     ) -> None:
         if isinstance(hidden_size, bool) or not isinstance(hidden_size, int):
             raise ValueError(f"hidden_size must be an int >= 1, got {hidden_size!r}")
-        if group_size is not None and (not _positive_int(group_size) or hidden_size % group_size):
+        if group_size is not None and (not positive_int(group_size) or hidden_size % group_size):
             raise ValueError(
                 f"group_size must be None or an int >= 1 dividing hidden_size={hidden_size}, "
                 f"got {group_size!r}"
@@ -480,8 +451,8 @@ class _MemberGatedRMSNorm(_MemberHFNorm):
             raise TypeError(f"its weight is not 1-D; {cls.__name__} takes a 1-D weight")
         group_size = getattr(plain, "group_size", None)
         groups = getattr(plain, "n_groups", None)
-        if not _positive_int(group_size):
-            group_size = size // groups if _positive_int(groups) and size % groups == 0 else None
+        if not positive_int(group_size):
+            group_size = size // groups if positive_int(groups) and size % groups == 0 else None
         activation = getattr(plain, "activation", "silu")
         if not isinstance(activation, str) or activation not in GATE_ACTIVATIONS:
             raise TypeError(f"its activation {activation!r} is none of {sorted(GATE_ACTIVATIONS)}")
@@ -501,10 +472,6 @@ class _MemberGatedRMSNorm(_MemberHFNorm):
     def extra_repr(self) -> str:
         groups = "" if self.group_size is None else f", group_size={self.group_size}"
         return f"{super().extra_repr()}{groups}, activation={self.activation!r}"
-
-
-def _positive_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def _constructor_options(plain: nn.Module) -> dict[str, Any]:
@@ -557,7 +524,7 @@ class MemberGateFirstRMSNormF32(_MemberGatedRMSNorm):
     weight_in_float32 = True
 
 
-class MemberLayerNorm1P(MemberLayerNorm):
+class MemberLayerNorm1P(probe.ProbedFromPlain, MemberLayerNorm):
     """σNorm over a layer norm whose scale is weight + 1 (Nemotron's ``NemotronLayerNorm1P``).
 
     A member's weight is the whole scale. ``plain_type``: the class ``to_plain`` rebuilds (None:
@@ -565,15 +532,11 @@ class MemberLayerNorm1P(MemberLayerNorm):
     """
 
     triton_variant = None
+    _weight_offset = 1
 
     def __init__(self, *args, plain_type: type[nn.Module] | None = None, **kw) -> None:
         super().__init__(*args, **kw)
         self.plain_type = plain_type
-
-    @torch.no_grad()
-    def load_plain_affine(self, weight: Tensor | None, bias: Tensor | None) -> None:
-        scale = None if weight is None else 1 + weight.detach().double()
-        super().load_plain_affine(scale, bias)
 
     def forward(self, x: Tensor) -> Tensor:
         """As ``NemotronLayerNorm1P``: autocast off, the input and affine cast to its dtype."""
@@ -590,21 +553,8 @@ class MemberLayerNorm1P(MemberLayerNorm):
             return self._reference(x.to(dtype), scale.to(dtype), shift)
 
     @classmethod
-    def from_plain(
-        cls, plain: nn.Module, num_members: int, *, generator: torch.Generator | None = None, **kw
-    ) -> MemberNorm:
-        """A member norm whose every member reproduces ``plain`` (checked by the probe).
-
-        Raises:
-            TypeError: if ``plain`` does not compute it.
-        """
-        found = probe.match(plain, [cls])
-        if found is None or not found.reproduces:
-            raise TypeError(
-                f"{cls.__name__}.from_plain expects a layer norm with the scale 1 + weight; "
-                f"{type(plain).__name__} does not compute one on probe inputs"
-            )
-        return from_plain_as(cls, plain, num_members, eps=found.eps, generator=generator, **kw)
+    def _expects(cls) -> str:
+        return "a layer norm with the scale 1 + weight"
 
     @staticmethod
     def _plain_config(plain: nn.Module) -> dict[str, Any]:

@@ -50,12 +50,11 @@ class MemberLinear(nn.Module):
 
     @torch.no_grad()
     def load_plain(self, linear: nn.Linear) -> None:
-        self.weight.copy_(linear.weight.detach().unsqueeze(0).expand_as(self.weight))
-        if self.bias is not None:
-            if linear.bias is None:
-                self.bias.zero_()
-            else:
-                self.bias.copy_(linear.bias.detach().unsqueeze(0).expand_as(self.bias))
+        self.weight.copy_(linear.weight)  # every member a copy of it
+        if self.bias is not None and linear.bias is not None:
+            self.bias.copy_(linear.bias)
+        elif self.bias is not None:
+            self.bias.zero_()
 
     def forward(self, x: Tensor) -> Tensor:
         M = self.num_members

@@ -36,7 +36,6 @@ __all__ = [
     "path_override",
 ]
 
-
 #: The most members an ensemble may have: every input is repeated M times.
 MAX_MEMBERS = 1024
 
@@ -148,6 +147,8 @@ class MemberNorm(nn.Module):
     member_major: bool = True
     #: the dtype of one built from a plain module holding no floating-point tensor
     _fallback_dtype: torch.dtype | None = None
+    #: added to a plain norm's weight to give its scale (1 where it stores w for 1 + w)
+    _weight_offset = 0
 
     def __init__(
         self,
@@ -212,17 +213,18 @@ class MemberNorm(nn.Module):
         bias_m likewise."""
         # in float64, then checked: w / sigmoid(gamma) overflows float32 below gamma ≈ -87
         s = torch.sigmoid(self.gamma.detach().double())
-        w = torch.ones(self.feature_shape) if weight is None else weight.detach()
-        new_weight = w.double().to(s.device) / s
-        new_bias = None
-        if self.bias is not None:
-            b = torch.zeros(self.feature_shape) if bias is None else bias.detach()
-            new_bias = b.double().to(s.device) / s
+
+        def divided(value: Tensor | None, fill: float) -> Tensor:
+            value = torch.full(self.feature_shape, fill) if value is None else value.detach()
+            return value.double().to(s.device) / s
+
+        if weight is not None and self._weight_offset:
+            weight = self._weight_offset + weight.detach().double()
+        new_weight = divided(weight, 1.0)
+        new_bias = None if self.bias is None else divided(bias, 0.0)
         limit = torch.finfo(self.weight.dtype).max
         for value in (new_weight, new_bias):
-            if value is None or value.is_meta:
-                continue
-            if not (value.abs() <= limit).all():
+            if value is not None and not value.is_meta and not (value.abs() <= limit).all():
                 raise ValueError(
                     f"gamma down to {float(self.gamma.min()):.3g} (gamma_mean={self.gamma_mean!r}, "
                     f"gamma_std={self.gamma_std!r}) makes weight / sigmoid(gamma) overflow "
@@ -298,16 +300,18 @@ class MemberNorm(nn.Module):
     def _check_num_members(self, gamma: Tensor, key: str, version: int | None) -> None:
         if tuple(gamma.shape) == tuple(self.gamma.shape):
             return
+        cannot = (
+            f"cannot load {key} of shape {tuple(gamma.shape)} into {type(self).__name__} "
+            f"with gamma {tuple(self.gamma.shape)}: "
+        )
         if gamma.shape[:1] == self.gamma.shape[:1]:  # the same M: another architecture
             raise ValueError(
-                f"cannot load {key} of shape {tuple(gamma.shape)} into {type(self).__name__} "
-                f"with gamma {tuple(self.gamma.shape)}: the same num_members "
-                f"({self.num_members}), other features, so the state_dict comes from another "
-                "architecture or width; build the model it was saved from"
+                f"{cannot}the same num_members ({self.num_members}), other features, so the "
+                "state_dict comes from another architecture or width; build the model it was "
+                "saved from"
             )
         raise ValueError(
-            f"cannot load {key} of shape {tuple(gamma.shape)} into {type(self).__name__} "
-            f"with gamma {tuple(self.gamma.shape)}: the state_dict (version {version}) comes "
+            f"{cannot}the state_dict (version {version}) comes "
             f"from an ensemble with num_members={gamma.shape[0]}, this one has "
             f"num_members={self.num_members}; convert with num_members={gamma.shape[0]} or "
             "use snens.extract_member to get one member as a plain model"
@@ -331,7 +335,7 @@ class MemberNorm(nn.Module):
 
     def to_plain(self, member: int) -> nn.Module:
         """A plain norm equal to member ``member`` (sigmoid(gamma) folded into its affine)."""
-        self._check_member(member)
+        check_member(member, self.num_members)
         return self._carrying_member(self._new_plain(), member)
 
     def _new_plain(self) -> nn.Module:
@@ -399,9 +403,6 @@ class MemberNorm(nn.Module):
 
     def _copy_plain_stats(self, plain: nn.Module) -> None:
         """Copy a plain norm's running statistics (batch norms only)."""
-
-    def _check_member(self, member: int) -> None:
-        check_member(member, self.num_members)
 
     def extra_repr(self) -> str:
         return f"{self.feature_shape}, num_members={self.num_members}"

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from snens.nn import fused, triton_norms
 from snens.nn.norms import MemberNorm, custom_functions_unavailable, needs_grad, path_override
-from snens.nn.plain_conversion import feature_shape, norm_eps
+from snens.nn.plain_conversion import feature_shape, norm_eps, positive_int
 
 __all__ = [
     "MemberGroupNorm",
@@ -28,9 +28,7 @@ __all__ = [
 
 
 def _as_shape(normalized_shape: int | Sequence[int]) -> tuple[int, ...]:
-    if isinstance(normalized_shape, int):
-        return (normalized_shape,)
-    return tuple(int(s) for s in normalized_shape)
+    return (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
 
 
 def _recorded_shape(plain: nn.Module) -> tuple[int, ...]:
@@ -76,9 +74,7 @@ class MemberLayerNorm(MemberNorm):
             )
 
     def _fused_forward(self, x: Tensor) -> Tensor | None:
-        if triton_norms.applies(self, x):
-            return triton_norms.forward(self, x, self.eps)
-        return None
+        return triton_norms.forward(self, x, self.eps) if triton_norms.applies(self, x) else None
 
     def _normalize(self, x: Tensor, scale: Tensor, shift: Tensor | None) -> Tensor:
         """The fused CPU kernel, the vectorized path off the CPU, else the reference."""
@@ -220,7 +216,7 @@ class MemberGroupNorm(MemberNorm):
         dtype=None,
     ) -> None:
         for name, value in (("num_groups", num_groups), ("num_channels", num_channels)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not positive_int(value):
                 raise ValueError(f"{name} must be an int >= 1, got {name}={value!r}")
         if num_channels % num_groups:
             raise ValueError(
@@ -270,11 +266,7 @@ class MemberGroupNorm(MemberNorm):
 
     @staticmethod
     def _plain_config(plain: nn.Module) -> dict[str, Any]:
-        return {
-            "num_groups": plain.num_groups,
-            "num_channels": plain.num_channels,
-            "eps": plain.eps,
-        }
+        return {name: getattr(plain, name) for name in ("num_groups", "num_channels", "eps")}
 
     def _new_plain(self) -> nn.Module:
         return nn.GroupNorm(self.num_groups, self.num_channels, eps=self.eps, **self._factory())
@@ -304,7 +296,7 @@ class _MemberInstanceNorm(MemberGroupNorm):
         device=None,
         dtype=None,
     ) -> None:
-        if isinstance(num_features, bool) or not isinstance(num_features, int) or num_features < 1:
+        if not positive_int(num_features):
             raise ValueError(f"num_features must be an int >= 1, got num_features={num_features!r}")
         options = dict(gamma_mean=gamma_mean, gamma_std=gamma_std, device=device, dtype=dtype)
         super().__init__(num_features, num_features, num_members, eps, **options)

@@ -11,11 +11,12 @@ from snens.nn.norms import MemberNorm
 
 __all__ = [
     "EPS_ATTRIBUTES",
-    "SIZE_ATTRIBUTES",
     "RebuildsPlain",
+    "SIZE_ATTRIBUTES",
     "feature_shape",
     "from_plain_as",
     "norm_eps",
+    "positive_int",
 ]
 
 #: Where norms keep eps: torch's, Hugging Face's (``variance_epsilon``) and other spellings.
@@ -24,15 +25,16 @@ EPS_ATTRIBUTES = ("eps", "variance_epsilon", "epsilon", "layer_norm_eps", "norm_
 SIZE_ATTRIBUTES = ("normalized_shape", "hidden_size", "dim", "num_features", "num_channels")
 
 
-def _is_real(value: object) -> bool:
-    return not isinstance(value, bool) and isinstance(value, int | float)
+def positive_int(value: object) -> bool:
+    """Whether ``value`` is an int >= 1 (bools are not)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def norm_eps(module: nn.Module) -> float | None:
     """The first real value among ``module``'s :data:`EPS_ATTRIBUTES`, or None."""
     for name in EPS_ATTRIBUTES:
         value = getattr(module, name, None)
-        if _is_real(value):
+        if not isinstance(value, bool) and isinstance(value, int | float):
             return float(value)
     return None
 
@@ -45,7 +47,7 @@ def feature_shape(module: nn.Module) -> tuple[int, ...] | None:
     for name in SIZE_ATTRIBUTES:
         value = getattr(module, name, None)
         sizes = tuple(value) if isinstance(value, tuple | list | torch.Size) else (value,)
-        if sizes and all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in sizes):
+        if sizes and all(positive_int(s) for s in sizes):
             return sizes
     return None
 
@@ -74,11 +76,7 @@ def from_plain_as(
         ) from None
     if eps is not None:
         config["eps"] = eps
-    if (
-        "eps" in config
-        and config["eps"] is None
-        and getattr(member_type, "plain_type", None) is not nn.RMSNorm
-    ):
+    if config.get("eps", 0) is None and getattr(member_type, "plain_type", None) is not nn.RMSNorm:
         raise TypeError(
             f"{member_type.__name__} needs the eps of {type(plain).__name__}, which keeps it in "
             f"none of {', '.join(EPS_ATTRIBUTES)}; register it with "

@@ -35,6 +35,7 @@ from snens.nn.plain_conversion import feature_shape, from_plain_as, norm_eps
 
 __all__ = [
     "Comparison",
+    "ProbedFromPlain",
     "compare",
     "extra_inputs",
     "match",
@@ -80,6 +81,36 @@ class Comparison:
     @property
     def reproduces(self) -> bool:
         return self.computes and self.worst <= 1.0
+
+
+class ProbedFromPlain:
+    """``from_plain`` for member classes of norms from outside torch: checked by the probe."""
+
+    @classmethod
+    def _expects(cls) -> str:
+        raise NotImplementedError
+
+    @classmethod
+    def from_plain(
+        cls, plain: nn.Module, num_members: int, *, generator: torch.Generator | None = None, **kw
+    ) -> MemberNorm:
+        """A member norm whose every member reproduces ``plain`` (checked by the probe).
+
+        Raises:
+            TypeError: if ``plain`` does not compute what this class computes.
+        """
+        found = match(plain, [cls])
+        if found is None or not found.reproduces:
+            why = unprobeable(plain) or (
+                "it computes something else"
+                if found is None
+                else f"{found.worst_setting} differs by {found.worst:.3g}× the tolerance"
+            )
+            raise TypeError(
+                f"{cls.__name__}.from_plain expects {cls._expects()}; {type(plain).__name__} "
+                f"is not one (it does not compute one on probe inputs: {why})"
+            )
+        return from_plain_as(cls, plain, num_members, eps=found.eps, generator=generator, **kw)
 
 
 def unprobeable(module: nn.Module) -> str | None:
@@ -232,7 +263,8 @@ def _float32(module, member_type, eps, values, inputs, device) -> str:
             if isinstance(got, str):
                 return got
             if not _close(got, expected, FLOAT32_TOLERANCE):
-                return f"differs on an input of shape {tuple(x.shape)} ({_mode(training)})"
+                mode = "train mode" if training else "eval mode"
+                return f"differs on an input of shape {tuple(x.shape)} ({mode})"
             if training and not _same_statistics(plain, member):
                 return "updates its running statistics otherwise"
             compared += 1
@@ -249,8 +281,7 @@ def _three_d_layout(plain, member, inputs, device) -> str:
     taken = [x for x in three if _takes(member, x)]
     if not taken or any(_runs(plain, x, device) for x in taken):
         return ""
-    refused = [x for x in three if not _takes(member, x)]
-    other = next((x for x in refused if _runs(plain, x, device)), None)
+    other = next((x for x in three if not _takes(member, x) and _runs(plain, x, device)), None)
     if other is None:
         return ""
     return (
@@ -261,7 +292,8 @@ def _three_d_layout(plain, member, inputs, device) -> str:
 
 def _precision(module, member_type, eps, values, inputs, param_dtype, input_dtype, device):
     """Step 2 in one setting: the largest difference over the tolerance (0: bit for bit)."""
-    tolerance = FLOAT32_TOLERANCE if input_dtype == torch.float32 else _ulps(input_dtype)
+    half = HALF_ULPS * torch.finfo(input_dtype).eps
+    tolerance = FLOAT32_TOLERANCE if input_dtype == torch.float32 else half
     try:
         plain = _copy_holding(module, values, param_dtype, device)
         member = _member(member_type, plain, eps)
@@ -428,13 +460,5 @@ def _relative_error(got: Tensor, expected: Tensor, tolerance: float) -> float:
     return float(ratio.max())
 
 
-def _ulps(dtype: torch.dtype) -> float:
-    return HALF_ULPS * torch.finfo(dtype).eps
-
-
 def _name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
-
-
-def _mode(training: bool) -> str:
-    return "train mode" if training else "eval mode"

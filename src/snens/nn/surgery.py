@@ -10,7 +10,7 @@ import re
 import warnings
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -62,7 +62,7 @@ class ConversionReport:
     skipped: tuple[tuple[str, str], ...] = ()
     params_before: int = 0
     params_after: int = 0
-    notes: tuple[str, ...] = field(default=())
+    notes: tuple[str, ...] = ()
     unselected: tuple[tuple[str, str], ...] = ()
     skipped_reasons: tuple[tuple[str, str], ...] = ()
 
@@ -138,10 +138,12 @@ def replace_modules(
     return replaced
 
 
-def _find_head(model: nn.Module, head: str | None) -> tuple[str, nn.Module] | None:
-    linears = [(n, m) for n, m in model.named_modules() if type(m) is nn.Linear]
-    if head is None:
+def _head_to_replace(
+    model: nn.Module, head: str | None, existing: _Modules
+) -> tuple[str, nn.Module] | None:
+    if head is None or any(isinstance(m, MemberLinear) for _, m in existing):
         return None
+    linears = [(n, m) for n, m in model.named_modules() if type(m) is nn.Linear]
     if head == "auto":
         # exact type: attention's out_proj (NonDynamicallyQuantizableLinear) is not a head
         return linears[-1] if linears else None
@@ -198,7 +200,12 @@ def convert_modules(
 
     targets, refused, unselected = _collect_norms(model, chosen)
     _check_selection(model, norms, targets, refused, unselected)
-    _check_skip_unsupported(skip_unsupported)
+    if not (skip_unsupported is None or isinstance(skip_unsupported, bool)):
+        raise TypeError(
+            f"skip_unsupported must be None (the default: leave norms with no member version "
+            f"shared and warn), True (the same, silently) or False (all or nothing), got "
+            f"{skip_unsupported!r}"
+        )
     _refuse_unsupported(model, refused, skip_unsupported is False)
     _require_a_norm(model, targets, existing, refused)
     if refused and skip_unsupported is None:
@@ -211,6 +218,8 @@ def convert_modules(
     )
     found = _head_to_replace(model, head, existing)
     head_name = _replace_head(model, found, num_members, head_init, generator)
+    no_head = found is None and head == "auto" and not existing
+    notes = ("no nn.Linear found: members share the output layer",) if no_head else ()
 
     return ConversionReport(
         num_members=num_members,
@@ -219,21 +228,12 @@ def convert_modules(
         skipped=tuple((name, type(m).__name__) for name, m, _ in refused),
         params_before=params_before,
         params_after=_count_params(model),
-        notes=_notes(found, head, existing),
+        notes=notes,
         unselected=tuple((name, type(m).__name__) for name, m in unselected),
         skipped_reasons=tuple(
             dict.fromkeys((type(m).__name__, reason) for _, m, reason in refused)
         ),
     )
-
-
-def _check_skip_unsupported(skip_unsupported: object) -> None:
-    if not (skip_unsupported is None or isinstance(skip_unsupported, bool)):
-        raise TypeError(
-            f"skip_unsupported must be None (the default: leave norms with no member version "
-            f"shared and warn), True (the same, silently) or False (all or nothing), got "
-            f"{skip_unsupported!r}"
-        )
 
 
 def _warn_skipped(model: nn.Module, refused: _Refused) -> None:
@@ -425,38 +425,26 @@ def _replace_norms(
 
     def member_norm(name: str, module: nn.Module) -> MemberNorm | None:
         convert = targets.get(id(module))
-        return None if convert is None else _member_norm(name, module, convert, num_members, **kw)
+        if convert is None:
+            return None
+        try:
+            member = convert(module, num_members, **kw)
+        except (TypeError, ValueError) as err:
+            error = TypeError if isinstance(err, TypeError) else ValueError
+            raise error(f"cannot convert {name} ({type(module).__name__}): {err}") from err
+        if not isinstance(member, MemberNorm) or member.num_members != num_members:
+            raise TypeError(
+                f"converting {name} ({type(module).__name__}) with {convert!r} gave a "
+                f"{type(member).__name__} (num_members={getattr(member, 'num_members', None)}); "
+                "the conversion registered with snens.nn.register_norm must return a MemberNorm "
+                f"with num_members={num_members}"
+            )
+        return member
 
     return [
         (name, type(old).__name__, type(new).__name__)
         for name, old, new in replace_modules(model, member_norm)
     ]
-
-
-def _member_norm(
-    name: str, module: nn.Module, convert: Converter, num_members: int, **kw
-) -> MemberNorm:
-    try:
-        member = convert(module, num_members, **kw)
-    except (TypeError, ValueError) as err:
-        error = TypeError if isinstance(err, TypeError) else ValueError
-        raise error(f"cannot convert {name} ({type(module).__name__}): {err}") from err
-    if not isinstance(member, MemberNorm) or member.num_members != num_members:
-        got = getattr(member, "num_members", None)
-        raise TypeError(
-            f"converting {name} ({type(module).__name__}) with {convert!r} gave a "
-            f"{type(member).__name__} (num_members={got}); the conversion registered with "
-            f"snens.nn.register_norm must return a MemberNorm with num_members={num_members}"
-        )
-    return member
-
-
-def _head_to_replace(
-    model: nn.Module, head: str | None, existing: _Modules
-) -> tuple[str, nn.Module] | None:
-    if any(isinstance(m, MemberLinear) for _, m in existing):
-        return None
-    return _find_head(model, head)
 
 
 def _replace_head(
@@ -483,11 +471,3 @@ def _replace_head(
     member_head.train(plain_head.training)
     replace_modules(model, lambda _, m: member_head if m is plain_head else None)
     return head_name
-
-
-def _notes(
-    found: tuple[str, nn.Module] | None, head: str | None, existing: _Modules
-) -> tuple[str, ...]:
-    if found is None and head == "auto" and not existing:
-        return ("no nn.Linear found: members share the output layer",)
-    return ()
