@@ -24,24 +24,37 @@ import results_tables
 
 
 def _field_comments(cls: type) -> dict[str, str]:
-    """The comment on each field's line (and the comment lines right above it)."""
+    """Each field's comment: the comment lines right above it, then the comment ending its line
+    (with the lines below that continue it while a parenthesis is open)."""
     source = inspect.getsource(cls)
-    comments: dict[int, str] = {}
+    comments: dict[int, str] = {}  # line: the comment ending it
+    standalone: set[int] = set()  # lines that hold nothing but a comment
     for token in tokenize.generate_tokens(io.StringIO(source).readline):
-        if token.type == tokenize.COMMENT:
-            comments[token.start[0]] = token.string.lstrip("#").strip()
-    tree = ast.parse(source)
+        text = token.string.lstrip("#").strip()
+        if token.type == tokenize.COMMENT and not text.startswith(("type:", "noqa")):
+            comments[token.start[0]] = text
+            if token.line.lstrip().startswith("#"):
+                standalone.add(token.start[0])
+    fields = sorted(
+        (node.lineno, node.target.id)
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+    )
     found: dict[str, str] = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            line = node.lineno
-            above = []
-            previous = line - 1
-            while previous in comments and previous not in {n.lineno for n in tree.body}:
-                above.insert(0, comments[previous])
-                previous -= 1
-            text = " ".join(above + ([comments[line]] if line in comments else []))
-            found[node.target.id] = text
+    for line, name in fields:
+        above, previous = [], line - 1
+        while previous in standalone:
+            above.insert(0, comments[previous])
+            previous -= 1
+        ending = [comments[line]] if line in comments and line not in standalone else []
+        below = line + 1
+        while ending and " ".join(ending).count("(") > " ".join(ending).count(")"):
+            if below not in standalone:
+                break
+            ending.append(comments[below])
+            standalone.discard(below)  # a continuation, not the next field's comment
+            below += 1
+        found[name] = " — ".join(part for part in (" ".join(above), " ".join(ending)) if part)
     return found
 
 

@@ -213,3 +213,27 @@ def test_the_performance_page_tables_are_the_benchmark_record_s():
     assert "bench_cpu.md" in str(error.value)
     page = (ROOT / "docs" / "performance.md").read_text()
     assert [n for n in bench_tables.TABLES if f"study/sections/bench_{n}.md" not in page] == []
+
+
+def test_the_config_reference_gives_each_key_its_own_comment():
+    sys.path.insert(0, str(ROOT / "docs" / "_ext"))
+    try:
+        import snens_reference
+    finally:
+        sys.path.remove(str(ROOT / "docs" / "_ext"))
+    cells = [
+        re.split(r"(?<!\\)\|", line)  # a "\|" inside a cell is no border
+        for line in snens_reference.config_page().splitlines()
+        if line.startswith("| `")
+    ]
+    rows = {cell[1].strip().strip("`"): cell[4].strip() for cell in cells}
+    # a comment ending a field's line, continued below while its parenthesis is open
+    assert rows["data.train_examples"] == (
+        "N training examples (image sets: the first N; texts, folders: a fixed random subset, "
+        "as they are stored in order); 0 = all"
+    )
+    # the next field's comment is its own, not the fields' above it run together
+    assert rows["data.test_examples"] == "N test examples, chosen as train_examples; 0 = all"
+    assert rows["data.validation_examples"].startswith("N training examples held out")
+    assert rows["threads"] == "torch CPU threads, 0..MAX_THREADS; 0 = torch's default"
+    assert rows["method.name"] == ""  # a type-checker comment is no meaning
