@@ -190,7 +190,9 @@ def situation(label: str, stage: Path) -> tuple[list[str], str | None]:
     single = next((r for r in rows if r["name"] == "single"), None)
     lines += ["", *decomposition(rows, single)]
     cells = _summary_cells(chosen, recipes, single)
-    summary = f"| {label} | {chosen['recipe']} | {max(r['seeds'] for r in recipes)} | {cells} |"
+    # the seeds the chosen recipe's comparison rests on, and one model's
+    seeds = f"{chosen['seeds']} and {single['seeds']}" if single else str(chosen["seeds"])
+    summary = f"| {label} | {chosen['recipe']} | {seeds} | {cells} |"
     return [*lines, ""], summary
 
 
@@ -259,8 +261,9 @@ def page() -> str:
     lines = ["# σN-Ens recipes by situation (`python experiments/recipes.py --write`)", "", intro]
     lines.append("")
     summary = [
-        "| situation | chosen on validation | seeds | chosen − one model, NLL +TS "
-        "| defaults − one model, NLL +TS | defaults − one model, ECE +TS |",
+        "| situation | chosen on validation | seeds (chosen and one model) "
+        "| chosen − one model, NLL +TS | defaults − one model, NLL +TS "
+        "| defaults − one model, ECE +TS |",
         "|---|---|---|---|---|---|",
     ]
     sections = []
