@@ -90,3 +90,20 @@ def test_the_committed_page_is_the_committed_runs_page(recipes):
     assert recipes.page() == written, (
         "results/recipes.md is stale: python experiments/recipes.py --write"
     )
+
+
+def test_the_summary_gives_the_seeds_of_the_chosen_recipe_and_of_one_model(recipes):
+    stage = recipes.SELECTED / "final"  # where one model converges on all the data
+    section, summary = recipes.situation("converged", stage)
+    chosen = next(
+        line.split(" | ")
+        for line in _table(section, "| recipe | seeds |")
+        if line.split(" | ")[0].endswith("← chosen")
+    )
+    single = next(
+        line.split(" | ") for line in _table(section, "| recipe | seeds |") if "one model" in line
+    )
+    # the cell the intervals rest on: the chosen recipe's seeds and one model's, not the most
+    # seeds any recipe of the situation has
+    assert summary.split(" | ")[2] == f"{chosen[1]} and {single[1]}"
+    assert single[1] == str(len(recipes._finished(stage / "single")))
