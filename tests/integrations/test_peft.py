@@ -118,13 +118,31 @@ def test_a_member_is_a_plain_peft_model_and_merges_into_a_plain_hf_model():
         torch.testing.assert_close(merged(**_batch()).logits, expected, rtol=1e-4, atol=1e-5)
 
 
+def test_a_save_short_of_a_tensor_or_with_one_more_names_it(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    save_pretrained(_trained(), tmp_path)
+    state = load_file(str(tmp_path / "snens_state.safetensors"))
+    dropped = sorted(state)[0]
+    extra = {"not.a.tensor.of.this.model": torch.zeros(2)}
+    save_file(
+        {k: v for k, v in state.items() if k != dropped} | extra,
+        str(tmp_path / "snens_state.safetensors"),
+    )
+    with pytest.raises(ValueError) as info:
+        from_pretrained(_base(), tmp_path)
+    assert f"(1 missing: {dropped}; 1 unexpected: not.a.tensor.of.this.model); load it into" in str(
+        info.value
+    )
+
+
 def test_loading_into_another_base_or_an_incomplete_save_is_refused(tmp_path):
     ens = _trained()
     save_pretrained(ens, tmp_path)
     wider = transformers.LlamaForSequenceClassification(
         transformers.LlamaConfig(**{**CONFIG, "hidden_size": 48})
     )
-    with pytest.raises(ValueError, match="does not fit this base model: .*saved"):
+    with pytest.raises(ValueError, match=r"does not fit this base model \(.*saved"):
         from_pretrained(wider, tmp_path)
     (tmp_path / "snens.json").unlink()
     with pytest.raises(FileNotFoundError, match="snens.json is missing"):
@@ -252,7 +270,7 @@ def test_a_save_that_does_not_fit_leaves_the_base_model_as_it_was(tmp_path):
     save_pretrained(snens.convert(peft.get_peft_model(wider, _lora()), 4), tmp_path / "wrong")
     base = _base()
     layers, weights = _layers(base), {k: v.clone() for k, v in base.state_dict().items()}
-    with pytest.raises(ValueError, match="does not fit this base model: .*left as it was"):
+    with pytest.raises(ValueError, match=r"does not fit this base model \(.*left as it was"):
         from_pretrained(base, tmp_path / "wrong")
     assert _layers(base) == layers
     assert all(torch.equal(v, weights[k]) for k, v in base.state_dict().items())

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from snens.evaluation.predictions import to_device
 from snens.method.regularizer import DEFAULT_TEMPERATURE
 from snens.method.step import NonFiniteLossError, nonfinite_cause, training_loss
 
@@ -49,14 +50,6 @@ class EpochStats:
     steps: int  # steps taken, skipped ones included
     skipped: int
     seconds: float
-
-
-def _to_device(x: Any, device: torch.device) -> Any:
-    if isinstance(x, Tensor):
-        return x.to(device, non_blocking=True)
-    if isinstance(x, Mapping):
-        return {k: _to_device(v, device) for k, v in x.items()}
-    return x
 
 
 def _diversity_weight(settings: StepSettings, step: int) -> float:
@@ -138,7 +131,7 @@ def run_epoch(
     for i, (x, y) in enumerate(batches):
         labels = y  # range-checked where the loader made them: on the host, no device sync
         pace.count(x, y)
-        x, y = _to_device(x, device), _to_device(y, device)
+        x, y = to_device(x, device), to_device(y, device)
         if settings.channels_last and isinstance(x, Tensor) and x.dim() == 4:
             x = x.contiguous(memory_format=torch.channels_last)
         # every buffer (running statistics) and its copy, to undo a skipped step's forward

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-__all__ = ["collect", "progress_bars"]
+__all__ = ["collect", "progress_bars", "to_device"]
 
 _PROGRESS: ContextVar[bool] = ContextVar("snens_evaluation_progress", default=False)
 
@@ -44,13 +44,23 @@ def _with_bar(loader: Iterable[Any], what: str) -> Iterable[Any]:
     return tqdm(loader, desc=f"evaluating the {what}", total=total, leave=False, dynamic_ncols=True)
 
 
-def _to_device(x: Any, device: torch.device | None) -> Any:
+def to_device(x: Any, device: torch.device | None) -> Any:
+    """A batch's inputs or labels on ``device``: a tensor moved, a mapping's tensors moved
+    (Hugging Face ``input_ids``, ``attention_mask``, …), anything else as it is.
+
+    Args:
+        x: a tensor, a mapping of names to tensors, or anything else.
+        device: where to move it; None leaves ``x`` where it is.
+
+    Returns:
+        ``x`` on ``device`` (a new dict for a mapping).
+    """
     if device is None:
         return x
     if isinstance(x, Tensor):
         return x.to(device, non_blocking=True)
     if isinstance(x, Mapping):
-        return {k: _to_device(v, device) for k, v in x.items()}
+        return {k: to_device(v, device) for k, v in x.items()}
     return x
 
 
@@ -85,7 +95,7 @@ def _collect(
         with torch.no_grad():
             for batch in batches:
                 x, y = _split_batch(batch, what)
-                x = _to_device(x, device)
+                x = to_device(x, device)
                 out = model(**x) if isinstance(x, Mapping) else model(x)
                 if not isinstance(out, Tensor) or out.dim() != 3:
                     got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__

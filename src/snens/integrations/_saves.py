@@ -82,6 +82,37 @@ def load_safetensors(path: Path) -> dict[str, Tensor]:
         ) from None
 
 
+def check_weights(
+    state: dict[str, Any], reference: dict[str, Tensor], missing: list[str], what: str, fix: str
+) -> None:
+    """Raise a ValueError, ``what`` then ``fix``, naming the tensors of ``state`` that do not fit
+    ``reference`` (a ``state_dict``: not in it, of another shape, or floating where it is not)
+    and the ``missing`` names; return where all fit."""
+    wrong = [
+        f"{k} {tuple(v.shape)} {v.dtype} saved, {tuple(reference[k].shape)} "
+        f"{reference[k].dtype} here"
+        for k, v in state.items()
+        if k in reference
+        and (
+            not isinstance(v, Tensor)
+            or v.layout != torch.strided
+            or v.shape != reference[k].shape
+            or v.is_floating_point() != reference[k].is_floating_point()
+        )
+    ]
+    problems = [
+        f"{len(items)} {kind}: {', '.join(items[:3])}{', …' if len(items) > 3 else ''}"
+        for kind, items in (
+            ("missing", missing),
+            ("unexpected", [k for k in state if k not in reference]),
+            ("of another shape or kind", wrong),
+        )
+        if items
+    ]
+    if problems:
+        raise ValueError(f"{what} ({'; '.join(problems)}); {fix}")
+
+
 def write_meta(path: Path, ensemble: Any, version: int, **keys: Any) -> None:
     """Write ``snens.json``: the format ``version``, the ensemble's ``SnensConfig``, M, its
     input policy, the norms ``norms=`` chose, and ``keys``."""

@@ -41,7 +41,13 @@ import torch
 from torch import Tensor, nn
 
 from snens import files
-from snens.integrations._saves import check_meta, load_safetensors, meta_copy, write_meta
+from snens.integrations._saves import (
+    check_meta,
+    check_weights,
+    load_safetensors,
+    meta_copy,
+    write_meta,
+)
 from snens.method.config import SnensConfig
 from snens.method.convert import convert
 from snens.method.ensemble import Ensemble, predictive_probs
@@ -464,34 +470,14 @@ def _check_weights(ensemble: Ensemble, state: dict[str, Tensor], where: Path) ->
         )
     }
     given = {same.get(k, k) for k in state if k in expected}
-    missing = [k for k in expected if k not in state and same.get(k, k) not in given]
-    unexpected = [k for k in state if k not in expected]
-    wrong = [
-        f"{k} {tuple(v.shape)} {v.dtype} saved, {tuple(expected[k].shape)} {expected[k].dtype} here"
-        for k, v in state.items()
-        if k in expected
-        and (
-            not isinstance(v, Tensor)
-            or v.layout != torch.strided
-            or v.shape != expected[k].shape
-            or v.is_floating_point() != expected[k].is_floating_point()
-        )
-    ]
-    if missing or unexpected or wrong:
-        problems = [
-            f"{len(items)} {what}: {', '.join(items[:3])}{', …' if len(items) > 3 else ''}"
-            for what, items in (
-                ("missing", missing),
-                ("unexpected", unexpected),
-                ("of another shape or kind", wrong),
-            )
-            if items
-        ]
-        raise ValueError(
-            f"the weights in {where} do not fit the model given ({'; '.join(problems)}); pass "
-            "the architecture the ensemble was trained from (the same class and configuration), "
-            "freshly built; the model given was left as it was"
-        )
+    check_weights(
+        state,
+        expected,
+        [k for k in expected if k not in state and same.get(k, k) not in given],
+        f"the weights in {where} do not fit the model given",
+        "pass the architecture the ensemble was trained from (the same class and "
+        "configuration), freshly built; the model given was left as it was",
+    )
 
 
 def _built_from_saved_config(cls: type, where: Path) -> nn.Module:

@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from snens import files
 from snens.integrations._saves import (
     check_meta,
+    check_weights,
     load_safetensors,
     meta_copy,
     not_written_by,
@@ -167,22 +168,10 @@ def _wrap(base_model: nn.Module, config: Any, meta: dict[str, Any]) -> Ensemble:
 def _check_state(ensemble: Ensemble, state: dict[str, Tensor], path: Path) -> None:
     """Every saved tensor fits the ensemble (name, shape, floating or not) and every tensor
     the save should hold is there."""
-    expected = _saved_names(ensemble)
-    shapes = dict(ensemble.state_dict())
-    wrong = [
-        f"{k} {tuple(v.shape)} {v.dtype} saved, {tuple(shapes[k].shape)} {shapes[k].dtype} here"
-        for k, v in state.items()
-        if k in shapes
-        and (v.shape != shapes[k].shape or v.is_floating_point() != shapes[k].is_floating_point())
-    ]
-    unknown = sorted(set(state) - set(shapes))
-    missing = sorted(expected - set(state))
-    if wrong or unknown or missing:
-        problems = wrong[:3] + [f"unknown {k}" for k in unknown[:3]]
-        problems += [f"missing {k}" for k in missing[:3]]
-        raise ValueError(
-            f"{path} does not fit this base model: "
-            + "; ".join(problems)
-            + "; load it into the base model it was trained on (the model given was left as "
-            "it was)"
-        )
+    check_weights(
+        state,
+        ensemble.state_dict(),
+        sorted(_saved_names(ensemble) - set(state)),
+        f"{path} does not fit this base model",
+        "load it into the base model it was trained on (the model given was left as it was)",
+    )
