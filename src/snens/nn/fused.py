@@ -68,9 +68,9 @@ def available() -> bool:
                 if not _built:
                     warnings.warn(
                         f"snens: the fused member-norm kernels are unavailable ({_error}); "
-                        "member norms run one native kernel per member (LayerNorm: 1.3–1.7× a "
-                        "plain LayerNorm). A C++ compiler and ninja (pip install ninja) let them "
-                        f"build; {ENV}=0 skips the attempt.",
+                        "member norms run one native kernel per member (slower; the docs' "
+                        "performance page measures both). A C++ compiler and ninja (pip install "
+                        f"ninja) let them build; {ENV}=0 skips the attempt.",
                         RuntimeWarning,
                         stacklevel=3,
                     )
