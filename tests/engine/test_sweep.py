@@ -182,6 +182,29 @@ def test_plan_collapses_axes_that_do_not_apply(tmp_path):
     assert not applies("method.diversity_layers", "film")
 
 
+def test_the_input_policy_and_gammas_rate_apply_where_a_method_has_them(tmp_path):
+    """One model has no γ and one way to take its inputs: a grid over them trains it once
+    (it had been one run per value, the same model trained again under another name)."""
+    grid = [
+        "method.name=single,deep_ensemble,snens",
+        'method.input_policy="repeat","own"',
+        "method.gamma_lr_multiplier=1,30",
+    ]
+    runs = plan(preset(TINY), grid, tmp_path / "s")
+    assert [r.name for r in runs] == [
+        "method.name=single",
+        "method.name=deep_ensemble,method.input_policy=repeat",
+        "method.name=deep_ensemble,method.input_policy=own",
+        "method.name=snens,method.input_policy=repeat,method.gamma_lr_multiplier=1.0",
+        "method.name=snens,method.input_policy=repeat,method.gamma_lr_multiplier=30.0",
+        "method.name=snens,method.input_policy=own,method.gamma_lr_multiplier=1.0",
+        "method.name=snens,method.input_policy=own,method.gamma_lr_multiplier=30.0",
+    ]
+    assert runs[0].config.method.input_policy == "repeat"
+    assert not applies("method.input_policy", "film") and applies("method.input_policy", "snens")
+    assert not applies("method.gamma_lr_multiplier", "deep_ensemble")
+
+
 def test_set_single_forces_one_member(tmp_path):
     runs = plan(preset(TINY), ["seed=0,1"], tmp_path, ['method.name="single"'])
     assert [r.config.method.num_members for r in runs] == [1, 1]
@@ -238,12 +261,12 @@ def test_a_grid_given_as_a_mapping_plans_the_same_runs(tmp_path):
 
 
 def test_a_combination_bad_only_as_a_whole_is_named_whole(tmp_path):
-    grid = ['method.input_policy="split","repeat"', "method.name=film,snens"]
+    grid = ['method.input_policy="split","repeat"', "data.batch_size=100,102"]
     with pytest.raises(ValueError) as error:
         plan(preset(TINY), grid, tmp_path / "s")
     assert str(error.value).startswith(
-        '--grid: the run method.input_policy="split", method.name=film: '
-        "method.input_policy 'split' is implemented for method 'snens' only"
+        '--grid: the run method.input_policy="split", data.batch_size=102: '
+        "data.batch_size 102 is not divisible by method.num_members 4"
     )
     assert not (tmp_path / "s").exists()
 

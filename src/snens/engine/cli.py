@@ -440,8 +440,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train the cartesian product of the --grid axes on a base config, run by "
         "run, into OUT/<run name> (e.g. method.temperature=0.5,seed=1), every config checked "
         "first. Running the same command again skips finished runs and resumes interrupted "
-        "ones. Axes that do not apply to a run's method (τ and λ outside 'snens', M for "
-        "'single') collapse to one run. Exit status: 0 all runs done, 1 a run failed (the "
+        "ones. Axes that do not apply to a run's method (τ, λ and γ's learning rate outside "
+        "'snens', the input policy outside 'snens' and 'deep_ensemble', M for 'single') "
+        "collapse to one run. Exit status: 0 all runs done, 1 a run failed (the "
         "others still run), 2 bad input.",
         epilog="example: snens sweep --preset fashion_mnist_small_cnn_tiny "
         "--grid method.temperature=0.05,0.5,5 --grid seed=0,1,2 --out runs/sweeps/tau; then "

@@ -33,6 +33,7 @@ from snens import files
 from snens.engine.config import (
     MEMBER_NORM_METHODS,
     ONE_NETWORK_METHODS,
+    OWN_BATCH_METHODS,
     REGULARIZED_METHODS,
     RunConfig,
     apply_overrides,
@@ -65,6 +66,8 @@ METHOD_ONLY_KEYS: dict[str, tuple[str, ...] | None] = {
     "method.temperature": REGULARIZED_METHODS,
     "method.diversity_weight": REGULARIZED_METHODS,
     "method.diversity_layers": REGULARIZED_METHODS,
+    "method.gamma_lr_multiplier": REGULARIZED_METHODS,
+    "method.input_policy": OWN_BATCH_METHODS,
     "optim.affine_weight_decay": MEMBER_NORM_METHODS,
     "model.init_from": ONE_NETWORK_METHODS,
     "method.num_members": None,
