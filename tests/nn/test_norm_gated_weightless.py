@@ -103,9 +103,14 @@ class LayerNorm1P(nn.LayerNorm):
 
 # -- the real classes, where transformers is installed -------------------------------------------
 def _hf(module_path: str, name: str, *args, **kw):
+    """``name`` of ``module_path`` built; ``name`` may list the class's name in each release
+    ("A|B")."""
+
     def build():
         module = pytest.importorskip(f"transformers.models.{module_path}")
-        return getattr(module, name)(*args, **kw)
+        found = [getattr(module, n) for n in name.split("|") if hasattr(module, n)]
+        assert found, f"transformers.models.{module_path} has none of {name}"
+        return found[0](*args, **kw)
 
     return build
 
@@ -137,7 +142,7 @@ CASES = {
         False,
     ),
     "hf_mamba2": (
-        _hf("mamba2.modeling_mamba2", "MambaRMSNormGated", C, group_size=4),
+        _hf("mamba2.modeling_mamba2", "MambaRMSNormGated|Mamba2RMSNormGated", C, group_size=4),
         snn.MemberGateFirstRMSNorm,
         True,
         True,
