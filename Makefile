@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.snens-installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup test test-fast docs fuzz demo lint clean constraints
+.PHONY: setup test test-fast test-oldest docs fuzz demo lint clean constraints
 
 setup: $(STAMP)
 
@@ -40,6 +40,23 @@ test: setup
 test-fast: setup
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n $(WORKERS) -m "not slow" --timeout=900
 
+# The oldest numpy pyproject.toml admits (1.24), beside this torch, in an environment of its
+# own ($(OLDEST)): the tests of the packages that compute (method, nn, metrics, evaluation,
+# baselines, models). The other test dependencies are the newest that accept that numpy.
+OLDEST ?= .venv-oldest
+test-oldest:
+	test -x $(OLDEST)/bin/python || $(PYTHON) -m venv $(OLDEST)
+	$(OLDEST)/bin/pip install -q "torch==2.13.0" "numpy==1.24.4"
+	$(OLDEST)/bin/pip install -q "numpy==1.24.4" pytest pytest-timeout "pytest-xdist>=3.5" \
+		"hypothesis>=6" "scikit-learn>=1.3" "transformers>=4.46" "peft>=0.13" "gguf>=0.10" \
+		"matplotlib>=3.7" "ninja>=1.11" "triton>=3.0" "onnx>=1.23" "onnxscript>=0.7" \
+		"onnxruntime>=1.31"
+	$(OLDEST)/bin/pip install -q --no-deps -e .
+	$(OLDEST)/bin/snens fetch-data
+	$(OLDEST)/bin/python -c "import numpy; assert numpy.__version__ == '1.24.4', numpy.__version__"
+	OMP_NUM_THREADS=1 $(OLDEST)/bin/python -m pytest -q -n $(WORKERS) --timeout=900 \
+		tests/method tests/nn tests/metrics tests/evaluation tests/baselines tests/models
+
 # An exploratory search for bugs: new random inputs every run, 20× as many (about 20 min).
 # `make test` draws a fixed set (tests/conftest.py), so CI never passes or fails by chance.
 fuzz: setup
@@ -63,4 +80,4 @@ constraints:
 		> constraints.txt.new && mv constraints.txt.new constraints.txt
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache docs/_build
+	rm -rf $(VENV) $(OLDEST) runs .pytest_cache docs/_build
