@@ -136,6 +136,21 @@ def test_a_save_short_of_a_tensor_or_with_one_more_names_it(tmp_path):
     )
 
 
+def test_the_weights_check_names_every_kind_of_misfit():
+    from snens.integrations._saves import check_weights
+
+    reference = {"a": torch.zeros(2), "b": torch.zeros(3), "c": torch.zeros(1, dtype=torch.long)}
+    state = {"a": [0.0, 0.0], "b": torch.zeros(4), "c": torch.zeros(1), "x": torch.zeros(1)}
+    with pytest.raises(ValueError) as info:
+        check_weights(state, reference, ["d"], "the save does not fit", "save it again")
+    assert str(info.value) == (
+        "the save does not fit (1 missing: d; 1 unexpected: x; 3 of another shape or kind: "
+        "a list saved, (2,) torch.float32 here, b (4,) torch.float32 saved, (3,) torch.float32 "
+        "here, c (1,) torch.float32 saved, (1,) torch.int64 here); save it again"
+    )
+    check_weights({"a": torch.ones(2)}, reference, [], "unused", "unused")  # fits: no error
+
+
 def test_loading_into_another_base_or_an_incomplete_save_is_refused(tmp_path):
     ens = _trained()
     save_pretrained(ens, tmp_path)

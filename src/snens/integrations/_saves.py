@@ -86,11 +86,14 @@ def check_weights(
     state: dict[str, Any], reference: dict[str, Tensor], missing: list[str], what: str, fix: str
 ) -> None:
     """Raise a ValueError, ``what`` then ``fix``, naming the tensors of ``state`` that do not fit
-    ``reference`` (a ``state_dict``: not in it, of another shape, or floating where it is not)
-    and the ``missing`` names; return where all fit."""
+    ``reference`` (a ``state_dict``: not in it; not a dense tensor, of another shape, or
+    floating where it is not) and the ``missing`` names; return where all fit."""
+
+    def kind(v: Any) -> str:
+        return f"{tuple(v.shape)} {v.dtype}" if isinstance(v, Tensor) else type(v).__name__
+
     wrong = [
-        f"{k} {tuple(v.shape)} {v.dtype} saved, {tuple(reference[k].shape)} "
-        f"{reference[k].dtype} here"
+        f"{k} {kind(v)} saved, {kind(reference[k])} here"
         for k, v in state.items()
         if k in reference
         and (
