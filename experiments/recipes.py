@@ -26,6 +26,7 @@ back.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,7 +35,14 @@ import study
 
 from snens import SnensConfig, files
 from snens.engine.config import load_config
-from snens.engine.runs import EXAMPLES, FINAL, read_examples, read_final, read_selected_epoch
+from snens.engine.runs import (
+    EXAMPLES,
+    FINAL,
+    read_examples,
+    read_final,
+    read_metrics,
+    read_selected_epoch,
+)
 from snens.engine.selection import choose_on_validation
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,6 +77,8 @@ DEFAULT_FIELDS = ("input_policy", "temperature", "diversity_weight", "gamma_lr_m
 PRESET_OF = {"vision": "fashion_mnist_mobilenet_v2", "text": "rotten_tomatoes_minilm"}
 #: Validation metrics of the decomposition, read at the selected epoch from metrics.jsonl.
 DECOMPOSITION = ("val/nll", "val/member_nll_mean", "val/disagreement")
+#: The parts of the schedule a probe trains every recipe for before choosing one to finish.
+PROBE_PARTS = ((1, 4), (1, 2))
 
 
 def _finished(variant: Path) -> list[Path]:
@@ -145,7 +155,21 @@ def _row(variant: Path, runs: list[Path]) -> dict:
         "ece_ts": _mean([m["test_ts/ece"] for m in metrics]),
         "ood": _mean([m[ood[0]] for m in metrics]) if ood else None,
         "arrays": [read_examples(p) for p in runs],
+        "curves": {int(p.name.removeprefix("seed=")): _curve(p) for p in runs},
+        "epochs_planned": config.optim.epochs,
     }
+
+
+def _curve(run: Path) -> list[float]:
+    """The validation NLL of each epoch of ``run``, from its metrics.jsonl."""
+    values = {r["epoch"]: r["val/nll"] for r in read_metrics(run) if "val/nll" in r}
+    return [values[epoch] for epoch in sorted(values)]
+
+
+@functools.cache
+def _rows(stage: Path) -> tuple[dict, ...]:
+    """Every variant of ``stage`` with finished runs, as :func:`_row` reads it."""
+    return tuple(_row(v, runs) for v in sorted(stage.glob("*")) if (runs := _finished(v)))
 
 
 def situation(label: str, stage: Path) -> tuple[list[str], str | None]:
@@ -153,7 +177,7 @@ def situation(label: str, stage: Path) -> tuple[list[str], str | None]:
     none of its σN-Ens runs has finished."""
     from snens.engine.compare import compare_arrays
 
-    rows = [_row(v, runs) for v in sorted(stage.glob("*")) if (runs := _finished(v))]
+    rows = list(_rows(stage))
     recipes = [r for r in rows if r["snens"]]
     if not recipes:
         return [], None
@@ -256,6 +280,68 @@ def _summary_cells(chosen: dict, recipes: list[dict], single: dict | None) -> st
     return " | ".join(study.difference_cell(c) for c in (nll, *found))
 
 
+def probe_choice(recipes: Sequence[dict], epochs: int) -> dict:
+    """The recipe a probe chooses: lowest validation NLL after the first ``epochs`` epochs of
+    the schedule (its best epoch among them, mean over the seeds every recipe has), by
+    :func:`snens.engine.selection.choose_on_validation` as for the full runs. The chosen
+    recipe's full run is then the probe's result: it is the same run continued."""
+    selections = [
+        {
+            seed: {"metric": "nll", "value": min(curve[:epochs])}
+            for seed, curve in r["curves"].items()
+        }
+        for r in recipes
+    ]
+    choice = choose_on_validation(selections)
+    if choice.index is None:
+        raise ValueError(f"no recipe to choose after {epochs} epochs: {choice.left_out}")
+    return recipes[choice.index]
+
+
+def probe_row(label: str, stage: Path) -> str | None:
+    """One situation's row of the probe table: for each of :data:`PROBE_PARTS`, the recipe
+    chosen after that part of the schedule and its test NLL +TS − one model's, with the
+    interval; None where the situation has no σN-Ens run or no one model."""
+    from snens.engine.compare import compare_arrays
+
+    rows = _rows(stage)
+    recipes = [r for r in rows if r["snens"]]
+    single = next((r for r in rows if r["name"] == "single"), None)
+    if not recipes or single is None:
+        return None
+    planned = {r["epochs_planned"] for r in recipes}
+    if len(planned) != 1:
+        raise ValueError(f"{stage}: the recipes were trained for different epochs {planned}")
+    epochs = planned.pop()
+    full = _choose(recipes)
+    cells = []
+    for numerator, denominator in PROBE_PARTS:
+        k = max(1, round(epochs * numerator / denominator))
+        chosen = probe_choice(recipes, k)
+        (nll,) = compare_arrays(
+            chosen["arrays"], single["arrays"], sets=("test_ts",), metrics=("nll",)
+        )
+        same = "" if chosen is full else " (not the full runs' choice)"
+        cost = 1 + (len(recipes) - 1) * k / epochs
+        cells.append(
+            f"{k} of {epochs}: {chosen['recipe']}{same}, {cost:.2f}× | {study.difference_cell(nll)}"
+        )
+    return f"| {label} | {len(recipes)} | " + " | ".join(cells) + " |"
+
+
+PROBE_INTRO = (
+    "**A choice on a probe** (what ``snens tune`` does): train each recipe for the first part "
+    "of its schedule (the learning-rate schedule of the full run), choose the one of lowest "
+    "validation NLL so far, and finish only that one. The runs above replay it exactly: a "
+    "probe of k epochs is the first k epochs of each full run, and the chosen recipe's full run "
+    "is its result. Cost, in trainings of one σN-Ens run: 1 + (recipes − 1) · k / epochs "
+    "(training only; a deep ensemble of 4 costs 4). The recipes are those the situation "
+    "trained, three to five (``snens tune`` tries four: the defaults or a preset's own recipe, "
+    "split τ=1 λ=0.1, split τ=5 λ=0.01, and λ=0 with γ's lr ×1); the comparison with one model "
+    "is after temperature scaling, as above."
+)
+
+
 def page() -> str:
     intro = (__doc__ or "").split("\n\n")[1].replace("\n", " ")
     lines = ["# σN-Ens recipes by situation (`python experiments/recipes.py --write`)", "", intro]
@@ -266,13 +352,23 @@ def page() -> str:
         "| defaults − one model, ECE +TS |",
         "|---|---|---|---|---|---|",
     ]
+    probe = [
+        "",
+        PROBE_INTRO,
+        "",
+        "| situation | recipes | after 1/4 of the schedule: chosen, cost in trainings "
+        "| chosen − one model, NLL +TS | after 1/2: chosen, cost | chosen − one model, NLL +TS |",
+        "|---|---|---|---|---|---|",
+    ]
     sections = []
     for label, stage in SITUATIONS:
         section, row = situation(label, stage)
         if row is not None:
             summary.append(row)
+        if (row := probe_row(label, stage)) is not None:
+            probe.append(row)
         sections += section
-    return "\n".join([*lines, *summary, "", *sections]).rstrip() + "\n"
+    return "\n".join([*lines, *summary, *probe, "", *sections]).rstrip() + "\n"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

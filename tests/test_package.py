@@ -24,7 +24,7 @@ VERSION = next(  # the one place the version is written
     for node in ast.parse((ROOT / "src" / "snens" / "__init__.py").read_text()).body
     if isinstance(node, ast.Assign) and node.targets[0].id == "__version__"
 )
-COMMANDS = ("train", "eval", "pool", "sweep", "report", "demo", "bench", "build-kernels")
+COMMANDS = ("train", "eval", "pool", "sweep", "tune", "report", "demo", "bench", "build-kernels")
 
 # run in the fresh environment, from a directory outside the checkout
 USE = """

@@ -107,3 +107,35 @@ def test_the_summary_gives_the_seeds_of_the_chosen_recipe_and_of_one_model(recip
     # seeds any recipe of the situation has
     assert summary.split(" | ")[2] == f"{chosen[1]} and {single[1]}"
     assert single[1] == str(len(recipes._finished(stage / "single")))
+
+
+def test_a_probe_chooses_by_the_first_epochs_of_each_run_and_the_whole_run_as_the_full_choice(
+    recipes,
+):
+    import json
+
+    stage = recipes.SELECTED / "overfit"
+    rows = [r for r in recipes._rows(stage) if r["snens"]]
+    # over the whole schedule the probe is the full runs' choice
+    assert recipes.probe_choice(rows, 20) is recipes._choose(rows)
+    # after 5 of 20 epochs: from the runs' metrics.jsonl, the best validation NLL of each
+    # seed's first five epochs, mean over the seeds every recipe has
+    curves = {}
+    for metrics in stage.glob("snens*/seed=*/metrics.jsonl"):
+        if (metrics.parent / "final.json").is_file():
+            records = [json.loads(line) for line in metrics.read_text().splitlines()]
+            first = [r["val/nll"] for r in records if r["epoch"] <= 5]
+            curves.setdefault(metrics.parent.parent.name, {})[metrics.parent.name] = min(first)
+    common = sorted(set.intersection(*(set(v) for v in curves.values())))
+    best = min(curves, key=lambda v: sum(curves[v][s] for s in common))
+    assert recipes.probe_choice(rows, 5)["name"] == best
+
+
+def test_the_probe_table_has_a_row_per_situation_with_its_cost(recipes):
+    row = recipes.probe_row("overfit", recipes.SELECTED / "overfit")
+    cells = row.strip("| ").split(" | ")
+    assert cells[:2] == ["overfit", "4"]
+    # four recipes, 5 of 20 epochs: 1 + 3 · 5/20 trainings; 10 of 20: 1 + 3 · 10/20
+    assert cells[2].startswith("5 of 20: ") and cells[2].endswith(", 1.75×")
+    assert cells[4].startswith("10 of 20: ") and cells[4].endswith(", 2.50×")
+    assert cells[3].endswith(("better", "level", "worse"))

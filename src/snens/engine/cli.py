@@ -296,6 +296,32 @@ def _sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tune(args: argparse.Namespace) -> int:
+    from snens.engine.presets import preset
+    from snens.engine.runs import RunDirError
+    from snens.engine.tune import plan_tune, tune
+
+    if (args.preset is None) == (args.config is None):
+        return _fail("snens tune: give one of --preset NAME, --config FILE")
+    recipes = None if args.recipes is None else [r.strip() for r in args.recipes.split(",")]
+    try:
+        base = preset(args.preset) if args.preset is not None else args.config
+        runs = plan_tune(base, args.out, args.set, recipes)
+        result = tune(
+            runs,
+            args.out,
+            probe_epochs=args.probe_epochs,
+            progress=not args.no_progress,
+            log=lambda line: print(line, flush=True),
+        )
+    except (ValueError, TypeError, OSError, RunDirError) as error:
+        return _fail(f"snens tune: {error}")
+    except RuntimeError as error:
+        return _fail(f"snens tune: {error}", status=1)
+    print(f"snens tune: chose {result.chosen}: {result.path}")
+    return 0
+
+
 def _check_set_and_grid(settings: list[str], axes: list[str]) -> None:
     """Refuse a key given by ``--set`` and by ``--grid`` (the ``--set`` value would be
     dropped silently)."""
@@ -468,6 +494,39 @@ def build_parser() -> argparse.ArgumentParser:
         "--dry-run", action="store_true", help="check the grid, list the runs and exit"
     )
     sweep.add_argument("--no-progress", action="store_true", help="no progress bars")
+    tune = sub.add_parser(
+        "tune",
+        help="choose σN-Ens's recipe (input policy, τ, λ) on validation: train each for the "
+        "first quarter of its schedule, finish the best",
+        description="Train each recipe (base: the config's own; split: split inputs, τ=1, "
+        "λ=0.1; split_soft: split, τ=5, λ=0.01; no_diversity: repeat, λ=0, γ's lr ×1) for "
+        "the first --probe-epochs epochs of the config's schedule into OUT/<recipe>, choose "
+        "the one of the best validation metric so far (optim.select), and train that one to "
+        "the end. Its run directory is the result; the others stay paused and resumable. "
+        "Costs 1 + (recipes − 1) · probe / epochs trainings. Running the command again skips "
+        "what is done. Exit status: 0 done, 1 a run failed, 2 bad input.",
+        epilog="example: snens tune --preset fashion_mnist_small_cnn --out runs/tune; then "
+        "snens eval runs/tune/<chosen>",
+    )
+    tune.set_defaults(run=_tune)
+    tune.add_argument("--preset", metavar="NAME", help="the base config: a named preset")
+    tune.add_argument("--config", metavar="FILE", help="the base config: a TOML file")
+    _set_flag(tune, "override a base config value for every recipe, e.g. --set seed=1")
+    tune.add_argument(
+        "--recipes",
+        metavar="A,B,…",
+        help="the recipes to try (default all: base,split,split_soft,no_diversity)",
+    )
+    tune.add_argument(
+        "--probe-epochs",
+        type=int,
+        metavar="K",
+        help="epochs each recipe trains before the choice (default a quarter of optim.epochs)",
+    )
+    tune.add_argument(
+        "--out", required=True, metavar="DIR", help="the probe's directory (one run per recipe)"
+    )
+    tune.add_argument("--no-progress", action="store_true", help="no progress bars")
     report = sub.add_parser(
         "report",
         help="tabulate runs (sweep directories or run directories): mean ± std over seeds per "

@@ -130,12 +130,15 @@ def train(
     progress: bool = True,
     run_dir: str | os.PathLike | None = None,
     log: Callable[[str], None] | None = print,
+    until_epoch: int | None = None,
 ) -> Path:
     """Train and evaluate one run in ``run_dir`` (default ``out_dir/name``).
 
     ``resume`` continues the run from its ``last.pt`` (``config`` must equal its saved one);
-    ``log`` gets one line per epoch and a few setup lines (None: silence). Under ``torchrun``
-    the same call trains with DistributedDataParallel, rank 0 alone writing the run.
+    ``log`` gets one line per epoch and a few setup lines (None: silence). ``until_epoch``
+    pauses the run after that epoch of its schedule, checkpointed and not evaluated on test;
+    a later call with ``resume`` goes on as if it had not paused. Under ``torchrun`` the same
+    call trains with DistributedDataParallel, rank 0 alone writing the run.
 
     Returns:
         The run directory (see :mod:`snens.engine.runs`).
@@ -146,16 +149,34 @@ def train(
         NonFiniteLossError: a NaN/inf loss with ``on_nonfinite = "stop"``.
         CheckpointError: on resume, ``last.pt`` is damaged or does not fit.
         ValueError: on resume, a config that differs from the run's; under torchrun, a batch
-            size not divisible by the processes, or ``on_nonfinite = "skip"``.
+            size not divisible by the processes, or ``on_nonfinite = "skip"``; an
+            ``until_epoch`` that is not an epoch of the schedule.
         RuntimeError: under torchrun, another rank died or stopped answering.
     """
+    if until_epoch is not None and (
+        not isinstance(until_epoch, int)
+        or isinstance(until_epoch, bool)
+        or not 1 <= until_epoch <= config.optim.epochs
+    ):
+        raise ValueError(
+            f"until_epoch must be an epoch of the schedule, an int in 1..{config.optim.epochs} "
+            f"(optim.epochs), got {until_epoch!r}; or None to train every epoch"
+        )
     path = _run_path(config, run_dir)
     existed = path.exists()
     try:
         with distributed.session() as group, contextlib.ExitStack() as held:
             if group.is_main:
                 held.enter_context(hold_run(path))
-            return _train(config, group, resume=resume, progress=progress, run_dir=path, log=log)
+            return _train(
+                config,
+                group,
+                resume=resume,
+                progress=progress,
+                run_dir=path,
+                log=log,
+                until=until_epoch or config.optim.epochs,
+            )
     except BaseException:
         # a failed start leaves no empty run directory
         if not existed and path.is_dir() and not any(path.iterdir()):
@@ -172,6 +193,7 @@ def _train(
     progress: bool,
     run_dir: str | os.PathLike | None,
     log: Callable[[str], None] | None,
+    until: int,
 ) -> Path:
     say = (log if group.is_main else None) or (lambda line: None)
     # A timestamped default name could differ between ranks: rank 0's path is the run's.
@@ -247,7 +269,7 @@ def _train(
         stop = _patience_ran_out(selection, epoch, patience)  # a resumed run that had stopped
         if patience:
             stop = group.broadcast(stop, "agreeing whether training goes on")
-        while epoch < config.optim.epochs and not stop:
+        while epoch < until and not stop:
             loaded.train.set_epoch(epoch)
             description = f"epoch {epoch + 1}/{config.optim.epochs}"
             batches = _progress(loaded.train, progress and group.is_main, description)
@@ -292,7 +314,10 @@ def _train(
                     say(_bad_images_line(bad))
                 # an epoch that is kept is checkpointed too, so its weights are in last.pt
                 # until best.pt holds them (a kill between the two writes loses nothing)
-                every = epoch % config.checkpoint_every == 0 or epoch == config.optim.epochs
+                every = epoch % config.checkpoint_every == 0 or epoch in (
+                    until,
+                    config.optim.epochs,
+                )
                 if every or improved or stop:
                     counters = (epoch, step, seconds, skipped)
                     _save_checkpoint(run, model, optimizer, schedule, counters, selection)
@@ -312,6 +337,9 @@ def _train(
         del replicated, forward
         distributed.leave(group, "finishing training")
         if not group.is_main:
+            return run.path
+        if epoch < config.optim.epochs and not stop:
+            say(f"paused after epoch {epoch} of {config.optim.epochs}: resume to go on")
             return run.path
         counters = (epoch, step, seconds, skipped)
         _finish(run, model, loaded, counters, selection, validation_logits, progress, say)
