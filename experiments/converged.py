@@ -324,6 +324,11 @@ def _stages() -> dict[str, list[Variant]]:
         Variant("snens_tau1_lam0.1_split", _snens(1, 0.1, *SPLIT_RECIPE), seeds, TEXT),
     ]
     vision = [Variant(v.name, v.overrides, v.seeds, VISION) for v in text]
+    # no partition of the features (λ=0, γ at the base rate): one of the recipes snens tune
+    # tries, so that its probe is replayed on this situation's runs with all four
+    text.append(
+        Variant("snens_lam0_glr1", _snens(1, 0, "method.gamma_lr_multiplier=1"), seeds, TEXT)
+    )
     # the pretrained CNN's and the pretrained transformer's recipes on a validation split:
     # 1,000 training images / texts held out, the 5,000 / 2,000 trained on drawn from the rest;
     # γ's multiplier around the preset's (×10; ×50 for MiniLM, from the earlier one-epoch

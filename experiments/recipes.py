@@ -135,6 +135,7 @@ def _row(variant: Path, runs: list[Path]) -> dict:
         "name": variant.name,
         "snens": method.name == "snens",
         "default": is_default,
+        "fields": tuple(getattr(method, field) for field in DEFAULT_FIELDS),
         "recipe": recipe,
         "parts": None
         if None in parts
@@ -298,22 +299,60 @@ def probe_choice(recipes: Sequence[dict], epochs: int) -> dict:
     return recipes[choice.index]
 
 
+def tune_recipes(stage: Path) -> dict[str, tuple]:
+    """``snens tune``'s recipes in ``stage``, by name: :data:`DEFAULT_FIELDS` of each, its
+    :data:`snens.engine.tune.RECIPES` values set on σN-Ens at the stage's defaults."""
+    import tomllib
+
+    from snens.engine.tune import RECIPES
+
+    base = dict(zip(DEFAULT_FIELDS, default_recipe(stage), strict=True))
+    out = {}
+    for name, settings in RECIPES.items():
+        fields = dict(base)
+        for item in settings:
+            key, text = item.split("=", 1)
+            fields[key.removeprefix("method.")] = tomllib.loads(f"v = {text}")["v"]
+        out[name] = tuple(fields[field] for field in DEFAULT_FIELDS)
+    return out
+
+
+def _same_recipe(a: tuple, b: tuple) -> bool:
+    """Whether two recipes' fields train alike: τ plays no part where λ is 0 in both."""
+    tau = DEFAULT_FIELDS.index("temperature")
+    lam = DEFAULT_FIELDS.index("diversity_weight")
+    if a[lam] == b[lam] == 0:
+        return all(x == y for i, (x, y) in enumerate(zip(a, b, strict=True)) if i != tau)
+    return a == b
+
+
 def probe_row(label: str, stage: Path) -> str | None:
-    """One situation's row of the probe table: for each of :data:`PROBE_PARTS`, the recipe
-    chosen after that part of the schedule and its test NLL +TS − one model's, with the
-    interval; None where the situation has no σN-Ens run or no one model."""
+    """One situation's row of the probe table: among the situation's runs of ``snens tune``'s
+    recipes, for each of :data:`PROBE_PARTS`, the recipe chosen after that part of the
+    schedule and its test NLL +TS − one model's, with the interval; None where fewer than two
+    of those recipes or no one model were trained."""
     from snens.engine.compare import compare_arrays
 
     rows = _rows(stage)
-    recipes = [r for r in rows if r["snens"]]
+    wanted = tune_recipes(stage)
+    found = {
+        name: row
+        for name, fields in wanted.items()
+        if (
+            row := next((r for r in rows if r["snens"] and _same_recipe(r["fields"], fields)), None)
+        )
+    }
+    recipes: list[dict] = []  # the base recipe may be another of them: trained once
+    for row in found.values():
+        if not any(row is kept for kept in recipes):
+            recipes.append(row)
     single = next((r for r in rows if r["name"] == "single"), None)
-    if not recipes or single is None:
+    if len(recipes) < 2 or single is None:
         return None
     planned = {r["epochs_planned"] for r in recipes}
     if len(planned) != 1:
         raise ValueError(f"{stage}: the recipes were trained for different epochs {planned}")
     epochs = planned.pop()
-    full = _choose(recipes)
     cells = []
     for numerator, denominator in PROBE_PARTS:
         k = max(1, round(epochs * numerator / denominator))
@@ -321,12 +360,13 @@ def probe_row(label: str, stage: Path) -> str | None:
         (nll,) = compare_arrays(
             chosen["arrays"], single["arrays"], sets=("test_ts",), metrics=("nll",)
         )
-        same = "" if chosen is full else " (not the full runs' choice)"
         cost = 1 + (len(recipes) - 1) * k / epochs
         cells.append(
-            f"{k} of {epochs}: {chosen['recipe']}{same}, {cost:.2f}× | {study.difference_cell(nll)}"
+            f"{k} of {epochs}: {chosen['recipe']}, {cost:.2f}× | {study.difference_cell(nll)}"
         )
-    return f"| {label} | {len(recipes)} | " + " | ".join(cells) + " |"
+    missing = [name for name in wanted if name not in found]
+    trained = f"{len(found)} of {len(wanted)}" + (f" (not {', '.join(missing)})" if missing else "")
+    return f"| {label} | {trained} | " + " | ".join(cells) + " |"
 
 
 PROBE_INTRO = (
@@ -334,11 +374,12 @@ PROBE_INTRO = (
     "of its schedule (the learning-rate schedule of the full run), choose the one of lowest "
     "validation NLL so far, and finish only that one. The runs above replay it exactly: a "
     "probe of k epochs is the first k epochs of each full run, and the chosen recipe's full run "
-    "is its result. Cost, in trainings of one σN-Ens run: 1 + (recipes − 1) · k / epochs "
-    "(training only; a deep ensemble of 4 costs 4). The recipes are those the situation "
-    "trained, three to five (``snens tune`` tries four: the defaults or a preset's own recipe, "
-    "split τ=1 λ=0.1, split τ=5 λ=0.01, and λ=0 with γ's lr ×1); the comparison with one model "
-    "is after temperature scaling, as above."
+    "is its result. The recipes are ``snens tune``'s four (the defaults or a preset's own "
+    "recipe; split, τ=1, λ=0.1; split, τ=5, λ=0.01; λ=0 with γ's lr ×1, the preset's "
+    "multiplier kept in the others), those of them the situation trained (the second column). "
+    "Cost, in trainings of one σN-Ens run: 1 + (recipes − 1) · k / epochs (training only; a deep "
+    "ensemble of 4 costs 4). The comparison with one model is after temperature scaling, as "
+    "above."
 )
 
 
@@ -356,18 +397,26 @@ def page() -> str:
         "",
         PROBE_INTRO,
         "",
-        "| situation | recipes | after 1/4 of the schedule: chosen, cost in trainings "
+        "| situation | snens tune's recipes trained | after 1/4 of the schedule: chosen, cost "
         "| chosen − one model, NLL +TS | after 1/2: chosen, cost | chosen − one model, NLL +TS |",
         "|---|---|---|---|---|---|",
     ]
-    sections = []
+    sections: list[str] = []
+    unreplayed: list[str] = []
     for label, stage in SITUATIONS:
         section, row = situation(label, stage)
         if row is not None:
             summary.append(row)
         if (row := probe_row(label, stage)) is not None:
             probe.append(row)
+        else:
+            unreplayed.append(label)
         sections += section
+    if unreplayed:
+        probe += [
+            "",
+            f"Not replayed (fewer than two of the recipes trained): {'; '.join(unreplayed)}.",
+        ]
     return "\n".join([*lines, *summary, *probe, "", *sections]).rstrip() + "\n"
 
 

@@ -131,11 +131,30 @@ def test_a_probe_chooses_by_the_first_epochs_of_each_run_and_the_whole_run_as_th
     assert recipes.probe_choice(rows, 5)["name"] == best
 
 
-def test_the_probe_table_has_a_row_per_situation_with_its_cost(recipes):
-    row = recipes.probe_row("overfit", recipes.SELECTED / "overfit")
-    cells = row.strip("| ").split(" | ")
-    assert cells[:2] == ["overfit", "4"]
-    # four recipes, 5 of 20 epochs: 1 + 3 · 5/20 trainings; 10 of 20: 1 + 3 · 10/20
-    assert cells[2].startswith("5 of 20: ") and cells[2].endswith(", 1.75×")
-    assert cells[4].startswith("10 of 20: ") and cells[4].endswith(", 2.50×")
+def test_the_probe_table_replays_snens_tunes_recipes_with_their_cost(recipes):
+    from snens.engine.tune import RECIPES
+
+    stage = recipes.SELECTED / "overfit"
+    wanted = recipes.tune_recipes(stage)
+    assert list(wanted) == list(RECIPES)
+    # (input policy, τ, λ, γ's multiplier) at the library's defaults, each recipe's set on them
+    assert wanted["base"] == ("repeat", 1.0, 0.1, 30.0)
+    assert wanted["split_soft"] == ("split", 5.0, 0.01, 30.0)
+    assert wanted["no_diversity"] == ("repeat", 1.0, 0.0, 1.0)
+    trained = [
+        name
+        for name, fields in wanted.items()
+        if any(
+            r["snens"] and recipes._same_recipe(r["fields"], fields) for r in recipes._rows(stage)
+        )
+    ]
+    cells = recipes.probe_row("overfit", stage).strip("| ").split(" | ")
+    assert cells[0] == "overfit" and cells[1].startswith(f"{len(trained)} of 4")
+    # n recipes, 5 of 20 epochs: 1 + (n − 1) · 5/20 trainings; 10 of 20: 1 + (n − 1) · 10/20
+    n = len(trained)
+    assert cells[2].startswith("5 of 20: ") and cells[2].endswith(f", {1 + (n - 1) / 4:.2f}×")
+    assert cells[4].startswith("10 of 20: ") and cells[4].endswith(f", {1 + (n - 1) / 2:.2f}×")
     assert cells[3].endswith(("better", "level", "worse"))
+    # λ = 0: τ plays no part in training, so it does not tell two recipes apart
+    assert recipes._same_recipe(("repeat", 5.0, 0.0, 1.0), ("repeat", 1.0, 0.0, 1.0))
+    assert not recipes._same_recipe(("repeat", 5.0, 0.1, 1.0), ("repeat", 1.0, 0.1, 1.0))
