@@ -324,6 +324,17 @@ def _stages() -> dict[str, list[Variant]]:
         Variant("snens_tau1_lam0.1_split", _snens(1, 0.1, *SPLIT_RECIPE), seeds, TEXT),
     ]
     vision = [Variant(v.name, v.overrides, v.seeds, VISION) for v in text]
+    # snens tune's split recipes at the MobileNetV2 preset's γ multiplier (×3; the split runs
+    # above were made at its earlier ×10) and its recipe without a partition, so that the probe
+    # is replayed there with all four
+    glr3 = "method.gamma_lr_multiplier=3"
+    vision += [
+        Variant("snens_tau1_lam0.1_split_glr3", _snens(1, 0.1, *SPLIT_RECIPE, glr3), seeds, VISION),
+        Variant(
+            "snens_tau5_lam0.01_split_glr3", _snens(5, 0.01, *SPLIT_RECIPE, glr3), seeds, VISION
+        ),
+        Variant("snens_lam0_glr1", _snens(1, 0, "method.gamma_lr_multiplier=1"), seeds, VISION),
+    ]
     # no partition of the features (λ=0, γ at the base rate): one of the recipes snens tune
     # tries, so that its probe is replayed on this situation's runs with all four
     text.append(
