@@ -55,7 +55,7 @@ def test_every_recipe_is_probed_for_its_first_epoch_and_one_is_finished(tuned):
     for name, entry in record["recipes"].items():
         epochs = [r["epoch"] for r in read_metrics(out / name)]
         # the probe's value is the validation NLL of its first epoch, as the run logged it
-        assert entry["value"] == read_metrics(out / name)[0]["val/nll"]
+        assert entry["value"] == read_metrics(out / name)[0]["val/nll"] and entry["epoch"] == 1
         assert entry["set"] == list(RECIPES[name])
         if name == chosen:
             assert epochs == [1, 2, 3] and (out / name / "final.json").is_file()
@@ -104,10 +104,13 @@ def test_a_probe_of_more_epochs_goes_on_from_the_paused_runs(tmp_path):
         "done" if r.name == first.chosen else "resume" for r in runs
     ]
     second = tune(runs, tmp_path, probe_epochs=2, log=lambda line: None)
+    record = json.loads((tmp_path / TUNE_FILE).read_text())
     for run in runs:
         metrics = read_metrics(run.path())
         expected = min(r["val/nll"] for r in metrics[:2])
         assert second.values[run.name] == expected
+        epoch = record["recipes"][run.name]["epoch"]
+        assert metrics[epoch - 1]["val/nll"] == expected
         assert len(metrics) == (3 if run.name in (first.chosen, second.chosen) else 2)
 
 
@@ -139,6 +142,11 @@ def test_bad_input_exits_2_naming_the_value(tmp_path, capsys, extra, message):
     assert main(command) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "t" / TUNE_FILE).exists()
+
+
+def test_nothing_to_probe_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="no recipe to probe; plan them with plan_tune"):
+        tune([], tmp_path)
 
 
 def test_until_epoch_outside_the_schedule_is_refused(tmp_path):

@@ -81,6 +81,9 @@ def plan_tune(
     one (e.g. ``base`` of a preset whose recipe is ``split_soft``) is left out. Nothing is
     written.
 
+    Returns:
+        The runs, in the order of ``recipes``, each with its status ("new", "resume", "done").
+
     Raises:
         ValueError: an unknown recipe, a config that is not σN-Ens or selects no epoch on
             validation, ``--set`` of a key a recipe sets, or a directory holding a run of
@@ -126,9 +129,9 @@ def plan_tune(
     return runs
 
 
-def _probed(run: SweepRun, epochs: int) -> tuple[int, float | None]:
-    """The epochs of ``run`` done (up to ``epochs``, from its metrics.jsonl) and its best
-    validation value among them (None where there is none, or it is not finite)."""
+def _probed(run: SweepRun, epochs: int) -> tuple[int, float | None, int | None]:
+    """The epochs of ``run`` done (up to ``epochs``, from its metrics.jsonl), its best
+    validation value among them and that epoch (None where none is finite)."""
     metric = run.config.optim.select
     key = f"val/{metric}"
     values = {
@@ -136,11 +139,12 @@ def _probed(run: SweepRun, epochs: int) -> tuple[int, float | None]:
         for r in read_metrics(run.path())
         if isinstance(r.get("epoch"), int) and r["epoch"] <= epochs and key in r
     }
-    finite = [v for v in values.values() if isinstance(v, int | float) and math.isfinite(v)]
+    finite = {e: v for e, v in values.items() if isinstance(v, int | float) and math.isfinite(v)}
     if not finite:
-        return len(values), None
-    best = max(finite) if SELECT_METRICS[metric] else min(finite)
-    return len(values), best
+        return len(values), None, None
+    pick = max if SELECT_METRICS[metric] else min
+    epoch = pick(finite, key=finite.__getitem__)
+    return len(values), finite[epoch], epoch
 
 
 def tune(
@@ -159,10 +163,12 @@ def tune(
         The probe's record, also written to ``out/tune.json``.
 
     Raises:
-        ValueError: ``probe_epochs`` outside 1..optim.epochs.
+        ValueError: ``probe_epochs`` outside 1..optim.epochs, or no runs.
         RuntimeError: a run failed, or no recipe has a finite validation value.
         RunDirError: ``out`` is not writable.
     """
+    if not runs:
+        raise ValueError("no recipe to probe; plan them with plan_tune")
     if train is None:
         from snens.engine.train import train
     epochs = runs[0].config.optim.epochs
@@ -178,7 +184,8 @@ def tune(
     keys = ["recipe"]
     result = run_sweep(pending, out, keys=keys, table=runs, progress=progress, train=probe, log=log)
     _raise_failed(result.failed, result.busy)
-    values = {r.name: _probed(r, k)[1] for r in runs}
+    probed = {r.name: _probed(r, k)[1:] for r in runs}
+    values = {name: value for name, (value, _) in probed.items()}
     metric = runs[0].config.optim.select
     choice = choose_on_validation(
         [{0: {"metric": metric, "value": v}} if v is not None else {} for v in values.values()]
@@ -198,7 +205,14 @@ def tune(
         "metric": metric,
         "probe_epochs": k,
         "epochs": epochs,
-        "recipes": {r.name: {"set": list(RECIPES[r.name]), "value": values[r.name]} for r in runs},
+        "recipes": {
+            r.name: {
+                "set": list(RECIPES[r.name]),
+                "value": values[r.name],
+                "epoch": probed[r.name][1],
+            }
+            for r in runs
+        },
         "chosen": chosen.name,
     }
     files.write_text(Path(out) / TUNE_FILE, to_json(record, indent=2) + "\n")
