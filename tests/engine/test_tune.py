@@ -5,6 +5,7 @@ The module's probe trains 4 tiny recipes (300 images, width 4) for 1 of 3 epochs
 finishes one of them.
 """
 
+import csv
 import json
 import math
 
@@ -64,6 +65,11 @@ def test_every_recipe_is_probed_for_its_first_epoch_and_one_is_finished(tuned):
             assert (out / name / "last.pt").is_file()
     values = {name: entry["value"] for name, entry in record["recipes"].items()}
     assert chosen == min(values, key=values.get)
+    with open(out / "sweep.csv", newline="", encoding="utf-8") as file:
+        statuses = {row["run"]: row["status"] for row in csv.DictReader(file)}
+    assert statuses == {
+        name: "done" if name == chosen else "stopped after epoch 1" for name in RECIPES
+    }
     config = load_config(out / "split_soft" / "config.toml")
     assert (config.method.input_policy, config.method.temperature) == ("split", 5.0)
     assert config.method.diversity_weight == 0.01
@@ -91,6 +97,7 @@ def test_running_it_again_trains_nothing(tuned, monkeypatch, capsys):
     assert main(command) == 0
     text = capsys.readouterr().out
     assert "probing 4 recipes for 1 of 3 epochs (0 to train)" in text
+    assert "probed in" not in text and "finished in" not in text
     assert (out / TUNE_FILE).read_text() == before
 
 
@@ -98,7 +105,16 @@ def test_a_probe_of_more_epochs_goes_on_from_the_paused_runs(tmp_path):
     torch.set_num_threads(1)
     base = load_config(preset(TINY), SMALL)
     runs = plan_tune(base, tmp_path, recipes=["base", "split"])
-    first = tune(runs, tmp_path, probe_epochs=1, log=lambda line: None)
+    lines = []
+    first = tune(runs, tmp_path, probe_epochs=1, log=lines.append)
+    assert [line.split(" in ")[0] for line in lines if line.startswith("[")] == [
+        "[1/2] base: training",
+        "[1/2] base: probed",
+        "[2/2] split: training",
+        "[2/2] split: probed",
+        f"[1/1] {first.chosen}: resuming from last.pt",
+        f"[1/1] {first.chosen}: finished",
+    ]
     runs = plan_tune(base, tmp_path, recipes=["base", "split"])
     assert [r.status for r in runs] == [
         "done" if r.name == first.chosen else "resume" for r in runs

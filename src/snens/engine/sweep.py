@@ -40,7 +40,7 @@ from snens.engine.config import (
     load_config,
     to_dict,
 )
-from snens.engine.runs import CONFIG, FINAL, LAST, RunDirError, read_final
+from snens.engine.runs import CONFIG, FINAL, LAST, RunDirError, read_final, read_metrics
 from snens.engine.toml_io import read_toml
 
 __all__ = [
@@ -430,9 +430,16 @@ def _rows(
         elif run.name in failed:
             row["status"] = "failed"
         else:
-            row["status"] = f"in use by {busy[run.name]}" if run.name in busy else "pending"
+            row["status"] = f"in use by {busy[run.name]}" if run.name in busy else _unfinished(run)
         rows.append(row)
     return rows
+
+
+def _unfinished(run: SweepRun) -> str:
+    """The status of a run with no final.json: "stopped after epoch N" (resumable: interrupted,
+    or paused by ``snens tune``) or "pending"."""
+    epochs = [r["epoch"] for r in read_metrics(run.path()) if isinstance(r.get("epoch"), int)]
+    return f"stopped after epoch {max(epochs)}" if epochs else "pending"
 
 
 def run_sweep(

@@ -182,7 +182,15 @@ def tune(
     pending = [r for r in runs if not _finished(r.path()) and _probed(r, k)[0] < k]
     log(f"probing {len(runs)} recipes for {k} of {epochs} epochs ({len(pending)} to train)")
     keys = ["recipe"]
-    result = run_sweep(pending, out, keys=keys, table=runs, progress=progress, train=probe, log=log)
+    result = run_sweep(
+        pending,
+        out,
+        keys=keys,
+        table=runs,
+        progress=progress,
+        train=probe,
+        log=lambda line: log(line.replace(": finished in ", ": probed in ", 1)),
+    )
     _raise_failed(result.failed, result.busy)
     probed = {r.name: _probed(r, k)[1:] for r in runs}
     values = {name: value for name, (value, _) in probed.items()}
