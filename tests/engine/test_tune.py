@@ -23,7 +23,6 @@ from snens.engine.tune import RECIPES, TUNE_FILE, default_probe_epochs, plan_tun
 TINY = "fashion_mnist_small_cnn_tiny"
 SMALL = [
     "optim.epochs=3",
-    'optim.select="nll"',
     "deterministic=true",
     "data.train_examples=300",
     "data.validation_examples=300",
@@ -148,7 +147,7 @@ def test_the_default_probe_is_a_quarter_of_the_schedule():
         (["--recipes", "base,base"], "give distinct names among base, split"),
         (["--set", "method.temperature=2.0"], "--set method.temperature: the recipes set it"),
         (["--set", 'method.name="deep_ensemble"'], "a probe chooses σN-Ens recipes"),
-        (["--set", 'optim.select=""'], "optim.select is empty"),
+        (["--set", "data.validation_examples=0"], "data.validation_examples is 0: a probe"),
         (["--probe-epochs", "4"], "probe_epochs must be an int in 1..3 (optim.epochs), got 4"),
         (["--probe-epochs", "0"], "probe_epochs must be an int in 1..3 (optim.epochs), got 0"),
     ],

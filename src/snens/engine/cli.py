@@ -501,12 +501,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train each recipe (base: the config's own; split: split inputs, τ=1, "
         "λ=0.1; split_soft: split, τ=5, λ=0.01; no_diversity: repeat, λ=0, γ's lr ×1) for "
         "the first --probe-epochs epochs of the config's schedule into OUT/<recipe>, choose "
-        "the one of the best validation metric so far (optim.select), and train that one to "
-        "the end. Its run directory is the result; the others stay paused and resumable. "
-        "Costs 1 + (recipes − 1) · probe / epochs trainings. Running the command again skips "
-        "what is done. Exit status: 0 done, 1 a run failed, 2 bad input.",
-        epilog="example: snens tune --preset fashion_mnist_small_cnn --out runs/tune; then "
-        "snens eval runs/tune/<chosen>",
+        "the one of the best validation metric so far (optim.select; NLL where it is empty), "
+        "and train that one to the end (its epoch selected on validation). Needs a validation "
+        "split (data.validation_examples). Its run directory is the result; the others stay "
+        "paused and resumable. Costs 1 + (recipes − 1) · probe / epochs trainings. Running the "
+        "command again skips what is done. Exit status: 0 done, 1 a run failed, 2 bad input.",
+        epilog="example: snens tune --preset fashion_mnist_small_cnn "
+        "--set data.validation_examples=5000 --out runs/tune; then snens eval runs/tune/<chosen>",
     )
     tune.set_defaults(run=_tune)
     tune.add_argument("--preset", metavar="NAME", help="the base config: a named preset")

@@ -1,12 +1,14 @@
 """Choose σN-Ens's recipe on validation at a fraction of a sweep's cost: a probe.
 
-    snens tune --preset fashion_mnist_small_cnn --out runs/tune
+    snens tune --preset fashion_mnist_small_cnn --set data.validation_examples=5000 \\
+        --out runs/tune
 
 Each recipe of :data:`RECIPES` (the input policy, τ, λ and γ's learning-rate multiplier) trains
 for the first epochs of the config's schedule (a quarter by default, the learning-rate schedule
 of the full run), into ``OUT/<recipe>``; the recipe of the best validation metric so far (the
-config's ``optim.select``, at its best probed epoch) is then trained to the end, and is the
-result. The others stay paused, resumable. The probe costs ``1 + (recipes − 1) · probe / epochs``
+config's ``optim.select``, NLL where it is empty, at its best probed epoch) is then trained to
+the end, its epoch selected on validation as ``optim.select`` does, and is the result. The
+others stay paused, resumable. The probe costs ``1 + (recipes − 1) · probe / epochs``
 trainings of one run. ``OUT/tune.json`` records every recipe's probe value and the choice;
 running the command again skips what is done and resumes the rest.
 """
@@ -27,7 +29,15 @@ from snens.engine.runs import read_metrics, to_json
 from snens.engine.selection import SELECT_METRICS, choose_on_validation
 from snens.engine.sweep import SweepRun, _finished, _status, run_sweep
 
-__all__ = ["RECIPES", "TUNE_FILE", "TuneResult", "default_probe_epochs", "plan_tune", "tune"]
+__all__ = [
+    "DEFAULT_SELECT",
+    "RECIPES",
+    "TUNE_FILE",
+    "TuneResult",
+    "default_probe_epochs",
+    "plan_tune",
+    "tune",
+]
 
 #: The recipes a probe tries, by name: the config's method values each sets. ``base`` is the
 #: config as given (the library's defaults, or a preset's own recipe).
@@ -49,6 +59,8 @@ RECIPES: dict[str, tuple[str, ...]] = {
         "method.gamma_lr_multiplier=1.0",
     ),
 }
+#: The validation metric a probe chooses by where the config's ``optim.select`` is empty.
+DEFAULT_SELECT = "nll"
 #: The record of a probe, in its directory.
 TUNE_FILE = "tune.json"
 
@@ -85,9 +97,9 @@ def plan_tune(
         The runs, in the order of ``recipes``, each with its status ("new", "resume", "done").
 
     Raises:
-        ValueError: an unknown recipe, a config that is not σN-Ens or selects no epoch on
-            validation, ``--set`` of a key a recipe sets, or a directory holding a run of
-            another config.
+        ValueError: an unknown recipe, a config that is not σN-Ens or has no validation
+            split, ``--set`` of a key a recipe sets, or a directory holding a run of another
+            config.
     """
     names = list(RECIPES) if recipes is None else list(recipes)
     unknown = [n for n in names if n not in RECIPES]
@@ -110,11 +122,13 @@ def plan_tune(
             f"method.name is {config.method.name!r}: a probe chooses σN-Ens recipes; "
             'set method.name="snens"'
         )
-    if not config.optim.select:
+    if not config.data.validation_examples:
         raise ValueError(
-            "optim.select is empty: a probe chooses on the validation metric it names; set "
-            'e.g. optim.select="nll" (with a validation split, data.validation_examples > 0)'
+            "data.validation_examples is 0: a probe chooses on a validation split; hold one "
+            "out, e.g. --set data.validation_examples=5000"
         )
+    if not config.optim.select:  # the command chooses on validation: NLL unless told
+        overrides.append(f'optim.select="{DEFAULT_SELECT}"')
     out = Path(out)
     runs: list[SweepRun] = []
     seen: dict[str, str] = {}
