@@ -7,7 +7,8 @@
   step for batches of one's own), :mod:`~snens.engine.datasets` (the data sets a config names);
 * :mod:`~snens.engine.runs`, :mod:`~snens.engine.checkpoint`, :mod:`~snens.engine.reload` —
   run directories (locked with :mod:`snens.locks`), checkpoints, a run read back;
-* :mod:`~snens.engine.sweep`, :mod:`~snens.engine.report` — grids of runs and their report;
+* :mod:`~snens.engine.sweep`, :mod:`~snens.engine.tune`, :mod:`~snens.engine.report` — grids
+  of runs, a recipe chosen on a probe of its schedule, and their report;
 * :mod:`~snens.engine.distributed` — data-parallel training under ``torchrun``;
 * :mod:`~snens.engine.memory` — the peak memory each epoch record carries;
 * :mod:`~snens.engine.cli`, :mod:`~snens.engine.demo`, :mod:`~snens.engine.bench` — the
