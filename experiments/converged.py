@@ -300,7 +300,8 @@ def _stages() -> dict[str, list[Variant]]:
         Variant("snens_tau50_lam0.1", (*_snens(50, 0.1), *few)),
         Variant("snens_tau5_lam1", (*_snens(5, 1), *few)),
         Variant("snens_tau5_lam0.1_glr1", (*_snens(5, 0.1, "method.gamma_lr_multiplier=1"), *few)),
-        Variant("snens_lam0_glr1", (*_snens(1, 0, "method.gamma_lr_multiplier=1"), *few)),
+        # no partition of the features: one of snens tune's recipes, on every seed
+        Variant("snens_lam0_glr1", (*_snens(1, 0, "method.gamma_lr_multiplier=1"), *few), seeds),
         Variant("snens_tau1_lam0.1_glr1", (*_snens(1, 0.1, "method.gamma_lr_multiplier=1"), *few)),
         # split inputs at one model's compute: each member trains on its own quarter of every
         # batch of B, so a step costs one model's; the stretch target of the science issue

@@ -67,10 +67,12 @@ def test_the_decomposition_adds_up_and_marks_the_library_defaults(recipes):
     # the defaults are read from the run's config, not its name: repeat, τ=1, λ=0.1, γ ×30
     assert [n for n in rows if n.endswith("(defaults)")] == ["repeat, τ=1, λ=0.1 (defaults)"]
     # the summary measures the chosen recipe and the defaults against one model after
-    # temperature scaling: here the defaults are the chosen recipe, so the two NLL cells agree
+    # temperature scaling: the two NLL cells agree exactly where the defaults are the choice
     assert summary.count(" [") == 3 and "not trained" not in summary
     cells = summary.strip("| ").split(" | ")
-    assert cells[1] == "repeat, τ=1, λ=0.1" and cells[3] == cells[4]
+    chosen = next(n for n in _table(section, "| recipe | seeds |") if "← chosen" in n)
+    assert (cells[3] == cells[4]) == ("(defaults) ← chosen" in chosen)
+    assert cells[1] in chosen
 
 
 def test_a_situation_without_the_defaults_says_so(recipes, tmp_path, monkeypatch):
