@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -355,7 +356,7 @@ def probe_row(label: str, stage: Path) -> str | None:
     epochs = planned.pop()
     cells = []
     for numerator, denominator in PROBE_PARTS:
-        k = max(1, round(epochs * numerator / denominator))
+        k = math.ceil(epochs * numerator / denominator)
         chosen = probe_choice(recipes, k)
         (nll,) = compare_arrays(
             chosen["arrays"], single["arrays"], sets=("test_ts",), metrics=("nll",)
@@ -370,16 +371,16 @@ def probe_row(label: str, stage: Path) -> str | None:
 
 
 PROBE_INTRO = (
-    "**A choice on a probe** (what ``snens tune`` does): train each recipe for the first part "
-    "of its schedule (the learning-rate schedule of the full run), choose the one of lowest "
-    "validation NLL so far, and finish only that one. The runs above replay it exactly: a "
-    "probe of k epochs is the first k epochs of each full run, and the chosen recipe's full run "
-    "is its result. The recipes are ``snens tune``'s four (the defaults or a preset's own "
-    "recipe; split, τ=1, λ=0.1; split, τ=5, λ=0.01; λ=0 with γ's lr ×1, the preset's "
-    "multiplier kept in the others), those of them the situation trained (the second column). "
-    "Cost, in trainings of one σN-Ens run: 1 + (recipes − 1) · k / epochs (training only; a deep "
-    "ensemble of 4 costs 4). The comparison with one model is after temperature scaling, as "
-    "above."
+    "**A choice on a probe** (what ``snens tune`` does, by default after half the schedule): "
+    "train each recipe for the first part of its schedule (the learning-rate schedule of the "
+    "full run), choose the one of lowest validation NLL so far, and finish only that one. "
+    "The runs above replay it exactly: a probe of k epochs is the first k epochs of each full "
+    "run, and the chosen recipe's full run is its result. The recipes are ``snens tune``'s "
+    "four (the defaults or a preset's own recipe; split, τ=1, λ=0.1; split, τ=5, λ=0.01; λ=0 "
+    "with γ's lr ×1, the preset's multiplier kept in the others), those of them the situation "
+    "trained (the second column). Cost, in trainings of one σN-Ens run: "
+    "1 + (recipes − 1) · k / epochs (training only; a deep ensemble of 4 costs 4). The "
+    "comparison with one model is after temperature scaling, as above."
 )
 
 

@@ -1,7 +1,7 @@
 """snens tune: every recipe probed for the first epochs of its schedule on Fashion-MNIST, the
 best on validation trained to the end, and that run the same as one trained straight.
 
-The module's probe trains 4 tiny recipes (300 images, width 4) for 1 of 3 epochs and
+The module's probe trains 4 tiny recipes (300 images, width 4) for 2 of 3 epochs and
 finishes one of them.
 """
 
@@ -46,28 +46,31 @@ def tuned(tmp_path_factory):
     return out, command
 
 
-def test_every_recipe_is_probed_for_its_first_epoch_and_one_is_finished(tuned):
+def test_every_recipe_is_probed_for_half_its_schedule_and_one_is_finished(tuned):
     out, _ = tuned
     record = json.loads((out / TUNE_FILE).read_text())
-    assert record["probe_epochs"] == 1 and record["epochs"] == 3 and record["metric"] == "nll"
+    # by default half of the 3 epochs, rounded up; NLL where the config selects by nothing
+    assert record["probe_epochs"] == 2 and record["epochs"] == 3 and record["metric"] == "nll"
     assert list(record["recipes"]) == list(RECIPES)
     chosen = record["chosen"]
     for name, entry in record["recipes"].items():
-        epochs = [r["epoch"] for r in read_metrics(out / name)]
-        # the probe's value is the validation NLL of its first epoch, as the run logged it
-        assert entry["value"] == read_metrics(out / name)[0]["val/nll"] and entry["epoch"] == 1
+        metrics = read_metrics(out / name)
+        epochs = [r["epoch"] for r in metrics]
+        # the probe's value is the best validation NLL of its first two epochs, as logged
+        assert entry["value"] == min(r["val/nll"] for r in metrics[:2])
+        assert metrics[entry["epoch"] - 1]["val/nll"] == entry["value"] and entry["epoch"] <= 2
         assert entry["set"] == list(RECIPES[name])
         if name == chosen:
             assert epochs == [1, 2, 3] and (out / name / "final.json").is_file()
         else:  # paused after the probe, resumable
-            assert epochs == [1] and not (out / name / "final.json").exists()
+            assert epochs == [1, 2] and not (out / name / "final.json").exists()
             assert (out / name / "last.pt").is_file()
     values = {name: entry["value"] for name, entry in record["recipes"].items()}
     assert chosen == min(values, key=values.get)
     with open(out / "sweep.csv", newline="", encoding="utf-8") as file:
         statuses = {row["run"]: row["status"] for row in csv.DictReader(file)}
     assert statuses == {
-        name: "done" if name == chosen else "stopped after epoch 1" for name in RECIPES
+        name: "done" if name == chosen else "stopped after epoch 2" for name in RECIPES
     }
     config = load_config(out / "split_soft" / "config.toml")
     assert (config.method.input_policy, config.method.temperature) == ("split", 5.0)
@@ -95,7 +98,7 @@ def test_running_it_again_trains_nothing(tuned, monkeypatch, capsys):
     before = (out / TUNE_FILE).read_text()
     assert main(command) == 0
     text = capsys.readouterr().out
-    assert "probing 4 recipes for 1 of 3 epochs (0 to train)" in text
+    assert "probing 4 recipes for 2 of 3 epochs (0 to train)" in text
     assert "probed in" not in text and "finished in" not in text
     assert (out / TUNE_FILE).read_text() == before
 
@@ -136,8 +139,17 @@ def test_a_recipe_equal_to_the_base_is_tried_once(tmp_path):
     assert names == ["base", "split", "no_diversity"]
 
 
-def test_the_default_probe_is_a_quarter_of_the_schedule():
-    assert [default_probe_epochs(e) for e in (1, 3, 4, 10, 20, 40)] == [1, 1, 1, 2, 5, 10]
+def test_the_default_probe_is_half_the_schedule_rounded_up():
+    assert [default_probe_epochs(e) for e in (1, 2, 3, 4, 5, 10, 20, 40)] == [
+        1,
+        1,
+        2,
+        2,
+        3,
+        5,
+        10,
+        20,
+    ]
 
 
 @pytest.mark.parametrize(

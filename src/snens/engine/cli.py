@@ -497,7 +497,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune = sub.add_parser(
         "tune",
         help="choose σN-Ens's recipe (input policy, τ, λ) on validation: train each for the "
-        "first quarter of its schedule, finish the best",
+        "first half of its schedule, finish the best",
         description="Train each recipe (base: the config's own; split: split inputs, τ=1, "
         "λ=0.1; split_soft: split, τ=5, λ=0.01; no_diversity: repeat, λ=0, γ's lr ×1) for "
         "the first --probe-epochs epochs of the config's schedule into OUT/<recipe>, choose "
@@ -522,7 +522,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--probe-epochs",
         type=int,
         metavar="K",
-        help="epochs each recipe trains before the choice (default a quarter of optim.epochs)",
+        help="epochs each recipe trains before the choice (default: half of optim.epochs, up)",
     )
     tune.add_argument(
         "--out", required=True, metavar="DIR", help="the probe's directory (one run per recipe)"
