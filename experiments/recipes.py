@@ -303,17 +303,13 @@ def probe_choice(recipes: Sequence[dict], epochs: int) -> dict:
 def tune_recipes(stage: Path) -> dict[str, tuple]:
     """``snens tune``'s recipes in ``stage``, by name: :data:`DEFAULT_FIELDS` of each, its
     :data:`snens.engine.tune.RECIPES` values set on σN-Ens at the stage's defaults."""
-    import tomllib
-
+    from snens.engine.config import apply_overrides
     from snens.engine.tune import RECIPES
 
-    base = dict(zip(DEFAULT_FIELDS, default_recipe(stage), strict=True))
+    base = {"method": dict(zip(DEFAULT_FIELDS, default_recipe(stage), strict=True))}
     out = {}
     for name, settings in RECIPES.items():
-        fields = dict(base)
-        for item in settings:
-            key, text = item.split("=", 1)
-            fields[key.removeprefix("method.")] = tomllib.loads(f"v = {text}")["v"]
+        fields = apply_overrides(base, settings)["method"]
         out[name] = tuple(fields[field] for field in DEFAULT_FIELDS)
     return out
 

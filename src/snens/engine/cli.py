@@ -247,15 +247,15 @@ def _pool(args: argparse.Namespace) -> int:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from snens.engine.presets import preset
     from snens.engine.runs import RunDirError
     from snens.engine.sweep import plan, run_sweep
 
     if (args.preset is None) == (args.config is None):
         return _fail("snens sweep: give one of --preset NAME, --config FILE")
     try:
-        base = preset(args.preset) if args.preset is not None else args.config
-        runs = plan(base, args.grid, args.out, args.set)  # checks the syntax and the keys
+        runs = plan(
+            _base_config(args), args.grid, args.out, args.set
+        )  # checks the syntax and the keys
         _check_set_and_grid(args.set, args.grid)
     except (ValueError, TypeError, OSError) as error:
         return _fail(f"snens sweep: {error}")
@@ -297,7 +297,6 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 def _tune(args: argparse.Namespace) -> int:
-    from snens.engine.presets import preset
     from snens.engine.runs import RunDirError
     from snens.engine.tune import plan_tune, tune
 
@@ -305,8 +304,7 @@ def _tune(args: argparse.Namespace) -> int:
         return _fail("snens tune: give one of --preset NAME, --config FILE")
     recipes = None if args.recipes is None else [r.strip() for r in args.recipes.split(",")]
     try:
-        base = preset(args.preset) if args.preset is not None else args.config
-        runs = plan_tune(base, args.out, args.set, recipes)
+        runs = plan_tune(_base_config(args), args.out, args.set, recipes)
         result = tune(
             runs,
             args.out,
@@ -320,6 +318,19 @@ def _tune(args: argparse.Namespace) -> int:
         return _fail(f"snens tune: {error}", status=1)
     print(f"snens tune: chose {result.chosen}: {result.path}")
     return 0
+
+
+def _base_config(args: argparse.Namespace) -> RunConfig | str:
+    """The base config of ``snens sweep`` and ``snens tune``: the ``--preset`` or ``--config``
+    given (one of them, checked by the caller)."""
+    from snens.engine.presets import preset
+
+    return preset(args.preset) if args.preset is not None else args.config
+
+
+def _base_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--preset", metavar="NAME", help="the base config: a named preset")
+    parser.add_argument("--config", metavar="FILE", help="the base config: a TOML file")
 
 
 def _check_set_and_grid(settings: list[str], axes: list[str]) -> None:
@@ -475,8 +486,7 @@ def build_parser() -> argparse.ArgumentParser:
         "snens report runs/sweeps/tau --out runs/sweeps/tau/report",
     )
     sweep.set_defaults(run=_sweep)
-    sweep.add_argument("--preset", metavar="NAME", help="the base config: a named preset")
-    sweep.add_argument("--config", metavar="FILE", help="the base config: a TOML file")
+    _base_flags(sweep)
     sweep.add_argument(
         "--grid",
         action="append",
@@ -510,8 +520,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--set data.validation_examples=5000 --out runs/tune; then snens eval runs/tune/<chosen>",
     )
     tune.set_defaults(run=_tune)
-    tune.add_argument("--preset", metavar="NAME", help="the base config: a named preset")
-    tune.add_argument("--config", metavar="FILE", help="the base config: a TOML file")
+    _base_flags(tune)
     _set_flag(tune, "override a base config value for every recipe, e.g. --set seed=1")
     tune.add_argument(
         "--recipes",

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from snens import files
-from snens.engine.config import RunConfig, load_config, to_dict
+from snens.engine.config import RunConfig, load_config
 from snens.engine.runs import read_metrics, to_json
 from snens.engine.selection import SELECT_METRICS, choose_on_validation
 from snens.engine.sweep import SweepRun, _finished, _status, run_sweep
@@ -132,14 +132,11 @@ def plan_tune(
         overrides.append(f'optim.select="{DEFAULT_SELECT}"')
     out = Path(out)
     runs: list[SweepRun] = []
-    seen: dict[str, str] = {}
     for name in names:
         recipe = load_config(base, [*overrides, *RECIPES[name]])
-        recipe = dataclasses.replace(recipe, out_dir=str(out), name=name)
-        key = to_json(to_dict(recipe.method))
-        if key in seen:
+        if any(recipe.method == run.config.method for run in runs):
             continue  # the same recipe as an earlier name
-        seen[key] = name
+        recipe = dataclasses.replace(recipe, out_dir=str(out), name=name)
         runs.append(SweepRun(name, {"recipe": name}, recipe, _status(out / name, recipe)))
     return runs
 
