@@ -157,7 +157,11 @@ def test_the_default_probe_is_half_the_schedule_rounded_up():
     [
         (["--recipes", "base,wide"], "'wide' is not one"),
         (["--recipes", "base,base"], "give distinct names among base, split"),
-        (["--set", "method.temperature=2.0"], "--set method.temperature: the recipes set it"),
+        (
+            ["--set", "method.temperature=2.0"],
+            "--set method.temperature: the recipes split, split_soft set it; to change the "
+            "base recipe's value write it in the --config file",
+        ),
         (["--set", 'method.name="deep_ensemble"'], "a probe chooses σN-Ens recipes"),
         (["--set", "data.validation_examples=0"], "data.validation_examples is 0: a probe"),
         (["--probe-epochs", "4"], "probe_epochs must be an int in 1..3 (optim.epochs), got 4"),

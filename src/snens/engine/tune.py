@@ -114,8 +114,10 @@ def plan_tune(
     recipe_keys = {item.split("=", 1)[0] for name in names for item in RECIPES[name]}
     if set_keys & recipe_keys:
         key = sorted(set_keys & recipe_keys)[0]
+        setting = [n for n in names if any(i.split("=", 1)[0] == key for i in RECIPES[n])]
         raise ValueError(
-            f"--set {key}: the recipes set it; leave it out, or train that value with snens train"
+            f"--set {key}: the recipes {', '.join(setting)} set it; to change the base recipe's "
+            "value write it in the --config file, or train that value with snens train"
         )
     config = load_config(base, overrides)
     if config.method.name != "snens":
