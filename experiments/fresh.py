@@ -280,7 +280,7 @@ def report() -> Path:
             arrays[method] = [read_examples(p) for p in done]
             metrics = [f["metrics"] for f in finals]
             cells = [
-                _mean(metrics, key)
+                study.mean_cell(metrics, key)
                 for key in ("test/accuracy", "test/nll", "test/ece", "test_ts/nll", "test_ts/ece")
             ]
             what = method if method != "snens tune" else f"snens tune ({', '.join(chosen)})"
@@ -329,17 +329,6 @@ def _probes(situation: str) -> list[str]:
         return []
     header = ["seed", "probed epochs", "validation NLL by recipe", "chosen"]
     return ["The probe:", "", markdown_table(header, rows)]
-
-
-def _mean(metrics: Sequence[dict], key: str) -> str:
-    values = [m[key] for m in metrics if key in m]
-    if not values:
-        return "–"
-    mean = sum(values) / len(values)
-    if len(values) == 1:
-        return f"{mean:.4f}"
-    spread = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5
-    return f"{mean:.4f} ± {spread:.4f}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

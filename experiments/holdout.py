@@ -233,7 +233,7 @@ def report() -> Path:
             metrics = [f["metrics"] for f in finals]
             arrays[name] = [read_examples(p) for p in done]
             cells = [
-                _mean(metrics, key)
+                study.mean_cell(metrics, key)
                 for key in ("test/accuracy", "test/nll", "test/ece", "test_ts/nll", "test_ts/ece")
             ]
             params = finals[0]["model"]["params"]
@@ -256,17 +256,6 @@ def report() -> Path:
     path = WHERE["out"].parent / "holdout.md"
     files.write_text(path, "\n".join(sections), mode=files.plain_mode(path))
     return path
-
-
-def _mean(metrics: Sequence[dict], key: str) -> str:
-    values = [m[key] for m in metrics if key in m]
-    if not values:
-        return "–"
-    mean = sum(values) / len(values)
-    if len(values) == 1:
-        return f"{mean:.4f}"
-    spread = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5
-    return f"{mean:.4f} ± {spread:.4f}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

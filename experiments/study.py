@@ -83,6 +83,19 @@ def print_plan(queue: Sequence[Item]) -> None:
         print(f"{stage:11s} {variant.name:{width}s} {sweep_run.name:8s} {status(sweep_run)}")
 
 
+def mean_cell(metrics: Sequence[dict], key: str) -> str:
+    """``key``'s mean over the runs' ``metrics`` (each a ``final.json``'s), ± the sample
+    standard deviation where there are several; "–" where no run has it."""
+    values = [m[key] for m in metrics if key in m]
+    if not values:
+        return "–"
+    mean = sum(values) / len(values)
+    if len(values) == 1:
+        return f"{mean:.4f}"
+    spread = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5
+    return f"{mean:.4f} ± {spread:.4f}"
+
+
 # ------------------------------------------------------------------------------------------------
 # Differences with intervals
 # ------------------------------------------------------------------------------------------------
