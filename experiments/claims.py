@@ -35,6 +35,8 @@ class Regime:
     stage: Path  # the directory holding <variant>/seed=<s>/
     snens: str  # σN-Ens at the library's defaults (the preset's, where it names a recipe)
     baselines: tuple[tuple[str, str], ...]  # (variant, label)
+    # σN-Ens is what `snens tune` chose: <snens>/seed=<s>/ holds each seed's probe
+    tuned: bool = False
 
 
 SELECTED = ROOT / "results" / "converged" / "selected"
@@ -82,6 +84,21 @@ REGIMES += tuple(
         ("all_mlp", "an MLP with LayerNorm", "all 55,000 images, 10 epochs"),
     )
 )
+FRESH = ROOT / "results" / "fresh"
+#: experiments/fresh.py: networks written after `snens tune` was fixed, σN-Ens its choice.
+REGIMES += tuple(
+    Regime(
+        f"{network}, written after snens tune was fixed (σN-Ens: its choice)",
+        FRESH / situation,
+        "tune",
+        (("single", "one model"), ("deep_ensemble", "a deep ensemble")),
+        tuned=True,
+    )
+    for situation, network in (
+        ("text", "a transformer from scratch with RMSNorm on 9,201 Rotten Tomatoes reviews"),
+        ("images", "a ConvNeXt-style CNN (LayerNorm) on 5,000 Fashion-MNIST images"),
+    )
+)
 #: (set of examples.npz, metric, how the table names it).
 COLUMNS = (
     ("test", "nll", "NLL"),
@@ -113,6 +130,21 @@ def _finished(stage: Path, variant: str) -> list[Path]:
     ]
 
 
+def tuned_runs(stage: Path, probes: str = "tune") -> list[Path]:
+    """The finished runs `snens tune` chose, one per seed: ``stage/<probes>/seed=<s>/`` holds
+    the probe's ``tune.json``, whose ``chosen`` names the run's directory beside it."""
+    import json
+
+    from snens.engine.runs import EXAMPLES, FINAL
+    from snens.engine.tune import TUNE_FILE
+
+    chosen = [
+        probe.parent / json.loads(probe.read_text())["chosen"]
+        for probe in sorted((stage / probes).glob(f"seed=*/{TUNE_FILE}"))
+    ]
+    return [p for p in chosen if (p / FINAL).is_file() and (p / EXAMPLES).is_file()]
+
+
 def block() -> str:
     """The README's generated block: one row per regime and baseline, each cell the difference
     σN-Ens − baseline with its interval and word; regimes whose runs have not all finished
@@ -122,7 +154,10 @@ def block() -> str:
     header = ["regime", "σN-Ens against", *(name for _, _, name in COLUMNS), "OOD set", "seeds"]
     rows, said = [], []
     for regime in REGIMES:
-        mine = _finished(regime.stage, regime.snens)
+        if regime.tuned:
+            mine = tuned_runs(regime.stage, regime.snens)
+        else:
+            mine = _finished(regime.stage, regime.snens)
         for variant, label in regime.baselines:
             theirs = _finished(regime.stage, variant)
             if not mine or not theirs:

@@ -4,8 +4,8 @@ the interval, on networks and a setting written after that choice: a transformer
 scratch on reviews (RMSNorm, none of the studies' kind) and a ConvNeXt-style CNN (LayerNorm over
 channels) on 5,000 images.
 
-Every run trains through the engine (:mod:`study`'s runner and :func:`snens.engine.tune.tune`,
-so :func:`snens.engine.train.train`), every method selected at its best validation epoch
+Every run trains through the engine (the studies' runner and ``snens.engine.tune.tune``, so
+``snens.engine.train.train``), every method selected at its best validation epoch
 (``optim.select = "nll"``; a deep ensemble's members each at their own), one torch thread.
 σN-Ens starts from the library's defaults (repeat inputs, τ=1, λ=0.1, γ's learning rate ×30) and
 ``snens tune`` probes its four recipes for half the schedule, then finishes the one of lowest

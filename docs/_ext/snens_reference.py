@@ -159,6 +159,7 @@ STUDIES = {
     "converged": "the converged study",
     "llm": "the LLM study",
     "holdout": "the holdout study",
+    "fresh": "snens tune on fresh networks",
     "recipes": "the recipes by situation",
     "bench_cpu": "CPU costs",
     "gpu_nvidia-h200": "GPU costs (NVIDIA H200)",

@@ -117,6 +117,13 @@ def test_each_regime_measures_snens_at_the_library_defaults_or_its_presets():
     presets = {"vision": "fashion_mnist_mobilenet_v2", "text": "rotten_tomatoes_minilm"}
     assert recipes.PRESET_OF == presets
     for regime in claims.REGIMES:
+        if regime.tuned:  # snens tune's choice: its probe's base recipe is the library's
+            for probe in sorted((regime.stage / regime.snens).glob("seed=*/tune.json")):
+                base = load_config(probe.with_name("base") / "config.toml").method
+                recipe = (base.input_policy, base.temperature)
+                recipe += (base.diversity_weight, base.gamma_lr_multiplier)
+                assert recipe == library, probe
+            continue
         # a preset's defaults as the preset reads today, the library's elsewhere
         name = presets.get(regime.stage.name)
         wanted = library
