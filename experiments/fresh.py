@@ -271,7 +271,7 @@ def report() -> Path:
         }
         tuned, chosen = chosen_runs(situation)
         groups["snens tune"] = tuned
-        rows, arrays = [], {}
+        rows, parts, arrays = [], [], {}
         for method, paths in groups.items():
             done = [p for p in paths if (p / FINAL).is_file() and (p / EXAMPLES).is_file()]
             if not done:
@@ -285,6 +285,7 @@ def report() -> Path:
             ]
             what = method if method != "snens tune" else f"snens tune ({', '.join(chosen)})"
             rows.append([what, str(len(done)), f"{finals[0]['model']['params']:,}", *cells])
+            parts.append((what, *(_mean(metrics, f"val/{key}") for key in DECOMPOSITION)))
         if not rows:
             continue
         sections += [
@@ -296,6 +297,8 @@ def report() -> Path:
             "",
             *_probes(situation),
             "",
+            *_decomposition(parts),
+            "",
         ]
         pairs = [("snens tune", "single"), ("snens tune", "deep_ensemble")]
         differences = study.difference_table(arrays, pairs, ood=ood)
@@ -304,6 +307,38 @@ def report() -> Path:
     path = WHERE["out"].parent / "fresh.md"
     files.write_text(path, "\n".join(sections), mode=files.plain_mode(path))
     return path
+
+
+#: What the validation NLL is taken apart into (``final.json``'s, at the selected weights).
+DECOMPOSITION = ("nll", "member_nll_mean", "disagreement")
+
+
+def _mean(metrics: Sequence[dict], key: str) -> float:
+    return sum(m[key] for m in metrics) / len(metrics)
+
+
+def _decomposition(parts: Sequence[tuple[str, float, float, float]]) -> list[str]:
+    """The validation NLL at the selected weights taken apart: the members' mean NLL, its
+    difference from one model's (what a member loses or gains alone), what averaging them wins
+    back (members' mean − ensemble), and how often two members disagree."""
+    single = next((members for what, _, members, _ in parts if what == "single"), None)
+    rows = [
+        [
+            what,
+            f"{nll:.4f}",
+            f"{members:.4f}",
+            "—" if single is None else f"{members - single:+.4f}",
+            f"{members - nll:.4f}",
+            f"{disagreement:.4f}",
+        ]
+        for what, nll, members, disagreement in parts
+    ]
+    header = ["method", "val NLL", "members' mean", "members − one model", "gain of averaging"]
+    return [
+        "Validation, at the selected weights (means over the seeds):",
+        "",
+        markdown_table([*header, "disagreement"], rows),
+    ]
 
 
 def _probes(situation: str) -> list[str]:
