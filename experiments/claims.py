@@ -97,6 +97,7 @@ REGIMES += tuple(
     for situation, network in (
         ("text", "a transformer from scratch with RMSNorm on 9,201 Rotten Tomatoes reviews"),
         ("images", "a ConvNeXt-style CNN (LayerNorm) on 5,000 Fashion-MNIST images"),
+        ("images_all", "a ConvNeXt-style CNN of width 8 on all 55,000 Fashion-MNIST images"),
     )
 )
 #: (set of examples.npz, metric, how the table names it).

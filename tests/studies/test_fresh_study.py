@@ -77,7 +77,7 @@ def test_the_text_model_ignores_what_padding_hides(fresh):
     torch.testing.assert_close(out[[0, 2, 3, 4]], before[[0, 2, 3, 4]])
 
 
-@pytest.mark.parametrize("situation", ["text", "images"])
+@pytest.mark.parametrize("situation", ["text", "images", "images_all"])
 def test_snens_tune_starts_from_the_librarys_defaults_and_every_run_selects_on_validation(
     fresh, situation, tmp_path
 ):
