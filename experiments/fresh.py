@@ -370,18 +370,39 @@ def _probes(situation: str) -> list[str]:
         values = [
             f"{name} {r['value']:.4f} (epoch {r['epoch']})" for name, r in probe["recipes"].items()
         ]
+        single = _best_of_first(WHERE["out"] / situation / "single" / f"seed={seed}", probe)
         rows.append(
             [
                 str(seed),
                 f"{probe['probe_epochs']} of {probe['epochs']}",
                 "; ".join(values),
                 probe["chosen"],
+                single,
             ]
         )
     if not rows:
         return []
     header = ["seed", "probed epochs", "validation NLL by recipe", "chosen"]
+    header.append("one model in the same epochs")
     return ["The probe:", "", markdown_table(header, rows), ""]
+
+
+def _best_of_first(run: Path, probe: dict) -> str:
+    """One model's best validation NLL in the epochs the probe trained (its run to the end
+    under the same schedule), from its metrics.jsonl; "—" where it has none."""
+    from snens.engine.runs import read_metrics
+
+    values = {
+        r["epoch"]: r["val/nll"]
+        for r in read_metrics(run)
+        if isinstance(r.get("epoch"), int)
+        and r["epoch"] <= probe["probe_epochs"]
+        and "val/nll" in r
+    }
+    if not values:
+        return "—"
+    epoch = min(values, key=values.__getitem__)
+    return f"{values[epoch]:.4f} (epoch {epoch})"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
