@@ -10,20 +10,22 @@ Every run trains through the engine (the studies' runner and ``snens.engine.tune
 σN-Ens starts from the library's defaults (repeat inputs, τ=1, λ=0.1, γ's learning rate ×30) and
 ``snens tune`` probes its four recipes for half the schedule, then finishes the one of lowest
 validation NLL (seeds 0 and 1, each probed on its own). Beside it: one model and a deep ensemble
-of four. Three situations: ``text`` — Rotten Tomatoes, every training review but 1,000 held out
-for validation, all 2,551 test reviews, the plot descriptions as OOD, a 2-block transformer of
-width 64 over MiniLM's tokenizer, AdamW 1e-3, 8 epochs; ``images`` — Fashion-MNIST, 5,000
-training images without augmentation, 5,000 for validation, the 10,000 test images, MNIST-5k
-as OOD, a 3-stage ConvNeXt-style CNN of width 24, AdamW 3e-3, 20 epochs; ``images_all`` — the
-same CNN at width 8 on the other 55,000 images with crop and flip, 8 epochs (a network small
-for its data, where the studies saw the defaults behind one model; added after the first two,
-where the probe chose the defaults every time). Runs live in
-``results/fresh/<situation>/<method>/seed=<s>/`` and ``snens tune``'s in
+of four. ``train s`` is the training time in wall seconds, the sum of each epoch's in the runs'
+metrics.jsonl (for ``snens tune`` every recipe's, the paused ones too), one torch thread while
+another study process ran on the machine's other core. Three situations: ``text`` — Rotten
+Tomatoes, every training review but 1,000 held out for validation, all 2,551 test reviews, the
+plot descriptions as OOD, a 2-block transformer of width 64 over MiniLM's tokenizer, AdamW 1e-3,
+8 epochs; ``images`` — Fashion-MNIST, 5,000 training images without augmentation, 5,000 for
+validation, the 10,000 test images, MNIST-5k as OOD, a 3-stage ConvNeXt-style CNN of width 24,
+AdamW 3e-3, 20 epochs; ``images_all`` — the same CNN at width 8 on the other 55,000 images with
+crop and flip, 8 epochs (a network small for its data, where the studies saw the defaults behind
+one model; added after the first two, where the probe chose the defaults every time). Runs live
+in ``results/fresh/<situation>/<method>/seed=<s>/`` and ``snens tune``'s in
 ``results/fresh/<situation>/tune/seed=<s>/<recipe>/``.
 
-    OMP_NUM_THREADS=1 python experiments/fresh.py run       # resumable; two may share the queue
-    python experiments/fresh.py report                      # results/fresh.md
-    python experiments/fresh.py plan                        # the runs and their status
+    OMP_NUM_THREADS=1 python experiments/fresh.py run --seeds 0   # resumable; --seeds 1 beside it
+    python experiments/fresh.py report                            # results/fresh.md
+    python experiments/fresh.py plan                              # the runs and their status
 """
 
 from __future__ import annotations
@@ -303,7 +305,11 @@ def report() -> Path:
                 for key in ("test/accuracy", "test/nll", "test/ece", "test_ts/nll", "test_ts/ece")
             ]
             what = method if method != "snens tune" else f"snens tune ({', '.join(chosen)})"
-            rows.append([what, str(len(done)), f"{finals[0]['model']['params']:,}", *cells])
+            # the probe's cost: every recipe's epochs, the paused ones too
+            trained = [sorted(p.parent.iterdir()) if method == "snens tune" else [p] for p in done]
+            seconds = sum(_train_seconds(runs) for runs in trained) / len(done)
+            params = f"{finals[0]['model']['params']:,}"
+            rows.append([what, str(len(done)), params, *cells, f"{seconds:,.0f}"])
             parts.append((what, *(_mean(metrics, f"val/{key}") for key in DECOMPOSITION)))
         if not rows:
             continue
@@ -311,7 +317,8 @@ def report() -> Path:
             f"## {situation}",
             "",
             markdown_table(
-                ["method", "n", "params", "acc", "NLL", "ECE", "NLL +TS", "ECE +TS"], rows
+                ["method", "n", "params", "acc", "NLL", "ECE", "NLL +TS", "ECE +TS", "train s"],
+                rows,
             ),
             "",
             *_probes(situation),
@@ -385,6 +392,14 @@ def _probes(situation: str) -> list[str]:
     header = ["seed", "probed epochs", "validation NLL by recipe", "chosen"]
     header.append("one model in the same epochs")
     return ["The probe:", "", markdown_table(header, rows), ""]
+
+
+def _train_seconds(runs: Sequence[Path]) -> float:
+    """The training seconds of every epoch of ``runs`` (directories; files among them are
+    skipped), from their metrics.jsonl."""
+    from snens.engine.runs import read_metrics
+
+    return sum(r.get("seconds", 0.0) for run in runs if run.is_dir() for r in read_metrics(run))
 
 
 def _best_of_first(run: Path, probe: dict) -> str:

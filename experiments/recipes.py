@@ -375,7 +375,8 @@ PROBE_INTRO = (
     "four (the defaults or a preset's own recipe; split, τ=1, λ=0.1; split, τ=5, λ=0.01; λ=0 "
     "with γ's lr ×1, the preset's multiplier kept in the others), those of them the situation "
     "trained (the second column). Cost, in trainings of one σN-Ens run: "
-    "1 + (recipes − 1) · k / epochs (training only; a deep ensemble of 4 costs 4). The "
+    "1 + (recipes − 1) · k / epochs (training only; a run with repeat inputs computes M·B "
+    "rows a step, about what a deep ensemble of M computes, one with split inputs B). The "
     "comparison with one model is after temperature scaling, as above."
 )
 
