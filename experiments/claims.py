@@ -34,9 +34,13 @@ class Regime:
     label: str
     stage: Path  # the directory holding <variant>/seed=<s>/
     snens: str  # σN-Ens at the library's defaults (the preset's, where it names a recipe)
-    baselines: tuple[tuple[str, str], ...]  # (variant, label)
     # σN-Ens is what `snens tune` chose: <snens>/seed=<s>/ holds each seed's probe
     tuned: bool = False
+    # (variant, label): what σN-Ens is compared with, the same in every regime
+    baselines: tuple[tuple[str, str], ...] = (
+        ("single", "one model"),
+        ("deep_ensemble", "a deep ensemble"),
+    )
 
 
 SELECTED = ROOT / "results" / "converged" / "selected"
@@ -45,19 +49,16 @@ REGIMES = (
         "one model overfits: 10,000 images, SmallCNN width 32, 20 epochs",
         SELECTED / "overfit",
         "snens_tau1_lam0.1",
-        (("single", "one model"), ("deep_ensemble", "a deep ensemble")),
     ),
     Regime(
         "all 55,000 images, SmallCNN width 16, 40 epochs (converged)",
         SELECTED / "final",
         "snens_default",
-        (("single", "one model"), ("deep_ensemble", "a deep ensemble")),
     ),
     Regime(
         "MiniLM fine-tuned on 2,000 Rotten Tomatoes reviews",
         SELECTED / "text",
         "snens_default",
-        (("single", "one model"), ("deep_ensemble", "a deep ensemble")),
     ),
     Regime(
         "MobileNetV2 fine-tuned on 5,000 Fashion-MNIST images",
@@ -65,7 +66,6 @@ REGIMES = (
         # the preset's recipe today (γ ×3, chosen by the tuning stage); the stage's
         # snens_default pins the ×10 the preset had when the stage was planned
         "snens_glr3_chosen",
-        (("single", "one model"), ("deep_ensemble", "a deep ensemble")),
     ),
 )
 HOLDOUT = ROOT / "results" / "holdout"
@@ -75,7 +75,6 @@ REGIMES += tuple(
         f"{backbone}, no study tuned on it: {data}",
         HOLDOUT / cell,
         "snens_tau1_lam0.1",
-        (("single", "one model"), ("deep_ensemble", "a deep ensemble")),
     )
     for cell, backbone, data in (
         ("few_mlp", "an MLP with LayerNorm", "10,000 images, 20 epochs"),
@@ -91,7 +90,6 @@ REGIMES += tuple(
         f"{network}, written after snens tune was fixed (σN-Ens: its choice)",
         FRESH / situation,
         "tune",
-        (("single", "one model"), ("deep_ensemble", "a deep ensemble")),
         tuned=True,
     )
     for situation, network in (
@@ -131,21 +129,6 @@ def _finished(stage: Path, variant: str) -> list[Path]:
     ]
 
 
-def tuned_runs(stage: Path, probes: str = "tune") -> list[Path]:
-    """The finished runs `snens tune` chose, one per seed: ``stage/<probes>/seed=<s>/`` holds
-    the probe's ``tune.json``, whose ``chosen`` names the run's directory beside it."""
-    import json
-
-    from snens.engine.runs import EXAMPLES, FINAL
-    from snens.engine.tune import TUNE_FILE
-
-    chosen = [
-        probe.parent / json.loads(probe.read_text())["chosen"]
-        for probe in sorted((stage / probes).glob(f"seed=*/{TUNE_FILE}"))
-    ]
-    return [p for p in chosen if (p / FINAL).is_file() and (p / EXAMPLES).is_file()]
-
-
 def block() -> str:
     """The README's generated block: one row per regime and baseline, each cell the difference
     σN-Ens − baseline with its interval and word; regimes whose runs have not all finished
@@ -156,7 +139,7 @@ def block() -> str:
     rows, said = [], []
     for regime in REGIMES:
         if regime.tuned:
-            mine = tuned_runs(regime.stage, regime.snens)
+            mine = [path for path, _ in study.chosen_runs(regime.stage / regime.snens)]
         else:
             mine = _finished(regime.stage, regime.snens)
         for variant, label in regime.baselines:

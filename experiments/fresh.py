@@ -248,29 +248,17 @@ def run_tune(situation: str, seed: int) -> None:
 
 def train_all(seeds: Sequence[int] = SEEDS) -> int:
     """Seed by seed and situation by situation: one model, ``snens tune``, the deep ensemble."""
-    failed = 0
+    failed, planned = 0, baselines()
     for seed in seeds:
         for situation in SITUATIONS:
             items = [
-                item for item in baselines() if item[2].config.seed == seed and item[0] == situation
+                item for item in planned if (item[0], item[2].config.seed) == (situation, seed)
             ]
             failed |= study.train([item for item in items if item[1].name == "single"])
             if not (tune_dir(situation, seed) / TUNE_FILE).is_file():
                 run_tune(situation, seed)
             failed |= study.train(items)
     return failed
-
-
-def chosen_runs(situation: str) -> tuple[list[Path], list[str]]:
-    """The finished run ``snens tune`` chose, per seed, and its recipe's name."""
-    paths, names = [], []
-    for seed in SEEDS:
-        record = tune_dir(situation, seed) / TUNE_FILE
-        if record.is_file():
-            chosen = json.loads(record.read_text())["chosen"]
-            paths.append(tune_dir(situation, seed) / chosen)
-            names.append(chosen)
-    return paths, names
 
 
 def report() -> Path:
@@ -290,8 +278,9 @@ def report() -> Path:
         groups = {
             method: sorted((WHERE["out"] / situation / method).glob("seed=*")) for method in METHODS
         }
-        tuned, chosen = chosen_runs(situation)
-        groups["snens tune"] = tuned
+        tuned = study.chosen_runs(WHERE["out"] / situation / "tune")
+        groups["snens tune"] = [path for path, _ in tuned]
+        chosen = [name for _, name in tuned]
         rows, parts, arrays = [], [], {}
         for method, paths in groups.items():
             done = [p for p in paths if (p / FINAL).is_file() and (p / EXAMPLES).is_file()]

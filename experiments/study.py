@@ -83,6 +83,23 @@ def print_plan(queue: Sequence[Item]) -> None:
         print(f"{stage:11s} {variant.name:{width}s} {sweep_run.name:8s} {status(sweep_run)}")
 
 
+def chosen_runs(probes: Path) -> list[tuple[Path, str]]:
+    """The finished run `snens tune` chose in each ``probes/seed=<s>/`` (whose ``tune.json``
+    names it, a directory beside it), with its recipe's name, by seed."""
+    import json
+
+    from snens.engine.runs import EXAMPLES
+    from snens.engine.tune import TUNE_FILE
+
+    chosen = []
+    for record in sorted(probes.glob(f"seed=*/{TUNE_FILE}")):
+        name = json.loads(record.read_text())["chosen"]
+        run = record.parent / name
+        if (run / FINAL).is_file() and (run / EXAMPLES).is_file():
+            chosen.append((run, name))
+    return chosen
+
+
 def mean_cell(metrics: Sequence[dict], key: str) -> str:
     """``key``'s mean over the runs' ``metrics`` (each a ``final.json``'s), ± the sample
     standard deviation where there are several; "–" where no run has it."""

@@ -5,7 +5,6 @@ committed run is the run its plan makes, and the committed report is the committ
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,21 +15,6 @@ import snens
 import snens.models
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def fresh():
-    """The study's module; the backbones it registers are taken off the registry after."""
-    sys.path.insert(0, str(ROOT / "experiments"))
-    try:
-        import fresh
-
-        yield fresh
-    finally:
-        sys.path.remove(str(ROOT / "experiments"))
-        sys.modules.pop("fresh", None)
-        for name in ("fresh_review_transformer", "fresh_convnext"):
-            snens.models._BUILDERS.pop(name, None)
 
 
 def _texts() -> tuple[torch.Tensor, torch.Tensor]:
@@ -126,8 +110,8 @@ def test_the_study_runs_and_reports_end_to_end(fresh, tmp_path, monkeypatch):
     assert record["probe_epochs"] == 1 and record["epochs"] == 2
     values = {n: r["value"] for n, r in record["recipes"].items()}
     assert record["chosen"] == min(values, key=values.__getitem__)
-    paths, names = fresh.chosen_runs("images")
-    assert names == [record["chosen"]] and (paths[0] / "final.json").is_file()
+    [(path, name)] = fresh.study.chosen_runs(tmp_path / "fresh" / "images" / "tune")
+    assert name == record["chosen"] and path == fresh.tune_dir("images", 0) / name
     report = fresh.report().read_text(encoding="utf-8")
     assert f"| snens tune ({record['chosen']}) | 1 |" in report
     assert "| snens tune | single | " in report and "| snens tune | deep_ensemble | " in report

@@ -3,7 +3,6 @@ the run its plan makes, and the committed report is the committed runs' report."
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,22 +13,6 @@ import snens
 import snens.models
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def holdout():
-    """The study's module; the backbones it registers are taken off the registry after, so
-    no other test sees them (snens.models.available)."""
-    sys.path.insert(0, str(ROOT / "experiments"))
-    try:
-        import holdout
-
-        yield holdout
-    finally:
-        sys.path.remove(str(ROOT / "experiments"))
-        sys.modules.pop("holdout", None)
-        for name in ("holdout_mlp", "holdout_gn_cnn"):
-            snens.models._BUILDERS.pop(name, None)
 
 
 @pytest.mark.parametrize(

@@ -253,9 +253,8 @@ def _sweep(args: argparse.Namespace) -> int:
     if (args.preset is None) == (args.config is None):
         return _fail("snens sweep: give one of --preset NAME, --config FILE")
     try:
-        runs = plan(
-            _base_config(args), args.grid, args.out, args.set
-        )  # checks the syntax and the keys
+        # plan checks the syntax and the keys
+        runs = plan(_base_config(args), args.grid, args.out, args.set)
         _check_set_and_grid(args.set, args.grid)
     except (ValueError, TypeError, OSError) as error:
         return _fail(f"snens sweep: {error}")
