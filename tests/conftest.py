@@ -1,6 +1,11 @@
 """Shared by the tests: a ResNet-style CNN, a pre-norm transformer, the member-norm reference."""
 
+import importlib
 import os
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -8,6 +13,7 @@ import torch.nn.functional as F
 from hypothesis import settings
 from torch import nn
 
+import snens.models
 import snens.nn as snn
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -203,3 +209,30 @@ def _norm_registrations_end_with_the_test():
     yield
     registry._TABLE.clear()
     registry._TABLE.update(kept)
+
+
+# The study scripts of experiments/ as modules, for the tests of the studies that register
+# backbones of their own: each imported once per test module, its backbones taken off the
+# registry after, so no other test sees them (snens.models.available).
+_EXPERIMENTS = str(Path(__file__).resolve().parents[1] / "experiments")
+
+
+def _experiment(name: str, backbones: Sequence[str]) -> Iterator[ModuleType]:
+    sys.path.insert(0, _EXPERIMENTS)
+    try:
+        yield importlib.import_module(name)
+    finally:
+        sys.path.remove(_EXPERIMENTS)
+        sys.modules.pop(name, None)
+        for backbone in backbones:
+            snens.models._BUILDERS.pop(backbone, None)
+
+
+@pytest.fixture(scope="module")
+def holdout() -> Iterator[ModuleType]:
+    yield from _experiment("holdout", ("holdout_mlp", "holdout_gn_cnn"))
+
+
+@pytest.fixture(scope="module")
+def fresh() -> Iterator[ModuleType]:
+    yield from _experiment("fresh", ("fresh_review_transformer", "fresh_convnext"))

@@ -83,3 +83,11 @@ def test_the_tests_mirror_the_packages_with_unique_file_names():
     assert folders - packages == {"docs", "studies"}
     names = [p.name for p in tests.rglob("test_*.py")]
     assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+
+
+def test_the_tests_share_one_conftest():
+    """Test files import their shared models with `from conftest import …`; a second conftest.py
+    in a folder would be imported under the same module name, and which of the two a test file
+    gets would depend on the order a worker collects them in."""
+    tests = Path(__file__).resolve().parent
+    assert [p.relative_to(tests).as_posix() for p in tests.rglob("conftest.py")] == ["conftest.py"]
