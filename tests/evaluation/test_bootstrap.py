@@ -12,6 +12,7 @@ import torch
 from snens import metrics
 from snens.evaluation.bootstrap import (
     Examples,
+    Interval,
     auroc_bootstrap,
     paired_bootstrap,
     paired_bootstraps,
@@ -82,6 +83,23 @@ def test_the_interval_covers_the_true_difference_about_95_percent_of_the_time():
         diff = paired_bootstrap([a], [b], "nll", resamples=400, seed=t)
         covered += diff.low <= truth <= diff.high
     assert 0.88 <= covered / trials <= 0.99, covered / trials
+
+
+def test_a_bound_that_reads_zero_does_not_exclude_zero():
+    """The verdict reads the interval at the decimals it is shown with: an upper bound of
+    −3e-5 prints as −0.0000, so the interval touches 0 and the word is "level"; −1e-4 does
+    not."""
+    touching = Interval("nll", -0.0172, -0.0370, -3e-5, 0.95, 2000)
+    assert str(touching) == "-0.0172 [-0.0370, -0.0000]"
+    assert not touching.excludes_zero() and verdict(touching) == "level"
+    clear = Interval("nll", -0.0172, -0.0370, -1e-4, 0.95, 2000)
+    assert str(clear) == "-0.0172 [-0.0370, -0.0001]"
+    assert clear.excludes_zero() and verdict(clear) == "better"
+    above = Interval("auroc", 0.02, 4e-5, 0.04, 0.95, 2000)
+    assert (
+        verdict(above) == "level"
+        and verdict(Interval("auroc", 0.02, 6e-5, 0.04, 0.95, 2000)) == "better"
+    )
 
 
 def test_pairing_narrows_the_interval_and_seeds_widen_it():

@@ -164,4 +164,5 @@ def comparison_cells(rows: Sequence[Comparison]) -> list[list[str]]:
 
 
 def _interval_cells(interval: Interval) -> list[str]:
-    return [f"{interval.estimate:+.4f}", f"[{interval.low:+.4f}, {interval.high:+.4f}]"]
+    estimate, bounds = str(interval).split(" ", 1)
+    return [estimate, bounds]

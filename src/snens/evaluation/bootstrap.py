@@ -24,6 +24,7 @@ from snens.evaluation.protocol import CALIBRATED_PREFIXES, _calibration_map, _sc
 
 __all__ = [
     "BOOTSTRAP_METRICS",
+    "DECIMALS",
     "Examples",
     "Interval",
     "auroc_bootstrap",
@@ -120,6 +121,11 @@ class Examples:
         return float(_weighted([self], name, np.ones((1, len(self))))[0, 0])
 
 
+#: Decimals a difference and its interval are shown with, and read at by
+#: :meth:`Interval.excludes_zero`.
+DECIMALS = 4
+
+
 @dataclass(frozen=True)
 class Interval:
     """A difference Δ between two methods (``estimate``, on every example and seed) and its
@@ -133,11 +139,14 @@ class Interval:
     resamples: int
 
     def excludes_zero(self) -> bool:
-        """Whether the interval lies wholly on one side of 0."""
-        return self.low > 0 or self.high < 0
+        """Whether the interval lies wholly on one side of 0 at the :data:`DECIMALS` it is
+        shown with: a bound that reads ±0.0000 touches 0, so no verdict says "better" or
+        "worse" beside an interval that shows 0 as its end."""
+        return round(self.low, DECIMALS) > 0 or round(self.high, DECIMALS) < 0
 
     def __str__(self) -> str:
-        return f"{self.estimate:+.4f} [{self.low:+.4f}, {self.high:+.4f}]"
+        d = DECIMALS
+        return f"{self.estimate:+.{d}f} [{self.low:+.{d}f}, {self.high:+.{d}f}]"
 
 
 def run_examples(
