@@ -207,8 +207,7 @@ def sentences(said: Sequence[tuple[str, str, Sequence]]) -> list[str]:
         clauses = []
         for word in WORDS:
             columns = [
-                f"{name} (Δ {c.interval.estimate:+.4f} [{c.interval.low:+.4f}, "
-                f"{c.interval.high:+.4f}])"
+                f"{name} (Δ {c.interval})"
                 for (_, _, name), c in zip(COLUMNS, found, strict=True)
                 if c is not None and c.verdict == word
             ]

@@ -123,8 +123,7 @@ DIFFERENCES = (("test", "nll"), ("test", "ece"), ("test_ts", "nll"), ("test_ts",
 
 def difference_cell(comparison) -> str:
     """``−0.021 [−0.030, −0.012] better``: Δ, its 95 % interval and the word it supports."""
-    i = comparison.interval
-    return f"{i.estimate:+.4f} [{i.low:+.4f}, {i.high:+.4f}] {comparison.verdict}"
+    return f"{comparison.interval} {comparison.verdict}"
 
 
 def difference_table(

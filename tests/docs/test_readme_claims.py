@@ -59,8 +59,10 @@ def test_the_generated_block_says_beats_only_where_its_interval_excludes_zero(ge
 def test_a_sentence_lists_each_column_under_the_word_of_its_interval_with_the_interval():
     from types import SimpleNamespace
 
+    from snens.evaluation.bootstrap import Interval
+
     def found(verdict, estimate, low, high):
-        interval = SimpleNamespace(estimate=estimate, low=low, high=high)
+        interval = Interval("nll", estimate, low, high, 0.95, 2000)
         return SimpleNamespace(verdict=verdict, interval=interval)
 
     level = found("level", 0.001, -0.002, 0.004)
