@@ -341,6 +341,55 @@ def test_staged_directory_moves_the_files_in_and_refuses_a_link(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["adapter_config.json", "sub"]
 
 
+def test_staged_directory_moves_the_marker_last_and_removes_the_old_one_first(
+    tmp_path, monkeypatch
+):
+    """A save of several files (PEFT's: adapter config, state, snens.json) moved in one by one:
+    a kill mid-move must not leave the old save's marker beside the new save's other files."""
+    out = tmp_path / "save"
+    out.mkdir()
+    for name in ("a.json", "marker.json", "z.bin"):
+        (out / name).write_text("old")
+    moved = []
+    replace = os.replace
+
+    def replace_then_die(source, target):
+        moved.append(Path(target).name)
+        if Path(target).name == "z.bin":
+            raise KeyboardInterrupt  # a kill after a.json moved, before z.bin
+        replace(source, target)
+
+    monkeypatch.setattr(os, "replace", replace_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        with files.staged_directory(out, last="marker.json") as staging:
+            for name in ("a.json", "marker.json", "z.bin"):
+                (staging / name).write_text("new")
+    assert moved == ["a.json", "z.bin"]
+    assert sorted(p.name for p in out.iterdir()) == ["a.json", "z.bin"]  # no marker: incomplete
+    monkeypatch.setattr(os, "replace", replace)
+    with files.staged_directory(out, last="marker.json") as staging:
+        for name in ("a.json", "marker.json", "z.bin"):
+            (staging / name).write_text("newer")
+    assert {p.name: p.read_text() for p in out.iterdir()} == dict.fromkeys(
+        ("a.json", "marker.json", "z.bin"), "newer"
+    )
+
+
+def test_staged_directory_on_a_full_disk_leaves_the_old_save_whole(tmp_path):
+    out = tmp_path / "save"
+    out.mkdir()
+    (out / "state.bin").write_text("old")
+    (out / "marker.json").write_text("old")
+    with pytest.raises(OSError, match="No space"):
+        with files.staged_directory(out, last="marker.json") as staging:
+            (staging / "state.bin").write_text("new")
+            raise OSError(errno.ENOSPC, "No space left on device")  # writing the marker
+    assert {p.name: p.read_text() for p in out.iterdir()} == {
+        "state.bin": "old",
+        "marker.json": "old",
+    }
+
+
 # -- reading ------------------------------------------------------------------------------
 
 

@@ -280,10 +280,14 @@ def open_append(path: str | os.PathLike, *, truncate: bool = False) -> IO[bytes]
 
 
 @contextlib.contextmanager
-def staged_directory(directory: str | os.PathLike) -> Iterator[Path]:
+def staged_directory(directory: str | os.PathLike, *, last: str | None = None) -> Iterator[Path]:
     """A private empty directory (mode ``0o700``, inside ``directory``) for a writer that writes
     files by name, whose files replace their namesakes in ``directory`` when the block ends
-    without error; on an error nothing is moved.
+    without error; on an error (a full disk while writing) nothing is moved.
+
+    ``last`` names the file that marks a save complete: where the writer wrote it, its namesake
+    in ``directory`` is removed before anything moves and it moves in after the rest, so a kill
+    while moving leaves no marker beside a mix of two saves.
 
     Raises:
         FileRefusedError: the writer left a link, FIFO or device (not moved).
@@ -299,13 +303,17 @@ def staged_directory(directory: str | os.PathLike) -> Iterator[Path]:
         raise _cannot_write(directory, error) from error
     try:
         yield staging
-        _move_contents(staging, directory)
+        if last is not None and os.path.lexists(staging / last):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(directory / last)
+            fsync_directory(directory)
+        _move_contents(staging, directory, last)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _move_contents(source: Path, destination: Path) -> None:
-    entries = sorted(os.scandir(source), key=lambda e: e.name)
+def _move_contents(source: Path, destination: Path, last: str | None = None) -> None:
+    entries = sorted(os.scandir(source), key=lambda e: (e.name == last, e.name))
     for entry in entries:
         target = destination / entry.name
         if entry.is_symlink():

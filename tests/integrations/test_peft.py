@@ -1,6 +1,7 @@
 """σN-Ens over PEFT (LoRA) models: conversion, save and load into a fresh base, members."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -309,6 +310,12 @@ def test_a_save_that_does_not_fit_leaves_the_base_model_as_it_was(tmp_path):
             "input_policy = 'sideways' is not 'repeat' or 'split'",
         ),
         (
+            lambda p: (p / "snens.json").write_text(
+                '{"format": 1, "num_members": 4, "input_policy": "repeat", "adapter_name": 7}'
+            ),
+            "adapter_name = 7 is not a name",
+        ),
+        (
             lambda p: (p / "snens_state.safetensors").write_bytes(b"garbage" * 10),
             r"snens_state\.safetensors is not a readable safetensors file",
         ),
@@ -340,3 +347,155 @@ def test_a_fifo_in_place_of_the_state_is_named_not_missing(tmp_path):
     os.mkfifo(tmp_path / "snens_state.safetensors")
     with pytest.raises(FileRefusedError, match=r"snens_state\.safetensors is a FIFO, not a"):
         from_pretrained(_base(), tmp_path)
+
+
+def _second_save():
+    """An ensemble whose adapter config differs from _trained's (r 8, not 4)."""
+    lora = peft.LoraConfig(task_type="SEQ_CLS", r=8, lora_alpha=8, target_modules=["q_proj"])
+    return snens.convert(peft.get_peft_model(_base(), lora), 4)
+
+
+SAVED = ("adapter_config.json", "snens.json", "snens_state.safetensors")
+
+
+@pytest.mark.parametrize("full_at", ["snens_state.safetensors", "snens.json"])
+def test_a_save_onto_a_full_disk_leaves_the_earlier_save_whole(tmp_path, monkeypatch, full_at):
+    """adapter_config.json had been moved in before the state was written: a full disk then
+    left the earlier save with the new adapter config (r 8 where its tensors are r 4), so it
+    reloaded with other outputs, or not at all."""
+    import errno
+
+    from snens import files
+
+    ens = _trained()
+    with torch.no_grad():
+        expected = ens(**_batch())
+    save_pretrained(ens, tmp_path)
+    before = {name: (tmp_path / name).read_bytes() for name in SAVED}
+    write_bytes = files.write_bytes
+
+    def full(path, data, **options):
+        if Path(path).name == full_at:
+            raise OSError(errno.ENOSPC, f"cannot write {path}: No space left on device")
+        return write_bytes(path, data, **options)
+
+    monkeypatch.setattr(files, "write_bytes", full)
+    with pytest.raises(OSError, match="No space left on device"):
+        save_pretrained(_second_save(), tmp_path)
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(SAVED)  # no staging left
+    assert {name: (tmp_path / name).read_bytes() for name in SAVED} == before
+    with torch.no_grad():
+        got = from_pretrained(_base(), tmp_path).eval()(**_batch())
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+def test_a_save_killed_while_moving_in_leaves_no_snens_json_and_is_refused(tmp_path, monkeypatch):
+    """The earlier save's snens.json had stayed beside the new adapter config: the directory
+    looked complete and loaded a mix of two saves."""
+    import os
+
+    save_pretrained(_trained(), tmp_path)
+    replace, moved = os.replace, []
+
+    def replace_then_die(source, target):
+        if Path(target).parent == tmp_path:  # moving in, not a write inside the staging
+            if moved:
+                raise KeyboardInterrupt  # a kill after the first file moved
+            moved.append(Path(target).name)
+        replace(source, target)
+
+    monkeypatch.setattr(os, "replace", replace_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        save_pretrained(_second_save(), tmp_path)
+    monkeypatch.undo()
+    assert moved == ["adapter_config.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "adapter_config.json",
+        "snens_state.safetensors",
+    ]
+    with pytest.raises(FileNotFoundError, match=r"snens\.json is missing: .*interrupted"):
+        from_pretrained(_base(), tmp_path)
+    ens = _second_save().eval()
+    save_pretrained(ens, tmp_path)  # saving again repairs it
+    with torch.no_grad():
+        torch.testing.assert_close(
+            from_pretrained(_base(), tmp_path).eval()(**_batch()), ens(**_batch()), rtol=0, atol=0
+        )
+
+
+class _CNN(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.bn1 = torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8)
+        self.conv2, self.bn2 = torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.BatchNorm2d(8)
+        self.head = torch.nn.Linear(8, 3)
+
+    def forward(self, x):
+        x = torch.relu(self.bn2(self.conv2(torch.relu(self.bn1(self.conv1(x))))))
+        return self.head(x.mean((2, 3)))
+
+
+def _cnn():
+    torch.manual_seed(0)
+    return _CNN().eval()
+
+
+def test_a_plain_batch_norms_running_statistics_are_saved(tmp_path):
+    """Only trainable tensors and member layers' state were saved: bn1, left plain by
+    norms=["bn2"], reloaded with running_mean 0 and the outputs differed (by 0.05)."""
+    lora = peft.LoraConfig(r=2, lora_alpha=4, target_modules=["conv1", "conv2"])
+    ens = snens.convert(peft.get_peft_model(_cnn(), lora), 2, norms=["bn2"])
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(8, 3, 6, 6, generator=g) * 3 + 1, torch.randint(0, 3, (8,), generator=g)
+    optimizer = torch.optim.AdamW(snens.param_groups(ens, lr=1e-2))
+    for _ in range(3):
+        loss = snens.ensemble_loss(ens.train()(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    with torch.no_grad():
+        expected = ens.eval()(x)
+    save_pretrained(ens, tmp_path)
+    loaded = from_pretrained(_cnn(), tmp_path).eval()
+    bn1 = "model.base_model.model.bn1."
+    for name in ("running_mean", "running_var", "num_batches_tracked"):
+        assert torch.equal(loaded.state_dict()[bn1 + name], ens.state_dict()[bn1 + name])
+    assert ens.state_dict()[bn1 + "num_batches_tracked"] == 3
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), expected, rtol=0, atol=0)
+
+
+def test_an_adapter_with_its_own_name_saves_and_reloads_under_it(tmp_path):
+    """The state's keys and the head carried .sentiment. while the load built the adapter as
+    "default": the save could never be reloaded, and the error blamed the head."""
+    model = peft.get_peft_model(_base(), _lora(), adapter_name="sentiment")
+    ens = snens.convert(model, 3).eval()
+    with torch.no_grad():
+        for p in ens.parameters():
+            if p.requires_grad:
+                p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(3)))
+        expected = ens(**_batch())
+    save_pretrained(ens, tmp_path)
+    meta = json.loads((tmp_path / "snens.json").read_text())
+    assert meta["adapter_name"] == "sentiment"
+    assert meta["head"] == "base_model.model.score.modules_to_save.sentiment"
+    loaded = from_pretrained(_base(), tmp_path).eval()
+    assert loaded.model.active_adapter == "sentiment"
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(**_batch()), expected, rtol=0, atol=0)
+
+
+def test_a_save_without_an_adapter_name_loads_as_default(tmp_path):
+    """Saves made before the adapter's name was recorded hold PEFT's "default" adapter."""
+    ens = _trained()
+    with torch.no_grad():
+        expected = ens(**_batch())
+    save_pretrained(ens, tmp_path)
+    meta = json.loads((tmp_path / "snens.json").read_text())
+    assert meta.pop("adapter_name") == "default"
+    (tmp_path / "snens.json").write_text(json.dumps(meta))
+    loaded = from_pretrained(_base(), tmp_path).eval()
+    assert loaded.model.active_adapter == "default"
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(**_batch()), expected, rtol=0, atol=0)

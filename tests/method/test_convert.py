@@ -358,11 +358,24 @@ def test_a_model_with_uninitialized_lazy_modules_names_the_fix():
     with pytest.raises(ValueError) as err:
         snens.convert(model, num_members=2)
     assert str(err.value) == (
-        "3.weight of Sequential is an uninitialized parameter of a lazy module; run one forward "
-        "pass on an example batch first, then convert"
+        "3.weight of Sequential is an uninitialized parameter or buffer of a lazy module; run "
+        "one forward pass on an example batch first, then convert"
     )
     model(torch.randn(2, 3, 5, 5))  # initialized: it converts
     assert snens.convert(model, num_members=2)(torch.randn(2, 3, 5, 5)).shape == (2, 2, 2)
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+@pytest.mark.parametrize("affine", [True, False])
+def test_a_lazy_batch_norm_not_yet_run_names_the_fix(affine, inplace):
+    """A LazyBatchNorm2d failed inside torch's Tensor.__deepcopy__ (the copy came before the
+    check), and with affine=False (running statistics, no parameters) inside the registry."""
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.LazyBatchNorm2d(affine=affine), nn.Flatten(1))
+    with pytest.raises(ValueError) as err:
+        snens.convert(model, num_members=2, inplace=inplace)
+    first = "1.weight" if affine else "1.running_mean"
+    assert str(err.value).startswith(f"{first} of Sequential is an uninitialized parameter or ")
+    assert type(model[1]) is nn.LazyBatchNorm2d  # untouched
 
 
 def test_converting_an_ensemble_again_names_it_and_the_fix():

@@ -43,6 +43,16 @@ def test_split_gives_member_m_its_own_slice(ens):
     assert ens.eval()(x).shape == (M, 8, 5)
 
 
+@pytest.mark.parametrize("training", [True, False])
+def test_the_ensemble_takes_the_mode_of_the_model_it_converts(training):
+    """nn.Module starts in training mode: an ensemble of a model in eval mode read training
+    and, with split inputs, gave each member a slice of the batch while its norms evaluated."""
+    model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 3)).train(training)
+    ens = snens.convert(model, num_members=2, input_policy="split")
+    assert (ens.training, ens.model.training, ens.model[1].training) == (training,) * 3
+    assert ens(torch.randn(4, 4)).shape == ((2, 2, 3) if training else (2, 4, 3))
+
+
 def test_split_needs_a_batch_divisible_by_members(ens):
     ens.train()
     ens.input_policy = "split"

@@ -133,6 +133,11 @@ def test_dict_and_json_round_trip_and_unknown_keys_are_named():
         ),
         ({"head_init": "zeros"}, ValueError, "head_init must be 'copy' or 'reset', got 'zeros'"),
         ({"norms": print}, TypeError, "plain data: pass a function choosing the norms"),
+        # a damaged snens.json loaded these and failed only at the next convert
+        ({"head": 5}, TypeError, "head must be 'auto', a module name or None, got 5"),
+        ({"norms": 5}, TypeError, "norms must be None .all., a regular expression or a list"),
+        ({"norms": ["1", 2]}, TypeError, r"list of module names, got \('1', 2\)"),
+        ({"skip_unsupported": "no"}, TypeError, "skip_unsupported must be None, True or False"),
     ],
 )
 def test_bad_values_are_refused_naming_the_field_and_the_value(change, error, message):

@@ -9,6 +9,9 @@ them by default, and refuses the model with ``skip_unsupported=False``. Probing 
 module, its tensors and the global random state as they were.
 """
 
+import copy
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -350,6 +353,55 @@ def test_what_is_no_norm_is_left_alone():
 
     for module in (nn.PReLU(D), nn.Linear(D, D), PreLayerNormHead(), nn.GELU()):
         assert lookup(module) is None
+
+
+@pytest.mark.parametrize("wrap", ["weight_norm", "spectral_norm"])
+def test_a_weight_parametrization_is_no_norm(wrap):
+    """torch's weight and spectral norm parametrizations (_WeightNorm, _SpectralNorm) normalize
+    a weight, not activations: every wav2vec2, HuBERT and WavLM (a weight-normed positional
+    convolution) converted with a warning that left them "shared", and not at all with
+    skip_unsupported=False."""
+    parametrize = getattr(nn.utils.parametrizations, wrap)
+    model = nn.Sequential(parametrize(nn.Conv1d(3, 8, 3)), nn.GroupNorm(2, 8), nn.Flatten())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "left shared" warning
+        ens = snens.convert(model, M, skip_unsupported=False)
+    assert ens.report.skipped == ()
+    assert ens.report.converted == (("1", "GroupNorm", "MemberGroupNorm"),)
+
+
+class Fp32LayerNorm(nn.LayerNorm):
+    """fairseq's: the norm in float32 whatever the input's dtype, cast back."""
+
+    def forward(self, x):
+        weight, bias = self.weight.float(), self.bias.float()
+        return F.layer_norm(x.float(), self.normalized_shape, weight, bias, self.eps).type_as(x)
+
+
+class Fp32GroupNorm(nn.GroupNorm):
+    def forward(self, x):
+        weight, bias = self.weight.float(), self.bias.float()
+        return F.group_norm(x.float(), self.num_groups, weight, bias, self.eps).type_as(x)
+
+
+@pytest.mark.parametrize(
+    "norm, member",
+    [(Fp32LayerNorm(D), "MemberLayerNorm"), (Fp32GroupNorm(2, D), "MemberGroupNorm")],
+)
+def test_a_subclass_is_not_held_to_dtypes_its_torch_class_refuses(norm, member):
+    """fairseq's Fp32LayerNorm and Fp32GroupNorm were refused: in the probe's float64-weight,
+    float32-input setting (which nn.LayerNorm and nn.GroupNorm refuse) they return float32,
+    the member float64. The settings torch's class runs are still compared."""
+    model = nn.Sequential(nn.Conv1d(3, D, 1), _randomize(norm), nn.Flatten())
+    ens = snens.convert(model, M, skip_unsupported=False).eval()
+    assert ens.report.converted == (("1", type(norm).__name__, member),)
+    x = torch.randn(2, 3, D)
+    torch.testing.assert_close(ens(x), model.eval()(x).expand(M, -1, -1), rtol=1e-5, atol=1e-5)
+    for dtype in (torch.bfloat16, torch.float16):  # settings still compared, within 2 ulps
+        low = copy.deepcopy(model).to(dtype)
+        got, expected = snens.convert(low, M).eval()(x.to(dtype))[0], low(x.to(dtype))
+        assert got.dtype == dtype
+        torch.testing.assert_close(got, expected, rtol=2 * torch.finfo(dtype).eps, atol=1e-2)
 
 
 # -- what probing leaves ------------------------------------------------------------------------

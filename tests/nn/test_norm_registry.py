@@ -69,6 +69,13 @@ def test_the_lookup_order():
     assert member_converter(ScaleNorm()).args == (snn.MemberT5RMSNorm,)
     assert refusal(ScaleNorm()) is None and refusal(nn.Linear(4, 2)) is None
     assert refusal(nn.LocalResponseNorm(2)).startswith("LocalResponseNorm (torch)")
+    # not probed (it has no formula of its own to find): the reason names the fix
+    assert refusal(nn.SyncBatchNorm(4)) == (
+        "SyncBatchNorm (torch) computes its batch statistics over every process, which no "
+        "member version does; convert the model while it holds nn.BatchNorm*d layers (before "
+        "nn.SyncBatchNorm.convert_sync_batchnorm): each member then normalizes with its "
+        "process's own batch"
+    )
 
 
 def test_a_registration_comes_before_the_probe():

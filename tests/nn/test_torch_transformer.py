@@ -246,6 +246,34 @@ def test_a_layout_snens_cannot_see_is_an_error_and_sequence_first_is_the_fix():
         ensemble(x)
 
 
+class QueryPool(nn.Module):
+    """DETR- or Perceiver-style learned queries: a norm of a tensor with no batch dimension."""
+
+    def __init__(self, queries: int):
+        super().__init__()
+        self.queries = nn.Parameter(torch.randn(queries, D))
+        self.query_norm = nn.LayerNorm(D)
+        self.proj = nn.Linear(4, D)
+        self.norm = nn.LayerNorm(D)
+        self.head = nn.Linear(D, 3)
+
+    def forward(self, x):
+        q, h = self.query_norm(self.queries), self.norm(self.proj(x))  # (Q, D), (B, T, D)
+        attention = torch.softmax(q @ h.transpose(1, 2), -1)  # (B, Q, T)
+        return self.head((attention @ h).mean(1))
+
+
+def test_a_norm_of_learned_queries_names_norms_as_the_fix_and_converts_left_shared():
+    torch.manual_seed(0)
+    x = torch.randn(3, 5, 4)
+    ensemble = diversify(snens.convert(QueryPool(queries=5).eval(), num_members=M).eval())
+    with pytest.raises(ValueError, match=r"no batch dimension .learned queries. stays shared"):
+        ensemble(x)
+    shared = snens.convert(QueryPool(queries=5).eval(), num_members=M, norms=["norm"]).eval()
+    assert [name for name, *_ in shared.report.converted] == ["norm"]
+    assert_members_are_their_extracted_models(diversify(shared), x)
+
+
 def test_sequence_first_marks_a_block_of_ones_own():
     torch.manual_seed(0)
     ensemble = diversify(snens.convert(OwnSequenceFirstBlock().eval(), num_members=M).eval())

@@ -4,8 +4,10 @@
     ens = snens.integrations.peft.from_pretrained(fresh_base, "my-adapter")  # same outputs
 
 The directory holds PEFT's ``adapter_config.json``, ``snens.json`` (the ensemble's
-:class:`~snens.SnensConfig`, M, the input policy, the head's name, the format's version) and
-``snens_state.safetensors`` (the trainable tensors and every member layer's buffers).
+:class:`~snens.SnensConfig`, M, the input policy, the head's and the adapter's names, the
+format's version) and ``snens_state.safetensors`` (the trainable tensors, every member layer's
+state and every persistent buffer). ``snens.json`` is moved in last: a directory without it
+holds no complete save.
 """
 
 from __future__ import annotations
@@ -62,37 +64,48 @@ def _peft_model(ensemble: Ensemble):
 
 
 def _saved_names(ensemble: Ensemble) -> set[str]:
-    """State-dict names of what fine-tuning changes: trainable tensors, member layers' state."""
+    """State-dict names of what fine-tuning changes: trainable tensors, member layers' state
+    and every persistent buffer (a plain batch norm's running statistics)."""
     names = {name for name, p in ensemble.named_parameters() if p.requires_grad}
     for prefix, module in ensemble.named_modules():
         if isinstance(module, MemberNorm | MemberLinear):
             names.update(f"{prefix}.{name}" for name in module.state_dict())
-    return names
+    buffers = {name for name, _ in ensemble.named_buffers(remove_duplicate=False)}
+    return names | (buffers & ensemble.state_dict().keys())
 
 
 def save_pretrained(ensemble: Ensemble, directory: str | os.PathLike) -> Path:
-    """Write a σN-Ens PEFT model's adapters and member layers to ``directory`` (created if
-    missing; an earlier save's files replaced).
+    """Write a σN-Ens PEFT model's adapter, member layers and buffers to ``directory`` (created
+    if missing); an earlier save there is replaced only once all three files were written.
 
     Returns:
         The directory.
 
     Raises:
         TypeError: ``ensemble`` is not an ensemble over a ``peft.PeftModel``.
+        OSError: ``directory`` cannot be written (a full disk): an earlier save there is left
+            as it was.
     """
     from safetensors.torch import save
 
     peft_model = _peft_model(ensemble)
     path = Path(directory)
-    # PEFT writes its config by name, so into a private directory whose files are moved in
-    with files.staged_directory(path) as staging:
-        peft_model.peft_config[peft_model.active_adapter].save_pretrained(str(staging))
     names = _saved_names(ensemble)
     state = {k: v.detach().contiguous() for k, v in ensemble.state_dict().items() if k in names}
-    files.write_bytes(path / _STATE, save(state), mode=files.plain_mode(path / _STATE))
     report = ensemble.report
     head = report.head if report is not None else "auto"
-    write_meta(path / _CONFIG, ensemble, FORMAT_VERSION, head=head)  # last: a save is complete
+    # all three written into a private directory, then moved in, snens.json last (its old
+    # namesake removed first): a full disk changes nothing, a kill leaves no snens.json
+    with files.staged_directory(path, last=_CONFIG) as staging:
+        peft_model.peft_config[peft_model.active_adapter].save_pretrained(str(staging))
+        files.write_bytes(staging / _STATE, save(state), mode=files.plain_mode(path / _STATE))
+        write_meta(
+            staging / _CONFIG,
+            ensemble,
+            FORMAT_VERSION,
+            head=head,
+            adapter_name=peft_model.active_adapter,  # the state's keys carry it
+        )
     return path
 
 
@@ -103,12 +116,13 @@ def from_pretrained(base_model: nn.Module, directory: str | os.PathLike) -> Ense
 
     Returns:
         An :class:`~snens.Ensemble` over a ``peft.PeftModel`` of ``base_model``, with the saved M,
-        input policy, head, adapters and member layers.
+        input policy, head, adapter (under its saved name), member layers and buffers.
 
     Raises:
-        FileNotFoundError: ``directory`` holds no complete save (the missing file named).
+        FileNotFoundError: ``directory`` holds no complete save (the missing file named; an
+            interrupted save leaves no ``snens.json``).
         ValueError: another format version, a damaged ``snens.json``, state or adapter config, or
-            tensors that do not fit the model (named).
+            tensors that do not fit the model or are missing (named).
         ImportError: ``peft`` is not installed.
         snens.files.FileRefusedError: a file of the save that is a FIFO, device or directory.
     """
@@ -148,11 +162,15 @@ def _read_meta(path: Path) -> dict[str, Any]:
     except (ValueError, RecursionError) as error:
         raise not_written_by(path, **writer)(f"not valid JSON ({error})") from None
     kinds = {"num_members": int, "input_policy": str}
-    return check_meta(meta, path, version=FORMAT_VERSION, kinds=kinds, **writer)
+    meta = check_meta(meta, path, version=FORMAT_VERSION, kinds=kinds, **writer)
+    adapter = meta.setdefault("adapter_name", "default")  # a save without it: PEFT's default
+    if not isinstance(adapter, str) or not adapter:
+        raise not_written_by(path, **writer)(f"adapter_name = {adapter!r:.40} is not a name")
+    return meta
 
 
 def _wrap(base_model: nn.Module, config: Any, meta: dict[str, Any]) -> Ensemble:
-    peft_model = _peft().get_peft_model(base_model, config)
+    peft_model = _peft().get_peft_model(base_model, config, adapter_name=meta["adapter_name"])
     ensemble = convert(
         peft_model,
         meta["num_members"],

@@ -91,6 +91,7 @@ class SnensConfig:
                 "a SnensConfig holds plain data: pass a function choosing the norms to "
                 "snens.convert(model, config, norms=...) itself"
             )
+        _plain_fields(self)
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as plain JSON/TOML data.
@@ -163,3 +164,22 @@ def saved_config(meta: dict[str, Any]) -> SnensConfig:
             f"input_policy={meta['input_policy']!r}"
         )
     return config
+
+
+def _plain_fields(config: SnensConfig) -> None:
+    """The fields :func:`snens.convert` reads as given: a damaged ``snens.json`` is refused
+    where it is read, not at the next conversion."""
+    if not (config.head is None or isinstance(config.head, str)):
+        raise TypeError(f"head must be 'auto', a module name or None, got {config.head!r:.60}")
+    norms = config.norms
+    if not (norms is None or isinstance(norms, str)) and not (
+        isinstance(norms, tuple) and all(isinstance(name, str) for name in norms)
+    ):
+        raise TypeError(
+            "norms must be None (all), a regular expression or a list of module names, got "
+            f"{norms!r:.60}"
+        )
+    if not (config.skip_unsupported is None or isinstance(config.skip_unsupported, bool)):
+        raise TypeError(
+            f"skip_unsupported must be None, True or False, got {config.skip_unsupported!r:.60}"
+        )

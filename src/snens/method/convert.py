@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from snens.method.config import SnensConfig
 from snens.method.ensemble import Ensemble, InputPolicy
 from snens.nn.norms import check_num_members
-from snens.nn.surgery import NormSelection, convert_modules
+from snens.nn.surgery import NormSelection, check_initialized, convert_modules
 
 __all__ = ["convert"]
 
@@ -135,6 +135,7 @@ def convert(
             "snens.export or snens.export_onnx"
         )
     _check_not_an_ensemble(model)
+    check_initialized(model)  # before the copy, which a lazy module's tensors fail
     try:
         target = model if inplace else copy.deepcopy(model)
     except RuntimeError as error:

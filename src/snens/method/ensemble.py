@@ -226,6 +226,9 @@ class Ensemble(nn.Module):
                 )
         adapted = adapt(model)
         self.model = model
+        # the ensemble's own mode is its model's (nn.Module starts in training mode), so an
+        # ensemble of a model in eval mode evaluates: `split` applies only in training
+        self.training = model.training
         self.input_policy = input_policy
         self._config = config
         self.output = output

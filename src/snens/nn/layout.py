@@ -54,7 +54,9 @@ def check_batch_first(layer: nn.Module, x: Tensor) -> None:
             "the model: the batch is not first there (a sequence-first layout, "
             "batch_first=False?). Member layers find the members along the first dimension; "
             "keep the batch first inside the model, or mark the module whose member layers see "
-            "(S, batch, …) inputs with snens.nn.sequence_first(module)"
+            "(S, batch, …) inputs with snens.nn.sequence_first(module). A norm of a tensor "
+            "with no batch dimension (learned queries) stays shared: leave it out of "
+            "snens.convert(model, M, norms=...)"
         )
 
 

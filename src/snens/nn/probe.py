@@ -305,6 +305,8 @@ def _precision(module, member_type, eps, values, inputs, param_dtype, input_dtyp
         member.train(training)
         taken = [x for x in inputs if _takes(member, x)][:2]
         for x in taken:
+            if _undefined_for_base(plain, x, device, param_dtype, input_dtype):
+                continue
             expected, got = _both(plain, member, x.to(device, input_dtype))
             if expected is None:
                 continue
@@ -312,6 +314,26 @@ def _precision(module, member_type, eps, values, inputs, param_dtype, input_dtyp
                 return math.inf
             error = max(error, _relative_error(got, expected, tolerance))
     return error
+
+
+def _undefined_for_base(plain, x, device, param_dtype, input_dtype) -> bool:
+    """Whether the torch norm class a subclass ``plain`` extends refuses this setting's dtypes
+    but not its shape: the setting is outside that family (nn.LayerNorm takes no float32 input
+    to float64 weights), so what the subclass does there (fairseq's Fp32LayerNorm computes in
+    float32) is not held against its member version."""
+    base = next((c for c in type(plain).__mro__ if c.__module__.startswith("torch.nn.")), None)
+    if base is None or base is type(plain) or base is nn.Module:
+        return False
+    runs = [_runs_as(base, plain, x.to(device, dtype)) for dtype in (input_dtype, param_dtype)]
+    return runs == [False, True]
+
+
+def _runs_as(cls: type, plain: nn.Module, x: _Input) -> bool:
+    try:
+        cls.forward(plain, *x.args())
+    except Exception:  # noqa: BLE001 - any failure means it does not take this input
+        return False
+    return True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -356,12 +378,7 @@ def _both(plain: nn.Module, member: MemberNorm, x: _Input) -> tuple[Tensor | Non
 
 
 def _runs(plain: nn.Module, x: _Input, device: torch.device) -> bool:
-    x = x.to(device, torch.float32)
-    try:
-        type(plain).forward(plain, *x.args())
-    except Exception:  # noqa: BLE001 - any failure means it does not take this input
-        return False
-    return True
+    return _runs_as(type(plain), plain, x.to(device, torch.float32))
 
 
 def _takes(member: MemberNorm, x: _Input) -> bool:

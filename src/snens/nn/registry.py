@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import re
 from collections.abc import Callable
 from typing import Any
@@ -219,6 +220,13 @@ def _recognize(module: nn.Module) -> Converter | str:
     name = type(module).__name__
     if isinstance(module, (nn.LocalResponseNorm, nn.CrossMapLRN2d)):
         return f"{name} (torch) normalizes across neighbouring channels; no member version does"
+    if isinstance(module, nn.SyncBatchNorm):
+        return (
+            f"{name} (torch) computes its batch statistics over every process, which no member "
+            "version does; convert the model while it holds nn.BatchNorm*d layers (before "
+            "nn.SyncBatchNorm.convert_sync_batchnorm): each member then normalizes with its "
+            "process's own batch"
+        )
     why = probe.unprobeable(module)
     if why is not None:
         return f"{name} {why}"
@@ -240,10 +248,14 @@ def _recognize(module: nn.Module) -> Converter | str:
         )
     ((formula, best),) = found
     if not best.reproduces:
+        how = (
+            "returns another dtype or fails there"
+            if math.isinf(best.worst)
+            else f"differs by {best.worst:.3g}× the tolerance"
+        )
         return (
             f"{name} computes a {formula.name} in float32, but no member version reproduces it "
-            f"in {best.worst_setting} (the closest, {best.member_type.__name__}, differs by "
-            f"{best.worst:.3g}× the tolerance)"
+            f"in {best.worst_setting} (the closest, {best.member_type.__name__}, {how})"
         )
     return functools.partial(from_plain_as, best.member_type, eps=best.eps)
 
@@ -260,14 +272,16 @@ def _formulas_for(module: nn.Module) -> tuple[Formula, ...]:
 def _looks_like_norm(module: nn.Module) -> bool:
     if isinstance(module, _TORCH_NORMS):
         return True
+    if type(module).__module__.startswith("torch."):
+        # torch's other classes are not norms: nn.PReLU holds a 1-D weight, and the weight
+        # and spectral norm parametrizations (_WeightNorm) normalize weights, not activations
+        return False
     own = {name for name, p in module._parameters.items() if p is not None}
     leaf = next(module.children(), None) is None
     if _NORM_NAME.search(type(module).__name__):
         # a leaf, or a norm with more inside it (IBert's IntLayerNorm); not a block named
         # after one (RobertaPreLayerNormLMHead holds a bias and its layers)
         return leaf or "weight" in own
-    if type(module).__module__.startswith("torch."):
-        return False  # torch's other classes are not norms (nn.PReLU holds a 1-D weight)
     weight = module._parameters.get("weight")
     return leaf and weight is not None and weight.dim() == 1 and own <= {"weight", "bias"}
 

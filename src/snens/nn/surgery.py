@@ -23,6 +23,7 @@ from snens.nn.registry import MEMBER_NORMS, SUPPORTED, Converter, lookup
 __all__ = [
     "ConversionReport",
     "NormSelection",
+    "check_initialized",
     "convert_modules",
     "member_modules",
     "only_named",
@@ -194,7 +195,7 @@ def convert_modules(
     if head_init not in ("copy", "reset"):
         raise ValueError(f"head_init must be 'copy' or 'reset', got {head_init!r}")
     chosen = _norm_selector(norms)
-    _check_initialized(model)
+    check_initialized(model)
     params_before = _count_params(model)
     existing = _existing_members(model, num_members)
 
@@ -250,12 +251,18 @@ def _warn_skipped(model: nn.Module, refused: _Refused) -> None:
     )
 
 
-def _check_initialized(model: nn.Module) -> None:
-    for name, param in model.named_parameters():
-        if isinstance(param, nn.parameter.UninitializedParameter):
+def check_initialized(model: nn.Module) -> None:
+    """Raise if a lazy module of ``model`` has not yet run: its tensors have no shape.
+
+    Raises:
+        ValueError: naming the tensor and the fix (one forward pass first).
+    """
+    tensors = [*model.named_parameters(), *model.named_buffers()]
+    for name, tensor in tensors:
+        if nn.parameter.is_lazy(tensor):
             raise ValueError(
-                f"{name} of {type(model).__name__} is an uninitialized parameter of a lazy "
-                "module; run one forward pass on an example batch first, then convert"
+                f"{name} of {type(model).__name__} is an uninitialized parameter or buffer of a "
+                "lazy module; run one forward pass on an example batch first, then convert"
             )
 
 
