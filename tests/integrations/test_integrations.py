@@ -1106,3 +1106,225 @@ def test_a_fifo_in_place_of_the_weights_is_named_and_norms_by_their_names(tmp_pa
     os.mkfifo(saved / "model.safetensors")
     with pytest.raises(FileRefusedError, match=r"model\.safetensors is a FIFO, not a regular"):
         load_ensemble(TinyTransformer(), saved)
+
+
+# ------------------------------------------------------------------------------------------------
+# Saves whole or not at all; saves of ensembles converted with norms= or head=
+# ------------------------------------------------------------------------------------------------
+
+
+def _files(directory):
+    return {p.name: p.read_bytes() for p in directory.iterdir()}
+
+
+@pytest.mark.parametrize("failing", ["model.safetensors", "training_args.bin", "snens.json"])
+def test_a_save_the_disk_cannot_hold_leaves_the_last_save_as_it_was(tmp_path, monkeypatch, failing):
+    """SnensTrainer._save had written its files one by one into the save: a full disk at
+    training_args.bin or snens.json left the new weights beside the old snens.json."""
+    import errno
+
+    from snens import files
+
+    ens = _tiny_ensemble()
+    trainer = _hf_trainer(tmp_path / "out", ens)
+    saved = tmp_path / "saved"
+    trainer.save_model(saved)
+    before = _files(saved)
+    assert sorted(before) == ["model.safetensors", "snens.json", "training_args.bin"]
+    with torch.no_grad():
+        for p in ens.parameters():  # stands in for training: the next save's weights differ
+            p.add_(1.0)
+    write_bytes = files.write_bytes
+
+    def full_disk(path, data, **kwargs):
+        if path.name == failing:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return write_bytes(path, data, **kwargs)
+
+    monkeypatch.setattr(files, "write_bytes", full_disk)
+    with pytest.raises(OSError, match="No space left on device"):
+        trainer.save_model(saved)
+    assert _files(saved) == before  # byte for byte, and no staging directory left
+    monkeypatch.undo()
+    trainer.save_model(saved)
+    assert _files(saved)["model.safetensors"] != before["model.safetensors"]
+
+
+def test_a_trainer_save_without_its_snens_json_is_named_unfinished(tmp_path):
+    """snens.json moves in last: a save killed before it had been read as an
+    ens.model.save_pretrained directory (config.json beside the weights) and refused as the
+    wrong architecture."""
+    transformers = pytest.importorskip("transformers")
+    from snens.integrations.huggingface import load_ensemble
+
+    torch.manual_seed(0)
+    _hf_trainer(tmp_path / "out", snens.convert(_tiny_bert(), num_members=3)).save_model(
+        tmp_path / "saved"
+    )
+    (tmp_path / "saved" / "snens.json").unlink()
+    with pytest.raises(FileNotFoundError, match=r"snens\.json is missing beside training_args"):
+        load_ensemble(transformers.AutoModelForSequenceClassification, tmp_path / "saved")
+
+
+def _tiny_llama_lm():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        vocab_size=50,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        tie_word_embeddings=True,  # lm_head.weight is embed_tokens.weight: not saved
+    )
+    return transformers.LlamaForCausalLM(config)
+
+
+_ONE_NORM = "bert.encoder.layer.0.output.LayerNorm"
+
+
+@pytest.mark.parametrize(
+    ("build", "auto", "options", "converted", "head"),
+    [
+        (_tiny_bert, "AutoModelForSequenceClassification", {"norms": [_ONE_NORM]}, 1, "auto"),
+        (_tiny_bert, "AutoModelForSequenceClassification", {"head": None}, 3, None),
+        (_tiny_llama_lm, "AutoModelForCausalLM", {"head": None}, 3, None),  # llm.md's recipe
+    ],
+)
+def test_save_pretrained_of_an_ensemble_of_some_norms_or_a_shared_head_reloads_exactly(
+    tmp_path, build, auto, options, converted, head
+):
+    """load_ensemble had converted what ens.model.save_pretrained wrote with every norm and
+    head="auto", refusing an ensemble converted with norms= or head=None (a causal LM of tied
+    embeddings among them) as the wrong architecture; norms= and head= are now read from the
+    saved tensors, and an ensemble given converted otherwise is told the convert call."""
+    transformers = pytest.importorskip("transformers")
+    from snens.integrations.huggingface import load_ensemble
+
+    torch.manual_seed(0)
+    ens = snens.convert(build(), num_members=3, **options)
+    with torch.no_grad():
+        for p in ens.parameters():  # stands in for training: the members now differ
+            p.add_(0.1 * torch.randn_like(p))
+    ens.model.save_pretrained(tmp_path / "hf")
+    again = load_ensemble(getattr(transformers, auto), tmp_path / "hf")
+    assert [name for name, _, _ in again.report.converted] == [
+        name for name, _, _ in ens.report.converted
+    ]
+    assert len(again.report.converted) == converted
+    assert again.report.head == ens.report.head
+    norms = tuple(options["norms"]) if "norms" in options else None
+    assert again.snens_config == snens.SnensConfig(num_members=3, head=head, norms=norms)
+    examples = _tiny_examples()
+    torch.testing.assert_close(_outputs(again, examples), _outputs(ens, examples), rtol=0, atol=0)
+    named = r"norms=\['bert\.encoder\.layer\.0\.output\.LayerNorm'\]" if norms else "head=None"
+    with pytest.raises(ValueError, match=rf"build it with snens\.convert\(model, 3, {named}\)"):
+        load_ensemble(snens.convert(build(), num_members=3), tmp_path / "hf")
+
+
+def test_load_ensemble_names_a_model_class_of_another_architecture_and_a_pickle_of_no_tensors(
+    tmp_path,
+):
+    """A Llama save given BertForSequenceClassification had raised AttributeError from inside
+    transformers; a pytorch_model.bin holding a list, AttributeError from load_ensemble."""
+    transformers = pytest.importorskip("transformers")
+    from snens.integrations.huggingface import load_ensemble
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=50,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        num_labels=3,
+        pad_token_id=0,
+    )
+    llama = transformers.LlamaForSequenceClassification(config)
+    saved = tmp_path / "saved"
+    snens.convert(llama, num_members=3).model.save_pretrained(saved)
+    with pytest.raises(
+        ValueError,
+        match=r"'llama' model \(LlamaConfig\), and BertForSequenceClassification is built from "
+        r"a BertConfig; pass the class of the saved model \(LlamaForSequenceClassification",
+    ):
+        load_ensemble(transformers.BertForSequenceClassification, saved)
+    (saved / "model.safetensors").unlink()
+    torch.save([1, 2], saved / "pytorch_model.bin")
+    with pytest.raises(ValueError, match=r"pytorch_model\.bin holds a list, not a state dict"):
+        load_ensemble(transformers.AutoModelForSequenceClassification, saved)
+
+
+def test_trainer_resumes_only_into_an_ensemble_converted_alike(tmp_path):
+    """train(resume_from_checkpoint=...) had loaded through Trainer's own
+    load_state_dict(strict=False): an ensemble converted with other norms= or head= failed with
+    torch's "size mismatch"; the checkpoint's snens.json is now read, and a resume into an
+    ensemble converted alike goes on as the uninterrupted run did."""
+    examples = _tiny_examples()
+    args = {"max_steps": 4, "save_strategy": "steps", "save_steps": 2}
+    whole = _tiny_ensemble()
+    _hf_trainer(tmp_path / "whole", whole, train_dataset=examples, args=args).train()
+    checkpoint = str(tmp_path / "whole" / "checkpoint-2")
+    for options, named in (
+        ({"norms": ["norm"]}, r"norms=\['norm'\], .* with norms=None; .*norms=None\) to resume"),
+        ({"head": None}, r"head=None, .* with head='head'; .*\(model, 3, head='head'\) to resume"),
+        ({"num_members": 2}, r"num_members=2, .* num_members=3; build it with num_members=3"),
+    ):
+        torch.manual_seed(0)
+        members = options.pop("num_members", 3)
+        other = snens.convert(TinyTransformer(), num_members=members, **options)
+        trainer = _hf_trainer(tmp_path / "other", other, train_dataset=examples, args=args)
+        with pytest.raises(ValueError, match=named):
+            trainer.train(resume_from_checkpoint=checkpoint)
+    resumed = _tiny_ensemble()
+    trainer = _hf_trainer(tmp_path / "resumed", resumed, train_dataset=examples, args=args)
+    trainer.train(resume_from_checkpoint=checkpoint)
+    assert trainer.state.global_step == 4
+    torch.testing.assert_close(
+        _outputs(resumed, examples), _outputs(whole, examples), rtol=0, atol=0
+    )
+
+
+def test_lightning_checkpoint_names_the_norms_and_head_it_was_converted_with(tmp_path):
+    """A checkpoint of an ensemble converted with norms= or head=None, reloaded into a fresh
+    ensemble converted with the defaults, had been refused with advice to pass the
+    architecture it already was."""
+    pytest.importorskip("lightning.pytorch")
+    from snens.integrations.lightning import SnensModule
+
+    def net():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(
+            torch.nn.Linear(8, 16),
+            torch.nn.LayerNorm(16),
+            torch.nn.ReLU(),
+            torch.nn.Linear(16, 16),
+            torch.nn.LayerNorm(16),
+            torch.nn.Linear(16, 3),
+        )
+
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(16, 8, generator=g), torch.randint(0, 3, (16,), generator=g)
+    for options, named in (
+        ({"norms": ["4"]}, r"norms=\['4'\]"),
+        ({"head": None}, "head=None"),
+    ):
+        module = SnensModule(snens.convert(net(), num_members=4, **options), lr=1e-2)
+        trainer = _lightning_trainer(max_steps=1)
+        trainer.fit(module, _Batches([(x[:8], y[:8])]))
+        trainer.save_checkpoint(tmp_path / "last.ckpt")
+        fresh = snens.convert(net(), num_members=4)
+        with pytest.raises(
+            ValueError,
+            match=rf"it was converted with {named}; pass ensemble=snens\.convert\(fresh_model, "
+            rf"4, {named}\)",
+        ):
+            SnensModule.load_from_checkpoint(tmp_path / "last.ckpt", ensemble=fresh)
+        assert fresh.snens_config == snens.SnensConfig(num_members=4)  # left as it was
+        again = SnensModule.load_from_checkpoint(
+            tmp_path / "last.ckpt", ensemble=snens.convert(net(), num_members=4, **options)
+        )
+        module.ensemble.eval()
+        with torch.no_grad():
+            torch.testing.assert_close(again.ensemble(x), module.ensemble(x), rtol=0, atol=0)

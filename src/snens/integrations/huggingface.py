@@ -55,7 +55,14 @@ from snens.method.optim import param_groups
 from snens.method.regularizer import LayerSelection, diversity_gain, diversity_loss
 from snens.method.step import check_finite, training_loss
 from snens.metrics import nll
-from snens.nn import MemberBatchNorm1d, MemberBatchNorm2d, MemberBatchNorm3d, MemberLayerNorm, fused
+from snens.nn import (
+    MemberBatchNorm1d,
+    MemberBatchNorm2d,
+    MemberBatchNorm3d,
+    MemberLayerNorm,
+    MemberLinear,
+    fused,
+)
 from snens.nn.surgery import only_named
 
 __all__ = ["FORMAT_VERSION", "SNENS_CONFIG", "SnensTrainer", "load_ensemble"]
@@ -68,6 +75,8 @@ FORMAT_VERSION = 1
 _SAFETENSORS = "model.safetensors"
 _SAFETENSORS_INDEX = "model.safetensors.index.json"
 _PICKLED = "pytorch_model.bin"
+# What SnensTrainer writes beside them (a save_pretrained directory has no such file).
+_TRAINING_ARGS = "training_args.bin"
 _MAX_JSON_BYTES = 64 * 2**20
 _FUSABLE = (MemberLayerNorm, MemberBatchNorm1d, MemberBatchNorm2d, MemberBatchNorm3d)
 
@@ -243,7 +252,9 @@ class SnensTrainer(transformers.Trainer):
 
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
         """Trainer's save (``save_model`` and checkpoints) of a model that is not a
-        ``PreTrainedModel``, plus ``snens.json``; every file atomic (:mod:`snens.files`)."""
+        ``PreTrainedModel``, plus ``snens.json``: every file is written into one staged directory
+        (:func:`snens.files.staged_directory`) and moved in once all were written, ``snens.json``
+        last, so a full disk or a kill never leaves new weights beside an old ``snens.json``."""
         from safetensors.torch import save
 
         if not self.args.should_save:  # one process writes; an ensemble is never sharded
@@ -252,23 +263,64 @@ class SnensTrainer(transformers.Trainer):
         ensemble = self.accelerator.unwrap_model(self.model)
         if state_dict is None:
             state_dict = ensemble.state_dict()
-        directory.mkdir(parents=True, exist_ok=True)
-        weights = directory / _SAFETENSORS
         data = save(_unshared(state_dict), metadata={"format": "pt"})
-        files.write_bytes(weights, data, mode=files.plain_mode(weights))
+        arguments = io.BytesIO()
+        torch.save(self.args, arguments)
         tokenizer = self.processing_class
         if tokenizer is None:
             tokenizer = getattr(self.data_collator, "tokenizer", None)
-        if tokenizer is not None:  # it writes its files by name: into a private directory
-            with files.staged_directory(directory) as staging:
-                tokenizer.save_pretrained(str(staging))
         config = getattr(ensemble.model, "config", None)  # a Hugging Face model's: config.json
-        if isinstance(config, transformers.PretrainedConfig):
-            files.write_text(directory / "config.json", config.to_json_string())
-        arguments = io.BytesIO()
-        torch.save(self.args, arguments)
-        files.write_bytes(directory / "training_args.bin", arguments.getvalue())
-        _write_config(ensemble, directory)
+        with files.staged_directory(directory, last=SNENS_CONFIG) as staging:
+            mode = files.plain_mode(directory / _SAFETENSORS)
+            files.write_bytes(staging / _SAFETENSORS, data, mode=mode)
+            if tokenizer is not None:  # it writes its files by name
+                tokenizer.save_pretrained(str(staging))
+            if isinstance(config, transformers.PretrainedConfig):
+                files.write_text(staging / "config.json", config.to_json_string())
+            files.write_bytes(staging / _TRAINING_ARGS, arguments.getvalue())
+            _write_config(ensemble, staging)
+
+    def _load_from_checkpoint(
+        self, resume_from_checkpoint: str, model: nn.Module | None = None
+    ) -> None:
+        """Trainer's resume (``train(resume_from_checkpoint=...)``) through the checks of
+        :func:`load_ensemble`: a checkpoint of another M, ``norms=`` or ``head=`` is refused,
+        naming the ``snens.convert`` call that fits it, before a weight is loaded."""
+        if self._own_loader(resume_from_checkpoint):
+            super()._load_from_checkpoint(resume_from_checkpoint, model)
+        else:
+            self._load_checked(Path(resume_from_checkpoint), model)
+
+    def _load_best_model(self) -> None:
+        """Trainer's ``load_best_model_at_end``, through the checks of :func:`load_ensemble`."""
+        if self._own_loader(self.state.best_model_checkpoint):
+            super()._load_best_model()
+        else:
+            self._load_checked(Path(self.state.best_model_checkpoint), None)
+
+    def _own_loader(self, directory: str) -> bool:
+        """Whether Trainer's loader is left to load ``directory``: a sharded model (DeepSpeed,
+        FSDP), or no weights there (Trainer says so in its words)."""
+        sharded = getattr(self, "is_deepspeed_enabled", False) or getattr(
+            self, "is_fsdp_enabled", False
+        )
+        names = (_SAFETENSORS, _SAFETENSORS_INDEX, _PICKLED)
+        return sharded or not any(os.path.lexists(Path(directory) / n) for n in names)
+
+    def _load_checked(self, where: Path, model: nn.Module | None) -> None:
+        ensemble = self.accelerator.unwrap_model(self.model if model is None else model)
+        state = _read_weights(where)
+        meta, prefix = _read_config(where, state)
+        if prefix:  # an ens.model.save_pretrained directory
+            _infer_options(meta, state, ensemble.model)
+        state = {prefix + k: v for k, v in state.items()}
+        _check_conversion(ensemble, meta, where, "the ensemble trained", " to resume from it")
+        fix = (
+            "train an ensemble of the architecture it was trained from (the same class and "
+            "configuration); nothing was loaded"
+        )
+        _check_weights(ensemble, state, where, fix)
+        ensemble.load_state_dict(state, strict=False)
 
     def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:
         """The optimizer ``args.optim`` names over :func:`snens.param_groups`; one passed as
@@ -367,13 +419,22 @@ def _read_weights(directory: Path) -> dict[str, Tensor]:
             state.update(load_safetensors(files.inside(directory, shard)))
         return state
     if os.path.lexists(directory / _PICKLED):  # Trainer with save_safetensors=False (v4)
-        os.close(files.open_regular(directory / _PICKLED, follow_links=True))
+        path = directory / _PICKLED
+        os.close(files.open_regular(path, follow_links=True))
         try:
-            return torch.load(directory / _PICKLED, map_location="cpu", weights_only=True)
+            state = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as error:  # noqa: BLE001 - a refused or damaged pickle
             raise ValueError(
-                f"{directory / _PICKLED} could not be loaded as tensors ({error}); save it again"
+                f"{path} could not be loaded as tensors ({error}); save it again"
             ) from None
+        if not isinstance(state, dict) or not all(
+            isinstance(k, str) and isinstance(v, Tensor) for k, v in state.items()
+        ):
+            raise ValueError(
+                f"{path} holds a {type(state).__name__}, not a state dict of tensor names to "
+                "tensors; give the directory trainer.save_model(directory) wrote"
+            )
+        return state
     raise FileNotFoundError(
         f"{directory} holds no weights ({_SAFETENSORS}, {_SAFETENSORS_INDEX} or {_PICKLED}); "
         "give the directory trainer.save_model(directory) wrote"
@@ -382,19 +443,25 @@ def _read_weights(directory: Path) -> dict[str, Tensor]:
 
 def _read_config(directory: Path, state: dict[str, Tensor]) -> tuple[dict[str, Any], str]:
     """``snens.json`` and the prefix of the saved names: "" for a Trainer save, "model." for
-    ``ens.model.save_pretrained``."""
+    ``ens.model.save_pretrained`` (M read from γ; ``norms`` and ``head`` from the tensors by
+    :func:`_infer_options` once the model is built)."""
     path = directory / SNENS_CONFIG
     if path.is_file():
         flags = dict.fromkeys(("converted", "skip_unsupported", "custom_output"), bool)
         kinds = {"num_members": int, "input_policy": str, **flags}
         writer = {"writer": "SnensTrainer.save_model", "saved": "the ensemble"}
         return check_meta(_read_json(path), path, version=FORMAT_VERSION, kinds=kinds, **writer), ""
+    if (directory / _TRAINING_ARGS).is_file():  # SnensTrainer's save, snens.json moved in last
+        raise FileNotFoundError(
+            f"{path} is missing beside {_TRAINING_ARGS}: a SnensTrainer save that did not "
+            "complete (snens.json is written last); save again, or load an earlier checkpoint"
+        )
     if not (directory / "config.json").is_file():
         raise FileNotFoundError(
             f"{path} is missing: {directory} was not written by SnensTrainer.save_model (or "
             "the save was interrupted; save again)"
         )
-    # ens.model.save_pretrained(directory): M from γ (M, C), the other options the defaults
+    # ens.model.save_pretrained(directory): M from γ (M, C)
     members = {tuple(v.shape[:1]) for k, v in state.items() if k.endswith(".gamma") and v.dim()}
     if len(members) != 1:
         found = "no member norm γ" if not members else f"γ of {len(members)} sizes of M"
@@ -409,11 +476,73 @@ def _read_config(directory: Path, state: dict[str, Tensor]) -> tuple[dict[str, A
         "input_policy": "repeat",
         "converted": True,
         "head": "auto",
+        "norms": None,
         "skip_unsupported": False,
         "custom_output": False,
         "config": SnensConfig(num_members=num_members),
     }
     return meta, "model."
+
+
+def _infer_options(meta: dict[str, Any], state: dict[str, Tensor], model: nn.Module) -> None:
+    """Set the ``norms`` and ``head`` of an ``ens.model.save_pretrained`` save (``state``, of
+    ``model``) in ``meta``: the norms saved with a γ, and the linear layer saved with a member
+    dimension (None where the output layer was shared: ``head=None``)."""
+    meta["norms"] = [k.removesuffix(".gamma") for k, v in state.items() if k.endswith(".gamma")]
+    linears = [
+        (name, type(m) is nn.Linear)
+        for name, m in model.named_modules()
+        if type(m) is nn.Linear or isinstance(m, MemberLinear)
+    ]
+    heads = [name for name, _ in linears if getattr(state.get(f"{name}.weight"), "ndim", 0) == 3]
+    meta["head"] = heads[-1] if heads else None
+    plain = [name for name, exact in linears if exact]
+    auto = bool(plain) and meta["head"] == plain[-1]  # what head="auto" chooses
+    meta["config"] = meta["config"].replace(head="auto" if auto else meta["head"])
+
+
+def _converted_with(ensemble: Ensemble) -> tuple[list[str], dict[str, Any]] | None:
+    """The names of the norms ``ensemble`` converted and the ``norms=`` (None: every norm) and
+    ``head=`` that chose them; None for an ensemble not built by :func:`snens.convert`."""
+    report = ensemble.report
+    if report is None:
+        return None
+    names = [name for name, _, _ in report.converted]
+    return names, {"norms": names if report.unselected else None, "head": report.head}
+
+
+def _check_conversion(
+    ensemble: Ensemble, meta: dict[str, Any], where: Path, what: str, then: str
+) -> None:
+    """Refuse ``ensemble`` (``what``) where its M, ``norms=`` or ``head=`` is not the save's
+    (``meta``), naming the ``snens.convert`` call that fits it (``then``: what follows)."""
+    num_members = meta["num_members"]
+    if ensemble.num_members != num_members:
+        raise ValueError(
+            f"{what} has num_members={ensemble.num_members}, {where} holds "
+            f"num_members={num_members}; build it with num_members={num_members}{then}"
+        )
+    given = _converted_with(ensemble)
+    if given is None or not meta["converted"]:
+        return  # member layers at construction: the weights' shapes alone are checked
+    names, options = given
+    saved = {"norms": meta.get("norms"), "head": meta.get("head")}
+    if saved["norms"] is None:  # every norm
+        same_norms = options["norms"] is None
+    else:  # the names converted
+        same_norms = set(names) == set(saved["norms"])
+    same_head = "head" not in meta or options["head"] == saved["head"]
+    differ = [key for key, same in (("norms", same_norms), ("head", same_head)) if not same]
+    if differ:
+
+        def shown(values: dict[str, Any]) -> str:
+            return ", ".join(f"{key}={values[key]!r}" for key in differ)
+
+        raise ValueError(
+            f"{what} was converted with {shown(options)}, {where} holds an ensemble converted "
+            f"with {shown(saved)}; build it with snens.convert(model, {num_members}, "
+            f"{shown(saved)}){then}"
+        )
 
 
 def _fresh_ensemble(
@@ -426,11 +555,8 @@ def _fresh_ensemble(
             "saved; pass the same function: load_ensemble(model, directory, output=...)"
         )
     if isinstance(model, Ensemble):
-        if model.num_members != num_members:
-            raise ValueError(
-                f"the ensemble given has num_members={model.num_members}, {where} holds "
-                f"num_members={num_members}; build it with num_members={num_members}"
-            )
+        then = ", or pass the plain model: load_ensemble converts it as it was saved"
+        _check_conversion(model, meta, where, "the ensemble given", then)
         model.snens_config = meta["config"]
         return model
     if not isinstance(model, nn.Module):
@@ -458,9 +584,15 @@ def _fresh_ensemble(
     return ensemble
 
 
-def _check_weights(ensemble: Ensemble, state: dict[str, Tensor], where: Path) -> None:
+def _check_weights(
+    ensemble: Ensemble,
+    state: dict[str, Tensor],
+    where: Path,
+    fix: str = "pass the architecture the ensemble was trained from (the same class and "
+    "configuration), freshly built; the model given was left as it was",
+) -> None:
     """Every tensor of ``state`` must fit ``ensemble``, and every tensor of it (a tied one under
-    any of its names) be given."""
+    any of its names) be given; else a ValueError ending in ``fix``."""
     expected = ensemble.state_dict()
     same = {  # name -> the tensor object it names: tied names name one
         name: id(tensor)
@@ -475,8 +607,7 @@ def _check_weights(ensemble: Ensemble, state: dict[str, Tensor], where: Path) ->
         expected,
         [k for k in expected if k not in state and same.get(k, k) not in given],
         f"the weights in {where} do not fit the model given",
-        "pass the architecture the ensemble was trained from (the same class and "
-        "configuration), freshly built; the model given was left as it was",
+        fix,
     )
 
 
@@ -487,6 +618,15 @@ def _built_from_saved_config(cls: type, where: Path) -> nn.Module:
             "over a model without a Hugging Face config); pass the model itself, freshly built"
         )
     config = transformers.AutoConfig.from_pretrained(str(where))
+    takes = getattr(cls, "config_class", None)  # a model class's; an Auto class has none
+    if isinstance(takes, type) and not isinstance(config, takes):
+        raise ValueError(
+            f"{where / 'config.json'} describes a {config.model_type!r} model "
+            f"({type(config).__name__}), and {cls.__name__} is built from a {takes.__name__}; "
+            f"pass the class of the saved model ({', '.join(config.architectures or [])}"
+            f"{' or ' if config.architectures else ''}an Auto class, such as "
+            "transformers.AutoModelForSequenceClassification)"
+        )
     # an Auto class builds through from_config; a model class takes the config itself
     return cls.from_config(config) if hasattr(cls, "from_config") else cls(config)
 
@@ -498,7 +638,8 @@ def load_ensemble(
     output: Callable[[Any], Tensor] | None = None,
 ) -> Ensemble:
     """The trained ensemble saved in ``directory`` (by ``SnensTrainer.save_model``, a checkpoint,
-    or ``ens.model.save_pretrained``): ``model`` converted afresh, the weights loaded.
+    or ``ens.model.save_pretrained``, whose ``norms=`` and ``head=`` are read from the saved
+    tensors): ``model`` converted afresh, the weights loaded.
 
     ``model`` is the architecture it was trained from, freshly built, a function building it, or a
     Hugging Face model class built from the saved ``config.json``; it is converted in place once
@@ -509,10 +650,12 @@ def load_ensemble(
         The :class:`snens.Ensemble`, in eval mode, computing what the saved one did.
 
     Raises:
-        FileNotFoundError: no weights, or neither ``snens.json`` nor ``config.json``.
+        FileNotFoundError: no weights; neither ``snens.json`` nor ``config.json``; a
+            ``SnensTrainer`` save without its ``snens.json`` (interrupted).
         ValueError: a PEFT save; a damaged or other-version ``snens.json``, weight file or shard
-            index; a shard outside the directory; weights that do not fit the model; an ensemble of
-            another M; a saved ``output=`` not passed again.
+            index; a shard outside the directory; weights that do not fit the model; a model class
+            another ``config.json`` describes; an ensemble of another M, ``norms=`` or ``head=``
+            (the ``snens.convert`` call that fits named); a saved ``output=`` not passed again.
         TypeError: ``model`` is not a module; a save of an ensemble not built by convert, given a
             plain model.
         snens.files.FileRefusedError: a weight file that is a FIFO, device or directory.
@@ -529,13 +672,15 @@ def load_ensemble(
         )
     state = _read_weights(where)
     meta, prefix = _read_config(where, state)
-    state = {prefix + k: v for k, v in state.items()}
     if isinstance(model, type) and (
         hasattr(model, "from_config") or issubclass(model, transformers.PreTrainedModel)
     ):
         model = _built_from_saved_config(model, where)
     elif not isinstance(model, nn.Module) and callable(model):
         model = model()
+    if prefix and isinstance(model, nn.Module):  # save_pretrained: norms= and head= inferred
+        _infer_options(meta, state, model.model if isinstance(model, Ensemble) else model)
+    state = {prefix + k: v for k, v in state.items()}
     # checked on a copy without values first: the model given is converted only if the save fits
     skeleton = meta_copy(model) if isinstance(model, nn.Module) else None
     if skeleton is not None and not isinstance(model, Ensemble):
@@ -543,4 +688,6 @@ def load_ensemble(
     ensemble = _fresh_ensemble(model, meta, output, where)
     _check_weights(ensemble, state, where)
     ensemble.load_state_dict(state, strict=False)
+    if prefix and ensemble.report is not None and ensemble.report.unselected:
+        ensemble.snens_config = ensemble.snens_config.replace(norms=tuple(meta["norms"]))
     return ensemble.eval()

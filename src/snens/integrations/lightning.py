@@ -3,7 +3,8 @@
     module = SnensModule(snens.convert(model, num_members=4), lr=3e-3, temperature=1.0)
     lightning.pytorch.Trainer(max_epochs=10).fit(module, train_loader, val_loader)
 
-Reload with ``SnensModule.load_from_checkpoint(ckpt, ensemble=snens.convert(fresh_model, M))``.
+Reload with ``SnensModule.load_from_checkpoint(ckpt, ensemble=snens.convert(fresh_model, M))``
+(with the ``norms=`` and ``head=`` the trained ensemble was converted with).
 Batches are ``(x, y)``, ``(inputs, y)`` with ``inputs`` a dict of keyword inputs, or such a dict
 holding ``"labels"`` (or ``"label"``). Needs Lightning 2: ``pip install 'snens[lightning]'``.
 """
@@ -60,6 +61,19 @@ def _unpack(batch: Any, *, need_labels: bool) -> tuple[tuple, dict, Tensor | Non
         "(inputs, labels) pairs, with inputs a tensor or a dict of keyword inputs, or a dict "
         "of keyword inputs holding 'labels'"
     )
+
+
+def _other_options(saved: Any, config: SnensConfig) -> dict[str, Any]:
+    """The ``norms=`` and ``head=`` of the checkpoint's config (``saved``, a dict) that differ
+    from the ensemble's ``config``, as the checkpoint's."""
+    if not isinstance(saved, dict):
+        return {}  # a checkpoint written before the config was kept
+    given = config.to_dict()
+    return {
+        key: saved.get(key, default)
+        for key, default in (("norms", None), ("head", "auto"))
+        if saved.get(key, default) != given[key]
+    }
 
 
 class SnensModule(LightningModule):
@@ -145,8 +159,9 @@ class SnensModule(LightningModule):
         """Refuses a checkpoint this module cannot hold, before its weights are loaded.
 
         Raises:
-            ValueError: another M; a tensor of another shape; layers chosen by a function not
-                passed again.
+            ValueError: another M; a tensor of another shape (naming the ``norms=`` or ``head=``
+                the checkpoint was converted with, where the ensemble given differs); layers
+                chosen by a function not passed again.
         """
         saved = checkpoint.get(CHECKPOINT_KEY, {})
         num_members = saved.get("num_members", self.ensemble.num_members)
@@ -162,8 +177,6 @@ class SnensModule(LightningModule):
                 "saved; pass the same function again: load_from_checkpoint(path, ensemble=..., "
                 "diversity_layers=...)"
             )
-        if "config" in saved:  # the SnensConfig it trained with (input policy, γ's init, …)
-            self.ensemble.snens_config = SnensConfig.from_dict(saved["config"])
         # names missing or unexpected are Lightning's to judge (strict=False allows them);
         # a tensor of another shape never loads
         expected = self.state_dict()
@@ -174,12 +187,24 @@ class SnensModule(LightningModule):
         ]
         if wrong:
             shown = "; ".join(wrong[:3]) + ("; …" if len(wrong) > 3 else "")
-            raise ValueError(
+            problem = (
                 f"the checkpoint's weights do not fit the ensemble given ({len(wrong)} tensors of "
-                f"another shape: {shown}); pass ensemble=snens.convert(fresh_model, "
-                f"{num_members}) of the architecture it was trained from (the same class and "
-                "configuration)"
+                f"another shape: {shown})"
             )
+            differ = _other_options(saved.get("config"), self.ensemble.snens_config)
+            if differ:
+                options = ", ".join(f"{key}={value!r}" for key, value in differ.items())
+                raise ValueError(
+                    f"{problem}: it was converted with {options}; pass ensemble=snens.convert("
+                    f"fresh_model, {num_members}, {options})"
+                )
+            raise ValueError(
+                f"{problem}; pass ensemble=snens.convert(fresh_model, {num_members}) of the "
+                "architecture it was trained from (the same class and configuration), with the "
+                "norms= and head= it was converted with"
+            )
+        if "config" in saved:  # the SnensConfig it trained with (input policy, γ's init, …)
+            self.ensemble.snens_config = SnensConfig.from_dict(saved["config"])
 
     def forward(self, *args: Any, **kwargs: Any) -> Tensor:
         return self.ensemble(*args, **kwargs)  # (M, B, K)
