@@ -1,4 +1,6 @@
 import json
+import os
+import sys
 
 import pytest
 
@@ -95,3 +97,85 @@ def test_ctrl_c_says_how_to_resume_instead_of_a_traceback(tmp_path, capsys, monk
         "snens train: interrupted; the run keeps its last complete checkpoint, continue it "
         f"with: snens train --resume {tmp_path / 'cut'}"
     )
+
+
+# -- config.toml read as a run file: a regular file of at most 64 MiB, never through a link ----
+
+_RUN_FILE_REFUSED = (
+    "holds 1,073,741,824 bytes, above the limit of 67,108,864 for a run file (snens writes "
+    "kilobytes there), so it was not read: move it away, or restore the file that belongs there"
+)
+
+
+def _peak_mib():
+    """This process's peak resident memory so far, in MiB (ru_maxrss is in KiB on Linux)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="ru_maxrss in KiB, sparse files: Linux")
+def test_an_oversized_config_toml_is_refused_unread_by_eval_and_resume(
+    tmp_path, capsys, monkeypatch
+):
+    """``snens eval`` and ``snens train --resume`` read a run's config.toml whole: a 2 GiB
+    (sparse) one cost 4.4 GB of memory before failing as "not valid TOML", where ``snens
+    report`` refused it by its size, as every run file is."""
+    monkeypatch.setattr(snens.engine.train, "train", lambda *a, **k: pytest.fail("trained"))
+    run = _edited_run(tmp_path)
+    os.truncate(run / CONFIG, 2**30)  # 1 GiB, sparse: no disk used
+    peak = _peak_mib()
+    assert main(["eval", str(run), "--no-corruptions"]) == 2
+    assert capsys.readouterr().err == f"snens eval: {run / CONFIG} {_RUN_FILE_REFUSED}\n"
+    assert main(["train", "--resume", str(run), "--no-progress"]) == 2
+    assert capsys.readouterr().err == f"snens train: {run / CONFIG} {_RUN_FILE_REFUSED}\n"
+    assert _peak_mib() - peak < 256  # read whole, it would cost over 2 GiB
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("kind", ["a directory", "a FIFO", "a symbolic link"])
+def test_a_config_toml_that_is_no_regular_file_is_named_by_eval_and_resume(
+    kind, tmp_path, capsys, monkeypatch
+):
+    """A directory or FIFO at config.toml was "config file … not found" to ``snens train
+    --resume`` and "(no config.toml)" to ``snens eval``; a FIFO is never waited for, a link
+    never followed."""
+    monkeypatch.setattr(snens.engine.train, "train", lambda *a, **k: pytest.fail("trained"))
+    run = _edited_run(tmp_path)
+    (run / CONFIG).rename(tmp_path / "config.toml")
+    if kind == "a directory":
+        (run / CONFIG).mkdir()
+    elif kind == "a FIFO":
+        os.mkfifo(run / CONFIG)
+    else:  # to the very file it held: still refused, as a run file is
+        (run / CONFIG).symlink_to(tmp_path / "config.toml")
+    refused = (
+        f"{run / CONFIG} is {kind}, not a regular file, so it was not read (a link could lead "
+        "anywhere and a FIFO would block): replace it with the file itself, or move it away\n"
+    )
+    assert main(["eval", str(run), "--no-corruptions"]) == 2
+    assert capsys.readouterr().err == f"snens eval: {refused}"
+    assert main(["train", "--resume", str(run), "--no-progress"]) == 2
+    assert capsys.readouterr().err == f"snens train: {refused}"
+
+
+def test_a_missing_config_toml_is_no_run_directory(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(snens.engine.train, "train", lambda *a, **k: pytest.fail("trained"))
+    run = _edited_run(tmp_path)
+    (run / CONFIG).unlink()
+    assert main(["eval", str(run)]) == 2
+    assert capsys.readouterr().err == f"snens eval: {run} is not a run directory (no {CONFIG})\n"
+    assert main(["train", "--resume", str(run), "--no-progress"]) == 2
+    assert capsys.readouterr().err == f"snens train: config file {run / CONFIG} not found\n"
+    (run / "file").write_text("x")
+    assert main(["eval", str(run / "file")]) == 2
+    assert capsys.readouterr().err == (
+        f"snens eval: {run / 'file'} is not a run directory (no {CONFIG})\n"
+    )
+
+
+def test_a_config_given_by_hand_is_still_read_through_a_link(tmp_path, capsys):
+    (tmp_path / "mine.toml").write_text('seed = 7\nname = "x"\n', encoding="utf-8")
+    (tmp_path / "link.toml").symlink_to(tmp_path / "mine.toml")
+    assert main(["train", "--config", str(tmp_path / "link.toml"), "--print-config"]) == 0
+    assert "\nseed = 7\n" in capsys.readouterr().out

@@ -248,6 +248,45 @@ def test_a_full_disk_mid_run_names_the_file_and_how_to_resume(tmp_path, monkeypa
     assert (train_run / "final.json").is_file()
 
 
+def test_a_full_disk_as_provenance_json_is_written_says_how_to_resume(
+    tmp_path, monkeypatch, capsys
+):
+    """The disk filled right after config.toml: the raw OSError had reached the CLI (exit
+    status 1, no --resume), and the resume had written a provenance.json without versions,
+    platform or command. Now the error names the file and the resume, which records a new
+    provenance.json, marked as made then."""
+    real = snens.engine.runs.atomic_write
+
+    def full(path, data, **kwargs):
+        if Path(path).name == "provenance.json":
+            raise OSError(errno.ENOSPC, f"cannot write {path}: No space left on device")
+        return real(path, data, **kwargs)
+
+    run = tmp_path / "run"
+    monkeypatch.setattr(snens.engine.runs, "atomic_write", full)
+    with pytest.raises(RunDirError) as err:
+        train(_config(tmp_path), progress=False, log=None)
+    assert str(err.value) == (
+        f"[Errno 28] cannot write {run / 'provenance.json'} (No space left on device); the run "
+        "holds its config.toml only, nothing was trained: free space or restore write access, "
+        f"then start it with `snens train --resume {run}` (which records provenance.json then)"
+    )
+    assert sorted(p.name for p in run.iterdir()) == ["config.toml"]
+    (run / CONFIG).unlink()
+    args = ["train", "--preset", "fashion_mnist_small_cnn_tiny", "--out", str(tmp_path)]
+    args += ["--no-progress", "--set", 'name="run"', "--set", "threads=1"]
+    assert main([*args, "--set", "data.train_examples=300", "--set", "optim.epochs=2"]) == 2
+    err = capsys.readouterr().err
+    assert f"`snens train --resume {run}`" in err and "Traceback" not in err
+    monkeypatch.undo()
+    assert main(["train", "--resume", str(run), "--no-progress"]) == 0
+    info = json.loads((run / "provenance.json").read_text())
+    assert info["torch"] == torch.__version__ and info["platform"]
+    assert info["command"] == info["resumed"][0]["command"]  # the resume's
+    assert info["rebuilt"].startswith("provenance.json was missing when the run was resumed")
+    assert (run / "final.json").is_file()
+
+
 def test_cli_reports_a_full_disk_without_a_traceback(tmp_path, monkeypatch, capsys):
     def no_space(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")

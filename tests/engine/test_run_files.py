@@ -146,7 +146,8 @@ def test_run_files_that_are_fifos_or_links_are_refused_never_waited_for(run, tmp
     os.mkfifo(run / "provenance.json.fifo")
     (run / "provenance.json").unlink()
     (run / "provenance.json").symlink_to(run / "provenance.json.fifo")
-    assert Run(run, load_config(run / CONFIG)).provenance() == {}  # not read, not waited for
+    with pytest.raises(RunDirError, match="provenance.json is a symbolic link, not a regular"):
+        Run(run, load_config(run / CONFIG)).provenance()  # not read, not waited for
     (run / CONFIG).rename(tmp_path / "config.toml")
     (run / CONFIG).symlink_to(tmp_path / "config.toml")
     with pytest.raises(RunDirError, match=f"^{run / CONFIG} is a symbolic link, not a regular"):
@@ -222,7 +223,7 @@ def test_resume_refuses_a_state_torch_optim_cannot_use(run, damage, named, capsy
 # -- links planted where a run's files go -----------------------------------------------------
 
 
-def _tiny(out: Path, name: str = "run"):
+def _tiny(out: Path, name: str = "run", *overrides: str):
     return load_config(
         preset("fashion_mnist_small_cnn_tiny"),
         [
@@ -233,6 +234,7 @@ def _tiny(out: Path, name: str = "run"):
             "data.test_examples=100",
             "data.ood_examples=100",
             "optim.epochs=1",
+            *overrides,
         ],
     )
 
@@ -307,3 +309,156 @@ def test_a_damaged_model_state_is_named_by_eval_and_resume(run, value, named, ca
         err = capsys.readouterr().err
         assert err.startswith(f"snens {argv[0]}: {run / 'last.pt'}: {named}"), err
         assert "command line" not in err and "Traceback" not in err
+
+
+# -- provenance.json damaged, missing or in a read-only run -----------------------------------
+
+
+def _oversized(path: Path) -> None:
+    with path.open("r+b") as file:
+        file.truncate(65 * 2**20)  # sparse: above runs.MAX_FILE_BYTES, no disk used
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize(
+    ("damage", "named"),
+    [
+        (lambda p: p.write_text('{"snens": "0.1.0", "tor'), "is not valid JSON (Unterminated"),
+        (lambda p: p.write_text("[1, 2]"), "holds a JSON list, not an object: the file is dam"),
+        (lambda p: p.write_bytes(b'{"snens": "\xff"}'), "is not UTF-8 (invalid start byte at"),
+        (lambda p: (p.unlink(), os.mkfifo(p)), "is a FIFO, not a regular file, so it was not"),
+        (_oversized, "holds 68,157,440 bytes, above the limit of 67,108,864 for a run file"),
+    ],
+    ids=["truncated", "list", "not-utf8", "fifo", "oversized"],
+)
+def test_a_damaged_provenance_json_is_refused_on_resume_never_overwritten(
+    run, damage, named, capsys
+):
+    """A resume had read every damaged provenance.json as {} and rewritten it from that: the
+    versions, platform, git SHA, command and start time of the run silently gone."""
+    path = run / "provenance.json"
+    damage(path)
+    before = os.lstat(path)
+    with pytest.raises((ValueError, RunDirError)) as err:
+        open_run(run)
+    assert str(err.value).startswith(f"{path} "), str(err.value)
+    assert named in str(err.value)
+    if "JSON" in named or "UTF-8" in named:
+        assert str(err.value).endswith(
+            "the file is damaged, so it was left as it is; restore it from a backup of the "
+            f"run, or move it away to have the next `snens train --resume {run}` record a new "
+            "one (the versions, platform and command of the run's start are then lost)"
+        )
+    assert main(["train", "--resume", str(run), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"snens train: {path} " in err and named in err and "Traceback" not in err
+    after = os.lstat(path)
+    assert (after.st_mode, after.st_size, after.st_mtime_ns) == (
+        before.st_mode,
+        before.st_size,
+        before.st_mtime_ns,
+    )  # never overwritten
+    assert not (run / "final.json").exists()  # nothing trained
+
+
+def test_a_missing_provenance_json_is_rebuilt_at_resume_and_says_so(run):
+    """A run whose provenance.json was lost (a full disk as the run was created) gets a new
+    record at its resume, marked as made then."""
+    import torch
+
+    (run / "provenance.json").unlink()
+    _resume(run)
+    info = json.loads((run / "provenance.json").read_text())
+    assert info["torch"] == torch.__version__ and info["python"] and info["platform"]
+    assert info["rebuilt"] == (
+        "provenance.json was missing when the run was resumed, so this record was made at that "
+        "resume: its versions, platform, git SHA, command and start time are the resume's, not "
+        "those the run started with"
+    )
+    assert len(info["resumed"]) == 1 and info["started"] <= info["resumed"][0]["time"]
+    assert (run / "final.json").is_file()
+
+
+def test_a_read_only_run_is_not_told_to_choose_another_out(run, tmp_path, monkeypatch, capsys):
+    """A resume on a read-only file system had advised "--out DIR", which --resume refuses;
+    a new run's output directory still gets that advice."""
+    import errno
+
+    import snens.files
+    from snens.engine.runs import check_writable
+
+    def read_only(directory):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(snens.files, "check_writable", read_only)
+    before = _files(run)
+    with pytest.raises(RunDirError) as err:
+        _resume(run)
+    assert str(err.value) == (
+        f"[Errno 30] the run directory {run} is not writable (Read-only file system); restore "
+        "write access to it, or copy the run directory somewhere writable and resume it there "
+        "(`snens train --resume COPY`), nothing was started"
+    )
+    assert main(["train", "--resume", str(run), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "restore write access to it" in err and "--out" not in err
+    assert _files(run) == before
+    with pytest.raises(RunDirError, match=r"output directory .* choose another one with --out"):
+        check_writable(tmp_path / "new")
+
+
+# -- examples.npz with values snens never writes ----------------------------------------------
+
+
+def _damage_examples(run: Path) -> None:
+    import numpy as np
+
+    path = run / "examples.npz"
+    with np.load(path) as kept:
+        arrays = dict(kept)
+    arrays["test/nll"][5] = np.inf
+    arrays["test/brier"][:] = np.nan
+    path.unlink()
+    np.savez(path, **arrays)
+
+
+def test_non_finite_per_example_values_are_refused_naming_the_file_and_key(tmp_path, capsys):
+    """An inf or NaN in examples.npz had been bootstrapped: `snens report --baseline` printed
+    "+inf [+nan, +nan] level" with numpy's RuntimeWarnings, exit status 0. The report now stops,
+    naming the file, the key and the fix, and writes no report (report.py notes only a missing
+    examples.npz as "not compared")."""
+    import warnings
+
+    import numpy as np
+
+    from snens.engine.report import write_report
+    from snens.engine.runs import read_examples
+
+    out = tmp_path / "runs"
+    base = train(_tiny(out, "base"), progress=False, log=None)
+    other = train(_tiny(out, "other", "optim.lr=0.05"), progress=False, log=None)
+    assert sorted(read_examples(other)) == sorted(read_examples(base))  # the same keys, finite
+    _damage_examples(other)
+    path = other / "examples.npz"
+    with pytest.raises(ValueError) as err:
+        read_examples(other)
+    assert str(err.value) == (
+        f"{path}: test/nll holds 1 value(s) that are NaN or infinite (the first at example 5: "
+        "inf), which snens never writes there: the file is damaged; restore it from a backup "
+        f"of the run, or move final.json away and run `snens train --resume {other}`, which "
+        "evaluates the run's kept weights again and rewrites it"
+    )
+    report = tmp_path / "report"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # numpy's had been printed
+        with pytest.raises(ValueError, match=f"^{path}: test/nll holds 1 value"):
+            write_report([out], report, baseline=base)
+        assert main(["report", str(out), "--baseline", str(base), "--out", str(report)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"snens report: {path}: test/nll holds 1 value") and "+nan" not in err
+    assert not (report / "report.md").exists()
+    # the fix the message gives: the resume evaluates the kept weights again
+    (other / "final.json").rename(tmp_path / "final.json")
+    _resume(other)
+    assert all(np.isfinite(a).all() for a in read_examples(other).values())
+    assert "| test | nll |" in write_report([out], report, baseline=base).path.read_text()

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import snens.engine.selection
-from snens.engine.checkpoint import CheckpointError, load_checkpoint
+from snens.engine.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from snens.engine.config import OptimConfig, RunConfig, load_config
 from snens.engine.presets import preset
 from snens.engine.reload import evaluate_run, load_run_model
@@ -236,6 +236,128 @@ def test_a_damaged_best_pt_says_the_selected_weights_are_lost_not_to_use_prev_pt
         message = str(error.value)
         assert "best.pt" in message and "prev.pt" not in message
         assert "selected epoch's weights are lost" in message and "train the run again" in message
+
+
+def test_a_directory_at_best_pt_is_named_not_called_missing(tmp_path, selected, capsys):
+    """A directory in best.pt's place had been reported as "best.pt is missing"."""
+    import shutil
+
+    from snens.engine.cli import main
+
+    copy = tmp_path / "copy"
+    shutil.copytree(selected, copy)
+    (copy / BEST).unlink()
+    (copy / BEST).mkdir()
+    kept = _final(selected)["selection"]["epoch"]
+    with pytest.raises(CheckpointError) as error:
+        load_run_model(copy)
+    assert str(error.value) == (
+        f"{copy / BEST} is a directory, not a checkpoint file, so the weights of the epochs "
+        f"the run selected ([{kept}]) cannot be read from it; move it away and put the run's "
+        "own best.pt there (from a backup of the run), else the selected model is lost: start "
+        'the run again, or evaluate its last epoch with optim.select = ""'
+    )
+    assert main(["eval", str(copy), "--no-corruptions"]) == 2
+    err = capsys.readouterr().err
+    assert f"{copy / BEST} is a directory, not a checkpoint file" in err
+    assert "missing" not in err and "Traceback" not in err
+
+
+@pytest.fixture(scope="module")
+def other_seed(selected):
+    """The `selected` run's config with another seed, beside it."""
+    return train(_config(selected.parent, "seed1", "seed=1"), progress=False, log=None)
+
+
+def test_a_best_pt_of_another_seed_is_refused_by_eval_and_resume(
+    tmp_path, selected, other_seed, capsys
+):
+    """A best.pt copied from a run of another seed had been evaluated by `snens eval` as this
+    run's, and `snens train --resume` had rewritten final.json from its weights: only the kept
+    epoch was compared with last.pt's record, never the config best.pt was saved with."""
+    import shutil
+
+    from snens.engine.cli import main
+
+    copy = tmp_path / "copy"
+    shutil.copytree(selected, copy)
+    shutil.copyfile(other_seed / BEST, copy / BEST)
+    final = (copy / "final.json").read_bytes()
+    with pytest.raises(CheckpointError) as error:
+        load_run_model(copy)
+    assert str(error.value) == (
+        f"{copy / BEST} was saved by another run: its config differs from the run's (name: the "
+        "run's 'snens', best.pt's 'seed1'; seed: the run's 0, best.pt's 1), so its weights are "
+        "not this run's kept weights. Put the run's own best.pt back (from a backup of the "
+        "run), or start the run again"
+    )
+    assert main(["eval", str(copy), "--no-corruptions"]) == 2
+    assert "seed: the run's 0, best.pt's 1" in capsys.readouterr().err
+    assert main(["train", "--resume", str(copy), "--no-progress"]) == 2
+    assert "seed: the run's 0, best.pt's 1" in capsys.readouterr().err
+    assert (copy / "final.json").read_bytes() == final  # not rewritten from the other's weights
+
+
+def _edit_best_pt(path: Path, member: int | None = None) -> None:
+    """Change one kept weight of ``path`` (of a deep ensemble's ``member``), saved with a valid
+    digest and the same config and epochs: a best.pt the config check cannot tell apart."""
+    saved = load_checkpoint(path, required=("model", "selection", "config"))
+    prefix = "" if member is None else f"members.{member}."
+    key = next(
+        k for k, v in saved["model"].items() if k.startswith(prefix) and v.is_floating_point()
+    )
+    saved["model"][key] = saved["model"][key] + 1e-3
+    save_checkpoint(path, saved, keep_previous=False)
+
+
+def test_best_pt_weights_other_than_last_pt_recorded_are_refused(tmp_path, selected, deep):
+    """last.pt records the SHA-256 of the kept weights; a best.pt of the same config and epochs
+    but other weights (another run of the same seed, or an edit) is refused, naming the epoch
+    and the member."""
+    import shutil
+
+    kept = _final(selected)["selection"]["epoch"]
+    digest = load_checkpoint(selected / "last.pt")["selection"]["digests"][0]
+    assert len(digest) == 64
+    copy = tmp_path / "copy"
+    shutil.copytree(selected, copy)
+    _edit_best_pt(copy / BEST)
+    with pytest.raises(CheckpointError) as error:
+        load_run_model(copy)
+    message = str(error.value)
+    assert message.startswith(
+        f"{copy / BEST}: the weights are not those this run kept at epoch {kept} (SHA-256 "
+    )
+    assert f"last.pt recorded {digest[:12]}…): it is another run's best.pt or was edited" in message
+    # a deep ensemble: each member's own digest
+    members = tmp_path / "deep"
+    shutil.copytree(deep, members)
+    _edit_best_pt(members / BEST, member=2)
+    epoch = _final(deep)["selection"]["member_epochs"][2]
+    with pytest.raises(
+        CheckpointError,
+        match=f"the weights of member 2 are not those this run kept at epoch {epoch} ",
+    ):
+        load_run_model(members)
+
+
+def test_a_run_saved_before_digests_were_recorded_still_evaluates(tmp_path, selected):
+    """A last.pt whose selection record holds no digests (written before they were kept) is
+    read as before, best.pt checked by its config alone; a resume records them from then on."""
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(selected, copy)
+    state = load_checkpoint(copy / "last.pt")
+    del state["selection"]["digests"]
+    save_checkpoint(copy / "last.pt", state, keep_previous=False)
+    metrics, _ = evaluate_run(copy, corruptions=False)
+    assert metrics["test/nll"] == _final(selected)["metrics"]["test/nll"]
+    model, _, state = load_run_model(copy, selected=False)
+    _, record = snens.engine.selection.selected_state(model, copy, state, "nll")
+    assert record["digests"] == load_checkpoint(selected / "last.pt")["selection"]["digests"]
+    _edit_best_pt(copy / BEST)  # undetectable without a recorded digest: loads
+    load_run_model(copy)
 
 
 def test_selection_settings_are_checked_naming_the_key_and_the_fix():

@@ -7,7 +7,9 @@ The module's sweep trains 6 tiny runs (300 images, one epoch, width 4): single Ã
 import csv
 import json
 import math
+import os
 import shutil
+import sys
 
 import pytest
 import torch
@@ -386,3 +388,73 @@ def test_a_final_json_that_is_a_link_is_not_read(tmp_path):
     (tmp_path / "run" / "final.json").unlink()
     (tmp_path / "run" / "final.json").write_text('{"metrics": {"test/accuracy": 0.5}}')
     assert final_row(tmp_path / "run") == {"test/accuracy": 0.5}
+
+
+# -- a saved run's config.toml read as a run file: at most 64 MiB, regular, never a link -------
+
+
+def _peak_mib():
+    """This process's peak resident memory so far, in MiB (ru_maxrss is in KiB on Linux)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="ru_maxrss in KiB, sparse files: Linux")
+def test_an_oversized_config_toml_is_refused_unread_by_sweep_and_tune(
+    tmp_path, capsys, monkeypatch
+):
+    """config_differences read a saved run's config.toml whole, twice: a 2 GiB (sparse) one
+    cost ``snens sweep --dry-run`` 4.4 GB of memory before it failed as "not valid TOML"."""
+    monkeypatch.setattr(snens.engine.train, "train", lambda *a, **k: pytest.fail("trained"))
+    too_big = (
+        "holds 1,073,741,824 bytes, above the limit of 67,108,864 for a run file (snens writes "
+        "kilobytes there), so it was not read: move it away, or restore the file that belongs "
+        "there"
+    )
+    out = tmp_path / "sweep"
+    (out / "seed=0").mkdir(parents=True)
+    (out / "seed=0" / "config.toml").write_bytes(b"")
+    os.truncate(out / "seed=0" / "config.toml", 2**30)  # 1 GiB, sparse: no disk used
+    peak = _peak_mib()
+    command = ["sweep", "--preset", TINY, "--grid", "seed=0,1", "--out", str(out), "--dry-run"]
+    assert main(command) == 2
+    assert capsys.readouterr().err == (
+        f"snens sweep: {out / 'seed=0'} holds an unreadable config.toml ({out / 'seed=0'}/"
+        f"config.toml {too_big}); move it away or choose another --out\n"
+    )
+    tuned = tmp_path / "tune"
+    (tuned / "base").mkdir(parents=True)
+    (tuned / "base" / "config.toml").write_bytes(b"")
+    os.truncate(tuned / "base" / "config.toml", 2**30)
+    command = ["tune", "--preset", TINY, "--set", "data.validation_examples=300"]
+    assert main([*command, "--no-progress", "--out", str(tuned)]) == 2
+    assert capsys.readouterr().err == (
+        f"snens tune: {tuned / 'base'} holds an unreadable config.toml ({tuned / 'base'}/"
+        f"config.toml {too_big}); move it away or choose another --out\n"
+    )
+    assert _peak_mib() - peak < 256  # read whole, it would cost over 2 GiB
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("kind", ["a directory", "a FIFO", "a symbolic link"])
+def test_a_saved_config_toml_that_is_no_regular_file_is_named_by_sweep(kind, tmp_path, capsys):
+    """A directory or FIFO at config.toml made the run "new", to be trained over it."""
+    out = tmp_path / "sweep"
+    config = out / "seed=0" / "config.toml"
+    config.parent.mkdir(parents=True)
+    if kind == "a directory":
+        config.mkdir()
+    elif kind == "a FIFO":
+        os.mkfifo(config)
+    else:
+        (tmp_path / "elsewhere.toml").write_text("seed = 0\n", encoding="utf-8")
+        config.symlink_to(tmp_path / "elsewhere.toml")
+    command = ["sweep", "--preset", TINY, "--grid", "seed=0,1", "--out", str(out), "--dry-run"]
+    assert main(command) == 2
+    assert capsys.readouterr().err == (
+        f"snens sweep: {config.parent} holds an unreadable config.toml ({config} is {kind}, not "
+        "a regular file, so it was not read (a link could lead anywhere and a FIFO would "
+        "block): replace it with the file itself, or move it away); move it away or choose "
+        "another --out\n"
+    )

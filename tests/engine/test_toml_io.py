@@ -1,12 +1,16 @@
 """TOML I/O: the text written for each value type, round trips, every preset, error messages."""
 
+import errno
 import math
+import os
 
 import pytest
 
-from snens.engine.config import from_dict, to_toml
+from snens.engine.config import from_dict, load_config, to_toml
 from snens.engine.presets import PRESETS, preset
+from snens.engine.runs import MAX_FILE_BYTES
 from snens.engine.toml_io import (
+    MAX_TOML_BYTES,
     TOMLDecodeError,
     check_value,
     format_key,
@@ -206,8 +210,50 @@ def test_unreadable_files_are_named(tmp_path):
         read_toml(latin1)
     with pytest.raises(FileNotFoundError, match=r"config file .*missing\.toml not found"):
         read_toml(tmp_path / "missing.toml")
-    with pytest.raises(FileNotFoundError, match="not found"):
-        read_toml(tmp_path)  # a directory
+    with pytest.raises(OSError, match=f"^{tmp_path} is a directory, not a regular file, so it"):
+        read_toml(tmp_path)  # a directory: named as what it is, not "not found"
+
+
+def test_a_toml_file_above_the_limit_is_refused_before_a_byte_is_read(tmp_path):
+    """read_toml read a config file whole: a 2 GiB (sparse) one cost 4.4 GB of memory before
+    it failed as "not valid TOML". Its size is checked first, as every run file's."""
+    assert MAX_TOML_BYTES == MAX_FILE_BYTES  # the limit of a run file, config.toml among them
+    path = tmp_path / "big.toml"
+    path.write_bytes(b"seed = 1\n")
+    os.truncate(path, MAX_TOML_BYTES + 1)  # sparse: no disk used
+    with pytest.raises(OSError) as error:
+        read_toml(path)
+    assert error.value.errno == errno.EFBIG
+    assert str(error.value) == (
+        f"{path} holds 67,108,865 bytes, above the limit of 67,108,864 for a TOML file (a config "
+        "is a few kilobytes), so it was not read: move it away, or restore the file that belongs "
+        "there"
+    )
+    with pytest.raises(OSError, match="holds 67,108,865 bytes, above the limit"):
+        load_config(path)
+    os.truncate(path, 9)
+    assert read_toml(path) == {"seed": 1}
+    with pytest.raises(OSError, match=r"holds 9 bytes, above the limit of 8 for a TOML file"):
+        read_toml(path, limit=8)
+
+
+@pytest.mark.timeout(20)
+def test_a_fifo_is_named_never_waited_for(tmp_path):
+    os.mkfifo(tmp_path / "pipe.toml")
+    with pytest.raises(OSError, match=f"^{tmp_path / 'pipe.toml'} is a FIFO, not a regular file"):
+        read_toml(tmp_path / "pipe.toml")
+
+
+def test_a_config_given_by_hand_is_read_through_a_link_a_run_file_is_not(tmp_path):
+    (tmp_path / "real.toml").write_text("seed = 4\n", encoding="utf-8")
+    (tmp_path / "link.toml").symlink_to(tmp_path / "real.toml")
+    assert read_toml(tmp_path / "link.toml") == {"seed": 4}
+    assert load_config(tmp_path / "link.toml").seed == 4
+    with pytest.raises(OSError, match=f"^{tmp_path / 'link.toml'} is a symbolic link, not a"):
+        read_toml(tmp_path / "link.toml", follow_links=False)
+    (tmp_path / "gone.toml").symlink_to(tmp_path / "nowhere.toml")
+    with pytest.raises(FileNotFoundError, match="config file .*gone.toml not found"):
+        read_toml(tmp_path / "gone.toml")
 
 
 def test_windows_line_endings_read_as_unix_ones(tmp_path):

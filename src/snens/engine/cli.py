@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -144,15 +145,16 @@ def _check_config_unedited(run_dir: Path) -> None:
     """Refuse to resume a run whose config.toml is not the config its last.pt was trained with,
     naming every key that differs, before the data and model are built."""
     from snens.engine.checkpoint import load_checkpoint
-    from snens.engine.config import load_config, to_dict
+    from snens.engine.config import to_dict
     from snens.engine.reload import saved_config
-    from snens.engine.runs import CONFIG, config_differences
+    from snens.engine.runs import CONFIG, config_differences, read_config
 
     checkpoint = run_dir / "last.pt"
-    if not checkpoint.is_file() or not (run_dir / CONFIG).is_file():
+    if not checkpoint.is_file() or not os.path.lexists(run_dir / CONFIG):
         return  # nothing trained yet, or not a run: the engine says which
     trained = saved_config(load_checkpoint(checkpoint), checkpoint)
-    changed = config_differences(trained, to_dict(load_config(run_dir / CONFIG)))
+    # a regular file of at most runs.MAX_FILE_BYTES, never through a link
+    changed = config_differences(trained, to_dict(read_config(run_dir)))
     if changed:
         raise ValueError(
             f"{run_dir / CONFIG} differs from the config {checkpoint} was trained with "
@@ -166,7 +168,8 @@ def _train_config(args: argparse.Namespace) -> RunConfig | int:
     ``--set`` and ``--out`` over it), or exit status 2 with the usage error said on stderr."""
     from snens.engine.config import load_config
     from snens.engine.presets import preset
-    from snens.engine.runs import CONFIG
+    from snens.engine.runs import CONFIG, MAX_FILE_BYTES
+    from snens.engine.toml_io import read_toml
 
     sources = [x for x in (args.preset, args.config, args.resume) if x is not None]
     if len(sources) != 1:
@@ -179,8 +182,12 @@ def _train_config(args: argparse.Namespace) -> RunConfig | int:
     try:
         if args.preset is not None:
             source = preset(args.preset)
-        else:
-            source = args.config if args.resume is None else Path(args.resume) / CONFIG
+        elif args.resume is None:
+            source = args.config  # a file given by hand: read through a link, as given
+        else:  # a run file: a regular file of at most MAX_FILE_BYTES, never through a link
+            path = Path(args.resume) / CONFIG
+            what = "run file (snens writes kilobytes there)"  # as runs.read_run_file says
+            source = read_toml(path, limit=MAX_FILE_BYTES, follow_links=False, what=what)
         config = load_config(source, list(args.set))
         if args.out is not None:
             config = dataclasses.replace(config, out_dir=args.out)

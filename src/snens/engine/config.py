@@ -30,7 +30,6 @@ from snens.baselines.factory import METHOD_RECORDS, METHODS, option_names
 from snens.data import registry
 from snens.data.corruptions import CORRUPTIONS, EXTRA_CORRUPTIONS, SEVERITIES
 from snens.data.streaming import MAX_WORKERS
-from snens.engine.selection import SELECT_METRICS
 from snens.engine.toml_io import TOMLDecodeError, check_value, format_toml, parse_value, read_toml
 from snens.evaluation.conformal import min_calibration_size
 from snens.evaluation.protocol import CALIBRATED_PREFIXES
@@ -217,6 +216,12 @@ _KIND_KEYS = (
     ("scan_images", False, FOLDER_DATASETS, "class-folder data sets", ""),
     ("ood_folder", "", FOLDER_DATASETS, "class-folder data sets", " and name OOD sets in data.ood"),
 )
+
+
+#: The validation metrics a run can select on, and whether higher is better.
+SELECT_METRICS: dict[str, bool] = {"nll": False, "brier": False, "ece": False, "accuracy": True}
+#: How each of them is written in reports.
+SELECT_NAMES = {"nll": "NLL", "brier": "Brier", "ece": "ECE", "accuracy": "accuracy"}
 
 
 @dataclass(frozen=True)
@@ -886,8 +891,14 @@ def load_config(
     """Read a run config from a TOML file (or dicts, or a config; None: the defaults), then
     apply ``"key=value"`` overrides such as ``"optim.milestones=[25, 50]"``.
 
+    A file is read as :func:`~snens.engine.toml_io.read_toml` reads, through a link (a file
+    given by hand); a run directory's ``config.toml`` is read by ``runs.read_config``, never
+    through a link.
+
     Raises:
         FileNotFoundError: the file does not exist.
+        OSError: the file is not a regular file or above 64 MiB
+            (:class:`snens.files.FileRefusedError`, naming it), or cannot be read.
         ValueError: unreadable TOML, an unknown key (named, with the valid ones), an
             out-of-range value.
         TypeError: a value of the wrong type (the key named).

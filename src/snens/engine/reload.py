@@ -4,6 +4,7 @@ checkpoint checks and validation metrics the engine uses when it resumes and tra
 from __future__ import annotations
 
 import dataclasses
+import errno
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -20,9 +21,9 @@ from snens.engine.checkpoint import (
     load_checkpoint,
     load_model_state,
 )
-from snens.engine.config import RunConfig, from_dict, load_config, to_dict, with_evaluation_settings
+from snens.engine.config import RunConfig, from_dict, to_dict, with_evaluation_settings
 from snens.engine.datasets import build_data, data_shape
-from snens.engine.runs import CONFIG, RunDirError, config_differences
+from snens.engine.runs import CONFIG, RunDirError, config_differences, read_config
 from snens.engine.selection import selected_state
 from snens.evaluation.protocol import collect, evaluate, held_out_metrics
 
@@ -132,15 +133,22 @@ def load_run_model(
         run's config and the checkpoint.
 
     Raises:
-        RunDirError: not a run directory.
+        RunDirError: not a run directory, or its config.toml is not a regular file (a
+            directory, FIFO, link) or is above ``runs.MAX_FILE_BYTES``; the message names it.
+        ValueError, TypeError: its config.toml is not UTF-8 TOML, or not a valid config.
         FileNotFoundError: the run has no last.pt.
         CheckpointError: last.pt or best.pt is damaged, missing or does not fit, or the
             config changed since training.
     """
     path = Path(run_dir)
-    if not (path / CONFIG).is_file():
-        raise RunDirError(f"{path} is not a run directory (no {CONFIG})")
-    config = load_config(path / CONFIG)
+    try:  # a regular file of at most runs.MAX_FILE_BYTES, never through a link
+        config = read_config(path)
+    except FileNotFoundError:
+        raise RunDirError(f"{path} is not a run directory (no {CONFIG})") from None
+    except RunDirError as error:
+        if error.errno != errno.ENOTDIR:  # a directory, FIFO or link there, or too large
+            raise  # ENOTDIR: run_dir is a file
+        raise RunDirError(f"{path} is not a run directory (no {CONFIG})") from None
     state = load_checkpoint(path / "last.pt")
     saved = saved_config(state, path / "last.pt")
     if saved != to_dict(config):

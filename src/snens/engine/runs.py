@@ -181,18 +181,28 @@ def check_writable(directory: str | os.PathLike) -> Path:
     """Create ``directory`` if needed and prove it writable by writing and fsyncing a probe.
 
     Raises:
-        RunDirError: the directory cannot be created or written; the message names the cause.
+        RunDirError: the directory cannot be created or written; the message names the cause
+            and the fix (for a run's directory, which ``--resume`` keeps where it is, not
+            ``--out``).
     """
     directory = Path(directory)
     try:
         directory.mkdir(parents=True, exist_ok=True)
         files.check_writable(directory)
     except OSError as error:
-        raise RunDirError(
-            error.errno,
-            f"output directory {directory} is not writable ({error.strerror or error}); choose "
-            "another one with --out DIR (or run.out_dir), nothing was started",
-        ) from error
+        why = error.strerror or error
+        if os.path.lexists(directory / CONFIG):  # a run's: resumed where it is
+            message = (
+                f"the run directory {directory} is not writable ({why}); restore write access "
+                "to it, or copy the run directory somewhere writable and resume it there "
+                "(`snens train --resume COPY`), nothing was started"
+            )
+        else:
+            message = (
+                f"output directory {directory} is not writable ({why}); choose another one "
+                "with --out DIR (or run.out_dir), nothing was started"
+            )
+        raise RunDirError(error.errno, message) from error
     return directory
 
 
@@ -282,13 +292,39 @@ class Run:
             atomic_write(self.path / METRICS, "".join(to_json(r) + "\n" for r in kept).encode())
 
     def provenance(self) -> dict[str, Any]:
-        """``provenance.json`` as a dict; empty where it is missing or unreadable."""
-        with contextlib.suppress(OSError, ValueError, RecursionError):
-            path = self.path / PROVENANCE
-            info = json.loads(_text(path, read_run_file(path)))
-            if isinstance(info, dict):
-                return info
-        return {}
+        """``provenance.json`` as a dict; empty where it is missing.
+
+        Raises:
+            RunDirError: as :func:`read_run_file`.
+            ValueError: it is not UTF-8 JSON holding an object; the message names the fix.
+        """
+        info = self._provenance()
+        return {} if info is None else info
+
+    def _provenance(self) -> dict[str, Any] | None:
+        """``provenance.json`` as a dict, None where it is missing (see :meth:`provenance`)."""
+        path = self.path / PROVENANCE
+        try:
+            data = read_run_file(path)
+        except FileNotFoundError:
+            return None
+        fix = (
+            "the file is damaged, so it was left as it is; restore it from a backup of the "
+            "run, or move it away to have the next `snens train --resume "
+            f"{self.path}` record a new one (the versions, platform and command of the run's "
+            "start are then lost)"
+        )
+        try:
+            info = json.loads(data.decode("utf-8"))
+        except UnicodeDecodeError as error:
+            raise ValueError(
+                f"{path} is not UTF-8 ({error.reason} at byte {error.start}): {fix}"
+            ) from None
+        except (ValueError, RecursionError) as error:
+            raise ValueError(f"{path} is not valid JSON ({error}): {fix}") from None
+        if not isinstance(info, dict):
+            raise ValueError(f"{path} holds a JSON {type(info).__name__}, not an object: {fix}")
+        return info
 
     def _write(self, name: str, content: Mapping[str, Any]) -> Path:
         """Write ``name`` atomically: an npz archive of arrays, else indented JSON."""
@@ -345,7 +381,8 @@ def create_run(config: RunConfig, run_dir: str | os.PathLike | None = None) -> R
     ``config.toml`` and ``provenance.json``.
 
     Raises:
-        RunDirError: not writable, or it already holds a run.
+        RunDirError: not writable, or it already holds a run; or ``provenance.json`` could not
+            be written after ``config.toml`` (the message says to ``--resume`` the run).
     """
     path = _run_path(config, run_dir)
     check_new_run(path)
@@ -356,18 +393,30 @@ def create_run(config: RunConfig, run_dir: str | os.PathLike | None = None) -> R
             f"{path} already holds a run (another process created it at the same moment); "
             f"resume it with `snens train --resume {path}`, or choose another name"
         ) from None
-    atomic_write(path / PROVENANCE, (to_json(provenance(), indent=2) + "\n").encode())
+    try:
+        atomic_write(path / PROVENANCE, (to_json(provenance(), indent=2) + "\n").encode())
+    except OSError as error:
+        why = os.strerror(error.errno) if error.errno else error  # its strerror names the file
+        raise RunDirError(
+            error.errno,
+            f"cannot write {path / PROVENANCE} ({why}); the run holds its "
+            f"{CONFIG} only, nothing was trained: free space or restore write access, then "
+            f"start it with `snens train --resume {path}` (which records provenance.json then)",
+        ) from error
     return Run(path, config)
 
 
 def open_run(run_dir: str | os.PathLike, config: RunConfig | None = None) -> Run:
-    """Open an existing run directory to resume it; records the resume in ``provenance.json``.
+    """Open an existing run directory to resume it; records the resume in ``provenance.json``
+    (a missing one is made anew, marked as made at the resume).
 
     ``config``, where given, must equal the saved ``config.toml``.
 
     Raises:
-        RunDirError: not a run directory, or not writable.
-        ValueError: ``config`` differs from the saved one (the keys named).
+        RunDirError: not a run directory, not writable, or a ``provenance.json`` that is not a
+            regular file of at most :data:`MAX_FILE_BYTES`.
+        ValueError: ``config`` differs from the saved one (the keys named), or
+            ``provenance.json`` is damaged (left as it is).
     """
     path = Path(run_dir)
     if not os.path.lexists(path / CONFIG):
@@ -382,9 +431,26 @@ def open_run(run_dir: str | os.PathLike, config: RunConfig | None = None) -> Run
             "resumed run continues the same run; start a new one to change settings"
         )
     run = Run(path, saved)
+    info = run._provenance()  # a damaged one is refused, never overwritten
+    if info is None:  # lost, e.g. to a full disk as the run was created
+        info = {**provenance(), "rebuilt": _REBUILT}
     resume = {"time": _now(), "command": [sys.executable, *sys.argv], "git_sha": git_sha()}
-    run.record(resumed=[*run.provenance().get("resumed", []), resume])
+    earlier = info.get("resumed", [])
+    run._write(PROVENANCE, {**info, "resumed": [*_as_list(earlier), resume]})
     return run
+
+
+#: provenance.json's note where a resume found none and recorded a new one.
+_REBUILT = (
+    "provenance.json was missing when the run was resumed, so this record was made at that "
+    "resume: its versions, platform, git SHA, command and start time are the resume's, not "
+    "those the run started with"
+)
+
+
+def _as_list(value: Any) -> list[Any]:
+    """``value`` if it is a list, else a list of it (an edited ``resumed`` entry kept)."""
+    return value if isinstance(value, list) else [value]
 
 
 def _check_checkpoint_file(path: Path) -> None:
@@ -507,7 +573,8 @@ def read_examples(run_dir: str | os.PathLike) -> dict[str, np.ndarray]:
 
     Raises:
         FileNotFoundError, RunDirError: as :func:`read_run_file`.
-        ValueError: not an npz archive, damaged, or an array that is not 1-d and numeric.
+        ValueError: not an npz archive, damaged, or an array that is not 1-d, numeric and
+            finite (snens writes finite values only: a NaN or inf is damage).
     """
     path = Path(run_dir) / EXAMPLES
     data = read_run_file(path, limit=OUTPUTS_MAX_BYTES)
@@ -517,6 +584,15 @@ def read_examples(run_dir: str | os.PathLike) -> dict[str, np.ndarray]:
             raise ValueError(
                 f"{path}: {key} is a {array.dtype} array of shape {array.shape}, expected one "
                 "number per example"
+            )
+        if array.dtype.kind == "f" and not np.isfinite(array).all():
+            bad = np.flatnonzero(~np.isfinite(array))
+            raise ValueError(
+                f"{path}: {key} holds {len(bad)} value(s) that are NaN or infinite (the first "
+                f"at example {bad[0]}: {array[bad[0]]}), which snens never writes there: the "
+                "file is damaged; restore it from a backup of the run, or move final.json away "
+                f"and run `snens train --resume {Path(run_dir)}`, which evaluates the run's kept "
+                "weights again and rewrites it"
             )
     return arrays
 

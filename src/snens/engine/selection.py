@@ -6,14 +6,18 @@ final evaluation. A deep ensemble keeps each member at its own best epoch; every
 is selected as a whole. ``optim.patience = P`` stops training once nothing improved for P
 epochs.
 
-``best.pt`` holds the kept weights, written after ``last.pt`` (which records the selection),
-so a kill between the two writes loses nothing. :func:`choose_on_validation` chooses among
+``best.pt`` holds the kept weights, written after ``last.pt`` (which records the selection,
+with a SHA-256 of each group's kept weights), so a kill between the two writes loses nothing,
+and a ``best.pt`` of another run is refused. :func:`choose_on_validation` chooses among
 finished runs the same way, the test set unread.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
+import os
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,8 +26,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from snens import files
 from snens.baselines import DeepEnsemble
 from snens.engine.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from snens.engine.config import SELECT_METRICS, SELECT_NAMES, from_dict, to_dict
 from snens.metrics import predictive
 
 __all__ = [
@@ -34,15 +40,11 @@ __all__ = [
     "Selection",
     "choose_on_validation",
     "selected_state",
+    "weights_digest",
 ]
 
 #: The file of the kept weights, beside ``last.pt``.
 BEST = "best.pt"
-
-#: The validation metrics a run can select on, and whether higher is better.
-SELECT_METRICS: dict[str, bool] = {"nll": False, "brier": False, "ece": False, "accuracy": True}
-#: How each of them is written in reports.
-SELECT_NAMES = {"nll": "NLL", "brier": "Brier", "ece": "ECE", "accuracy": "accuracy"}
 
 _SCORES = {name: getattr(predictive, name) for name in SELECT_METRICS}
 
@@ -58,6 +60,8 @@ class Selection:
     # per group, the validation logits (M_g, N, K) at that epoch, while this process saw it
     logits: list[Tensor | None] = field(default_factory=list)
     latest: list[float] = field(default_factory=list)  # per group, the last epoch's metric
+    # per group, the SHA-256 of the kept weights (:func:`weights_digest`; None: none kept)
+    digests: list[str | None] = field(default_factory=list)
     _state: dict[str, Tensor] = field(default_factory=dict, repr=False)
     _keys: list[list[str]] = field(default_factory=list, repr=False)
     _labels: Tensor | None = field(default=None, repr=False)
@@ -85,7 +89,13 @@ class Selection:
             groups, by_group = ("",), [keys]
         n = len(groups)
         return cls(
-            metric, groups, epochs=[0] * n, values=[math.nan] * n, logits=[None] * n, _keys=by_group
+            metric,
+            groups,
+            epochs=[0] * n,
+            values=[math.nan] * n,
+            logits=[None] * n,
+            digests=[None] * n,
+            _keys=by_group,
         )
 
     @property
@@ -123,6 +133,7 @@ class Selection:
             for key in self._keys[g]:
                 self._state[key] = state[key].detach().to("cpu", copy=True)
             self.epochs[g], self.values[g] = epoch, value
+            self.digests[g] = weights_digest(self._state, self._keys[g])
             rows = slice(None) if self.groups == ("",) else slice(g, g + 1)
             self.logits[g] = member_logits[rows].detach().cpu()
             improved.append(g)
@@ -137,8 +148,14 @@ class Selection:
         return {"val": torch.cat(self.logits), "val_labels": self._labels}  # type: ignore[arg-type]
 
     def record(self) -> dict[str, Any]:
-        """What ``last.pt``, ``best.pt`` and ``final.json`` record of the selection."""
-        return {"metric": self.metric, "epochs": list(self.epochs), "values": list(self.values)}
+        """What ``last.pt`` and ``best.pt`` record of the selection: the metric, and per group
+        the kept epoch, its value and the SHA-256 of its weights."""
+        return {
+            "metric": self.metric,
+            "epochs": list(self.epochs),
+            "values": list(self.values),
+            "digests": list(self.digests),
+        }
 
     def summary(self, epochs_trained: int, patience: int) -> dict[str, Any]:
         """``final.json``'s ``selection``: the metric, the kept epoch(s) and their values."""
@@ -165,21 +182,29 @@ class Selection:
         last_epoch: int,
         last_model: Mapping[str, Tensor],
         best: Path,
+        config: Mapping[str, Any] | None = None,
     ) -> None:
         """Take up the selection a checkpoint recorded: each group's weights from ``last.pt``
-        (``last_model``) where its kept epoch is ``last_epoch``, else from ``best``.
+        (``last_model``) where its kept epoch is ``last_epoch``, else from ``best``, whose config
+        must be ``config`` (the run's, as dicts; None: not checked) and whose weights must have
+        the digests the record holds (a record written before digests were kept: not checked).
 
         Raises:
-            CheckpointError: the record does not fit this run, or ``best.pt`` does not fit it.
+            CheckpointError: the record does not fit this run, or ``best.pt`` is missing, not a
+                file, or of another run (another config, other weights).
         """
         epochs, values = record.get("epochs"), record.get("values")
+        digests = record.get("digests", [None] * len(self.groups))
         if (
             record.get("metric") != self.metric
             or not isinstance(epochs, list)
             or not isinstance(values, list)
+            or not isinstance(digests, list)
             or len(epochs) != len(self.groups)
             or len(values) != len(self.groups)
+            or len(digests) != len(self.groups)
             or not all(isinstance(e, int) and 0 <= e <= last_epoch for e in epochs)
+            or not all(d is None or isinstance(d, str) for d in digests)
         ):
             raise CheckpointError(
                 f"{best.parent / 'last.pt'}: its selection record {dict(record)!r} does not fit "
@@ -189,13 +214,10 @@ class Selection:
         stored: Mapping[str, Tensor] = {}
         stored_epochs: list[int] = []
         if any(0 < e < last_epoch for e in epochs):
-            if not best.is_file():
-                raise CheckpointError(
-                    f"{best} is missing, and it holds the weights of the epochs the run "
-                    f"selected ({epochs}); without it the selected model is lost: start the "
-                    'run again, or evaluate its last epoch with optim.select = ""'
-                )
-            saved = load_checkpoint(best, required=("model", "selection"))
+            _check_best_file(best, epochs)
+            saved = load_checkpoint(best, required=("model", "selection", "config"))
+            if config is not None:
+                _check_best_config(best, saved["config"], config)
             stored, stored_epochs = saved["model"], saved["selection"].get("epochs", [])
         for g, epoch in enumerate(epochs):
             if epoch == 0:
@@ -211,10 +233,96 @@ class Selection:
                 raise CheckpointError(
                     f"{best}: the kept weights lack {missing[:3]}; start the run again"
                 )
+            if source is stored and digests[g] is not None:
+                found = weights_digest(stored, self._keys[g])
+                if found != digests[g]:
+                    of = f" of member {g}" if len(self.groups) > 1 else ""
+                    raise CheckpointError(
+                        f"{best}: the weights{of} are not those this run kept at epoch {epoch} "
+                        f"(SHA-256 {found[:12]}…, last.pt recorded {digests[g][:12]}…): it is "
+                        "another run's best.pt or was edited. Put the run's own best.pt back "
+                        "(from a backup of the run), or start the run again"
+                    )
             for key in self._keys[g]:
                 self._state[key] = source[key].detach().to("cpu", copy=True)
         self.epochs, self.values = list(epochs), [float(v) for v in values]
+        # a record without digests (written before they were kept) gets them from the weights
+        self.digests = [
+            None if e == 0 else d or weights_digest(self._state, self._keys[g])
+            for g, (e, d) in enumerate(zip(epochs, digests, strict=True))
+        ]
         self.logits = [None] * len(self.groups)
+
+
+def weights_digest(state: Mapping[str, Tensor], keys: Sequence[str]) -> str:
+    """The SHA-256 of the tensors ``state[key]`` of ``keys`` (names, dtypes, shapes and values,
+    whatever their memory layout or device)."""
+    digest = hashlib.sha256()
+    for key in sorted(keys):
+        tensor = state[key].detach().cpu()
+        digest.update(f"{key}\0{tensor.dtype}\0{tuple(tensor.shape)}\0".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _check_best_file(best: Path, epochs: list[int]) -> None:
+    """Refuse a ``best.pt`` that is missing or not a regular file, naming what is there."""
+    selected = f"the weights of the epochs the run selected ({epochs})"
+    lost = (
+        "the selected model is lost: start the run again, or evaluate its last epoch with "
+        'optim.select = ""'
+    )
+    try:
+        mode = os.stat(best).st_mode
+    except FileNotFoundError:
+        if not os.path.islink(best):
+            raise CheckpointError(
+                f"{best} is missing, and it holds {selected}; without it {lost}"
+            ) from None
+        kind = "a symbolic link to nothing"
+    except OSError:
+        return  # load_checkpoint names what fails
+    else:
+        if stat.S_ISREG(mode):
+            return
+        kind = files.file_kind(mode)
+    raise CheckpointError(
+        f"{best} is {kind}, not a checkpoint file, so {selected} cannot be read from it; move "
+        f"it away and put the run's own best.pt there (from a backup of the run), else {lost}"
+    )
+
+
+def _check_best_config(best: Path, saved: Any, config: Mapping[str, Any]) -> None:
+    """Refuse a ``best.pt`` saved under another config than the run's ``config`` (as dicts)."""
+
+    try:
+        theirs = to_dict(from_dict(saved))
+    except (ValueError, TypeError, AttributeError) as error:
+        raise CheckpointError(
+            f"{best} holds a config this version of snens cannot read ({error}); it is not "
+            "this run's best.pt: put the run's own back (from a backup of the run), or start "
+            "the run again"
+        ) from error
+    changed = _differences(dict(config), theirs)
+    if changed:
+        raise CheckpointError(
+            f"{best} was saved by another run: its config differs from the run's "
+            f"({'; '.join(changed[:5])}{'; …' if len(changed) > 5 else ''}), so its weights "
+            "are not this run's kept weights. Put the run's own best.pt back (from a backup of "
+            "the run), or start the run again"
+        )
+
+
+def _differences(ours: Mapping[str, Any], theirs: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """``"key: the run's A, best.pt's B"`` for every key whose values differ."""
+    out = []
+    for key in sorted(set(ours) | set(theirs)):
+        a, b = ours.get(key), theirs.get(key)
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            out += _differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key}: the run's {a!r}, best.pt's {b!r}")
+    return out
 
 
 def selected_state(
@@ -243,7 +351,17 @@ def _restore_checkpoint(
             f"{run_dir / 'last.pt'} holds no selection record, but the run selects on "
             f"{selection.metric!r}; {fix}"
         )
-    selection.restore(record, state["epoch"], state["model"], run_dir / BEST)
+    selection.restore(record, state["epoch"], state["model"], run_dir / BEST, _config(state))
+
+
+def _config(state: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``last.pt``'s config as dicts, a key added since at its default (None: unreadable; the
+    callers refuse it before)."""
+
+    try:
+        return to_dict(from_dict(state["config"]))
+    except (KeyError, ValueError, TypeError, AttributeError):
+        return None
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,16 @@ from snens.engine.config import (
     load_config,
     to_dict,
 )
-from snens.engine.runs import CONFIG, FINAL, LAST, RunDirError, read_final, read_metrics
+from snens.engine.runs import (
+    CONFIG,
+    FINAL,
+    LAST,
+    MAX_FILE_BYTES,
+    RunDirError,
+    read_config,
+    read_final,
+    read_metrics,
+)
 from snens.engine.toml_io import read_toml
 
 __all__ = [
@@ -195,12 +204,14 @@ def config_differences(path: str | Path, config: RunConfig) -> list[str]:
         One ``"section.key: saved …, grid …"`` line per differing key.
 
     Raises:
-        ValueError: an unreadable ``config.toml``.
+        ValueError: an unreadable ``config.toml``: a directory, FIFO or link, a file above
+            ``runs.MAX_FILE_BYTES`` (not read), not UTF-8 TOML or not a valid config; named.
     """
     path = Path(path)
-    try:
-        saved = to_dict(load_config(path / CONFIG))
-        recorded = read_toml(path / CONFIG)
+    try:  # a run file: a regular file of at most MAX_FILE_BYTES, never through a link
+        what = "run file (snens writes kilobytes there)"  # as runs.read_run_file says
+        recorded = read_toml(path / CONFIG, limit=MAX_FILE_BYTES, follow_links=False, what=what)
+        saved = to_dict(load_config(recorded))
     except (ValueError, TypeError, OSError) as error:
         raise ValueError(
             f"{path} holds an unreadable {CONFIG} ({error}); move it away or choose another --out"
@@ -222,7 +233,7 @@ def config_differences(path: str | Path, config: RunConfig) -> list[str]:
 
 
 def _status(path: Path, config: RunConfig) -> str:
-    if not (path / CONFIG).is_file():
+    if not os.path.lexists(path / CONFIG):  # a directory, FIFO or link there: named below
         return "new"
     diff = config_differences(path, config)
     if diff:
@@ -240,7 +251,7 @@ def _finished(path: Path) -> bool:
     except FileNotFoundError:
         return False
     except (ValueError, RunDirError):
-        return not (path / CONFIG).is_file()  # unreadable, nothing to resume: reported later
+        return not os.path.lexists(path / CONFIG)  # unreadable, nothing to resume: reported later
     return True
 
 
@@ -484,12 +495,12 @@ def run_sweep(
         if _finished(path):
             log(f"{head}: done, skipped")
             continue
-        resume = (path / CONFIG).is_file()
+        resume = os.path.lexists(path / CONFIG)  # read as a run file: a link is refused
         from_last = " from last.pt" if (path / LAST).is_file() else ""
         log(f"{head}: resuming{from_last}" if resume else f"{head}: training")
         start = time.perf_counter()
         try:
-            config = load_config(path / CONFIG) if resume else run.config
+            config = read_config(path) if resume else run.config
             train(config, resume=resume, progress=progress, run_dir=path, log=log)
             trained.append(run.name)
             log(f"{head}: finished in {time.perf_counter() - start:.1f} s")

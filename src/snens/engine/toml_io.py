@@ -7,6 +7,10 @@ naming the file. Writing covers what a run config holds; tables two levels down 
     parse_toml(text) == {"seed": 0, "optim": {"lr": 0.1}, "model": {"options": {"w": 8}}}
 
 Tuples read back as lists. :func:`check_value` tells whether a value can make the trip.
+
+:func:`read_toml` reads through :func:`snens.files.read_bytes`: a regular file of at most
+:data:`MAX_TOML_BYTES`, checked before a byte is read, never a FIFO; through a link only where
+the caller allows it (a file given by hand, not a file in a run directory).
 """
 
 from __future__ import annotations
@@ -16,12 +20,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from snens import files
+
 try:
     import tomllib
 except ImportError:  # Python 3.10
     import tomli as tomllib
 
 __all__ = [
+    "MAX_TOML_BYTES",
     "TOMLDecodeError",
     "check_value",
     "format_key",
@@ -34,6 +41,10 @@ __all__ = [
 
 #: What :func:`parse_value` raises for text that is not a TOML value (a ``ValueError``).
 TOMLDecodeError = tomllib.TOMLDecodeError
+
+#: The largest TOML file :func:`read_toml` reads: a config is a few kilobytes. The same as
+#: ``snens.engine.runs.MAX_FILE_BYTES`` (runs imports this module, so it is not imported here).
+MAX_TOML_BYTES = 64 * 2**20
 
 # every other control character is written as \uXXXX
 _ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
@@ -51,23 +62,38 @@ def parse_toml(text: str, source: str | os.PathLike = "<text>") -> dict[str, Any
         raise ValueError(f"{source}: not valid TOML: {error}") from error
 
 
-def read_toml(path: str | os.PathLike) -> dict[str, Any]:
-    """The tables of the UTF-8 TOML file at ``path`` (line endings as ``Path.read_text``).
+def read_toml(
+    path: str | os.PathLike,
+    *,
+    limit: int = MAX_TOML_BYTES,
+    follow_links: bool = True,
+    what: str = "TOML file (a config is a few kilobytes)",
+) -> dict[str, Any]:
+    """The tables of the UTF-8 TOML file at ``path`` (line endings as ``Path.read_text``), read
+    only if it is a regular file of at most ``limit`` bytes, checked before a byte is read;
+    through a link in its last component only with ``follow_links`` (False for a file in a run
+    directory, which snens wrote itself); ``what`` names the file in messages.
 
     Raises:
-        FileNotFoundError: ``path`` is not a file.
+        FileNotFoundError: nothing at ``path``.
+        snens.files.FileRefusedError: an ``OSError``: a directory, FIFO, socket or device, a
+            link (unless ``follow_links``), or a file above ``limit`` bytes; the message names
+            the file, what it is or its size, and the fix.
+        OSError: a read that failed; the message names the file.
         ValueError: the file is not UTF-8 or not valid TOML.
     """
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"config file {path} not found")
     try:
-        text = path.read_text(encoding="utf-8")
+        data = files.read_bytes(path, limit=limit, follow_links=follow_links, what=what)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"config file {path} not found") from None
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError as error:
         raise ValueError(
             f"{path}: not valid TOML: not UTF-8 ({error.reason} at byte {error.start})"
         ) from None
-    return parse_toml(text, path)
+    return parse_toml(text.replace("\r\n", "\n").replace("\r", "\n"), path)
 
 
 def parse_value(text: str) -> Any:
