@@ -8,6 +8,7 @@ fixtures' digests where a test needs them to pass.
 
 from __future__ import annotations
 
+import errno
 import functools
 import hashlib
 import io
@@ -380,3 +381,64 @@ def test_cifar100_c_downloads_and_extracts(monkeypatch, tmp_path, file_server):
         "CIFAR-100-C/labels.npy",
         "CIFAR-100-C/saturate.npy",
     ]
+
+
+def test_cifar_c_empty_or_npz_npy_names_the_file_and_the_fix(cifar_c_root):
+    root = cifar_c_root[0]
+    fog = root / "cifar-10-c" / "CIFAR-10-C" / "fog.npy"
+    fog.write_bytes(b"")  # an interrupted copy
+    with pytest.raises(ValueError, match=r"fog\.npy is empty or cut short.*delete it"):
+        load_cifar_c("fog", 1, root=root)
+    with open(fog, "wb") as f:
+        np.savez(f, fog=np.zeros((10, 32, 32, 3), np.uint8))  # an .npz under the .npy name
+    with pytest.raises(ValueError, match=r"fog\.npy: not a \.npy array but a NpzFile.*delete it"):
+        load_cifar_c("fog", 1, root=root)
+    fog.write_bytes(b"\x93NUMPY\x01\x00garbage")  # a damaged header
+    with pytest.raises(ValueError, match=r"fog\.npy: not a plain numeric \.npy file.*delete it"):
+        load_cifar_c("fog", 1, root=root)
+
+
+@pytest.mark.parametrize(
+    ("labels", "expected"),
+    [
+        (np.full(20, np.nan), r"expected integer class labels, got dtype float64"),
+        (np.full(20, -7), r"labels from -7 to -7, outside 0\.\.9"),
+        (np.full(20, 10, np.uint8), r"labels from 10 to 10, outside 0\.\.9"),
+    ],
+)
+def test_cifar_c_labels_must_be_integers_of_the_classes(cifar_c_root, labels, expected):
+    root = cifar_c_root[0]
+    np.save(root / "cifar-10-c" / "CIFAR-10-C" / "labels.npy", labels)
+    with pytest.raises(ValueError, match=rf"labels\.npy: {expected}.*delete .*CIFAR-10-C"):
+        load_cifar_c("gaussian_noise", 1, root=root)
+
+
+def test_cifar100_c_accepts_labels_up_to_99(tmp_path):
+    folder = tmp_path / "cifar-100-c" / "CIFAR-100-C"
+    folder.mkdir(parents=True)
+    np.save(folder / "fog.npy", np.zeros((5, 32, 32, 3), np.uint8))
+    np.save(folder / "labels.npy", np.array([0, 99, 5, 6, 7]))
+    assert load_cifar_c("fog", 2, root=tmp_path, dataset="cifar100")[1].tolist() == [99]
+    np.save(folder / "labels.npy", np.array([0, 100, 5, 6, 7]))
+    with pytest.raises(ValueError, match=r"outside 0\.\.99"):
+        load_cifar_c("fog", 2, root=tmp_path, dataset="cifar100")
+
+
+def test_an_unwritable_data_root_names_the_archive_and_the_fix(
+    monkeypatch, tmp_path, patched_cifar10
+):
+    archive = tmp_path / "cifar-10" / "cifar-10-python.tar.gz"
+    archive.parent.mkdir()
+    archive.write_bytes(patched_cifar10[0])
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system", str(archive.parent / ".tmpXYZ"))
+
+    monkeypatch.setattr(cifar_module.tempfile, "mkdtemp", read_only)
+    with pytest.raises(OSError) as err:
+        load_cifar10("test", root=tmp_path)
+    assert err.value.errno == errno.EROFS
+    message = str(err.value)
+    assert str(archive) in message and "Read-only file system" in message
+    assert "writable" in message and "root=" in message and "SNENS_DATA" in message
+    assert ".tmpXYZ" not in message

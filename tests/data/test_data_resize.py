@@ -10,16 +10,20 @@ here, as the CIFAR files are not on this machine.
 import dataclasses
 import json
 import math
+import time
+import tracemalloc
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+import snens.data.transforms
 import snens.engine.datasets
 import snens.engine.train
 from snens import data
 from snens.data import registry
 from snens.data.images import grey_to_rgb, resize_images
+from snens.data.transforms import center_crop, normalize, resize_shorter
 from snens.engine.config import DataConfig, load_config
 from snens.engine.datasets import build_data, data_shape
 from snens.engine.presets import preset
@@ -231,3 +235,61 @@ def test_the_engine_trains_on_converted_images(tmp_path, monkeypatch):
     assert set(seen) <= {(32, 3, 32, 32), (100, 3, 32, 32)}  # evaluation: 100-image sets
     metrics = final["metrics"]
     assert 0 <= metrics["test/accuracy"] <= 1 and math.isfinite(metrics["test/nll"])
+
+
+def _old_eval_transform(image: torch.Tensor, resize: int, crop: int) -> torch.Tensor:
+    """EvalTransform as it was: the whole image resized, then center-cropped."""
+    cropped = center_crop(resize_shorter(image, resize), crop)
+    return normalize(cropped, data.IMAGENET_MEAN, data.IMAGENET_STD)
+
+
+@pytest.mark.parametrize("shape", [(300, 260), (260, 300), (333, 500), (2000, 150), (7, 9)])
+def test_eval_transform_unchanged_for_ordinary_aspect_ratios(shape):
+    image = torch.randint(0, 256, (3, *shape), generator=torch.Generator().manual_seed(0))
+    image = image.to(torch.uint8)
+    assert torch.equal(data.EvalTransform()(image), _old_eval_transform(image, 256, 224))
+
+
+@pytest.mark.parametrize(
+    "shape", [(5, 200), (200, 5), (3, 300), (1, 1000), (17, 1000), (100, 5000), (40, 2000)]
+)
+def test_eval_transform_extreme_aspect_resizes_only_the_crop(shape):
+    """Past 16:1 only the central strip is resized; it matches the whole-image resize."""
+    image = torch.randint(0, 256, (3, *shape), generator=torch.Generator().manual_seed(1))
+    image = image.to(torch.uint8)
+    out = data.EvalTransform(resize=16, crop=14)(image)
+    expected = _old_eval_transform(image, 16, 14)
+    assert out.shape == expected.shape == (3, 14, 14)
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-5)
+
+
+def test_eval_transform_thin_strip_is_bounded(monkeypatch):
+    """A 1 × 4000 image (a 92-byte PNG) was resized whole to 256 × 1 024 000 (3 GB)."""
+    sizes = []
+
+    def recording_resize(image, height, width):
+        sizes.append(height * width)
+        return resize(image, height, width)
+
+    resize = snens.data.transforms._resize
+    monkeypatch.setattr(snens.data.transforms, "_resize", recording_resize)
+    image = torch.zeros(3, 1, 4000, dtype=torch.uint8)
+    image[:, :, 2000:] = 255
+    started = time.perf_counter()
+    tracemalloc.start()
+    try:
+        wide = data.EvalTransform()(image)
+        tall = data.EvalTransform()(image.transpose(1, 2))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert time.perf_counter() - started < 5
+    assert sizes and max(sizes) <= 256 * 224  # what the crop keeps, not 256 × 1 024 000
+    assert peak < 10 * 2**20  # numpy's part (the weights); torch's tensors are not traced
+    assert wide.shape == tall.shape == (3, 224, 224)
+    torch.testing.assert_close(tall, wide.transpose(1, 2), rtol=0, atol=1e-6)
+    # 256-fold upsampling: the crop (columns 511 888 + k of 1 024 000) is the linear ramp between
+    # source pixels 1999 (black) and 2000 (white), whose centers are at 1999.5 and 2000.5
+    ramp = (511_888 + torch.arange(224) + 0.5) / 256 - 0.5 - 1999
+    pixels = wide[None] * STD + MEAN  # back to [0, 1]
+    torch.testing.assert_close(pixels[0], ramp.expand(3, 224, 224), rtol=0, atol=1e-5)

@@ -2,12 +2,15 @@
 
 The server (127.0.0.1, port 0, a background thread) answers ``Range: bytes=N-`` with 206, or
 ignores it when told to, or answers every request with 206 from a fixed byte; it can close the
-connection early to simulate an interruption.
+connection early to simulate an interruption, or answer a path with raw bytes (not HTTP, a
+chunked body cut short, a Content-Length that is not a number).
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import http.client
 import re
 import threading
 from dataclasses import dataclass, field
@@ -29,6 +32,7 @@ from snens.data import (
     verify_checksum,
     write_idx,
 )
+from snens.data import download as download_module
 from snens.data import images as images_module
 
 
@@ -39,6 +43,7 @@ class ServerState:
     support_range: bool = True
     truncate_at: int | None = None  # send only this many body bytes, then close
     partial_from: int | None = None  # answer every request with 206 from this byte
+    raw: dict[str, bytes] = field(default_factory=dict)  # send these bytes as is, then close
     url: str = ""
 
 
@@ -47,6 +52,10 @@ class _Handler(BaseHTTPRequestHandler):
         state: ServerState = self.server.state
         range_header = self.headers.get("Range")
         state.requests.append((self.path, range_header))
+        if (raw := state.raw.get(self.path.lstrip("/"))) is not None:
+            self.wfile.write(raw)
+            self.close_connection = True
+            return
         body = state.files.get(self.path.lstrip("/"))
         if body is None:
             self.send_error(404, "Not Found")
@@ -196,6 +205,90 @@ def test_404_is_a_clear_error_and_leaves_nothing(http_server, tmp_path):
         download_url(url, tmp_path / "out" / "missing.bin", sha256=SHA256, progress=False)
     assert url in str(err.value)
     assert leftovers(tmp_path) == []
+
+
+def test_chunked_body_cut_short_keeps_the_bytes_received_and_resumes(http_server, tmp_path):
+    http_server.files["a.bin"] = PAYLOAD
+    http_server.raw["a.bin"] = (  # promises the whole payload in one chunk, sends 3000 bytes
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n" % len(PAYLOAD)
+        + PAYLOAD[:3000]
+    )
+    url = http_server.url + "a.bin"
+    with pytest.raises(DownloadError, match="after 3000 bytes .*run again to resume") as err:
+        download_url(url, tmp_path / "a.bin", md5=MD5, progress=False)
+    assert url in str(err.value)
+    assert leftovers(tmp_path) == ["a.bin.part"]
+    assert (tmp_path / "a.bin.part").read_bytes() == PAYLOAD[:3000]
+    del http_server.raw["a.bin"]  # a good server now
+    download_url(url, tmp_path / "a.bin", md5=MD5, progress=False)
+    assert http_server.requests[-1] == ("/a.bin", "bytes=3000-")
+    assert file_digest(tmp_path / "a.bin", "md5") == MD5
+    assert leftovers(tmp_path) == ["a.bin"]
+
+
+def test_incomplete_read_keeps_its_partial_bytes(monkeypatch, tmp_path):
+    class Response:  # a response without read1, whose read() raises with the bytes it had
+        status, headers = 200, {"Content-Length": str(len(PAYLOAD))}
+
+        def read(self, size):
+            raise http.client.IncompleteRead(PAYLOAD[:500], len(PAYLOAD) - 500)
+
+        def close(self):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.close()
+
+    monkeypatch.setattr(download_module, "_open", lambda url, start, timeout: Response())
+    with pytest.raises(DownloadError, match="after 500 bytes .*closed early"):
+        download_url("http://example.invalid/a.bin", tmp_path / "a.bin", md5=MD5, progress=False)
+    assert (tmp_path / "a.bin.part").read_bytes() == PAYLOAD[:500]
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [b"SSH-2.0-OpenSSH_8.9\r\n\r\n", b"HTTP/1.1 200 OK\r\nX: " + b"a" * 70_000 + b"\r\n\r\n"],
+    ids=["bad-status-line", "header-line-too-long"],
+)
+def test_an_answer_that_is_not_http_is_a_download_error(http_server, tmp_path, answer):
+    http_server.raw["a.bin"] = answer
+    url = http_server.url + "a.bin"
+    with pytest.raises(DownloadError, match="not valid HTTP") as err:
+        download_url(url, tmp_path / "out" / "a.bin", md5=MD5, progress=False)
+    message = str(err.value)
+    assert url in message and "run again" in message
+    assert "\n" not in message and len(message) < 600  # the server's text, cut to one line
+    assert leftovers(tmp_path) == []  # the directory it made is gone again
+
+
+@pytest.mark.parametrize("length", [b"abc", b"-5"])
+def test_content_length_that_is_not_a_byte_count_is_unknown(http_server, tmp_path, length):
+    http_server.raw["a.bin"] = b"HTTP/1.0 200 OK\r\nContent-Length: %s\r\n\r\n%s" % (
+        length,
+        PAYLOAD,
+    )
+    download_url(http_server.url + "a.bin", tmp_path / "a.bin", md5=MD5, progress=False)
+    assert (tmp_path / "a.bin").read_bytes() == PAYLOAD
+    assert leftovers(tmp_path) == ["a.bin"]
+
+
+def test_read_only_data_root_fails_before_any_request(monkeypatch, http_server, tmp_path):
+    http_server.files["a.bin"] = PAYLOAD
+
+    def read_only(self, *args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system", str(self))
+
+    monkeypatch.setattr(Path, "mkdir", read_only)
+    target = tmp_path / "root" / "fashion-mnist" / "a.bin"
+    with pytest.raises(OSError) as err:
+        download_url(http_server.url + "a.bin", target, md5=MD5, progress=False)
+    assert err.value.errno == errno.EROFS and not isinstance(err.value, DownloadError)
+    message = str(err.value)
+    assert str(target.parent) in message and "writable" in message and "SNENS_DATA" in message
+    assert http_server.requests == []
 
 
 def test_corrupt_existing_file_is_replaced(http_server, tmp_path):

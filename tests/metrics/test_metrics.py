@@ -590,3 +590,37 @@ def test_member_correlation_needs_two_varying_members():
     varying = _random_probs(1, 3, 2, seed=0).float()
     with pytest.raises(ValueError, match=r"members \[1\].*undefined"):
         member_correlation(torch.cat([varying, uniform]))
+
+
+def test_a_subnormal_float16_probability_is_kept_only_zero_is_clamped():
+    """float16's p_y = 1e-5 is subnormal but valid: clamping every p_y below finfo.tiny (6.1e-5)
+    gave NLL 5.1986 where log_loss gives 6.1024."""
+    p16 = torch.tensor([[1 - 1e-5, 1e-5], [0.5, 0.5]], dtype=torch.float16)
+    y = torch.tensor([1, 0])
+    expected = log_loss(y.numpy(), p16.double().numpy(), labels=[0, 1])
+    assert nll(p16, y) == pytest.approx(expected, rel=1e-12)
+    assert per_member(p16.unsqueeze(0), y)["nll"].item() == pytest.approx(expected, rel=1e-6)
+    zero = torch.tensor([[1.0, 0.0]], dtype=torch.float16)  # a 0 still costs −log(tiny)
+    assert nll(zero, torch.tensor([1])) == pytest.approx(-math.log(torch.finfo(torch.float16).tiny))
+
+
+def test_rounded_rows_of_any_length_pass_rows_off_by_half_their_mass_do_not():
+    """The row-sum tolerance grew with sqrt(K) (1.4 at K = 32,000 in bfloat16), so rows summing
+    to 0.5 were scored; a rounded softmax row is within eps/2 of 1 at any length."""
+    z = torch.randn(2, 32000, generator=torch.Generator().manual_seed(0))
+    labels = torch.tensor([31999, 31998])
+    rounded = z.softmax(-1).bfloat16()
+    assert math.isfinite(nll(rounded, labels))
+    halved = z.softmax(-1)
+    halved[:, :16000] = 0
+    with pytest.raises(ValueError, match="rows must sum to 1"):
+        nll(halved.bfloat16(), labels)
+
+
+def test_a_confidence_on_a_bin_edge_falls_in_the_bin_closed_on_its_right():
+    """Bins are (b/n, (b+1)/n]: linspace's 11/20 is 0.5499999999999999, so a confidence of
+    0.55 fell in (0.55, 0.60] while 0.65 and 0.75 stayed in the bins they close."""
+    for edge in (0.55, 0.65, 0.75):  # a right answer at the edge, a wrong one just above it
+        probs = torch.tensor([[edge, 1 - edge], [edge + 0.01, 0.99 - edge]], dtype=torch.float64)
+        apart = (abs(1 - edge) + abs(0 - (edge + 0.01))) / 2  # each alone in its bin
+        assert ece(probs, torch.tensor([0, 1]), num_bins=20) == pytest.approx(apart), edge

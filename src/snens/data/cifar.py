@@ -182,7 +182,15 @@ def _extract_members(
 def _extract(archive: Path, top: str) -> Path:
     """Extract ``archive`` (single top folder ``top``) next to it via a temporary folder."""
     target = archive.parent / top
-    staging = Path(tempfile.mkdtemp(prefix=f".{top}-", dir=archive.parent))
+    try:
+        staging = Path(tempfile.mkdtemp(prefix=f".{top}-", dir=archive.parent))
+    except OSError as err:  # a read-only or full data root, or one without write permission
+        raise type(err)(
+            err.errno,
+            f"cannot extract {archive}: no folder can be made in {archive.parent} "
+            f"({err.strerror or err}). Make the data root writable, or point root= (or "
+            "SNENS_DATA) to a writable folder and copy or download the archive there",
+        ) from err
     try:
         with tarfile.open(archive) as tar:
             members = _check_members(tar, archive, top)
@@ -330,7 +338,8 @@ def load_cifar_c(
 
     Raises:
         ValueError: unknown ``name``, ``dataset`` or ``severity``; arrays of the wrong shape or
-            dtype, or ``.npy`` files holding Python objects.
+            dtype, ``.npy`` files that are empty, damaged, ``.npz`` archives or hold Python
+            objects; labels that are not integers in [0, classes).
         FileNotFoundError: no local copy and ``download=False``; the message says how to get it.
         ChecksumError: the archive differs from the official one.
     """
@@ -346,6 +355,7 @@ def load_cifar_c(
     folder = _locate(datasets[dataset], root, download, (f"{name}.npy", "labels.npy"))
     images = _load_npy(folder / f"{name}.npy")
     labels = _load_npy(folder / "labels.npy")
+    classes = {"cifar10": 10, "cifar100": 100}[dataset]
     if images.ndim != 4 or images.shape[1:] != (32, 32, 3) or images.dtype != np.uint8:
         raise ValueError(
             f"{folder / name}.npy: expected uint8 (5·n, 32, 32, 3), got {images.dtype} "
@@ -359,11 +369,42 @@ def load_cifar_c(
     n = images.shape[0] // len(SEVERITIES)
     rows = slice((severity - 1) * n, severity * n)
     chosen = np.ascontiguousarray(images[rows].transpose(0, 3, 1, 2))  # NHWC -> NCHW
-    return torch.from_numpy(chosen), torch.from_numpy(labels[rows].astype(np.int64))
+    return torch.from_numpy(chosen), torch.from_numpy(_check_labels(labels, classes, folder)[rows])
+
+
+def _check_labels(labels: np.ndarray, classes: int, folder: Path) -> np.ndarray:
+    """``labels`` as int64, refusing a non-integer dtype or a label outside [0, classes)."""
+    path = folder / "labels.npy"
+    fix = f"delete {folder} and call again (with download=True if the archive is gone)"
+    if labels.dtype.kind not in "iu":
+        raise ValueError(
+            f"{path}: expected integer class labels, got dtype {labels.dtype}; the file is "
+            f"damaged or not the official one ({fix})"
+        )
+    if labels.size and (labels.min() < 0 or labels.max() >= classes):
+        raise ValueError(
+            f"{path}: labels from {labels.min()} to {labels.max()}, outside 0..{classes - 1}; "
+            f"the file is damaged or not the official one ({fix})"
+        )
+    return labels.astype(np.int64)
 
 
 def _load_npy(path: Path) -> np.ndarray:
+    fix = f"delete it (or {path.parent}) and call again (with download=True if the archive is gone)"
     try:
-        return np.load(path, mmap_mode="r", allow_pickle=False)
-    except ValueError as err:
-        raise ValueError(f"{path}: not a plain numeric .npy file ({err})") from err
+        array = np.load(path, mmap_mode="r", allow_pickle=False)
+    except EOFError as err:  # an empty file: an interrupted copy
+        raise ValueError(f"{path} is empty or cut short ({err}); {fix}") from err
+    except (ValueError, OSError) as err:
+        raise ValueError(
+            f"{path}: not a plain numeric .npy file ({err}); it is damaged or not the official "
+            f"one: {fix}"
+        ) from err
+    if not isinstance(array, np.ndarray):  # an .npz archive saved under the .npy name
+        close = getattr(array, "close", None)
+        if close is not None:
+            close()
+        raise ValueError(
+            f"{path}: not a .npy array but a {type(array).__name__} (an .npz archive?); {fix}"
+        )
+    return array

@@ -7,6 +7,7 @@ an interrupted one is resumed with an HTTP ``Range`` request where the server al
 from __future__ import annotations
 
 import hashlib
+import http.client
 import importlib.util
 import os
 import urllib.error
@@ -180,6 +181,59 @@ def _open(url: str, start: int, timeout: float):
     return urllib.request.urlopen(request, timeout=timeout)
 
 
+def _make_directory(directory: Path) -> Path | None:
+    """Create ``directory`` and its missing parents; the topmost one it made (None: it existed).
+
+    Raises:
+        OSError: it cannot be made (a read-only data root, say); the message names it and the fix.
+    """
+    top = None
+    for candidate in (directory, *directory.parents):
+        if candidate.exists():
+            break
+        top = candidate
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        named = type(error)(
+            error.errno,
+            f"cannot create the download directory {directory}: {error.strerror or error}. Fix: "
+            "make it (or the folder it goes in) writable, or pass another root= (`snens "
+            "fetch-data --root DIR`) or set SNENS_DATA to a writable folder.",
+        )
+        raise named from error
+    return top
+
+
+def _remove_made(directory: Path, top: Path | None) -> None:
+    """Remove the directories ``_make_directory`` made, up to ``top``, while they are empty."""
+    if top is None:
+        return
+    for candidate in (directory, *directory.parents):
+        try:
+            candidate.rmdir()
+        except OSError:
+            return
+        if candidate == top:
+            return
+
+
+def _content_length(response) -> int | None:
+    """The Content-Length header's byte count; None when absent, not a number or negative."""
+    value = (response.headers.get("Content-Length") or "").strip()
+    return int(value) if value.isascii() and value.isdigit() else None
+
+
+def _reason(error: Exception, limit: int = 200) -> str:
+    """What went wrong, on one line: an http.client error's text is the server's (any length)."""
+    if isinstance(error, http.client.IncompleteRead):
+        return "the connection closed early"
+    if not isinstance(error, http.client.HTTPException):
+        return str(error)
+    text = " ".join(f"{type(error).__name__}: {error}".split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _progress_bar(total: int | None, initial: int, name: str, enabled: bool):
     if not enabled:
         return None
@@ -209,19 +263,22 @@ def download_url(
 
     Raises:
         ChecksumError: the downloaded file fails a digest; the ``.part`` is deleted.
-        DownloadError: HTTP error, unreachable server, or the connection closed early (the
-            ``.part`` is kept so a rerun resumes).
+        DownloadError: HTTP error, unreachable server, an answer that is not valid HTTP, or the
+            connection closed early (the ``.part`` is kept so a rerun resumes).
+        OSError: the directory cannot be created (read-only, say); raised before any request.
     """
     path = Path(path)
     expected = _expected_digests(sha256, md5)
     if path.is_file() and _passes(path, expected):
         return path
     part = path.with_name(path.name + ".part")
+    made = _make_directory(path.parent)  # before any request: a read-only root fails first
     start = part.stat().st_size if part.is_file() and not part.is_symlink() else 0
     try:
         response = _open(url, start, timeout)
     except urllib.error.HTTPError as err:
         err.close()  # it holds the response's socket
+        _remove_made(path.parent, made)
         if err.code == 416 and start > 0:
             # range not satisfiable: the .part is already complete (or longer than the file)
             if _keep_complete_part(part, path, expected):
@@ -232,9 +289,17 @@ def download_url(
             f"place the file at {path} yourself."
         ) from err
     except (urllib.error.URLError, OSError) as err:
+        _remove_made(path.parent, made)
         raise DownloadError(
             f"could not reach {url}: {err}. Check the network, or place the file at {path} "
             "yourself."
+        ) from err
+    except http.client.HTTPException as err:  # not an HTTP answer, a header line too long, ...
+        _remove_made(path.parent, made)
+        raise DownloadError(
+            f"could not download {url}: the server's answer is not valid HTTP ({_reason(err)}). "
+            f"Check the URL, run again (a rerun resumes from {part} if it is there), or place "
+            f"the file at {path} yourself."
         ) from err
 
     with response:
@@ -242,10 +307,8 @@ def download_url(
         if offset is None:  # a 206 that does not continue the .part
             part.unlink(missing_ok=True)
             return download_url(url, path, sha256, md5, progress=progress, timeout=timeout)
-        length = response.headers.get("Content-Length")
-        remaining = int(length) if length is not None else None
+        remaining = _content_length(response)
         total = offset + remaining if remaining is not None else None
-        path.parent.mkdir(parents=True, exist_ok=True)
         bar = _progress_bar(total, offset, path.name, progress)
         received = _stream(response, part, offset, bar, url)
     if remaining is not None and received < remaining:
@@ -291,20 +354,32 @@ def _resume_offset(response, start: int, url: str) -> int | None:
 
 def _stream(response, part: Path, offset: int, bar, url: str) -> int:
     """Write the body to ``part`` after its first ``offset`` bytes; the bytes received."""
+    # read1 returns each piece as it arrives: a chunked body cut short raises IncompleteRead
+    # without the bytes that read() would have gathered (and lost) before it
+    read = getattr(response, "read1", response.read)
     received = 0
+
+    def write(f, chunk: bytes) -> None:
+        nonlocal received
+        f.write(chunk)
+        received += len(chunk)
+        if bar is not None:
+            bar.update(len(chunk))
+
     try:
         # never through a link planted at the fixed .part name
         with files.open_append(part, truncate=not offset) as f:
-            for chunk in iter(lambda: response.read(_CHUNK_BYTES), b""):
-                f.write(chunk)
-                received += len(chunk)
-                if bar is not None:
-                    bar.update(len(chunk))
+            try:
+                for chunk in iter(lambda: read(_CHUNK_BYTES), b""):
+                    write(f, chunk)
+            except http.client.IncompleteRead as err:
+                write(f, err.partial)  # the bytes it did receive, so that a rerun resumes after
+                raise
     except files.FileRefusedError:
         raise
-    except OSError as err:
+    except (OSError, http.client.HTTPException) as err:
         raise DownloadError(
-            f"download of {url} interrupted after {offset + received} bytes ({err}); "
+            f"download of {url} interrupted after {offset + received} bytes ({_reason(err)}); "
             f"run again to resume from {part}"
         ) from err
     finally:

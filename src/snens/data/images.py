@@ -11,6 +11,7 @@ import gzip
 import io
 import math
 import os
+import warnings
 import zlib
 from pathlib import Path
 from typing import Any
@@ -273,12 +274,28 @@ def load_mnist_5k(root: str | os.PathLike | None = None) -> tuple[torch.Tensor, 
     path = shipped_data_file(
         root, "mnist-5k", MNIST_5K_PACKAGE, MNIST_5K_FILE, install=MNIST_5K_INSTALL, what="MNIST-5k"
     )
-    table = np.loadtxt(io.BytesIO(_read_bytes(path)), delimiter=",", dtype=np.int64, ndmin=2)
+    text = _read_bytes(path)
+    try:
+        with warnings.catch_warnings():  # an empty file: numpy warns, the check below says why
+            warnings.simplefilter("ignore", UserWarning)
+            table = np.loadtxt(io.BytesIO(text), delimiter=",", dtype=np.int64, ndmin=2)
+    except ValueError as err:  # numpy's message names no file (and may advise `usecols`)
+        reason = str(err).split("; use `usecols`")[0].rstrip(".")
+        raise ValueError(
+            f"{path} is not the MNIST-5k CSV (785 integer columns a row): {reason}; it is damaged "
+            f"or another file: delete it, or reinstall with `{MNIST_5K_INSTALL}`"
+        ) from err
     if table.shape[1] != 28 * 28 + 1:
-        raise ValueError(f"{path}: expected 785 columns (784 pixels + label), got {table.shape}")
+        raise ValueError(
+            f"{path}: expected 785 columns (784 pixels + label), got {table.shape}; delete it, "
+            f"or reinstall with `{MNIST_5K_INSTALL}`"
+        )
     pixels, labels = table[:, :-1], table[:, -1]
     if pixels.min() < 0 or pixels.max() > 255 or labels.min() < 0 or labels.max() > 9:
-        raise ValueError(f"{path}: pixels outside [0, 255] or labels outside [0, 9]")
+        raise ValueError(
+            f"{path}: pixels outside [0, 255] or labels outside [0, 9]; delete it, or reinstall "
+            f"with `{MNIST_5K_INSTALL}`"
+        )
     images = torch.from_numpy(pixels.astype(np.uint8).reshape(-1, 1, 28, 28))
     return images, torch.from_numpy(labels.copy())
 

@@ -32,7 +32,17 @@ def _loadmat(path):
         raise ImportError(
             f"reading SVHN's .mat files needs SciPy: pip install scipy (file: {path})"
         ) from err
-    return loadmat(path)
+    try:
+        return loadmat(path)
+    except MemoryError:
+        raise
+    except Exception as err:  # MatReadError, OSError, ValueError, NotImplementedError (v7.3), …
+        raise ValueError(
+            f"{path} cannot be read as a MATLAB file ({type(err).__name__}: {err}); it is damaged "
+            "(empty or cut short) or not the official MATLAB v5 file (an HTML page, a v7.3 "
+            "file). Delete it and call again with download=True (with snens train: --set "
+            "data.download=true) to fetch a fresh copy"
+        ) from err
 
 
 def load_svhn(
@@ -46,7 +56,8 @@ def load_svhn(
         ``(images, labels)``: ``(N, 3, 32, 32)`` uint8 RGB, ``(N,)`` int64 in [0, 9].
 
     Raises:
-        ValueError: unknown ``split``; a file without SVHN's ``X``/``y`` arrays.
+        ValueError: unknown ``split``; a file without SVHN's ``X``/``y`` arrays; a damaged file
+            or one that is not MATLAB v5.
         FileNotFoundError: no local copy and ``download=False``; the message says how to get it.
         ChecksumError: the downloaded file differs from the official one.
         ImportError: SciPy is not installed.

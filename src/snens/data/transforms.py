@@ -11,6 +11,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -46,6 +47,44 @@ def resize_shorter(image: torch.Tensor, size: int) -> torch.Tensor:
     return _resize(image, int(size * height / width), size)
 
 
+#: Longest resized side, as a multiple of the shorter, that :class:`EvalTransform` resizes whole;
+#: past it (aspect ratios beyond 16:1) it resizes only the central strip that its crop keeps, so
+#: a tiny 1 × 40 000 image no longer becomes a 256 × 10 240 000 intermediate.
+MAX_RESIZE_ASPECT = 16
+
+
+def _resize_shorter_central(image: torch.Tensor, size: int, keep: int) -> torch.Tensor:
+    """The central ``keep`` columns (rows, for a tall image) of ``resize_shorter(image, size)``,
+    computed from the source pixels they need only: memory ``size × keep``, not ``size × long``.
+
+    The kept columns' antialiased bilinear weights are those ``F.interpolate`` uses (PyTorch's
+    port of Pillow's triangle filter, its float32 scale and centers); the shorter side is then
+    resized by ``F.interpolate`` itself. Equal to the whole-image path up to float rounding.
+    """
+    tall = image.shape[-2] > image.shape[-1]
+    if tall:
+        image = image.transpose(-1, -2)
+    short, long = image.shape[-2:]
+    out_long = int(size * long / short)  # as resize_shorter
+    left = int(round((out_long - keep) / 2.0))  # as center_crop
+    scale = np.float32(long) / np.float32(out_long)  # area_pixel_compute_scale, in float32
+    support = scale if scale >= 1 else np.float32(1.0)
+    invscale = 1 / float(scale) if scale >= 1 else 1.0
+    centers = (float(scale) * (np.arange(left, left + keep) + 0.5)).astype(np.float32)
+    lows = np.maximum((centers - support).astype(np.float64) + 0.5, 0).astype(np.int64)
+    highs = np.minimum(((centers + support).astype(np.float64) + 0.5).astype(np.int64), long)
+    start, stop = int(lows.min()), int(highs.max())
+    columns = np.arange(start, stop)[None, :]  # (1, span) against (keep, 1)
+    weights = np.clip(1 - np.abs((columns - centers[:, None] + 0.5) * invscale), 0, None)
+    weights *= (columns >= lows[:, None]) & (columns < highs[:, None])
+    weights /= weights.sum(axis=1, keepdims=True)
+    window = image[..., start:stop]
+    window = window.float() / 255 if window.dtype == torch.uint8 else window.float()
+    strip = window @ torch.from_numpy(weights.T.astype(np.float32))  # (C, short, keep)
+    strip = _resize(strip, size, keep)  # the shorter side; keep → keep is the identity
+    return strip.transpose(-1, -2) if tall else strip
+
+
 def center_crop(image: torch.Tensor, size: int) -> torch.Tensor:
     """The central ``size × size`` window, offsets rounded as torchvision's.
 
@@ -68,7 +107,10 @@ def normalize(image: torch.Tensor, mean: Sequence[float], std: Sequence[float]) 
 
 @dataclass(frozen=True)
 class EvalTransform:
-    """Resize the shorter side, center-crop, normalize: uint8 ``(3, H, W)`` → float32."""
+    """Resize the shorter side, center-crop, normalize: uint8 ``(3, H, W)`` → float32.
+
+    Beyond :data:`MAX_RESIZE_ASPECT` only the part the crop keeps is resized (memory bounded).
+    """
 
     resize: int = 256
     crop: int = 224
@@ -76,7 +118,12 @@ class EvalTransform:
     std: tuple[float, ...] = IMAGENET_STD
 
     def __call__(self, image: torch.Tensor) -> torch.Tensor:
-        cropped = center_crop(resize_shorter(image, self.resize), self.crop)
+        short, long = sorted(image.shape[-2:])
+        if short > 0 and int(self.resize * long / short) > MAX_RESIZE_ASPECT * self.resize:
+            resized = _resize_shorter_central(image, self.resize, self.crop)  # bounded memory
+        else:
+            resized = resize_shorter(image, self.resize)
+        cropped = center_crop(resized, self.crop)
         return normalize(cropped, self.mean, self.std)
 
 

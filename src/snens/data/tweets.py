@@ -40,7 +40,8 @@ def load_tweets(root: str | os.PathLike | None = None, *, deduplicate: bool = Tr
 
     Raises:
         FileNotFoundError: the corpus is nowhere; the message says how to install it.
-        ValueError: the file lacks the ``sentiment``/``text`` columns or has an unknown sentiment.
+        ValueError: the file lacks the ``sentiment``/``text`` columns, has an unknown sentiment
+            or a field over the CSV limit (the message names the file and line).
     """
     path = shipped_data_file(
         root, "tweets", TWEETS_PACKAGE, TWEETS_FILE, install=TWEETS_INSTALL, what="Tweet corpus"
@@ -50,7 +51,8 @@ def load_tweets(root: str | os.PathLike | None = None, *, deduplicate: bool = Tr
     texts: list[str] = []
     sentiments: list[int] = []
     seen: set[str] = set()
-    for sentiment, text in csv_rows(content, path, "sentiment", _SENTIMENTS):
+    fix = f"delete it, or if it is the package's copy, reinstall it: {TWEETS_INSTALL}"
+    for sentiment, text in csv_rows(content, path, "sentiment", _SENTIMENTS, fix=fix):
         if not text or _has_surrogate(text) or (deduplicate and text in seen):
             continue
         seen.add(text)

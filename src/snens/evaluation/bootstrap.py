@@ -21,6 +21,7 @@ from torch import Tensor
 
 from snens import metrics
 from snens.evaluation.protocol import CALIBRATED_PREFIXES, _calibration_map, _score
+from snens.metrics.predictive import inner_edges
 
 __all__ = [
     "BOOTSTRAP_METRICS",
@@ -80,7 +81,7 @@ class Examples:
             raise ValueError(f"labels must be in 0..{p.shape[1] - 1}")
         true = p.gather(1, y[:, None]).squeeze(1)
         # as snens.metrics.nll clamps: a probability of 0 costs −log(tiny), not inf
-        nll = -true.clamp_min(torch.finfo(given.dtype).tiny).log()
+        nll = -torch.where(true > 0, true, torch.finfo(given.dtype).tiny).log()
         one_hot = torch.nn.functional.one_hot(y, p.shape[1]).to(p.dtype)
         confidence, predicted = p.max(1)
         return cls(
@@ -197,7 +198,7 @@ def _weighted(seeds: Sequence[Examples], metric: str, weights: np.ndarray) -> np
     for s, ex in enumerate(seeds):
         if metric == "ece":
             # |Σ_i∈bin w_i (conf_i − correct_i)| summed over the bins of snens.metrics.ece, / Σ w
-            edges = torch.linspace(0, 1, NUM_BINS + 1, dtype=torch.float64)[1:-1]
+            edges = inner_edges(NUM_BINS)
             bins = torch.bucketize(torch.from_numpy(ex.confidence), edges, right=False).numpy()
             gap = ex.confidence - ex.correct
             per_bin = np.zeros((weights.shape[0], NUM_BINS))

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from snens import files, metrics
 from snens.method.allocation import LayerAllocation, allocation
+from snens.metrics.predictive import inner_edges
 
 __all__ = [
     "allocation_heatmap",
@@ -102,8 +103,7 @@ def reliability_bins(probs: Any, labels: Any, *, num_bins: int = 15) -> dict[str
     p = p.double()
     y = _as_tensor(labels, "labels").long().to(p.device)
     confidence, prediction = p.max(-1)
-    edges = torch.linspace(0, 1, num_bins + 1, dtype=torch.float64)
-    bins = torch.bucketize(confidence, edges[1:-1], right=False)
+    bins = torch.bucketize(confidence, inner_edges(num_bins), right=False)
     count = torch.bincount(bins, minlength=num_bins).double()
     hits = torch.bincount(bins, weights=(prediction == y).double(), minlength=num_bins)
     conf = torch.bincount(bins, weights=confidence, minlength=num_bins)

@@ -443,12 +443,15 @@ def _mean(rows: list[dict[str, float]], metric: str) -> float:
     return sum(row[metric] for row in rows) / len(rows)
 
 
-def _calibrated(outputs: Mapping[str, Tensor], prefix: str, apply: Callable) -> dict[str, float]:
+def _calibrated(
+    outputs: Mapping[str, Tensor], prefix: str, apply: Callable, num_bins: int
+) -> dict[str, float]:
     """``<prefix>/<metric>`` of the test set and the kept sets' metrics after ``apply``."""
-    values = ensemble_metrics(apply(outputs["test"]).softmax(dim=-1), outputs["test_labels"])
+    probs = apply(outputs["test"]).softmax(dim=-1)
+    values = ensemble_metrics(probs, outputs["test_labels"], num_bins)
     return {
         **{f"{prefix}/{k}": values[k] for k in _CALIBRATED_KEEP},
-        **_kept_set_metrics(outputs, apply, prefix.removeprefix("test")),
+        **_kept_set_metrics(outputs, apply, prefix.removeprefix("test"), num_bins),
     }
 
 
@@ -466,9 +469,11 @@ def _temperature(outputs: Mapping[str, Tensor]) -> float:
         return fit_temperature(outputs["val"], outputs["val_labels"])
 
 
-def temperature_scaled_metrics(outputs: Mapping[str, Tensor]) -> dict[str, float]:
+def temperature_scaled_metrics(
+    outputs: Mapping[str, Tensor], num_bins: int = 15
+) -> dict[str, float]:
     """``test_ts/<metric>`` after temperature scaling fitted on ``outputs["val"]``, and
-    ``test_ts/temperature``.
+    ``test_ts/temperature``; calibration errors over ``num_bins`` bins.
 
     Returns:
         A flat ``{key: float}``.
@@ -478,14 +483,18 @@ def temperature_scaled_metrics(outputs: Mapping[str, Tensor]) -> dict[str, float
         TypeError, ValueError: validation logits or labels :func:`fit_temperature` refuses.
     """
     T = _temperature(outputs)
-    return {"test_ts/temperature": T, **_calibrated(outputs, "test_ts", lambda z: z / T)}
+    calibrated = _calibrated(outputs, "test_ts", lambda z: z / T, num_bins)
+    return {"test_ts/temperature": T, **calibrated}
 
 
 def calibrated_metrics(
-    outputs: Mapping[str, Tensor], calibrators: str | Sequence[str] = ("temperature",)
+    outputs: Mapping[str, Tensor],
+    calibrators: str | Sequence[str] = ("temperature",),
+    num_bins: int = 15,
 ) -> dict[str, float]:
     """The test metrics after each of ``calibrators`` (names of :data:`CALIBRATED_PREFIXES`, each
-    once) fitted on ``outputs["val"]``, keyed ``<prefix>/<metric>``.
+    once) fitted on ``outputs["val"]``, keyed ``<prefix>/<metric>``; calibration errors over
+    ``num_bins`` bins, as the uncalibrated ones.
 
     Returns:
         A flat ``{key: float}``.
@@ -497,10 +506,10 @@ def calibrated_metrics(
     results: dict[str, float] = {}
     for name in _check_calibrators(calibrators):
         if name == "temperature":
-            results.update(temperature_scaled_metrics(outputs))
+            results.update(temperature_scaled_metrics(outputs, num_bins))
         else:
             apply = _calibration_map(name, outputs)
-            results.update(_calibrated(outputs, CALIBRATED_PREFIXES[name], apply))
+            results.update(_calibrated(outputs, CALIBRATED_PREFIXES[name], apply, num_bins))
     return results
 
 
@@ -625,6 +634,6 @@ def held_out_metrics(
     if "val" in outputs:
         values = ensemble_metrics(outputs["val"].softmax(dim=-1), outputs["val_labels"], num_bins)
         results.update({f"val/{k}": v for k, v in values.items()})
-        results.update(calibrated_metrics(outputs, calibrators))
+        results.update(calibrated_metrics(outputs, calibrators, num_bins))
     results.update(posthoc_metrics(outputs, ood_scores=ood_scores, conformal_alpha=conformal_alpha))
     return results

@@ -26,9 +26,10 @@ def accuracy(probs: Any, labels: Any) -> float:
 
 
 def _log_true_class(p: Tensor, y: Tensor, dtype: torch.dtype) -> Tensor:
-    """log p_y, with p_y clamped at the smallest normal number of the input ``dtype``."""
+    """log p_y, a p_y of 0 taken as the smallest normal number of the input ``dtype`` (a
+    subnormal p_y, valid in float16, is kept)."""
     p_true = p.gather(-1, y.expand(p.shape[:-1]).unsqueeze(-1)).squeeze(-1)
-    return p_true.clamp_min(torch.finfo(dtype).tiny).log()
+    return torch.where(p_true > 0, p_true, torch.finfo(dtype).tiny).log()
 
 
 def nll(probs: Any, labels: Any) -> float:
@@ -75,8 +76,13 @@ def _binned_gap(confidence: Tensor, hit: Tensor, bins: Tensor, num_bins: int) ->
 
 def _equal_width_bins(values: Tensor, num_bins: int) -> Tensor:
     """Bin index of each value in [0, 1]: bin b is (b/n, (b+1)/n], and bin 0 also holds 0."""
-    edges = torch.linspace(0, 1, num_bins + 1, dtype=torch.float64, device=values.device)
-    return torch.bucketize(values, edges[1:-1], right=False)
+    return torch.bucketize(values, inner_edges(num_bins, values.device), right=False)
+
+
+def inner_edges(num_bins: int, device: torch.device | str = "cpu") -> Tensor:
+    """The n − 1 inner edges b/n of n equal-width bins, each correctly rounded (linspace's are
+    not: its 11/20 is 0.5499999999999999, so a confidence of 0.55 fell in the bin above)."""
+    return torch.arange(1, num_bins, dtype=torch.float64, device=device) / num_bins
 
 
 def ece(probs: Any, labels: Any, *, num_bins: int = 15) -> float:
